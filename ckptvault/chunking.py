@@ -1,0 +1,110 @@
+"""Content-defined chunking: the only module that imports ``fastcdc``.
+
+Chunk boundaries depend only on the bytes from a chunk's start onward, so a file can be
+chunked block by block: every chunk that ends before the end of the block in hand is
+final, and the unfinished tail is carried into the next block. The result is identical
+to chunking the whole file at once, with memory bounded by the block size.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .errors import UsageError
+
+try:
+    from fastcdc.fastcdc_cy import fastcdc_cy as _fastcdc
+
+    COMPILED_CHUNKER = True
+except ImportError:  # pragma: no cover - depends on the installed wheel
+    from fastcdc.fastcdc_py import fastcdc_py as _fastcdc
+
+    COMPILED_CHUNKER = False
+    warnings.warn(
+        "ckptvault: the compiled FastCDC chunker is missing; falling back to pure Python "
+        "(about 100x slower). Reinstall with: pip install --force-reinstall fastcdc",
+        RuntimeWarning,
+        stacklevel=1,
+    )
+    print("ckptvault: WARNING: pure-Python FastCDC in use, backups will be very slow", file=sys.stderr)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# fastcdc's own accepted ranges; it only asserts on them, so they are checked here.
+_MIN_RANGE = (64, 64 * MiB)
+_AVG_RANGE = (256, 256 * MiB)
+_MAX_RANGE = (1 * KiB, 1024 * MiB)
+
+
+@dataclass(frozen=True)
+class ChunkerParams:
+    """FastCDC sizes in bytes. Stored in the repository config: changing them for an
+    existing repository would stop deduplication against what is already stored."""
+
+    min_size: int = 256 * KiB
+    avg_size: int = 1 * MiB
+    max_size: int = 8 * MiB
+
+    def __post_init__(self) -> None:
+        for name, value, (lo, hi) in (
+            ("min_size", self.min_size, _MIN_RANGE),
+            ("avg_size", self.avg_size, _AVG_RANGE),
+            ("max_size", self.max_size, _MAX_RANGE),
+        ):
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise UsageError(f"chunker {name}={value!r} is out of range; use {lo}..{hi} bytes")
+        if not self.min_size <= self.avg_size <= self.max_size:
+            raise UsageError(
+                f"chunker sizes must satisfy min <= avg <= max, got "
+                f"{self.min_size}/{self.avg_size}/{self.max_size}"
+            )
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {"algorithm": "fastcdc", "min_size": self.min_size, "avg_size": self.avg_size, "max_size": self.max_size}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ChunkerParams:
+        if d.get("algorithm") != "fastcdc":
+            raise UsageError(f"unknown chunker {d.get('algorithm')!r}")
+        return cls(min_size=d["min_size"], avg_size=d["avg_size"], max_size=d["max_size"])
+
+
+def iter_chunks(stream: BinaryIO, params: ChunkerParams, block_size: int = 16 * MiB) -> Iterator[memoryview]:
+    """Yield the chunks of ``stream`` as memoryviews.
+
+    Each block is a fresh buffer, so a yielded view stays valid after the generator moves
+    on (worker threads may still hold it); peak memory is what the caller keeps alive
+    plus one block.
+    """
+    block_size = max(block_size, 2 * params.max_size)
+    carry = b""
+    eof = False
+    while not eof:
+        buf = bytearray(len(carry) + block_size)
+        buf[: len(carry)] = carry
+        filled = len(carry)
+        view = memoryview(buf)
+        while filled < len(buf):
+            n = stream.readinto(view[filled:])
+            if not n:
+                eof = True
+                break
+            filled += n
+        if filled == 0:
+            return
+        data = view[:filled]
+        last_start = 0
+        for chunk in _fastcdc(data, params.min_size, params.avg_size, params.max_size):
+            start, end = chunk.offset, chunk.offset + chunk.length
+            if end == filled and not eof:
+                # May be cut short by the block end: chunk it again with the next block.
+                last_start = start
+                break
+            yield data[start:end]
+            last_start = end
+        carry = bytes(data[last_start:filled])

@@ -1,0 +1,135 @@
+"""One error hierarchy for ckptvault.
+
+Every error a user can meet is a ``CkptVaultError``. ``str(err)`` is a single line
+that says what went wrong and what to do; ``exit_code`` is what the CLI exits with.
+
+    CkptVaultError                      1
+    ├── UsageError                      2   bad argument value
+    ├── SourceError                     3   a backup input cannot be read
+    ├── VaultNotFoundError             10   no repository at the URL
+    ├── VaultExistsError               10   init on a URL that already holds one
+    ├── UnsupportedFormatError         17   repository format too new / unknown
+    ├── SnapshotNotFoundError          18   no match, or an ambiguous ID prefix
+    ├── PathNotInSnapshotError         19   ls/cat of a path the snapshot lacks
+    ├── StorageError                   20   the backend failed (op + key named)
+    │   ├── ObjectNotFoundError        20   a stored object is missing
+    │   └── StorageFullError           21   no space left / quota
+    ├── RestoreConflictError           22   target holds differing files
+    ├── IntegrityError                 30   hash / checksum / decode mismatch
+    │   └── MalformedObjectError       30   a stored object cannot be parsed
+    ├── UnsafePathError                31   a manifest entry would escape the target
+    └── Cancelled                     130   SIGINT / SIGTERM
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class CkptVaultError(Exception):
+    """Base class: every ckptvault failure a user can act on."""
+
+    exit_code: ClassVar[int] = 1
+
+
+class UsageError(CkptVaultError):
+    exit_code = 2
+
+
+class SourceError(CkptVaultError):
+    exit_code = 3
+
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        self.path = path
+        self.reason = reason
+        msg = f"cannot read {path}: {reason}"
+        super().__init__(f"{msg} ({hint})" if hint else msg)
+
+
+class VaultNotFoundError(CkptVaultError):
+    exit_code = 10
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"no vault at {url}; create one with: ckptvault init {url}")
+
+
+class VaultExistsError(CkptVaultError):
+    exit_code = 10
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"a vault already exists at {url}; use it, or pick an empty location")
+
+
+class UnsupportedFormatError(CkptVaultError):
+    exit_code = 17
+
+
+class SnapshotNotFoundError(CkptVaultError, LookupError):
+    exit_code = 18
+
+
+class PathNotInSnapshotError(CkptVaultError, LookupError):
+    exit_code = 19
+
+    def __init__(self, path: str, snapshot_id: str) -> None:
+        self.path = path
+        self.snapshot_id = snapshot_id
+        super().__init__(
+            f"{path!r} is not in snapshot {snapshot_id[:12]}; list its files with: ckptvault ls {snapshot_id[:12]}"
+        )
+
+
+class StorageError(CkptVaultError):
+    """The storage backend failed; ``op`` and ``key`` name the call."""
+
+    exit_code = 20
+
+    def __init__(self, op: str, key: str, url: str, reason: str, *, retryable: bool = False) -> None:
+        self.op = op
+        self.key = key
+        self.url = url
+        self.reason = reason
+        self.retryable = retryable
+        super().__init__(f"storage failed: {op} {key} on {url}: {reason}")
+
+
+class ObjectNotFoundError(StorageError):
+    def __init__(self, op: str, key: str, url: str) -> None:
+        super().__init__(op, key, url, "object not found")
+        self.args = (f"object {key} is missing from {url}; run: ckptvault check",)
+
+
+class StorageFullError(StorageError):
+    exit_code = 21
+
+    def __init__(self, op: str, key: str, url: str, reason: str) -> None:
+        super().__init__(op, key, url, reason)
+        self.args = (f"no space left writing {key} on {url}: {reason}; free space and run the command again",)
+
+
+class RestoreConflictError(CkptVaultError):
+    exit_code = 22
+
+
+class IntegrityError(CkptVaultError):
+    """Stored bytes do not match what they claim to be."""
+
+    exit_code = 30
+
+
+class MalformedObjectError(IntegrityError):
+    exit_code = 30
+
+
+class UnsafePathError(CkptVaultError):
+    exit_code = 31
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(f"restore refused: entry {path!r} {reason}")
+
+
+class Cancelled(CkptVaultError):
+    exit_code = 130

@@ -1,0 +1,1 @@
+"""Operations: backup, restore and statistics, orchestrated over a Repository."""

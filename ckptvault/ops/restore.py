@@ -1,0 +1,264 @@
+"""Restore: verified, resumable, and never writing outside the target.
+
+Plan first, then write. Planning validates every selected entry (path safety, sizes
+against the index, no symlinked ancestors in the target) and finds conflicts, so a bad
+snapshot or a conflicting target fails before anything is written. Each file is written
+to a temporary name beside it with positioned writes of chunks fetched and verified in
+parallel, re-read and checked against its whole-file BLAKE3, then renamed into place.
+A file that fails verification is reported and the others still restore.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import secrets
+import stat
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..errors import CkptVaultError, IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
+from ..hashing import new_file_hasher
+from ..repository import Repository
+from ..snapshot.manifest import validate_tree
+from ..snapshot.model import FileEntry
+from .progress import NullProgress, Progress
+
+TEMP_MARK = ".ckptvault-tmp-"
+READ_BLOCK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    files: int
+    dirs: int
+    symlinks: int
+    bytes_written: int
+    skipped_files: int  # already present with the right content
+    duration_s: float
+
+
+def select_entries(tree: list[FileEntry], include: list[str] | None) -> list[FileEntry]:
+    """Entries matching any glob (an entry matches when it or a parent directory does),
+    plus the directories above them."""
+    if not include:
+        return list(tree)
+    chosen: set[str] = set()
+    for e in tree:
+        parts = e.path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatchcase(p, pat) for p in prefixes for pat in include):
+            chosen.add(e.path)
+            chosen.update(prefixes[:-1])
+    return [e for e in tree if e.path in chosen]
+
+
+def file_hash(path: str) -> str:
+    hasher = new_file_hasher()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(READ_BLOCK):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def _same_content(dest: str, entry: FileEntry) -> bool:
+    st = os.lstat(dest)
+    return stat.S_ISREG(st.st_mode) and st.st_size == entry.size and file_hash(dest) == entry.blake3
+
+
+class _Planner:
+    def __init__(self, repo: Repository, target: str, overwrite: bool) -> None:
+        self.repo = repo
+        self.target = target
+        self.overwrite = overwrite
+        self.conflicts: list[str] = []
+        self.skip: set[str] = set()
+
+    def dest(self, entry: FileEntry) -> str:
+        return os.path.join(self.target, *entry.path.split("/"))
+
+    def check(self, entry: FileEntry) -> None:
+        self._check_ancestors(entry)
+        if entry.type == "file":
+            self._check_chunks(entry)
+        dest = self.dest(entry)
+        try:
+            st = os.lstat(dest)
+        except FileNotFoundError:
+            return
+        if entry.type == "dir":
+            if not stat.S_ISDIR(st.st_mode):
+                self._conflict(entry, "exists and is not a directory")
+        elif entry.type == "symlink":
+            if stat.S_ISLNK(st.st_mode) and os.readlink(dest) == entry.target:
+                self.skip.add(entry.path)
+            else:
+                self._conflict(entry, "exists and differs")
+        elif stat.S_ISDIR(st.st_mode):
+            self._conflict(entry, "exists as a directory")
+        elif _same_content(dest, entry):
+            self.skip.add(entry.path)
+        else:
+            self._conflict(entry, "exists and differs")
+
+    def _conflict(self, entry: FileEntry, why: str) -> None:
+        if not self.overwrite or self.dest(entry) == self.target:
+            self.conflicts.append(f"{entry.path} {why}")
+
+    def _check_ancestors(self, entry: FileEntry) -> None:
+        parts = entry.path.split("/")
+        for i in range(1, len(parts)):
+            parent = os.path.join(self.target, *parts[:i])
+            try:
+                st = os.lstat(parent)
+            except FileNotFoundError:
+                return
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafePathError(entry.path, f"would be written through the symlink {parent} in the target")
+
+    def _check_chunks(self, entry: FileEntry) -> None:
+        total = 0
+        for chunk_id in entry.chunks:
+            loc = self.repo.index.get(chunk_id)
+            if loc is None:
+                raise IntegrityError(
+                    f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository; run: ckptvault check"
+                )
+            total += loc.raw_len
+        if total != entry.size:
+            raise MalformedObjectError(f"{entry.path}: snapshot says {entry.size} bytes but its chunks hold {total}")
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise RestoreConflictError(f"{path} is a directory; remove it by hand to restore a file there")
+    os.unlink(path)
+
+
+def run_restore(
+    repo: Repository,
+    tree: list[FileEntry],
+    target: str,
+    *,
+    include: list[str] | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    workers: int = 8,
+) -> RestoreResult:
+    progress = progress or NullProgress()
+    started = time.monotonic()
+    validate_tree(tree)
+    entries = select_entries(tree, include)
+    target = os.path.abspath(target)
+    os.makedirs(target, exist_ok=True)
+
+    planner = _Planner(repo, target, overwrite)
+    for entry in entries:
+        planner.check(entry)
+    if planner.conflicts:
+        more = f" (and {len(planner.conflicts) - 3} more)" if len(planner.conflicts) > 3 else ""
+        raise RestoreConflictError(
+            f"target {target} already holds differing data: {'; '.join(planner.conflicts[:3])}{more}; "
+            "rerun with --overwrite to replace it, or restore elsewhere"
+        )
+
+    files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
+    progress.start(sum(e.size for e in files), len(files))
+    failures: list[str] = []
+    written = 0
+    for entry in entries:
+        if entry.type == "dir":
+            os.makedirs(planner.dest(entry), exist_ok=True)
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
+        for entry in files:
+            dest = planner.dest(entry)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                _restore_file(repo, pool, entry, dest, progress, workers * 2)
+                written += entry.size
+            except IntegrityError as exc:
+                failures.append(str(exc))
+    for entry in entries:
+        if entry.type == "symlink" and entry.path not in planner.skip:
+            dest = planner.dest(entry)
+            if os.path.lexists(dest):
+                _remove(dest)
+            os.symlink(entry.target, dest)
+            os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+    for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
+        dest = planner.dest(entry)
+        os.chmod(dest, entry.mode)
+        os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns))
+    progress.finish()
+    if failures:
+        raise IntegrityError(
+            f"restore incomplete: {len(failures)} file(s) failed verification and were not written: "
+            f"{failures[0]}" + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else "")
+        )
+    return RestoreResult(
+        files=sum(e.type == "file" for e in entries),
+        dirs=sum(e.type == "dir" for e in entries),
+        symlinks=sum(e.type == "symlink" for e in entries),
+        bytes_written=written,
+        skipped_files=sum(1 for e in entries if e.type == "file" and e.path in planner.skip),
+        duration_s=round(time.monotonic() - started, 3),
+    )
+
+
+def _restore_file(
+    repo: Repository, pool: ThreadPoolExecutor, entry: FileEntry, dest: str, progress: Progress, window: int
+) -> None:
+    directory, name = os.path.split(dest)
+    tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            os.ftruncate(fd, entry.size)
+            _write_chunks(repo, pool, fd, entry, progress, window)
+        finally:
+            os.close(fd)
+        if file_hash(tmp) != entry.blake3:
+            raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
+        os.chmod(tmp, entry.mode)
+        os.utime(tmp, ns=(entry.mtime_ns, entry.mtime_ns))
+        if os.path.lexists(dest):
+            _remove(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_chunks(
+    repo: Repository, pool: ThreadPoolExecutor, fd: int, entry: FileEntry, progress: Progress, window: int
+) -> None:
+    def fetch_and_write(chunk_id: bytes, offset: int) -> int:
+        data = repo.read_chunk(chunk_id)
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+        return len(data)
+
+    inflight: deque[Future[int]] = deque()
+    offset = 0
+    try:
+        for chunk_id in entry.chunks:
+            inflight.append(pool.submit(fetch_and_write, chunk_id, offset))
+            offset += repo.locate(chunk_id).raw_len
+            while len(inflight) >= window:
+                progress.advance(inflight.popleft().result())
+        while inflight:
+            progress.advance(inflight.popleft().result())
+    except CkptVaultError as exc:
+        for future in inflight:
+            future.cancel()
+        for future in inflight:
+            if not future.cancelled():
+                future.exception()  # wait: no write may land after the fd is closed
+        if isinstance(exc, IntegrityError):
+            raise IntegrityError(f"{entry.path}: {exc}") from exc
+        raise

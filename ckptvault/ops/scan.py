@@ -1,0 +1,88 @@
+"""Walking backup sources into a flat, sorted list of entries to store.
+
+One directory source is stored as the snapshot root (``backup ./checkpoints`` gives
+``model/config.json``, not ``checkpoints/model/config.json``); several sources, or a file
+source, are stored under their base names. A source that is itself a symlink is followed
+(``backup ./latest`` means the checkpoint it points at); links inside are stored as links.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from ..errors import SourceError, UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class SourceItem:
+    path: str  # snapshot path, '/'-separated
+    abs_path: str
+    kind: str  # "file" | "dir" | "symlink"
+    st: os.stat_result
+
+
+@dataclass
+class ScanResult:
+    items: list[SourceItem]
+    warnings: list[str]
+    source_paths: list[str]  # absolute, as recorded in the snapshot
+
+
+def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
+    if not sources:
+        raise UsageError("nothing to back up: name at least one file or directory")
+    abs_sources = [os.path.abspath(os.path.expanduser(s)) for s in sources]
+    for src in abs_sources:
+        if not os.path.exists(src):
+            raise SourceError(src, "no such file or directory")
+    result = ScanResult(items=[], warnings=[], source_paths=abs_sources)
+    if len(abs_sources) == 1 and os.path.isdir(abs_sources[0]):
+        _walk(abs_sources[0], "", result, skip_unreadable)
+    else:
+        names = [os.path.basename(s.rstrip("/")) or "root" for s in abs_sources]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")
+        for src, name in zip(abs_sources, names):
+            st = os.stat(src)
+            if stat.S_ISDIR(st.st_mode):
+                result.items.append(SourceItem(name, src, "dir", st))
+                _walk(src, name, result, skip_unreadable)
+            else:
+                _add(src, name, st, result)
+    result.items.sort(key=lambda i: i.path)
+    return result
+
+
+def _walk(directory: str, prefix: str, result: ScanResult, skip_unreadable: bool) -> None:
+    try:
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        if not skip_unreadable:
+            raise SourceError(directory, exc.strerror or str(exc), "use --skip-unreadable to back up the rest") from exc
+        result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
+        return
+    for entry in entries:
+        rel = f"{prefix}/{entry.name}" if prefix else entry.name
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            result.warnings.append(f"skipped {entry.path}: {exc.strerror}")
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            result.items.append(SourceItem(rel, entry.path, "dir", st))
+            _walk(entry.path, rel, result, skip_unreadable)
+        else:
+            _add(entry.path, rel, st, result)
+
+
+def _add(abs_path: str, rel: str, st: os.stat_result, result: ScanResult) -> None:
+    if stat.S_ISREG(st.st_mode):
+        result.items.append(SourceItem(rel, abs_path, "file", st))
+    elif stat.S_ISLNK(st.st_mode):
+        result.items.append(SourceItem(rel, abs_path, "symlink", st))
+    else:
+        result.warnings.append(f"skipped special file {abs_path} (fifo, socket or device)")

@@ -1,0 +1,64 @@
+"""Repository statistics: what the snapshots hold versus what the repository stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..repository import Repository
+from ..repository.format import PACKS_PREFIX
+from ..snapshot.model import Snapshot
+
+
+@dataclass(frozen=True)
+class SnapshotStats:
+    id: str
+    time: str
+    tags: dict[str, str]
+    logical_bytes: int
+    new_bytes: int  # raw bytes of chunks the snapshot's backup added
+    stored_bytes: int  # bytes the snapshot's backup added to the repository
+
+
+@dataclass(frozen=True)
+class VaultStats:
+    snapshots: int
+    logical_bytes: int  # sum of every snapshot's file sizes
+    unique_bytes: int  # raw size of the distinct chunks stored
+    stored_bytes: int  # bytes of every object in the repository
+    chunks: int
+    packs: int
+    per_snapshot: list[SnapshotStats]
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Logical bytes per unique byte: what deduplication saved."""
+        return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
+
+    @property
+    def total_ratio(self) -> float:
+        """Logical bytes per stored byte: deduplication and compression together."""
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
+    objects = repo.store.list("")
+    return VaultStats(
+        snapshots=len(snapshots),
+        logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
+        unique_bytes=sum(loc.raw_len for _, loc in repo.index.items()),
+        stored_bytes=sum(o.size for o in objects),
+        chunks=len(repo.index),
+        packs=sum(1 for o in objects if o.key.startswith(PACKS_PREFIX)),
+        per_snapshot=[
+            SnapshotStats(
+                id=s.id,
+                time=s.time.isoformat(timespec="seconds"),
+                tags=s.tags,
+                logical_bytes=s.summary.logical_bytes,
+                new_bytes=s.summary.new_bytes,
+                stored_bytes=s.summary.stored_bytes,
+            )
+            for s in snapshots
+        ],
+    )
+

@@ -1,0 +1,78 @@
+"""The repository config: the one object read before anything else, stored as plain JSON."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from ..chunking import ChunkerParams
+from ..codec import CompressionSettings
+from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError
+from .format import FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
+
+DEFAULT_PACK_SIZE = 32 * 1024 * 1024
+MAX_PACK_SIZE = 1024 * 1024 * 1024  # offsets in pack headers and indexes are u32
+
+
+@dataclass(frozen=True)
+class RepoConfig:
+    chunker: ChunkerParams = field(default_factory=ChunkerParams)
+    compression: CompressionSettings = field(default_factory=CompressionSettings)
+    pack_size: int = DEFAULT_PACK_SIZE
+    encryption: str = "none"
+    repo_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if not 1024 * 1024 <= self.pack_size <= MAX_PACK_SIZE:
+            raise UsageError(f"pack size {self.pack_size} is out of range; use 1 MiB..1 GiB")
+        if self.chunker.max_size > self.pack_size:
+            raise UsageError("pack size must be at least the chunker's max_size")
+        if self.encryption != "none":
+            raise UsageError(f"encryption mode {self.encryption!r} is not supported by this ckptvault")
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "id": self.repo_id,
+            "created": self.created,
+            "chunker": self.chunker.to_dict(),
+            "compression": self.compression.to_dict(),
+            "pack_size": self.pack_size,
+            "encryption": {"mode": self.encryption},
+        }
+        return json.dumps(doc, indent=2).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes, url: str) -> RepoConfig:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedObjectError(f"the config of {url} is not valid JSON ({exc}); is this a ckptvault repository?") from exc
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+            raise MalformedObjectError(f"{url} holds a config that is not a ckptvault repository's")
+        version = doc.get("version")
+        if version not in SUPPORTED_VERSIONS:
+            newest = max(SUPPORTED_VERSIONS)
+            if isinstance(version, int) and version > newest:
+                raise UnsupportedFormatError(
+                    f"repository format {version} at {url} is newer than this ckptvault supports "
+                    f"(up to {newest}); upgrade ckptvault: pip install -U ckptvault"
+                )
+            raise UnsupportedFormatError(f"repository format {version!r} at {url} is not supported")
+        try:
+            return cls(
+                chunker=ChunkerParams.from_dict(doc["chunker"]),
+                compression=CompressionSettings.from_dict(doc["compression"]),
+                pack_size=doc["pack_size"],
+                encryption=doc["encryption"]["mode"],
+                repo_id=doc["id"],
+                created=doc["created"],
+                version=version,
+            )
+        except (KeyError, TypeError) as exc:
+            raise MalformedObjectError(f"the config of {url} lacks field {exc}") from exc

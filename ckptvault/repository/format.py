@@ -1,0 +1,52 @@
+"""Format constants and the object layout. Every name here is part of the on-disk promise
+written down in docs/format.md: values are never reused for a different meaning."""
+
+from __future__ import annotations
+
+import secrets
+
+FORMAT_NAME = "ckptvault"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+CONFIG_KEY = "config"
+PACKS_PREFIX = "packs/"
+INDEX_PREFIX = "index/"
+TREES_PREFIX = "trees/"
+SNAPSHOTS_PREFIX = "snapshots/"
+
+PACK_MAGIC = b"CVP1"
+OBJECT_ID_SIZE = 32
+
+
+def new_object_id() -> bytes:
+    """Packs, index objects, trees and snapshots are named by random 256-bit IDs."""
+    return secrets.token_bytes(OBJECT_ID_SIZE)
+
+
+def pack_key(pack_id: bytes) -> str:
+    h = pack_id.hex()
+    return f"{PACKS_PREFIX}{h[:2]}/{h}"
+
+
+def index_key(index_id: bytes) -> str:
+    return INDEX_PREFIX + index_id.hex()
+
+
+def tree_key(tree_id: bytes) -> str:
+    return TREES_PREFIX + tree_id.hex()
+
+
+def snapshot_key(snapshot_id: bytes) -> str:
+    return SNAPSHOTS_PREFIX + snapshot_id.hex()
+
+
+def id_from_key(key: str) -> bytes | None:
+    """The object ID at the end of a key, or None when the name is not one of ours."""
+    name = key.rsplit("/", 1)[-1]
+    if len(name) != 2 * OBJECT_ID_SIZE:
+        return None
+    try:
+        return bytes.fromhex(name)
+    except ValueError:
+        return None

@@ -1,0 +1,79 @@
+"""Pack byte layout (no I/O): many chunk blobs in one object, a sealed header at the end.
+
+    pack    = blob_0 | blob_1 | ... | blob_n-1 | header_blob | header_len:u32le | "CVP1"
+    header  = n x (chunk_id:32 | offset:u32le | stored_len:u32le | raw_len:u32le)
+
+The index normally tells where a chunk lives; the header makes every pack self-describing,
+so `check` can verify packs against the index and a lost index can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..blob import BlobCodec, Kind
+from ..errors import MalformedObjectError
+from .format import PACK_MAGIC
+
+ENTRY = struct.Struct("<32sIII")
+TRAILER = struct.Struct("<I4s")
+
+
+@dataclass(frozen=True, slots=True)
+class PackEntry:
+    chunk_id: bytes
+    offset: int
+    stored_len: int
+    raw_len: int
+
+
+def encode_entries(entries: list[PackEntry]) -> bytes:
+    return b"".join(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len) for e in entries)
+
+
+def decode_entries(raw: bytes | memoryview) -> list[PackEntry]:
+    if len(raw) % ENTRY.size:
+        raise MalformedObjectError("pack entry table has a partial entry")
+    return [PackEntry(*fields) for fields in ENTRY.iter_unpack(raw)]
+
+
+class PackWriter:
+    """Collects chunk blobs until the pack is big enough, then seals the header."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.entries: list[PackEntry] = []
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def add(self, chunk_id: bytes, blob: bytes, raw_len: int) -> PackEntry:
+        entry = PackEntry(chunk_id, len(self.buffer), len(blob), raw_len)
+        self.buffer += blob
+        self.entries.append(entry)
+        return entry
+
+    def finish(self, codec: BlobCodec, pack_id: bytes) -> bytearray:
+        header = codec.encode(Kind.PACK_HEADER, pack_id, encode_entries(self.entries))
+        self.buffer += header
+        self.buffer += TRAILER.pack(len(header), PACK_MAGIC)
+        return self.buffer
+
+
+def read_pack_header(codec: BlobCodec, pack_id: bytes, pack: bytes | memoryview) -> list[PackEntry]:
+    """Parse and verify a whole pack's header; raises MalformedObjectError/IntegrityError."""
+    if len(pack) < TRAILER.size:
+        raise MalformedObjectError("pack is shorter than its trailer")
+    header_len, magic = TRAILER.unpack_from(pack, len(pack) - TRAILER.size)
+    if magic != PACK_MAGIC:
+        raise MalformedObjectError("pack trailer magic is wrong")
+    header_end = len(pack) - TRAILER.size
+    header_start = header_end - header_len
+    if header_start < 0:
+        raise MalformedObjectError("pack header length points before the start of the pack")
+    entries = decode_entries(codec.decode(Kind.PACK_HEADER, pack_id, memoryview(pack)[header_start:header_end]))
+    for e in entries:
+        if e.offset + e.stored_len > header_start:
+            raise MalformedObjectError(f"pack header entry for chunk {e.chunk_id.hex()[:12]} points past the data")
+    return entries

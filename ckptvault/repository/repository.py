@@ -1,0 +1,211 @@
+"""``Repository``: chunks in packs, index objects, trees and snapshot objects on a Store.
+
+Write order (the invariant that makes a crash harmless): a pack is uploaded completely
+before any index object names it, and index objects are written before the snapshot that
+needs them. A backup killed midway leaves at worst packs that nothing references yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ..blob import BlobCodec, ChecksumSealer, Kind
+from ..codec import Compressor
+from ..errors import IntegrityError, ObjectNotFoundError, VaultExistsError, VaultNotFoundError
+from ..hashing import ChunkIdFunction
+from ..store import ObjectInfo, Store
+from .config import RepoConfig
+from .format import (
+    CONFIG_KEY,
+    INDEX_PREFIX,
+    PACKS_PREFIX,
+    SNAPSHOTS_PREFIX,
+    id_from_key,
+    index_key,
+    new_object_id,
+    pack_key,
+    snapshot_key,
+    tree_key,
+)
+from .index import ChunkIndex, ChunkLocation, decode_index, encode_index
+from .pack import PackEntry, PackWriter
+
+PACKS_PER_INDEX = 16  # index objects written during a backup, so a killed run's packs are reused
+
+
+class Repository:
+    def __init__(self, store: Store, config: RepoConfig, *, upload_concurrency: int = 2) -> None:
+        self.store = store
+        self.config = config
+        self.codec = BlobCodec(Compressor(config.compression), ChecksumSealer())
+        self.chunk_id = ChunkIdFunction()
+        self.index = ChunkIndex()
+        self._writer = PackWriter()
+        self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
+        self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
+        self._unindexed: dict[bytes, list[PackEntry]] = {}
+        self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
+        self._executor: ThreadPoolExecutor | None = None
+        self._upload_concurrency = upload_concurrency
+        self._stats_lock = threading.Lock()
+        self.bytes_written = 0  # everything this Repository object has put
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    @classmethod
+    def init(cls, store: Store, config: RepoConfig) -> Repository:
+        if store.exists(CONFIG_KEY):
+            raise VaultExistsError(store.url)
+        store.put(CONFIG_KEY, config.to_json())
+        return cls(store, config)
+
+    @classmethod
+    def open(cls, store: Store) -> Repository:
+        try:
+            raw = store.get(CONFIG_KEY)
+        except ObjectNotFoundError:
+            raise VaultNotFoundError(store.url) from None
+        repo = cls(store, RepoConfig.from_json(raw, store.url))
+        repo.load_index()
+        return repo
+
+    def load_index(self) -> None:
+        index = ChunkIndex()
+        for info in self.store.list(INDEX_PREFIX):
+            index_id = id_from_key(info.key)
+            if index_id is None:
+                continue
+            raw = self.store.get(info.key)
+            try:
+                packs = decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
+            except IntegrityError as exc:
+                raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
+            for pack_id, entries in packs.items():
+                index.add_pack(pack_id, entries)
+        self.index = index
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _put(self, key: str, data: bytes | bytearray) -> None:
+        self.store.put(key, data)
+        with self._stats_lock:
+            self.bytes_written += len(data)
+
+    # ---- writing chunks ----------------------------------------------------------------
+
+    def has_chunk(self, chunk_id: bytes) -> bool:
+        return chunk_id in self.index or chunk_id in self._pending
+
+    def add_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int) -> bool:
+        """Queue an encoded chunk blob. Returns False when it was already stored."""
+        if self.has_chunk(chunk_id):
+            return False
+        self._writer.add(chunk_id, blob, raw_len)
+        self._pending.add(chunk_id)
+        if len(self._writer) >= self.config.pack_size:
+            self._seal_pack()
+        self._reap(block=False)
+        return True
+
+    def _seal_pack(self) -> None:
+        if not self._writer.entries:
+            return
+        pack_id = new_object_id()
+        entries = self._writer.entries
+        data = self._writer.finish(self.codec, pack_id)
+        self._writer = PackWriter()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._upload_concurrency, thread_name_prefix="ckptvault-upload")
+        self._upload_slots.acquire()  # bounds memory: at most N sealed packs in flight
+        future = self._executor.submit(self._upload, pack_id, data)
+        self._uploads.append((future, pack_id, entries))
+
+    def _upload(self, pack_id: bytes, data: bytearray) -> None:
+        try:
+            self._put(pack_key(pack_id), data)
+        finally:
+            self._upload_slots.release()
+
+    def _reap(self, *, block: bool) -> None:
+        still_running = []
+        for future, pack_id, entries in self._uploads:
+            if block or future.done():
+                future.result()  # re-raises the upload's StorageError
+                self.index.add_pack(pack_id, entries)
+                self._pending.difference_update(e.chunk_id for e in entries)
+                self._unindexed[pack_id] = entries
+            else:
+                still_running.append((future, pack_id, entries))
+        self._uploads = still_running
+        if len(self._unindexed) >= PACKS_PER_INDEX:
+            self._write_index()
+
+    def _write_index(self) -> None:
+        if not self._unindexed:
+            return
+        index_id = new_object_id()
+        self._put(index_key(index_id), self.codec.encode(Kind.INDEX, index_id, encode_index(self._unindexed)))
+        self._unindexed = {}
+
+    def flush(self) -> None:
+        """Seal the open pack, wait for every upload, then write the index for them."""
+        self._seal_pack()
+        self._reap(block=True)
+        self._write_index()
+
+    # ---- reading chunks ----------------------------------------------------------------
+
+    def locate(self, chunk_id: bytes) -> ChunkLocation:
+        loc = self.index.get(chunk_id)
+        if loc is None:
+            raise IntegrityError(f"chunk {chunk_id.hex()[:12]} is not in any index; run: ckptvault check")
+        return loc
+
+    def read_chunk(self, chunk_id: bytes) -> bytes:
+        """Fetch, decode and verify one chunk against its ID."""
+        loc = self.locate(chunk_id)
+        where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
+        try:
+            blob = self.store.get_range(pack_key(loc.pack_id), loc.offset, loc.stored_len)
+        except ObjectNotFoundError:
+            raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
+        try:
+            data = self.codec.decode(Kind.CHUNK, chunk_id, blob, loc.raw_len)
+        except IntegrityError as exc:
+            raise IntegrityError(f"{where} is damaged: {exc}") from exc
+        if len(data) != loc.raw_len or self.chunk_id(data) != chunk_id:
+            raise IntegrityError(f"{where} does not match its hash")
+        return data
+
+    # ---- trees and snapshots -----------------------------------------------------------
+
+    def save_tree(self, raw: bytes) -> bytes:
+        tree_id = new_object_id()
+        self._put(tree_key(tree_id), self.codec.encode(Kind.TREE, tree_id, raw))
+        return tree_id
+
+    def load_tree(self, tree_id: bytes) -> bytes:
+        return self._load_object(Kind.TREE, tree_id, tree_key(tree_id), "tree")
+
+    def save_snapshot(self, snapshot_id: bytes, raw: bytes) -> None:
+        self._put(snapshot_key(snapshot_id), self.codec.encode(Kind.SNAPSHOT, snapshot_id, raw))
+
+    def load_snapshot(self, snapshot_id: bytes) -> bytes:
+        return self._load_object(Kind.SNAPSHOT, snapshot_id, snapshot_key(snapshot_id), "snapshot")
+
+    def list_snapshot_ids(self) -> list[bytes]:
+        return [i for i in (id_from_key(o.key) for o in self.store.list(SNAPSHOTS_PREFIX)) if i is not None]
+
+    def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
+        raw = self.store.get(key)
+        try:
+            return self.codec.decode(kind, object_id, raw)
+        except IntegrityError as exc:
+            raise type(exc)(f"{what} object {object_id.hex()[:12]} is damaged: {exc}") from exc
+
+    def list_packs(self) -> list[ObjectInfo]:
+        return self.store.list(PACKS_PREFIX)

@@ -1,0 +1,132 @@
+"""Snapshot and tree documents <-> bytes (JSON; the repository compresses and seals them).
+
+Decoding validates every path, so a damaged or crafted tree cannot make a restore
+write outside its target: no absolute paths, no '..' or '.' or empty components, no
+duplicates, and no entry below a symlink entry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime
+
+from ..errors import MalformedObjectError, UnsafePathError
+from .model import FileEntry, Snapshot, SnapshotSummary
+
+DOC_VERSION = 1
+ENTRY_TYPES = ("file", "dir", "symlink")
+
+
+def encode_snapshot(snap: Snapshot) -> bytes:
+    doc = {
+        "version": DOC_VERSION,
+        "id": snap.id,
+        "time": snap.time.isoformat(),
+        "hostname": snap.hostname,
+        "paths": snap.paths,
+        "tags": snap.tags,
+        "description": snap.description,
+        "parent": snap.parent,
+        "tree": snap.tree_id,
+        "summary": asdict(snap.summary),
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_snapshot(raw: bytes) -> Snapshot:
+    try:
+        doc = json.loads(raw)
+        _check_version(doc, "snapshot")
+        return Snapshot(
+            id=doc["id"],
+            time=datetime.fromisoformat(doc["time"]),
+            hostname=doc["hostname"],
+            paths=list(doc["paths"]),
+            tags={str(k): str(v) for k, v in doc["tags"].items()},
+            description=doc["description"],
+            parent=doc["parent"],
+            tree_id=doc["tree"],
+            summary=SnapshotSummary(**doc["summary"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MalformedObjectError(f"snapshot document is malformed ({exc})") from exc
+
+
+def encode_tree(entries: list[FileEntry]) -> bytes:
+    out = []
+    for e in entries:
+        d: dict = {"path": e.path, "type": e.type, "mode": e.mode, "mtime_ns": e.mtime_ns}
+        if e.type == "file":
+            d.update(size=e.size, blake3=e.blake3, chunks=[c.hex() for c in e.chunks])
+            if e.inode is not None:
+                d.update(inode=e.inode, ctime_ns=e.ctime_ns)
+        elif e.type == "symlink":
+            d["target"] = e.target
+        out.append(d)
+    return json.dumps({"version": DOC_VERSION, "entries": out}, separators=(",", ":")).encode()
+
+
+def decode_tree(raw: bytes) -> list[FileEntry]:
+    try:
+        doc = json.loads(raw)
+        _check_version(doc, "tree")
+        entries = [
+            FileEntry(
+                path=d["path"],
+                type=d["type"],
+                mode=int(d["mode"]),
+                mtime_ns=int(d["mtime_ns"]),
+                size=int(d.get("size", 0)),
+                blake3=d.get("blake3"),
+                chunks=[bytes.fromhex(c) for c in d.get("chunks", [])],
+                target=d.get("target"),
+                inode=d.get("inode"),
+                ctime_ns=d.get("ctime_ns"),
+            )
+            for d in doc["entries"]
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MalformedObjectError(f"tree document is malformed ({exc})") from exc
+    validate_tree(entries)
+    return entries
+
+
+def _check_version(doc: object, what: str) -> None:
+    if not isinstance(doc, dict):
+        raise TypeError(f"{what} is not an object")
+    if doc.get("version") != DOC_VERSION:
+        raise MalformedObjectError(f"{what} document version {doc.get('version')!r} is not supported")
+
+
+def validate_path(path: str) -> None:
+    if not isinstance(path, str) or not path:
+        raise UnsafePathError(str(path), "has an empty path")
+    if "\0" in path:
+        raise UnsafePathError(path, "contains a NUL byte")
+    if path.startswith("/"):
+        raise UnsafePathError(path, "is an absolute path")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise UnsafePathError(path, "escapes the target directory or is not normalized")
+
+
+def validate_tree(entries: list[FileEntry]) -> None:
+    seen: set[str] = set()
+    links: set[str] = set()
+    for e in entries:
+        validate_path(e.path)
+        if e.type not in ENTRY_TYPES:
+            raise MalformedObjectError(f"tree entry {e.path!r} has unknown type {e.type!r}")
+        if e.path in seen:
+            raise UnsafePathError(e.path, "appears twice in the snapshot")
+        seen.add(e.path)
+        if e.type == "symlink":
+            links.add(e.path)
+        if e.type == "file" and (e.size < 0 or (e.size > 0 and not e.chunks)):
+            raise MalformedObjectError(f"tree entry {e.path!r} has size {e.size} but no chunks")
+    for e in entries:
+        parts = e.path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in links:
+                raise UnsafePathError(e.path, "lies below a symlink in the snapshot")

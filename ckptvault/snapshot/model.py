@@ -1,0 +1,67 @@
+"""What a snapshot is: metadata, a summary, and a tree of entries (kept in its own object)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(slots=True)
+class FileEntry:
+    """One tree entry. ``path`` is '/'-separated and relative to the snapshot root."""
+
+    path: str
+    type: str  # "file" | "dir" | "symlink"
+    mode: int  # permission bits only
+    mtime_ns: int
+    size: int = 0
+    blake3: str | None = None  # whole-file BLAKE3, hex (files)
+    chunks: list[bytes] = field(default_factory=list)  # chunk IDs in file order (files)
+    target: str | None = None  # link target (symlinks)
+    inode: int | None = None  # with ctime_ns: lets the next backup skip unchanged files
+    ctime_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotSummary:
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    logical_bytes: int = 0  # sum of file sizes
+    read_bytes: int = 0  # bytes actually read (unchanged files are skipped)
+    new_bytes: int = 0  # raw bytes of chunks this backup added
+    stored_bytes: int = 0  # bytes this backup added to the repository (packs, index, tree, snapshot)
+    chunks: int = 0
+    new_chunks: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def dedup_ratio(self) -> float:
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else float("inf")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    id: str  # 64 hex digits
+    time: datetime  # UTC
+    hostname: str
+    paths: list[str]
+    tags: dict[str, str]
+    description: str
+    parent: str | None
+    tree_id: str
+    summary: SnapshotSummary
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:8]
+
+    @property
+    def step(self) -> int | None:
+        try:
+            return int(self.tags["step"])
+        except (KeyError, ValueError):
+            return None
+
+    def matches(self, tags: dict[str, str] | None) -> bool:
+        return all(self.tags.get(k) == v for k, v in (tags or {}).items())

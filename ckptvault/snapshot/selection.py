@@ -1,0 +1,41 @@
+"""Choosing snapshots: by unique ID prefix, or ``latest`` among those matching tags."""
+
+from __future__ import annotations
+
+from ..errors import SnapshotNotFoundError, UsageError
+from .model import Snapshot
+
+
+def filter_by_tags(snapshots: list[Snapshot], tags: dict[str, str] | None) -> list[Snapshot]:
+    return [s for s in snapshots if s.matches(tags)]
+
+
+def newest(snapshots: list[Snapshot]) -> Snapshot:
+    """The newest by ``step`` tag when every candidate has a numeric one, else by time.
+
+    A run resumes from its highest step even if an older step was uploaded later
+    (async shipping can reorder them)."""
+    if all(s.step is not None for s in snapshots):
+        return max(snapshots, key=lambda s: (s.step, s.time))
+    return max(snapshots, key=lambda s: s.time)
+
+
+def _describe(tags: dict[str, str] | None) -> str:
+    return "".join(f" --tag {k}={v}" for k, v in (tags or {}).items())
+
+
+def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = None) -> Snapshot:
+    candidates = filter_by_tags(snapshots, tags)
+    if spec == "latest":
+        if not candidates:
+            raise SnapshotNotFoundError(f"no snapshot matches latest{_describe(tags)}; list them with: ckptvault snapshots")
+        return newest(candidates)
+    prefix = spec.lower()
+    if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+        raise UsageError(f"{spec!r} is not a snapshot ID; give a hex ID prefix or 'latest'")
+    found = [s for s in candidates if s.id.startswith(prefix)]
+    if not found:
+        raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
+    if len(found) > 1:
+        raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({len(found)} match); give more digits")
+    return found[0]

@@ -1,0 +1,196 @@
+"""``Vault``: the public Python API. The CLI uses nothing else.
+
+    vault = Vault.open("./vault")              # or Vault.init(url), or Vault.open() for the default
+    snap = vault.backup("./checkpoints", tags={"run": "x", "step": "1200"})
+    vault.restore(vault.latest(tags={"run": "x"}), "./resume")
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import platformdirs
+
+from .chunking import ChunkerParams
+from .codec import CompressionSettings
+from .hashing import new_file_hasher
+from .errors import IntegrityError, PathNotInSnapshotError, UsageError, VaultNotFoundError
+from .ops.backup import run_backup
+from .ops.progress import Progress
+from .ops.restore import RestoreResult, run_restore
+from .ops.stats import VaultStats, compute_stats
+from .repository import RepoConfig, Repository
+from .repository.config import DEFAULT_PACK_SIZE
+from .snapshot import selection
+from .snapshot.manifest import decode_snapshot, decode_tree
+from .snapshot.model import FileEntry, Snapshot
+from .store import open_store
+
+log = logging.getLogger("ckptvault")
+
+PathLike = str | os.PathLike[str]
+
+
+def default_repo_url() -> str:
+    """``$CKPTVAULT_REPO``, else a folder in the user's data directory."""
+    return os.environ.get("CKPTVAULT_REPO") or os.path.join(platformdirs.user_data_dir("ckptvault"), "repo")
+
+
+class Vault:
+    def __init__(self, repo: Repository, url: str) -> None:
+        self._repo = repo
+        self.url = url
+        self.created = False  # True when open(create=True) made a new repository
+
+    # ---- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def init(
+        cls,
+        url: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        chunker: ChunkerParams | None = None,
+        compression: CompressionSettings | None = None,
+        pack_size: int = DEFAULT_PACK_SIZE,
+    ) -> Vault:
+        """Create a repository at ``url`` (the default location when None)."""
+        url = url or default_repo_url()
+        config = RepoConfig(
+            chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
+        )
+        repo = Repository.init(open_store(url, storage_options), config)
+        return cls(repo, url)
+
+    @classmethod
+    def open(cls, url: str | None = None, *, storage_options: dict[str, Any] | None = None, create: bool = False) -> Vault:
+        """Open the repository at ``url``; with ``create=True`` make it when it does not exist."""
+        url = url or default_repo_url()
+        try:
+            return cls(Repository.open(open_store(url, storage_options)), url)
+        except VaultNotFoundError:
+            if not create:
+                raise
+        vault = cls.init(url, storage_options=storage_options)
+        vault.created = True
+        return vault
+
+    def close(self) -> None:
+        self._repo.close()
+
+    def __enter__(self) -> Vault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def config(self) -> RepoConfig:
+        return self._repo.config
+
+    # ---- snapshots ---------------------------------------------------------------------
+
+    def snapshots(self, tags: dict[str, str] | None = None) -> list[Snapshot]:
+        """All snapshots (matching every given tag), oldest first."""
+        ids = self._repo.list_snapshot_ids()
+        with ThreadPoolExecutor(8) as pool:
+            snaps = list(pool.map(lambda i: decode_snapshot(self._repo.load_snapshot(i)), ids))
+        return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
+
+    def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
+        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``."""
+        if isinstance(spec, Snapshot):
+            return spec
+        return selection.select(self.snapshots(), spec, tags)
+
+    def latest(self, tags: dict[str, str] | None = None) -> Snapshot:
+        return self.snapshot("latest", tags)
+
+    def files(self, snapshot: str | Snapshot) -> list[FileEntry]:
+        """The snapshot's tree: every file, directory and symlink, sorted by path."""
+        snap = self.snapshot(snapshot)
+        return decode_tree(self._repo.load_tree(bytes.fromhex(snap.tree_id)))
+
+    # ---- backup and restore ------------------------------------------------------------
+
+    def backup(
+        self,
+        paths: PathLike | list[PathLike],
+        *,
+        tags: dict[str, str] | None = None,
+        description: str = "",
+        hostname: str | None = None,
+        force_read: bool = False,
+        skip_unreadable: bool = False,
+        on_progress: Progress | None = None,
+        on_warning: Callable[[str], None] | None = None,
+    ) -> Snapshot:
+        """Back up files and directories as one snapshot.
+
+        Files unchanged since the previous snapshot of the same paths from the same host
+        (size, mtime, inode, ctime) are not read again unless ``force_read``.
+        """
+        sources = [os.fspath(p) for p in (paths if isinstance(paths, list) else [paths])]
+        hostname = hostname or socket.gethostname()
+        tags = dict(tags or {})
+        for key in tags:
+            if not key or "=" in key:
+                raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
+        abs_paths = sorted(os.path.abspath(os.path.expanduser(s)) for s in sources)
+        same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
+        parent = max(same_source, key=lambda s: s.time) if same_source else None
+        result = run_backup(
+            self._repo,
+            sources,
+            tags=tags,
+            description=description,
+            hostname=hostname,
+            parent=parent,
+            parent_tree=self.files(parent) if parent else None,
+            force_read=force_read,
+            skip_unreadable=skip_unreadable,
+            progress=on_progress,
+        )
+        for warning in result.warnings:
+            log.warning(warning)
+            if on_warning:
+                on_warning(warning)
+        return result.snapshot
+
+    def restore(
+        self,
+        snapshot: str | Snapshot,
+        target: PathLike,
+        *,
+        include: list[str] | None = None,
+        overwrite: bool = False,
+        on_progress: Progress | None = None,
+    ) -> RestoreResult:
+        """Restore into ``target``, verifying every chunk and every file hash."""
+        return run_restore(
+            self._repo, self.files(snapshot), os.fspath(target), include=include, overwrite=overwrite, progress=on_progress
+        )
+
+    def read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
+        """Yield one file's bytes chunk by chunk; each chunk is verified, and the whole-file
+        hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
+        snap = self.snapshot(snapshot)
+        wanted = path.strip("/")
+        entry = next((e for e in self.files(snap) if e.path == wanted and e.type == "file"), None)
+        if entry is None:
+            raise PathNotInSnapshotError(path, snap.id)
+        hasher = new_file_hasher()
+        for chunk_id in entry.chunks:
+            data = self._repo.read_chunk(chunk_id)
+            hasher.update(data)
+            yield data
+        if hasher.hexdigest() != entry.blake3:
+            raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
+
+    def stats(self) -> VaultStats:
+        return compute_stats(self._repo, self.snapshots())
