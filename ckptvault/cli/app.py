@@ -1,0 +1,95 @@
+"""The typer app, the options every command shares, and the error boundary."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from .. import __version__
+from ..errors import CkptVaultError
+from ..vault import Vault
+from .output import Output
+from .params import parse_storage_options
+
+app = typer.Typer(
+    name="ckptvault",
+    help="Deduplicating, verified backups of ML training checkpoints.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # errors are one line; a bug's traceback goes to a file
+    add_completion=False,
+)
+
+RepoOpt = Annotated[
+    str | None,
+    typer.Option("--repo", "-r", envvar="CKPTVAULT_REPO", help="Repository URL (any fsspec URL). Default: a local folder."),
+]
+StorageOpt = Annotated[
+    list[str] | None, typer.Option("--storage-option", "-o", help="fsspec storage option key=value (repeatable).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(func: F) -> F:
+    """Error boundary: a CkptVaultError becomes one line on stderr and its exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        out = Output(json_mode=kwargs.get("json_out", False), quiet=kwargs.get("quiet", False))
+        try:
+            return func(*args, **kwargs)
+        except CkptVaultError as exc:
+            out.error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            out.error("cancelled; nothing after the last completed snapshot was committed")
+            raise typer.Exit(130) from None
+        except BrokenPipeError:
+            sys.stderr.close()
+            raise typer.Exit(1) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as exc:  # a bug: keep the traceback, show one line
+            fd, path = tempfile.mkstemp(prefix="ckptvault-crash-", suffix=".txt")
+            with os.fdopen(fd, "w") as f:
+                traceback.print_exc(file=f)
+            out.error(f"internal error: {type(exc).__name__}: {exc} (traceback saved to {path}; please report it)")
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def open_vault(repo: str | None, storage_option: list[str] | None, out: Output) -> Vault:
+    """The named repository (which must exist), or the default one, created on first use."""
+    options = parse_storage_options(storage_option)
+    if repo:
+        return Vault.open(repo, storage_options=options)
+    vault = Vault.open(None, storage_options=options, create=True)
+    if vault.created:
+        out.info(f"created a new vault at {vault.url} (the default; choose another with --repo or CKPTVAULT_REPO)")
+    return vault
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ckptvault {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Deduplicating, verified backups of ML training checkpoints."""

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .output import Output, format_bytes
+from .params import parse_tags
+
+
+@app.command("backup")
+@command
+def backup_cmd(
+    paths: Annotated[list[str], typer.Argument(help="Files or directories to back up.")],
+    tag: TagOpt = None,
+    description: Annotated[str, typer.Option("--description", "-d", help="Free text stored with the snapshot.")] = "",
+    host: Annotated[str | None, typer.Option("--host", help="Hostname to record (default: this machine's).")] = None,
+    force_read: Annotated[bool, typer.Option("--force-read", help="Read every file, even unchanged ones.")] = False,
+    skip_unreadable: Annotated[
+        bool, typer.Option("--skip-unreadable", help="Warn about unreadable files instead of failing.")
+    ] = False,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Back up files and directories as a new snapshot."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    tags = parse_tags(tag)
+    with open_vault(repo, storage_option, out) as vault, out.progress("backing up") as progress:
+        snap = vault.backup(
+            paths,
+            tags=tags,
+            description=description,
+            hostname=host,
+            force_read=force_read,
+            skip_unreadable=skip_unreadable,
+            on_progress=progress,
+            on_warning=out.warn,
+        )
+    s = snap.summary
+    rate = s.read_bytes / s.duration_s / 1e6 if s.duration_s > 0 else 0.0
+    ratio = s.logical_bytes / max(s.stored_bytes, 1)
+    out.result(
+        snap,
+        f"snapshot {snap.short_id} saved: {s.files} files, {format_bytes(s.logical_bytes)}, "
+        f"{format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored, "
+        f"dedup+compression {ratio:.2f}x, {s.duration_s:.1f} s ({rate:.0f} MB/s read)",
+    )

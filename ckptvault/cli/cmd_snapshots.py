@@ -1,0 +1,88 @@
+"""Browsing: snapshots, ls, cat."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .output import Output, format_bytes
+from .params import parse_tags
+
+SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
+
+
+@app.command("snapshots")
+@command
+def snapshots_cmd(
+    tag: TagOpt = None,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """List snapshots, oldest first."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out) as vault:
+        snaps = vault.snapshots(parse_tags(tag))
+    table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "added", "description")
+    for s in snaps:
+        table.add_row(
+            s.short_id,
+            s.time.strftime("%Y-%m-%d %H:%M:%S"),
+            s.hostname,
+            ",".join(f"{k}={v}" for k, v in s.tags.items()),
+            str(s.summary.files),
+            format_bytes(s.summary.logical_bytes),
+            format_bytes(s.summary.stored_bytes),
+            s.description,
+        )
+    out.result(snaps, table if snaps else "no snapshots")
+
+
+@app.command("ls")
+@command
+def ls_cmd(
+    snapshot: SnapshotArg,
+    tag: TagOpt = None,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """List the files of a snapshot with their sizes."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out) as vault:
+        snap = vault.snapshot(snapshot, parse_tags(tag))
+        entries = vault.files(snap)
+    table = out.table("type", "mode", "size", "path")
+    for e in entries:
+        shown = f"{e.path} -> {e.target}" if e.type == "symlink" else e.path + ("/" if e.type == "dir" else "")
+        table.add_row(e.type, oct(e.mode), format_bytes(e.size) if e.type == "file" else "", shown)
+    data = [
+        {"path": e.path, "type": e.type, "mode": e.mode, "size": e.size, "mtime_ns": e.mtime_ns, "blake3": e.blake3,
+         "target": e.target}
+        for e in entries
+    ]
+    out.result({"snapshot": snap.id, "entries": data}, table)
+
+
+@app.command("cat")
+@command
+def cat_cmd(
+    snapshot: SnapshotArg,
+    path: Annotated[str, typer.Argument(help="Path of a file inside the snapshot.")],
+    tag: TagOpt = None,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+) -> None:
+    """Write one file of a snapshot to stdout (verified)."""
+    out = Output()
+    with open_vault(repo, storage_option, out) as vault:
+        snap = vault.snapshot(snapshot, parse_tags(tag))
+        sink = sys.stdout.buffer
+        for data in vault.read_file(snap, path):
+            sink.write(data)
+        sink.flush()

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .output import Output, format_bytes
+
+
+@app.command("stats")
+@command
+def stats_cmd(
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Logical versus stored bytes, dedup ratio, and what each snapshot added."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out) as vault:
+        stats = vault.stats()
+    table = out.table("id", "time (UTC)", "tags", "logical", "added", "stored")
+    for s in stats.per_snapshot:
+        table.add_row(
+            s.id[:8],
+            s.time.replace("T", " ")[:19],
+            ",".join(f"{k}={v}" for k, v in s.tags.items()),
+            format_bytes(s.logical_bytes),
+            format_bytes(s.new_bytes),
+            format_bytes(s.stored_bytes),
+        )
+    head = (
+        f"snapshots: {stats.snapshots}\n"
+        f"logical bytes: {format_bytes(stats.logical_bytes)} (all snapshots)\n"
+        f"unique bytes: {format_bytes(stats.unique_bytes)} in {stats.chunks} chunks\n"
+        f"stored bytes: {format_bytes(stats.stored_bytes)} in {stats.packs} packs and metadata\n"
+        f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
+    )
+    data = {**stats.__dict__, "dedup_ratio": stats.dedup_ratio, "total_ratio": stats.total_ratio}
+    if out.json_mode:
+        out.result(data)
+    else:
+        out.result(data, head)
+        if stats.per_snapshot:
+            out.result(data, table)

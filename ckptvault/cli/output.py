@@ -1,0 +1,117 @@
+"""The one terminal object: results to stdout (text or JSON), messages to stderr, progress bars."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import datetime
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"  # pragma: no cover
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+class _RichProgress:
+    """Adapts the ops Progress protocol to a rich progress bar on stderr."""
+
+    def __init__(self, console: Console, label: str) -> None:
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._label = label
+        self._task: TaskID | None = None
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        self._bar.start()
+        self._task = self._bar.add_task(f"{self._label} {total_files} files", total=total_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        if self._task is not None:
+            self._bar.advance(self._task, nbytes)
+
+    def finish(self) -> None:
+        self._bar.stop()
+
+
+class Output:
+    def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
+        self.json_mode = json_mode
+        self.quiet = quiet
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.out = Console(highlight=False, soft_wrap=True)
+        if not self.out.is_terminal:
+            self.out.width = 200  # piped output: do not wrap table cells at 80 columns
+
+    def info(self, message: str) -> None:
+        """A human message (stderr), hidden by --quiet."""
+        if not self.quiet:
+            self.err.print(message, markup=False)
+
+    def warn(self, message: str) -> None:
+        self.err.print(f"warning: {message}", markup=False, style="yellow")
+
+    def error(self, message: str) -> None:
+        self.err.print(f"error: {message}", markup=False, style="red")
+
+    def result(self, data: Any, text: str | Table | None = None) -> None:
+        """The command's result: JSON on stdout with --json, else the text (hidden by --quiet)."""
+        if self.json_mode:
+            sys.stdout.write(json.dumps(_jsonable(data), indent=2) + "\n")
+        elif text is not None and not self.quiet:
+            if isinstance(text, str):
+                self.out.print(text, markup=False)
+            else:
+                self.out.print(text)
+
+    @contextmanager
+    def progress(self, label: str) -> Iterator[_RichProgress | None]:
+        if self.quiet or self.json_mode or not self.err.is_terminal:
+            yield None
+            return
+        yield _RichProgress(self.err, label)
+
+    @staticmethod
+    def table(*columns: str) -> Table:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col in columns:
+            table.add_column(col, justify="right" if col in ("size", "files", "added", "stored", "logical") else "left")
+        return table
