@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from ckptvault import Vault
+
+settings.register_profile(
+    "default", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may touch the user's default repository."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+    monkeypatch.delenv("CKPTVAULT_REPO", raising=False)
+
+
+@pytest.fixture
+def repo_url(tmp_path: Path) -> str:
+    return str(tmp_path / "repo")
+
+
+@pytest.fixture
+def vault(repo_url: str) -> Vault:
+    from ckptvault.chunking import ChunkerParams
+
+    v = Vault.init(repo_url, chunker=ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024),
+                   pack_size=SMALL_PACK)
+    yield v
+    v.close()
+
+
+@pytest.fixture
+def memory_vault() -> Vault:
+    v = Vault.init(f"memory://ckptvault-test-{uuid.uuid4().hex}", pack_size=SMALL_PACK)
+    yield v
+    v.close()
+
+
+def write_file(path: Path, data: bytes, mode: int = 0o644, mtime_ns: int | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(mode)
+    if mtime_ns is not None:
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+    return path
+
+
+def tree_digest(root: Path) -> dict[str, tuple]:
+    """Everything restore must reproduce: type, content, permission bits, mtime, link target."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            st = p.lstat()
+            if p.is_symlink():
+                out[rel] = ("link", os.readlink(p))
+            elif p.is_dir():
+                out[rel] = ("dir", st.st_mode & 0o7777, st.st_mtime_ns)
+            else:
+                out[rel] = ("file", p.read_bytes(), st.st_mode & 0o7777, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """Run the real CLI in a subprocess, with an isolated default repository location."""
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data"), "COLUMNS": "200"}
+    env.pop("CKPTVAULT_REPO", None)
+
+    def run(*args: str, check: bool = True, input: bytes | None = None, **extra_env: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckptvault", *args],
+            capture_output=True,
+            env={**env, **extra_env},
+            input=input,
+            timeout=300,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ckptvault {' '.join(args)} failed ({proc.returncode}): {proc.stderr.decode()}")
+        return proc
+
+    return run

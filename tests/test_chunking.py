@@ -1,0 +1,55 @@
+import io
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckptvault.chunking import COMPILED_CHUNKER, ChunkerParams, _fastcdc, iter_chunks
+from ckptvault.errors import UsageError
+
+SMALL = ChunkerParams(min_size=256, avg_size=1024, max_size=4096)
+
+
+def whole_buffer_cuts(data: bytes, p: ChunkerParams) -> list[bytes]:
+    return [data[c.offset : c.offset + c.length] for c in _fastcdc(data, p.min_size, p.avg_size, p.max_size)]
+
+
+def test_compiled_chunker_is_in_use():
+    assert COMPILED_CHUNKER, "the Cython FastCDC extension did not load; backups would run at ~10 MB/s"
+
+
+@given(data=st.binary(min_size=0, max_size=40_000), block=st.integers(min_value=1, max_value=20_000))
+def test_streaming_cuts_equal_whole_buffer_cuts(data: bytes, block: int):
+    if not data:
+        assert list(iter_chunks(io.BytesIO(data), SMALL, block_size=block)) == []
+        return
+    streamed = [bytes(c) for c in iter_chunks(io.BytesIO(data), SMALL, block_size=block)]
+    assert streamed == whole_buffer_cuts(data, SMALL)
+
+
+def test_chunks_respect_bounds_on_random_data():
+    data = os.urandom(3 * 1024 * 1024)
+    p = ChunkerParams()
+    chunks = [bytes(c) for c in iter_chunks(io.BytesIO(data), p, block_size=1 << 20)]
+    assert b"".join(chunks) == data
+    assert all(len(c) <= p.max_size for c in chunks)
+    assert all(len(c) >= p.min_size for c in chunks[:-1])
+
+
+def test_insertion_only_changes_nearby_chunks():
+    data = os.urandom(8 * 1024 * 1024)
+    p = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
+    before = {bytes(c) for c in iter_chunks(io.BytesIO(data), p)}
+    shifted = data[:1000] + b"inserted" + data[1000:]
+    after = [bytes(c) for c in iter_chunks(io.BytesIO(shifted), p)]
+    assert sum(c not in before for c in after) <= 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(min_size=1), dict(avg_size=10), dict(max_size=10**10), dict(min_size=4096, avg_size=2048, max_size=8192)],
+)
+def test_bad_params_are_usage_errors(kwargs):
+    with pytest.raises(UsageError):
+        ChunkerParams(**kwargs)

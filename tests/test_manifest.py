@@ -1,0 +1,79 @@
+from datetime import datetime, timezone
+
+import pytest
+
+from ckptvault.errors import MalformedObjectError, UnsafePathError
+from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
+from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary
+from ckptvault.snapshot.selection import select
+from ckptvault.errors import SnapshotNotFoundError, UsageError
+
+
+def entry(path, type="file", **kw):
+    if type == "file":
+        kw.setdefault("size", 3)
+        kw.setdefault("chunks", [b"\1" * 32])
+        kw.setdefault("blake3", "00")
+    return FileEntry(path=path, type=type, mode=0o644, mtime_ns=1, **kw)
+
+
+def test_tree_round_trip():
+    tree = [entry("a"), entry("d", "dir"), entry("d/l", "symlink", target="../a"), entry("d/f", inode=5, ctime_ns=7)]
+    assert decode_tree(encode_tree(tree)) == tree
+
+
+@pytest.mark.parametrize("path", ["../evil", "/etc/passwd", "a/../../b", "a//b", "./a", "", "a/\0"])
+def test_unsafe_paths_are_refused(path):
+    with pytest.raises(UnsafePathError):
+        decode_tree(encode_tree([entry(path)]))
+
+
+def test_duplicates_and_entries_below_symlinks_are_refused():
+    with pytest.raises(UnsafePathError, match="twice"):
+        decode_tree(encode_tree([entry("a"), entry("a")]))
+    with pytest.raises(UnsafePathError, match="below a symlink"):
+        decode_tree(encode_tree([entry("l", "symlink", target="/etc"), entry("l/passwd")]))
+
+
+def test_garbage_tree_is_malformed():
+    for raw in (b"not json", b"[]", b'{"version": 1}', b'{"version": 2, "entries": []}'):
+        with pytest.raises(MalformedObjectError):
+            decode_tree(raw)
+
+
+def snap(i, step=None, t=0, **tags):
+    if step is not None:
+        tags["step"] = str(step)
+    return Snapshot(
+        id=f"{i:02x}" * 32,
+        time=datetime(2026, 1, 1, 0, 0, t, tzinfo=timezone.utc),
+        hostname="h",
+        paths=["/x"],
+        tags=tags,
+        description="",
+        parent=None,
+        tree_id="00" * 32,
+        summary=SnapshotSummary(files=1),
+    )
+
+
+def test_snapshot_round_trip():
+    s = snap(1, step=5, run="x")
+    assert decode_snapshot(encode_snapshot(s)) == s
+
+
+def test_latest_prefers_step_then_time():
+    snaps = [snap(1, step=200, t=1, run="x"), snap(2, step=100, t=5, run="x"), snap(3, t=9, run="y")]
+    assert select(snaps, "latest", {"run": "x"}).id == snaps[0].id  # step wins over upload time
+    assert select(snaps, "latest").id == snaps[2].id  # not every snapshot has a step: time
+    with pytest.raises(SnapshotNotFoundError, match="run=z"):
+        select(snaps, "latest", {"run": "z"})
+
+
+def test_prefix_selection():
+    snaps = [snap(0x11), snap(0x12)]
+    assert select(snaps, "1111").id == snaps[0].id
+    with pytest.raises(SnapshotNotFoundError, match="ambiguous"):
+        select(snaps, "1")
+    with pytest.raises(UsageError):
+        select(snaps, "xyz")

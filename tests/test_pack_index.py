@@ -1,0 +1,71 @@
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckptvault.blob import BlobCodec, ChecksumSealer
+from ckptvault.codec import CompressionSettings, Compressor
+from ckptvault.errors import IntegrityError, MalformedObjectError
+from ckptvault.repository.index import ChunkIndex, decode_index, encode_index
+from ckptvault.repository.pack import PackEntry, PackWriter, read_pack_header
+
+codec = BlobCodec(Compressor(CompressionSettings()), ChecksumSealer())
+
+entries_st = st.lists(
+    st.builds(
+        PackEntry,
+        st.binary(min_size=32, max_size=32),
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 2**32 - 1),
+    ),
+    max_size=20,
+)
+
+
+@given(packs=st.dictionaries(st.binary(min_size=32, max_size=32), entries_st, max_size=5))
+def test_index_round_trip(packs):
+    assert decode_index(encode_index(packs)) == packs
+
+
+@given(raw=st.binary(max_size=300))
+def test_index_decoder_never_crashes_on_garbage(raw):
+    try:
+        decode_index(raw)
+    except MalformedObjectError:
+        pass
+
+
+def test_pack_header_round_trip_and_offsets():
+    writer = PackWriter()
+    blobs = [os.urandom(n) for n in (10, 1000, 5)]
+    for i, b in enumerate(blobs):
+        writer.add(bytes([i]) * 32, b, len(b) * 2)
+    pack_id = os.urandom(32)
+    data = bytes(writer.finish(codec, pack_id))
+    entries = read_pack_header(codec, pack_id, data)
+    assert [data[e.offset : e.offset + e.stored_len] for e in entries] == blobs
+    assert [e.raw_len for e in entries] == [20, 2000, 10]
+
+
+def test_damaged_pack_header_is_detected():
+    writer = PackWriter()
+    writer.add(b"\1" * 32, b"blob", 4)
+    pack_id = os.urandom(32)
+    data = bytearray(writer.finish(codec, pack_id))
+    with pytest.raises(IntegrityError):
+        read_pack_header(codec, os.urandom(32), bytes(data))  # header bound to its pack ID
+    data[-12] ^= 0xFF
+    with pytest.raises(IntegrityError):
+        read_pack_header(codec, pack_id, bytes(data))
+    with pytest.raises(MalformedObjectError):
+        read_pack_header(codec, pack_id, b"xx")
+
+
+def test_chunk_index_keeps_first_location():
+    idx = ChunkIndex()
+    idx.add_pack(b"A" * 32, [PackEntry(b"c" * 32, 0, 10, 20)])
+    idx.add_pack(b"B" * 32, [PackEntry(b"c" * 32, 5, 10, 20)])
+    assert idx.get(b"c" * 32).pack_id == b"A" * 32
+    assert len(idx) == 1 and b"c" * 32 in idx
