@@ -1,0 +1,99 @@
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import SourceError, UsageError
+from ckptvault.ops import backup as backup_module
+
+
+def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(os.urandom(500_000))
+    (src / "b").write_bytes(os.urandom(1000))
+    vault.backup(src)
+    (src / "b").write_bytes(os.urandom(1000))  # changed
+    second = vault.backup(src)
+    assert second.summary.read_bytes == 1000
+    assert second.parent is not None
+    third = vault.backup(src, force_read=True)
+    assert third.summary.read_bytes == 501_000
+
+
+def test_parent_is_per_host_and_paths(vault: Vault, tmp_path: Path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "f").write_bytes(b"1")
+    first = vault.backup(tmp_path / "x", hostname="h1")
+    assert vault.backup(tmp_path / "x", hostname="h2").parent is None
+    assert vault.backup(tmp_path / "x", hostname="h1").parent == first.id
+
+
+def test_special_files_are_skipped_with_a_warning(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"data")
+    os.mkfifo(src / "pipe")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(src / "sock"))
+    warnings: list[str] = []
+    snap = vault.backup(src, on_warning=warnings.append)
+    sock.close()
+    assert [e.path for e in vault.files(snap)] == ["f"]
+    assert len(warnings) == 2 and all("special file" in w for w in warnings)
+
+
+def test_unreadable_file_fails_unless_skipped(vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ok").write_bytes(b"fine")
+    (src / "secret").write_bytes(b"no")
+    real_open = open
+
+    def guarded_open(path, *args, **kwargs):  # root reads anything: fake the EACCES
+        if str(path).endswith("secret"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(backup_module, "open", guarded_open, raising=False)
+    with pytest.raises(SourceError, match=r"secret: Permission denied \(use --skip-unreadable"):
+        vault.backup(src)
+    assert vault.snapshots() == []
+    warnings: list[str] = []
+    snap = vault.backup(src, skip_unreadable=True, on_warning=warnings.append)
+    assert [e.path for e in vault.files(snap)] == ["ok"]
+    assert "secret" in warnings[0]
+
+
+def test_several_sources_are_stored_under_their_names(vault: Vault, tmp_path: Path):
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "w").write_bytes(b"1")
+    (tmp_path / "notes.txt").write_text("hi")
+    snap = vault.backup([tmp_path / "run1", tmp_path / "notes.txt"])
+    assert [e.path for e in vault.files(snap)] == ["notes.txt", "run1", "run1/w"]
+    assert snap.paths == [str(tmp_path / "run1"), str(tmp_path / "notes.txt")]
+
+
+def test_bad_sources(vault: Vault, tmp_path: Path):
+    with pytest.raises(SourceError, match="no such file"):
+        vault.backup(tmp_path / "missing")
+    with pytest.raises(UsageError):
+        vault.backup([])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b" / "a").mkdir(parents=True)
+    with pytest.raises(UsageError, match="share the name"):
+        vault.backup([tmp_path / "a", tmp_path / "b" / "a"])
+
+
+def test_snapshot_records_metadata(vault: Vault, tmp_path: Path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "f").write_bytes(b"12345")
+    snap = vault.backup(tmp_path / "s", tags={"run": "x", "step": "1200"}, description="after epoch 3")
+    again = vault.snapshot(snap.id[:6])
+    assert again == snap
+    assert again.tags == {"run": "x", "step": "1200"} and again.description == "after epoch 3"
+    assert again.summary.files == 1 and again.summary.logical_bytes == 5
+    assert again.time.tzinfo is not None
+    assert vault.latest({"run": "x"}).id == snap.id

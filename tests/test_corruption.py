@@ -1,0 +1,91 @@
+"""Corruption by flipping real bytes in stored objects."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import IntegrityError
+from ckptvault.repository.format import pack_key
+
+
+def packs_of(vault: Vault) -> dict[str, list[str]]:
+    """pack key -> files that have a chunk in it."""
+    out: dict[str, list[str]] = {}
+    repo = vault._repo
+    for e in vault.files("latest"):
+        for c in e.chunks:
+            out.setdefault(pack_key(repo.index.get(c).pack_id), []).append(e.path)
+    return out
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_flipped_byte_in_a_pack_fails_that_file_only(vault: Vault, repo_url: str, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (src / name).write_bytes(os.urandom(3 << 20))  # 3 MiB each, packs are 2 MiB: several packs
+    vault.backup(src)
+    by_pack = packs_of(vault)
+    # a pack that holds chunks of exactly one file
+    victim_pack, victim_files = next((k, set(v)) for k, v in by_pack.items() if len(set(v)) == 1)
+    (victim,) = victim_files
+    flip(Path(repo_url) / victim_pack, 100)
+
+    with pytest.raises(IntegrityError) as info:
+        vault.restore("latest", tmp_path / "out")
+    assert victim in str(info.value) and "pack" in str(info.value)
+    assert not (tmp_path / "out" / victim).exists()
+    assert not [p for p in os.listdir(tmp_path / "out") if "ckptvault-tmp" in p]
+    for name in {"a.bin", "b.bin", "c.bin"} - {victim}:
+        assert (tmp_path / "out" / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_flipped_byte_in_tree_or_snapshot_is_detected(vault: Vault, repo_url: str, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    snap = vault.backup(tmp_path / "src")
+    flip(Path(repo_url) / "trees" / snap.tree_id, 5)
+    with pytest.raises(IntegrityError, match="tree object"):
+        vault.files(snap)
+    flip(Path(repo_url) / "snapshots" / snap.id, 5)
+    with pytest.raises(IntegrityError, match="snapshot object"):
+        vault.snapshots()
+
+
+def test_damaged_index_is_reported_on_open(vault: Vault, repo_url: str, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(os.urandom(1000))
+    vault.backup(tmp_path / "src")
+    (index,) = os.listdir(Path(repo_url) / "index")
+    flip(Path(repo_url) / "index" / index, 3)
+    with pytest.raises(IntegrityError, match="index object"):
+        Vault.open(repo_url)
+
+
+def test_missing_pack_names_the_file(vault: Vault, repo_url: str, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(os.urandom(100_000))
+    vault.backup(tmp_path / "src")
+    (pack,) = packs_of(vault)
+    os.unlink(Path(repo_url) / pack)
+    with pytest.raises(IntegrityError, match=r"f\.bin.*pack is missing"):
+        vault.restore("latest", tmp_path / "out")
+
+
+def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(os.urandom(100_000))
+    vault.backup(tmp_path / "src")
+    (pack,) = packs_of(vault)
+    flip(Path(repo_url) / pack, 50)
+    with pytest.raises(IntegrityError):
+        b"".join(vault.read_file("latest", "f.bin"))

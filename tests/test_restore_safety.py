@@ -1,0 +1,107 @@
+"""Restore never writes outside its target, refuses crafted trees, and is rerunnable."""
+
+import os
+import secrets
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import MalformedObjectError, RestoreConflictError, UnsafePathError
+from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
+
+
+@pytest.fixture
+def backed_up(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "weights.bin").write_bytes(os.urandom(300_000))
+    (src / "model" / "config.json").write_text('{"a": 1}')
+    (src / "optimizer.pt").write_bytes(os.urandom(100_000))
+    snap = vault.backup(src)
+    return vault, src, snap
+
+
+def plant_tree(vault: Vault, snap, entries) -> str:
+    """Write a crafted tree and a snapshot pointing at it, as a hostile repository would."""
+    repo = vault._repo
+    tree_id = repo.save_tree(encode_tree(entries))
+    new_id = secrets.token_bytes(32)
+    repo.save_snapshot(new_id, encode_snapshot(replace(snap, id=new_id.hex(), tree_id=tree_id.hex())))
+    return new_id.hex()
+
+
+@pytest.mark.parametrize("bad_path", ["../escaped", "/tmp/abs-escape", "model/../../escaped"])
+def test_crafted_paths_are_refused(backed_up, tmp_path: Path, bad_path: str):
+    vault, _, snap = backed_up
+    entries = vault.files(snap)
+    victim = next(e for e in entries if e.path == "optimizer.pt")
+    crafted = plant_tree(vault, snap, [*entries, replace(victim, path=bad_path)])
+    target = tmp_path / "deep" / "target"
+    with pytest.raises(UnsafePathError, match="restore refused"):
+        vault.restore(crafted, target)
+    assert not (tmp_path / "deep" / "escaped").exists() and not (tmp_path / "escaped").exists()
+    assert not os.path.exists("/tmp/abs-escape")
+    assert not target.exists() or not any(target.iterdir())
+
+
+def test_file_below_a_symlink_entry_is_refused(backed_up, tmp_path: Path):
+    vault, _, snap = backed_up
+    entries = vault.files(snap)
+    victim = next(e for e in entries if e.path == "optimizer.pt")
+    link = replace(victim, path="link", type="symlink", target=str(tmp_path / "outside"), chunks=[], size=0)
+    crafted = plant_tree(vault, snap, [*entries, link, replace(victim, path="link/payload")])
+    (tmp_path / "outside").mkdir()
+    with pytest.raises(UnsafePathError, match="below a symlink"):
+        vault.restore(crafted, tmp_path / "target")
+    assert list((tmp_path / "outside").iterdir()) == []
+
+
+def test_symlink_in_the_target_is_not_written_through(backed_up, tmp_path: Path):
+    vault, _, snap = backed_up
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", target / "model")
+    with pytest.raises(UnsafePathError, match="through the symlink"):
+        vault.restore(snap, target)
+    assert list((tmp_path / "outside").iterdir()) == []
+
+
+def test_size_that_disagrees_with_chunks_is_refused(backed_up, tmp_path: Path):
+    vault, _, snap = backed_up
+    entries = [replace(e, size=e.size + 1) if e.path == "optimizer.pt" else e for e in vault.files(snap)]
+    crafted = plant_tree(vault, snap, entries)
+    with pytest.raises(MalformedObjectError, match="optimizer.pt"):
+        vault.restore(crafted, tmp_path / "target")
+    assert not (tmp_path / "target" / "optimizer.pt").exists()
+
+
+def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: Path):
+    vault, src, snap = backed_up
+    target = tmp_path / "target"
+    first = vault.restore(snap, target)
+    assert first.skipped_files == 0 and first.files == 3
+    (target / "optimizer.pt").unlink()  # as if the first restore had been killed before this file
+    second = vault.restore(snap, target)
+    assert second.skipped_files == 2 and second.bytes_written == 100_000
+    assert (target / "optimizer.pt").read_bytes() == (src / "optimizer.pt").read_bytes()
+
+    (target / "model" / "config.json").write_text("edited by hand")
+    with pytest.raises(RestoreConflictError, match="model/config.json.*--overwrite"):
+        vault.restore(snap, target)
+    assert (target / "model" / "config.json").read_text() == "edited by hand"
+    vault.restore(snap, target, overwrite=True)
+    assert (target / "model" / "config.json").read_text() == '{"a": 1}'
+
+
+def test_include_restores_part_of_a_snapshot(backed_up, tmp_path: Path):
+    vault, src, snap = backed_up
+    result = vault.restore(snap, tmp_path / "t1", include=["model"])
+    assert result.files == 2
+    assert sorted(os.listdir(tmp_path / "t1")) == ["model"]
+    vault.restore(snap, tmp_path / "t2", include=["*.json"])
+    assert [str(p.relative_to(tmp_path / "t2")) for p in (tmp_path / "t2").rglob("*") if p.is_file()] == [
+        "model/config.json"
+    ]
