@@ -49,9 +49,9 @@ class SourceError(CkptVaultError):
 class VaultNotFoundError(CkptVaultError):
     exit_code = 10
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, hint: str = "") -> None:
         self.url = url
-        super().__init__(f"no vault at {url}; create one with: ckptvault init {url}")
+        super().__init__(f"no vault at {url}; {hint or f'create one with: ckptvault init {url}'}")
 
 
 class VaultExistsError(CkptVaultError):

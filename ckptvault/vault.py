@@ -23,6 +23,7 @@ from .errors import IntegrityError, PathNotInSnapshotError, UsageError, VaultNot
 from .ops.backup import run_backup
 from .ops.progress import Progress
 from .ops.restore import RestoreResult, run_restore
+from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
 from .repository import RepoConfig, Repository
 from .repository.config import DEFAULT_PACK_SIZE
@@ -141,7 +142,7 @@ class Vault:
         for key in tags:
             if not key or "=" in key:
                 raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
-        abs_paths = sorted(os.path.abspath(os.path.expanduser(s)) for s in sources)
+        abs_paths = sorted(check_sources(sources))
         same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
         parent = max(same_source, key=lambda s: s.time) if same_source else None
         result = run_backup(

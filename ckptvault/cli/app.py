@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from .. import __version__
-from ..errors import CkptVaultError
+from ..errors import CkptVaultError, VaultNotFoundError
 from ..vault import Vault
 from .output import Output
 from .params import parse_storage_options
@@ -69,12 +69,18 @@ def command(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def open_vault(repo: str | None, storage_option: list[str] | None, out: Output) -> Vault:
-    """The named repository (which must exist), or the default one, created on first use."""
+def open_vault(repo: str | None, storage_option: list[str] | None, out: Output, *, writing: bool = False) -> Vault:
+    """The named repository (which must exist), or the default one, which the first
+    writing command creates (reading commands do not leave an empty one behind)."""
     options = parse_storage_options(storage_option)
     if repo:
         return Vault.open(repo, storage_options=options)
-    vault = Vault.open(None, storage_options=options, create=True)
+    try:
+        vault = Vault.open(None, storage_options=options, create=writing)
+    except VaultNotFoundError as exc:
+        raise VaultNotFoundError(
+            exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
+        ) from None
     if vault.created:
         out.info(f"created a new vault at {vault.url} (the default; choose another with --repo or CKPTVAULT_REPO)")
     return vault

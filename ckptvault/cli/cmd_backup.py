@@ -4,6 +4,7 @@ from typing import Annotated
 
 import typer
 
+from ..ops.scan import check_sources
 from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -28,7 +29,8 @@ def backup_cmd(
     """Back up files and directories as a new snapshot."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
-    with open_vault(repo, storage_option, out) as vault, out.progress("backing up") as progress:
+    check_sources(paths)  # before the default repository is created for a command that cannot work
+    with open_vault(repo, storage_option, out, writing=True) as vault, out.progress("backing up") as progress:
         snap = vault.backup(
             paths,
             tags=tags,

@@ -15,7 +15,7 @@ from .output import Output, format_bytes
 def demo_cmd(repo: RepoOpt = None, storage_option: StorageOpt = None, quiet: QuietOpt = False) -> None:
     """Back up two saves of a generated sample checkpoint, restore the latest, and verify it."""
     out = Output(quiet=quiet)
-    with tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work, open_vault(repo, storage_option, out) as vault:
+    with tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work, open_vault(repo, storage_option, out, writing=True) as vault:
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")
             write_sample_checkpoint(src, step)

@@ -30,13 +30,19 @@ class ScanResult:
     source_paths: list[str]  # absolute, as recorded in the snapshot
 
 
-def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
+def check_sources(sources: list[str]) -> list[str]:
+    """Absolute source paths; fails before any work when one does not exist."""
     if not sources:
         raise UsageError("nothing to back up: name at least one file or directory")
     abs_sources = [os.path.abspath(os.path.expanduser(s)) for s in sources]
     for src in abs_sources:
         if not os.path.exists(src):
             raise SourceError(src, "no such file or directory")
+    return abs_sources
+
+
+def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
+    abs_sources = check_sources(sources)
     result = ScanResult(items=[], warnings=[], source_paths=abs_sources)
     if len(abs_sources) == 1 and os.path.isdir(abs_sources[0]):
         _walk(abs_sources[0], "", result, skip_unreadable)

@@ -1,0 +1,160 @@
+"""The CLI end to end through real subprocesses, including the README's commands."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault.ops.sample import write_sample_checkpoint
+
+
+def one_line_error(proc) -> str:
+    err = proc.stderr.decode()
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_version(cli):
+    from ckptvault import __version__
+
+    assert cli("--version").stdout.decode().strip() == f"ckptvault {__version__}"
+
+
+def test_readme_workflow(cli, tmp_path: Path):
+    ckpt = tmp_path / "checkpoints"
+    write_sample_checkpoint(str(ckpt), 1200, layer_bytes=1 << 18)
+    (ckpt / "model").mkdir()
+    (ckpt / "model" / "config.json").write_text('{"hidden": 64}')
+
+    first = cli("backup", str(ckpt), "--tag", "run=x", "--tag", "step=1200", "--description", "after epoch 3")
+    err = first.stderr.decode()
+    assert "created a new vault at" in err and str(tmp_path / "xdg-data") in err
+    line = first.stdout.decode()
+    assert line.startswith("snapshot ") and "files" in line and "new" in line and "dedup" in line
+
+    snaps = json.loads(cli("snapshots", "--json").stdout)
+    assert len(snaps) == 1
+    snap = snaps[0]
+    assert snap["tags"] == {"run": "x", "step": "1200"} and snap["description"] == "after epoch 3"
+    assert "created a new vault" not in cli("snapshots").stderr.decode()  # only on first use
+
+    table = cli("snapshots", "--tag", "run=x").stdout.decode()
+    assert snap["id"][:8] in table and "after epoch 3" in table
+    assert json.loads(cli("snapshots", "--json", "--tag", "run=other").stdout) == []
+
+    listing = cli("ls", snap["id"][:8]).stdout.decode()
+    assert "model/config.json" in listing and "model.safetensors" in listing
+    entries = json.loads(cli("ls", "latest", "--tag", "run=x", "--json").stdout)["entries"]
+    sizes = {e["path"]: e["size"] for e in entries}
+    assert sizes["model.safetensors"] == (ckpt / "model.safetensors").stat().st_size
+
+    assert cli("cat", snap["id"][:10], "model/config.json").stdout == b'{"hidden": 64}'
+
+    out = cli("restore", snap["id"], str(tmp_path / "restored")).stdout.decode()
+    assert "verified" in out
+    cli("restore", "latest", "--tag", "run=x", str(tmp_path / "resume"))
+    for d in ("restored", "resume"):
+        for f in ckpt.rglob("*"):
+            if f.is_file():
+                assert (tmp_path / d / f.relative_to(ckpt)).read_bytes() == f.read_bytes()
+
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["snapshots"] == 1 and stats["logical_bytes"] > 0
+    assert stats["per_snapshot"][0]["new_bytes"] > 0
+    text = cli("stats").stdout.decode()
+    assert "dedup ratio" in text and "stored bytes" in text
+
+
+def test_init_and_explicit_repo(cli, tmp_path: Path):
+    repo = str(tmp_path / "vault")
+    made = json.loads(cli("init", repo, "--json").stdout)
+    assert made["url"] == repo
+    again = cli("init", repo, check=False)
+    assert again.returncode == 10 and "already exists" in one_line_error(again)
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x" * 1000)
+    snap = json.loads(cli("backup", str(tmp_path / "src"), "--repo", repo, "--json", "--quiet").stdout)
+    assert snap["summary"]["files"] == 1
+    via_env = json.loads(cli("snapshots", "--json", CKPTVAULT_REPO=repo).stdout)
+    assert [s["id"] for s in via_env] == [snap["id"]]
+    assert not (tmp_path / "xdg-data").exists()  # an explicit repository never touches the default
+
+
+def test_memory_repo_url_is_accepted(cli, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x")
+    assert "created vault" in cli("init", "memory://cli-test").stdout.decode()
+
+
+@pytest.mark.parametrize(
+    "args, code, fragment",
+    [
+        (["snapshots", "--repo", "{tmp}/nowhere"], 10, "no vault at"),
+        (["snapshots"], 10, "created by the first backup"),
+        (["backup", "{tmp}/missing-dir"], 3, "no such file"),
+        (["backup", "{tmp}", "--tag", "novalue"], 2, "not key=value"),
+        (["restore", "deadbeef", "{tmp}/out", "--repo", "{tmp}/v"], 18, "no snapshot deadbeef"),
+        (["restore", "latest", "{tmp}/out", "--tag", "run=none", "--repo", "{tmp}/v"], 18, "latest --tag run=none"),
+        (["restore", "zz!", "{tmp}/out", "--repo", "{tmp}/v"], 2, "not a snapshot ID"),
+        (["init", "{tmp}/v2", "--compression-level", "99"], 2, "zstd level"),
+    ],
+)
+def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fragment):
+    cli("init", str(tmp_path / "v"))
+    proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
+    assert proc.returncode == code, proc.stderr
+    assert fragment in one_line_error(proc)
+
+
+def test_cat_of_missing_path(cli, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x")
+    cli("backup", str(tmp_path / "src"))
+    proc = cli("cat", "latest", "nope.txt", check=False)
+    assert proc.returncode == 19 and "not in snapshot" in one_line_error(proc)
+
+
+def test_corrupt_restore_exits_30_naming_the_file(cli, tmp_path: Path):
+    repo = tmp_path / "vault"
+    cli("init", str(repo))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "weights.bin").write_bytes(os.urandom(200_000))
+    cli("backup", str(tmp_path / "src"), "--repo", str(repo))
+    (pack,) = [p for p in (repo / "packs").rglob("*") if p.is_file()]
+    data = bytearray(pack.read_bytes())
+    data[1000] ^= 1
+    pack.write_bytes(bytes(data))
+    proc = cli("restore", "latest", str(tmp_path / "out"), "--repo", str(repo), check=False)
+    assert proc.returncode == 30
+    assert "weights.bin" in one_line_error(proc)
+    assert not (tmp_path / "out" / "weights.bin").exists()
+
+
+def test_future_repository_version_is_refused(cli, tmp_path: Path):
+    repo = tmp_path / "vault"
+    cli("init", str(repo))
+    config = json.loads((repo / "config").read_text())
+    config["version"] = 7
+    (repo / "config").write_text(json.dumps(config))
+    proc = cli("snapshots", "--repo", str(repo), check=False)
+    assert proc.returncode == 17
+    assert "newer than this ckptvault supports" in one_line_error(proc)
+
+
+def test_not_a_repository(cli, tmp_path: Path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config").write_text("hello")
+    proc = cli("snapshots", "--repo", str(tmp_path / "junk"), check=False)
+    assert proc.returncode == 30 and "not valid JSON" in one_line_error(proc)
+
+
+def test_demo_command_from_the_readme(cli):
+    proc = cli("demo")
+    err = proc.stderr.decode()
+    assert "byte-identical to the source" in err
+    assert "created a new vault" in err
