@@ -48,7 +48,7 @@ class ChunkerParams:
 
     min_size: int = 256 * KiB
     avg_size: int = 1 * MiB
-    max_size: int = 8 * MiB
+    max_size: int = 4 * MiB
 
     def __post_init__(self) -> None:
         for name, value, (lo, hi) in (
@@ -74,7 +74,7 @@ class ChunkerParams:
         return cls(min_size=d["min_size"], avg_size=d["avg_size"], max_size=d["max_size"])
 
 
-def iter_chunks(stream: BinaryIO, params: ChunkerParams, block_size: int = 16 * MiB) -> Iterator[memoryview]:
+def iter_chunks(stream: BinaryIO, params: ChunkerParams, block_size: int = 8 * MiB) -> Iterator[memoryview]:
     """Yield the chunks of ``stream`` as memoryviews.
 
     Each block is a fresh buffer, so a yielded view stays valid after the generator moves

@@ -77,3 +77,21 @@ def test_prefix_selection():
         select(snaps, "1")
     with pytest.raises(UsageError):
         select(snaps, "xyz")
+
+
+def test_tree_of_200gb_in_100k_chunks_stays_small():
+    """The scale the format promises: 100k chunks (200 GB at 2 MB) in one tree object."""
+    import os
+
+    from ckptvault.blob import BlobCodec, ChecksumSealer, Kind
+    from ckptvault.codec import CompressionSettings, Compressor
+
+    entries = [
+        FileEntry(path=f"shard-{i:03d}.safetensors", type="file", mode=0o644, mtime_ns=i, size=1000 * 2_000_000,
+                  blake3="ab" * 32, chunks=[os.urandom(32) for _ in range(1000)])
+        for i in range(100)
+    ]
+    raw = encode_tree(entries)
+    blob = BlobCodec(Compressor(CompressionSettings()), ChecksumSealer()).encode(Kind.TREE, b"\0" * 32, raw)
+    assert len(raw) < 8_000_000 and len(blob) < 5_000_000
+    assert decode_tree(raw) == entries

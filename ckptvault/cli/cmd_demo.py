@@ -6,20 +6,24 @@ import tempfile
 
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
-from .app import QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
 from .output import Output, format_bytes
 
 
 @app.command("demo")
 @command
-def demo_cmd(repo: RepoOpt = None, storage_option: StorageOpt = None, quiet: QuietOpt = False) -> None:
+def demo_cmd(
+    repo: RepoOpt = None, storage_option: StorageOpt = None, json_out: JsonOpt = False, quiet: QuietOpt = False
+) -> None:
     """Back up two saves of a generated sample checkpoint, restore the latest, and verify it."""
-    out = Output(quiet=quiet)
+    out = Output(json_mode=json_out, quiet=quiet)
+    snapshots = []
     with tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work, open_vault(repo, storage_option, out, writing=True) as vault:
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")
             write_sample_checkpoint(src, step)
             snap = vault.backup(src, tags={"run": "demo", "step": str(step)}, description="ckptvault demo")
+            snapshots.append(snap)
             s = snap.summary
             out.info(
                 f"backup of {os.path.basename(src)}: snapshot {snap.short_id}, {s.files} files, "
@@ -37,3 +41,4 @@ def demo_cmd(repo: RepoOpt = None, storage_option: StorageOpt = None, quiet: Qui
             f"{result.files} files, {format_bytes(result.bytes_written)}, byte-identical to the source"
         )
         out.info(f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo)")
+        out.result({"vault": vault.url, "snapshots": snapshots, "restored": result, "verified": True})

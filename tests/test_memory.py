@@ -1,0 +1,68 @@
+"""Bounded memory: peak RSS of a backup and a restore does not grow with file size.
+
+The bound, 256 MB, is the pipeline's worst case with room to spare: Python and the
+libraries (~60 MB), the chunk window (4 chunks per core, each holding its 16 MiB read block
+alive: ~2-3 blocks), one pack being filled plus two in upload (3 x 32 MiB), and encoded blobs.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = r"""
+import json, resource, sys
+from ckptvault import Vault
+url, src, out = sys.argv[1:4]
+with Vault.open(url) as vault:
+    snap = vault.backup(src)
+    backup_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    vault.restore(snap, out)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"backup": backup_peak, "backup_and_restore": peak}))
+"""
+
+BOUND_MB = 256
+
+
+def make_sparse_ish(path: Path, size: int) -> None:
+    """Random 1 MiB blocks every 4 MiB, holes between: real chunking, hashing, compression
+    and packing of a quarter of the bytes, without writing 2 GB to disk."""
+    rng = random.Random(size)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for offset in range(0, size, 4 << 20):
+            f.seek(offset)
+            f.write(rng.randbytes(1 << 20))
+
+
+def peak_mb(tmp_path: Path, size: int) -> dict:
+    from ckptvault import Vault
+
+    work = tmp_path / str(size)
+    (work / "src").mkdir(parents=True)
+    make_sparse_ish(work / "src" / "model.bin", size)
+    Vault.init(str(work / "repo")).close()
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(work / "repo"), str(work / "src"), str(work / "out")],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    peaks = json.loads(proc.stdout)
+    assert os.path.getsize(work / "out" / "model.bin") == size
+    return {k: kib / 1024 for k, kib in peaks.items()}  # ru_maxrss is in KiB
+
+
+@pytest.mark.slow
+def test_peak_rss_is_bounded_and_independent_of_file_size(tmp_path: Path):
+    small = peak_mb(tmp_path, 512 * 1024 * 1024)
+    large = peak_mb(tmp_path, 2 * 1024 * 1024 * 1024)
+    print(f"peak RSS MB: 512 MiB file {small}, 2 GiB file {large}")
+    assert large["backup_and_restore"] < BOUND_MB, large
+    # once the pipeline is full (a few packs in), four times the data costs no more memory
+    assert large["backup_and_restore"] < small["backup_and_restore"] * 1.1 + 8, (small, large)
