@@ -8,6 +8,11 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── SourceError                     3   a backup input cannot be read
     ├── VaultNotFoundError             10   no repository at the URL
     ├── VaultExistsError               10   init on a URL that already holds one
+    ├── WrongPassphraseError           12   the passphrase does not unlock the keyfile
+    ├── KeyfileMismatchError           13   the keyfile belongs to another repository
+    ├── KeyfileNotFoundError           14   keyfile missing, or an encrypted vault opened without one
+    ├── KeyfileCorruptError            15   keyfile unreadable / unparsable
+    ├── PassphraseRequiredError        16   no terminal and no passphrase source
     ├── UnsupportedFormatError         17   repository format too new / unknown
     ├── SnapshotNotFoundError          18   no match, or an ambiguous ID prefix
     ├── PathNotInSnapshotError         19   ls/cat of a path the snapshot lacks
@@ -60,6 +65,42 @@ class VaultExistsError(CkptVaultError):
     def __init__(self, url: str) -> None:
         self.url = url
         super().__init__(f"a vault already exists at {url}; use it, or pick an empty location")
+
+
+class WrongPassphraseError(CkptVaultError):
+    exit_code = 12
+
+    def __init__(self, keyfile: str) -> None:
+        self.keyfile = keyfile
+        super().__init__(f"wrong passphrase for keyfile {keyfile}")
+
+
+class KeyfileMismatchError(CkptVaultError):
+    exit_code = 13
+
+    def __init__(self, keyfile: str, url: str) -> None:
+        self.keyfile = keyfile
+        self.url = url
+        super().__init__(f"keyfile {keyfile} does not belong to vault {url}; use the keyfile the vault was created with")
+
+
+class KeyfileNotFoundError(CkptVaultError):
+    exit_code = 14
+
+
+class KeyfileCorruptError(CkptVaultError):
+    exit_code = 15
+
+    def __init__(self, keyfile: str, reason: str) -> None:
+        self.keyfile = keyfile
+        super().__init__(f"keyfile {keyfile} is corrupt ({reason}); use your backup copy of the keyfile")
+
+
+class PassphraseRequiredError(CkptVaultError):
+    exit_code = 16
+
+    def __init__(self, env: str = "CKPTVAULT_PASSPHRASE", option: str = "--passphrase-file") -> None:
+        super().__init__(f"no passphrase: set {env}, pass {option} FILE, or run in a terminal to be asked")
 
 
 class UnsupportedFormatError(CkptVaultError):

@@ -18,6 +18,7 @@ import platformdirs
 
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
+from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from .hashing import new_file_hasher
 from .errors import IntegrityError, PathNotInSnapshotError, UsageError, VaultNotFoundError
 from .ops.backup import run_backup
@@ -35,6 +36,15 @@ from .store import open_store
 log = logging.getLogger("ckptvault")
 
 PathLike = str | os.PathLike[str]
+
+
+KeyfileArg = str | os.PathLike[str] | Keyfile | None
+
+
+def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
+    if keyfile is None or isinstance(keyfile, Keyfile):
+        return keyfile
+    return Keyfile.load(keyfile)
 
 
 def default_repo_url() -> str:
@@ -59,25 +69,43 @@ class Vault:
         chunker: ChunkerParams | None = None,
         compression: CompressionSettings | None = None,
         pack_size: int = DEFAULT_PACK_SIZE,
+        keyfile: KeyfileArg = None,
+        passphrase: PassphraseSource = None,
     ) -> Vault:
-        """Create a repository at ``url`` (the default location when None)."""
+        """Create a repository at ``url`` (the default location when None).
+
+        With ``keyfile`` (a path or a loaded ``Keyfile``), everything stored is encrypted with
+        AES-256-GCM under the keyfile's master key; ``passphrase`` unlocks it (a string, or a
+        function called only when needed)."""
         url = url or default_repo_url()
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
-        repo = Repository.init(open_store(url, storage_options), config)
-        return cls(repo, url)
+        store = open_store(url, storage_options)
+        key = _load_keyfile(keyfile)
+        master = key.unlock(resolve_passphrase(passphrase)) if key else None
+        return cls(Repository.init(store, config, key, master), store.url)
 
     @classmethod
-    def open(cls, url: str | None = None, *, storage_options: dict[str, Any] | None = None, create: bool = False) -> Vault:
+    def open(
+        cls,
+        url: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        keyfile: KeyfileArg = None,
+        passphrase: PassphraseSource = None,
+        create: bool = False,
+    ) -> Vault:
         """Open the repository at ``url``; with ``create=True`` make it when it does not exist."""
         url = url or default_repo_url()
+        key = _load_keyfile(keyfile)
+        store = open_store(url, storage_options)
         try:
-            return cls(Repository.open(open_store(url, storage_options)), url)
+            return cls(Repository.open(store, key, passphrase), store.url)
         except VaultNotFoundError:
             if not create:
                 raise
-        vault = cls.init(url, storage_options=storage_options)
+        vault = cls.init(url, storage_options=storage_options, keyfile=key, passphrase=passphrase)
         vault.created = True
         return vault
 

@@ -17,6 +17,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+CKPTVAULT_ENV = ("CKPTVAULT_REPO", "CKPTVAULT_KEYFILE", "CKPTVAULT_PASSPHRASE", "CKPTVAULT_NEW_PASSPHRASE")
 SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees
 
 
@@ -24,7 +25,8 @@ SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees
 def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test may touch the user's default repository."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
-    monkeypatch.delenv("CKPTVAULT_REPO", raising=False)
+    for var in CKPTVAULT_ENV:
+        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture
@@ -79,7 +81,8 @@ def tree_digest(root: Path) -> dict[str, tuple]:
 def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
     """Run the real CLI in a subprocess, with an isolated default repository location."""
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data"), "COLUMNS": "200"}
-    env.pop("CKPTVAULT_REPO", None)
+    for var in CKPTVAULT_ENV:
+        env.pop(var, None)
 
     def run(*args: str, check: bool = True, input: bytes | None = None, **extra_env: str) -> subprocess.CompletedProcess:
         proc = subprocess.run(
@@ -87,6 +90,7 @@ def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
             capture_output=True,
             env={**env, **extra_env},
             input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,  # never a terminal: no prompts
             timeout=300,
         )
         if check and proc.returncode != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import getpass
 import os
 import sys
 import tempfile
@@ -13,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from .. import __version__
-from ..errors import CkptVaultError, VaultNotFoundError
+from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError
 from ..vault import Vault
 from .output import Output
 from .params import parse_storage_options
@@ -35,6 +36,16 @@ StorageOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+KeyfileOpt = Annotated[
+    str | None,
+    typer.Option("--keyfile", "-k", envvar="CKPTVAULT_KEYFILE", help="Keyfile of an encrypted vault."),
+]
+PassphraseFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--passphrase-file", help="Read the keyfile passphrase from this file (else CKPTVAULT_PASSPHRASE, else asked)."
+    ),
+]
 TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,20 +80,50 @@ def command(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def open_vault(repo: str | None, storage_option: list[str] | None, out: Output, *, writing: bool = False) -> Vault:
+def passphrase_source(passphrase_file: str | None, *, env: str = "CKPTVAULT_PASSPHRASE", prompt: str = "passphrase"):
+    """Where a passphrase comes from, in order: the file, the environment, a terminal prompt.
+    Returned as a function so nobody is asked unless a keyfile really must be unlocked."""
+
+    def resolve() -> str:
+        if passphrase_file:
+            try:
+                with open(os.path.expanduser(passphrase_file), encoding="utf-8") as f:
+                    return f.read().rstrip("\r\n")
+            except OSError as exc:
+                raise UsageError(f"--passphrase-file {passphrase_file}: {exc.strerror}") from None
+        if env in os.environ:
+            return os.environ[env]
+        if sys.stdin.isatty():
+            return getpass.getpass(f"{prompt}: ")
+        raise PassphraseRequiredError()
+
+    return resolve
+
+
+def open_vault(
+    repo: str | None,
+    storage_option: list[str] | None,
+    out: Output,
+    keyfile: str | None = None,
+    passphrase_file: str | None = None,
+    *,
+    writing: bool = False,
+) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind)."""
     options = parse_storage_options(storage_option)
+    key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
     if repo:
-        return Vault.open(repo, storage_options=options)
+        return Vault.open(repo, storage_options=options, **key)
     try:
-        vault = Vault.open(None, storage_options=options, create=writing)
+        vault = Vault.open(None, storage_options=options, create=writing, **key)
     except VaultNotFoundError as exc:
         raise VaultNotFoundError(
             exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
         ) from None
     if vault.created:
-        out.info(f"created a new vault at {vault.url} (the default; choose another with --repo or CKPTVAULT_REPO)")
+        kind = "encrypted vault" if vault.config.encrypted else "vault"
+        out.info(f"created a new {kind} at {vault.url} (the default; choose another with --repo or CKPTVAULT_REPO)")
     return vault
 
 

@@ -6,19 +6,23 @@ import tempfile
 
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
-from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
 from .output import Output, format_bytes
 
 
 @app.command("demo")
 @command
 def demo_cmd(
-    repo: RepoOpt = None, storage_option: StorageOpt = None, json_out: JsonOpt = False, quiet: QuietOpt = False
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False, quiet: QuietOpt = False
 ) -> None:
     """Back up two saves of a generated sample checkpoint, restore the latest, and verify it."""
     out = Output(json_mode=json_out, quiet=quiet)
     snapshots = []
-    with tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work, open_vault(repo, storage_option, out, writing=True) as vault:
+    with tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work, open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault:
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")
             write_sample_checkpoint(src, step)

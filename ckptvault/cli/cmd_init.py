@@ -5,10 +5,16 @@ from typing import Annotated
 import typer
 
 from ..codec import CompressionSettings
+from ..errors import UsageError
 from ..vault import Vault
-from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, passphrase_source
 from .output import Output
 from .params import parse_storage_options
+
+LOSS_WARNING = (
+    "without this keyfile AND its passphrase the data in the vault cannot be recovered by anyone; "
+    "keep copies of both somewhere other than this machine"
+)
 
 
 @app.command("init")
@@ -17,18 +23,31 @@ def init_cmd(
     url: Annotated[str | None, typer.Argument(help="Where to create the repository (fsspec URL or path).")] = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
+    encrypt: Annotated[bool, typer.Option("--encrypt", help="Encrypt everything with the --keyfile's key.")] = False,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
     compression_level: Annotated[int, typer.Option(help="zstd level for chunks (1 is best for float weights).")] = 1,
     pack_size_mib: Annotated[int, typer.Option(help="Target pack size in MiB.")] = 32,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Create a repository."""
+    """Create a repository (encrypted with --encrypt --keyfile)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    target = url or repo
+    if encrypt and not keyfile:
+        raise UsageError("--encrypt needs --keyfile; create one with: ckptvault key generate --keyfile PATH")
+    if keyfile and not encrypt:
+        raise UsageError("a keyfile was given (--keyfile or CKPTVAULT_KEYFILE) but not --encrypt; add --encrypt")
     vault = Vault.init(
-        target,
+        url or repo,
         storage_options=parse_storage_options(storage_option),
         compression=CompressionSettings(level=compression_level),
         pack_size=pack_size_mib * 1024 * 1024,
+        keyfile=keyfile,
+        passphrase=passphrase_source(passphrase_file),
     )
-    out.result({"url": vault.url, "id": vault.config.repo_id}, f"created vault {vault.config.repo_id[:8]} at {vault.url}")
+    config = vault.config
+    text = f"created vault {config.repo_id[:8]} at {vault.url}"
+    if config.encrypted:
+        text += f", encrypted (AES-256-GCM) with keyfile {keyfile} (fingerprint {config.key_fingerprint})"
+        out.warn(LOSS_WARNING)
+    out.result({"url": vault.url, "id": config.repo_id, "encryption": config.encryption}, text)

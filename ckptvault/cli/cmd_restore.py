@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -21,12 +21,14 @@ def restore_cmd(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files that differ.")] = False,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Restore a snapshot, verifying every chunk and every file."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out) as vault:
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         with out.progress("restoring") as progress:
             result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)

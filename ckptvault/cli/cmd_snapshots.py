@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -20,12 +20,14 @@ def snapshots_cmd(
     tag: TagOpt = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List snapshots, oldest first."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out) as vault:
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
         snaps = vault.snapshots(parse_tags(tag))
     table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "added", "description")
     for s in snaps:
@@ -49,12 +51,14 @@ def ls_cmd(
     tag: TagOpt = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List the files of a snapshot with their sizes."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out) as vault:
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         entries = vault.files(snap)
     table = out.table("type", "mode", "size", "path")
@@ -77,10 +81,12 @@ def cat_cmd(
     tag: TagOpt = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
 ) -> None:
     """Write one file of a snapshot to stdout (verified)."""
     out = Output()
-    with open_vault(repo, storage_option, out) as vault:
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         sink = sys.stdout.buffer
         for data in vault.read_file(snap, path):

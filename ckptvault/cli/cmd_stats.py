@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .app import JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
 from .output import Output, format_bytes
 
 
@@ -9,12 +9,14 @@ from .output import Output, format_bytes
 def stats_cmd(
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Logical versus stored bytes, dedup ratio, and what each snapshot added."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out) as vault:
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
         stats = vault.stats()
     table = out.table("id", "time (UTC)", "tags", "logical", "added", "stored")
     for s in stats.per_snapshot:

@@ -14,6 +14,7 @@ from .format import FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
 
 DEFAULT_PACK_SIZE = 32 * 1024 * 1024
 MAX_PACK_SIZE = 1024 * 1024 * 1024  # offsets in pack headers and indexes are u32
+ENCRYPTION_MODES = ("none", "aes-256-gcm")
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,9 @@ class RepoConfig:
     chunker: ChunkerParams = field(default_factory=ChunkerParams)
     compression: CompressionSettings = field(default_factory=CompressionSettings)
     pack_size: int = DEFAULT_PACK_SIZE
-    encryption: str = "none"
+    encryption: str = "none"  # or "aes-256-gcm"
+    key_fingerprint: str | None = None
+    key_verifier: str | None = None
     repo_id: str = field(default_factory=lambda: secrets.token_hex(16))
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     version: int = FORMAT_VERSION
@@ -29,12 +32,19 @@ class RepoConfig:
     def __post_init__(self) -> None:
         if not 1024 * 1024 <= self.pack_size <= MAX_PACK_SIZE:
             raise UsageError(f"pack size {self.pack_size} is out of range; use 1 MiB..1 GiB")
-        if self.chunker.max_size > self.pack_size:
-            raise UsageError("pack size must be at least the chunker's max_size")
-        if self.encryption != "none":
-            raise UsageError(f"encryption mode {self.encryption!r} is not supported by this ckptvault")
+        if self.encryption not in ENCRYPTION_MODES:
+            raise UnsupportedFormatError(
+                f"encryption mode {self.encryption!r} is not supported by this ckptvault; upgrade ckptvault"
+            )
+
+    @property
+    def encrypted(self) -> bool:
+        return self.encryption != "none"
 
     def to_json(self) -> bytes:
+        encryption: dict[str, str | None] = {"mode": self.encryption}
+        if self.encrypted:
+            encryption.update(key_fingerprint=self.key_fingerprint, key_verifier=self.key_verifier)
         doc = {
             "format": FORMAT_NAME,
             "version": self.version,
@@ -43,7 +53,7 @@ class RepoConfig:
             "chunker": self.chunker.to_dict(),
             "compression": self.compression.to_dict(),
             "pack_size": self.pack_size,
-            "encryption": {"mode": self.encryption},
+            "encryption": encryption,
         }
         return json.dumps(doc, indent=2).encode() + b"\n"
 
@@ -70,6 +80,8 @@ class RepoConfig:
                 compression=CompressionSettings.from_dict(doc["compression"]),
                 pack_size=doc["pack_size"],
                 encryption=doc["encryption"]["mode"],
+                key_fingerprint=doc["encryption"].get("key_fingerprint"),
+                key_verifier=doc["encryption"].get("key_verifier"),
                 repo_id=doc["id"],
                 created=doc["created"],
                 version=version,

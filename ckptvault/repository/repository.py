@@ -8,11 +8,23 @@ needs them. A backup killed midway leaves at worst packs that nothing references
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..blob import BlobCodec, ChecksumSealer, Kind
+from ..blob import BlobCodec, ChecksumSealer, Kind, Sealer
 from ..codec import Compressor
-from ..errors import IntegrityError, ObjectNotFoundError, VaultExistsError, VaultNotFoundError
+from ..crypto.aead import AesGcmSealer
+from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
+from ..crypto.keys import MasterKey, check_verifier, make_verifier
+from ..errors import (
+    IntegrityError,
+    KeyfileMismatchError,
+    KeyfileNotFoundError,
+    ObjectNotFoundError,
+    UsageError,
+    VaultExistsError,
+    VaultNotFoundError,
+)
 from ..hashing import ChunkIdFunction
 from ..store import ObjectInfo, Store
 from .config import RepoConfig
@@ -35,11 +47,20 @@ PACKS_PER_INDEX = 16  # index objects written during a backup, so a killed run's
 
 
 class Repository:
-    def __init__(self, store: Store, config: RepoConfig, *, upload_concurrency: int = 2) -> None:
+    def __init__(
+        self, store: Store, config: RepoConfig, master: MasterKey | None = None, *, upload_concurrency: int = 2
+    ) -> None:
         self.store = store
         self.config = config
-        self.codec = BlobCodec(Compressor(config.compression), ChecksumSealer())
-        self.chunk_id = ChunkIdFunction()
+        if config.encrypted:
+            if master is None:
+                raise ValueError("an encrypted repository needs its master key")
+            sealer: Sealer = AesGcmSealer(master.blob_key)
+            self.chunk_id = ChunkIdFunction(master.chunk_id_key)
+        else:
+            sealer = ChecksumSealer()
+            self.chunk_id = ChunkIdFunction()
+        self.codec = BlobCodec(Compressor(config.compression), sealer)
         self.index = ChunkIndex()
         self._writer = PackWriter()
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
@@ -54,19 +75,50 @@ class Repository:
     # ---- lifecycle -------------------------------------------------------------------
 
     @classmethod
-    def init(cls, store: Store, config: RepoConfig) -> Repository:
+    def init(cls, store: Store, config: RepoConfig, keyfile: Keyfile | None = None, master: MasterKey | None = None) -> Repository:
+        """Create a repository; encrypted when a keyfile and its unlocked master key are given."""
         if store.exists(CONFIG_KEY):
             raise VaultExistsError(store.url)
+        if keyfile is not None and master is not None:
+            config = replace(
+                config,
+                encryption="aes-256-gcm",
+                key_fingerprint=keyfile.fingerprint,
+                key_verifier=make_verifier(master, config.repo_id),
+            )
         store.put(CONFIG_KEY, config.to_json())
-        return cls(store, config)
+        return cls(store, config, master)
 
-    @classmethod
-    def open(cls, store: Store) -> Repository:
+    @staticmethod
+    def read_config(store: Store) -> RepoConfig:
         try:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
             raise VaultNotFoundError(store.url) from None
-        repo = cls(store, RepoConfig.from_json(raw, store.url))
+        return RepoConfig.from_json(raw, store.url)
+
+    @classmethod
+    def open(cls, store: Store, keyfile: Keyfile | None = None, passphrase: PassphraseSource = None) -> Repository:
+        """Open and load the index. For an encrypted repository the keyfile is checked
+        against the config before the passphrase is asked for or the KDF is run."""
+        config = cls.read_config(store)
+        master = None
+        if config.encrypted:
+            if keyfile is None:
+                raise KeyfileNotFoundError(
+                    f"vault {store.url} is encrypted; give its keyfile with --keyfile or CKPTVAULT_KEYFILE"
+                )
+            if keyfile.fingerprint != config.key_fingerprint:
+                raise KeyfileMismatchError(keyfile.path, store.url)
+            master = keyfile.unlock(resolve_passphrase(passphrase))
+            if not check_verifier(master, config.repo_id, config.key_verifier or ""):
+                raise KeyfileMismatchError(keyfile.path, store.url)
+        elif keyfile is not None:
+            raise UsageError(
+                f"vault {store.url} is not encrypted but a keyfile was given; refusing, so that nothing meant to be "
+                "encrypted is written in the clear (drop --keyfile / CKPTVAULT_KEYFILE for this vault)"
+            )
+        repo = cls(store, config, master)
         repo.load_index()
         return repo
 

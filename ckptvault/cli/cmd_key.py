@@ -1,0 +1,101 @@
+"""Keyfiles: generate, passwd, info."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+
+from typing import Annotated
+
+import typer
+
+from ..crypto.keyfile import DEFAULT_SCRYPT_N, Keyfile
+from ..errors import PassphraseRequiredError, UsageError
+from .app import JsonOpt, PassphraseFileOpt, QuietOpt, app, command, passphrase_source
+from .cmd_init import LOSS_WARNING
+from .output import Output
+
+key_app = typer.Typer(help="Create and manage keyfiles for encrypted vaults.", no_args_is_help=True)
+app.add_typer(key_app, name="key")
+
+KeyfilePathOpt = Annotated[
+    str, typer.Option("--keyfile", "-k", envvar="CKPTVAULT_KEYFILE", help="Path of the keyfile.")
+]
+
+
+def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
+    """A new passphrase: from the file or the environment as is, or asked twice on a terminal."""
+    if passphrase_file or env in os.environ:
+        new = passphrase_source(passphrase_file, env=env)()
+    elif sys.stdin.isatty():
+        new = getpass.getpass("new passphrase: ")
+        if getpass.getpass("repeat the new passphrase: ") != new:
+            raise UsageError("the two passphrases differ; nothing was written")
+    else:
+        raise PassphraseRequiredError(env=env, option=option)
+    if len(new) < 8:
+        raise UsageError("the passphrase is shorter than 8 characters; choose a longer one")
+    return new
+
+
+@key_app.command("generate")
+@command
+def generate_cmd(
+    keyfile: KeyfilePathOpt,
+    passphrase_file: PassphraseFileOpt = None,
+    kdf_cost: Annotated[
+        int, typer.Option(help="scrypt cost as log2(N): 17 takes ~0.3 s and 128 MiB; higher is slower to guess.")
+    ] = DEFAULT_SCRYPT_N.bit_length() - 1,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Create a keyfile holding a new random key, protected by a passphrase (asked twice)."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    if not 14 <= kdf_cost <= 24:
+        raise UsageError(f"--kdf-cost {kdf_cost} is out of range; use 14..24")
+    passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
+    key, _ = Keyfile.create(passphrase, scrypt_n=2**kdf_cost)
+    key = key.save(keyfile)
+    out.warn(LOSS_WARNING)
+    out.result(_describe(key), f"created keyfile {key.path} (fingerprint {key.fingerprint}, mode 0600)")
+
+
+@key_app.command("passwd")
+@command
+def passwd_cmd(
+    keyfile: KeyfilePathOpt,
+    passphrase_file: PassphraseFileOpt = None,
+    new_passphrase_file: Annotated[
+        str | None, typer.Option(help="Read the new passphrase from this file (else CKPTVAULT_NEW_PASSPHRASE, else asked).")
+    ] = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Change a keyfile's passphrase. The key, and so the vault's data, stay the same."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    key = Keyfile.load(keyfile)
+    master = key.unlock(passphrase_source(passphrase_file, prompt="current passphrase")())
+    new = _new_passphrase(new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file")
+    key = key.with_passphrase(master, new).save(key.path, overwrite=True)
+    out.result(_describe(key), f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged)")
+
+
+@key_app.command("info")
+@command
+def info_cmd(keyfile: KeyfilePathOpt, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
+    """Show a keyfile's fingerprint, KDF and creation time (no passphrase needed)."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    key = Keyfile.load(keyfile)
+    d = _describe(key)
+    out.result(d, "\n".join(f"{k}: {v}" for k, v in d.items()))
+
+
+def _describe(key: Keyfile) -> dict[str, object]:
+    kdf = key.kdf
+    return {
+        "keyfile": key.path,
+        "fingerprint": key.fingerprint,
+        "kdf": f"scrypt n=2^{kdf.n.bit_length() - 1} r={kdf.r} p={kdf.p}",
+        "created": key.created,
+    }

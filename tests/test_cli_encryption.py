@@ -1,0 +1,52 @@
+"""Encryption through the real CLI: key commands, every passphrase source, distinct exit codes."""
+
+import json
+import os
+from pathlib import Path
+
+from .test_cli import one_line_error
+
+
+def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
+    env = {"CKPTVAULT_PASSPHRASE": "first passphrase"}
+    key = str(tmp_path / "team.key")
+    made = cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", **env)
+    assert "fingerprint" in made.stdout.decode() and "cannot be recovered" in made.stderr.decode()
+    assert os.stat(key).st_mode & 0o777 == 0o600
+    info = json.loads(cli("key", "info", "--keyfile", key, "--json").stdout)
+    assert info["kdf"] == "scrypt n=2^14 r=8 p=1" and len(info["fingerprint"]) == 32
+
+    repo = str(tmp_path / "vault")
+    init = cli("init", repo, "--encrypt", "--keyfile", key, **env)
+    assert "encrypted" in init.stdout.decode() and "cannot be recovered" in init.stderr.decode()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(300_000))
+    cli("backup", str(src), "--repo", repo, "--tag", "run=x", **env, CKPTVAULT_KEYFILE=key)
+
+    pwfile = tmp_path / "pw.txt"
+    pwfile.write_text("first passphrase\n")
+    cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, "-k", key, "--passphrase-file", str(pwfile))
+    assert (tmp_path / "out" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+
+    changed = cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
+    assert info["fingerprint"] in changed.stdout.decode()
+    assert cli("cat", "latest", "w.bin", "--repo", repo, "-k", key,
+               CKPTVAULT_PASSPHRASE="second passphrase").stdout == (src / "w.bin").read_bytes()
+
+    cli("key", "generate", "-k", str(tmp_path / "other.key"), "--kdf-cost", "14", **env)
+    (tmp_path / "corrupt.key").write_text("{not json")
+    cases = [
+        (["snapshots", "--repo", repo, "-k", key], {"CKPTVAULT_PASSPHRASE": "wrong"}, 12, "wrong passphrase"),
+        (["snapshots", "--repo", repo, "-k", str(tmp_path / "other.key")], env, 13, "does not belong"),
+        (["snapshots", "--repo", repo, "-k", str(tmp_path / "missing.key")], env, 14, "does not exist"),
+        (["snapshots", "--repo", repo], env, 14, "is encrypted"),
+        (["snapshots", "--repo", repo, "-k", str(tmp_path / "corrupt.key")], env, 15, "is corrupt"),
+        (["snapshots", "--repo", repo, "-k", key], {}, 16, "CKPTVAULT_PASSPHRASE, pass --passphrase-file"),
+        (["init", str(tmp_path / "v2"), "--encrypt"], env, 2, "--encrypt needs --keyfile"),
+        (["key", "generate", "-k", key], env, 2, "never overwritten"),
+    ]
+    for args, extra, code, fragment in cases:
+        proc = cli(*args, check=False, **extra)
+        assert proc.returncode == code, (args, proc.stderr)
+        assert fragment in one_line_error(proc), args

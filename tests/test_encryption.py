@@ -1,0 +1,217 @@
+"""Client-side encryption: round trips, no plaintext at rest, tampering, key handling, frozen vectors."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.blob import BlobCodec, ChecksumSealer, Kind
+from ckptvault.codec import CompressionSettings, Compressor
+from ckptvault.crypto.aead import AesGcmSealer
+from ckptvault.crypto.keyfile import Keyfile
+from ckptvault.crypto.keys import MasterKey
+from ckptvault.errors import (
+    IntegrityError,
+    KeyfileCorruptError,
+    KeyfileMismatchError,
+    KeyfileNotFoundError,
+    PassphraseRequiredError,
+    UsageError,
+    WrongPassphraseError,
+)
+from ckptvault.hashing import ChunkIdFunction
+
+from .conftest import tree_digest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MARKER = "ZQXJ-planted-marker-7781"
+PASS = "correct horse battery"
+
+
+@pytest.fixture
+def keyfile(tmp_path: Path) -> Keyfile:
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)  # a cheap KDF keeps the tests fast; the default is 2**17
+    return key.save(tmp_path / "team.key")
+
+
+@pytest.fixture
+def marked_tree(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    (src / f"dir-{MARKER}").mkdir(parents=True)
+    (src / f"dir-{MARKER}" / f"{MARKER}.txt").write_text(f"weights of {MARKER}\n" * 5000)  # compressible
+    (src / "tensor.bin").write_bytes(os.urandom(1 << 20) + MARKER.encode() + os.urandom(1000))  # raw-stored
+    (src / "small").write_text(MARKER)
+    os.symlink(MARKER, src / "link")
+    return src
+
+
+def test_encrypted_round_trip(tmp_path: Path, keyfile: Keyfile, marked_tree: Path):
+    url = str(tmp_path / "vault")
+    with Vault.init(url, keyfile=keyfile.path, passphrase=PASS, pack_size=1 << 20) as vault:
+        assert vault.config.encrypted
+        vault.backup(marked_tree, tags={"run": "x"})
+    with Vault.open(url, keyfile=keyfile.path, passphrase=lambda: PASS) as vault:
+        second = vault.backup(marked_tree, tags={"run": "x"}, force_read=True)
+        assert second.summary.new_bytes == 0  # keyed chunk IDs still deduplicate
+        vault.restore("latest", tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(marked_tree)
+
+
+def test_no_plaintext_in_any_stored_object(tmp_path: Path, keyfile: Keyfile, marked_tree: Path):
+    url = tmp_path / "vault"
+    with Vault.init(str(url), keyfile=keyfile.path, passphrase=PASS) as vault:
+        vault.backup(marked_tree, tags={"run": MARKER, "step": "1"}, description=f"about {MARKER}", hostname="h")
+    needles = [MARKER.encode(), MARKER.encode("utf-16-le"), b"weights of"]
+    objects = [p for p in url.rglob("*") if p.is_file()]
+    assert len(objects) >= 5  # config, pack, index, tree, snapshot
+    for path in objects:
+        data = path.read_bytes()
+        for needle in needles:
+            assert needle not in data, f"{needle!r} found in {path.relative_to(url)}"
+        assert MARKER not in str(path)
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("target", ["pack-data", "pack-header", "index", "tree", "snapshot"])
+def test_tampering_with_any_object_is_detected(tmp_path: Path, keyfile: Keyfile, target: str):
+    url = tmp_path / "vault"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(200_000))
+    with Vault.init(str(url), keyfile=keyfile.path, passphrase=PASS) as vault:
+        snap = vault.backup(src)
+    (pack,) = (url / "packs").rglob("*/*")
+    path, offset, match = {
+        "pack-data": (pack, 100, "weights.bin.*authentication failed"),
+        "pack-header": (pack, pack.stat().st_size - 30, None),
+        "index": (next((url / "index").iterdir()), 40, "index object"),
+        "tree": (url / "trees" / snap.tree_id, 40, "tree object"),
+        "snapshot": (url / "snapshots" / snap.id, 40, "snapshot object"),
+    }[target]
+    flip_bit(path, offset)
+    out = tmp_path / "out"
+    if target == "pack-header":
+        # data blobs are intact and still restore; the header is checked where packs are read whole
+        from ckptvault.repository.pack import read_pack_header
+
+        vault = Vault.open(str(url), keyfile=keyfile.path, passphrase=PASS)
+        with pytest.raises(IntegrityError, match="authentication failed"):
+            read_pack_header(vault._repo.codec, bytes.fromhex(pack.name), pack.read_bytes())
+        return
+    with pytest.raises(IntegrityError, match=match):
+        Vault.open(str(url), keyfile=keyfile.path, passphrase=PASS).restore("latest", out)
+    assert not (out / "weights.bin").exists()
+
+
+def test_blob_swapped_between_names_fails(tmp_path: Path, keyfile: Keyfile):
+    url = tmp_path / "vault"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"1")
+    with Vault.init(str(url), keyfile=keyfile.path, passphrase=PASS) as vault:
+        a = vault.backup(src, tags={"n": "a"})
+        b = vault.backup(src, tags={"n": "b"})
+    shutil.copy(url / "snapshots" / a.id, url / "snapshots" / b.id)  # replay a's manifest under b's name
+    with pytest.raises(IntegrityError, match=f"snapshot object {b.id[:12]}"):
+        Vault.open(str(url), keyfile=keyfile.path, passphrase=PASS).snapshots()
+
+
+def test_key_errors_are_distinct(tmp_path: Path, keyfile: Keyfile):
+    url = str(tmp_path / "vault")
+    Vault.init(url, keyfile=keyfile.path, passphrase=PASS).close()
+    with pytest.raises(WrongPassphraseError):
+        Vault.open(url, keyfile=keyfile.path, passphrase="nope")
+    other, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    other = other.save(tmp_path / "other.key")
+    with pytest.raises(KeyfileMismatchError, match="does not belong"):
+        Vault.open(url, keyfile=other.path, passphrase=lambda: pytest.fail("asked before the keyfile was checked"))
+    with pytest.raises(KeyfileNotFoundError, match="does not exist"):
+        Vault.open(url, keyfile=tmp_path / "missing.key", passphrase=PASS)
+    with pytest.raises(KeyfileNotFoundError, match="is encrypted"):
+        Vault.open(url)
+    (tmp_path / "corrupt.key").write_text('{"format": "ckptvault-keyfile", "version": 1}')
+    with pytest.raises(KeyfileCorruptError):
+        Vault.open(url, keyfile=tmp_path / "corrupt.key", passphrase=PASS)
+    with pytest.raises(PassphraseRequiredError):
+        Vault.open(url, keyfile=keyfile.path)
+    plain = str(tmp_path / "plain")
+    Vault.init(plain).close()
+    with pytest.raises(UsageError, match="not encrypted"):
+        Vault.open(plain, keyfile=keyfile.path, passphrase=PASS)
+
+
+def test_keyfile_is_private_and_passwd_keeps_the_key(tmp_path: Path, keyfile: Keyfile):
+    assert os.stat(keyfile.path).st_mode & 0o777 == 0o600
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"payload")
+    Vault.init(url, keyfile=keyfile.path, passphrase=PASS).backup(src)
+    master = keyfile.unlock(PASS)
+    changed = keyfile.with_passphrase(master, "a new passphrase").save(keyfile.path, overwrite=True)
+    assert changed.fingerprint == keyfile.fingerprint and changed.kdf.salt != keyfile.kdf.salt
+    with pytest.raises(WrongPassphraseError):
+        Vault.open(url, keyfile=keyfile.path, passphrase=PASS)
+    vault = Vault.open(url, keyfile=keyfile.path, passphrase="a new passphrase")
+    assert b"".join(vault.read_file("latest", "f")) == b"payload"
+    with pytest.raises(UsageError, match="never overwritten"):
+        keyfile.save(keyfile.path)
+
+
+# ---- frozen known-answer vectors: a change that breaks old data fails here ----------------
+
+def test_keyfile_known_answer():
+    from tests.fixtures.make_fixtures import KAT_MASTER, KAT_PASSPHRASE
+
+    fixture = (FIXTURES / "keyfile-v1.json").read_bytes()
+    key = Keyfile.from_json(fixture)
+    assert key.unlock(KAT_PASSPHRASE).material == KAT_MASTER
+    again, _ = Keyfile.create(
+        KAT_PASSPHRASE, master=MasterKey(KAT_MASTER), scrypt_n=2**10, salt=b"\1" * 16, nonce=b"\2" * 12,
+        created="2026-11-30T00:00:00+00:00",
+    )
+    assert again.to_json() == fixture
+
+
+def test_blob_known_answers():
+    v = json.loads((FIXTURES / "vectors-v1.json").read_text())
+    master = MasterKey(bytes.fromhex(v["master_key"]))
+    plaintext = bytes.fromhex(v["plaintext"])
+    assert master.fingerprint == v["fingerprint"]
+    assert ChunkIdFunction()(plaintext).hex() == v["chunk_id_plain"]
+    oid = ChunkIdFunction(master.chunk_id_key)(plaintext)
+    assert oid.hex() == v["chunk_id_keyed"]
+    fixed = lambda n: b"\3" * n  # noqa: E731
+    raw, zstd = Compressor(CompressionSettings(codec="none")), Compressor(CompressionSettings())
+    plain_codec = BlobCodec(raw, ChecksumSealer())
+    aes_codec = BlobCodec(raw, AesGcmSealer(master.blob_key, fixed))
+    assert plain_codec.encode(Kind.CHUNK, oid, plaintext).hex() == v["blob_plain_raw"]
+    assert aes_codec.encode(Kind.CHUNK, oid, plaintext).hex() == v["blob_aes_raw"]
+    for name, codec in (("blob_plain_raw", plain_codec), ("blob_aes_raw", aes_codec),
+                        ("blob_aes_zstd", BlobCodec(zstd, AesGcmSealer(master.blob_key)))):
+        assert codec.decode(Kind.CHUNK, oid, bytes.fromhex(v[name])) == plaintext
+
+
+@pytest.mark.parametrize("name", ["repo-v1-plain", "repo-v1-encrypted"])
+def test_frozen_v1_repositories_still_restore(tmp_path: Path, name: str):
+    from tests.fixtures.make_fixtures import KAT_PASSPHRASE
+
+    repo = tmp_path / name
+    shutil.copytree(FIXTURES / name, repo)
+    key = {"keyfile": FIXTURES / "keyfile-v1.json", "passphrase": KAT_PASSPHRASE} if "encrypted" in name else {}
+    with Vault.open(str(repo), **key) as vault:
+        snap = vault.latest({"run": "fixture"})
+        assert snap.tags == {"run": "fixture", "step": "1"}
+        vault.restore(snap, tmp_path / "out")
+    src = FIXTURES / "source"
+    for rel in ("model/weights.bin", "config.json"):
+        assert (tmp_path / "out" / rel).read_bytes() == (src / rel).read_bytes()
+    assert os.readlink(tmp_path / "out" / "link") == "config.json"
