@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIME_BIN = "/usr/bin/time"
 APT_PACKAGES = {"restic": "restic", "borg": "borgbackup"}
-PASSWORD = "bench"
+PASSWORD = "bench-passphrase"
 
 
 @dataclass
@@ -64,13 +64,19 @@ class Tool:
 
 
 # ------------------------------------------------------------------ tools
-def ckptvault_tool(repo: str, state: str) -> Tool:
+def ckptvault_tool(repo: str, state: str, encrypted: bool = False) -> Tool:
     exe = os.path.join(os.path.dirname(sys.executable), "ckptvault")
     exe = exe if os.path.exists(exe) else (shutil.which("ckptvault") or "ckptvault")
     # point every default location into the work dir so no user repo is touched
     env = dict(os.environ, CKPTVAULT_REPO=repo, XDG_DATA_HOME=state, XDG_CACHE_HOME=state)
+    init = [exe, "init", repo]
+    if encrypted:  # AES-256-GCM under a keyfile with the default scrypt cost, like a real user's
+        keyfile = os.path.join(state, "bench.key")
+        env.update(CKPTVAULT_PASSPHRASE=PASSWORD, CKPTVAULT_KEYFILE=keyfile)
+        sh([exe, "key", "generate", "--keyfile", keyfile], env=env, check=True)
+        init += ["--encrypt"]
     return Tool(
-        "ckptvault", env, [exe, "--version"], [exe, "init", repo],
+        "ckptvault-enc" if encrypted else "ckptvault", env, [exe, "--version"], init,
         lambda src, name, step: [exe, "backup", src, "--repo", repo, "--tag", "run=bench",
                                  "--tag", f"step={step}", "--quiet"],
         lambda dest: ([exe, "restore", "latest", dest, "--repo", repo, "--tag", "run=bench", "--quiet"], None),
@@ -108,7 +114,12 @@ def borg_tool(repo: str, state: str) -> Tool:
     )
 
 
-TOOLS = {"ckptvault": ckptvault_tool, "restic": restic_tool, "borg": borg_tool}
+TOOLS = {
+    "ckptvault": ckptvault_tool,
+    "ckptvault-enc": lambda repo, state: ckptvault_tool(repo, state, encrypted=True),
+    "restic": restic_tool,
+    "borg": borg_tool,
+}
 
 
 # ------------------------------------------------------------------ helpers
@@ -258,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-mb", type=float, default=600, help="make_workload --model-mb")
     ap.add_argument("--saves", type=int, default=3, help="make_workload --saves (>= 2)")
     ap.add_argument("--hidden", type=int, default=1024, help="make_workload --hidden")
-    ap.add_argument("--tools", default="ckptvault,restic,borg", help="comma-separated subset")
+    ap.add_argument("--tools", default="ckptvault,ckptvault-enc,restic,borg", help="comma-separated subset")
     ap.add_argument("--keep", action="store_true", help="keep repos, tool state and restored trees")
     ap.add_argument("--out", default=None, help="results JSON (default WORK/results.json)")
     a = ap.parse_args(argv)
@@ -282,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure_installed(tools)
     results = []
     for name in tools:
-        if name != "ckptvault" and not shutil.which(name):
+        if not name.startswith("ckptvault") and not shutil.which(name):
             print(f"note: {name} not available; skipped", file=sys.stderr)
             results.append(ToolResult(name, error="skipped: not installed"))
             continue
