@@ -10,6 +10,7 @@ Phases per tool, each in a fresh repository, each timed with `/usr/bin/time -v`
                     compare every byte with the source)
 Stdlib only (numpy is needed by make_workload.py). See README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,7 @@ class ToolResult:
 @dataclass
 class Tool:
     """How to drive one backup program; built by the per-tool functions below."""
+
     name: str
     env: dict[str, str]
     version_cmd: list[str]
@@ -76,9 +78,22 @@ def ckptvault_tool(repo: str, state: str, encrypted: bool = False) -> Tool:
         sh([exe, "key", "generate", "--keyfile", keyfile], env=env, check=True)
         init += ["--encrypt"]
     return Tool(
-        "ckptvault-enc" if encrypted else "ckptvault", env, [exe, "--version"], init,
-        lambda src, name, step: [exe, "backup", src, "--repo", repo, "--tag", "run=bench",
-                                 "--tag", f"step={step}", "--quiet"],
+        "ckptvault-enc" if encrypted else "ckptvault",
+        env,
+        [exe, "--version"],
+        init,
+        lambda src, name, step: [
+            exe,
+            "backup",
+            src,
+            "--repo",
+            repo,
+            "--tag",
+            "run=bench",
+            "--tag",
+            f"step={step}",
+            "--quiet",
+        ],
         lambda dest: ([exe, "restore", "latest", dest, "--repo", repo, "--tag", "run=bench", "--quiet"], None),
         lambda dest, src: dest,  # restores the directory's contents into dest
     )
@@ -87,7 +102,9 @@ def ckptvault_tool(repo: str, state: str, encrypted: bool = False) -> Tool:
 def restic_tool(repo: str, state: str) -> Tool:
     env = dict(os.environ, RESTIC_PASSWORD=PASSWORD, RESTIC_CACHE_DIR=os.path.join(state, "cache"))
     return Tool(
-        "restic", env, ["restic", "version"],
+        "restic",
+        env,
+        ["restic", "version"],
         # repository v2: compressed (compression "auto" is the default)
         ["restic", "init", "--repo", repo, "--repository-version", "2"],
         lambda src, name, step: ["restic", "--repo", repo, "backup", "--host", "bench", "--tag", "run=bench", src],
@@ -97,17 +114,34 @@ def restic_tool(repo: str, state: str) -> Tool:
 
 
 def borg_tool(repo: str, state: str) -> Tool:
-    env = dict(os.environ, BORG_PASSPHRASE=PASSWORD, BORG_BASE_DIR=state, BORG_DISPLAY_PASSPHRASE="no",
-               BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK="yes", BORG_RELOCATED_REPO_ACCESS_IS_OK="yes")
+    env = dict(
+        os.environ,
+        BORG_PASSPHRASE=PASSWORD,
+        BORG_BASE_DIR=state,
+        BORG_DISPLAY_PASSPHRASE="no",
+        BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK="yes",
+        BORG_RELOCATED_REPO_ACCESS_IS_OK="yes",
+    )
 
     def restore(dest: str) -> tuple[list[str], str | None]:
         # borg 1.x has no "latest" alias: resolve the newest archive (untimed, cheap)
-        last = subprocess.run(["borg", "list", "--last", "1", "--short", repo], env=env, capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL).stdout.strip() or "missing-archive"
+        last = (
+            subprocess.run(
+                ["borg", "list", "--last", "1", "--short", repo],
+                env=env,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            ).stdout.strip()
+            or "missing-archive"
+        )
         return ["borg", "extract", f"{repo}::{last}"], dest  # extracts relative paths into cwd
 
     return Tool(
-        "borg", env, ["borg", "--version"], ["borg", "init", "--encryption=repokey-blake2", repo],
+        "borg",
+        env,
+        ["borg", "--version"],
+        ["borg", "init", "--encryption=repokey-blake2", repo],
         lambda src, name, step: ["borg", "create", "--compression", "zstd,3", f"{repo}::{name}", src],
         restore,
         lambda dest, src: os.path.join(dest, os.path.abspath(src).lstrip("/")),
@@ -161,11 +195,13 @@ def run_timed(cmd: list[str], env: dict, log: str, logical: int, cwd: str | None
     argv = [TIME_BIN, "-v", "-o", log + ".time", *cmd] if use_time else cmd
     t0 = time.perf_counter()
     with open(log, "wb") as f:
-        rc = subprocess.run(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL).returncode
+        rc = subprocess.run(
+            argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        ).returncode
     wall = time.perf_counter() - t0
     if use_time:
-        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(log + ".time").read())
+        with open(log + ".time") as f:
+            m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", f.read())
         rss = int(m.group(1)) if m else None
     else:  # max over all children so far: an upper bound for this phase
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -176,8 +212,10 @@ def compare_trees(src: str, dst: str) -> tuple[bool, str]:
     """Every file of src must exist in dst with identical bytes, and dst has no extra files."""
     if not os.path.isdir(dst):
         return False, f"restored tree not found at {dst}"
+
     def files(root: str) -> set[str]:
         return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
+
     a, b = files(src), files(dst)
     if a != b:
         return False, f"file sets differ: missing {sorted(a - b)[:5]}, extra {sorted(b - a)[:5]}"
@@ -211,11 +249,15 @@ def bench_tool(name: str, work: str, saves: list[tuple[str, int]], keep: bool) -
             res.error = f"init failed: {p.stderr.strip()[-300:]}"
             return res
         (src1, step1), (src2, step2) = saves[0], saves[1]
-        for phase, src, step in (("backup1_first", src1, step1), ("backup2_incr", src2, step2),
-                                 ("backup2_nochange", src2, step2)):
+        for phase, src, step in (
+            ("backup1_first", src1, step1),
+            ("backup2_incr", src2, step2),
+            ("backup2_nochange", src2, step2),
+        ):
             print(f"  {name}: {phase} ...", file=sys.stderr)
-            ph = run_timed(tool.backup_cmd(src, phase, step), tool.env, os.path.join(logs, f"{name}-{phase}.log"),
-                           tree_bytes(src))
+            ph = run_timed(
+                tool.backup_cmd(src, phase, step), tool.env, os.path.join(logs, f"{name}-{phase}.log"), tree_bytes(src)
+            )
             res.phases[phase] = ph
             res.repo_bytes[phase] = du_bytes(repo)
             # restic exits 3 when some files could not be read: still a failure here
@@ -241,8 +283,17 @@ def bench_tool(name: str, work: str, saves: list[tuple[str, int]], keep: bool) -
 
 
 def table(results: list[ToolResult]) -> str:
-    cols = ["tool", "backup1 MB/s", "incr MB/s", "no-change s", "restore MB/s", "peak RSS MB",
-            "repo MB after save 1", "repo MB after save 2", "restore verified"]
+    cols = [
+        "tool",
+        "backup1 MB/s",
+        "incr MB/s",
+        "no-change s",
+        "restore MB/s",
+        "peak RSS MB",
+        "repo MB after save 1",
+        "repo MB after save 2",
+        "restore verified",
+    ]
 
     def rate(r: ToolResult, ph: str) -> str:
         p = r.phases.get(ph)
@@ -255,10 +306,17 @@ def table(results: list[ToolResult]) -> str:
     for r in results:
         nc = r.phases.get("backup2_nochange")
         rss = [p.max_rss_kb for p in r.phases.values() if p.max_rss_kb is not None]
-        row = [r.tool, rate(r, "backup1_first"), rate(r, "backup2_incr"),
-               f"{nc.wall_s:.2f}" if nc and nc.rc == 0 else "-", rate(r, "restore_latest"),
-               mb(max(rss) * 1024) if rss else "-", mb(r.repo_bytes.get("backup1_first")),
-               mb(r.repo_bytes.get("backup2_incr")), "yes" if r.verified else "no"]
+        row = [
+            r.tool,
+            rate(r, "backup1_first"),
+            rate(r, "backup2_incr"),
+            f"{nc.wall_s:.2f}" if nc and nc.rc == 0 else "-",
+            rate(r, "restore_latest"),
+            mb(max(rss) * 1024) if rss else "-",
+            mb(r.repo_bytes.get("backup1_first")),
+            mb(r.repo_bytes.get("backup2_incr")),
+            "yes" if r.verified else "no",
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -282,12 +340,23 @@ def main(argv: list[str] | None = None) -> int:
     wl = os.path.join(work, "workload")
     os.makedirs(work, exist_ok=True)
 
-    gen = [sys.executable, os.path.join(HERE, "make_workload.py"), "--out", wl, "--saves", str(a.saves),
-           "--model-mb", str(a.model_mb), "--hidden", str(a.hidden)]
+    gen = [
+        sys.executable,
+        os.path.join(HERE, "make_workload.py"),
+        "--out",
+        wl,
+        "--saves",
+        str(a.saves),
+        "--model-mb",
+        str(a.model_mb),
+        "--hidden",
+        str(a.hidden),
+    ]
     if subprocess.run(gen).returncode != 0:  # returns 0 at once if the same workload exists
         print("workload generation failed", file=sys.stderr)
         return 1
-    manifest = json.load(open(os.path.join(wl, "workload.json")))
+    with open(os.path.join(wl, "workload.json")) as f:
+        manifest = json.load(f)
     saves = [(os.path.join(wl, s["dir"]), s["step"]) for s in manifest["saves"][:2]]
 
     ensure_installed(tools)
@@ -300,20 +369,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarking {name} ...", file=sys.stderr)
         results.append(bench_tool(name, work, saves, a.keep))
 
-    print(f"\nworkload: {manifest['params']['model_mb']:g} MB model, {len(manifest['saves'])} saves; "
-          f"save 1 = {saves[0][0]} ({tree_bytes(saves[0][0]) / 1e6:.1f} MB), "
-          f"save 2 = {saves[1][0]} ({tree_bytes(saves[1][0]) / 1e6:.1f} MB)")
+    print(
+        f"\nworkload: {manifest['params']['model_mb']:g} MB model, {len(manifest['saves'])} saves; "
+        f"save 1 = {saves[0][0]} ({tree_bytes(saves[0][0]) / 1e6:.1f} MB), "
+        f"save 2 = {saves[1][0]} ({tree_bytes(saves[1][0]) / 1e6:.1f} MB)"
+    )
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs")
     for r in results:
-        print(f"{r.tool}: {r.version or '-'}" + (f"  [{r.error}]" if r.error else "")
-              + (f"  verify: {r.verify_detail}" if r.verify_detail else ""))
+        print(
+            f"{r.tool}: {r.version or '-'}"
+            + (f"  [{r.error}]" if r.error else "")
+            + (f"  verify: {r.verify_detail}" if r.verify_detail else "")
+        )
     print()
     print(table(results))
 
     out = a.out or os.path.join(work, "results.json")
-    doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": {"platform": platform.platform(),
-           "cpus": os.cpu_count()}, "workload": manifest, "timer": TIME_BIN if os.access(TIME_BIN, os.X_OK)
-           else "getrusage", "results": [dataclasses.asdict(r) for r in results]}
+    doc = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "workload": manifest,
+        "timer": TIME_BIN if os.access(TIME_BIN, os.X_OK) else "getrusage",
+        "results": [dataclasses.asdict(r) for r in results],
+    }
     with open(out, "w") as f:
         json.dump(doc, f, indent=2)
     print(f"\nraw results: {out}")

@@ -60,8 +60,7 @@ class ChunkerParams:
                 raise UsageError(f"chunker {name}={value!r} is out of range; use {lo}..{hi} bytes")
         if not self.min_size <= self.avg_size <= self.max_size:
             raise UsageError(
-                f"chunker sizes must satisfy min <= avg <= max, got "
-                f"{self.min_size}/{self.avg_size}/{self.max_size}"
+                f"chunker sizes must satisfy min <= avg <= max, got {self.min_size}/{self.avg_size}/{self.max_size}"
             )
 
     def to_dict(self) -> dict[str, int | str]:

@@ -81,7 +81,9 @@ class KeyfileMismatchError(CkptVaultError):
     def __init__(self, keyfile: str, url: str) -> None:
         self.keyfile = keyfile
         self.url = url
-        super().__init__(f"keyfile {keyfile} does not belong to vault {url}; use the keyfile the vault was created with")
+        super().__init__(
+            f"keyfile {keyfile} does not belong to vault {url}; use the keyfile the vault was created with"
+        )
 
 
 class KeyfileNotFoundError(CkptVaultError):

@@ -1,8 +1,8 @@
 """``Vault``: the public Python API. The CLI uses nothing else.
 
-    vault = Vault.open("./vault")              # or Vault.init(url), or Vault.open() for the default
-    snap = vault.backup("./checkpoints", tags={"run": "x", "step": "1200"})
-    vault.restore(vault.latest(tags={"run": "x"}), "./resume")
+vault = Vault.open("./vault")              # or Vault.init(url), or Vault.open() for the default
+snap = vault.backup("./checkpoints", tags={"run": "x", "step": "1200"})
+vault.restore(vault.latest(tags={"run": "x"}), "./resume")
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import platformdirs
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
 from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
-from .hashing import new_file_hasher
 from .errors import IntegrityError, PathNotInSnapshotError, UsageError, VaultNotFoundError
+from .hashing import new_file_hasher
 from .ops.backup import run_backup
 from .ops.progress import Progress
 from .ops.restore import RestoreResult, run_restore
@@ -202,7 +202,12 @@ class Vault:
     ) -> RestoreResult:
         """Restore into ``target``, verifying every chunk and every file hash."""
         return run_restore(
-            self._repo, self.files(snapshot), os.fspath(target), include=include, overwrite=overwrite, progress=on_progress
+            self._repo,
+            self.files(snapshot),
+            os.fspath(target),
+            include=include,
+            overwrite=overwrite,
+            progress=on_progress,
         )
 
     def read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:

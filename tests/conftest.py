@@ -38,8 +38,11 @@ def repo_url(tmp_path: Path) -> str:
 def vault(repo_url: str) -> Vault:
     from ckptvault.chunking import ChunkerParams
 
-    v = Vault.init(repo_url, chunker=ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024),
-                   pack_size=SMALL_PACK)
+    v = Vault.init(
+        repo_url,
+        chunker=ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024),
+        pack_size=SMALL_PACK,
+    )
     yield v
     v.close()
 
@@ -84,7 +87,9 @@ def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
     for var in CKPTVAULT_ENV:
         env.pop(var, None)
 
-    def run(*args: str, check: bool = True, input: bytes | None = None, **extra_env: str) -> subprocess.CompletedProcess:
+    def run(
+        *args: str, check: bool = True, input: bytes | None = None, **extra_env: str
+    ) -> subprocess.CompletedProcess:
         proc = subprocess.run(
             [sys.executable, "-m", "ckptvault", *args],
             capture_output=True,

@@ -53,7 +53,7 @@ def test_truncated_blob_is_detected():
 def test_future_envelope_version_is_refused():
     blob = bytearray(codec.encode(Kind.CHUNK, OID, b"x"))
     blob[0] = 9
-    with pytest.raises(UnsupportedFormatError, match="newer|not supported"):
+    with pytest.raises(UnsupportedFormatError, match=r"newer|not supported"):
         codec.decode(Kind.CHUNK, OID, bytes(blob))
 
 

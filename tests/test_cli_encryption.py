@@ -31,8 +31,10 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
 
     changed = cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
     assert info["fingerprint"] in changed.stdout.decode()
-    assert cli("cat", "latest", "w.bin", "--repo", repo, "-k", key,
-               CKPTVAULT_PASSPHRASE="second passphrase").stdout == (src / "w.bin").read_bytes()
+    assert (
+        cli("cat", "latest", "w.bin", "--repo", repo, "-k", key, CKPTVAULT_PASSPHRASE="second passphrase").stdout
+        == (src / "w.bin").read_bytes()
+    )
 
     cli("key", "generate", "-k", str(tmp_path / "other.key"), "--kdf-cost", "14", **env)
     (tmp_path / "corrupt.key").write_text("{not json")

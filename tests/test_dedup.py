@@ -42,8 +42,7 @@ def test_one_changed_tensor_of_500mb_adds_about_50mb(tmp_path: Path):
     src.mkdir()
     tensor = 50 * 1000 * 1000
     with open(src / "model.bin", "wb") as f:
-        for i in range(10):
-            f.write(random.Random(i).randbytes(tensor))
+        f.writelines(random.Random(i).randbytes(tensor) for i in range(10))
     with Vault.open(url) as vault:
         vault.backup(src)
         with open(src / "model.bin", "r+b") as f:

@@ -168,6 +168,7 @@ def test_keyfile_is_private_and_passwd_keeps_the_key(tmp_path: Path, keyfile: Ke
 
 # ---- frozen known-answer vectors: a change that breaks old data fails here ----------------
 
+
 def test_keyfile_known_answer():
     from tests.fixtures.make_fixtures import KAT_MASTER, KAT_PASSPHRASE
 
@@ -175,7 +176,11 @@ def test_keyfile_known_answer():
     key = Keyfile.from_json(fixture)
     assert key.unlock(KAT_PASSPHRASE).material == KAT_MASTER
     again, _ = Keyfile.create(
-        KAT_PASSPHRASE, master=MasterKey(KAT_MASTER), scrypt_n=2**10, salt=b"\1" * 16, nonce=b"\2" * 12,
+        KAT_PASSPHRASE,
+        master=MasterKey(KAT_MASTER),
+        scrypt_n=2**10,
+        salt=b"\1" * 16,
+        nonce=b"\2" * 12,
         created="2026-11-30T00:00:00+00:00",
     )
     assert again.to_json() == fixture
@@ -189,14 +194,20 @@ def test_blob_known_answers():
     assert ChunkIdFunction()(plaintext).hex() == v["chunk_id_plain"]
     oid = ChunkIdFunction(master.chunk_id_key)(plaintext)
     assert oid.hex() == v["chunk_id_keyed"]
-    fixed = lambda n: b"\3" * n  # noqa: E731
+
+    def fixed(n):
+        return b"\3" * n
+
     raw, zstd = Compressor(CompressionSettings(codec="none")), Compressor(CompressionSettings())
     plain_codec = BlobCodec(raw, ChecksumSealer())
     aes_codec = BlobCodec(raw, AesGcmSealer(master.blob_key, fixed))
     assert plain_codec.encode(Kind.CHUNK, oid, plaintext).hex() == v["blob_plain_raw"]
     assert aes_codec.encode(Kind.CHUNK, oid, plaintext).hex() == v["blob_aes_raw"]
-    for name, codec in (("blob_plain_raw", plain_codec), ("blob_aes_raw", aes_codec),
-                        ("blob_aes_zstd", BlobCodec(zstd, AesGcmSealer(master.blob_key)))):
+    for name, codec in (
+        ("blob_plain_raw", plain_codec),
+        ("blob_aes_raw", aes_codec),
+        ("blob_aes_zstd", BlobCodec(zstd, AesGcmSealer(master.blob_key))),
+    ):
         assert codec.decode(Kind.CHUNK, oid, bytes.fromhex(v[name])) == plaintext
 
 

@@ -2,11 +2,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ckptvault.errors import MalformedObjectError, UnsafePathError
+from ckptvault.errors import MalformedObjectError, SnapshotNotFoundError, UnsafePathError, UsageError
 from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
 from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from ckptvault.snapshot.selection import select
-from ckptvault.errors import SnapshotNotFoundError, UsageError
 
 
 def entry(path, type="file", **kw):
@@ -87,8 +86,15 @@ def test_tree_of_200gb_in_100k_chunks_stays_small():
     from ckptvault.codec import CompressionSettings, Compressor
 
     entries = [
-        FileEntry(path=f"shard-{i:03d}.safetensors", type="file", mode=0o644, mtime_ns=i, size=1000 * 2_000_000,
-                  blake3="ab" * 32, chunks=[os.urandom(32) for _ in range(1000)])
+        FileEntry(
+            path=f"shard-{i:03d}.safetensors",
+            type="file",
+            mode=0o644,
+            mtime_ns=i,
+            size=1000 * 2_000_000,
+            blake3="ab" * 32,
+            chunks=[os.urandom(32) for _ in range(1000)],
+        )
         for i in range(100)
     ]
     raw = encode_tree(entries)

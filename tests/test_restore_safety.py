@@ -73,7 +73,7 @@ def test_size_that_disagrees_with_chunks_is_refused(backed_up, tmp_path: Path):
     vault, _, snap = backed_up
     entries = [replace(e, size=e.size + 1) if e.path == "optimizer.pt" else e for e in vault.files(snap)]
     crafted = plant_tree(vault, snap, entries)
-    with pytest.raises(MalformedObjectError, match="optimizer.pt"):
+    with pytest.raises(MalformedObjectError, match=r"optimizer\.pt"):
         vault.restore(crafted, tmp_path / "target")
     assert not (tmp_path / "target" / "optimizer.pt").exists()
 
@@ -89,7 +89,7 @@ def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: P
     assert (target / "optimizer.pt").read_bytes() == (src / "optimizer.pt").read_bytes()
 
     (target / "model" / "config.json").write_text("edited by hand")
-    with pytest.raises(RestoreConflictError, match="model/config.json.*--overwrite"):
+    with pytest.raises(RestoreConflictError, match=r"model/config\.json.*--overwrite"):
         vault.restore(snap, target)
     assert (target / "model" / "config.json").read_text() == "edited by hand"
     vault.restore(snap, target, overwrite=True)
@@ -97,7 +97,7 @@ def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: P
 
 
 def test_include_restores_part_of_a_snapshot(backed_up, tmp_path: Path):
-    vault, src, snap = backed_up
+    vault, _src, snap = backed_up
     result = vault.restore(snap, tmp_path / "t1", include=["model"])
     assert result.files == 2
     assert sorted(os.listdir(tmp_path / "t1")) == ["model"]

@@ -29,7 +29,9 @@ app = typer.Typer(
 
 RepoOpt = Annotated[
     str | None,
-    typer.Option("--repo", "-r", envvar="CKPTVAULT_REPO", help="Repository URL (any fsspec URL). Default: a local folder."),
+    typer.Option(
+        "--repo", "-r", envvar="CKPTVAULT_REPO", help="Repository URL (any fsspec URL). Default: a local folder."
+    ),
 ]
 StorageOpt = Annotated[
     list[str] | None, typer.Option("--storage-option", "-o", help="fsspec storage option key=value (repeatable).")

@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from ..ops.scan import check_sources
-from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -32,7 +32,10 @@ def backup_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault, out.progress("backing up") as progress:
+    with (
+        open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault,
+        out.progress("backing up") as progress,
+    ):
         snap = vault.backup(
             paths,
             tags=tags,

@@ -6,7 +6,7 @@ import tempfile
 
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
-from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
 from .output import Output, format_bytes
 
 
@@ -17,12 +17,16 @@ def demo_cmd(
     storage_option: StorageOpt = None,
     keyfile: KeyfileOpt = None,
     passphrase_file: PassphraseFileOpt = None,
-    json_out: JsonOpt = False, quiet: QuietOpt = False
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Back up two saves of a generated sample checkpoint, restore the latest, and verify it."""
     out = Output(json_mode=json_out, quiet=quiet)
     snapshots = []
-    with tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work, open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault:
+    with (
+        tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work,
+        open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault,
+    ):
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")
             write_sample_checkpoint(src, step)
@@ -31,13 +35,14 @@ def demo_cmd(
             s = snap.summary
             out.info(
                 f"backup of {os.path.basename(src)}: snapshot {snap.short_id}, {s.files} files, "
-                f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored"
+                f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, "
+                f"{format_bytes(s.stored_bytes)} stored"
             )
         latest = vault.latest(tags={"run": "demo"})
         target = os.path.join(work, "restored")
         result = vault.restore(latest, target)
         names = sorted(os.listdir(src))
-        match, mismatch, errors = filecmp.cmpfiles(src, target, names, shallow=False)
+        _match, mismatch, errors = filecmp.cmpfiles(src, target, names, shallow=False)
         if mismatch or errors:
             raise IntegrityError(f"demo restore differs from the source: {mismatch + errors}")
         out.info(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import getpass
 import os
 import sys
-
 from typing import Annotated
 
 import typer
@@ -67,7 +66,8 @@ def passwd_cmd(
     keyfile: KeyfilePathOpt,
     passphrase_file: PassphraseFileOpt = None,
     new_passphrase_file: Annotated[
-        str | None, typer.Option(help="Read the new passphrase from this file (else CKPTVAULT_NEW_PASSPHRASE, else asked).")
+        str | None,
+        typer.Option(help="Read the new passphrase from this file (else CKPTVAULT_NEW_PASSPHRASE, else asked)."),
     ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,

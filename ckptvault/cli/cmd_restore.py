@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
 from .output import Output, format_bytes
 from .params import parse_tags
 

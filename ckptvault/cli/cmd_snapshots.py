@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -66,8 +66,15 @@ def ls_cmd(
         shown = f"{e.path} -> {e.target}" if e.type == "symlink" else e.path + ("/" if e.type == "dir" else "")
         table.add_row(e.type, oct(e.mode), format_bytes(e.size) if e.type == "file" else "", shown)
     data = [
-        {"path": e.path, "type": e.type, "mode": e.mode, "size": e.size, "mtime_ns": e.mtime_ns, "blake3": e.blake3,
-         "target": e.target}
+        {
+            "path": e.path,
+            "type": e.type,
+            "mode": e.mode,
+            "size": e.size,
+            "mtime_ns": e.mtime_ns,
+            "blake3": e.blake3,
+            "target": e.target,
+        }
         for e in entries
     ]
     out.result({"snapshot": snap.id, "entries": data}, table)

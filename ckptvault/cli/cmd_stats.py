@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from .app import KeyfileOpt, PassphraseFileOpt, JsonOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
 from .output import Output, format_bytes
 
 

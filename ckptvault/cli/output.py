@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (

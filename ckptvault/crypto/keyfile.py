@@ -123,8 +123,13 @@ class Keyfile:
             "format": FORMAT,
             "version": VERSION,
             "created": self.created,
-            "kdf": {"name": "scrypt", "n": self.kdf.n, "r": self.kdf.r, "p": self.kdf.p,
-                    "salt": base64.b64encode(self.kdf.salt).decode()},
+            "kdf": {
+                "name": "scrypt",
+                "n": self.kdf.n,
+                "r": self.kdf.r,
+                "p": self.kdf.p,
+                "salt": base64.b64encode(self.kdf.salt).decode(),
+            },
             "wrapped_key": base64.b64encode(self.wrapped_key).decode(),
             "fingerprint": self.fingerprint,
         }
@@ -145,8 +150,9 @@ class Keyfile:
             if len(wrapped) != NONCE_SIZE + MASTER_KEY_SIZE + 16:
                 raise ValueError("wrapped key has the wrong length")
             return cls(
-                kdf=KdfParams(n=int(kdf["n"]), r=int(kdf["r"]), p=int(kdf["p"]),
-                              salt=base64.b64decode(kdf["salt"], validate=True)),
+                kdf=KdfParams(
+                    n=int(kdf["n"]), r=int(kdf["r"]), p=int(kdf["p"]), salt=base64.b64decode(kdf["salt"], validate=True)
+                ),
                 wrapped_key=wrapped,
                 fingerprint=str(doc["fingerprint"]),
                 created=str(doc["created"]),

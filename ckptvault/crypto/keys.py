@@ -16,7 +16,9 @@ _INFO_PREFIX = b"ckptvault v1 "
 
 
 def derive(master: bytes, purpose: str, length: int = 32) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=_INFO_PREFIX + purpose.encode()).derive(master)
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=_INFO_PREFIX + purpose.encode()).derive(
+        master
+    )
 
 
 @dataclass(frozen=True, repr=False)

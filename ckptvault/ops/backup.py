@@ -177,7 +177,9 @@ def _read_file(
         f = open(item.abs_path, "rb", buffering=0)  # noqa: SIM115 - closed below
     except OSError as exc:
         if not skip_unreadable:
-            raise SourceError(item.abs_path, exc.strerror or str(exc), "use --skip-unreadable to back up the rest") from exc
+            raise SourceError(
+                item.abs_path, exc.strerror or str(exc), "use --skip-unreadable to back up the rest"
+            ) from exc
         warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
         return None
     hasher = new_file_hasher()

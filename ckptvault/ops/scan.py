@@ -51,7 +51,7 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")
-        for src, name in zip(abs_sources, names):
+        for src, name in zip(abs_sources, names, strict=False):
             st = os.stat(src)
             if stat.S_ISDIR(st.st_mode):
                 result.items.append(SourceItem(name, src, "dir", st))

@@ -61,4 +61,3 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
             for s in snapshots
         ],
     )
-

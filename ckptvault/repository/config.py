@@ -62,7 +62,9 @@ class RepoConfig:
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedObjectError(f"the config of {url} is not valid JSON ({exc}); is this a ckptvault repository?") from exc
+            raise MalformedObjectError(
+                f"the config of {url} is not valid JSON ({exc}); is this a ckptvault repository?"
+            ) from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise MalformedObjectError(f"{url} holds a config that is not a ckptvault repository's")
         version = doc.get("version")

@@ -8,8 +8,8 @@ needs them. A backup killed midway leaves at worst packs that nothing references
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 from ..blob import BlobCodec, ChecksumSealer, Kind, Sealer
 from ..codec import Compressor
@@ -75,7 +75,9 @@ class Repository:
     # ---- lifecycle -------------------------------------------------------------------
 
     @classmethod
-    def init(cls, store: Store, config: RepoConfig, keyfile: Keyfile | None = None, master: MasterKey | None = None) -> Repository:
+    def init(
+        cls, store: Store, config: RepoConfig, keyfile: Keyfile | None = None, master: MasterKey | None = None
+    ) -> Repository:
         """Create a repository; encrypted when a keyfile and its unlocked master key are given."""
         if store.exists(CONFIG_KEY):
             raise VaultExistsError(store.url)

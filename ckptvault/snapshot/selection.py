@@ -28,7 +28,9 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
     candidates = filter_by_tags(snapshots, tags)
     if spec == "latest":
         if not candidates:
-            raise SnapshotNotFoundError(f"no snapshot matches latest{_describe(tags)}; list them with: ckptvault snapshots")
+            raise SnapshotNotFoundError(
+                f"no snapshot matches latest{_describe(tags)}; list them with: ckptvault snapshots"
+            )
         return newest(candidates)
     prefix = spec.lower()
     if not prefix or any(c not in "0123456789abcdef" for c in prefix):
