@@ -7,8 +7,8 @@ from .ops.restore import RestoreResult
 from .ops.stats import SnapshotStats, VaultStats
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .vault import Vault, default_repo_url
+from .version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "ChunkerParams",

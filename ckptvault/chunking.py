@@ -12,7 +12,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Protocol
 
 from .errors import UsageError
 
@@ -73,7 +73,11 @@ class ChunkerParams:
         return cls(min_size=d["min_size"], avg_size=d["avg_size"], max_size=d["max_size"])
 
 
-def iter_chunks(stream: BinaryIO, params: ChunkerParams, block_size: int = 8 * MiB) -> Iterator[memoryview]:
+class Readable(Protocol):
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = 8 * MiB) -> Iterator[memoryview]:
     """Yield the chunks of ``stream`` as memoryviews.
 
     Each block is a fresh buffer, so a yielded view stays valid after the generator moves

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -149,7 +149,7 @@ class Vault:
 
     def backup(
         self,
-        paths: PathLike | list[PathLike],
+        paths: PathLike | Sequence[PathLike],
         *,
         tags: dict[str, str] | None = None,
         description: str = "",
@@ -164,7 +164,7 @@ class Vault:
         Files unchanged since the previous snapshot of the same paths from the same host
         (size, mtime, inode, ctime) are not read again unless ``force_read``.
         """
-        sources = [os.fspath(p) for p in (paths if isinstance(paths, list) else [paths])]
+        sources = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
         hostname = hostname or socket.gethostname()
         tags = dict(tags or {})
         for key in tags:

@@ -13,9 +13,9 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from .. import __version__
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError
 from ..vault import Vault
+from ..version import __version__
 from .output import Output
 from .params import parse_storage_options
 

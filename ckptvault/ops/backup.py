@@ -43,11 +43,10 @@ def _prepare_chunk(repo: Repository, data: memoryview) -> tuple[bytes, bytes | N
     return chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data)
 
 
-def _unchanged(item: SourceItem, old: FileEntry | None, repo: Repository) -> bool:
+def _unchanged(item: SourceItem, old: FileEntry, repo: Repository) -> bool:
     st = item.st
     return (
-        old is not None
-        and old.type == "file"
+        old.type == "file"
         and old.size == st.st_size
         and old.mtime_ns == st.st_mtime_ns
         and old.inode == st.st_ino
@@ -122,7 +121,7 @@ def run_backup(
                 entry.target = os.readlink(item.abs_path)
             elif item.kind == "file":
                 old = old_files.get(item.path)
-                if not force_read and _unchanged(item, old, repo):
+                if old is not None and not force_read and _unchanged(item, old, repo):
                     entry.size, entry.blake3, entry.chunks = old.size, old.blake3, list(old.chunks)
                     entry.inode, entry.ctime_ns = old.inode, old.ctime_ns
                     progress.advance(entry.size)

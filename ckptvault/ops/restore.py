@@ -185,7 +185,7 @@ def run_restore(
             dest = planner.dest(entry)
             if os.path.lexists(dest):
                 _remove(dest)
-            os.symlink(entry.target, dest)
+            os.symlink(entry.target or "", dest)  # validate_tree ensured a target
             os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
         dest = planner.dest(entry)

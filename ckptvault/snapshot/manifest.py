@@ -122,6 +122,8 @@ def validate_tree(entries: list[FileEntry]) -> None:
             raise UnsafePathError(e.path, "appears twice in the snapshot")
         seen.add(e.path)
         if e.type == "symlink":
+            if not isinstance(e.target, str) or not e.target or "\0" in e.target:
+                raise MalformedObjectError(f"tree entry {e.path!r} is a symlink without a valid target")
             links.add(e.path)
         if e.type == "file" and (e.size < 0 or (e.size > 0 and not e.chunks)):
             raise MalformedObjectError(f"tree entry {e.path!r} has size {e.size} but no chunks")

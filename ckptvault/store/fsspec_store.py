@@ -57,14 +57,14 @@ class FsspecStore:
         except Exception as exc:  # backend-specific errors (botocore, azure, ...)
             raise StorageError(op, key, self.url, f"{type(exc).__name__}: {exc}") from exc
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         with self._translate("PUT", key):
             if self._local:
                 self._put_local(self._path(key), data)
             else:
                 self.fs.pipe_file(self._path(key), bytes(data))
 
-    def _put_local(self, path: str, data: bytes | memoryview) -> None:
+    def _put_local(self, path: str, data: bytes | bytearray | memoryview) -> None:
         directory = os.path.dirname(path)
         if directory not in self._made_dirs:
             os.makedirs(directory, exist_ok=True)
