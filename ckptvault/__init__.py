@@ -9,7 +9,6 @@ from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .vault import Vault, default_repo_url
 from .version import __version__
 
-
 __all__ = [
     "ChunkerParams",
     "CkptVaultError",
