@@ -32,6 +32,7 @@ class Kind(IntEnum):
     INDEX = 3
     TREE = 4
     SNAPSHOT = 5
+    LOCK = 6
 
 
 class Sealer(Protocol):

@@ -8,6 +8,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── SourceError                     3   a backup input cannot be read
     ├── VaultNotFoundError             10   no repository at the URL
     ├── VaultExistsError               10   init on a URL that already holds one
+    ├── VaultLockedError               11   a conflicting lock is held
     ├── WrongPassphraseError           12   the passphrase does not unlock the keyfile
     ├── KeyfileMismatchError           13   the keyfile belongs to another repository
     ├── KeyfileNotFoundError           14   keyfile missing, or an encrypted vault opened without one
@@ -65,6 +66,14 @@ class VaultExistsError(CkptVaultError):
     def __init__(self, url: str) -> None:
         self.url = url
         super().__init__(f"a vault already exists at {url}; use it, or pick an empty location")
+
+
+class VaultLockedError(CkptVaultError):
+    exit_code = 11
+
+
+class LockLostError(VaultLockedError):
+    """A lock holder found its lock gone or expired before committing."""
 
 
 class WrongPassphraseError(CkptVaultError):

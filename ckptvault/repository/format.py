@@ -14,6 +14,7 @@ PACKS_PREFIX = "packs/"
 INDEX_PREFIX = "index/"
 TREES_PREFIX = "trees/"
 SNAPSHOTS_PREFIX = "snapshots/"
+LOCKS_PREFIX = "locks/"
 
 PACK_MAGIC = b"CVP1"
 OBJECT_ID_SIZE = 32
@@ -39,6 +40,10 @@ def tree_key(tree_id: bytes) -> str:
 
 def snapshot_key(snapshot_id: bytes) -> str:
     return SNAPSHOTS_PREFIX + snapshot_id.hex()
+
+
+def lock_key(lock_id: bytes) -> str:
+    return LOCKS_PREFIX + lock_id.hex()
 
 
 def id_from_key(key: str) -> bytes | None:

@@ -61,19 +61,30 @@ class PackWriter:
         return self.buffer
 
 
-def read_pack_header(codec: BlobCodec, pack_id: bytes, pack: bytes | memoryview) -> list[PackEntry]:
-    """Parse and verify a whole pack's header; raises MalformedObjectError/IntegrityError."""
-    if len(pack) < TRAILER.size:
+def header_range(trailer: bytes, pack_size: int) -> tuple[int, int]:
+    """(start, length) of the header blob, from the pack's last TRAILER.size bytes."""
+    if pack_size < TRAILER.size or len(trailer) != TRAILER.size:
         raise MalformedObjectError("pack is shorter than its trailer")
-    header_len, magic = TRAILER.unpack_from(pack, len(pack) - TRAILER.size)
+    header_len, magic = TRAILER.unpack(trailer)
     if magic != PACK_MAGIC:
         raise MalformedObjectError("pack trailer magic is wrong")
-    header_end = len(pack) - TRAILER.size
-    header_start = header_end - header_len
-    if header_start < 0:
+    start = pack_size - TRAILER.size - header_len
+    if start < 0:
         raise MalformedObjectError("pack header length points before the start of the pack")
-    entries = decode_entries(codec.decode(Kind.PACK_HEADER, pack_id, memoryview(pack)[header_start:header_end]))
+    return start, header_len
+
+
+def decode_header(codec: BlobCodec, pack_id: bytes, header_blob: bytes | memoryview, data_end: int) -> list[PackEntry]:
+    """Verify and parse a header blob; every entry must lie before ``data_end``."""
+    entries = decode_entries(codec.decode(Kind.PACK_HEADER, pack_id, header_blob))
     for e in entries:
-        if e.offset + e.stored_len > header_start:
+        if e.offset + e.stored_len > data_end:
             raise MalformedObjectError(f"pack header entry for chunk {e.chunk_id.hex()[:12]} points past the data")
     return entries
+
+
+def read_pack_header(codec: BlobCodec, pack_id: bytes, pack: bytes | memoryview) -> list[PackEntry]:
+    """Parse and verify the header of a whole pack held in memory."""
+    view = memoryview(pack)
+    start, length = header_range(bytes(view[len(view) - TRAILER.size :]), len(view))
+    return decode_header(codec, pack_id, view[start : start + length], start)

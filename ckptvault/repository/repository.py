@@ -7,6 +7,7 @@ needs them. A backup killed midway leaves at worst packs that nothing references
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -26,13 +27,14 @@ from ..errors import (
     VaultNotFoundError,
 )
 from ..hashing import ChunkIdFunction
-from ..store import ObjectInfo, Store
+from ..store import Store
 from .config import RepoConfig
 from .format import (
     CONFIG_KEY,
     INDEX_PREFIX,
     PACKS_PREFIX,
     SNAPSHOTS_PREFIX,
+    TREES_PREFIX,
     id_from_key,
     index_key,
     new_object_id,
@@ -41,7 +43,8 @@ from .format import (
     tree_key,
 )
 from .index import ChunkIndex, ChunkLocation, decode_index, encode_index
-from .pack import PackEntry, PackWriter
+from .locks import LockManager
+from .pack import TRAILER, PackEntry, PackWriter, decode_header, header_range
 
 PACKS_PER_INDEX = 16  # index objects written during a backup, so a killed run's packs are reused
 
@@ -126,15 +129,7 @@ class Repository:
 
     def load_index(self) -> None:
         index = ChunkIndex()
-        for info in self.store.list(INDEX_PREFIX):
-            index_id = id_from_key(info.key)
-            if index_id is None:
-                continue
-            raw = self.store.get(info.key)
-            try:
-                packs = decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
-            except IntegrityError as exc:
-                raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
+        for packs in self.read_index_objects().values():
             for pack_id, entries in packs.items():
                 index.add_pack(pack_id, entries)
         self.index = index
@@ -199,11 +194,36 @@ class Repository:
             self._write_index()
 
     def _write_index(self) -> None:
-        if not self._unindexed:
-            return
+        if self._unindexed:
+            self.write_index(self._unindexed)
+            self._unindexed = {}
+
+    def write_index(self, packs: dict[bytes, list[PackEntry]]) -> bytes:
         index_id = new_object_id()
-        self._put(index_key(index_id), self.codec.encode(Kind.INDEX, index_id, encode_index(self._unindexed)))
-        self._unindexed = {}
+        self._put(index_key(index_id), self.codec.encode(Kind.INDEX, index_id, encode_index(packs)))
+        return index_id
+
+    def read_index_objects(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
+        """Every index object: index ID -> (pack ID -> entries). Damage raises IntegrityError."""
+        out = {}
+        for info in self.store.list(INDEX_PREFIX):
+            index_id = id_from_key(info.key)
+            if index_id is None:
+                continue
+            raw = self.store.get(info.key)
+            try:
+                out[index_id] = decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
+            except IntegrityError as exc:
+                raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
+        return out
+
+    def add_chunk_blob(self, chunk_id: bytes, blob: bytes, raw_len: int) -> None:
+        """Queue an already encoded blob even though the chunk is stored elsewhere (repacking)."""
+        self._writer.add(chunk_id, blob, raw_len)
+        self._pending.add(chunk_id)
+        if len(self._writer) >= self.config.pack_size:
+            self._seal_pack()
+        self._reap(block=False)
 
     def flush(self) -> None:
         """Seal the open pack, wait for every upload, then write the index for them."""
@@ -228,12 +248,9 @@ class Repository:
         except ObjectNotFoundError:
             raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
         try:
-            data = self.codec.decode(Kind.CHUNK, chunk_id, blob, loc.raw_len)
+            return self.decode_chunk(chunk_id, blob, loc.raw_len)
         except IntegrityError as exc:
             raise IntegrityError(f"{where} is damaged: {exc}") from exc
-        if len(data) != loc.raw_len or self.chunk_id(data) != chunk_id:
-            raise IntegrityError(f"{where} does not match its hash")
-        return data
 
     # ---- trees and snapshots -----------------------------------------------------------
 
@@ -261,5 +278,53 @@ class Repository:
         except IntegrityError as exc:
             raise type(exc)(f"{what} object {object_id.hex()[:12]} is damaged: {exc}") from exc
 
-    def list_packs(self) -> list[ObjectInfo]:
-        return self.store.list(PACKS_PREFIX)
+    def list_packs(self) -> dict[bytes, int]:
+        """Pack ID -> size in bytes, for every pack object in the store."""
+        out = {}
+        for info in self.store.list(PACKS_PREFIX):
+            pack_id = id_from_key(info.key)
+            if pack_id is not None:
+                out[pack_id] = info.size
+        return out
+
+    def read_pack_header(self, pack_id: bytes, size: int) -> list[PackEntry]:
+        """Fetch and verify a pack's header with two range reads (trailer, then header)."""
+        key = pack_key(pack_id)
+        trailer = self.store.get_range(key, size - TRAILER.size, TRAILER.size) if size >= TRAILER.size else b""
+        start, length = header_range(trailer, size)
+        return decode_header(self.codec, pack_id, self.store.get_range(key, start, length), start)
+
+    def read_blob(self, pack_id: bytes, entry: PackEntry) -> bytes:
+        return self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
+
+    def decode_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int) -> bytes:
+        """Decode and verify a chunk blob against its ID; raises IntegrityError."""
+        data = self.codec.decode(Kind.CHUNK, chunk_id, blob, raw_len)
+        if len(data) != raw_len or self.chunk_id(data) != chunk_id:
+            raise IntegrityError("does not match its hash")
+        return data
+
+    def delete_pack(self, pack_id: bytes) -> None:
+        self._delete(pack_key(pack_id))
+
+    def delete_index(self, index_id: bytes) -> None:
+        self._delete(index_key(index_id))
+
+    def delete_snapshot(self, snapshot_id: bytes, tree_id: bytes) -> None:
+        """The snapshot first: a crash in between leaves an unreferenced tree, never a dangling snapshot."""
+        self._delete(snapshot_key(snapshot_id))
+        self._delete(tree_key(tree_id))
+
+    def list_tree_ids(self) -> list[bytes]:
+        return [i for i in (id_from_key(o.key) for o in self.store.list(TREES_PREFIX)) if i is not None]
+
+    def delete_tree(self, tree_id: bytes) -> None:
+        self._delete(tree_key(tree_id))
+
+    def _delete(self, key: str) -> None:
+        with contextlib.suppress(ObjectNotFoundError):  # idempotent: a rerun after a crash finishes the job
+            self.store.delete(key)
+
+    @property
+    def locks(self) -> LockManager:
+        return LockManager(self)

@@ -1,0 +1,202 @@
+"""Repository locks: shared for backup, restore and check; exclusive for prune.
+
+The scheme is restic's. A lock is a small sealed object ``locks/<random id>`` naming its
+host, process and time. Taking a lock writes it, then lists the others: a conflicting lock
+that is not stale makes the newcomer remove its own and fail. A holder refreshes its lock
+(a new object, then the old one deleted) every ``refresh_every``; a lock not refreshed for
+``stale_after``, or held by a dead process on this host, is stale and ignored. Prune removes
+the stale locks it ignores, and every lock holder checks before committing that its lock
+is still there and fresh: a backup that was frozen past the stale timeout aborts instead of
+writing a snapshot that could point at data a prune removed meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+from ..blob import Kind
+from ..errors import IntegrityError, LockLostError, ObjectNotFoundError, VaultLockedError
+from .format import LOCKS_PREFIX, id_from_key, lock_key, new_object_id
+
+if TYPE_CHECKING:
+    from .repository import Repository
+
+STALE_AFTER = timedelta(minutes=30)
+REFRESH_EVERY = timedelta(minutes=5)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    lock_id: bytes
+    hostname: str
+    pid: int
+    exclusive: bool
+    time: datetime  # last refresh
+
+    def describe(self) -> str:
+        kind = "exclusive" if self.exclusive else "shared"
+        return f"{kind} lock by {self.hostname} pid {self.pid} since {self.time:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LockManager:
+    """Lock objects of one repository. ``repo`` provides the codec and the store."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        *,
+        clock: Clock = utc_now,
+        stale_after: timedelta = STALE_AFTER,
+        refresh_every: timedelta = REFRESH_EVERY,
+    ) -> None:
+        self.repo = repo
+        self.clock = clock
+        self.stale_after = stale_after
+        self.refresh_every = refresh_every
+
+    def is_stale(self, lock: LockInfo) -> bool:
+        if self.clock() - lock.time > self.stale_after:
+            return True
+        return lock.hostname == socket.gethostname() and not _pid_alive(lock.pid)
+
+    def write(self, exclusive: bool) -> LockInfo:
+        info = LockInfo(new_object_id(), socket.gethostname(), os.getpid(), exclusive, self.clock())
+        doc = {
+            "version": 1,
+            "hostname": info.hostname,
+            "pid": info.pid,
+            "exclusive": exclusive,
+            "time": info.time.isoformat(),
+        }
+        self.repo.store.put(
+            lock_key(info.lock_id), self.repo.codec.encode(Kind.LOCK, info.lock_id, json.dumps(doc).encode())
+        )
+        return info
+
+    def remove(self, lock: LockInfo) -> None:
+        with contextlib.suppress(ObjectNotFoundError):
+            self.repo.store.delete(lock_key(lock.lock_id))
+
+    def list(self) -> list[LockInfo]:
+        locks = []
+        for obj in self.repo.store.list(LOCKS_PREFIX):
+            lock_id = id_from_key(obj.key)
+            if lock_id is None:
+                continue
+            try:
+                raw = self.repo.codec.decode(Kind.LOCK, lock_id, self.repo.store.get(obj.key))
+                doc = json.loads(raw)
+                locks.append(
+                    LockInfo(
+                        lock_id,
+                        str(doc["hostname"]),
+                        int(doc["pid"]),
+                        bool(doc["exclusive"]),
+                        datetime.fromisoformat(doc["time"]),
+                    )
+                )
+            except ObjectNotFoundError:
+                continue  # released while we listed
+            except (IntegrityError, ValueError, KeyError, TypeError):
+                # unreadable: treat as a live exclusive lock of unknown origin until it goes stale by age
+                locks.append(LockInfo(lock_id, "?", 0, True, self.clock()))
+        return locks
+
+    def acquire(self, exclusive: bool) -> HeldLock:
+        own = self.write(exclusive)
+        try:
+            stale = []
+            for other in self.list():
+                if other.lock_id == own.lock_id:
+                    continue
+                if self.is_stale(other):
+                    stale.append(other)
+                elif exclusive or other.exclusive:
+                    raise VaultLockedError(
+                        f"vault {self.repo.store.url} is locked: {other.describe()}; "
+                        "wait for it to finish, or if that process is gone run: ckptvault unlock"
+                    )
+            if exclusive:  # an exclusive holder may delete data: make frozen holders notice
+                for lock in stale:
+                    self.remove(lock)
+        except BaseException:
+            self.remove(own)
+            raise
+        return HeldLock(self, own)
+
+
+class HeldLock:
+    """A lock kept fresh by a background thread until released."""
+
+    def __init__(self, manager: LockManager, info: LockInfo) -> None:
+        self.manager = manager
+        self.info = info
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._refresh_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._refresh_loop, name="ckptvault-lock", daemon=True)
+        self._thread.start()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.manager.refresh_every.total_seconds()):
+            try:
+                self.refresh()
+            except BaseException as exc:  # reported by verify()
+                self._refresh_error = exc
+
+    def refresh(self) -> None:
+        with self._mutex:
+            new = self.manager.write(self.info.exclusive)
+            old, self.info = self.info, new
+            self.manager.remove(old)
+
+    def verify(self) -> None:
+        """Raise unless the lock still exists and is fresh (call before committing)."""
+        problem = None
+        if self._refresh_error is not None:
+            problem = f"refreshing it failed ({self._refresh_error})"
+        elif self.manager.clock() - self.info.time > self.manager.stale_after:
+            problem = "it was not refreshed in time (was the process suspended?)"
+        elif all(lock.lock_id != self.info.lock_id for lock in self.manager.list()):
+            problem = "another process removed it as stale"
+        if problem:
+            raise LockLostError(
+                f"lost the lock on {self.manager.repo.store.url}: {problem}; "
+                "nothing was committed, run the command again"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        with self._mutex:
+            self.manager.remove(self.info)
+
+    def __enter__(self) -> HeldLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
