@@ -12,6 +12,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import platformdirs
@@ -22,15 +23,20 @@ from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from .errors import IntegrityError, PathNotInSnapshotError, UsageError, VaultNotFoundError
 from .hashing import new_file_hasher
 from .ops.backup import run_backup
+from .ops.check import CheckReport, run_check
+from .ops.gc import GcPlan
 from .ops.progress import Progress
+from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
 from .ops.restore import RestoreResult, run_restore
 from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
 from .repository import RepoConfig, Repository
 from .repository.config import DEFAULT_PACK_SIZE
+from .repository.locks import LockInfo
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot
+from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
 from .store import open_store
 
 log = logging.getLogger("ckptvault")
@@ -171,20 +177,23 @@ class Vault:
             if not key or "=" in key:
                 raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
         abs_paths = sorted(check_sources(sources))
-        same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
-        parent = max(same_source, key=lambda s: s.time) if same_source else None
-        result = run_backup(
-            self._repo,
-            sources,
-            tags=tags,
-            description=description,
-            hostname=hostname,
-            parent=parent,
-            parent_tree=self.files(parent) if parent else None,
-            force_read=force_read,
-            skip_unreadable=skip_unreadable,
-            progress=on_progress,
-        )
+        with self._repo.locks.acquire(exclusive=False) as lock:
+            self._repo.load_index()  # under the lock: what a prune removed before is not reused
+            same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
+            parent = max(same_source, key=lambda s: s.time) if same_source else None
+            result = run_backup(
+                self._repo,
+                sources,
+                tags=tags,
+                description=description,
+                hostname=hostname,
+                parent=parent,
+                parent_tree=self.files(parent) if parent else None,
+                force_read=force_read,
+                skip_unreadable=skip_unreadable,
+                progress=on_progress,
+                before_commit=lock.verify,
+            )
         for warning in result.warnings:
             log.warning(warning)
             if on_warning:
@@ -201,14 +210,15 @@ class Vault:
         on_progress: Progress | None = None,
     ) -> RestoreResult:
         """Restore into ``target``, verifying every chunk and every file hash."""
-        return run_restore(
-            self._repo,
-            self.files(snapshot),
-            os.fspath(target),
-            include=include,
-            overwrite=overwrite,
-            progress=on_progress,
-        )
+        with self._repo.locks.acquire(exclusive=False):
+            return run_restore(
+                self._repo,
+                self.files(snapshot),
+                os.fspath(target),
+                include=include,
+                overwrite=overwrite,
+                progress=on_progress,
+            )
 
     def read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
         """Yield one file's bytes chunk by chunk; each chunk is verified, and the whole-file
@@ -228,3 +238,71 @@ class Vault:
 
     def stats(self) -> VaultStats:
         return compute_stats(self._repo, self.snapshots())
+
+    # ---- retention and maintenance -----------------------------------------------------
+
+    def prune(
+        self,
+        *,
+        keep_latest: int | None = None,
+        before: datetime | timedelta | None = None,
+        tags: dict[str, str] | None = None,
+        keep_tags: Sequence[str] = (),
+        group_by: str | None = None,
+        dry_run: bool = False,
+        repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
+        now: datetime | None = None,
+    ) -> PruneResult:
+        """Forget the snapshots the policy does not keep, then reclaim their space.
+
+        A snapshot goes only when it is outside the newest ``keep_latest`` of its group AND
+        older than ``before`` (a time, or an age like ``timedelta(days=14)``); either rule alone
+        applies alone. ``dry_run`` changes nothing and returns exactly what a real run would do."""
+        if isinstance(before, timedelta):
+            before = (now or datetime.now(timezone.utc)) - before
+        policy = RetentionPolicy(
+            keep_latest=keep_latest,
+            before=before,
+            tags=dict(tags or {}),
+            keep_tags=tuple(keep_tags),
+            group_by=group_by,
+        )
+        if not 0.0 <= repack_threshold <= 1.0:
+            raise UsageError(f"repack threshold {repack_threshold} must be between 0 and 1")
+        with self._repo.locks.acquire(exclusive=True):
+            self._repo.load_index()
+            return run_prune(self._repo, self.snapshots(), policy, dry_run=dry_run, repack_threshold=repack_threshold)
+
+    def forget(self, snapshots: Sequence[str | Snapshot], *, prune: bool = False, dry_run: bool = False) -> PruneResult:
+        """Remove the given snapshots (IDs or unique prefixes); with ``prune``, reclaim their space too."""
+        with self._repo.locks.acquire(exclusive=prune):
+            self._repo.load_index()
+            every = self.snapshots()
+            chosen = {(s if isinstance(s, Snapshot) else selection.select(every, s)).id for s in snapshots}
+            plan = RetentionPlan([Decision(s, s.id not in chosen, "given to forget") for s in every])
+            if prune:
+                return collect(self._repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
+            if not dry_run:
+                for snap in plan.forget:
+                    self._repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
+            size = stored_bytes(self._repo)
+            return PruneResult(plan, GcPlan(), dry_run, size, size)
+
+    def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
+        """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.
+        Never raises on damage: inspect ``report.ok`` and ``report.problems``."""
+        if not 0.0 <= read_data <= 1.0:
+            raise UsageError(f"read-data fraction {read_data} must be between 0 and 1")
+        with self._repo.locks.acquire(exclusive=False):
+            return run_check(self._repo, read_data=read_data, seed=seed)
+
+    def locks(self) -> list[LockInfo]:
+        return self._repo.locks.list()
+
+    def unlock(self, *, remove_all: bool = False) -> list[LockInfo]:
+        """Remove stale locks (or, with ``remove_all``, every lock); returns those removed."""
+        manager = self._repo.locks
+        removed = [lock for lock in manager.list() if remove_all or manager.is_stale(lock)]
+        for lock in removed:
+            manager.remove(lock)
+        return removed

@@ -1,6 +1,16 @@
-"""Command-line interface: a thin layer over ``ckptvault.Vault``."""
+"""Command-line interface: a thin layer over ``ckptvault.Vault``. Importing a cmd_* module registers it."""
 
-from . import cmd_backup, cmd_demo, cmd_init, cmd_key, cmd_restore, cmd_snapshots, cmd_stats  # noqa: F401 - registers commands
+from . import (  # noqa: F401
+    cmd_backup,
+    cmd_check,
+    cmd_demo,
+    cmd_init,
+    cmd_key,
+    cmd_prune,
+    cmd_restore,
+    cmd_snapshots,
+    cmd_stats,
+)
 from .app import app
 
 

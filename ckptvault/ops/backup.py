@@ -14,6 +14,7 @@ import secrets
 import stat
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -100,7 +101,9 @@ def run_backup(
     skip_unreadable: bool = False,
     progress: Progress | None = None,
     workers: int | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> BackupResult:
+    """``before_commit`` runs just before the snapshot object is written (the lock check)."""
     progress = progress or NullProgress()
     started = time.monotonic()
     when = datetime.now(timezone.utc)
@@ -164,6 +167,8 @@ def run_backup(
         tree_id=tree_id.hex(),
         summary=summary,
     )
+    if before_commit:
+        before_commit()
     repo.save_snapshot(snapshot_id, encode_snapshot(snapshot))
     return BackupResult(snapshot, warnings)
 

@@ -69,6 +69,7 @@ class Repository:
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
         self._unindexed: dict[bytes, list[PackEntry]] = {}
+        self.uploaded_packs: dict[bytes, list[PackEntry]] = {}  # every pack this object wrote
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._executor: ThreadPoolExecutor | None = None
         self._upload_concurrency = upload_concurrency
@@ -187,6 +188,7 @@ class Repository:
                 self.index.add_pack(pack_id, entries)
                 self._pending.difference_update(e.chunk_id for e in entries)
                 self._unindexed[pack_id] = entries
+                self.uploaded_packs[pack_id] = entries
             else:
                 still_running.append((future, pack_id, entries))
         self._uploads = still_running
@@ -296,6 +298,12 @@ class Repository:
 
     def read_blob(self, pack_id: bytes, entry: PackEntry) -> bytes:
         return self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
+
+    def read_pack(self, pack_id: bytes) -> bytes:
+        return self.store.get(pack_key(pack_id))
+
+    def list_index_ids(self) -> list[bytes]:
+        return [i for i in (id_from_key(o.key) for o in self.store.list(INDEX_PREFIX)) if i is not None]
 
     def decode_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int) -> bytes:
         """Decode and verify a chunk blob against its ID; raises IntegrityError."""

@@ -10,14 +10,18 @@ def filter_by_tags(snapshots: list[Snapshot], tags: dict[str, str] | None) -> li
     return [s for s in snapshots if s.matches(tags)]
 
 
-def newest(snapshots: list[Snapshot]) -> Snapshot:
-    """The newest by ``step`` tag when every candidate has a numeric one, else by time.
+def ordered(snapshots: list[Snapshot]) -> list[Snapshot]:
+    """Oldest to newest: by ``step`` tag when every snapshot has a numeric one, else by time.
 
     A run resumes from its highest step even if an older step was uploaded later
-    (async shipping can reorder them)."""
+    (async shipping can reorder them); retention counts "newest" the same way."""
     if all(s.step is not None for s in snapshots):
-        return max(snapshots, key=lambda s: (s.step, s.time))
-    return max(snapshots, key=lambda s: s.time)
+        return sorted(snapshots, key=lambda s: (s.step, s.time))
+    return sorted(snapshots, key=lambda s: s.time)
+
+
+def newest(snapshots: list[Snapshot]) -> Snapshot:
+    return ordered(snapshots)[-1]
 
 
 def _describe(tags: dict[str, str] | None) -> str:

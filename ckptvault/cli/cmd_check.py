@@ -1,0 +1,78 @@
+"""Maintenance: check and unlock."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..errors import IntegrityError
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .output import Output
+from .params import parse_fraction
+
+
+@app.command("check")
+@command
+def check_cmd(
+    read_data: Annotated[bool, typer.Option("--read-data", help="Read and verify every chunk.")] = False,
+    read_data_subset: Annotated[
+        str | None, typer.Option(help="Read and verify this share of the packs, e.g. 10%.")
+    ] = None,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Verify the repository: index, packs and snapshots (and with --read-data, every byte)."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    fraction = 1.0 if read_data else parse_fraction(read_data_subset, "--read-data-subset") if read_data_subset else 0.0
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        report = vault.check(read_data=fraction)
+    for warning in report.warnings:
+        out.warn(warning)
+    read = f", read {report.chunks_read} chunks in {report.packs_read} packs" if fraction else ""
+    counts = f"{report.snapshots} snapshots, {report.packs} packs, {report.chunks} chunks{read}"
+    data = {"ok": report.ok, **report.__dict__}
+    if report.ok:
+        out.result(data, f"no problems found: {counts}")
+        return
+    lines = [f"{p.object}: {p.detail}" for p in report.problems]
+    for snapshot_id, files in report.affected.items():
+        shown = "the whole snapshot" if files == ["*"] else ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
+        lines.append(f"affects snapshot {snapshot_id[:8]}: {shown}")
+    out.result(data, "\n".join(lines))
+    raise IntegrityError(
+        f"check found {len(report.problems)} problem(s) affecting {len(report.affected)} snapshot(s) ({counts})"
+    )
+
+
+@app.command("unlock")
+@command
+def unlock_cmd(
+    remove_all: Annotated[
+        bool, typer.Option("--remove-all", help="Remove every lock, also live ones. Only when no ckptvault runs.")
+    ] = False,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Remove stale locks (not refreshed for 30 minutes, or held by a dead process on this host)."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        removed = vault.unlock(remove_all=remove_all)
+        left = vault.locks()
+    for lock in removed:
+        out.info(f"removed {lock.describe()}")
+    text = f"removed {len(removed)} lock(s)"
+    if left:
+        text += (
+            f"; {len(left)} live lock(s) remain ({left[0].describe()}); they expire 30 minutes after their holder "
+            "stops refreshing them. Use --remove-all only when no ckptvault process on any host uses this vault"
+        )
+    out.result({"removed": [lk.describe() for lk in removed], "remaining": [lk.describe() for lk in left]}, text)

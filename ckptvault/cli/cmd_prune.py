@@ -1,0 +1,124 @@
+"""Retention: prune and forget."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated
+
+import typer
+
+from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
+from .app import (
+    JsonOpt,
+    KeyfileOpt,
+    PassphraseFileOpt,
+    QuietOpt,
+    RepoOpt,
+    StorageOpt,
+    TagOpt,
+    app,
+    command,
+    open_vault,
+)
+from .output import Output, format_bytes
+from .params import parse_before, parse_tags
+
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be removed.")]
+
+
+def report(out: Output, result: PruneResult) -> None:
+    gone = result.forgotten
+    table = out.table("id", "time (UTC)", "tags", "size", "why")
+    for d in result.retention.decisions:
+        if not d.keep:
+            s = d.snapshot
+            tags = ",".join(f"{k}={v}" for k, v in s.tags.items())
+            table.add_row(
+                s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, format_bytes(s.summary.logical_bytes), d.reason
+            )
+    gc = result.gc
+    verb = "would remove" if result.dry_run else "removed"
+    summary = (
+        f"{verb} {len(gone)} snapshot(s), kept {len(result.retention.keep)}; "
+        f"{verb} {len(gc.delete_packs)} pack(s), repacked {len(gc.repack)} "
+        f"({format_bytes(gc.repack_bytes)} copied); "
+        f"{'would reclaim' if result.dry_run else 'reclaimed'} "
+        f"{format_bytes(gc.reclaim_bytes if result.dry_run else result.stored_before - result.stored_after)}"
+    )
+    data = {
+        "dry_run": result.dry_run,
+        "forget": [{"id": d.snapshot.id, "reason": d.reason} for d in result.retention.decisions if not d.keep],
+        "keep": [{"id": d.snapshot.id, "reason": d.reason} for d in result.retention.decisions if d.keep],
+        "packs_deleted": len(gc.delete_packs),
+        "packs_repacked": len(gc.repack),
+        "reclaim_bytes": gc.reclaim_bytes,
+        "stored_before": result.stored_before,
+        "stored_after": result.stored_after,
+    }
+    if out.json_mode:
+        out.result(data)
+        return
+    if gone:
+        out.result(data, table)
+    out.result(data, summary)
+
+
+@app.command("prune")
+@command
+def prune_cmd(
+    keep_latest: Annotated[int | None, typer.Option(help="Keep the newest N snapshots (of each group).")] = None,
+    before: Annotated[
+        str | None, typer.Option(help="Only remove snapshots older than this: ISO date/time, or an age like 14d, 36h.")
+    ] = None,
+    tag: TagOpt = None,
+    group_by: Annotated[str | None, typer.Option(help="Apply the policy per value of this tag key, or 'host'.")] = None,
+    keep_tag: Annotated[
+        list[str] | None, typer.Option(help="Never remove snapshots with this tag (key or key=value; repeatable).")
+    ] = None,
+    repack_threshold: Annotated[
+        float, typer.Option(help="Repack a pack once this fraction of its bytes is dead (0..1).")
+    ] = DEFAULT_REPACK_THRESHOLD,
+    dry_run: DryRunOpt = False,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Remove snapshots outside the newest N AND older than --before, then reclaim their space."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    now = datetime.now(timezone.utc)
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        result = vault.prune(
+            keep_latest=keep_latest,
+            before=parse_before(before, now),
+            tags=parse_tags(tag),
+            keep_tags=keep_tag or (),
+            group_by=group_by,
+            dry_run=dry_run,
+            repack_threshold=repack_threshold,
+        )
+    report(out, result)
+
+
+@app.command("forget")
+@command
+def forget_cmd(
+    snapshots: Annotated[list[str], typer.Argument(help="Snapshot IDs (unique prefixes are enough).")],
+    prune: Annotated[bool, typer.Option("--prune", help="Also reclaim the space they held.")] = False,
+    dry_run: DryRunOpt = False,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Remove the given snapshots (their data stays until a prune, or use --prune)."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        result = vault.forget(snapshots, prune=prune, dry_run=dry_run)
+    report(out, result)
+    if not prune and not dry_run:
+        out.info("run 'ckptvault prune --keep-latest N' or 'forget --prune' to reclaim their space")

@@ -1,0 +1,132 @@
+"""Garbage collection: plan which packs go, which are repacked, then execute in a crash-safe order.
+
+Execution order (each step leaves a repository where every kept snapshot restores):
+  1. live chunks of mostly-dead packs are copied into new packs, and those are indexed;
+  2. one consolidated index of every surviving pack is written;
+  3. every other index object is deleted (the consolidated one already lists what they did);
+  4. dead and repacked packs are deleted, then trees no snapshot refers to.
+A crash anywhere leaves at worst duplicate index entries or unreferenced packs and trees,
+which the next prune removes. Callers hold the exclusive lock, so no backup is adding data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import IntegrityError
+from ..repository import Repository
+from ..repository.pack import PackEntry
+from ..snapshot.model import FileEntry
+
+INDEX_ENTRIES_PER_OBJECT = 200_000
+MAX_INDEX_OBJECTS = 8  # more than this and GC consolidates them even when nothing is deleted
+
+
+@dataclass
+class GcPlan:
+    delete_packs: dict[bytes, int] = field(default_factory=dict)  # pack ID -> size: no live chunk
+    repack: dict[bytes, list[PackEntry]] = field(default_factory=dict)  # pack ID -> live entries to copy
+    keep_packs: dict[bytes, list[PackEntry]] = field(default_factory=dict)
+    pack_sizes: dict[bytes, int] = field(default_factory=dict)
+    index_objects: int = 0
+    dead_trees: list[bytes] = field(default_factory=list)
+
+    @property
+    def reclaim_bytes(self) -> int:
+        """Bytes freed: deleted packs, plus what repacking drops from the repacked ones."""
+        repacked = sum(self.pack_sizes[p] - sum(e.stored_len for e in live) for p, live in self.repack.items())
+        return sum(self.delete_packs.values()) + repacked
+
+    @property
+    def repack_bytes(self) -> int:
+        return sum(e.stored_len for live in self.repack.values() for e in live)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.delete_packs or self.repack or self.dead_trees) or self.index_objects > MAX_INDEX_OBJECTS
+
+
+def plan_gc(
+    repo: Repository, live_trees: list[list[FileEntry]], live_tree_ids: set[bytes], repack_threshold: float
+) -> GcPlan:
+    """``repack_threshold``: a pack whose dead share of bytes exceeds it is repacked."""
+    live = {c for tree in live_trees for e in tree for c in e.chunks}
+    indexed: dict[bytes, list[PackEntry]] = {}
+    index_objects = repo.read_index_objects()
+    for packs in index_objects.values():
+        indexed.update(packs)
+    stored = repo.list_packs()
+    plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects))
+
+    # A chunk stored twice counts as live in one pack only: the one that keeps the most live bytes.
+    def live_bytes(pack_id: bytes) -> int:
+        return sum(e.stored_len for e in indexed[pack_id] if e.chunk_id in live)
+
+    homed: set[bytes] = set()
+    for pack_id in sorted((p for p in indexed if p in stored), key=live_bytes, reverse=True):
+        entries = indexed[pack_id]
+        mine = [e for e in entries if e.chunk_id in live and e.chunk_id not in homed]
+        homed.update(e.chunk_id for e in mine)
+        live_share = sum(e.stored_len for e in mine) / max(stored[pack_id], 1)
+        if not mine:
+            plan.delete_packs[pack_id] = stored[pack_id]
+        elif 1 - live_share > repack_threshold:
+            plan.repack[pack_id] = mine
+        else:
+            plan.keep_packs[pack_id] = entries
+    for pack_id, size in stored.items():
+        if pack_id not in indexed:  # left by a killed backup: nothing can refer to it
+            plan.delete_packs[pack_id] = size
+    missing = live - homed
+    if missing:
+        raise IntegrityError(
+            f"{len(missing)} chunk(s) of kept snapshots are in no pack (e.g. {next(iter(missing)).hex()[:12]}); "
+            "nothing was deleted; run: ckptvault check"
+        )
+    plan.dead_trees = [t for t in repo.list_tree_ids() if t not in live_tree_ids]
+    return plan
+
+
+def execute_gc(repo: Repository, plan: GcPlan) -> None:
+    if not plan.has_work:
+        return
+    # 1. copy live chunks out of mostly-dead packs (verified on the way: never copy damage silently)
+    uploaded_before = set(repo.uploaded_packs)
+    for pack_id, live in plan.repack.items():
+        pack = repo.read_pack(pack_id)
+        for entry in live:
+            blob = pack[entry.offset : entry.offset + entry.stored_len]
+            try:
+                repo.decode_chunk(entry.chunk_id, blob, entry.raw_len)
+            except IntegrityError as exc:
+                raise IntegrityError(
+                    f"chunk {entry.chunk_id.hex()[:12]} in pack {pack_id.hex()[:12]} {exc}; "
+                    "prune stopped before deleting anything; run: ckptvault check"
+                ) from exc
+            repo.add_chunk_blob(entry.chunk_id, blob, entry.raw_len)
+    repo.flush()
+    new_packs = {p: e for p, e in repo.uploaded_packs.items() if p not in uploaded_before}
+    # 2. one consolidated index of every surviving pack
+    surviving = {**plan.keep_packs, **new_packs}
+    old_index_ids = set(repo.list_index_ids())
+    kept_index_ids = {repo.write_index(batch) for batch in _batches(surviving)}
+    # 3. drop every other index object, 4. then the packs and trees nothing refers to
+    for index_id in old_index_ids - kept_index_ids:
+        repo.delete_index(index_id)
+    for pack_id in [*plan.delete_packs, *plan.repack]:
+        repo.delete_pack(pack_id)
+    for tree_id in plan.dead_trees:
+        repo.delete_tree(tree_id)
+    repo.load_index()
+
+
+def _batches(packs: dict[bytes, list[PackEntry]]) -> list[dict[bytes, list[PackEntry]]]:
+    batches: list[dict[bytes, list[PackEntry]]] = [{}]
+    count = 0
+    for pack_id, entries in packs.items():
+        if count and count + len(entries) > INDEX_ENTRIES_PER_OBJECT:
+            batches.append({})
+            count = 0
+        batches[-1][pack_id] = entries
+        count += len(entries)
+    return [b for b in batches if b] or [{}]

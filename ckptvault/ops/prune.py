@@ -1,0 +1,61 @@
+"""Prune and forget: remove snapshots, then reclaim the space nothing else refers to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..repository import Repository
+from ..snapshot.manifest import decode_tree
+from ..snapshot.model import Snapshot
+from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention
+from .gc import GcPlan, execute_gc, plan_gc
+
+DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    retention: RetentionPlan
+    gc: GcPlan
+    dry_run: bool
+    stored_before: int
+    stored_after: int  # equals stored_before on a dry run
+
+    @property
+    def forgotten(self) -> list[Snapshot]:
+        return self.retention.forget
+
+    @property
+    def reclaim_bytes(self) -> int:
+        return self.gc.reclaim_bytes
+
+
+def stored_bytes(repo: Repository) -> int:
+    return sum(o.size for o in repo.store.list(""))
+
+
+def run_prune(
+    repo: Repository,
+    snapshots: list[Snapshot],
+    policy: RetentionPolicy,
+    *,
+    dry_run: bool,
+    repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
+) -> PruneResult:
+    """Plan retention and GC; unless ``dry_run``, delete the forgotten snapshots and collect garbage.
+    The caller holds the exclusive lock."""
+    retention = plan_retention(snapshots, policy)
+    return collect(repo, retention, dry_run=dry_run, repack_threshold=repack_threshold)
+
+
+def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack_threshold: float) -> PruneResult:
+    keep = retention.keep
+    trees = [decode_tree(repo.load_tree(bytes.fromhex(s.tree_id))) for s in keep]
+    gc = plan_gc(repo, trees, {bytes.fromhex(s.tree_id) for s in keep}, repack_threshold)
+    before = stored_bytes(repo)
+    if dry_run:
+        return PruneResult(retention, gc, True, before, before)
+    for snap in retention.forget:
+        repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
+    execute_gc(repo, gc)
+    return PruneResult(retention, gc, False, before, stored_bytes(repo))
