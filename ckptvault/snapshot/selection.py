@@ -16,8 +16,8 @@ def ordered(snapshots: list[Snapshot]) -> list[Snapshot]:
     A run resumes from its highest step even if an older step was uploaded later
     (async shipping can reorder them); retention counts "newest" the same way."""
     if all(s.step is not None for s in snapshots):
-        return sorted(snapshots, key=lambda s: (s.step, s.time))
-    return sorted(snapshots, key=lambda s: s.time)
+        return sorted(snapshots, key=lambda s: (s.step, s.time, s.id))
+    return sorted(snapshots, key=lambda s: (s.time, s.id))  # the ID only breaks exact ties
 
 
 def newest(snapshots: list[Snapshot]) -> Snapshot:

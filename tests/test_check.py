@@ -1,0 +1,94 @@
+"""check finds damage, names the damaged objects and every snapshot and file they affect."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams
+from ckptvault.repository.format import pack_key
+
+SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
+
+
+@pytest.fixture
+def damaged(tmp_path: Path):
+    """Two snapshots; returns (vault, url, {file: pack path}) for a pack holding only b.bin's chunks."""
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(1 << 20))
+    vault = Vault.init(url, chunker=SMALL, pack_size=1 << 20)
+    vault.backup(src, tags={"n": "1"})
+    (src / "b.bin").write_bytes(os.urandom(1 << 20))
+    vault.backup(src, tags={"n": "2"})
+    repo = vault._repo
+    b_entry = next(e for e in vault.files("latest") if e.path == "b.bin")
+    pack_id = repo.index.get(b_entry.chunks[0]).pack_id
+    return vault, Path(url) / pack_key(pack_id), pack_id.hex()[:12]
+
+
+def assert_names_b(report, second_id: str) -> None:
+    assert not report.ok
+    assert list(report.affected) == [second_id]  # the first snapshot has no b.bin: unaffected
+    assert report.affected[second_id] == ["b.bin"]
+
+
+def test_clean_repository(damaged):
+    vault, _, _ = damaged
+    report = vault.check(read_data=1.0)
+    assert report.ok and report.snapshots == 2 and report.chunks_read == report.chunks > 0
+
+
+def test_deleted_pack(damaged):
+    vault, pack, name = damaged
+    pack.unlink()
+    report = Vault.open(vault.url).check()
+    assert any(p.object == f"pack {name}" and "missing" in p.detail for p in report.problems)
+    assert_names_b(report, vault.latest().id)
+
+
+def test_truncated_pack(damaged):
+    vault, pack, name = damaged
+    data = pack.read_bytes()
+    pack.write_bytes(data[: len(data) // 2])
+    report = Vault.open(vault.url).check()
+    assert any(p.object == f"pack {name}" for p in report.problems)
+    assert_names_b(report, vault.latest().id)
+
+
+def test_flipped_byte_found_only_when_reading_data(damaged):
+    vault, pack, name = damaged
+    data = bytearray(pack.read_bytes())
+    data[100] ^= 0x10
+    pack.write_bytes(bytes(data))
+    assert vault.check().ok  # structure intact: only --read-data can see it
+    report = vault.check(read_data=1.0)
+    assert any(p.object.startswith("chunk ") and name in p.detail for p in report.problems)
+    assert_names_b(report, vault.latest().id)
+
+
+def test_damaged_tree_affects_its_whole_snapshot(damaged):
+    vault, _, _ = damaged
+    snap = vault.latest()
+    tree = Path(vault.url) / "trees" / snap.tree_id
+    tree.write_bytes(tree.read_bytes()[:-3])
+    report = vault.check()
+    assert report.affected == {snap.id: ["*"]}
+
+
+def test_read_data_subset(damaged):
+    vault, _, _ = damaged
+    report = vault.check(read_data=0.5, seed=1)
+    assert report.ok and 0 < report.packs_read < report.packs
+
+
+def test_cli_check_exit_code_and_listing(cli, damaged):
+    vault, pack, name = damaged
+    pack.unlink()
+    proc = cli("check", "--repo", vault.url, check=False)
+    assert proc.returncode == 30
+    out = proc.stdout.decode()
+    assert f"pack {name}: is missing" in out and f"affects snapshot {vault.latest().short_id}: b.bin" in out
+    assert "check found" in proc.stderr.decode()

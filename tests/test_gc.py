@@ -1,0 +1,129 @@
+"""Prune reclaims space, keeps every kept snapshot restorable, and repacks without losing live chunks."""
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import UsageError
+
+from .conftest import tree_digest
+
+SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
+
+
+def save(src: Path, step: int, frozen: bytes) -> None:
+    """A checkpoint: a frozen part shared by every step, and a part that changes each step."""
+    src.mkdir(exist_ok=True)
+    (src / "model.bin").write_bytes(frozen + random.Random(step).randbytes(1 << 20))
+    (src / "optimizer.bin").write_bytes(random.Random(-step).randbytes(1 << 19))
+
+
+def stored(url: str) -> int:
+    return sum(p.stat().st_size for p in Path(url).rglob("*") if p.is_file())
+
+
+def test_prune_to_one_snapshot_stores_what_that_snapshot_needs(tmp_path: Path):
+    url = str(tmp_path / "vault")
+    frozen = random.Random("frozen").randbytes(1 << 20)
+    src = tmp_path / "ckpt"
+    with Vault.init(url, chunker=SMALL, pack_size=1 << 20) as vault:
+        for step in range(1, 9):
+            save(src, step, frozen)
+            vault.backup(src, tags={"run": "x", "step": str(step)})
+        preview = vault.prune(keep_latest=1, dry_run=True)
+        assert len(preview.forgotten) == 7 and len(vault.snapshots()) == 8  # the dry run changed nothing
+        result = vault.prune(keep_latest=1)
+        assert {s.id for s in result.forgotten} == {s.id for s in preview.forgotten}
+        assert result.stored_before - result.stored_after >= preview.reclaim_bytes * 0.95
+        assert vault.check(read_data=1.0).ok
+        vault.restore("latest", tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+    alone = str(tmp_path / "alone")
+    with Vault.init(alone, chunker=SMALL, pack_size=1 << 20) as fresh:
+        fresh.backup(src)
+    assert stored(url) <= stored(alone) * 1.05, (stored(url), stored(alone))
+
+
+def test_repack_keeps_live_chunks_and_drops_dead_ones(tmp_path: Path):
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    keep = os.urandom(600_000)
+    (src / "keep.bin").write_bytes(keep)
+    (src / "drop.bin").write_bytes(os.urandom(600_000))
+    with Vault.init(url, chunker=SMALL, pack_size=8 << 20) as vault:  # one pack holds both files
+        first = vault.backup(src)
+        (src / "drop.bin").unlink()
+        vault.backup(src)
+        result = vault.forget([first.id], prune=True)
+        assert len(result.gc.repack) == 1 and not result.gc.delete_packs
+        assert result.stored_after < result.stored_before - 500_000
+        report = vault.check(read_data=1.0)
+        assert report.ok and report.chunks_read == report.chunks
+        assert b"".join(vault.read_file("latest", "keep.bin")) == keep
+
+
+def test_below_threshold_packs_are_kept_whole(tmp_path: Path):
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(900_000))
+    (src / "small.bin").write_bytes(os.urandom(50_000))
+    with Vault.init(url, chunker=SMALL, pack_size=8 << 20) as vault:
+        first = vault.backup(src)
+        (src / "small.bin").unlink()
+        vault.backup(src)
+        result = vault.forget([first.id], prune=True)  # ~5 % dead: under the 10 % default
+        assert not result.gc.repack and not result.gc.delete_packs
+        assert vault.check().ok
+
+
+def test_forget_without_prune_keeps_data_until_prune(tmp_path: Path):
+    url = str(tmp_path / "vault")
+    frozen = os.urandom(1 << 20)
+    src = tmp_path / "ckpt"
+    with Vault.init(url, chunker=SMALL, pack_size=1 << 20) as vault:
+        for step in (1, 2):
+            save(src, step, frozen)
+            vault.backup(src, tags={"step": str(step)})
+        before = stored(url)
+        vault.forget([vault.snapshots()[0].id[:10]])
+        assert len(vault.snapshots()) == 1 and stored(url) > before - 5000
+        vault.prune(keep_latest=1)
+        assert stored(url) < before - (1 << 20)
+        assert vault.check(read_data=1.0).ok
+
+
+def test_orphan_packs_of_a_killed_backup_are_removed(tmp_path: Path):
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(os.urandom(300_000))
+    with Vault.init(url, chunker=SMALL, pack_size=1 << 20) as vault:
+        vault.backup(src)
+        (src / "g").write_bytes(os.urandom(300_000))
+        vault.backup(src)
+    # as if the second backup had died after uploading its packs, before its index and snapshot
+    newest_index = max((Path(url) / "index").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    newest_index.unlink()
+    snapshots = sorted((Path(url) / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    snapshots[-1].unlink()
+    with Vault.open(url) as vault:
+        report = vault.check()
+        assert report.ok and any("in no index" in w for w in report.warnings)
+        result = vault.prune(keep_latest=1)
+        assert result.gc.delete_packs
+        report = vault.check(read_data=1.0)
+        assert report.ok and not report.warnings
+
+
+def test_prune_api_validation(vault: Vault):
+    with pytest.raises(UsageError):
+        vault.prune()
+    with pytest.raises(UsageError):
+        vault.prune(keep_latest=1, repack_threshold=2.0)

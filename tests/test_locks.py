@@ -1,0 +1,88 @@
+"""Locks: conflicts, stale expiry, unlock, and a backup that lost its lock commits nothing."""
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import LockLostError, VaultLockedError
+from ckptvault.repository.locks import LockManager
+
+
+def old_clock() -> datetime:
+    return datetime.now(timezone.utc) - timedelta(hours=2)
+
+
+def test_exclusive_and_shared_conflict(vault: Vault):
+    manager = vault._repo.locks
+    with manager.acquire(exclusive=False):
+        with manager.acquire(exclusive=False):  # shared locks coexist
+            pass
+        with pytest.raises(VaultLockedError, match="shared lock by .* ckptvault unlock"):
+            vault.prune(keep_latest=1)
+    with manager.acquire(exclusive=True), pytest.raises(VaultLockedError, match="exclusive lock"):
+        vault.backup(Path(__file__).parent / "fixtures" / "source")
+    assert vault.locks() == []  # every lock was released, also by the failed attempts
+
+
+def test_stale_lock_is_ignored_removed_by_prune_and_by_unlock(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    stale = LockManager(vault._repo, clock=old_clock).write(exclusive=True)  # a crashed prune, 2 h ago
+    vault.backup(src)  # not blocked
+    assert [lk.lock_id for lk in vault.locks()] == [stale.lock_id]
+    assert [lk.lock_id for lk in vault.unlock()] == [stale.lock_id]
+    LockManager(vault._repo, clock=old_clock).write(exclusive=False)
+    vault.prune(keep_latest=1)  # ignores and removes the stale shared lock
+    assert vault.locks() == []
+
+
+def test_live_lock_survives_unlock_but_not_remove_all(vault: Vault):
+    held = vault._repo.locks.acquire(exclusive=False)
+    try:
+        assert vault.unlock() == []
+        assert len(vault.unlock(remove_all=True)) == 1
+    finally:
+        held.release()
+
+
+def test_backup_that_lost_its_lock_writes_no_snapshot(vault: Vault, tmp_path: Path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"payload")
+    from ckptvault.ops import backup as backup_module
+
+    real = backup_module.encode_tree
+
+    def prune_meanwhile(entries):  # while the backup runs, someone removes its lock as stale
+        vault.unlock(remove_all=True)
+        return real(entries)
+
+    monkeypatch.setattr(backup_module, "encode_tree", prune_meanwhile)
+    with pytest.raises(LockLostError, match="removed it as stale"):
+        vault.backup(src)
+    assert vault.snapshots() == []
+
+
+def test_lock_refresh_replaces_the_object(vault: Vault):
+    held = vault._repo.locks.acquire(exclusive=False)
+    first = held.info.lock_id
+    held.refresh()
+    assert [lk.lock_id for lk in vault.locks()] == [held.info.lock_id] != [first]
+    held.verify()
+    held.release()
+    assert vault.locks() == []
+
+
+def test_cli_unlock_says_when_it_is_safe(cli, tmp_path: Path):
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    with Vault.open(repo) as vault:
+        LockManager(vault._repo, clock=old_clock).write(exclusive=True)
+        held = vault._repo.locks.acquire(exclusive=False)
+        proc = cli("unlock", "--repo", repo)
+        held.release()
+    out = proc.stdout.decode()
+    assert "removed 1 lock(s)" in out and "--remove-all only when no ckptvault process" in out

@@ -1,0 +1,119 @@
+"""Retention semantics against a small reference model, over random snapshot sets."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptvault.errors import UsageError
+from ckptvault.snapshot.model import Snapshot, SnapshotSummary
+from ckptvault.snapshot.retention import RetentionPolicy, plan_retention
+
+T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+
+
+def make(i: int, minutes: int, tags: dict[str, str], host: str = "h") -> Snapshot:
+    return Snapshot(
+        id=f"{i:064x}",
+        time=T0 + timedelta(minutes=minutes),
+        hostname=host,
+        paths=["/c"],
+        tags=tags,
+        description="",
+        parent=None,
+        tree_id="00" * 32,
+        summary=SnapshotSummary(),
+    )
+
+
+def model_forget(snaps: list[Snapshot], p: RetentionPolicy) -> set[str]:
+    """The rules as the docs state them, written independently of the implementation."""
+    considered = [s for s in snaps if all(s.tags.get(k) == v for k, v in p.tags.items())]
+    groups: dict[str, list[Snapshot]] = {}
+    for s in considered:
+        key = "" if p.group_by is None else (s.hostname if p.group_by == "host" else s.tags.get(p.group_by, ""))
+        groups.setdefault(key, []).append(s)
+    forget = set()
+    for members in groups.values():
+        if all("step" in s.tags and s.tags["step"].isdigit() for s in members):
+            members.sort(key=lambda s: (int(s.tags["step"]), s.time, s.id), reverse=True)
+        else:
+            members.sort(key=lambda s: (s.time, s.id), reverse=True)
+        for rank, s in enumerate(members):
+            protected = any(
+                (k in s.tags and (not v or s.tags[k] == v)) for k, _, v in (t.partition("=") for t in p.keep_tags)
+            )
+            outside = p.keep_latest is None or rank >= p.keep_latest
+            older = p.before is None or s.time < p.before
+            if rank > 0 and not protected and outside and older:
+                forget.add(s.id)
+    return forget
+
+
+snapshot_sets = st.lists(
+    st.tuples(
+        st.integers(0, 10_000),  # minutes after T0
+        st.sampled_from(["a", "b", "c"]),  # run
+        st.one_of(st.none(), st.integers(0, 50)),  # step
+        st.booleans(),  # milestone
+        st.sampled_from(["h1", "h2"]),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=300)
+@given(
+    specs=snapshot_sets,
+    keep_latest=st.one_of(st.none(), st.integers(1, 6)),
+    before_minutes=st.one_of(st.none(), st.integers(0, 10_000)),
+    group_by=st.sampled_from([None, "run", "host"]),
+    only_run=st.sampled_from([None, "a"]),
+    keep_tags=st.sampled_from([(), ("milestone",), ("run=b",)]),
+)
+def test_plan_matches_the_model(specs, keep_latest, before_minutes, group_by, only_run, keep_tags):
+    if keep_latest is None and before_minutes is None:
+        keep_latest = 2
+    snaps = []
+    for i, (minutes, run, step, milestone, host) in enumerate(specs):
+        tags = {"run": run}
+        if step is not None:
+            tags["step"] = str(step)
+        if milestone:
+            tags["milestone"] = "yes"
+        snaps.append(make(i, minutes, tags, host))
+    policy = RetentionPolicy(
+        keep_latest=keep_latest,
+        before=None if before_minutes is None else T0 + timedelta(minutes=before_minutes),
+        tags={"run": only_run} if only_run else {},
+        keep_tags=keep_tags,
+        group_by=group_by,
+    )
+    plan = plan_retention(snaps, policy)
+    assert {s.id for s in plan.forget} == model_forget(snaps, policy)
+    assert len(plan.keep) + len(plan.forget) == len(snaps)
+    assert all(d.reason for d in plan.decisions)
+
+
+def test_both_rules_must_agree():
+    snaps = [make(i, minutes=i * 60 * 24, tags={"run": "x"}) for i in range(10)]  # one per day
+    before = T0 + timedelta(days=5)
+    plan = plan_retention(snaps, RetentionPolicy(keep_latest=2, before=before))
+    assert [s.id for s in plan.forget] == [s.id for s in snaps[:5]]  # days 0-4: outside newest 2 AND older
+    only_age = plan_retention(snaps, RetentionPolicy(before=before))
+    assert len(only_age.forget) == 5
+    only_count = plan_retention(snaps, RetentionPolicy(keep_latest=2))
+    assert len(only_count.forget) == 8
+
+
+def test_newest_of_a_group_survives_any_date():
+    snaps = [make(i, i, {"run": "x"}) for i in range(3)]
+    plan = plan_retention(snaps, RetentionPolicy(before=T0 + timedelta(days=365)))
+    assert [s.id for s in plan.keep] == [snaps[-1].id]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"keep_latest": 0}, {"before": datetime(2026, 1, 1)}])
+def test_bad_policies(kwargs):
+    with pytest.raises(UsageError):
+        RetentionPolicy(**kwargs)
