@@ -20,7 +20,14 @@ import platformdirs
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
 from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
-from .errors import IntegrityError, PathNotInSnapshotError, UsageError, VaultNotFoundError
+from .errors import (
+    IntegrityError,
+    ObjectNotFoundError,
+    PathNotInSnapshotError,
+    SnapshotNotFoundError,
+    UsageError,
+    VaultNotFoundError,
+)
 from .hashing import new_file_hasher
 from .ops.backup import run_backup
 from .ops.check import CheckReport, run_check
@@ -132,9 +139,15 @@ class Vault:
 
     def snapshots(self, tags: dict[str, str] | None = None) -> list[Snapshot]:
         """All snapshots (matching every given tag), oldest first."""
-        ids = self._repo.list_snapshot_ids()
+
+        def load(snapshot_id: bytes) -> Snapshot | None:
+            try:
+                return decode_snapshot(self._repo.load_snapshot(snapshot_id))
+            except ObjectNotFoundError:
+                return None  # forgotten by another process since the listing
+
         with ThreadPoolExecutor(8) as pool:
-            snaps = list(pool.map(lambda i: decode_snapshot(self._repo.load_snapshot(i)), ids))
+            snaps = [s for s in pool.map(load, self._repo.list_snapshot_ids()) if s is not None]
         return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
 
     def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
@@ -149,7 +162,12 @@ class Vault:
     def files(self, snapshot: str | Snapshot) -> list[FileEntry]:
         """The snapshot's tree: every file, directory and symlink, sorted by path."""
         snap = self.snapshot(snapshot)
-        return decode_tree(self._repo.load_tree(bytes.fromhex(snap.tree_id)))
+        try:
+            return decode_tree(self._repo.load_tree(bytes.fromhex(snap.tree_id)))
+        except ObjectNotFoundError:
+            if snap.id not in {s.id for s in self.snapshots()}:
+                raise SnapshotNotFoundError(f"snapshot {snap.short_id} was just removed by another process") from None
+            raise
 
     # ---- backup and restore ------------------------------------------------------------
 
@@ -211,6 +229,7 @@ class Vault:
     ) -> RestoreResult:
         """Restore into ``target``, verifying every chunk and every file hash."""
         with self._repo.locks.acquire(exclusive=False):
+            self._repo.load_index()
             return run_restore(
                 self._repo,
                 self.files(snapshot),

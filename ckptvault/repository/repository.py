@@ -64,7 +64,7 @@ class Repository:
             sealer = ChecksumSealer()
             self.chunk_id = ChunkIdFunction()
         self.codec = BlobCodec(Compressor(config.compression), sealer)
-        self.index = ChunkIndex()
+        self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self._writer = PackWriter()
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
@@ -124,16 +124,21 @@ class Repository:
                 f"vault {store.url} is not encrypted but a keyfile was given; refusing, so that nothing meant to be "
                 "encrypted is written in the clear (drop --keyfile / CKPTVAULT_KEYFILE for this vault)"
             )
-        repo = cls(store, config, master)
-        repo.load_index()
-        return repo
+        return cls(store, config, master)
+
+    @property
+    def index(self) -> ChunkIndex:
+        if self._index is None:
+            self.load_index()
+        assert self._index is not None
+        return self._index
 
     def load_index(self) -> None:
         index = ChunkIndex()
         for packs in self.read_index_objects().values():
             for pack_id, entries in packs.items():
                 index.add_pack(pack_id, entries)
-        self.index = index
+        self._index = index
 
     def close(self) -> None:
         if self._executor is not None:
@@ -206,7 +211,18 @@ class Repository:
         return index_id
 
     def read_index_objects(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
-        """Every index object: index ID -> (pack ID -> entries). Damage raises IntegrityError."""
+        """Every index object: index ID -> (pack ID -> entries). Damage raises IntegrityError.
+
+        A prune replaces index objects by writing the consolidated one before deleting the old
+        ones, so when a listed object has vanished, listing again gives a complete index."""
+        for _ in range(4):
+            try:
+                return self._read_index_objects_once()
+            except ObjectNotFoundError:
+                continue
+        return self._read_index_objects_once()
+
+    def _read_index_objects_once(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
         out = {}
         for info in self.store.list(INDEX_PREFIX):
             index_id = id_from_key(info.key)
