@@ -180,13 +180,17 @@ class Vault:
         hostname: str | None = None,
         force_read: bool = False,
         skip_unreadable: bool = False,
+        on_change: str = "warn",
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> Snapshot:
         """Back up files and directories as one snapshot.
 
         Files unchanged since the previous snapshot of the same paths from the same host
-        (size, mtime, inode, ctime) are not read again unless ``force_read``.
+        (size, mtime, inode, ctime) are not read again unless ``force_read``. A file that
+        changes while it is read is read once more; if it changes again, ``on_change`` decides:
+        "warn" stores the bytes read and warns, "skip" leaves the file out and warns, "fail"
+        raises SourceError and writes no snapshot.
         """
         sources = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
         hostname = hostname or socket.gethostname()
@@ -209,6 +213,7 @@ class Vault:
                 parent_tree=self.files(parent) if parent else None,
                 force_read=force_read,
                 skip_unreadable=skip_unreadable,
+                on_change=on_change,
                 progress=on_progress,
                 before_commit=lock.verify,
             )

@@ -97,3 +97,51 @@ def test_snapshot_records_metadata(vault: Vault, tmp_path: Path):
     assert again.summary.files == 1 and again.summary.logical_bytes == 5
     assert again.time.tzinfo is not None
     assert vault.latest({"run": "x"}).id == snap.id
+
+
+def _changing_reads(monkeypatch: pytest.MonkeyPatch, path: Path, times: int) -> list[int]:
+    """Rewrite ``path`` while backup reads it (after its first chunk), ``times`` times."""
+    real = backup_module.iter_chunks
+    reads: list[int] = []
+
+    def iter_and_touch(stream, params, *args, **kwargs):
+        for i, chunk in enumerate(real(stream, params, *args, **kwargs)):
+            yield chunk
+            if i == 0 and len(reads) < times and stream.name == str(path):
+                reads.append(1)
+                with open(path, "ab") as f:  # a writer appends while we read
+                    f.write(b"more")
+
+    monkeypatch.setattr(backup_module, "iter_chunks", iter_and_touch)
+    return reads
+
+
+@pytest.mark.parametrize("mode", ["warn", "skip", "fail"])
+def test_file_changing_while_read(vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "stable").write_bytes(b"fine")
+    (src / "growing.bin").write_bytes(os.urandom(300_000))
+    _changing_reads(monkeypatch, src / "growing.bin", times=1)
+    snap = vault.backup(src, on_change=mode)  # changed once: read again, stored as it is now
+    entry = next(e for e in vault.files(snap) if e.path == "growing.bin")
+    assert entry.size == 300_004
+
+    _changing_reads(monkeypatch, src / "growing.bin", times=2)
+    warnings: list[str] = []
+    if mode == "fail":
+        with pytest.raises(SourceError, match="changed while it was read, twice"):
+            vault.backup(src, on_change=mode, force_read=True)
+        assert len(vault.snapshots()) == 1
+        return
+    snap = vault.backup(src, on_change=mode, force_read=True, on_warning=warnings.append)
+    paths = [e.path for e in vault.files(snap)]
+    assert ("growing.bin" in paths) == (mode == "warn")
+    assert len(warnings) == 1 and "growing.bin" in warnings[0]
+    vault.restore(snap, tmp_path / f"out-{mode}")
+    assert (tmp_path / f"out-{mode}" / "stable").read_bytes() == b"fine"
+
+
+def test_bad_on_change_value(vault: Vault, tmp_path: Path):
+    with pytest.raises(UsageError, match="on-change"):
+        vault.backup(tmp_path, on_change="maybe")

@@ -21,6 +21,10 @@ def backup_cmd(
     skip_unreadable: Annotated[
         bool, typer.Option("--skip-unreadable", help="Warn about unreadable files instead of failing.")
     ] = False,
+    on_change: Annotated[
+        str,
+        typer.Option(help="A file that changed while read, twice: warn (store it), skip (leave it out) or fail."),
+    ] = "warn",
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
     keyfile: KeyfileOpt = None,
@@ -43,6 +47,7 @@ def backup_cmd(
             hostname=host,
             force_read=force_read,
             skip_unreadable=skip_unreadable,
+            on_change=on_change,
             on_progress=progress,
             on_warning=out.warn,
         )

@@ -21,13 +21,15 @@ from datetime import datetime, timezone
 
 from ..blob import Kind
 from ..chunking import iter_chunks
-from ..errors import SourceError
+from ..errors import SourceError, UsageError
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .progress import NullProgress, Progress
 from .scan import SourceItem, scan_sources
+
+ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,14 @@ def run_backup(
     parent_tree: list[FileEntry] | None,
     force_read: bool = False,
     skip_unreadable: bool = False,
+    on_change: str = "warn",
     progress: Progress | None = None,
     workers: int | None = None,
     before_commit: Callable[[], None] | None = None,
 ) -> BackupResult:
     """``before_commit`` runs just before the snapshot object is written (the lock check)."""
+    if on_change not in ON_CHANGE:
+        raise UsageError(f"--on-change {on_change!r} is not one of {', '.join(ON_CHANGE)}")
     progress = progress or NullProgress()
     started = time.monotonic()
     when = datetime.now(timezone.utc)
@@ -129,10 +134,11 @@ def run_backup(
                     entry.inode, entry.ctime_ns = old.inode, old.ctime_ns
                     progress.advance(entry.size)
                 else:
-                    size = _read_file(item, entry, pipeline, warnings, skip_unreadable)
-                    if size is None:
+                    read = _read_file(item, entry, pipeline, warnings, skip_unreadable, on_change)
+                    if read is None:
                         continue
-                    read_bytes += size
+                    entry = read
+                    read_bytes += entry.size
             entries.append(entry)
         pipeline.drain()
         repo.flush()
@@ -174,34 +180,56 @@ def run_backup(
 
 
 def _read_file(
-    item: SourceItem, entry: FileEntry, pipeline: _Pipeline, warnings: list[str], skip_unreadable: bool
-) -> int | None:
-    """Chunk one file into the pipeline; returns bytes read, or None when skipped."""
-    try:
-        f = open(item.abs_path, "rb", buffering=0)  # noqa: SIM115 - closed below
-    except OSError as exc:
-        if not skip_unreadable:
-            raise SourceError(
-                item.abs_path, exc.strerror or str(exc), "use --skip-unreadable to back up the rest"
-            ) from exc
-        warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
-        return None
-    hasher = new_file_hasher()
-    size = 0
-    with f:
-        st = os.fstat(f.fileno())
+    item: SourceItem, base: FileEntry, pipeline: _Pipeline, warnings: list[str], skip_unreadable: bool, on_change: str
+) -> FileEntry | None:
+    """Chunk one file into the pipeline; returns its entry, or None when it is left out.
+
+    A file whose size, mtime or ctime moved while it was read is read once more (a writer
+    may just have finished); if it moves again, ``on_change`` decides."""
+    for _attempt in (1, 2):
+        entry = FileEntry(base.path, base.type, base.mode, base.mtime_ns)
         try:
-            for data in iter_chunks(f, pipeline.repo.config.chunker):
-                hasher.update(data)
-                size += len(data)
-                pipeline.submit(entry, data)
+            changed = _read_once(item, entry, pipeline)
+        except PermissionError as exc:
+            if not skip_unreadable:
+                raise SourceError(
+                    item.abs_path, exc.strerror or str(exc), "use --skip-unreadable to back up the rest"
+                ) from exc
+            warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
+            return None
+        except FileNotFoundError:
+            warnings.append(f"skipped {item.abs_path}: it was deleted during the backup")
+            return None
         except OSError as exc:
             raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
+        if not changed:
+            return entry
+    if on_change == "fail":
+        raise SourceError(item.abs_path, "it changed while it was read, twice", "use --on-change warn or skip")
+    if on_change == "skip":
+        warnings.append(f"skipped {item.abs_path}: it changed while it was read, twice")
+        return None
+    warnings.append(f"{item.abs_path} changed while it was read, twice; the snapshot holds the bytes read last")
+    return entry
+
+
+def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
+    """Read, hash and submit the file's chunks; True when it changed meanwhile."""
+    hasher = new_file_hasher()
+    size = 0
+    with open(item.abs_path, "rb", buffering=0) as f:
+        before = os.fstat(f.fileno())
+        for data in iter_chunks(f, pipeline.repo.config.chunker):
+            hasher.update(data)
+            size += len(data)
+            pipeline.submit(entry, data)
         after = os.fstat(f.fileno())
-    if size != st.st_size or after.st_mtime_ns != st.st_mtime_ns:
-        warnings.append(f"{item.abs_path} changed while it was read; the snapshot holds the bytes read")
     entry.size = size
     entry.blake3 = hasher.hexdigest()
-    entry.inode, entry.ctime_ns = st.st_ino, st.st_ctime_ns
-    entry.mtime_ns = st.st_mtime_ns
-    return size
+    entry.mtime_ns, entry.inode, entry.ctime_ns = before.st_mtime_ns, before.st_ino, before.st_ctime_ns
+    moved = (before.st_size, before.st_mtime_ns, before.st_ctime_ns) != (
+        after.st_size,
+        after.st_mtime_ns,
+        after.st_ctime_ns,
+    )
+    return moved or size != before.st_size
