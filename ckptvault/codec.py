@@ -15,6 +15,7 @@ from .errors import IntegrityError, UsageError
 
 CODEC_RAW = 0
 CODEC_ZSTD = 1
+MAX_DECODED_SIZE = 1 << 30  # no single blob (chunk, index, tree) decodes to more than 1 GiB
 # Tombstones: none yet. A retired codec ID is listed here and never handed out again.
 
 
@@ -65,7 +66,15 @@ class Compressor:
             return bytes(payload)
         if codec == CODEC_ZSTD:
             try:
-                return self._contexts()[1].decompress(payload, max_output_size=raw_size or 0)
+                # The frame declares its size; check it before zstd allocates it, so a damaged
+                # or crafted blob cannot ask for gigabytes.
+                declared = zstandard.frame_content_size(payload)
+                limit = raw_size if raw_size is not None else MAX_DECODED_SIZE
+                if declared < 0 or declared > limit or (raw_size is not None and declared != raw_size):
+                    raise IntegrityError(
+                        f"zstd frame declares {declared} bytes, expected {limit if raw_size else 'fewer'}"
+                    )
+                return self._contexts()[1].decompress(payload, max_output_size=max(declared, 1))
             except zstandard.ZstdError as exc:
                 raise IntegrityError(f"zstd payload does not decode: {exc}") from exc
         raise IntegrityError(f"unknown codec ID {codec}; this blob was written by a newer ckptvault")
