@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -29,14 +30,26 @@ from .errors import (
     VaultNotFoundError,
 )
 from .hashing import new_file_hasher
+from .ops.async_backup import (
+    DEFAULT_EXIT_TIMEOUT,
+    DEFAULT_MAX_PENDING,
+    AsyncShipper,
+    BackupHandle,
+    BackupJob,
+    OnFull,
+    make_job,
+)
 from .ops.backup import run_backup
 from .ops.check import CheckReport, run_check
+from .ops.drill import DrillReport, run_drill
 from .ops.gc import GcPlan
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
 from .ops.restore import RestoreResult, run_restore
 from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
+from .ops.status import BackupStatus, backup_status
+from .ops.watch import ShippedCheckpoint, Watcher, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
 from .repository.config import DEFAULT_PACK_SIZE
 from .repository.locks import LockInfo
@@ -70,6 +83,7 @@ class Vault:
         self._repo = repo
         self.url = url
         self.created = False  # True when open(create=True) made a new repository
+        self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
 
     # ---- opening -----------------------------------------------------------------------
 
@@ -123,6 +137,9 @@ class Vault:
         return vault
 
     def close(self) -> None:
+        if self._shipper is not None:  # queued backups finish first, as they would at exit
+            self._shipper.flush_at_exit()
+            self._shipper.close()
         self._repo.close()
 
     def __enter__(self) -> Vault:
@@ -201,6 +218,7 @@ class Vault:
         abs_paths = sorted(check_sources(sources))
         with self._repo.locks.acquire(exclusive=False) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
+            self._repo.adopt_unindexed_packs()  # what a killed backup uploaded is reused, not sent again
             same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
             parent = max(same_source, key=lambda s: s.time) if same_source else None
             result = run_backup(
@@ -330,3 +348,143 @@ class Vault:
         for lock in removed:
             manager.remove(lock)
         return removed
+
+    # ---- training loop: async shipping, watching, status, drill ------------------------
+
+    def backup_async(
+        self,
+        paths: PathLike | Sequence[PathLike],
+        *,
+        tags: dict[str, str] | None = None,
+        description: str = "",
+        hostname: str | None = None,
+        on_full: OnFull = "coalesce",
+        pin: bool = True,
+    ) -> BackupHandle:
+        """Queue a backup and return at once; a worker thread runs it (docs/training.md).
+
+        The sources are pinned first (hard links beside them, microseconds per file), so the
+        trainer may delete them as soon as this returns. When ``max_pending`` backups are
+        already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
+        BackupSupersededError) and ``"block"`` waits for a slot."""
+        sources = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+        job = make_job(sources, tags=dict(tags or {}), description=description, hostname=hostname, pin=pin)
+        return self._async_shipper().submit(job, on_full=on_full)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for every queued backup. Raises FlushTimeoutError after ``timeout`` seconds, else
+        the first error of the queued backups that failed since the previous flush."""
+        if self._shipper is not None:
+            self._shipper.flush(timeout)
+
+    def configure_async(
+        self, *, max_pending: int = DEFAULT_MAX_PENDING, exit_timeout: float | None = DEFAULT_EXIT_TIMEOUT
+    ) -> None:
+        """How many backups may wait behind the running one, and how long the interpreter's exit
+        waits for queued backups (None: as long as they take)."""
+        shipper = self._async_shipper()
+        if max_pending < 1:
+            raise UsageError(f"max_pending {max_pending} must be at least 1")
+        shipper.max_pending = max_pending
+        shipper.exit_timeout = exit_timeout
+
+    def _async_shipper(self) -> AsyncShipper:
+        if self._shipper is None:
+            self._shipper = AsyncShipper(self._run_job)
+        return self._shipper
+
+    def _run_job(self, job: BackupJob) -> Snapshot:
+        return self.backup(
+            job.sources,
+            tags=job.tags,
+            description=job.description,
+            hostname=job.hostname,
+            on_warning=job.warnings.append,
+        )
+
+    def watch(
+        self,
+        directory: PathLike,
+        *,
+        tags: dict[str, str] | None = None,
+        interval: float = 0.1,
+        settle: float = 2.0,
+        include: Sequence[str] = (),
+        state_dir: PathLike | None = None,
+        once: bool = False,
+        stop: threading.Event | None = None,
+        on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+    ) -> WatchResult:
+        """Ship every complete checkpoint that appears in ``directory`` until ``stop`` is set
+        (or, with ``once``, what is there now), pinning each first (docs/training.md)."""
+        options = WatchOptions(
+            interval=interval,
+            settle=settle,
+            include=tuple(include),
+            state_dir=os.fspath(state_dir) if state_dir else None,
+            once=once,
+        )
+        user_tags = dict(tags or {})
+
+        def shipped_digests() -> list[str]:
+            return [s.tags["watch-sig"] for s in self.snapshots(user_tags) if "watch-sig" in s.tags]
+
+        watcher = Watcher(
+            os.fspath(directory),
+            tags=user_tags,
+            ship=self._run_job,
+            shipped_digests=shipped_digests,
+            options=options,
+            stop=stop,
+            on_shipped=on_shipped,
+            on_warning=on_warning,
+        )
+        return watcher.run()
+
+    def backup_status(self, path: PathLike) -> BackupStatus:
+        """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
+        with self._repo.locks.acquire(exclusive=False):
+            return backup_status(self._repo, os.fspath(path), self.snapshots(), self.files)
+
+    def is_backed_up(self, path: PathLike) -> bool:
+        """True when one snapshot holds every file of ``path`` with the same content, durably:
+        then deleting the local copy loses nothing."""
+        return self.backup_status(path).backed_up
+
+    def drill(
+        self,
+        snapshot: str | Snapshot = "latest",
+        *,
+        tags: dict[str, str] | None = None,
+        load: bool = False,
+        workdir: PathLike | None = None,
+        on_progress: Progress | None = None,
+    ) -> DrillReport:
+        """Restore into a temporary folder, verify every file, optionally load each tensor file;
+        times each phase and deletes the folder. Raises IntegrityError when bytes are wrong;
+        a file that does not load is reported (``report.ok``), not raised."""
+        snap = self.snapshot(snapshot, tags)
+        return run_drill(
+            snap,
+            self.files(snap),
+            lambda target: self.restore(snap, target, on_progress=on_progress),
+            load=load,
+            workdir=os.fspath(workdir) if workdir else None,
+        )
+
+    def restore_latest(
+        self,
+        target: PathLike,
+        *,
+        run: str | None = None,
+        tags: dict[str, str] | None = None,
+        include: list[str] | None = None,
+        overwrite: bool = False,
+        on_progress: Progress | None = None,
+    ) -> RestoreResult:
+        """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``."""
+        wanted = dict(tags or {})
+        if run is not None:
+            wanted["run"] = run
+        return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)

@@ -120,6 +120,9 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     repo.load_index()
 
 
+STALE_TEMP_AGE_S = 3600.0  # temp files of a writer this long dead: it cannot be an active upload
+
+
 def _batches(packs: dict[bytes, list[PackEntry]]) -> list[dict[bytes, list[PackEntry]]]:
     batches: list[dict[bytes, list[PackEntry]]] = [{}]
     count = 0

@@ -8,7 +8,7 @@ from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import Snapshot
 from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention
-from .gc import GcPlan, execute_gc, plan_gc
+from .gc import STALE_TEMP_AGE_S, GcPlan, execute_gc, plan_gc
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 
@@ -58,4 +58,5 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     for snap in retention.forget:
         repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
     execute_gc(repo, gc)
+    repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)
     return PruneResult(retention, gc, False, before, stored_bytes(repo))

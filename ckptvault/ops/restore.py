@@ -11,6 +11,7 @@ A file that fails verification is reported and the others still restore.
 from __future__ import annotations
 
 import fnmatch
+import glob
 import os
 import secrets
 import stat
@@ -211,6 +212,8 @@ def _restore_file(
     repo: Repository, pool: ThreadPoolExecutor, entry: FileEntry, dest: str, progress: Progress, window: int
 ) -> None:
     directory, name = os.path.split(dest)
+    for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}{TEMP_MARK}*")):
+        os.unlink(leftover)  # from a restore that was killed while writing this file
     tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:

@@ -59,6 +59,7 @@ class ChunkIndex:
 
     def __init__(self) -> None:
         self._map: dict[bytes, ChunkLocation] = {}
+        self.packs: set[bytes] = set()  # every pack some index object names
 
     def __contains__(self, chunk_id: bytes) -> bool:
         return chunk_id in self._map
@@ -70,6 +71,7 @@ class ChunkIndex:
         return self._map.get(chunk_id)
 
     def add_pack(self, pack_id: bytes, entries: list[PackEntry]) -> None:
+        self.packs.add(pack_id)
         for e in entries:
             self._map.setdefault(e.chunk_id, ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len))
 

@@ -9,9 +9,11 @@ would leak state between repositories (and tests) in one process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -119,6 +121,22 @@ class FsspecStore:
                 continue
             out.append(ObjectInfo(key, int(info.get("size") or 0)))
         return sorted(out, key=lambda o: o.key)
+
+    def remove_stale_temp_files(self, older_than_s: float) -> int:
+        """Delete temp files that a killed writer left behind (local stores only: object stores
+        have no partial objects). Returns how many were removed."""
+        if not self._local or not os.path.isdir(self.root):
+            return 0
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for dirpath, _, filenames in os.walk(self.root):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if name.startswith(TEMP_PREFIX) and os.lstat(path).st_mtime < cutoff:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                        removed += 1
+        return removed
 
     def delete(self, key: str) -> None:
         with self._translate("DELETE", key):

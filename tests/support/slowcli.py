@@ -1,0 +1,31 @@
+"""Run the ckptvault CLI on ``slowfile://`` (tests/support/slowfs.py) with slow object writes too.
+
+Every repository write still goes through the real atomic local path (temp file, fsync,
+rename); it just starts ``SLOWFS_PUT_DELAY`` seconds later, so a SIGKILL at a random moment
+lands between writes: ``python -m tests.support.slowcli backup ... --repo slowfile:///path``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ckptvault.store.fsspec_store import FsspecStore
+
+from . import slowfs  # noqa: F401 - registers slowfile://
+
+PUT_DELAY = float(os.environ.get("SLOWFS_PUT_DELAY", "0.04"))
+_real_put_local = FsspecStore._put_local
+
+
+def _slow_put_local(self: FsspecStore, path: str, data: bytes | bytearray | memoryview) -> None:
+    time.sleep(PUT_DELAY)
+    _real_put_local(self, path, data)
+
+
+FsspecStore._put_local = _slow_put_local  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    from ckptvault.cli import app
+
+    app(args=sys.argv[1:], prog_name="ckptvault")
