@@ -13,9 +13,11 @@ moved to another name or slot fails verification, not only a flipped bit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Protocol
 
+from .bytegroup import ElementRun
 from .codec import Compressor
 from .errors import IntegrityError, MalformedObjectError, UnsupportedFormatError
 from .hashing import checksum
@@ -73,8 +75,9 @@ class BlobCodec:
     def _aad(self, kind: Kind, object_id: bytes) -> bytes:
         return self._header + bytes([kind]) + object_id
 
-    def encode(self, kind: Kind, object_id: bytes, data: bytes | memoryview) -> bytes:
-        codec, payload = self.compressor.compress(data)
+    def encode(self, kind: Kind, object_id: bytes, data: bytes | memoryview, runs: Sequence[ElementRun] = ()) -> bytes:
+        """``runs``: where whole tensor elements lie in ``data`` (chunks only), for codec 2."""
+        codec, payload = self.compressor.compress(data, runs)
         parts = self.sealer.seal(kind, self._aad(kind, object_id), [bytes([codec]), payload])
         return b"".join([self._header, *parts])
 

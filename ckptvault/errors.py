@@ -21,6 +21,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     │   ├── ObjectNotFoundError        20   a stored object is missing
     │   └── StorageFullError           21   no space left / quota
     ├── RestoreConflictError           22   target holds differing files
+    ├── FileFormatError                23   a file header show/diff cannot parse
     ├── IntegrityError                 30   hash / checksum / decode mismatch
     │   └── MalformedObjectError       30   a stored object cannot be parsed
     ├── UnsafePathError                31   a manifest entry would escape the target
@@ -185,3 +186,14 @@ class UnsafePathError(CkptVaultError):
 
 class Cancelled(CkptVaultError):
     exit_code = 130
+
+
+class FileFormatError(CkptVaultError):
+    """A file's header is not what its format requires (or the format is not one ckptvault reads)."""
+
+    exit_code = 23
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..blob import Kind
+from ..bytegroup import ElementRun
 from ..chunking import iter_chunks
 from ..errors import SourceError, UsageError
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
+from .elements import ElementMap, element_map
 from .progress import NullProgress, Progress
 from .scan import SourceItem, scan_sources
 
@@ -38,12 +40,12 @@ class BackupResult:
     warnings: list[str]
 
 
-def _prepare_chunk(repo: Repository, data: memoryview) -> tuple[bytes, bytes | None]:
+def _prepare_chunk(repo: Repository, data: memoryview, runs: tuple[ElementRun, ...]) -> tuple[bytes, bytes | None]:
     """Worker: hash, and encode only when the chunk is not stored yet."""
     chunk_id = repo.chunk_id(data)
     if repo.has_chunk(chunk_id):
         return chunk_id, None
-    return chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data)
+    return chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data, runs)
 
 
 def _unchanged(item: SourceItem, old: FileEntry, repo: Repository) -> bool:
@@ -68,8 +70,8 @@ class _Pipeline:
         self.new_bytes = 0
         self.new_chunks = 0
 
-    def submit(self, entry: FileEntry, data: memoryview) -> None:
-        self.inflight.append((entry, self.pool.submit(_prepare_chunk, self.repo, data), len(data)))
+    def submit(self, entry: FileEntry, data: memoryview, runs: tuple[ElementRun, ...] = ()) -> None:
+        self.inflight.append((entry, self.pool.submit(_prepare_chunk, self.repo, data, runs), len(data)))
         while len(self.inflight) > self.window:
             self._drain_one()
 
@@ -213,16 +215,24 @@ def _read_file(
     return entry
 
 
+def _element_map(fd: int, size: int, path: str, repo: Repository) -> ElementMap | None:
+    """Tensor element widths from the file's header, for the dtype-aware codec (chunks only)."""
+    if not repo.codec.compressor.groups:
+        return None
+    return element_map(lambda offset, length: os.pread(fd, length, offset), size, path, repo.codec.compressor)
+
+
 def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0
     with open(item.abs_path, "rb", buffering=0) as f:
         before = os.fstat(f.fileno())
+        emap = _element_map(f.fileno(), before.st_size, item.path, pipeline.repo)
         for data in iter_chunks(f, pipeline.repo.config.chunker):
             hasher.update(data)
+            pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
             size += len(data)
-            pipeline.submit(entry, data)
         after = os.fstat(f.fileno())
     entry.size = size
     entry.blake3 = hasher.hexdigest()

@@ -1,0 +1,29 @@
+"""Which format a file is in, from its first bytes (names can lie; headers cannot)."""
+
+from __future__ import annotations
+
+from . import npy, safetensors, torchzip
+from .model import FileLayout, ReadAt
+from .zipmembers import members
+
+HEAD = 16
+
+
+def read_layout(read_at: ReadAt, size: int, name: str = "file") -> FileLayout | None:
+    """The layout of a safetensors, .npy, .npz or torch zip file; None for anything else.
+
+    Raises FileFormatError when a file starts like one of them but its header is damaged."""
+    head = read_at(0, min(HEAD, size)) if size else b""
+    if safetensors.looks_like(head, size):
+        return safetensors.parse(read_at, size, name)
+    if npy.looks_like(head):
+        return npy.parse_npy(read_at, size, name)
+    if not head.startswith(b"PK\x03\x04"):
+        return None
+    found = members(read_at, size, name)
+    names = [m.name for m in found]
+    if torchzip.looks_like(names):
+        return torchzip.parse(read_at, size, name, found)
+    if names and all(n.endswith(".npy") for n in names):
+        return npy.parse_npz(read_at, size, name, found)
+    return None

@@ -1,0 +1,73 @@
+"""Which bytes of a file are whole tensor elements of a known width: what codec 2 needs per chunk.
+
+The file's header (safetensors, .npy/.npz, torch zip) gives each tensor's byte range and dtype.
+Where it gives no dtype (a torch zip whose pickle we cannot follow) the width is measured: a
+64 KiB sample from the middle of the record is grouped at widths 1, 2, 4 and 8 and the smallest
+wins. Chunks are cut by content, so a chunk may start mid-element or straddle tensors: runs are
+clipped to whole elements inside the chunk, and the rest is coded ungrouped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+from ..bytegroup import ElementRun
+from ..codec import Compressor
+from ..errors import FileFormatError
+from ..formats import ReadAt, read_layout
+
+log = logging.getLogger(__name__)
+
+PROBE_SAMPLE = 64 * 1024
+PROBE_MIN = 256 * 1024  # records smaller than this are not worth a probe
+
+
+class ElementMap:
+    """Sorted, non-overlapping regions ``(start, end, width)`` of one file."""
+
+    def __init__(self, regions: list[tuple[int, int, int]]) -> None:
+        kept: list[tuple[int, int, int]] = []
+        for start, end, width in sorted(regions):
+            if width > 1 and end - start >= width and (not kept or start >= kept[-1][1]):
+                kept.append((start, end, width))
+        self.regions = kept
+        self._starts = [r[0] for r in kept]
+
+    def __bool__(self) -> bool:
+        return bool(self.regions)
+
+    def runs(self, offset: int, length: int) -> tuple[ElementRun, ...]:
+        """Whole elements inside the chunk ``[offset, offset + length)``, relative to the chunk."""
+        end = offset + length
+        i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        out = []
+        while i < len(self.regions) and self.regions[i][0] < end:
+            start, stop, width = self.regions[i]
+            lo = max(offset, start)
+            lo = start + -(-(lo - start) // width) * width  # up to the next element boundary
+            hi = start + (min(end, stop) - start) // width * width  # down to the last whole element
+            if hi - lo >= width:
+                out.append(ElementRun(lo - offset, hi - offset, width))
+            i += 1
+        return tuple(out)
+
+
+def element_map(read_at: ReadAt, size: int, name: str, compressor: Compressor) -> ElementMap | None:
+    """The file's element map, or None when it is not a tensor file ckptvault recognises."""
+    try:
+        layout = read_layout(read_at, size, name)
+    except FileFormatError as exc:  # a damaged header only costs the better compression
+        log.debug("no element map for %s: %s", name, exc)
+        return None
+    if layout is None:
+        return None
+    regions = []
+    for t in layout.tensors:
+        width = t.width
+        if width == 0 and t.dtype == "?" and t.nbytes >= PROBE_MIN:
+            middle = t.start + (t.nbytes - PROBE_SAMPLE) // 2
+            width = compressor.best_width(read_at(middle - middle % 8, PROBE_SAMPLE))
+        regions.append((t.start, t.end, width))
+    emap = ElementMap(regions)
+    return emap or None
