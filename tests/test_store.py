@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptvault.errors import ObjectNotFoundError, StorageError
-from ckptvault.store import open_store
+from ckptvault.store import FsspecStore
 
 
 class StoreConformance:
@@ -60,7 +60,7 @@ class StoreConformance:
 class TestLocalStore(StoreConformance):
     @pytest.fixture
     def store(self, tmp_path):
-        return open_store(str(tmp_path / "repo"))
+        return FsspecStore(str(tmp_path / "repo"))
 
     def test_put_leaves_no_temp_files(self, store, tmp_path):
         store.put("packs/x", b"data")
@@ -70,4 +70,4 @@ class TestLocalStore(StoreConformance):
 class TestMemoryStore(StoreConformance):
     @pytest.fixture
     def store(self):
-        return open_store(f"memory://store-test-{uuid.uuid4().hex}")
+        return FsspecStore(f"memory://store-test-{uuid.uuid4().hex}")

@@ -8,7 +8,9 @@ needs them. A backup killed midway leaves at worst packs that nothing references
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
@@ -50,6 +52,18 @@ from .pack import TRAILER, PackEntry, PackWriter, decode_header, header_range
 # A backup writes an index object every this many packs; then it also picks up the index objects that
 # concurrent backups wrote, so they stop uploading what the other already stored.
 PACKS_PER_INDEX = 8
+
+log = logging.getLogger("ckptvault")
+
+
+def _verified(fetch: Callable[[], bytes], decode: Callable[[bytes], bytes]) -> bytes:
+    """Decode what ``fetch`` returns; when it fails verification, fetch once more before calling it
+    damage: a flaky network or disk controller can corrupt a read without corrupting the object."""
+    try:
+        return decode(fetch())
+    except IntegrityError:
+        log.warning("a read failed verification; reading it again")
+        return decode(fetch())
 
 
 class Repository:
@@ -295,12 +309,15 @@ class Repository:
         """Fetch, decode and verify one chunk against its ID."""
         loc = self.locate(chunk_id)
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
+
+        def fetch() -> bytes:
+            try:
+                return self.store.get_range(pack_key(loc.pack_id), loc.offset, loc.stored_len)
+            except ObjectNotFoundError:
+                raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
+
         try:
-            blob = self.store.get_range(pack_key(loc.pack_id), loc.offset, loc.stored_len)
-        except ObjectNotFoundError:
-            raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
-        try:
-            return self.decode_chunk(chunk_id, blob, loc.raw_len)
+            return _verified(fetch, lambda blob: self.decode_chunk(chunk_id, blob, loc.raw_len))
         except IntegrityError as exc:
             raise IntegrityError(f"{where} is damaged: {exc}") from exc
 
@@ -324,9 +341,8 @@ class Repository:
         return [i for i in (id_from_key(o.key) for o in self.store.list(SNAPSHOTS_PREFIX)) if i is not None]
 
     def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
-        raw = self.store.get(key)
         try:
-            return self.codec.decode(kind, object_id, raw)
+            return _verified(lambda: self.store.get(key), lambda raw: self.codec.decode(kind, object_id, raw))
         except IntegrityError as exc:
             raise type(exc)(f"{what} object {object_id.hex()[:12]} is damaged: {exc}") from exc
 

@@ -2,5 +2,6 @@
 
 from .base import ObjectInfo, Store
 from .fsspec_store import FsspecStore, open_store
+from .retrying import RetryingStore, RetryPolicy
 
-__all__ = ["FsspecStore", "ObjectInfo", "Store", "open_store"]
+__all__ = ["FsspecStore", "ObjectInfo", "RetryPolicy", "RetryingStore", "Store", "open_store"]

@@ -23,6 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import ObjectNotFoundError, StorageError, StorageFullError
 from .base import ObjectInfo
+from .retrying import RetryingStore, RetryPolicy
 
 TEMP_PREFIX = ".tmp-"
 
@@ -99,7 +100,14 @@ class FsspecStore:
         with self._translate("GET", key):
             data = self.fs.cat_file(self._path(key), start=start, end=start + length)
         if len(data) != length:
-            raise StorageError("GET", key, self.url, f"short read: wanted {length} bytes at {start}, got {len(data)}")
+            # on a local disk a short object stays short; over a network the next try may get it all
+            raise StorageError(
+                "GET",
+                key,
+                self.url,
+                f"short read: wanted {length} bytes at {start}, got {len(data)}",
+                retryable=not self._local,
+            )
         return data
 
     def exists(self, key: str) -> bool:
@@ -143,7 +151,10 @@ class FsspecStore:
             self.fs.rm_file(self._path(key))
 
 
-def open_store(url: str, storage_options: dict[str, Any] | None = None) -> FsspecStore:
+def open_store(
+    url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
+) -> RetryingStore:
+    """The store for a repository URL (a plain path means a local folder), with retries."""
     if "://" not in url:
         url = os.path.abspath(os.path.expanduser(url))
-    return FsspecStore(url, storage_options)
+    return RetryingStore(FsspecStore(url, storage_options), retry)

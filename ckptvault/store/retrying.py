@@ -1,0 +1,124 @@
+"""Retries with backoff, and a time limit per call, around any Store.
+
+Only failures that may pass are retried: a StorageError marked ``retryable`` (connection
+resets, timeouts, short reads). Missing objects, permission errors and a full disk fail at
+once. A call that hangs is abandoned after ``op_timeout`` seconds and retried; the repository
+only writes immutable objects under fresh names, so a late duplicate of a PUT is harmless.
+
+Settings come from the environment unless given: CKPTVAULT_RETRIES (attempts after the
+first, default 5), CKPTVAULT_RETRY_DELAY (first backoff in seconds, default 0.5, doubling up
+to 30 s), CKPTVAULT_OP_TIMEOUT (seconds per storage call, default 600).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ..errors import StorageError, UsageError
+from .base import ObjectInfo, Store
+
+T = TypeVar("T")
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a number") from None
+    if value < 0:
+        raise UsageError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retries: int = 5
+    base_delay: float = 0.5
+    max_delay: float = 30.0
+    op_timeout: float = 600.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        return cls(
+            retries=int(_env_number("CKPTVAULT_RETRIES", cls.retries)),
+            base_delay=_env_number("CKPTVAULT_RETRY_DELAY", cls.base_delay),
+            op_timeout=_env_number("CKPTVAULT_OP_TIMEOUT", cls.op_timeout),
+        )
+
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter, so many clients do not retry in step."""
+        return min(self.max_delay, self.base_delay * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, url: str) -> T:
+    """Run ``fn`` in a daemon thread; give up waiting after ``timeout`` seconds. The thread may
+    linger if the call never returns: Python cannot cancel it, but it cannot block exit either."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+
+    worker = threading.Thread(target=run, name=f"ckptvault-{op}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise StorageError(op, key, url, f"no answer after {timeout:g} s", retryable=True)
+    if error:
+        raise error[0]
+    return result[0]
+
+
+class RetryingStore:
+    def __init__(self, inner: Store, policy: RetryPolicy | None = None) -> None:
+        self.inner = inner
+        self.policy = policy or RetryPolicy.from_env()
+        self.url = inner.url
+        self.retried = 0  # calls that needed more than one attempt (for tests and reports)
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                return call_with_timeout(fn, self.policy.op_timeout, op, key, self.url)
+            except StorageError as exc:
+                if not exc.retryable or attempt >= self.policy.retries:
+                    if attempt:
+                        exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
+                    raise
+            time.sleep(self.policy.delay(attempt))
+            attempt += 1
+            self.retried += 1
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._call("PUT", key, lambda: self.inner.put(key, data))
+
+    def get(self, key: str) -> bytes:
+        return self._call("GET", key, lambda: self.inner.get(key))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self._call("GET", key, lambda: self.inner.get_range(key, start, length))
+
+    def exists(self, key: str) -> bool:
+        return self._call("STAT", key, lambda: self.inner.exists(key))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        return self._call("LIST", prefix, lambda: self.inner.list(prefix))
+
+    def delete(self, key: str) -> None:
+        self._call("DELETE", key, lambda: self.inner.delete(key))
+
+    def remove_stale_temp_files(self, older_than_s: float) -> int:
+        return self.inner.remove_stale_temp_files(older_than_s)
