@@ -9,6 +9,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── VaultNotFoundError             10   no repository at the URL
     ├── VaultExistsError               10   init on a URL that already holds one
     ├── VaultLockedError               11   a conflicting lock is held
+    │   └── WatchLockedError           11   another watch runs on the same folder
     ├── WrongPassphraseError           12   the passphrase does not unlock the keyfile
     ├── KeyfileMismatchError           13   the keyfile belongs to another repository
     ├── KeyfileNotFoundError           14   keyfile missing, or an encrypted vault opened without one
@@ -25,6 +26,10 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── IntegrityError                 30   hash / checksum / decode mismatch
     │   └── MalformedObjectError       30   a stored object cannot be parsed
     ├── UnsafePathError                31   a manifest entry would escape the target
+    ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot
+    ├── DrillFailedError               41   drill: a restored file could not be loaded
+    ├── BackupSupersededError           1   backup_async: dropped for a newer one (queue full)
+    ├── FlushTimeoutError               1   flush: queued backups still running at the timeout
     └── Cancelled                     130   SIGINT / SIGTERM
 """
 
@@ -197,3 +202,25 @@ class FileFormatError(CkptVaultError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class WatchLockedError(VaultLockedError):
+    """Another ``ckptvault watch`` holds the staging folder of the same checkpoint folder."""
+
+
+class NotBackedUpError(CkptVaultError):
+    exit_code = 40
+
+
+class DrillFailedError(CkptVaultError):
+    """The restore drill restored and verified every byte, but a file did not load."""
+
+    exit_code = 41
+
+
+class BackupSupersededError(CkptVaultError):
+    """``backup_async``: the queue was full and a newer backup took this one's place."""
+
+
+class FlushTimeoutError(CkptVaultError, TimeoutError):
+    """``flush(timeout)`` returned with queued backups still unfinished."""

@@ -17,18 +17,24 @@ DELAY = float(os.environ.get("SLOWFS_DELAY", "0.02"))
 
 
 class SlowLocalFileSystem(LocalFileSystem):
+    """``delay`` (a storage option, e.g. ``storage_options={"delay": "0.5"}``) overrides SLOWFS_DELAY."""
+
     protocol = ("slowfile",)
 
+    def __init__(self, *args, delay=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay = DELAY if delay is None else float(delay)
+
     def cat_file(self, path, start=None, end=None, **kwargs):
-        time.sleep(DELAY)
+        time.sleep(self.delay)
         return super().cat_file(path, start=start, end=end, **kwargs)
 
     def rm_file(self, path):
-        time.sleep(DELAY)
+        time.sleep(self.delay)
         return super().rm_file(path)
 
     def find(self, path, *args, **kwargs):
-        time.sleep(DELAY)
+        time.sleep(self.delay)
         return super().find(path, *args, **kwargs)
 
 

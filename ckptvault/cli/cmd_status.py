@@ -1,0 +1,52 @@
+"""``ckptvault status PATH...``: is this local checkpoint durably stored, so that deleting it is safe?"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..errors import NotBackedUpError
+from ..ops.scan import check_sources
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .output import Output, format_bytes
+
+
+@app.command("status")
+@command
+def status_cmd(
+    paths: Annotated[list[str], typer.Argument(help="Local checkpoint files or folders.")],
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Say whether each path is durably backed up (same files, same content). Exit 0 when all are, 40 when not."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    check_sources(paths)
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        results = [vault.backup_status(p) for p in paths]
+    lines = []
+    for given, r in zip(paths, results, strict=True):
+        state = "backed up" if r.backed_up else "NOT backed up"
+        lines.append(f"{given}: {state}: {r.files} files, {format_bytes(r.bytes)}; {r.detail}")
+    out.result(
+        [
+            {
+                "path": r.path,
+                "backed_up": r.backed_up,
+                "snapshot": r.snapshot.id if r.snapshot else None,
+                "prefix": r.prefix,
+                "files": r.files,
+                "bytes": r.bytes,
+                "detail": r.detail,
+            }
+            for r in results
+        ],
+        "\n".join(lines),
+    )
+    missing = [given for given, r in zip(paths, results, strict=True) if not r.backed_up]
+    if missing:
+        raise NotBackedUpError(f"{len(missing)} of {len(paths)} path(s) are not backed up; keep them: {missing[0]}")

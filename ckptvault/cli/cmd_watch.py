@@ -1,0 +1,109 @@
+"""``ckptvault watch DIR``: the sidecar that ships each finished checkpoint a trainer writes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from ..ops.watch import ShippedCheckpoint
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .output import Output, format_bytes
+from .params import parse_tags
+
+
+@app.command("watch")
+@command
+def watch_cmd(
+    directory: Annotated[str, typer.Argument(help="The folder the trainer saves checkpoints into.")],
+    tag: TagOpt = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Ship what is there now and exit (for cron), instead of watching.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between looks; a checkpoint must live at least this long.")
+    ] = 0.1,
+    settle: Annotated[
+        float, typer.Option("--settle", help="Seconds a checkpoint must stay unchanged to count as complete.")
+    ] = 2.0,
+    include: Annotated[
+        list[str] | None, typer.Option("--include", "-i", help="Only names matching this glob (repeatable).")
+    ] = None,
+    state_dir: Annotated[
+        str | None,
+        typer.Option("--state-dir", help="Staging folder for pins (default DIR/.ckptvault-watch; same filesystem)."),
+    ] = None,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Watch a checkpoint folder: pin each complete checkpoint at once, back it up tagged with its step.
+
+    Prints one line per shipped checkpoint (one JSON object per line with --json). SIGTERM or
+    Ctrl-C stops it after the upload in flight; pinned checkpoints wait for the next start."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    tags = parse_tags(tag)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second signal: do not wait for the upload
+        stop.set()
+        out.info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
+
+    def on_shipped(item: ShippedCheckpoint) -> None:
+        s = item.snapshot.summary
+        if json_out:
+            event = {
+                "checkpoint": item.name,
+                "step": item.step,
+                "snapshot": item.snapshot.id,
+                "files": s.files,
+                "bytes": s.logical_bytes,
+                "new_bytes": s.new_bytes,
+                "duration_s": s.duration_s,
+                "waited_s": item.waited_s,
+                "copied": item.copied,
+            }
+            sys.stdout.write(json.dumps(event) + "\n")
+            sys.stdout.flush()
+            return
+        step = f" step {item.step}" if item.step is not None else ""
+        out.result(
+            None,
+            f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {s.files} files, "
+            f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s",
+        )
+        sys.stdout.flush()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault:
+            out.info(f"watching {directory} for checkpoints; shipping to {vault.url}" + (" (once)" if once else ""))
+            result = vault.watch(
+                directory,
+                tags=tags,
+                interval=interval,
+                settle=settle,
+                include=include or (),
+                state_dir=state_dir,
+                once=once,
+                stop=stop,
+                on_shipped=on_shipped,
+                on_warning=out.warn,
+            )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    left = f"; {result.left} pinned checkpoint(s) wait for the next run" if result.left else ""
+    out.info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
+    if result.errors:
+        raise result.errors[0]

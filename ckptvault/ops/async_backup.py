@@ -1,0 +1,366 @@
+"""Backups off the training thread: one worker thread owning a bounded queue.
+
+``AsyncShipper.submit`` only queues a job and returns a ``BackupHandle`` (a thin view of a
+``concurrent.futures.Future``); the worker runs the ordinary synchronous backup, one job at
+a time (they share the uplink, and a Repository writes one backup at a time).
+
+When the queue is full, the caller's ``on_full`` policy decides:
+
+- ``"coalesce"`` (the default): the oldest *waiting* job is dropped for the new one; its
+  handle fails with BackupSupersededError and a warning is logged. Training never waits, and
+  the newest checkpoint, the one a resume needs, is always shipped. Used when uploads are
+  slower than checkpointing, where blocking would stall the GPU for as long as the backlog.
+- ``"block"``: the caller waits for a free slot, so every checkpoint ships, at the price of
+  training time.
+
+Failures are set on the handle, logged on the ``ckptvault`` logger, and raised again by the
+next ``flush()``. A transient storage error (``StorageError.retryable``) is retried a few
+times first. At interpreter exit the queue is flushed, for at most ``exit_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import BackupSupersededError, FlushTimeoutError, StorageError, UsageError
+from ..snapshot.model import Snapshot
+from . import pin as pins_module
+from .pin import Pin
+from .scan import check_sources
+
+log = logging.getLogger("ckptvault")
+
+OnFull = Literal["coalesce", "block"]
+DEFAULT_MAX_PENDING = 2
+DEFAULT_EXIT_TIMEOUT = 600.0
+PIN_FOLDER = ".ckptvault-pins"
+
+
+@dataclass
+class BackupJob:
+    """What the worker backs up: ``sources`` are the paths read (a pin's, when pinned)."""
+
+    sources: list[str]
+    tags: dict[str, str]
+    description: str = ""
+    hostname: str | None = None
+    label: str = ""  # the paths as the caller gave them, for messages
+    pins: list[Pin] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    future: Future[Snapshot] = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> str:
+        step = f" (step {self.tags['step']})" if "step" in self.tags else ""
+        return f"{self.label}{step}"
+
+
+class BackupHandle:
+    """The result of ``Vault.backup_async``: ``done()``, ``result(timeout)``, ``exception(timeout)``."""
+
+    def __init__(self, job: BackupJob) -> None:
+        self._job = job
+
+    @property
+    def paths(self) -> str:
+        return self._job.label
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self._job.tags)
+
+    @property
+    def pinned(self) -> bool:
+        """True when the checkpoint was hard-linked at submit time, so deleting it is safe."""
+        return bool(self._job.pins)
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._job.warnings)
+
+    def done(self) -> bool:
+        return self._job.future.done()
+
+    def running(self) -> bool:
+        return self._job.future.running()
+
+    def cancel(self) -> bool:
+        """Drop the backup if it has not started; True when it was dropped."""
+        return self._job.future.cancel()
+
+    def cancelled(self) -> bool:
+        return self._job.future.cancelled()
+
+    def result(self, timeout: float | None = None) -> Snapshot:
+        """The snapshot; raises the backup's error, or TimeoutError when not done in time."""
+        return self._job.future.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._job.future.exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[BackupHandle], object]) -> None:
+        """``fn(handle)`` runs when the backup ends (on the worker thread, or at once if done)."""
+        self._job.future.add_done_callback(lambda _f: fn(self))
+
+    def __repr__(self) -> str:
+        future = self._job.future
+        state = "done" if future.done() else "running" if future.running() else "queued"
+        return f"<BackupHandle {self._job.describe()} {state}>"
+
+
+def make_job(
+    paths: list[str],
+    *,
+    tags: dict[str, str],
+    description: str,
+    hostname: str | None,
+    pin: bool,
+) -> BackupJob:
+    """Check the sources and pin them, on the caller's thread: after this returns, the trainer
+    may delete or rewrite-by-rename the checkpoint. Pins are hard links in a ``.ckptvault-pins``
+    folder beside each source (the same filesystem); where that is impossible the sources are
+    backed up in place, with a warning, because a copy would hold up the training loop."""
+    for key in tags:
+        if not key or "=" in key:
+            raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
+    sources = check_sources(paths)
+    job = BackupJob(sources=sources, tags=dict(tags), description=description, hostname=hostname)
+    job.label = ", ".join(paths)
+    if not pin:
+        return job
+    pins: list[Pin] = []
+    try:
+        for src in sources:
+            staging = os.path.join(os.path.dirname(src.rstrip(os.sep)), PIN_FOLDER)
+            pins.append(pins_module.create(src, staging, link_only=True))
+    except OSError as exc:
+        for made in pins:
+            made.release()
+        log.warning(
+            "cannot pin %s with hard links (%s); it is read in place when its turn comes: "
+            "do not delete it before the handle is done",
+            job.label,
+            exc.strerror or exc,
+        )
+        return job
+    job.pins = pins
+    job.sources = [p.data for p in pins]
+    return job
+
+
+_LIVE: weakref.WeakSet[AsyncShipper] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _flush_all_at_exit() -> None:
+    for shipper in list(_LIVE):
+        shipper.flush_at_exit()
+
+
+def _register_exit_hook() -> None:
+    """Flush before the interpreter tears threads down. ``threading._register_atexit`` hooks run
+    before concurrent.futures refuses new work (its own hook, registered earlier, runs after
+    ours), so a backup still running at exit can use its thread pools; plain ``atexit`` would
+    run too late for that."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if _exit_hook_registered:
+            return
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(_flush_all_at_exit)
+        else:  # pragma: no cover - every supported Python has it
+            import atexit
+
+            atexit.register(_flush_all_at_exit)
+        _exit_hook_registered = True
+
+
+class AsyncShipper:
+    """A queue of backup jobs and the worker thread that runs them, oldest first."""
+
+    def __init__(
+        self,
+        run: Callable[[BackupJob], Snapshot],
+        *,
+        max_pending: int | None = DEFAULT_MAX_PENDING,
+        exit_timeout: float | None = DEFAULT_EXIT_TIMEOUT,
+        retries: int = 2,
+        retry_delay: float = 2.0,
+        name: str = "ckptvault-async",
+    ) -> None:
+        if max_pending is not None and max_pending < 1:
+            raise UsageError(f"max_pending {max_pending} must be at least 1")
+        self._run = run
+        self.max_pending = max_pending
+        self.exit_timeout = exit_timeout
+        self._retries = retries
+        self._retry_delay = retry_delay
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: deque[BackupJob] = deque()
+        self._running: BackupJob | None = None
+        self._failures: list[BaseException] = []  # since the last flush
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        _register_exit_hook()
+        _LIVE.add(self)
+
+    # ---- the caller's side -------------------------------------------------------------
+
+    def submit(self, job: BackupJob, *, on_full: OnFull = "coalesce") -> BackupHandle:
+        if on_full not in ("coalesce", "block"):
+            raise UsageError(f"on_full={on_full!r}: use 'coalesce' or 'block'")
+        dropped: BackupJob | None = None
+        with self._cond:
+            if self._closed:
+                raise UsageError("this vault no longer takes backups: it was closed")
+            if self.max_pending is not None and len(self._pending) >= self.max_pending:
+                if on_full == "block":
+                    self._cond.wait_for(lambda: self._closed or len(self._pending) < (self.max_pending or 0))
+                    if self._closed:
+                        raise UsageError("this vault no longer takes backups: it was closed")
+                else:
+                    dropped = self._pending.popleft()
+            self._pending.append(job)
+            self._ensure_worker()
+            self._cond.notify_all()
+        if dropped is not None:
+            self._supersede(dropped, job)
+        return BackupHandle(job)
+
+    def _supersede(self, old: BackupJob, new: BackupJob) -> None:
+        message = (
+            f"backup of {old.describe()} was dropped for the newer {new.describe()}: "
+            f"{self.max_pending} backups were already waiting (on_full='coalesce')"
+        )
+        log.warning(message)
+        if old.future.set_running_or_notify_cancel():
+            old.future.set_exception(BackupSupersededError(message))
+        self._release(old)
+
+    def pending(self) -> int:
+        """Jobs waiting or running."""
+        with self._cond:
+            return len(self._pending) + (self._running is not None)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued backup has ended. Raises FlushTimeoutError when some are still
+        unfinished after ``timeout`` seconds, else the first error of the backups that failed
+        since the previous flush (each failure is also on its handle and was logged)."""
+        if threading.current_thread() is self._thread:
+            raise UsageError("flush() cannot be called from a backup's done-callback")
+        with self._cond:
+            idle = self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
+            if not idle:
+                left = len(self._pending) + (self._running is not None)
+                raise FlushTimeoutError(f"{left} queued backup(s) still unfinished after {timeout:g} s")
+            failures, self._failures = self._failures, []
+        if failures:
+            if len(failures) > 1:
+                log.error("%d queued backups failed since the last flush; raising the first", len(failures))
+            raise failures[0]
+
+    def close(self, *, cancel_pending: bool = False, timeout: float | None = None) -> list[BackupJob]:
+        """Stop taking jobs. With ``cancel_pending``, jobs not started are cancelled (and returned,
+        their pins kept for the caller); the running one always finishes. Waits at most
+        ``timeout`` seconds for the worker."""
+        with self._cond:
+            self._closed = True
+            cancelled: list[BackupJob] = []
+            if cancel_pending:
+                while self._pending:
+                    job = self._pending.popleft()
+                    job.future.cancel()
+                    cancelled.append(job)
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        _LIVE.discard(self)
+        return cancelled
+
+    def flush_at_exit(self) -> None:
+        if self.pending() == 0:
+            return
+        log.info("ckptvault: waiting up to %s s for %d queued backup(s) before exit", self.exit_timeout, self.pending())
+        try:
+            self.flush(self.exit_timeout)
+        except FlushTimeoutError:
+            with self._cond:
+                left = ([self._running] if self._running else []) + list(self._pending)
+            kept = sorted({os.path.dirname(p.root) for j in left for p in j.pins})
+            log.error(
+                "ckptvault: exiting with %d backup(s) not shipped after %s s: %s%s",
+                len(left),
+                self.exit_timeout,
+                ", ".join(j.describe() for j in left),
+                f" (their pinned files stay in {', '.join(kept)}: back them up or delete them)" if kept else "",
+            )
+        except Exception:
+            pass  # each failure was logged when it happened
+
+    # ---- the worker's side -------------------------------------------------------------
+
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            # A daemon: a process may always exit; the exit hook gives queued work its bounded time.
+            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if not self._pending:
+                    return  # closed and drained
+                job = self._pending.popleft()
+                if not job.future.set_running_or_notify_cancel():
+                    self._release(job)
+                    self._cond.notify_all()
+                    continue
+                self._running = job
+                self._cond.notify_all()  # a blocked submit may go on
+            try:
+                snapshot = self._run_with_retries(job)
+            except BaseException as exc:
+                log.error("async backup of %s failed: %s", job.describe(), exc)
+                self._release(job)
+                with self._cond:
+                    self._failures.append(exc)
+                job.future.set_exception(exc)
+            else:
+                self._release(job)  # the snapshot is committed: the pin has done its job
+                job.future.set_result(snapshot)
+            with self._cond:
+                self._running = None  # after the handle is done: flush() returning means all are
+                self._cond.notify_all()
+
+    def _run_with_retries(self, job: BackupJob) -> Snapshot:
+        attempt = 0
+        while True:
+            try:
+                return self._run(job)
+            except StorageError as exc:
+                if not exc.retryable or attempt >= self._retries:
+                    raise
+                delay = self._retry_delay * (2**attempt)
+                attempt += 1
+                log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
+                time.sleep(delay)
+
+    @staticmethod
+    def _release(job: BackupJob) -> None:
+        for pin in job.pins:
+            pin.release()
+        job.pins = []

@@ -1,0 +1,59 @@
+"""Checkpoint names: which names are still being written, and which training step a name means.
+
+Trainers publish a checkpoint by writing it under a temporary name and renaming it
+(``tmp-checkpoint-1200`` -> ``checkpoint-1200``, ``latest.pt.tmp`` -> ``latest.pt``); names
+like those are never taken for a finished checkpoint. The step comes from the name
+(``checkpoint-1200``, ``step_1200``, ``epoch=3-step=1200.ckpt``, ``ckpt-000120.pt``), or from
+the ``global_step`` of a Hugging Face ``trainer_state.json`` inside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+TEMP_PREFIXES = (".", "tmp-", "tmp_", "~")
+TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", "~")
+
+# Most specific first: an explicit "step", then a checkpoint-ish word, then a lone trailing number.
+_STEP_PATTERNS = (
+    re.compile(r"(?:^|[^a-z])(?:global_)?steps?[-_=]?(\d+)", re.IGNORECASE),
+    re.compile(r"(?:^|[^a-z])(?:checkpoint|ckpt|iter|iteration)[-_=]?(\d+)", re.IGNORECASE),
+    re.compile(r"^(?!.*epoch)[^\d]*?[-_](\d+)(?:\.[a-z]+)*$", re.IGNORECASE),
+)
+TRAINER_STATE = "trainer_state.json"
+
+
+def is_temporary(name: str) -> bool:
+    """A name that a writer uses before it renames the finished file or folder."""
+    lower = name.lower()
+    return lower.startswith(TEMP_PREFIXES) or lower.endswith(TEMP_SUFFIXES)
+
+
+def step_from_name(name: str) -> int | None:
+    for pattern in _STEP_PATTERNS:
+        found = pattern.search(name)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def step_from_trainer_state(directory: str) -> int | None:
+    """``global_step`` from a Hugging Face ``trainer_state.json`` in ``directory``, if any."""
+    try:
+        with open(os.path.join(directory, TRAINER_STATE), encoding="utf-8") as f:
+            value = json.load(f).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def checkpoint_step(path: str) -> int | None:
+    """The training step of a checkpoint file or folder: ``trainer_state.json`` when the folder
+    has one (the trainer's own record), else the number in its name."""
+    if os.path.isdir(path):
+        step = step_from_trainer_state(path)
+        if step is not None:
+            return step
+    return step_from_name(os.path.basename(path.rstrip(os.sep)))

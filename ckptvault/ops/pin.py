@@ -1,0 +1,251 @@
+"""Pins: hard links into a staging folder, so a checkpoint outlives its trainer's rotation.
+
+A hard link keeps a file's inode, and so its bytes, after the trainer deletes the name it
+wrote; making one costs a metadata write (microseconds), not a copy. Where a hard link is
+impossible (the staging folder is on another filesystem, or the filesystem has none) the file
+is copied instead. A pin only ever adds or updates files, never removes them: a trainer's
+rotation deletes a checkpoint file by file, and mirroring that would empty the pin.
+
+A hard link pins the inode, not the bytes: a file rewritten *in place* (same inode) changes in
+the pin too. Writers that publish by rename (write a temporary name, then rename it) and
+writers that write each checkpoint to new files are pinned exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .names import is_temporary
+
+log = logging.getLogger("ckptvault")
+
+# link(2) failures that mean "no hard links here", as opposed to a real error
+NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+META = "pin.json"
+DATA = "data"
+
+Signature = tuple[tuple[str, ...], ...]
+
+
+class NoHardLinks(OSError):
+    """Raised by ``link_only`` pins when the filesystem refuses hard links."""
+
+
+def signature(path: str) -> Signature:
+    """What identifies a checkpoint's content without reading it: every file's relative path,
+    size and mtime (ns), every symlink's target, every directory. Names of files still being
+    written inside (``*.tmp``...) are included, so their growth counts as activity.
+    Raises FileNotFoundError when ``path`` is gone."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return (_describe("", path, st),)
+    out: list[tuple[str, ...]] = []
+    _walk_signature(path, "", out)
+    return tuple(sorted(out))
+
+
+def _describe(rel: str, path: str, st: os.stat_result) -> tuple[str, ...]:
+    if stat.S_ISLNK(st.st_mode):
+        return (rel, "l", os.readlink(path))
+    if stat.S_ISDIR(st.st_mode):
+        return (rel, "d")
+    return (rel, "f", str(st.st_size), str(st.st_mtime_ns))
+
+
+def _walk_signature(directory: str, prefix: str, out: list[tuple[str, ...]]) -> None:
+    with os.scandir(directory) as it:
+        entries = list(it)
+    for entry in entries:
+        rel = f"{prefix}/{entry.name}" if prefix else entry.name
+        try:
+            st = entry.stat(follow_symlinks=False)
+            out.append(_describe(rel, entry.path, st))
+            if stat.S_ISDIR(st.st_mode):
+                _walk_signature(entry.path, rel, out)
+        except FileNotFoundError:
+            continue  # deleted while we looked: the next look sees the rest
+
+
+def digest(sig: Signature) -> str:
+    """16 hex digits naming a signature: stored as the ``watch-sig`` tag, compared after a restart."""
+    return hashlib.sha256(json.dumps(sig, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def is_subset(sig: Signature, of: Signature) -> bool:
+    return set(sig) <= set(of)
+
+
+@dataclass
+class Pin:
+    """``root/data/<name>`` mirrors the pinned source; ``root/pin.json`` says where it came from."""
+
+    root: str
+    name: str
+    source: str
+    source_ino: int
+    copied: bool = False  # at least one file had to be copied
+
+    @property
+    def data(self) -> str:
+        return os.path.join(self.root, DATA, self.name)
+
+    @property
+    def pin_id(self) -> str:
+        return os.path.basename(self.root)
+
+    def save_meta(self, **extra: object) -> None:
+        doc = {"name": self.name, "source": self.source, "source_ino": self.source_ino, "copied": self.copied, **extra}
+        tmp = os.path.join(self.root, f".{META}.{secrets.token_hex(4)}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, os.path.join(self.root, META))
+
+    def release(self) -> None:
+        """Delete the pin (its snapshot is durable, or it is no longer wanted)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        parent = os.path.dirname(self.root)
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)  # the staging folder goes when its last pin does
+
+
+def new_pin_root(staging: str) -> str:
+    """A fresh pin folder; names sort in creation order, so a restart ships oldest first."""
+    os.makedirs(staging, exist_ok=True)
+    root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}")
+    os.makedirs(os.path.join(root, DATA))
+    return root
+
+
+def create(source: str, staging: str, *, link_only: bool = False) -> Pin:
+    """Pin ``source`` (a file or a directory) under ``staging``.
+
+    With ``link_only``, a filesystem that refuses hard links raises NoHardLinks (and leaves
+    nothing behind) instead of copying: a caller on a training loop's thread must not copy."""
+    source = os.path.abspath(source)
+    st = os.stat(source)  # a symlinked source means what it points at
+    name = os.path.basename(source.rstrip(os.sep)) or "root"
+    root = new_pin_root(staging)
+    pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino)
+    try:
+        sync(pin, link_only=link_only)
+        pin.save_meta()
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return pin
+
+
+def load(root: str) -> Pin | None:
+    """A pin left by an earlier run; None when it never got complete metadata (then it is
+    removed: its source was never pinned before a crash, so it was never promised)."""
+    try:
+        with open(os.path.join(root, META), encoding="utf-8") as f:
+            doc = json.load(f)
+        return Pin(root, str(doc["name"]), str(doc["source"]), int(doc["source_ino"]), bool(doc.get("copied")))
+    except (OSError, ValueError, KeyError, TypeError):
+        shutil.rmtree(root, ignore_errors=True)
+        return None
+
+
+def source_alive(pin: Pin) -> bool:
+    """The pinned source still exists under its name as the same file or directory."""
+    try:
+        return os.stat(pin.source).st_ino == pin.source_ino
+    except OSError:
+        return False
+
+
+def sync(pin: Pin, *, link_only: bool = False) -> None:
+    """Bring the pin up to date with its source: link (or copy) new files, relink files that
+    were replaced by a rename. Files gone from the source stay pinned. A source that vanished
+    meanwhile leaves the pin as it is."""
+    try:
+        st = os.stat(pin.source)
+    except FileNotFoundError:
+        return
+    if st.st_ino != pin.source_ino:
+        return  # the name now holds another checkpoint; this pin keeps the old one
+    if stat.S_ISDIR(st.st_mode):
+        os.makedirs(pin.data, exist_ok=True)
+        _sync_dir(pin, pin.source, pin.data, link_only)
+    else:
+        _sync_file(pin, pin.source, pin.data, link_only)
+
+
+def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, link_only: bool) -> None:
+    try:
+        with os.scandir(src_dir) as it:
+            entries = list(it)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if is_temporary(entry.name):
+            continue  # still being written: it is pinned under its final name once renamed
+        dst = os.path.join(dst_dir, entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.makedirs(dst, exist_ok=True)
+                _sync_dir(pin, entry.path, dst, link_only)
+            elif stat.S_ISLNK(st.st_mode):
+                target = os.readlink(entry.path)
+                if not os.path.islink(dst) or os.readlink(dst) != target:
+                    _replace_with(dst, functools.partial(_symlink_to, target))
+            elif stat.S_ISREG(st.st_mode):
+                _sync_file(pin, entry.path, dst, link_only, st)
+        except FileNotFoundError:
+            continue  # deleted while we looked
+
+
+def _sync_file(pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result | None = None) -> None:
+    st = st or os.stat(src)
+    try:
+        have = os.lstat(dst)
+    except FileNotFoundError:
+        have = None
+    if have is not None:
+        if have.st_ino == st.st_ino:
+            return  # the same inode: nothing can differ
+        if pin.copied and have.st_size == st.st_size and have.st_mtime_ns == st.st_mtime_ns:
+            return  # our own copy of this version
+    if not pin.copied:
+        try:
+            _replace_with(dst, lambda tmp: os.link(src, tmp, follow_symlinks=True))
+            return
+        except OSError as exc:
+            if exc.errno not in NO_LINK_ERRNOS:
+                raise
+            if link_only:
+                raise NoHardLinks(exc.errno, f"cannot hard-link {src} into {pin.root}: {exc.strerror}") from exc
+            log.info("hard links are impossible from %s into %s (%s); copying instead", src, pin.root, exc.strerror)
+            pin.copied = True
+    _replace_with(dst, lambda tmp: shutil.copy2(src, tmp))
+
+
+def _symlink_to(target: str, path: str) -> None:
+    os.symlink(target, path)
+
+
+def _replace_with(dst: str, make: Callable[[str], object]) -> None:
+    """Create the new entry under a temporary name beside ``dst``, then rename it over: the pin
+    never holds a half-made file."""
+    tmp = os.path.join(os.path.dirname(dst), f".pin-{secrets.token_hex(4)}")
+    try:
+        make(tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise

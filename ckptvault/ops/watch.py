@@ -1,0 +1,427 @@
+"""The watching sidecar: find each finished checkpoint in a folder, pin it, ship it, unpin it.
+
+Every entry at the top of the watched folder is a checkpoint (a folder such as
+``checkpoint-1200/`` or a file such as ``latest.pt``), except names still being written
+(``*.tmp``, ``tmp-*``, ``.*``: see names.py) and the watcher's own staging folder.
+
+The life of a checkpoint:
+
+1. **seen**: a new name, or a name that now holds a new file or folder (a rename over it
+   gives a new inode), or an old file rewritten in place. It is pinned at once (pin.py): hard
+   links into the staging folder, so the trainer's rotation may delete it from then on.
+2. **settling**: on every poll the pin is brought up to date with the source while the source
+   exists; the checkpoint is *complete* once the pin's signature (paths, sizes, mtimes) has not
+   changed for ``settle`` seconds. A source deleted meanwhile settles from its pin.
+3. **shipping**: a backup of the pin, tagged with the user's tags, ``step`` (names.py),
+   ``checkpoint=<name>`` and ``watch-sig=<signature digest>``. Backups run one at a time on a
+   worker thread while polling goes on, so a long upload never makes the watcher miss a
+   checkpoint.
+4. **shipped**: the snapshot is durable (committed); the pin is deleted.
+
+Restart safety: pins live on disk until their snapshot is durable, so a watcher killed at any
+moment finds them again when it starts and ships them (no gaps for checkpoints it had seen).
+Before shipping, the pin's ``watch-sig`` is looked up among the vault's snapshots, so a
+checkpoint whose snapshot was committed just before the kill is not shipped twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import fnmatch
+import functools
+import logging
+import os
+import queue
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from ..errors import CkptVaultError, SourceError, UsageError, WatchLockedError
+from ..snapshot.model import Snapshot
+from . import pin as pins
+from .async_backup import AsyncShipper, BackupJob
+from .names import checkpoint_step, is_temporary
+
+log = logging.getLogger("ckptvault")
+
+STATE_FOLDER = ".ckptvault-watch"
+RESERVED_TAGS = ("step", "checkpoint", "watch-sig")
+RETRY_AFTER = (5.0, 15.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    interval: float = 0.1  # seconds between polls: a checkpoint must live at least this long
+    settle: float = 2.0  # seconds without change before a checkpoint counts as complete
+    include: tuple[str, ...] = ()  # globs on top-level names; empty means every name
+    state_dir: str | None = None  # default: <folder>/.ckptvault-watch (same filesystem)
+    once: bool = False
+
+
+@dataclass(frozen=True)
+class ShippedCheckpoint:
+    name: str
+    source: str
+    step: int | None
+    snapshot: Snapshot
+    copied: bool  # the pin had to copy (no hard links possible)
+    waited_s: float  # from first sight to durable
+
+
+@dataclass
+class WatchResult:
+    shipped: list[ShippedCheckpoint] = field(default_factory=list)
+    left: int = 0  # pinned checkpoints left for the next run
+    errors: list[CkptVaultError] = field(default_factory=list)
+
+
+@dataclass
+class _Candidate:
+    pin: pins.Pin
+    seen: float
+    last_change: float
+    sig: pins.Signature = ()
+    first_sig: pins.Signature | None = None
+    state: str = "settling"  # settling | queued | failed
+    retry_at: float = 0.0
+    failures: int = 0
+    digest: str = ""
+    step: int | None = None
+
+
+@dataclass
+class _Done:
+    """What a name held when its checkpoint was shipped, to notice when it holds a new one."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    sig: pins.Signature
+
+
+Ship = Callable[[BackupJob], Snapshot]
+
+
+class Watcher:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        tags: dict[str, str],
+        ship: Ship,
+        shipped_digests: Callable[[], Iterable[str]],
+        options: WatchOptions,
+        stop: threading.Event | None = None,
+        on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+    ) -> None:
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        if not os.path.exists(self.directory):
+            raise SourceError(self.directory, "no such directory")
+        if not os.path.isdir(self.directory):
+            raise UsageError(f"{self.directory} is not a directory; watch the folder the trainer saves into")
+        for key in RESERVED_TAGS:
+            if key in tags:
+                raise UsageError(f"--tag {key}=... is set by watch itself for each checkpoint; leave it out")
+        if options.interval <= 0 or options.settle < 0:
+            raise UsageError("--interval must be positive and --settle not negative")
+        self.tags = dict(tags)
+        self.options = options
+        self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, STATE_FOLDER))
+        self.pins_dir = os.path.join(self.state_dir, "pins")
+        self._ship = ship
+        self._shipped_digests = shipped_digests
+        self._stop = stop or threading.Event()
+        self._on_shipped = on_shipped or (lambda _s: None)
+        self._on_warning = on_warning or (lambda _m: None)
+        self._candidates: dict[str, _Candidate] = {}  # by pin id
+        self._done: dict[str, _Done] = {}  # by top-level name
+        self._digests: set[str] = set()
+        self._finished: queue.SimpleQueue[tuple[_Candidate, Future[Snapshot]]] = queue.SimpleQueue()
+        self.result = WatchResult()
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def run(self) -> WatchResult:
+        os.makedirs(self.pins_dir, exist_ok=True)
+        with _exclusive(os.path.join(self.state_dir, "lock"), self.directory):
+            self._digests = set(self._shipped_digests())
+            self._adopt_pins()
+            shipper = AsyncShipper(self._ship_job, max_pending=None, exit_timeout=None, name="ckptvault-watch")
+            try:
+                if self.options.once:
+                    self._run_once(shipper)
+                else:
+                    self._run_forever(shipper)
+            finally:
+                for job in shipper.close(cancel_pending=True):
+                    self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
+                self._collect()
+            self.result.left = sum(1 for c in self._candidates.values())
+        return self.result
+
+    def _run_forever(self, shipper: AsyncShipper) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            self._scan(now)
+            self._settle(now)
+            self._promote(shipper, now)
+            self._collect()
+            self._stop.wait(self.options.interval)
+
+    def _run_once(self, shipper: AsyncShipper) -> None:
+        """One pass for cron: what is there now and stays unchanged for ``settle`` seconds ships;
+        what is still being written is left for the next run."""
+        start = time.monotonic()
+        self._scan(start)
+        self._settle(start)
+        for cand in self._candidates.values():
+            cand.first_sig = cand.sig
+        deadline = start + self.options.settle
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            self._stop.wait(min(self.options.interval, max(0.0, deadline - time.monotonic())))
+            self._settle(time.monotonic())
+        for cand in list(self._candidates.values()):
+            if cand.sig != cand.first_sig and pins.source_alive(cand.pin):
+                self._on_warning(f"{cand.pin.name} is still being written; it is left for the next run")
+                self._drop(cand)
+            else:
+                cand.last_change = 0.0  # settled
+        self._promote(shipper, time.monotonic())
+        while not self._stop.is_set() and any(c.state == "queued" for c in self._candidates.values()):
+            self._collect()
+            self._stop.wait(self.options.interval)
+        self._collect()
+
+    # ---- finding and pinning -----------------------------------------------------------
+
+    def _wanted(self, name: str) -> bool:
+        if is_temporary(name):
+            return False
+        return not self.options.include or any(fnmatch.fnmatchcase(name, g) for g in self.options.include)
+
+    def _scan(self, now: float) -> None:
+        tracked = {(c.pin.name, c.pin.source_ino) for c in self._candidates.values()}
+        try:
+            with os.scandir(self.directory) as it:
+                entries = [e for e in it if self._wanted(e.name)]
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                continue  # a link names a checkpoint that is watched under its own name
+            if entry.path == self.state_dir or (entry.name, st.st_ino) in tracked:
+                continue
+            done = self._done.get(entry.name)
+            if done is not None and done.ino == st.st_ino:
+                if done.size == st.st_size and done.mtime_ns == st.st_mtime_ns:
+                    continue  # unchanged since it was shipped
+                if not self._changed_since_shipped(entry.path, done, st):
+                    continue
+            self._start(entry.name, entry.path, st, now)
+
+    def _changed_since_shipped(self, path: str, done: _Done, st: os.stat_result) -> bool:
+        """A shipped folder whose own mtime moved: new or changed files make it a new version;
+        files only disappearing is its deletion in progress (rotation), not a new version."""
+        try:
+            sig = pins.signature(path)
+        except FileNotFoundError:
+            return False
+        done.size, done.mtime_ns = st.st_size, st.st_mtime_ns
+        return not pins.is_subset(sig, done.sig)
+
+    def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
+        try:
+            sig = pins.signature(path)
+        except FileNotFoundError:
+            return
+        if pins.digest(sig) in self._digests:
+            self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
+            return  # shipped before (by an earlier run of the watcher)
+        try:
+            pin = pins.create(path, self.pins_dir)
+        except FileNotFoundError:
+            return  # deleted between the look and the pin: it never was complete here
+        if pin.source_ino != st.st_ino:  # replaced between the look and the pin: pin what is there now
+            pin.release()
+            return
+        if pin.copied:
+            self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
+        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+
+    def _adopt_pins(self) -> None:
+        """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
+        now = time.monotonic()
+        for pin_id in sorted(os.listdir(self.pins_dir)):
+            root = os.path.join(self.pins_dir, pin_id)
+            if not os.path.isdir(root):
+                continue
+            pin = pins.load(root)
+            if pin is None:
+                continue
+            self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+            log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
+
+    # ---- settling and shipping ---------------------------------------------------------
+
+    def _settle(self, now: float) -> None:
+        for cand in list(self._candidates.values()):
+            if cand.state != "settling":
+                continue
+            try:
+                pins.sync(cand.pin)
+                sig = pins.signature(cand.pin.data) + _temporary_activity(cand.pin)
+            except FileNotFoundError:
+                self._drop(cand)  # the pin itself vanished (deleted by hand)
+                continue
+            except OSError as exc:
+                self._on_warning(f"{cand.pin.name}: cannot pin: {exc}")
+                continue
+            if sig != cand.sig:
+                cand.sig, cand.last_change = sig, now
+
+    def _promote(self, shipper: AsyncShipper, now: float) -> None:
+        for cand in sorted(self._candidates.values(), key=lambda c: c.pin.pin_id):
+            ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
+            retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
+            if not (ready or retry):
+                continue
+            try:
+                sig = pins.signature(cand.pin.data)
+            except FileNotFoundError:
+                self._drop(cand)
+                continue
+            cand.digest = pins.digest(sig)
+            if cand.digest in self._digests:
+                self._finish_done(cand, sig)
+                self._release(cand)
+                continue
+            cand.step = checkpoint_step(cand.pin.data)
+            cand.pin.save_meta(digest=cand.digest)
+            tags = {**self.tags, "checkpoint": cand.pin.name, "watch-sig": cand.digest}
+            if cand.step is not None:
+                tags["step"] = str(cand.step)
+            job = BackupJob(
+                sources=[cand.pin.data],
+                tags=tags,
+                description=f"ckptvault watch: {cand.pin.source}",
+                label=cand.pin.name,
+            )
+            job.future.add_done_callback(functools.partial(self._on_done, cand))
+            cand.state = "queued"
+            shipper.submit(job, on_full="block")
+
+    def _on_done(self, cand: _Candidate, future: Future[Snapshot]) -> None:
+        self._finished.put((cand, future))  # on the worker thread: hand over, touch nothing
+
+    def _ship_job(self, job: BackupJob) -> Snapshot:
+        return self._ship(job)
+
+    def _collect(self) -> None:
+        """Handle finished backups on the polling thread (the only one that touches state)."""
+        while True:
+            try:
+                cand, future = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            if cand.pin.pin_id not in self._candidates or future.cancelled():
+                continue  # a cancelled backup (watch stopping) keeps its pin for the next run
+            outcome = future.exception()
+            if outcome is None:
+                snapshot = future.result()
+                self._digests.add(cand.digest)
+                with contextlib.suppress(FileNotFoundError):
+                    self._finish_done(cand, pins.signature(cand.pin.data))
+                self._release(cand)
+                shipped = ShippedCheckpoint(
+                    name=cand.pin.name,
+                    source=cand.pin.source,
+                    step=cand.step,
+                    snapshot=snapshot,
+                    copied=cand.pin.copied,
+                    waited_s=round(time.monotonic() - cand.seen, 3),
+                )
+                self.result.shipped.append(shipped)
+                self._on_shipped(shipped)
+            else:
+                cand.failures += 1
+                cand.state = "failed"
+                delay = RETRY_AFTER[min(cand.failures, len(RETRY_AFTER)) - 1]
+                cand.retry_at = time.monotonic() + delay
+                if isinstance(outcome, CkptVaultError):
+                    self.result.errors.append(outcome)
+                when = "it stays pinned for the next run" if self.options.once else f"retrying in {delay:.0f} s"
+                self._on_warning(f"{cand.pin.name}: backup failed: {outcome}; {when}")
+
+    def _finish_done(self, cand: _Candidate, sig: pins.Signature) -> None:
+        """Remember what the source name holds, if it still holds the pinned checkpoint."""
+        try:
+            st = os.stat(cand.pin.source)
+        except OSError:
+            return
+        if st.st_ino == cand.pin.source_ino:
+            self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
+
+    def _candidate_of(self, job: BackupJob) -> _Candidate:
+        for cand in self._candidates.values():
+            if cand.pin.data in job.sources:
+                return cand
+        return _Candidate(pin=pins.Pin("", "", "", 0), seen=0, last_change=0)  # pragma: no cover
+
+    def _release(self, cand: _Candidate) -> None:
+        self._candidates.pop(cand.pin.pin_id, None)
+        cand.pin.release()
+        os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
+
+    def _drop(self, cand: _Candidate) -> None:
+        self._release(cand)
+
+
+def _temporary_activity(pin: pins.Pin) -> pins.Signature:
+    """Files still being written inside the source folder (not pinned) count as activity."""
+    if not os.path.isdir(pin.source) or not pins.source_alive(pin):
+        return ()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(pin.source):
+        for name in filenames + dirnames:
+            if is_temporary(name):
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                out.append(("~" + os.path.relpath(path, pin.source), str(st.st_size), str(st.st_mtime_ns)))
+    return tuple(sorted(out))
+
+
+class _exclusive:
+    """One watcher per folder: a second one would pin and ship everything twice."""
+
+    def __init__(self, path: str, directory: str) -> None:
+        self.path = path
+        self.directory = directory
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            raise WatchLockedError(
+                f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()}".encode(), 0)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)

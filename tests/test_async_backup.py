@@ -1,0 +1,191 @@
+"""backup_async: it never blocks the caller, pins what it was given, has a bounded queue with a
+documented policy, surfaces every failure, and flushes at interpreter exit within its bound."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import tests.support.slowfs  # noqa: F401 - registers slowfile://
+from ckptvault import Vault
+from ckptvault.errors import BackupSupersededError, FlushTimeoutError, SourceError, UsageError, VaultLockedError
+from tests.conftest import tree_digest, write_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_checkpoint(path: Path, step: int, size: int = 200_000) -> Path:
+    write_file(path / "model.pt", os.urandom(size))
+    write_file(path / "trainer_state.json", f'{{"global_step": {step}}}'.encode())
+    return path
+
+
+def slow_vault(tmp_path: Path, delay: float) -> Vault:
+    """A real vault on a filesystem whose reads and listings each take ``delay`` seconds."""
+    Vault.init(str(tmp_path / "repo")).close()
+    return Vault.open(f"slowfile://{tmp_path / 'repo'}", storage_options={"delay": str(delay)})
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def test_backup_async_returns_in_milliseconds_while_a_slow_backend_takes_seconds(tmp_path):
+    vault = slow_vault(tmp_path, delay=0.25)
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_100", 100)
+    latencies = []
+    handles = []
+    for step in (100, 200):
+        started = time.perf_counter()
+        handles.append(vault.backup_async(ckpt, tags={"run": "r", "step": str(step)}, on_full="block"))
+        latencies.append(time.perf_counter() - started)
+        assert not handles[-1].done()
+    started = time.perf_counter()
+    snaps = [h.result(timeout=120) for h in handles]
+    backend_s = time.perf_counter() - started
+    print(f"backup_async call latency: {[f'{x * 1000:.2f} ms' for x in latencies]}; the backups took {backend_s:.1f} s")
+    assert max(latencies) < 0.05, latencies  # a few milliseconds, not the seconds the backend takes
+    assert backend_s > 1.0
+    assert [s.tags["step"] for s in snaps] == ["100", "200"]
+    vault.close()
+
+
+def test_the_checkpoint_may_be_deleted_as_soon_as_backup_async_returns(tmp_path, vault):
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "checkpoint-7", 7)
+    expected = tree_digest(ckpt)
+    handle = vault.backup_async(ckpt, tags={"run": "r", "step": "7"})
+    assert handle.pinned
+    shutil.rmtree(ckpt)  # the trainer's rotation, before the worker even started
+    snap = handle.result(timeout=60)
+    vault.restore(snap, tmp_path / "restored")
+    assert tree_digest(tmp_path / "restored") == expected
+    assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists(), "the pin is released once the snapshot is durable"
+
+
+def test_coalesce_drops_the_oldest_waiting_backup_and_says_so(tmp_path, caplog):
+    vault = slow_vault(tmp_path, delay=0.1)
+    vault.configure_async(max_pending=2)
+    ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{i}", i, 50_000) for i in range(5)]
+    first = vault.backup_async(ckpts[0], tags={"step": "0"})
+    wait_until(first.running)
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        handles = [first] + [vault.backup_async(c, tags={"step": str(i + 1)}) for i, c in enumerate(ckpts[1:])]
+    vault.flush(timeout=120)
+    for dropped in handles[1:3]:
+        with pytest.raises(BackupSupersededError, match="dropped for the newer"):
+            dropped.result()
+    assert [h.result().tags["step"] for h in (handles[0], handles[3], handles[4])] == ["0", "3", "4"]
+    assert sum("dropped for the newer" in r.getMessage() for r in caplog.records) == 2
+    assert sorted(s.tags["step"] for s in vault.snapshots()) == ["0", "3", "4"]
+    assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists(), "dropped backups release their pins"
+    vault.close()
+
+
+def test_block_waits_for_a_free_slot_and_ships_everything(tmp_path):
+    vault = slow_vault(tmp_path, delay=0.1)
+    vault.configure_async(max_pending=1)
+    ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{i}", i, 50_000) for i in range(3)]
+    first = vault.backup_async(ckpts[0], tags={"step": "0"}, on_full="block")
+    wait_until(first.running)
+    second = vault.backup_async(ckpts[1], tags={"step": "1"}, on_full="block")
+    started = time.perf_counter()
+    third = vault.backup_async(ckpts[2], tags={"step": "2"}, on_full="block")
+    blocked_s = time.perf_counter() - started
+    assert first.done(), "the third call waited until the first backup ended"
+    assert blocked_s > 0.2
+    vault.flush(timeout=120)
+    assert [h.result().tags["step"] for h in (first, second, third)] == ["0", "1", "2"]
+    vault.close()
+
+
+def test_a_failed_backup_is_on_its_handle_logged_and_raised_by_flush(tmp_path, repo_url, vault, caplog):
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    holder = Vault.open(repo_url)
+    with holder._repo.locks.acquire(exclusive=True), caplog.at_level(logging.ERROR, logger="ckptvault"):
+        handle = vault.backup_async(ckpt, tags={"step": "1"})
+        assert isinstance(handle.exception(timeout=60), VaultLockedError)
+        with pytest.raises(VaultLockedError):
+            handle.result()
+        with pytest.raises(VaultLockedError):
+            vault.flush(timeout=60)
+    assert any("async backup of" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    vault.flush(timeout=10)  # reported once: the next flush has nothing new to raise
+    assert vault.backup_async(ckpt, tags={"step": "1"}).result(timeout=60).tags == {"step": "1"}
+    holder.close()
+
+
+def test_bad_input_fails_at_once_on_the_callers_thread(tmp_path, vault):
+    with pytest.raises(SourceError):
+        vault.backup_async(tmp_path / "missing")
+    with pytest.raises(UsageError):
+        vault.backup_async(tmp_path, tags={"a=b": "c"})
+    with pytest.raises(UsageError):
+        vault.backup_async(tmp_path, on_full="drop")  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        vault.configure_async(max_pending=0)
+
+
+def test_flush_timeout_is_bounded(tmp_path):
+    vault = slow_vault(tmp_path, delay=0.3)
+    handle = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"step": "1"})
+    started = time.perf_counter()
+    with pytest.raises(FlushTimeoutError, match="still unfinished"):
+        vault.flush(timeout=0.2)
+    assert time.perf_counter() - started < 1.0
+    assert handle.result(timeout=120).tags == {"step": "1"}
+    vault.close()
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import tests.support.slowfs
+    from ckptvault import Vault
+    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": sys.argv[3]})
+    vault.configure_async(exit_timeout=float(sys.argv[4]))
+    started = time.perf_counter()
+    vault.backup_async(sys.argv[2], tags={"step": "1"})
+    print(f"queued in {(time.perf_counter() - started) * 1000:.1f} ms", flush=True)
+    # no flush: the interpreter's exit must wait for the queued backup (up to exit_timeout)
+    """
+)
+
+
+def run_exit_script(tmp_path: Path, delay: float, exit_timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / "repo"), str(ckpt), str(delay), str(exit_timeout)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    return proc, time.perf_counter() - started
+
+
+def test_queued_backups_finish_at_interpreter_exit(tmp_path):
+    proc, _ = run_exit_script(tmp_path, delay=0.1, exit_timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with Vault.open(str(tmp_path / "repo")) as vault:
+        assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
+    assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists()
+
+
+def test_the_exit_wait_is_bounded_and_says_what_was_not_shipped(tmp_path):
+    proc, elapsed = run_exit_script(tmp_path, delay=1.0, exit_timeout=0.5)
+    assert elapsed < 15, f"the process took {elapsed:.1f} s to exit"
+    assert "not shipped after 0.5 s" in proc.stderr, proc.stderr
+    assert "step_1" in proc.stderr
