@@ -43,8 +43,10 @@ from .ops.backup import run_backup
 from .ops.check import CheckReport, run_check
 from .ops.drill import DrillReport, run_drill
 from .ops.gc import GcPlan
+from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
+from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.restore import RestoreResult, run_restore
 from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
@@ -488,3 +490,31 @@ class Vault:
         if run is not None:
             wanted["run"] = run
         return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)
+
+    # ---- browsing and comparing without restoring (docs/checkpoints.md) -----------------
+
+    def open_file(
+        self, snapshot: str | Snapshot, path: str, *, cache_chunks: int = DEFAULT_CACHE_CHUNKS
+    ) -> SnapshotFile:
+        """A seekable, read-only binary file of one snapshot file that fetches only the chunks a
+        read touches (each verified against its ID), keeping the last ``cache_chunks`` decoded."""
+        snap = self.snapshot(snapshot)
+        return SnapshotFile(
+            ChunkedFile(self._repo, find_file(self.files(snap), path, snap.id), cache_chunks=cache_chunks)
+        )
+
+    def file_usage(self, snapshot: str | Snapshot) -> list[FileUsage]:
+        """Every entry of the snapshot with its stored bytes and chunk count (``ls --long``)."""
+        return file_usage(self._repo, self.files(snapshot))
+
+    def show(self, snapshot: str | Snapshot, path: str, *, stats: bool = False) -> FileContents:
+        """The tensors of a safetensors, .npy/.npz or torch zip file in the snapshot, from its header
+        alone; with ``stats``, min/max/mean/std/NaN count per tensor (reads each tensor once)."""
+        snap = self.snapshot(snapshot)
+        return show_file(self._repo, find_file(self.files(snap), path, snap.id), stats=stats)
+
+    def diff(self, a: str | Snapshot, b: str | Snapshot, *, tensors: bool = False) -> SnapshotDiff:
+        """Files added, removed and changed from ``a`` to ``b`` and the bytes new in ``b``; with
+        ``tensors``, which tensors of each changed tensor file were added, removed or changed."""
+        snap_a, snap_b = self.snapshot(a), self.snapshot(b)
+        return diff_trees(self._repo, snap_a.id, self.files(snap_a), snap_b.id, self.files(snap_b), tensors=tensors)

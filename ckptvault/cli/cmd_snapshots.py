@@ -48,6 +48,7 @@ def snapshots_cmd(
 @command
 def ls_cmd(
     snapshot: SnapshotArg,
+    long: Annotated[bool, typer.Option("--long", "-l", help="Also stored bytes, chunks and file hash.")] = False,
     tag: TagOpt = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
@@ -56,15 +57,22 @@ def ls_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """List the files of a snapshot with their sizes."""
+    """List the files of a snapshot with their sizes (--long: stored bytes, chunks, BLAKE3)."""
     out = Output(json_mode=json_out, quiet=quiet)
     with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         entries = vault.files(snap)
-    table = out.table("type", "mode", "size", "path")
+        usage = {u.path: u for u in vault.file_usage(snap)} if long else {}
+    table = out.table("type", "mode", "size", *(("stored", "chunks", "blake3") if long else ()), "path")
     for e in entries:
         shown = f"{e.path} -> {e.target}" if e.type == "symlink" else e.path + ("/" if e.type == "dir" else "")
-        table.add_row(e.type, oct(e.mode), format_bytes(e.size) if e.type == "file" else "", shown)
+        extra = []
+        if long:
+            u = usage[e.path]
+            extra = (
+                [format_bytes(u.stored_bytes), str(u.chunks), (e.blake3 or "")[:16]] if e.type == "file" else [""] * 3
+            )
+        table.add_row(e.type, oct(e.mode), format_bytes(e.size) if e.type == "file" else "", *extra, shown)
     data = [
         {
             "path": e.path,
@@ -74,6 +82,7 @@ def ls_cmd(
             "mtime_ns": e.mtime_ns,
             "blake3": e.blake3,
             "target": e.target,
+            **({"stored_bytes": usage[e.path].stored_bytes, "chunks": usage[e.path].chunks} if long else {}),
         }
         for e in entries
     ]

@@ -1,0 +1,51 @@
+"""diff: what changed between two snapshots, per file and (with --tensors) per tensor."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .output import Output, format_bytes
+
+
+@app.command("diff")
+@command
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="The older snapshot (ID, unique prefix or 'latest').")],
+    b: Annotated[str, typer.Argument(help="The newer snapshot.")],
+    tensors: Annotated[
+        bool, typer.Option("--tensors", help="Per changed tensor file: tensors added, removed and changed.")
+    ] = False,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Files added, removed and changed from A to B, and the bytes B added; no file is restored."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        result = vault.diff(a, b, tensors=tensors)
+    lines = []
+    for f in result.files:
+        size = format_bytes(f.size_b if f.size_b is not None else f.size_a or 0)
+        new = f"  ({format_bytes(f.new_bytes)} new)" if f.new_bytes else ""
+        lines.append(f"{f.status:8} {f.path}  {size}{new}")
+        if f.tensors is not None:
+            t = f.tensors
+            lines += [f"           + {name}" for name in t.added]
+            lines += [f"           - {name}" for name in t.removed]
+            lines += [f"           ~ {name}" for name in t.changed]
+            lines.append(
+                f"           tensors: {len(t.changed)} changed, {len(t.added)} added, {len(t.removed)} removed, "
+                f"{t.unchanged} unchanged"
+            )
+    count = {s: sum(f.status == s for f in result.files) for s in ("changed", "added", "removed")}
+    lines.append(
+        f"{count['changed']} changed, {count['added']} added, {count['removed']} removed, "
+        f"{result.unchanged_files} unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
+    )
+    out.result(result, "\n".join(lines))

@@ -1,0 +1,54 @@
+"""show: the tensors of a checkpoint file inside a snapshot, read from its header alone."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .cmd_snapshots import SnapshotArg
+from .output import Output, format_bytes
+from .params import parse_tags
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.6g}"
+
+
+@app.command("show")
+@command
+def show_cmd(
+    snapshot: SnapshotArg,
+    path: Annotated[str, typer.Argument(help="A safetensors, .npy/.npz or torch zip file in the snapshot.")],
+    stats: Annotated[
+        bool, typer.Option("--stats", help="Also min/max/mean/std/NaN count per tensor (reads them).")
+    ] = False,
+    tag: TagOpt = None,
+    repo: RepoOpt = None,
+    storage_option: StorageOpt = None,
+    keyfile: KeyfileOpt = None,
+    passphrase_file: PassphraseFileOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """List the tensors of a checkpoint file (name, dtype, shape, bytes, offset) without restoring it."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+        contents = vault.show(vault.snapshot(snapshot, parse_tags(tag)), path, stats=stats)
+    columns = ["name", "dtype", "shape", "bytes", "offset"]
+    if stats:
+        columns += ["min", "max", "mean", "std", "nan"]
+    table = out.table(*columns)
+    for t in contents.tensors:
+        row = [t.name, t.dtype, "?" if t.shape is None else "x".join(map(str, t.shape)) or "scalar"]
+        row += [format_bytes(t.nbytes), str(t.offset)]
+        if stats:
+            s = t.stats
+            row += [_num(s.min), _num(s.max), _num(s.mean), _num(s.std), str(s.nan)] if s else ["-"] * 5
+        table.add_row(*row)
+    out.info(
+        f"{contents.path}: {contents.format}, {len(contents.tensors)} tensors, {format_bytes(contents.size)}; "
+        f"read {contents.fetched_chunks} chunks ({format_bytes(contents.fetched_bytes)})"
+    )
+    out.result(contents, table)

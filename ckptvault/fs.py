@@ -1,0 +1,152 @@
+"""``ckptvault://``: snapshots as a read-only fsspec filesystem (registered through an entry point).
+
+    with fsspec.open("ckptvault://latest/model.safetensors", repo="s3://bucket/vault") as f:
+        f.seek(offset); f.read(n)                # fetches only the chunks those bytes live in
+
+Paths are ``<snapshot>/<path in the snapshot>``, where ``<snapshot>`` is ``latest``, an ID or a
+unique ID prefix; the root lists snapshots by ID. Files are ``Vault.open_file`` objects: seekable,
+each fetched chunk verified, a few decoded chunks cached per open file. Snapshot resolution and
+trees are cached per filesystem instance (``invalidate_cache()`` forgets them, so ``latest`` is
+looked up again). fsspec conventions win at this boundary: a missing path is FileNotFoundError.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from fsspec.spec import AbstractFileSystem
+
+from .crypto.keyfile import PassphraseSource
+from .errors import PathNotInSnapshotError, SnapshotNotFoundError
+from .ops.reader import DEFAULT_CACHE_CHUNKS, SnapshotFile
+from .snapshot.model import FileEntry, Snapshot
+from .vault import KeyfileArg, Vault
+
+
+class CkptVaultFileSystem(AbstractFileSystem):
+    protocol = "ckptvault"
+    root_marker = ""
+
+    def __init__(
+        self,
+        repo: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        keyfile: KeyfileArg = None,
+        passphrase: PassphraseSource = None,
+        vault: Vault | None = None,
+        cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        **kwargs: Any,
+    ) -> None:
+        """``repo``: the vault URL (default: ``$CKPTVAULT_REPO`` or the default vault); or pass an
+        open ``vault``. ``cache_chunks``: decoded chunks kept per open file."""
+        super().__init__(**kwargs)
+        self.vault = vault or Vault.open(repo, storage_options=storage_options, keyfile=keyfile, passphrase=passphrase)
+        self.cache_chunks = cache_chunks
+        self._snapshots: dict[str, Snapshot] = {}
+        self._trees: dict[str, list[FileEntry]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        if isinstance(path, list):  # fsspec passes lists through here too
+            return [cls._strip_protocol(p) for p in path]  # type: ignore[return-value]
+        path = str(path)
+        if path.startswith("ckptvault://"):
+            path = path[len("ckptvault://") :]
+        return path.strip("/")
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        with self._lock:
+            self._snapshots.clear()
+            self._trees.clear()
+        super().invalidate_cache(path)
+
+    # ---- resolution ----------------------------------------------------------------------
+
+    def _resolve(self, path: str) -> tuple[Snapshot, str]:
+        spec, _, inner = self._strip_protocol(path).partition("/")
+        with self._lock:
+            snap = self._snapshots.get(spec)
+        if snap is None:
+            try:
+                snap = self.vault.snapshot(spec)
+            except SnapshotNotFoundError as exc:
+                raise FileNotFoundError(f"ckptvault://{spec}: {exc}") from exc
+            with self._lock:
+                self._snapshots[spec] = snap
+        return snap, inner
+
+    def _tree(self, snap: Snapshot) -> list[FileEntry]:
+        with self._lock:
+            tree = self._trees.get(snap.id)
+        if tree is None:
+            tree = self.vault.files(snap)
+            with self._lock:
+                self._trees[snap.id] = tree
+        return tree
+
+    @staticmethod
+    def _info(name: str, entry: FileEntry) -> dict[str, Any]:
+        kind = {"file": "file", "dir": "directory"}.get(entry.type, "other")
+        info: dict[str, Any] = {"name": name, "size": entry.size if entry.type == "file" else 0, "type": kind}
+        info.update(mode=entry.mode, mtime=entry.mtime_ns / 1e9, blake3=entry.blake3, target=entry.target)
+        return info
+
+    # ---- the fsspec interface ----------------------------------------------------------------
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        stripped = self._strip_protocol(path)
+        if not stripped:
+            out: list[dict[str, Any]] = [
+                {"name": s.id, "size": 0, "type": "directory", "time": s.time.isoformat(), "tags": s.tags}
+                for s in self.vault.snapshots()
+            ]
+        else:
+            spec = stripped.partition("/")[0]
+            snap, inner = self._resolve(stripped)
+            tree = self._tree(snap)
+            match = next((e for e in tree if e.path == inner), None)
+            if match is not None and match.type != "dir":
+                return [self._info(f"{spec}/{inner}", match)] if detail else [f"{spec}/{inner}"]
+            prefix = inner + "/" if inner else ""
+            out = [
+                self._info(f"{spec}/{e.path}", e)
+                for e in tree
+                if e.path.startswith(prefix) and "/" not in e.path[len(prefix) :]
+            ]
+            if not out and match is None and inner:
+                raise FileNotFoundError(f"ckptvault://{stripped}")
+        return out if detail else [o["name"] for o in out]
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        stripped = self._strip_protocol(path)
+        if not stripped:
+            return {"name": "", "size": 0, "type": "directory"}
+        spec = stripped.partition("/")[0]
+        snap, inner = self._resolve(stripped)
+        if not inner:
+            return {"name": spec, "size": 0, "type": "directory", "id": snap.id}
+        match = next((e for e in self._tree(snap) if e.path == inner), None)
+        if match is None:
+            raise FileNotFoundError(f"ckptvault://{stripped}")
+        return self._info(f"{spec}/{inner}", match)
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True, **kwargs: Any):
+        if mode != "rb":
+            raise PermissionError(f"ckptvault:// is read-only; cannot open {path} with mode {mode!r}")
+        snap, inner = self._resolve(path)
+        try:
+            return self.vault.open_file(snap, inner, cache_chunks=self.cache_chunks)
+        except PathNotInSnapshotError as exc:
+            raise FileNotFoundError(f"ckptvault://{self._strip_protocol(path)}: {exc}") from exc
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        with self._open(path) as f:
+            assert isinstance(f, SnapshotFile)
+            size = f.size
+            lo = 0 if start is None else (start if start >= 0 else max(0, size + start))
+            hi = size if end is None else (end if end >= 0 else max(0, size + end))
+            f.seek(lo)
+            return f.read(max(0, hi - lo))

@@ -1,0 +1,189 @@
+"""Browse and compare snapshots without restoring them: ``ls --long``, ``show``, ``diff``.
+
+``show`` parses a file's header through a ``ChunkedFile``, so it fetches only the chunks that
+hold the header (and, for statistics, each tensor's bytes once). ``diff`` compares trees by
+whole-file hash and, with ``tensors``, compares each tensor's byte range by the chunk IDs that
+cover it: a piece covered in both snapshots by the same chunk at the same position is equal
+without reading it, so only the (at most two) boundary chunks of a tensor are ever fetched
+unless it really changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import FileFormatError
+from ..formats import FileLayout, TensorInfo, read_layout
+from ..repository import Repository
+from ..snapshot.model import FileEntry
+from .reader import ChunkedFile
+from .tensorstats import TensorStats, tensor_stats
+
+
+@dataclass(frozen=True)
+class FileUsage:
+    path: str
+    type: str
+    size: int
+    stored_bytes: int  # stored size of the file's distinct chunks (shared chunks count for every file using them)
+    chunks: int
+    blake3: str | None
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    name: str
+    dtype: str
+    shape: list[int] | None
+    nbytes: int
+    offset: int  # absolute byte offset in the file
+    stats: TensorStats | None = None
+
+
+@dataclass(frozen=True)
+class FileContents:
+    path: str
+    format: str  # safetensors | npy | npz | torch
+    size: int
+    metadata: dict[str, str]
+    tensors: list[TensorRow]
+    fetched_chunks: int  # what showing it cost
+    fetched_bytes: int
+
+
+@dataclass(frozen=True)
+class TensorChanges:
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    status: str  # added | removed | changed
+    size_a: int | None
+    size_b: int | None
+    new_bytes: int  # bytes of this file in b held by chunks that a did not have
+    tensors: TensorChanges | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotDiff:
+    a: str
+    b: str
+    files: list[FileChange]
+    unchanged_files: int
+    new_bytes: int  # raw bytes of the distinct chunks of b that a does not have
+
+
+def file_usage(repo: Repository, tree: list[FileEntry]) -> list[FileUsage]:
+    out = []
+    for e in tree:
+        stored = 0
+        if e.type == "file":
+            for chunk_id in set(e.chunks):
+                loc = repo.index.get(chunk_id)
+                stored += loc.stored_len if loc else 0
+        out.append(FileUsage(e.path, e.type, e.size, stored, len(e.chunks), e.blake3))
+    return out
+
+
+def _layout(chunked: ChunkedFile) -> FileLayout | None:
+    return read_layout(chunked.read_at, chunked.size, chunked.entry.path)
+
+
+def show_file(repo: Repository, entry: FileEntry, *, stats: bool = False) -> FileContents:
+    chunked = ChunkedFile(repo, entry)
+    layout = _layout(chunked)
+    if layout is None:
+        raise FileFormatError(entry.path, "is not a safetensors, .npy/.npz or torch zip file; nothing to show")
+    rows = [
+        TensorRow(
+            t.name,
+            t.dtype,
+            list(t.shape) if t.shape is not None else None,
+            t.nbytes,
+            t.start,
+            tensor_stats(t, chunked.read_at) if stats else None,
+        )
+        for t in layout.tensors
+    ]
+    return FileContents(
+        entry.path, layout.format, entry.size, layout.metadata, rows, chunked.fetched_chunks, chunked.fetched_bytes
+    )
+
+
+def _same_bytes(fa: ChunkedFile, ta: TensorInfo, fb: ChunkedFile, tb: TensorInfo) -> bool:
+    """Whether two tensors' bytes are equal, reading only pieces that chunk IDs cannot decide."""
+    if ta.nbytes != tb.nbytes:
+        return False
+    pa, pb = fa.pieces(ta.start, ta.end), fb.pieces(tb.start, tb.end)
+    i = j = 0
+    pos = 0  # tensor-relative
+    while pos < ta.nbytes:
+        a, b = pa[i], pb[j]
+        end = min(a.end - ta.start, b.end - tb.start)
+        off_a = a.offset_in_chunk + pos - (a.start - ta.start)
+        off_b = b.offset_in_chunk + pos - (b.start - tb.start)
+        same_place = a.chunk_id == b.chunk_id and off_a == off_b  # equal without reading either
+        if (
+            not same_place
+            and fa.chunk(a.index)[off_a : off_a + end - pos] != fb.chunk(b.index)[off_b : off_b + end - pos]
+        ):
+            return False
+        pos = end
+        if pos == a.end - ta.start:
+            i += 1
+        if pos == b.end - tb.start:
+            j += 1
+    return True
+
+
+def _tensor_changes(repo: Repository, ea: FileEntry, eb: FileEntry) -> TensorChanges | None:
+    fa, fb = ChunkedFile(repo, ea), ChunkedFile(repo, eb)
+    try:
+        la, lb = _layout(fa), _layout(fb)
+    except FileFormatError:
+        return None
+    if la is None or lb is None:
+        return None
+    a_by, b_by = {t.name: t for t in la.tensors}, {t.name: t for t in lb.tensors}
+    changed, unchanged = [], 0
+    for name in sorted(a_by.keys() & b_by.keys()):
+        ta, tb = a_by[name], b_by[name]
+        if ta.dtype == tb.dtype and ta.shape == tb.shape and _same_bytes(fa, ta, fb, tb):
+            unchanged += 1
+        else:
+            changed.append(name)
+    return TensorChanges(sorted(b_by.keys() - a_by.keys()), sorted(a_by.keys() - b_by.keys()), changed, unchanged)
+
+
+def diff_trees(
+    repo: Repository, a_id: str, tree_a: list[FileEntry], b_id: str, tree_b: list[FileEntry], *, tensors: bool = False
+) -> SnapshotDiff:
+    files_a = {e.path: e for e in tree_a if e.type == "file"}
+    files_b = {e.path: e for e in tree_b if e.type == "file"}
+    chunks_a = {c for e in files_a.values() for c in e.chunks}
+
+    def new_in(entry: FileEntry) -> int:
+        return sum(repo.locate(c).raw_len for c in set(entry.chunks) if c not in chunks_a)
+
+    changes: list[FileChange] = []
+    unchanged = 0
+    for path in sorted(files_a.keys() | files_b.keys()):
+        ea, eb = files_a.get(path), files_b.get(path)
+        if eb is None:
+            assert ea is not None
+            changes.append(FileChange(path, "removed", ea.size, None, 0))
+        elif ea is None:
+            changes.append(FileChange(path, "added", None, eb.size, new_in(eb)))
+        elif ea.blake3 == eb.blake3 and ea.size == eb.size:
+            unchanged += 1
+        else:
+            detail = _tensor_changes(repo, ea, eb) if tensors else None
+            changes.append(FileChange(path, "changed", ea.size, eb.size, new_in(eb), detail))
+    new_chunks = {c for e in files_b.values() for c in e.chunks} - chunks_a
+    new_bytes = sum(repo.locate(c).raw_len for c in new_chunks)
+    return SnapshotDiff(a_id, b_id, changes, unchanged, new_bytes)

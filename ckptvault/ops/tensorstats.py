@@ -1,0 +1,88 @@
+"""Per-tensor statistics (min, max, mean, std, NaN count) computed piece by piece.
+
+Memory stays bounded by one piece whatever the tensor's size: each piece gives (count, mean, M2)
+over its finite values, and pieces are combined with Chan's parallel formula, which stays exact
+where summing squares in float64 would lose digits on large tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats import TensorInfo
+
+PIECE = 16 * 1024 * 1024
+
+_NUMPY = {
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "F16": np.float16,
+    "BF16": np.uint16,  # widened to float32 below
+    "I32": np.int32,
+    "U32": np.uint32,
+    "F32": np.float32,
+    "I64": np.int64,
+    "U64": np.uint64,
+    "F64": np.float64,
+}
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    min: float | None  # over finite values; None when there are none
+    max: float | None
+    mean: float | None
+    std: float | None  # population standard deviation
+    nan: int
+    inf: int
+    count: int
+
+
+def supported(dtype: str) -> bool:
+    return dtype in _NUMPY
+
+
+def _values(raw: bytes, dtype: str) -> np.ndarray:
+    arr: np.ndarray = np.frombuffer(raw, dtype=_NUMPY[dtype])
+    if dtype == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+def tensor_stats(tensor: TensorInfo, read_at: Callable[[int, int], bytes]) -> TensorStats | None:
+    """Statistics of one tensor, reading its bytes through ``read_at``; None for dtypes numpy lacks."""
+    if not supported(tensor.dtype):
+        return None
+    itemsize = np.dtype(_NUMPY[tensor.dtype]).itemsize
+    step = PIECE - PIECE % itemsize
+    n, mean, m2 = 0, 0.0, 0.0
+    lo, hi = math.inf, -math.inf
+    nan = inf = 0
+    for pos in range(tensor.start, tensor.end, step):
+        x = _values(read_at(pos, min(step, tensor.end - pos)), tensor.dtype)
+        if x.dtype.kind == "f":
+            finite = np.isfinite(x)
+            nan += int(np.isnan(x).sum())
+            inf += int(x.size - finite.sum()) - int(np.isnan(x).sum())
+            x = x[finite]
+        if x.size == 0:
+            continue
+        x64 = x.astype(np.float64)
+        k, piece_mean = x64.size, float(x64.mean())
+        piece_m2 = float(((x64 - piece_mean) ** 2).sum())
+        total = n + k
+        delta = piece_mean - mean
+        mean += delta * k / total
+        m2 += piece_m2 + delta * delta * n * k / total
+        n = total
+        lo, hi = min(lo, float(x64.min())), max(hi, float(x64.max()))
+    if n == 0:
+        return TensorStats(None, None, None, None, nan, inf, 0)
+    return TensorStats(lo, hi, mean, math.sqrt(m2 / n), nan, inf, n)

@@ -1,0 +1,94 @@
+"""diff: files added/removed/changed, bytes new, and exactly which tensors changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save as st_save
+
+from ckptvault import Vault
+from tests.support.counting_store import count_reads
+
+
+def weights(seed: int = 0) -> dict[str, np.ndarray]:
+    """Big tensors (many chunks) and small ones (several per chunk, so chunks straddle tensors)."""
+    rng = np.random.default_rng(seed)
+    out = {f"big.{i}": rng.normal(0, 0.02, (256, 256)).astype(np.float32) for i in range(6)}
+    out |= {f"small.{i}": rng.normal(0, 0.02, (100 + i,)).astype(np.float16) for i in range(12)}
+    out["norm"] = np.ones(1000, np.float32)
+    return out
+
+
+def test_diff_tensors_names_exactly_the_three_changed(vault: Vault, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    w = weights()
+    (src / "model.safetensors").write_bytes(st_save(w))
+    (src / "config.json").write_text("{}")
+    (src / "old.txt").write_text("gone soon")
+    a = vault.backup(src)
+
+    w["big.2"] = w["big.2"] + np.float32(1e-3)  # a whole multi-chunk tensor
+    w["small.5"][7] += np.float16(1)  # one element of a tensor that shares its chunk with neighbours
+    w["norm"][-1] = 2.0  # the last element of the file
+    (src / "model.safetensors").write_bytes(st_save(w))
+    (src / "old.txt").unlink()
+    (src / "new.txt").write_text("added")
+    b = vault.backup(src)
+
+    reads = count_reads(vault)
+    d = vault.diff(a, b, tensors=True)
+    by_path = {f.path: f for f in d.files}
+    assert {p: f.status for p, f in by_path.items()} == {
+        "model.safetensors": "changed",
+        "old.txt": "removed",
+        "new.txt": "added",
+    }
+    assert d.unchanged_files == 1
+    t = by_path["model.safetensors"].tensors
+    assert t is not None and sorted(t.changed) == ["big.2", "norm", "small.5"]
+    assert t.added == [] and t.removed == [] and t.unchanged == len(w) - 3
+    model = next(e for e in vault.files(b) if e.path == "model.safetensors")
+    assert len(reads.pack_reads()) < len(model.chunks), "diff must not read the whole file"
+    assert 0 < by_path["model.safetensors"].new_bytes <= d.new_bytes
+    assert d.new_bytes >= w["big.2"].nbytes
+
+
+def test_diff_tensors_added_removed_and_without_tensors(vault: Vault, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    w = weights(1)
+    (src / "m.safetensors").write_bytes(st_save(w))
+    a = vault.backup(src)
+    w["extra"] = np.zeros(10, np.float32)
+    del w["small.0"]
+    (src / "m.safetensors").write_bytes(st_save(w))
+    b = vault.backup(src)
+    t = vault.diff(a, b, tensors=True).files[0].tensors
+    assert t is not None and (t.added, t.removed, t.changed) == (["extra"], ["small.0"], [])
+    assert vault.diff(a, b).files[0].tensors is None
+    same = vault.diff(b, b)
+    assert same.files == [] and same.new_bytes == 0
+
+
+def test_diff_through_the_cli(cli, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    w = weights(2)
+    (src / "m.safetensors").write_bytes(st_save(w))
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo, "--quiet")
+    w["big.0"] *= 2
+    (src / "m.safetensors").write_bytes(st_save(w))
+    cli("backup", str(src), "--repo", repo, "--quiet")
+    snaps = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)
+    a, b = snaps[0]["id"][:10], snaps[1]["id"][:10]
+    out = json.loads(cli("diff", a, b, "--tensors", "--json", "--repo", repo).stdout)
+    assert out["files"][0]["tensors"]["changed"] == ["big.0"]
+    text = cli("diff", a, b, "--tensors", "--repo", repo).stdout.decode()
+    assert "~ big.0" in text and "1 changed" in text
+    bad = cli("diff", a, "ffffffffff", "--repo", repo, check=False)
+    assert bad.returncode == 18 and b"Traceback" not in bad.stderr

@@ -1,0 +1,132 @@
+"""The ckptvault:// fsspec filesystem: random reads equal the original bytes, loaders work through
+it, and a read fetches only the chunks it touches."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from ckptvault import Vault
+from ckptvault.errors import PathNotInSnapshotError
+from ckptvault.fs import CkptVaultFileSystem
+from tests.support.counting_store import count_reads
+
+MiB = 1024 * 1024
+
+
+def test_protocol_is_registered_through_the_entry_point() -> None:
+    assert fsspec.get_filesystem_class("ckptvault") is CkptVaultFileSystem
+
+
+def test_random_access_reads_equal_the_original(vault: Vault, tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    data = rng.normal(0, 0.02, 700_000).astype(np.float32).tobytes() + rng.bytes(123_457)  # ~2.9 MB, odd size
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "sub" / "blob.bin").write_bytes(data)
+    vault.backup(tmp_path / "src")
+    fs = CkptVaultFileSystem(vault=vault, cache_chunks=2)  # a tiny cache: reads must refetch correctly
+    f = fs.open("latest/sub/blob.bin", "rb")
+
+    @given(offset=st.integers(0, len(data) + 10), length=st.integers(0, 400_000), whence=st.sampled_from([0, 2]))
+    def check(offset: int, length: int, whence: int) -> None:
+        pos = f.seek(offset if whence == 0 else offset - len(data), whence)
+        assert f.read(length) == data[pos : pos + length]
+        assert f.tell() == min(pos + length, max(pos, len(data)))
+
+    check()
+    f.seek(len(data) - 5)
+    assert f.read() == data[-5:] and f.read(10) == b""
+    buf = bytearray(1000)
+    f.seek(123)
+    assert f.readinto(buf) == 1000 and bytes(buf) == data[123:1123]
+    f.close()
+
+
+def test_loaders_read_through_fsspec(vault: Vault, repo_url: str, tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    tensors = {"w": rng.normal(0, 0.02, (300, 400)).astype(np.float32), "b": np.arange(77, dtype=np.int64)}
+    arr = rng.normal(0, 1, (50, 60))
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(st_save(tensors))
+    np.save(src / "emb.npy", arr)
+    np.savez(src / "opt.npz", m=arr, v=arr * 2)
+    snap = vault.backup(src)
+    vault.close()
+
+    with fsspec.open(f"ckptvault://{snap.id[:12]}/model.safetensors", "rb", repo=repo_url) as f:
+        loaded = st_load(f.read())
+    assert set(loaded) == set(tensors) and all(np.array_equal(loaded[k], tensors[k]) for k in tensors)
+    with fsspec.open("ckptvault://latest/emb.npy", "rb", repo=repo_url) as f:
+        assert np.array_equal(np.load(f), arr)
+    with fsspec.open("ckptvault://latest/opt.npz", "rb", repo=repo_url) as f, np.load(f) as z:
+        assert np.array_equal(z["v"], arr * 2)
+
+    fs = fsspec.filesystem("ckptvault", repo=repo_url)
+    assert sorted(fs.ls("latest", detail=False)) == ["latest/emb.npy", "latest/model.safetensors", "latest/opt.npz"]
+    info = fs.info("ckptvault://latest/emb.npy")
+    assert info["type"] == "file" and info["size"] == (src / "emb.npy").stat().st_size
+    assert fs.cat("latest/emb.npy") == (src / "emb.npy").read_bytes()
+    assert fs.cat_file("latest/emb.npy", start=10, end=20) == (src / "emb.npy").read_bytes()[10:20]
+    assert [e["name"] for e in fs.ls("")] == [snap.id]
+    assert fs.exists("latest/model.safetensors") and not fs.exists("latest/nope")
+    with pytest.raises(FileNotFoundError):
+        fs.open("latest/nope.bin")
+    with pytest.raises(FileNotFoundError):
+        fs.info("ffffffff/emb.npy")
+    with pytest.raises(PermissionError):
+        fs.open("latest/emb.npy", "wb")
+
+
+def test_vault_open_file_is_seekable_and_names_missing_paths(vault: Vault, tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "a.bin").write_bytes(b"0123456789")
+    snap = vault.backup(tmp_path / "s")
+    with vault.open_file(snap, "a.bin") as f:
+        assert f.seekable() and f.seek(-3, io.SEEK_END) == 7 and f.read() == b"789"
+    with pytest.raises(PathNotInSnapshotError):
+        vault.open_file(snap, "b.bin")
+
+
+def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
+    """Back up a ``size``-byte file (default chunker), read 1 MiB in its middle; (bytes, chunks) fetched."""
+    src = tmp_path / "big"
+    src.mkdir()
+    rng = np.random.default_rng(11)
+    with open(src / "weights.bin", "wb") as f:
+        for _ in range(size // (64 * MiB)):
+            f.write(rng.bytes(64 * MiB))
+        f.write(rng.bytes(size % (64 * MiB)))
+    with Vault.init(str(tmp_path / "repo")) as vault:
+        vault.backup(src)
+        fs = CkptVaultFileSystem(vault=vault)
+        reads = count_reads(vault)
+        with fs.open("latest/weights.bin") as f:
+            f.seek(size // 2)
+            data = f.read(MiB)
+        with open(src / "weights.bin", "rb") as orig:
+            orig.seek(size // 2)
+            assert data == orig.read(MiB)
+        return sum(n for _, _, n in reads.pack_reads()), len(reads.pack_reads())
+
+
+MAX_CHUNK = 4 * MiB  # the default chunker's maximum
+
+
+def test_middle_read_fetches_about_one_mib(tmp_path: Path) -> None:
+    fetched, chunks = middle_read_fetches(tmp_path, 48 * MiB)
+    assert fetched <= MiB + 2 * MAX_CHUNK and chunks <= 1 + MiB // (256 * 1024) + 1
+
+
+@pytest.mark.slow
+def test_middle_read_of_a_1_gib_file_fetches_about_one_mib(tmp_path: Path) -> None:
+    fetched, chunks = middle_read_fetches(tmp_path, 1024 * MiB)
+    assert fetched <= MiB + 2 * MAX_CHUNK and chunks <= 1 + MiB // (256 * 1024) + 1
