@@ -172,12 +172,13 @@ def run_restore(
     for entry in entries:
         if entry.type == "dir":
             os.makedirs(planner.dest(entry), exist_ok=True)
+    zero_chunks: set[bytes] = set()  # verified all-zero chunks: left as holes, fetched once
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
         for entry in files:
             dest = planner.dest(entry)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             try:
-                _restore_file(repo, pool, entry, dest, progress, workers * 2)
+                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
                 written += entry.size
             except IntegrityError as exc:
                 failures.append(str(exc))
@@ -209,7 +210,13 @@ def run_restore(
 
 
 def _restore_file(
-    repo: Repository, pool: ThreadPoolExecutor, entry: FileEntry, dest: str, progress: Progress, window: int
+    repo: Repository,
+    pool: ThreadPoolExecutor,
+    entry: FileEntry,
+    dest: str,
+    progress: Progress,
+    window: int,
+    zero_chunks: set[bytes],
 ) -> None:
     directory, name = os.path.split(dest)
     for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}{TEMP_MARK}*")):
@@ -219,7 +226,7 @@ def _restore_file(
     try:
         try:
             os.ftruncate(fd, entry.size)
-            _write_chunks(repo, pool, fd, entry, progress, window)
+            _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
         finally:
             os.close(fd)
         if file_hash(tmp) != entry.blake3:
@@ -235,11 +242,29 @@ def _restore_file(
         raise
 
 
+def _is_zeros(data: bytes) -> bool:
+    # cheap rejects first: tensor data almost never starts, ends and centres on zero bytes
+    return bool(data) and data[0] == 0 and data[-1] == 0 and data[len(data) // 2] == 0 and data.count(0) == len(data)
+
+
 def _write_chunks(
-    repo: Repository, pool: ThreadPoolExecutor, fd: int, entry: FileEntry, progress: Progress, window: int
+    repo: Repository,
+    pool: ThreadPoolExecutor,
+    fd: int,
+    entry: FileEntry,
+    progress: Progress,
+    window: int,
+    zero_chunks: set[bytes],
 ) -> None:
     def fetch_and_write(chunk_id: bytes, offset: int) -> int:
+        # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
+        # not written (the file stays sparse) and, once seen, not even fetched again.
+        if chunk_id in zero_chunks:
+            return repo.locate(chunk_id).raw_len
         data = repo.read_chunk(chunk_id)
+        if _is_zeros(data):
+            zero_chunks.add(chunk_id)
+            return len(data)
         view = memoryview(data)
         while view:
             n = os.pwrite(fd, view, offset)

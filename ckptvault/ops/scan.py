@@ -34,7 +34,8 @@ def check_sources(sources: list[str]) -> list[str]:
     """Absolute source paths; fails before any work when one does not exist."""
     if not sources:
         raise UsageError("nothing to back up: name at least one file or directory")
-    abs_sources = [os.path.abspath(os.path.expanduser(s)) for s in sources]
+    # a path given twice is backed up once
+    abs_sources = list(dict.fromkeys(os.path.abspath(os.path.expanduser(s)) for s in sources))
     for src in abs_sources:
         if not os.path.exists(src):
             raise SourceError(src, "no such file or directory")

@@ -1,0 +1,109 @@
+"""Awkward local input: what a backup and restore of it must do (table-driven where it can be)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import SourceError
+
+from .conftest import tree_digest
+
+
+def names_bytes(root: Path) -> list[bytes]:
+    return sorted(os.listdir(os.fsencode(root)))
+
+
+def build_odd_names(src: Path) -> None:
+    for raw in (b"with space.bin", b"new\nline.bin", b"latin1-\xe9\xff.bin", b"tab\tand\\back.bin", b"-dash.bin"):
+        with open(os.path.join(os.fsencode(src), raw), "wb") as f:
+            f.write(raw * 3)
+
+
+def build_symlink_loops(src: Path) -> None:
+    os.symlink("b", src / "a")
+    os.symlink("a", src / "b")
+    os.symlink("self", src / "self")
+    os.symlink("/nonexistent/target", src / "dangling")
+
+
+def build_empty_files(src: Path) -> None:
+    (src / "empty.bin").write_bytes(b"")
+    (src / "dir-with-empty").mkdir()
+    (src / "dir-with-empty" / "zero").write_bytes(b"")
+    (src / "empty-dir").mkdir()
+
+
+ROUND_TRIPS = {"odd names": build_odd_names, "symlink loops": build_symlink_loops, "empty files": build_empty_files}
+
+
+@pytest.mark.parametrize("case", ROUND_TRIPS)
+def test_round_trips_exactly(vault: Vault, tmp_path: Path, case: str):
+    src = tmp_path / "src"
+    src.mkdir()
+    ROUND_TRIPS[case](src)
+    snap = vault.backup(src)
+    vault.restore(snap, tmp_path / "out")
+    assert names_bytes(tmp_path / "out") == names_bytes(src)
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+def test_special_files_are_skipped_with_warnings(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "real.bin").write_bytes(b"data")
+    os.mkfifo(src / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(src / "sock"))
+    expected = 2
+    if os.geteuid() == 0:
+        os.mknod(src / "chardev", stat.S_IFCHR | 0o600, os.makedev(1, 3))  # like /dev/null
+        expected = 3
+    warnings: list[str] = []
+    snap = vault.backup(src, on_warning=warnings.append)
+    sock.close()
+    assert [e.path for e in vault.files(snap)] == ["real.bin"]
+    assert len(warnings) == expected and all("special file" in w for w in warnings)
+
+
+def test_path_given_twice_is_backed_up_once(vault: Vault, tmp_path: Path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(1000))
+    snap = vault.backup([src, str(src) + "/", tmp_path / "." / "ckpt"])
+    assert [e.path for e in vault.files(snap)] == ["w.bin"] and snap.paths == [str(src)]
+
+
+def test_missing_path_fails_before_anything_is_written(vault: Vault, tmp_path: Path):
+    (tmp_path / "ok").mkdir()
+    with pytest.raises(SourceError, match="missing: no such file"):
+        vault.backup([tmp_path / "ok", tmp_path / "missing"])
+    assert vault.snapshots() == [] and vault.locks() == []
+
+
+@pytest.mark.slow
+def test_sparse_8gib_file_restores_and_stays_sparse(tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    big = src / "sparse.bin"
+    size = 8 << 30
+    with open(big, "wb") as f:
+        f.truncate(size)
+        for offset in (0, 3 << 30, size - 4096):  # a little real data among the holes
+            f.seek(offset)
+            f.write(os.urandom(4096))
+    with Vault.init(str(tmp_path / "vault")) as vault:
+        snap = vault.backup(src)
+        assert snap.summary.new_bytes <= 5 * (4 << 20)  # the holes are one deduplicated zero chunk
+        vault.restore(snap, tmp_path / "out")
+    out = tmp_path / "out" / "sparse.bin"
+    assert out.stat().st_size == size
+    with open(big, "rb") as a, open(out, "rb") as b:
+        while block := a.read(64 << 20):
+            assert block == b.read(64 << 20)
+    assert out.stat().st_blocks * 512 < 64 << 20, "the restored file is not sparse"
