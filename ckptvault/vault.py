@@ -417,9 +417,11 @@ class Vault:
         stop: threading.Event | None = None,
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> WatchResult:
         """Ship every complete checkpoint that appears in ``directory`` until ``stop`` is set
-        (or, with ``once``, what is there now), pinning each first (docs/training.md)."""
+        (or, with ``once``, what is there now), pinning each first (docs/training.md).
+        ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run."""
         options = WatchOptions(
             interval=interval,
             settle=settle,
@@ -441,6 +443,7 @@ class Vault:
             stop=stop,
             on_shipped=on_shipped,
             on_warning=on_warning,
+            on_start=on_start,
         )
         return watcher.run()
 

@@ -87,7 +87,12 @@ def watch_cmd(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault:
-            out.info(f"watching {directory} for checkpoints; shipping to {vault.url}" + (" (once)" if once else ""))
+
+            def on_start(resumed: int) -> None:
+                again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
+                mode = " (once)" if once else ""
+                out.info(f"watching {directory} for checkpoints{mode}; shipping to {vault.url}{again}")
+
             result = vault.watch(
                 directory,
                 tags=tags,
@@ -99,6 +104,7 @@ def watch_cmd(
                 stop=stop,
                 on_shipped=on_shipped,
                 on_warning=out.warn,
+                on_start=on_start,
             )
     finally:
         for sig, handler in previous.items():

@@ -118,6 +118,7 @@ class Watcher:
         stop: threading.Event | None = None,
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> None:
         self.directory = os.path.abspath(os.path.expanduser(directory))
         if not os.path.exists(self.directory):
@@ -140,7 +141,10 @@ class Watcher:
         self._on_warning = on_warning or (lambda _m: None)
         self._candidates: dict[str, _Candidate] = {}  # by pin id
         self._done: dict[str, _Done] = {}  # by top-level name
+        self._on_start = on_start or (lambda _n: None)
         self._digests: set[str] = set()
+        self._digests_loaded = threading.Event()
+        self._digests_error: BaseException | None = None
         self._finished: queue.SimpleQueue[tuple[_Candidate, Future[Snapshot]]] = queue.SimpleQueue()
         self.result = WatchResult()
 
@@ -149,8 +153,15 @@ class Watcher:
     def run(self) -> WatchResult:
         os.makedirs(self.pins_dir, exist_ok=True)
         with _exclusive(os.path.join(self.state_dir, "lock"), self.directory):
-            self._digests = set(self._shipped_digests())
-            self._adopt_pins()
+            resumed = self._adopt_pins()
+            # The vault's list of shipped checkpoints may take a while to load (a LIST and a GET
+            # per snapshot): load it beside the polling, which must start at once.
+            loader = threading.Thread(target=self._load_digests, name="ckptvault-watch-index", daemon=True)
+            loader.start()
+            now = time.monotonic()
+            self._scan(now)
+            self._settle(now)
+            self._on_start(resumed)
             shipper = AsyncShipper(self._ship_job, max_pending=None, exit_timeout=None, name="ckptvault-watch")
             try:
                 if self.options.once:
@@ -163,6 +174,22 @@ class Watcher:
                 self._collect()
             self.result.left = sum(1 for c in self._candidates.values())
         return self.result
+
+    def _load_digests(self) -> None:
+        try:
+            self._digests = set(self._shipped_digests())
+        except BaseException as exc:  # raised again on the polling thread
+            self._digests_error = exc
+        finally:
+            self._digests_loaded.set()
+
+    def _shipped_known(self) -> bool:
+        """Whether the vault's shipped digests are loaded (raising what loading them raised)."""
+        if not self._digests_loaded.is_set():
+            return False
+        if self._digests_error is not None:
+            raise self._digests_error
+        return True
 
     def _run_forever(self, shipper: AsyncShipper) -> None:
         while not self._stop.is_set():
@@ -177,8 +204,6 @@ class Watcher:
         """One pass for cron: what is there now and stays unchanged for ``settle`` seconds ships;
         what is still being written is left for the next run."""
         start = time.monotonic()
-        self._scan(start)
-        self._settle(start)
         for cand in self._candidates.values():
             cand.first_sig = cand.sig
         deadline = start + self.options.settle
@@ -191,6 +216,8 @@ class Watcher:
                 self._drop(cand)
             else:
                 cand.last_change = 0.0  # settled
+        while not self._stop.is_set() and not self._shipped_known():
+            self._digests_loaded.wait(self.options.interval)
         self._promote(shipper, time.monotonic())
         while not self._stop.is_set() and any(c.state == "queued" for c in self._candidates.values()):
             self._collect()
@@ -243,7 +270,7 @@ class Watcher:
             sig = pins.signature(path)
         except FileNotFoundError:
             return
-        if pins.digest(sig) in self._digests:
+        if self._digests_loaded.is_set() and pins.digest(sig) in self._digests:
             self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
             return  # shipped before (by an earlier run of the watcher)
         try:
@@ -257,9 +284,10 @@ class Watcher:
             self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
 
-    def _adopt_pins(self) -> None:
+    def _adopt_pins(self) -> int:
         """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
         now = time.monotonic()
+        before = len(self._candidates)
         for pin_id in sorted(os.listdir(self.pins_dir)):
             root = os.path.join(self.pins_dir, pin_id)
             if not os.path.isdir(root):
@@ -269,6 +297,7 @@ class Watcher:
                 continue
             self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
+        return len(self._candidates) - before
 
     # ---- settling and shipping ---------------------------------------------------------
 
@@ -289,6 +318,8 @@ class Watcher:
                 cand.sig, cand.last_change = sig, now
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
+        if not self._shipped_known():
+            return
         for cand in sorted(self._candidates.values(), key=lambda c: c.pin.pin_id):
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
             retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once

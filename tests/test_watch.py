@@ -1,0 +1,280 @@
+"""``ckptvault watch``: real processes, real files, real signals.
+
+The writer (tests/support/rotating_writer.py) publishes a checkpoint every 100 ms and deletes
+every older one within 200 ms; the watcher must still ship each one, exactly once, across
+SIGTERM, SIGKILL and restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from tests.support.rotating_writer import expected_files, publish
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class WatchProcess:
+    """``python -m tests.support.slowfs watch ...`` (the real CLI, with slowfile:// available),
+    its stdout lines collected as they come."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.slowfs", "watch", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        self.wait_for(lambda: any("watching" in line for line in self.err), what="the watcher to start")
+
+    @staticmethod
+    def _pump(stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line.rstrip("\n"))
+
+    def shipped(self) -> list[dict]:
+        return [json.loads(line) for line in self.lines if line.startswith("{")]
+
+    def wait_for(self, predicate, timeout: float = 90.0, what: str = "it") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.proc.poll() is not None and not predicate():
+                time.sleep(0.2)  # let the pumps drain
+                if predicate():
+                    return
+                raise AssertionError(f"watch exited ({self.proc.returncode}) before {what}: {self.err}")
+            assert time.monotonic() < deadline, (
+                f"timed out waiting for {what}; stdout: {self.lines}; stderr: {self.err}"
+            )
+            time.sleep(0.02)
+
+    def finish(self, sig: int = signal.SIGTERM, timeout: float = 90.0) -> int:
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        for t in self._threads:
+            t.join(5)
+        return rc
+
+
+def run_writer(directory: Path, count: int, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.support.rotating_writer", str(directory), str(count), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+
+def assert_each_shipped_once(repo: str, steps: list[int], run: str) -> None:
+    """One snapshot per checkpoint written, each with the writer's exact bytes."""
+    with Vault.open(repo) as vault:
+        snaps = vault.snapshots({"run": run})
+        got = sorted(int(s.tags["step"]) for s in snaps)
+        assert got == sorted(steps), f"shipped steps {got}, written {sorted(steps)}"
+        for snap in snaps:
+            for name, data in expected_files(int(snap.tags["step"])).items():
+                assert b"".join(vault.read_file(snap, name)) == data, f"{snap.tags['checkpoint']}/{name}"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> str:
+    url = str(tmp_path / "repo")
+    Vault.init(url).close()
+    return url
+
+
+def test_watch_ships_every_checkpoint_of_a_fast_rotation(tmp_path, repo):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=rot", "--settle", "0.5", "--json")
+    writer = run_writer(ckpts, 20)
+    steps = [int(s) for s in writer.stdout.split()]
+    assert len(steps) == 20
+    watch.wait_for(lambda: len(watch.shipped()) >= 20, timeout=30, what="20 shipped checkpoints")
+    assert watch.finish() == 0, watch.err
+    assert sorted(e["step"] for e in watch.shipped()) == steps
+    assert_each_shipped_once(repo, steps, "rot")
+    assert sorted(os.listdir(ckpts)) == [".ckptvault-watch", f"step_{steps[-1]}"]
+    assert os.listdir(ckpts / ".ckptvault-watch" / "pins") == [], "every pin is released once shipped"
+
+
+def test_sigterm_finishes_the_upload_in_flight_and_a_restart_ships_the_rest(tmp_path, repo):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    slow = f"slowfile://{repo}"
+    watch = WatchProcess(str(ckpts), "--repo", slow, "-o", "delay=0.3", "--tag", "run=t", "--settle", "0.2", "--json")
+    steps = [int(s) for s in run_writer(ckpts, 4).stdout.split()]
+    locks = Path(repo) / "locks"
+    watch.wait_for(lambda: locks.exists() and any(locks.iterdir()), what="the first upload to start")
+    started = time.monotonic()
+    assert watch.finish(signal.SIGTERM) == 0, watch.err
+    print(f"SIGTERM to exit: {time.monotonic() - started:.1f} s")
+    assert any("stopping after the upload in flight" in line for line in watch.err)
+    first = watch.shipped()
+    assert len(first) == 1, f"exactly the upload in flight completes: {first}"
+    assert len(os.listdir(ckpts / ".ckptvault-watch" / "pins")) == len(steps) - 1, "the rest stay pinned"
+    with Vault.open(repo) as vault:
+        assert len(vault.snapshots()) == 1
+    again = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", "run=t", "--once"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("shipped ") == len(steps) - 1, again.stdout
+    assert_each_shipped_once(repo, steps, "t")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", ["after-commit", "mid-upload"])
+def test_sigkill_at_any_moment_then_restart_gives_no_duplicate_and_no_gap(tmp_path, repo, kill_at):
+    """Killed just after a snapshot is committed (before its pin is released), or in the middle of
+    an upload: the restarted watcher ships each written checkpoint exactly once."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    slow = f"slowfile://{repo}"
+    watch = WatchProcess(str(ckpts), "--repo", slow, "-o", "delay=0.3", "--tag", "run=k", "--settle", "0.2", "--json")
+    steps = [int(s) for s in run_writer(ckpts, 6).stdout.split()]
+    snapshots_dir = Path(repo) / "snapshots"
+
+    def committed() -> int:
+        return sum(1 for p in snapshots_dir.rglob("*") if p.is_file()) if snapshots_dir.exists() else 0
+
+    if kill_at == "after-commit":
+        # a snapshot object exists, the watcher is still releasing its lock (slow) and its pin
+        watch.wait_for(lambda: committed() >= 1, what="the first commit")
+    else:
+        watch.wait_for(lambda: committed() >= 1 and len(watch.shipped()) >= 1, what="one shipped")
+        time.sleep(0.5)
+    watch.proc.kill()
+    watch.proc.wait(30)
+    pinned = len(os.listdir(ckpts / ".ckptvault-watch" / "pins"))
+    print(f"killed {kill_at}: {committed()} committed, {pinned} pinned, {len(watch.shipped())} printed")
+    assert committed() + pinned >= len(steps), "every checkpoint was either shipped or pinned before the kill"
+    again = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", "run=k", "--once"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert_each_shipped_once(repo, steps, "k")
+
+
+def test_once_ships_what_is_complete_ignores_temporary_names_and_never_twice(tmp_path, repo, cli):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish(str(ckpts), 100, 4096)
+    publish(str(ckpts), 200, 4096)
+    (ckpts / "latest.pt").write_bytes(b"v1" * 1000)
+    (ckpts / "tmp-step_300").mkdir()
+    (ckpts / "tmp-step_300" / "model.bin").write_bytes(b"partial")
+    (ckpts / "latest.pt.tmp").write_bytes(b"half")
+    (ckpts / ".hidden").write_bytes(b"x")
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=o", "--once", "--settle", "0.3")
+    first = cli(*args)
+    lines = first.stdout.decode().splitlines()
+    assert len(lines) == 3, lines
+    assert any(line.startswith("shipped step_100 step 100 as snapshot") for line in lines), lines
+    assert any(line.startswith("shipped latest.pt as snapshot") for line in lines), lines
+    assert cli(*args).stdout.decode() == "", "a second run finds everything shipped"
+    # latest.pt rewritten by atomic rename: a new checkpoint under the same name
+    (ckpts / "latest.pt.tmp").write_bytes(b"v2" * 1000)
+    os.replace(ckpts / "latest.pt.tmp", ckpts / "latest.pt")
+    third = cli(*args).stdout.decode().splitlines()
+    assert len(third) == 1 and third[0].startswith("shipped latest.pt"), third
+    with Vault.open(repo) as vault:
+        snaps = vault.snapshots({"checkpoint": "latest.pt"})
+        assert [b"".join(vault.read_file(s, "latest.pt"))[:2] for s in snaps] == [b"v1", b"v2"]
+        by_name = {s.tags["checkpoint"]: s for s in vault.snapshots({"run": "o"})}
+        assert set(by_name) == {"step_100", "step_200", "latest.pt"}
+        assert by_name["step_200"].tags["step"] == "200"
+        assert "step" not in by_name["latest.pt"].tags
+
+
+def test_a_checkpoint_still_being_written_in_place_is_shipped_once_it_settles(tmp_path, repo):
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "checkpoint-50").mkdir(parents=True)
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=p", "--settle", "0.6", "--json")
+    # written in place, like a trainer without a temporary name: a file at a time, with pauses
+    with open(ckpts / "checkpoint-50" / "model.bin", "wb") as f:
+        for _ in range(5):
+            f.write(os.urandom(20_000))
+            f.flush()
+            time.sleep(0.2)
+    (ckpts / "checkpoint-50" / "optimizer.bin").write_bytes(os.urandom(10_000))
+    expected = {p.name: p.read_bytes() for p in (ckpts / "checkpoint-50").iterdir()}
+    watch.wait_for(lambda: len(watch.shipped()) >= 1, what="the checkpoint to ship")
+    time.sleep(1.0)
+    assert watch.finish() == 0
+    assert len(watch.shipped()) == 1, watch.shipped()
+    with Vault.open(repo) as vault:
+        snap = vault.latest({"run": "p"})
+        assert snap.tags["step"] == "50"
+        assert {e.path: b"".join(vault.read_file(snap, e.path)) for e in vault.files(snap)} == expected
+
+
+def test_hard_links_impossible_falls_back_to_copies(tmp_path, repo):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs a second filesystem (/dev/shm) for the staging folder")
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish(str(ckpts), 100, 4096)
+    state = shm / f"ckptvault-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        args = ["watch", str(ckpts), "--repo", repo, "--once", "--settle", "0.2", "--state-dir", str(state), "--json"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckptvault", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "pinned by copying" in proc.stderr
+        (event,) = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert event["copied"] is True and event["step"] == 100
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo)
+    second = cli("watch", str(ckpts), "--repo", repo, "--once", check=False)
+    assert second.returncode == 11
+    err = second.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and "already watching" in err[0], err
+    assert watch.finish() == 0
+    missing = cli("watch", str(tmp_path / "nope"), "--repo", repo, check=False)
+    assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode()
+    reserved = cli("watch", str(ckpts), "--repo", repo, "--tag", "step=5", check=False)
+    assert reserved.returncode == 2 and "set by watch itself" in reserved.stderr.decode()
