@@ -225,19 +225,29 @@ class AsyncShipper:
         with self._cond:
             if self._closed:
                 raise UsageError("this vault no longer takes backups: it was closed")
-            if self.max_pending is not None and len(self._pending) >= self.max_pending:
+            if self._full():
                 if on_full == "block":
-                    self._cond.wait_for(lambda: self._closed or len(self._pending) < (self.max_pending or 0))
+                    self._cond.wait_for(lambda: self._closed or not self._full())
                     if self._closed:
                         raise UsageError("this vault no longer takes backups: it was closed")
                 else:
-                    dropped = self._pending.popleft()
+                    # the oldest waiting job: the head of the queue, unless it is about to run
+                    dropped = self._pending[0] if self._running is not None else self._pending[1]
+                    self._pending.remove(dropped)
             self._pending.append(job)
             self._ensure_worker()
             self._cond.notify_all()
         if dropped is not None:
             self._supersede(dropped, job)
         return BackupHandle(job)
+
+    def _full(self) -> bool:
+        """``max_pending`` jobs wait behind the running one (a job the worker has not picked up
+        yet while nothing runs is about to run, not waiting)."""
+        if self.max_pending is None:
+            return False
+        waiting = len(self._pending) - (1 if self._running is None and self._pending else 0)
+        return waiting >= self.max_pending
 
     def _supersede(self, old: BackupJob, new: BackupJob) -> None:
         message = (

@@ -1,0 +1,74 @@
+"""``ckptvault status PATH`` / ``Vault.is_backed_up``: safe to delete only when every file is
+durably stored with the same content."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.conftest import write_file
+
+
+def checkpoint(path: Path) -> Path:
+    write_file(path / "model.safetensors", os.urandom(300_000))
+    write_file(path / "optimizer.pt", os.urandom(100_000))
+    write_file(path / "trainer_state.json", b'{"global_step": 1200}')
+    return path
+
+
+def test_a_backed_up_checkpoint_is_reported_with_its_snapshot(tmp_path, vault):
+    ckpt = checkpoint(tmp_path / "checkpoints" / "checkpoint-1200")
+    assert not vault.is_backed_up(ckpt)
+    snap = vault.backup(ckpt, tags={"step": "1200"})
+    status = vault.backup_status(ckpt)
+    assert status.backed_up and status.snapshot is not None and status.snapshot.id == snap.id
+    assert status.files == 3 and status.prefix == ""
+    assert vault.is_backed_up(ckpt / "optimizer.pt"), "one file of it is held too"
+
+
+def test_a_checkpoint_inside_a_backup_of_its_parent_counts(tmp_path, vault):
+    parent = tmp_path / "checkpoints"
+    checkpoint(parent / "checkpoint-1200")
+    checkpoint(parent / "checkpoint-1300")
+    vault.backup(parent)
+    status = vault.backup_status(parent / "checkpoint-1300")
+    assert status.backed_up and status.prefix == "checkpoint-1300/"
+
+
+def test_any_difference_means_not_backed_up(tmp_path, vault):
+    ckpt = checkpoint(tmp_path / "checkpoint-5")
+    vault.backup(ckpt)
+    data = bytearray((ckpt / "optimizer.pt").read_bytes())
+    data[500] ^= 1  # same size, same name, one bit of content
+    (ckpt / "optimizer.pt").write_bytes(bytes(data))
+    assert not vault.is_backed_up(ckpt)
+    vault.backup(ckpt)
+    assert vault.is_backed_up(ckpt)
+    write_file(ckpt / "extra.bin", b"new")
+    assert not vault.is_backed_up(ckpt)
+
+
+def test_a_snapshot_whose_pack_is_gone_is_not_durable(tmp_path, repo_url, vault):
+    ckpt = checkpoint(tmp_path / "checkpoint-9")
+    vault.backup(ckpt)
+    for pack in (Path(repo_url) / "packs").rglob("*"):
+        if pack.is_file():
+            pack.unlink()
+    status = vault.backup_status(ckpt)
+    assert not status.backed_up and "missing" in status.detail
+
+
+def test_status_cli_exit_codes_for_scripts(tmp_path, repo_url, vault, cli):
+    done = checkpoint(tmp_path / "ck" / "checkpoint-1")
+    todo = checkpoint(tmp_path / "ck" / "checkpoint-2")
+    vault.backup_async(done, tags={"step": "1"}).result(timeout=60)  # pinned: the snapshot holds a pin's path
+    ok = cli("status", str(done), "--repo", repo_url)
+    assert "backed up" in ok.stdout.decode() and "NOT" not in ok.stdout.decode()
+    both = cli("status", str(done), str(todo), "--repo", repo_url, "--json", check=False)
+    assert both.returncode == 40
+    assert [r["backed_up"] for r in json.loads(both.stdout)] == [True, False]
+    err = both.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and "not backed up" in err[0]
+    missing = cli("status", str(tmp_path / "nope"), "--repo", repo_url, check=False)
+    assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode()
