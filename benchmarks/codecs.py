@@ -11,7 +11,8 @@ Three parts, each printed as a markdown table (raw numbers in --out JSON):
 2. alignment: bytes of save 2 that land in new chunks versus bytes of tensors that really changed
    in model.safetensors: the most that tensor-aligned chunk boundaries could save.
 3. end to end (--e2e): first save backed up into a fresh repository and restored (verified), for
-   ckptvault with plain zstd, ckptvault with bytegroup (the default), and restic when installed.
+   ckptvault with plain zstd, ckptvault with bytegroup (the default), and restic when installed;
+   --reps times each, interleaved, medians reported (the machine may be shared).
 
     .venv/bin/python benchmarks/codecs.py --workload /tmp/ckptvault-bench/workload --e2e
 """
@@ -22,10 +23,12 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from ckptvault import ChunkerParams, CompressionSettings, Vault
 from ckptvault.chunking import iter_chunks
@@ -175,60 +178,79 @@ def same_tree(a: str, b: str) -> bool:
     return True
 
 
-def e2e_part(save: str, work: str) -> list[dict]:
-    logical = tree_bytes(save)
-    out = []
-    for label, settings in (("ckptvault zstd", CompressionSettings(bytegroup=False)), ("ckptvault bytegroup", None)):
-        repo, dest = os.path.join(work, "repo"), os.path.join(work, "restore")
-        shutil.rmtree(repo, ignore_errors=True)
-        shutil.rmtree(dest, ignore_errors=True)
-        subprocess.run(["sync"])
-        with Vault.init(repo, compression=settings) as vault:
-            t0 = time.perf_counter()
-            vault.backup(save, tags={"step": "1"})
-            backup_s = time.perf_counter() - t0
-        stored = du(repo)
-        subprocess.run(["sync"])
-        with Vault.open(repo) as vault:
-            t0 = time.perf_counter()
-            vault.restore("latest", dest)
-            restore_s = time.perf_counter() - t0
-        out.append(
-            dict(
-                tool=label,
-                logical=logical,
-                stored=stored,
-                backup_s=backup_s,
-                restore_s=restore_s,
-                verified=same_tree(save, dest),
-            )
-        )
-        print(f"  {label}: done", file=sys.stderr)
-    if shutil.which("restic"):
-        repo, dest = os.path.join(work, "restic"), os.path.join(work, "restic-restore")
-        env = dict(os.environ, RESTIC_PASSWORD="bench", RESTIC_CACHE_DIR=os.path.join(work, "restic-cache"))
-        subprocess.run(["restic", "init", "--repo", repo, "--repository-version", "2"], env=env, capture_output=True)
-        subprocess.run(["sync"])
+def _ckptvault_once(save: str, work: str, settings: CompressionSettings | None) -> dict:
+    repo, dest = os.path.join(work, "repo"), os.path.join(work, "restore")
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    subprocess.run(["sync"])
+    with Vault.init(repo, compression=settings) as vault:
         t0 = time.perf_counter()
-        subprocess.run(
-            ["restic", "--repo", repo, "backup", "--host", "b", save], env=env, capture_output=True, check=True
-        )
+        vault.backup(save, tags={"step": "1"})
         backup_s = time.perf_counter() - t0
-        stored = du(repo)
-        subprocess.run(["sync"])
+    stored = du(repo)
+    subprocess.run(["sync"])
+    with Vault.open(repo) as vault:
         t0 = time.perf_counter()
-        subprocess.run(
-            ["restic", "--repo", repo, "restore", "latest", "--target", dest], env=env, capture_output=True, check=True
-        )
+        vault.restore("latest", dest)
         restore_s = time.perf_counter() - t0
+    ok = same_tree(save, dest)
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    return dict(stored=stored, backup_s=backup_s, restore_s=restore_s, verified=ok)
+
+
+def _restic_once(save: str, work: str) -> dict:
+    repo, dest = os.path.join(work, "restic"), os.path.join(work, "restic-restore")
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    env = dict(os.environ, RESTIC_PASSWORD="bench", RESTIC_CACHE_DIR=os.path.join(work, "restic-cache"))
+    subprocess.run(["restic", "init", "--repo", repo, "--repository-version", "2"], env=env, capture_output=True)
+    subprocess.run(["sync"])
+    t0 = time.perf_counter()
+    subprocess.run(["restic", "--repo", repo, "backup", "--host", "b", save], env=env, capture_output=True, check=True)
+    backup_s = time.perf_counter() - t0
+    stored = du(repo)
+    subprocess.run(["sync"])
+    t0 = time.perf_counter()
+    subprocess.run(
+        ["restic", "--repo", repo, "restore", "latest", "--target", dest], env=env, capture_output=True, check=True
+    )
+    restore_s = time.perf_counter() - t0
+    ok = same_tree(save, os.path.join(dest, save.lstrip("/")))
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    return dict(stored=stored, backup_s=backup_s, restore_s=restore_s, verified=ok)
+
+
+def e2e_part(save: str, work: str, reps: int) -> list[dict]:
+    """Each tool ``reps`` times, interleaved (tool order rotates per rep), in the calling process for
+    ckptvault (no interpreter start-up) and as a subprocess for restic; medians are reported."""
+    logical = tree_bytes(save)
+    tools: dict[str, Callable[[], dict]] = {
+        "ckptvault zstd (codec 1)": lambda: _ckptvault_once(save, work, CompressionSettings(bytegroup=False)),
+        "ckptvault bytegroup (codec 2, default)": lambda: _ckptvault_once(save, work, None),
+    }
+    if shutil.which("restic"):
+        tools["restic 0.14 (auto)"] = lambda: _restic_once(save, work)
+    runs: dict[str, list[dict]] = {name: [] for name in tools}
+    names = list(tools)
+    for rep in range(reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[name].append(tools[name]())
+            print(f"  rep {rep + 1}: {name} done", file=sys.stderr)
+    out = []
+    for name, rs in runs.items():
         out.append(
             dict(
-                tool="restic (auto)",
+                tool=name,
                 logical=logical,
-                stored=stored,
-                backup_s=backup_s,
-                restore_s=restore_s,
-                verified=same_tree(save, os.path.join(dest, save.lstrip("/"))),
+                stored=rs[0]["stored"],
+                backup_s=statistics.median(r["backup_s"] for r in rs),
+                restore_s=statistics.median(r["restore_s"] for r in rs),
+                backup_range=[min(r["backup_s"] for r in rs), max(r["backup_s"] for r in rs)],
+                restore_range=[min(r["restore_s"] for r in rs), max(r["restore_s"] for r in rs)],
+                verified=all(r["verified"] for r in rs),
+                reps=len(rs),
             )
         )
     return out
@@ -236,14 +258,18 @@ def e2e_part(save: str, work: str) -> list[dict]:
 
 def e2e_table(rows: list[dict]) -> str:
     lines = [
-        "| tool | first save MB | stored MB | ratio | backup MB/s | restore MB/s | restore verified |",
+        "| tool | first save MB | stored MB | ratio | backup MB/s (median, range) | restore MB/s (median, range) "
+        "| restores verified |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mb = r["logical"] / 1e6
+        b_lo, b_hi = (mb / t for t in reversed(r["backup_range"]))
+        r_lo, r_hi = (mb / t for t in reversed(r["restore_range"]))
         lines.append(
             f"| {r['tool']} | {mb:.1f} | {r['stored'] / 1e6:.1f} | {r['logical'] / r['stored']:.3f} "
-            f"| {mb / r['backup_s']:.0f} | {mb / r['restore_s']:.0f} | {'yes' if r['verified'] else 'NO'} |"
+            f"| {mb / r['backup_s']:.0f} ({b_lo:.0f}-{b_hi:.0f}) | {mb / r['restore_s']:.0f} ({r_lo:.0f}-{r_hi:.0f}) "
+            f"| {'yes' if r['verified'] else 'NO'} ({r['reps']}) |"
         )
     return "\n".join(lines)
 
@@ -252,6 +278,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="/tmp/ckptvault-bench/workload")
     ap.add_argument("--e2e", action="store_true", help="also back up and restore the first save (and restic)")
+    ap.add_argument("--reps", type=int, default=3, help="--e2e repetitions per tool, interleaved (median reported)")
     ap.add_argument("--skip-codec", action="store_true")
     ap.add_argument("--work", default=None, help="scratch dir for --e2e (default: a temp dir, removed)")
     ap.add_argument("--out", default=None, help="raw results JSON")
@@ -273,7 +300,7 @@ def main() -> int:
     if a.e2e:
         work = a.work or tempfile.mkdtemp(prefix="ckptvault-codecs-")
         try:
-            doc["e2e"] = e2e_part(save1, work)
+            doc["e2e"] = e2e_part(save1, work, a.reps)
         finally:
             if not a.work:
                 shutil.rmtree(work, ignore_errors=True)
