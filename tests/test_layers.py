@@ -22,6 +22,7 @@ LAYERS = {
     "vault": 7,
     "fs": 7,
     "cli": 8,
+    "integrations": 8,
     "__init__": 9,
     "__main__": 9,
 }

@@ -1,0 +1,97 @@
+"""PyTorch Lightning: ship every checkpoint file a ``ModelCheckpoint`` writes.
+
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    trainer = pl.Trainer(callbacks=[ModelCheckpoint(...), CkptVaultCallback("s3://bucket/vault", run="exp-7")])
+
+Lightning has no hook after a checkpoint file is written (``on_save_checkpoint`` runs before),
+and it runs ``ModelCheckpoint`` after other callbacks in each hook. So at every following hook
+(the next batch end, epoch end, validation end, and the end of training) the callback looks at
+the files each ``ModelCheckpoint`` knows (last, best, top-k) and hands each new one to
+``backup_async``, which pins it with a hard link before ``save_top_k`` can delete it. The step
+tag comes from the file name (``epoch=0-step=200.ckpt``), else from the checkpoint being saved.
+Only the global-zero process ships. ``on_train_end`` waits for the uploads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from pytorch_lightning import Callback
+
+from ..ops.async_backup import BackupHandle, OnFull
+from ..ops.names import step_from_name
+from ..vault import Vault
+
+log = logging.getLogger("ckptvault")
+
+
+class CkptVaultCallback(Callback):  # type: ignore[misc]
+    def __init__(
+        self,
+        vault: Vault | str,
+        *,
+        run: str | None = None,
+        tags: dict[str, str] | None = None,
+        on_full: OnFull = "coalesce",
+        flush_timeout: float | None = None,
+        raise_on_error: bool = True,
+    ) -> None:
+        """``vault`` is an open Vault or a URL (opened, and created if missing). Snapshots carry
+        ``tags``, ``run=<run>`` and ``step=<step>``."""
+        self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
+        self.tags = dict(tags or {})
+        if run is not None:
+            self.tags["run"] = run
+        self.on_full = on_full
+        self.flush_timeout = flush_timeout
+        self.raise_on_error = raise_on_error
+        self.handles: list[BackupHandle] = []
+        self._shipped: set[tuple[str, int, int, int]] = set()
+        self._saving_step: int | None = None
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._saving_step = checkpoint.get("global_step", trainer.global_step)
+
+    def _ship_new(self, trainer: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            paths = {callback.last_model_path, callback.best_model_path, *callback.best_k_models}
+            for path in sorted(p for p in paths if p):
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                key = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
+                if key in self._shipped:
+                    continue
+                self._shipped.add(key)
+                step = step_from_name(os.path.basename(path))
+                if step is None:
+                    step = self._saving_step
+                tags = dict(self.tags)
+                if step is not None:
+                    tags["step"] = str(step)
+                self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full))
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
+        self._ship_new(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._ship_new(trainer)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._ship_new(trainer)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._ship_new(trainer)
+        if not trainer.is_global_zero:
+            return
+        try:
+            self.vault.flush(self.flush_timeout)
+        except Exception:
+            if self.raise_on_error:
+                raise

@@ -1,0 +1,104 @@
+"""The framework callbacks, with the real libraries: a tiny model trained on the CPU, checkpoints
+saved under a rotation that keeps only the newest, every one of them shipped."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+
+torch = pytest.importorskip("torch", reason="pip install torch==2.13.0")
+
+
+def test_transformers_trainer_callback_ships_every_save_despite_save_total_limit(tmp_path, vault):
+    transformers = pytest.importorskip("transformers", reason="pip install ckptvault[hf]")
+    pytest.importorskip("accelerate", reason="the transformers Trainer needs accelerate")
+    from ckptvault.integrations.hf import CkptVaultCallback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    data = [{"input_ids": torch.randint(0, 32, (8,)), "labels": torch.randint(0, 32, (8,))} for _ in range(32)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=6,
+        save_steps=2,
+        save_total_limit=1,  # the Trainer deletes every older checkpoint as it saves a new one
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    callback = CkptVaultCallback(vault, run="hf")
+    transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+
+    assert all(h.done() for h in callback.handles), "on_train_end waited for the uploads"
+    snaps = vault.snapshots({"run": "hf"})
+    assert sorted(int(s.tags["step"]) for s in snaps) == [2, 4, 6]
+    assert os.listdir(tmp_path / "out") == ["checkpoint-6"], "the Trainer's rotation ran"
+    vault.restore_latest(tmp_path / "resume", run="hf")
+    restored = {p.name for p in (tmp_path / "resume").iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= restored
+    # a Trainer resumes from what the vault gave back
+    resumed_args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out2"), max_steps=8, save_steps=100, report_to=[], use_cpu=True, disable_tqdm=True
+    )
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=resumed_args, train_dataset=data)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "resume"))
+    assert trainer.state.global_step == 8
+
+
+def test_lightning_callback_ships_every_checkpoint_despite_save_top_k(tmp_path, vault):
+    pl = pytest.importorskip("pytorch_lightning", reason="pip install ckptvault[lightning]")
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    ckpt_dir = tmp_path / "ckpts"
+    checkpointing = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=2, save_top_k=1)  # keeps only the newest
+    callback = CkptVaultCallback(vault, run="pl")
+    trainer = pl.Trainer(
+        max_steps=6,
+        callbacks=[checkpointing, callback],
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Tiny(), loader)
+
+    snaps = vault.snapshots({"run": "pl"})
+    assert sorted(int(s.tags["step"]) for s in snaps) == [2, 4, 6]
+    assert [p.name for p in ckpt_dir.iterdir() if p.suffix == ".ckpt"] == ["epoch=0-step=6.ckpt"]
+    vault.restore_latest(tmp_path / "resume", run="pl")
+    (restored,) = Path(tmp_path / "resume").iterdir()
+    assert restored.name == "epoch=0-step=6.ckpt"
+    state = torch.load(restored, weights_only=False)
+    assert state["global_step"] == 6
+
+
+def test_the_callbacks_open_a_vault_by_url(tmp_path):
+    pytest.importorskip("transformers")
+    from ckptvault.integrations.hf import CkptVaultCallback
+
+    callback = CkptVaultCallback(str(tmp_path / "new-vault"), run="x")
+    assert isinstance(callback.vault, Vault) and callback.tags == {"run": "x"}
+    callback.vault.close()
