@@ -3,23 +3,32 @@
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
 from .errors import CkptVaultError
+from .ops.async_backup import BackupHandle
+from .ops.drill import DrillReport
 from .ops.restore import RestoreResult
 from .ops.stats import SnapshotStats, VaultStats
+from .ops.status import BackupStatus
+from .ops.watch import ShippedCheckpoint, WatchResult
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .vault import Vault, default_repo_url
 from .version import __version__
 
 __all__ = [
+    "BackupHandle",
+    "BackupStatus",
     "ChunkerParams",
     "CkptVaultError",
     "CompressionSettings",
+    "DrillReport",
     "FileEntry",
     "RestoreResult",
+    "ShippedCheckpoint",
     "Snapshot",
     "SnapshotStats",
     "SnapshotSummary",
     "Vault",
     "VaultStats",
+    "WatchResult",
     "__version__",
     "default_repo_url",
 ]
