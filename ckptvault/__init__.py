@@ -5,6 +5,7 @@ from .codec import CompressionSettings
 from .errors import CkptVaultError
 from .ops.async_backup import BackupHandle
 from .ops.drill import DrillReport
+from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
 from .ops.restore import RestoreResult
 from .ops.stats import SnapshotStats, VaultStats
 from .ops.status import BackupStatus
@@ -20,12 +21,18 @@ __all__ = [
     "CkptVaultError",
     "CompressionSettings",
     "DrillReport",
+    "FileChange",
+    "FileContents",
     "FileEntry",
+    "FileUsage",
     "RestoreResult",
     "ShippedCheckpoint",
     "Snapshot",
+    "SnapshotDiff",
     "SnapshotStats",
     "SnapshotSummary",
+    "TensorChanges",
+    "TensorRow",
     "Vault",
     "VaultStats",
     "WatchResult",
