@@ -41,24 +41,32 @@ def decode_entries(raw: bytes | memoryview) -> list[PackEntry]:
 class PackWriter:
     """Collects chunk blobs until the pack is big enough, then seals the header."""
 
-    def __init__(self) -> None:
-        self.buffer = bytearray()
+    def __init__(self, capacity: int = 0) -> None:
+        # One buffer sized for the whole pack up front (calloc: untouched pages cost nothing): each
+        # blob is copied once, and there is never a second copy of the pack, as growing would make.
+        self.buffer = bytearray(capacity)
+        self.size = 0
         self.entries: list[PackEntry] = []
 
     def __len__(self) -> int:
-        return len(self.buffer)
+        return self.size
+
+    def _append(self, data: bytes) -> None:
+        end = self.size + len(data)
+        self.buffer[self.size : end] = data  # overwrites the reserved zeros, or appends past them
+        self.size = end
 
     def add(self, chunk_id: bytes, blob: bytes, raw_len: int) -> PackEntry:
-        entry = PackEntry(chunk_id, len(self.buffer), len(blob), raw_len)
-        self.buffer += blob
+        entry = PackEntry(chunk_id, self.size, len(blob), raw_len)
+        self._append(blob)
         self.entries.append(entry)
         return entry
 
-    def finish(self, codec: BlobCodec, pack_id: bytes) -> bytearray:
+    def finish(self, codec: BlobCodec, pack_id: bytes) -> memoryview:
         header = codec.encode(Kind.PACK_HEADER, pack_id, encode_entries(self.entries))
-        self.buffer += header
-        self.buffer += TRAILER.pack(len(header), PACK_MAGIC)
-        return self.buffer
+        self._append(header)
+        self._append(TRAILER.pack(len(header), PACK_MAGIC))
+        return memoryview(self.buffer)[: self.size]
 
 
 def header_range(trailer: bytes, pack_size: int) -> tuple[int, int]:

@@ -52,6 +52,7 @@ from .pack import TRAILER, PackEntry, PackWriter, decode_header, header_range
 # A backup writes an index object every this many packs; then it also picks up the index objects that
 # concurrent backups wrote, so they stop uploading what the other already stored.
 PACKS_PER_INDEX = 8
+PACK_SLACK = 1 << 20  # room past the target size for the last blob and the header
 
 log = logging.getLogger("ckptvault")
 
@@ -83,7 +84,7 @@ class Repository:
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self._seen_index_ids: set[bytes] = set()
-        self._writer = PackWriter()
+        self._writer = PackWriter(self.config.pack_size + PACK_SLACK)
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
         self._unindexed: dict[bytes, list[PackEntry]] = {}
@@ -192,7 +193,7 @@ class Repository:
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    def _put(self, key: str, data: bytes | bytearray) -> None:
+    def _put(self, key: str, data: bytes | memoryview) -> None:
         self.store.put(key, data)
         with self._stats_lock:
             self.bytes_written += len(data)
@@ -219,14 +220,14 @@ class Repository:
         pack_id = new_object_id()
         entries = self._writer.entries
         data = self._writer.finish(self.codec, pack_id)
-        self._writer = PackWriter()
+        self._writer = PackWriter(self.config.pack_size + PACK_SLACK)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._upload_concurrency, thread_name_prefix="ckptvault-upload")
         self._upload_slots.acquire()  # bounds memory: at most N sealed packs in flight
         future = self._executor.submit(self._upload, pack_id, data)
         self._uploads.append((future, pack_id, entries))
 
-    def _upload(self, pack_id: bytes, data: bytearray) -> None:
+    def _upload(self, pack_id: bytes, data: memoryview) -> None:
         try:
             self._put(pack_key(pack_id), data)
         finally:
