@@ -91,6 +91,7 @@ class _Candidate:
     failures: int = 0
     digest: str = ""
     step: int | None = None
+    source_stat: os.stat_result | None = None  # the source when the pin was last synced
 
 
 @dataclass
@@ -162,7 +163,8 @@ class Watcher:
             self._scan(now)
             self._settle(now)
             self._on_start(resumed)
-            shipper = AsyncShipper(self._ship_job, max_pending=None, exit_timeout=None, name="ckptvault-watch")
+            # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
+            shipper = AsyncShipper(self._ship_job, max_pending=None, exit_timeout=0.0, name="ckptvault-watch")
             try:
                 if self.options.once:
                     self._run_once(shipper)
@@ -306,6 +308,7 @@ class Watcher:
             if cand.state != "settling":
                 continue
             try:
+                cand.source_stat = _stat_if_same(cand.pin)
                 pins.sync(cand.pin)
                 sig = pins.signature(cand.pin.data) + _temporary_activity(cand.pin)
             except FileNotFoundError:
@@ -393,12 +396,10 @@ class Watcher:
                 self._on_warning(f"{cand.pin.name}: backup failed: {outcome}; {when}")
 
     def _finish_done(self, cand: _Candidate, sig: pins.Signature) -> None:
-        """Remember what the source name holds, if it still holds the pinned checkpoint."""
-        try:
-            st = os.stat(cand.pin.source)
-        except OSError:
-            return
-        if st.st_ino == cand.pin.source_ino:
+        """Remember what the source name held when its pin was last synced: whatever changes in it
+        after that (a writer that went on writing) makes it count as a new version."""
+        st = cand.source_stat
+        if st is not None and pins.source_alive(cand.pin):
             self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
 
     def _candidate_of(self, job: BackupJob) -> _Candidate:
@@ -414,6 +415,15 @@ class Watcher:
 
     def _drop(self, cand: _Candidate) -> None:
         self._release(cand)
+
+
+def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
+    """The source's stat, taken before a sync, while the name still holds the pinned checkpoint."""
+    try:
+        st = os.stat(pin.source)
+    except OSError:
+        return None
+    return st if st.st_ino == pin.source_ino else None
 
 
 def _temporary_activity(pin: pins.Pin) -> pins.Signature:
