@@ -67,7 +67,7 @@ def test_damaged_index_is_reported_when_used(vault: Vault, repo_url: str, tmp_pa
     vault.backup(tmp_path / "src")
     (index,) = os.listdir(Path(repo_url) / "index")
     flip(Path(repo_url) / "index" / index, 3)
-    with pytest.raises(IntegrityError, match="index object .* is damaged"):
+    with pytest.raises(IntegrityError, match=r"index object .* is damaged"):
         Vault.open(repo_url).restore("latest", tmp_path / "out")
     assert not (tmp_path / "out" / "f").exists()
 
