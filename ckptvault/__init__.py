@@ -1,7 +1,5 @@
 """ckptvault: deduplicating, verified backups of ML training checkpoints to any fsspec store."""
 
-import logging
-
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
 from .errors import CkptVaultError
@@ -41,6 +39,3 @@ __all__ = [
     "__version__",
     "default_repo_url",
 ]
-
-# A library logs; the application decides where it goes (the CLI prints its own one-line messages).
-logging.getLogger("ckptvault").addHandler(logging.NullHandler())

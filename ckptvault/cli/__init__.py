@@ -1,5 +1,7 @@
 """Command-line interface: a thin layer over ``ckptvault.Vault``. Importing a cmd_* module registers it."""
 
+import logging
+
 from . import (  # noqa: F401
     cmd_backup,
     cmd_check,
@@ -20,4 +22,7 @@ from .app import app
 
 
 def main() -> None:
+    # The library logs notices such as "a read failed verification; reading it again"; the CLI
+    # reports outcomes itself, one line each, so only the library's errors pass through.
+    logging.getLogger("ckptvault").setLevel(logging.ERROR)
     app()
