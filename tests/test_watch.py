@@ -278,3 +278,21 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode()
     reserved = cli("watch", str(ckpts), "--repo", repo, "--tag", "step=5", check=False)
     assert reserved.returncode == 2 and "set by watch itself" in reserved.stderr.decode()
+
+
+def test_a_failed_backup_keeps_its_pin_exits_non_zero_and_ships_next_time(tmp_path, repo, cli):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish(str(ckpts), 100, 64 * 1024)
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=f", "--once", "--settle", "0.2")
+    holder = Vault.open(repo)
+    with holder._repo.locks.acquire(exclusive=True):  # a prune holds the vault: backups fail
+        failed = cli(*args, check=False)
+    holder.close()
+    assert failed.returncode == 11, failed.stderr
+    assert "backup failed" in failed.stderr.decode() and "stays pinned" in failed.stderr.decode()
+    assert len(os.listdir(ckpts / ".ckptvault-watch" / "pins")) == 1
+    shutil.rmtree(ckpts / "step_100")  # rotated away meanwhile: the pin still has it
+    shipped = cli(*args).stdout.decode().splitlines()
+    assert len(shipped) == 1 and shipped[0].startswith("shipped step_100 step 100"), shipped
+    assert_each_shipped_once(repo, [100], "f")

@@ -20,6 +20,7 @@ times first. At interpreter exit the queue is flushed, for at most ``exit_timeou
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -180,8 +181,6 @@ def _register_exit_hook() -> None:
         if register is not None:
             register(_flush_all_at_exit)
         else:  # pragma: no cover - every supported Python has it
-            import atexit
-
             atexit.register(_flush_all_at_exit)
         _exit_hook_registered = True
 

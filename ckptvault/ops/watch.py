@@ -92,6 +92,7 @@ class _Candidate:
     digest: str = ""
     step: int | None = None
     source_stat: os.stat_result | None = None  # the source when the pin was last synced
+    error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
 
 
 @dataclass
@@ -174,7 +175,9 @@ class Watcher:
                 for job in shipper.close(cancel_pending=True):
                     self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
                 self._collect()
-            self.result.left = sum(1 for c in self._candidates.values())
+            self.result.left = len(self._candidates)
+            # failures that a later retry fixed are not errors of the run
+            self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
         return self.result
 
     def _load_digests(self) -> None:
@@ -391,7 +394,7 @@ class Watcher:
                 delay = RETRY_AFTER[min(cand.failures, len(RETRY_AFTER)) - 1]
                 cand.retry_at = time.monotonic() + delay
                 if isinstance(outcome, CkptVaultError):
-                    self.result.errors.append(outcome)
+                    cand.error = outcome
                 when = "it stays pinned for the next run" if self.options.once else f"retrying in {delay:.0f} s"
                 self._on_warning(f"{cand.pin.name}: backup failed: {outcome}; {when}")
 
