@@ -86,6 +86,7 @@ class Vault:
         self.url = url
         self.created = False  # True when open(create=True) made a new repository
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
+        self._backup_mutex = threading.Lock()  # the Repository writes one backup at a time
 
     # ---- opening -----------------------------------------------------------------------
 
@@ -218,7 +219,7 @@ class Vault:
             if not key or "=" in key:
                 raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
         abs_paths = sorted(check_sources(sources))
-        with self._repo.locks.acquire(exclusive=False) as lock:
+        with self._backup_mutex, self._repo.locks.acquire(exclusive=False) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
             self._repo.adopt_unindexed_packs()  # what a killed backup uploaded is reused, not sent again
             same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
