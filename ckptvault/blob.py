@@ -18,7 +18,7 @@ from enum import IntEnum
 from typing import Protocol
 
 from .bytegroup import ElementRun
-from .codec import Compressor
+from .codec import CODEC_DELTA, BaseReader, Compressor
 from .errors import IntegrityError, MalformedObjectError, UnsupportedFormatError
 from .hashing import checksum
 
@@ -81,8 +81,30 @@ class BlobCodec:
         parts = self.sealer.seal(kind, self._aad(kind, object_id), [bytes([codec]), payload])
         return b"".join([self._header, *parts])
 
-    def decode(self, kind: Kind, object_id: bytes, blob: bytes | memoryview, raw_size: int | None = None) -> bytes:
-        """Verify and decode; raises IntegrityError (without naming the object: callers do)."""
+    def encode_delta(
+        self,
+        chunk_id: bytes,
+        data: bytes | memoryview,
+        base_id: bytes,
+        base: bytes | memoryview,
+        runs: Sequence[ElementRun],
+    ) -> bytes:
+        """A chunk blob of codec 3: ``data`` coded against ``base`` (the plaintext of chunk ``base_id``).
+        The base ID sits in the payload, inside the checksum or the AEAD: it cannot be swapped."""
+        payload = self.compressor.compress_delta(data, base, base_id, runs)
+        parts = self.sealer.seal(Kind.CHUNK, self._aad(Kind.CHUNK, chunk_id), [bytes([CODEC_DELTA]), *payload])
+        return b"".join([self._header, *parts])
+
+    def decode(
+        self,
+        kind: Kind,
+        object_id: bytes,
+        blob: bytes | memoryview,
+        raw_size: int | None = None,
+        base: BaseReader | None = None,
+    ) -> bytes:
+        """Verify and decode; raises IntegrityError (without naming the object: callers do).
+        ``base`` fetches a delta chunk's base (codec 3)."""
         view = memoryview(blob)
         if len(view) < 2:
             raise MalformedObjectError("blob is truncated")
@@ -95,4 +117,4 @@ class BlobCodec:
         inner = self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
         if len(inner) < 1:
             raise MalformedObjectError("blob has no codec byte")
-        return self.compressor.decompress(inner[0], inner[1:], raw_size)
+        return self.compressor.decompress(inner[0], inner[1:], raw_size, base)

@@ -1,27 +1,38 @@
 """Compression codecs. A codec's ID is written into every blob, so IDs are never reused.
 
 ID 0: raw (stored as is), ID 1: zstd, ID 2: bytegroup (dtype-aware byte grouping, then zstd per
-stream; layout in ``bytegroup.py`` and docs/format.md). ``compress`` keeps whichever candidate is
-smallest and falls back to raw whenever nothing makes the data smaller.
+stream; layout in ``bytegroup.py`` and docs/format.md), ID 3: delta (the chunk XOR another stored
+chunk of the same length, its *base*, coded with one of IDs 0-2; docs/format.md "Codec 3").
+``compress`` keeps whichever candidate is smallest and falls back to raw whenever nothing makes the
+data smaller; ``compress_delta`` is only called by a writer that has the base's bytes at hand.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zstandard
 
 from . import bytegroup
-from .bytegroup import ElementRun
+from .bytegroup import ElementRun, xor
 from .errors import IntegrityError, MalformedObjectError, UsageError
 
 CODEC_RAW = 0
 CODEC_ZSTD = 1
 CODEC_BYTEGROUP = 2
+CODEC_DELTA = 3
 MAX_DECODED_SIZE = 1 << 30  # no single blob (chunk, index, tree) decodes to more than 1 GiB
 # Tombstones: none yet. A retired codec ID is listed here and never handed out again.
+
+# Codec 3's payload starts with the base chunk's ID and the codec of the XORed bytes (0, 1 or 2: a
+# delta never nests another delta inside one blob; chains go through the base chunk instead).
+DELTA_HEAD = struct.Struct("<32sB")
+DELTA_INNER = (CODEC_RAW, CODEC_ZSTD, CODEC_BYTEGROUP)
+
+BaseReader = Callable[[bytes], bytes]  # base chunk ID -> its verified plaintext
 
 # Plain zstd is tried as well when grouping saved less than this fraction: data that is not
 # float-like (repeats spanning whole elements) can do better ungrouped. Float tensors save more.
@@ -42,6 +53,7 @@ class CompressionSettings:
     codec: str = "zstd"
     level: int = 1  # measured: zstd-3 gains <0.1% over zstd-1 on checkpoint data at 1.3-3x the CPU
     bytegroup: bool = True  # group tensor bytes by element width where a file's header says it (codec 2)
+    delta: bool = False  # code changed tensor pieces against the previous save's (codec 3; format version 2)
 
     def __post_init__(self) -> None:
         if self.codec not in ("zstd", "none"):
@@ -50,13 +62,22 @@ class CompressionSettings:
             raise UsageError(f"zstd level {self.level} is out of range; use -7..22")
 
     def to_dict(self) -> dict[str, str | int | bool]:
-        return {"codec": self.codec, "level": self.level, "bytegroup": self.bytegroup}
+        out: dict[str, str | int | bool] = {"codec": self.codec, "level": self.level, "bytegroup": self.bytegroup}
+        if self.delta:  # only format-2 configs carry the key: a format-1 config stays byte-for-byte as before
+            out["delta"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> CompressionSettings:
         # Repositories made before codec 2 have no "bytegroup" key: they keep writing plain zstd,
-        # so an older ckptvault sharing the repository still reads everything new.
-        return cls(codec=d["codec"], level=d["level"], bytegroup=bool(d.get("bytegroup", False)))
+        # so an older ckptvault sharing the repository still reads everything new. Likewise a
+        # config without "delta" (every repository made before codec 3) never gets delta chunks.
+        return cls(
+            codec=d["codec"],
+            level=d["level"],
+            bytegroup=bool(d.get("bytegroup", False)),
+            delta=bool(d.get("delta", False)),
+        )
 
 
 class Compressor:
@@ -81,6 +102,19 @@ class Compressor:
     def groups(self) -> bool:
         """Whether ``compress`` uses element runs (codec 2) at all."""
         return self.settings.codec != "none" and self.settings.bytegroup
+
+    @property
+    def deltas(self) -> bool:
+        """Whether the writer codes tensor pieces against a base (codec 3)."""
+        return self.settings.codec != "none" and self.settings.delta
+
+    def compress_delta(
+        self, data: bytes | memoryview, base: bytes | memoryview, base_id: bytes, runs: Sequence[ElementRun] = ()
+    ) -> list[bytes | memoryview]:
+        """Codec 3's payload, as parts (no copy of the coded bytes): ``data`` XOR ``base``, coded like
+        any chunk (the XOR keeps element boundaries, so the same runs apply)."""
+        codec, payload = self.compress(xor(data, base), runs)
+        return [DELTA_HEAD.pack(base_id, codec), payload]
 
     def compress(self, data: bytes | memoryview, runs: Sequence[ElementRun] = ()) -> tuple[int, bytes | memoryview]:
         """Return (codec ID, payload). ``runs`` say where whole elements of a known width lie in
@@ -123,14 +157,31 @@ class Compressor:
             sizes[width] = len(self._grouped(memoryview(sample)[:usable], segs))
         return min(PROBE_WIDTHS, key=lambda w: (sizes[w], w))
 
-    def decompress(self, codec: int, payload: bytes | memoryview, raw_size: int | None = None) -> bytes:
+    def decompress(
+        self, codec: int, payload: bytes | memoryview, raw_size: int | None = None, base: BaseReader | None = None
+    ) -> bytes:
+        """``base`` fetches a delta's base chunk (codec 3 only; without it a delta does not decode)."""
         if codec == CODEC_RAW:
             return bytes(payload)
         if codec == CODEC_ZSTD:
             return self._zstd_decode(payload, raw_size, "zstd payload")
         if codec == CODEC_BYTEGROUP:
             return self._ungrouped(payload, raw_size)
+        if codec == CODEC_DELTA:
+            return self._undelta(payload, raw_size, base)
         raise IntegrityError(f"unknown codec ID {codec}; this blob was written by a newer ckptvault")
+
+    def _undelta(self, payload: bytes | memoryview, raw_size: int | None, base: BaseReader | None) -> bytes:
+        base_id, inner = delta_base(payload)
+        if inner not in DELTA_INNER:
+            raise MalformedObjectError(f"delta payload names inner codec {inner}")
+        if base is None or raw_size is None:
+            raise IntegrityError(f"delta against chunk {base_id.hex()[:12]} cannot be decoded without its base")
+        xored = self.decompress(inner, memoryview(payload)[DELTA_HEAD.size :], raw_size)
+        base_data = base(base_id)  # raises IntegrityError naming the base when it is missing or damaged
+        if len(base_data) != len(xored):
+            raise IntegrityError(f"delta base {base_id.hex()[:12]} holds {len(base_data)} bytes, not {len(xored)}")
+        return xor(xored, base_data)
 
     def _zstd_decode(self, payload: bytes | memoryview, raw_size: int | None, what: str) -> bytes:
         try:
@@ -160,6 +211,14 @@ class Compressor:
                 raise MalformedObjectError(f"bytegroup stream holds {len(body)} bytes, not {size}")
             streams.append(body)
         return bytegroup.join(segs, streams)
+
+
+def delta_base(payload: bytes | memoryview) -> tuple[bytes, int]:
+    """(base chunk ID, inner codec) of a codec-3 payload."""
+    if len(payload) < DELTA_HEAD.size:
+        raise MalformedObjectError("delta payload is truncated")
+    base_id, inner = DELTA_HEAD.unpack_from(payload, 0)
+    return bytes(base_id), inner
 
 
 def _stream_widths(segs: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from ..chunking import ChunkerParams
 from ..codec import CompressionSettings
 from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError
-from .format import FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
+from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
 
 DEFAULT_PACK_SIZE = 32 * 1024 * 1024
 MAX_PACK_SIZE = 1024 * 1024 * 1024  # offsets in pack headers and indexes are u32
@@ -27,9 +27,18 @@ class RepoConfig:
     key_verifier: str | None = None
     repo_id: str = field(default_factory=lambda: secrets.token_hex(16))
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    version: int = FORMAT_VERSION
+    version: int = 0  # 0: the lowest version that holds what this config asks for (format.py)
 
     def __post_init__(self) -> None:
+        if self.version == 0:
+            # A repository with delta coding needs format 2; every other one stays format 1, so an
+            # older ckptvault keeps reading it.
+            wanted = DELTA_FORMAT_VERSION if self.compression.delta else FORMAT_VERSION
+            object.__setattr__(self, "version", wanted)
+        if self.compression.delta and self.version < DELTA_FORMAT_VERSION:
+            raise MalformedObjectError(
+                f"delta coding needs repository format {DELTA_FORMAT_VERSION}, not {self.version}"
+            )
         if not 1024 * 1024 <= self.pack_size <= MAX_PACK_SIZE:
             raise UsageError(f"pack size {self.pack_size} is out of range; use 1 MiB..1 GiB")
         if self.encryption not in ENCRYPTION_MODES:

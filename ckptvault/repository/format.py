@@ -7,7 +7,11 @@ import secrets
 
 FORMAT_NAME = "ckptvault"
 FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+# Version 2 = version 1 plus delta chunks (codec 3) and the layouts that name their bases (v2 pack
+# headers and index objects, below). Only repositories made with delta coding are version 2, so a
+# ckptvault that predates it refuses them with a clear message instead of misreading them.
+DELTA_FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 CONFIG_KEY = "config"
 PACKS_PREFIX = "packs/"
@@ -17,6 +21,8 @@ SNAPSHOTS_PREFIX = "snapshots/"
 LOCKS_PREFIX = "locks/"
 
 PACK_MAGIC = b"CVP1"
+PACK_MAGIC_V2 = b"CVP2"  # header entries carry a base chunk ID
+INDEX_MAGIC_V2 = b"CVI2"  # a v1 index object starts with its pack count, which can never spell this
 OBJECT_ID_SIZE = 32
 
 

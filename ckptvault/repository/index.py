@@ -1,18 +1,23 @@
 """Index objects: which pack holds each chunk, where, and how big it is.
 
-    index = n_packs:u32le | n_packs x (pack_id:32 | n_entries:u32le | n_entries x pack entry)
+    v1: index = n_packs:u32le | n_packs x (pack_id:32 | n_entries:u32le | n_entries x v1 pack entry)
+    v2: index = "CVI2" | n_packs:u32le | n_packs x (pack_id:32 | n_entries:u32le | n_entries x v2 pack entry)
 
-Several index objects may list the same chunk (two backups that raced); any of them is
-valid since both packs hold the same verified bytes.
+v2 entries also name each chunk's delta base (pack.py), which is how garbage collection keeps a
+base alive without decoding any chunk. An index object is written as v2 only when one of its
+entries has a base. Several index objects may list the same chunk (two backups that raced); any
+of them is valid since both packs hold the same verified bytes.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import ItemsView
 from dataclasses import dataclass
 
 from ..errors import MalformedObjectError
-from .pack import ENTRY, PackEntry
+from .format import INDEX_MAGIC_V2
+from .pack import ENTRY, ENTRY_V2, PackEntry, decode_entries, entry_version, pack_entry
 
 _COUNT = struct.Struct("<I")
 _PACK = struct.Struct("<32sI")
@@ -24,32 +29,38 @@ class ChunkLocation:
     offset: int
     stored_len: int
     raw_len: int
+    base_id: bytes | None = None  # the delta base the stored blob needs (codec 3), else None
 
 
 def encode_index(packs: dict[bytes, list[PackEntry]]) -> bytes:
-    parts = [_COUNT.pack(len(packs))]
+    version = max((entry_version(entries) for entries in packs.values()), default=1)
+    parts = [INDEX_MAGIC_V2] if version == 2 else []
+    parts.append(_COUNT.pack(len(packs)))
     for pack_id, entries in packs.items():
         parts.append(_PACK.pack(pack_id, len(entries)))
-        parts.extend(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len) for e in entries)
+        parts.extend(pack_entry(e, version) for e in entries)
     return b"".join(parts)
 
 
-def decode_index(raw: bytes) -> dict[bytes, list[PackEntry]]:
+def decode_index(raw: bytes | memoryview) -> dict[bytes, list[PackEntry]]:
+    view = memoryview(raw)
+    version, pos = (2, len(INDEX_MAGIC_V2)) if view[: len(INDEX_MAGIC_V2)] == INDEX_MAGIC_V2 else (1, 0)
+    entry_size = (ENTRY if version == 1 else ENTRY_V2).size
     try:
-        (n_packs,) = _COUNT.unpack_from(raw, 0)
-        pos = _COUNT.size
+        (n_packs,) = _COUNT.unpack_from(view, pos)
+        pos += _COUNT.size
         packs: dict[bytes, list[PackEntry]] = {}
         for _ in range(n_packs):
-            pack_id, n = _PACK.unpack_from(raw, pos)
+            pack_id, n = _PACK.unpack_from(view, pos)
             pos += _PACK.size
-            end = pos + n * ENTRY.size
-            if end > len(raw):
+            end = pos + n * entry_size
+            if end > len(view):
                 raise MalformedObjectError("index object is truncated")
-            packs[pack_id] = [PackEntry(*f) for f in ENTRY.iter_unpack(raw[pos:end])]
+            packs[pack_id] = decode_entries(view[pos:end], version)
             pos = end
     except struct.error as exc:
         raise MalformedObjectError(f"index object is truncated ({exc})") from exc
-    if pos != len(raw):
+    if pos != len(view):
         raise MalformedObjectError("index object has trailing bytes")
     return packs
 
@@ -71,9 +82,14 @@ class ChunkIndex:
         return self._map.get(chunk_id)
 
     def add_pack(self, pack_id: bytes, entries: list[PackEntry]) -> None:
+        """The first location seen wins, except that a copy stored without a base replaces one coded
+        as a delta: reading it costs one decode, and (when two backups raced and coded the same
+        chunks against each other's copies) it is what keeps a chain of bases from looping."""
         self.packs.add(pack_id)
         for e in entries:
-            self._map.setdefault(e.chunk_id, ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len))
+            old = self._map.get(e.chunk_id)
+            if old is None or (old.base_id is not None and e.base_id is None):
+                self._map[e.chunk_id] = ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len, e.base_id)
 
-    def items(self):
+    def items(self) -> ItemsView[bytes, ChunkLocation]:
         return self._map.items()

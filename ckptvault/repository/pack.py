@@ -1,8 +1,12 @@
 """Pack byte layout (no I/O): many chunk blobs in one object, a sealed header at the end.
 
-    pack    = blob_0 | blob_1 | ... | blob_n-1 | header_blob | header_len:u32le | "CVP1"
-    header  = n x (chunk_id:32 | offset:u32le | stored_len:u32le | raw_len:u32le)
+    pack     = blob_0 | blob_1 | ... | blob_n-1 | header_blob | header_len:u32le | magic
+    magic "CVP1": header = n x (chunk_id:32 | offset:u32le | stored_len:u32le | raw_len:u32le)
+    magic "CVP2": header = n x (chunk_id:32 | offset:u32le | stored_len:u32le | raw_len:u32le | base_id:32)
 
+A v2 entry names the chunk's delta base (32 zero bytes: none), so garbage collection and
+``check`` learn which chunks a delta needs without decoding it. A pack is written as v2 only when
+one of its chunks has a base, so repositories without delta coding keep writing exactly v1.
 The index normally tells where a chunk lives; the header makes every pack self-describing,
 so `check` can verify packs against the index and a lost index can be rebuilt.
 """
@@ -14,10 +18,13 @@ from dataclasses import dataclass
 
 from ..blob import BlobCodec, Kind
 from ..errors import MalformedObjectError
-from .format import PACK_MAGIC
+from .format import PACK_MAGIC, PACK_MAGIC_V2
 
 ENTRY = struct.Struct("<32sIII")
+ENTRY_V2 = struct.Struct("<32sIII32s")
 TRAILER = struct.Struct("<I4s")
+NO_BASE = bytes(32)
+_MAGICS = {PACK_MAGIC: 1, PACK_MAGIC_V2: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,16 +33,31 @@ class PackEntry:
     offset: int
     stored_len: int
     raw_len: int
+    base_id: bytes | None = None  # the delta base this chunk's blob is coded against (codec 3)
 
 
-def encode_entries(entries: list[PackEntry]) -> bytes:
-    return b"".join(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len) for e in entries)
+def entry_version(entries: list[PackEntry]) -> int:
+    """The entry layout a set of entries needs: 2 when one of them has a base."""
+    return 2 if any(e.base_id for e in entries) else 1
 
 
-def decode_entries(raw: bytes | memoryview) -> list[PackEntry]:
-    if len(raw) % ENTRY.size:
+def pack_entry(e: PackEntry, version: int) -> bytes:
+    if version == 1:
+        return ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len)
+    return ENTRY_V2.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len, e.base_id or NO_BASE)
+
+
+def encode_entries(entries: list[PackEntry], version: int = 1) -> bytes:
+    return b"".join(pack_entry(e, version) for e in entries)
+
+
+def decode_entries(raw: bytes | memoryview, version: int = 1) -> list[PackEntry]:
+    layout = ENTRY if version == 1 else ENTRY_V2
+    if len(raw) % layout.size:
         raise MalformedObjectError("pack entry table has a partial entry")
-    return [PackEntry(*fields) for fields in ENTRY.iter_unpack(raw)]
+    if version == 1:
+        return [PackEntry(*fields) for fields in ENTRY.iter_unpack(raw)]
+    return [PackEntry(c, o, s, r, None if b == NO_BASE else b) for c, o, s, r, b in ENTRY_V2.iter_unpack(raw)]
 
 
 class PackWriter:
@@ -56,16 +78,17 @@ class PackWriter:
         self.buffer[self.size : end] = data  # overwrites the reserved zeros, or appends past them
         self.size = end
 
-    def add(self, chunk_id: bytes, blob: bytes, raw_len: int) -> PackEntry:
-        entry = PackEntry(chunk_id, self.size, len(blob), raw_len)
+    def add(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> PackEntry:
+        entry = PackEntry(chunk_id, self.size, len(blob), raw_len, base_id)
         self._append(blob)
         self.entries.append(entry)
         return entry
 
     def finish(self, codec: BlobCodec, pack_id: bytes) -> memoryview:
-        header = codec.encode(Kind.PACK_HEADER, pack_id, encode_entries(self.entries))
+        version = entry_version(self.entries)
+        header = codec.encode(Kind.PACK_HEADER, pack_id, encode_entries(self.entries, version))
         self._append(header)
-        self._append(TRAILER.pack(len(header), PACK_MAGIC))
+        self._append(TRAILER.pack(len(header), PACK_MAGIC if version == 1 else PACK_MAGIC_V2))
         return memoryview(self.buffer)[: self.size]
 
 
@@ -73,18 +96,27 @@ def header_range(trailer: bytes, pack_size: int) -> tuple[int, int]:
     """(start, length) of the header blob, from the pack's last TRAILER.size bytes."""
     if pack_size < TRAILER.size or len(trailer) != TRAILER.size:
         raise MalformedObjectError("pack is shorter than its trailer")
-    header_len, magic = TRAILER.unpack(trailer)
-    if magic != PACK_MAGIC:
-        raise MalformedObjectError("pack trailer magic is wrong")
+    header_len, _ = TRAILER.unpack(trailer)
+    trailer_version(trailer)
     start = pack_size - TRAILER.size - header_len
     if start < 0:
         raise MalformedObjectError("pack header length points before the start of the pack")
     return start, header_len
 
 
-def decode_header(codec: BlobCodec, pack_id: bytes, header_blob: bytes | memoryview, data_end: int) -> list[PackEntry]:
+def trailer_version(trailer: bytes) -> int:
+    """The header's entry layout (1 or 2), from the trailer's magic."""
+    version = _MAGICS.get(bytes(trailer[-4:]))
+    if version is None:
+        raise MalformedObjectError("pack trailer magic is wrong")
+    return version
+
+
+def decode_header(
+    codec: BlobCodec, pack_id: bytes, header_blob: bytes | memoryview, data_end: int, version: int = 1
+) -> list[PackEntry]:
     """Verify and parse a header blob; every entry must lie before ``data_end``."""
-    entries = decode_entries(codec.decode(Kind.PACK_HEADER, pack_id, header_blob))
+    entries = decode_entries(codec.decode(Kind.PACK_HEADER, pack_id, header_blob), version)
     for e in entries:
         if e.offset + e.stored_len > data_end:
             raise MalformedObjectError(f"pack header entry for chunk {e.chunk_id.hex()[:12]} points past the data")
@@ -94,5 +126,6 @@ def decode_header(codec: BlobCodec, pack_id: bytes, header_blob: bytes | memoryv
 def read_pack_header(codec: BlobCodec, pack_id: bytes, pack: bytes | memoryview) -> list[PackEntry]:
     """Parse and verify the header of a whole pack held in memory."""
     view = memoryview(pack)
-    start, length = header_range(bytes(view[len(view) - TRAILER.size :]), len(view))
-    return decode_header(codec, pack_id, view[start : start + length], start)
+    trailer = bytes(view[len(view) - TRAILER.size :])
+    start, length = header_range(trailer, len(view))
+    return decode_header(codec, pack_id, view[start : start + length], start, trailer_version(trailer))
