@@ -224,3 +224,10 @@ class BackupSupersededError(CkptVaultError):
 
 class FlushTimeoutError(CkptVaultError, TimeoutError):
     """``flush(timeout)`` returned with queued backups still unfinished."""
+
+
+class ObjectExistsError(StorageError):
+    """A create-if-absent write found the object already there (another writer made it first)."""
+
+    def __init__(self, op: str, key: str, url: str) -> None:
+        super().__init__(op, key, url, "the object already exists")

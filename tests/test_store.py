@@ -1,12 +1,15 @@
-"""One conformance suite, run against every backend this issue supports (local, memory)."""
+"""One conformance suite for every backend: local and memory here; S3 (SeaweedFS, moto), GCS
+(fake-gcs-server), Azure (Azurite) and SFTP (OpenSSH) on real servers in tests/backends/."""
 
+import contextlib
 import os
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ckptvault.errors import ObjectNotFoundError, StorageError
+from ckptvault.errors import ObjectExistsError, ObjectNotFoundError, StorageError
 from ckptvault.store import FsspecStore
 
 
@@ -55,6 +58,50 @@ class StoreConformance:
             list(pool.map(lambda i: store.put(f"c/{i}", str(i).encode() * 1000), range(32)))
         assert len(store.list("c/")) == 32
         assert store.get("c/7") == b"7" * 1000
+
+    def test_range_get_inside_a_large_object(self, store):
+        data = os.urandom(6 * 1024 * 1024 + 11)
+        store.put("packs/ab/big", data)
+        for start, length in ((0, 1), (5 * 1024 * 1024 + 3, 1024 * 1024), (len(data) - 7, 7)):
+            assert store.get_range("packs/ab/big", start, length) == data[start : start + length]
+
+    def test_empty_object(self, store):
+        store.put("empty/e", b"")
+        assert store.get("empty/e") == b""
+        assert [(o.key, o.size) for o in store.list("empty/")] == [("empty/e", 0)]
+
+    def test_list_prefix_is_a_folder_not_a_substring(self, store):
+        store.put("snapshots/a", b"1")
+        store.put("snapshotsX/b", b"2")
+        assert [o.key for o in store.list("snapshots/")] == ["snapshots/a"]
+
+    def test_delete_of_a_missing_object_is_not_a_failure_of_the_store(self, store):
+        with contextlib.suppress(ObjectNotFoundError):  # local disks and SFTP say so; object stores do not
+            store.delete("never-there")
+
+    def test_create_if_absent(self, store):
+        store.put("config", b"first", if_absent=True)
+        with pytest.raises(ObjectExistsError, match="config"):
+            store.put("config", b"second", if_absent=True)
+        assert store.get("config") == b"first"
+
+    def test_racing_creates_have_exactly_one_winner(self, store):
+        if not store.supports_if_absent:
+            pytest.skip(f"{store.url} cannot enforce create-if-absent")
+        start = threading.Barrier(8)
+
+        def create(i: int) -> bool:
+            start.wait()
+            try:
+                store.put("race", f"writer {i}".encode(), if_absent=True)
+                return True
+            except ObjectExistsError:
+                return False
+
+        with ThreadPoolExecutor(8) as pool:
+            won = [i for i, ok in enumerate(pool.map(create, range(8))) if ok]
+        assert len(won) == 1, won
+        assert store.get("race") == f"writer {won[0]}".encode()
 
 
 class TestLocalStore(StoreConformance):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -23,12 +24,13 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from ..blob import Kind
-from ..errors import IntegrityError, LockLostError, ObjectNotFoundError, VaultLockedError
+from ..errors import CkptVaultError, IntegrityError, LockLostError, ObjectNotFoundError, VaultLockedError
 from .format import LOCKS_PREFIX, id_from_key, lock_key, new_object_id
 
 if TYPE_CHECKING:
     from .repository import Repository
 
+log = logging.getLogger("ckptvault")
 STALE_AFTER = timedelta(minutes=30)
 REFRESH_EVERY = timedelta(minutes=5)
 
@@ -198,5 +200,11 @@ class HeldLock:
     def __enter__(self) -> HeldLock:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except CkptVaultError as error:  # the storage that failed the command often fails this too
+            log.warning("could not remove the lock after a failure: %s", error)  # keep the first error

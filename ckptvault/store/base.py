@@ -1,10 +1,16 @@
 """The storage contract the repository relies on.
 
 Keys are '/'-separated names relative to the repository root. ``put`` is atomic: a reader
-sees either no object or the whole object, never a prefix (temp file + rename locally, a
-single PUT on object stores). Objects are immutable: the repository never overwrites one
-with different content. Missing objects raise ``ObjectNotFoundError``; every other backend
-failure raises ``StorageError`` naming the operation and the key.
+sees either no object or the whole object, never a prefix (temp file + rename locally and over
+SFTP, a single PUT on object stores). Objects are immutable: the repository never overwrites one
+with different content. ``put(..., if_absent=True)`` writes only when no object has the key and
+raises ``ObjectExistsError`` otherwise; stores whose ``supports_if_absent`` is true make that
+atomic (a conditional PUT, a link, a non-replacing rename), others check first (a race can lose).
+Missing objects raise ``ObjectNotFoundError``; every other backend failure raises
+``StorageError`` naming the operation and the key, with ``retryable`` set when it may pass.
+
+``remote`` says bytes cross a network (the repository then caches metadata locally), and
+``transfers`` how many uploads and downloads suit the store at once.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ class ObjectInfo:
 
 class Store(Protocol):
     url: str
+    remote: bool
+    supports_if_absent: bool
 
-    def put(self, key: str, data: bytes | bytearray | memoryview) -> None: ...
+    def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -34,4 +42,6 @@ class Store(Protocol):
 
     def delete(self, key: str) -> None: ...
 
-    def remove_stale_temp_files(self, older_than_s: float) -> int: ...
+    def remove_stale_temp_files(self, older_than_s: float) -> int:
+        """Remove what crashed writers left (temp files, unfinished multipart uploads) older than this."""
+        ...

@@ -1,9 +1,15 @@
 """Retries with backoff, and a time limit per call, around any Store.
 
 Only failures that may pass are retried: a StorageError marked ``retryable`` (connection
-resets, timeouts, short reads). Missing objects, permission errors and a full disk fail at
-once. A call that hangs is abandoned after ``op_timeout`` seconds and retried; the repository
-only writes immutable objects under fresh names, so a late duplicate of a PUT is harmless.
+resets, timeouts, short reads, HTTP 5xx and throttling; failures.py decides). Missing objects,
+permission errors, a missing bucket and a full disk fail at once. A call that hangs is abandoned
+after ``op_timeout`` seconds and retried; the repository only writes immutable objects under fresh
+names, so a late duplicate of a PUT is harmless. Async backends (s3fs, gcsfs, adlfs) cancel the
+request themselves at the deadline (FsspecStore passes it down), closing its connection; the
+thread-based limit here is the backstop, a little later, for every other backend.
+
+A create-if-absent put that is retried after a failure may find its own first attempt stored (the
+reply was lost, not the write): it then reads the object back, and identical bytes count as success.
 
 Settings come from the environment unless given: CKPTVAULT_RETRIES (attempts after the
 first, default 5), CKPTVAULT_RETRY_DELAY (first backoff in seconds, default 0.5, doubling up
@@ -20,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import StorageError, UsageError
+from ..errors import ObjectExistsError, StorageError, UsageError
 from .base import ObjectInfo, Store
 
 T = TypeVar("T")
@@ -81,18 +87,28 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
     return result[0]
 
 
+# How much later than the backend's own deadline the thread-based one fires, where the backend
+# enforces one: long enough for a cancelled request to report itself.
+DEADLINE_GRACE_S = 2.0
+
+
 class RetryingStore:
     def __init__(self, inner: Store, policy: RetryPolicy | None = None) -> None:
         self.inner = inner
         self.policy = policy or RetryPolicy.from_env()
         self.url = inner.url
+        self.remote = getattr(inner, "remote", False)
+        self.transfers = getattr(inner, "transfers", None)
+        self.supports_if_absent = getattr(inner, "supports_if_absent", False)
+        grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
+        self._wait_s = self.policy.op_timeout + grace if self.policy.op_timeout else self.policy.op_timeout
         self.retried = 0  # calls that needed more than one attempt (for tests and reports)
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         attempt = 0
         while True:
             try:
-                return call_with_timeout(fn, self.policy.op_timeout, op, key, self.url)
+                return call_with_timeout(fn, self._wait_s, op, key, self.url)
             except StorageError as exc:
                 if not exc.retryable or attempt >= self.policy.retries:
                     if attempt:
@@ -102,8 +118,22 @@ class RetryingStore:
             attempt += 1
             self.retried += 1
 
-    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        self._call("PUT", key, lambda: self.inner.put(key, data))
+    def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
+        if not if_absent:
+            self._call("PUT", key, lambda: self.inner.put(key, data))
+            return
+        attempts = 0
+
+        def attempt() -> None:
+            nonlocal attempts
+            attempts += 1
+            self.inner.put(key, data, if_absent=True)
+
+        try:
+            self._call("PUT", key, attempt)
+        except ObjectExistsError:
+            if attempts < 2 or self.get(key) != bytes(data):
+                raise
 
     def get(self, key: str) -> bytes:
         return self._call("GET", key, lambda: self.inner.get(key))

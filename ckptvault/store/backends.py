@@ -1,0 +1,93 @@
+"""What differs between fsspec backends, in one table: how a put is made atomic, whether a
+create-if-absent write is enforced by the server, which defaults make the backend's own retries
+and caches step aside for ckptvault's, and what a crashed writer can leave behind.
+
+Why each default (see docs/backends.md):
+- ``use_listings_cache=False``: s3fs/gcsfs/adlfs cache directory listings per instance, and an
+  ``exists`` answered from a stale listing would hide objects other writers added since.
+- S3: one attempt per call inside s3fs and botocore (``retries``/``total_max_attempts`` = 1) so that
+  retries, backoff and the deadline are ckptvault's alone (RetryingStore); otherwise up to 5 x 5
+  hidden attempts multiply the wait. Connect and read timeouts bound a silent server on reads; a
+  PUT can still wait forever for "100 Continue", which the per-call deadline ends.
+- GCS against an emulator (``endpoint_url`` or ``STORAGE_EMULATOR_HOST``): gcsfs's experimental
+  bucket-type probe (gRPC) hangs for a minute per bucket there, so it is switched off before gcsfs
+  is imported, unless the user set ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"})
+RENAME_PUT = frozenset({"sftp", "ssh"})  # no atomic PUT: write a temp name, then rename
+# One session serves one call at a time (paramiko's SFTP client deadlocks under concurrent threads), and
+# a dropped session is not re-established by the filesystem: these get a pool of sessions.
+POOLED = frozenset({"sftp", "ssh"})
+CONDITIONAL_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"})
+S3 = frozenset({"s3", "s3a"})
+
+
+@dataclass(frozen=True)
+class Profile:
+    protocol: str
+    remote: bool  # bytes cross a network: metadata cache, more parallel transfers
+    object_store: bool  # flat keys, one atomic PUT per object, no directories to make
+    rename_put: bool  # atomic put = temp name + rename (and rename without overwrite = create-if-absent)
+    conditional_put: bool  # the server enforces create-if-absent (If-None-Match: * and equivalents)
+    pooled: bool  # a pool of sessions, one per concurrent call; a session that failed is closed
+
+
+def profile_for(protocols: str | tuple[str, ...], *, local_disk: bool = False, in_memory: bool = False) -> Profile:
+    """``local_disk``/``in_memory``: the filesystem class is (a subclass of) fsspec's local or memory
+    one, whatever protocol name it registers (the tests' faulty:// is a memory filesystem)."""
+    names = (protocols,) if isinstance(protocols, str) else tuple(protocols)
+    protocol = names[0] if names else "file"
+    known = set(names)
+    return Profile(
+        protocol=protocol,
+        remote=not (local_disk or in_memory),
+        object_store=in_memory or bool(known & OBJECT_STORES),
+        rename_put=bool(known & RENAME_PUT),
+        conditional_put=local_disk or in_memory or bool(known & (CONDITIONAL_PUT | RENAME_PUT)),
+        pooled=bool(known & POOLED),
+    )
+
+
+def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Options the user did not set, filled with ckptvault's defaults for the protocol."""
+    out = dict(options)
+    if protocol in OBJECT_STORES and protocol != "memory":
+        out.setdefault("use_listings_cache", False)
+    if protocol in S3:
+        config = dict(out.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", 10)
+        config.setdefault("read_timeout", 60)
+        config.setdefault("retries", {"total_max_attempts": 1})
+        out["config_kwargs"] = config
+    emulator = out.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    if protocol in ("gs", "gcs") and emulator and "gcsfs" not in sys.modules:
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    return out
+
+
+def tune(fs: Any, protocol: str, options: dict[str, Any]) -> None:
+    """Settings that are class attributes rather than constructor options."""
+    if protocol in S3 and "retries" not in options:
+        fs.retries = 1  # S3FileSystem(retries=...) is rejected by its session; it is an attribute
+
+
+def bucket_of(protocol: str, root: str) -> str:
+    """The bucket (or container) part of an object store root, for messages."""
+    if protocol in OBJECT_STORES and protocol != "memory":
+        return root.lstrip("/").split("/", 1)[0]
+    return ""
+
+
+def install_hint(protocol: str) -> str:
+    extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
+    extra.update({"sftp": "sftp", "ssh": "sftp"})
+    name = extra.get(protocol)
+    return f"pip install 'ckptvault[{name}]'" if name else "install the fsspec implementation for it"

@@ -1,0 +1,224 @@
+"""What a backend exception means: missing, exists, denied, full, passing or permanent.
+
+fsspec backends fail in their own vocabularies: s3fs turns S3 error codes into OSErrors (a 412
+becomes FileExistsError only when the server names the If-None-Match condition, otherwise
+``OSError(EINVAL)``) and leaves connection errors as botocore/aiohttp exceptions; gcsfs raises
+``HttpError`` with a ``code``; adlfs passes Azure's ``HttpResponseError`` with ``status_code`` and
+``error_code``; paramiko raises ``SSHException`` and ``IOError``. ``classify`` reads the exception and
+its causes (``__cause__``/``__context__``) by status code, error code, class name and errno, without
+importing any backend, and returns a ``Failure``. The one place that acts on it is
+``FsspecStore._translate_errors``.
+
+Retryable: connection refused/reset/closed, timeouts, HTTP 408/429/5xx, throttling codes. Permanent:
+other 4xx (bad request, denied, precondition), a missing bucket, unknown programming errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Kind(Enum):
+    NOT_FOUND = "not found"  # the object is missing
+    NO_BUCKET = "no bucket"  # the bucket or container itself is missing
+    EXISTS = "exists"  # a create-if-absent write lost (FileExistsError, 412, ConditionNotMet)
+    DENIED = "denied"  # credentials or permissions
+    FULL = "full"  # no space / quota
+    TRANSIENT = "transient"  # may pass: retry with backoff
+    PERMANENT = "permanent"  # will not pass by retrying
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: Kind
+    reason: str  # one line for the user
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind is Kind.TRANSIENT
+
+
+RETRYABLE_STATUS = frozenset({408, 429})
+RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "InternalError",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "ServerBusy",
+        "OperationTimedOut",
+        "OperationAborted",
+        "RequestTimeTooSkewed",  # the client's clock is resynced from the answer before the retry
+    }
+)
+NO_BUCKET_CODES = frozenset({"NoSuchBucket", "ContainerNotFound", "BucketNotFound", "ContainerBeingDeleted"})
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "BlobNotFound", "ResourceNotFound", "NotFound"})
+EXISTS_CODES = frozenset({"PreconditionFailed", "ConditionNotMet", "BlobAlreadyExists", "ConditionalRequestConflict"})
+DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "AuthenticationFailed",
+        "AuthorizationFailure",
+        "AuthorizationPermissionMismatch",
+        "AccountIsDisabled",
+        "InsufficientAccountPermissions",
+        "AllAccessDisabled",
+    }
+)
+# Exception class names (anywhere in the cause chain) of failures that may pass: botocore,
+# aiohttp, urllib3/requests, azure-core, paramiko, fsspec.
+RETRYABLE_NAMES = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "ProxyConnectionError",
+        "HTTPClientError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "IncompleteRead",
+        "ResponseParserError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ClientConnectorError",
+        "ClientConnectionError",
+        "ClientOSError",
+        "ServerTimeoutError",
+        "ConnectionTimeoutError",
+        "SocketTimeoutError",
+        "ServiceRequestError",
+        "ServiceResponseError",
+        "ServiceRequestTimeoutError",
+        "ServiceResponseTimeoutError",
+        "ChunkedEncodingError",
+        "ProtocolError",
+        "ReadTimeout",
+        "ConnectTimeout",
+        "SSHException",
+        "NoValidConnectionsError",
+        "FSTimeoutError",
+        "TransportError",
+        "RetryError",
+    }
+)
+CONNECTION_ERRNOS = frozenset(
+    {
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.ETIMEDOUT,
+        errno.EPIPE,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EAGAIN,
+        errno.EIO,
+        errno.EBUSY,  # s3fs: 503 SlowDown / ServiceUnavailable
+        getattr(errno, "EREMOTEIO", errno.EIO),  # s3fs: 500 InternalError
+    }
+)
+PERMANENT_ERRNOS = frozenset(
+    {errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENAMETOOLONG, errno.EMSGSIZE, errno.EROFS, errno.EISDIR}
+)
+_PRECONDITION_TEXT = re.compile(r"pre-?condition|conditionnotmet|if-none-match", re.IGNORECASE)
+_BUCKET_TEXT = re.compile(r"(bucket|container)[^.]*(does not exist|not found|NoSuch)|NoSuchBucket", re.IGNORECASE)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    node: BaseException | None = exc
+    while node is not None and node not in seen and len(seen) < 10:
+        seen.append(node)
+        node = node.__cause__ or node.__context__
+    return seen
+
+
+def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+    """HTTP status and service error code, where the exception carries them."""
+    response: Any = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        meta = response.get("ResponseMetadata") or {}
+        error = response.get("Error") or {}
+        status = meta.get("HTTPStatusCode")
+        return (int(status) if isinstance(status, int) else None), (error.get("Code") or None)
+    for attr in ("status_code", "status"):  # azure-core HttpResponseError, aiohttp ClientResponseError
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            code = getattr(exc, "error_code", None)
+            return value, (str(code) if code else None)
+    code = getattr(exc, "code", None)  # gcsfs HttpError
+    if isinstance(code, int) and 100 <= code < 600:
+        return code, None
+    return None, None
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    message = one_line(str(exc))
+    name = type(exc).__name__
+    if not message:
+        return name
+    if isinstance(exc, OSError) and type(exc) in (OSError, IOError):
+        return message
+    return f"{name}: {message}"
+
+
+def classify(exc: BaseException, bucket: str = "") -> Failure:
+    chain = _chain(exc)
+    status = code = None
+    for node in chain:
+        status, code = _status_and_code(node)
+        if status is not None or code is not None:
+            break
+    names = {type(node).__name__ for node in chain}
+    text = " ".join(str(node) for node in chain)
+    detail = _describe(exc)
+    if code and code not in str(exc):
+        detail = f"{code}: {detail}"
+
+    if isinstance(exc, FileExistsError) or code in EXISTS_CODES or status == 412:
+        return Failure(Kind.EXISTS, "the object already exists")
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL and _PRECONDITION_TEXT.search(text):
+        return Failure(Kind.EXISTS, "the object already exists")  # s3fs's 412 without the condition named
+    if code in NO_BUCKET_CODES or ((isinstance(exc, FileNotFoundError) or status == 404) and _BUCKET_TEXT.search(text)):
+        where = f"bucket {bucket!r}" if bucket else "the bucket (or container)"
+        return Failure(Kind.NO_BUCKET, f"{where} does not exist; create it first or check the URL")
+    if isinstance(exc, FileNotFoundError) or code in NOT_FOUND_CODES or status == 404:
+        return Failure(Kind.NOT_FOUND, "object not found")
+    if isinstance(exc, PermissionError) or code in DENIED_CODES or status in (401, 403):
+        return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Failure(Kind.FULL, exc.strerror or "no space left")
+    if status is not None:
+        if status >= 500 or status in RETRYABLE_STATUS or code in RETRYABLE_CODES:
+            return Failure(Kind.TRANSIENT, detail)
+        return Failure(Kind.PERMANENT, detail)
+    if code in RETRYABLE_CODES:
+        return Failure(Kind.TRANSIENT, detail)
+    if names & RETRYABLE_NAMES or any(isinstance(n, (ConnectionError, TimeoutError, EOFError)) for n in chain):
+        return Failure(Kind.TRANSIENT, detail)
+    if isinstance(exc, OSError):
+        if exc.errno in PERMANENT_ERRNOS:
+            return Failure(Kind.PERMANENT, detail)
+        # errno-less OSErrors are what network filesystems raise for a dropped link (paramiko's
+        # "Socket is closed", fsspec's generic IOError); the retry budget bounds a wrong guess.
+        return Failure(Kind.TRANSIENT, detail)
+    return Failure(Kind.PERMANENT, detail)

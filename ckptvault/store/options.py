@@ -1,0 +1,205 @@
+"""Storage options: where they come from, how their text values are typed, and how a URL is shown.
+
+Options reach fsspec from three places, later ones winning: the ``CKPTVAULT_STORAGE_OPTIONS``
+environment variable (a JSON object, or ``key=value,key=value``), the repository URL's query string
+(``s3://bucket/vault?endpoint_url=http://127.0.0.1:9000``), and the options given to the call (the
+CLI's ``-o key=value``). The backends read their own environment as well (``AWS_*``,
+``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_*``, fsspec's ``FSSPEC_<PROTOCOL>_<OPTION>``).
+None of it is ever stored in the repository, and ``display_url`` keeps secrets out of messages.
+
+Text values are typed the way a shell user means them: ``true``/``false``, numbers, JSON objects
+and lists; a dotted key (``client_kwargs.region_name=eu-west-1``) sets a nested option. Values of
+keys that name credentials or identities (``key``, ``secret``, ``token``, ``password``, ``project``,
+...) always stay text, so a numeric password or project number is not turned into a number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from ..errors import UsageError
+
+ENV_OPTIONS = "CKPTVAULT_STORAGE_OPTIONS"
+ENV_UPLOADS = "CKPTVAULT_UPLOADS"
+ENV_DOWNLOADS = "CKPTVAULT_DOWNLOADS"
+
+# Name parts (split at "_") that make a key's value text even when it looks like a number or a
+# boolean: credentials, identities and addresses. look_for_keys stays a boolean, key_filename text.
+_TEXT_PARTS = frozenset(
+    [
+        "key",
+        "secret",
+        "token",
+        "password",
+        "passphrase",
+        "credential",
+        "credentials",
+        "sas",
+        "signature",
+        "connection",
+        "user",
+        "username",
+        "account",
+        "project",
+        "profile",
+        "region",
+        "host",
+        "hostname",
+        "name",
+        "endpoint",
+        "url",
+        "tenant",
+        "id",
+        "bucket",
+        "container",
+        "path",
+        "filename",
+        "policy",
+    ]
+)
+
+
+def _is_text_key(key: str) -> bool:
+    return any(part in _TEXT_PARTS for part in key.rsplit(".", 1)[-1].lower().split("_"))
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Type one option value given as text (see the module docstring)."""
+    if _is_text_key(key):
+        return text
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    if lowered in ("none", "null"):
+        return None
+    if re.fullmatch(r"[+-]?\d+", lowered):
+        return int(lowered)
+    if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+)(e[+-]?\d+)?", lowered):
+        return float(lowered)
+    if text.strip()[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise UsageError(f"storage option {key}: {text!r} is not valid JSON") from None
+    return text
+
+
+def _set(options: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise UsageError(f"storage option {key!r} is not a valid name")
+    node = options
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UsageError(f"storage option {key!r}: {part} is already set to a value, not a group of options")
+        node = child
+    node[parts[-1]] = value
+
+
+def typed_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Options with text values typed and dotted keys nested; other values are kept as given."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        _set(out, key, parse_value(key, value) if isinstance(value, str) else value)
+    return out
+
+
+def _env_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    text = environ.get(ENV_OPTIONS, "").strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise UsageError(f"{ENV_OPTIONS} is not a valid JSON object") from None
+        if not isinstance(value, dict):
+            raise UsageError(f"{ENV_OPTIONS} must be a JSON object or key=value,key=value")
+        return value
+    pairs: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{ENV_OPTIONS}: {part!r} is not key=value")
+        pairs[key.strip()] = value
+    return pairs
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_options(
+    url: str, given: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The URL without its query string, and the merged, typed options (environment < URL < given)."""
+    environ = os.environ if environ is None else environ
+    query: dict[str, Any] = {}
+    if "://" in url and "?" in url:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    options = typed_options(_env_options(environ))
+    options = _merge(options, typed_options(query))
+    return url, _merge(options, typed_options(dict(given or {})))
+
+
+def display_url(url: str) -> str:
+    """The URL as messages show it: no query string (options may hold secrets), no password."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}@{hostport}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    """How many transfers run at once: pack uploads during a backup, range reads during a restore.
+
+    Object stores pay a round trip per request and give each connection a share of the bandwidth,
+    so they get more parallel transfers than a local disk, which only seeks more when asked to do
+    more at once. Each pack upload holds one pack in memory (32 MiB by default)."""
+
+    uploads: int
+    downloads: int
+
+    @classmethod
+    def from_env(cls, remote: bool, environ: Mapping[str, str] | None = None) -> TransferLimits:
+        environ = os.environ if environ is None else environ
+        default = cls(uploads=4, downloads=16) if remote else cls(uploads=2, downloads=8)
+        return cls(
+            uploads=_env_count(environ, ENV_UPLOADS, default.uploads),
+            downloads=_env_count(environ, ENV_DOWNLOADS, default.downloads),
+        )
+
+
+def _env_count(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a whole number") from None
+    if not 1 <= value <= 256:
+        raise UsageError(f"{name}={raw!r} must be between 1 and 256")
+    return value

@@ -1,0 +1,177 @@
+"""Whole vaults on real servers: every backend round-trips a backup bit-exact; the README's command
+line works end to end on SeaweedFS-backed S3 (backup, restore, prune, check); credentials never
+reach the repository; bad URLs, missing buckets, bad credentials and dead endpoints are one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import StorageError
+
+from ..conftest import tree_digest
+from ..support import servers
+from .conftest import make_checkpoint, one_line_error
+
+SMALL_CHUNKS = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
+
+
+@pytest.mark.parametrize("backend_name", list(servers.STARTERS))
+def test_backup_restore_check_on_every_backend(server, backend_name: str, tmp_path: Path):
+    backend = server(backend_name).backend
+    url = backend.new_url()
+    src = make_checkpoint(tmp_path / "ckpt", step=1)
+    vault = Vault.init(url, storage_options=backend.storage_options, chunker=SMALL_CHUNKS, pack_size=1 << 20)
+    first = vault.backup(src, tags={"run": "x", "step": "1"})
+    make_checkpoint(src, step=2)
+    second = vault.backup(src, tags={"run": "x", "step": "2"})
+    assert second.summary.new_bytes < second.summary.logical_bytes  # the frozen part deduplicated
+    vault.close()
+
+    again = Vault.open(url, storage_options=backend.storage_options)
+    assert [s.id for s in again.snapshots(tags={"run": "x"})] == [first.id, second.id]
+    again.restore("latest", tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    assert again.check(read_data=1.0).ok
+
+
+def test_readme_workflow_on_seaweedfs_s3(server, remote_cli, tmp_path: Path):
+    """init, backup x2, snapshots, restore, prune, check --read-data, restore again: bit-exact, through
+    the CLI, credentials from the usual AWS environment variables and the endpoint from -o."""
+    backend = server("s3-seaweedfs").backend
+    repo = backend.new_url("readme")
+    src = make_checkpoint(tmp_path / "ckpt", step=1000)
+    remote_cli(backend, "init", repo, "--pack-size-mib", "1")
+    remote_cli(backend, "backup", str(src), "--repo", repo, "--tag", "run=x", "--tag", "step=1000", "-q")
+    saved_1000 = tree_digest(src)
+    make_checkpoint(src, step=2000)
+    remote_cli(backend, "backup", str(src), "--repo", repo, "--tag", "run=x", "--tag", "step=2000", "-q")
+    listed = json.loads(remote_cli(backend, "snapshots", "--repo", repo, "--json").stdout)
+    assert [s["tags"]["step"] for s in listed] == ["1000", "2000"]
+
+    remote_cli(backend, "restore", "latest", str(tmp_path / "resume"), "--repo", repo, "--tag", "run=x", "-q")
+    assert tree_digest(tmp_path / "resume") == tree_digest(src)
+    oldest = listed[0]["id"]
+    remote_cli(backend, "restore", oldest[:10], str(tmp_path / "old"), "--repo", repo, "-q")
+    assert tree_digest(tmp_path / "old") == saved_1000
+
+    remote_cli(backend, "prune", "--keep-latest", "1", "--repo", repo, "-q")
+    after = json.loads(remote_cli(backend, "snapshots", "--repo", repo, "--json").stdout)
+    assert [s["id"] for s in after] == [listed[1]["id"]]
+    remote_cli(backend, "check", "--read-data", "--repo", repo)
+    shutil.rmtree(tmp_path / "resume")
+    remote_cli(backend, "restore", "latest", str(tmp_path / "resume"), "--repo", repo, "-q")
+    assert tree_digest(tmp_path / "resume") == tree_digest(src)
+
+
+def _all_bytes(fs, root: str) -> bytes:
+    return b"".join(fs.cat_file(p) for p in fs.find(root))
+
+
+def test_credentials_are_never_written_to_the_repository_or_the_cache(server, remote_cli, tmp_path: Path, monkeypatch):
+    """SeaweedFS started with credentials requires them; give them only as -o options and in a URL
+    query, then look for them in every object and in the metadata cache."""
+    running = server("s3-seaweedfs")
+    b = running.backend
+    endpoint = b.storage_options["endpoint_url"]
+    repo = b.new_url("creds")
+    secret = servers.S3_SECRET
+    cache = tmp_path / "metadata-cache"
+    opts = ["-o", f"key={servers.S3_KEY}", "-o", f"secret={secret}"]
+    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "CKPTVAULT_CACHE_DIR": str(cache)}
+    src = make_checkpoint(tmp_path / "ckpt", step=1)
+    remote_cli(None, "init", f"{repo}?endpoint_url={endpoint}", *opts, **env)
+    remote_cli(None, "backup", str(src), "--repo", repo, "-o", f"endpoint_url={endpoint}", *opts, "-q", **env)
+    remote_cli(None, "snapshots", "--repo", repo, "-o", f"endpoint_url={endpoint}", *opts, **env)
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **b.storage_options)
+    stored = _all_bytes(fs, repo.removeprefix("s3://"))
+    assert b"snapshots/" not in stored and len(stored) > 1_000_000
+    cached = b"".join(p.read_bytes() for p in cache.rglob("*") if p.is_file())
+    assert cached, "the metadata cache was not used"
+    for needle in (secret, servers.S3_KEY, endpoint):
+        assert needle.encode() not in stored
+        assert needle.encode() not in cached
+
+    # a wrong secret is refused, in one line that does not print the secret it was given
+    wrong = "wrong-secret-0123456789"
+    proc = remote_cli(
+        None, "snapshots", "--repo", f"{repo}?secret={wrong}", "-o", f"endpoint_url={endpoint}",
+        "-o", f"key={servers.S3_KEY}", check=False, CKPTVAULT_RETRIES="0", **env,
+    )  # fmt: skip
+    line = one_line_error(proc)
+    assert proc.returncode == 20
+    assert "access denied" in line and repo in line and wrong not in line
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["missing bucket", "unreachable endpoint", "unknown protocol", "gcs missing bucket", "azure wrong key", "sftp"],
+)
+def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str):
+    env = {"CKPTVAULT_RETRIES": "1", "CKPTVAULT_RETRY_DELAY": "0.05"}
+    dead = f"http://127.0.0.1:{servers.free_port()}"
+    if what == "missing bucket":
+        b = server("s3-moto").backend
+        args, expect = (
+            ["--repo", "s3://no-such-bucket-ckv/vault", *b.cli_options],
+            "bucket 'no-such-bucket-ckv' does not",
+        )
+        env.update(b.env)
+    elif what == "unreachable endpoint":
+        args, expect = ["--repo", "s3://bucket/vault", "-o", f"endpoint_url={dead}"], "Could not connect"
+        env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
+    elif what == "unknown protocol":
+        args, expect = ["--repo", "nosuchproto://bucket/vault"], "no fsspec filesystem handles nosuchproto://"
+    elif what == "gcs missing bucket":
+        b = server("gcs-fake-gcs-server").backend
+        args, expect = ["--repo", "gs://no-such-bucket-ckv/vault", *b.cli_options], "does not exist"
+    elif what == "azure wrong key":
+        port = server("azure-azurite").port
+        bad_key = "A" * 86 + "=="
+        conn = servers.azurite_connection_string(port, key=bad_key)
+        args, expect = ["--repo", f"az://{servers.BUCKET}/vault"], "access denied"
+        env["AZURE_STORAGE_CONNECTION_STRING"] = conn
+    else:
+        running = server("sftp-openssh")
+        url = running.backend.base_url.replace(f":{running.port}/", f":{servers.free_port()}/")
+        args, expect = ["--repo", url, *running.backend.cli_options], "Unable to connect"
+    proc = remote_cli(None, "snapshots", *args, check=False, timeout=120, **env)
+    line = one_line_error(proc)
+    assert proc.returncode == 20, line
+    assert expect in line, line
+    repo = args[1].split("?")[0]
+    assert repo in line, line
+
+
+def test_init_twice_at_once_has_one_winner(server):
+    """The config is written create-if-absent: a second init on the same URL fails, never overwrites."""
+    b = server("s3-seaweedfs").backend
+    url = b.new_url("init")
+    Vault.init(url, storage_options=b.storage_options).close()
+    with pytest.raises(Exception, match="already exists"):
+        Vault.init(url, storage_options=b.storage_options)
+
+
+def test_url_query_and_environment_options(server, monkeypatch):
+    """Options from CKPTVAULT_STORAGE_OPTIONS and the URL's query string; -o/storage_options win."""
+    b = server("s3-moto").backend
+    endpoint = b.storage_options["endpoint_url"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", servers.S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", servers.S3_SECRET)
+    monkeypatch.setenv("CKPTVAULT_STORAGE_OPTIONS", f"endpoint_url={endpoint},max_concurrency=4")
+    url = b.new_url("envopts")
+    vault = Vault.init(url)
+    assert vault.url == url
+    vault.close()
+    monkeypatch.setenv("CKPTVAULT_STORAGE_OPTIONS", json.dumps({"endpoint_url": "http://127.0.0.1:9"}))
+    Vault.open(f"{url}?endpoint_url={endpoint}").close()
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    with pytest.raises(StorageError, match="Could not connect"):
+        Vault.open(url, storage_options={"endpoint_url": "http://127.0.0.1:9"})

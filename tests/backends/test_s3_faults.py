@@ -1,0 +1,217 @@
+"""Network faults between ckptvault and a real S3 server (moto_server), injected by a TCP proxy
+(tests/support/faultproxy.py): connections cut in the middle of an upload, reset as they are
+accepted, a server that accepts and never answers, a gateway that refuses every request.
+
+Transient faults: the backup succeeds and stores exactly what a fault-free backup stores.
+Permanent ones: a one-line error naming the operation and the URL, a non-zero exit, and no snapshot
+that points at missing data (check --read-data passes, the earlier snapshot restores bit-exact).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import StorageError
+from ckptvault.store import FsspecStore
+
+from ..conftest import tree_digest
+from ..support.faultproxy import FaultProxy
+from ..support.servers import Backend, RunningServer
+from .conftest import make_checkpoint, one_line_error
+
+SMALL_CHUNKS = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
+PACK = 1 << 20  # 1 MiB packs: several uploads per backup, each big enough to cut in the middle
+_DENIED_XML = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+)
+ACCESS_DENIED = (
+    b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_DENIED_XML)}\r\n\r\n".encode()
+    + _DENIED_XML
+)
+
+
+class ArmOnFirstBytes:
+    """A Progress that arms the fault once the backup has read its first bytes: the lock is taken
+    and uploads are about to start, so the fault lands in the middle of the backup."""
+
+    def __init__(self, proxy: FaultProxy, arm) -> None:
+        self.proxy, self.arm, self.armed = proxy, arm, False
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        pass
+
+    def advance(self, nbytes: int) -> None:
+        if not self.armed:
+            self.armed = True
+            self.proxy.drop_all()
+            self.arm(self.proxy)
+
+    def finish(self) -> None:
+        pass
+
+
+@pytest.fixture
+def moto(server) -> RunningServer:
+    return server("s3-moto")
+
+
+@pytest.fixture
+def proxy(moto: RunningServer) -> Iterator[FaultProxy]:
+    p = FaultProxy(moto.port).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "5")
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "3")
+
+
+def via(backend: Backend, proxy: FaultProxy) -> dict:
+    return {**backend.storage_options, "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+
+
+def signature(vault: Vault, snap) -> list[tuple]:
+    return [(e.path, e.type, e.size, e.blake3, tuple(e.chunks)) for e in vault.files(snap)]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    return make_checkpoint(tmp_path / "ckpt", step=1, mb=4)
+
+
+@pytest.fixture
+def expected(moto: RunningServer, src: Path) -> list[tuple]:
+    """What a fault-free backup of ``src`` stores (chunk IDs included)."""
+    clean = Vault.init(moto.backend.new_url("clean"), storage_options=moto.backend.storage_options,
+                       chunker=SMALL_CHUNKS, pack_size=PACK)  # fmt: skip
+    with clean:
+        return signature(clean, clean.backup(src))
+
+
+def faulty_backup(moto: RunningServer, proxy: FaultProxy, src: Path, arm) -> tuple[Vault, object]:
+    url = moto.backend.new_url("faults")
+    vault = Vault.init(url, storage_options=via(moto.backend, proxy), chunker=SMALL_CHUNKS, pack_size=PACK)
+    proxy.drop_all()  # no pooled connection may dodge the fault
+    arm(proxy)
+    snap = vault.backup(src)
+    proxy.heal()
+    return vault, snap
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["cut mid-upload", "reset on accept", "stalled server"],
+)
+def test_transient_network_faults_change_nothing(moto, proxy, src, expected, tmp_path: Path, fault: str):
+    def arm(p: FaultProxy) -> None:
+        if fault == "cut mid-upload":
+            p.cut_after_bytes, p.max_cuts = 300_000, 3  # inside a 1 MiB pack PUT
+        elif fault == "reset on accept":
+            p.reset_next = 3
+        else:
+            p.stall, p.stall_connections = True, 1  # the first new connection never answers
+
+    started = time.monotonic()
+    vault, snap = faulty_backup(moto, proxy, src, arm)
+    elapsed = time.monotonic() - started
+    fired = {"cut mid-upload": proxy.cuts, "reset on accept": proxy.resets, "stalled server": proxy.stalled}[fault]
+    assert fired >= 1, f"the fault never fired ({proxy.connections} connections)"
+    if fault == "stalled server":
+        assert elapsed >= 3, "the stalled call should have waited for its deadline"
+    assert signature(vault, snap) == expected
+    vault.restore(snap, tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    assert vault.check(read_data=1.0).ok
+    vault.close()
+
+
+def test_a_stalled_put_ends_at_its_deadline(moto, proxy):
+    """aiobotocore waits for "100 Continue" with no timeout of its own; the per-call deadline ends it."""
+    store = FsspecStore(moto.backend.new_url("stall"), via(moto.backend, proxy), op_timeout=1.5)
+    store.put("warm", b"x")  # the bucket is reachable
+    proxy.drop_all()
+    proxy.stall = True
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"PUT big on s3://.*no answer after 1.5 s") as info:
+        store.put("big", b"\0" * (8 << 20))
+    assert info.value.retryable
+    assert time.monotonic() - started < 6
+    assert proxy.stalled >= 1
+
+
+def permanent_case(moto: RunningServer, proxy: FaultProxy, src: Path, arm) -> tuple[Vault, str, StorageError]:
+    url = moto.backend.new_url("permanent")
+    opts = via(moto.backend, proxy)
+    vault = Vault.init(url, storage_options=opts, chunker=SMALL_CHUNKS, pack_size=PACK)
+    first = vault.backup(src)
+    make_checkpoint(src, step=2, mb=4)
+    with pytest.raises(StorageError) as info:
+        vault.backup(src, on_progress=ArmOnFirstBytes(proxy, arm))
+    vault.close()
+    proxy.heal()
+    after = Vault.open(url, storage_options=opts)
+    assert [s.id for s in after.snapshots()] == [first.id]  # nothing committed
+    assert after.check(read_data=1.0).ok
+    return after, first.id, info.value
+
+
+def test_a_refusing_gateway_fails_at_once_without_retries(moto, proxy, src):
+    vault, _, error = permanent_case(moto, proxy, src, lambda p: setattr(p, "reply", ACCESS_DENIED))
+    assert "access denied" in str(error) and "attempts" not in str(error), error
+    assert error.op == "PUT" and error.key.startswith("packs/"), error
+    assert not error.retryable
+    assert proxy.replied <= 4  # one attempt per call in flight, no retries
+    vault.close()
+
+
+def test_a_server_that_never_answers_fails_after_bounded_retries(moto, proxy, src, monkeypatch):
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "1")
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "1")
+    started = time.monotonic()
+    vault, _, error = permanent_case(moto, proxy, src, lambda p: setattr(p, "stall", True))
+    assert "no answer after 1 s (after 2 attempts)" in str(error), error
+    assert error.op == "PUT" and error.key.startswith("packs/"), error
+    assert time.monotonic() - started < 60
+    vault.close()
+
+
+def test_cli_upload_cut_forever_is_one_line_and_commits_nothing(moto, proxy, remote_cli, tmp_path: Path):
+    """Every connection is cut after 300 kB: small requests pass, every pack upload dies midway."""
+    backend = Backend(
+        name="s3-moto-via-proxy",
+        base_url=moto.backend.base_url,
+        storage_options={},
+        env=moto.backend.env,
+        cli_options=["-o", f"endpoint_url=http://127.0.0.1:{proxy.port}"],
+    )
+    repo = moto.backend.new_url("cli-faults")
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=4)
+    env = {"CKPTVAULT_RETRIES": "2", "CKPTVAULT_RETRY_DELAY": "0.05"}
+    remote_cli(backend, "init", repo, "--pack-size-mib", "1", **env)
+    remote_cli(backend, "backup", str(src), "--repo", repo, "-q", **env)
+    before = tree_digest(src)
+    make_checkpoint(src, step=2, mb=4)
+    proxy.cut_after_bytes = 300_000
+    proc = remote_cli(backend, "backup", str(src), "--repo", repo, check=False, **env)
+    line = one_line_error(proc)
+    assert proc.returncode == 20
+    assert line.startswith("error: storage failed: PUT packs/") and f" on {repo}: " in line, line
+    assert "(after 3 attempts)" in line, line
+    assert proxy.cuts >= 3
+    proxy.heal()
+    snaps = json.loads(remote_cli(backend, "snapshots", "--repo", repo, "--json", **env).stdout)
+    assert len(snaps) == 1
+    remote_cli(backend, "check", "--read-data", "--repo", repo, **env)
+    remote_cli(backend, "restore", "latest", str(tmp_path / "out"), "--repo", repo, "-q", **env)
+    assert tree_digest(tmp_path / "out") == before

