@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import fsspec
@@ -329,7 +330,7 @@ class FsspecStore:
             if self.profile.rename_put:
                 return self._remove_remote_temp_files(fs, cutoff)
             if self.profile.protocol in ("s3", "s3a"):
-                return self._abort_stale_multipart_uploads(fs, cutoff)
+                return self._abort_stale_multipart_uploads(fs, older_than_s)
         return 0
 
     def _remove_local_temp_files(self, cutoff: float) -> int:
@@ -360,25 +361,35 @@ class FsspecStore:
                     removed += 1
         return removed
 
-    def _abort_stale_multipart_uploads(self, fs: Any, cutoff: float) -> int:
+    def _abort_stale_multipart_uploads(self, fs: Any, older_than_s: float) -> int:
+        """Abort this repository's multipart uploads started more than ``older_than_s`` ago by the
+        server's clock (the Date of the listing), so a client with a wrong clock cannot abort a live one."""
         bucket, _, key_root = self.root.partition("/")
         prefix = f"{key_root}/" if key_root else ""
         removed = 0
         markers: dict[str, str] = {}
         while True:
             page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **markers, **self._deadline())
+            now = _server_time(page) or time.time()
             for upload in page.get("Uploads", []) or []:
                 started = upload.get("Initiated")
-                if isinstance(started, datetime):
-                    age_ok = started.replace(tzinfo=started.tzinfo or timezone.utc).timestamp() < cutoff
-                else:
-                    age_ok = False
-                if age_ok:
+                if not isinstance(started, datetime):
+                    continue
+                when = (started if started.tzinfo else started.replace(tzinfo=timezone.utc)).timestamp()
+                if when < now - older_than_s:
                     fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                     removed += 1
             if not page.get("IsTruncated"):
                 return removed
             markers = {"KeyMarker": page.get("NextKeyMarker", ""), "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+
+
+def _server_time(response: dict[str, Any]) -> float | None:
+    date = (response.get("ResponseMetadata") or {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _close_session(fs: Any) -> None:
