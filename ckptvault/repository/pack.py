@@ -63,10 +63,10 @@ def decode_entries(raw: bytes | memoryview, version: int = 1) -> list[PackEntry]
 class PackWriter:
     """Collects chunk blobs until the pack is big enough, then seals the header."""
 
-    def __init__(self, capacity: int = 0) -> None:
-        # One buffer sized for the whole pack up front (calloc: untouched pages cost nothing): each
-        # blob is copied once, and there is never a second copy of the pack, as growing would make.
-        self.buffer = bytearray(capacity)
+    def __init__(self, buffer: bytearray | None = None) -> None:
+        # One buffer sized for the whole pack (the repository recycles them: a fresh 32 MiB buffer
+        # costs ~20 ms of page faults, a reused one nothing): each blob is copied into it once.
+        self.buffer = buffer if buffer is not None else bytearray()
         self.size = 0
         self.entries: list[PackEntry] = []
 
@@ -75,7 +75,7 @@ class PackWriter:
 
     def _append(self, data: bytes) -> None:
         end = self.size + len(data)
-        self.buffer[self.size : end] = data  # overwrites the reserved zeros, or appends past them
+        self.buffer[self.size : end] = data  # overwrites old bytes in place, or grows the buffer
         self.size = end
 
     def add(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> PackEntry:

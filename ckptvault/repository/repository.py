@@ -84,7 +84,8 @@ class Repository:
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self._seen_index_ids: set[bytes] = set()
-        self._writer = PackWriter(self.config.pack_size + PACK_SLACK)
+        self._spare_buffers: list[bytearray] = []  # pack buffers whose upload has finished
+        self._writer = self._new_writer()
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
         self._unindexed: dict[bytes, list[PackEntry]] = {}
@@ -220,18 +221,38 @@ class Repository:
         pack_id = new_object_id()
         entries = self._writer.entries
         data = self._writer.finish(self.codec, pack_id)
-        self._writer = PackWriter(self.config.pack_size + PACK_SLACK)
+        self._writer = self._new_writer()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._upload_concurrency, thread_name_prefix="ckptvault-upload")
         self._upload_slots.acquire()  # bounds memory: at most N sealed packs in flight
         future = self._executor.submit(self._upload, pack_id, data)
         self._uploads.append((future, pack_id, entries))
 
+    def _new_writer(self) -> PackWriter:
+        spare = self._spare_buffers.pop() if self._spare_buffers else None
+        return PackWriter(spare if spare is not None else bytearray(self.config.pack_size + PACK_SLACK))
+
     def _upload(self, pack_id: bytes, data: memoryview) -> None:
+        buffer = data.obj
         try:
             self._put(pack_key(pack_id), data)
         finally:
+            data.release()
             self._upload_slots.release()
+        self._recycle(buffer)
+
+    def _recycle(self, buffer: object) -> None:
+        """Keep a sent pack's buffer for the next pack, unless something still reads it: a PUT that
+        the retry layer gave up waiting for may still be sending it, and must see the bytes it had."""
+        if not isinstance(buffer, bytearray):
+            return
+        try:
+            buffer.append(0)  # resizing fails while any view of the buffer is alive
+        except BufferError:
+            return
+        del buffer[-1]
+        if len(self._spare_buffers) <= self._upload_concurrency:
+            self._spare_buffers.append(buffer)
 
     def _reap(self, *, block: bool) -> None:
         still_running = []
