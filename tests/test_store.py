@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptvault.errors import ObjectExistsError, ObjectNotFoundError, StorageError
-from ckptvault.store import FsspecStore
+from ckptvault.store import FsspecStore, ReadAheadStore
 
 
 class StoreConformance:
@@ -103,6 +103,15 @@ class StoreConformance:
         assert len(won) == 1, won
         assert store.get("race") == f"writer {won[0]}".encode()
 
+    def test_sequential_range_reads(self, store):
+        data = os.urandom(3 * 1024 * 1024 + 5)
+        store.put("packs/cd/seq", data)
+        pos, size = 0, 100_003
+        while pos < len(data):
+            n = min(size, len(data) - pos)
+            assert store.get_range("packs/cd/seq", pos, n) == data[pos : pos + n]
+            pos += n
+
 
 class TestLocalStore(StoreConformance):
     @pytest.fixture
@@ -118,3 +127,79 @@ class TestMemoryStore(StoreConformance):
     @pytest.fixture
     def store(self):
         return FsspecStore(f"memory://store-test-{uuid.uuid4().hex}")
+
+
+class RecordingStore:
+    """An in-memory store that records every read it answers."""
+
+    def __init__(self, fail_windows: bool = False) -> None:
+        self.inner = FsspecStore(f"memory://readahead-{uuid.uuid4().hex}")
+        self.url = self.inner.url
+        self.remote = True
+        self.reads: list[tuple[str, int, int]] = []
+        self.fail_windows = fail_windows
+
+    def put(self, key, data, *, if_absent=False):
+        self.inner.put(key, data, if_absent=if_absent)
+
+    def get_range(self, key, start, length):
+        self.reads.append(("range", start, length))
+        return self.inner.get_range(key, start, length)
+
+    def read_upto(self, key, start, length):
+        self.reads.append(("window", start, length))
+        if self.fail_windows:
+            raise StorageError("GET", key, self.url, "connection reset", retryable=True)
+        return self.inner.read_upto(key, start, length)
+
+
+class TestReadAhead:
+    """Sequential range reads on a remote store become one request per window (store/readahead.py)."""
+
+    DATA = bytes(range(256)) * 40_000  # 10 MB
+
+    def make(self, **kw) -> tuple[RecordingStore, ReadAheadStore]:
+        inner = RecordingStore(**kw)
+        inner.put("p", self.DATA)
+        return inner, ReadAheadStore(inner, window=1_000_000)
+
+    def test_sequential_reads_share_one_window(self):
+        inner, store = self.make()
+        for i in range(20):  # 20 x 100 kB: the first read, then two windows
+            assert store.get_range("p", i * 100_000, 100_000) == self.DATA[i * 100_000 : (i + 1) * 100_000]
+        assert [kind for kind, _, _ in inner.reads] == ["range", "window", "window"]
+
+    def test_a_range_read_twice_is_fetched_again(self):
+        inner, store = self.make()
+        store.get_range("p", 0, 1000)
+        store.get_range("p", 1000, 1000)  # opens a window
+        before = len(inner.reads)
+        assert store.get_range("p", 1000, 1000) == self.DATA[1000:2000]  # e.g. after failed verification
+        assert inner.reads[before:] == [("range", 1000, 1000)]
+
+    def test_random_reads_go_straight_through(self):
+        inner, store = self.make()
+        for start in (5_000_000, 10, 7_000_000, 300):
+            assert store.get_range("p", start, 50) == self.DATA[start : start + 50]
+        assert all(kind == "range" for kind, _, _ in inner.reads)
+
+    def test_a_failed_window_falls_back_to_exact_reads(self):
+        inner, store = self.make(fail_windows=True)
+        for i in range(4):
+            assert store.get_range("p", i * 1000, 1000) == self.DATA[i * 1000 : (i + 1) * 1000]
+        assert ("window", 1000, 1_000_000) in inner.reads
+
+    def test_reads_past_the_end_of_the_object_keep_their_errors(self):
+        _, store = self.make()
+        end = len(self.DATA)
+        store.get_range("p", end - 3000, 1000)
+        store.get_range("p", end - 2000, 1000)
+        with pytest.raises(StorageError, match="short read"):
+            store.get_range("p", end - 1000, 2000)
+
+    def test_parallel_sequential_readers(self):
+        inner, store = self.make()
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda i: store.get_range("p", i * 50_000, 50_000), range(200)))
+        assert b"".join(got) == self.DATA[:10_000_000]
+        assert len(inner.reads) < 100

@@ -2,6 +2,7 @@
 
 from .base import ObjectInfo, Store
 from .fsspec_store import FsspecStore, open_store
+from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy
 
-__all__ = ["FsspecStore", "ObjectInfo", "RetryPolicy", "RetryingStore", "Store", "open_store"]
+__all__ = ["FsspecStore", "ObjectInfo", "ReadAheadStore", "RetryPolicy", "RetryingStore", "Store", "open_store"]

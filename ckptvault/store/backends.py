@@ -5,6 +5,8 @@ and caches step aside for ckptvault's, and what a crashed writer can leave behin
 Why each default (see docs/backends.md):
 - ``use_listings_cache=False``: s3fs/gcsfs/adlfs cache directory listings per instance, and an
   ``exists`` answered from a stale listing would hide objects other writers added since.
+- S3: botocore's flexible checksums only where S3 requires them: ckptvault seals and verifies every
+  blob itself (checksum or AES-GCM tag), so a CRC32 of every body in Python is CPU for nothing.
 - S3: one attempt per call inside s3fs and botocore (``retries``/``total_max_attempts`` = 1) so that
   retries, backoff and the deadline are ckptvault's alone (RetryingStore); otherwise up to 5 x 5
   hidden attempts multiply the wait. Connect and read timeouts bound a silent server on reads; a
@@ -66,6 +68,10 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("connect_timeout", 10)
         config.setdefault("read_timeout", 60)
         config.setdefault("retries", {"total_max_attempts": 1})
+        # every blob carries its own checksum or AEAD tag, verified on each read; botocore's extra
+        # CRC32 of every body costs client CPU for nothing ckptvault does not already check
+        config.setdefault("request_checksum_calculation", "when_required")
+        config.setdefault("response_checksum_validation", "when_required")
         out["config_kwargs"] = config
     emulator = out.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
     if protocol in ("gs", "gcs") and emulator and "gcsfs" not in sys.modules:

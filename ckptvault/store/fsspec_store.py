@@ -37,7 +37,8 @@ from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, Stora
 from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
 from .base import ObjectInfo
 from .failures import Kind, classify, one_line
-from .options import TransferLimits, display_url, resolve_options
+from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
+from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy
 
 TEMP_PREFIX = ".tmp-"
@@ -279,6 +280,11 @@ class FsspecStore:
             )
         return bytes(data)
 
+    def read_upto(self, key: str, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``start``: fewer where the object ends (read-ahead windows)."""
+        with self._session("GET", key) as fs:
+            return self._read(fs, self._path(key), start, length)
+
     def _read(self, fs: Any, path: str, start: int | None, length: int | None) -> bytes:
         ftp = getattr(fs, "ftp", None) if self.profile.pooled else None
         if ftp is None:
@@ -401,9 +407,11 @@ def _close_session(fs: Any) -> None:
 
 def open_store(
     url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
-) -> RetryingStore:
+) -> RetryingStore | ReadAheadStore:
     """The store for a repository URL (a plain path means a local folder), with retries."""
     if "://" not in url and "::" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     policy = retry or RetryPolicy.from_env()
-    return RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
+    store = RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
+    window = read_ahead_bytes()
+    return ReadAheadStore(store, window) if store.remote and window else store

@@ -28,6 +28,7 @@ from ..errors import UsageError
 ENV_OPTIONS = "CKPTVAULT_STORAGE_OPTIONS"
 ENV_UPLOADS = "CKPTVAULT_UPLOADS"
 ENV_DOWNLOADS = "CKPTVAULT_DOWNLOADS"
+ENV_READAHEAD = "CKPTVAULT_READAHEAD_MIB"
 
 # Name parts (split at "_") that make a key's value text even when it looks like a number or a
 # boolean: credentials, identities and addresses. look_for_keys stays a boolean, key_filename text.
@@ -203,3 +204,18 @@ def _env_count(environ: Mapping[str, str], name: str, default: int) -> int:
     if not 1 <= value <= 256:
         raise UsageError(f"{name}={raw!r} must be between 1 and 256")
     return value
+
+
+def read_ahead_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The read-ahead window for sequential range reads on remote stores (readahead.py); 0 = off."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ENV_READAHEAD)
+    if raw is None or not raw.strip():
+        return 8 * 1024 * 1024
+    try:
+        mib = float(raw)
+    except ValueError:
+        raise UsageError(f"{ENV_READAHEAD}={raw!r} is not a number") from None
+    if not 0 <= mib <= 1024:
+        raise UsageError(f"{ENV_READAHEAD}={raw!r} must be between 0 and 1024 (MiB)")
+    return int(mib * 1024 * 1024)

@@ -141,6 +141,9 @@ class RetryingStore:
     def get_range(self, key: str, start: int, length: int) -> bytes:
         return self._call("GET", key, lambda: self.inner.get_range(key, start, length))
 
+    def read_upto(self, key: str, start: int, length: int) -> bytes:
+        return self._call("GET", key, lambda: self.inner.read_upto(key, start, length))  # type: ignore[attr-defined]
+
     def exists(self, key: str) -> bool:
         return self._call("STAT", key, lambda: self.inner.exists(key))
 

@@ -92,7 +92,10 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the server ends when the test process does
 
 
-def spawn(args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def spawn(
+    args: list[str], log: Path, env: dict[str, str | None] | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
+    """Start a server process; ``env`` entries set to None are removed from the inherited environment."""
     # Output goes to a file, never a pipe: children that inherit a pipe (sshd's sessions) would keep
     # it open, and a full pipe would block the server.
     with open(log, "ab") as out:
@@ -101,7 +104,7 @@ def spawn(args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Pa
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
             cwd=cwd,
             preexec_fn=_die_with_parent,
         )
@@ -206,7 +209,14 @@ def start_moto(workdir: Path) -> RunningServer:
     return RunningServer(backend, proc, port, log)
 
 
-def start_seaweedfs(workdir: Path, *, access_key: str = S3_KEY, secret_key: str = S3_SECRET) -> RunningServer:
+def start_seaweedfs(
+    workdir: Path,
+    *,
+    access_key: str = S3_KEY,
+    secret_key: str = S3_SECRET,
+    require_auth: bool = True,
+    extra_args: tuple[str, ...] = (),
+) -> RunningServer:
     """``weed mini``: master, volume, filer and S3 gateway in one process. Every listener gets its
     own port on 127.0.0.1 (the defaults are fixed numbers that two instances would share). With
     AWS_ACCESS_KEY_ID/SECRET in its environment it requires those credentials."""
@@ -230,9 +240,11 @@ def start_seaweedfs(workdir: Path, *, access_key: str = S3_KEY, secret_key: str 
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={free_port()}"]
+    args += list(extra_args)
     log = workdir / "weed.log"
-    env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    proc = spawn(args, log, env=env, cwd=data)
+    # without credentials in its environment weed allows anonymous access (and checks no signature)
+    keys: dict[str, str | None] = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+    proc = spawn(args, log, env=keys if require_auth else dict.fromkeys(keys), cwd=data)
     wait_until(lambda: port_open(ports["s3"]), proc, log, "weed mini")
     backend = _s3_backend("s3-seaweedfs", ports["s3"])
     _with_bucket(lambda: _make_s3_bucket(backend), proc, log, "weed mini")
