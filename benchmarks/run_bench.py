@@ -66,19 +66,19 @@ class Tool:
 
 
 # ------------------------------------------------------------------ tools
-def ckptvault_tool(repo: str, state: str, encrypted: bool = False) -> Tool:
+def ckptvault_tool(repo: str, state: str, encrypted: bool = False, delta: bool = True) -> Tool:
     exe = os.path.join(os.path.dirname(sys.executable), "ckptvault")
     exe = exe if os.path.exists(exe) else (shutil.which("ckptvault") or "ckptvault")
     # point every default location into the work dir so no user repo is touched
     env = dict(os.environ, CKPTVAULT_REPO=repo, XDG_DATA_HOME=state, XDG_CACHE_HOME=state)
-    init = [exe, "init", repo]
+    init = [exe, "init", repo] + ([] if delta else ["--no-delta"])
     if encrypted:  # AES-256-GCM under a keyfile with the default scrypt cost, like a real user's
         keyfile = os.path.join(state, "bench.key")
         env.update(CKPTVAULT_PASSPHRASE=PASSWORD, CKPTVAULT_KEYFILE=keyfile)
         sh([exe, "key", "generate", "--keyfile", keyfile], env=env, check=True)
         init += ["--encrypt"]
     return Tool(
-        "ckptvault-enc" if encrypted else "ckptvault",
+        ("ckptvault-enc" if encrypted else "ckptvault") + ("" if delta else "-nodelta"),
         env,
         [exe, "--version"],
         init,
@@ -151,6 +151,8 @@ def borg_tool(repo: str, state: str) -> Tool:
 TOOLS = {
     "ckptvault": ckptvault_tool,
     "ckptvault-enc": lambda repo, state: ckptvault_tool(repo, state, encrypted=True),
+    # the same build with delta coding off (repository format 1): the baseline the delta goals compare with
+    "ckptvault-nodelta": lambda repo, state: ckptvault_tool(repo, state, delta=False),
     "restic": restic_tool,
     "borg": borg_tool,
 }

@@ -41,6 +41,7 @@ from .ops.async_backup import (
 )
 from .ops.backup import run_backup
 from .ops.check import CheckReport, run_check
+from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.gc import GcPlan
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
@@ -222,8 +223,13 @@ class Vault:
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
             self._repo.adopt_unindexed_packs()  # what a killed backup uploaded is reused, not sent again
-            same_source = [s for s in self.snapshots() if s.hostname == hostname and sorted(s.paths) == abs_paths]
+            every = self.snapshots()
+            same_source = [s for s in every if s.hostname == hostname and sorted(s.paths) == abs_paths]
             parent = max(same_source, key=lambda s: s.time) if same_source else None
+            parent_tree = self.files(parent) if parent else None
+            # Delta coding's bases come from the previous save of the same run (ops/deltabase.py).
+            deltas = self._repo.codec.compressor.deltas
+            reference = reference_snapshot(every, hostname, tags, parent) if deltas else None
             result = run_backup(
                 self._repo,
                 sources,
@@ -231,12 +237,14 @@ class Vault:
                 description=description,
                 hostname=hostname,
                 parent=parent,
-                parent_tree=self.files(parent) if parent else None,
+                parent_tree=parent_tree,
                 force_read=force_read,
                 skip_unreadable=skip_unreadable,
                 on_change=on_change,
                 progress=on_progress,
                 before_commit=lock.verify,
+                reference=reference,
+                reference_tree=parent_tree if reference is parent else self.files(reference) if reference else None,
             )
         for warning in result.warnings:
             log.warning(warning)

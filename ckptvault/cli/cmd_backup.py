@@ -54,9 +54,10 @@ def backup_cmd(
     s = snap.summary
     rate = s.read_bytes / s.duration_s / 1e6 if s.duration_s > 0 else 0.0
     ratio = s.logical_bytes / max(s.stored_bytes, 1)
+    delta = f", delta coding saved ~{format_bytes(s.delta_saved_bytes)}" if s.delta_chunks else ""
     out.result(
         snap,
         f"snapshot {snap.short_id} saved: {s.files} files, {format_bytes(s.logical_bytes)}, "
-        f"{format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored, "
+        f"{format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored{delta}, "
         f"dedup+compression {ratio:.2f}x, {s.duration_s:.1f} s ({rate:.0f} MB/s read)",
     )

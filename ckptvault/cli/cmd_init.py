@@ -28,6 +28,14 @@ def init_cmd(
     passphrase_file: PassphraseFileOpt = None,
     compression_level: Annotated[int, typer.Option(help="zstd level for chunks (1 is best for float weights).")] = 1,
     pack_size_mib: Annotated[int, typer.Option(help="Target pack size in MiB.")] = 32,
+    delta: Annotated[
+        bool,
+        typer.Option(
+            "--delta/--no-delta",
+            help="Store changed tensor pieces as deltas against the previous save (repository format 2; "
+            "--no-delta keeps format 1, readable by older ckptvault versions). Fixed for the repository's life.",
+        ),
+    ] = CompressionSettings().delta,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -40,14 +48,24 @@ def init_cmd(
     vault = Vault.init(
         url or repo,
         storage_options=parse_storage_options(storage_option),
-        compression=CompressionSettings(level=compression_level),
+        compression=CompressionSettings(level=compression_level, delta=delta),
         pack_size=pack_size_mib * 1024 * 1024,
         keyfile=keyfile,
         passphrase=passphrase_source(passphrase_file),
     )
     config = vault.config
-    text = f"created vault {config.repo_id[:8]} at {vault.url}"
+    text = f"created vault {config.repo_id[:8]} at {vault.url} (format {config.version}"
+    text += ", delta coding on)" if config.compression.delta else ", delta coding off)"
     if config.encrypted:
         text += f", encrypted (AES-256-GCM) with keyfile {keyfile} (fingerprint {config.key_fingerprint})"
         out.warn(LOSS_WARNING)
-    out.result({"url": vault.url, "id": config.repo_id, "encryption": config.encryption}, text)
+    out.result(
+        {
+            "url": vault.url,
+            "id": config.repo_id,
+            "encryption": config.encryption,
+            "format": config.version,
+            "delta": config.compression.delta,
+        },
+        text,
+    )

@@ -35,6 +35,12 @@ def stats_cmd(
         f"stored bytes: {format_bytes(stats.stored_bytes)} in {stats.packs} packs and metadata\n"
         f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
     )
+    if stats.delta_chunks:
+        head += (
+            f"\ndelta coding: {stats.delta_chunks} chunks ({format_bytes(stats.delta_bytes)}) stored in "
+            f"{format_bytes(stats.delta_stored_bytes)}, about {format_bytes(stats.delta_saved_bytes)} saved "
+            "over coding them whole"
+        )
     data = {**stats.__dict__, "dedup_ratio": stats.dedup_ratio, "total_ratio": stats.total_ratio}
     if out.json_mode:
         out.result(data)

@@ -1,5 +1,8 @@
 """Backup: scan -> chunk -> hash -> (dedup) -> compress -> pack, on a bounded pipeline.
 
+With delta coding (codec 3) tensor files are cut into tensor-aligned pieces (ops/pieces.py) and a
+new piece may be coded against its base in the previous save (ops/deltabase.py).
+
 The calling thread reads and chunks each file (the chunker holds the GIL) and keeps the
 whole-file hash; a pool hashes and compresses chunks (BLAKE3 and zstd release the GIL);
 the repository uploads sealed packs on its own threads. Results are consumed in order, so
@@ -22,16 +25,20 @@ from datetime import datetime, timezone
 from ..blob import Kind
 from ..bytegroup import ElementRun
 from ..chunking import iter_chunks
-from ..errors import SourceError, UsageError
+from ..errors import FileFormatError, SourceError, UsageError
+from ..formats import FileLayout, read_layout
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
+from .deltabase import BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
+from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
 from .scan import SourceItem, scan_sources
 
 ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
+MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
 
 
 @dataclass(frozen=True)
@@ -40,12 +47,29 @@ class BackupResult:
     warnings: list[str]
 
 
-def _prepare_chunk(repo: Repository, data: memoryview, runs: tuple[ElementRun, ...]) -> tuple[bytes, bytes | None]:
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    chunk_id: bytes
+    blob: bytes | None  # None: already stored
+    base_id: bytes | None = None  # the blob is a delta against this chunk
+    saved: int = 0  # estimated bytes the delta saved over the plain coding
+
+
+def _prepare_chunk(
+    repo: Repository,
+    data: memoryview,
+    runs: tuple[ElementRun, ...],
+    planner: DeltaPlanner | None,
+    cand: BaseCandidate | None,
+) -> _Prepared:
     """Worker: hash, and encode only when the chunk is not stored yet."""
     chunk_id = repo.chunk_id(data)
     if repo.has_chunk(chunk_id):
-        return chunk_id, None
-    return chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data, runs)
+        return _Prepared(chunk_id, None)
+    if planner is None:
+        return _Prepared(chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data, runs))
+    piece = planner.encode(chunk_id, data, runs, cand)
+    return _Prepared(chunk_id, piece.blob, piece.base_id, piece.saved)
 
 
 def _unchanged(item: SourceItem, old: FileEntry, repo: Repository) -> bool:
@@ -61,27 +85,40 @@ def _unchanged(item: SourceItem, old: FileEntry, repo: Repository) -> bool:
 
 
 class _Pipeline:
-    def __init__(self, repo: Repository, progress: Progress, workers: int) -> None:
+    def __init__(self, repo: Repository, progress: Progress, workers: int, planner: DeltaPlanner | None) -> None:
         self.repo = repo
         self.progress = progress
+        self.planner = planner  # None: delta coding is off (content-defined chunks, as before codec 3)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-chunk")
         self.window = workers * 4
-        self.inflight: deque[tuple[FileEntry, Future[tuple[bytes, bytes | None]], int]] = deque()
+        self.inflight: deque[tuple[FileEntry, Future[_Prepared], int]] = deque()
         self.new_bytes = 0
         self.new_chunks = 0
+        self.delta_chunks = 0
+        self.delta_bytes = 0  # raw bytes of the new chunks stored as deltas
+        self.delta_stored = 0  # their blobs' bytes
+        self.delta_saved = 0  # estimated bytes the deltas saved over the plain coding
 
-    def submit(self, entry: FileEntry, data: memoryview, runs: tuple[ElementRun, ...] = ()) -> None:
-        self.inflight.append((entry, self.pool.submit(_prepare_chunk, self.repo, data, runs), len(data)))
+    def submit(
+        self, entry: FileEntry, data: memoryview, runs: tuple[ElementRun, ...] = (), cand: BaseCandidate | None = None
+    ) -> None:
+        future = self.pool.submit(_prepare_chunk, self.repo, data, runs, self.planner, cand)
+        self.inflight.append((entry, future, len(data)))
         while len(self.inflight) > self.window:
             self._drain_one()
 
     def _drain_one(self) -> None:
         entry, future, size = self.inflight.popleft()
-        chunk_id, blob = future.result()
-        entry.chunks.append(chunk_id)
-        if blob is not None and self.repo.add_chunk(chunk_id, blob, size):
+        done = future.result()
+        entry.chunks.append(done.chunk_id)
+        if done.blob is not None and self.repo.add_chunk(done.chunk_id, done.blob, size, done.base_id):
             self.new_bytes += size
             self.new_chunks += 1
+            if done.base_id is not None:
+                self.delta_chunks += 1
+                self.delta_bytes += size
+                self.delta_stored += len(done.blob)
+                self.delta_saved += done.saved
         self.progress.advance(size)
 
     def drain(self) -> None:
@@ -107,8 +144,12 @@ def run_backup(
     progress: Progress | None = None,
     workers: int | None = None,
     before_commit: Callable[[], None] | None = None,
+    reference: Snapshot | None = None,
+    reference_tree: list[FileEntry] | None = None,
 ) -> BackupResult:
-    """``before_commit`` runs just before the snapshot object is written (the lock check)."""
+    """``before_commit`` runs just before the snapshot object is written (the lock check).
+    ``reference``: the snapshot whose files give delta bases (ops/deltabase.py), when the
+    repository codes deltas."""
     if on_change not in ON_CHANGE:
         raise UsageError(f"--on-change {on_change!r} is not one of {', '.join(ON_CHANGE)}")
     progress = progress or NullProgress()
@@ -123,7 +164,8 @@ def run_backup(
 
     entries: list[FileEntry] = []
     read_bytes = 0
-    pipeline = _Pipeline(repo, progress, workers or os.cpu_count() or 2)
+    planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
+    pipeline = _Pipeline(repo, progress, workers or os.cpu_count() or 2, planner)
     try:
         for item in scan.items:
             entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
@@ -141,11 +183,16 @@ def run_backup(
                         continue
                     entry = read
                     read_bytes += entry.size
+                    if planner is not None and planner.open_files >= MAX_OPEN_BASE_FILES:
+                        pipeline.drain()  # every piece coded against those files is done: close them
+                        planner.close()
             entries.append(entry)
         pipeline.drain()
         repo.flush()
     finally:
         pipeline.close()
+        if planner is not None:
+            planner.close()
         progress.finish()
 
     tree_id = repo.save_tree(encode_tree(entries))
@@ -163,6 +210,10 @@ def run_backup(
         chunks=sum(len(e.chunks) for e in file_entries),
         new_chunks=pipeline.new_chunks,
         duration_s=round(time.monotonic() - started, 3),
+        delta_chunks=pipeline.delta_chunks,
+        delta_bytes=pipeline.delta_bytes,
+        delta_stored_bytes=pipeline.delta_stored,
+        delta_saved_bytes=pipeline.delta_saved,
     )
     snapshot = Snapshot(
         id=snapshot_id.hex(),
@@ -222,18 +273,40 @@ def _element_map(fd: int, size: int, path: str, repo: Repository) -> ElementMap 
     return element_map(lambda offset, length: os.pread(fd, length, offset), size, path, repo.codec.compressor)
 
 
+def _layout(fd: int, size: int, path: str) -> FileLayout | None:
+    try:
+        return read_layout(lambda offset, length: os.pread(fd, length, offset), size, path)
+    except FileFormatError:  # a damaged header only costs the tensor-aware coding
+        return None
+
+
 def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0
+    repo = pipeline.repo
     with open(item.abs_path, "rb", buffering=0) as f:
-        before = os.fstat(f.fileno())
-        emap = _element_map(f.fileno(), before.st_size, item.path, pipeline.repo)
-        for data in iter_chunks(f, pipeline.repo.config.chunker):
-            hasher.update(data)
-            pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
-            size += len(data)
-        after = os.fstat(f.fileno())
+        fd = f.fileno()
+        before = os.fstat(fd)
+        # With delta coding, a file holding tensors big enough for aligned pieces is cut into them;
+        # every other file is cut by content, exactly as without delta coding.
+        layout = _layout(fd, before.st_size, item.path) if pipeline.planner is not None else None
+        segments = plan_segments(layout, before.st_size, repo.config.chunker) if layout else []
+        if pipeline.planner is None or not any(s.tensor for s in segments):
+            emap = _element_map(fd, before.st_size, item.path, repo)
+            for data in iter_chunks(f, repo.config.chunker):
+                hasher.update(data)
+                pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
+                size += len(data)
+        else:
+            emap = tensor_widths(layout, lambda offset, length: os.pread(fd, length, offset), repo.codec.compressor)
+            bases = pipeline.planner.for_file(item.path, segments)
+            for data, seg in iter_segments(f, segments, repo.config.chunker):
+                hasher.update(data)
+                cand = bases.get(size) if seg is not None else None
+                pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else (), cand)
+                size += len(data)
+        after = os.fstat(fd)
     entry.size = size
     entry.blake3 = hasher.hexdigest()
     entry.mtime_ns, entry.inode, entry.ctime_ns = before.st_mtime_ns, before.st_ino, before.st_ctime_ns

@@ -1,7 +1,9 @@
 """``check``: verify the repository's structure and, optionally, every stored byte.
 
 Damage is collected, not thrown: the report lists each damaged object and every snapshot
-and file it affects, so a user knows what is lost and what still restores.
+and file it affects, so a user knows what is lost and what still restores. A delta chunk (codec 3)
+is only as good as its base: a missing or damaged base is reported naming both chunks, and the
+files of every chunk that needs it are affected.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class _Checker:
         self.report = report
         self.bad_chunks: set[bytes] = set()
         self.indexed: dict[bytes, list[PackEntry]] = {}
+        self.bases: dict[bytes, set[bytes]] = {}  # delta chunk -> the bases its stored copies name
+        self.reported: set[bytes] = set()  # chunks already named in a problem
 
     def problem(self, obj: str, detail: str) -> None:
         self.report.problems.append(Problem(obj, detail))
@@ -67,7 +71,20 @@ class _Checker:
                 continue
             for pack_id, entries in packs.items():
                 self.indexed.setdefault(pack_id, entries)
-        self.report.chunks = len({e.chunk_id for entries in self.indexed.values() for e in entries})
+        chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
+        self.report.chunks = len(chunk_ids)
+        for entries in self.indexed.values():
+            for e in entries:
+                if e.base_id is None:
+                    continue
+                self.bases.setdefault(e.chunk_id, set()).add(e.base_id)
+                if e.base_id not in chunk_ids:
+                    self.problem(
+                        f"chunk {_short(e.chunk_id)}",
+                        f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index",
+                    )
+                    self.bad_chunks.add(e.chunk_id)
+                    self.reported.add(e.chunk_id)
 
     def check_packs(self) -> None:
         stored = self.repo.list_packs()
@@ -116,13 +133,34 @@ class _Checker:
             for e in self.indexed[pack_id]:
                 blob = data[e.offset : e.offset + e.stored_len]
                 try:
-                    self.repo.decode_chunk(e.chunk_id, blob, e.raw_len)
+                    self.repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)  # through its base
                 except CkptVaultError as exc:
-                    self.problem(f"chunk {_short(e.chunk_id)}", f"in {name} {exc}")
+                    if e.chunk_id not in self.reported:
+                        self.problem(f"chunk {_short(e.chunk_id)}", f"in {name} {exc}")
                     self.bad_chunks.add(e.chunk_id)
+                    self.reported.add(e.chunk_id)
                 self.report.chunks_read += 1
 
+    def spread_to_deltas(self) -> None:
+        """Every delta whose base (at any depth) is bad is bad too, named with its base."""
+        changed = True
+        while changed:
+            changed = False
+            for chunk_id, bases in self.bases.items():
+                bad_base = next((b for b in sorted(bases) if b in self.bad_chunks), None)
+                if chunk_id in self.bad_chunks or bad_base is None:
+                    continue
+                self.bad_chunks.add(chunk_id)
+                changed = True
+                if chunk_id not in self.reported:
+                    self.reported.add(chunk_id)
+                    self.problem(
+                        f"chunk {_short(chunk_id)}",
+                        f"is stored as a delta against chunk {_short(bad_base)}, which is missing or damaged",
+                    )
+
     def check_snapshots(self) -> None:
+        self.spread_to_deltas()
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         for snapshot_id in self.repo.list_snapshot_ids():
             name = f"snapshot {_short(snapshot_id)}"

@@ -7,6 +7,11 @@ Execution order (each step leaves a repository where every kept snapshot restore
   4. dead and repacked packs are deleted, then trees no snapshot refers to.
 A crash anywhere leaves at worst duplicate index entries or unreferenced packs and trees,
 which the next prune removes. Callers hold the exclusive lock, so no backup is adding data.
+
+Live chunks: those of the kept snapshots' trees, plus the delta base of every live chunk (at any
+depth), read from the index entries (format 2 names each delta's base), so a base outlives the
+snapshot that stored it for as long as a kept snapshot needs a delta against it. Repacking copies
+blobs as they are, base references included.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def plan_gc(
     index_objects = repo.read_index_objects()
     for packs in index_objects.values():
         indexed.update(packs)
+    live = _with_bases(live, indexed)
     stored = repo.list_packs()
     plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects))
 
@@ -87,6 +93,33 @@ def plan_gc(
     return plan
 
 
+def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]]) -> set[bytes]:
+    """``live`` plus every delta base a live chunk needs, at any depth. A chunk stored twice may have
+    been coded differently in each copy: the bases of every copy count, whichever copy is kept."""
+    bases: dict[bytes, set[bytes]] = {}
+    for entries in indexed.values():
+        for e in entries:
+            if e.base_id is not None:
+                bases.setdefault(e.chunk_id, set()).add(e.base_id)
+    out = set(live)
+    todo = [c for c in live if c in bases]
+    while todo:
+        for base in bases.get(todo.pop(), ()):
+            if base not in out:
+                out.add(base)
+                todo.append(base)
+    needed_by = {b: c for c, bs in bases.items() if c in out for b in bs}
+    known = {e.chunk_id for entries in indexed.values() for e in entries}
+    missing = sorted(b for b in needed_by if b not in known)
+    if missing:
+        raise IntegrityError(
+            f"chunk {needed_by[missing[0]].hex()[:12]} of a kept snapshot is stored as a delta against chunk "
+            f"{missing[0].hex()[:12]}, which is in no index ({len(missing)} such base(s)); nothing was deleted; "
+            "run: ckptvault check"
+        )
+    return out
+
+
 def execute_gc(repo: Repository, plan: GcPlan) -> None:
     if not plan.has_work:
         return
@@ -97,13 +130,13 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
         for entry in live:
             blob = pack[entry.offset : entry.offset + entry.stored_len]
             try:
-                repo.decode_chunk(entry.chunk_id, blob, entry.raw_len)
+                repo.decode_chunk(entry.chunk_id, blob, entry.raw_len, entry.base_id)
             except IntegrityError as exc:
                 raise IntegrityError(
                     f"chunk {entry.chunk_id.hex()[:12]} in pack {pack_id.hex()[:12]} {exc}; "
                     "prune stopped before deleting anything; run: ckptvault check"
                 ) from exc
-            repo.add_chunk_blob(entry.chunk_id, blob, entry.raw_len)
+            repo.add_chunk_blob(entry.chunk_id, blob, entry.raw_len, entry.base_id)
     repo.flush()
     new_packs = {p: e for p, e in repo.uploaded_packs.items() if p not in uploaded_before}
     # 2. one consolidated index of every surviving pack

@@ -128,8 +128,23 @@ class _Planner:
                     f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository; run: ckptvault check"
                 )
             total += loc.raw_len
+            self._check_bases(entry, chunk_id, loc.base_id)
         if total != entry.size:
             raise MalformedObjectError(f"{entry.path}: snapshot says {entry.size} bytes but its chunks hold {total}")
+
+    def _check_bases(self, entry: FileEntry, chunk_id: bytes, base_id: bytes | None) -> None:
+        """A delta chunk restores only with its base (and the base's, if it is a delta too): one
+        that is missing fails the plan, naming the file and both chunks, before anything is written."""
+        seen = {chunk_id}
+        while base_id is not None and base_id not in seen:
+            base = self.repo.index.get(base_id)
+            if base is None:
+                raise IntegrityError(
+                    f"{entry.path}: chunk {chunk_id.hex()[:12]} is stored as a delta against chunk "
+                    f"{base_id.hex()[:12]}, which is missing from the repository; run: ckptvault check"
+                )
+            seen.add(base_id)
+            chunk_id, base_id = base_id, base.base_id
 
 
 def _remove(path: str) -> None:

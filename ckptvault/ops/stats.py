@@ -17,6 +17,7 @@ class SnapshotStats:
     logical_bytes: int
     new_bytes: int  # raw bytes of chunks the snapshot's backup added
     stored_bytes: int  # bytes the snapshot's backup added to the repository
+    delta_saved_bytes: int = 0  # estimated bytes its delta chunks saved over plain coding
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class VaultStats:
     chunks: int
     packs: int
     per_snapshot: list[SnapshotStats]
+    delta_chunks: int = 0  # chunks stored as deltas (codec 3), from the index
+    delta_bytes: int = 0  # their raw bytes
+    delta_stored_bytes: int = 0  # their stored bytes
+    delta_saved_bytes: int = 0  # estimated bytes saved by delta coding (sum over the snapshots' backups)
 
     @property
     def dedup_ratio(self) -> float:
@@ -42,6 +47,7 @@ class VaultStats:
 
 def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
     objects = repo.store.list("")
+    deltas = [loc for _, loc in repo.index.items() if loc.base_id is not None]
     return VaultStats(
         snapshots=len(snapshots),
         logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
@@ -57,7 +63,12 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
                 logical_bytes=s.summary.logical_bytes,
                 new_bytes=s.summary.new_bytes,
                 stored_bytes=s.summary.stored_bytes,
+                delta_saved_bytes=s.summary.delta_saved_bytes,
             )
             for s in snapshots
         ],
+        delta_chunks=len(deltas),
+        delta_bytes=sum(loc.raw_len for loc in deltas),
+        delta_stored_bytes=sum(loc.stored_len for loc in deltas),
+        delta_saved_bytes=sum(s.summary.delta_saved_bytes for s in snapshots),
     )

@@ -47,12 +47,15 @@ from .format import (
 )
 from .index import ChunkIndex, ChunkLocation, decode_index, encode_index
 from .locks import LockManager
-from .pack import TRAILER, PackEntry, PackWriter, decode_header, header_range
+from .pack import TRAILER, PackEntry, PackWriter, decode_header, header_range, trailer_version
 
 # A backup writes an index object every this many packs; then it also picks up the index objects that
 # concurrent backups wrote, so they stop uploading what the other already stored.
 PACKS_PER_INDEX = 8
 PACK_SLACK = 1 << 20  # room past the target size for the last blob and the header
+# Readers follow chains of delta bases this deep; writers make depth 1 (ops/deltabase.py), so a
+# deeper chain can only come from racing writers, and one this deep is a loop.
+MAX_DELTA_DEPTH = 16
 
 log = logging.getLogger("ckptvault")
 
@@ -204,11 +207,12 @@ class Repository:
     def has_chunk(self, chunk_id: bytes) -> bool:
         return chunk_id in self.index or chunk_id in self._pending
 
-    def add_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int) -> bool:
-        """Queue an encoded chunk blob. Returns False when it was already stored."""
+    def add_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> bool:
+        """Queue an encoded chunk blob (``base_id``: the base of a delta blob, which must be stored
+        and indexed already). Returns False when it was already stored."""
         if self.has_chunk(chunk_id):
             return False
-        self._writer.add(chunk_id, blob, raw_len)
+        self._writer.add(chunk_id, blob, raw_len, base_id)
         self._pending.add(chunk_id)
         if len(self._writer) >= self.config.pack_size:
             self._seal_pack()
@@ -305,9 +309,9 @@ class Repository:
                 raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
         return out
 
-    def add_chunk_blob(self, chunk_id: bytes, blob: bytes, raw_len: int) -> None:
+    def add_chunk_blob(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> None:
         """Queue an already encoded blob even though the chunk is stored elsewhere (repacking)."""
-        self._writer.add(chunk_id, blob, raw_len)
+        self._writer.add(chunk_id, blob, raw_len, base_id)
         self._pending.add(chunk_id)
         if len(self._writer) >= self.config.pack_size:
             self._seal_pack()
@@ -327,10 +331,11 @@ class Repository:
             raise IntegrityError(f"chunk {chunk_id.hex()[:12]} is not in any index; run: ckptvault check")
         return loc
 
-    def read_chunk(self, chunk_id: bytes) -> bytes:
-        """Fetch, decode and verify one chunk against its ID."""
+    def read_chunk(self, chunk_id: bytes, *, _depth: int = 0) -> bytes:
+        """Fetch, decode and verify one chunk against its ID (a delta's base first)."""
         loc = self.locate(chunk_id)
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
+        base = self._delta_base(chunk_id, loc.base_id, _depth)  # outside the try: its error names both chunks
 
         def fetch() -> bytes:
             try:
@@ -339,7 +344,7 @@ class Repository:
                 raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
 
         try:
-            return _verified(fetch, lambda blob: self.decode_chunk(chunk_id, blob, loc.raw_len))
+            return _verified(fetch, lambda blob: self._decode_chunk(chunk_id, blob, loc.raw_len, loc.base_id, base))
         except IntegrityError as exc:
             raise IntegrityError(f"{where} is damaged: {exc}") from exc
 
@@ -382,7 +387,8 @@ class Repository:
         key = pack_key(pack_id)
         trailer = self.store.get_range(key, size - TRAILER.size, TRAILER.size) if size >= TRAILER.size else b""
         start, length = header_range(trailer, size)
-        return decode_header(self.codec, pack_id, self.store.get_range(key, start, length), start)
+        blob = self.store.get_range(key, start, length)
+        return decode_header(self.codec, pack_id, blob, start, trailer_version(trailer))
 
     def read_blob(self, pack_id: bytes, entry: PackEntry) -> bytes:
         return self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
@@ -393,12 +399,41 @@ class Repository:
     def list_index_ids(self) -> list[bytes]:
         return [i for i in (id_from_key(o.key) for o in self.store.list(INDEX_PREFIX)) if i is not None]
 
-    def decode_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int) -> bytes:
-        """Decode and verify a chunk blob against its ID; raises IntegrityError."""
-        data = self.codec.decode(Kind.CHUNK, chunk_id, blob, raw_len)
+    def decode_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> bytes:
+        """Decode and verify a chunk blob against its ID; raises IntegrityError. ``base_id``: the
+        delta base its index entry or pack header names, read (and verified) first."""
+        return self._decode_chunk(chunk_id, blob, raw_len, base_id, self._delta_base(chunk_id, base_id, 0))
+
+    def _decode_chunk(
+        self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None, base: bytes | None
+    ) -> bytes:
+        def give_base(wanted: bytes) -> bytes:
+            if base is None or wanted != base_id:
+                named = base_id.hex()[:12] if base_id else "none"
+                raise IntegrityError(f"is a delta against chunk {wanted.hex()[:12]}, but its index entry names {named}")
+            return base
+
+        data = self.codec.decode(Kind.CHUNK, chunk_id, blob, raw_len, give_base)
         if len(data) != raw_len or self.chunk_id(data) != chunk_id:
             raise IntegrityError("does not match its hash")
         return data
+
+    def _delta_base(self, chunk_id: bytes, base_id: bytes | None, depth: int) -> bytes | None:
+        """The verified plaintext of a delta's base (None for a chunk without one)."""
+        if base_id is None:
+            return None
+        if depth >= MAX_DELTA_DEPTH:
+            raise IntegrityError(
+                f"chunk {chunk_id.hex()[:12]}: its chain of delta bases is more than {MAX_DELTA_DEPTH} deep (a loop); "
+                "run: ckptvault check"
+            )
+        try:
+            return self.read_chunk(base_id, _depth=depth + 1)
+        except IntegrityError as exc:
+            raise IntegrityError(
+                f"chunk {chunk_id.hex()[:12]} is stored as a delta against chunk {base_id.hex()[:12]}, "
+                f"which cannot be read: {exc}"
+            ) from exc
 
     def delete_pack(self, pack_id: bytes) -> None:
         self._delete(pack_key(pack_id))

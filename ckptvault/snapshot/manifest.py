@@ -29,9 +29,15 @@ def encode_snapshot(snap: Snapshot) -> bytes:
         "description": snap.description,
         "parent": snap.parent,
         "tree": snap.tree_id,
-        "summary": asdict(snap.summary),
+        "summary": _summary(snap.summary),
     }
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _summary(summary: SnapshotSummary) -> dict:
+    # The delta counters are written only when a backup stored deltas, so a snapshot without
+    # any reads the same as before codec 3 existed (and in an older ckptvault).
+    return {k: v for k, v in asdict(summary).items() if not (k.startswith("delta_") and v == 0)}
 
 
 def decode_snapshot(raw: bytes) -> Snapshot:

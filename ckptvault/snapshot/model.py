@@ -34,6 +34,11 @@ class SnapshotSummary:
     chunks: int = 0
     new_chunks: int = 0
     duration_s: float = 0.0
+    # Delta coding (codec 3); left out of the stored summary when 0, as in every snapshot before it.
+    delta_chunks: int = 0  # new chunks stored as deltas against a previous save's piece
+    delta_bytes: int = 0  # their raw bytes
+    delta_stored_bytes: int = 0  # their stored bytes
+    delta_saved_bytes: int = 0  # estimated bytes the deltas saved over the plain coding
 
     @property
     def dedup_ratio(self) -> float:

@@ -1,0 +1,338 @@
+"""Delta coding end to end: tensor-aligned pieces coded against the previous save, in real repositories.
+
+Every test backs up real safetensors / .npy files through ``Vault`` and restores them bit-exact; which
+chunks became deltas is read from the index (format 2 names each delta's base)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckptvault import CompressionSettings, Vault
+from ckptvault.blob import Kind
+from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import IntegrityError
+from ckptvault.formats import read_layout
+from ckptvault.ops.deltabase import KEYFRAME_INTERVAL
+from ckptvault.repository.format import pack_key
+
+SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)  # 64 KiB pieces
+DELTA = CompressionSettings(delta=True)
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8}
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    header, off, blobs = {}, 0, []
+    for name, (dtype, arr) in tensors.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+class Training:
+    """A tiny fine-tuning run: a frozen tensor, trained tensors of each dtype, a small bias."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.frozen = self.rng.normal(0, 0.02, (256, 256)).astype(np.float32)
+        self.f32 = self.rng.normal(0, 0.02, (300, 256)).astype(np.float32)  # 300 KiB: 4 pieces and a tail
+        self.bf16 = self.rng.normal(0, 0.02, (256, 512)).astype(np.float32)
+        self.f16 = self.rng.normal(0, 0.02, (256, 384)).astype(np.float32)
+        self.i8 = self.rng.integers(-127, 128, (512, 384)).astype(np.int8)
+        self.bias = self.rng.normal(0, 0.02, 64).astype(np.float32)
+
+    def step(self) -> None:
+        for name in ("f32", "bf16", "f16"):
+            x = getattr(self, name)
+            x += self.rng.normal(0, 1e-4, x.shape).astype(np.float32)
+        flip = self.rng.random(self.i8.shape) < 0.02  # quantized weights: a few move by one
+        self.i8 = np.where(flip, np.clip(self.i8.astype(np.int16) + 1, -127, 127), self.i8).astype(np.int8)
+        self.bias += 1e-4
+
+    def tensors(self) -> dict[str, tuple[str, np.ndarray]]:
+        return {
+            "frozen": ("F32", self.frozen),
+            "w.f32": ("F32", self.f32),
+            "w.bf16": ("BF16", bf16(self.bf16)),
+            "w.f16": ("F16", self.f16.astype(np.float16)),
+            "w.i8": ("I8", self.i8),
+            "bias": ("F32", self.bias),
+        }
+
+    def save(self, root: Path) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        write_safetensors(root / "model.safetensors", self.tensors())
+        np.save(root / "emb.npy", self.f32 * 2)
+        (root / "state.json").write_text(json.dumps({"bias0": float(self.bias[0])}))
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def tensor_chunks(vault: Vault, snap, path: str, src: Path) -> dict[str, list[bytes]]:
+    """Tensor name -> the chunk IDs holding its bytes, in the snapshot."""
+    entry = next(e for e in vault.files(snap) if e.path == path)
+    data = (src / path).read_bytes()
+    layout = read_layout(lambda o, n: data[o : o + n], len(data), path)
+    starts, pos = [], 0
+    for c in entry.chunks:
+        starts.append((pos, c))
+        pos += vault._repo.index.get(c).raw_len
+    return {
+        t.name: [c for s, c in starts if t.start <= s < t.end] for t in layout.tensors if t.nbytes >= SMALL.min_size
+    }
+
+
+def base_of(vault: Vault, chunk_id: bytes) -> bytes | None:
+    return vault._repo.index.get(chunk_id).base_id
+
+
+def backup_steps(vault: Vault, run: Training, work: Path, steps: range, rotating: bool = False) -> list:
+    snaps = []
+    for step in steps:
+        if step > steps[0]:
+            run.step()
+        src = work / ("latest" if rotating else f"step-{step}")
+        run.save(src)
+        snaps.append((vault.backup(src, tags={"run": "t", "step": str(step)}), contents(src)))
+    return snaps
+
+
+@pytest.fixture
+def delta_vault(tmp_path: Path):
+    with Vault.init(str(tmp_path / "vault"), chunker=SMALL, pack_size=1 << 20, compression=DELTA) as vault:
+        yield vault
+
+
+def test_chains_of_every_allowed_depth_round_trip_for_each_dtype(delta_vault: Vault, tmp_path: Path):
+    """Keyframe, then KEYFRAME_INTERVAL - 1 deltas against it, then a new keyframe and a delta against that:
+    every position a chunk can hold, for F32, BF16, F16 and I8, and every snapshot restores bit-exact."""
+    run = Training()
+    snaps = backup_steps(delta_vault, run, tmp_path, range(1, KEYFRAME_INTERVAL + 3))
+    chunks = [
+        tensor_chunks(delta_vault, s, "model.safetensors", tmp_path / f"step-{i + 1}") for i, (s, _) in enumerate(snaps)
+    ]
+    for name in ("w.f32", "w.bf16", "w.f16", "w.i8"):
+        first = chunks[0][name]
+        assert all(base_of(delta_vault, c) is None for c in first), name
+        for k in range(1, KEYFRAME_INTERVAL):  # saves 2..8: deltas, each against save 1's piece (depth 1)
+            assert [base_of(delta_vault, c) for c in chunks[k][name]] == first, (name, k + 1)
+        renewed = chunks[KEYFRAME_INTERVAL][name]  # save 9: the keyframe has served 7 deltas
+        assert all(base_of(delta_vault, c) is None for c in renewed), name
+        assert [base_of(delta_vault, c) for c in chunks[KEYFRAME_INTERVAL + 1][name]] == renewed, name
+    assert chunks[-1]["frozen"] == chunks[0]["frozen"]  # frozen tensors still deduplicate exactly
+    summary = snaps[1][0].summary
+    assert summary.delta_chunks > 0 and 0 < summary.delta_stored_bytes < summary.delta_bytes
+    assert summary.delta_saved_bytes > 0
+    for i, (snap, expected) in enumerate(snaps):
+        out = tmp_path / f"out-{i}"
+        delta_vault.restore(snap, out)
+        assert contents(out) == expected, f"snapshot {i + 1}"
+    report = delta_vault.check(read_data=1.0)
+    assert report.ok, report.problems
+    stats = delta_vault.stats()
+    assert stats.delta_chunks > 0 and stats.delta_saved_bytes > 0
+
+
+def test_npy_arrays_get_aligned_pieces_and_deltas(delta_vault: Vault, tmp_path: Path):
+    run = Training()
+    snaps = backup_steps(delta_vault, run, tmp_path, range(1, 3))
+    entry = next(e for e in delta_vault.files(snaps[1][0]) if e.path == "emb.npy")
+    assert any(base_of(delta_vault, c) is not None for c in entry.chunks)
+
+
+def test_changed_dtype_or_shape_gets_no_delta(delta_vault: Vault, tmp_path: Path):
+    run = Training()
+    run.save(tmp_path / "a")
+    first = delta_vault.backup(tmp_path / "a", tags={"run": "t", "step": "1"})
+    run.step()
+    tensors = run.tensors()
+    tensors["w.f32"] = ("F32", run.f32.reshape(150, 512))  # same bytes per element, other shape
+    tensors["w.f16"] = ("BF16", bf16(run.f16))  # same size, other dtype
+    write_safetensors(tmp_path / "b" / "model.safetensors", tensors)
+    second = delta_vault.backup(tmp_path / "b", tags={"run": "t", "step": "2"})
+    chunks = tensor_chunks(delta_vault, second, "model.safetensors", tmp_path / "b")
+    assert all(base_of(delta_vault, c) is None for c in chunks["w.f32"] + chunks["w.f16"])
+    assert all(base_of(delta_vault, c) is not None for c in chunks["w.bf16"])  # the unchanged layout still does
+    delta_vault.restore(second, tmp_path / "out")
+    assert contents(tmp_path / "out") == contents(tmp_path / "b")
+    assert first.summary.delta_chunks == 0
+
+
+def test_rotating_checkpoint_gets_bases_from_the_repository(delta_vault: Vault, tmp_path: Path):
+    """One folder overwritten in place: the previous save's bytes are gone from disk, so bases are read
+    back from the vault (and verified) instead."""
+    run = Training()
+    snaps = backup_steps(delta_vault, run, tmp_path, range(1, 4), rotating=True)
+    assert snaps[1][0].summary.delta_chunks > 0 and snaps[2][0].summary.delta_chunks > 0
+    for i, (snap, expected) in enumerate(snaps):
+        delta_vault.restore(snap, tmp_path / f"out-{i}")
+        assert contents(tmp_path / f"out-{i}") == expected
+
+
+def test_encrypted_vault_codes_and_restores_deltas(tmp_path: Path):
+    from ckptvault.crypto.keyfile import Keyfile
+
+    keyfile, _ = Keyfile.create("pw", scrypt_n=2**10)
+    with Vault.init(
+        str(tmp_path / "vault"), chunker=SMALL, compression=DELTA, keyfile=keyfile, passphrase="pw"
+    ) as vault:
+        snaps = backup_steps(vault, Training(), tmp_path, range(1, 3))
+        assert snaps[1][0].summary.delta_chunks > 0
+        vault.restore(snaps[1][0], tmp_path / "out")
+        assert vault.check(read_data=1.0).ok
+    assert contents(tmp_path / "out") == snaps[1][1]
+    packs = list((tmp_path / "vault" / "packs").rglob("*"))
+    assert any(p.is_file() and p.read_bytes()[-4:] == b"CVP2" for p in packs)
+
+
+def test_prune_away_the_snapshot_holding_the_bases(delta_vault: Vault, tmp_path: Path):
+    run = Training()
+    snaps = backup_steps(delta_vault, run, tmp_path, range(1, 4))
+    first = tensor_chunks(delta_vault, snaps[0][0], "model.safetensors", tmp_path / "step-1")["w.f32"]
+    result = delta_vault.prune(keep_latest=2)
+    assert [s.id for s in result.forgotten] == [snaps[0][0].id]
+    assert all(c in delta_vault._repo.index for c in first)  # bases of kept deltas stay
+    for snap, expected in snaps[1:]:
+        out = tmp_path / f"out-{snap.id[:8]}"
+        delta_vault.restore(snap, out)
+        assert contents(out) == expected
+    assert delta_vault.check(read_data=1.0).ok
+    delta_vault.prune(keep_latest=1)
+    delta_vault.restore(snaps[2][0], tmp_path / "out-last")
+    assert contents(tmp_path / "out-last") == snaps[2][1]
+    assert delta_vault.check(read_data=1.0).ok
+
+
+def a_delta_and_its_base(vault: Vault, snap, src: Path) -> tuple[bytes, bytes]:
+    chunks = tensor_chunks(vault, snap, "model.safetensors", src)["w.f32"]
+    chunk = next(c for c in chunks if base_of(vault, c) is not None)
+    return chunk, base_of(vault, chunk)
+
+
+def test_corrupt_base_fails_restore_and_check_naming_both_chunks_and_the_file(delta_vault: Vault, tmp_path: Path):
+    snaps = backup_steps(delta_vault, Training(), tmp_path, range(1, 3))
+    dependent, base = a_delta_and_its_base(delta_vault, snaps[1][0], tmp_path / "step-2")
+    loc = delta_vault._repo.index.get(base)
+    pack = Path(delta_vault.url) / pack_key(loc.pack_id)
+    data = bytearray(pack.read_bytes())
+    data[loc.offset + loc.stored_len // 2] ^= 0x40
+    pack.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as err:
+        delta_vault.restore(snaps[1][0], tmp_path / "out")
+    message = str(err.value)
+    assert "model.safetensors" in message and dependent.hex()[:12] in message and base.hex()[:12] in message
+    report = delta_vault.check(read_data=1.0)
+    text = "\n".join(f"{p.object}: {p.detail}" for p in report.problems)
+    assert f"chunk {base.hex()[:12]}" in text
+    assert any(p.object == f"chunk {dependent.hex()[:12]}" and base.hex()[:12] in p.detail for p in report.problems)
+    assert "model.safetensors" in report.affected[snaps[1][0].id]
+    assert "model.safetensors" in report.affected[snaps[0][0].id]  # the base's own file
+
+
+def test_missing_base_pack_is_named_by_restore_and_check(delta_vault: Vault, tmp_path: Path):
+    snaps = backup_steps(delta_vault, Training(), tmp_path, range(1, 3))
+    dependent, base = a_delta_and_its_base(delta_vault, snaps[1][0], tmp_path / "step-2")
+    base_pack = delta_vault._repo.index.get(base).pack_id
+    assert delta_vault._repo.index.get(dependent).pack_id != base_pack
+    (Path(delta_vault.url) / pack_key(base_pack)).unlink()
+    with pytest.raises(IntegrityError):
+        delta_vault.restore(snaps[1][0], tmp_path / "out")
+    entry = next(e for e in delta_vault.files(snaps[1][0]) if e.path == "model.safetensors")
+    offset = sum(delta_vault._repo.index.get(c).raw_len for c in entry.chunks[: entry.chunks.index(dependent)])
+    with delta_vault.open_file(snaps[1][0], "model.safetensors") as f, pytest.raises(IntegrityError) as err:
+        f.seek(offset)
+        f.read(100)  # the dependent chunk alone: the error is its base's
+    assert dependent.hex()[:12] in str(err.value) and base.hex()[:12] in str(err.value)
+    report = Vault.open(delta_vault.url).check()  # structure only: the index says what needs the base
+    assert any(p.object == f"chunk {dependent.hex()[:12]}" and base.hex()[:12] in p.detail for p in report.problems)
+    assert "model.safetensors" in report.affected[snaps[1][0].id]
+
+
+def test_repository_without_delta_stays_format_1(tmp_path: Path):
+    url = str(tmp_path / "vault")
+    with Vault.init(url, chunker=SMALL, compression=CompressionSettings(delta=False)) as vault:
+        snaps = backup_steps(vault, Training(), tmp_path, range(1, 3))
+        assert vault.config.version == 1 and snaps[1][0].summary.delta_chunks == 0
+        assert all(loc.base_id is None for _, loc in vault._repo.index.items())
+    packs = [p for p in (tmp_path / "vault" / "packs").rglob("*") if p.is_file()]
+    assert packs and all(p.read_bytes()[-4:] == b"CVP1" for p in packs)
+    assert all(not p.read_bytes().startswith(b"CVI2") for p in (tmp_path / "vault" / "index").iterdir())
+    assert "delta" not in json.loads((tmp_path / "vault" / "config").read_bytes())["compression"]
+
+
+def test_reader_follows_chains_up_to_the_format_limit_and_refuses_loops(delta_vault: Vault):
+    """The writer makes depth 1, but the format lets a base be a delta itself: readers follow 16."""
+    from ckptvault.repository.repository import MAX_DELTA_DEPTH
+
+    repo = delta_vault._repo
+    rng = np.random.default_rng(5)
+    versions = [rng.normal(0, 0.02, 4096).astype(np.float32)]
+    for _ in range(MAX_DELTA_DEPTH):
+        versions.append(versions[-1] + rng.normal(0, 1e-5, 4096).astype(np.float32))
+    ids = [repo.chunk_id(v.tobytes()) for v in versions]
+    repo.add_chunk(ids[0], repo.codec.encode(Kind.CHUNK, ids[0], versions[0].tobytes()), 16384)
+    for k in range(1, len(versions)):
+        blob = repo.codec.encode_delta(ids[k], versions[k].tobytes(), ids[k - 1], versions[k - 1].tobytes(), ())
+        repo.add_chunk(ids[k], blob, 16384, ids[k - 1])
+    a, b = os.urandom(16384), os.urandom(16384)
+    id_a, id_b = repo.chunk_id(a), repo.chunk_id(b)
+    repo.add_chunk(id_a, repo.codec.encode_delta(id_a, a, id_b, b, ()), len(a), id_b)
+    repo.add_chunk(id_b, repo.codec.encode_delta(id_b, b, id_a, a, ()), len(b), id_a)
+    repo.flush()
+    repo.load_index()
+    for k, v in enumerate(versions):  # depth k
+        assert repo.read_chunk(ids[k]) == v.tobytes()
+    with pytest.raises(IntegrityError, match="loop"):
+        repo.read_chunk(id_a)
+
+
+def test_torch_checkpoints_get_deltas_for_their_float_records(delta_vault: Vault, tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(384, 256, generator=gen) * 0.02, "h": (torch.randn(256, 256, generator=gen) * 0.02)}
+    snaps = []
+    for step in (1, 2):
+        if step == 2:
+            state = {k: v + torch.randn(v.shape, generator=gen) * 1e-4 for k, v in state.items()}
+        src = tmp_path / f"step-{step}"
+        src.mkdir()
+        torch.save({"w": state["w"], "h": state["h"].to(torch.bfloat16)}, src / "model.pt")
+        snaps.append((delta_vault.backup(src, tags={"run": "t", "step": str(step)}), contents(src)))
+    assert snaps[1][0].summary.delta_chunks >= 2
+    delta_vault.restore(snaps[1][0], tmp_path / "out")
+    assert contents(tmp_path / "out") == snaps[1][1]
+
+
+def test_cli_init_option_and_backup_summary(cli, tmp_path: Path):
+    run = Training()
+    for step in (1, 2):
+        if step == 2:
+            run.step()
+        run.save(tmp_path / f"step-{step}")
+    on, off = str(tmp_path / "on"), str(tmp_path / "off")
+    assert "format 2, delta coding on" in cli("init", on, "--delta").stdout.decode()
+    assert "format 1, delta coding off" in cli("init", off, "--no-delta").stdout.decode()
+    for step in (1, 2):
+        out = cli("backup", str(tmp_path / f"step-{step}"), "--repo", on, "-t", "run=c", "-t", f"step={step}")
+    assert "delta coding saved ~" in out.stdout.decode()
+    stats = json.loads(cli("stats", "--repo", on, "--json").stdout)
+    assert stats["delta_chunks"] > 0 and stats["delta_saved_bytes"] > 0
+    assert stats["per_snapshot"][1]["delta_saved_bytes"] > 0
+    assert "delta coding:" in cli("stats", "--repo", on).stdout.decode()
