@@ -53,7 +53,7 @@ class CompressionSettings:
     codec: str = "zstd"
     level: int = 1  # measured: zstd-3 gains <0.1% over zstd-1 on checkpoint data at 1.3-3x the CPU
     bytegroup: bool = True  # group tensor bytes by element width where a file's header says it (codec 2)
-    delta: bool = False  # code changed tensor pieces against the previous save's (codec 3; format version 2)
+    delta: bool = True  # code changed tensor pieces against the previous save's (codec 3; format version 2)
 
     def __post_init__(self) -> None:
         if self.codec not in ("zstd", "none"):

@@ -151,7 +151,8 @@ def test_index_prefers_a_copy_without_base() -> None:
 
 
 def test_config_version_follows_delta() -> None:
-    assert RepoConfig().version == 1
+    assert RepoConfig().version == 2  # new repositories code deltas by default
+    assert RepoConfig(compression=CompressionSettings(delta=False)).version == 1
     on = RepoConfig(compression=CompressionSettings(delta=True))
     assert on.version == 2
     doc = json.loads(on.to_json())
