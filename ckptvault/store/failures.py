@@ -159,6 +159,7 @@ def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
         value = getattr(exc, attr, None)
         if isinstance(value, int) and 100 <= value < 600:
             code = getattr(exc, "error_code", None)
+            code = getattr(code, "value", code)  # azure-core gives an enum member
             return value, (str(code) if code else None)
     code = getattr(exc, "code", None)  # gcsfs HttpError
     if isinstance(code, int) and 100 <= code < 600:
@@ -172,7 +173,9 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    message = one_line(str(exc))
+    # the first line: SDKs put the summary there and request IDs, headers and XML bodies below it
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    message = one_line(lines[0] if lines else "", 200)
     name = type(exc).__name__
     if not message:
         return name

@@ -33,7 +33,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError
+from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError, UsageError
 from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
 from .base import ObjectInfo
 from .failures import Kind, classify, one_line
@@ -60,7 +60,7 @@ class FsspecStore:
         self._made_dirs: set[str] = set()
         self._options = options
         if "::" in target:  # a chained URL (e.g. simplecache::s3://...): let fsspec build the chain
-            with self._translate_errors("OPEN", ""):
+            with self._translate_errors("OPEN", "(filesystem)"):
                 self._fs, root = fsspec.core.url_to_fs(target, skip_instance_cache=True, **options)
             cls: Any = type(self._fs)
             self._kwargs: dict[str, Any] = {}
@@ -70,9 +70,9 @@ class FsspecStore:
                 cls = fsspec.get_filesystem_class(protocol)
             except ImportError as exc:
                 hint = install_hint(protocol)
-                raise StorageError("OPEN", "", self.url, f"{protocol}:// needs {one_line(str(exc))}; {hint}") from None
+                raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
             except ValueError:
-                raise StorageError("OPEN", "", self.url, f"no fsspec filesystem handles {protocol}://") from None
+                raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
             root = cls._strip_protocol(target)
             self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
         protocols = cls.protocol if isinstance(cls.protocol, tuple) else (cls.protocol,)
@@ -332,7 +332,7 @@ class FsspecStore:
         cutoff = time.time() - older_than_s
         if self._local:
             return self._remove_local_temp_files(cutoff)
-        with self._session("CLEANUP", "") as fs:
+        with self._session("CLEANUP", "(leftovers)") as fs:
             if self.profile.rename_put:
                 return self._remove_remote_temp_files(fs, cutoff)
             if self.profile.protocol in ("s3", "s3a"):
