@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import platformdirs
@@ -54,6 +55,7 @@ from .ops.stats import VaultStats, compute_stats
 from .ops.status import BackupStatus, backup_status
 from .ops.watch import ShippedCheckpoint, Watcher, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
+from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
 from .repository.locks import LockInfo
 from .snapshot import selection
@@ -79,6 +81,11 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
 def default_repo_url() -> str:
     """``$CKPTVAULT_REPO``, else a folder in the user's data directory."""
     return os.environ.get("CKPTVAULT_REPO") or os.path.join(platformdirs.user_data_dir("ckptvault"), "repo")
+
+
+def _metadata_cache_root() -> Path | None:
+    """Where remote repositories' metadata is cached (repository/cache.py): the user's cache folder."""
+    return cache_root(platformdirs.user_cache_dir("ckptvault"))
 
 
 class Vault:
@@ -115,7 +122,7 @@ class Vault:
         store = open_store(url, storage_options)
         key = _load_keyfile(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
-        return cls(Repository.init(store, config, key, master), store.url)
+        return cls(Repository.init(store, config, key, master, cache_root=_metadata_cache_root()), store.url)
 
     @classmethod
     def open(
@@ -132,7 +139,7 @@ class Vault:
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
         try:
-            return cls(Repository.open(store, key, passphrase), store.url)
+            return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
         except VaultNotFoundError:
             if not create:
                 raise
@@ -271,6 +278,7 @@ class Vault:
                 include=include,
                 overwrite=overwrite,
                 progress=on_progress,
+                workers=self._repo.download_concurrency,
             )
 
     def read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
@@ -346,7 +354,7 @@ class Vault:
         Never raises on damage: inspect ``report.ok`` and ``report.problems``."""
         if not 0.0 <= read_data <= 1.0:
             raise UsageError(f"read-data fraction {read_data} must be between 0 and 1")
-        with self._repo.locks.acquire(exclusive=False):
+        with self._repo.locks.acquire(exclusive=False), self._repo.cache_bypassed():
             return run_check(self._repo, read_data=read_data, seed=seed)
 
     def locks(self) -> list[LockInfo]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
 
 from ..blob import BlobCodec, ChecksumSealer, Kind, Sealer
 from ..codec import Compressor
@@ -24,6 +26,7 @@ from ..errors import (
     IntegrityError,
     KeyfileMismatchError,
     KeyfileNotFoundError,
+    ObjectExistsError,
     ObjectNotFoundError,
     UsageError,
     VaultExistsError,
@@ -31,6 +34,7 @@ from ..errors import (
 )
 from ..hashing import ChunkIdFunction
 from ..store import Store
+from .cache import MetadataCache
 from .config import RepoConfig
 from .format import (
     CONFIG_KEY,
@@ -58,22 +62,38 @@ PACK_SLACK = 1 << 20  # room past the target size for the last blob and the head
 MAX_DELTA_DEPTH = 16
 
 log = logging.getLogger("ckptvault")
+T = TypeVar("T")
 
 
-def _verified(fetch: Callable[[], bytes], decode: Callable[[bytes], bytes]) -> bytes:
+def _verified(fetch: Callable[[], bytes], decode: Callable[[bytes], T]) -> T:
     """Decode what ``fetch`` returns; when it fails verification, fetch once more before calling it
     damage: a flaky network or disk controller can corrupt a read without corrupting the object."""
+    return _verified_raw(fetch, decode)[1]
+
+
+def _verified_raw(fetch: Callable[[], bytes], decode: Callable[[bytes], T]) -> tuple[bytes, T]:
+    """``_verified``, also returning the stored bytes (what the metadata cache keeps)."""
+    raw = fetch()
     try:
-        return decode(fetch())
+        return raw, decode(raw)
     except IntegrityError:
         log.warning("a read failed verification; reading it again")
-        return decode(fetch())
+        raw = fetch()
+        return raw, decode(raw)
 
 
 class Repository:
     def __init__(
-        self, store: Store, config: RepoConfig, master: MasterKey | None = None, *, upload_concurrency: int = 2
+        self,
+        store: Store,
+        config: RepoConfig,
+        master: MasterKey | None = None,
+        *,
+        upload_concurrency: int | None = None,
+        cache_root: Path | None = None,
     ) -> None:
+        """``upload_concurrency``: packs uploaded at once (default: what the store suits, see
+        store/options.py). ``cache_root``: where metadata caches live (cache.py); remote stores only."""
         self.store = store
         self.config = config
         if config.encrypted:
@@ -93,19 +113,33 @@ class Repository:
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
         self._unindexed: dict[bytes, list[PackEntry]] = {}
         self.uploaded_packs: dict[bytes, list[PackEntry]] = {}  # every pack this object wrote
+        transfers = getattr(store, "transfers", None)
+        if upload_concurrency is None:
+            upload_concurrency = transfers.uploads if transfers is not None else 2
+        self.download_concurrency: int = transfers.downloads if transfers is not None else 8
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._executor: ThreadPoolExecutor | None = None
         self._upload_concurrency = upload_concurrency
         self._stats_lock = threading.Lock()
         self.bytes_written = 0  # everything this Repository object has put
+        remote = getattr(store, "remote", False)
+        self.cache = MetadataCache.open(cache_root if remote else None, config.repo_id)
+        self._bypass_cache = False
 
     # ---- lifecycle -------------------------------------------------------------------
 
     @classmethod
     def init(
-        cls, store: Store, config: RepoConfig, keyfile: Keyfile | None = None, master: MasterKey | None = None
+        cls,
+        store: Store,
+        config: RepoConfig,
+        keyfile: Keyfile | None = None,
+        master: MasterKey | None = None,
+        *,
+        cache_root: Path | None = None,
     ) -> Repository:
-        """Create a repository; encrypted when a keyfile and its unlocked master key are given."""
+        """Create a repository; encrypted when a keyfile and its unlocked master key are given.
+        The config is written create-if-absent, so of two racing inits exactly one wins."""
         if store.exists(CONFIG_KEY):
             raise VaultExistsError(store.url)
         if keyfile is not None and master is not None:
@@ -115,8 +149,11 @@ class Repository:
                 key_fingerprint=keyfile.fingerprint,
                 key_verifier=make_verifier(master, config.repo_id),
             )
-        store.put(CONFIG_KEY, config.to_json())
-        return cls(store, config, master)
+        try:
+            store.put(CONFIG_KEY, config.to_json(), if_absent=True)
+        except ObjectExistsError:
+            raise VaultExistsError(store.url) from None
+        return cls(store, config, master, cache_root=cache_root)
 
     @staticmethod
     def read_config(store: Store) -> RepoConfig:
@@ -127,7 +164,14 @@ class Repository:
         return RepoConfig.from_json(raw, store.url)
 
     @classmethod
-    def open(cls, store: Store, keyfile: Keyfile | None = None, passphrase: PassphraseSource = None) -> Repository:
+    def open(
+        cls,
+        store: Store,
+        keyfile: Keyfile | None = None,
+        passphrase: PassphraseSource = None,
+        *,
+        cache_root: Path | None = None,
+    ) -> Repository:
         """Open and load the index. For an encrypted repository the keyfile is checked
         against the config before the passphrase is asked for or the KDF is run."""
         config = cls.read_config(store)
@@ -147,7 +191,27 @@ class Repository:
                 f"vault {store.url} is not encrypted but a keyfile was given; refusing, so that nothing meant to be "
                 "encrypted is written in the clear (drop --keyfile / CKPTVAULT_KEYFILE for this vault)"
             )
-        return cls(store, config, master)
+        return cls(store, config, master, cache_root=cache_root)
+
+    @contextlib.contextmanager
+    def cache_bypassed(self) -> Iterator[None]:
+        """Read every metadata object from the store itself (check verifies the repository, not
+        a copy of it)."""
+        self._bypass_cache = True
+        try:
+            yield
+        finally:
+            self._bypass_cache = False
+
+    def _read_metadata(self, key: str, decode: Callable[[bytes], T], size: int | None = None) -> T:
+        """A metadata object, decoded and verified, through the cache."""
+
+        def fetch() -> tuple[bytes, T]:
+            return _verified_raw(lambda: self.store.get(key), decode)
+
+        if self._bypass_cache:
+            return fetch()[1]
+        return self.cache.read(key, fetch, decode, size)
 
     @property
     def index(self) -> ChunkIndex:
@@ -169,8 +233,8 @@ class Repository:
         """Add index objects written by other processes since the index was loaded."""
         for index_id in set(self.list_index_ids()) - self._seen_index_ids:
             with contextlib.suppress(ObjectNotFoundError):  # replaced by a prune meanwhile: not needed
-                raw = self.store.get(index_key(index_id))
-                for pack_id, entries in decode_index(self.codec.decode(Kind.INDEX, index_id, raw)).items():
+                packs = self._read_metadata(index_key(index_id), self._index_decoder(index_id))
+                for pack_id, entries in packs.items():
                     self.index.add_pack(pack_id, entries)
                 self._seen_index_ids.add(index_id)
 
@@ -296,15 +360,19 @@ class Repository:
                 continue
         return self._read_index_objects_once()
 
+    def _index_decoder(self, index_id: bytes) -> Callable[[bytes], dict[bytes, list[PackEntry]]]:
+        return lambda raw: decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
+
     def _read_index_objects_once(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
         out = {}
-        for info in self.store.list(INDEX_PREFIX):
+        listing = self.store.list(INDEX_PREFIX)
+        self.cache.retain(INDEX_PREFIX, (info.key for info in listing))
+        for info in listing:
             index_id = id_from_key(info.key)
             if index_id is None:
                 continue
-            raw = self.store.get(info.key)
             try:
-                out[index_id] = decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
+                out[index_id] = self._read_metadata(info.key, self._index_decoder(index_id), info.size)
             except IntegrityError as exc:
                 raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
         return out
@@ -365,11 +433,13 @@ class Repository:
         return self._load_object(Kind.SNAPSHOT, snapshot_id, snapshot_key(snapshot_id), "snapshot")
 
     def list_snapshot_ids(self) -> list[bytes]:
-        return [i for i in (id_from_key(o.key) for o in self.store.list(SNAPSHOTS_PREFIX)) if i is not None]
+        listing = self.store.list(SNAPSHOTS_PREFIX)
+        self.cache.retain(SNAPSHOTS_PREFIX, (o.key for o in listing))
+        return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
 
     def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
         try:
-            return _verified(lambda: self.store.get(key), lambda raw: self.codec.decode(kind, object_id, raw))
+            return self._read_metadata(key, lambda raw: self.codec.decode(kind, object_id, raw))
         except IntegrityError as exc:
             raise type(exc)(f"{what} object {object_id.hex()[:12]} is damaged: {exc}") from exc
 
@@ -447,12 +517,15 @@ class Repository:
         self._delete(tree_key(tree_id))
 
     def list_tree_ids(self) -> list[bytes]:
-        return [i for i in (id_from_key(o.key) for o in self.store.list(TREES_PREFIX)) if i is not None]
+        listing = self.store.list(TREES_PREFIX)
+        self.cache.retain(TREES_PREFIX, (o.key for o in listing))
+        return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
 
     def delete_tree(self, tree_id: bytes) -> None:
         self._delete(tree_key(tree_id))
 
     def _delete(self, key: str) -> None:
+        self.cache.discard(key)
         with contextlib.suppress(ObjectNotFoundError):  # idempotent: a rerun after a crash finishes the job
             self.store.delete(key)
 
