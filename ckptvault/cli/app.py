@@ -34,7 +34,12 @@ RepoOpt = Annotated[
     ),
 ]
 StorageOpt = Annotated[
-    list[str] | None, typer.Option("--storage-option", "-o", help="fsspec storage option key=value (repeatable).")
+    list[str] | None,
+    typer.Option(
+        "--storage-option",
+        "-o",
+        help="fsspec storage option key=value (repeatable; e.g. endpoint_url=...); never stored. See docs/backends.md.",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
