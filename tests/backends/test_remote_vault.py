@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec
@@ -13,7 +15,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
-from ckptvault.errors import StorageError
+from ckptvault.errors import StorageError, VaultExistsError
 
 from ..conftest import tree_digest
 from ..support import servers
@@ -151,12 +153,25 @@ def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str)
 
 
 def test_init_twice_at_once_has_one_winner(server):
-    """The config is written create-if-absent: a second init on the same URL fails, never overwrites."""
+    """The config is written create-if-absent: of racing inits on one URL exactly one creates the vault,
+    the others fail with "already exists" and never overwrite it."""
     b = server("s3-seaweedfs").backend
     url = b.new_url("init")
-    Vault.init(url, storage_options=b.storage_options).close()
-    with pytest.raises(Exception, match="already exists"):
-        Vault.init(url, storage_options=b.storage_options)
+    start = threading.Barrier(4)
+
+    def init(_: int) -> str:
+        start.wait()
+        try:
+            with Vault.init(url, storage_options=b.storage_options) as vault:
+                return vault.config.repo_id
+        except VaultExistsError:
+            return ""
+
+    with ThreadPoolExecutor(4) as pool:
+        made = [repo_id for repo_id in pool.map(init, range(4)) if repo_id]
+    assert len(made) == 1
+    with Vault.open(url, storage_options=b.storage_options) as vault:
+        assert vault.config.repo_id == made[0]
 
 
 def test_url_query_and_environment_options(server, monkeypatch):
