@@ -98,7 +98,8 @@ class ReadAheadStore:
             if not isinstance(exc, StorageError):
                 raise
             return
-        self.window_reads += 1
+        with self._lock:
+            self.window_reads += 1
         window.data.set_result(data)
 
     # ---- everything else goes straight through -------------------------------------------
