@@ -15,7 +15,7 @@ import logging
 from ..bytegroup import ElementRun
 from ..codec import Compressor
 from ..errors import FileFormatError
-from ..formats import ReadAt, read_layout
+from ..formats import FileLayout, ReadAt, read_layout
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,11 @@ def element_map(read_at: ReadAt, size: int, name: str, compressor: Compressor) -
     except FileFormatError as exc:  # a damaged header only costs the better compression
         log.debug("no element map for %s: %s", name, exc)
         return None
+    return map_from_layout(layout, read_at, compressor)
+
+
+def map_from_layout(layout: FileLayout | None, read_at: ReadAt, compressor: Compressor) -> ElementMap | None:
+    """Each tensor's element width, measured on a sample where the header gives no dtype."""
     if layout is None:
         return None
     regions = []

@@ -18,7 +18,7 @@ from ..bytegroup import ElementRun
 from ..chunking import ChunkerParams, Readable, iter_chunks
 from ..codec import Compressor
 from ..formats import FileLayout, ReadAt, TensorInfo
-from .elements import PROBE_MIN, PROBE_SAMPLE, ElementMap
+from .elements import ElementMap, map_from_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,17 +75,9 @@ def plan_segments(layout: FileLayout | None, size: int, params: ChunkerParams) -
 def tensor_widths(layout: FileLayout | None, read_at: ReadAt, compressor: Compressor) -> ElementMap | None:
     """What codec 2 needs (ops/elements.py), from a layout already parsed: each tensor's element
     width, measured on a sample where the header gives no dtype."""
-    if layout is None or not compressor.groups:
+    if not compressor.groups:
         return None
-    regions = []
-    for t in layout.tensors:
-        width = t.width
-        if width == 0 and t.dtype == "?" and t.nbytes >= PROBE_MIN:
-            middle = t.start + (t.nbytes - PROBE_SAMPLE) // 2
-            width = compressor.best_width(read_at(middle - middle % 8, PROBE_SAMPLE))
-        regions.append((t.start, t.end, width))
-    emap = ElementMap(regions)
-    return emap or None
+    return map_from_layout(layout, read_at, compressor)
 
 
 class _Limited:
