@@ -83,7 +83,8 @@ class FsspecStore:
         self.root = root.rstrip("/")
         self._bucket = bucket_of(self.profile.protocol, self.root)
         self._bucket_seen = False
-        self._local = self.profile.protocol in ("file", "local") and issubclass(cls, LocalFileSystem)
+        # any local-disk filesystem, whatever protocol name it registers, gets the atomic temp+rename put
+        self._local = issubclass(cls, LocalFileSystem)
         self.remote = self.profile.remote
         self.transfers = TransferLimits.from_env(self.remote)
         # an async filesystem enforces the deadline itself, cancelling the request on its loop

@@ -18,9 +18,9 @@ PUT_DELAY = float(os.environ.get("SLOWFS_PUT_DELAY", "0.04"))
 _real_put_local = FsspecStore._put_local
 
 
-def _slow_put_local(self: FsspecStore, path: str, data: bytes | bytearray | memoryview) -> None:
+def _slow_put_local(self: FsspecStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
     time.sleep(PUT_DELAY)
-    _real_put_local(self, path, data)
+    _real_put_local(self, path, data, *args)
 
 
 FsspecStore._put_local = _slow_put_local  # type: ignore[method-assign]
