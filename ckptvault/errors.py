@@ -29,8 +29,9 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot
     ├── DrillFailedError               41   drill: a restored file could not be loaded
     ├── BackupSupersededError           1   backup_async: dropped for a newer one (queue full)
-    ├── FlushTimeoutError               1   flush: queued backups still running at the timeout
-    └── Cancelled                     130   SIGINT / SIGTERM
+    └── FlushTimeoutError               1   flush: queued backups still running at the timeout
+
+A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs no class here.
 """
 
 from __future__ import annotations
@@ -187,10 +188,6 @@ class UnsafePathError(CkptVaultError):
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         super().__init__(f"restore refused: entry {path!r} {reason}")
-
-
-class Cancelled(CkptVaultError):
-    exit_code = 130
 
 
 class FileFormatError(CkptVaultError):

@@ -460,9 +460,6 @@ class Repository:
         blob = self.store.get_range(key, start, length)
         return decode_header(self.codec, pack_id, blob, start, trailer_version(trailer))
 
-    def read_blob(self, pack_id: bytes, entry: PackEntry) -> bytes:
-        return self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
-
     def read_pack(self, pack_id: bytes) -> bytes:
         return self.store.get(pack_key(pack_id))
 

@@ -102,7 +102,6 @@ class RetryingStore:
         self.supports_if_absent = getattr(inner, "supports_if_absent", False)
         grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._wait_s = self.policy.op_timeout + grace if self.policy.op_timeout else self.policy.op_timeout
-        self.retried = 0  # calls that needed more than one attempt (for tests and reports)
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         attempt = 0
@@ -116,7 +115,6 @@ class RetryingStore:
                     raise
             time.sleep(self.policy.delay(attempt))
             attempt += 1
-            self.retried += 1
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         if not if_absent:
