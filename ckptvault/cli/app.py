@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import getpass
+import inspect
 import os
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -105,6 +107,48 @@ def passphrase_source(passphrase_file: str | None, *, env: str = "CKPTVAULT_PASS
         raise PassphraseRequiredError()
 
     return resolve
+
+
+@dataclass(frozen=True)
+class VaultArgs:
+    """The options every command that opens a vault shares (added by ``vault_options``)."""
+
+    repo: str | None = None
+    storage_option: list[str] | None = None
+    keyfile: str | None = None
+    passphrase_file: str | None = None
+
+    def open(self, out: Output, *, writing: bool = False) -> Vault:
+        return open_vault(self.repo, self.storage_option, out, self.keyfile, self.passphrase_file, writing=writing)
+
+
+NO_VAULT_ARGS = VaultArgs()  # the default a command declares; the wrapper always passes the real one
+_VAULT_OPTIONS = {
+    "repo": RepoOpt,
+    "storage_option": StorageOpt,
+    "keyfile": KeyfileOpt,
+    "passphrase_file": PassphraseFileOpt,
+}
+
+
+def vault_options(func: F) -> F:
+    """Give a command --repo, -o, --keyfile and --passphrase-file; it receives them as ``vault_args: VaultArgs``.
+    typer reads parameters from the signature, so the wrapper publishes the command's own parameters
+    (minus ``vault_args``) followed by the four shared ones."""
+    own = [p for p in inspect.signature(func, eval_str=True).parameters.values() if p.name != "vault_args"]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        for name, annotation in _VAULT_OPTIONS.items()
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        vault = VaultArgs(**{name: kwargs.pop(name, None) for name in _VAULT_OPTIONS})
+        return func(*args, vault_args=vault, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *shared]}
+    return wrapper  # type: ignore[return-value]
 
 
 def open_vault(

@@ -5,13 +5,23 @@ from typing import Annotated
 import typer
 
 from ..ops.scan import check_sources
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 from .params import parse_tags
 
 
 @app.command("backup")
 @command
+@vault_options
 def backup_cmd(
     paths: Annotated[list[str], typer.Argument(help="Files or directories to back up.")],
     tag: TagOpt = None,
@@ -25,10 +35,7 @@ def backup_cmd(
         str,
         typer.Option(help="A file that changed while read, twice: warn (store it), skip (leave it out) or fail."),
     ] = "warn",
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -37,7 +44,7 @@ def backup_cmd(
     tags = parse_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
     with (
-        open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault,
+        vault_args.open(out, writing=True) as vault,
         out.progress("backing up") as progress,
     ):
         snap = vault.backup(

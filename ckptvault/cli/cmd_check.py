@@ -7,29 +7,35 @@ from typing import Annotated
 import typer
 
 from ..errors import IntegrityError
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output
 from .params import parse_fraction
 
 
 @app.command("check")
 @command
+@vault_options
 def check_cmd(
     read_data: Annotated[bool, typer.Option("--read-data", help="Read and verify every chunk.")] = False,
     read_data_subset: Annotated[
         str | None, typer.Option(help="Read and verify this share of the packs, e.g. 10%.")
     ] = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Verify the repository: index, packs and snapshots (and with --read-data, every byte)."""
     out = Output(json_mode=json_out, quiet=quiet)
     fraction = 1.0 if read_data else parse_fraction(read_data_subset, "--read-data-subset") if read_data_subset else 0.0
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         report = vault.check(read_data=fraction)
     for warning in report.warnings:
         out.warn(warning)
@@ -51,20 +57,18 @@ def check_cmd(
 
 @app.command("unlock")
 @command
+@vault_options
 def unlock_cmd(
     remove_all: Annotated[
         bool, typer.Option("--remove-all", help="Remove every lock, also live ones. Only when no ckptvault runs.")
     ] = False,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Remove stale locks (not refreshed for 30 minutes, or held by a dead process on this host)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         removed = vault.unlock(remove_all=remove_all)
         left = vault.locks()
     for lock in removed:

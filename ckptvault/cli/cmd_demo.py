@@ -6,17 +6,23 @@ import tempfile
 
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 
 
 @app.command("demo")
 @command
+@vault_options
 def demo_cmd(
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -25,7 +31,7 @@ def demo_cmd(
     snapshots = []
     with (
         tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work,
-        open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault,
+        vault_args.open(out, writing=True) as vault,
     ):
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")

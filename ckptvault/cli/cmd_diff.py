@@ -6,28 +6,34 @@ from typing import Annotated
 
 import typer
 
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 
 
 @app.command("diff")
 @command
+@vault_options
 def diff_cmd(
     a: Annotated[str, typer.Argument(help="The older snapshot (ID, unique prefix or 'latest').")],
     b: Annotated[str, typer.Argument(help="The newer snapshot.")],
     tensors: Annotated[
         bool, typer.Option("--tensors", help="Per changed tensor file: tensors added, removed and changed.")
     ] = False,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Files added, removed and changed from A to B, and the bytes B added; no file is restored."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         result = vault.diff(a, b, tensors=tensors)
     lines = []
     for f in result.files:

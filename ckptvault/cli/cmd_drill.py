@@ -7,13 +7,23 @@ from typing import Annotated
 import typer
 
 from ..errors import DrillFailedError
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 from .params import parse_tags
 
 
 @app.command("drill")
 @command
+@vault_options
 def drill_cmd(
     snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")] = "latest",
     tag: TagOpt = None,
@@ -23,17 +33,14 @@ def drill_cmd(
     tmp_dir: Annotated[
         str | None, typer.Option("--tmp-dir", help="Where to make the temporary folder (default: the system's).")
     ] = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Restore drill: fetch into a temporary folder, verify every file, optionally load, print each phase's time."""
     out = Output(json_mode=json_out, quiet=quiet)
     with (
-        open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault,
+        vault_args.open(out) as vault,
         out.progress("drill: fetching") as progress,
     ):
         report = vault.drill(snapshot, tags=parse_tags(tag), load=load, workdir=tmp_dir, on_progress=progress)

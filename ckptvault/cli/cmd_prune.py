@@ -9,16 +9,14 @@ import typer
 
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from .app import (
+    NO_VAULT_ARGS,
     JsonOpt,
-    KeyfileOpt,
-    PassphraseFileOpt,
     QuietOpt,
-    RepoOpt,
-    StorageOpt,
     TagOpt,
+    VaultArgs,
     app,
     command,
-    open_vault,
+    vault_options,
 )
 from .output import Output, format_bytes
 from .params import parse_before, parse_tags
@@ -65,6 +63,7 @@ def report(out: Output, result: PruneResult) -> None:
 
 @app.command("prune")
 @command
+@vault_options
 def prune_cmd(
     keep_latest: Annotated[int | None, typer.Option(help="Keep the newest N snapshots (of each group).")] = None,
     before: Annotated[
@@ -79,17 +78,14 @@ def prune_cmd(
         float, typer.Option(help="Repack a pack once this fraction of its bytes is dead (0..1).")
     ] = DEFAULT_REPACK_THRESHOLD,
     dry_run: DryRunOpt = False,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Remove snapshots outside the newest N AND older than --before, then reclaim their space."""
     out = Output(json_mode=json_out, quiet=quiet)
     now = datetime.now(timezone.utc)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         result = vault.prune(
             keep_latest=keep_latest,
             before=parse_before(before, now),
@@ -104,20 +100,18 @@ def prune_cmd(
 
 @app.command("forget")
 @command
+@vault_options
 def forget_cmd(
     snapshots: Annotated[list[str], typer.Argument(help="Snapshot IDs (unique prefixes are enough).")],
     prune: Annotated[bool, typer.Option("--prune", help="Also reclaim the space they held.")] = False,
     dry_run: DryRunOpt = False,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Remove the given snapshots (their data stays until a prune, or use --prune)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         result = vault.forget(snapshots, prune=prune, dry_run=dry_run)
     report(out, result)
     if not prune and not dry_run:

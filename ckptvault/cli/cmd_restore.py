@@ -4,13 +4,23 @@ from typing import Annotated
 
 import typer
 
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 from .params import parse_tags
 
 
 @app.command("restore")
 @command
+@vault_options
 def restore_cmd(
     snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")],
     target: Annotated[str, typer.Argument(help="Directory to restore into (created if missing).")],
@@ -19,16 +29,13 @@ def restore_cmd(
         list[str] | None, typer.Option("--include", "-i", help="Restore only paths matching this glob (repeatable).")
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files that differ.")] = False,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Restore a snapshot, verifying every chunk and every file."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         with out.progress("restoring") as progress:
             result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)

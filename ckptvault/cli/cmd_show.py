@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .cmd_snapshots import SnapshotArg
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -18,6 +27,7 @@ def _num(x: float | None) -> str:
 
 @app.command("show")
 @command
+@vault_options
 def show_cmd(
     snapshot: SnapshotArg,
     path: Annotated[str, typer.Argument(help="A safetensors, .npy/.npz or torch zip file in the snapshot.")],
@@ -25,16 +35,13 @@ def show_cmd(
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaN count per tensor (reads them).")
     ] = False,
     tag: TagOpt = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List the tensors of a checkpoint file (name, dtype, shape, bytes, offset) without restoring it."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         contents = vault.show(vault.snapshot(snapshot, parse_tags(tag)), path, stats=stats)
     columns = ["name", "dtype", "shape", "bytes", "offset"]
     if stats:

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -16,18 +25,16 @@ SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix i
 
 @app.command("snapshots")
 @command
+@vault_options
 def snapshots_cmd(
     tag: TagOpt = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List snapshots, oldest first."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         snaps = vault.snapshots(parse_tags(tag))
     table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "added", "description")
     for s in snaps:
@@ -46,20 +53,18 @@ def snapshots_cmd(
 
 @app.command("ls")
 @command
+@vault_options
 def ls_cmd(
     snapshot: SnapshotArg,
     long: Annotated[bool, typer.Option("--long", "-l", help="Also stored bytes, chunks and file hash.")] = False,
     tag: TagOpt = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List the files of a snapshot with their sizes (--long: stored bytes, chunks, BLAKE3)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         entries = vault.files(snap)
         usage = {u.path: u for u in vault.file_usage(snap)} if long else {}
@@ -91,18 +96,16 @@ def ls_cmd(
 
 @app.command("cat")
 @command
+@vault_options
 def cat_cmd(
     snapshot: SnapshotArg,
     path: Annotated[str, typer.Argument(help="Path of a file inside the snapshot.")],
     tag: TagOpt = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
 ) -> None:
     """Write one file of a snapshot to stdout (verified)."""
     out = Output()
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         sink = sys.stdout.buffer
         for data in vault.read_file(snap, path):

@@ -1,23 +1,17 @@
 from __future__ import annotations
 
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 
 
 @app.command("stats")
 @command
-def stats_cmd(
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
-    json_out: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
+@vault_options
+def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Logical versus stored bytes, dedup ratio, and what each snapshot added."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
-        stats = vault.stats()
+    with vault_args.open(out) as opened:
+        stats = opened.stats()
     table = out.table("id", "time (UTC)", "tags", "logical", "added", "stored")
     for s in stats.per_snapshot:
         table.add_row(

@@ -8,25 +8,31 @@ import typer
 
 from ..errors import NotBackedUpError
 from ..ops.scan import check_sources
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 
 
 @app.command("status")
 @command
+@vault_options
 def status_cmd(
     paths: Annotated[list[str], typer.Argument(help="Local checkpoint files or folders.")],
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Say whether each path is durably backed up (same files, same content). Exit 0 when all are, 40 when not."""
     out = Output(json_mode=json_out, quiet=quiet)
     check_sources(paths)
-    with open_vault(repo, storage_option, out, keyfile, passphrase_file) as vault:
+    with vault_args.open(out) as vault:
         results = [vault.backup_status(p) for p in paths]
     lines = []
     for given, r in zip(paths, results, strict=True):

@@ -12,13 +12,23 @@ from typing import Annotated
 import typer
 
 from ..ops.watch import ShippedCheckpoint
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, TagOpt, app, command, open_vault
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, format_bytes
 from .params import parse_tags
 
 
 @app.command("watch")
 @command
+@vault_options
 def watch_cmd(
     directory: Annotated[str, typer.Argument(help="The folder the trainer saves checkpoints into.")],
     tag: TagOpt = None,
@@ -38,10 +48,7 @@ def watch_cmd(
         str | None,
         typer.Option("--state-dir", help="Staging folder for pins (default DIR/.ckptvault-watch; same filesystem)."),
     ] = None,
-    repo: RepoOpt = None,
-    storage_option: StorageOpt = None,
-    keyfile: KeyfileOpt = None,
-    passphrase_file: PassphraseFileOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -86,7 +93,7 @@ def watch_cmd(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with open_vault(repo, storage_option, out, keyfile, passphrase_file, writing=True) as vault:
+        with vault_args.open(out, writing=True) as vault:
 
             def on_start(resumed: int) -> None:
                 again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
