@@ -8,6 +8,8 @@ Phases per tool, each in a fresh repository, each timed with `/usr/bin/time -v`
   backup2_nochange  back up the second save again, untouched
   restore_latest    restore the latest snapshot into an empty dir (then, untimed,
                     compare every byte with the source)
+Prints a markdown table, then each ckptvault tool's speed ratios against restic in
+the same run. --quick: a small workload in WORK/quick (under 3 minutes on 2 cores).
 Stdlib only (numpy is needed by make_workload.py). See README.md.
 """
 
@@ -31,6 +33,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TIME_BIN = "/usr/bin/time"
 APT_PACKAGES = {"restic": "restic", "borg": "borgbackup"}
 PASSWORD = "bench-passphrase"
+# make_workload flags: the anchor run, and what --quick changes (same tensor shapes, fewer layers and saves)
+FULL = {"model_mb": 600.0, "saves": 3, "hidden": 1024}
+QUICK = {"model_mb": 200.0, "saves": 2}
+RATIO_PHASES = {
+    "backup1": "backup1_first",
+    "incr": "backup2_incr",
+    "no-change": "backup2_nochange",
+    "restore": "restore_latest",
+}
 
 
 @dataclass
@@ -284,6 +295,39 @@ def bench_tool(name: str, work: str, saves: list[tuple[str, int]], keep: bool) -
                 shutil.rmtree(d, ignore_errors=True)
 
 
+def phase_s(r: ToolResult, ph: str) -> float | None:
+    """Wall seconds of a phase that succeeded, else None."""
+    p = r.phases.get(ph)
+    return p.wall_s if p and p.rc == 0 and p.wall_s > 0 else None
+
+
+def mbps(r: ToolResult, ph: str) -> float | None:
+    s = phase_s(r, ph)
+    return r.phases[ph].logical_bytes / 1e6 / s if s else None
+
+
+def ratios_vs_restic(results: list[ToolResult]) -> dict[str, dict[str, float | None]]:
+    """Per ckptvault tool: restic seconds / its seconds per phase (>1: faster than restic).
+    Both tools back up the same trees, so for the MB/s columns this is the MB/s ratio."""
+    restic = next(r for r in results if r.tool == "restic")
+    out: dict[str, dict[str, float | None]] = {}
+    for r in results:
+        if r.tool.startswith("ckptvault"):
+            out[r.tool] = {}
+            for col, ph in RATIO_PHASES.items():
+                mine, theirs = phase_s(r, ph), phase_s(restic, ph)
+                out[r.tool][col] = round(theirs / mine, 3) if mine and theirs else None
+    return out
+
+
+def ratio_table(ratios: dict[str, dict[str, float | None]]) -> str:
+    cols = ["tool", *(f"{c} x" for c in RATIO_PHASES)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for tool, rs in ratios.items():
+        lines.append("| " + " | ".join([tool, *(f"{x:.2f}x" if x else "-" for x in rs.values())]) + " |")
+    return "\n".join(lines)
+
+
 def table(results: list[ToolResult]) -> str:
     cols = [
         "tool",
@@ -298,8 +342,8 @@ def table(results: list[ToolResult]) -> str:
     ]
 
     def rate(r: ToolResult, ph: str) -> str:
-        p = r.phases.get(ph)
-        return f"{p.logical_bytes / 1e6 / p.wall_s:.0f}" if p and p.rc == 0 and p.wall_s > 0 else "-"
+        v = mbps(r, ph)
+        return f"{v:.0f}" if v else "-"
 
     def mb(n: int | None) -> str:
         return f"{n / 1e6:.1f}" if n is not None else "-"
@@ -326,19 +370,29 @@ def table(results: list[ToolResult]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="/tmp/ckptvault-bench", help="work dir (workload, repos, logs)")
-    ap.add_argument("--model-mb", type=float, default=600, help="make_workload --model-mb")
-    ap.add_argument("--saves", type=int, default=3, help="make_workload --saves (>= 2)")
-    ap.add_argument("--hidden", type=int, default=1024, help="make_workload --hidden")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"small workload ({QUICK['model_mb']:g} MB model, {QUICK['saves']} saves) in WORK/quick, "
+        "same phases: under 3 minutes on 2 cores",
+    )
+    ap.add_argument("--model-mb", type=float, help=f"make_workload --model-mb (default {FULL['model_mb']:g})")
+    ap.add_argument("--saves", type=int, help=f"make_workload --saves, >= 2 (default {FULL['saves']})")
+    ap.add_argument("--hidden", type=int, help=f"make_workload --hidden (default {FULL['hidden']})")
     ap.add_argument("--tools", default="ckptvault,ckptvault-enc,restic,borg", help="comma-separated subset")
     ap.add_argument("--keep", action="store_true", help="keep repos, tool state and restored trees")
     ap.add_argument("--out", default=None, help="results JSON (default WORK/results.json)")
     a = ap.parse_args(argv)
+    for k, v in ({**FULL, **QUICK} if a.quick else FULL).items():  # explicit flags win
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     tools = [t.strip() for t in a.tools.split(",") if t.strip()]
     if unknown := [t for t in tools if t not in TOOLS]:
         ap.error(f"unknown tools {unknown}; choose from {list(TOOLS)}")
     if a.saves < 2:
         ap.error("--saves must be >= 2")
     work = os.path.abspath(a.work)
+    work = os.path.join(work, "quick") if a.quick else work  # never clobbers the full workload
     wl = os.path.join(work, "workload")
     os.makedirs(work, exist_ok=True)
 
@@ -371,8 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarking {name} ...", file=sys.stderr)
         results.append(bench_tool(name, work, saves, a.keep))
 
+    print(f"\nrun: {'QUICK (--quick: small workload, indicative only)' if a.quick else 'full'}")
     print(
-        f"\nworkload: {manifest['params']['model_mb']:g} MB model, {len(manifest['saves'])} saves; "
+        f"workload: {manifest['params']['model_mb']:g} MB model, {len(manifest['saves'])} saves; "
         f"save 1 = {saves[0][0]} ({tree_bytes(saves[0][0]) / 1e6:.1f} MB), "
         f"save 2 = {saves[1][0]} ({tree_bytes(saves[1][0]) / 1e6:.1f} MB)"
     )
@@ -385,6 +440,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     print(table(results))
+    restic = next((r for r in results if r.tool == "restic"), None)
+    ratios = ratios_vs_restic(results) if restic and restic.phases else None
+    print("\nratios vs restic (same run; restic seconds / ckptvault seconds, >1 = faster):")
+    if ratios is None:
+        print(f"restic absent ({restic.error if restic else 'not in --tools'}): no ratios")
+    else:
+        print(ratio_table(ratios) if ratios else "no ckptvault tool in this run")
 
     out = a.out or os.path.join(work, "results.json")
     doc = {
@@ -392,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "workload": manifest,
         "timer": TIME_BIN if os.access(TIME_BIN, os.X_OK) else "getrusage",
+        "quick": a.quick,
         "results": [dataclasses.asdict(r) for r in results],
+        "ratios_vs_restic": ratios,  # null: no restic result in this run
     }
     with open(out, "w") as f:
         json.dump(doc, f, indent=2)
