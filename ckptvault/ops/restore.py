@@ -237,14 +237,14 @@ def _restore_file(
     for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}{TEMP_MARK}*")):
         os.unlink(leftover)  # from a restore that was killed while writing this file
     tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:
             os.ftruncate(fd, entry.size)
-            _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
+            written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
         finally:
             os.close(fd)
-        if file_hash(tmp) != entry.blake3:
+        if written_hash != entry.blake3:
             raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
         os.chmod(tmp, entry.mode)
         os.utime(tmp, ns=(entry.mtime_ns, entry.mtime_ns))
@@ -270,38 +270,60 @@ def _write_chunks(
     progress: Progress,
     window: int,
     zero_chunks: set[bytes],
-) -> None:
-    def fetch_and_write(chunk_id: bytes, offset: int) -> int:
-        # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
-        # not written (the file stays sparse) and, once seen, not even fetched again.
+) -> str:
+    """Write the file's chunks and return the BLAKE3 of the bytes read back from the file.
+
+    One thread writes, in order: parallel writers to one file only queue on its inode lock."""
+
+    def fetch(chunk_id: bytes) -> bytes | None:
+        # None: a chunk of zeros. The temp file was sized with ftruncate, so it already reads as
+        # zeros there: the chunk is not written (the file stays sparse) and, once seen, not fetched.
         if chunk_id in zero_chunks:
-            return repo.locate(chunk_id).raw_len
+            return None
         data = repo.read_chunk(chunk_id)
         if _is_zeros(data):
             zero_chunks.add(chunk_id)
-            return len(data)
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(fd, view, offset)
-            view, offset = view[n:], offset + n
-        return len(data)
+            return None
+        return data
 
-    inflight: deque[Future[int]] = deque()
+    hasher = new_file_hasher()
+    readback = bytearray(0)
+
+    def write_and_hash(data: bytes | None, offset: int, length: int) -> None:
+        nonlocal readback
+        if data is not None:
+            view = memoryview(data)
+            pos = offset
+            while view:
+                n = os.pwrite(fd, view, pos)
+                view, pos = view[n:], pos + n
+        if len(readback) < length:
+            readback = bytearray(length)
+        got = os.preadv(fd, [memoryview(readback)[:length]], offset)
+        hasher.update(memoryview(readback)[:got])
+
+    inflight: deque[tuple[Future[bytes | None], int, int]] = deque()
     offset = 0
     try:
         for chunk_id in entry.chunks:
-            inflight.append(pool.submit(fetch_and_write, chunk_id, offset))
-            offset += repo.locate(chunk_id).raw_len
+            length = repo.locate(chunk_id).raw_len
+            inflight.append((pool.submit(fetch, chunk_id), offset, length))
+            offset += length
             while len(inflight) >= window:
-                progress.advance(inflight.popleft().result())
+                future, at, size = inflight.popleft()
+                write_and_hash(future.result(), at, size)
+                progress.advance(size)
         while inflight:
-            progress.advance(inflight.popleft().result())
+            future, at, size = inflight.popleft()
+            write_and_hash(future.result(), at, size)
+            progress.advance(size)
     except CkptVaultError as exc:
-        for future in inflight:
+        for future, _, _ in inflight:
             future.cancel()
-        for future in inflight:
+        for future, _, _ in inflight:
             if not future.cancelled():
-                future.exception()  # wait: no write may land after the fd is closed
+                future.exception()  # wait: nothing may still run against this file
         if isinstance(exc, IntegrityError):
             raise IntegrityError(f"{entry.path}: {exc}") from exc
         raise
+    return hasher.hexdigest()
