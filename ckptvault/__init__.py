@@ -1,18 +1,66 @@
 """ckptvault: deduplicating, verified backups of ML training checkpoints to any fsspec store."""
 
-from .chunking import ChunkerParams
-from .codec import CompressionSettings
-from .errors import CkptVaultError
-from .ops.async_backup import BackupHandle
-from .ops.drill import DrillReport
-from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
-from .ops.restore import RestoreResult
-from .ops.stats import SnapshotStats, VaultStats
-from .ops.status import BackupStatus
-from .ops.watch import ShippedCheckpoint, WatchResult
-from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
-from .vault import Vault, default_repo_url
+# Names are imported on first use (PEP 562), so that ``import ckptvault.cli`` can set up the
+# process (thread counts of numpy's BLAS) before numpy is loaded, and start-up stays short.
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .version import __version__
+
+_HOMES = {
+    "ChunkerParams": ".chunking",
+    "CompressionSettings": ".codec",
+    "CkptVaultError": ".errors",
+    "BackupHandle": ".ops.async_backup",
+    "DrillReport": ".ops.drill",
+    "FileChange": ".ops.inspect",
+    "FileContents": ".ops.inspect",
+    "FileUsage": ".ops.inspect",
+    "SnapshotDiff": ".ops.inspect",
+    "TensorChanges": ".ops.inspect",
+    "TensorRow": ".ops.inspect",
+    "RestoreResult": ".ops.restore",
+    "SnapshotStats": ".ops.stats",
+    "VaultStats": ".ops.stats",
+    "BackupStatus": ".ops.status",
+    "ShippedCheckpoint": ".ops.watch",
+    "WatchResult": ".ops.watch",
+    "FileEntry": ".snapshot.model",
+    "Snapshot": ".snapshot.model",
+    "SnapshotSummary": ".snapshot.model",
+    "Vault": ".vault",
+    "default_repo_url": ".vault",
+}
+
+if TYPE_CHECKING:
+    from .chunking import ChunkerParams
+    from .codec import CompressionSettings
+    from .errors import CkptVaultError
+    from .ops.async_backup import BackupHandle
+    from .ops.drill import DrillReport
+    from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
+    from .ops.restore import RestoreResult
+    from .ops.stats import SnapshotStats, VaultStats
+    from .ops.status import BackupStatus
+    from .ops.watch import ShippedCheckpoint, WatchResult
+    from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
+    from .vault import Vault, default_repo_url
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'ckptvault' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BackupHandle",
