@@ -6,6 +6,7 @@ import typer
 
 from ..codec import CompressionSettings
 from ..errors import UsageError
+from ..repository.config import DEFAULT_PACK_SIZE
 from ..vault import Vault
 from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, passphrase_source
 from .output import Output
@@ -27,7 +28,7 @@ def init_cmd(
     keyfile: KeyfileOpt = None,
     passphrase_file: PassphraseFileOpt = None,
     compression_level: Annotated[int, typer.Option(help="zstd level for chunks (1 is best for float weights).")] = 1,
-    pack_size_mib: Annotated[int, typer.Option(help="Target pack size in MiB.")] = 32,
+    pack_size_mib: Annotated[int, typer.Option(help="Target pack size in MiB.")] = DEFAULT_PACK_SIZE >> 20,
     delta: Annotated[
         bool,
         typer.Option(

@@ -12,7 +12,9 @@ from ..codec import CompressionSettings
 from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError
 from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
 
-DEFAULT_PACK_SIZE = 32 * 1024 * 1024
+# 16 MiB: a GB is ~64 objects (large enough for full object-store throughput), and the packs a
+# backup holds in memory (one filling, up to two uploading locally) stay under 50 MB.
+DEFAULT_PACK_SIZE = 16 * 1024 * 1024
 MAX_PACK_SIZE = 1024 * 1024 * 1024  # offsets in pack headers and indexes are u32
 ENCRYPTION_MODES = ("none", "aes-256-gcm")
 

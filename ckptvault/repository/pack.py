@@ -64,8 +64,8 @@ class PackWriter:
     """Collects chunk blobs until the pack is big enough, then seals the header."""
 
     def __init__(self, buffer: bytearray | None = None) -> None:
-        # One buffer sized for the whole pack (the repository recycles them: a fresh 32 MiB buffer
-        # costs ~20 ms of page faults, a reused one nothing): each blob is copied into it once.
+        # One buffer sized for the whole pack (the repository recycles them: a fresh 16 MiB buffer
+        # costs ~10 ms of page faults, a reused one nothing): each blob is copied into it once.
         self.buffer = buffer if buffer is not None else bytearray()
         self.size = 0
         self.entries: list[PackEntry] = []

@@ -178,7 +178,7 @@ class TransferLimits:
 
     Object stores pay a round trip per request and give each connection a share of the bandwidth,
     so they get more parallel transfers than a local disk, which only seeks more when asked to do
-    more at once. Each pack upload holds one pack in memory (32 MiB by default)."""
+    more at once. Each pack upload holds one pack in memory (16 MiB by default)."""
 
     uploads: int
     downloads: int
