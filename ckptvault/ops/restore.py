@@ -273,56 +273,53 @@ def _write_chunks(
 ) -> str:
     """Write the file's chunks and return the BLAKE3 of the bytes read back from the file.
 
-    One thread writes, in order: parallel writers to one file only queue on its inode lock."""
+    Workers fetch, verify and write chunks with positioned writes; this thread reads each written
+    range back, in file order, into the whole-file hash while the workers go on ahead."""
 
-    def fetch(chunk_id: bytes) -> bytes | None:
-        # None: a chunk of zeros. The temp file was sized with ftruncate, so it already reads as
-        # zeros there: the chunk is not written (the file stays sparse) and, once seen, not fetched.
+    def fetch_and_write(chunk_id: bytes, offset: int) -> None:
+        # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
+        # not written (the file stays sparse) and, once seen, not even fetched again.
         if chunk_id in zero_chunks:
-            return None
+            return
         data = repo.read_chunk(chunk_id)
         if _is_zeros(data):
             zero_chunks.add(chunk_id)
-            return None
-        return data
+            return
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
 
     hasher = new_file_hasher()
     readback = bytearray(0)
+    inflight: deque[tuple[Future[None], int, int]] = deque()
 
-    def write_and_hash(data: bytes | None, offset: int, length: int) -> None:
+    def finish_one() -> None:
         nonlocal readback
-        if data is not None:
-            view = memoryview(data)
-            pos = offset
-            while view:
-                n = os.pwrite(fd, view, pos)
-                view, pos = view[n:], pos + n
+        future, offset, length = inflight.popleft()
+        future.result()
         if len(readback) < length:
             readback = bytearray(length)
-        got = os.preadv(fd, [memoryview(readback)[:length]], offset)
-        hasher.update(memoryview(readback)[:got])
+        view = memoryview(readback)[:length]
+        hasher.update(view[: os.preadv(fd, [view], offset)])
+        progress.advance(length)
 
-    inflight: deque[tuple[Future[bytes | None], int, int]] = deque()
     offset = 0
     try:
         for chunk_id in entry.chunks:
             length = repo.locate(chunk_id).raw_len
-            inflight.append((pool.submit(fetch, chunk_id), offset, length))
+            inflight.append((pool.submit(fetch_and_write, chunk_id, offset), offset, length))
             offset += length
             while len(inflight) >= window:
-                future, at, size = inflight.popleft()
-                write_and_hash(future.result(), at, size)
-                progress.advance(size)
+                finish_one()
         while inflight:
-            future, at, size = inflight.popleft()
-            write_and_hash(future.result(), at, size)
-            progress.advance(size)
+            finish_one()
     except CkptVaultError as exc:
         for future, _, _ in inflight:
             future.cancel()
         for future, _, _ in inflight:
             if not future.cancelled():
-                future.exception()  # wait: nothing may still run against this file
+                future.exception()  # wait: no write may land after the fd is closed
         if isinstance(exc, IntegrityError):
             raise IntegrityError(f"{entry.path}: {exc}") from exc
         raise

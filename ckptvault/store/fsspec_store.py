@@ -1,8 +1,8 @@
 """``FsspecStore``: the Store contract on any fsspec filesystem.
 
 fsspec gives neither atomic writes nor durable ones on local disks (its LocalFileSystem
-writes in place), so local puts write a temp file in the target directory, fsync it,
-rename it over the final name and fsync the directory. SFTP gets the same temp-name-and-rename.
+writes in place), so local puts write a temp file in the target directory, fsync it (packs
+bypass the page cache: localwrite.py), rename it over the final name and fsync the directory. SFTP gets the same temp-name-and-rename.
 Object stores get one PUT (s3fs turns a big one into a multipart upload, completed atomically).
 Instance caching is off: fsspec caches instances and listings per argument set, which
 would leak state between repositories (and tests) in one process.
@@ -37,6 +37,7 @@ from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, Stora
 from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
 from .base import ObjectInfo
 from .failures import Kind, classify, one_line
+from .localwrite import LocalWriter
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
 from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy
@@ -85,6 +86,7 @@ class FsspecStore:
         self._bucket_seen = False
         # any local-disk filesystem, whatever protocol name it registers, gets the atomic temp+rename put
         self._local = issubclass(cls, LocalFileSystem)
+        self._local_writer = LocalWriter()
         self.remote = self.profile.remote
         self.transfers = TransferLimits.from_env(self.remote)
         # an async filesystem enforces the deadline itself, cancelling the request on its loop
@@ -238,18 +240,12 @@ class FsspecStore:
             os.makedirs(directory, exist_ok=True)
             self._made_dirs.add(directory)
         tmp = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(8))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
+            self._local_writer.create(tmp, data)
         except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
-        os.close(fd)
         if if_absent:
             try:
                 os.link(tmp, path)  # fails with FileExistsError when another writer was first

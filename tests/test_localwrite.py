@@ -1,0 +1,66 @@
+"""Local object writes: large files bypass the page cache (O_DIRECT) and still land byte-exact;
+a filesystem without O_DIRECT falls back to ordinary writes."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault.store import localwrite
+from ckptvault.store.localwrite import ALIGN, DIRECT_MIN, STAGE_SIZE, LocalWriter
+
+SIZES = [0, 1, ALIGN - 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, STAGE_SIZE + ALIGN + 7, 3 * STAGE_SIZE + 12345]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_files_of_every_size_are_written_exactly(tmp_path: Path, size: int):
+    data = os.urandom(size)
+    path = tmp_path / "object"
+    LocalWriter().create(str(path), memoryview(bytearray(data)))  # how packs arrive: a view of their buffer
+    assert path.read_bytes() == data
+
+
+def test_an_existing_file_is_never_overwritten(tmp_path: Path):
+    path = tmp_path / "object"
+    path.write_bytes(b"first")
+    with pytest.raises(FileExistsError):
+        LocalWriter().create(str(path), os.urandom(DIRECT_MIN))
+    assert path.read_bytes() == b"first"
+
+
+@pytest.mark.skipif(not localwrite.O_DIRECT, reason="this platform has no O_DIRECT")
+def test_a_filesystem_without_o_direct_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    real_open = os.open
+
+    def no_direct(path, flags, *args):  # what tmpfs answers
+        if flags & localwrite.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(localwrite.os, "open", no_direct)
+    writer = LocalWriter()
+    data = os.urandom(DIRECT_MIN + 5)
+    writer.create(str(tmp_path / "a"), data)
+    assert writer.direct is False
+    assert (tmp_path / "a").read_bytes() == data
+    writer.create(str(tmp_path / "b"), data)  # remembered: no second try
+    assert (tmp_path / "b").read_bytes() == data
+
+
+@pytest.mark.skipif(not localwrite.O_DIRECT, reason="this platform has no O_DIRECT")
+def test_large_files_really_take_the_direct_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    flags_seen: list[int] = []
+    real_open = os.open
+
+    def spy(path, flags, *args):
+        flags_seen.append(flags)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(localwrite.os, "open", spy)
+    writer = LocalWriter()
+    writer.create(str(tmp_path / "big"), os.urandom(DIRECT_MIN))
+    writer.create(str(tmp_path / "small"), b"index")
+    if not writer.direct:
+        pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
+    assert flags_seen[0] & localwrite.O_DIRECT and not flags_seen[-1] & localwrite.O_DIRECT
