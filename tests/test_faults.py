@@ -119,3 +119,13 @@ def test_cli_permanent_fault_is_one_line_with_the_operation(tmp_path: Path, src:
     assert proc.returncode == 20
     assert err.count("\n") == 1 and err.startswith("error: storage failed: PUT config on faulty://cli-vault")
     assert "Traceback" not in err
+
+
+def test_a_storage_error_stops_the_restore_and_leaves_no_temp_files(tmp_path: Path, src: Path):
+    vault = Vault.init(url(), pack_size=1 << 20)
+    vault.backup(src)
+    faultyfs.FAULTS["get:/packs/"] = list("P")
+    out = tmp_path / "out"
+    with pytest.raises(StorageError, match=r"GET packs/.*permission denied"):
+        vault.restore("latest", out)
+    assert not [p for p in out.rglob("*") if ".ckptvault-tmp-" in p.name]

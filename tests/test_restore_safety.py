@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import MalformedObjectError, RestoreConflictError, UnsafePathError
+from ckptvault.errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 
 
@@ -105,3 +105,35 @@ def test_include_restores_part_of_a_snapshot(backed_up, tmp_path: Path):
     assert [str(p.relative_to(tmp_path / "t2")) for p in (tmp_path / "t2").rglob("*") if p.is_file()] == [
         "model/config.json"
     ]
+
+
+def _flip_byte_of_chunk(vault: Vault, repo_dir: Path, chunk_id: bytes) -> None:
+    loc = vault._repo.index.get(chunk_id)
+    pack_hex = loc.pack_id.hex()
+    (pack,) = (p for p in repo_dir.rglob(pack_hex) if p.is_file())
+    with open(pack, "r+b") as f:
+        f.seek(loc.offset + loc.stored_len // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_damaged_file_fails_alone_while_the_others_restore(tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shards = {f"shard-{i}.bin": os.urandom(700_000) for i in range(6)}
+    for name, data in shards.items():
+        (src / name).write_bytes(data)
+    repo_dir = tmp_path / "repo"
+    vault = Vault.init(str(repo_dir), pack_size=1 << 20)
+    snap = vault.backup(src)
+    damaged = next(e for e in vault.files(snap) if e.path == "shard-2.bin")
+    _flip_byte_of_chunk(vault, repo_dir, damaged.chunks[0])
+
+    out = tmp_path / "out"
+    with pytest.raises(IntegrityError, match=r"restore incomplete: 1 file\(s\).*shard-2\.bin"):
+        Vault.open(str(repo_dir)).restore(snap.id, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(n for n in shards if n != "shard-2.bin")  # no temp files
+    for name in shards:
+        if name != "shard-2.bin":
+            assert (out / name).read_bytes() == shards[name]
