@@ -203,3 +203,17 @@ class TestReadAhead:
             got = list(pool.map(lambda i: store.get_range("p", i * 50_000, 50_000), range(200)))
         assert b"".join(got) == self.DATA[:10_000_000]
         assert len(inner.reads) < 100
+
+
+def test_local_disk_calls_run_without_a_watchdog_thread(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from ckptvault.store import open_store, retrying
+
+    calls: list[str] = []
+    real = retrying.call_with_timeout
+    monkeypatch.setattr(retrying, "call_with_timeout", lambda fn, *a: calls.append(a[1]) or real(fn, *a))
+    local = open_store(str(tmp_path / "local"))
+    local.put("k", b"x")
+    assert local.get("k") == b"x" and calls == []
+    memory = open_store(f"memory://deadline-{uuid.uuid4().hex}")  # not a local disk: watched
+    memory.put("k", b"x")
+    assert memory.get("k") == b"x" and calls == ["PUT", "GET"]

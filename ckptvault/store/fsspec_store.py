@@ -86,6 +86,9 @@ class FsspecStore:
         self._bucket_seen = False
         # any local-disk filesystem, whatever protocol name it registers, gets the atomic temp+rename put
         self._local = issubclass(cls, LocalFileSystem)
+        # A local disk's calls run without a watchdog thread: a new thread per chunk read costs a restore
+        # ~10% of its CPU, and a read blocked in the kernel could not be cancelled anyway.
+        self.needs_deadline = not self._local
         self._local_writer = LocalWriter()
         self.remote = self.profile.remote
         self.transfers = TransferLimits.from_env(self.remote)

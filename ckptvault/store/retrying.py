@@ -6,7 +6,9 @@ permission errors, a missing bucket and a full disk fail at once. A call that ha
 after ``op_timeout`` seconds and retried; the repository only writes immutable objects under fresh
 names, so a late duplicate of a PUT is harmless. Async backends (s3fs, gcsfs, adlfs) cancel the
 request themselves at the deadline (FsspecStore passes it down), closing its connection; the
-thread-based limit here is the backstop, a little later, for every other backend.
+thread-based limit here is the backstop, a little later, for every other backend. Local disks get
+none (FsspecStore.needs_deadline): a watchdog thread per call is costly there and cannot cancel a
+read blocked in the kernel.
 
 A create-if-absent put that is retried after a failure may find its own first attempt stored (the
 reply was lost, not the write): it then reads the object back, and identical bytes count as success.
@@ -102,12 +104,13 @@ class RetryingStore:
         self.supports_if_absent = getattr(inner, "supports_if_absent", False)
         grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._wait_s = self.policy.op_timeout + grace if self.policy.op_timeout else self.policy.op_timeout
+        self._deadline = getattr(inner, "needs_deadline", True)
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         attempt = 0
         while True:
             try:
-                return call_with_timeout(fn, self._wait_s, op, key, self.url)
+                return call_with_timeout(fn, self._wait_s, op, key, self.url) if self._deadline else fn()
             except StorageError as exc:
                 if not exc.retryable or attempt >= self.policy.retries:
                     if attempt:
