@@ -2,7 +2,8 @@
 
 fsspec gives neither atomic writes nor durable ones on local disks (its LocalFileSystem
 writes in place), so local puts write a temp file in the target directory, fsync it (packs
-bypass the page cache: localwrite.py), rename it over the final name and fsync the directory. SFTP gets the same temp-name-and-rename.
+bypass the page cache: localwrite.py), rename it over the final name and fsync the directory.
+SFTP gets the same temp-name-and-rename.
 Object stores get one PUT (s3fs turns a big one into a multipart upload, completed atomically).
 Instance caching is off: fsspec caches instances and listings per argument set, which
 would leak state between repositories (and tests) in one process.
