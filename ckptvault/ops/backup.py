@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..blob import Kind
+from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun
 from ..chunking import iter_chunks
 from ..errors import FileFormatError, SourceError, UsageError
@@ -50,7 +50,7 @@ class BackupResult:
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     chunk_id: bytes
-    blob: bytes | None  # None: already stored
+    blob: BlobParts | None  # None: already stored
     base_id: bytes | None = None  # the blob is a delta against this chunk
     saved: int = 0  # estimated bytes the delta saved over the plain coding
 
@@ -67,7 +67,7 @@ def _prepare_chunk(
     if repo.has_chunk(chunk_id):
         return _Prepared(chunk_id, None)
     if planner is None:
-        return _Prepared(chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data, runs))
+        return _Prepared(chunk_id, repo.codec.encode_parts(Kind.CHUNK, chunk_id, data, runs))
     piece = planner.encode(chunk_id, data, runs, cand)
     return _Prepared(chunk_id, piece.blob, piece.base_id, piece.saved)
 
@@ -117,7 +117,7 @@ class _Pipeline:
             if done.base_id is not None:
                 self.delta_chunks += 1
                 self.delta_bytes += size
-                self.delta_stored += len(done.blob)
+                self.delta_stored += blob_size(done.blob)
                 self.delta_saved += done.saved
         self.progress.advance(size)
 

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..blob import Kind
+from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun, xor
 from ..errors import CkptVaultError
 from ..formats import FileLayout, ReadAt, TensorInfo, read_layout
@@ -90,7 +90,7 @@ class BaseCandidate:
 
 @dataclass(frozen=True, slots=True)
 class PieceBlob:
-    blob: bytes
+    blob: BlobParts
     base_id: bytes | None  # set when the blob is a delta
     saved: int  # estimated bytes the delta saved over the plain coding (0 for plain blobs)
 
@@ -229,11 +229,12 @@ class DeltaPlanner:
                     base = base if base is not None else self._local_base(cand, len(data))
                     if base is not None:
                         votes[1] += 1
-                        blob = codec.encode_delta(chunk_id, data, cand.base_id, base, runs)
-                        return PieceBlob(blob, cand.base_id, round(len(blob) * (plain / max(delta, 1) - 1)))
+                        blob = codec.encode_delta_parts(chunk_id, data, cand.base_id, base, runs)
+                        saved = round(blob_size(blob) * (plain / max(delta, 1) - 1))
+                        return PieceBlob(blob, cand.base_id, saved)
                 else:
                     votes[0] += 1
-        return PieceBlob(codec.encode(Kind.CHUNK, chunk_id, data, runs), None, 0)
+        return PieceBlob(codec.encode_parts(Kind.CHUNK, chunk_id, data, runs), None, 0)
 
     def _base_sample(self, cand: BaseCandidate, lo: int, hi: int) -> tuple[bytes | None, bytes | None]:
         """(the base's bytes [lo, hi), the whole base when it was read whole). A local copy gives the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..blob import BlobCodec, Kind
+from ..blob import BlobCodec, BlobParts, Kind, blob_size
 from ..errors import MalformedObjectError
 from .format import PACK_MAGIC, PACK_MAGIC_V2
 
@@ -73,14 +73,15 @@ class PackWriter:
     def __len__(self) -> int:
         return self.size
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes | memoryview) -> None:
         end = self.size + len(data)
         self.buffer[self.size : end] = data  # overwrites old bytes in place, or grows the buffer
         self.size = end
 
-    def add(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> PackEntry:
-        entry = PackEntry(chunk_id, self.size, len(blob), raw_len, base_id)
-        self._append(blob)
+    def add(self, chunk_id: bytes, blob: bytes | BlobParts, raw_len: int, base_id: bytes | None = None) -> PackEntry:
+        entry = PackEntry(chunk_id, self.size, blob_size(blob), raw_len, base_id)
+        for part in (blob,) if isinstance(blob, bytes) else blob:
+            self._append(part)
         self.entries.append(entry)
         return entry
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from ..blob import BlobCodec, ChecksumSealer, Kind, Sealer
+from ..blob import BlobCodec, BlobParts, ChecksumSealer, Kind, Sealer
 from ..codec import Compressor
 from ..crypto.aead import AesGcmSealer
 from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
@@ -271,7 +271,7 @@ class Repository:
     def has_chunk(self, chunk_id: bytes) -> bool:
         return chunk_id in self.index or chunk_id in self._pending
 
-    def add_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> bool:
+    def add_chunk(self, chunk_id: bytes, blob: bytes | BlobParts, raw_len: int, base_id: bytes | None = None) -> bool:
         """Queue an encoded chunk blob (``base_id``: the base of a delta blob, which must be stored
         and indexed already). Returns False when it was already stored."""
         if self.has_chunk(chunk_id):
