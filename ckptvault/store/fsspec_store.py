@@ -268,8 +268,12 @@ class FsspecStore:
             return self._read(fs, self._path(key), None, None)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        with self._session("GET", key) as fs:
-            data = self._read(fs, self._path(key), start, length)
+        if self._local:
+            with self._translate_errors("GET", key):
+                data = self._pread_local(key, start, length)
+        else:
+            with self._session("GET", key) as fs:
+                data = self._read(fs, self._path(key), start, length)
         if len(data) != length:
             # on a local disk a short object stays short; over a network the next try may get it all
             raise StorageError(
@@ -280,6 +284,14 @@ class FsspecStore:
                 retryable=self.remote,
             )
         return bytes(data)
+
+    def _pread_local(self, key: str, start: int, length: int) -> bytes:
+        """One positioned read, without fsspec's file object (a restore makes one per chunk)."""
+        fd = os.open(self._path(key), os.O_RDONLY)
+        try:
+            return os.pread(fd, length, start)
+        finally:
+            os.close(fd)
 
     def read_upto(self, key: str, start: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``start``: fewer where the object ends (read-ahead windows)."""
