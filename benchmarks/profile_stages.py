@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+
 from run_bench import byte_compile_ckptvault
 
 FREQ = 999
