@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..bytegroup import ElementRun
 from ..chunking import ChunkerParams, Readable, iter_chunks
@@ -95,21 +96,30 @@ class _Limited:
         return n
 
 
-def _read_exact(stream: Readable, length: int) -> memoryview:
-    """``length`` bytes (fewer only at the end of the file), in a fresh buffer that workers may keep."""
-    buf = bytearray(length)
-    view = memoryview(buf)
-    filled = 0
-    while filled < length:
-        n = stream.readinto(view[filled:])
-        if not n:
+class ReadableFile(Readable, Protocol):
+    def read(self, size: int, /) -> bytes | None: ...
+
+
+def _read_exact(stream: ReadableFile, length: int) -> memoryview:
+    """``length`` bytes (fewer only at the end of the file), in a fresh buffer that workers may keep.
+    ``read`` allocates it without zero-filling it first, as ``bytearray(length)`` would: every byte
+    of a backup comes through here."""
+    data = stream.read(length) or b""
+    if len(data) == length or not data:
+        return memoryview(data)
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = stream.read(length - got)
+        if not more:
             break
-        filled += n
-    return view[:filled]
+        parts.append(more)
+        got += len(more)
+    return memoryview(b"".join(parts))
 
 
 def iter_segments(
-    stream: Readable, segments: list[Segment], params: ChunkerParams
+    stream: ReadableFile, segments: list[Segment], params: ChunkerParams
 ) -> Iterator[tuple[memoryview, Segment | None]]:
     """The file's chunks, each with the tensor piece it is (None for content-defined chunks of a
     loose region). A file that ends early stops the iteration (the caller notices the size change);
