@@ -226,3 +226,26 @@ def test_frozen_v1_repositories_still_restore(tmp_path: Path, name: str):
     for rel in ("model/weights.bin", "config.json"):
         assert (tmp_path / "out" / rel).read_bytes() == (src / rel).read_bytes()
     assert os.readlink(tmp_path / "out" / "link") == "config.json"
+
+
+def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The CLI starts scrypt while it loads (cli._derive_key_ahead); unlocking then takes that result,
+    only for the same parameters and passphrase, and a wrong passphrase still fails."""
+    from ckptvault import cli
+    from ckptvault.crypto import keyfile as keyfile_module
+
+    keyfile, master = Keyfile.create("right passphrase", scrypt_n=2**12)
+    path = str(tmp_path / "k.key")
+    keyfile = keyfile.save(path)
+    monkeypatch.setenv("CKPTVAULT_PASSPHRASE", "right passphrase")
+    cli._derive_key_ahead(["backup", "src", "--keyfile", path])
+    assert len(keyfile_module._AHEAD) == 1
+    assert keyfile.unlock("right passphrase").material == master.material
+    assert keyfile_module._AHEAD == {}  # consumed
+
+    cli._derive_key_ahead(["backup", "src", "-k", path])  # ahead with the right passphrase ...
+    with pytest.raises(WrongPassphraseError):
+        keyfile.unlock("another passphrase")  # ... does not unlock with another one
+    keyfile_module._AHEAD.clear()
+    cli._derive_key_ahead(["key", "generate", "-k", path])  # not a command that opens a vault
+    assert keyfile_module._AHEAD == {}

@@ -17,10 +17,13 @@ key, so the repository's data is untouched.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import secrets
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
@@ -63,7 +66,37 @@ class KdfParams:
     salt: bytes = b""
 
     def derive(self, passphrase: str) -> bytes:
+        with _AHEAD_LOCK:
+            ahead = _AHEAD.pop((self, _passphrase_digest(passphrase)), None)
+        if ahead is not None:
+            return ahead.result()
         return Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(passphrase.encode("utf-8"))
+
+    def derive_ahead(self, passphrase: str) -> None:
+        """Start ``derive`` on another thread (scrypt releases the GIL, so it runs on another core);
+        the next ``derive`` with these parameters and this passphrase takes its result."""
+        future: Future[bytes] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(
+                    Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(passphrase.encode("utf-8"))
+                )
+            except BaseException as exc:  # handed to whoever takes the result
+                future.set_exception(exc)
+
+        with _AHEAD_LOCK:
+            _AHEAD[(self, _passphrase_digest(passphrase))] = future
+        threading.Thread(target=run, name="ckptvault-kdf", daemon=True).start()
+
+
+# Derivations started ahead of need (``KdfParams.derive_ahead``), keyed without the passphrase itself.
+_AHEAD: dict[tuple[KdfParams, bytes], Future[bytes]] = {}
+_AHEAD_LOCK = threading.Lock()
+
+
+def _passphrase_digest(passphrase: str) -> bytes:
+    return hashlib.sha256(passphrase.encode("utf-8")).digest()
 
 
 @dataclass(frozen=True)

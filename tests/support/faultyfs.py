@@ -90,7 +90,7 @@ def plan_from_env(text: str) -> dict[str, list[str]]:
 
 
 if __name__ == "__main__":
-    from ckptvault.cli import app
+    from ckptvault.cli.commands import app
 
     FAULTS.update(plan_from_env(os.environ.get("CKPTVAULT_TEST_FAULTS", "")))
     app(args=sys.argv[1:], prog_name="ckptvault")

@@ -26,6 +26,6 @@ def _slow_put_local(self: FsspecStore, path: str, data: bytes | bytearray | memo
 FsspecStore._put_local = _slow_put_local  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    from ckptvault.cli import app
+    from ckptvault.cli.commands import app
 
     app(args=sys.argv[1:], prog_name="ckptvault")

@@ -41,6 +41,6 @@ class SlowLocalFileSystem(LocalFileSystem):
 fsspec.register_implementation("slowfile", SlowLocalFileSystem, clobber=True)
 
 if __name__ == "__main__":
-    from ckptvault.cli import app
+    from ckptvault.cli.commands import app
 
     app(args=sys.argv[1:], prog_name="ckptvault")
