@@ -100,19 +100,9 @@ class BlobCodec:
         base_id: bytes,
         base: bytes | memoryview,
         runs: Sequence[ElementRun],
-    ) -> bytes:
-        """A chunk blob of codec 3: ``data`` coded against ``base`` (the plaintext of chunk ``base_id``).
-        The base ID sits in the payload, inside the checksum or the AEAD: it cannot be swapped."""
-        return b"".join(self.encode_delta_parts(chunk_id, data, base_id, base, runs))
-
-    def encode_delta_parts(
-        self,
-        chunk_id: bytes,
-        data: bytes | memoryview,
-        base_id: bytes,
-        base: bytes | memoryview,
-        runs: Sequence[ElementRun],
     ) -> BlobParts:
+        """A chunk blob of codec 3, as parts: ``data`` coded against ``base`` (the plaintext of chunk
+        ``base_id``). The base ID sits in the payload, inside the checksum or the AEAD: it cannot be swapped."""
         payload = self.compressor.compress_delta(data, base, base_id, runs)
         return [
             self._header,

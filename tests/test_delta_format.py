@@ -42,7 +42,7 @@ def test_delta_blob_round_trips_and_is_smaller(codec: BlobCodec) -> None:
     base, data = f32_pair()
     runs = [ElementRun(0, len(data), 4)]
     base_id, chunk_id = os.urandom(32), os.urandom(32)
-    blob = codec.encode_delta(chunk_id, data, base_id, base, runs)
+    blob = b"".join(codec.encode_delta(chunk_id, data, base_id, base, runs))
     plain = codec.encode(Kind.CHUNK, chunk_id, data, runs)
     assert len(blob) < 0.8 * len(plain)
     asked = []
@@ -62,7 +62,7 @@ def test_base_id_is_authenticated() -> None:
     base, data = f32_pair()
     for codec in (PLAIN, SEALED):
         chunk_id = os.urandom(32)
-        blob = bytearray(codec.encode_delta(chunk_id, data, os.urandom(32), base, ()))
+        blob = bytearray(b"".join(codec.encode_delta(chunk_id, data, os.urandom(32), base, ())))
         offset = 2 + 1 + (12 if codec is SEALED else 0)  # header, codec byte, nonce: then the base ID
         blob[offset] ^= 1
         with pytest.raises(IntegrityError):
@@ -72,7 +72,7 @@ def test_base_id_is_authenticated() -> None:
 def test_wrong_base_length_and_bad_inner_codec_are_integrity_errors() -> None:
     base, data = f32_pair()
     chunk_id = os.urandom(32)
-    blob = PLAIN.encode_delta(chunk_id, data, os.urandom(32), base, ())
+    blob = b"".join(PLAIN.encode_delta(chunk_id, data, os.urandom(32), base, ()))
     with pytest.raises(IntegrityError, match="holds"):
         PLAIN.decode(Kind.CHUNK, chunk_id, blob, len(data), lambda _b: base[:-4])
     payload = COMP.compress_delta(data, base, b"\1" * 32)

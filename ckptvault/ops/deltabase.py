@@ -229,7 +229,7 @@ class DeltaPlanner:
                     base = base if base is not None else self._local_base(cand, len(data))
                     if base is not None:
                         votes[1] += 1
-                        blob = codec.encode_delta_parts(chunk_id, data, cand.base_id, base, runs)
+                        blob = codec.encode_delta(chunk_id, data, cand.base_id, base, runs)
                         saved = round(blob_size(blob) * (plain / max(delta, 1) - 1))
                         return PieceBlob(blob, cand.base_id, saved)
                 else:
