@@ -33,7 +33,7 @@ BlobParts = Sequence[bytes | memoryview]
 
 
 def blob_size(blob: bytes | BlobParts) -> int:
-    return len(blob) if isinstance(blob, bytes) else sum(len(part) for part in blob)
+    return len(blob) if isinstance(blob, bytes | bytearray | memoryview) else sum(len(part) for part in blob)
 
 
 class Kind(IntEnum):

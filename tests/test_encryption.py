@@ -248,4 +248,7 @@ def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monke
         keyfile.unlock("another passphrase")  # ... does not unlock with another one
     keyfile_module._AHEAD.clear()
     cli._derive_key_ahead(["key", "generate", "-k", path])  # not a command that opens a vault
+    cli._derive_key_ahead(["restore", "latest", "out", "-k", path, "--passphrase-file", "pw"])  # that file wins
     assert keyfile_module._AHEAD == {}
+    cli._derive_key_ahead(["snapshots", f"--keyfile={path}"])
+    assert keyfile.unlock("right passphrase").material == master.material and keyfile_module._AHEAD == {}

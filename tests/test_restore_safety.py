@@ -137,3 +137,52 @@ def test_a_damaged_file_fails_alone_while_the_others_restore(tmp_path: Path):
     for name in shards:
         if name != "shard-2.bin":
             assert (out / name).read_bytes() == shards[name]
+
+
+def test_a_failing_write_stops_every_writer_before_the_file_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A full disk (or any error that is not a damaged chunk) must not leave workers writing into a
+    descriptor that is closed, or already reused by another file."""
+    import errno
+    import threading
+
+    from ckptvault.ops import restore as restore_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(6 << 20))
+    vault = Vault.init(str(tmp_path / "repo"), pack_size=1 << 20)
+    snap = vault.backup(src)
+
+    closed: set[int] = set()
+    late: list[int] = []
+    calls = 0
+    lock = threading.Lock()
+    real_pwrite, real_close, real_open = os.pwrite, os.close, os.open
+
+    def pwrite(fd, data, offset):
+        nonlocal calls
+        with lock:
+            calls += 1
+            if fd in closed:
+                late.append(fd)
+            if calls == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    def close(fd):
+        closed.add(fd)
+        real_close(fd)
+
+    def open_(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        closed.discard(fd)  # the number is in use again
+        return fd
+
+    monkeypatch.setattr(restore_module.os, "pwrite", pwrite)
+    monkeypatch.setattr(restore_module.os, "close", close)
+    monkeypatch.setattr(restore_module.os, "open", open_)
+    with pytest.raises(OSError, match="No space left"):
+        vault.restore(snap.id, tmp_path / "out")
+    monkeypatch.undo()
+    assert late == []
+    assert not [p for p in (tmp_path / "out").rglob("*") if ".ckptvault-tmp-" in p.name]

@@ -217,3 +217,27 @@ def test_local_disk_calls_run_without_a_watchdog_thread(tmp_path, monkeypatch: p
     memory = open_store(f"memory://deadline-{uuid.uuid4().hex}")  # not a local disk: watched
     memory.put("k", b"x")
     assert memory.get("k") == b"x" and calls == ["PUT", "GET"]
+
+
+def test_a_short_local_read_is_continued(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """FUSE and network mounts may return fewer bytes than asked; only the end of the object stops a read."""
+    from ckptvault.store import fsspec_store
+
+    store = FsspecStore(str(tmp_path / "s"))
+    data = os.urandom(100_000)
+    store.put("packs/p", data)
+    real = os.pread
+    monkeypatch.setattr(fsspec_store.os, "pread", lambda fd, n, at: real(fd, min(n, 7_000), at))
+    assert store.get_range("packs/p", 1234, 50_000) == data[1234:51_234]
+    with pytest.raises(StorageError, match="short read"):
+        store.get_range("packs/p", 90_000, 20_000)
+
+
+def test_op_timeout_zero_means_no_deadline(monkeypatch: pytest.MonkeyPatch):
+    from ckptvault.store import open_store, retrying
+
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "0")
+    monkeypatch.setattr(retrying, "call_with_timeout", lambda *a: pytest.fail("a deadline was set"))
+    store = open_store(f"memory://no-deadline-{uuid.uuid4().hex}")
+    store.put("k", b"x")
+    assert store.get("k") == b"x"

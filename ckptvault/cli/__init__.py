@@ -34,6 +34,11 @@ def _derive_key_ahead(argv: list[str]) -> None:
     for flag, value in itertools.pairwise(argv):
         if flag in ("--keyfile", "-k"):
             keyfile = value
+    for arg in argv:
+        if arg.startswith("--keyfile="):
+            keyfile = arg.partition("=")[2]
+        elif arg.startswith("--passphrase-file"):  # that passphrase wins over the environment's
+            return
     if not keyfile:
         return
     from ..crypto.keyfile import Keyfile
@@ -52,7 +57,7 @@ def _keep_freed_memory() -> None:
     the system time (perf: page faults and unmaps were ~10% of its CPU), for ~30 MB more peak RSS."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc-like: nothing to tune
+    except (OSError, AttributeError, TypeError):  # not glibc-like (macOS, musl, Windows): nothing to tune
         return
     m_trim_threshold, m_mmap_threshold = -1, -3
     mallopt(m_mmap_threshold, 32 * 1024 * 1024)
@@ -64,7 +69,8 @@ def main() -> None:
     # the cores that hashing and compression need (a few % of a backup's CPU, measured with perf).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _derive_key_ahead(sys.argv[1:])
-    _keep_freed_memory()
+    if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
+        _keep_freed_memory()
     from .commands import app
 
     # The library logs notices such as "a read failed verification; reading it again"; the CLI

@@ -20,7 +20,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..errors import CkptVaultError, IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
+from ..errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import validate_tree
@@ -314,7 +314,7 @@ def _write_chunks(
                 finish_one()
         while inflight:
             finish_one()
-    except CkptVaultError as exc:
+    except BaseException as exc:  # a damaged chunk, a full disk, Ctrl-C: stop this file's writers first
         for future, _, _ in inflight:
             future.cancel()
         for future, _, _ in inflight:

@@ -80,7 +80,7 @@ class PackWriter:
 
     def add(self, chunk_id: bytes, blob: bytes | BlobParts, raw_len: int, base_id: bytes | None = None) -> PackEntry:
         entry = PackEntry(chunk_id, self.size, blob_size(blob), raw_len, base_id)
-        for part in (blob,) if isinstance(blob, bytes) else blob:
+        for part in (blob,) if isinstance(blob, bytes | bytearray | memoryview) else blob:
             self._append(part)
         self.entries.append(entry)
         return entry

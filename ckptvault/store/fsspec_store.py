@@ -88,7 +88,8 @@ class FsspecStore:
         # any local-disk filesystem, whatever protocol name it registers, gets the atomic temp+rename put
         self._local = issubclass(cls, LocalFileSystem)
         # A local disk's calls run without a watchdog thread: a new thread per chunk read costs a restore
-        # ~10% of its CPU, and a read blocked in the kernel could not be cancelled anyway.
+        # ~10% of its CPU, and a read blocked in the kernel could not be cancelled anyway. The price: a
+        # repository on a hung network mount (NFS, FUSE) given as a plain path waits instead of failing.
         self.needs_deadline = not self._local
         self._local_writer = LocalWriter()
         self.remote = self.profile.remote
@@ -286,10 +287,19 @@ class FsspecStore:
         return bytes(data)
 
     def _pread_local(self, key: str, start: int, length: int) -> bytes:
-        """One positioned read, without fsspec's file object (a restore makes one per chunk)."""
+        """Positioned reads without fsspec's file object (a restore makes one per chunk); a short read
+        (legal on FUSE and network mounts) is continued, only the end of the file stops it."""
         fd = os.open(self._path(key), os.O_RDONLY)
         try:
-            return os.pread(fd, length, start)
+            data = os.pread(fd, length, start)
+            if len(data) == length or not data:
+                return data
+            parts = [data]
+            got = len(data)
+            while got < length and (more := os.pread(fd, length - got, start + got)):
+                parts.append(more)
+                got += len(more)
+            return b"".join(parts)
         finally:
             os.close(fd)
 

@@ -54,7 +54,8 @@ class LocalWriter:
     def _create_direct(self, path: str, view: memoryview) -> None:
         stage = getattr(self._local, "stage", None)
         if stage is None:
-            stage = self._local.stage = mmap.mmap(-1, STAGE_SIZE)  # page-aligned, as O_DIRECT needs
+            # page-aligned, as O_DIRECT needs; private, so a forked child never shares it
+            stage = self._local.stage = mmap.mmap(-1, STAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         staged = memoryview(stage)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_DIRECT, 0o644)
         try:
@@ -66,7 +67,10 @@ class LocalWriter:
                 staged[n:padded] = _PAD[: padded - n]
                 done = 0
                 while done < padded:
-                    done += os.pwrite(fd, staged[done:padded], pos + done)
+                    n = os.pwrite(fd, staged[done:padded], pos + done)
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"write of {path} made no progress")
+                    done += n
                 pos += n
             os.ftruncate(fd, len(view))
             os.fsync(fd)

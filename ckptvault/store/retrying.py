@@ -104,7 +104,7 @@ class RetryingStore:
         self.supports_if_absent = getattr(inner, "supports_if_absent", False)
         grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._wait_s = self.policy.op_timeout + grace if self.policy.op_timeout else self.policy.op_timeout
-        self._deadline = getattr(inner, "needs_deadline", True)
+        self._deadline = getattr(inner, "needs_deadline", True) and self._wait_s > 0  # 0: no deadline
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         attempt = 0
