@@ -15,42 +15,19 @@ Only the global-zero process ships. ``on_train_end`` waits for the uploads.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 from pytorch_lightning import Callback
 
-from ..ops.async_backup import BackupHandle, OnFull
 from ..ops.names import step_from_name
-from ..vault import Vault
-
-log = logging.getLogger("ckptvault")
+from .shipping import Shipping
 
 
-class CkptVaultCallback(Callback):  # type: ignore[misc]
-    def __init__(
-        self,
-        vault: Vault | str,
-        *,
-        run: str | None = None,
-        tags: dict[str, str] | None = None,
-        on_full: OnFull = "coalesce",
-        flush_timeout: float | None = None,
-        raise_on_error: bool = True,
-    ) -> None:
-        """``vault`` is an open Vault or a URL (opened, and created if missing). Snapshots carry
-        ``tags``, ``run=<run>`` and ``step=<step>``."""
-        self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
-        self.tags = dict(tags or {})
-        if run is not None:
-            self.tags["run"] = run
-        self.on_full = on_full
-        self.flush_timeout = flush_timeout
-        self.raise_on_error = raise_on_error
-        self.handles: list[BackupHandle] = []
-        self._shipped: set[tuple[str, int, int, int]] = set()
-        self._saving_step: int | None = None
+class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
+    """Arguments: see ``Shipping``; ``step`` comes from the checkpoint's file name or the save."""
+
+    _saving_step: int | None = None  # the global step of the checkpoint being saved, if any
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._saving_step = checkpoint.get("global_step", trainer.global_step)
@@ -70,12 +47,7 @@ class CkptVaultCallback(Callback):  # type: ignore[misc]
                     continue
                 self._shipped.add(key)
                 step = step_from_name(os.path.basename(path))
-                if step is None:
-                    step = self._saving_step
-                tags = dict(self.tags)
-                if step is not None:
-                    tags["step"] = str(step)
-                self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full))
+                self.ship(path, step if step is not None else self._saving_step)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
         self._ship_new(trainer)
@@ -88,10 +60,5 @@ class CkptVaultCallback(Callback):  # type: ignore[misc]
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._ship_new(trainer)
-        if not trainer.is_global_zero:
-            return
-        try:
-            self.vault.flush(self.flush_timeout)
-        except Exception:
-            if self.raise_on_error:
-                raise
+        if trainer.is_global_zero:
+            self.finish_shipping()
