@@ -104,18 +104,12 @@ def _read_exact(stream: ReadableFile, length: int) -> memoryview:
     """``length`` bytes (fewer only at the end of the file), in a fresh buffer that workers may keep.
     ``read`` allocates it without zero-filling it first, as ``bytearray(length)`` would: every byte
     of a backup comes through here."""
-    data = stream.read(length) or b""
-    if len(data) == length or not data:
-        return memoryview(data)
-    parts = [data]
-    got = len(data)
-    while got < length:
-        more = stream.read(length - got)
-        if not more:
-            break
+    parts: list[bytes] = []
+    got = 0
+    while got < length and (more := stream.read(length - got)):
         parts.append(more)
         got += len(more)
-    return memoryview(b"".join(parts))
+    return memoryview(parts[0] if len(parts) == 1 else b"".join(parts))
 
 
 def iter_segments(

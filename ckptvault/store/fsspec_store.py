@@ -291,15 +291,12 @@ class FsspecStore:
         (legal on FUSE and network mounts) is continued, only the end of the file stops it."""
         fd = os.open(self._path(key), os.O_RDONLY)
         try:
-            data = os.pread(fd, length, start)
-            if len(data) == length or not data:
-                return data
-            parts = [data]
-            got = len(data)
+            parts: list[bytes] = []
+            got = 0
             while got < length and (more := os.pread(fd, length - got, start + got)):
                 parts.append(more)
                 got += len(more)
-            return b"".join(parts)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         finally:
             os.close(fd)
 
