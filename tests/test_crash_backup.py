@@ -100,6 +100,12 @@ def backup_trial(setup, seed: int) -> None:
         slow_cli("backup", str(src), "--repo", f"slowfile://{repo}", "-t", "step=3"),
         random.Random(seed).uniform(0.3, duration),
     )
+    assert_recovers(work, repo, src, seed, {"step": "3"})
+
+
+def assert_recovers(work: Path, repo: Path, src: Path, seed: int, tags: dict[str, str]) -> None:
+    """After a killed backup of ``src``: the repository checks clean, steps 1 and 2 restore
+    bit-exact, and a rerun stores nothing twice and restores ``src``. Removes ``repo``."""
     with Vault.open(str(repo)) as vault:
         report = vault.check(read_data=1.0)
         assert report.ok, f"seed {seed}: {report.problems}"
@@ -108,7 +114,7 @@ def backup_trial(setup, seed: int) -> None:
             vault.restore(vault.latest({"step": str(step)}), out)
             assert contents(out) == contents(work / f"step-{step}"), f"seed {seed}: step {step} differs"
             shutil.rmtree(out)
-        rerun = vault.backup(src, tags={"step": "3"})  # completes, reusing what the killed run stored
+        rerun = vault.backup(src, tags=tags)  # completes, reusing what the killed run stored
         assert duplicated_chunks(vault) == 0, f"seed {seed}: the rerun uploaded chunks that were already stored"
         assert vault.check(read_data=1.0).ok
         out = work / f"out-{seed}-3"

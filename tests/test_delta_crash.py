@@ -18,8 +18,7 @@ import pytest
 from ckptvault import CompressionSettings, Vault
 from ckptvault.chunking import ChunkerParams
 
-from .conftest import tree_digest
-from .test_crash_backup import contents, duplicated_chunks, kill_after, slow_cli, timed
+from .test_crash_backup import assert_recovers, kill_after, slow_cli, timed
 from .test_delta import write_safetensors
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
@@ -93,22 +92,7 @@ def trial(setup, seed: int, after_packs: int | None = None) -> None:
         kill_after(proc, random.Random(seed).uniform(0.3, duration))
     else:
         kill_after_delta_packs(proc, repo, after_packs)
-    with Vault.open(str(repo)) as vault:
-        report = vault.check(read_data=1.0)
-        assert report.ok, f"seed {seed}: {report.problems}"
-        for step in (1, 2):
-            out = work / f"out-{seed}-{step}"
-            vault.restore(vault.latest({"step": str(step)}), out)
-            assert contents(out) == contents(work / f"step-{step}"), f"seed {seed}: step {step} differs"
-            shutil.rmtree(out)
-        rerun = vault.backup(src, tags={"run": "r", "step": "3"})  # adopts what the killed run stored
-        assert duplicated_chunks(vault) == 0, f"seed {seed}: the rerun uploaded chunks that were already stored"
-        assert vault.check(read_data=1.0).ok
-        out = work / f"out-{seed}-3"
-        vault.restore(rerun, out)
-        assert tree_digest(out) == tree_digest(src)
-    shutil.rmtree(out)
-    shutil.rmtree(repo)
+    assert_recovers(work, repo, src, seed, {"run": "r", "step": "3"})
 
 
 @pytest.mark.parametrize("after_packs", [1, 4])
