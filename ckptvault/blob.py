@@ -32,8 +32,8 @@ CHECKSUM_SIZE = 16
 BlobParts = Sequence[bytes | memoryview]
 
 
-def blob_size(blob: bytes | BlobParts) -> int:
-    return len(blob) if isinstance(blob, bytes | bytearray | memoryview) else sum(len(part) for part in blob)
+def blob_size(parts: BlobParts) -> int:
+    return sum(len(part) for part in parts)
 
 
 class Kind(IntEnum):

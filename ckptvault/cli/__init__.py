@@ -13,13 +13,8 @@ import logging
 import os
 import sys
 
-# Commands that open a vault (and so unlock its keyfile when it is encrypted).
-_VAULT_COMMANDS = frozenset(
-    {
-        *("backup", "restore", "snapshots", "ls", "cat", "show", "diff", "stats", "status"),
-        *("check", "prune", "forget", "unlock", "drill", "watch", "init"),
-    }
-)
+# Commands that never unlock a vault's keyfile (every other command opens a vault).
+_NO_VAULT_COMMANDS = frozenset({"key", "demo"})
 
 
 def _derive_key_ahead(argv: list[str]) -> None:
@@ -28,7 +23,7 @@ def _derive_key_ahead(argv: list[str]) -> None:
     CKPTVAULT_PASSPHRASE: how training jobs run the CLI), scrypt starts now, on another core, while
     the rest loads. Only a head start: the command unlocks the key as always and finds it derived."""
     passphrase = os.environ.get("CKPTVAULT_PASSPHRASE")
-    if not argv or argv[0] not in _VAULT_COMMANDS or not passphrase:
+    if not argv or argv[0].startswith("-") or argv[0] in _NO_VAULT_COMMANDS or not passphrase:
         return
     keyfile = os.environ.get("CKPTVAULT_KEYFILE")
     for flag, value in itertools.pairwise(argv):

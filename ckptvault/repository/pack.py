@@ -79,8 +79,9 @@ class PackWriter:
         self.size = end
 
     def add(self, chunk_id: bytes, blob: bytes | BlobParts, raw_len: int, base_id: bytes | None = None) -> PackEntry:
-        entry = PackEntry(chunk_id, self.size, blob_size(blob), raw_len, base_id)
-        for part in (blob,) if isinstance(blob, bytes | bytearray | memoryview) else blob:
+        parts = (blob,) if isinstance(blob, bytes | bytearray | memoryview) else blob
+        entry = PackEntry(chunk_id, self.size, blob_size(parts), raw_len, base_id)
+        for part in parts:
             self._append(part)
         self.entries.append(entry)
         return entry
