@@ -3,8 +3,8 @@
 Float weights barely compress as they are: every element mixes a low-entropy sign/exponent byte
 with near-random mantissa bytes. Regrouping a run of elements of width w into w streams (byte 0 of
 every element, then byte 1, ...) puts the exponents together, where zstd shrinks them ~3x, and
-leaves the mantissas as a stream that is stored raw at no cost. numpy does the permutation (a
-strided copy, several GB/s).
+leaves the mantissas as a stream that is stored raw at no cost. numpy does the permutation
+(shifts and casts on whole elements, 10-20 GB/s; a strided copy for other widths).
 
 A chunk is cut into *segments* that cover it in order: ``(width, length)`` with length a multiple
 of width; width 1 means "not grouped" (bytes before the first whole element, tails, gaps between
@@ -79,23 +79,69 @@ def split(data: bytes | memoryview, segs: Sequence[tuple[int, int]]) -> list[mem
         if width == 1:
             streams.append(piece.data)
         else:
-            grouped = piece.reshape(-1, width).T.copy()  # one strided copy: row i = byte i of every element
-            streams.extend(row.data for row in grouped)
+            streams.extend(row.data for row in _split_elements(piece, width))
         pos += length
     return streams
 
 
-def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> bytes:
+def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> bytearray:
     """Inverse of ``split``."""
-    out = np.empty(sum(length for _, length in segs), dtype=np.uint8)
+    joined = bytearray(sum(length for _, length in segs))
+    out = np.frombuffer(joined, dtype=np.uint8)
     pos = 0
     it = iter(streams)
     for width, length in segs:
-        piece = out[pos : pos + length].reshape(-1, width)
-        for i in range(width):
-            piece[:, i] = np.frombuffer(next(it), dtype=np.uint8)
+        _join_elements(out[pos : pos + length], [np.frombuffer(next(it), dtype=np.uint8) for _ in range(width)])
         pos += length
-    return out.tobytes()
+    return joined
+
+
+# Widths 2 and 4 are regrouped with shifts and narrowing or widening casts on whole elements, which
+# numpy runs with SIMD: on 4 MiB here, split 20 / 10 GB/s and join 12 / 8 GB/s for widths 2 / 4, where
+# a strided transpose does 4 GB/s either way. The elements
+# are read as little-endian integers, so byte i of the data is byte i of the element on any host.
+_ELEMENT = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+def _split_elements(piece: np.ndarray, width: int) -> list[np.ndarray]:
+    """Byte 0 of every element, byte 1 of every element, ...: ``width`` arrays."""
+    if width not in _ELEMENT:
+        return list(piece.reshape(-1, width).T.copy())  # one strided copy: row i = byte i of every element
+    if piece.ctypes.data % width:
+        piece = piece.copy()  # numpy reads misaligned elements on a slow path: realign once
+    elements = piece.view(_ELEMENT[width])
+    if width == 2:
+        return [elements.astype(np.uint8), (elements >> 8).astype(np.uint8)]
+    low, high = elements.astype(_ELEMENT[2]), (elements >> 16).astype(_ELEMENT[2])
+    return [low.astype(np.uint8), (low >> 8).astype(np.uint8), high.astype(np.uint8), (high >> 8).astype(np.uint8)]
+
+
+def _join_elements(out: np.ndarray, streams: list[np.ndarray]) -> None:
+    """Write the elements whose bytes ``streams`` hold (byte 0 of each, byte 1, ...) into ``out``."""
+    width = len(streams)
+    if width == 1:
+        out[:] = streams[0]
+        return
+    if width not in _ELEMENT:
+        grid = out.reshape(-1, width)
+        for i, stream in enumerate(streams):
+            grid[:, i] = stream
+        return
+    aligned = out.ctypes.data % width == 0
+    elements = out.view(_ELEMENT[width]) if aligned else np.empty(len(out) // width, _ELEMENT[width])
+    if width == 2:
+        np.left_shift(streams[1], 8, out=elements, dtype=_ELEMENT[2])
+        elements |= streams[0]
+    else:
+        low = np.left_shift(streams[1], 8, dtype=_ELEMENT[2])
+        low |= streams[0]
+        high = np.left_shift(streams[3], 8, dtype=_ELEMENT[2])
+        high |= streams[2]
+        elements[:] = high
+        elements <<= 16
+        elements |= low
+    if not aligned:
+        out[:] = elements.view(np.uint8)
 
 
 def pack(segs: Sequence[tuple[int, int]], coded: Sequence[tuple[int, bytes | memoryview]]) -> bytes:
