@@ -4,7 +4,8 @@ Plan first, then write. Planning validates every selected entry (path safety, si
 against the index, no symlinked ancestors in the target) and finds conflicts, so a bad
 snapshot or a conflicting target fails before anything is written. Each file is written
 to a temporary name beside it with positioned writes of chunks fetched and verified in
-parallel, re-read and checked against its whole-file BLAKE3, then renamed into place.
+parallel, checked against its whole-file BLAKE3 (taken over the written bytes in file order),
+then renamed into place.
 A file that fails verification is reported and the others still restore.
 """
 
@@ -271,53 +272,51 @@ def _write_chunks(
     window: int,
     zero_chunks: set[bytes],
 ) -> str:
-    """Write the file's chunks and return the BLAKE3 of the bytes read back from the file.
+    """Write the file's chunks and return the BLAKE3 of the bytes written, taken in file order.
 
-    Workers fetch, verify and write chunks with positioned writes; this thread reads each written
-    range back, in file order, into the whole-file hash while the workers go on ahead."""
+    Workers fetch, verify and write chunks with positioned writes, out of order; this thread feeds
+    each chunk's verified bytes to the whole-file hash in file order while the workers go on ahead.
+    The hash covers exactly the buffers handed to ``pwrite``, at the offsets this walk computed
+    (reading the file back instead cost a copy of every byte out of the page cache)."""
 
-    def fetch_and_write(chunk_id: bytes, offset: int) -> None:
+    def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | None:
         # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
         # not written (the file stays sparse) and, once seen, not even fetched again.
         if chunk_id in zero_chunks:
-            return
+            return None
         data = repo.read_chunk(chunk_id)
         if _is_zeros(data):
             zero_chunks.add(chunk_id)
-            return
+            return None
         view = memoryview(data)
         while view:
             n = os.pwrite(fd, view, offset)
             view, offset = view[n:], offset + n
+        return data
 
     hasher = new_file_hasher()
-    readback = bytearray(0)
-    inflight: deque[tuple[Future[None], int, int]] = deque()
+    inflight: deque[tuple[Future[bytes | None], int]] = deque()
 
     def finish_one() -> None:
-        nonlocal readback
-        future, offset, length = inflight.popleft()
-        future.result()
-        if len(readback) < length:
-            readback = bytearray(length)
-        view = memoryview(readback)[:length]
-        hasher.update(view[: os.preadv(fd, [view], offset)])
+        future, length = inflight.popleft()
+        data = future.result()
+        hasher.update(data if data is not None else bytes(length))
         progress.advance(length)
 
     offset = 0
     try:
         for chunk_id in entry.chunks:
             length = repo.locate(chunk_id).raw_len
-            inflight.append((pool.submit(fetch_and_write, chunk_id, offset), offset, length))
+            inflight.append((pool.submit(fetch_and_write, chunk_id, offset), length))
             offset += length
             while len(inflight) >= window:
                 finish_one()
         while inflight:
             finish_one()
     except BaseException as exc:  # a damaged chunk, a full disk, Ctrl-C: stop this file's writers first
-        for future, _, _ in inflight:
+        for future, _ in inflight:
             future.cancel()
-        for future, _, _ in inflight:
+        for future, _ in inflight:
             if not future.cancelled():
                 future.exception()  # wait: no write may land after the fd is closed
         if isinstance(exc, IntegrityError):
