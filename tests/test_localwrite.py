@@ -64,3 +64,23 @@ def test_large_files_really_take_the_direct_path(tmp_path: Path, monkeypatch: py
     if not writer.direct:
         pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
     assert flags_seen[0] & localwrite.O_DIRECT and not flags_seen[-1] & localwrite.O_DIRECT
+
+
+@pytest.mark.skipif(not localwrite.O_DIRECT, reason="this platform has no O_DIRECT")
+def test_short_direct_writes_are_continued_without_rewriting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    real_pwrite = os.pwrite
+    written: list[int] = []
+
+    def half_at_most(fd, data, offset):  # a short write of whole blocks, as a busy device may answer
+        n = real_pwrite(fd, memoryview(data)[: max(ALIGN, len(data) // 2 // ALIGN * ALIGN)], offset)
+        written.append(n)
+        return n
+
+    monkeypatch.setattr(localwrite.os, "pwrite", half_at_most)
+    writer = LocalWriter()
+    data = os.urandom(2 * STAGE_SIZE + 12345)
+    writer.create(str(tmp_path / "big"), data)
+    if not writer.direct:
+        pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
+    assert (tmp_path / "big").read_bytes() == data
+    assert sum(written) == -(-len(data) // ALIGN) * ALIGN  # every block written once

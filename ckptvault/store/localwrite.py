@@ -61,17 +61,17 @@ class LocalWriter:
         try:
             pos = 0
             while pos < len(view):
-                n = min(STAGE_SIZE, len(view) - pos)
-                staged[:n] = view[pos : pos + n]
-                padded = -(-n // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
-                staged[n:padded] = _PAD[: padded - n]
+                size = min(STAGE_SIZE, len(view) - pos)
+                staged[:size] = view[pos : pos + size]
+                padded = -(-size // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
+                staged[size:padded] = _PAD[: padded - size]
                 done = 0
                 while done < padded:
                     n = os.pwrite(fd, staged[done:padded], pos + done)
                     if n <= 0:
                         raise OSError(errno.EIO, f"write of {path} made no progress")
                     done += n
-                pos += n
+                pos += size
             os.ftruncate(fd, len(view))
             os.fsync(fd)
         finally:
