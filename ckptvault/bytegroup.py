@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -84,23 +85,22 @@ def split(data: bytes | memoryview, segs: Sequence[tuple[int, int]]) -> list[mem
     return streams
 
 
-def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> bytearray:
+def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> bytes:
     """Inverse of ``split``."""
-    joined = bytearray(sum(length for _, length in segs))
-    out = np.frombuffer(joined, dtype=np.uint8)
+    out = np.empty(sum(length for _, length in segs), dtype=np.uint8)
     pos = 0
     it = iter(streams)
     for width, length in segs:
         _join_elements(out[pos : pos + length], [np.frombuffer(next(it), dtype=np.uint8) for _ in range(width)])
         pos += length
-    return joined
+    return out.tobytes()  # a copy, but a bytearray filled in place saved only ~0.02 s per GB
 
 
 # Widths 2 and 4 are regrouped with shifts and narrowing or widening casts on whole elements, which
 # numpy runs with SIMD: on 4 MiB here, split 20 / 10 GB/s and join 12 / 8 GB/s for widths 2 / 4, where
 # a strided transpose does 4 GB/s either way. The elements
 # are read as little-endian integers, so byte i of the data is byte i of the element on any host.
-_ELEMENT = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_ELEMENT: dict[int, np.dtype[Any]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def _split_elements(piece: np.ndarray, width: int) -> list[np.ndarray]:
