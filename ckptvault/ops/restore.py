@@ -3,9 +3,9 @@
 Plan first, then write. Planning validates every selected entry (path safety, sizes
 against the index, no symlinked ancestors in the target) and finds conflicts, so a bad
 snapshot or a conflicting target fails before anything is written. Each file is written
-to a temporary name beside it with positioned writes of ranges of chunks fetched and
-verified in parallel (large ranges bypass the page cache: filewrite.py), checked against
-its whole-file BLAKE3 (taken over the written bytes in file order), then renamed into place.
+to a temporary name beside it with positioned writes of chunks fetched and verified in
+parallel, checked against its whole-file BLAKE3 (taken over the written bytes in file order),
+then renamed into place.
 A file that fails verification is reported and the others still restore.
 """
 
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import fnmatch
 import glob
-import mmap
 import os
 import secrets
 import stat
 import time
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -28,12 +26,10 @@ from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
-from .filewrite import RangeWriter, StagingBuffers, align_down, align_up
 from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
 READ_BLOCK = 4 * 1024 * 1024
-RANGE_BYTES = 4 * 1024 * 1024  # a restore task: whole chunks, at least this many bytes (or the file's rest)
 
 
 @dataclass(frozen=True)
@@ -193,13 +189,12 @@ def run_restore(
         if entry.type == "dir":
             os.makedirs(planner.dest(entry), exist_ok=True)
     zero_chunks: set[bytes] = set()  # verified all-zero chunks: left as holes, fetched once
-    buffers = StagingBuffers()
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
         for entry in files:
             dest = planner.dest(entry)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             try:
-                _restore_file(repo, pool, entry, dest, progress, workers + 2, zero_chunks, buffers)
+                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
                 written += entry.size
             except IntegrityError as exc:
                 failures.append(str(exc))
@@ -238,7 +233,6 @@ def _restore_file(
     progress: Progress,
     window: int,
     zero_chunks: set[bytes],
-    buffers: StagingBuffers,
 ) -> None:
     directory, name = os.path.split(dest)
     for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}{TEMP_MARK}*")):
@@ -246,14 +240,10 @@ def _restore_file(
     tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        writer = None
         try:
             os.ftruncate(fd, entry.size)
-            writer = RangeWriter(tmp, fd, entry.size, buffers)
-            written_hash = _write_chunks(repo, pool, writer, entry, progress, window, zero_chunks)
+            written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
         finally:
-            if writer is not None:
-                writer.close()
             os.close(fd)
         if written_hash != entry.blake3:
             raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
@@ -273,37 +263,10 @@ def _is_zeros(data: bytes) -> bool:
     return bool(data) and data[0] == 0 and data[-1] == 0 and data[len(data) // 2] == 0 and data.count(0) == len(data)
 
 
-@dataclass(frozen=True)
-class _Range:
-    """Consecutive chunks of one file, restored as one task: file bytes ``[start, end)``."""
-
-    chunks: list[tuple[bytes, int]]  # (chunk ID, length)
-    start: int
-    end: int
-
-    @property
-    def base(self) -> int:  # the page-aligned file offset of the staging buffer's first byte
-        return align_down(self.start)
-
-
-def _ranges(repo: Repository, entry: FileEntry) -> Iterator[_Range]:
-    chunks: list[tuple[bytes, int]] = []
-    start = offset = 0
-    for chunk_id in entry.chunks:
-        length = repo.locate(chunk_id).raw_len
-        chunks.append((chunk_id, length))
-        offset += length
-        if offset - start >= RANGE_BYTES:
-            yield _Range(chunks, start, offset)
-            chunks, start = [], offset
-    if chunks:
-        yield _Range(chunks, start, offset)
-
-
 def _write_chunks(
     repo: Repository,
     pool: ThreadPoolExecutor,
-    writer: RangeWriter,
+    fd: int,
     entry: FileEntry,
     progress: Progress,
     window: int,
@@ -311,48 +274,41 @@ def _write_chunks(
 ) -> str:
     """Write the file's chunks and return the BLAKE3 of the bytes written, taken in file order.
 
-    Workers fetch and verify the chunks of a range of the file into a staging buffer and write
-    them with positioned writes, ranges out of order; this thread feeds each range's buffer to
-    the whole-file hash in file order while the workers go on ahead. The hash covers exactly the
-    bytes handed to the writes, at the offsets this walk computed (reading the file back instead
-    cost a copy of every byte out of the page cache)."""
-    buffers = writer.buffers
+    Workers fetch, verify and write chunks with positioned writes, out of order; this thread feeds
+    each chunk's verified bytes to the whole-file hash in file order while the workers go on ahead.
+    The hash covers exactly the buffers handed to ``pwrite``, at the offsets this walk computed
+    (reading the file back instead cost a copy of every byte out of the page cache)."""
 
-    def fetch_and_write(part: _Range) -> mmap.mmap:
-        staging = buffers.take(align_up(part.end) - part.base)
-        with memoryview(staging) as view:
-            pos, run_start = part.start, part.start  # run: chunks since the last zero chunk, written together
-            for chunk_id, length in part.chunks:
-                # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
-                # not written (the file stays sparse) and, once seen, not even fetched again.
-                data = None if chunk_id in zero_chunks else repo.read_chunk(chunk_id)
-                if data is None or _is_zeros(data):
-                    zero_chunks.add(chunk_id)
-                    view[pos - part.base : pos - part.base + length] = bytes(length)  # for the hash
-                    if run_start < pos:
-                        writer.write(view, part.base, run_start, pos)
-                    run_start = pos + length
-                else:
-                    view[pos - part.base : pos - part.base + length] = data
-                pos += length
-            if run_start < pos:
-                writer.write(view, part.base, run_start, pos)
-        return staging
+    def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | None:
+        # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
+        # not written (the file stays sparse) and, once seen, not even fetched again.
+        if chunk_id in zero_chunks:
+            return None
+        data = repo.read_chunk(chunk_id)
+        if _is_zeros(data):
+            zero_chunks.add(chunk_id)
+            return None
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+        return data
 
     hasher = new_file_hasher()
-    inflight: deque[tuple[Future[mmap.mmap], _Range]] = deque()
+    inflight: deque[tuple[Future[bytes | None], int]] = deque()
 
     def finish_one() -> None:
-        future, part = inflight.popleft()
-        staging = future.result()
-        with memoryview(staging) as view:
-            hasher.update(view[part.start - part.base : part.end - part.base])
-        buffers.give(staging)
-        progress.advance(part.end - part.start)
+        future, length = inflight.popleft()
+        data = future.result()
+        hasher.update(data if data is not None else bytes(length))
+        progress.advance(length)
 
+    offset = 0
     try:
-        for part in _ranges(repo, entry):
-            inflight.append((pool.submit(fetch_and_write, part), part))
+        for chunk_id in entry.chunks:
+            length = repo.locate(chunk_id).raw_len
+            inflight.append((pool.submit(fetch_and_write, chunk_id, offset), length))
+            offset += length
             while len(inflight) >= window:
                 finish_one()
         while inflight:
