@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptvault import CompressionSettings, Vault
+from ckptvault import CompressionSettings, Vault, bytegroup
 from ckptvault.bytegroup import ElementRun, join, segments, split
 from ckptvault.codec import CODEC_BYTEGROUP, CODEC_RAW, CODEC_ZSTD, Compressor
 from ckptvault.errors import IntegrityError
@@ -72,9 +72,21 @@ def test_streams_are_byte_i_of_every_element_at_any_alignment(width: int, lead: 
     grid = np.frombuffer(body, dtype=np.uint8).reshape(-1, width)
     expected = [data[:lead]] * (lead > 0) + [grid[:, i].tobytes() for i in range(width)] + [b"\x09" * 3]
     assert [bytes(s) for s in streams] == expected
+    assert join(segs, streams) == data  # the output is misaligned for every lead that is not a multiple of width
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_a_big_endian_element_view_still_groups_and_joins(monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    """On a big-endian host numpy byte-swaps the little-endian views; viewing the elements as big-endian
+    here takes the same byte-swapping path: the streams come out in reverse order and still join back."""
+    monkeypatch.setattr(bytegroup, "_ELEMENT", {2: np.dtype(">u2"), 4: np.dtype(">u4")})
+    body = np.random.default_rng(width).integers(0, 256, width * 999, dtype=np.uint8).tobytes()
+    data = b"\x05" + body
+    segs = segments(len(data), [ElementRun(1, len(data), width)])
+    streams = split(data, segs)
+    grid = np.frombuffer(body, dtype=np.uint8).reshape(-1, width)
+    assert [bytes(s) for s in streams[1:]] == [grid[:, i].tobytes() for i in reversed(range(width))]
     assert join(segs, streams) == data
-    # join writes at every alignment of its output too: streams copied to fresh, unrelated buffers
-    assert join(segs, [bytes(s) for s in streams]) == data
 
 
 def test_grouping_beats_plain_zstd_on_float_weights() -> None:
