@@ -186,3 +186,18 @@ def test_a_failing_write_stops_every_writer_before_the_file_is_closed(tmp_path: 
     monkeypatch.undo()
     assert late == []
     assert not [p for p in (tmp_path / "out").rglob("*") if ".ckptvault-tmp-" in p.name]
+
+
+def test_a_write_that_makes_no_progress_fails_instead_of_spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from ckptvault.ops import restore as restore_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(os.urandom(1 << 20))
+    vault = Vault.init(str(tmp_path / "repo"))
+    snap = vault.backup(src)
+    monkeypatch.setattr(restore_module.os, "pwrite", lambda fd, data, offset: 0)  # a stalled device
+    with pytest.raises(OSError, match="made no progress"):
+        vault.restore(snap.id, tmp_path / "out")
+    monkeypatch.undo()
+    assert not list((tmp_path / "out").iterdir())  # no temp file, no half-written file

@@ -68,9 +68,9 @@ def main() -> None:
     # Before numpy loads: the CLI does no linear algebra, and OpenBLAS's idle worker threads spin on
     # the cores that hashing and compression need (a few % of a backup's CPU, measured with perf).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _derive_key_ahead(sys.argv[1:])
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
-        _keep_freed_memory()
+        _keep_freed_memory()  # before the key derivation's thread: a thread that has allocated keeps its arena
+    _derive_key_ahead(sys.argv[1:])
     from .commands import app
 
     # The library logs notices such as "a read failed verification; reading it again"; the CLI

@@ -11,6 +11,7 @@ A file that fails verification is reported and the others still restore.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import os
@@ -291,6 +292,8 @@ def _write_chunks(
         view = memoryview(data)
         while view:
             n = os.pwrite(fd, view, offset)
+            if n <= 0:
+                raise OSError(errno.EIO, f"a write to {entry.path} made no progress")
             view, offset = view[n:], offset + n
         return data
 
