@@ -196,7 +196,12 @@ def test_a_write_that_makes_no_progress_fails_instead_of_spinning(tmp_path: Path
     (src / "model.bin").write_bytes(os.urandom(1 << 20))
     vault = Vault.init(str(tmp_path / "repo"))
     snap = vault.backup(src)
-    monkeypatch.setattr(restore_module.os, "pwrite", lambda fd, data, offset: 0)  # a stalled device
+    real_pwrite = os.pwrite
+
+    def stalled(fd, data, offset):  # a stalled device, under the restored file only
+        return 0 if ".ckptvault-tmp-" in os.readlink(f"/proc/self/fd/{fd}") else real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(restore_module.os, "pwrite", stalled)
     with pytest.raises(OSError, match="made no progress"):
         vault.restore(snap.id, tmp_path / "out")
     monkeypatch.undo()

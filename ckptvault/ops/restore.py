@@ -11,7 +11,6 @@ A file that fails verification is reported and the others still restore.
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import glob
 import os
@@ -27,6 +26,7 @@ from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
+from ..store.localwrite import pwrite_all
 from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
@@ -289,12 +289,7 @@ def _write_chunks(
         if _is_zeros(data):
             zero_chunks.add(chunk_id)
             return None
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(fd, view, offset)
-            if n <= 0:
-                raise OSError(errno.EIO, f"a write to {entry.path} made no progress")
-            view, offset = view[n:], offset + n
+        pwrite_all(fd, data, offset, entry.path)
         return data
 
     hasher = new_file_hasher()

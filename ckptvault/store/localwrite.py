@@ -23,6 +23,17 @@ STAGE_SIZE = 4 * 1024 * 1024
 _PAD = bytes(ALIGN)
 
 
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int, what: str) -> None:
+    """Write all of ``data`` at ``offset``: a short write is continued, one that makes no progress
+    fails (a stalled device must not spin a thread forever)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write of {what} made no progress")
+        view, offset = view[n:], offset + n
+
+
 class LocalWriter:
     """Thread-safe: each thread has its own staging buffer."""
 
@@ -45,8 +56,7 @@ class LocalWriter:
                     os.unlink(path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            while view:
-                view = view[os.write(fd, view) :]
+            pwrite_all(fd, view, 0, path)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -65,12 +75,7 @@ class LocalWriter:
                 staged[:size] = view[pos : pos + size]
                 padded = -(-size // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
                 staged[size:padded] = _PAD[: padded - size]
-                done = 0
-                while done < padded:
-                    n = os.pwrite(fd, staged[done:padded], pos + done)
-                    if n <= 0:
-                        raise OSError(errno.EIO, f"write of {path} made no progress")
-                    done += n
+                pwrite_all(fd, staged[:padded], pos, path)
                 pos += size
             os.ftruncate(fd, len(view))
             os.fsync(fd)
