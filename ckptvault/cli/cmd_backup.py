@@ -5,16 +5,7 @@ from typing import Annotated
 import typer
 
 from ..ops.scan import check_sources
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    TagOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
 

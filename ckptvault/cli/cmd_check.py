@@ -7,15 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import IntegrityError
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
 

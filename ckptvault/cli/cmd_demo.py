@@ -6,15 +6,7 @@ import tempfile
 
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 
 

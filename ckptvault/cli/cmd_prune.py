@@ -8,16 +8,7 @@ from typing import Annotated
 import typer
 
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    TagOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_before, parse_tags
 

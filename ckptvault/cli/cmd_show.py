@@ -6,16 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    TagOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .cmd_snapshots import SnapshotArg
 from .output import Output, format_bytes
 from .params import parse_tags

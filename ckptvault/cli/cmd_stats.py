@@ -10,8 +10,8 @@ from .output import Output, format_bytes
 def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Logical versus stored bytes, dedup ratio, and what each snapshot added."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with vault_args.open(out) as opened:
-        stats = opened.stats()
+    with vault_args.open(out) as vault:
+        stats = vault.stats()
     table = out.table("id", "time (UTC)", "tags", "logical", "added", "stored")
     for s in stats.per_snapshot:
         table.add_row(

@@ -8,15 +8,7 @@ import typer
 
 from ..errors import NotBackedUpError
 from ..ops.scan import check_sources
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 
 

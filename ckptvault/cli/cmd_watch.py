@@ -12,16 +12,7 @@ from typing import Annotated
 import typer
 
 from ..ops.watch import ShippedCheckpoint
-from .app import (
-    NO_VAULT_ARGS,
-    JsonOpt,
-    QuietOpt,
-    TagOpt,
-    VaultArgs,
-    app,
-    command,
-    vault_options,
-)
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
 
