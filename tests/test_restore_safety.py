@@ -206,3 +206,30 @@ def test_a_write_that_makes_no_progress_fails_instead_of_spinning(tmp_path: Path
         vault.restore(snap.id, tmp_path / "out")
     monkeypatch.undo()
     assert not list((tmp_path / "out").iterdir())  # no temp file, no half-written file
+
+
+@pytest.mark.parametrize("tamper", ["wrong file hash", "chunks reordered"])
+def test_a_file_whose_chunks_verify_but_whose_whole_hash_does_not_is_not_written(
+    vault: Vault, tmp_path: Path, tamper: str
+):
+    """Every chunk checks out against its ID, yet the file would be wrong: the whole-file hash, taken
+    over the written bytes in file order, must refuse it (and the other files still restore)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(2 << 20))
+    (src / "config.json").write_text('{"a": 1}')
+    snap = vault.backup(src)
+    entries = vault.files(snap)
+    victim = next(e for e in entries if e.path == "weights.bin")
+    assert len(set(victim.chunks)) >= 2
+    if tamper == "wrong file hash":
+        bad = replace(victim, blake3="00" * 32)
+    else:  # same chunks, same size, other order
+        bad = replace(victim, chunks=[*victim.chunks[1:], victim.chunks[0]])
+    crafted = plant_tree(vault, snap, [bad if e is victim else e for e in entries])
+    target = tmp_path / "target"
+    with pytest.raises(IntegrityError, match=r"weights\.bin: restored bytes do not match"):
+        vault.restore(crafted, target)
+    assert not (target / "weights.bin").exists()
+    assert (target / "config.json").read_text() == '{"a": 1}'
+    assert not [p for p in target.rglob("*") if ".ckptvault-tmp-" in p.name]
