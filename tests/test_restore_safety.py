@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
+from ckptvault.blob import Kind
+from ckptvault.crypto.keyfile import Keyfile
 from ckptvault.errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 
@@ -233,3 +235,30 @@ def test_a_file_whose_chunks_verify_but_whose_whole_hash_does_not_is_not_written
     assert not (target / "weights.bin").exists()
     assert (target / "config.json").read_text() == '{"a": 1}'
     assert not [p for p in target.rglob("*") if ".ckptvault-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+def test_a_chunk_stored_under_the_wrong_id_is_refused_and_named(tmp_path: Path, encrypted: bool):
+    """The restore checks each chunk's envelope (bound to its ID) and hashes the file as a whole,
+    instead of also hashing each chunk against its ID. A blob whose envelope is valid but whose
+    plaintext is not the chunk it is stored as (a dedup-poisoned or mis-stored chunk) must still be
+    refused, and the error must name that chunk, not only the file."""
+    keyfile = Keyfile.create("pw", scrypt_n=2**10)[0].save(tmp_path / "key").path if encrypted else None
+    vault = Vault.init(str(tmp_path / "repo"), keyfile=keyfile, passphrase="pw" if encrypted else None)
+    repo = vault._repo
+    wanted, impostor = os.urandom(50_000), os.urandom(50_000)
+    chunk_id = repo.chunk_id(wanted)
+    repo.add_chunk(chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, impostor), len(impostor))
+    repo.flush()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(wanted)  # one chunk, deduplicated against the impostor
+    (src / "config.json").write_text('{"a": 1}')
+    snap = vault.backup(src)
+    assert next(e for e in vault.files(snap) if e.path == "weights.bin").chunks == [chunk_id]
+    target = tmp_path / "target"
+    with pytest.raises(IntegrityError, match=rf"weights\.bin: chunk {chunk_id.hex()[:12]} .*does not match its hash"):
+        vault.restore(snap, target)
+    assert not (target / "weights.bin").exists()
+    assert (target / "config.json").read_text() == '{"a": 1}'
+    vault.close()
