@@ -8,8 +8,9 @@ Phases per tool, each in a fresh repository, each timed with `/usr/bin/time -v`
   backup2_nochange  back up the second save again, untouched
   restore_latest    restore the latest snapshot into an empty dir with the repository
                     evicted from the page cache first, as on a machine that replaces a
-                    lost one (then, untimed, compare every byte with the source)
-  restore_cached    the same restore again into another empty dir, the repository now
+                    lost one (then, untimed, compare every byte with the source; the
+                    same after restore_cached)
+  restore_cached    the same restore again into the emptied dir, the repository now
                     in the page cache (the tools that write packs through the page cache
                     would otherwise restore from memory what others read from disk)
 Prints a markdown table, then each ckptvault tool's speed ratios against restic in
@@ -248,7 +249,10 @@ def evict_from_page_cache(root: str) -> None:
         return
     for d, _, names in os.walk(root):
         for n in names:
-            fd = os.open(os.path.join(d, n), os.O_RDONLY)
+            path = os.path.join(d, n)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
@@ -326,16 +330,19 @@ def bench_tool(name: str, work: str, saves: list[tuple[str, int]], keep: bool) -
             print(f"  {name}: {phase} ...", file=sys.stderr)
             shutil.rmtree(dest, ignore_errors=True)
             os.makedirs(dest)
+            cmd, cwd = tool.restore_cmd(dest)  # borg's reads its repository to find the newest archive
             if phase == "restore_latest":
-                evict_from_page_cache(repo)
-            cmd, cwd = tool.restore_cmd(dest)
+                for d in (repo, state):  # the repository, and the tool's own cache and keys
+                    evict_from_page_cache(d)
             ph = run_timed(cmd, tool.env, os.path.join(logs, f"{name}-{phase}.log"), tree_bytes(src2), cwd)
             res.phases[phase] = ph
             if ph.rc != 0:
                 res.error = f"{phase} exited {ph.rc}; see {logs}/{name}-{phase}.log"
                 return res
-            if phase == "restore_latest":
-                res.verified, res.verify_detail = compare_trees(src2, tool.restored_root(dest, src2))
+            res.verified, res.verify_detail = compare_trees(src2, tool.restored_root(dest, src2))
+            if not res.verified:
+                res.verify_detail = f"{phase}: {res.verify_detail}"
+                return res
         return res
     except Exception as exc:  # never crash the whole benchmark on one tool
         res.error = f"{type(exc).__name__}: {exc}"

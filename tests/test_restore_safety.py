@@ -237,18 +237,19 @@ def test_a_file_whose_chunks_verify_but_whose_whole_hash_does_not_is_not_written
     assert not [p for p in target.rglob("*") if ".ckptvault-tmp-" in p.name]
 
 
-@pytest.mark.parametrize("encrypted", [False, True])
-def test_a_chunk_stored_under_the_wrong_id_is_refused_and_named(tmp_path: Path, encrypted: bool):
+@pytest.mark.parametrize(("encrypted", "impostor"), [(False, "random"), (True, "random"), (True, "zeros")])
+def test_a_chunk_stored_under_the_wrong_id_is_refused_and_named(tmp_path: Path, encrypted: bool, impostor: str):
     """The restore checks each chunk's envelope (bound to its ID) and hashes the file as a whole,
     instead of also hashing each chunk against its ID. A blob whose envelope is valid but whose
     plaintext is not the chunk it is stored as (a dedup-poisoned or mis-stored chunk) must still be
-    refused, and the error must name that chunk, not only the file."""
+    refused, and the error must name that chunk, not only the file. All zeros takes the restore's
+    other path: such a chunk is left as a hole and remembered, not written."""
     keyfile = Keyfile.create("pw", scrypt_n=2**10)[0].save(tmp_path / "key").path if encrypted else None
     vault = Vault.init(str(tmp_path / "repo"), keyfile=keyfile, passphrase="pw" if encrypted else None)
     repo = vault._repo
-    wanted, impostor = os.urandom(50_000), os.urandom(50_000)
+    wanted, stored = os.urandom(50_000), os.urandom(50_000) if impostor == "random" else bytes(50_000)
     chunk_id = repo.chunk_id(wanted)
-    repo.add_chunk(chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, impostor), len(impostor))
+    repo.add_chunk(chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, stored), len(stored))
     repo.flush()
     src = tmp_path / "src"
     src.mkdir()

@@ -1,7 +1,7 @@
 """The restore drill: prove that a snapshot restores and loads, and time what recovery costs.
 
 Three phases, each timed: **fetch** (the verified restore into a fresh temporary folder: every
-chunk checked against its ID, every file against its hash as it is written), **verify** (an
+chunk's checksum or AEAD tag checked, every file against its hash as it is written), **verify** (an
 independent pass over the restored tree: every entry present with its type, size, mode, link
 target and whole-file BLAKE3), and optionally **load** (each ``.safetensors`` file read tensor by
 tensor with safetensors, each ``.pt``/``.pth``/``.ckpt`` and zip ``.bin`` file with

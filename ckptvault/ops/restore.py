@@ -189,7 +189,7 @@ def run_restore(
     for entry in entries:
         if entry.type == "dir":
             os.makedirs(planner.dest(entry), exist_ok=True)
-    zero_chunks: set[bytes] = set()  # verified all-zero chunks: left as holes, fetched once
+    zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
         for entry in files:
             dest = planner.dest(entry)
@@ -287,7 +287,7 @@ def _write_chunks(
     """Write the file's chunks and return the BLAKE3 of the bytes written, taken in file order.
 
     Workers fetch, verify and write chunks with positioned writes, out of order; this thread feeds
-    each chunk's verified bytes to the whole-file hash in file order while the workers go on ahead.
+    each chunk's bytes to the whole-file hash in file order while the workers go on ahead.
     The hash covers exactly the buffers handed to ``pwrite``, at the offsets this walk computed
     (reading the file back instead cost a copy of every byte out of the page cache)."""
 

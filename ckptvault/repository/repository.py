@@ -499,7 +499,7 @@ class Repository:
         return data
 
     def _delta_base(self, chunk_id: bytes, base_id: bytes | None, depth: int, verify_id: bool = True) -> bytes | None:
-        """The verified plaintext of a delta's base (None for a chunk without one)."""
+        """The plaintext of a delta's base, checked as ``read_chunk`` checks (None for a chunk without one)."""
         if base_id is None:
             return None
         if depth >= MAX_DELTA_DEPTH:
