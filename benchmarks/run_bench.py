@@ -330,7 +330,7 @@ def bench_tool(name: str, work: str, saves: list[tuple[str, int]], keep: bool) -
             print(f"  {name}: {phase} ...", file=sys.stderr)
             shutil.rmtree(dest, ignore_errors=True)
             os.makedirs(dest)
-            cmd, cwd = tool.restore_cmd(dest)  # borg's reads its repository to find the newest archive
+            cmd, cwd = tool.restore_cmd(dest)  # before the eviction: borg's reads the repository to find its archive
             if phase == "restore_latest":
                 for d in (repo, state):  # the repository, and the tool's own cache and keys
                     evict_from_page_cache(d)
