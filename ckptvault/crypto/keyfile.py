@@ -70,6 +70,9 @@ class KdfParams:
             ahead = _AHEAD.pop((self, _passphrase_digest(passphrase)), None)
         if ahead is not None:
             return ahead.result()
+        return self._scrypt(passphrase)
+
+    def _scrypt(self, passphrase: str) -> bytes:
         return Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(passphrase.encode("utf-8"))
 
     def derive_ahead(self, passphrase: str) -> None:
@@ -79,9 +82,7 @@ class KdfParams:
 
         def run() -> None:
             try:
-                future.set_result(
-                    Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(passphrase.encode("utf-8"))
-                )
+                future.set_result(self._scrypt(passphrase))
             except BaseException as exc:  # handed to whoever takes the result
                 future.set_exception(exc)
 
