@@ -1,0 +1,31 @@
+"""The benchmark script is a deliverable: run it end to end on a tiny workload (ckptvault only, as
+restic and borg may be missing), so that a change to it or to the CLI cannot silently break it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "run_bench.py"
+
+
+@pytest.mark.slow
+def test_run_bench_times_every_phase_and_verifies_both_restores(tmp_path: Path):
+    tiny = ["--model-mb", "5", "--saves", "2", "--tools", "ckptvault"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--work", str(tmp_path), *tiny],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (result,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert result["error"] is None and result["verified"] is True
+    phases = result["phases"]
+    for phase in ("backup1_first", "backup2_incr", "backup2_nochange", "restore_latest", "restore_cached"):
+        assert phases[phase]["rc"] == 0 and phases[phase]["wall_s"] > 0, phase
+    assert "| ckptvault |" in proc.stdout and "restore cached MB/s" in proc.stdout
