@@ -12,6 +12,10 @@ import itertools
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
 
 # Commands that never unlock a vault's keyfile (every other command opens a vault).
 _NO_VAULT_COMMANDS = frozenset({"key", "demo"})
@@ -80,4 +84,30 @@ def main() -> None:
     # less often, and never scanning the modules loaded at start-up, saves a few % of the CPU.
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
-    app()
+    sys.exit(_run(app))
+
+
+def _run(app: typer.Typer) -> int:
+    """The app, with click's own errors (an unknown command or option, a value of the wrong type, a
+    missing argument) printed as one line like every other error instead of click's framed box."""
+    import typer
+
+    from .output import Output
+
+    # click's exceptions, wherever this typer takes click from (newer releases carry their own copy)
+    click_errors = sys.modules[typer.BadParameter.__module__]
+    try:
+        code = app(standalone_mode=False)
+    except getattr(click_errors, "NoArgsIsHelpError", ()) as exc:  # bare `ckptvault`: the help
+        exc.show()
+        return exc.exit_code
+    except click_errors.ClickException as exc:
+        message = " ".join(exc.format_message().split())
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        Output().error(f"{message}{hint}")
+        return exc.exit_code
+    except typer.Abort:
+        Output().error("cancelled")
+        return 130
+    return code if isinstance(code, int) else 0

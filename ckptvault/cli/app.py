@@ -151,6 +151,13 @@ def vault_options(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def require_nonempty(option: str, value: str) -> None:
+    """An explicitly empty path (an unset shell variable: ``-r "$VAULT"``) must not fall back to a
+    default location, where it would back up, restore or prune something the user did not name."""
+    if not value.strip():
+        raise UsageError(f"{option} is empty; give a path or URL, or leave the option out for the default")
+
+
 def open_vault(
     repo: str | None,
     storage_option: list[str] | None,
@@ -164,7 +171,8 @@ def open_vault(
     writing command creates (reading commands do not leave an empty one behind)."""
     options = parse_storage_options(storage_option)
     key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
-    if repo:
+    if repo is not None:
+        require_nonempty("--repo", repo)
         return Vault.open(repo, storage_options=options, **key)
     try:
         vault = Vault.open(None, storage_options=options, create=writing, **key)

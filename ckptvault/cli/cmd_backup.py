@@ -4,6 +4,7 @@ from typing import Annotated
 
 import typer
 
+from ..ops.backup import check_on_change
 from ..ops.scan import check_sources
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
@@ -34,6 +35,7 @@ def backup_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
+    check_on_change(on_change)
     with (
         vault_args.open(out, writing=True) as vault,
         out.progress("backing up") as progress,

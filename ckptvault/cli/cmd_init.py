@@ -8,7 +8,18 @@ from ..codec import CompressionSettings
 from ..errors import UsageError
 from ..repository.config import DEFAULT_PACK_SIZE
 from ..vault import Vault
-from .app import JsonOpt, KeyfileOpt, PassphraseFileOpt, QuietOpt, RepoOpt, StorageOpt, app, command, passphrase_source
+from .app import (
+    JsonOpt,
+    KeyfileOpt,
+    PassphraseFileOpt,
+    QuietOpt,
+    RepoOpt,
+    StorageOpt,
+    app,
+    command,
+    passphrase_source,
+    require_nonempty,
+)
 from .output import Output
 from .params import parse_storage_options
 
@@ -46,6 +57,9 @@ def init_cmd(
         raise UsageError("--encrypt needs --keyfile; create one with: ckptvault key generate --keyfile PATH")
     if keyfile and not encrypt:
         raise UsageError("a keyfile was given (--keyfile or CKPTVAULT_KEYFILE) but not --encrypt; add --encrypt")
+    for option, value in (("the repository URL", url), ("--repo", repo)):
+        if value is not None:
+            require_nonempty(option, value)
     vault = Vault.init(
         url or repo,
         storage_options=parse_storage_options(storage_option),

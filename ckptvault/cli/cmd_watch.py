@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ..ops.watch import ShippedCheckpoint
+from ..ops.watch import ShippedCheckpoint, check_watch_args
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -49,6 +49,7 @@ def watch_cmd(
     Ctrl-C stops it after the upload in flight; pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
+    check_watch_args(directory, tags, interval, settle)  # before the default vault may be created
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

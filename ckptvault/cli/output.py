@@ -31,6 +31,13 @@ def format_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def _one_line(message: str) -> str:
+    """Control characters (a newline in a file name) escaped: an error or warning stays one line."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def _jsonable(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return {k: _jsonable(v) for k, v in asdict(value).items()}
@@ -88,10 +95,10 @@ class Output:
             self.err.print(message, markup=False)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"warning: {message}", markup=False, style="yellow")
+        self.err.print(f"warning: {_one_line(message)}", markup=False, style="yellow")
 
     def error(self, message: str) -> None:
-        self.err.print(f"error: {message}", markup=False, style="red")
+        self.err.print(f"error: {_one_line(message)}", markup=False, style="red")
 
     def result(self, data: Any, text: str | Table | None = None) -> None:
         """The command's result: JSON on stdout with --json, else the text (hidden by --quiet)."""

@@ -41,6 +41,11 @@ ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed whil
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
 
 
+def check_on_change(on_change: str) -> None:
+    if on_change not in ON_CHANGE:
+        raise UsageError(f"--on-change {on_change!r} is not one of {', '.join(ON_CHANGE)}")
+
+
 @dataclass(frozen=True)
 class BackupResult:
     snapshot: Snapshot
@@ -150,8 +155,7 @@ def run_backup(
     """``before_commit`` runs just before the snapshot object is written (the lock check).
     ``reference``: the snapshot whose files give delta bases (ops/deltabase.py), when the
     repository codes deltas."""
-    if on_change not in ON_CHANGE:
-        raise UsageError(f"--on-change {on_change!r} is not one of {', '.join(ON_CHANGE)}")
+    check_on_change(on_change)
     progress = progress or NullProgress()
     started = time.monotonic()
     when = datetime.now(timezone.utc)

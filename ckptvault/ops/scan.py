@@ -34,11 +34,15 @@ def check_sources(sources: list[str]) -> list[str]:
     """Absolute source paths; fails before any work when one does not exist."""
     if not sources:
         raise UsageError("nothing to back up: name at least one file or directory")
+    if any(not s.strip() for s in sources):
+        # os.path.abspath("") is the current folder: an unset shell variable must not back it up
+        raise UsageError("a source path is empty; name the file or directory to back up")
     # a path given twice is backed up once
     abs_sources = list(dict.fromkeys(os.path.abspath(os.path.expanduser(s)) for s in sources))
     for src in abs_sources:
         if not os.path.exists(src):
-            raise SourceError(src, "no such file or directory")
+            why = "a symlink loop" if os.path.islink(src) else "no such file or directory"
+            raise SourceError(src, why)
     return abs_sources
 
 

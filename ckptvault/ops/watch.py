@@ -108,6 +108,26 @@ class _Done:
 Ship = Callable[[BackupJob], Snapshot]
 
 
+def check_watch_args(directory: str, tags: dict[str, str], interval: float, settle: float) -> str:
+    """The watched folder's absolute path; fails on arguments watch cannot run with (the CLI calls
+    this before it opens, and maybe creates, the default vault)."""
+    if not directory.strip():
+        raise UsageError("the folder to watch is empty; name the folder the trainer saves into")
+    path = os.path.abspath(os.path.expanduser(directory))
+    if not os.path.exists(path):
+        raise SourceError(path, "no such directory")
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is not a directory; watch the folder the trainer saves into")
+    for key in RESERVED_TAGS:
+        if key in tags:
+            raise UsageError(f"--tag {key}=... is set by watch itself for each checkpoint; leave it out")
+    if not interval > 0:
+        raise UsageError(f"--interval {interval:g} must be a positive number of seconds")
+    if not settle >= 0:
+        raise UsageError(f"--settle {settle:g} must be zero or a positive number of seconds")
+    return path
+
+
 class Watcher:
     def __init__(
         self,
@@ -122,16 +142,7 @@ class Watcher:
         on_warning: Callable[[str], None] | None = None,
         on_start: Callable[[int], None] | None = None,
     ) -> None:
-        self.directory = os.path.abspath(os.path.expanduser(directory))
-        if not os.path.exists(self.directory):
-            raise SourceError(self.directory, "no such directory")
-        if not os.path.isdir(self.directory):
-            raise UsageError(f"{self.directory} is not a directory; watch the folder the trainer saves into")
-        for key in RESERVED_TAGS:
-            if key in tags:
-                raise UsageError(f"--tag {key}=... is set by watch itself for each checkpoint; leave it out")
-        if options.interval <= 0 or options.settle < 0:
-            raise UsageError("--interval must be positive and --settle not negative")
+        self.directory = check_watch_args(directory, tags, options.interval, options.settle)
         self.tags = dict(tags)
         self.options = options
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, STATE_FOLDER))

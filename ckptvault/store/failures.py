@@ -132,7 +132,17 @@ CONNECTION_ERRNOS = frozenset(
     }
 )
 PERMANENT_ERRNOS = frozenset(
-    {errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.ENAMETOOLONG, errno.EMSGSIZE, errno.EROFS, errno.EISDIR}
+    {
+        errno.EINVAL,
+        errno.ENOSYS,
+        errno.EPERM,
+        errno.ENAMETOOLONG,
+        errno.EMSGSIZE,
+        errno.EROFS,
+        errno.EISDIR,
+        errno.ENOTDIR,  # a file where the repository (or one of its folders) should be
+        errno.ELOOP,
+    }
 )
 _PRECONDITION_TEXT = re.compile(r"pre-?condition|conditionnotmet|if-none-match", re.IGNORECASE)
 _BUCKET_TEXT = re.compile(r"(bucket|container)[^.]*(does not exist|not found|NoSuch)|NoSuchBucket", re.IGNORECASE)

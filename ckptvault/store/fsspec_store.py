@@ -242,7 +242,13 @@ class FsspecStore:
     def _put_local(self, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         directory = os.path.dirname(path)
         if directory not in self._made_dirs:
-            os.makedirs(directory, exist_ok=True)
+            try:
+                os.makedirs(directory, exist_ok=True)
+            # neither is about the object (if_absent's "exists", a reader's "missing"): report the folder
+            except FileExistsError:
+                raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", directory) from None
+            except FileNotFoundError:  # a filesystem that refuses new folders (/proc, /sys)
+                raise PermissionError(errno.EPERM, "this folder cannot be created", directory) from None
             self._made_dirs.add(directory)
         tmp = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(8))
         try:

@@ -1,0 +1,57 @@
+"""Command-line mistakes: one line on stderr, the right exit code, and nothing created or touched."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from .test_cli import one_line_error
+
+
+@pytest.mark.parametrize(
+    "args, code, fragment",
+    [
+        # click's own errors, as one line instead of a framed box
+        (["prune", "--keep-latest", "abc", "--repo", "{tmp}/v"], 2, "'abc' is not a valid int"),
+        (["backup"], 2, "Missing argument"),
+        (["frobnicate"], 2, "No such command 'frobnicate'"),
+        (["snapshot"], 2, "Did you mean 'snapshots'"),
+        (["snapshots", "--bogus"], 2, "No such option: --bogus"),
+        # an empty path must not fall back to the default vault or the current folder
+        (["snapshots", "--repo", ""], 2, "--repo is empty"),
+        (["init", ""], 2, "repository URL is empty"),
+        (["backup", "", "--repo", "{tmp}/v"], 2, "source path is empty"),
+        # options checked before the default vault would be created
+        (["backup", "{tmp}/src", "--on-change", "bogus"], 2, "--on-change 'bogus' is not one of"),
+        (["watch", "{tmp}/missing"], 3, "no such directory"),
+        (["watch", "{tmp}/src", "--interval", "-1"], 2, "--interval -1 must be a positive"),
+        (["watch", "{tmp}/src", "--settle", "-1"], 2, "--settle -1 must be zero or"),
+        # a file where the repository should be: refused at once, not retried for seconds
+        (["snapshots", "--repo", "{tmp}/afile"], 20, "Not a directory"),
+        (["init", "{tmp}/afile"], 20, "a file is in the way"),
+        # control characters in a message are escaped
+        (["backup", "{tmp}/no\nsuch"], 3, "no\\nsuch"),
+    ],
+)
+def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, code, fragment):
+    cli("init", str(tmp_path / "v"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    (tmp_path / "afile").write_bytes(b"not a vault")
+    started = time.monotonic()
+    proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
+    assert proc.returncode == code, proc.stderr
+    assert fragment in one_line_error(proc)
+    assert time.monotonic() - started < 8, "a permanent error was retried"  # the retry budget is ~10 s
+    assert not (tmp_path / "xdg-data").exists(), "the default vault was created or used"
+    assert (tmp_path / "afile").read_bytes() == b"not a vault"
+    assert not [p for p in (tmp_path / "v").rglob("*") if "snapshots" in p.parts and p.is_file()]
+
+
+def test_bare_command_still_prints_the_help(cli):
+    proc = cli(check=False)
+    assert proc.returncode == 2
+    assert "Usage" in proc.stdout.decode() + proc.stderr.decode()
+    assert "Traceback" not in proc.stderr.decode()
