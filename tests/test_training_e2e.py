@@ -1,8 +1,8 @@
 """The end-to-end promise: train, ship checkpoints with backup_async, lose the box, restore the
 latest, resume, and end bitwise equal to a run that was never interrupted.
 
-Real processes throughout (tests/support/train_tiny.py and the ckptvault CLI). Needs torch;
-``pip install torch==2.13.0`` (the `test` extra) installs the CPU build."""
+Real processes throughout (tests/support/train_tiny.py and the ckptvault CLI). Needs torch
+(the `test` extra pins 2.13.0; on plain PyPI, take the CPU build from download.pytorch.org/whl/cpu first)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import typer
 
 # Commands that never unlock a vault's keyfile (every other command opens a vault).
-_NO_VAULT_COMMANDS = frozenset({"key", "demo"})
+_NO_VAULT_COMMANDS = frozenset({"key"})
 
 
 def _derive_key_ahead(argv: list[str]) -> None:
