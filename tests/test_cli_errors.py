@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -33,6 +34,10 @@ from .test_cli import one_line_error
         (["init", "{tmp}/afile"], 20, "a file is in the way"),
         # control characters in a message are escaped
         (["backup", "{tmp}/no\nsuch"], 3, "no\\nsuch"),
+        # only special files named: no empty snapshot that looks like a backup
+        (["backup", "{tmp}/fifo", "--repo", "{tmp}/v"], 3, "nothing left to back up"),
+        (["init", "{tmp}/v2", "--pack-size-mib", "-1"], 2, "--pack-size-mib -1 is out of range"),
+        (["snapshots", "--repo", "{tmp}/v", "--keyfile", "{tmp}/src"], 14, "is a directory"),
     ],
 )
 def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, code, fragment):
@@ -40,6 +45,7 @@ def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, cod
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"data")
     (tmp_path / "afile").write_bytes(b"not a vault")
+    os.mkfifo(tmp_path / "fifo")
     started = time.monotonic()
     proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
     assert proc.returncode == code, proc.stderr
@@ -47,6 +53,7 @@ def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, cod
     assert time.monotonic() - started < 8, "a permanent error was retried"  # the retry budget is ~10 s
     assert not (tmp_path / "xdg-data").exists(), "the default vault was created or used"
     assert (tmp_path / "afile").read_bytes() == b"not a vault"
+    assert not (tmp_path / "v2").exists()
     assert not [p for p in (tmp_path / "v").rglob("*") if "snapshots" in p.parts and p.is_file()]
 
 

@@ -6,7 +6,7 @@ import typer
 
 from ..codec import CompressionSettings
 from ..errors import UsageError
-from ..repository.config import DEFAULT_PACK_SIZE
+from ..repository.config import DEFAULT_PACK_SIZE, MAX_PACK_SIZE
 from ..vault import Vault
 from .app import (
     JsonOpt,
@@ -57,6 +57,8 @@ def init_cmd(
         raise UsageError("--encrypt needs --keyfile; create one with: ckptvault key generate --keyfile PATH")
     if keyfile and not encrypt:
         raise UsageError("a keyfile was given (--keyfile or CKPTVAULT_KEYFILE) but not --encrypt; add --encrypt")
+    if not 1 <= pack_size_mib <= MAX_PACK_SIZE >> 20:
+        raise UsageError(f"--pack-size-mib {pack_size_mib} is out of range; use 1..{MAX_PACK_SIZE >> 20}")
     for option, value in (("the repository URL", url), ("--repo", repo)):
         if value is not None:
             require_nonempty(option, value)

@@ -203,6 +203,8 @@ class Keyfile:
                 raw = f.read()
         except FileNotFoundError:
             raise KeyfileNotFoundError(f"keyfile {path} does not exist; give the right path with --keyfile") from None
+        except IsADirectoryError:
+            raise KeyfileNotFoundError(f"keyfile {path} is a directory; give the keyfile's path") from None
         except OSError as exc:
             raise KeyfileCorruptError(path, exc.strerror or str(exc)) from exc
         return cls.from_json(raw, path)

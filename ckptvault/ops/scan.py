@@ -63,6 +63,9 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
                 _walk(src, name, result, skip_unreadable)
             else:
                 _add(src, name, st, result)
+    if not result.items and not any(os.path.isdir(s) for s in abs_sources):
+        # only special or unreadable files were named: an empty snapshot would look like a backup
+        raise SourceError(abs_sources[0], "nothing left to back up", "; ".join(result.warnings))
     result.items.sort(key=lambda i: i.path)
     return result
 
