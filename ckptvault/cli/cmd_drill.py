@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import DrillFailedError
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -30,6 +30,8 @@ def drill_cmd(
 ) -> None:
     """Restore drill: fetch into a temporary folder, verify every file, optionally load, print each phase's time."""
     out = Output(json_mode=json_out, quiet=quiet)
+    if tmp_dir is not None:
+        require_nonempty("--tmp-dir", tmp_dir)  # "" would fall back to the system's folder
     with (
         vault_args.open(out) as vault,
         out.progress("drill: fetching") as progress,

@@ -4,6 +4,8 @@ from typing import Annotated
 
 import typer
 
+from ..errors import CkptVaultError
+from ..ops.restore import target_error
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -17,7 +19,12 @@ def restore_cmd(
     target: Annotated[str, typer.Argument(help="Directory to restore into (created if missing).")],
     tag: TagOpt = None,
     include: Annotated[
-        list[str] | None, typer.Option("--include", "-i", help="Restore only paths matching this glob (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--include",
+            "-i",
+            help="Restore only paths matching this glob (repeatable); a glob that matches nothing is an error.",
+        ),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files that differ.")] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
@@ -29,7 +36,12 @@ def restore_cmd(
     with vault_args.open(out) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         with out.progress("restoring") as progress:
-            result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
+            try:
+                result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
+            except CkptVaultError:
+                raise
+            except OSError as exc:  # writing the target failed (the API raises it as is): one line, exit 20/21/22
+                raise target_error(exc, target) from exc
     rate = result.bytes_written / result.duration_s / 1e6 if result.duration_s > 0 else 0.0
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
     out.result(

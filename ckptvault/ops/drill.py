@@ -10,10 +10,15 @@ tensor with safetensors, each ``.pt``/``.pth``/``.ckpt`` and zip ``.bin`` file w
 A torch file that holds pickled Python objects (optimizer hyper-parameters, RNG states of
 numpy, a Lightning ``.ckpt``) is refused by a weights-only load; the drill then checks its zip
 archive record by record (CRC-32) instead of running its pickled code.
+
+The temporary folder is made in ``workdir`` (``--tmp-dir``), else in the system's. A ``workdir``
+that is empty, a file, or not writable is a UsageError; a disk that fills up during the restore is
+StorageFullError (exit 21) naming the folder; any other filesystem error is a one-line StorageError.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import stat
@@ -23,9 +28,9 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import IntegrityError
+from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError
 from ..snapshot.model import FileEntry, Snapshot
-from .restore import file_hash
+from .restore import file_hash, target_error
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -67,12 +72,18 @@ def run_drill(
     workdir: str | None = None,
 ) -> DrillReport:
     started = time.monotonic()
-    if workdir:
-        os.makedirs(workdir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ckptvault-drill-", dir=workdir) as tmp:
+    holder = _make_tmp(workdir)
+    where = workdir or tempfile.gettempdir()
+    with holder as tmp:
         target = os.path.join(tmp, "restore")
         t0 = time.monotonic()
-        restore(target)
+        try:
+            restore(target)
+        except CkptVaultError:
+            raise
+        except OSError as exc:
+            hint = f"free space in {where}, or pass --tmp-dir DIR on a disk with room for the snapshot"
+            raise target_error(exc, target, full_hint=hint) from exc
         t1 = time.monotonic()
         problems = verify_tree(target, tree)
         t2 = time.monotonic()
@@ -97,6 +108,32 @@ def run_drill(
         loads=loads,
         skipped=skipped,
     )
+
+
+def _make_tmp(workdir: str | None) -> tempfile.TemporaryDirectory[str]:
+    """The drill's temporary folder, in ``workdir`` (created if missing) or the system's."""
+    if workdir is not None and not workdir.strip():
+        raise UsageError("--tmp-dir is empty; give a folder, or leave the option out for the system's")
+    where = workdir or tempfile.gettempdir()
+    try:
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix="ckptvault-drill-", dir=workdir)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError("mkdir", "the drill's temporary folder", where, reason) from exc
+        if not workdir:
+            err = StorageError("mkdir", "the drill's temporary folder", where, reason)
+            err.args = (f"cannot make a temporary folder in {where} ({reason}); pass --tmp-dir DIR, a writable folder",)
+            raise err from exc
+        if os.path.exists(workdir) and not os.path.isdir(workdir):
+            reason = "it is a file, not a folder"
+        elif exc.errno == errno.ENOTDIR:
+            reason = "a folder above it is a file"
+        raise UsageError(
+            f"--tmp-dir {workdir}: cannot make a temporary folder there ({reason}); give a writable folder"
+        ) from exc
 
 
 def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:

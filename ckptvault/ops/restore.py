@@ -7,10 +7,16 @@ to a temporary name beside it with positioned writes of chunks fetched and verif
 parallel, checked against its whole-file BLAKE3 (taken over the written bytes in file order),
 then renamed into place.
 A file that fails verification is reported and the others still restore.
+
+A filesystem error while writing the target (disk full, read-only, permissions) ends the restore
+as an ``OSError`` naming the restored path (never a temporary name); the file being written is
+removed, files already renamed into place are complete and a rerun skips them. ``target_error``
+turns such an error into the one-line ``CkptVaultError`` the CLI prints.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import os
@@ -21,11 +27,21 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
+from ..errors import (
+    CkptVaultError,
+    IntegrityError,
+    MalformedObjectError,
+    RestoreConflictError,
+    StorageError,
+    StorageFullError,
+    UnsafePathError,
+    UsageError,
+)
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
+from ..store.failures import Kind, classify
 from ..store.localwrite import pwrite_all
 from .progress import NullProgress, Progress
 
@@ -45,16 +61,32 @@ class RestoreResult:
 
 def select_entries(tree: list[FileEntry], include: list[str] | None) -> list[FileEntry]:
     """Entries matching any glob (an entry matches when it or a parent directory does),
-    plus the directories above them."""
+    plus the directories above them.
+
+    Every glob must match at least one path, or nothing is restored: UsageError names the globs
+    that matched nothing, even when the others match. This is stricter than restic (no error) and
+    rsync-like tools (a warning), on purpose: a restore is the recovery path, a mistyped glob among
+    several would otherwise restore less than asked with exit 0, and a warning is easy to miss (the
+    CLI shows no log warnings). Drop the glob, or fix it, and run the restore again."""
     if not include:
         return list(tree)
     chosen: set[str] = set()
+    unmatched = dict.fromkeys(include)
     for e in tree:
         parts = e.path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
         if any(fnmatch.fnmatchcase(p, pat) for p in prefixes for pat in include):
             chosen.add(e.path)
             chosen.update(prefixes[:-1])
+            for pat in [pat for pat in unmatched if any(fnmatch.fnmatchcase(p, pat) for p in prefixes)]:
+                del unmatched[pat]
+    if unmatched:
+        globs = ", ".join(repr(pat) for pat in unmatched)
+        verb = "matches" if len(unmatched) == 1 else "match"
+        raise UsageError(
+            f"--include {globs} {verb} no path in the snapshot, so nothing was restored; globs match paths "
+            "from the snapshot's root (e.g. 'model/*.bin'): list them with: ckptvault ls SNAPSHOT"
+        )
     return [e for e in tree if e.path in chosen]
 
 
@@ -76,11 +108,39 @@ class _Planner:
         self.repo = repo
         self.target = target
         self.overwrite = overwrite
-        self.conflicts: list[str] = []
+        self.conflicts: list[str] = []  # differing files and symlinks: --overwrite replaces them
+        self.clashes: dict[str, str] = {}  # a folder against a non-folder: never replaced (path -> why)
         self.skip: set[str] = set()
 
     def dest(self, entry: FileEntry) -> str:
         return os.path.join(self.target, *entry.path.split("/"))
+
+    def check_target(self) -> None:
+        """The target must be a folder, or creatable as one: neither it nor a folder above it may be
+        a file (or a broken symlink). A symlink to a folder is a folder here."""
+        probe = self.target
+        while True:
+            try:
+                st = os.stat(probe)
+                break
+            except (FileNotFoundError, NotADirectoryError):
+                if os.path.lexists(probe) and os.path.islink(probe):
+                    self._refuse_target(probe, "a broken symlink")
+                parent = os.path.dirname(probe)
+                if parent == probe:
+                    return
+                probe = parent
+        if not stat.S_ISDIR(st.st_mode):
+            self._refuse_target(probe, "a file" if stat.S_ISREG(st.st_mode) else "not a folder")
+
+    def _refuse_target(self, path: str, what: str) -> None:
+        if path == self.target:
+            raise RestoreConflictError(
+                f"restore target {path} is {what}, not a folder; give a new or existing folder to restore into"
+            )
+        raise RestoreConflictError(
+            f"restore target {self.target} cannot be created: {path} is {what}, not a folder; restore elsewhere"
+        )
 
     def check(self, entry: FileEntry) -> None:
         self._check_ancestors(entry)
@@ -89,18 +149,18 @@ class _Planner:
         dest = self.dest(entry)
         try:
             st = os.lstat(dest)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: _check_ancestors noted the clash
             return
         if entry.type == "dir":
             if not stat.S_ISDIR(st.st_mode):
-                self._conflict(entry, "exists and is not a directory")
+                self._clash(entry.path, f"is {_kind(st)} in the target where the snapshot has a folder")
+        elif stat.S_ISDIR(st.st_mode):
+            self._clash(entry.path, f"is a folder in the target where the snapshot has a {entry.type}")
         elif entry.type == "symlink":
             if stat.S_ISLNK(st.st_mode) and os.readlink(dest) == entry.target:
                 self.skip.add(entry.path)
             else:
                 self._conflict(entry, "exists and differs")
-        elif stat.S_ISDIR(st.st_mode):
-            self._conflict(entry, "exists as a directory")
         elif _same_content(dest, entry):
             self.skip.add(entry.path)
         else:
@@ -109,6 +169,11 @@ class _Planner:
     def _conflict(self, entry: FileEntry, why: str) -> None:
         if not self.overwrite or self.dest(entry) == self.target:
             self.conflicts.append(f"{entry.path} {why}")
+
+    def _clash(self, path: str, why: str) -> None:
+        """A folder where the snapshot has a file or symlink, or the reverse: refused even with
+        --overwrite, which replaces files but never deletes a user's folder (or a file to make one)."""
+        self.clashes.setdefault(path, f"{path} {why}")
 
     def _check_ancestors(self, entry: FileEntry) -> None:
         parts = entry.path.split("/")
@@ -120,6 +185,9 @@ class _Planner:
                 return
             if stat.S_ISLNK(st.st_mode):
                 raise UnsafePathError(entry.path, f"would be written through the symlink {parent} in the target")
+            if not stat.S_ISDIR(st.st_mode):
+                self._clash("/".join(parts[:i]), f"is {_kind(st)} in the target where the snapshot has a folder")
+                return
 
     def _check_chunks(self, entry: FileEntry) -> None:
         total = 0
@@ -149,6 +217,43 @@ class _Planner:
             chunk_id, base_id = base_id, base.base_id
 
 
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISREG(st.st_mode):
+        return "a file"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    return "a special file"
+
+
+def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVaultError:
+    """A filesystem error met while writing into ``target``, as a one-line error naming the path
+    (relative to the target where it lies inside it), the cause, and what to do. A full disk or
+    quota is StorageFullError (exit 21, the errno test is the store's ``classify``); a file/folder
+    clash that appeared during the restore is RestoreConflictError; any other is StorageError."""
+    filename = exc.filename if isinstance(exc.filename, str) else ""
+    path = filename or target
+    inside = filename and os.path.abspath(filename).startswith(os.path.join(os.path.abspath(target), ""))
+    where = os.path.relpath(filename, target) if inside else path
+    reason = exc.strerror or str(exc)
+    if classify(exc).kind is Kind.FULL:
+        err: CkptVaultError = StorageFullError("write", where, target, reason)
+        if full_hint:
+            err.args = (f"no space left writing {where} on {target}: {reason}; {full_hint}",)
+        return err
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        return RestoreConflictError(
+            f"cannot restore into {target}: {path}: {reason} (the target changed during the restore); "
+            "check it and run the command again, or restore elsewhere"
+        )
+    if classify(exc).kind is Kind.DENIED or exc.errno == errno.EROFS:
+        hint = "restore into a writable folder"
+    else:
+        hint = "check that disk, then run the command again or restore elsewhere"
+    err = StorageError("write", where, target, reason)
+    err.args = (f"cannot restore into {target}: writing {path} failed: {reason}; {hint}",)
+    return err
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         raise RestoreConflictError(f"{path} is a directory; remove it by hand to restore a file there")
@@ -165,22 +270,36 @@ def run_restore(
     progress: Progress | None = None,
     workers: int = 8,
 ) -> RestoreResult:
+    """Plan, then write (see the module docstring). Everything that can be found before writing is
+    raised before the target is even created: an empty target (UsageError), an --include glob that
+    matches nothing (UsageError), a target that is or lies under a file, and a folder in the target
+    where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``)."""
     progress = progress or NullProgress()
     started = time.monotonic()
+    if not target.strip():
+        raise UsageError("the restore target is empty; give the folder to restore into")
     validate_tree(tree)
     entries = select_entries(tree, include)
     target = os.path.abspath(target)
-    os.makedirs(target, exist_ok=True)
 
     planner = _Planner(repo, target, overwrite)
+    planner.check_target()
     for entry in entries:
         planner.check(entry)
+    if planner.clashes:
+        clashes = list(planner.clashes.values())
+        more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
+        raise RestoreConflictError(
+            f"cannot restore into {target}: {'; '.join(clashes[:3])}{more}; "
+            "--overwrite never deletes a folder or puts one in place of a file: move them away, or restore elsewhere"
+        )
     if planner.conflicts:
         more = f" (and {len(planner.conflicts) - 3} more)" if len(planner.conflicts) > 3 else ""
         raise RestoreConflictError(
             f"target {target} already holds differing data: {'; '.join(planner.conflicts[:3])}{more}; "
             "rerun with --overwrite to replace it, or restore elsewhere"
         )
+    os.makedirs(target, exist_ok=True)
 
     files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
     progress.start(sum(e.size for e in files), len(files))
@@ -239,6 +358,24 @@ def _restore_file(
     for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}{TEMP_MARK}*")):
         os.unlink(leftover)  # from a restore that was killed while writing this file
     tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")
+    try:
+        _write_via_temp(repo, pool, entry, dest, tmp, progress, window, zero_chunks)
+    except OSError as exc:
+        if not isinstance(exc, CkptVaultError) and exc.filename in (None, tmp):
+            exc.filename, exc.filename2 = dest, None  # name the file restored, not its temporary name
+        raise
+
+
+def _write_via_temp(
+    repo: Repository,
+    pool: ThreadPoolExecutor,
+    entry: FileEntry,
+    dest: str,
+    tmp: str,
+    progress: Progress,
+    window: int,
+    zero_chunks: set[bytes],
+) -> None:
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:

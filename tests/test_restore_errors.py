@@ -1,0 +1,199 @@
+"""Restore and drill: a target that cannot be written is a one-line error, never an internal error.
+
+Each case drives the real CLI and checks the exit code, that stderr is one line without a
+traceback, and that nothing half-written (a temporary file, a partial file) is left behind. The
+read-only and full-disk cases use real tmpfs mounts (root only; skipped when mount fails).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.ops.restore import TEMP_MARK
+
+from .conftest import write_file
+
+Cli = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture
+def snap(vault: Vault, tmp_path: Path) -> str:
+    """A snapshot of a small tree: a.json (tiny, restored first), big.bin (1 MiB), model/w.bin."""
+    src = tmp_path / "src"
+    write_file(src / "a.json", b'{"step": 1}')
+    write_file(src / "big.bin", os.urandom(1 << 20))
+    write_file(src / "model" / "w.bin", os.urandom(50_000))
+    return vault.backup(src).id
+
+
+@pytest.fixture
+def run(cli: Cli, repo_url: str, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """The CLI against the test vault; a crash report (an internal error) would land in tmp_path."""
+    crash_dir = tmp_path / "crash"
+    crash_dir.mkdir()
+
+    def run_(*args: str) -> subprocess.CompletedProcess:
+        return cli(*args, "--repo", repo_url, check=False, TMPDIR=str(crash_dir))
+
+    return run_
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
+    """Mount a tmpfs with the given options at tmp_path/NAME; unmounted after the test."""
+    mounted: list[Path] = []
+
+    def mount(name: str, options: str) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root and mount(8)")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounted):
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, exit_code: int, *needles: str) -> str:
+    err = proc.stderr.decode()
+    assert proc.returncode == exit_code, f"exit {proc.returncode}, expected {exit_code}: {err}"
+    assert "internal error" not in err and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if TEMP_MARK in p.name] if root.exists() else []
+
+
+def listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+# ---- clashes found while planning: nothing is written -------------------------------------
+
+
+def test_a_target_that_is_a_file_is_a_conflict(run, snap, tmp_path: Path):
+    target = write_file(tmp_path / "afile", b"mine")
+    line = one_line_error(run("restore", snap, str(target)), 22, str(target), "is a file")
+    assert "restore" in line
+    assert target.read_bytes() == b"mine"
+
+
+def test_a_target_below_a_file_is_a_conflict(run, snap, tmp_path: Path):
+    afile = write_file(tmp_path / "afile", b"mine")
+    one_line_error(run("restore", snap, str(afile / "sub")), 22, str(afile), "is a file")
+    assert afile.read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_a_file_where_the_snapshot_has_a_folder_is_refused_before_writing(run, snap, tmp_path: Path, overwrite):
+    target = tmp_path / "target"
+    write_file(target / "model", b"a file named like the snapshot's folder")
+    args = ["restore", snap, str(target), *(["--overwrite"] if overwrite else [])]
+    one_line_error(run(*args), 22, "model", "is a file", "folder")
+    assert listing(target) == ["model"], "nothing may be written when the plan fails"
+    assert (target / "model").read_bytes() == b"a file named like the snapshot's folder"
+
+
+def test_a_file_where_the_snapshot_has_a_folder_is_refused_with_include_too(run, snap, tmp_path: Path):
+    target = tmp_path / "target"
+    write_file(target / "model", b"mine")
+    one_line_error(run("restore", snap, str(target), "--include", "model/w.bin", "--overwrite"), 22, "model")
+    assert listing(target) == ["model"]
+
+
+def test_a_folder_where_the_snapshot_has_a_file_is_refused_even_with_overwrite(run, snap, tmp_path: Path):
+    target = tmp_path / "target"
+    (target / "big.bin").mkdir(parents=True)
+    write_file(target / "big.bin" / "user-data", b"keep me")
+    one_line_error(run("restore", snap, str(target), "--overwrite"), 22, "big.bin", "is a folder", "--overwrite")
+    assert listing(target) == ["big.bin", "big.bin/user-data"], "refused at planning time: no folder made, no file"
+    assert (target / "big.bin" / "user-data").read_bytes() == b"keep me"
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["", " "], ids=["empty", "blank"])
+def test_an_empty_target_is_a_usage_error(run, snap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # the CLI runs here: an empty target must not restore into it
+    one_line_error(run("restore", snap, target), 2, "target is empty")
+    assert list(cwd.iterdir()) == []
+
+
+def test_an_include_glob_that_matches_nothing_is_a_usage_error(run, snap, tmp_path: Path):
+    target = tmp_path / "target"
+    one_line_error(run("restore", snap, str(target), "--include", "nomatch*"), 2, "--include 'nomatch*'")
+    assert not target.exists(), "nothing may be created before the globs are checked"
+
+
+def test_every_include_glob_must_match(run, snap, tmp_path: Path):
+    target = tmp_path / "target"
+    line = one_line_error(run("restore", snap, str(target), "-i", "model", "-i", "typo*", "-i", "*.json"), 2, "'typo*'")
+    assert "'model'" not in line and "'*.json'" not in line, "only the glob that matched nothing is named"
+    assert not target.exists()
+    proc = run("restore", snap, str(target), "-i", "model", "-i", "*.json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert listing(target) == ["a.json", "model", "model/w.bin"]
+
+
+# ---- the filesystem refuses: read-only, full ------------------------------------------------
+
+
+def test_a_read_only_target_is_a_one_line_error(run, snap, tmpfs):
+    ro = tmpfs("ro", "size=64k,ro")
+    one_line_error(run("restore", snap, str(ro / "t")), 20, str(ro / "t"), "Read-only file system", "writable")
+    one_line_error(run("restore", snap, str(ro)), 20, str(ro), "Read-only file system")
+    assert list(ro.iterdir()) == []
+
+
+def test_a_full_disk_is_storage_full_naming_the_target_and_leaves_nothing_half_written(run, snap, tmpfs):
+    small = tmpfs("small", "size=256k")
+    target = small / "t"
+    one_line_error(run("restore", snap, str(target)), 21, "no space left", str(target), "big.bin")
+    assert temp_files(small) == []
+    assert not (target / "big.bin").exists(), "a partial file was left"
+    assert (target / "a.json").read_bytes() == b'{"step": 1}', "files restored before the disk filled stay whole"
+
+
+# ---- the drill's temporary folder -----------------------------------------------------------
+
+
+def test_drill_tmp_dir_that_is_a_file_is_a_usage_error(run, snap, tmp_path: Path):
+    afile = write_file(tmp_path / "afile", b"mine")
+    one_line_error(run("drill", snap, "--tmp-dir", str(afile)), 2, "--tmp-dir", str(afile), "is a file")
+    one_line_error(run("drill", snap, "--tmp-dir", str(afile / "sub")), 2, "--tmp-dir", str(afile / "sub"))
+    assert afile.read_bytes() == b"mine"
+
+
+def test_drill_empty_tmp_dir_is_a_usage_error(run, snap):
+    one_line_error(run("drill", snap, "--tmp-dir", ""), 2, "--tmp-dir", "empty")
+
+
+def test_drill_tmp_dir_on_a_read_only_filesystem_is_a_usage_error(run, snap, tmpfs):
+    ro = tmpfs("ro", "size=64k,ro")
+    one_line_error(run("drill", snap, "--tmp-dir", str(ro)), 2, "--tmp-dir", str(ro), "Read-only file system")
+
+
+def test_drill_on_a_full_disk_is_storage_full_and_cleans_up(run, snap, tmpfs):
+    small = tmpfs("small", "size=256k")
+    one_line_error(run("drill", snap, "--tmp-dir", str(small)), 21, "no space left", str(small), "--tmp-dir")
+    assert list(small.iterdir()) == [], "the drill's temporary folder is removed"
