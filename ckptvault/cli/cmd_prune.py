@@ -8,23 +8,43 @@ from typing import Annotated
 import typer
 
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
+from ..snapshot.retention import Decision, missing_group_label
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
-from .params import parse_before, parse_tags
+from .params import parse_before, parse_keep_tags, parse_tags
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be removed.")]
 
 
+def _decision(d: Decision) -> dict[str, str]:
+    return {"id": d.snapshot.id, "reason": d.reason, **({"group": d.group} if d.group is not None else {})}
+
+
+def note_ungrouped(out: Output, result: PruneResult, group_by: str | None) -> None:
+    """Say so when some snapshots lack the --group-by tag: they are pruned as a group of their own."""
+    if group_by is None or group_by == "host":
+        return
+    label = missing_group_label(group_by)
+    lacking = [d for d in result.retention.decisions if d.group == label]
+    if lacking:
+        grouped = sum(d.group is not None for d in result.retention.decisions)
+        out.info(
+            f"note: {len(lacking)} of {grouped} snapshot(s) have no tag {group_by!r}; "
+            f"they are pruned as one group, {label!r}, whose newest is kept"
+        )
+
+
 def report(out: Output, result: PruneResult) -> None:
     gone = result.forgotten
-    table = out.table("id", "time (UTC)", "tags", "size", "why")
+    grouped = any(d.group is not None for d in result.retention.decisions)
+    table = out.table("id", "time (UTC)", "tags", "size", *(["group"] if grouped else []), "why")
     for d in result.retention.decisions:
         if not d.keep:
             s = d.snapshot
             tags = ",".join(f"{k}={v}" for k, v in s.tags.items())
-            table.add_row(
-                s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, format_bytes(s.summary.logical_bytes), d.reason
-            )
+            size = format_bytes(s.summary.logical_bytes)
+            group = [d.group or ""] if grouped else []
+            table.add_row(s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, size, *group, d.reason)
     gc = result.gc
     verb = "would remove" if result.dry_run else "removed"
     summary = (
@@ -36,8 +56,8 @@ def report(out: Output, result: PruneResult) -> None:
     )
     data = {
         "dry_run": result.dry_run,
-        "forget": [{"id": d.snapshot.id, "reason": d.reason} for d in result.retention.decisions if not d.keep],
-        "keep": [{"id": d.snapshot.id, "reason": d.reason} for d in result.retention.decisions if d.keep],
+        "forget": [_decision(d) for d in result.retention.decisions if not d.keep],
+        "keep": [_decision(d) for d in result.retention.decisions if d.keep],
         "packs_deleted": len(gc.delete_packs),
         "packs_repacked": len(gc.repack),
         "reclaim_bytes": gc.reclaim_bytes,
@@ -81,11 +101,12 @@ def prune_cmd(
             keep_latest=keep_latest,
             before=parse_before(before, now),
             tags=parse_tags(tag),
-            keep_tags=keep_tag or (),
+            keep_tags=parse_keep_tags(keep_tag),
             group_by=group_by,
             dry_run=dry_run,
             repack_threshold=repack_threshold,
         )
+    note_ungrouped(out, result, group_by)
     report(out, result)
 
 

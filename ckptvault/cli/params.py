@@ -2,28 +2,88 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime, timedelta, timezone
 
 from ..errors import UsageError
 
+TAG_TEXT_MAX = 256  # characters in one tag key or value: longer ones wreck the snapshots table
 
-def parse_tags(values: list[str] | None, option: str = "--tag") -> dict[str, str]:
+
+def _quoted(text: str, limit: int = 40) -> str:
+    """``repr(text)`` for a one-line message (escapes control characters), cut short when long."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+
+
+def _control_char(text: str) -> str | None:
+    """The first character that would break a table row or a one-line message, as U+XXXX."""
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):  # C0/C1 controls, DEL, line/paragraph separators
+            return f"U+{ord(ch):04X}"
+    return None
+
+
+def _check_tag_text(option: str, what: str, text: str, limit: int | None) -> None:
+    """``what`` names the text in the message: "key 'a'" or "the value of 'a' ('x')"."""
+    bad = _control_char(text)
+    if bad:
+        raise UsageError(f"{option}: {what} contains a control character ({bad}); use printable text")
+    if limit is not None and len(text) > limit:
+        raise UsageError(f"{option}: {what} is {len(text)} characters long; the limit is {limit}")
+
+
+def _check_tag_key(option: str, key: str, limit: int | None) -> None:
+    if not key.strip():
+        raise UsageError(f"{option}: the key {key!r} is blank; give a name, e.g. {option} run=x")
+    _check_tag_text(option, f"key {_quoted(key)}", key, limit)
+
+
+def parse_tags(
+    values: list[str] | None, option: str = "--tag", *, limit: int | None = TAG_TEXT_MAX, show_values: bool = True
+) -> dict[str, str]:
+    """``key=value`` pairs. Keys must not be blank; keys and values must hold no control
+    characters and, with ``limit``, be at most that many characters. Messages quote a bad
+    value only with ``show_values`` (storage options may be secrets)."""
     tags: dict[str, str] = {}
     for value in values or []:
         key, sep, val = value.partition("=")
         if not sep or not key:
-            raise UsageError(f"{option}: {value!r} is not key=value, e.g. {option} run=x")
+            example = "endpoint_url=http://127.0.0.1:9000" if option == "-o" else "run=x"
+            raise UsageError(f"{option}: {_quoted(value)} is not key=value, e.g. {option} {example}")
+        _check_tag_key(option, key, limit)
+        shown = f" ({_quoted(val)})" if show_values else ""
+        _check_tag_text(option, f"the value of {_quoted(key)}{shown}", val, limit)
         if key in tags and tags[key] != val:
-            raise UsageError(f"{option}: key {key!r} is given twice ({tags[key]!r} and {val!r})")
+            raise UsageError(f"{option}: key {key!r} is given twice ({_quoted(tags[key])} and {_quoted(val)})")
         tags[key] = val
     return tags
 
 
+def parse_keep_tags(values: list[str] | None) -> tuple[str, ...]:
+    """``--keep-tag`` values: ``key`` or ``key=value``, checked like ``--tag``."""
+    specs: list[str] = []
+    for spec in values or []:
+        key, sep, val = spec.partition("=")
+        if not key:
+            raise UsageError(
+                f"--keep-tag: {_quoted(spec)} has no key; give key or key=value, e.g. --keep-tag milestone"
+            )
+        _check_tag_key("--keep-tag", key, TAG_TEXT_MAX)
+        if sep:
+            _check_tag_text("--keep-tag", f"the value of {_quoted(key)} ({_quoted(val)})", val, TAG_TEXT_MAX)
+        specs.append(spec)
+    return tuple(specs)
+
+
 def parse_storage_options(values: list[str] | None) -> dict[str, str]:
-    return parse_tags(values, "-o")
+    return parse_tags(values, "-o", limit=None, show_values=False)  # values may be long secrets (tokens)
 
 
 _UNITS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
+
+
+_BEFORE_FORMATS = "use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h"
 
 
 def parse_before(value: str | None, now: datetime) -> datetime | None:
@@ -31,14 +91,15 @@ def parse_before(value: str | None, now: datetime) -> datetime | None:
     if value is None:
         return None
     text = value.strip()
-    if len(text) >= 2 and text[-1] in _UNITS and text[:-1].isdigit():
-        return now - int(text[:-1]) * _UNITS[text[-1]]
+    if len(text) >= 2 and text[-1] in _UNITS and text[:-1].isascii() and text[:-1].isdigit():
+        try:
+            return now - int(text[:-1]) * _UNITS[text[-1]]
+        except (OverflowError, ValueError):  # further back than year 1, or digits int() refuses
+            raise UsageError(f"--before: {_quoted(value)} is too far back to be a date; {_BEFORE_FORMATS}") from None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise UsageError(
-            f"--before: {value!r} is not a date or a duration; use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h"
-        ) from None
+        raise UsageError(f"--before: {_quoted(value)} is not a date or a duration; {_BEFORE_FORMATS}") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 

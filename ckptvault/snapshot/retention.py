@@ -4,11 +4,18 @@ A snapshot is forgotten only when every given rule says so: with both ``keep_lat
 ``before`` it must be outside the newest N of its group AND older than the date. Snapshots
 not matching ``tags`` are not considered (kept), ``keep_tags`` protect, and the newest
 snapshot of every group is always kept, so no policy can empty a group by mistake.
+
+``group_by`` names a tag key (or ``host``). A typo there would put every snapshot into one
+group and forget all but one of them, so a key that none of the selected snapshots carries
+is refused with a UsageError listing the keys they do carry. When only some carry it, those
+lacking it form a group of their own, labelled ``(no tag KEY)``, that is never merged with a
+real value (not even the empty one, ``KEY=``); the policy applies to it like to any group
+(its newest is kept), and every decision names its group so a dry run shows which is which.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ..errors import UsageError
@@ -25,6 +32,11 @@ class RetentionPolicy:
     group_by: str | None = None  # a tag key, or "host"
 
     def __post_init__(self) -> None:
+        if self.group_by is not None and not self.group_by.strip():
+            raise UsageError("--group-by is empty; give a tag key (e.g. --group-by run) or 'host'")
+        for spec in self.keep_tags:
+            if not spec.partition("=")[0].strip():
+                raise UsageError(f"--keep-tag: {spec!r} has no key; give key or key=value, e.g. --keep-tag milestone")
         if self.keep_latest is None and self.before is None:
             raise UsageError("prune needs a rule: give --keep-latest N and/or --before DATE")
         if self.keep_latest is not None and self.keep_latest < 1:
@@ -38,6 +50,7 @@ class Decision:
     snapshot: Snapshot
     keep: bool
     reason: str
+    group: str | None = None  # the group's label, with --group-by: "run=a", "host=h1" or "(no tag run)"
 
 
 @dataclass(frozen=True)
@@ -53,12 +66,24 @@ class RetentionPlan:
         return [d.snapshot for d in self.decisions if not d.keep]
 
 
-def group_key(snap: Snapshot, group_by: str | None) -> str:
+def group_key(snap: Snapshot, group_by: str | None) -> tuple[bool, str]:
+    """``(has the key, value)``: a snapshot lacking the tag never shares a group with a real value."""
     if group_by is None:
-        return ""
+        return (True, "")
     if group_by == "host":
-        return snap.hostname
-    return snap.tags.get(group_by, "")
+        return (True, snap.hostname)
+    return (group_by in snap.tags, snap.tags.get(group_by, ""))
+
+
+def group_label(key: tuple[bool, str], group_by: str | None) -> str | None:
+    if group_by is None:
+        return None
+    present, value = key
+    return f"{group_by}={value}" if present else missing_group_label(group_by)
+
+
+def missing_group_label(group_by: str) -> str:
+    return f"(no tag {group_by})"
 
 
 def _protected(snap: Snapshot, keep_tags: tuple[str, ...]) -> str | None:
@@ -69,18 +94,41 @@ def _protected(snap: Snapshot, keep_tags: tuple[str, ...]) -> str | None:
     return None
 
 
+def _check_group_key(selected: list[Snapshot], policy: RetentionPolicy) -> None:
+    key = policy.group_by
+    if key is None or key == "host" or not selected or any(key in s.tags for s in selected):
+        return
+    n = len(selected)
+    which = f"{n} snapshot{'s' if n != 1 else ''}" + (" selected by --tag" if policy.tags else "")
+    keys = sorted({k for s in selected for k in s.tags})
+    if keys:
+        more = f", ... ({len(keys)} in all)" if len(keys) > 8 else ""
+        theirs = "their tag keys: " + ", ".join(keys[:8]) + more
+    else:
+        theirs = "they have no tags"
+    raise UsageError(
+        f"--group-by tag key {key!r} is on none of the {which} ({theirs}); check the spelling, or group by 'host'"
+    )
+
+
 def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> RetentionPlan:
+    """Decide every snapshot. Raises UsageError, before deciding anything, when ``group_by``
+    is a tag key that none of the selected snapshots carries (see the module docstring)."""
     decisions: dict[str, Decision] = {}
-    groups: dict[str, list[Snapshot]] = {}
+    groups: dict[tuple[bool, str], list[Snapshot]] = {}
+    selected: list[Snapshot] = []
     for snap in snapshots:
         if not snap.matches(policy.tags):
             decisions[snap.id] = Decision(snap, True, "not selected by --tag")
         else:
+            selected.append(snap)
             groups.setdefault(group_key(snap, policy.group_by), []).append(snap)
-    for members in groups.values():
+    _check_group_key(selected, policy)
+    for key, members in groups.items():
+        label = group_label(key, policy.group_by)
         newest_first = ordered(members)[::-1]
         for rank, snap in enumerate(newest_first):
-            decisions[snap.id] = _decide(snap, rank, policy)
+            decisions[snap.id] = replace(_decide(snap, rank, policy), group=label)
     return RetentionPlan([decisions[s.id] for s in snapshots])
 
 

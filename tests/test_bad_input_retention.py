@@ -1,0 +1,167 @@
+"""Bad prune and tag values on the command line: refused with one line and exit 2, nothing removed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import UsageError
+
+
+def one_line_error(proc) -> str:
+    err = proc.stderr.decode()
+    assert "Traceback" not in err and "internal error" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def make_snapshots(repo: str, src: Path, tag_sets: list[dict[str, str]]) -> None:
+    src.mkdir(exist_ok=True)
+    with Vault.init(repo) as vault:
+        for i, tags in enumerate(tag_sets):
+            (src / "w.bin").write_bytes(b"weights %d" % i)
+            vault.backup(src, tags=tags)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> str:
+    """Four snapshots of one run: tags run=a, step=1..4."""
+    url = str(tmp_path / "vault")
+    make_snapshots(url, tmp_path / "src", [{"run": "a", "step": str(i)} for i in range(1, 5)])
+    return url
+
+
+def snapshot_ids(cli, repo: str) -> list[str]:
+    return sorted(s["id"] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout))
+
+
+def refused_prune(cli, repo: str, *args: str) -> str:
+    """Run ``prune`` with bad ``args`` (for real, not a dry run); it must exit 2 and remove nothing."""
+    before = snapshot_ids(cli, repo)
+    assert len(before) >= 2
+    proc = cli("prune", "--repo", repo, "--keep-latest", "1", *args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert snapshot_ids(cli, repo) == before
+    return one_line_error(proc)
+
+
+# ---- 1. --group-by a tag key no snapshot carries ------------------------------------------
+
+
+@pytest.mark.parametrize("dry_run", [[], ["-n"]], ids=["real", "dry-run"])
+def test_group_by_unknown_tag_key_is_refused(cli, repo: str, dry_run: list[str]):
+    line = refused_prune(cli, repo, "--group-by", "nosuchtag", *dry_run)
+    assert "--group-by tag key 'nosuchtag' is on none of the 4 snapshots (their tag keys: run, step)" in line
+    assert "check the spelling" in line
+
+
+def test_group_by_unknown_tag_key_counts_only_the_selected(cli, repo: str):
+    line = refused_prune(cli, repo, "--group-by", "nosuchtag", "--tag", "run=a")
+    assert "is on none of the 4 snapshots selected by --tag (their tag keys: run, step)" in line
+
+
+def test_group_by_empty_key_is_refused(cli, repo: str):
+    assert "--group-by is empty" in refused_prune(cli, repo, "--group-by", "")
+
+
+def test_group_by_unknown_tag_key_is_refused_by_the_api(repo: str):
+    with Vault.open(repo) as vault, pytest.raises(UsageError, match="'nosuchtag' is on none of the 4"):
+        vault.prune(keep_latest=1, group_by="nosuchtag")
+    with Vault.open(repo) as vault:
+        assert len(vault.snapshots()) == 4
+
+
+def test_snapshots_lacking_the_group_key_form_their_own_named_group(cli, tmp_path: Path):
+    repo = str(tmp_path / "vault")
+    tag_sets = [{"run": "a"}, {"run": "a"}, {}, {}, {"run": ""}, {"run": ""}]
+    make_snapshots(repo, tmp_path / "src", tag_sets)
+    proc = cli("prune", "--repo", repo, "--keep-latest", "1", "--group-by", "run", "--json", "-n")
+    assert "2 of 6 snapshot(s) have no tag 'run'" in proc.stderr.decode()
+    plan = json.loads(proc.stdout)
+    groups: dict[str, list[str]] = {}
+    for verdict in ("keep", "forget"):
+        for d in plan[verdict]:
+            groups.setdefault(d["group"], []).append(verdict)
+    # the untagged two are not merged with the empty value run="": three groups, each keeps its newest
+    assert {g: sorted(v) for g, v in groups.items()} == {
+        "run=a": ["forget", "keep"],
+        "(no tag run)": ["forget", "keep"],
+        "run=": ["forget", "keep"],
+    }
+    table = cli("prune", "--repo", repo, "--keep-latest", "1", "--group-by", "run", "-n").stdout.decode()
+    assert "(no tag run)" in table
+    assert len(snapshot_ids(cli, repo)) == 6
+
+
+# ---- 2. malformed --keep-tag ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("", "--keep-tag: '' has no key; give key or key=value"),
+        ("=v", "--keep-tag: '=v' has no key; give key or key=value"),
+        (" =v", "--keep-tag: the key ' ' is blank"),
+        ("mile\nstone", "--keep-tag: key 'mile\\nstone' contains a control character (U+000A)"),
+    ],
+    ids=["empty", "empty-key", "blank-key", "newline"],
+)
+def test_malformed_keep_tag_is_refused(cli, repo: str, value: str, fragment: str):
+    assert fragment in refused_prune(cli, repo, "--keep-tag", value)
+
+
+def test_keep_tag_key_or_key_value_still_protect(cli, repo: str):
+    proc = cli("prune", "--repo", repo, "--keep-latest", "1", "--keep-tag", "step=2", "--keep-tag", "nosuch", "--json")
+    forgotten = json.loads(proc.stdout)["forget"]
+    assert len(forgotten) == 2 and len(snapshot_ids(cli, repo)) == 2
+
+
+# ---- 3. --before ages too large for a date ----------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1000000d", "99999999999d", "9" * 30 + "w"])
+def test_huge_before_age_is_a_usage_error(cli, repo: str, value: str):
+    line = refused_prune(cli, repo, "--before", value)
+    assert f"--before: '{value}' is too far back" in line
+    assert "2026-11-16" in line and "14d" in line  # names the accepted formats
+
+
+# ---- 4. tag keys and values that break tables and one-line messages ---------------------------
+
+BAD_TAGS = [
+    (" =v", "--tag: the key ' ' is blank"),
+    ("a\nb=v", "--tag: key 'a\\nb' contains a control character (U+000A)"),
+    ("run=a\nb", "--tag: the value of 'run' ('a\\nb') contains a control character (U+000A)"),
+    ("run=a\x1b[31m", "contains a control character (U+001B)"),
+    ("run=a\tb", "contains a control character (U+0009)"),
+    ("x=" + "y" * 100_000, "--tag: the value of 'x' ('yyy"),
+    ("k" * 300 + "=v", "is 300 characters long; the limit is 256"),
+]
+
+
+@pytest.mark.parametrize("tag, fragment", BAD_TAGS, ids=["blank", "nl-key", "nl-value", "esc", "tab", "100kb", "long"])
+def test_bad_tag_is_refused_by_backup(cli, repo: str, tmp_path: Path, tag: str, fragment: str):
+    before = snapshot_ids(cli, repo)
+    proc = cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", tag, check=False)
+    assert proc.returncode == 2, proc.stderr
+    line = one_line_error(proc)
+    assert fragment in line and len(line) < 300
+    assert snapshot_ids(cli, repo) == before
+
+
+def test_long_tag_value_names_the_limit(cli, repo: str):
+    line = refused_prune(cli, repo, "--tag", "x=" + "y" * 100_000)
+    assert "is 100000 characters long; the limit is 256" in line
+
+
+@pytest.mark.parametrize("tag", ["run=", "x=" + "y" * 256, "run=ä é", " run=v", "a b=c=d"])
+def test_unusual_but_valid_tags_are_still_accepted(cli, repo: str, tmp_path: Path, tag: str):
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", tag, "--quiet")
+    key, _, value = tag.partition("=")
+    newest = json.loads(cli("snapshots", "--json", "--repo", repo, "--tag", tag).stdout)
+    assert [s["tags"] for s in newest] == [{key: value}]
