@@ -18,7 +18,7 @@ import zstandard
 
 from . import bytegroup
 from .bytegroup import ElementRun, xor
-from .errors import IntegrityError, MalformedObjectError, UsageError
+from .errors import IntegrityError, MalformedObjectError, UnsupportedFormatError, UsageError
 
 CODEC_RAW = 0
 CODEC_ZSTD = 1
@@ -169,12 +169,16 @@ class Compressor:
             return self._ungrouped(payload, raw_size)
         if codec == CODEC_DELTA:
             return self._undelta(payload, raw_size, base)
-        raise IntegrityError(f"unknown codec ID {codec}; this blob was written by a newer ckptvault")
+        # The codec byte sits inside the verified envelope: an ID this ckptvault does not know was
+        # written by a newer one (or a bug), not by damage.
+        raise UnsupportedFormatError(_unknown_codec(codec))
 
     def _undelta(self, payload: bytes | memoryview, raw_size: int | None, base: BaseReader | None) -> bytes:
         base_id, inner = delta_base(payload)
+        if inner == CODEC_DELTA:
+            raise MalformedObjectError(f"delta payload names inner codec {inner} (a delta inside a delta)")
         if inner not in DELTA_INNER:
-            raise MalformedObjectError(f"delta payload names inner codec {inner}")
+            raise UnsupportedFormatError(_unknown_codec(inner, "delta's inner codec"))
         if base is None or raw_size is None:
             raise IntegrityError(f"delta against chunk {base_id.hex()[:12]} cannot be decoded without its base")
         xored = self.decompress(inner, memoryview(payload)[DELTA_HEAD.size :], raw_size)
@@ -211,6 +215,10 @@ class Compressor:
                 raise MalformedObjectError(f"bytegroup stream holds {len(body)} bytes, not {size}")
             streams.append(body)
         return bytegroup.join(segs, streams)
+
+
+def _unknown_codec(codec: int, what: str = "codec ID") -> str:
+    return f"{what} {codec} is unknown to this ckptvault: it was written by a newer ckptvault, needed to read it"
 
 
 def delta_base(payload: bytes | memoryview) -> tuple[bytes, int]:

@@ -13,6 +13,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,12 @@ from .chunking import ChunkerParams
 from .codec import CompressionSettings
 from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from .errors import (
+    CkptVaultError,
     IntegrityError,
     ObjectNotFoundError,
     PathNotInSnapshotError,
     SnapshotNotFoundError,
+    UnsupportedFormatError,
     UsageError,
     VaultNotFoundError,
 )
@@ -60,7 +63,7 @@ from .repository.config import DEFAULT_PACK_SIZE
 from .repository.locks import LockInfo
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
-from .snapshot.model import FileEntry, Snapshot
+from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
 from .store import open_store
 
@@ -83,6 +86,25 @@ def default_repo_url() -> str:
     return os.environ.get("CKPTVAULT_REPO") or os.path.join(platformdirs.user_data_dir("ckptvault"), "repo")
 
 
+def _unreadable_hint(snapshot_id: str) -> str:
+    return f"run: ckptvault check; if it is damaged, remove it with: ckptvault forget {snapshot_id[:12]}"
+
+
+def _unreadable_stand_in(snapshot_id: str) -> Snapshot:
+    """What ``forget`` reports for a snapshot object it removed without decoding it."""
+    return Snapshot(
+        id=snapshot_id,
+        time=datetime.fromtimestamp(0, timezone.utc),  # unknown
+        hostname="?",
+        paths=[],
+        tags={},
+        description="(unreadable snapshot object)",
+        parent=None,
+        tree_id="",
+        summary=SnapshotSummary(),
+    )
+
+
 def _metadata_cache_root() -> Path | None:
     """Where remote repositories' metadata is cached (repository/cache.py): the user's cache folder."""
     return cache_root(platformdirs.user_cache_dir("ckptvault"))
@@ -95,6 +117,12 @@ class Vault:
         self.created = False  # True when open(create=True) made a new repository
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
         self._backup_mutex = threading.Lock()  # the Repository writes one backup at a time
+        # Where warnings go besides the "ckptvault" logger (the CLI passes its stderr printer).
+        self.on_warning: Callable[[str], None] | None = None
+        # Snapshot objects the latest listing skipped because they cannot be decoded (damaged, or
+        # written by a newer ckptvault): full ID -> the error, which names the object.
+        self.unreadable_snapshots: dict[str, CkptVaultError] = {}
+        self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
 
     # ---- opening -----------------------------------------------------------------------
 
@@ -166,23 +194,70 @@ class Vault:
     # ---- snapshots ---------------------------------------------------------------------
 
     def snapshots(self, tags: dict[str, str] | None = None) -> list[Snapshot]:
-        """All snapshots (matching every given tag), oldest first."""
+        """All snapshots (matching every given tag), oldest first.
 
-        def load(snapshot_id: bytes) -> Snapshot | None:
+        A snapshot object that cannot be decoded (damaged, or written by a newer ckptvault) is left
+        out with a warning naming it (once per Vault: the "ckptvault" logger and ``on_warning``);
+        ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
+        ID, and ``prune`` refuses to run while one exists."""
+
+        def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
             try:
-                return decode_snapshot(self._repo.load_snapshot(snapshot_id))
+                return self._load_snapshot(snapshot_id)
             except ObjectNotFoundError:
                 return None  # forgotten by another process since the listing
+            except (IntegrityError, UnsupportedFormatError) as exc:
+                return exc
 
+        ids = self._repo.list_snapshot_ids()
         with ThreadPoolExecutor(8) as pool:
-            snaps = [s for s in pool.map(load, self._repo.list_snapshot_ids()) if s is not None]
+            loaded = list(zip(ids, pool.map(load, ids), strict=True))
+        snaps = [s for _, s in loaded if isinstance(s, Snapshot)]
+        self.unreadable_snapshots = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
+        for snapshot_id, error in sorted(self.unreadable_snapshots.items()):
+            if snapshot_id not in self._warned:
+                self._warned.add(snapshot_id)
+                self._warn(f"{error}; left out of the snapshots ({_unreadable_hint(snapshot_id)})")
         return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
 
+    def _load_snapshot(self, snapshot_id: bytes) -> Snapshot:
+        raw = self._repo.load_snapshot(snapshot_id)  # its errors name the object
+        try:
+            return decode_snapshot(raw)
+        except IntegrityError as exc:
+            raise type(exc)(f"snapshot object {snapshot_id.hex()[:12]} is damaged: {exc}") from exc
+        except UnsupportedFormatError as exc:
+            raise UnsupportedFormatError(f"snapshot object {snapshot_id.hex()[:12]} cannot be read: {exc}") from exc
+
+    def _warn(self, message: str) -> None:
+        log.warning(message)
+        if self.on_warning is not None:
+            self.on_warning(message)
+
+    def _unreadable_named(self, spec: str, snaps: list[Snapshot]) -> str | None:
+        """The ID of the unreadable snapshot object that ``spec`` (an ID prefix) names, if any."""
+        prefix = spec.lower()
+        if spec == "latest" or not prefix or any(c not in "0123456789abcdef" for c in prefix):
+            return None  # selection.select reports what is wrong with it
+        unreadable = [i for i in self.unreadable_snapshots if i.startswith(prefix)]
+        if not unreadable:
+            return None
+        matches = len(unreadable) + sum(s.id.startswith(prefix) for s in snaps)
+        if matches > 1:
+            raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({matches} match); give more digits")
+        return unreadable[0]
+
     def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
-        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``."""
+        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
+        An ID naming a snapshot object that cannot be decoded raises that object's error."""
         if isinstance(spec, Snapshot):
             return spec
-        return selection.select(self.snapshots(), spec, tags)
+        snaps = self.snapshots()
+        unreadable = self._unreadable_named(spec, snaps)
+        if unreadable is not None:
+            error = self.unreadable_snapshots[unreadable]
+            raise type(error)(f"{error}; {_unreadable_hint(unreadable)}")
+        return selection.select(snaps, spec, tags)
 
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:
         return self.snapshot("latest", tags)
@@ -191,11 +266,18 @@ class Vault:
         """The snapshot's tree: every file, directory and symlink, sorted by path."""
         snap = self.snapshot(snapshot)
         try:
-            return decode_tree(self._repo.load_tree(bytes.fromhex(snap.tree_id)))
+            raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
         except ObjectNotFoundError:
             if snap.id not in {s.id for s in self.snapshots()}:
                 raise SnapshotNotFoundError(f"snapshot {snap.short_id} was just removed by another process") from None
             raise
+        where = f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})"
+        try:
+            return decode_tree(raw)
+        except IntegrityError as exc:
+            raise type(exc)(f"{where} is damaged: {exc}") from exc
+        except UnsupportedFormatError as exc:
+            raise UnsupportedFormatError(f"{where} cannot be read: {exc}") from exc
 
     # ---- backup and restore ------------------------------------------------------------
 
@@ -332,22 +414,63 @@ class Vault:
             raise UsageError(f"repack threshold {repack_threshold} must be between 0 and 1")
         with self._repo.locks.acquire(exclusive=True):
             self._repo.load_index()
-            return run_prune(self._repo, self.snapshots(), policy, dry_run=dry_run, repack_threshold=repack_threshold)
+            every = self.snapshots()
+            self._refuse_gc_with_unreadable()
+            return run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
+
+    def _refuse_gc_with_unreadable(self, forgotten: frozenset[str] = frozenset()) -> None:
+        """Garbage collection needs every snapshot's tree: a snapshot object that cannot be decoded
+        (it may be repaired, or read by a newer ckptvault) would have its data deleted as unused.
+        So prune refuses until such objects are forgotten (``forget ID``) or readable again."""
+        left = sorted((i, e) for i, e in self.unreadable_snapshots.items() if i not in forgotten)
+        if not left:
+            return
+        snapshot_id, error = left[0]
+        more = f" (and {len(left) - 1} more unreadable snapshot(s))" if len(left) > 1 else ""
+        damaged = any(isinstance(e, IntegrityError) for _, e in left)
+        raise (IntegrityError if damaged else UnsupportedFormatError)(
+            f"prune refused: {error}{more}; pruning now could delete the data it refers to. "
+            f"Run: ckptvault check, then remove it with: ckptvault forget {snapshot_id[:12]} if it is damaged"
+        )
 
     def forget(self, snapshots: Sequence[str | Snapshot], *, prune: bool = False, dry_run: bool = False) -> PruneResult:
-        """Remove the given snapshots (IDs or unique prefixes); with ``prune``, reclaim their space too."""
+        """Remove the given snapshots (IDs or unique prefixes); with ``prune``, reclaim their space too.
+
+        A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
+        is left for the next prune). ``prune`` refuses while another such object exists."""
         with self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
             every = self.snapshots()
-            chosen = {(s if isinstance(s, Snapshot) else selection.select(every, s)).id for s in snapshots}
-            plan = RetentionPlan([Decision(s, s.id not in chosen, "given to forget") for s in every])
+            chosen: set[str] = set()
+            unreadable: set[str] = set()
+            for spec in snapshots:
+                if isinstance(spec, Snapshot):
+                    chosen.add(spec.id)
+                elif (bad := self._unreadable_named(spec, every)) is not None:
+                    unreadable.add(bad)
+                else:
+                    chosen.add(selection.select(every, spec).id)
             if prune:
-                return collect(self._repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
+                self._refuse_gc_with_unreadable(frozenset(unreadable))
+            plan = RetentionPlan([Decision(s, s.id not in chosen, "given to forget") for s in every])
             if not dry_run:
-                for snap in plan.forget:
-                    self._repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
-            size = stored_bytes(self._repo)
-            return PruneResult(plan, GcPlan(), dry_run, size, size)
+                for snapshot_id in sorted(unreadable):
+                    self._repo.delete_snapshot(bytes.fromhex(snapshot_id), None)
+            if prune:
+                result = collect(self._repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
+            else:
+                if not dry_run:
+                    for snap in plan.forget:
+                        self._repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
+                size = stored_bytes(self._repo)
+                result = PruneResult(plan, GcPlan(), dry_run, size, size)
+            if not unreadable:
+                return result
+            removed = [
+                Decision(_unreadable_stand_in(i), False, "unreadable snapshot object, given to forget")
+                for i in sorted(unreadable)
+            ]
+            return replace(result, retention=RetentionPlan([*plan.decisions, *removed]))
 
     def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
         """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.

@@ -58,7 +58,8 @@ def test_flipped_byte_in_tree_or_snapshot_is_detected(vault: Vault, repo_url: st
         vault.files(snap)
     flip(Path(repo_url) / "snapshots" / snap.id, 5)
     with pytest.raises(IntegrityError, match="snapshot object"):
-        vault.snapshots()
+        vault.snapshot(snap.id)
+    assert vault.snapshots() == [] and snap.id in vault.unreadable_snapshots  # listed without it, and said
 
 
 def test_damaged_index_is_reported_when_used(vault: Vault, repo_url: str, tmp_path: Path):

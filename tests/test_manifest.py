@@ -2,7 +2,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ckptvault.errors import MalformedObjectError, SnapshotNotFoundError, UnsafePathError, UsageError
+from ckptvault.errors import (
+    MalformedObjectError,
+    SnapshotNotFoundError,
+    UnsafePathError,
+    UnsupportedFormatError,
+    UsageError,
+)
 from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
 from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from ckptvault.snapshot.selection import select
@@ -35,9 +41,11 @@ def test_duplicates_and_entries_below_symlinks_are_refused():
 
 
 def test_garbage_tree_is_malformed():
-    for raw in (b"not json", b"[]", b'{"version": 1}', b'{"version": 2, "entries": []}'):
+    for raw in (b"not json", b"[]", b'{"version": 1}'):
         with pytest.raises(MalformedObjectError):
             decode_tree(raw)
+    with pytest.raises(UnsupportedFormatError, match="newer"):
+        decode_tree(b'{"version": 2, "entries": []}')
 
 
 def snap(i, step=None, t=0, **tags):

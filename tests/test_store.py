@@ -6,6 +6,7 @@ import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -42,6 +43,13 @@ class StoreConformance:
         store.put("index/3", b"zz")
         assert [(o.key, o.size) for o in store.list("packs/")] == [("packs/aa/1", 3), ("packs/bb/2", 1)]
         assert store.list("nothing/") == []
+
+    def test_list_says_when_each_object_was_written(self, store):
+        # an unreadable lock's age comes from here (repository/locks.py)
+        before = datetime.now(timezone.utc) - timedelta(minutes=5)  # servers' clocks and rounding vary
+        store.put("locks/1", b"x")
+        (info,) = store.list("locks/")
+        assert info.modified is not None and before < info.modified < datetime.now(timezone.utc) + timedelta(minutes=5)
 
     def test_delete(self, store):
         store.put("d", b"1")

@@ -173,13 +173,15 @@ def open_vault(
     key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
     if repo is not None:
         require_nonempty("--repo", repo)
-        return Vault.open(repo, storage_options=options, **key)
-    try:
-        vault = Vault.open(None, storage_options=options, create=writing, **key)
-    except VaultNotFoundError as exc:
-        raise VaultNotFoundError(
-            exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
-        ) from None
+        vault = Vault.open(repo, storage_options=options, **key)
+    else:
+        try:
+            vault = Vault.open(None, storage_options=options, create=writing, **key)
+        except VaultNotFoundError as exc:
+            raise VaultNotFoundError(
+                exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
+            ) from None
+    vault.on_warning = out.warn  # e.g. a snapshot object that cannot be read, left out of the listing
     if vault.created:
         kind = "encrypted vault" if vault.config.encrypted else "vault"
         out.info(f"created a new {kind} at {vault.url} (the default; choose another with --repo or CKPTVAULT_REPO)")

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from ..blob import Kind
-from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError
+from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, UnsupportedFormatError
 from ..repository import Repository
 from ..repository.format import INDEX_PREFIX, id_from_key
 from ..repository.index import decode_index
@@ -66,7 +66,7 @@ class _Checker:
                 continue
             try:
                 packs = decode_index(self.repo.codec.decode(Kind.INDEX, index_id, self.repo.store.get(info.key)))
-            except (IntegrityError, ObjectNotFoundError) as exc:
+            except (IntegrityError, UnsupportedFormatError, ObjectNotFoundError) as exc:
                 self.problem(f"index {_short(index_id)}", str(exc))
                 continue
             for pack_id, entries in packs.items():

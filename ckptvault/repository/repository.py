@@ -28,6 +28,7 @@ from ..errors import (
     KeyfileNotFoundError,
     ObjectExistsError,
     ObjectNotFoundError,
+    UnsupportedFormatError,
     UsageError,
     VaultExistsError,
     VaultNotFoundError,
@@ -375,6 +376,8 @@ class Repository:
                 out[index_id] = self._read_metadata(info.key, self._index_decoder(index_id), info.size)
             except IntegrityError as exc:
                 raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
+            except UnsupportedFormatError as exc:
+                raise UnsupportedFormatError(f"index object {index_id.hex()[:12]}: {exc}") from exc
         return out
 
     def add_chunk_blob(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> None:
@@ -422,6 +425,8 @@ class Repository:
             )
         except IntegrityError as exc:
             raise IntegrityError(f"{where} is damaged: {exc}") from exc
+        except UnsupportedFormatError as exc:
+            raise UnsupportedFormatError(f"{where}: {exc}") from exc
 
     # ---- trees and snapshots -----------------------------------------------------------
 
@@ -445,10 +450,15 @@ class Repository:
         return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
 
     def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
+        """The verified plaintext of a whole-object blob. Errors name the object: IntegrityError (or
+        MalformedObjectError) when it is damaged, UnsupportedFormatError when this ckptvault cannot
+        read it (written by a newer one; for an unknown envelope version, possibly damage)."""
         try:
             return self._read_metadata(key, lambda raw: self.codec.decode(kind, object_id, raw))
         except IntegrityError as exc:
             raise type(exc)(f"{what} object {object_id.hex()[:12]} is damaged: {exc}") from exc
+        except UnsupportedFormatError as exc:
+            raise UnsupportedFormatError(f"{what} object {object_id.hex()[:12]} cannot be read: {exc}") from exc
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""
@@ -521,10 +531,13 @@ class Repository:
     def delete_index(self, index_id: bytes) -> None:
         self._delete(index_key(index_id))
 
-    def delete_snapshot(self, snapshot_id: bytes, tree_id: bytes) -> None:
-        """The snapshot first: a crash in between leaves an unreferenced tree, never a dangling snapshot."""
+    def delete_snapshot(self, snapshot_id: bytes, tree_id: bytes | None) -> None:
+        """The snapshot first: a crash in between leaves an unreferenced tree, never a dangling snapshot.
+        ``tree_id`` None (a snapshot object that cannot be decoded): its tree is left for a prune,
+        which deletes every tree no snapshot refers to."""
         self._delete(snapshot_key(snapshot_id))
-        self._delete(tree_key(tree_id))
+        if tree_id is not None:
+            self._delete(tree_key(tree_id))
 
     def list_tree_ids(self) -> list[bytes]:
         listing = self.store.list(TREES_PREFIX)

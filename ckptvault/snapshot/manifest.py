@@ -3,19 +3,24 @@
 Decoding validates every path, so a damaged or crafted tree cannot make a restore
 write outside its target: no absolute paths, no '..' or '.' or empty components, no
 duplicates, and no entry below a symlink entry.
+
+What a newer ckptvault wrote (a document ``version`` above ``DOC_VERSION``, or snapshot summary
+fields this one does not know) raises UnsupportedFormatError (exit 17); everything else that does
+not parse raises MalformedObjectError (exit 30). Neither names the object: callers do.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import datetime
 
-from ..errors import MalformedObjectError, UnsafePathError
+from ..errors import MalformedObjectError, UnsafePathError, UnsupportedFormatError
 from .model import FileEntry, Snapshot, SnapshotSummary
 
 DOC_VERSION = 1
 ENTRY_TYPES = ("file", "dir", "symlink")
+_SUMMARY_FIELDS = frozenset(f.name for f in fields(SnapshotSummary))
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:
@@ -53,10 +58,24 @@ def decode_snapshot(raw: bytes) -> Snapshot:
             description=doc["description"],
             parent=doc["parent"],
             tree_id=doc["tree"],
-            summary=SnapshotSummary(**doc["summary"]),
+            summary=_decode_summary(doc["summary"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise MalformedObjectError(f"snapshot document is malformed ({exc})") from exc
+
+
+def _decode_summary(summary: dict) -> SnapshotSummary:
+    # Strict: a new summary field comes with a new snapshot document version, so a field this
+    # ckptvault does not know means a newer one wrote the snapshot.
+    if not isinstance(summary, dict):
+        raise TypeError("the summary is not an object")
+    unknown = sorted(set(summary) - _SUMMARY_FIELDS)
+    if unknown:
+        raise UnsupportedFormatError(
+            f"snapshot summary has fields this ckptvault does not know ({', '.join(map(str, unknown))}); "
+            "it was written by a newer ckptvault, which is needed to read it"
+        )
+    return SnapshotSummary(**summary)
 
 
 def encode_tree(entries: list[FileEntry]) -> bytes:
@@ -101,8 +120,15 @@ def decode_tree(raw: bytes) -> list[FileEntry]:
 def _check_version(doc: object, what: str) -> None:
     if not isinstance(doc, dict):
         raise TypeError(f"{what} is not an object")
-    if doc.get("version") != DOC_VERSION:
-        raise MalformedObjectError(f"{what} document version {doc.get('version')!r} is not supported")
+    version = doc.get("version")
+    if version == DOC_VERSION:
+        return
+    if isinstance(version, int) and not isinstance(version, bool) and version > DOC_VERSION:
+        raise UnsupportedFormatError(
+            f"{what} document version {version} is newer than this ckptvault reads ({DOC_VERSION}); "
+            "a newer ckptvault is needed to read it"
+        )
+    raise MalformedObjectError(f"{what} document version {version!r} is not valid")
 
 
 def validate_path(path: str) -> None:

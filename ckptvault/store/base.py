@@ -16,6 +16,7 @@ Missing objects raise ``ObjectNotFoundError``; every other backend failure raise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Protocol
 
 
@@ -23,6 +24,21 @@ from typing import Protocol
 class ObjectInfo:
     key: str
     size: int
+    modified: datetime | None = None  # when the storage wrote it, where the listing says
+
+
+def listed_time(value: object) -> datetime | None:
+    """A listing's modification time (a POSIX timestamp, a datetime, or ISO text) as aware UTC."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return datetime.fromtimestamp(value, timezone.utc)
+    return None
 
 
 class Store(Protocol):

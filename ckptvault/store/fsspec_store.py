@@ -36,7 +36,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError, UsageError
 from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
-from .base import ObjectInfo
+from .base import ObjectInfo, listed_time
 from .failures import Kind, classify, one_line
 from .localwrite import LocalWriter
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
@@ -344,7 +344,16 @@ class FsspecStore:
                 continue
             if prefix and not key.startswith(prefix):
                 continue
-            out.append(ObjectInfo(key, int(info.get("size") or 0)))
+            # local and SFTP say mtime, S3 LastModified, GCS updated, Azure last_modified, memory created
+            when = next(
+                (
+                    t
+                    for name in ("mtime", "LastModified", "updated", "last_modified", "created")
+                    if (t := listed_time(info.get(name))) is not None
+                ),
+                None,
+            )
+            out.append(ObjectInfo(key, int(info.get("size") or 0), when))
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:

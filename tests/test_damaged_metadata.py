@@ -1,0 +1,293 @@
+"""Damaged or too-new metadata objects: real vaults, real bytes changed in the vault folder.
+
+A snapshot object that cannot be decoded is left out of listings with a warning naming it, other
+snapshots keep working, ``forget`` removes it by ID and ``prune`` refuses while it exists. An
+unreadable lock goes stale by its object's age. What a newer ckptvault wrote (a codec ID, a tree or
+snapshot version, a lock version) is refused with exit 17, naming the object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.blob import ENVELOPE_VERSION, SEAL_NONE, Kind
+from ckptvault.codec import CODEC_DELTA, CODEC_RAW, CompressionSettings, Compressor
+from ckptvault.errors import (
+    IntegrityError,
+    MalformedObjectError,
+    SnapshotNotFoundError,
+    UnsupportedFormatError,
+)
+from ckptvault.hashing import checksum
+from ckptvault.repository.format import pack_key
+from ckptvault.repository.locks import LockManager
+from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
+
+from .conftest import tree_digest
+
+HOUR_AGO = time.time() - 3600
+
+
+@pytest.fixture
+def two_snapshots(tmp_path: Path, cli: Callable) -> tuple[str, str, str, Path]:
+    """A vault made with the CLI holding two snapshots: (repo, first ID, second ID, source folder)."""
+    repo = str(tmp_path / "v")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(300_000))
+    cli("init", repo)
+    cli("backup", "--repo", repo, str(src), "--tag", "step=1")
+    (src / "b.txt").write_bytes(b"second save")
+    cli("backup", "--repo", repo, str(src), "--tag", "step=2")
+    with Vault.open(repo) as vault:
+        first, second = vault.snapshots()
+    return repo, first.id, second.id, src
+
+
+def damage(repo: str, snapshot_id: str, how: str) -> None:
+    path = Path(repo) / "snapshots" / snapshot_id
+    if how == "junk":  # first byte 'j' (106): an envelope version nobody wrote
+        path.write_bytes(b"junk junk junk junk junk junk junk")
+    else:
+        path.write_bytes(path.read_bytes()[:10])
+
+
+def reseal(vault: Vault, kind: Kind, object_id: str, folder: str, doc: dict) -> None:
+    """Write a validly sealed object with this document (what a newer ckptvault could have written)."""
+    oid = bytes.fromhex(object_id)
+    (Path(vault.url) / folder / object_id).write_bytes(vault._repo.codec.encode(kind, oid, json.dumps(doc).encode()))
+
+
+def stderr_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.decode().splitlines() if line.strip()]
+
+
+def error_line(proc) -> str:
+    """The one error line; the CLI may have warned first (e.g. about the unreadable snapshot it skipped)."""
+    *warnings, error = stderr_lines(proc)
+    assert error.startswith("error: ") and all(w.startswith("warning: ") for w in warnings), proc.stderr
+    return error
+
+
+# ---- 1. a snapshot object that cannot be decoded ----------------------------------------------
+
+
+@pytest.mark.parametrize(("how", "code"), [("junk", 17), ("truncated", 30)])
+def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
+    two_snapshots, cli: Callable, tmp_path: Path, how: str, code: int
+):
+    repo, bad, good, src = two_snapshots
+    damage(repo, bad, how)
+
+    listed = cli("snapshots", "--repo", repo)
+    assert good[:8] in listed.stdout.decode() and bad[:8] not in listed.stdout.decode()
+    (warning,) = stderr_lines(listed)  # one line, naming the object and what to do
+    assert warning.startswith("warning: snapshot object " + bad[:12])
+    assert "ckptvault check" in warning and f"ckptvault forget {bad[:12]}" in warning
+    assert "damaged" in warning.split("; left out")[0]  # not only "upgrade": an unknown envelope may be damage
+
+    assert "a.bin" in cli("ls", "--repo", repo, good[:8]).stdout.decode()
+    cli("restore", "--repo", repo, good[:8], str(tmp_path / "out"))
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    cli("restore", "--repo", repo, "latest", str(tmp_path / "out2"))  # latest among the readable ones
+
+    proc = cli("restore", "--repo", repo, bad[:10], str(tmp_path / "out3"), check=False)
+    assert proc.returncode == code
+    error = error_line(proc)
+    assert error.startswith(f"error: snapshot object {bad[:12]}") and f"ckptvault forget {bad[:12]}" in error
+
+
+def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
+    repo, bad, good, _ = two_snapshots
+    damage(repo, bad, "truncated")
+    warnings: list[str] = []
+    with Vault.open(repo) as vault:
+        vault.on_warning = warnings.append
+        assert [s.id for s in vault.snapshots()] == [good]
+        assert [s.id for s in vault.snapshots()] == [good]
+        assert list(vault.unreadable_snapshots) == [bad]
+        assert isinstance(vault.unreadable_snapshots[bad], IntegrityError)
+        assert len(warnings) == 1 and bad[:12] in warnings[0]
+        with pytest.raises(IntegrityError, match=f"snapshot object {bad[:12]} is damaged"):
+            vault.snapshot(bad)
+        other = next(c for c in "0123456789abcdef" if c != bad[0])
+        with pytest.raises(SnapshotNotFoundError):  # a prefix that names nothing still says so
+            vault.snapshot(other + bad[1:])
+        assert vault.latest().id == good
+
+
+def test_forget_removes_an_unreadable_snapshot_by_id_prefix(two_snapshots, cli: Callable, tmp_path: Path):
+    repo, bad, good, src = two_snapshots
+    damage(repo, bad, "junk")
+    proc = cli("forget", "--repo", repo, bad[:12])
+    assert "removed 1 snapshot(s)" in proc.stdout.decode()
+    assert not (Path(repo) / "snapshots" / bad).exists()
+    listed = cli("snapshots", "--repo", repo)
+    assert stderr_lines(listed) == [] and good[:8] in listed.stdout.decode()
+    cli("prune", "--repo", repo, "--keep-latest", "1")  # no longer refused; removes the orphaned tree
+    assert len(os.listdir(Path(repo) / "trees")) == 1
+    cli("restore", "--repo", repo, good[:8], str(tmp_path / "out"))
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+@pytest.mark.parametrize(("how", "code"), [("junk", 17), ("truncated", 30)])
+def test_prune_refuses_while_a_snapshot_is_unreadable(two_snapshots, cli: Callable, how: str, code: int):
+    repo, bad, good, _ = two_snapshots
+    damage(repo, bad, how)
+    before = sorted(str(p.relative_to(repo)) for p in Path(repo).rglob("*") if p.is_file())
+    for args in (
+        ("prune", "--keep-latest", "1"),
+        ("prune", "--keep-latest", "1", "--dry-run"),
+        ("forget", "--prune", good[:8]),
+    ):
+        proc = cli(*args, "--repo", repo, check=False)
+        assert proc.returncode == code, proc.stderr
+        error = error_line(proc)
+        assert error.startswith(f"error: prune refused: snapshot object {bad[:12]}")
+        assert f"ckptvault forget {bad[:12]}" in error and "ckptvault check" in error
+    after = sorted(str(p.relative_to(repo)) for p in Path(repo).rglob("*") if p.is_file())
+    assert after == before  # nothing deleted, not even the snapshot given to forget --prune
+    cli("forget", "--prune", "--repo", repo, bad[:12])  # forgetting the unreadable one itself is allowed
+    assert [p.name for p in (Path(repo) / "snapshots").iterdir()] == [good]
+
+
+# ---- 2. unreadable locks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"x", b"junk lock bytes"], ids=["one-byte", "junk"])
+def test_unreadable_lock_goes_stale_by_its_age_and_plain_unlock_removes_it(
+    two_snapshots, cli: Callable, content: bytes
+):
+    repo, _, _, src = two_snapshots
+    lock = Path(repo) / "locks" / ("ab" * 32)
+    lock.write_bytes(content)
+
+    proc = cli("backup", "--repo", repo, str(src), check=False)
+    assert proc.returncode == 11
+    error = error_line(proc)
+    assert f"unreadable lock {'ab' * 6}" in error and "ckptvault unlock" in error
+    kept = cli("unlock", "--repo", repo)  # not stale yet: listed, kept, and unlock does not fail
+    assert "removed 0 lock(s)" in kept.stdout.decode() and lock.exists()
+
+    os.utime(lock, (HOUR_AGO, HOUR_AGO))  # written an hour ago: stale
+    cli("backup", "--repo", repo, str(src))  # a stale lock does not block
+    removed = cli("unlock", "--repo", repo)
+    assert "removed 1 lock(s)" in removed.stdout.decode() and not lock.exists()
+
+
+def test_unreadable_lock_age_comes_from_the_object_not_the_listing(vault: Vault):
+    lock = Path(vault.url) / "locks" / ("cd" * 32)
+    lock.parent.mkdir(exist_ok=True)
+    lock.write_bytes(b"\x01")
+    (info,) = vault.locks()
+    assert info.unreadable and info.time is not None
+    later = info.time + timedelta(minutes=31)
+    assert not vault._repo.locks.is_stale(info)
+    assert LockManager(vault._repo, clock=lambda: later).is_stale(info)
+    assert vault.locks()[0].time == info.time  # listing again does not refresh it
+    assert vault.unlock() == []
+    os.utime(lock, (HOUR_AGO, HOUR_AGO))
+    assert [lk.lock_id for lk in vault.unlock()] == [info.lock_id]
+
+
+def test_lock_of_an_unknown_version_is_refused_naming_it_until_stale(two_snapshots, cli: Callable):
+    repo, _, _, src = two_snapshots
+    lock_id = "ef" * 32
+    doc = {"version": 2, "hostname": "h", "pid": 1, "exclusive": False, "time": datetime.now(timezone.utc).isoformat()}
+    with Vault.open(repo) as vault:
+        reseal(vault, Kind.LOCK, lock_id, "locks", doc)
+        with pytest.raises(UnsupportedFormatError, match=f"lock {lock_id[:12]}.*newer"):
+            vault.backup(src)
+        assert vault.unlock() == []
+    proc = cli("restore", "--repo", repo, "latest", str(Path(repo).parent / "out"), check=False)
+    assert proc.returncode == 17 and f"lock {lock_id[:12]}" in proc.stderr.decode()
+    os.utime(Path(repo) / "locks" / lock_id, (HOUR_AGO, HOUR_AGO))
+    assert "removed 1 lock(s)" in cli("unlock", "--repo", repo).stdout.decode()
+
+
+# ---- 3. what a newer ckptvault wrote --------------------------------------------------------------
+
+
+def recode_chunk(vault: Vault, chunk_id: bytes, codec_id: int) -> None:
+    """Rewrite a stored chunk blob in place with another codec byte and a valid checksum."""
+    repo = vault._repo
+    loc = repo.index.get(chunk_id)
+    path = Path(vault.url) / pack_key(loc.pack_id)
+    data = bytearray(path.read_bytes())
+    blob = data[loc.offset : loc.offset + loc.stored_len]
+    assert blob[0] == ENVELOPE_VERSION and blob[1] == SEAL_NONE
+    inner = bytes([codec_id]) + bytes(blob[3:-16])
+    aad = bytes([ENVELOPE_VERSION, SEAL_NONE, Kind.CHUNK]) + chunk_id
+    data[loc.offset : loc.offset + loc.stored_len] = bytes(blob[:2]) + inner + checksum(aad, inner, size=16)
+    path.write_bytes(bytes(data))
+
+
+def test_unknown_codec_id_fails_restore_with_17_and_check_reports_it(two_snapshots, cli: Callable, tmp_path: Path):
+    repo, _, good, _ = two_snapshots
+    with Vault.open(repo) as vault:
+        chunk = next(e for e in vault.files(good) if e.path == "a.bin").chunks[0]
+        recode_chunk(vault, chunk, 9)
+    proc = cli("restore", "--repo", repo, good[:8], str(tmp_path / "out"), check=False)
+    assert proc.returncode == 17
+    error = error_line(proc)
+    assert f"chunk {chunk.hex()[:12]}" in error and "codec ID 9" in error and "newer ckptvault" in error
+    assert not (tmp_path / "out" / "a.bin").exists()
+    check = cli("check", "--read-data", "--repo", repo, check=False)
+    assert check.returncode == 30 and "internal error" not in check.stderr.decode()
+    assert f"chunk {chunk.hex()[:12]}" in check.stdout.decode() and "codec ID 9" in check.stdout.decode()
+
+
+def test_codec_ids_unknown_versus_malformed():
+    comp = Compressor(CompressionSettings())
+    with pytest.raises(UnsupportedFormatError, match=r"codec ID 9 .*newer ckptvault"):
+        comp.decompress(9, b"payload", 7)
+    head = bytes(32)
+    with pytest.raises(UnsupportedFormatError, match="inner codec 7"):
+        comp.decompress(CODEC_DELTA, head + bytes([7]) + b"x", 1, lambda _b: b"y")
+    with pytest.raises(MalformedObjectError):  # a delta inside a delta is damage, not a newer writer
+        comp.decompress(CODEC_DELTA, head + bytes([CODEC_DELTA]) + b"x", 1, lambda _b: b"y")
+    assert comp.decompress(CODEC_RAW, b"ok", 2) == b"ok"
+
+
+def test_tree_of_a_newer_version_is_refused_with_17_naming_it(two_snapshots, cli: Callable):
+    repo, bad, good, _ = two_snapshots
+    with Vault.open(repo) as vault:
+        snap = vault.snapshot(good)
+        raw = json.loads(encode_tree(vault.files(snap)))
+        reseal(vault, Kind.TREE, snap.tree_id, "trees", {**raw, "version": 2})
+    proc = cli("ls", "--repo", repo, good[:8], check=False)
+    assert proc.returncode == 17
+    error = error_line(proc)
+    assert f"tree object {snap.tree_id[:12]}" in error and "newer" in error
+    check = cli("check", "--repo", repo, check=False)
+    assert check.returncode == 30 and f"snapshot {good[:12]}" in check.stdout.decode()
+    assert "a.bin" in cli("ls", "--repo", repo, bad[:8]).stdout.decode()  # the other snapshot is untouched
+
+
+def test_snapshot_of_a_newer_version_or_with_unknown_summary_fields_is_left_out(two_snapshots, cli: Callable):
+    repo, first, second, _ = two_snapshots
+    with Vault.open(repo) as vault:
+        doc = json.loads(encode_snapshot(vault.snapshot(first)))
+        reseal(vault, Kind.SNAPSHOT, first, "snapshots", {**doc, "version": 2})
+        doc = json.loads(encode_snapshot(vault.snapshot(second)))
+        doc["summary"]["new_counter"] = 1
+        reseal(vault, Kind.SNAPSHOT, second, "snapshots", doc)
+        assert vault.snapshots() == []
+        assert all(isinstance(e, UnsupportedFormatError) for e in vault.unreadable_snapshots.values())
+    proc = cli("snapshots", "--repo", repo)
+    text = proc.stderr.decode()
+    assert f"snapshot object {first[:12]}" in text and "version 2 is newer" in text
+    assert f"snapshot object {second[:12]}" in text and "new_counter" in text
+    assert cli("prune", "--repo", repo, "--keep-latest", "1", check=False).returncode == 17
+    with pytest.raises(MalformedObjectError):  # an invalid version is still damage
+        decode_snapshot(json.dumps({**doc, "version": 0}).encode())
+    with pytest.raises(UnsupportedFormatError):
+        decode_tree(b'{"version": 3, "entries": []}')
