@@ -113,7 +113,11 @@ class Pin:
         os.replace(tmp, os.path.join(self.root, META))
 
     def release(self) -> None:
-        """Delete the pin (its snapshot is durable, or it is no longer wanted)."""
+        """Delete the pin (its snapshot is durable, or it is no longer wanted). The metadata goes
+        first: a release killed half way leaves a pin without it, which ``load`` discards, never a
+        pin whose data is partly deleted that a restart would ship as the checkpoint."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.root, META))
         shutil.rmtree(self.root, ignore_errors=True)
         parent = os.path.dirname(self.root)
         with contextlib.suppress(OSError):
