@@ -249,3 +249,19 @@ def test_op_timeout_zero_means_no_deadline(monkeypatch: pytest.MonkeyPatch):
     store = open_store(f"memory://no-deadline-{uuid.uuid4().hex}")
     store.put("k", b"x")
     assert store.get("k") == b"x"
+
+
+def test_a_local_put_makes_the_folders_it_creates_durable(tmp_path, monkeypatch):
+    from ckptvault.store import fsspec_store
+
+    synced: list[str] = []
+    real = fsspec_store.fsync_dir
+    monkeypatch.setattr(fsspec_store, "fsync_dir", lambda path: (synced.append(path), real(path)))
+    store = FsspecStore(str(tmp_path / "repo"))
+    store.put("packs/ab/1", b"x")
+    root = str(tmp_path / "repo")
+    # the new names: repo in tmp, packs in repo, ab in packs; then the object's own name in ab
+    assert synced == [str(tmp_path), root, f"{root}/packs", f"{root}/packs/ab"]
+    synced.clear()
+    store.put("packs/ab/2", b"y")
+    assert synced == [f"{root}/packs/ab"]

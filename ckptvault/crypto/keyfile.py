@@ -38,6 +38,7 @@ from ..errors import (
     UsageError,
     WrongPassphraseError,
 )
+from ..store.localwrite import fsync_dir
 from .keys import MASTER_KEY_SIZE, MasterKey
 
 FORMAT = "ckptvault-keyfile"
@@ -224,6 +225,7 @@ class Keyfile:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            fsync_dir(directory)  # the new name survives a power loss, like the bytes
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -38,7 +38,7 @@ from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, Stora
 from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
 from .base import ObjectInfo, listed_time
 from .failures import Kind, classify, one_line
-from .localwrite import LocalWriter
+from .localwrite import LocalWriter, fsync_dir
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
 from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy
@@ -242,6 +242,11 @@ class FsspecStore:
     def _put_local(self, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         directory = os.path.dirname(path)
         if directory not in self._made_dirs:
+            missing = []  # folders this put creates: their own names must be made durable too
+            parent = directory
+            while parent and not os.path.isdir(parent) and parent != os.path.dirname(parent):
+                missing.append(parent)
+                parent = os.path.dirname(parent)
             try:
                 os.makedirs(directory, exist_ok=True)
             # neither is about the object (if_absent's "exists", a reader's "missing"): report the folder
@@ -249,6 +254,8 @@ class FsspecStore:
                 raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", directory) from None
             except FileNotFoundError:  # a filesystem that refuses new folders (/proc, /sys)
                 raise PermissionError(errno.EPERM, "this folder cannot be created", directory) from None
+            for made in reversed(missing):
+                fsync_dir(os.path.dirname(made))
             self._made_dirs.add(directory)
         tmp = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(8))
         try:
@@ -264,11 +271,7 @@ class FsspecStore:
                 os.unlink(tmp)
         else:
             os.replace(tmp, path)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(directory)
 
     def get(self, key: str) -> bytes:
         with self._session("GET", key) as fs:

@@ -23,6 +23,15 @@ STAGE_SIZE = 4 * 1024 * 1024
 _PAD = bytes(ALIGN)
 
 
+def fsync_dir(path: str) -> None:
+    """Make the names in a folder durable (a rename or a new entry survives a power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int, what: str) -> None:
     """Write all of ``data`` at ``offset``: a short write is continued, one that makes no progress
     fails (a stalled device must not spin a thread forever)."""
