@@ -166,73 +166,81 @@ def run_backup(
     progress.start(sum(i.st.st_size for i in files), len(files))
     written_before = repo.bytes_written
 
-    entries: list[FileEntry] = []
-    read_bytes = 0
-    planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
-    pipeline = _Pipeline(repo, progress, workers or os.cpu_count() or 2, planner)
+    if repo.has_unfinished_writes:  # left by a write that failed without cleaning up (a repack)
+        repo.abort_writes()
     try:
-        for item in scan.items:
-            entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
-            if item.kind == "symlink":
-                entry.target = os.readlink(item.abs_path)
-            elif item.kind == "file":
-                old = old_files.get(item.path)
-                if old is not None and not force_read and _unchanged(item, old, repo):
-                    entry.size, entry.blake3, entry.chunks = old.size, old.blake3, list(old.chunks)
-                    entry.inode, entry.ctime_ns = old.inode, old.ctime_ns
-                    progress.advance(entry.size)
-                else:
-                    read = _read_file(item, entry, pipeline, warnings, skip_unreadable, on_change)
-                    if read is None:
-                        continue
-                    entry = read
-                    read_bytes += entry.size
-                    if planner is not None and planner.open_files >= MAX_OPEN_BASE_FILES:
-                        pipeline.drain()  # every piece coded against those files is done: close them
-                        planner.close()
-            entries.append(entry)
-        pipeline.drain()
-        repo.flush()
-    finally:
-        pipeline.close()
-        if planner is not None:
-            planner.close()
-        progress.finish()
+        entries: list[FileEntry] = []
+        read_bytes = 0
+        planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
+        pipeline = _Pipeline(repo, progress, workers or os.cpu_count() or 2, planner)
+        try:
+            for item in scan.items:
+                entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
+                if item.kind == "symlink":
+                    entry.target = os.readlink(item.abs_path)
+                elif item.kind == "file":
+                    old = old_files.get(item.path)
+                    if old is not None and not force_read and _unchanged(item, old, repo):
+                        entry.size, entry.blake3, entry.chunks = old.size, old.blake3, list(old.chunks)
+                        entry.inode, entry.ctime_ns = old.inode, old.ctime_ns
+                        progress.advance(entry.size)
+                    else:
+                        read = _read_file(item, entry, pipeline, warnings, skip_unreadable, on_change)
+                        if read is None:
+                            continue
+                        entry = read
+                        read_bytes += entry.size
+                        if planner is not None and planner.open_files >= MAX_OPEN_BASE_FILES:
+                            pipeline.drain()  # every piece coded against those files is done: close them
+                            planner.close()
+                entries.append(entry)
+            pipeline.drain()
+            repo.flush()
+        finally:
+            pipeline.close()
+            if planner is not None:
+                planner.close()
+            progress.finish()
 
-    tree_id = repo.save_tree(encode_tree(entries))
-    file_entries = [e for e in entries if e.type == "file"]
-    snapshot_id = secrets.token_bytes(32)
-    # stored_bytes counts packs, index and tree; not the snapshot object (a few hundred bytes).
-    summary = SnapshotSummary(
-        files=len(file_entries),
-        dirs=sum(e.type == "dir" for e in entries),
-        symlinks=sum(e.type == "symlink" for e in entries),
-        logical_bytes=sum(e.size for e in file_entries),
-        read_bytes=read_bytes,
-        new_bytes=pipeline.new_bytes,
-        stored_bytes=repo.bytes_written - written_before,
-        chunks=sum(len(e.chunks) for e in file_entries),
-        new_chunks=pipeline.new_chunks,
-        duration_s=round(time.monotonic() - started, 3),
-        delta_chunks=pipeline.delta_chunks,
-        delta_bytes=pipeline.delta_bytes,
-        delta_stored_bytes=pipeline.delta_stored,
-        delta_saved_bytes=pipeline.delta_saved,
-    )
-    snapshot = Snapshot(
-        id=snapshot_id.hex(),
-        time=when,
-        hostname=hostname,
-        paths=scan.source_paths,
-        tags=dict(tags),
-        description=description,
-        parent=parent.id if parent else None,
-        tree_id=tree_id.hex(),
-        summary=summary,
-    )
-    if before_commit:
-        before_commit()
-    repo.save_snapshot(snapshot_id, encode_snapshot(snapshot))
+        tree_id = repo.save_tree(encode_tree(entries))
+        file_entries = [e for e in entries if e.type == "file"]
+        snapshot_id = secrets.token_bytes(32)
+        # stored_bytes counts packs, index and tree; not the snapshot object (a few hundred bytes).
+        summary = SnapshotSummary(
+            files=len(file_entries),
+            dirs=sum(e.type == "dir" for e in entries),
+            symlinks=sum(e.type == "symlink" for e in entries),
+            logical_bytes=sum(e.size for e in file_entries),
+            read_bytes=read_bytes,
+            new_bytes=pipeline.new_bytes,
+            stored_bytes=repo.bytes_written - written_before,
+            chunks=sum(len(e.chunks) for e in file_entries),
+            new_chunks=pipeline.new_chunks,
+            duration_s=round(time.monotonic() - started, 3),
+            delta_chunks=pipeline.delta_chunks,
+            delta_bytes=pipeline.delta_bytes,
+            delta_stored_bytes=pipeline.delta_stored,
+            delta_saved_bytes=pipeline.delta_saved,
+        )
+        snapshot = Snapshot(
+            id=snapshot_id.hex(),
+            time=when,
+            hostname=hostname,
+            paths=scan.source_paths,
+            tags=dict(tags),
+            description=description,
+            parent=parent.id if parent else None,
+            tree_id=tree_id.hex(),
+            summary=summary,
+        )
+        if before_commit:
+            before_commit()
+        repo.save_snapshot(snapshot_id, encode_snapshot(snapshot))
+    except BaseException:
+        # Still under the caller's lock: wait for the packs in flight and forget every chunk that no
+        # index object made durable, so the next backup starts from what the repository holds.
+        repo.abort_writes()
+        raise
     return BackupResult(snapshot, warnings)
 
 

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
@@ -393,6 +393,35 @@ class Repository:
         self._seal_pack()
         self._reap(block=True)
         self._write_index()
+
+    @property
+    def has_unfinished_writes(self) -> bool:
+        """True while chunks are queued, packs are uploading, or uploaded packs wait for their index."""
+        return bool(self._writer.entries or self._pending or self._uploads or self._unindexed)
+
+    def abort_writes(self) -> None:
+        """Give up what a failed write (a backup or repack that raised) left behind, so that the next
+        one starts from what the repository durably holds. Call it while the lock is still held.
+
+        Waits for the packs still uploading (a pack landing after the lock is released could be
+        deleted by a prune, yet still be counted as stored here), then drops the open pack, the
+        pending chunks and the uploaded packs no index object names yet: they stay in the store,
+        unreferenced, for the next backup to adopt or a prune to remove. The in-memory index had
+        those packs' chunks, so it is reloaded from the index objects on its next use. Never raises
+        for the uploads: the error that made the caller give up is the one to report."""
+        uploads, self._uploads = self._uploads, []
+        wait([future for future, _, _ in uploads])
+        landed = set(self._unindexed)
+        landed.update(p for f, p, _ in uploads if not f.cancelled() and f.exception() is None)
+        for pack_id in {*landed, *(p for _, p, _ in uploads)}:
+            self.uploaded_packs.pop(pack_id, None)
+        if landed:
+            log.info("a write failed: %d uploaded pack(s) are left in no index (a backup adopts them)", len(landed))
+        self._unindexed = {}
+        self._pending = set()
+        self._writer = self._new_writer()  # the open pack is dropped
+        self._index = None  # reloaded from the durable index objects when next used
+        self._seen_index_ids = set()
 
     # ---- reading chunks ----------------------------------------------------------------
 
