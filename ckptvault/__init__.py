@@ -14,10 +14,12 @@ _HOMES = {
     "CompressionSettings": ".codec",
     "CkptVaultError": ".errors",
     "BackupHandle": ".ops.async_backup",
+    "CheckReport": ".ops.check",
     "DrillReport": ".ops.drill",
     "FileChange": ".ops.inspect",
     "FileContents": ".ops.inspect",
     "FileUsage": ".ops.inspect",
+    "PruneResult": ".ops.prune",
     "SnapshotDiff": ".ops.inspect",
     "TensorChanges": ".ops.inspect",
     "TensorRow": ".ops.inspect",
@@ -27,6 +29,7 @@ _HOMES = {
     "BackupStatus": ".ops.status",
     "ShippedCheckpoint": ".ops.watch",
     "WatchResult": ".ops.watch",
+    "LockInfo": ".repository.locks",
     "FileEntry": ".snapshot.model",
     "Snapshot": ".snapshot.model",
     "SnapshotSummary": ".snapshot.model",
@@ -39,12 +42,15 @@ if TYPE_CHECKING:
     from .codec import CompressionSettings
     from .errors import CkptVaultError
     from .ops.async_backup import BackupHandle
+    from .ops.check import CheckReport
     from .ops.drill import DrillReport
     from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
+    from .ops.prune import PruneResult
     from .ops.restore import RestoreResult
     from .ops.stats import SnapshotStats, VaultStats
     from .ops.status import BackupStatus
     from .ops.watch import ShippedCheckpoint, WatchResult
+    from .repository.locks import LockInfo
     from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
     from .vault import Vault, default_repo_url
 
@@ -65,6 +71,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "BackupHandle",
     "BackupStatus",
+    "CheckReport",
     "ChunkerParams",
     "CkptVaultError",
     "CompressionSettings",
@@ -73,6 +80,8 @@ __all__ = [
     "FileContents",
     "FileEntry",
     "FileUsage",
+    "LockInfo",
+    "PruneResult",
     "RestoreResult",
     "ShippedCheckpoint",
     "Snapshot",

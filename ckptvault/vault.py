@@ -7,16 +7,18 @@ vault.restore(vault.latest(tags={"run": "x"}), "./resume")
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import platformdirs
 
@@ -31,6 +33,7 @@ from .errors import (
     SnapshotNotFoundError,
     UnsupportedFormatError,
     UsageError,
+    VaultExistsError,
     VaultNotFoundError,
 )
 from .hashing import new_file_hasher
@@ -41,6 +44,7 @@ from .ops.async_backup import (
     BackupHandle,
     BackupJob,
     OnFull,
+    check_on_full,
     make_job,
 )
 from .ops.backup import run_backup
@@ -73,6 +77,167 @@ PathLike = str | os.PathLike[str]
 
 
 KeyfileArg = str | os.PathLike[str] | Keyfile | None
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
+OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
+
+# ---- argument checks at the public entry points --------------------------------------------
+# A wrong type must fail at once with a UsageError saying what was expected, not as a bare
+# TypeError/AttributeError from deep inside, and never be half-understood: a bare string where a
+# list is expected would be iterated character by character (keep_tags="milestone" protects
+# nothing; forget("bc") would forget snapshots "b" and "c").
+
+
+def _shown(value: object) -> str:
+    """A wrong value as a message names it: its type and a short repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _wrong(name: str, value: object, expected: str) -> UsageError:
+    """The UsageError for an argument of the wrong kind: what was expected, what was given."""
+    return UsageError(f"{name} must be {expected}; got {_shown(value)}")
+
+
+def _url_arg(url: str | os.PathLike[str] | None) -> str:
+    """A vault URL or local path (str or os.PathLike); None means the default vault."""
+    if url is None:
+        return default_repo_url()
+    text = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(text, str):
+        raise _wrong("url", url, "a path or URL (str or pathlib.Path), or None for the default vault")
+    if not text.strip():
+        raise UsageError("the vault URL is empty; give a path or URL, or None for the default vault")
+    return text
+
+
+def _path_arg(name: str, value: object) -> str:
+    """A path: a str or an os.PathLike (pathlib.Path)."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise _wrong(name, value, "a path (a str or pathlib.Path)")
+    return text
+
+
+def _optional_path_arg(name: str, value: object) -> str | None:
+    return None if value is None else _path_arg(name, value)
+
+
+def _items(name: str, value: object, expected: str) -> list[Any]:
+    """The items of a list-like argument; a bare str or bytes (or a dict) is refused, not iterated."""
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise _wrong(name, value, expected)
+    return list(value)
+
+
+def _str_list_arg(name: str, value: Iterable[str] | None, example: str) -> list[str]:
+    """A list (or tuple, ...) of strings; None is an empty one."""
+    if value is None:
+        return []
+    expected = f"a list of strings, e.g. {example}"
+    items = _items(name, value, expected)
+    for item in items:
+        if not isinstance(item, str):
+            raise _wrong(f"each item of {name}", item, f"a string ({name} must be {expected})")
+    return items
+
+
+def _paths_arg(value: PathLike | Sequence[PathLike]) -> list[str]:
+    """Backup sources: one path, or a list of them."""
+    if isinstance(value, (str, os.PathLike)):
+        return [_path_arg("paths", value)]
+    items = _items("paths", value, "a path or a list of paths, e.g. './checkpoints' or ['a', 'b']")
+    return [_path_arg("paths", item) for item in items]
+
+
+def _snapshot_arg(value: str | Snapshot, name: str = "snapshot") -> str | Snapshot:
+    if not isinstance(value, (str, Snapshot)):
+        raise _wrong(name, value, "a snapshot ID (prefix), 'latest' or a Snapshot")
+    return value
+
+
+def _snapshot_list_arg(value: Iterable[str | Snapshot]) -> list[str | Snapshot]:
+    items = _items("snapshots", value, "a list of snapshot IDs or Snapshots, e.g. ['7be0a1']")
+    return [_snapshot_arg(item, "each item of snapshots") for item in items]
+
+
+def _tags_arg(value: Mapping[str, str] | None, name: str = "tags") -> dict[str, str]:
+    """Tags: a dict of str to str (stored as text, so a non-str value would never match again)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _wrong(name, value, 'a dict like {"run": "x"}')
+    for key, val in value.items():
+        if not isinstance(key, str) or not isinstance(val, str):
+            raise UsageError(
+                f'{name} keys and values must be strings, like {{"step": "1200"}}; got {key!r}: {val!r} (use str())'
+            )
+    return dict(value)
+
+
+def _text_arg(name: str, value: str | None, *, optional: bool = False) -> Any:
+    """A str (or, with ``optional``, None)."""
+    if not isinstance(value, str) and not (optional and value is None):
+        raise _wrong(name, value, "a string" + (" or None" if optional else ""))
+    return value
+
+
+def _int_arg(name: str, value: int | None, *, optional: bool = False) -> Any:
+    """An int, not a bool (or, with ``optional``, None)."""
+    if (isinstance(value, bool) or not isinstance(value, int)) and not (optional and value is None):
+        raise _wrong(name, value, "an int" + (" or None" if optional else ""))
+    return value
+
+
+def _fraction_arg(name: str, value: float) -> float:
+    """A number from 0 to 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong(name, value, "a number from 0 to 1 (e.g. 0.1 for 10%)")
+    if not 0.0 <= value <= 1.0:
+        raise UsageError(f"{name} {value} must be between 0 and 1")
+    return float(value)
+
+
+def _seconds_arg(name: str, value: float | None) -> float | None:
+    """A time limit in seconds: a number from 0 up, or None for no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise _wrong(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
+    return value
+
+
+def _before_arg(before: datetime | timedelta | None, now: datetime | None) -> datetime | None:
+    """prune's cutoff: a time, or an age (a non-negative timedelta) counted back from ``now``."""
+    if now is not None and not isinstance(now, datetime):
+        raise _wrong("now", now, "a datetime or None")
+    if before is None or isinstance(before, datetime):
+        return before
+    if not isinstance(before, timedelta):
+        raise _wrong("before", before, "a timezone-aware datetime or an age as a timedelta, e.g. timedelta(days=14)")
+    if before < timedelta(0):
+        raise UsageError(f"before={before!r} is a negative age, a cutoff in the future; give e.g. timedelta(days=14)")
+    try:
+        return (now or datetime.now(timezone.utc)) - before
+    except OverflowError:
+        raise UsageError(f"before={before!r} reaches back before year 1; give a shorter age") from None
+
+
+def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatenate[Vault, P], R]:
+    """A public method refuses to run on a closed Vault."""
+
+    @functools.wraps(method)
+    def checked(self: Vault, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._closed:
+            raise UsageError(CLOSED_MESSAGE)
+        return method(self, *args, **kwargs)
+
+    return checked
 
 
 def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
@@ -123,13 +288,15 @@ class Vault:
         # written by a newer ckptvault): full ID -> the error, which names the object.
         self.unreadable_snapshots: dict[str, CkptVaultError] = {}
         self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
+        self._closing = False  # close() has begun: no new async backups
+        self._closed = False  # close() has ended: every public method refuses
 
     # ---- opening -----------------------------------------------------------------------
 
     @classmethod
     def init(
         cls,
-        url: str | None = None,
+        url: str | os.PathLike[str] | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
         chunker: ChunkerParams | None = None,
@@ -143,7 +310,7 @@ class Vault:
         With ``keyfile`` (a path or a loaded ``Keyfile``), everything stored is encrypted with
         AES-256-GCM under the keyfile's master key; ``passphrase`` unlocks it (a string, or a
         function called only when needed)."""
-        url = url or default_repo_url()
+        url = _url_arg(url)
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
@@ -155,15 +322,17 @@ class Vault:
     @classmethod
     def open(
         cls,
-        url: str | None = None,
+        url: str | os.PathLike[str] | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
         keyfile: KeyfileArg = None,
         passphrase: PassphraseSource = None,
         create: bool = False,
     ) -> Vault:
-        """Open the repository at ``url``; with ``create=True`` make it when it does not exist."""
-        url = url or default_repo_url()
+        """Open the repository at ``url`` (a path or URL; None: the default vault); with
+        ``create=True`` make it when it does not exist. Several processes may do that at once (the
+        ranks of a distributed job): one creates it, the others open it."""
+        url = _url_arg(url)
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
         try:
@@ -171,17 +340,37 @@ class Vault:
         except VaultNotFoundError:
             if not create:
                 raise
-        vault = cls.init(url, storage_options=storage_options, keyfile=key, passphrase=passphrase)
+        try:
+            vault = cls.init(url, storage_options=storage_options, keyfile=key, passphrase=passphrase)
+        except VaultExistsError:  # another process created it since we looked: open theirs
+            for attempt in range(OPEN_RACE_RETRIES):
+                try:
+                    return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
+                except VaultNotFoundError:  # a store that shows a new object late
+                    if attempt == OPEN_RACE_RETRIES - 1:
+                        raise
+                    time.sleep(0.05 * 2**attempt)
+            raise  # pragma: no cover - the loop returns or raises
         vault.created = True
         return vault
 
     def close(self) -> None:
-        if self._shipper is not None:  # queued backups finish first, as they would at exit
-            self._shipper.flush_at_exit()
-            self._shipper.close()
-        self._repo.close()
+        """Wait for the queued async backups (as at exit), then release the Vault; every method
+        but ``close`` (which may be called again) then raises UsageError."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            if self._shipper is not None:  # queued backups finish first, as they would at exit
+                self._shipper.flush_at_exit(reason="before the vault closes", level=logging.INFO)
+                self._shipper.close()
+        finally:
+            self._closed = True
+            self._repo.close()
 
     def __enter__(self) -> Vault:
+        if self._closed:
+            raise UsageError(CLOSED_MESSAGE)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -193,6 +382,7 @@ class Vault:
 
     # ---- snapshots ---------------------------------------------------------------------
 
+    @_open_only
     def snapshots(self, tags: dict[str, str] | None = None) -> list[Snapshot]:
         """All snapshots (matching every given tag), oldest first.
 
@@ -200,6 +390,7 @@ class Vault:
         out with a warning naming it (once per Vault: the "ckptvault" logger and ``on_warning``);
         ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
         ID, and ``prune`` refuses to run while one exists."""
+        tags = _tags_arg(tags)
 
         def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
             try:
@@ -247,9 +438,12 @@ class Vault:
             raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({matches} match); give more digits")
         return unreadable[0]
 
+    @_open_only
     def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
         """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
         An ID naming a snapshot object that cannot be decoded raises that object's error."""
+        spec = _snapshot_arg(spec)
+        tags = _tags_arg(tags)
         if isinstance(spec, Snapshot):
             return spec
         snaps = self.snapshots()
@@ -259,9 +453,11 @@ class Vault:
             raise type(error)(f"{error}; {_unreadable_hint(unreadable)}")
         return selection.select(snaps, spec, tags)
 
+    @_open_only
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:
         return self.snapshot("latest", tags)
 
+    @_open_only
     def files(self, snapshot: str | Snapshot) -> list[FileEntry]:
         """The snapshot's tree: every file, directory and symlink, sorted by path."""
         snap = self.snapshot(snapshot)
@@ -281,6 +477,7 @@ class Vault:
 
     # ---- backup and restore ------------------------------------------------------------
 
+    @_open_only
     def backup(
         self,
         paths: PathLike | Sequence[PathLike],
@@ -302,9 +499,10 @@ class Vault:
         "warn" stores the bytes read and warns, "skip" leaves the file out and warns, "fail"
         raises SourceError and writes no snapshot.
         """
-        sources = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
-        hostname = hostname or socket.gethostname()
-        tags = dict(tags or {})
+        sources = _paths_arg(paths)
+        tags = _tags_arg(tags)
+        description = _text_arg("description", description)
+        hostname = _text_arg("hostname", hostname, optional=True) or socket.gethostname()
         for key in tags:
             if not key or "=" in key:
                 raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
@@ -341,31 +539,40 @@ class Vault:
                 on_warning(warning)
         return result.snapshot
 
+    @_open_only
     def restore(
         self,
         snapshot: str | Snapshot,
         target: PathLike,
         *,
-        include: list[str] | None = None,
+        include: Sequence[str] | None = None,
         overwrite: bool = False,
         on_progress: Progress | None = None,
     ) -> RestoreResult:
-        """Restore into ``target``, verifying every chunk and every file hash."""
+        """Restore into ``target``, verifying every chunk and every file hash; ``include`` (a list of
+        globs) restores only the paths matching one."""
+        snapshot = _snapshot_arg(snapshot)
+        where = _path_arg("target", target)
+        globs = None if include is None else _str_list_arg("include", include, "['model/*']")
         with self._repo.locks.acquire(exclusive=False):
             self._repo.load_index()
             return run_restore(
                 self._repo,
                 self.files(snapshot),
-                os.fspath(target),
-                include=include,
+                where,
+                include=globs,
                 overwrite=overwrite,
                 progress=on_progress,
                 workers=self._repo.download_concurrency,
             )
 
-    def read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
+    @_open_only
+    def read_file(self, snapshot: str | Snapshot, path: PathLike) -> Iterator[bytes]:
         """Yield one file's bytes chunk by chunk; each chunk is verified, and the whole-file
         hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
+        return self._read_file(_snapshot_arg(snapshot), _path_arg("path", path))
+
+    def _read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
         snap = self.snapshot(snapshot)
         wanted = path.strip("/")
         entry = next((e for e in self.files(snap) if e.path == wanted and e.type == "file"), None)
@@ -379,11 +586,13 @@ class Vault:
         if hasher.hexdigest() != entry.blake3:
             raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
 
+    @_open_only
     def stats(self) -> VaultStats:
         return compute_stats(self._repo, self.snapshots())
 
     # ---- retention and maintenance -----------------------------------------------------
 
+    @_open_only
     def prune(
         self,
         *,
@@ -400,18 +609,16 @@ class Vault:
 
         A snapshot goes only when it is outside the newest ``keep_latest`` of its group AND
         older than ``before`` (a time, or an age like ``timedelta(days=14)``); either rule alone
-        applies alone. ``dry_run`` changes nothing and returns exactly what a real run would do."""
-        if isinstance(before, timedelta):
-            before = (now or datetime.now(timezone.utc)) - before
+        applies alone. ``keep_tags`` is a list: ``["milestone"]``. ``dry_run`` changes nothing and
+        returns exactly what a real run would do."""
         policy = RetentionPolicy(
-            keep_latest=keep_latest,
-            before=before,
-            tags=dict(tags or {}),
-            keep_tags=tuple(keep_tags),
-            group_by=group_by,
+            keep_latest=_int_arg("keep_latest", keep_latest, optional=True),
+            before=_before_arg(before, now),
+            tags=_tags_arg(tags),
+            keep_tags=tuple(_str_list_arg("keep_tags", keep_tags, "['milestone']")),
+            group_by=_text_arg("group_by", group_by, optional=True),
         )
-        if not 0.0 <= repack_threshold <= 1.0:
-            raise UsageError(f"repack threshold {repack_threshold} must be between 0 and 1")
+        repack_threshold = _fraction_arg("repack_threshold", repack_threshold)
         with self._repo.locks.acquire(exclusive=True):
             self._repo.load_index()
             every = self.snapshots()
@@ -433,11 +640,14 @@ class Vault:
             f"Run: ckptvault check, then remove it with: ckptvault forget {snapshot_id[:12]} if it is damaged"
         )
 
+    @_open_only
     def forget(self, snapshots: Sequence[str | Snapshot], *, prune: bool = False, dry_run: bool = False) -> PruneResult:
-        """Remove the given snapshots (IDs or unique prefixes); with ``prune``, reclaim their space too.
+        """Remove the given snapshots (a list of IDs or unique prefixes, or Snapshots); with ``prune``,
+        reclaim their space too.
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists."""
+        snapshots = _snapshot_list_arg(snapshots)
         with self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
             every = self.snapshots()
@@ -472,17 +682,20 @@ class Vault:
             ]
             return replace(result, retention=RetentionPlan([*plan.decisions, *removed]))
 
+    @_open_only
     def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
         """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.
         Never raises on damage: inspect ``report.ok`` and ``report.problems``."""
-        if not 0.0 <= read_data <= 1.0:
-            raise UsageError(f"read-data fraction {read_data} must be between 0 and 1")
+        read_data = _fraction_arg("read_data", read_data)
+        seed = _int_arg("seed", seed, optional=True)
         with self._repo.locks.acquire(exclusive=False), self._repo.cache_bypassed():
             return run_check(self._repo, read_data=read_data, seed=seed)
 
+    @_open_only
     def locks(self) -> list[LockInfo]:
         return self._repo.locks.list()
 
+    @_open_only
     def unlock(self, *, remove_all: bool = False) -> list[LockInfo]:
         """Remove stale locks (or, with ``remove_all``, every lock); returns those removed."""
         manager = self._repo.locks
@@ -493,6 +706,7 @@ class Vault:
 
     # ---- training loop: async shipping, watching, status, drill ------------------------
 
+    @_open_only
     def backup_async(
         self,
         paths: PathLike | Sequence[PathLike],
@@ -509,24 +723,36 @@ class Vault:
         trainer may delete them as soon as this returns. When ``max_pending`` backups are
         already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
         BackupSupersededError) and ``"block"`` waits for a slot."""
-        sources = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
-        job = make_job(sources, tags=dict(tags or {}), description=description, hostname=hostname, pin=pin)
-        return self._async_shipper().submit(job, on_full=on_full)
+        if self._closing:
+            raise UsageError(CLOSED_MESSAGE)
+        # every check before pinning: a refused call leaves no pin behind (submit releases them too)
+        sources = _paths_arg(paths)
+        tags = _tags_arg(tags)
+        description = _text_arg("description", description)
+        hostname = _text_arg("hostname", hostname, optional=True)
+        check_on_full(on_full)
+        shipper = self._async_shipper()
+        job = make_job(sources, tags=tags, description=description, hostname=hostname, pin=pin)
+        return shipper.submit(job, on_full=on_full)
 
+    @_open_only
     def flush(self, timeout: float | None = None) -> None:
         """Wait for every queued backup. Raises FlushTimeoutError after ``timeout`` seconds, else
         the first error of the queued backups that failed since the previous flush."""
+        timeout = _seconds_arg("timeout", timeout)
         if self._shipper is not None:
             self._shipper.flush(timeout)
 
+    @_open_only
     def configure_async(
         self, *, max_pending: int = DEFAULT_MAX_PENDING, exit_timeout: float | None = DEFAULT_EXIT_TIMEOUT
     ) -> None:
         """How many backups may wait behind the running one, and how long the interpreter's exit
         waits for queued backups (None: as long as they take)."""
-        shipper = self._async_shipper()
-        if max_pending < 1:
+        if _int_arg("max_pending", max_pending) < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
+        exit_timeout = _seconds_arg("exit_timeout", exit_timeout)
+        shipper = self._async_shipper()
         shipper.max_pending = max_pending
         shipper.exit_timeout = exit_timeout
 
@@ -544,6 +770,7 @@ class Vault:
             on_warning=job.warnings.append,
         )
 
+    @_open_only
     def watch(
         self,
         directory: PathLike,
@@ -562,20 +789,21 @@ class Vault:
         """Ship every complete checkpoint that appears in ``directory`` until ``stop`` is set
         (or, with ``once``, what is there now), pinning each first (docs/training.md).
         ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run."""
+        directory = _path_arg("directory", directory)
         options = WatchOptions(
             interval=interval,
             settle=settle,
-            include=tuple(include),
-            state_dir=os.fspath(state_dir) if state_dir else None,
+            include=tuple(_str_list_arg("include", include, "['step_*']")),
+            state_dir=_optional_path_arg("state_dir", state_dir) or None,
             once=once,
         )
-        user_tags = dict(tags or {})
+        user_tags = _tags_arg(tags)
 
         def shipped_digests() -> list[str]:
             return [s.tags["watch-sig"] for s in self.snapshots(user_tags) if "watch-sig" in s.tags]
 
         watcher = Watcher(
-            os.fspath(directory),
+            directory,
             tags=user_tags,
             ship=self._run_job,
             shipped_digests=shipped_digests,
@@ -587,16 +815,20 @@ class Vault:
         )
         return watcher.run()
 
+    @_open_only
     def backup_status(self, path: PathLike) -> BackupStatus:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
+        where = _path_arg("path", path)
         with self._repo.locks.acquire(exclusive=False):
-            return backup_status(self._repo, os.fspath(path), self.snapshots(), self.files)
+            return backup_status(self._repo, where, self.snapshots(), self.files)
 
+    @_open_only
     def is_backed_up(self, path: PathLike) -> bool:
         """True when one snapshot holds every file of ``path`` with the same content, durably:
         then deleting the local copy loses nothing."""
         return self.backup_status(path).backed_up
 
+    @_open_only
     def drill(
         self,
         snapshot: str | Snapshot = "latest",
@@ -615,47 +847,56 @@ class Vault:
             self.files(snap),
             lambda target: self.restore(snap, target, on_progress=on_progress),
             load=load,
-            workdir=os.fspath(workdir) if workdir else None,
+            workdir=_optional_path_arg("workdir", workdir) or None,
         )
 
+    @_open_only
     def restore_latest(
         self,
         target: PathLike,
         *,
         run: str | None = None,
         tags: dict[str, str] | None = None,
-        include: list[str] | None = None,
+        include: Sequence[str] | None = None,
         overwrite: bool = False,
         on_progress: Progress | None = None,
     ) -> RestoreResult:
         """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``."""
-        wanted = dict(tags or {})
-        if run is not None:
+        _path_arg("target", target)  # before looking for the snapshot
+        wanted = _tags_arg(tags)
+        if _text_arg("run", run, optional=True) is not None:
             wanted["run"] = run
         return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)
 
     # ---- browsing and comparing without restoring (docs/checkpoints.md) -----------------
 
+    @_open_only
     def open_file(
-        self, snapshot: str | Snapshot, path: str, *, cache_chunks: int = DEFAULT_CACHE_CHUNKS
+        self, snapshot: str | Snapshot, path: PathLike, *, cache_chunks: int = DEFAULT_CACHE_CHUNKS
     ) -> SnapshotFile:
         """A seekable, read-only binary file of one snapshot file that fetches only the chunks a
         read touches (each verified against its ID), keeping the last ``cache_chunks`` decoded."""
+        wanted = _path_arg("path", path)
+        cache_chunks = _int_arg("cache_chunks", cache_chunks)
         snap = self.snapshot(snapshot)
         return SnapshotFile(
-            ChunkedFile(self._repo, find_file(self.files(snap), path, snap.id), cache_chunks=cache_chunks)
+            ChunkedFile(self._repo, find_file(self.files(snap), wanted, snap.id), cache_chunks=cache_chunks)
         )
 
+    @_open_only
     def file_usage(self, snapshot: str | Snapshot) -> list[FileUsage]:
         """Every entry of the snapshot with its stored bytes and chunk count (``ls --long``)."""
         return file_usage(self._repo, self.files(snapshot))
 
-    def show(self, snapshot: str | Snapshot, path: str, *, stats: bool = False) -> FileContents:
+    @_open_only
+    def show(self, snapshot: str | Snapshot, path: PathLike, *, stats: bool = False) -> FileContents:
         """The tensors of a safetensors, .npy/.npz or torch zip file in the snapshot, from its header
         alone; with ``stats``, min/max/mean/std/NaN count per tensor (reads each tensor once)."""
+        wanted = _path_arg("path", path)
         snap = self.snapshot(snapshot)
-        return show_file(self._repo, find_file(self.files(snap), path, snap.id), stats=stats)
+        return show_file(self._repo, find_file(self.files(snap), wanted, snap.id), stats=stats)
 
+    @_open_only
     def diff(self, a: str | Snapshot, b: str | Snapshot, *, tensors: bool = False) -> SnapshotDiff:
         """Files added, removed and changed from ``a`` to ``b`` and the bytes new in ``b``; with
         ``tensors``, which tensors of each changed tensor file were added, removed or changed."""

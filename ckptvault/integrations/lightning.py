@@ -45,9 +45,9 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
                 key = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
                 if key in self._shipped:
                     continue
-                self._shipped.add(key)
                 step = step_from_name(os.path.basename(path))
                 self.ship(path, step if step is not None else self._saving_step)
+                self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
         self._ship_new(trainer)

@@ -4,9 +4,11 @@ checkpoint to ``Vault.backup_async``, and waiting for the uploads when training 
 from __future__ import annotations
 
 import logging
+import os
 
-from ..ops.async_backup import BackupHandle, OnFull
-from ..vault import Vault
+from ..errors import FlushTimeoutError
+from ..ops.async_backup import BackupHandle, OnFull, check_on_full
+from ..vault import Vault, _seconds_arg, _tags_arg, _text_arg
 
 log = logging.getLogger("ckptvault")
 
@@ -16,7 +18,7 @@ class Shipping:
 
     def __init__(
         self,
-        vault: Vault | str,
+        vault: Vault | str | os.PathLike[str],
         *,
         run: str | None = None,
         tags: dict[str, str] | None = None,
@@ -25,14 +27,16 @@ class Shipping:
         raise_on_error: bool = True,
     ) -> None:
         """``vault`` is an open Vault or a URL (opened, and created if missing). Snapshots carry
-        ``tags``, ``run=<run>`` and ``step=<step>``."""
+        ``tags``, ``run=<run>`` and ``step=<step>``. Arguments are checked here, before training
+        starts, not at the first checkpoint."""
         super().__init__()
-        self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
-        self.tags = dict(tags or {})
-        if run is not None:
+        check_on_full(on_full)
+        self.tags = _tags_arg(tags)
+        if _text_arg("run", run, optional=True) is not None:
             self.tags["run"] = run
         self.on_full = on_full
-        self.flush_timeout = flush_timeout
+        self.flush_timeout = _seconds_arg("flush_timeout", flush_timeout)
+        self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
         self.raise_on_error = raise_on_error
         self.handles: list[BackupHandle] = []
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
@@ -43,10 +47,16 @@ class Shipping:
         self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full))
 
     def finish_shipping(self) -> None:
-        """Wait for the queued uploads; the first failure is raised unless ``raise_on_error`` is off
-        (the worker logged it already, and training's result stands)."""
+        """Wait for the queued uploads; the first failure is raised unless ``raise_on_error`` is off:
+        then it is only logged (training's result stands)."""
         try:
             self.vault.flush(self.flush_timeout)
-        except Exception:
+        except FlushTimeoutError as exc:
             if self.raise_on_error:
                 raise
+            log.error("ckptvault: %s at the end of training; they go on in the background until exit", exc)
+        except Exception as exc:
+            if self.raise_on_error:
+                raise
+            # each failed upload was logged at ERROR when it failed; this says training went on anyway
+            log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)

@@ -29,6 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -102,11 +103,25 @@ class BackupHandle:
         return self._job.future.cancelled()
 
     def result(self, timeout: float | None = None) -> Snapshot:
-        """The snapshot; raises the backup's error, or TimeoutError when not done in time."""
-        return self._job.future.result(timeout)
+        """The snapshot; raises the backup's error, or FlushTimeoutError (a TimeoutError) when not
+        done in time."""
+        try:
+            return self._job.future.result(timeout)
+        except FuturesTimeoutError:
+            raise self._timeout_error(timeout) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._job.future.exception(timeout)
+        try:
+            return self._job.future.exception(timeout)
+        except FuturesTimeoutError:
+            raise self._timeout_error(timeout) from None
+
+    def _timeout_error(self, timeout: float | None) -> FlushTimeoutError:
+        state = "running" if self._job.future.running() else "queued"
+        return FlushTimeoutError(
+            f"the backup of {self._job.describe()} is still {state} after {timeout:g} s; "
+            "wait longer (result(timeout=...)) or check done() later"
+        )
 
     def add_done_callback(self, fn: Callable[[BackupHandle], object]) -> None:
         """``fn(handle)`` runs when the backup ends (on the worker thread, or at once if done)."""
@@ -116,6 +131,11 @@ class BackupHandle:
         future = self._job.future
         state = "done" if future.done() else "running" if future.running() else "queued"
         return f"<BackupHandle {self._job.describe()} {state}>"
+
+
+def check_on_full(on_full: str) -> None:
+    if on_full not in ("coalesce", "block"):
+        raise UsageError(f"on_full={on_full!r}: use 'coalesce' or 'block'")
 
 
 def make_job(
@@ -218,8 +238,22 @@ class AsyncShipper:
     # ---- the caller's side -------------------------------------------------------------
 
     def submit(self, job: BackupJob, *, on_full: OnFull = "coalesce") -> BackupHandle:
-        if on_full not in ("coalesce", "block"):
-            raise UsageError(f"on_full={on_full!r}: use 'coalesce' or 'block'")
+        """Queue ``job``; a job refused (bad ``on_full``, closed queue) has its pins released."""
+        try:
+            dropped = self._enqueue(job, on_full)
+        except BaseException:
+            with self._cond:
+                queued = any(j is job for j in self._pending)
+            if not queued:
+                self._release(job)
+            raise
+        if dropped is not None:
+            self._supersede(dropped, job)
+        return BackupHandle(job)
+
+    def _enqueue(self, job: BackupJob, on_full: OnFull) -> BackupJob | None:
+        """Queue ``job``; returns the waiting job it replaced under "coalesce", if any."""
+        check_on_full(on_full)
         dropped: BackupJob | None = None
         with self._cond:
             if self._closed:
@@ -236,9 +270,7 @@ class AsyncShipper:
             self._pending.append(job)
             self._ensure_worker()
             self._cond.notify_all()
-        if dropped is not None:
-            self._supersede(dropped, job)
-        return BackupHandle(job)
+        return dropped
 
     def _full(self) -> bool:
         """``max_pending`` jobs wait behind the running one (a job the worker has not picked up
@@ -299,10 +331,20 @@ class AsyncShipper:
         _LIVE.discard(self)
         return cancelled
 
-    def flush_at_exit(self) -> None:
-        if self.pending() == 0:
+    def flush_at_exit(self, *, reason: str = "before the interpreter exits", level: int = logging.WARNING) -> None:
+        """Wait for the queued backups, at most ``exit_timeout`` seconds, saying so first (a WARNING
+        at exit: the process seems to hang otherwise)."""
+        waiting = self.pending()
+        if waiting == 0:
             return
-        log.info("ckptvault: waiting up to %s s for %d queued backup(s) before exit", self.exit_timeout, self.pending())
+        bound = "as long as they take" if self.exit_timeout is None else f"up to {self.exit_timeout:g} s"
+        log.log(
+            level,
+            "ckptvault: waiting %s for %d queued backup(s) %s (configure_async(exit_timeout=...) sets the bound)",
+            bound,
+            waiting,
+            reason,
+        )
         try:
             self.flush(self.exit_timeout)
         except FlushTimeoutError:

@@ -1,0 +1,406 @@
+"""The Python API at its entry points: a wrong argument fails at once with a UsageError that says
+what was expected (never a bare TypeError/AttributeError from deep inside, never half-understood),
+nothing is deleted or left pinned by a refused call, a closed Vault refuses work, and ranks that
+open a new vault together all get it."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import ckptvault
+from ckptvault import Vault
+from ckptvault.errors import CkptVaultError, FlushTimeoutError, UsageError
+from ckptvault.ops.async_backup import AsyncShipper, BackupJob, make_job
+from tests.conftest import write_file
+
+CLOSED = "this Vault is closed"
+
+
+def make_checkpoint(path: Path, step: int) -> Path:
+    write_file(path / "model" / "weights.bin", os.urandom(20_000) + str(step).encode())
+    write_file(path / "config.json", f'{{"step": {step}}}'.encode())
+    return path
+
+
+def ids(vault: Vault) -> list[str]:
+    return [s.id for s in vault.snapshots()]
+
+
+def pin_folders(root: Path) -> list[Path]:
+    """Every ``.ckptvault-pins`` folder under ``root`` that still holds a pin."""
+    return [p for p in root.rglob(".ckptvault-pins") if any(p.iterdir())]
+
+
+@pytest.fixture
+def three(vault: Vault, tmp_path: Path) -> list:
+    """Three snapshots of one run, steps 1..3; the first is a milestone."""
+    snaps = []
+    for step in (1, 2, 3):
+        tags = {"run": "r", "step": str(step)} | ({"milestone": "yes"} if step == 1 else {})
+        snaps.append(vault.backup(make_checkpoint(tmp_path / "src" / f"step_{step}", step), tags=tags))
+    return snaps
+
+
+# ---- 1. a bare string where a list of strings is expected ------------------------------------
+
+
+def test_prune_refuses_a_bare_string_keep_tags_and_keeps_the_milestone(vault, three):
+    before = ids(vault)
+    with pytest.raises(UsageError, match=r"keep_tags must be a list of strings, e\.g\. \['milestone'\]"):
+        vault.prune(keep_latest=1, keep_tags="milestone")
+    assert ids(vault) == before, "nothing was pruned"
+    with pytest.raises(UsageError, match="keep_tags"):
+        vault.prune(keep_latest=1, keep_tags=b"milestone")  # type: ignore[arg-type]
+    # the list form protects it
+    result = vault.prune(keep_latest=1, keep_tags=["milestone"], dry_run=True)
+    assert {s.id for s in result.retention.keep} == {three[0].id, three[2].id}
+
+
+def test_forget_refuses_a_bare_string_instead_of_forgetting_one_snapshot_per_character(vault, tmp_path):
+    # snapshots until two of them have an ID whose first hex digit no other ID starts with:
+    # forget("xy") iterated per character would then forget exactly those two
+    unique: list[str] = []
+    for step in range(40):
+        vault.backup(make_checkpoint(tmp_path / "src" / f"step_{step}", step), tags={"step": str(step)})
+        firsts = [i[0] for i in ids(vault)]
+        unique = [c for c in dict.fromkeys(firsts) if firsts.count(c) == 1]
+        if len(unique) >= 2:
+            break
+    assert len(unique) >= 2
+    before = ids(vault)
+    for spec in ("".join(unique[:2]), "".join(unique[:2]).encode()):
+        with pytest.raises(UsageError, match=r"snapshots must be a list of snapshot IDs"):
+            vault.forget(spec)  # type: ignore[arg-type]
+        assert ids(vault) == before, "no snapshot was forgotten"
+    with pytest.raises(UsageError, match="snapshot"):
+        vault.forget([before[0][:8], None])  # type: ignore[list-item]
+    assert ids(vault) == before
+
+
+def test_restore_and_watch_refuse_a_bare_string_include(vault, three, tmp_path):
+    target = tmp_path / "restored"
+    with pytest.raises(UsageError, match=r"include must be a list of strings, e\.g\. \['model/\*'\]"):
+        vault.restore(three[0], target, include="model/*")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="include must be a list of strings"):
+        vault.restore_latest(target, run="r", include="model/*")  # type: ignore[arg-type]
+    assert not target.exists(), "nothing was written"
+    watched = make_checkpoint(tmp_path / "watched" / "step_9", 9).parent
+    with pytest.raises(UsageError, match=r"include must be a list of strings, e\.g\. \['step_\*'\]"):
+        vault.watch(watched, include="step_*", once=True, settle=0)  # type: ignore[arg-type]
+    assert len(vault.snapshots()) == 3, "nothing was shipped"
+    # the list forms work
+    vault.restore(three[0], target, include=["model/*"])
+    assert sorted(p.name for p in target.iterdir()) == ["model"]
+
+
+# ---- 2. backup_async leaves no pin behind when it refuses --------------------------------------
+
+
+def test_backup_async_refusing_a_bad_on_full_leaves_no_pin(vault, tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpts" / "step_1", 1)
+    with pytest.raises(UsageError, match="on_full"):
+        vault.backup_async(ckpt, on_full="bogus")  # type: ignore[arg-type]
+    assert pin_folders(tmp_path) == []
+
+
+def test_backup_async_after_close_leaves_no_pin_and_starts_no_worker(repo_url, tmp_path):
+    v = Vault.init(repo_url)
+    v.close()
+    ckpt = make_checkpoint(tmp_path / "ckpts" / "step_1", 1)
+    workers = sum(t.name == "ckptvault-async" for t in threading.enumerate())
+    with pytest.raises(UsageError, match=CLOSED):
+        v.backup_async(ckpt)
+    assert pin_folders(tmp_path) == []
+    assert sum(t.name == "ckptvault-async" for t in threading.enumerate()) == workers
+
+
+def test_a_job_the_queue_refuses_has_its_pins_released(tmp_path):
+    shipper = AsyncShipper(lambda job: pytest.fail("nothing runs"))
+    ckpt = make_checkpoint(tmp_path / "ckpts" / "step_1", 1)
+    job = make_job([str(ckpt)], tags={}, description="", hostname=None, pin=True)
+    assert pin_folders(tmp_path), "pinned"
+    with pytest.raises(UsageError):
+        shipper.submit(job, on_full="bogus")  # type: ignore[arg-type]
+    assert pin_folders(tmp_path) == []
+    shipper.close()
+    job = make_job([str(ckpt)], tags={}, description="", hostname=None, pin=True)
+    with pytest.raises(UsageError, match="closed"):
+        shipper.submit(job)
+    assert pin_folders(tmp_path) == []
+
+
+# ---- 3. ranks opening a new vault together ----------------------------------------------------
+
+
+def _open_in_child(url: str, barrier, results) -> None:  # run in a spawned process
+    from ckptvault import Vault
+
+    barrier.wait()
+    try:
+        vault = Vault.open(url, create=True)
+        results.put(("ok", vault.created))
+        vault.close()
+    except Exception as exc:
+        results.put((type(exc).__name__, str(exc)))
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_four_processes_opening_a_new_vault_with_create_all_get_it(tmp_path, attempt):
+    ctx = multiprocessing.get_context("spawn")
+    url = str(tmp_path / "new-vault")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_open_in_child, args=(url, barrier, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [o[0] for o in outcomes] == ["ok"] * 4, outcomes
+    assert sum(created for _, created in outcomes) == 1, "exactly one of them created it"
+    with Vault.open(url) as vault:
+        assert vault.snapshots() == []
+
+
+# ---- 4. the framework callbacks ---------------------------------------------------------------
+
+
+def test_callback_refuses_a_bad_on_full_at_construction_before_opening_the_vault(tmp_path):
+    from ckptvault.integrations.shipping import Shipping
+
+    url = tmp_path / "never-made"
+    with pytest.raises(UsageError, match="on_full"):
+        Shipping(str(url), on_full="bogus")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="tags must be a dict"):
+        Shipping(str(url), tags=["run=x"])  # type: ignore[arg-type]
+    assert not url.exists(), "no vault was created for a callback that cannot work"
+    pytest.importorskip("transformers")
+    from ckptvault.integrations.hf import CkptVaultCallback
+
+    with pytest.raises(UsageError, match="on_full"):
+        CkptVaultCallback(str(url), on_full="bogus")  # type: ignore[arg-type]
+
+
+def test_lightning_records_a_file_as_shipped_only_after_it_was_handed_over(vault, tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    ckpt = write_file(tmp_path / "ckpts" / "epoch=0-step=5.ckpt", b"weights")
+    checkpoint_cb = SimpleNamespace(last_model_path=str(ckpt), best_model_path="", best_k_models={})
+    trainer = SimpleNamespace(is_global_zero=True, checkpoint_callbacks=[checkpoint_cb], global_step=5)
+    callback = CkptVaultCallback(vault, run="l")
+    real_ship, calls = callback.ship, []
+
+    def ship_failing_once(path: str, step: int | None) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            raise CkptVaultError("the queue refused it")
+        real_ship(path, step)
+
+    callback.ship = ship_failing_once
+    with pytest.raises(CkptVaultError):
+        callback._ship_new(trainer)
+    callback._ship_new(trainer)  # the next hook tries again
+    callback.finish_shipping()
+    assert len(calls) == 2
+    assert [s.tags for s in vault.snapshots()] == [{"run": "l", "step": "5"}]
+
+
+def test_finish_shipping_without_raising_logs_a_flush_timeout(vault, caplog, monkeypatch):
+    from ckptvault.integrations.shipping import Shipping
+
+    def flush(timeout=None):
+        raise FlushTimeoutError("1 queued backup(s) still unfinished after 5 s")
+
+    monkeypatch.setattr(vault, "flush", flush)
+    shipping = Shipping(vault, flush_timeout=5, raise_on_error=False)
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        shipping.finish_shipping()  # does not raise
+    assert any(r.levelno >= logging.WARNING and "still unfinished" in r.getMessage() for r in caplog.records)
+    with pytest.raises(FlushTimeoutError):
+        Shipping(vault, flush_timeout=5).finish_shipping()
+
+
+# ---- 5. a closed Vault ------------------------------------------------------------------------
+
+
+def test_a_closed_vault_refuses_every_call_and_closes_again_quietly(repo_url, tmp_path):
+    v = Vault.init(repo_url)
+    ckpt = make_checkpoint(tmp_path / "src", 1)
+    snap = v.backup(ckpt)
+    v.close()
+    v.close()  # idempotent
+    calls = [
+        lambda: v.snapshots(),
+        lambda: v.snapshot(snap.id),
+        lambda: v.latest(),
+        lambda: v.files(snap),
+        lambda: v.backup(ckpt),
+        lambda: v.restore(snap, tmp_path / "out"),
+        lambda: v.read_file(snap, "config.json"),
+        lambda: v.open_file(snap, "config.json"),
+        lambda: v.check(),
+        lambda: v.prune(keep_latest=1),
+        lambda: v.forget([snap.id]),
+        lambda: v.stats(),
+        lambda: v.locks(),
+        lambda: v.unlock(),
+        lambda: v.flush(),
+        lambda: v.configure_async(max_pending=3),
+        lambda: v.is_backed_up(ckpt),
+        lambda: v.restore_latest(tmp_path / "out"),
+        lambda: v.diff(snap, snap),
+        lambda: v.watch(tmp_path / "src", once=True),
+    ]
+    for call in calls:
+        with pytest.raises(UsageError, match=CLOSED):
+            call()
+    with pytest.raises(UsageError, match=CLOSED), v:
+        pass
+    assert not (tmp_path / "out").exists()
+
+
+# ---- 6. wrong types ---------------------------------------------------------------------------
+
+
+def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(tmp_path):
+    np = pytest.importorskip("numpy")
+    src = tmp_path / "src"
+    write_file(src / "config.json", b'{"a": 1}')
+    src.mkdir(exist_ok=True)
+    np.save(src / "w.npy", np.arange(6, dtype=np.float32))
+    Vault.init(tmp_path / "repo").close()
+    with Vault.open(tmp_path / "repo") as v:
+        snap = v.backup(src)
+        assert b"".join(v.read_file(snap, Path("config.json"))) == b'{"a": 1}'
+        with v.open_file(snap, Path("config.json")) as f:
+            assert f.read() == b'{"a": 1}'
+        assert [t.name for t in v.show(snap, Path("w.npy")).tensors] != []
+    with Vault.open(tmp_path / "repo2", create=True) as v:
+        assert v.created
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda v, s, t: v.snapshot(None), "snapshot must be a snapshot ID"),
+        (lambda v, s, t: v.files(None), "snapshot must be"),
+        (lambda v, s, t: v.restore(None, t / "out"), "snapshot must be"),
+        (lambda v, s, t: v.restore(s, None), "target must be a path"),
+        (lambda v, s, t: v.restore_latest(None), "target must be a path"),
+        (lambda v, s, t: v.forget([None]), "each item of snapshots"),
+        (lambda v, s, t: v.forget(s), "snapshots must be a list"),
+        (lambda v, s, t: v.read_file(s, None), "path must be a path"),
+        (lambda v, s, t: v.open_file(s, 3), "path must be a path"),
+        (lambda v, s, t: v.show(s, None), "path must be a path"),
+        (lambda v, s, t: v.backup(None), "paths must be a path or a list of paths"),
+        (lambda v, s, t: v.backup([t / "src", None]), "paths must be a path"),
+        (lambda v, s, t: v.backup(t / "src", tags=["run=x"]), r'tags must be a dict like \{"run": "x"\}'),
+        (lambda v, s, t: v.backup(t / "src", tags={"step": 3}), "keys and values must be strings"),
+        (lambda v, s, t: v.backup(t / "src", description=None), "description must be a string"),
+        (lambda v, s, t: v.backup(t / "src", hostname=7), "hostname must be a string"),
+        (lambda v, s, t: v.backup_async(t / "src", tags={"step": 3}), "keys and values must be strings"),
+        (lambda v, s, t: v.snapshots(tags=["run=x"]), "tags must be a dict"),
+        (lambda v, s, t: v.latest(tags={"step": 3}), "keys and values must be strings"),
+        (lambda v, s, t: v.prune(keep_latest="5"), "keep_latest must be an int"),
+        (lambda v, s, t: v.prune(keep_latest=True), "keep_latest must be an int"),
+        (lambda v, s, t: v.prune(before="14d"), "before must be a timezone-aware datetime or an age as a timedelta"),
+        (lambda v, s, t: v.prune(before=date(2020, 1, 1)), "before must be"),
+        (lambda v, s, t: v.prune(before=14), "before must be"),
+        (lambda v, s, t: v.prune(before=-timedelta(days=14)), "negative age"),
+        (lambda v, s, t: v.prune(keep_latest=1, tags=["run=x"]), "tags must be a dict"),
+        (lambda v, s, t: v.prune(keep_latest=1, group_by=["run"]), "group_by must be a string"),
+        (lambda v, s, t: v.prune(keep_latest=1, repack_threshold="0.1"), "repack_threshold must be a number"),
+        (lambda v, s, t: v.check(read_data="10%"), "read_data must be a number from 0 to 1"),
+        (lambda v, s, t: v.flush(timeout="5"), "timeout must be a number of seconds"),
+        (lambda v, s, t: v.configure_async(max_pending="4"), "max_pending must be an int"),
+        (lambda v, s, t: v.backup_status(None), "path must be a path"),
+        (lambda v, s, t: v.drill(None), "snapshot must be"),
+        (lambda v, s, t: v.diff(s, None), "snapshot must be"),
+    ],
+)
+def test_a_wrong_type_is_a_usage_error_saying_what_was_expected(vault, tmp_path, call, match):
+    snap = vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "r", "step": "1"})
+    before = ids(vault)
+    with pytest.raises(UsageError, match=match) as info:
+        call(vault, snap, tmp_path)
+    assert "\n" not in str(info.value)
+    assert ids(vault) == before
+    assert not (tmp_path / "out").exists()
+    assert pin_folders(tmp_path) == []
+
+
+def test_a_negative_age_would_have_put_the_cutoff_in_the_future(vault, three):
+    before = ids(vault)
+    with pytest.raises(UsageError, match="negative age"):
+        vault.prune(keep_latest=1, before=-timedelta(days=14))
+    assert ids(vault) == before
+    # the accepted forms
+    now = datetime.now(timezone.utc)
+    assert vault.prune(keep_latest=1, before=timedelta(days=14), dry_run=True).retention.forget == []
+    assert len(vault.prune(keep_latest=1, before=now + timedelta(seconds=1), dry_run=True).retention.forget) == 2
+
+
+def test_an_empty_url_is_refused_not_taken_for_the_default_vault(tmp_path):
+    for make in (lambda: Vault.open(""), lambda: Vault.open("  ", create=True), lambda: Vault.init("")):
+        with pytest.raises(UsageError, match="the vault URL is empty"):
+            make()
+    assert not (tmp_path / "xdg-data").exists(), "the default vault was not created"
+    with pytest.raises(UsageError, match="url must be a path or URL"):
+        Vault.open(42)  # type: ignore[arg-type]
+
+
+# ---- 7. the exit wait says so --------------------------------------------------------------------
+
+
+def test_the_exit_wait_is_announced_at_warning_naming_the_count_and_the_bound(caplog):
+    release = threading.Event()
+
+    def run(job: BackupJob):
+        release.wait(30)
+        raise CkptVaultError("not really shipped")
+
+    shipper = AsyncShipper(run, exit_timeout=0.2)
+    shipper.submit(BackupJob(sources=[], tags={"step": "1"}, label="ckpt"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="ckptvault"):
+            shipper.flush_at_exit()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("1 queued backup(s)" in m and "0.2 s" in m for m in warnings), warnings
+    finally:
+        release.set()
+        shipper.close()
+
+
+# ---- 8. small things ---------------------------------------------------------------------------
+
+
+def test_handle_result_timeout_has_a_message(tmp_path):
+    release = threading.Event()
+    shipper = AsyncShipper(lambda job: release.wait(30))
+    handle = shipper.submit(BackupJob(sources=[], tags={"step": "4"}, label="ckpt"))
+    try:
+        with pytest.raises(FlushTimeoutError, match=r"ckpt \(step 4\) is still (queued|running) after 0 s") as info:
+            handle.result(0)
+        assert isinstance(info.value, TimeoutError)
+        with pytest.raises(TimeoutError, match="still"):
+            handle.exception(0)
+    finally:
+        release.set()
+        shipper.close()
+
+
+def test_result_types_of_public_methods_are_exported(vault, tmp_path):
+    vault.backup(make_checkpoint(tmp_path / "src", 1))
+    assert isinstance(vault.check(), ckptvault.CheckReport)
+    assert isinstance(vault.prune(keep_latest=1, dry_run=True), ckptvault.PruneResult)
+    assert {"CheckReport", "PruneResult", "LockInfo"} <= set(ckptvault.__all__)
+    assert ckptvault.LockInfo.__name__ == "LockInfo"
