@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -22,6 +22,22 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import platformdirs
 
+from .arguments import (
+    PathLike,
+    before_arg,
+    fraction_arg,
+    int_arg,
+    optional_path_arg,
+    path_arg,
+    paths_arg,
+    seconds_arg,
+    snapshot_arg,
+    snapshot_list_arg,
+    str_list_arg,
+    tags_arg,
+    text_arg,
+    url_arg,
+)
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
 from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
@@ -73,8 +89,6 @@ from .store import open_store
 
 log = logging.getLogger("ckptvault")
 
-PathLike = str | os.PathLike[str]
-
 
 KeyfileArg = str | os.PathLike[str] | Keyfile | None
 
@@ -83,149 +97,6 @@ R = TypeVar("R")
 
 CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
 OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
-
-# ---- argument checks at the public entry points --------------------------------------------
-# A wrong type must fail at once with a UsageError saying what was expected, not as a bare
-# TypeError/AttributeError from deep inside, and never be half-understood: a bare string where a
-# list is expected would be iterated character by character (keep_tags="milestone" protects
-# nothing; forget("bc") would forget snapshots "b" and "c").
-
-
-def _shown(value: object) -> str:
-    """A wrong value as a message names it: its type and a short repr."""
-    if value is None:
-        return "None"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
-def _wrong(name: str, value: object, expected: str) -> UsageError:
-    """The UsageError for an argument of the wrong kind: what was expected, what was given."""
-    return UsageError(f"{name} must be {expected}; got {_shown(value)}")
-
-
-def _url_arg(url: str | os.PathLike[str] | None) -> str:
-    """A vault URL or local path (str or os.PathLike); None means the default vault."""
-    if url is None:
-        return default_repo_url()
-    text = os.fspath(url) if isinstance(url, os.PathLike) else url
-    if not isinstance(text, str):
-        raise _wrong("url", url, "a path or URL (str or pathlib.Path), or None for the default vault")
-    if not text.strip():
-        raise UsageError("the vault URL is empty; give a path or URL, or None for the default vault")
-    return text
-
-
-def _path_arg(name: str, value: object) -> str:
-    """A path: a str or an os.PathLike (pathlib.Path)."""
-    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(text, str):
-        raise _wrong(name, value, "a path (a str or pathlib.Path)")
-    return text
-
-
-def _optional_path_arg(name: str, value: object) -> str | None:
-    return None if value is None else _path_arg(name, value)
-
-
-def _items(name: str, value: object, expected: str) -> list[Any]:
-    """The items of a list-like argument; a bare str or bytes (or a dict) is refused, not iterated."""
-    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
-        raise _wrong(name, value, expected)
-    return list(value)
-
-
-def _str_list_arg(name: str, value: Iterable[str] | None, example: str) -> list[str]:
-    """A list (or tuple, ...) of strings; None is an empty one."""
-    if value is None:
-        return []
-    expected = f"a list of strings, e.g. {example}"
-    items = _items(name, value, expected)
-    for item in items:
-        if not isinstance(item, str):
-            raise _wrong(f"each item of {name}", item, f"a string ({name} must be {expected})")
-    return items
-
-
-def _paths_arg(value: PathLike | Sequence[PathLike]) -> list[str]:
-    """Backup sources: one path, or a list of them."""
-    if isinstance(value, (str, os.PathLike)):
-        return [_path_arg("paths", value)]
-    items = _items("paths", value, "a path or a list of paths, e.g. './checkpoints' or ['a', 'b']")
-    return [_path_arg("paths", item) for item in items]
-
-
-def _snapshot_arg(value: str | Snapshot, name: str = "snapshot") -> str | Snapshot:
-    if not isinstance(value, (str, Snapshot)):
-        raise _wrong(name, value, "a snapshot ID (prefix), 'latest' or a Snapshot")
-    return value
-
-
-def _snapshot_list_arg(value: Iterable[str | Snapshot]) -> list[str | Snapshot]:
-    items = _items("snapshots", value, "a list of snapshot IDs or Snapshots, e.g. ['7be0a1']")
-    return [_snapshot_arg(item, "each item of snapshots") for item in items]
-
-
-def _tags_arg(value: Mapping[str, str] | None, name: str = "tags") -> dict[str, str]:
-    """Tags: a dict of str to str (stored as text, so a non-str value would never match again)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise _wrong(name, value, 'a dict like {"run": "x"}')
-    for key, val in value.items():
-        if not isinstance(key, str) or not isinstance(val, str):
-            raise UsageError(
-                f'{name} keys and values must be strings, like {{"step": "1200"}}; got {key!r}: {val!r} (use str())'
-            )
-    return dict(value)
-
-
-def _text_arg(name: str, value: str | None, *, optional: bool = False) -> Any:
-    """A str (or, with ``optional``, None)."""
-    if not isinstance(value, str) and not (optional and value is None):
-        raise _wrong(name, value, "a string" + (" or None" if optional else ""))
-    return value
-
-
-def _int_arg(name: str, value: int | None, *, optional: bool = False) -> Any:
-    """An int, not a bool (or, with ``optional``, None)."""
-    if (isinstance(value, bool) or not isinstance(value, int)) and not (optional and value is None):
-        raise _wrong(name, value, "an int" + (" or None" if optional else ""))
-    return value
-
-
-def _fraction_arg(name: str, value: float) -> float:
-    """A number from 0 to 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _wrong(name, value, "a number from 0 to 1 (e.g. 0.1 for 10%)")
-    if not 0.0 <= value <= 1.0:
-        raise UsageError(f"{name} {value} must be between 0 and 1")
-    return float(value)
-
-
-def _seconds_arg(name: str, value: float | None) -> float | None:
-    """A time limit in seconds: a number from 0 up, or None for no limit."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise _wrong(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
-    return value
-
-
-def _before_arg(before: datetime | timedelta | None, now: datetime | None) -> datetime | None:
-    """prune's cutoff: a time, or an age (a non-negative timedelta) counted back from ``now``."""
-    if now is not None and not isinstance(now, datetime):
-        raise _wrong("now", now, "a datetime or None")
-    if before is None or isinstance(before, datetime):
-        return before
-    if not isinstance(before, timedelta):
-        raise _wrong("before", before, "a timezone-aware datetime or an age as a timedelta, e.g. timedelta(days=14)")
-    if before < timedelta(0):
-        raise UsageError(f"before={before!r} is a negative age, a cutoff in the future; give e.g. timedelta(days=14)")
-    try:
-        return (now or datetime.now(timezone.utc)) - before
-    except OverflowError:
-        raise UsageError(f"before={before!r} reaches back before year 1; give a shorter age") from None
 
 
 def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatenate[Vault, P], R]:
@@ -310,7 +181,7 @@ class Vault:
         With ``keyfile`` (a path or a loaded ``Keyfile``), everything stored is encrypted with
         AES-256-GCM under the keyfile's master key; ``passphrase`` unlocks it (a string, or a
         function called only when needed)."""
-        url = _url_arg(url)
+        url = url_arg(url) or default_repo_url()
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
@@ -332,7 +203,7 @@ class Vault:
         """Open the repository at ``url`` (a path or URL; None: the default vault); with
         ``create=True`` make it when it does not exist. Several processes may do that at once (the
         ranks of a distributed job): one creates it, the others open it."""
-        url = _url_arg(url)
+        url = url_arg(url) or default_repo_url()
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
         try:
@@ -390,7 +261,7 @@ class Vault:
         out with a warning naming it (once per Vault: the "ckptvault" logger and ``on_warning``);
         ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
         ID, and ``prune`` refuses to run while one exists."""
-        tags = _tags_arg(tags)
+        tags = tags_arg(tags)
 
         def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
             try:
@@ -442,8 +313,8 @@ class Vault:
     def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
         """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
         An ID naming a snapshot object that cannot be decoded raises that object's error."""
-        spec = _snapshot_arg(spec)
-        tags = _tags_arg(tags)
+        spec = snapshot_arg(spec)
+        tags = tags_arg(tags)
         if isinstance(spec, Snapshot):
             return spec
         snaps = self.snapshots()
@@ -499,10 +370,10 @@ class Vault:
         "warn" stores the bytes read and warns, "skip" leaves the file out and warns, "fail"
         raises SourceError and writes no snapshot.
         """
-        sources = _paths_arg(paths)
-        tags = _tags_arg(tags)
-        description = _text_arg("description", description)
-        hostname = _text_arg("hostname", hostname, optional=True) or socket.gethostname()
+        sources = paths_arg(paths)
+        tags = tags_arg(tags)
+        description = text_arg("description", description)
+        hostname = text_arg("hostname", hostname, optional=True) or socket.gethostname()
         for key in tags:
             if not key or "=" in key:
                 raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
@@ -551,9 +422,9 @@ class Vault:
     ) -> RestoreResult:
         """Restore into ``target``, verifying every chunk and every file hash; ``include`` (a list of
         globs) restores only the paths matching one."""
-        snapshot = _snapshot_arg(snapshot)
-        where = _path_arg("target", target)
-        globs = None if include is None else _str_list_arg("include", include, "['model/*']")
+        snapshot = snapshot_arg(snapshot)
+        where = path_arg("target", target)
+        globs = None if include is None else str_list_arg("include", include, "['model/*']")
         with self._repo.locks.acquire(exclusive=False):
             self._repo.load_index()
             return run_restore(
@@ -570,7 +441,7 @@ class Vault:
     def read_file(self, snapshot: str | Snapshot, path: PathLike) -> Iterator[bytes]:
         """Yield one file's bytes chunk by chunk; each chunk is verified, and the whole-file
         hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
-        return self._read_file(_snapshot_arg(snapshot), _path_arg("path", path))
+        return self._read_file(snapshot_arg(snapshot), path_arg("path", path))
 
     def _read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
         snap = self.snapshot(snapshot)
@@ -612,13 +483,13 @@ class Vault:
         applies alone. ``keep_tags`` is a list: ``["milestone"]``. ``dry_run`` changes nothing and
         returns exactly what a real run would do."""
         policy = RetentionPolicy(
-            keep_latest=_int_arg("keep_latest", keep_latest, optional=True),
-            before=_before_arg(before, now),
-            tags=_tags_arg(tags),
-            keep_tags=tuple(_str_list_arg("keep_tags", keep_tags, "['milestone']")),
-            group_by=_text_arg("group_by", group_by, optional=True),
+            keep_latest=int_arg("keep_latest", keep_latest, optional=True),
+            before=before_arg(before, now),
+            tags=tags_arg(tags),
+            keep_tags=tuple(str_list_arg("keep_tags", keep_tags, "['milestone']")),
+            group_by=text_arg("group_by", group_by, optional=True),
         )
-        repack_threshold = _fraction_arg("repack_threshold", repack_threshold)
+        repack_threshold = fraction_arg("repack_threshold", repack_threshold)
         with self._repo.locks.acquire(exclusive=True):
             self._repo.load_index()
             every = self.snapshots()
@@ -647,7 +518,7 @@ class Vault:
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists."""
-        snapshots = _snapshot_list_arg(snapshots)
+        snapshots = snapshot_list_arg(snapshots)
         with self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
             every = self.snapshots()
@@ -686,8 +557,8 @@ class Vault:
     def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
         """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.
         Never raises on damage: inspect ``report.ok`` and ``report.problems``."""
-        read_data = _fraction_arg("read_data", read_data)
-        seed = _int_arg("seed", seed, optional=True)
+        read_data = fraction_arg("read_data", read_data)
+        seed = int_arg("seed", seed, optional=True)
         with self._repo.locks.acquire(exclusive=False), self._repo.cache_bypassed():
             return run_check(self._repo, read_data=read_data, seed=seed)
 
@@ -726,10 +597,10 @@ class Vault:
         if self._closing:
             raise UsageError(CLOSED_MESSAGE)
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
-        sources = _paths_arg(paths)
-        tags = _tags_arg(tags)
-        description = _text_arg("description", description)
-        hostname = _text_arg("hostname", hostname, optional=True)
+        sources = paths_arg(paths)
+        tags = tags_arg(tags)
+        description = text_arg("description", description)
+        hostname = text_arg("hostname", hostname, optional=True)
         check_on_full(on_full)
         shipper = self._async_shipper()
         job = make_job(sources, tags=tags, description=description, hostname=hostname, pin=pin)
@@ -739,7 +610,7 @@ class Vault:
     def flush(self, timeout: float | None = None) -> None:
         """Wait for every queued backup. Raises FlushTimeoutError after ``timeout`` seconds, else
         the first error of the queued backups that failed since the previous flush."""
-        timeout = _seconds_arg("timeout", timeout)
+        timeout = seconds_arg("timeout", timeout)
         if self._shipper is not None:
             self._shipper.flush(timeout)
 
@@ -749,9 +620,9 @@ class Vault:
     ) -> None:
         """How many backups may wait behind the running one, and how long the interpreter's exit
         waits for queued backups (None: as long as they take)."""
-        if _int_arg("max_pending", max_pending) < 1:
+        if int_arg("max_pending", max_pending) < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
-        exit_timeout = _seconds_arg("exit_timeout", exit_timeout)
+        exit_timeout = seconds_arg("exit_timeout", exit_timeout)
         shipper = self._async_shipper()
         shipper.max_pending = max_pending
         shipper.exit_timeout = exit_timeout
@@ -789,15 +660,15 @@ class Vault:
         """Ship every complete checkpoint that appears in ``directory`` until ``stop`` is set
         (or, with ``once``, what is there now), pinning each first (docs/training.md).
         ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run."""
-        directory = _path_arg("directory", directory)
+        directory = path_arg("directory", directory)
         options = WatchOptions(
             interval=interval,
             settle=settle,
-            include=tuple(_str_list_arg("include", include, "['step_*']")),
-            state_dir=_optional_path_arg("state_dir", state_dir) or None,
+            include=tuple(str_list_arg("include", include, "['step_*']")),
+            state_dir=optional_path_arg("state_dir", state_dir) or None,
             once=once,
         )
-        user_tags = _tags_arg(tags)
+        user_tags = tags_arg(tags)
 
         def shipped_digests() -> list[str]:
             return [s.tags["watch-sig"] for s in self.snapshots(user_tags) if "watch-sig" in s.tags]
@@ -818,7 +689,7 @@ class Vault:
     @_open_only
     def backup_status(self, path: PathLike) -> BackupStatus:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
-        where = _path_arg("path", path)
+        where = path_arg("path", path)
         with self._repo.locks.acquire(exclusive=False):
             return backup_status(self._repo, where, self.snapshots(), self.files)
 
@@ -847,7 +718,7 @@ class Vault:
             self.files(snap),
             lambda target: self.restore(snap, target, on_progress=on_progress),
             load=load,
-            workdir=_optional_path_arg("workdir", workdir) or None,
+            workdir=optional_path_arg("workdir", workdir) or None,
         )
 
     @_open_only
@@ -862,9 +733,9 @@ class Vault:
         on_progress: Progress | None = None,
     ) -> RestoreResult:
         """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``."""
-        _path_arg("target", target)  # before looking for the snapshot
-        wanted = _tags_arg(tags)
-        if _text_arg("run", run, optional=True) is not None:
+        path_arg("target", target)  # before looking for the snapshot
+        wanted = tags_arg(tags)
+        if text_arg("run", run, optional=True) is not None:
             wanted["run"] = run
         return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)
 
@@ -876,8 +747,8 @@ class Vault:
     ) -> SnapshotFile:
         """A seekable, read-only binary file of one snapshot file that fetches only the chunks a
         read touches (each verified against its ID), keeping the last ``cache_chunks`` decoded."""
-        wanted = _path_arg("path", path)
-        cache_chunks = _int_arg("cache_chunks", cache_chunks)
+        wanted = path_arg("path", path)
+        cache_chunks = int_arg("cache_chunks", cache_chunks)
         snap = self.snapshot(snapshot)
         return SnapshotFile(
             ChunkedFile(self._repo, find_file(self.files(snap), wanted, snap.id), cache_chunks=cache_chunks)
@@ -892,7 +763,7 @@ class Vault:
     def show(self, snapshot: str | Snapshot, path: PathLike, *, stats: bool = False) -> FileContents:
         """The tensors of a safetensors, .npy/.npz or torch zip file in the snapshot, from its header
         alone; with ``stats``, min/max/mean/std/NaN count per tensor (reads each tensor once)."""
-        wanted = _path_arg("path", path)
+        wanted = path_arg("path", path)
         snap = self.snapshot(snapshot)
         return show_file(self._repo, find_file(self.files(snap), wanted, snap.id), stats=stats)
 

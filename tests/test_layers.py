@@ -20,6 +20,7 @@ LAYERS = {
     "snapshot": 5,
     "ops": 6,
     "vault": 7,
+    "arguments": 7,
     "fs": 7,
     "cli": 8,
     "integrations": 8,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import os
 
+from ..arguments import seconds_arg, tags_arg, text_arg
 from ..errors import FlushTimeoutError
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
-from ..vault import Vault, _seconds_arg, _tags_arg, _text_arg
+from ..vault import Vault
 
 log = logging.getLogger("ckptvault")
 
@@ -31,11 +32,11 @@ class Shipping:
         starts, not at the first checkpoint."""
         super().__init__()
         check_on_full(on_full)
-        self.tags = _tags_arg(tags)
-        if _text_arg("run", run, optional=True) is not None:
+        self.tags = tags_arg(tags)
+        if text_arg("run", run, optional=True) is not None:
             self.tags["run"] = run
         self.on_full = on_full
-        self.flush_timeout = _seconds_arg("flush_timeout", flush_timeout)
+        self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
         self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
         self.raise_on_error = raise_on_error
         self.handles: list[BackupHandle] = []

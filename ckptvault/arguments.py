@@ -1,0 +1,156 @@
+"""Argument checks at the public API's entry points (vault.py, integrations).
+
+A wrong type must fail at once with a UsageError saying what was expected, not as a bare
+TypeError/AttributeError from deep inside, and never be half-understood: a bare string where a
+list is expected would be iterated character by character (keep_tags="milestone" protects
+nothing; forget("bc") would forget snapshots "b" and "c").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .errors import UsageError
+from .snapshot.model import Snapshot
+
+PathLike = str | os.PathLike[str]
+
+
+def shown_value(value: object) -> str:
+    """A wrong value as a message names it: its type and a short repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def wrong_arg(name: str, value: object, expected: str) -> UsageError:
+    """The UsageError for an argument of the wrong kind: what was expected, what was given."""
+    return UsageError(f"{name} must be {expected}; got {shown_value(value)}")
+
+
+def url_arg(url: str | os.PathLike[str] | None) -> str | None:
+    """A vault URL or local path (str or os.PathLike); None means the default vault."""
+    if url is None:
+        return None
+    text = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(text, str):
+        raise wrong_arg("url", url, "a path or URL (str or pathlib.Path), or None for the default vault")
+    if not text.strip():
+        raise UsageError("the vault URL is empty; give a path or URL, or None for the default vault")
+    return text
+
+
+def path_arg(name: str, value: object) -> str:
+    """A path: a str or an os.PathLike (pathlib.Path)."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise wrong_arg(name, value, "a path (a str or pathlib.Path)")
+    return text
+
+
+def optional_path_arg(name: str, value: object) -> str | None:
+    return None if value is None else path_arg(name, value)
+
+
+def list_items(name: str, value: object, expected: str) -> list[Any]:
+    """The items of a list-like argument; a bare str or bytes (or a dict) is refused, not iterated."""
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise wrong_arg(name, value, expected)
+    return list(value)
+
+
+def str_list_arg(name: str, value: Iterable[str] | None, example: str) -> list[str]:
+    """A list (or tuple, ...) of strings; None is an empty one."""
+    if value is None:
+        return []
+    expected = f"a list of strings, e.g. {example}"
+    items = list_items(name, value, expected)
+    for item in items:
+        if not isinstance(item, str):
+            raise wrong_arg(f"each item of {name}", item, f"a string ({name} must be {expected})")
+    return items
+
+
+def paths_arg(value: PathLike | Sequence[PathLike]) -> list[str]:
+    """Backup sources: one path, or a list of them."""
+    if isinstance(value, (str, os.PathLike)):
+        return [path_arg("paths", value)]
+    items = list_items("paths", value, "a path or a list of paths, e.g. './checkpoints' or ['a', 'b']")
+    return [path_arg("paths", item) for item in items]
+
+
+def snapshot_arg(value: str | Snapshot, name: str = "snapshot") -> str | Snapshot:
+    if not isinstance(value, (str, Snapshot)):
+        raise wrong_arg(name, value, "a snapshot ID (prefix), 'latest' or a Snapshot")
+    return value
+
+
+def snapshot_list_arg(value: Iterable[str | Snapshot]) -> list[str | Snapshot]:
+    items = list_items("snapshots", value, "a list of snapshot IDs or Snapshots, e.g. ['7be0a1']")
+    return [snapshot_arg(item, "each item of snapshots") for item in items]
+
+
+def tags_arg(value: Mapping[str, str] | None, name: str = "tags") -> dict[str, str]:
+    """Tags: a dict of str to str (stored as text, so a non-str value would never match again)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise wrong_arg(name, value, 'a dict like {"run": "x"}')
+    for key, val in value.items():
+        if not isinstance(key, str) or not isinstance(val, str):
+            raise UsageError(
+                f'{name} keys and values must be strings, like {{"step": "1200"}}; got {key!r}: {val!r} (use str())'
+            )
+    return dict(value)
+
+
+def text_arg(name: str, value: str | None, *, optional: bool = False) -> Any:
+    """A str (or, with ``optional``, None)."""
+    if not isinstance(value, str) and not (optional and value is None):
+        raise wrong_arg(name, value, "a string" + (" or None" if optional else ""))
+    return value
+
+
+def int_arg(name: str, value: int | None, *, optional: bool = False) -> Any:
+    """An int, not a bool (or, with ``optional``, None)."""
+    if (isinstance(value, bool) or not isinstance(value, int)) and not (optional and value is None):
+        raise wrong_arg(name, value, "an int" + (" or None" if optional else ""))
+    return value
+
+
+def fraction_arg(name: str, value: float) -> float:
+    """A number from 0 to 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong_arg(name, value, "a number from 0 to 1 (e.g. 0.1 for 10%)")
+    if not 0.0 <= value <= 1.0:
+        raise UsageError(f"{name} {value} must be between 0 and 1")
+    return float(value)
+
+
+def seconds_arg(name: str, value: float | None) -> float | None:
+    """A time limit in seconds: a number from 0 up, or None for no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise wrong_arg(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
+    return value
+
+
+def before_arg(before: datetime | timedelta | None, now: datetime | None) -> datetime | None:
+    """prune's cutoff: a time, or an age (a non-negative timedelta) counted back from ``now``."""
+    if now is not None and not isinstance(now, datetime):
+        raise wrong_arg("now", now, "a datetime or None")
+    if before is None or isinstance(before, datetime):
+        return before
+    if not isinstance(before, timedelta):
+        raise wrong_arg("before", before, "a timezone-aware datetime or an age as a timedelta, e.g. timedelta(days=14)")
+    if before < timedelta(0):
+        raise UsageError(f"before={before!r} is a negative age, a cutoff in the future; give e.g. timedelta(days=14)")
+    try:
+        return (now or datetime.now(timezone.utc)) - before
+    except OverflowError:
+        raise UsageError(f"before={before!r} reaches back before year 1; give a shorter age") from None
