@@ -735,8 +735,8 @@ class Vault:
         """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``."""
         path_arg("target", target)  # before looking for the snapshot
         wanted = tags_arg(tags)
-        if text_arg("run", run, optional=True) is not None:
-            wanted["run"] = run
+        if run is not None:
+            wanted["run"] = text_arg("run", run)
         return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)
 
     # ---- browsing and comparing without restoring (docs/checkpoints.md) -----------------

@@ -33,8 +33,8 @@ class Shipping:
         super().__init__()
         check_on_full(on_full)
         self.tags = tags_arg(tags)
-        if text_arg("run", run, optional=True) is not None:
-            self.tags["run"] = run
+        if run is not None:
+            self.tags["run"] = text_arg("run", run)
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
         self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
