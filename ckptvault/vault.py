@@ -494,7 +494,8 @@ class Vault:
             self._repo.load_index()
             every = self.snapshots()
             self._refuse_gc_with_unreadable()
-            return run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
+            with self._repo.aborting_writes_on_error():  # a failed repack leaves nothing behind the lock
+                return run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
 
     def _refuse_gc_with_unreadable(self, forgotten: frozenset[str] = frozenset()) -> None:
         """Garbage collection needs every snapshot's tree: a snapshot object that cannot be decoded
@@ -538,7 +539,8 @@ class Vault:
                 for snapshot_id in sorted(unreadable):
                     self._repo.delete_snapshot(bytes.fromhex(snapshot_id), None)
             if prune:
-                result = collect(self._repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
+                with self._repo.aborting_writes_on_error():
+                    result = collect(self._repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
             else:
                 if not dry_run:
                     for snap in plan.forget:

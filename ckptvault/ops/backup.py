@@ -168,7 +168,9 @@ def run_backup(
 
     if repo.has_unfinished_writes:  # left by a write that failed without cleaning up (a repack)
         repo.abort_writes()
-    try:
+    # Under the caller's lock: if anything fails, wait for the packs in flight and forget every chunk
+    # that no index object made durable, so the next backup starts from what the repository holds.
+    with repo.aborting_writes_on_error():
         entries: list[FileEntry] = []
         read_bytes = 0
         planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
@@ -236,11 +238,6 @@ def run_backup(
         if before_commit:
             before_commit()
         repo.save_snapshot(snapshot_id, encode_snapshot(snapshot))
-    except BaseException:
-        # Still under the caller's lock: wait for the packs in flight and forget every chunk that no
-        # index object made durable, so the next backup starts from what the repository holds.
-        repo.abort_writes()
-        raise
     return BackupResult(snapshot, warnings)
 
 

@@ -399,6 +399,16 @@ class Repository:
         """True while chunks are queued, packs are uploading, or uploaded packs wait for their index."""
         return bool(self._writer.entries or self._pending or self._uploads or self._unindexed)
 
+    @contextlib.contextmanager
+    def aborting_writes_on_error(self) -> Iterator[None]:
+        """Run a write (a backup, a repack) so that if it raises, ``abort_writes`` cleans up after it
+        before the caller releases its lock."""
+        try:
+            yield
+        except BaseException:
+            self.abort_writes()
+            raise
+
     def abort_writes(self) -> None:
         """Give up what a failed write (a backup or repack that raised) left behind, so that the next
         one starts from what the repository durably holds. Call it while the lock is still held.
