@@ -8,6 +8,15 @@ Execution order (each step leaves a repository where every kept snapshot restore
 A crash anywhere leaves at worst duplicate index entries or unreferenced packs and trees,
 which the next prune removes. Callers hold the exclusive lock, so no backup is adding data.
 
+That is checked, not assumed: a process suspended past the lock's staleness (or a host whose clock
+makes the lock look stale) can have let a backup in, and such a backup may have deduplicated against a
+pack this plan deletes. So before each deleting step (3, then 4, then the trees) the exclusive lock this
+process holds on the repository is verified (``repo.locks.verify_held()``: still there, refreshed in
+time; LockLostError otherwise), and before steps 3 and 4 the index objects and snapshots are listed
+again: one that the plan did not read (and this prune did not write) stops the prune with
+VaultLockedError, before it deletes anything more. Stopping there is safe: the consolidated index only
+duplicates entries of the objects still present, and packs go only after no index names them.
+
 Live chunks: those of the kept snapshots' trees, plus the delta base of every live chunk (at any
 depth), read from the index entries (format 2 names each delta's base), so a base outlives the
 snapshot that stored it for as long as a kept snapshot needs a delta against it. Repacking copies
@@ -18,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, VaultLockedError
 from ..repository import Repository
 from ..repository.pack import PackEntry
 from ..snapshot.model import FileEntry
@@ -35,6 +44,9 @@ class GcPlan:
     pack_sizes: dict[bytes, int] = field(default_factory=dict)
     index_objects: int = 0
     dead_trees: list[bytes] = field(default_factory=list)
+    index_ids: set[bytes] = field(default_factory=set)  # the index objects the plan read
+    # the snapshots the plan kept (prune's collect sets it); another one appearing stops the deletions
+    snapshot_ids: set[bytes] | None = None
 
     @property
     def reclaim_bytes(self) -> int:
@@ -62,7 +74,7 @@ def plan_gc(
         indexed.update(packs)
     live = _with_bases(live, indexed)
     stored = repo.list_packs()
-    plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects))
+    plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects), index_ids=set(index_objects))
 
     # A chunk stored twice counts as live in one pack only: the one that keeps the most live bytes.
     def live_bytes(pack_id: bytes) -> int:
@@ -144,13 +156,38 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     old_index_ids = set(repo.list_index_ids())
     kept_index_ids = {repo.write_index(batch) for batch in _batches(surviving)}
     # 3. drop every other index object, 4. then the packs and trees nothing refers to
+    ours = set(new_packs)
+    _check_no_other_writer(repo, plan, kept_index_ids, ours)
     for index_id in old_index_ids - kept_index_ids:
         repo.delete_index(index_id)
+    _check_no_other_writer(repo, plan, kept_index_ids, ours)
     for pack_id in [*plan.delete_packs, *plan.repack]:
         repo.delete_pack(pack_id)
+    repo.locks.verify_held()
     for tree_id in plan.dead_trees:
         repo.delete_tree(tree_id)
     repo.load_index()
+
+
+def _check_no_other_writer(repo: Repository, plan: GcPlan, kept_index_ids: set[bytes], ours: set[bytes]) -> None:
+    """Before a deleting step: the exclusive lock is still ours, and nobody added index objects or
+    snapshots since the plan was made (module docstring). Raises LockLostError or VaultLockedError."""
+    repo.locks.verify_held()
+    appeared = set(repo.list_index_ids()) - plan.index_ids - kept_index_ids
+    if appeared and ours:  # the repack step's own index objects name only the packs it wrote
+        objects = repo.read_index_objects()
+        appeared = {i for i in appeared if i not in objects or not set(objects[i]) <= ours}
+    snapshots: set[bytes] = set()
+    if plan.snapshot_ids is not None:
+        snapshots = set(repo.list_snapshot_ids()) - plan.snapshot_ids
+    if appeared or snapshots:
+        what = " and ".join(
+            f"{n} {noun}(s)" for n, noun in ((len(appeared), "index object"), (len(snapshots), "snapshot")) if n
+        )
+        raise VaultLockedError(
+            f"prune stopped: another writer added data to {repo.store.url} while this prune ran ({what} "
+            "it did not plan with); no index object or pack was deleted since; run prune again"
+        )
 
 
 STALE_TEMP_AGE_S = 3600.0  # temp files of a writer this long dead: it cannot be an active upload

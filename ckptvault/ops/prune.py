@@ -43,7 +43,7 @@ def run_prune(
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
 ) -> PruneResult:
     """Plan retention and GC; unless ``dry_run``, delete the forgotten snapshots and collect garbage.
-    The caller holds the exclusive lock."""
+    The caller holds the exclusive lock; it is verified before each deleting step (ops/gc.py)."""
     retention = plan_retention(snapshots, policy)
     return collect(repo, retention, dry_run=dry_run, repack_threshold=repack_threshold)
 
@@ -52,9 +52,11 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     keep = retention.keep
     trees = [decode_tree(repo.load_tree(bytes.fromhex(s.tree_id))) for s in keep]
     gc = plan_gc(repo, trees, {bytes.fromhex(s.tree_id) for s in keep}, repack_threshold)
+    gc.snapshot_ids = {bytes.fromhex(s.id) for s in keep}  # a snapshot committed meanwhile stops the GC
     before = stored_bytes(repo)
     if dry_run:
         return PruneResult(retention, gc, True, before, before)
+    repo.locks.verify_held()  # the exclusive lock: a prune suspended past its staleness deletes nothing
     for snap in retention.forget:
         repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
     execute_gc(repo, gc)

@@ -5,9 +5,46 @@ host, process and time. Taking a lock writes it, then lists the others: a confli
 that is not stale makes the newcomer remove its own and fail. A holder refreshes its lock
 (a new object, then the old one deleted) every ``refresh_every``; a lock not refreshed for
 ``stale_after``, or held by a dead process on this host, is stale and ignored. Prune removes
-the stale locks it ignores, and every lock holder checks before committing that its lock
-is still there and fresh: a backup that was frozen past the stale timeout aborts instead of
-writing a snapshot that could point at data a prune removed meanwhile.
+the stale locks it ignores.
+
+Losing a lock. A holder cannot tell from the outside whether another process judged its lock
+stale (and an exclusive locker then deletes what it thinks nobody uses), so it keeps score itself:
+every successful refresh is timed on a clock that does not jump (``CLOCK_BOOTTIME`` where the
+system has it, which also counts while the machine sleeps; else ``time.monotonic``), and the
+wall-clock age of the lock document is checked too (the larger wins). A lock is **lost** when
+
+* it went unrefreshed for longer than ``lost_after`` (``stale_after`` less a safety margin of a
+  quarter, 22.5 of 30 minutes: room for clock skew between hosts and for the commit that follows
+  a check), e.g. the process was suspended (SIGSTOP, a paused VM) or a refresh call hung; or
+* a refresh finds that the previous lock object is gone (another process removed it as stale).
+
+A refresh writes the new object first and then checks that the old one still exists and that the
+write finished within ``lost_after`` of the previous refresh, so the holder is covered without a
+gap. A lost lock is never revived: the refresh thread stops, the newly written object is removed,
+and ``verify()`` (what backup calls before committing and garbage collection before each deletion
+step) raises ``LockLostError`` from then on. A refresh that merely fails (a storage error) is
+remembered, not fatal: a later successful refresh within ``lost_after`` clears it, and ``verify()``
+retries the refresh once itself before it reports the failure. A previous lock object that cannot be
+deleted after a refresh is logged and retried at the next refresh and at release, not left behind.
+
+The locks this process holds are registered per repository, so that code deep inside a command
+(garbage collection) can check them: ``repo.locks.held`` and ``repo.locks.verify_held()``.
+
+Clock skew. Staleness compares the judge's clock with the holder's lock time, so it is made robust
+against the two skews that cheaply can be, using the storage's write time of each lock object
+(``ObjectInfo.modified``; a lock object is never rewritten, so that is the holder's last refresh):
+
+* the judge's clock running ahead: when taking a lock, the judge sees its own new object's storage
+  time; if its own clock was ahead of the storage's, "now" is moved back by that much;
+* the holder's clock running behind: a readable lock counts from the later of its document time and
+  its storage time, as long as the two are at most ``stale_after`` apart. A larger gap is not skew
+  any reasonable host has; it is a lock copied with a new modification time (a repository copied by
+  a tool that does not keep times) or one written with an injected clock (the tests), and then the
+  document's time is believed, as before.
+
+Both only ever make a lock look younger, so a skewed clock can delay the removal of a truly stale
+lock (by the skew), never remove a live one earlier than before. Where the storage reports no
+modification time, the document's time is used alone.
 
 A lock object that cannot be read (damaged, or of a lock version this ckptvault does not know)
 has no time ckptvault can trust, so its age counts from when the storage wrote it (the object's
@@ -22,12 +59,15 @@ not how a live holder is known for long.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+import time
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -50,6 +90,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptvault")
 STALE_AFTER = timedelta(minutes=30)
 REFRESH_EVERY = timedelta(minutes=5)
+SAFETY_MARGIN = 0.25  # share of stale_after a holder keeps in hand: its lock is lost after 3/4 of it
 LOCK_VERSION = 1
 
 Clock = Callable[[], datetime]
@@ -57,6 +98,16 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def ticks() -> float:
+    """Seconds on a clock that never jumps (and, on Linux, keeps counting while the machine sleeps)."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -69,6 +120,7 @@ class LockInfo:
     time: datetime | None
     problem: str = ""  # why the lock object cannot be read; "" for a readable lock
     newer: bool = False  # it verifies, but a newer ckptvault wrote it (an unknown lock version)
+    modified: datetime | None = None  # when the storage wrote the object, where the listing says
 
     @property
     def unreadable(self) -> bool:
@@ -92,6 +144,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# The locks this process holds, per repository (a Repository makes a new LockManager on every access).
+_held_mutex = threading.Lock()
+_HELD: weakref.WeakKeyDictionary[Repository, list[HeldLock]] = weakref.WeakKeyDictionary()
+
+
 class LockManager:
     """Lock objects of one repository. ``repo`` provides the codec and the store."""
 
@@ -108,31 +165,55 @@ class LockManager:
         self.stale_after = stale_after
         self.refresh_every = refresh_every
 
-    def is_stale(self, lock: LockInfo) -> bool:
-        if lock.time is None:  # an unreadable lock of unknown age (module docstring)
+    @property
+    def lost_after(self) -> timedelta:
+        """A holder whose lock went unrefreshed this long counts it as lost (module docstring)."""
+        return self.stale_after * (1 - SAFETY_MARGIN)
+
+    def lock_time(self, lock: LockInfo) -> datetime | None:
+        """When ``lock`` was last refreshed, as far as staleness goes (module docstring, "Clock skew")."""
+        if lock.unreadable or lock.time is None or lock.modified is None:
+            return lock.time
+        if timedelta(0) < lock.modified - lock.time <= self.stale_after:  # the holder's clock is behind
+            return lock.modified
+        return lock.time
+
+    def is_stale(self, lock: LockInfo, *, now: datetime | None = None) -> bool:
+        """``now``: the judge's time (default ``clock()``), corrected for its own skew by ``acquire``."""
+        when = self.lock_time(lock)
+        if when is None:  # an unreadable lock of unknown age (module docstring)
             return True
-        if self.clock() - lock.time > self.stale_after:
+        if (now or self.clock()) - when > self.stale_after:
             return True
         return not lock.unreadable and lock.hostname == socket.gethostname() and not _pid_alive(lock.pid)
 
-    def write(self, exclusive: bool) -> LockInfo:
-        now = self.clock()
-        info = LockInfo(new_object_id(), socket.gethostname(), os.getpid(), exclusive, now)
+    def new_info(self, exclusive: bool) -> LockInfo:
+        return LockInfo(new_object_id(), socket.gethostname(), os.getpid(), exclusive, self.clock())
+
+    def put(self, info: LockInfo) -> None:
+        assert info.time is not None
         doc = {
             "version": LOCK_VERSION,
             "hostname": info.hostname,
             "pid": info.pid,
-            "exclusive": exclusive,
-            "time": now.isoformat(),
+            "exclusive": info.exclusive,
+            "time": info.time.isoformat(),
         }
         self.repo.store.put(
             lock_key(info.lock_id), self.repo.codec.encode(Kind.LOCK, info.lock_id, json.dumps(doc).encode())
         )
+
+    def write(self, exclusive: bool) -> LockInfo:
+        info = self.new_info(exclusive)
+        self.put(info)
         return info
 
     def remove(self, lock: LockInfo) -> None:
         with contextlib.suppress(ObjectNotFoundError):
             self.repo.store.delete(lock_key(lock.lock_id))
+
+    def exists(self, lock: LockInfo) -> bool:
+        return self.repo.store.exists(lock_key(lock.lock_id))
 
     def list(self) -> list[LockInfo]:
         """Every lock object; one that cannot be read is listed with its ``problem`` (never raises for it)."""
@@ -146,14 +227,14 @@ class LockManager:
             except ObjectNotFoundError:
                 continue  # released while we listed
             try:
-                locks.append(self._decode(lock_id, blob))
+                locks.append(dataclasses.replace(self._decode(lock_id, blob), modified=obj.modified))
             except _NewerLock as newer:
                 when = obj.modified or newer.time
-                locks.append(LockInfo(lock_id, "?", 0, True, when, str(newer), newer=True))
+                locks.append(LockInfo(lock_id, "?", 0, True, when, str(newer), newer=True, modified=obj.modified))
             except (IntegrityError, UnsupportedFormatError, ValueError, KeyError, TypeError) as exc:
                 # a live exclusive lock of unknown origin until it is stale by the object's age
                 problem = str(exc) if isinstance(exc, CkptVaultError) else f"malformed lock document: {exc!r}"
-                locks.append(LockInfo(lock_id, "?", 0, True, obj.modified, problem))
+                locks.append(LockInfo(lock_id, "?", 0, True, obj.modified, problem, modified=obj.modified))
         return locks
 
     def _decode(self, lock_id: bytes, blob: bytes) -> LockInfo:
@@ -189,14 +270,26 @@ class LockManager:
             )
         return VaultLockedError(f"vault {url} is locked: {other.describe()}; {then}")
 
+    def _judging_now(self, own: LockInfo, listed: Sequence[LockInfo]) -> datetime:
+        """``clock()``, moved back by how far it ran ahead of the storage's clock when ``own`` was written."""
+        now = self.clock()
+        mine = next((lock for lock in listed if lock.lock_id == own.lock_id), None)
+        if mine is None or mine.modified is None or own.time is None:
+            return now
+        ahead = own.time - mine.modified
+        return now - ahead if ahead > timedelta(0) else now
+
     def acquire(self, exclusive: bool) -> HeldLock:
+        started = ticks()
         own = self.write(exclusive)
         try:
             stale = []
-            for other in self.list():
+            listed = self.list()
+            now = self._judging_now(own, listed)
+            for other in listed:
                 if other.lock_id == own.lock_id:
                     continue
-                if self.is_stale(other):
+                if self.is_stale(other, now=now):
                     stale.append(other)
                 elif exclusive or other.exclusive:  # an unreadable lock counts as exclusive
                     raise self._conflict(other)
@@ -206,7 +299,21 @@ class LockManager:
         except BaseException:
             self.remove(own)
             raise
-        return HeldLock(self, own)
+        return HeldLock(self, own, refreshed=started)
+
+    @property
+    def held(self) -> tuple[HeldLock, ...]:
+        """The locks this process holds on this repository (acquired and not yet released)."""
+        with _held_mutex:
+            return tuple(_HELD.get(self.repo, ()))
+
+    def verify_held(self, *, exclusive: bool = True) -> int:
+        """``verify()`` every lock this process holds on this repository (only the exclusive ones when
+        ``exclusive``); raises LockLostError for a lost one. Returns how many were verified."""
+        locks = [lock for lock in self.held if lock.exclusive or not exclusive]
+        for lock in locks:
+            lock.verify()
+        return len(locks)
 
 
 class _NewerLock(Exception):
@@ -218,49 +325,148 @@ class _NewerLock(Exception):
 
 
 class HeldLock:
-    """A lock kept fresh by a background thread until released."""
+    """A lock kept fresh by a background thread until released; lost for good once it may have
+    looked stale to another process (module docstring)."""
 
-    def __init__(self, manager: LockManager, info: LockInfo) -> None:
+    def __init__(self, manager: LockManager, info: LockInfo, *, refreshed: float | None = None) -> None:
         self.manager = manager
         self.info = info
+        # ticks() taken before the current lock object's write began: its document time is no earlier
+        self._refreshed = ticks() if refreshed is None else refreshed
+        self._lost: str | None = None  # why, once lost (never cleared)
+        self._refresh_error: BaseException | None = None  # the last refresh's failure, until one succeeds
+        self._orphans: list[LockInfo] = []  # our lock objects a delete failed for: retried
         self._stop = threading.Event()
         self._mutex = threading.Lock()
-        self._refresh_error: BaseException | None = None
+        with _held_mutex:
+            _HELD.setdefault(manager.repo, []).append(self)
         self._thread = threading.Thread(target=self._refresh_loop, name="ckptvault-lock", daemon=True)
         self._thread.start()
+
+    @property
+    def exclusive(self) -> bool:
+        return self.info.exclusive
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.manager.refresh_every.total_seconds()):
             try:
                 self.refresh()
-            except BaseException as exc:  # reported by verify()
-                self._refresh_error = exc
+            except BaseException as exc:  # refresh() keeps it for verify()
+                log.debug("refreshing the lock on %s failed: %s", self.manager.repo.store.url, exc)
+            if self._lost is not None:
+                return
+
+    def _age(self, now: float) -> float:
+        """Seconds since the last successful refresh: the larger of the steady and the wall clock."""
+        steady = now - self._refreshed
+        if self.info.time is None:
+            return steady
+        return max(steady, (self.manager.clock() - self.info.time).total_seconds())
+
+    def _lose(self, problem: str) -> None:
+        if self._lost is None:
+            self._lost = problem
+            log.warning(
+                "lost the lock on %s: %s; the command stops at its next check", self.manager.repo.store.url, problem
+            )
+
+    def _check_age(self, now: float) -> None:
+        age, limit = self._age(now), self.manager.lost_after.total_seconds()
+        if age > limit:
+            self._lose(
+                f"it went {age:.1f} s without a refresh, more than the {limit:g} s after which another "
+                "host may judge it stale (was the process suspended, or a storage call stuck?)"
+            )
+
+    def _discard(self, lock: LockInfo) -> None:
+        try:
+            self.manager.remove(lock)
+        except CkptVaultError as exc:
+            self._orphans.append(lock)
+            log.warning("could not remove the old lock object %s (retried later): %s", lock.lock_id.hex()[:12], exc)
+
+    def _remove_orphans(self) -> None:
+        orphans, self._orphans = self._orphans, []
+        for lock in orphans:
+            self._discard(lock)
 
     def refresh(self) -> None:
+        """Replace the lock object by a fresh one; marks the lock lost instead when it may have looked
+        stale meanwhile. Raises the storage's error when a call fails (the lock is then not lost)."""
         with self._mutex:
-            new = self.manager.write(self.info.exclusive)
-            old, self.info = self.info, new
-            self.manager.remove(old)
+            try:
+                self._refresh()
+            except BaseException as exc:  # kept until a refresh succeeds; verify() retries once
+                self._refresh_error = exc
+                raise
+
+    def _refresh(self) -> None:
+        if self._lost is not None:
+            return
+        started = ticks()
+        self._check_age(started)
+        if self._lost is not None:
+            return
+        new = self.manager.new_info(self.info.exclusive)
+        try:
+            self.manager.put(new)
+            finished = ticks()
+            present = self.manager.exists(self.info)
+        except BaseException:
+            self._orphans.append(new)  # a failed PUT may still land: removed at the next refresh
+            raise
+        if not present:
+            self._lose("another process removed it as stale")
+        else:
+            self._check_age(finished)  # the new object appeared in time: no gap without a fresh lock
+        if self._lost is not None:
+            self._discard(new)
+            return
+        old, self.info, self._refreshed = self.info, new, started
+        self._refresh_error = None
+        self._remove_orphans()  # after the refresh: a slow delete must not make it late
+        self._discard(old)
 
     def verify(self) -> None:
-        """Raise unless the lock still exists and is fresh (call before committing)."""
-        problem = None
-        if self._refresh_error is not None:
-            problem = f"refreshing it failed ({self._refresh_error})"
-        elif self.info.time is None or self.manager.clock() - self.info.time > self.manager.stale_after:
-            problem = "it was not refreshed in time (was the process suspended?)"
-        elif all(lock.lock_id != self.info.lock_id for lock in self.manager.list()):
-            problem = "another process removed it as stale"
-        if problem:
-            raise LockLostError(
-                f"lost the lock on {self.manager.repo.store.url}: {problem}; "
-                "nothing was committed, run the command again"
-            )
+        """Raise LockLostError unless the lock still exists and was refreshed in time (call it before
+        committing, and before each step that deletes data)."""
+        with self._mutex:
+            failed = None
+            if self._lost is None and self._refresh_error is not None:
+                try:
+                    self._refresh()  # a transient failure is forgiven by a later successful refresh
+                except BaseException as exc:
+                    self._refresh_error = failed = exc
+            if self._lost is None and failed is None:
+                self._check_age(ticks())
+                if self._lost is None and not self.manager.exists(self.info):
+                    self._lose("another process removed it as stale")
+                self._check_age(ticks())  # the check itself may have been slow
+                if self._lost is None:
+                    return
+            problem = self._lost or f"refreshing it failed ({failed})"
+        then = (
+            "prune stopped before deleting anything more, run it again"
+            if self.info.exclusive
+            else "nothing was committed, run the command again"
+        )
+        raise LockLostError(f"lost the lock on {self.manager.repo.store.url}: {problem}; {then}") from failed
 
     def release(self) -> None:
         self._stop.set()
         self._thread.join()
+        with _held_mutex:
+            held = _HELD.get(self.manager.repo, [])
+            if self in held:
+                held.remove(self)
         with self._mutex:
+            self._remove_orphans()
+            for lock in self._orphans:
+                log.warning("lock object %s is left behind: ckptvault unlock removes it", lock.lock_id.hex()[:12])
             self.manager.remove(self.info)
 
     def __enter__(self) -> HeldLock:

@@ -345,6 +345,8 @@ class Repository:
             self._merge_new_index_objects()
 
     def write_index(self, packs: dict[bytes, list[PackEntry]]) -> bytes:
+        # a writer that lost its lock (a prune may have deleted these packs) must not index them
+        self.locks.verify_held(exclusive=False)
         index_id = new_object_id()
         self._put(index_key(index_id), self.codec.encode(Kind.INDEX, index_id, encode_index(packs)))
         return index_id

@@ -1,0 +1,64 @@
+"""Run the ckptvault CLI with the lock timings scaled down, stopping itself at a chosen write, so that a
+test can suspend a real process at a precise moment (tests/test_lock_loss.py):
+``python -m tests.support.lockcli backup ... --repo /path``.
+
+Environment:
+  LOCKCLI_STALE_S, LOCKCLI_REFRESH_S  the locks' staleness and refresh period (default 4 s and 0.2 s)
+  LOCKCLI_STOP       "after-pack": SIGSTOP to itself once its first pack object is stored;
+                     "before-index": just before it writes its first index object
+  LOCKCLI_MARKER     a file written just before stopping (the test waits for it, then for the stop)
+  LOCKCLI_PACK_DELAY seconds each pack write waits first (default 0), so that work is left after a stop
+
+Every write still goes through the real atomic local path (temp file, fsync, rename)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from ckptvault.repository import locks
+from ckptvault.store.fsspec_store import FsspecStore
+
+STOP = os.environ.get("LOCKCLI_STOP", "")
+MARKER = os.environ.get("LOCKCLI_MARKER", "")
+PACK_DELAY = float(os.environ.get("LOCKCLI_PACK_DELAY", "0"))
+
+assert locks.LockManager.__init__.__kwdefaults__ is not None
+locks.LockManager.__init__.__kwdefaults__.update(
+    stale_after=timedelta(seconds=float(os.environ.get("LOCKCLI_STALE_S", "4"))),
+    refresh_every=timedelta(seconds=float(os.environ.get("LOCKCLI_REFRESH_S", "0.2"))),
+)
+
+_real_put_local = FsspecStore._put_local
+_stopped = threading.Lock()  # held once the stop happened: it happens once
+
+
+def _stop_here() -> None:
+    if not _stopped.acquire(blocking=False):
+        return
+    if MARKER:
+        Path(MARKER).write_text(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, its lock refresh thread included
+
+
+def _put_local(self: FsspecStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
+    if "/packs/" in path and PACK_DELAY:
+        time.sleep(PACK_DELAY)
+    if "/index/" in path and STOP == "before-index":
+        _stop_here()
+    _real_put_local(self, path, data, *args)
+    if "/packs/" in path and STOP == "after-pack":
+        _stop_here()
+
+
+FsspecStore._put_local = _put_local  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    from ckptvault.cli.commands import app
+
+    app(args=sys.argv[1:], prog_name="ckptvault")

@@ -1,0 +1,342 @@
+"""A lock holder that may have looked stale to another process stops before it commits or deletes.
+
+The two real-process scenarios suspend a CLI process with SIGSTOP at a precise write (it stops itself:
+tests/support/lockcli.py, which also scales the locks down to 4 s staleness and 0.2 s refresh), let
+the other command run, then resume it with SIGCONT:
+
+* a backup suspended past the staleness, whose lock and uploaded packs a prune removed meanwhile, must
+  fail with LockLostError (exit 11) and commit nothing;
+* a prune suspended after planning, while a backup deduplicated against a pack the prune is about to
+  delete and committed, must stop before deleting anything.
+
+The in-process tests pin the lock's rules (never revived, refresh failures, skewed clocks) and the
+garbage collection's re-listing of index objects and snapshots.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import LockLostError, StorageError, VaultLockedError
+from ckptvault.repository import locks
+from ckptvault.repository.format import lock_key
+from ckptvault.repository.locks import LockManager
+
+ROOT = Path(__file__).parent.parent
+STALE_S = 4.0  # tests/support/lockcli.py's scaled-down staleness
+
+
+def lockcli(*args: str, tmp_path: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.lockcli", *args],
+        cwd=ROOT,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data"), "LOCKCLI_STALE_S": str(STALE_S), **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err.decode()
+
+
+def wait_stopped(proc: subprocess.Popen, marker: Path) -> None:
+    """Until the process has stopped itself (tests/support/lockcli.py): no timing guess involved."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before stopping: {proc.stderr.read().decode()}")
+        if marker.exists():
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "T":
+                return
+        time.sleep(0.02)
+    raise AssertionError("the process never stopped")
+
+
+def wait_until_stale() -> None:
+    """The suspended process cannot refresh: its lock only gets older, so this is not a race."""
+    time.sleep(STALE_S + 0.5)
+
+
+def packs(repo: Path) -> set[str]:
+    return {p.name for p in (repo / "packs").rglob("*") if p.is_file()}
+
+
+def cli_check(repo: Path, tmp_path: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "check", "--read-data", "--repo", str(repo)],
+        cwd=ROOT,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+    )
+    out = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 0, out
+    return out
+
+
+def restores_exactly(vault: Vault, snap, source: Path, out: Path) -> None:
+    vault.restore(snap, out)
+    for path in source.rglob("*"):
+        if path.is_file():
+            assert (out / path.relative_to(source)).read_bytes() == path.read_bytes(), (snap.id, path)
+
+
+def make_source(path: Path, seed: str, size: int) -> Path:
+    path.mkdir(parents=True)
+    (path / "model.bin").write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+# ---- real processes ---------------------------------------------------------------------------
+
+
+def test_backup_suspended_past_staleness_commits_nothing(tmp_path: Path):
+    repo = tmp_path / "vault"
+    first = make_source(tmp_path / "first", "first", 200_000)
+    big = make_source(tmp_path / "big", "big", 4 << 20)
+    with Vault.init(str(repo), pack_size=1 << 20) as vault:
+        earlier = vault.backup(first)
+    before = packs(repo)
+
+    marker = tmp_path / "stopped"
+    backup = lockcli(
+        "backup", str(big), "--repo", str(repo), "-q",
+        tmp_path=tmp_path, LOCKCLI_STOP="after-pack", LOCKCLI_MARKER=str(marker), LOCKCLI_PACK_DELAY="0.3",
+    )  # fmt: skip
+    try:
+        wait_stopped(backup, marker)
+        uploaded = packs(repo) - before
+        assert uploaded  # a pack no index names yet: to a prune, a killed backup's leftover
+        wait_until_stale()
+        rc, err = finish(lockcli("prune", "--repo", str(repo), "--keep-latest", "1", "-q", tmp_path=tmp_path))
+        assert rc == 0, err
+        assert not uploaded & packs(repo)  # the prune removed the backup's stale lock and its packs
+    finally:
+        backup.send_signal(signal.SIGCONT)
+    rc, err = finish(backup)
+    assert rc == 11, err
+    assert "lost the lock" in err and "nothing was committed" in err, err
+
+    with Vault.open(str(repo)) as vault:
+        assert [s.id for s in vault.snapshots()] == [earlier.id]
+        assert vault.locks() == []
+        restores_exactly(vault, earlier, first, tmp_path / "out")
+        assert vault.check(read_data=1.0).problems == []  # not even an index naming the deleted packs
+    cli_check(repo, tmp_path)
+
+
+def test_prune_suspended_after_planning_deletes_nothing(tmp_path: Path):
+    repo = tmp_path / "vault"
+    old = make_source(tmp_path / "old", "old", 1 << 20)
+    new = make_source(tmp_path / "new", "new", 1 << 20)
+    with Vault.init(str(repo), pack_size=1 << 20) as vault:
+        vault.backup(old)
+        kept = vault.backup(new)
+    before = packs(repo)
+
+    marker = tmp_path / "stopped"
+    prune = lockcli(
+        "prune", "--repo", str(repo), "--keep-latest", "1", "-q",
+        tmp_path=tmp_path, LOCKCLI_STOP="before-index", LOCKCLI_MARKER=str(marker),
+    )  # fmt: skip
+    try:
+        wait_stopped(prune, marker)  # planned: the first snapshot is forgotten, its packs are to go
+        wait_until_stale()
+        # the same bytes again: only the forgotten snapshot held them, so the backup stores nothing new
+        rc, err = finish(lockcli("backup", str(old), "--repo", str(repo), "-q", tmp_path=tmp_path))
+        assert rc == 0, err
+        assert packs(repo) == before
+    finally:
+        prune.send_signal(signal.SIGCONT)
+    rc, err = finish(prune)
+    assert rc == 11, err
+    assert "lost the lock" in err and "prune stopped" in err, err
+    assert packs(repo) == before
+
+    with Vault.open(str(repo)) as vault:
+        snaps = vault.snapshots()
+        assert len(snaps) == 2 and kept.id in {s.id for s in snaps}
+        for snap in snaps:
+            restores_exactly(vault, snap, new if snap.id == kept.id else old, tmp_path / "out" / snap.id)
+    cli_check(repo, tmp_path)
+    with Vault.open(str(repo)) as vault:  # the next prune finishes the job, losing nothing
+        vault.prune(keep_latest=2)
+        assert vault.check(read_data=1.0).ok
+        for snap in vault.snapshots():
+            restores_exactly(vault, snap, new if snap.id == kept.id else old, tmp_path / "again" / snap.id)
+
+
+# ---- the lock's rules, in process -------------------------------------------------------------
+
+
+def manager(vault: Vault, **kwargs) -> LockManager:
+    """Refreshes only when a test says so (the thread waits an hour)."""
+    return LockManager(vault._repo, refresh_every=timedelta(hours=1), **kwargs)
+
+
+def test_a_removed_lock_is_lost_for_good(vault: Vault):
+    held = manager(vault).acquire(exclusive=False)
+    vault.unlock(remove_all=True)  # what a prune does to a lock it judges stale
+    held.refresh()  # writes a new object, then finds the old one gone: never revived
+    assert vault.locks() == []
+    for _ in range(2):
+        with pytest.raises(LockLostError, match="removed it as stale"):
+            held.verify()
+        held.refresh()
+    assert vault.locks() == []
+    held.release()
+
+
+def test_a_lock_unrefreshed_too_long_is_lost(vault: Vault, monkeypatch):
+    held = manager(vault).acquire(exclusive=True)
+    assert vault._repo.locks.held == (held,)
+    vault._repo.locks.verify_held()
+    real = locks.ticks
+    monkeypatch.setattr(locks, "ticks", lambda: real() + 23 * 60)  # suspended 23 of the 30 minutes
+    with pytest.raises(LockLostError, match=r"without a refresh.*prune stopped"):
+        vault._repo.locks.verify_held()
+    monkeypatch.setattr(locks, "ticks", real)
+    held.refresh()  # lost stays lost
+    with pytest.raises(LockLostError):
+        held.verify()
+    held.release()
+    assert vault.locks() == [] and vault._repo.locks.held == ()
+
+
+def fail_once(monkeypatch, store, op: str, key_part: str) -> list[str]:
+    failed: list[str] = []
+    real = getattr(store, op)
+
+    def flaky(key, *args, **kwargs):
+        if key_part in key and not failed:
+            failed.append(key)
+            raise StorageError(op.upper(), key, store.url, "connection reset", retryable=True)
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(store, op, flaky)
+    return failed
+
+
+def test_a_failed_refresh_is_forgiven_by_a_later_one(vault: Vault, monkeypatch):
+    held = manager(vault).acquire(exclusive=False)
+    first = held.info.lock_id
+    failed = fail_once(monkeypatch, vault._repo.store, "put", "locks/")
+    with pytest.raises(StorageError):
+        held.refresh()
+    assert failed
+    held.verify()  # refreshes again itself; that succeeds, well within the staleness
+    assert [lk.lock_id for lk in vault.locks()] == [held.info.lock_id] != [first]
+
+    def down(*args, **kwargs):
+        raise OSError("down")
+
+    monkeypatch.setattr(vault._repo.store, "put", down)
+    with pytest.raises(OSError):
+        held.refresh()
+    with pytest.raises(LockLostError, match="refreshing it failed"):
+        held.verify()
+    monkeypatch.undo()
+    held.release()
+    assert vault.locks() == []
+
+
+def test_an_old_lock_that_cannot_be_deleted_is_retried(vault: Vault, monkeypatch, caplog):
+    held = manager(vault).acquire(exclusive=False)
+    first = held.info.lock_id
+    failed = fail_once(monkeypatch, vault._repo.store, "delete", lock_key(first))
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        held.refresh()
+    assert failed == [lock_key(first)]
+    assert "could not remove the old lock object" in caplog.text
+    assert {lk.lock_id for lk in vault.locks()} == {first, held.info.lock_id}
+    held.refresh()  # removes the leftover first
+    assert [lk.lock_id for lk in vault.locks()] == [held.info.lock_id]
+    held.release()
+    assert vault.locks() == []
+
+
+def test_a_judge_whose_clock_runs_ahead_does_not_remove_a_live_lock(vault: Vault):
+    held = manager(vault).acquire(exclusive=False)
+    ahead = LockManager(vault._repo, clock=lambda: datetime.now(timezone.utc) + timedelta(hours=1))
+    with pytest.raises(VaultLockedError, match="shared lock"):
+        ahead.acquire(exclusive=True)  # its own lock shows the storage's clock an hour behind its own
+    held.verify()
+    held.release()
+    assert vault.locks() == []
+
+
+def test_a_holder_whose_clock_runs_behind_keeps_its_lock(vault: Vault):
+    now = datetime.now(timezone.utc)
+    behind = LockManager(vault._repo, clock=lambda: now - timedelta(minutes=35)).write(exclusive=False)
+    lock_file = Path(vault.url) / lock_key(behind.lock_id)
+    written = (now - timedelta(minutes=25)).timestamp()  # 25 minutes ago by the storage, 35 by its document
+    os.utime(lock_file, (written, written))
+    (listed,) = vault.locks()
+    assert not vault._repo.locks.is_stale(listed)
+    with pytest.raises(VaultLockedError):
+        vault.prune(keep_latest=1)
+    os.utime(lock_file, (now.timestamp() - 31 * 60,) * 2)
+    (listed,) = vault.locks()
+    assert vault._repo.locks.is_stale(listed)
+
+
+# ---- garbage collection re-lists what it is about to delete -----------------------------------
+
+
+@pytest.mark.parametrize("what", ["forgotten bytes", "new bytes"])
+def test_prune_stops_when_another_writer_added_data(vault: Vault, tmp_path: Path, monkeypatch, what: str):
+    """A backup whose host judged the prune's lock stale (a skewed clock) commits after the plan: the
+    prune stops before deleting any index object or pack, naming the cause."""
+    old = make_source(tmp_path / "old", "old", 600_000)
+    new = make_source(tmp_path / "new", "new", 600_000)
+    vault.backup(old)
+    vault.backup(new)
+    other = Vault.open(vault.url)
+    repo = vault._repo
+    real_write_index = type(repo).write_index
+    written: list[Path] = []
+
+    def backup_meanwhile(self, batch):
+        index_id = real_write_index(self, batch)
+        if not written:
+            source = old if what == "forgotten bytes" else make_source(tmp_path / "third", "third", 600_000)
+            written.append(source)
+            with monkeypatch.context() as m:
+                m.setattr(LockManager, "is_stale", lambda *a, **k: True)
+                other.backup(source)
+        return index_id
+
+    monkeypatch.setattr(type(repo), "write_index", backup_meanwhile)
+    before_packs = packs(Path(vault.url))
+    before_index = sorted((Path(vault.url) / "index").rglob("*"))
+    with pytest.raises(VaultLockedError, match="another writer added data") as caught:
+        vault.prune(keep_latest=1)
+    assert not isinstance(caught.value, LockLostError)
+    monkeypatch.undo()
+    assert before_packs <= packs(Path(vault.url))
+    assert set(before_index) <= set((Path(vault.url) / "index").rglob("*"))
+    report = vault.check(read_data=1.0)
+    assert report.ok, report.problems
+    snaps = vault.snapshots()
+    assert len(snaps) == 2  # the forgotten one went, the new one stays
+    sources = {"old": old, "new": new, "third": tmp_path / "third"}
+    for snap in snaps:
+        src = sources[Path(snap.paths[0]).name]
+        restores_exactly(vault, snap, src, tmp_path / "out" / snap.id)
+    other.close()
