@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .bytegroup import ElementRun
 from .codec import CODEC_DELTA, BaseReader, Compressor
-from .errors import IntegrityError, MalformedObjectError, UnsupportedFormatError
+from .errors import IntegrityError, MalformedObjectError
 from .hashing import checksum
 
 ENVELOPE_VERSION = 1
@@ -117,18 +117,18 @@ class BlobCodec:
         raw_size: int | None = None,
         base: BaseReader | None = None,
     ) -> bytes:
-        """Verify and decode; raises IntegrityError for damage and UnsupportedFormatError for what this
-        ckptvault cannot read (an unknown envelope version or codec), in both cases without naming the
-        object: callers do. ``base`` fetches a delta chunk's base (codec 3)."""
+        """Verify and decode; raises IntegrityError for damage (an unknown envelope version included) and
+        UnsupportedFormatError for a verified blob this ckptvault cannot read (an unknown codec), in
+        both cases without naming the object: callers do. ``base`` fetches a delta chunk's base (codec 3)."""
         view = memoryview(blob)
         if len(view) < 2:
             raise MalformedObjectError("blob is truncated")
         if view[0] != ENVELOPE_VERSION:
-            # Nothing can be verified in an envelope of an unknown version, so this cannot tell a newer
-            # writer from damaged bytes (a new envelope would come with a new repository format version).
-            raise UnsupportedFormatError(
-                f"blob envelope version {view[0]} is not supported by this ckptvault (it reads {ENVELOPE_VERSION}): "
-                "the object is damaged, or was written by a newer ckptvault"
+            # A new envelope would come with a new repository format version, which opening the
+            # repository already checked: in a repository this ckptvault reads, this is damage.
+            raise MalformedObjectError(
+                f"blob envelope version {view[0]} is unknown (this repository format uses {ENVELOPE_VERSION}): "
+                "the object is damaged"
             )
         if view[1] != self.sealer.mode:
             raise IntegrityError(f"blob seal mode {view[1]} does not match the repository's ({self.sealer.mode})")

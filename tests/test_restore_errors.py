@@ -197,3 +197,26 @@ def test_drill_on_a_full_disk_is_storage_full_and_cleans_up(run, snap, tmpfs):
     small = tmpfs("small", "size=256k")
     one_line_error(run("drill", snap, "--tmp-dir", str(small)), 21, "no space left", str(small), "--tmp-dir")
     assert list(small.iterdir()) == [], "the drill's temporary folder is removed"
+
+
+def test_overwrite_replaces_a_target_file_that_cannot_be_read(
+    vault: Vault, snap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from ckptvault.ops import restore as restore_module
+
+    out = tmp_path / "out"
+    vault.restore(snap, out)
+    (out / "big.bin").write_bytes(b"x" * (1 << 20))  # same size, other bytes: it must be hashed to compare
+    real_hash = restore_module.file_hash
+
+    def failing_read(path: str) -> str:
+        if path.endswith("big.bin"):
+            raise OSError(5, "Input/output error", path)  # a bad sector in the old copy
+        return real_hash(path)
+
+    monkeypatch.setattr(restore_module, "file_hash", failing_read)
+    vault.restore(snap, out, overwrite=True)
+    monkeypatch.undo()
+    assert restore_module.file_hash(str(out / "big.bin")) == next(
+        e.blake3 for e in vault.files(snap) if e.path == "big.bin"
+    )

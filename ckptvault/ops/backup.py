@@ -166,8 +166,6 @@ def run_backup(
     progress.start(sum(i.st.st_size for i in files), len(files))
     written_before = repo.bytes_written
 
-    if repo.has_unfinished_writes:  # left by a write that failed without cleaning up (a repack)
-        repo.abort_writes()
     # Under the caller's lock: if anything fails, wait for the packs in flight and forget every chunk
     # that no index object made durable, so the next backup starts from what the repository holds.
     with repo.aborting_writes_on_error():

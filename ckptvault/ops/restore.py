@@ -100,7 +100,12 @@ def file_hash(path: str) -> str:
 
 def _same_content(dest: str, entry: FileEntry) -> bool:
     st = os.lstat(dest)
-    return stat.S_ISREG(st.st_mode) and st.st_size == entry.size and file_hash(dest) == entry.blake3
+    if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+        return False
+    try:
+        return file_hash(dest) == entry.blake3
+    except OSError:  # unreadable (EIO, no permission): it differs, and --overwrite replaces it
+        return False
 
 
 class _Planner:

@@ -24,7 +24,12 @@ from typing import Protocol
 class ObjectInfo:
     key: str
     size: int
-    modified: datetime | None = None  # when the storage wrote it, where the listing says
+    time_value: object = None  # the listing's own value for when the storage wrote it, if it has one
+
+    @property
+    def modified(self) -> datetime | None:
+        """When the storage wrote the object, as aware UTC (parsed only when asked: listings are long)."""
+        return listed_time(self.time_value)
 
 
 def listed_time(value: object) -> datetime | None:

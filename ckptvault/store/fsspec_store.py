@@ -36,7 +36,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError, UsageError
 from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
-from .base import ObjectInfo, listed_time
+from .base import ObjectInfo
 from .failures import Kind, classify, one_line
 from .localwrite import LocalWriter, fsync_dir
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
@@ -44,6 +44,7 @@ from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy
 
 TEMP_PREFIX = ".tmp-"
+_TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
 POOL_SIZE = 8  # SFTP sessions at most, per store
 _IN_PROCESS_CREATE = threading.Lock()  # memory filesystems check-then-create; make that atomic
 
@@ -348,14 +349,7 @@ class FsspecStore:
             if prefix and not key.startswith(prefix):
                 continue
             # local and SFTP say mtime, S3 LastModified, GCS updated, Azure last_modified, memory created
-            when = next(
-                (
-                    t
-                    for name in ("mtime", "LastModified", "updated", "last_modified", "created")
-                    if (t := listed_time(info.get(name))) is not None
-                ),
-                None,
-            )
+            when = next((info[n] for n in _TIME_FIELDS if info.get(n) is not None), None)
             out.append(ObjectInfo(key, int(info.get("size") or 0), when))
         return sorted(out, key=lambda o: o.key)
 
