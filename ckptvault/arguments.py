@@ -8,6 +8,7 @@ nothing; forget("bc") would forget snapshots "b" and "c").
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -116,15 +117,21 @@ def text_arg(name: str, value: str | None, *, optional: bool = False) -> Any:
 
 
 def int_arg(name: str, value: int | None, *, optional: bool = False) -> Any:
-    """An int, not a bool (or, with ``optional``, None)."""
-    if (isinstance(value, bool) or not isinstance(value, int)) and not (optional and value is None):
+    """An integer, not a bool (numpy's count; or, with ``optional``, None)."""
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise wrong_arg(name, value, "an int" + (" or None" if optional else ""))
-    return value
+    return int(value)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def fraction_arg(name: str, value: float) -> float:
     """A number from 0 to 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _real(value):
         raise wrong_arg(name, value, "a number from 0 to 1 (e.g. 0.1 for 10%)")
     if not 0.0 <= value <= 1.0:
         raise UsageError(f"{name} {value} must be between 0 and 1")
@@ -135,9 +142,9 @@ def seconds_arg(name: str, value: float | None) -> float | None:
     """A time limit in seconds: a number from 0 up, or None for no limit."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not _real(value) or value < 0:
         raise wrong_arg(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
-    return value
+    return float(value)
 
 
 def before_arg(before: datetime | timedelta | None, now: datetime | None) -> datetime | None:

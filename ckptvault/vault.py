@@ -354,7 +354,7 @@ class Vault:
         paths: PathLike | Sequence[PathLike],
         *,
         tags: dict[str, str] | None = None,
-        description: str = "",
+        description: str | None = "",
         hostname: str | None = None,
         force_read: bool = False,
         skip_unreadable: bool = False,
@@ -372,7 +372,7 @@ class Vault:
         """
         sources = paths_arg(paths)
         tags = tags_arg(tags)
-        description = text_arg("description", description)
+        description = text_arg("description", description, optional=True) or ""
         hostname = text_arg("hostname", hostname, optional=True) or socket.gethostname()
         for key in tags:
             if not key or "=" in key:
@@ -585,7 +585,7 @@ class Vault:
         paths: PathLike | Sequence[PathLike],
         *,
         tags: dict[str, str] | None = None,
-        description: str = "",
+        description: str | None = "",
         hostname: str | None = None,
         on_full: OnFull = "coalesce",
         pin: bool = True,
@@ -601,7 +601,7 @@ class Vault:
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
         sources = paths_arg(paths)
         tags = tags_arg(tags)
-        description = text_arg("description", description)
+        description = text_arg("description", description, optional=True) or ""
         hostname = text_arg("hostname", hostname, optional=True)
         check_on_full(on_full)
         shipper = self._async_shipper()

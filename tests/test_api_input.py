@@ -305,7 +305,7 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: v.backup([t / "src", None]), "paths must be a path"),
         (lambda v, s, t: v.backup(t / "src", tags=["run=x"]), r'tags must be a dict like \{"run": "x"\}'),
         (lambda v, s, t: v.backup(t / "src", tags={"step": 3}), "keys and values must be strings"),
-        (lambda v, s, t: v.backup(t / "src", description=None), "description must be a string"),
+        (lambda v, s, t: v.backup(t / "src", description=3), "description must be a string"),
         (lambda v, s, t: v.backup(t / "src", hostname=7), "hostname must be a string"),
         (lambda v, s, t: v.backup_async(t / "src", tags={"step": 3}), "keys and values must be strings"),
         (lambda v, s, t: v.snapshots(tags=["run=x"]), "tags must be a dict"),
@@ -404,3 +404,14 @@ def test_result_types_of_public_methods_are_exported(vault, tmp_path):
     assert isinstance(vault.prune(keep_latest=1, dry_run=True), ckptvault.PruneResult)
     assert {"CheckReport", "PruneResult", "LockInfo"} <= set(ckptvault.__all__)
     assert ckptvault.LockInfo.__name__ == "LockInfo"
+
+
+def test_numpy_numbers_and_a_none_description_are_accepted(vault: Vault, tmp_path: Path):
+    import numpy as np
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    snap = vault.backup(tmp_path / "src", description=None)
+    assert snap.description == ""
+    assert vault.prune(keep_latest=np.int64(1), dry_run=True).forgotten == []
+    assert vault.check(read_data=np.float32(0.5), seed=np.int64(3)).ok

@@ -145,13 +145,13 @@ def test_an_include_glob_that_matches_nothing_is_a_usage_error(run, snap, tmp_pa
     assert not target.exists(), "nothing may be created before the globs are checked"
 
 
-def test_every_include_glob_must_match(run, snap, tmp_path: Path):
+def test_an_include_glob_that_matches_nothing_beside_others_is_a_warning(run, snap, tmp_path: Path):
+    # a generic resume call may ask for kinds of files a checkpoint does not have
     target = tmp_path / "target"
-    line = one_line_error(run("restore", snap, str(target), "-i", "model", "-i", "typo*", "-i", "*.json"), 2, "'typo*'")
-    assert "'model'" not in line and "'*.json'" not in line, "only the glob that matched nothing is named"
-    assert not target.exists()
-    proc = run("restore", snap, str(target), "-i", "model", "-i", "*.json")
+    proc = run("restore", snap, str(target), "-i", "model", "-i", "typo*", "-i", "*.json")
     assert proc.returncode == 0, proc.stderr.decode()
+    (warning,) = [line for line in proc.stderr.decode().splitlines() if line.strip()]
+    assert warning.startswith("warning: --include 'typo*' matched no path"), warning
     assert listing(target) == ["a.json", "model", "model/w.bin"]
 
 

@@ -23,7 +23,7 @@ def restore_cmd(
         typer.Option(
             "--include",
             "-i",
-            help="Restore only paths matching this glob (repeatable); a glob that matches nothing is an error.",
+            help="Restore only paths matching this glob (repeatable); an error when none matches anything.",
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files that differ.")] = False,
@@ -42,6 +42,8 @@ def restore_cmd(
                 raise
             except OSError as exc:  # writing the target failed (the API raises it as is): one line, exit 20/21/22
                 raise target_error(exc, target) from exc
+    if result.unmatched_globs:
+        out.warn(f"--include {', '.join(map(repr, result.unmatched_globs))} matched no path in the snapshot")
     rate = result.bytes_written / result.duration_s / 1e6 if result.duration_s > 0 else 0.0
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
     out.result(

@@ -57,37 +57,37 @@ class RestoreResult:
     bytes_written: int
     skipped_files: int  # already present with the right content
     duration_s: float
+    unmatched_globs: tuple[str, ...] = ()  # --include globs that matched no path (others did)
 
 
-def select_entries(tree: list[FileEntry], include: list[str] | None) -> list[FileEntry]:
-    """Entries matching any glob (an entry matches when it or a parent directory does),
-    plus the directories above them.
+def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[list[FileEntry], tuple[str, ...]]:
+    """Entries matching any glob (an entry matches when it or a parent directory does), plus the
+    directories above them; and the globs that matched nothing.
 
-    Every glob must match at least one path, or nothing is restored: UsageError names the globs
-    that matched nothing, even when the others match. This is stricter than restic (no error) and
-    rsync-like tools (a warning), on purpose: a restore is the recovery path, a mistyped glob among
-    several would otherwise restore less than asked with exit 0, and a warning is easy to miss (the
-    CLI shows no log warnings). Drop the glob, or fix it, and run the restore again."""
+    When no glob matches anything, nothing would be restored: UsageError, before anything is
+    written. A glob that matches nothing while others match is reported, not refused (a generic
+    resume call may ask for ``*.safetensors`` and ``*.pt`` of a checkpoint holding one kind): the
+    CLI prints a warning naming it, the API returns it in ``RestoreResult.unmatched_globs``."""
     if not include:
-        return list(tree)
+        return list(tree), ()
     chosen: set[str] = set()
     unmatched = dict.fromkeys(include)
     for e in tree:
         parts = e.path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(fnmatch.fnmatchcase(p, pat) for p in prefixes for pat in include):
+        matched = [pat for pat in include if any(fnmatch.fnmatchcase(p, pat) for p in prefixes)]
+        if matched:
             chosen.add(e.path)
             chosen.update(prefixes[:-1])
-            for pat in [pat for pat in unmatched if any(fnmatch.fnmatchcase(p, pat) for p in prefixes)]:
-                del unmatched[pat]
-    if unmatched:
+            for pat in matched:
+                unmatched.pop(pat, None)
+    if len(unmatched) == len(dict.fromkeys(include)):
         globs = ", ".join(repr(pat) for pat in unmatched)
-        verb = "matches" if len(unmatched) == 1 else "match"
         raise UsageError(
-            f"--include {globs} {verb} no path in the snapshot, so nothing was restored; globs match paths "
+            f"--include {globs} matched no path in the snapshot, so nothing was restored; globs match paths "
             "from the snapshot's root (e.g. 'model/*.bin'): list them with: ckptvault ls SNAPSHOT"
         )
-    return [e for e in tree if e.path in chosen]
+    return [e for e in tree if e.path in chosen], tuple(unmatched)
 
 
 def file_hash(path: str) -> str:
@@ -284,7 +284,7 @@ def run_restore(
     if not target.strip():
         raise UsageError("the restore target is empty; give the folder to restore into")
     validate_tree(tree)
-    entries = select_entries(tree, include)
+    entries, unmatched_globs = select_entries(tree, include)
     target = os.path.abspath(target)
 
     planner = _Planner(repo, target, overwrite)
@@ -347,6 +347,7 @@ def run_restore(
         bytes_written=written,
         skipped_files=sum(1 for e in entries if e.type == "file" and e.path in planner.skip),
         duration_s=round(time.monotonic() - started, 3),
+        unmatched_globs=unmatched_globs,
     )
 
 
