@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -262,6 +262,13 @@ class Vault:
         ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
         ID, and ``prune`` refuses to run while one exists."""
         tags = tags_arg(tags)
+        snaps, _ = self._listing()
+        return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
+
+    def _listing(self) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
+        """Every readable snapshot, and the unreadable ones by full ID with their errors (also kept as
+        ``unreadable_snapshots``, for the caller of the API; code here uses what is returned, which
+        another thread's listing cannot replace meanwhile)."""
 
         def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
             try:
@@ -275,12 +282,13 @@ class Vault:
         with ThreadPoolExecutor(8) as pool:
             loaded = list(zip(ids, pool.map(load, ids), strict=True))
         snaps = [s for _, s in loaded if isinstance(s, Snapshot)]
-        self.unreadable_snapshots = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
-        for snapshot_id, error in sorted(self.unreadable_snapshots.items()):
+        unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
+        self.unreadable_snapshots = unreadable
+        for snapshot_id, error in sorted(unreadable.items()):
             if snapshot_id not in self._warned:
                 self._warned.add(snapshot_id)
                 self._warn(f"{error}; left out of the snapshots ({_unreadable_hint(snapshot_id)})")
-        return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
+        return snaps, unreadable
 
     def _load_snapshot(self, snapshot_id: bytes) -> Snapshot:
         raw = self._repo.load_snapshot(snapshot_id)  # its errors name the object
@@ -296,12 +304,13 @@ class Vault:
         if self.on_warning is not None:
             self.on_warning(message)
 
-    def _unreadable_named(self, spec: str, snaps: list[Snapshot]) -> str | None:
+    @staticmethod
+    def _unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[str]) -> str | None:
         """The ID of the unreadable snapshot object that ``spec`` (an ID prefix) names, if any."""
         prefix = spec.lower()
         if spec == "latest" or not prefix or any(c not in "0123456789abcdef" for c in prefix):
             return None  # selection.select reports what is wrong with it
-        unreadable = [i for i in self.unreadable_snapshots if i.startswith(prefix)]
+        unreadable = [i for i in unreadable_ids if i.startswith(prefix)]
         if not unreadable:
             return None
         matches = len(unreadable) + sum(s.id.startswith(prefix) for s in snaps)
@@ -317,12 +326,12 @@ class Vault:
         tags = tags_arg(tags)
         if isinstance(spec, Snapshot):
             return spec
-        snaps = self.snapshots()
-        unreadable = self._unreadable_named(spec, snaps)
-        if unreadable is not None:
-            error = self.unreadable_snapshots[unreadable]
-            raise type(error)(f"{error}; {_unreadable_hint(unreadable)}")
-        return selection.select(snaps, spec, tags)
+        snaps, unreadable = self._listing()
+        named = self._unreadable_named(spec, snaps, unreadable)
+        if named is not None:
+            error = unreadable[named]
+            raise type(error)(f"{error}; {_unreadable_hint(named)}")
+        return selection.select(sorted(snaps, key=lambda s: s.time), spec, tags)
 
     @_open_only
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:
@@ -492,16 +501,20 @@ class Vault:
         repack_threshold = fraction_arg("repack_threshold", repack_threshold)
         with self._repo.locks.acquire(exclusive=True):
             self._repo.load_index()
-            every = self.snapshots()
-            self._refuse_gc_with_unreadable()
+            every, unreadable = self._listing()
+            every.sort(key=lambda s: s.time)
+            self._refuse_gc_with_unreadable(unreadable)
             with self._repo.aborting_writes_on_error():  # a failed repack leaves nothing behind the lock
                 return run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
 
-    def _refuse_gc_with_unreadable(self, forgotten: frozenset[str] = frozenset()) -> None:
+    @staticmethod
+    def _refuse_gc_with_unreadable(
+        unreadable: dict[str, CkptVaultError], forgotten: frozenset[str] = frozenset()
+    ) -> None:
         """Garbage collection needs every snapshot's tree: a snapshot object that cannot be decoded
         (it may be repaired, or read by a newer ckptvault) would have its data deleted as unused.
         So prune refuses until such objects are forgotten (``forget ID``) or readable again."""
-        left = sorted((i, e) for i, e in self.unreadable_snapshots.items() if i not in forgotten)
+        left = sorted((i, e) for i, e in unreadable.items() if i not in forgotten)
         if not left:
             return
         snapshot_id, error = left[0]
@@ -522,18 +535,19 @@ class Vault:
         snapshots = snapshot_list_arg(snapshots)
         with self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
-            every = self.snapshots()
+            every, unreadable_now = self._listing()
+            every.sort(key=lambda s: s.time)
             chosen: set[str] = set()
             unreadable: set[str] = set()
             for spec in snapshots:
                 if isinstance(spec, Snapshot):
                     chosen.add(spec.id)
-                elif (bad := self._unreadable_named(spec, every)) is not None:
+                elif (bad := self._unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:
                     chosen.add(selection.select(every, spec).id)
             if prune:
-                self._refuse_gc_with_unreadable(frozenset(unreadable))
+                self._refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
             plan = RetentionPlan([Decision(s, s.id not in chosen, "given to forget") for s in every])
             if not dry_run:
                 for snapshot_id in sorted(unreadable):
