@@ -153,6 +153,7 @@ class Vault:
         self.created = False  # True when open(create=True) made a new repository
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
         self._backup_mutex = threading.Lock()  # the Repository writes one backup at a time
+        self._close_mutex = threading.Lock()
         # Where warnings go besides the "ckptvault" logger (the CLI passes its stderr printer).
         self.on_warning: Callable[[str], None] | None = None
         # Snapshot objects the latest listing skipped because they cannot be decoded (damaged, or
@@ -228,16 +229,18 @@ class Vault:
     def close(self) -> None:
         """Wait for the queued async backups (as at exit), then release the Vault; every method
         but ``close`` (which may be called again) then raises UsageError."""
-        if self._closing:
-            return
-        self._closing = True
-        try:
-            if self._shipper is not None:  # queued backups finish first, as they would at exit
-                self._shipper.flush_at_exit(reason="before the vault closes", level=logging.INFO)
-                self._shipper.close()
-        finally:
-            self._closed = True
-            self._repo.close()
+        with self._close_mutex:  # a second caller waits until the first has closed
+            if self._closing:
+                return
+            self._closing = True
+            try:
+                if self._shipper is not None:  # queued backups finish first, as they would at exit
+                    self._shipper.flush_at_exit(reason="before the vault closes", level=logging.INFO)
+                    self._shipper.close()
+            finally:
+                with self._backup_mutex:  # a synchronous backup on another thread finishes first
+                    self._closed = True
+                    self._repo.close()
 
     def __enter__(self) -> Vault:
         if self._closed:
