@@ -21,6 +21,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -73,7 +74,8 @@ def wait_until_stale() -> None:
 
 
 def packs(repo: Path) -> set[str]:
-    return {p.name for p in (repo / "packs").rglob("*") if p.is_file()}
+    """The pack objects, not a suspended writer's upload in flight (a temp file the prune keeps)."""
+    return {p.name for p in (repo / "packs").rglob("*") if p.is_file() and not p.name.startswith(".tmp-")}
 
 
 def cli_check(repo: Path, tmp_path: Path) -> str:
@@ -243,17 +245,119 @@ def test_a_failed_refresh_is_forgiven_by_a_later_one(vault: Vault, monkeypatch):
     held.verify()  # refreshes again itself; that succeeds, well within the staleness
     assert [lk.lock_id for lk in vault.locks()] == [held.info.lock_id] != [first]
 
-    def down(*args, **kwargs):
-        raise OSError("down")
+    def down(key, *args, **kwargs):
+        raise StorageError("PUT", key, vault.url, "connection reset", retryable=True)
 
     monkeypatch.setattr(vault._repo.store, "put", down)
-    with pytest.raises(OSError):
+    with pytest.raises(StorageError):
         held.refresh()
-    with pytest.raises(LockLostError, match="refreshing it failed"):
+    # the retried refresh fails too: the storage's error, which a caller may retry; the lock is not lost
+    for _ in range(2):
+        with pytest.raises(StorageError, match="connection reset") as caught:
+            held.verify()
+        assert not isinstance(caught.value, LockLostError) and caught.value.retryable
+        assert not held.lost
+    real = locks.ticks
+    monkeypatch.setattr(locks, "ticks", lambda: real() + 23 * 60)  # failing for too long: now it is lost
+    with pytest.raises(LockLostError, match="without a refresh"):
         held.verify()
     monkeypatch.undo()
     held.release()
     assert vault.locks() == []
+
+
+def test_a_lock_released_by_another_thread_is_not_judged(vault: Vault, monkeypatch):
+    """An async backup checks the locks while the main thread's restore releases its own: the released
+    lock (its object already removed) must not fail the backup's check as "removed as stale"."""
+    backup = manager(vault).acquire(exclusive=False)
+    restore = manager(vault).acquire(exclusive=False)
+    real_held = LockManager.held
+
+    def release_meanwhile(self):  # the other thread releases between the listing and the checks
+        listed = real_held.fget(self)
+        if restore in listed:
+            other = threading.Thread(target=restore.release)
+            other.start()
+            other.join()
+        return listed
+
+    monkeypatch.setattr(LockManager, "held", property(release_meanwhile))
+    assert vault._repo.locks.verify_held(exclusive=False) == 2
+    assert vault._repo.locks.check_held_age(exclusive=False) == 1
+    monkeypatch.undo()
+    restore.verify()  # a released lock is never judged, not even by its own holder
+    restore.check_age()
+    restore.refresh()  # nor refreshed: no object reappears
+    assert [lk.lock_id for lk in vault.locks()] == [backup.info.lock_id]
+    assert vault._repo.locks.held == (backup,)
+    backup.release()
+    assert vault.locks() == []
+
+
+def test_a_release_interrupted_while_joining_unregisters_the_lock(vault: Vault, monkeypatch):
+    held = manager(vault).acquire(exclusive=False)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(held._thread, "join", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        held.release()
+    assert vault._repo.locks.held == ()
+    held.verify()  # released: not judged, although its object is still there
+    monkeypatch.undo()
+    vault.unlock(remove_all=True)
+
+
+def test_index_objects_check_the_lock_without_storage_calls(vault: Vault, tmp_path: Path, monkeypatch):
+    """The check before and after each index object is the cheap one; the lock object's existence is
+    checked once per backup, before the snapshot is committed."""
+    repo = vault._repo
+    lookups: list[str] = []
+    real_exists = repo.store.exists
+
+    def exists(key):
+        if key.startswith("locks/"):
+            lookups.append(key)
+        return real_exists(key)
+
+    monkeypatch.setattr(repo.store, "exists", exists)
+    with repo.locks.acquire(exclusive=False):
+        written = {repo.write_index({}) for _ in range(3)}
+    assert len(written) == 3 and repo.written_index_ids >= written
+    assert lookups == []
+    vault.backup(make_source(tmp_path / "src", "src", 3 << 20))
+    assert len(lookups) == 1, lookups
+
+
+def test_a_lock_lost_while_an_index_object_was_written_leaves_no_index_object(
+    vault: Vault, tmp_path: Path, monkeypatch
+):
+    """Suspended between the check before the index object and its PUT: the check after the PUT finds
+    the lock lost, removes the object (a prune may have deleted the packs it names) and stops."""
+    earlier = vault.backup(make_source(tmp_path / "first", "first", 300_000))
+    index_dir = Path(vault.url) / "index"
+    before = {p.name for p in index_dir.rglob("*") if p.is_file()}
+    repo = vault._repo
+    real_put = repo._put
+    real_ticks = locks.ticks
+    suspended: list[str] = []
+
+    def put_then_suspended(key, data):
+        real_put(key, data)
+        if key.startswith("index/") and not suspended:
+            suspended.append(key)
+            monkeypatch.setattr(locks, "ticks", lambda: real_ticks() + 23 * 60)  # 23 of the 30 minutes
+
+    monkeypatch.setattr(repo, "_put", put_then_suspended)
+    with pytest.raises(LockLostError, match=r"without a refresh.*nothing was committed"):
+        vault.backup(make_source(tmp_path / "second", "second", 600_000))
+    monkeypatch.undo()
+    assert suspended
+    assert {p.name for p in index_dir.rglob("*") if p.is_file()} == before  # the new one was removed
+    assert [s.id for s in vault.snapshots()] == [earlier.id]
+    assert vault.locks() == [] and repo.locks.held == ()
+    assert vault.check(read_data=1.0).ok
 
 
 def test_an_old_lock_that_cannot_be_deleted_is_retried(vault: Vault, monkeypatch, caplog):

@@ -86,3 +86,34 @@ def test_cli_unlock_says_when_it_is_safe(cli, tmp_path: Path):
         held.release()
     out = proc.stdout.decode()
     assert "removed 1 lock(s)" in out and "--remove-all only when no ckptvault process" in out
+
+
+def test_garbage_collection_without_the_exclusive_lock_refuses(vault: Vault, tmp_path: Path):
+    """GC verifies the exclusive lock this process holds on the Repository; with none to verify it is a
+    programming error, not a silent pass. Nothing is deleted."""
+    from ckptvault.ops.gc import execute_gc, plan_gc
+    from ckptvault.ops.prune import run_prune
+    from ckptvault.snapshot.retention import RetentionPolicy
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for step in range(2):
+        (src / "f").write_bytes(bytes([step]) * 300_000)
+        vault.backup(src)
+    before = sorted(p for p in Path(vault.url).rglob("*") if p.is_file())
+    repo = vault._repo
+    repo.load_index()
+    snapshots = vault.snapshots()
+    with pytest.raises(RuntimeError, match="needs the exclusive lock"):
+        run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=False)
+    with repo.locks.acquire(exclusive=False), pytest.raises(RuntimeError, match="needs the exclusive lock"):
+        run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=False)  # a shared one is not it
+    other = Vault.open(vault.url)  # another Repository object's lock is not this one's
+    with other._repo.locks.acquire(exclusive=True), pytest.raises(RuntimeError, match="needs the exclusive lock"):
+        execute_gc(repo, plan_gc(repo, [], set(), 0.1))
+    other.close()
+    assert sorted(p for p in Path(vault.url).rglob("*") if p.is_file()) == before
+    assert run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=True).forgotten  # no lock needed
+    with repo.locks.acquire(exclusive=True):
+        run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=False)
+    assert len(vault.snapshots()) == 1 and vault.check(read_data=1.0).ok

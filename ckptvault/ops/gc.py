@@ -6,14 +6,15 @@ Execution order (each step leaves a repository where every kept snapshot restore
   3. every other index object is deleted (the consolidated one already lists what they did);
   4. dead and repacked packs are deleted, then trees no snapshot refers to.
 A crash anywhere leaves at worst duplicate index entries or unreferenced packs and trees,
-which the next prune removes. Callers hold the exclusive lock, so no backup is adding data.
+which the next prune removes. Callers hold the exclusive lock, so no backup is adding data; one that
+holds none is a programming error (RuntimeError: the checks below would have no lock to verify).
 
 That is checked, not assumed: a process suspended past the lock's staleness (or a host whose clock
 makes the lock look stale) can have let a backup in, and such a backup may have deduplicated against a
 pack this plan deletes. So before each deleting step (3, then 4, then the trees) the exclusive lock this
 process holds on the repository is verified (``repo.locks.verify_held()``: still there, refreshed in
 time; LockLostError otherwise), and before steps 3 and 4 the index objects and snapshots are listed
-again: one that the plan did not read (and this prune did not write) stops the prune with
+again: one that the plan did not read (and this Repository did not write) stops the prune with
 VaultLockedError, before it deletes anything more. Stopping there is safe: the consolidated index only
 duplicates entries of the objects still present, and packs go only after no index names them.
 
@@ -132,9 +133,20 @@ def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]]) -> set[
     return out
 
 
+def verify_exclusive_lock(repo: Repository) -> None:
+    """The exclusive lock this process holds on ``repo`` is still there and was refreshed in time
+    (LockLostError otherwise); RuntimeError when it holds none: garbage collection needs it."""
+    if repo.locks.verify_held(exclusive=True) == 0:
+        raise RuntimeError(
+            f"garbage collection on {repo.store.url} needs the exclusive lock, and this process holds none "
+            "on this Repository object: take it first, with repo.locks.acquire(exclusive=True) (Vault.prune does)"
+        )
+
+
 def execute_gc(repo: Repository, plan: GcPlan) -> None:
     if not plan.has_work:
         return
+    verify_exclusive_lock(repo)  # before it writes anything: without the lock it must not start
     # 1. copy live chunks out of mostly-dead packs (verified on the way: never copy damage silently)
     uploaded_before = set(repo.uploaded_packs)
     for pack_id, live in plan.repack.items():
@@ -156,27 +168,25 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     old_index_ids = set(repo.list_index_ids())
     kept_index_ids = {repo.write_index(batch) for batch in _batches(surviving)}
     # 3. drop every other index object, 4. then the packs and trees nothing refers to
-    ours = set(new_packs)
-    _check_no_other_writer(repo, plan, kept_index_ids, ours)
+    _check_no_other_writer(repo, plan, deleted="no index object or pack")
     for index_id in old_index_ids - kept_index_ids:
         repo.delete_index(index_id)
-    _check_no_other_writer(repo, plan, kept_index_ids, ours)
+    _check_no_other_writer(repo, plan, deleted="no pack")
     for pack_id in [*plan.delete_packs, *plan.repack]:
         repo.delete_pack(pack_id)
-    repo.locks.verify_held()
+    verify_exclusive_lock(repo)
     for tree_id in plan.dead_trees:
         repo.delete_tree(tree_id)
     repo.load_index()
 
 
-def _check_no_other_writer(repo: Repository, plan: GcPlan, kept_index_ids: set[bytes], ours: set[bytes]) -> None:
+def _check_no_other_writer(repo: Repository, plan: GcPlan, *, deleted: str) -> None:
     """Before a deleting step: the exclusive lock is still ours, and nobody added index objects or
-    snapshots since the plan was made (module docstring). Raises LockLostError or VaultLockedError."""
-    repo.locks.verify_held()
-    appeared = set(repo.list_index_ids()) - plan.index_ids - kept_index_ids
-    if appeared and ours:  # the repack step's own index objects name only the packs it wrote
-        objects = repo.read_index_objects()
-        appeared = {i for i in appeared if i not in objects or not set(objects[i]) <= ours}
+    snapshots since the plan was made (module docstring). Raises LockLostError or VaultLockedError.
+    ``deleted``: what the message says was not deleted since (what this prune deleted so far is safe)."""
+    verify_exclusive_lock(repo)
+    # this Repository's own index objects: the repack step's and the consolidated ones
+    appeared = set(repo.list_index_ids()) - plan.index_ids - repo.written_index_ids
     snapshots: set[bytes] = set()
     if plan.snapshot_ids is not None:
         snapshots = set(repo.list_snapshot_ids()) - plan.snapshot_ids
@@ -186,7 +196,7 @@ def _check_no_other_writer(repo: Repository, plan: GcPlan, kept_index_ids: set[b
         )
         raise VaultLockedError(
             f"prune stopped: another writer added data to {repo.store.url} while this prune ran ({what} "
-            "it did not plan with); no index object or pack was deleted since; run prune again"
+            f"it did not plan with); {deleted} was deleted since; run prune again"
         )
 
 

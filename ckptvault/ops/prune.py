@@ -8,7 +8,7 @@ from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import Snapshot
 from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention
-from .gc import STALE_TEMP_AGE_S, GcPlan, execute_gc, plan_gc
+from .gc import STALE_TEMP_AGE_S, GcPlan, execute_gc, plan_gc, verify_exclusive_lock
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 
@@ -43,7 +43,8 @@ def run_prune(
     repack_threshold: float = DEFAULT_REPACK_THRESHOLD,
 ) -> PruneResult:
     """Plan retention and GC; unless ``dry_run``, delete the forgotten snapshots and collect garbage.
-    The caller holds the exclusive lock; it is verified before each deleting step (ops/gc.py)."""
+    The caller holds the exclusive lock (RuntimeError otherwise); it is verified before each deleting
+    step (ops/gc.py)."""
     retention = plan_retention(snapshots, policy)
     return collect(repo, retention, dry_run=dry_run, repack_threshold=repack_threshold)
 
@@ -56,7 +57,7 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     before = stored_bytes(repo)
     if dry_run:
         return PruneResult(retention, gc, True, before, before)
-    repo.locks.verify_held()  # the exclusive lock: a prune suspended past its staleness deletes nothing
+    verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
     for snap in retention.forget:
         repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
     execute_gc(repo, gc)

@@ -4,8 +4,8 @@ The scheme is restic's. A lock is a small sealed object ``locks/<random id>`` na
 host, process and time. Taking a lock writes it, then lists the others: a conflicting lock
 that is not stale makes the newcomer remove its own and fail. A holder refreshes its lock
 (a new object, then the old one deleted) every ``refresh_every``; a lock not refreshed for
-``stale_after``, or held by a dead process on this host, is stale and ignored. Prune removes
-the stale locks it ignores.
+``stale_after``, or held by a dead process on this host, is stale and ignored. An exclusive locker
+(prune, forget --prune) removes the stale locks it ignores.
 
 Losing a lock. A holder cannot tell from the outside whether another process judged its lock
 stale (and an exclusive locker then deletes what it thinks nobody uses), so it keeps score itself:
@@ -21,14 +21,27 @@ wall-clock age of the lock document is checked too (the larger wins). A lock is 
 A refresh writes the new object first and then checks that the old one still exists and that the
 write finished within ``lost_after`` of the previous refresh, so the holder is covered without a
 gap. A lost lock is never revived: the refresh thread stops, the newly written object is removed,
-and ``verify()`` (what backup calls before committing and garbage collection before each deletion
-step) raises ``LockLostError`` from then on. A refresh that merely fails (a storage error) is
-remembered, not fatal: a later successful refresh within ``lost_after`` clears it, and ``verify()``
-retries the refresh once itself before it reports the failure. A previous lock object that cannot be
+and the checks raise ``LockLostError`` from then on. There are two checks:
+
+* ``verify()``, the full one (the lock object still exists, and the lock was refreshed in time): what
+  backup calls before committing its snapshot, and garbage collection before each deletion step;
+* ``check_age()``, the cheap one without any storage call (the lock is not marked lost, and was
+  refreshed in time by the clocks above): what a writer does before and after each index object it
+  writes (``Repository.write_index``), which removes the object again and stops when the lock turned
+  out lost after the write. Index objects are written every pack batch, so a storage call there would
+  stall the backup; whether the lock object still exists is checked by the refresh thread anyway.
+
+A refresh that merely fails (a storage error) is remembered, not fatal: a later successful refresh
+within ``lost_after`` clears it, and ``verify()`` retries the refresh once itself; when that fails too
+it raises the storage's error (a StorageError, which a caller may retry: the lock is not lost), and
+LockLostError only once the lock went unrefreshed too long. A previous lock object that cannot be
 deleted after a refresh is logged and retried at the next refresh and at release, not left behind.
 
 The locks this process holds are registered per repository, so that code deep inside a command
-(garbage collection) can check them: ``repo.locks.held`` and ``repo.locks.verify_held()``.
+(garbage collection, writing index objects) can check them: ``repo.locks.held``,
+``repo.locks.verify_held()`` and ``repo.locks.check_held_age()``. A released lock is never judged:
+``release()`` marks it released first, and both checks (and its refresh thread) skip it from then on,
+so that a lock another thread releases while this one checks them all cannot fail the check.
 
 Clock skew. Staleness compares the judge's clock with the holder's lock time, so it is made robust
 against the two skews that cheaply can be, using the storage's write time of each lock object
@@ -315,6 +328,14 @@ class LockManager:
             lock.verify()
         return len(locks)
 
+    def check_held_age(self, *, exclusive: bool = True) -> int:
+        """``check_age()`` (no storage call) every lock this process holds on this repository (only the
+        exclusive ones when ``exclusive``); raises LockLostError for a lost one. Returns how many."""
+        locks = [lock for lock in self.held if lock.exclusive or not exclusive]
+        for lock in locks:
+            lock.check_age()
+        return len(locks)
+
 
 class _NewerLock(Exception):
     """A lock object that verifies but has a lock version above ``LOCK_VERSION``."""
@@ -334,6 +355,7 @@ class HeldLock:
         # ticks() taken before the current lock object's write began: its document time is no earlier
         self._refreshed = ticks() if refreshed is None else refreshed
         self._lost: str | None = None  # why, once lost (never cleared)
+        self._released = False  # set first thing in release(): a released lock is never judged
         self._refresh_error: BaseException | None = None  # the last refresh's failure, until one succeeds
         self._orphans: list[LockInfo] = []  # our lock objects a delete failed for: retried
         self._stop = threading.Event()
@@ -405,7 +427,7 @@ class HeldLock:
                 raise
 
     def _refresh(self) -> None:
-        if self._lost is not None:
+        if self._lost is not None or self._released:
             return
         started = ticks()
         self._check_age(started)
@@ -433,36 +455,60 @@ class HeldLock:
 
     def verify(self) -> None:
         """Raise LockLostError unless the lock still exists and was refreshed in time (call it before
-        committing, and before each step that deletes data)."""
+        committing, and before each step that deletes data). When the last refresh failed, it is retried
+        first; if that fails too, its error (a StorageError) is raised as it is while the lock is not
+        lost. Does nothing once the lock is released."""
         with self._mutex:
-            failed = None
+            if self._released:
+                return
             if self._lost is None and self._refresh_error is not None:
                 try:
                     self._refresh()  # a transient failure is forgiven by a later successful refresh
                 except BaseException as exc:
-                    self._refresh_error = failed = exc
-            if self._lost is None and failed is None:
+                    self._refresh_error = exc
+                    self._check_age(ticks())
+                    if self._lost is None:
+                        raise  # the storage failed, the lock is not lost: the caller may retry
+                    raise self._lost_error() from exc
+            if self._lost is None:
                 self._check_age(ticks())
                 if self._lost is None and not self.manager.exists(self.info):
                     self._lose("another process removed it as stale")
                 self._check_age(ticks())  # the check itself may have been slow
                 if self._lost is None:
                     return
-            problem = self._lost or f"refreshing it failed ({failed})"
+        raise self._lost_error()
+
+    def check_age(self) -> None:
+        """The cheap part of ``verify()``, without any storage call and without waiting for a refresh in
+        progress: raise LockLostError when the lock is marked lost or went unrefreshed longer than
+        ``lost_after``. Does nothing once the lock is released."""
+        if self._released:
+            return
+        if self._lost is None:
+            self._check_age(ticks())
+        if self._lost is not None and not self._released:
+            raise self._lost_error()
+
+    def _lost_error(self) -> LockLostError:
         then = (
             "prune stopped before deleting anything more, run it again"
             if self.info.exclusive
             else "nothing was committed, run the command again"
         )
-        raise LockLostError(f"lost the lock on {self.manager.repo.store.url}: {problem}; {then}") from failed
+        return LockLostError(f"lost the lock on {self.manager.repo.store.url}: {self._lost}; {then}")
 
     def release(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        with _held_mutex:
-            held = _HELD.get(self.manager.repo, [])
-            if self in held:
-                held.remove(self)
+        try:
+            self._stop.set()
+            with self._mutex:  # waits for a refresh or verify() in progress; none judges it from now on
+                self._released = True
+            self._thread.join()
+        finally:  # also when interrupted (Ctrl-C) while waiting for the refresh thread
+            with _held_mutex:
+                held = _HELD.get(self.manager.repo, [])
+                if self in held:
+                    held.remove(self)
         with self._mutex:
             self._remove_orphans()
             for lock in self._orphans:

@@ -114,6 +114,7 @@ class Repository:
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
         self._unindexed: dict[bytes, list[PackEntry]] = {}
         self.uploaded_packs: dict[bytes, list[PackEntry]] = {}  # every pack this object wrote
+        self.written_index_ids: set[bytes] = set()  # every index object this object wrote
         transfers = getattr(store, "transfers", None)
         if upload_concurrency is None:
             upload_concurrency = transfers.uploads if transfers is not None else 2
@@ -345,10 +346,23 @@ class Repository:
             self._merge_new_index_objects()
 
     def write_index(self, packs: dict[bytes, list[PackEntry]]) -> bytes:
-        # a writer that lost its lock (a prune may have deleted these packs) must not index them
-        self.locks.verify_held(exclusive=False)
+        # A writer that lost its lock (a prune may have deleted these packs) must not index them. The
+        # check makes no storage call (one per index object would stall the writer; locks.py), and runs
+        # after the PUT too: a writer suspended between the check and the PUT removes what it wrote.
+        locks = self.locks
+        locks.check_held_age(exclusive=False)
         index_id = new_object_id()
-        self._put(index_key(index_id), self.codec.encode(Kind.INDEX, index_id, encode_index(packs)))
+        key = index_key(index_id)
+        self._put(key, self.codec.encode(Kind.INDEX, index_id, encode_index(packs)))
+        try:
+            locks.check_held_age(exclusive=False)
+        except BaseException:
+            try:
+                self._delete(key)
+            except CkptVaultError as exc:  # best effort: the lost lock's error is the one to report
+                log.warning("could not remove index object %s after losing the lock: %s", index_id.hex()[:12], exc)
+            raise
+        self.written_index_ids.add(index_id)
         return index_id
 
     def read_index_objects(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
@@ -395,11 +409,6 @@ class Repository:
         self._seal_pack()
         self._reap(block=True)
         self._write_index()
-
-    @property
-    def has_unfinished_writes(self) -> bool:
-        """True while chunks are queued, packs are uploading, or uploaded packs wait for their index."""
-        return bool(self._writer.entries or self._pending or self._uploads or self._unindexed)
 
     @contextlib.contextmanager
     def aborting_writes_on_error(self) -> Iterator[None]:
