@@ -94,6 +94,7 @@ KeyfileArg = str | os.PathLike[str] | Keyfile | None
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
 OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
@@ -120,6 +121,16 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
 def default_repo_url() -> str:
     """``$CKPTVAULT_REPO``, else a folder in the user's data directory."""
     return os.environ.get("CKPTVAULT_REPO") or os.path.join(platformdirs.user_data_dir("ckptvault"), "repo")
+
+
+def _decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
+    """``decode(raw)``, with a failure's message naming the object (``what``) it came from."""
+    try:
+        return decode(raw)
+    except IntegrityError as exc:
+        raise type(exc)(f"{what} is damaged: {exc}") from exc
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
 
 
 def _unreadable_hint(snapshot_id: str) -> str:
@@ -295,12 +306,7 @@ class Vault:
 
     def _load_snapshot(self, snapshot_id: bytes) -> Snapshot:
         raw = self._repo.load_snapshot(snapshot_id)  # its errors name the object
-        try:
-            return decode_snapshot(raw)
-        except IntegrityError as exc:
-            raise type(exc)(f"snapshot object {snapshot_id.hex()[:12]} is damaged: {exc}") from exc
-        except UnsupportedFormatError as exc:
-            raise UnsupportedFormatError(f"snapshot object {snapshot_id.hex()[:12]} cannot be read: {exc}") from exc
+        return _decode_naming(f"snapshot object {snapshot_id.hex()[:12]}", decode_snapshot, raw)
 
     def _warn(self, message: str) -> None:
         log.warning(message)
@@ -350,13 +356,7 @@ class Vault:
             if snap.id not in {s.id for s in self.snapshots()}:
                 raise SnapshotNotFoundError(f"snapshot {snap.short_id} was just removed by another process") from None
             raise
-        where = f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})"
-        try:
-            return decode_tree(raw)
-        except IntegrityError as exc:
-            raise type(exc)(f"{where} is damaged: {exc}") from exc
-        except UnsupportedFormatError as exc:
-            raise UnsupportedFormatError(f"{where} cannot be read: {exc}") from exc
+        return _decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
     # ---- backup and restore ------------------------------------------------------------
 

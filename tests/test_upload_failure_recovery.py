@@ -15,19 +15,9 @@ from ckptvault.errors import StorageError
 
 from .conftest import tree_digest, write_file
 from .support import faultyfs
+from .test_faults import fast_retries  # noqa: F401  (autouse: short retries, faults cleared around each test)
 
 PERMISSION = r"storage failed: PUT packs/\w\w/\w+ on faulty://.*permission denied"
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.01")
-    monkeypatch.setenv("CKPTVAULT_RETRIES", "3")
-    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "5")
-    faultyfs.FAULTS.clear()
-    faultyfs.INJECTED.clear()
-    yield
-    faultyfs.FAULTS.clear()
 
 
 def make_source(root: Path, size: int = 4 << 20) -> Path:
