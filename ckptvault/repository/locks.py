@@ -509,6 +509,8 @@ class HeldLock:
                 held = _HELD.get(self.manager.repo, [])
                 if self in held:
                     held.remove(self)
+                if not held:  # no reference to a closed Repository is kept
+                    _HELD.pop(self.manager.repo, None)
         with self._mutex:
             self._remove_orphans()
             for lock in self._orphans:
