@@ -69,16 +69,22 @@ def test_a_backup_that_commits_after_check_listed_the_index_is_not_damage(tmp_pa
     assert again.snapshots == 2
 
 
-def test_a_snapshot_forgotten_after_check_listed_it_is_not_damage(tmp_path: Path, repo: str):
+def two_snapshots_one_to_forget(tmp_path: Path, repo: str) -> tuple[str, Callable[[], None]]:
+    """Two snapshots; the second's ID, and an action that forgets it through another Vault."""
     with Vault.open(repo) as writer:
         writer.backup(make_source(tmp_path / "a", 1), tags={"n": "1"})
         gone = writer.backup(make_source(tmp_path / "b", 2), tags={"n": "2"})
-    checker = Vault.open(repo)
 
     def concurrent_forget() -> None:
         with Vault.open(repo) as other:
-            other.forget([gone.id])
+            other.forget([gone.id])  # the snapshot object, then its tree
 
+    return gone.id, concurrent_forget
+
+
+def test_a_snapshot_forgotten_after_check_listed_it_is_not_damage(tmp_path: Path, repo: str):
+    _, concurrent_forget = two_snapshots_one_to_forget(tmp_path, repo)
+    checker = Vault.open(repo)
     fired = hook_after(checker, "list", lambda prefix: prefix.startswith(SNAPSHOTS_PREFIX), concurrent_forget)
     report = checker.check(read_data=1.0)
     assert fired
@@ -88,16 +94,9 @@ def test_a_snapshot_forgotten_after_check_listed_it_is_not_damage(tmp_path: Path
 
 
 def test_a_snapshot_forgotten_between_reading_it_and_its_tree_is_not_damage(tmp_path: Path, repo: str):
-    with Vault.open(repo) as writer:
-        writer.backup(make_source(tmp_path / "a", 1), tags={"n": "1"})
-        gone = writer.backup(make_source(tmp_path / "b", 2), tags={"n": "2"})
+    gone_id, concurrent_forget = two_snapshots_one_to_forget(tmp_path, repo)
     checker = Vault.open(repo)
-
-    def concurrent_forget() -> None:
-        with Vault.open(repo) as other:
-            other.forget([gone.id])  # the snapshot object, then its tree
-
-    key = snapshot_key(bytes.fromhex(gone.id))
+    key = snapshot_key(bytes.fromhex(gone_id))
     fired = hook_after(checker, "get", lambda k: k == key, concurrent_forget)
     report = checker.check()
     assert fired
