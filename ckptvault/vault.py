@@ -80,12 +80,14 @@ from .ops.watch import ShippedCheckpoint, Watcher, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
 from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
+from .repository.format import CONFIG_KEY
 from .repository.locks import LockInfo
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
 from .store import open_store
+from .store.fsspec_store import TEMP_PREFIX
 
 log = logging.getLogger("ckptvault")
 
@@ -131,6 +133,31 @@ def _decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
         raise type(exc)(f"{what} is damaged: {exc}") from exc
     except UnsupportedFormatError as exc:
         raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
+
+
+def _refuse_local_non_vault_folder(url: str) -> None:
+    """A new vault in a local folder that already holds other files (a checkpoint folder named by
+    mistake), or inside another vault's folder, would mix with them: refused (like kopia)."""
+    if "://" in url and not url.startswith("file://"):
+        return
+    path = os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
+    if os.path.exists(os.path.join(path, CONFIG_KEY)):
+        return  # a vault already: init says so itself
+    if os.path.isdir(path) and any(not name.startswith(TEMP_PREFIX) for name in os.listdir(path)):
+        raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        if _holds_vault_config(parent):
+            raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
+        parent = os.path.dirname(parent)
+
+
+def _holds_vault_config(folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, CONFIG_KEY), "rb") as f:
+            return b'"ckptvault"' in f.read(4096)
+    except OSError:
+        return False
 
 
 def _unreadable_hint(snapshot_id: str) -> str:
@@ -194,6 +221,7 @@ class Vault:
         AES-256-GCM under the keyfile's master key; ``passphrase`` unlocks it (a string, or a
         function called only when needed)."""
         url = url_arg(url) or default_repo_url()
+        _refuse_local_non_vault_folder(url)
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
