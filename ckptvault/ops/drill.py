@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError
 from ..snapshot.model import FileEntry, Snapshot
+from ..store.failures import Kind, classify
 from .restore import file_hash, target_error
 
 SAFETENSORS = (".safetensors",)
@@ -121,7 +122,7 @@ def _make_tmp(workdir: str | None) -> tempfile.TemporaryDirectory[str]:
         return tempfile.TemporaryDirectory(prefix="ckptvault-drill-", dir=workdir)
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if classify(exc).kind is Kind.FULL:  # the same test as a restore's writes
             raise StorageFullError("mkdir", "the drill's temporary folder", where, reason) from exc
         if not workdir:
             err = StorageError("mkdir", "the drill's temporary folder", where, reason)
