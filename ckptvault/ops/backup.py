@@ -33,6 +33,7 @@ from ..snapshot.manifest import encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .deltabase import BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
+from .memory import INFLIGHT_BYTES, release_freed_memory
 from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
 from .scan import SourceItem, scan_sources
@@ -97,6 +98,7 @@ class _Pipeline:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-chunk")
         self.window = workers * 4
         self.inflight: deque[tuple[FileEntry, Future[_Prepared], int]] = deque()
+        self.inflight_bytes = 0
         self.new_bytes = 0
         self.new_chunks = 0
         self.delta_chunks = 0
@@ -109,11 +111,13 @@ class _Pipeline:
     ) -> None:
         future = self.pool.submit(_prepare_chunk, self.repo, data, runs, self.planner, cand)
         self.inflight.append((entry, future, len(data)))
-        while len(self.inflight) > self.window:
+        self.inflight_bytes += len(data)
+        while len(self.inflight) > self.window or self.inflight_bytes > INFLIGHT_BYTES:
             self._drain_one()
 
     def _drain_one(self) -> None:
         entry, future, size = self.inflight.popleft()
+        self.inflight_bytes -= size
         done = future.result()
         entry.chunks.append(done.chunk_id)
         if done.blob is not None and self.repo.add_chunk(done.chunk_id, done.blob, size, done.base_id):
@@ -201,6 +205,7 @@ def run_backup(
             if planner is not None:
                 planner.close()
             progress.finish()
+            release_freed_memory()
 
         tree_id = repo.save_tree(encode_tree(entries))
         file_entries = [e for e in entries if e.type == "file"]

@@ -43,6 +43,7 @@ from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
 from ..store.failures import Kind, classify
 from ..store.localwrite import pwrite_all
+from .memory import INFLIGHT_BYTES, release_freed_memory
 from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
@@ -314,15 +315,18 @@ def run_restore(
         if entry.type == "dir":
             os.makedirs(planner.dest(entry), exist_ok=True)
     zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
-    with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
-        for entry in files:
-            dest = planner.dest(entry)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            try:
-                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
-                written += entry.size
-            except IntegrityError as exc:
-                failures.append(str(exc))
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
+            for entry in files:
+                dest = planner.dest(entry)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                try:
+                    _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
+                    written += entry.size
+                except IntegrityError as exc:
+                    failures.append(str(exc))
+    finally:
+        release_freed_memory()
     for entry in entries:
         if entry.type == "symlink" and entry.path not in planner.skip:
             dest = planner.dest(entry)
@@ -450,9 +454,12 @@ def _write_chunks(
 
     hasher = new_file_hasher()
     inflight: deque[tuple[Future[bytes | None], int]] = deque()
+    inflight_bytes = 0
 
     def finish_one() -> None:
+        nonlocal inflight_bytes
         future, length = inflight.popleft()
+        inflight_bytes -= length
         data = future.result()
         hasher.update(data if data is not None else bytes(length))
         progress.advance(length)
@@ -462,8 +469,9 @@ def _write_chunks(
         for chunk_id in entry.chunks:
             length = repo.locate(chunk_id).raw_len
             inflight.append((pool.submit(fetch_and_write, chunk_id, offset), length))
+            inflight_bytes += length
             offset += length
-            while len(inflight) >= window:
+            while len(inflight) >= window or inflight_bytes > INFLIGHT_BYTES:
                 finish_one()
         while inflight:
             finish_one()

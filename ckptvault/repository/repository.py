@@ -109,7 +109,7 @@ class Repository:
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self._seen_index_ids: set[bytes] = set()
         self._spare_buffers: list[bytearray] = []  # pack buffers whose upload has finished
-        self._writer = self._new_writer()
+        self._writer: PackWriter | None = None  # the open pack, from its first chunk until it is sealed
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
         self._unindexed: dict[bytes, list[PackEntry]] = {}
@@ -278,20 +278,16 @@ class Repository:
         and indexed already). Returns False when it was already stored."""
         if self.has_chunk(chunk_id):
             return False
-        self._writer.add(chunk_id, blob, raw_len, base_id)
-        self._pending.add(chunk_id)
-        if len(self._writer) >= self.config.pack_size:
-            self._seal_pack()
-        self._reap(block=False)
+        self.add_chunk_blob(chunk_id, blob, raw_len, base_id)
         return True
 
     def _seal_pack(self) -> None:
-        if not self._writer.entries:
+        if self._writer is None or not self._writer.entries:
             return
         pack_id = new_object_id()
         entries = self._writer.entries
         data = self._writer.finish(self.codec, pack_id)
-        self._writer = self._new_writer()
+        self._writer = None
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._upload_concurrency, thread_name_prefix="ckptvault-upload")
         self._upload_slots.acquire()  # bounds memory: at most N sealed packs in flight
@@ -396,8 +392,12 @@ class Repository:
                 raise UnsupportedFormatError(f"index object {index_id.hex()[:12]}: {exc}") from exc
         return out
 
-    def add_chunk_blob(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> None:
-        """Queue an already encoded blob even though the chunk is stored elsewhere (repacking)."""
+    def add_chunk_blob(
+        self, chunk_id: bytes, blob: bytes | BlobParts, raw_len: int, base_id: bytes | None = None
+    ) -> None:
+        """Queue an encoded blob without looking it up (repacking: the chunk is stored elsewhere)."""
+        if self._writer is None:
+            self._writer = self._new_writer()
         self._writer.add(chunk_id, blob, raw_len, base_id)
         self._pending.add(chunk_id)
         if len(self._writer) >= self.config.pack_size:
@@ -409,6 +409,8 @@ class Repository:
         self._seal_pack()
         self._reap(block=True)
         self._write_index()
+        # A Vault stays open between a training job's backups: it holds no pack buffer meanwhile.
+        self._spare_buffers.clear()
 
     @contextlib.contextmanager
     def aborting_writes_on_error(self) -> Iterator[None]:
@@ -440,7 +442,7 @@ class Repository:
             log.info("a write failed: %d uploaded pack(s) are left in no index (a backup adopts them)", len(landed))
         self._unindexed = {}
         self._pending = set()
-        self._writer = self._new_writer()  # the open pack is dropped
+        self._writer = None  # the open pack is dropped
         self._index = None  # reloaded from the durable index objects when next used
         self._seen_index_ids = set()
 
