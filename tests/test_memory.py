@@ -2,7 +2,8 @@
 
 The bound, 256 MB, is the pipeline's worst case with room to spare: Python and the
 libraries (~60 MB), the chunk window (4 chunks per core, each holding its 16 MiB read block
-alive: ~2-3 blocks), one pack being filled plus two in upload (3 x 16 MiB), and encoded blobs.
+alive: ~2-3 blocks; at most 32 MiB of chunks whatever the cores), one pack being filled plus two
+in upload (3 x 16 MiB), and encoded blobs.
 """
 
 import json
