@@ -41,6 +41,10 @@ from .test_cli import one_line_error
         (["init", "{tmp}/src"], 2, "is not empty and holds no vault"),
         (["init", "{tmp}/v/packs/v2"], 2, "is inside the vault at"),
         (["snapshots", "--repo", "{tmp}/v", "--keyfile", "{tmp}/src"], 14, "is a directory"),
+        # a storage option the backend does not take: refused, not silently dropped
+        (["init", "{tmp}/v2", "-o", "foo=bar"], 2, "a local folder takes no storage option 'foo'"),
+        (["backup", "{tmp}/src", "--repo", "{tmp}/v", "-o", "auto_mkdr=1"], 2, "(did you mean auto_mkdir?)"),
+        (["snapshots", "--repo", "sftp://u@127.0.0.1:1/x", "-o", "look_for_key=no"], 2, "did you mean look_for_keys?"),
     ],
 )
 def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, code, fragment):

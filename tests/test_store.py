@@ -3,6 +3,7 @@
 
 import contextlib
 import os
+import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ckptvault.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from ckptvault.errors import ObjectExistsError, ObjectNotFoundError, StorageError, UsageError
 from ckptvault.store import FsspecStore, ReadAheadStore
 
 
@@ -265,3 +266,46 @@ def test_a_local_put_makes_the_folders_it_creates_durable(tmp_path, monkeypatch)
     synced.clear()
     store.put("packs/ab/2", b"y")
     assert synced == [f"{root}/packs/ab"]
+
+
+@pytest.mark.parametrize(
+    "url, options, fragment",
+    [
+        (
+            "s3://bucket/vault",
+            {"endpoint_ur": "http://127.0.0.1:9"},
+            "s3:// takes no storage option 'endpoint_ur' (did you mean endpoint_url?)",
+        ),
+        ("s3://bucket/vault?endpont_url=http://127.0.0.1:9", {}, "'endpont_url' (did you mean endpoint_url?)"),
+        ("gs://bucket/vault", {"projct": "p"}, "gs:// takes no storage option 'projct' (did you mean project?)"),
+        ("az://container/vault", {"account_nme": "a"}, "az:// takes no storage option 'account_nme'"),
+        ("sftp://u@127.0.0.1:9/vault", {"key_file": "k"}, "sftp:// takes no storage option 'key_file'"),
+        ("memory://vault", {"zz": 1}, "memory:// takes no storage option 'zz'"),
+    ],
+)
+def test_a_storage_option_the_backend_does_not_take_is_refused(url, options, fragment):
+    # s3fs, gcsfs and adlfs pass options they do not name to fsspec, which ignores them: a typo in
+    # endpoint_url would open the vault on AWS instead. Refused before any connection is made.
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        FsspecStore(url, options)
+
+
+def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyPatch):
+    # the environment's options are not checked: they may be meant for another vault's backend
+    monkeypatch.setenv("CKPTVAULT_STORAGE_OPTIONS", "endpoint_url=http://127.0.0.1:9,nonsense=1")
+    FsspecStore("memory://vault-env")
+    FsspecStore(
+        "s3://bucket/vault?anon=false",
+        {
+            "endpoint_url": "http://127.0.0.1:9",
+            "key": "k",
+            "secret": "s",
+            "config_kwargs.read_timeout": 5,
+            "client_kwargs.region_name": "x",
+            "use_listings_cache": False,
+            "max_concurrency": 4,
+        },
+    )
+    FsspecStore("gs://bucket/vault", {"project": "p", "token": "anon", "endpoint_url": "http://127.0.0.1:9"})
+    FsspecStore("az://container/vault", {"account_name": "a", "connection_string": "x", "anon": True})
+    FsspecStore("sftp://u@127.0.0.1:9/vault", {"key_filename": "k", "look_for_keys": False, "timeout": 3})

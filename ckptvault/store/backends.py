@@ -18,6 +18,8 @@ Why each default (see docs/backends.md):
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -30,6 +32,15 @@ RENAME_PUT = frozenset({"sftp", "ssh"})  # no atomic PUT: write a temp name, the
 POOLED = frozenset({"sftp", "ssh"})
 CONDITIONAL_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"})
 S3 = frozenset({"s3", "s3a"})
+# Filesystems that hand keyword options they do not name on to fsspec's base class, which ignores
+# them: a misspelt option (``endpoint_ur=...``) would be dropped and the vault opened elsewhere.
+CHECKED_OPTIONS = frozenset({"file", "local", "memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+# fsspec's SFTP passes them on to paramiko's connect, whose TypeError would surface as a storage failure
+SFTP = frozenset({"sftp", "ssh"})
+# fsspec's own options, taken by every filesystem: listing and instance caches, the event loop
+FSSPEC_OPTIONS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache", "asynchronous", "loop"}
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,40 @@ def bucket_of(protocol: str, root: str) -> str:
     if protocol in OBJECT_STORES and protocol != "memory":
         return root.lstrip("/").split("/", 1)[0]
     return ""
+
+
+def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
+    """What is wrong with the option ``names`` given for a ``protocol`` filesystem of class ``cls``,
+    or None. Known: every parameter the class's ``__init__`` names, and its bases' as far as each
+    passes ``**kwargs`` on."""
+    if protocol not in CHECKED_OPTIONS | SFTP or not names:
+        return None
+    if protocol in SFTP:
+        import paramiko
+
+        known = {"temppath", "host_key_policy", *_named(paramiko.SSHClient.connect)} - {"hostname"}
+    else:
+        known = set(FSSPEC_OPTIONS)
+        for klass in cls.__mro__:
+            init = vars(klass).get("__init__")
+            if init is None:
+                continue
+            known.update(_named(init))
+            if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+                break
+    unknown = sorted(names - known)
+    if not unknown:
+        return None
+    close = difflib.get_close_matches(unknown[0], known, n=1)
+    suggestion = f" (did you mean {close[0]}?)" if close else ""
+    where = "a local folder" if protocol in ("file", "local") else f"{protocol}://"
+    return f"{where} takes no storage option {unknown[0]!r}{suggestion}; the options are in docs/backends.md"
+
+
+def _named(function: Any) -> set[str]:
+    """The parameters that ``function`` takes by name."""
+    params = inspect.signature(function).parameters.values()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
 
 
 def install_hint(protocol: str) -> str:

@@ -35,7 +35,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError, UsageError
-from .backends import Profile, bucket_of, default_options, install_hint, profile_for, tune
+from .backends import Profile, bucket_of, default_options, install_hint, option_error, profile_for, tune
 from .base import ObjectInfo
 from .failures import Kind, classify, one_line
 from .localwrite import LocalWriter, fsync_dir
@@ -54,7 +54,7 @@ class FsspecStore:
         self, url: str, storage_options: dict[str, Any] | None = None, *, op_timeout: float | None = None
     ) -> None:
         self.url = display_url(url)
-        target, options = resolve_options(url, storage_options)
+        target, options, explicit = resolve_options(url, storage_options)
         self.op_timeout = op_timeout
         self._fs: Any = None
         self._fs_lock = threading.Lock()
@@ -76,6 +76,9 @@ class FsspecStore:
                 raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
             except ValueError:
                 raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
+            problem = option_error(cls, protocol, explicit)
+            if problem:
+                raise UsageError(f"repository {self.url}: {problem}")
             root = cls._strip_protocol(target)
             self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
         protocols = cls.protocol if isinstance(cls.protocol, tuple) else (cls.protocol,)

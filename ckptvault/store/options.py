@@ -147,17 +147,18 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def resolve_options(
     url: str, given: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
-) -> tuple[str, dict[str, Any]]:
-    """The URL without its query string, and the merged, typed options (environment < URL < given)."""
+) -> tuple[str, dict[str, Any], set[str]]:
+    """The URL without its query string, the merged, typed options (environment < URL < given), and
+    the names the URL and ``given`` set (those to check: the environment's may be meant for another
+    backend than this vault's)."""
     environ = os.environ if environ is None else environ
     query: dict[str, Any] = {}
     if "://" in url and "?" in url:
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    options = typed_options(_env_options(environ))
-    options = _merge(options, typed_options(query))
-    return url, _merge(options, typed_options(dict(given or {})))
+    explicit = _merge(typed_options(query), typed_options(dict(given or {})))
+    return url, _merge(typed_options(_env_options(environ)), explicit), set(explicit)
 
 
 def display_url(url: str) -> str:
