@@ -66,6 +66,18 @@ log = logging.getLogger("ckptvault")
 T = TypeVar("T")
 
 
+@contextlib.contextmanager
+def _naming_errors(what: str, hint: str = "") -> Iterator[None]:
+    """Errors decoding ``what`` (an object, a chunk) name it: "<what> is damaged: ..." (the same
+    IntegrityError subclass, so the exit code stays) or "<what> cannot be read: ..." (too new)."""
+    try:
+        yield
+    except IntegrityError as exc:
+        raise type(exc)(f"{what} is damaged: {exc}{hint}") from exc
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
+
+
 def _verified(fetch: Callable[[], bytes], decode: Callable[[bytes], T]) -> T:
     """Decode what ``fetch`` returns; when it fails verification, fetch once more before calling it
     damage: a flaky network or disk controller can corrupt a read without corrupting the object."""
@@ -384,12 +396,8 @@ class Repository:
             index_id = id_from_key(info.key)
             if index_id is None:
                 continue
-            try:
+            with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault check"):
                 out[index_id] = self._read_metadata(info.key, self._index_decoder(index_id), info.size)
-            except IntegrityError as exc:
-                raise type(exc)(f"index object {index_id.hex()[:12]} is damaged: {exc}; run: ckptvault check") from exc
-            except UnsupportedFormatError as exc:
-                raise UnsupportedFormatError(f"index object {index_id.hex()[:12]}: {exc}") from exc
         return out
 
     def add_chunk_blob(
@@ -471,14 +479,10 @@ class Repository:
             except ObjectNotFoundError:
                 raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
 
-        try:
+        with _naming_errors(where):
             return _verified(
                 fetch, lambda blob: self._decode_chunk(chunk_id, blob, loc.raw_len, loc.base_id, base, verify_id)
             )
-        except IntegrityError as exc:
-            raise IntegrityError(f"{where} is damaged: {exc}") from exc
-        except UnsupportedFormatError as exc:
-            raise UnsupportedFormatError(f"{where}: {exc}") from exc
 
     # ---- trees and snapshots -----------------------------------------------------------
 
@@ -505,12 +509,8 @@ class Repository:
         """The verified plaintext of a whole-object blob. Errors name the object: IntegrityError (or
         MalformedObjectError) when it is damaged, UnsupportedFormatError when this ckptvault cannot
         read it (written by a newer one; for an unknown envelope version, possibly damage)."""
-        try:
+        with _naming_errors(f"{what} object {object_id.hex()[:12]}"):
             return self._read_metadata(key, lambda raw: self.codec.decode(kind, object_id, raw))
-        except IntegrityError as exc:
-            raise type(exc)(f"{what} object {object_id.hex()[:12]} is damaged: {exc}") from exc
-        except UnsupportedFormatError as exc:
-            raise UnsupportedFormatError(f"{what} object {object_id.hex()[:12]} cannot be read: {exc}") from exc
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""

@@ -110,7 +110,7 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
     if protocol not in CHECKED_OPTIONS | SFTP or not names:
         return None
     if protocol in SFTP:
-        import paramiko
+        import paramiko  # type: ignore[import-untyped]
 
         known = {"temppath", "host_key_policy", *_named(paramiko.SSHClient.connect)} - {"hostname"}
     else:
