@@ -145,27 +145,33 @@ class StorageError(CkptVaultError):
 
     exit_code = 20
 
-    def __init__(self, op: str, key: str, url: str, reason: str, *, retryable: bool = False) -> None:
+    def __init__(
+        self, op: str, key: str, url: str, reason: str, *, retryable: bool = False, message: str | None = None
+    ) -> None:
+        """``message``: what the user reads, when the generic "storage failed: ..." would not say
+        what to do (a restore's target, a missing object)."""
         self.op = op
         self.key = key
         self.url = url
         self.reason = reason
         self.retryable = retryable
-        super().__init__(f"storage failed: {op} {key} on {url}: {reason}")
+        super().__init__(message or f"storage failed: {op} {key} on {url}: {reason}")
 
 
 class ObjectNotFoundError(StorageError):
     def __init__(self, op: str, key: str, url: str) -> None:
-        super().__init__(op, key, url, "object not found")
-        self.args = (f"object {key} is missing from {url}; run: ckptvault check",)
+        super().__init__(
+            op, key, url, "object not found", message=f"object {key} is missing from {url}; run: ckptvault check"
+        )
 
 
 class StorageFullError(StorageError):
     exit_code = 21
 
-    def __init__(self, op: str, key: str, url: str, reason: str) -> None:
-        super().__init__(op, key, url, reason)
-        self.args = (f"no space left writing {key} on {url}: {reason}; free space and run the command again",)
+    def __init__(
+        self, op: str, key: str, url: str, reason: str, *, hint: str = "free space and run the command again"
+    ) -> None:
+        super().__init__(op, key, url, reason, message=f"no space left writing {key} on {url}: {reason}; {hint}")
 
 
 class RestoreConflictError(CkptVaultError):

@@ -125,9 +125,13 @@ def _make_tmp(workdir: str | None) -> tempfile.TemporaryDirectory[str]:
         if classify(exc).kind is Kind.FULL:  # the same test as a restore's writes
             raise StorageFullError("mkdir", "the drill's temporary folder", where, reason) from exc
         if not workdir:
-            err = StorageError("mkdir", "the drill's temporary folder", where, reason)
-            err.args = (f"cannot make a temporary folder in {where} ({reason}); pass --tmp-dir DIR, a writable folder",)
-            raise err from exc
+            raise StorageError(
+                "mkdir",
+                "the drill's temporary folder",
+                where,
+                reason,
+                message=f"cannot make a temporary folder in {where} ({reason}); pass --tmp-dir DIR, a writable folder",
+            ) from exc
         if os.path.exists(workdir) and not os.path.isdir(workdir):
             reason = "it is a file, not a folder"
         elif exc.errno == errno.ENOTDIR:

@@ -242,10 +242,9 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
     where = os.path.relpath(filename, target) if inside else path
     reason = exc.strerror or str(exc)
     if classify(exc).kind is Kind.FULL:
-        err: CkptVaultError = StorageFullError("write", where, target, reason)
         if full_hint:
-            err.args = (f"no space left writing {where} on {target}: {reason}; {full_hint}",)
-        return err
+            return StorageFullError("write", where, target, reason, hint=full_hint)
+        return StorageFullError("write", where, target, reason)
     if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
         return RestoreConflictError(
             f"cannot restore into {target}: {path}: {reason} (the target changed during the restore); "
@@ -255,9 +254,9 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
         hint = "restore into a writable folder"
     else:
         hint = "check that disk, then run the command again or restore elsewhere"
-    err = StorageError("write", where, target, reason)
-    err.args = (f"cannot restore into {target}: writing {path} failed: {reason}; {hint}",)
-    return err
+    return StorageError(
+        "write", where, target, reason, message=f"cannot restore into {target}: writing {path} failed: {reason}; {hint}"
+    )
 
 
 def _remove(path: str) -> None:
