@@ -40,12 +40,13 @@ def _derive_key_ahead(argv: list[str]) -> None:
             return
     if not keyfile:
         return
-    from ..crypto.keyfile import Keyfile
-    from ..errors import CkptVaultError
+    if not os.path.isfile(os.path.expanduser(keyfile)):
+        return  # a pipe (--keyfile <(...)) can be read once only: by the command itself
+    from ..crypto.keyfile import Keyfile, passphrase_secret
 
     try:
-        Keyfile.load(keyfile).kdf.derive_ahead(passphrase)
-    except CkptVaultError:  # missing or damaged: the command reports it itself
+        Keyfile.load(keyfile).kdf.derive_ahead(passphrase_secret(passphrase))
+    except Exception:  # missing, damaged or unreadable: the command reports it itself
         return
 
 

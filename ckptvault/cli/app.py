@@ -89,18 +89,27 @@ def command(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def passphrase_source(passphrase_file: str | None, *, env: str = "CKPTVAULT_PASSPHRASE", prompt: str = "passphrase"):
+def passphrase_source(
+    passphrase_file: str | None,
+    *,
+    env: str = "CKPTVAULT_PASSPHRASE",
+    prompt: str = "passphrase",
+    option: str = "--passphrase-file",
+):
     """Where a passphrase comes from, in order: the file, the environment, a terminal prompt.
-    Returned as a function so nobody is asked unless a keyfile really must be unlocked."""
+    Returned as a function so nobody is asked unless a keyfile really must be unlocked. The keyfile
+    takes each the same way (a trailing newline dropped, bytes that are not UTF-8 kept as they are)."""
 
     def resolve() -> str:
         if passphrase_file:
             try:
-                with open(os.path.expanduser(passphrase_file), encoding="utf-8") as f:
-                    return f.read().rstrip("\r\n")
+                with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
+                    return f.read()
             except OSError as exc:
-                raise UsageError(f"--passphrase-file {passphrase_file}: {exc.strerror}") from None
+                raise UsageError(f"{option} {passphrase_file}: {exc.strerror}") from None
         if env in os.environ:
+            if not os.environ[env].rstrip("\r\n"):  # an unset CI secret, say: not a wrong passphrase
+                raise UsageError(f"{env} is set but empty; set it to the passphrase, or unset it to be asked")
             return os.environ[env]
         if sys.stdin.isatty():
             return getpass.getpass(f"{prompt}: ")

@@ -26,14 +26,14 @@ KeyfilePathOpt = Annotated[
 def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     """A new passphrase: from the file or the environment as is, or asked twice on a terminal."""
     if passphrase_file or env in os.environ:
-        new = passphrase_source(passphrase_file, env=env)()
+        new = passphrase_source(passphrase_file, env=env, option=option)()
     elif sys.stdin.isatty():
         new = getpass.getpass("new passphrase: ")
         if getpass.getpass("repeat the new passphrase: ") != new:
             raise UsageError("the two passphrases differ; nothing was written")
     else:
         raise PassphraseRequiredError(env=env, option=option)
-    if len(new) < 8:
+    if len(new.rstrip("\r\n")) < 8:
         raise UsageError("the passphrase is shorter than 8 characters; choose a longer one")
     return new
 

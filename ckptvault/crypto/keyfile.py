@@ -8,7 +8,12 @@ derived from the passphrase with scrypt (memory-hard; its parameters are in the 
      "wrapped_key": "<base64: nonce:12 | AES-GCM(kek, nonce, master:32, aad) | tag:16>",
      "fingerprint": "<32 hex>"}
 
-    kek = scrypt(passphrase utf-8, salt, n, r, p, length 32);  aad = b"ckptvault-keyfile v1"
+    kek = scrypt(passphrase, salt, n, r, p, length 32);  aad = b"ckptvault-keyfile v1"
+
+The passphrase is taken as UTF-8 without its trailing CR/LF, whatever it came from (a file, the
+environment, a prompt, the API): a secret mounted from a file often ends in a newline, and the same
+secret in an environment variable may or may not. Bytes that are not UTF-8 (an environment variable
+or a file in another encoding) are used as they are.
 
 It is written atomically with mode 0600. Changing the passphrase rewraps the same master
 key, so the repository's data is untouched.
@@ -17,10 +22,13 @@ key, so the repository's data is untouched.
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -45,6 +53,7 @@ FORMAT = "ckptvault-keyfile"
 VERSION = 1
 WRAP_AAD = b"ckptvault-keyfile v1"
 DEFAULT_SCRYPT_N = 2**17  # 128 MiB and ~0.3 s here; raise it, never lower it, for real keys
+MAX_SCRYPT_N = 2**24  # what `key generate --kdf-cost` allows at most (16 GiB of memory)
 SALT_SIZE = 16
 NONCE_SIZE = 12
 
@@ -59,6 +68,19 @@ def resolve_passphrase(source: PassphraseSource) -> str:
     return passphrase
 
 
+def passphrase_secret(passphrase: str) -> bytes:
+    """What scrypt is given for ``passphrase`` (see the module docstring)."""
+    return _encoded(passphrase.rstrip("\r\n"))
+
+
+def _encoded(passphrase: str) -> bytes:
+    try:
+        # surrogateescape gives back the very bytes of an environment variable or a file read with it
+        return passphrase.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise UsageError("the passphrase holds characters that are not text (lone surrogates); type it again") from None
+
+
 @dataclass(frozen=True)
 class KdfParams:
     n: int = DEFAULT_SCRYPT_N
@@ -66,39 +88,51 @@ class KdfParams:
     p: int = 1
     salt: bytes = b""
 
-    def derive(self, passphrase: str) -> bytes:
+    def derive(self, secret: bytes) -> bytes:
         with _AHEAD_LOCK:
-            ahead = _AHEAD.pop((self, _passphrase_digest(passphrase)), None)
+            ahead = _AHEAD.pop((self, hashlib.sha256(secret).digest()), None)
         if ahead is not None:
             return ahead.result()
-        return self._scrypt(passphrase)
+        return self._scrypt(secret)
 
-    def _scrypt(self, passphrase: str) -> bytes:
-        return Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(passphrase.encode("utf-8"))
+    def _scrypt(self, secret: bytes) -> bytes:
+        return Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(secret)
 
-    def derive_ahead(self, passphrase: str) -> None:
+    def derive_ahead(self, secret: bytes) -> None:
         """Start ``derive`` on another thread (scrypt releases the GIL, so it runs on another core);
         the next ``derive`` with these parameters and this passphrase takes its result."""
         future: Future[bytes] = Future()
 
         def run() -> None:
             try:
-                future.set_result(self._scrypt(passphrase))
+                future.set_result(self._scrypt(secret))
             except BaseException as exc:  # handed to whoever takes the result
                 future.set_exception(exc)
 
         with _AHEAD_LOCK:
-            _AHEAD[(self, _passphrase_digest(passphrase))] = future
+            _AHEAD[(self, hashlib.sha256(secret).digest())] = future
         threading.Thread(target=run, name="ckptvault-kdf", daemon=True).start()
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    """Give the written ``tmp`` its name. Without ``overwrite``, a hard link fails if the name
+    appeared meanwhile (two ``key generate`` at once: one loses, neither silently loses its key)."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        if os.path.lexists(path):  # a filesystem without hard links: check, then rename
+            raise FileExistsError(path) from None
+        os.replace(tmp, path)
 
 
 # Derivations started ahead of need (``KdfParams.derive_ahead``), keyed without the passphrase itself.
 _AHEAD: dict[tuple[KdfParams, bytes], Future[bytes]] = {}
 _AHEAD_LOCK = threading.Lock()
-
-
-def _passphrase_digest(passphrase: str) -> bytes:
-    return hashlib.sha256(passphrase.encode("utf-8")).digest()
 
 
 @dataclass(frozen=True)
@@ -124,27 +158,40 @@ class Keyfile:
     ) -> tuple[Keyfile, MasterKey]:
         """A new keyfile for ``master`` (a fresh random key by default). ``salt``, ``nonce``
         and ``created`` exist for known-answer tests; leave them unset."""
-        if not passphrase:
+        secret = passphrase_secret(passphrase)
+        if not secret:
             raise UsageError("the passphrase is empty; choose a long passphrase")
         if scrypt_n < 2 or scrypt_n & (scrypt_n - 1):
             raise UsageError(f"scrypt n={scrypt_n} must be a power of two")
         master = master or MasterKey.generate()
         kdf = KdfParams(n=scrypt_n, salt=salt or secrets.token_bytes(SALT_SIZE))
         nonce = nonce or secrets.token_bytes(NONCE_SIZE)
-        wrapped = nonce + AESGCM(kdf.derive(passphrase)).encrypt(nonce, master.material, WRAP_AAD)
+        wrapped = nonce + AESGCM(kdf.derive(secret)).encrypt(nonce, master.material, WRAP_AAD)
         created = created or datetime.now(timezone.utc).isoformat(timespec="seconds")
         return cls(kdf=kdf, wrapped_key=wrapped, fingerprint=master.fingerprint, created=created), master
 
     def unlock(self, passphrase: str) -> MasterKey:
-        kek = self.kdf.derive(passphrase)
-        try:
-            material = AESGCM(kek).decrypt(self.wrapped_key[:NONCE_SIZE], self.wrapped_key[NONCE_SIZE:], WRAP_AAD)
-        except InvalidTag:
-            raise WrongPassphraseError(self.path or "(in memory)") from None
+        secret = passphrase_secret(passphrase)
+        material = self._unwrap(secret)
+        if material is None:
+            # A keyfile made before trailing newlines were dropped, from a passphrase ending in one:
+            # as given, or as a file that held it (the file's newline is gone by now).
+            legacy = _encoded(passphrase) if passphrase != passphrase.rstrip("\r\n") else secret + b"\n"
+            material = self._unwrap(legacy)
+        if material is None:
+            raise WrongPassphraseError(self.path or "(in memory)")
         master = MasterKey(material)
         if master.fingerprint != self.fingerprint:
             raise KeyfileCorruptError(self.path, "its fingerprint does not match its key")
         return master
+
+    def _unwrap(self, secret: bytes) -> bytes | None:
+        try:
+            return AESGCM(self.kdf.derive(secret)).decrypt(
+                self.wrapped_key[:NONCE_SIZE], self.wrapped_key[NONCE_SIZE:], WRAP_AAD
+            )
+        except InvalidTag:
+            return None
 
     def with_passphrase(self, master: MasterKey, new_passphrase: str) -> Keyfile:
         """The same master key under a new passphrase (and a new salt)."""
@@ -184,10 +231,16 @@ class Keyfile:
             wrapped = base64.b64decode(doc["wrapped_key"], validate=True)
             if len(wrapped) != NONCE_SIZE + MASTER_KEY_SIZE + 16:
                 raise ValueError("wrapped key has the wrong length")
+            n, r, p = (kdf[name] for name in ("n", "r", "p"))
+            if not all(type(v) is int for v in (n, r, p)):
+                raise ValueError("its scrypt parameters are not whole numbers")
+            if not (2 <= n <= MAX_SCRYPT_N and n & (n - 1) == 0 and 1 <= r <= 64 and 1 <= p <= 64 and r * p < 2**20):
+                raise ValueError(f"its scrypt parameters n={n} r={r} p={p} are out of range")
+            salt = base64.b64decode(kdf["salt"], validate=True)
+            if len(salt) != SALT_SIZE:
+                raise ValueError(f"its salt has {len(salt)} bytes, not {SALT_SIZE}")
             return cls(
-                kdf=KdfParams(
-                    n=int(kdf["n"]), r=int(kdf["r"]), p=int(kdf["p"]), salt=base64.b64decode(kdf["salt"], validate=True)
-                ),
+                kdf=KdfParams(n=n, r=r, p=p, salt=salt),
                 wrapped_key=wrapped,
                 fingerprint=str(doc["fingerprint"]),
                 created=str(doc["created"]),
@@ -206,28 +259,48 @@ class Keyfile:
             raise KeyfileNotFoundError(f"keyfile {path} does not exist; give the right path with --keyfile") from None
         except IsADirectoryError:
             raise KeyfileNotFoundError(f"keyfile {path} is a directory; give the keyfile's path") from None
+        except PermissionError:
+            raise KeyfileNotFoundError(
+                f"keyfile {path} cannot be read (permission denied); run as its owner or give a copy you can read"
+            ) from None
         except OSError as exc:
             raise KeyfileCorruptError(path, exc.strerror or str(exc)) from exc
         return cls.from_json(raw, path)
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Keyfile:
-        """Write atomically with mode 0600; refuses to replace a different keyfile unless ``overwrite``."""
-        path = os.path.expanduser(os.fspath(path))
-        if os.path.exists(path) and not overwrite:
-            raise UsageError(f"{path} already exists; a keyfile is never overwritten (pick another path)")
+        """Write atomically with mode 0600; refuses to replace an existing file unless ``overwrite``,
+        and then replaces the file a symlink points to, keeping its mode (and, as root, its owner):
+        a keyfile shared through a link or a group must stay shared."""
+        shown = os.path.expanduser(os.fspath(path))
+        path = os.path.realpath(shown) if overwrite else shown
         directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        exists = UsageError(f"{shown} already exists; a keyfile is never overwritten (pick another path)")
         tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_dir(directory)  # the new name survives a power loss, like the bytes
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return replace(self, path=path)
+            old = os.stat(path) if overwrite and os.path.exists(path) else None
+            if not overwrite and os.path.lexists(path):
+                raise exists
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(self.to_json())
+                    f.flush()
+                    os.fsync(f.fileno())
+                if old is not None:
+                    os.chmod(tmp, stat.S_IMODE(old.st_mode))
+                    if os.geteuid() == 0:  # root rewriting another user's keyfile gives it back to them
+                        os.chown(tmp, old.st_uid, old.st_gid)
+                try:
+                    _publish(tmp, path, overwrite)
+                except FileExistsError:
+                    raise exists from None
+            finally:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+        except OSError as exc:
+            raise UsageError(f"cannot write keyfile {shown}: {exc.strerror or exc}; nothing was changed") from None
+        # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place
+        with contextlib.suppress(OSError):
+            fsync_dir(directory)
+        return replace(self, path=shown)

@@ -1,0 +1,154 @@
+"""Keyfiles in the ways teams keep them: piped in, mounted secrets with newlines, links to a shared
+copy, damaged parameters, foreign encodings, folders that cannot be written, two writers at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ckptvault.crypto import keyfile as keyfile_module
+from ckptvault.crypto.keyfile import NONCE_SIZE, WRAP_AAD, KdfParams, Keyfile
+from ckptvault.crypto.keys import MasterKey
+from ckptvault.errors import UsageError
+
+from .test_cli import one_line_error
+
+PASS = "correct horse battery"
+
+
+@pytest.fixture
+def vault(cli, tmp_path: Path) -> tuple[str, str]:
+    key, repo = str(tmp_path / "team.key"), str(tmp_path / "vault")
+    cli("key", "generate", "-k", key, "--kdf-cost", "14", CKPTVAULT_PASSPHRASE=PASS)
+    cli("init", repo, "--encrypt", "-k", key, CKPTVAULT_PASSPHRASE=PASS)
+    return key, repo
+
+
+def test_a_keyfile_piped_in_opens_with_the_passphrase_in_the_environment(cli, vault, tmp_path: Path):
+    # the head start on scrypt read the pipe first and left the command nothing: "keyfile is corrupt"
+    key, repo = vault
+    env = {**os.environ, "CKPTVAULT_PASSPHRASE": PASS, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    proc = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m ckptvault snapshots --repo "{repo}" --keyfile <(cat "{key}")'],
+        env=env,
+        capture_output=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert b"no snapshots" in proc.stdout
+
+
+def test_a_secret_with_a_trailing_newline_is_the_same_from_a_file_and_the_environment(cli, tmp_path: Path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("team-secret\n")  # as a mounted Kubernetes secret holds it
+    key = str(tmp_path / "k.key")
+    cli("key", "generate", "-k", key, "--kdf-cost", "14", "--passphrase-file", str(secret))
+    for value in ("team-secret\n", "team-secret", "team-secret\r\n"):
+        cli("init", str(tmp_path / f"v{len(value)}"), "--encrypt", "-k", key, CKPTVAULT_PASSPHRASE=value)
+
+
+def test_a_keyfile_made_from_a_passphrase_ending_in_a_newline_still_opens():
+    # before passphrases lost their trailing newline, one from the environment kept it in the key
+    master = MasterKey.generate()
+    kdf = KdfParams(n=2**14, salt=secrets.token_bytes(16))
+    nonce = secrets.token_bytes(NONCE_SIZE)
+    wrapped = nonce + AESGCM(kdf.derive(b"team-secret\n")).encrypt(nonce, master.material, WRAP_AAD)
+    legacy = Keyfile(kdf=kdf, wrapped_key=wrapped, fingerprint=master.fingerprint, created="2026-11-01")
+    assert legacy.unlock("team-secret\n").material == master.material  # the same environment variable
+    assert legacy.unlock("team-secret").material == master.material  # the file that held it
+
+
+def test_a_passphrase_that_is_not_utf8_works_from_the_environment_and_a_file(cli, tmp_path: Path):
+    raw = b"caf\xe9-latin1-secret"  # no traceback, and no byte of it in any message
+    key, repo = str(tmp_path / "k.key"), str(tmp_path / "v")
+    env = {**os.environb, b"XDG_DATA_HOME": str(tmp_path / "xdg").encode(), b"CKPTVAULT_PASSPHRASE": raw}
+    run = [sys.executable, "-m", "ckptvault"]
+    made = subprocess.run([*run, "key", "generate", "-k", key, "--kdf-cost", "14"], env=env, capture_output=True)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "pw").write_bytes(raw + b"\n")
+    cli("init", repo, "--encrypt", "-k", key, "--passphrase-file", str(tmp_path / "pw"))
+    wrong = subprocess.run(
+        [*run, "snapshots", "--repo", repo, "-k", key],
+        env={**env, b"CKPTVAULT_PASSPHRASE": b"caf\xe8-latin1-secret"},
+        capture_output=True,
+    )
+    assert wrong.returncode == 12 and b"\xe8" not in wrong.stderr and "wrong passphrase" in one_line_error(wrong)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("n", 3), ("n", 0), ("n", -4), ("n", 1e400), ("n", 2**40), ("r", -1), ("p", 0), ("salt", ""), ("n", "16384")],
+)
+def test_damaged_scrypt_parameters_are_a_corrupt_keyfile(cli, vault, tmp_path: Path, field, value):
+    key, repo = vault
+    doc = json.loads(Path(key).read_text())
+    doc["kdf"][field] = value
+    bad = tmp_path / "bad.key"
+    bad.write_text(json.dumps(doc))
+    proc = cli("snapshots", "--repo", repo, "-k", str(bad), check=False, CKPTVAULT_PASSPHRASE=PASS)
+    assert proc.returncode == 15, proc.stderr
+    assert "is corrupt" in one_line_error(proc)
+
+
+def test_passwd_through_a_link_changes_the_shared_keyfile_and_keeps_its_mode(cli, vault, tmp_path: Path):
+    key, repo = vault
+    shared = tmp_path / "secrets" / "team.key"
+    shared.parent.mkdir()
+    os.replace(key, shared)
+    os.chmod(shared, 0o640)  # readable by the team's group
+    os.symlink(shared, key)
+    cli("key", "passwd", "-k", key, CKPTVAULT_PASSPHRASE=PASS, CKPTVAULT_NEW_PASSPHRASE="a new passphrase")
+    assert os.path.islink(key)
+    assert os.stat(shared).st_mode & 0o777 == 0o640
+    cli("snapshots", "--repo", repo, "-k", str(shared), CKPTVAULT_PASSPHRASE="a new passphrase")
+    assert not [p for p in shared.parent.iterdir() if p.name != "team.key"], "a temporary file was left"
+
+
+def test_a_keyfile_that_cannot_be_written_is_a_one_line_error(cli, tmp_path: Path):
+    (tmp_path / "afile").write_text("x")
+    proc = cli("key", "generate", "-k", str(tmp_path / "afile" / "k.key"), check=False, CKPTVAULT_PASSPHRASE=PASS)
+    assert proc.returncode == 2
+    assert "cannot write keyfile" in one_line_error(proc)
+
+
+def test_a_keyfile_in_place_is_not_reported_as_a_failure_when_only_the_folder_sync_fails(tmp_path, monkeypatch):
+    def fail(path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(keyfile_module, "fsync_dir", fail)
+    key, master = Keyfile.create(PASS, scrypt_n=2**14)
+    saved = key.save(tmp_path / "k.key")
+    assert Keyfile.load(saved.path).unlock(PASS).material == master.material
+
+
+def test_a_keyfile_that_appears_while_another_is_written_is_not_overwritten(tmp_path, monkeypatch):
+    # two `key generate` at once: the existence check passes for both; the second must not replace the first
+    target = tmp_path / "team.key"
+    first, _ = Keyfile.create(PASS, scrypt_n=2**14)
+    second, _ = Keyfile.create(PASS, scrypt_n=2**14)
+    real_exists, real_lexists = os.path.exists, os.path.lexists
+    first.save(target)
+
+    def not_yet(real):  # the second writer's check ran before the first writer's keyfile landed
+        return lambda path: False if os.fspath(path) == str(target) else real(path)
+
+    monkeypatch.setattr(keyfile_module.os.path, "exists", not_yet(real_exists))
+    monkeypatch.setattr(keyfile_module.os.path, "lexists", not_yet(real_lexists))
+    with pytest.raises(UsageError, match="already exists"):
+        second.save(target)
+    monkeypatch.undo()
+    assert Keyfile.load(target).fingerprint == first.fingerprint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["team.key"]
+
+
+def test_an_empty_passphrase_variable_says_so(cli, vault):
+    key, repo = vault
+    proc = cli("snapshots", "--repo", repo, "-k", key, check=False, CKPTVAULT_PASSPHRASE="")
+    assert proc.returncode == 2
+    assert "CKPTVAULT_PASSPHRASE is set but empty" in one_line_error(proc)
