@@ -266,15 +266,21 @@ class Vault:
         return vault
 
     def close(self) -> None:
-        """Wait for the queued async backups (as at exit), then release the Vault; every method
-        but ``close`` (which may be called again) then raises UsageError."""
+        """Wait for every queued async backup, however long they take (as ``flush()`` does;
+        ``exit_timeout`` bounds only the interpreter's exit), then release the Vault; every method
+        but ``close`` (which may be called again) then raises UsageError. A failed backup was
+        logged when it failed and is not raised here."""
         with self._close_mutex:  # a second caller waits until the first has closed
             if self._closing:
                 return
             self._closing = True
             try:
-                if self._shipper is not None:  # queued backups finish first, as they would at exit
-                    self._shipper.flush_at_exit(reason="before the vault closes", level=logging.INFO)
+                if self._shipper is not None:
+                    # Not bounded: a vault closed in a long-lived process must not drop backups that
+                    # would still ship, and the caller can flush(timeout) first to bound the wait.
+                    waiting = self._shipper.pending()
+                    if waiting:
+                        log.info("ckptvault: waiting for %d queued backup(s) before the vault closes", waiting)
                     self._shipper.close()
             finally:
                 with self._backup_mutex:  # a synchronous backup on another thread finishes first
@@ -666,7 +672,7 @@ class Vault:
         self, *, max_pending: int = DEFAULT_MAX_PENDING, exit_timeout: float | None = DEFAULT_EXIT_TIMEOUT
     ) -> None:
         """How many backups may wait behind the running one, and how long the interpreter's exit
-        waits for queued backups (None: as long as they take)."""
+        waits for queued backups (None: as long as they take; ``close()`` always waits for them)."""
         if int_arg("max_pending", max_pending) < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
         exit_timeout = seconds_arg("exit_timeout", exit_timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -189,3 +190,56 @@ def test_the_exit_wait_is_bounded_and_says_what_was_not_shipped(tmp_path):
     assert elapsed < 15, f"the process took {elapsed:.1f} s to exit"
     assert "not shipped after 0.5 s" in proc.stderr, proc.stderr
     assert "step_1" in proc.stderr
+
+
+def test_close_waits_for_every_queued_backup_without_a_false_error(tmp_path, caplog):
+    # exit_timeout bounds only the interpreter's exit: close() (and leaving a `with`) ships them all
+    ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step) for step in (1, 2)]
+    with caplog.at_level(logging.INFO, logger="ckptvault"), slow_vault(tmp_path, delay=0.2) as vault:
+        vault.configure_async(exit_timeout=0.1)
+        handles = [vault.backup_async(c, tags={"step": c.name[5:]}, on_full="block") for c in ckpts]
+    assert [h.result(timeout=0).tags["step"] for h in handles] == ["1", "2"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("waiting for 2 queued backup(s) before the vault closes" in r.getMessage() for r in caplog.records)
+    with Vault.open(str(tmp_path / "repo")) as reopened:
+        assert sorted(s.tags["step"] for s in reopened.snapshots()) == ["1", "2"]
+    assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists()
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tests.support.slowfs
+    from ckptvault import Vault
+    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"})
+    for path in sys.argv[2:]:
+        vault.backup_async(path, tags={"step": path[-1]}, on_full="block")
+    # no flush: the interpreter's exit waits for them, and the user presses Ctrl-C
+    """
+)
+
+
+def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tmp_path):
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpts = [str(make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)) for step in (1, 2)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_SCRIPT, str(tmp_path / "repo"), *ckpts],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        for line in proc.stderr:  # the exit wait has begun once it says so
+            if "before the interpreter exits" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr
+    assert "exiting with 2 backup(s) not shipped on Ctrl-C" in stderr and "step_1 (step 1)" in stderr, stderr
+    pins = tmp_path / "ckpt" / ".ckptvault-pins"
+    assert f"their pinned files stay in {pins}" in stderr, stderr
+    assert len(os.listdir(pins)) == 2

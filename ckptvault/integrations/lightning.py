@@ -5,12 +5,15 @@
     trainer = pl.Trainer(callbacks=[ModelCheckpoint(...), CkptVaultCallback("s3://bucket/vault", run="exp-7")])
 
 Lightning has no hook after a checkpoint file is written (``on_save_checkpoint`` runs before),
-and it runs ``ModelCheckpoint`` after other callbacks in each hook. So at every following hook
-(the next batch end, epoch end, validation end, and the end of training) the callback looks at
-the files each ``ModelCheckpoint`` knows (last, best, top-k) and hands each new one to
-``backup_async``, which pins it with a hard link before ``save_top_k`` can delete it. The step
-tag comes from the file name (``epoch=0-step=200.ckpt``), else from the checkpoint being saved.
-Only the global-zero process ships. ``on_train_end`` waits for the uploads.
+but ``ModelCheckpoint`` writes only inside its own hooks (batch, epoch and validation end, the
+end of training, an exception), and Lightning runs checkpoint callbacks after all others in
+each hook. So at ``setup`` the callback moves itself to the end of the Trainer's list: in each
+of those hooks it runs right after every ``ModelCheckpoint`` and hands each file they wrote
+(last, best, top-k, the exception checkpoint) to ``backup_async``, which pins it with a hard
+link before ``save_top_k`` can delete it. The step tag comes from the file name
+(``epoch=0-step=200.ckpt``), else from the checkpoint saved. Only the global-zero process
+ships. ``on_train_end`` waits for the uploads; after an exception the interpreter's exit does
+(up to ``exit_timeout``).
 """
 
 from __future__ import annotations
@@ -21,13 +24,21 @@ from typing import Any
 from pytorch_lightning import Callback
 
 from ..ops.names import step_from_name
-from .shipping import Shipping
+from .shipping import Shipping, log
 
 
 class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
     """Arguments: see ``Shipping``; ``step`` comes from the checkpoint's file name or the save."""
 
-    _saving_step: int | None = None  # the global step of the checkpoint being saved, if any
+    _saving_step: int | None = None  # the global step of the last checkpoint saved, if any
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Run after the checkpoint callbacks in every hook, so that each file is queued in the hook
+        # that wrote it, not one batch later (a crash in between would lose it). Not by subclassing
+        # Checkpoint: Lightning would take this for a ModelCheckpoint (no default one added,
+        # enable_checkpointing=False refused, trainer.checkpoint_callback). Setup runs after
+        # Lightning's own reordering; a new list, since Lightning is iterating the old one.
+        trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._saving_step = checkpoint.get("global_step", trainer.global_step)
@@ -36,7 +47,9 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
         if not trainer.is_global_zero:
             return
         for callback in trainer.checkpoint_callbacks:
-            paths = {callback.last_model_path, callback.best_model_path, *callback.best_k_models}
+            # _last_checkpoint_saved is the only record of an exception checkpoint (save_on_exception)
+            names = ("last_model_path", "best_model_path", "_last_checkpoint_saved")
+            paths = {getattr(callback, name, None) for name in names} | set(getattr(callback, "best_k_models", ()))
             for path in sorted(p for p in paths if p):
                 try:
                     st = os.stat(path)
@@ -57,6 +70,14 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._ship_new(trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # Queue only: the exit hook waits for the uploads, and the training error is not held up
+        # by them, nor replaced by an error of ours.
+        try:
+            self._ship_new(trainer)
+        except Exception as exc:
+            log.error("ckptvault: could not queue the checkpoints written before %r: %s", exception, exc)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._ship_new(trainer)

@@ -15,7 +15,8 @@ When the queue is full, the caller's ``on_full`` policy decides:
 
 Failures are set on the handle, logged on the ``ckptvault`` logger, and raised again by the
 next ``flush()``. A transient storage error (``StorageError.retryable``) is retried a few
-times first. At interpreter exit the queue is flushed, for at most ``exit_timeout`` seconds.
+times first. At interpreter exit the queue is flushed, for at most ``exit_timeout`` seconds
+(Ctrl-C ends the wait: exit code 130); ``close()`` runs every queued job first, without a limit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
+import sys
 import threading
 import time
 import weakref
@@ -184,8 +187,32 @@ _exit_hook_registered = False
 
 
 def _flush_all_at_exit() -> None:
-    for shipper in list(_LIVE):
-        shipper.flush_at_exit()
+    shippers = list(_LIVE)
+    try:
+        for shipper in shippers:
+            shipper.flush_at_exit()
+    except KeyboardInterrupt:  # Ctrl-C during the wait: the user gives up on the uploads
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one must not cut the report short
+        for shipper in shippers:
+            shipper.report_unshipped("on Ctrl-C")
+        _exit_interrupted()
+
+
+def _exit_interrupted() -> None:
+    """End the process with 130, as after Ctrl-C. An exception raised in this exit hook would only
+    be printed ("Exception ignored ...") and the exit code would stay 0, so the process ends here:
+    the ``atexit`` handlers run first (logging's flush, the program's cleanup), as they would on
+    a normal exit, then the standard streams are flushed."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except Exception:
+                pass
+        os._exit(130)
 
 
 def _register_exit_hook() -> None:
@@ -314,8 +341,9 @@ class AsyncShipper:
 
     def close(self, *, cancel_pending: bool = False, timeout: float | None = None) -> list[BackupJob]:
         """Stop taking jobs. With ``cancel_pending``, jobs not started are cancelled (and returned,
-        their pins kept for the caller); the running one always finishes. Waits at most
-        ``timeout`` seconds for the worker."""
+        their pins kept for the caller); the running one always finishes. Else the worker runs
+        every queued job before it stops. Waits at most ``timeout`` seconds for the worker (None:
+        as long as the jobs take)."""
         with self._cond:
             self._closed = True
             cancelled: list[BackupJob] = []
@@ -331,35 +359,41 @@ class AsyncShipper:
         _LIVE.discard(self)
         return cancelled
 
-    def flush_at_exit(self, *, reason: str = "before the interpreter exits", level: int = logging.WARNING) -> None:
-        """Wait for the queued backups, at most ``exit_timeout`` seconds, saying so first (a WARNING
-        at exit: the process seems to hang otherwise)."""
+    def flush_at_exit(self) -> None:
+        """Wait for the queued backups, at most ``exit_timeout`` seconds, saying so first (a WARNING:
+        the process seems to hang otherwise); an ERROR line names those not shipped in time. On
+        Ctrl-C, KeyboardInterrupt is raised; the caller reports (``report_unshipped``)."""
         waiting = self.pending()
         if waiting == 0:
             return
         bound = "as long as they take" if self.exit_timeout is None else f"up to {self.exit_timeout:g} s"
-        log.log(
-            level,
-            "ckptvault: waiting %s for %d queued backup(s) %s (configure_async(exit_timeout=...) sets the bound)",
+        log.warning(
+            "ckptvault: waiting %s for %d queued backup(s) before the interpreter exits "
+            "(configure_async(exit_timeout=...) sets the bound)",
             bound,
             waiting,
-            reason,
         )
         try:
             self.flush(self.exit_timeout)
         except FlushTimeoutError:
-            with self._cond:
-                left = ([self._running] if self._running else []) + list(self._pending)
-            kept = sorted({os.path.dirname(p.root) for j in left for p in j.pins})
-            log.error(
-                "ckptvault: exiting with %d backup(s) not shipped after %s s: %s%s",
-                len(left),
-                self.exit_timeout,
-                ", ".join(j.describe() for j in left),
-                f" (their pinned files stay in {', '.join(kept)}: back them up or delete them)" if kept else "",
-            )
+            self.report_unshipped(f"after {self.exit_timeout} s")
         except Exception:
             pass  # each failure was logged when it happened
+
+    def report_unshipped(self, why: str) -> None:
+        """Log at ERROR each backup still queued or running, and where their pins stay."""
+        with self._cond:
+            left = ([self._running] if self._running else []) + list(self._pending)
+        if not left:
+            return
+        kept = sorted({os.path.dirname(p.root) for j in left for p in j.pins})
+        log.error(
+            "ckptvault: exiting with %d backup(s) not shipped %s: %s%s",
+            len(left),
+            why,
+            ", ".join(j.describe() for j in left),
+            f" (their pinned files stay in {', '.join(kept)}: back them up or delete them)" if kept else "",
+        )
 
     # ---- the worker's side -------------------------------------------------------------
 

@@ -1,0 +1,128 @@
+"""The Lightning callback ships every file a ModelCheckpoint writes, including those written after
+all other callbacks ran: last.ckpt at the end of training, the exception checkpoint, and a
+checkpoint saved just before training dies. Real Trainer runs on the CPU, a tiny model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+
+torch = pytest.importorskip("torch", reason="pip install torch==2.13.0")
+pl = pytest.importorskip("pytorch_lightning", reason="pip install ckptvault[lightning]")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Tiny(pl.LightningModule):
+    """training_step calls ``on_fail`` at global step ``fail_at``."""
+
+    def __init__(self, fail_at=None, on_fail=None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.fail_at, self.on_fail = fail_at, on_fail
+
+    def training_step(self, batch, _idx):
+        if self.global_step == self.fail_at:
+            self.on_fail()
+        (x,) = batch
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(model, ckpt_dir, callback, **checkpointing):
+    """10 steps of 4 samples, a ModelCheckpoint keeping every file, then ``callback``."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    trainer = pl.Trainer(
+        max_steps=10,
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1, **checkpointing), callback],
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, loader)
+    return trainer
+
+
+def shipped(vault: Vault) -> dict[str, str]:
+    """The file each snapshot holds, by its step tag."""
+    return {s.tags["step"]: Path(f.path).name for s in vault.snapshots() for f in vault.files(s) if f.type == "file"}
+
+
+def test_last_ckpt_written_at_the_end_of_training_is_shipped(tmp_path, vault):
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    callback = CkptVaultCallback(vault, run="pl")
+    trainer = fit(Tiny(), tmp_path / "ckpts", callback, every_n_train_steps=100, save_last=True)
+
+    assert trainer.global_step == 10 and (tmp_path / "ckpts" / "last.ckpt").exists()
+    assert all(h.done() for h in callback.handles), "on_train_end waited for the upload"
+    assert shipped(vault) == {"10": "last.ckpt"}
+    # Lightning still sees exactly one checkpoint callback: ckpt_path="last" and checkpoint_callback work
+    (checkpointing,) = trainer.checkpoint_callbacks
+    assert trainer.checkpoint_callback is checkpointing and trainer.callbacks[-1] is callback
+
+
+def test_the_exception_checkpoint_is_shipped(tmp_path, vault):
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    def fail():
+        raise RuntimeError("NCCL watchdog timeout (simulated)")
+
+    callback = CkptVaultCallback(vault, run="pl")
+    with pytest.raises(RuntimeError, match="simulated"):
+        fit(
+            Tiny(fail_at=6, on_fail=fail), tmp_path / "ckpts", callback, every_n_train_steps=100, save_on_exception=True
+        )
+    vault.flush(60)  # in a script, the interpreter's exit waits for it
+    assert shipped(vault) == {"6": "epoch=0-step=6.ckpt"}
+
+
+CRASH_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from tests.test_lightning_shipping import Tiny, fit
+    from ckptvault import Vault
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    repo, ckpts, how = sys.argv[1:]
+    vault = Vault.open(repo)
+    callback = CkptVaultCallback(vault, run="pl")
+
+    def crash():
+        if how == "raise":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        # a hard crash (OOM killer, segfault) runs no hook: only what was queued by now can ship;
+        # the flush stands for the upload time that the steps before such a crash give it
+        vault.flush(60)
+        os._exit(3)
+
+    fit(Tiny(fail_at=4, on_fail=crash), ckpts, callback, every_n_train_steps=2)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_checkpoint_saved_right_before_a_crash_is_shipped(tmp_path, repo_url, vault, how):
+    # steps 2 and 4 are saved at their batch end; the very next training step dies
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, repo_url, str(tmp_path / "ckpts"), how],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == (1 if how == "raise" else 3), proc.stderr[-3000:]
+    with Vault.open(repo_url) as written:  # what the crashed process committed
+        assert shipped(written) == {"2": "epoch=0-step=2.ckpt", "4": "epoch=0-step=4.ckpt"}, proc.stderr[-3000:]
