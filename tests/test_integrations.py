@@ -102,3 +102,21 @@ def test_the_callbacks_open_a_vault_by_url(tmp_path):
     callback = CkptVaultCallback(str(tmp_path / "new-vault"), run="x")
     assert isinstance(callback.vault, Vault) and callback.tags == {"run": "x"}
     callback.vault.close()
+
+
+def test_a_callback_given_a_url_uses_the_keyfile_the_cli_would(tmp_path, monkeypatch):
+    # a job exporting CKPTVAULT_KEYFILE for `ckptvault restore` must not get an unencrypted vault
+    pytest.importorskip("transformers")
+    from ckptvault.crypto.keyfile import Keyfile
+    from ckptvault.errors import KeyfileNotFoundError
+    from ckptvault.integrations.hf import CkptVaultCallback
+
+    key, _ = Keyfile.create("job passphrase", scrypt_n=2**14)
+    key = key.save(tmp_path / "job.key")
+    monkeypatch.setenv("CKPTVAULT_KEYFILE", key.path)
+    monkeypatch.setenv("CKPTVAULT_PASSPHRASE", "job passphrase")
+    url = str(tmp_path / "new-vault")
+    CkptVaultCallback(url, run="x").vault.close()
+    with pytest.raises(KeyfileNotFoundError):  # encrypted: no key, no vault
+        Vault.open(url).close()
+    Vault.open(url, keyfile=key.path, passphrase="job passphrase").close()

@@ -7,7 +7,7 @@ import logging
 import os
 
 from ..arguments import seconds_arg, tags_arg, text_arg
-from ..errors import FlushTimeoutError
+from ..errors import FlushTimeoutError, PassphraseRequiredError
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
 from ..vault import Vault
 
@@ -37,7 +37,7 @@ class Shipping:
             self.tags["run"] = text_arg("run", run)
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
-        self.vault = vault if isinstance(vault, Vault) else Vault.open(vault, create=True)
+        self.vault = vault if isinstance(vault, Vault) else _open_by_url(vault)
         self.raise_on_error = raise_on_error
         self.handles: list[BackupHandle] = []
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
@@ -61,3 +61,22 @@ class Shipping:
                 raise
             # each failed upload was logged at ERROR when it failed; this says training went on anyway
             log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)
+
+
+def _open_by_url(url: str | os.PathLike[str]) -> Vault:
+    """Open (or create) the vault as the CLI would in the same job: with ``CKPTVAULT_KEYFILE`` and
+    ``CKPTVAULT_PASSPHRASE`` when set. A job set up for ``ckptvault`` commands must not have its
+    callback create an unencrypted vault at the same URL."""
+    return Vault.open(
+        url,
+        create=True,
+        keyfile=os.environ.get("CKPTVAULT_KEYFILE") or None,
+        passphrase=_passphrase_from_env,  # asked for only if the vault is encrypted
+    )
+
+
+def _passphrase_from_env() -> str:
+    passphrase = os.environ.get("CKPTVAULT_PASSPHRASE")
+    if passphrase is None:
+        raise PassphraseRequiredError()
+    return passphrase
