@@ -1,7 +1,8 @@
-"""Pins (ops/pin.py) at the crash points of their life: a release killed half way."""
+"""Pins (ops/pin.py) at the crash points of their life: a release killed half way, a pin made on a full disk."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -32,3 +33,32 @@ def test_a_release_killed_half_way_is_discarded_not_shipped_partial(tmp_path: Pa
     assert os.path.isdir(p.root)  # what the killed release left behind
     assert pins.load(p.root) is None  # a restart must not take it for a checkpoint to ship
     assert not os.path.exists(p.root)
+
+
+def test_a_pin_that_fails_half_made_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A full disk (ENOSPC) between the pin's folder and its data folder, or while writing its
+    metadata: no folder and no temporary file is left to fill the disk further at each retry."""
+    ckpt = tmp_path / "checkpoint-100"
+    ckpt.mkdir()
+    (ckpt / "model.pt").write_bytes(os.urandom(1000))
+    staging = tmp_path / "staging"
+    makedirs = os.makedirs
+
+    def full_at_data(path, *args, **kwargs):
+        if os.path.basename(path) == pins.DATA:
+            makedirs(os.path.dirname(path))  # the pin's own folder was made, then the disk was full
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(pins.os, "makedirs", full_at_data)
+    with pytest.raises(OSError, match="No space left"):
+        pins.create(str(ckpt), str(staging))
+    monkeypatch.undo()
+    assert os.listdir(staging) == []
+
+    p = pins.create(str(ckpt), str(staging))
+    os.unlink(os.path.join(p.root, pins.META))
+    os.mkdir(os.path.join(p.root, pins.META))  # os.replace onto it fails (EISDIR)
+    with pytest.raises(IsADirectoryError):
+        p.save_meta(digest="0" * 16)
+    assert sorted(os.listdir(p.root)) == [pins.DATA, pins.META]

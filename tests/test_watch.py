@@ -296,3 +296,37 @@ def test_a_failed_backup_keeps_its_pin_exits_non_zero_and_ships_next_time(tmp_pa
     shipped = cli(*args).stdout.decode().splitlines()
     assert len(shipped) == 1 and shipped[0].startswith("shipped step_100 step 100"), shipped
     assert_each_shipped_once(repo, [100], "f")
+
+
+def test_a_local_error_while_pinning_is_warned_once_and_the_checkpoint_ships_once_it_is_gone(tmp_path, repo):
+    """ENOSPC, EIO, EACCES while pinning are local and pass: the sidecar must outlive them. Here
+    a file stands where the pins folder must go (making a pin fails), then a folder where the pin's
+    metadata must go (recording it before its backup fails); as root, permissions would not do."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=e", "--settle", "1.0", "--json")
+    pins_dir.rmdir()
+    pins_dir.write_bytes(b"")
+    publish(str(ckpts), 100, 64 * 1024)
+    watch.wait_for(lambda: any("cannot pin" in line for line in watch.err), what="the pin failure warning")
+    time.sleep(0.5)  # five more polls, each failing again
+    assert watch.proc.poll() is None, watch.err
+    assert sum("step_100: cannot pin" in line for line in watch.err) == 1, watch.err
+
+    pins_dir.unlink()
+    watch.wait_for(lambda: pins_dir.is_dir() and any(pins_dir.glob("*/pin.json")), what="the pin")
+    (meta,) = pins_dir.glob("*/pin.json")
+    meta.unlink()
+    meta.mkdir()
+    watch.wait_for(lambda: any("cannot record its pin" in line for line in watch.err), what="the record warning")
+    time.sleep(0.5)
+    assert watch.proc.poll() is None, watch.err
+    assert sum("cannot record its pin" in line for line in watch.err) == 1, watch.err
+    assert sorted(p.name for p in meta.parent.iterdir()) == ["data", "pin.json"], "no temporary file is left"
+    assert watch.shipped() == []
+
+    meta.rmdir()
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="the checkpoint to ship")
+    assert watch.finish() == 0, watch.err
+    assert_each_shipped_once(repo, [100], "e")

@@ -2,7 +2,9 @@
 
 Trainers publish a checkpoint by writing it under a temporary name and renaming it
 (``tmp-checkpoint-1200`` -> ``checkpoint-1200``, ``latest.pt.tmp`` -> ``latest.pt``); names
-like those are never taken for a finished checkpoint. The step comes from the name
+like those are never taken for a finished checkpoint. Inside a checkpoint only the suffixes
+mean "still being written": formats name finished files with a leading dot (the ``.metadata``
+of torch.distributed.checkpoint, zarr's ``.zarray``). The step comes from the name
 (``checkpoint-1200``, ``step_1200``, ``epoch=3-step=1200.ckpt``, ``ckpt-000120.pt``), or from
 the ``global_step`` of a Hugging Face ``trainer_state.json`` inside the checkpoint.
 """
@@ -29,6 +31,13 @@ def is_temporary(name: str) -> bool:
     """A name that a writer uses before it renames the finished file or folder."""
     lower = name.lower()
     return lower.startswith(TEMP_PREFIXES) or lower.endswith(TEMP_SUFFIXES)
+
+
+def is_unfinished(name: str) -> bool:
+    """A name inside a checkpoint folder that its writer will rename (``.metadata.tmp`` ->
+    ``.metadata``). The prefixes of ``is_temporary`` are left out: below the top level a
+    leading dot or ``tmp_`` is part of a finished file's name."""
+    return name.lower().endswith(TEMP_SUFFIXES)
 
 
 def step_from_name(name: str) -> int | None:

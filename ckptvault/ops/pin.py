@@ -9,6 +9,9 @@ rotation deletes a checkpoint file by file, and mirroring that would empty the p
 A hard link pins the inode, not the bytes: a file rewritten *in place* (same inode) changes in
 the pin too. Writers that publish by rename (write a temporary name, then rename it) and
 writers that write each checkpoint to new files are pinned exactly.
+
+Every file inside a checkpoint is pinned, dot-files included (torch.distributed.checkpoint's
+``.metadata``), except names that end like one still being written (``*.tmp``: names.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .names import is_temporary
+from .names import is_unfinished
 
 log = logging.getLogger("ckptvault")
 
@@ -108,9 +111,14 @@ class Pin:
     def save_meta(self, **extra: object) -> None:
         doc = {"name": self.name, "source": self.source, "source_ino": self.source_ino, "copied": self.copied, **extra}
         tmp = os.path.join(self.root, f".{META}.{secrets.token_hex(4)}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, os.path.join(self.root, META))
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, os.path.join(self.root, META))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk must not be filled further by each retry
+            raise
 
     def release(self) -> None:
         """Delete the pin (its snapshot is durable, or it is no longer wanted). The metadata goes
@@ -128,7 +136,11 @@ def new_pin_root(staging: str) -> str:
     """A fresh pin folder; names sort in creation order, so a restart ships oldest first."""
     os.makedirs(staging, exist_ok=True)
     root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}")
-    os.makedirs(os.path.join(root, DATA))
+    try:
+        os.makedirs(os.path.join(root, DATA))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)  # ENOSPC between the two folders
+        raise
     return root
 
 
@@ -195,7 +207,7 @@ def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, link_only: bool) -> None:
     except FileNotFoundError:
         return
     for entry in entries:
-        if is_temporary(entry.name):
+        if is_unfinished(entry.name):
             continue  # still being written: it is pinned under its final name once renamed
         dst = os.path.join(dst_dir, entry.name)
         try:

@@ -44,7 +44,7 @@ from ..errors import CkptVaultError, SourceError, UsageError, WatchLockedError
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
-from .names import checkpoint_step, is_temporary
+from .names import checkpoint_step, is_temporary, is_unfinished
 
 log = logging.getLogger("ckptvault")
 
@@ -155,6 +155,7 @@ class Watcher:
         self._candidates: dict[str, _Candidate] = {}  # by pin id
         self._done: dict[str, _Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
+        self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
         self._digests: set[str] = set()
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
@@ -254,11 +255,15 @@ class Watcher:
                 entries = [e for e in it if self._wanted(e.name)]
         except FileNotFoundError:
             return
+        except OSError as exc:  # EIO, EACCES: the folder may come back; the sidecar must not die
+            self._warn_once(("list", self.directory), f"cannot list {self.directory}: {exc}; trying again")
+            return
+        self._warned.discard(("list", self.directory))
         for entry in entries:
             try:
                 st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
+            except OSError:
+                continue  # deleted while we looked, or unreadable: the next poll looks again
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # a link names a checkpoint that is watched under its own name
             if entry.path == self.state_dir or (entry.name, st.st_ino) in tracked:
@@ -276,23 +281,24 @@ class Watcher:
         files only disappearing is its deletion in progress (rotation), not a new version."""
         try:
             sig = pins.signature(path)
-        except FileNotFoundError:
-            return False
+        except OSError:
+            return False  # deleted, or unreadable for now: the next poll looks again
         done.size, done.mtime_ns = st.st_size, st.st_mtime_ns
         return not pins.is_subset(sig, done.sig)
 
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
             sig = pins.signature(path)
-        except FileNotFoundError:
-            return
-        if self._digests_loaded.is_set() and pins.digest(sig) in self._digests:
-            self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
-            return  # shipped before (by an earlier run of the watcher)
-        try:
+            if self._digests_loaded.is_set() and pins.digest(sig) in self._digests:
+                self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
+                return  # shipped before (by an earlier run of the watcher)
             pin = pins.create(path, self.pins_dir)
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
+        except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again
+            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
+            return
+        self._warned.discard(("pin", name))
         if pin.source_ino != st.st_ino:  # replaced between the look and the pin: pin what is there now
             pin.release()
             return
@@ -329,8 +335,9 @@ class Watcher:
                 self._drop(cand)  # the pin itself vanished (deleted by hand)
                 continue
             except OSError as exc:
-                self._on_warning(f"{cand.pin.name}: cannot pin: {exc}")
+                self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
+            self._warned.discard(("pin", cand.pin.name))
             if sig != cand.sig:
                 cand.sig, cand.last_change = sig, now
 
@@ -344,16 +351,22 @@ class Watcher:
                 continue
             try:
                 sig = pins.signature(cand.pin.data)
+                cand.digest = pins.digest(sig)
+                if cand.digest in self._digests:
+                    self._finish_done(cand, sig)
+                    self._release(cand)
+                    continue
+                cand.step = checkpoint_step(cand.pin.data)
+                cand.pin.save_meta(digest=cand.digest)
             except FileNotFoundError:
-                self._drop(cand)
+                self._drop(cand)  # the pin itself vanished (deleted by hand)
                 continue
-            cand.digest = pins.digest(sig)
-            if cand.digest in self._digests:
-                self._finish_done(cand, sig)
-                self._release(cand)
+            except OSError as exc:  # a full disk: its state is unchanged, so the next poll tries again
+                self._warn_once(
+                    ("record", cand.pin.name), f"{cand.pin.name}: cannot record its pin: {exc}; trying again"
+                )
                 continue
-            cand.step = checkpoint_step(cand.pin.data)
-            cand.pin.save_meta(digest=cand.digest)
+            self._warned.discard(("record", cand.pin.name))
             tags = {**self.tags, "checkpoint": cand.pin.name, "watch-sig": cand.digest}
             if cand.step is not None:
                 tags["step"] = str(cand.step)
@@ -366,6 +379,12 @@ class Watcher:
             job.future.add_done_callback(functools.partial(self._on_done, cand))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
+
+    def _warn_once(self, key: tuple[str, str], message: str) -> None:
+        """A local error retried at every poll is reported once, until that stage succeeds."""
+        if key not in self._warned:
+            self._warned.add(key)
+            self._on_warning(message)
 
     def _on_done(self, cand: _Candidate, future: Future[Snapshot]) -> None:
         self._finished.put((cand, future))  # on the worker thread: hand over, touch nothing
@@ -386,7 +405,7 @@ class Watcher:
             if outcome is None:
                 snapshot = future.result()
                 self._digests.add(cand.digest)
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):  # unreadable: the next scan finds its digest shipped
                     self._finish_done(cand, pins.signature(cand.pin.data))
                 self._release(cand)
                 shipped = ShippedCheckpoint(
@@ -425,7 +444,8 @@ class Watcher:
     def _release(self, cand: _Candidate) -> None:
         self._candidates.pop(cand.pin.pin_id, None)
         cand.pin.release()
-        os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
+        with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
+            os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
 
     def _drop(self, cand: _Candidate) -> None:
         self._release(cand)
@@ -447,7 +467,7 @@ def _temporary_activity(pin: pins.Pin) -> pins.Signature:
     out = []
     for dirpath, dirnames, filenames in os.walk(pin.source):
         for name in filenames + dirnames:
-            if is_temporary(name):
+            if is_unfinished(name):
                 path = os.path.join(dirpath, name)
                 try:
                     st = os.lstat(path)
