@@ -150,6 +150,33 @@ def test_sigterm_finishes_the_upload_in_flight_and_a_restart_ships_the_rest(tmp_
     assert_each_shipped_once(repo, steps, "t")
 
 
+def test_a_second_signal_abandons_the_upload_at_once_and_a_restart_ships_everything(tmp_path, repo):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(
+        str(ckpts), "--repo", f"slowfile://{repo}", "-o", "delay=1.0", "--tag", "run=t", "--settle", "0.2"
+    )
+    steps = [int(s) for s in run_writer(ckpts, 2).stdout.split()]
+    locks = Path(repo) / "locks"
+    watch.wait_for(lambda: locks.exists() and any(locks.iterdir()), what="the first upload to start")
+    watch.proc.send_signal(signal.SIGTERM)
+    watch.wait_for(lambda: any("again to abort" in line for line in watch.err), what="the first signal's notice")
+    started = time.monotonic()
+    assert watch.finish(signal.SIGTERM) == 130, watch.err
+    assert time.monotonic() - started < 3, "the second signal waited for the upload"
+    assert "Traceback" not in "\n".join(watch.err)
+    assert any(line.startswith("error: aborted during an upload") for line in watch.err), watch.err
+    again = subprocess.run(  # the dead watcher's lock is stale at once on this host
+        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", "run=t", "--once"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert_each_shipped_once(repo, steps, "t")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["after-commit", "mid-upload"])
 def test_sigkill_at_any_moment_then_restart_gives_no_duplicate_and_no_gap(tmp_path, repo, kill_at):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -54,7 +56,7 @@ def watch_cmd(
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
-            raise KeyboardInterrupt  # a second signal: do not wait for the upload
+            _abort()
         stop.set()
         out.info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
 
@@ -112,3 +114,19 @@ def watch_cmd(
     out.info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
     if result.errors:
         raise result.errors[0]
+
+
+def _abort() -> None:
+    """A second signal: end now, without waiting for the upload in flight (a thread cannot be
+    stopped, and unwinding would wait for it in ``Vault.close``). Nothing is lost: a snapshot is
+    committed by its last write, so the abandoned one is either whole or absent, and every pin
+    stays for the next start, which skips what was shipped. The vault's lock of this dead process
+    is stale at once for commands on this host (its PID is gone), after the stale age elsewhere."""
+    sys.stderr.write(
+        "error: aborted during an upload; the checkpoints still pinned ship at the next start "
+        "(nothing partial was committed)\n"
+    )
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(130)
