@@ -357,3 +357,34 @@ def test_a_local_error_while_pinning_is_warned_once_and_the_checkpoint_ships_onc
     watch.wait_for(lambda: len(watch.shipped()) == 1, what="the checkpoint to ship")
     assert watch.finish() == 0, watch.err
     assert_each_shipped_once(repo, [100], "e")
+
+
+def test_a_storage_outage_at_start_is_waited_out_while_checkpoints_are_pinned(tmp_path, monkeypatch):
+    # the list of what was shipped could not load: the sidecar died, and rotation then deleted checkpoints
+    import threading
+
+    from ckptvault.ops import watch as watch_module
+    from tests.support import faultyfs
+
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "1")
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.01")
+    monkeypatch.setattr(watch_module, "RETRY_AFTER", (0.3, 0.3, 0.3, 0.3))
+    url = f"faulty://outage-{os.getpid()}-{time.monotonic_ns()}"
+    Vault.init(url).close()
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "step_1").mkdir(parents=True)
+    (ckpts / "step_1" / "model.pt").write_bytes(b"weights" * 1000)
+    monkeypatch.setitem(faultyfs.FAULTS, "list:/snapshots", list("TTTT"))  # two loads fail, the third works
+    stop, shipped, warnings = threading.Event(), [], []
+    with Vault.open(url) as vault:
+        kwargs = dict(interval=0.05, settle=0.2, stop=stop, on_shipped=shipped.append, on_warning=warnings.append)
+        runner = threading.Thread(target=lambda: vault.watch(str(ckpts), **kwargs))
+        runner.start()
+        deadline = time.monotonic() + 30
+        while not shipped and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        runner.join(30)
+        assert [s.name for s in shipped] == ["step_1"], warnings
+        assert sum("cannot list what was shipped yet" in w for w in warnings) == 1, warnings
+        assert not faultyfs.FAULTS["list:/snapshots"], "the outage was not waited out"

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, SourceError, UsageError, WatchLockedError
+from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
@@ -159,6 +159,7 @@ class Watcher:
         self._digests: set[str] = set()
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
+        self._digests_retry_at: float | None = None  # when to load them again after an outage
         self._finished: queue.SimpleQueue[tuple[_Candidate, Future[Snapshot]]] = queue.SimpleQueue()
         self.result = WatchResult()
 
@@ -168,10 +169,7 @@ class Watcher:
         os.makedirs(self.pins_dir, exist_ok=True)
         with _exclusive(os.path.join(self.state_dir, "lock"), self.directory):
             resumed = self._adopt_pins()
-            # The vault's list of shipped checkpoints may take a while to load (a LIST and a GET
-            # per snapshot): load it beside the polling, which must start at once.
-            loader = threading.Thread(target=self._load_digests, name="ckptvault-watch-index", daemon=True)
-            loader.start()
+            self._start_loading_digests()
             now = time.monotonic()
             self._scan(now)
             self._settle(now)
@@ -192,6 +190,13 @@ class Watcher:
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
         return self.result
 
+    def _start_loading_digests(self) -> None:
+        # The list may take a while to load (a LIST and a GET per snapshot): beside the polling,
+        # which must start at once.
+        self._digests_error = None
+        self._digests_loaded.clear()
+        threading.Thread(target=self._load_digests, name="ckptvault-watch-index", daemon=True).start()
+
     def _load_digests(self) -> None:
         try:
             self._digests = set(self._shipped_digests())
@@ -201,12 +206,24 @@ class Watcher:
             self._digests_loaded.set()
 
     def _shipped_known(self) -> bool:
-        """Whether the vault's shipped digests are loaded (raising what loading them raised)."""
+        """Whether the vault's shipped digests are loaded (raising what loading them raised). A
+        storage outage at start is waited out, outside --once: pinning goes on meanwhile, so
+        rotation cannot win, and the list is loaded again ``RETRY_AFTER[0]`` seconds later."""
         if not self._digests_loaded.is_set():
             return False
-        if self._digests_error is not None:
-            raise self._digests_error
-        return True
+        error = self._digests_error
+        if error is None:
+            return True
+        if self.options.once or not (isinstance(error, StorageError) and error.retryable):
+            raise error
+        now = time.monotonic()
+        if self._digests_retry_at is None:
+            self._warn_once(("digests", ""), f"cannot list what was shipped yet: {error}; pinning meanwhile")
+            self._digests_retry_at = now + RETRY_AFTER[0]
+        elif now >= self._digests_retry_at:
+            self._digests_retry_at = None
+            self._start_loading_digests()
+        return False
 
     def _run_forever(self, shipper: AsyncShipper) -> None:
         while not self._stop.is_set():
