@@ -7,6 +7,7 @@ vault.restore(vault.latest(tags={"run": "x"}), "./resume")
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import os
@@ -54,8 +55,6 @@ from .errors import (
 )
 from .hashing import new_file_hasher
 from .ops.async_backup import (
-    DEFAULT_EXIT_TIMEOUT,
-    DEFAULT_MAX_PENDING,
     AsyncShipper,
     BackupHandle,
     BackupJob,
@@ -99,6 +98,15 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
+
+
+class _Unchanged(enum.Enum):
+    """The default of a setting that keeps its current value when not given (None means something)."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = _Unchanged.UNCHANGED
 OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
 
 
@@ -669,16 +677,20 @@ class Vault:
 
     @_open_only
     def configure_async(
-        self, *, max_pending: int = DEFAULT_MAX_PENDING, exit_timeout: float | None = DEFAULT_EXIT_TIMEOUT
+        self, *, max_pending: int | _Unchanged = UNCHANGED, exit_timeout: float | _Unchanged | None = UNCHANGED
     ) -> None:
-        """How many backups may wait behind the running one, and how long the interpreter's exit
-        waits for queued backups (None: as long as they take; ``close()`` always waits for them)."""
-        if int_arg("max_pending", max_pending) < 1:
+        """How many backups may wait behind the running one (default 2), and how long the
+        interpreter's exit waits for queued backups (default 600 s; None: as long as they take;
+        ``close()`` always waits for them). A setting not given keeps its value."""
+        if max_pending is not UNCHANGED and int_arg("max_pending", max_pending) < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
-        exit_timeout = seconds_arg("exit_timeout", exit_timeout)
+        if exit_timeout is not UNCHANGED:
+            exit_timeout = seconds_arg("exit_timeout", exit_timeout)
         shipper = self._async_shipper()
-        shipper.max_pending = max_pending
-        shipper.exit_timeout = exit_timeout
+        if not isinstance(max_pending, _Unchanged):
+            shipper.max_pending = max_pending
+        if not isinstance(exit_timeout, _Unchanged):
+            shipper.exit_timeout = exit_timeout
 
     def _async_shipper(self) -> AsyncShipper:
         if self._shipper is None:

@@ -243,3 +243,14 @@ def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tm
     pins = tmp_path / "ckpt" / ".ckptvault-pins"
     assert f"their pinned files stay in {pins}" in stderr, stderr
     assert len(os.listdir(pins)) == 2
+
+
+def test_configure_async_changes_only_what_it_is_given(tmp_path):
+    vault = Vault.init(str(tmp_path / "v"))
+    vault.configure_async(exit_timeout=1800)
+    vault.configure_async(max_pending=4)  # used to put exit_timeout back to 600 s
+    shipper = vault._async_shipper()
+    assert (shipper.max_pending, shipper.exit_timeout) == (4, 1800)
+    vault.configure_async(exit_timeout=None)
+    assert (shipper.max_pending, shipper.exit_timeout) == (4, None)
+    vault.close()
