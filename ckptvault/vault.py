@@ -149,9 +149,12 @@ def _refuse_local_non_vault_folder(url: str) -> None:
     if "://" in url and not url.startswith("file://"):
         return
     path = os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
-    if os.path.exists(os.path.join(path, CONFIG_KEY)):
+    # One listing decides: a racing init (Vault.open(create=True) on every rank) writes its config
+    # first, so a listing that shows any other name shows the config too.
+    names = os.listdir(path) if os.path.isdir(path) else []
+    if CONFIG_KEY in names:
         return  # a vault already: init says so itself
-    if os.path.isdir(path) and any(not name.startswith(TEMP_PREFIX) for name in os.listdir(path)):
+    if any(not name.startswith(TEMP_PREFIX) for name in names):
         raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
     parent = os.path.dirname(path)
     while parent != os.path.dirname(parent):
