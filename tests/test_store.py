@@ -308,4 +308,7 @@ def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyP
     )
     FsspecStore("gs://bucket/vault", {"project": "p", "token": "anon", "endpoint_url": "http://127.0.0.1:9"})
     FsspecStore("az://container/vault", {"account_name": "a", "connection_string": "x", "anon": True})
+    # extras the libraries hand to their SDKs: aiobotocore's profile, DefaultAzureCredential's keywords
+    FsspecStore("s3://bucket/vault?profile=prod")
+    FsspecStore("az://container/vault", {"managed_identity_client_id": "x", "exclude_environment_credential": True})
     FsspecStore("sftp://u@127.0.0.1:9/vault", {"key_filename": "k", "look_for_keys": False, "timeout": 3})

@@ -32,10 +32,13 @@ RENAME_PUT = frozenset({"sftp", "ssh"})  # no atomic PUT: write a temp name, the
 POOLED = frozenset({"sftp", "ssh"})
 CONDITIONAL_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"})
 S3 = frozenset({"s3", "s3a"})
-# Filesystems that hand keyword options they do not name on to fsspec's base class, which ignores
-# them: a misspelt option (``endpoint_ur=...``) would be dropped and the vault opened elsewhere.
-CHECKED_OPTIONS = frozenset({"file", "local", "memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
-# fsspec's SFTP passes them on to paramiko's connect, whose TypeError would surface as a storage failure
+# Where a storage option the filesystem does not name goes. Local and memory filesystems hand it to
+# fsspec, which drops it; fsspec's SFTP to paramiko's connect, whose TypeError would surface as a
+# storage failure: any such option is refused. s3fs, gcsfs and adlfs pass extras on to their SDKs
+# (s3fs's ``profile`` to aiobotocore, adlfs's to DefaultAzureCredential): only a near miss of a name
+# they take is refused, a misspelt ``endpoint_url`` that would send the vault to AWS.
+STRICT_OPTIONS = frozenset({"file", "local", "memory", "sftp", "ssh"})
+TYPO_CHECKED_OPTIONS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 SFTP = frozenset({"sftp", "ssh"})
 # fsspec's own options, taken by every filesystem: listing and instance caches, the event loop
 FSSPEC_OPTIONS = frozenset(
@@ -105,9 +108,9 @@ def bucket_of(protocol: str, root: str) -> str:
 
 def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
     """What is wrong with the option ``names`` given for a ``protocol`` filesystem of class ``cls``,
-    or None. Known: every parameter the class's ``__init__`` names, and its bases' as far as each
-    passes ``**kwargs`` on."""
-    if protocol not in CHECKED_OPTIONS | SFTP or not names:
+    or None (see STRICT_OPTIONS). Known: every parameter the class's ``__init__`` names, and its
+    bases' as far as each passes ``**kwargs`` on."""
+    if protocol not in STRICT_OPTIONS | TYPO_CHECKED_OPTIONS or not names:
         return None
     if protocol in SFTP:
         import paramiko  # type: ignore[import-untyped]
@@ -122,13 +125,13 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
             known.update(_named(init))
             if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
                 break
-    unknown = sorted(names - known)
-    if not unknown:
-        return None
-    close = difflib.get_close_matches(unknown[0], known, n=1)
-    suggestion = f" (did you mean {close[0]}?)" if close else ""
-    where = "a local folder" if protocol in ("file", "local") else f"{protocol}://"
-    return f"{where} takes no storage option {unknown[0]!r}{suggestion}; the options are in docs/backends.md"
+    for name in sorted(names - known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close or protocol in STRICT_OPTIONS:
+            suggestion = f" (did you mean {close[0]}?)" if close else ""
+            where = "a local folder" if protocol in ("file", "local") else f"{protocol}://"
+            return f"{where} takes no storage option {name!r}{suggestion}; the options are in docs/backends.md"
+    return None
 
 
 def _named(function: Any) -> set[str]:
