@@ -101,11 +101,11 @@ def test_passwd_through_a_link_changes_the_shared_keyfile_and_keeps_its_mode(cli
     shared = tmp_path / "secrets" / "team.key"
     shared.parent.mkdir()
     os.replace(key, shared)
-    os.chmod(shared, 0o640)  # readable by the team's group
+    os.chmod(shared, 0o644)  # readable by the team's group, and (by mistake) by everyone
     os.symlink(shared, key)
     cli("key", "passwd", "-k", key, CKPTVAULT_PASSPHRASE=PASS, CKPTVAULT_NEW_PASSPHRASE="a new passphrase")
     assert os.path.islink(key)
-    assert os.stat(shared).st_mode & 0o777 == 0o640
+    assert os.stat(shared).st_mode & 0o777 == 0o640, "the group keeps it, others lose it"
     cli("snapshots", "--repo", repo, "-k", str(shared), CKPTVAULT_PASSPHRASE="a new passphrase")
     assert not [p for p in shared.parent.iterdir() if p.name != "team.key"], "a temporary file was left"
 
@@ -152,3 +152,20 @@ def test_an_empty_passphrase_variable_says_so(cli, vault):
     proc = cli("snapshots", "--repo", repo, "-k", key, check=False, CKPTVAULT_PASSPHRASE="")
     assert proc.returncode == 2
     assert "CKPTVAULT_PASSPHRASE is set but empty" in one_line_error(proc)
+
+
+def test_a_keyfile_is_made_only_with_parameters_it_can_be_loaded_with(tmp_path):
+    with pytest.raises(UsageError, match="at most 2"):
+        Keyfile.create(PASS, scrypt_n=2**25)
+
+
+def test_a_filesystem_without_hard_links_still_gets_its_keyfile(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise OSError(38, "Function not implemented")  # ENOSYS, as a FUSE filesystem answers
+
+    monkeypatch.setattr(keyfile_module.os, "link", no_links)
+    key, master = Keyfile.create(PASS, scrypt_n=2**14)
+    saved = key.save(tmp_path / "k.key")
+    assert Keyfile.load(saved.path).unlock(PASS).material == master.material
+    with pytest.raises(UsageError, match="already exists"):
+        key.save(tmp_path / "k.key")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -122,10 +121,10 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
         return
     try:
         os.link(tmp, path)
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
-            raise
-        if os.path.lexists(path):  # a filesystem without hard links: check, then rename
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (EPERM, ENOTSUP, ENOSYS, ...): check, then rename
+        if os.path.lexists(path):
             raise FileExistsError(path) from None
         os.replace(tmp, path)
 
@@ -161,8 +160,8 @@ class Keyfile:
         secret = passphrase_secret(passphrase)
         if not secret:
             raise UsageError("the passphrase is empty; choose a long passphrase")
-        if scrypt_n < 2 or scrypt_n & (scrypt_n - 1):
-            raise UsageError(f"scrypt n={scrypt_n} must be a power of two")
+        if not 2 <= scrypt_n <= MAX_SCRYPT_N or scrypt_n & (scrypt_n - 1):
+            raise UsageError(f"scrypt n={scrypt_n} must be a power of two, at most 2^24")
         master = master or MasterKey.generate()
         kdf = KdfParams(n=scrypt_n, salt=salt or secrets.token_bytes(SALT_SIZE))
         nonce = nonce or secrets.token_bytes(NONCE_SIZE)
@@ -269,8 +268,8 @@ class Keyfile:
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Keyfile:
         """Write atomically with mode 0600; refuses to replace an existing file unless ``overwrite``,
-        and then replaces the file a symlink points to, keeping its mode (and, as root, its owner):
-        a keyfile shared through a link or a group must stay shared."""
+        and then replaces the file a symlink points to, keeping its owner's and group's permissions
+        (and, as root, its owner): a keyfile shared through a link or a group must stay shared."""
         shown = os.path.expanduser(os.fspath(path))
         path = os.path.realpath(shown) if overwrite else shown
         directory = os.path.dirname(os.path.abspath(path))
@@ -288,9 +287,10 @@ class Keyfile:
                     f.flush()
                     os.fsync(f.fileno())
                 if old is not None:
-                    os.chmod(tmp, stat.S_IMODE(old.st_mode))
+                    os.chmod(tmp, stat.S_IMODE(old.st_mode) & 0o770)  # a team's group keeps it; others never
                     if os.geteuid() == 0:  # root rewriting another user's keyfile gives it back to them
-                        os.chown(tmp, old.st_uid, old.st_gid)
+                        with contextlib.suppress(OSError):  # root_squash, user namespaces: stays root's
+                            os.chown(tmp, old.st_uid, old.st_gid)
                 try:
                     _publish(tmp, path, overwrite)
                 except FileExistsError:
