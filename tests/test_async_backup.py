@@ -212,18 +212,22 @@ CTRL_C_SCRIPT = textwrap.dedent(
     import tests.support.slowfs
     from ckptvault import Vault
     vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"})
-    for path in sys.argv[2:]:
+    for path in [a for a in sys.argv[2:] if not a.startswith("--")]:
         vault.backup_async(path, tags={"step": path[-1]}, on_full="block")
+    if "--as-lightning" in sys.argv:  # Lightning ignores SIGINT once it has handled a first Ctrl-C
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     # no flush: the interpreter's exit waits for them, and the user presses Ctrl-C
     """
 )
 
 
-def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--as-lightning"]])
+def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tmp_path, extra):
     Vault.init(str(tmp_path / "repo")).close()
     ckpts = [str(make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)) for step in (1, 2)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_SCRIPT, str(tmp_path / "repo"), *ckpts],
+        [sys.executable, "-c", CTRL_C_SCRIPT, str(tmp_path / "repo"), *ckpts, *extra],
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,

@@ -37,7 +37,7 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(model, ckpt_dir, callback, **checkpointing):
+def fit(model, ckpt_dir, callback, batches_per_epoch=None, **checkpointing):
     """10 steps of 4 samples, a ModelCheckpoint keeping every file, then ``callback``."""
     from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -45,6 +45,7 @@ def fit(model, ckpt_dir, callback, **checkpointing):
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
     trainer = pl.Trainer(
         max_steps=10,
+        limit_train_batches=batches_per_epoch,
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1, **checkpointing), callback],
         accelerator="cpu",
         logger=False,
@@ -96,7 +97,7 @@ CRASH_SCRIPT = textwrap.dedent(
     from ckptvault import Vault
     from ckptvault.integrations.lightning import CkptVaultCallback
 
-    repo, ckpts, how = sys.argv[1:]
+    repo, ckpts, how, when = sys.argv[1:]
     vault = Vault.open(repo)
     callback = CkptVaultCallback(vault, run="pl")
 
@@ -108,16 +109,20 @@ CRASH_SCRIPT = textwrap.dedent(
         vault.flush(60)
         os._exit(3)
 
-    fit(Tiny(fail_at=4, on_fail=crash), ckpts, callback, every_n_train_steps=2)
+    if when == "step":  # saves at steps 2 and 4, dies in step 5
+        fit(Tiny(fail_at=4, on_fail=crash), ckpts, callback, every_n_train_steps=2)
+    else:  # epochs of 2 steps, saved at each epoch's end; dies in the first step of the third epoch
+        fit(Tiny(fail_at=4, on_fail=crash), ckpts, callback, batches_per_epoch=2, every_n_epochs=1)
     """
 )
 
 
-@pytest.mark.parametrize("how", ["raise", "exit"])
-def test_a_checkpoint_saved_right_before_a_crash_is_shipped(tmp_path, repo_url, vault, how):
-    # steps 2 and 4 are saved at their batch end; the very next training step dies
+@pytest.mark.parametrize("how, when", [("raise", "step"), ("exit", "step"), ("exit", "epoch")])
+def test_a_checkpoint_saved_right_before_a_crash_is_shipped(tmp_path, repo_url, vault, how, when):
+    # steps 2 and 4 are saved at their batch end, or at the end of the epochs that end there; the
+    # very next training step dies (Lightning runs an epoch end's checkpoint callbacks after all others)
     proc = subprocess.run(
-        [sys.executable, "-c", CRASH_SCRIPT, repo_url, str(tmp_path / "ckpts"), how],
+        [sys.executable, "-c", CRASH_SCRIPT, repo_url, str(tmp_path / "ckpts"), how, when],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -125,4 +130,5 @@ def test_a_checkpoint_saved_right_before_a_crash_is_shipped(tmp_path, repo_url, 
     )
     assert proc.returncode == (1 if how == "raise" else 3), proc.stderr[-3000:]
     with Vault.open(repo_url) as written:  # what the crashed process committed
-        assert shipped(written) == {"2": "epoch=0-step=2.ckpt", "4": "epoch=0-step=4.ckpt"}, proc.stderr[-3000:]
+        second = "epoch=0-step=4.ckpt" if when == "step" else "epoch=1-step=4.ckpt"
+        assert shipped(written) == {"2": "epoch=0-step=2.ckpt", "4": second}, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError
 from ..vault import Vault
 from ..version import __version__
@@ -108,9 +109,7 @@ def passphrase_source(
             except OSError as exc:
                 raise UsageError(f"{option} {passphrase_file}: {exc.strerror}") from None
         if env in os.environ:
-            if not os.environ[env].rstrip("\r\n"):  # an unset CI secret, say: not a wrong passphrase
-                raise UsageError(f"{env} is set but empty; set it to the passphrase, or unset it to be asked")
-            return os.environ[env]
+            return passphrase_from_env(env)
         if sys.stdin.isatty():
             return getpass.getpass(f"{prompt}: ")
         raise PassphraseRequiredError()

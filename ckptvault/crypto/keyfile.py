@@ -67,6 +67,17 @@ def resolve_passphrase(source: PassphraseSource) -> str:
     return passphrase
 
 
+def passphrase_from_env(env: str = "CKPTVAULT_PASSPHRASE") -> str:
+    """The passphrase in ``env``; PassphraseRequiredError when it is not set, UsageError when it is
+    set but empty (an unset CI secret, say: not a wrong passphrase)."""
+    passphrase = os.environ.get(env)
+    if passphrase is None:
+        raise PassphraseRequiredError(env=env)
+    if not passphrase.rstrip("\r\n"):
+        raise UsageError(f"{env} is set but empty; set it to the passphrase, or unset it to be asked")
+    return passphrase
+
+
 def passphrase_secret(passphrase: str) -> bytes:
     """What scrypt is given for ``passphrase`` (see the module docstring)."""
     return _encoded(passphrase.rstrip("\r\n"))

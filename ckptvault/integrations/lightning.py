@@ -71,6 +71,12 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._ship_new(trainer)
 
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        # on_train_epoch_end is the one hook where Lightning runs checkpoint callbacks in a second
+        # pass after all others, whatever their order: an epoch-end save is queued here, before the
+        # next step (or in on_train_end after the last epoch)
+        self._ship_new(trainer)
+
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Queue only: the exit hook waits for the uploads, and the training error is not held up
         # by them, nor replaced by an error of ours.

@@ -7,7 +7,8 @@ import logging
 import os
 
 from ..arguments import seconds_arg, tags_arg, text_arg
-from ..errors import FlushTimeoutError, PassphraseRequiredError
+from ..crypto.keyfile import passphrase_from_env
+from ..errors import FlushTimeoutError
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
 from ..vault import Vault
 
@@ -71,12 +72,5 @@ def _open_by_url(url: str | os.PathLike[str]) -> Vault:
         url,
         create=True,
         keyfile=os.environ.get("CKPTVAULT_KEYFILE") or None,
-        passphrase=_passphrase_from_env,  # asked for only if the vault is encrypted
+        passphrase=passphrase_from_env,  # asked for only if the vault is encrypted
     )
-
-
-def _passphrase_from_env() -> str:
-    passphrase = os.environ.get("CKPTVAULT_PASSPHRASE")
-    if passphrase is None:
-        raise PassphraseRequiredError()
-    return passphrase

@@ -188,6 +188,9 @@ _exit_hook_registered = False
 
 def _flush_all_at_exit() -> None:
     shippers = list(_LIVE)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Lightning ignores SIGINT once it has handled a Ctrl-C; the wait must stay interruptible
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for shipper in shippers:
             shipper.flush_at_exit()

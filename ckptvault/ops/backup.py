@@ -33,7 +33,7 @@ from ..snapshot.manifest import encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .deltabase import BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
-from .memory import INFLIGHT_BYTES, release_freed_memory
+from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
 from .scan import SourceItem, scan_sources
@@ -138,6 +138,7 @@ class _Pipeline:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+@releasing_freed_memory
 def run_backup(
     repo: Repository,
     sources: list[str],
@@ -205,7 +206,6 @@ def run_backup(
             if planner is not None:
                 planner.close()
             progress.finish()
-            release_freed_memory()
 
         tree_id = repo.save_tree(encode_tree(entries))
         file_entries = [e for e in entries if e.type == "file"]

@@ -11,8 +11,14 @@ file-order hash, both serial) can take in while the workers code the next ones.
 from __future__ import annotations
 
 import ctypes
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 INFLIGHT_BYTES = 32 * 1024 * 1024
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def release_freed_memory() -> None:
@@ -26,3 +32,16 @@ def release_freed_memory() -> None:
     except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl, Windows): it returns memory itself
         return
     trim(0)
+
+
+def releasing_freed_memory(operation: Callable[P, R]) -> Callable[P, R]:
+    """``operation``, then ``release_freed_memory``, also when it fails (after its cleanup)."""
+
+    @functools.wraps(operation)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return operation(*args, **kwargs)
+        finally:
+            release_freed_memory()
+
+    return run

@@ -43,7 +43,7 @@ from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
 from ..store.failures import Kind, classify
 from ..store.localwrite import pwrite_all
-from .memory import INFLIGHT_BYTES, release_freed_memory
+from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
@@ -265,6 +265,7 @@ def _remove(path: str) -> None:
     os.unlink(path)
 
 
+@releasing_freed_memory
 def run_restore(
     repo: Repository,
     tree: list[FileEntry],
@@ -314,18 +315,15 @@ def run_restore(
         if entry.type == "dir":
             os.makedirs(planner.dest(entry), exist_ok=True)
     zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
-            for entry in files:
-                dest = planner.dest(entry)
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                try:
-                    _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
-                    written += entry.size
-                except IntegrityError as exc:
-                    failures.append(str(exc))
-    finally:
-        release_freed_memory()
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
+        for entry in files:
+            dest = planner.dest(entry)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
+                written += entry.size
+            except IntegrityError as exc:
+                failures.append(str(exc))
     for entry in entries:
         if entry.type == "symlink" and entry.path not in planner.skip:
             dest = planner.dest(entry)

@@ -451,6 +451,7 @@ class Repository:
         self._unindexed = {}
         self._pending = set()
         self._writer = None  # the open pack is dropped
+        self._spare_buffers.clear()
         self._index = None  # reloaded from the durable index objects when next used
         self._seen_index_ids = set()
 
