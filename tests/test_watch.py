@@ -88,6 +88,17 @@ def run_writer(directory: Path, count: int, *extra: str) -> subprocess.Completed
     )
 
 
+def watch_once(ckpts: Path, repo: str, run: str) -> subprocess.CompletedProcess:
+    """A restart: ``watch --once`` with the real CLI, shipping what an earlier watcher left."""
+    return subprocess.run(
+        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", f"run={run}", "--once"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def assert_each_shipped_once(repo: str, steps: list[int], run: str) -> None:
     """One snapshot per checkpoint written, each with the writer's exact bytes."""
     with Vault.open(repo) as vault:
@@ -138,13 +149,7 @@ def test_sigterm_finishes_the_upload_in_flight_and_a_restart_ships_the_rest(tmp_
     assert len(os.listdir(ckpts / ".ckptvault-watch" / "pins")) == len(steps) - 1, "the rest stay pinned"
     with Vault.open(repo) as vault:
         assert len(vault.snapshots()) == 1
-    again = subprocess.run(
-        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", "run=t", "--once"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = watch_once(ckpts, repo, "t")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("shipped ") == len(steps) - 1, again.stdout
     assert_each_shipped_once(repo, steps, "t")
@@ -166,13 +171,7 @@ def test_a_second_signal_abandons_the_upload_at_once_and_a_restart_ships_everyth
     assert time.monotonic() - started < 3, "the second signal waited for the upload"
     assert "Traceback" not in "\n".join(watch.err)
     assert any(line.startswith("error: aborted during an upload") for line in watch.err), watch.err
-    again = subprocess.run(  # the dead watcher's lock is stale at once on this host
-        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", "run=t", "--once"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = watch_once(ckpts, repo, "t")  # the dead watcher's lock is stale at once on this host
     assert again.returncode == 0, again.stderr
     assert_each_shipped_once(repo, steps, "t")
 
@@ -203,13 +202,7 @@ def test_sigkill_at_any_moment_then_restart_gives_no_duplicate_and_no_gap(tmp_pa
     pinned = len(os.listdir(ckpts / ".ckptvault-watch" / "pins"))
     print(f"killed {kill_at}: {committed()} committed, {pinned} pinned, {len(watch.shipped())} printed")
     assert committed() + pinned >= len(steps), "every checkpoint was either shipped or pinned before the kill"
-    again = subprocess.run(
-        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--tag", "run=k", "--once"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = watch_once(ckpts, repo, "k")
     assert again.returncode == 0, again.stderr
     assert_each_shipped_once(repo, steps, "k")
 
