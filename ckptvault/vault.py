@@ -98,6 +98,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
+OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
 
 
 class _Unchanged(enum.Enum):
@@ -107,7 +108,6 @@ class _Unchanged(enum.Enum):
 
 
 UNCHANGED = _Unchanged.UNCHANGED
-OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
 
 
 def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatenate[Vault, P], R]:
@@ -685,11 +685,11 @@ class Vault:
         """How many backups may wait behind the running one (default 2), and how long the
         interpreter's exit waits for queued backups (default 600 s; None: as long as they take;
         ``close()`` always waits for them). A setting not given keeps its value."""
-        if max_pending is not UNCHANGED and int_arg("max_pending", max_pending) < 1:
+        if not isinstance(max_pending, _Unchanged) and int_arg("max_pending", max_pending) < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
-        if exit_timeout is not UNCHANGED:
+        if not isinstance(exit_timeout, _Unchanged):
             exit_timeout = seconds_arg("exit_timeout", exit_timeout)
-        shipper = self._async_shipper()
+        shipper = self._async_shipper()  # both checked before either changes
         if not isinstance(max_pending, _Unchanged):
             shipper.max_pending = max_pending
         if not isinstance(exit_timeout, _Unchanged):

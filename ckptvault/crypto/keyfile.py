@@ -288,8 +288,6 @@ class Keyfile:
         tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
         try:
             old = os.stat(path) if overwrite and os.path.exists(path) else None
-            if not overwrite and os.path.lexists(path):
-                raise exists
             os.makedirs(directory, mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:

@@ -22,6 +22,7 @@ times first. At interpreter exit the queue is flushed, for at most ``exit_timeou
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -210,11 +211,8 @@ def _exit_interrupted() -> None:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:
-                pass
+            with contextlib.suppress(Exception):  # a closed or missing stream
+                stream.flush()
         os._exit(130)
 
 
