@@ -48,7 +48,8 @@ def watch_cmd(
     """Watch a checkpoint folder: pin each complete checkpoint at once, back it up tagged with its step.
 
     Prints one line per shipped checkpoint (one JSON object per line with --json). SIGTERM or
-    Ctrl-C stops it after the upload in flight; pinned checkpoints wait for the next start."""
+    Ctrl-C stops it after the upload in flight (a second one abandons that upload, exit 130);
+    pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     check_watch_args(directory, tags, interval, settle)  # before the default vault may be created
