@@ -45,7 +45,6 @@ from ..errors import (
     UsageError,
     WrongPassphraseError,
 )
-from ..store.localwrite import fsync_dir
 from .keys import MASTER_KEY_SIZE, MasterKey
 
 FORMAT = "ckptvault-keyfile"
@@ -309,7 +308,11 @@ class Keyfile:
                     os.unlink(tmp)
         except OSError as exc:
             raise UsageError(f"cannot write keyfile {shown}: {exc.strerror or exc}; nothing was changed") from None
-        # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place
+        # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place.
+        # Imported here: loading the store package takes ~45 ms (fsspec), and the CLI's scrypt head
+        # start imports this module first thing (cli/__init__.py): every ms there delays the data.
+        from ..store.localwrite import fsync_dir
+
         with contextlib.suppress(OSError):
             fsync_dir(directory)
         return replace(self, path=shown)
