@@ -62,7 +62,7 @@ from .ops.async_backup import (
     check_on_full,
     make_job,
 )
-from .ops.backup import run_backup
+from .ops.backup import run_backup, twin_snapshot
 from .ops.check import CheckReport, run_check
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
@@ -416,6 +416,7 @@ class Vault:
         force_read: bool = False,
         skip_unreadable: bool = False,
         on_change: str = "warn",
+        skip_if_unchanged: bool = False,
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> Snapshot:
@@ -426,6 +427,11 @@ class Vault:
         changes while it is read is read once more; if it changes again, ``on_change`` decides:
         "warn" stores the bytes read and warns, "skip" leaves the file out and warns, "fail"
         raises SourceError and writes no snapshot.
+
+        ``skip_if_unchanged``: when the newest snapshot from this host that carries all of
+        ``tags``, of sources with the same names, holds exactly these files (paths, modes, mtimes,
+        sizes, content hashes), no snapshot is written and that one is returned (its ``time``
+        then predates the call).
         """
         sources = paths_arg(paths)
         tags = tags_arg(tags)
@@ -445,6 +451,7 @@ class Vault:
             # Delta coding's bases come from the previous save of the same run (ops/deltabase.py).
             deltas = self._repo.codec.compressor.deltas
             reference = reference_snapshot(every, hostname, tags, parent) if deltas else None
+            twin = twin_snapshot(every, hostname, tags, abs_paths) if skip_if_unchanged else None
             result = run_backup(
                 self._repo,
                 sources,
@@ -460,6 +467,7 @@ class Vault:
                 before_commit=lock.verify,
                 reference=reference,
                 reference_tree=parent_tree if reference is parent else self.files(reference) if reference else None,
+                unless_same_as=(twin, self.files(twin)) if twin else None,
             )
         for warning in result.warnings:
             log.warning(warning)
@@ -651,13 +659,15 @@ class Vault:
         hostname: str | None = None,
         on_full: OnFull = "coalesce",
         pin: bool = True,
+        skip_if_unchanged: bool = False,
     ) -> BackupHandle:
         """Queue a backup and return at once; a worker thread runs it (docs/training.md).
 
         The sources are pinned first (hard links beside them, microseconds per file), so the
         trainer may delete them as soon as this returns. When ``max_pending`` backups are
         already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
-        BackupSupersededError) and ``"block"`` waits for a slot."""
+        BackupSupersededError) and ``"block"`` waits for a slot. ``skip_if_unchanged``: as for
+        ``backup``."""
         if self._closing:
             raise UsageError(CLOSED_MESSAGE)
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
@@ -667,7 +677,9 @@ class Vault:
         hostname = text_arg("hostname", hostname, optional=True)
         check_on_full(on_full)
         shipper = self._async_shipper()
-        job = make_job(sources, tags=tags, description=description, hostname=hostname, pin=pin)
+        job = make_job(
+            sources, tags=tags, description=description, hostname=hostname, pin=pin, skip_if_unchanged=skip_if_unchanged
+        )
         return shipper.submit(job, on_full=on_full)
 
     @_open_only
@@ -706,6 +718,7 @@ class Vault:
             tags=job.tags,
             description=job.description,
             hostname=job.hostname,
+            skip_if_unchanged=job.skip_if_unchanged,
             on_warning=job.warnings.append,
         )
 

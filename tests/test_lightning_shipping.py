@@ -37,14 +37,14 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(model, ckpt_dir, callback, batches_per_epoch=None, **checkpointing):
-    """10 steps of 4 samples, a ModelCheckpoint keeping every file, then ``callback``."""
+def fit(model, ckpt_dir, callback, batches_per_epoch=None, max_steps=10, ckpt_path=None, **checkpointing):
+    """``max_steps`` steps of 4 samples (16 per epoch), a ModelCheckpoint keeping every file, then ``callback``."""
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
     trainer = pl.Trainer(
-        max_steps=10,
+        max_steps=max_steps,
         limit_train_batches=batches_per_epoch,
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=-1, **checkpointing), callback],
         accelerator="cpu",
@@ -52,7 +52,7 @@ def fit(model, ckpt_dir, callback, batches_per_epoch=None, **checkpointing):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, loader)
+    trainer.fit(model, loader, ckpt_path=ckpt_path)
     return trainer
 
 
@@ -132,3 +132,62 @@ def test_a_checkpoint_saved_right_before_a_crash_is_shipped(tmp_path, repo_url, 
     with Vault.open(repo_url) as written:  # what the crashed process committed
         second = "epoch=0-step=4.ckpt" if when == "step" else "epoch=1-step=4.ckpt"
         assert shipped(written) == {"2": "epoch=0-step=2.ckpt", "4": second}, proc.stderr[-3000:]
+
+
+def test_a_resumed_run_does_not_ship_again_what_the_first_run_shipped(tmp_path, vault):
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    ckpts = tmp_path / "ckpts"  # on_full="block": no checkpoint is dropped for a newer one
+    fit(Tiny(), ckpts, CkptVaultCallback(vault, run="pl", on_full="block"), every_n_train_steps=5, save_last=True)
+    first = sorted((s.tags.get("step"), f.path) for s in vault.snapshots() for f in vault.files(s))
+    assert first == [
+        ("10", "epoch=0-step=10.ckpt"),
+        ("10", "last.ckpt"),
+        ("5", "epoch=0-step=5.ckpt"),
+        ("5", "last.ckpt"),
+    ]
+
+    # a new process resumes from last.ckpt: ModelCheckpoint's restored state lists the first run's files
+    fit(
+        Tiny(),
+        ckpts,
+        CkptVaultCallback(vault, run="pl", on_full="block"),
+        every_n_train_steps=5,
+        save_last=True,
+        max_steps=20,
+        ckpt_path=str(ckpts / "last.ckpt"),
+    )
+    after = sorted((s.tags.get("step", ""), f.path) for s in vault.snapshots() for f in vault.files(s))
+    assert after == sorted(
+        [
+            *first,
+            ("15", "epoch=0-step=15.ckpt"),
+            ("15", "last.ckpt"),
+            ("20", "epoch=1-step=20.ckpt"),
+            ("20", "last.ckpt"),
+        ]
+    )
+
+
+def test_the_on_exception_checkpoint_callbacks_file_is_shipped(tmp_path, vault):
+    from pytorch_lightning.callbacks import OnExceptionCheckpoint
+
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    def fail():
+        raise RuntimeError("preempted (simulated)")
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    trainer = pl.Trainer(
+        max_steps=10,
+        callbacks=[OnExceptionCheckpoint(tmp_path / "ckpts"), CkptVaultCallback(vault, run="pl")],
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(RuntimeError, match="preempted"):
+        trainer.fit(Tiny(fail_at=3, on_fail=fail), loader)
+    vault.flush(60)
+    assert shipped(vault) == {"3": "on_exception.ckpt"}

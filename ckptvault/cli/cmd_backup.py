@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+from datetime import datetime, timezone
 from typing import Annotated
 
 import typer
@@ -27,6 +29,14 @@ def backup_cmd(
         str,
         typer.Option(help="A file that changed while read, twice: warn (store it), skip (leave it out) or fail."),
     ] = "warn",
+    skip_if_unchanged: Annotated[
+        bool,
+        typer.Option(
+            "--skip-if-unchanged",
+            help="Write no snapshot when the newest one from this host with these tags, of the same"
+            " paths' names, holds the same files (its ID is printed).",
+        ),
+    ] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -36,6 +46,7 @@ def backup_cmd(
     tags = parse_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
     check_on_change(on_change)
+    started = datetime.now(timezone.utc)
     with (
         vault_args.open(out, writing=True) as vault,
         out.progress("backing up") as progress,
@@ -48,9 +59,16 @@ def backup_cmd(
             force_read=force_read,
             skip_unreadable=skip_unreadable,
             on_change=on_change,
+            skip_if_unchanged=skip_if_unchanged,
             on_progress=progress,
             on_warning=out.warn,
         )
+    if skip_if_unchanged and snap.time < started:
+        out.result(
+            {**dataclasses.asdict(snap), "unchanged": True},
+            f"unchanged since snapshot {snap.short_id} ({snap.time:%Y-%m-%d %H:%M:%S} UTC): no snapshot written",
+        )
+        return
     s = snap.summary
     rate = s.read_bytes / s.duration_s / 1e6 if s.duration_s > 0 else 0.0
     ratio = s.logical_bytes / max(s.stored_bytes, 1)

@@ -5,15 +5,17 @@
     trainer = pl.Trainer(callbacks=[ModelCheckpoint(...), CkptVaultCallback("s3://bucket/vault", run="exp-7")])
 
 Lightning has no hook after a checkpoint file is written (``on_save_checkpoint`` runs before),
-but ``ModelCheckpoint`` writes only inside its own hooks (batch, epoch and validation end, the
-end of training, an exception), and Lightning runs checkpoint callbacks after all others in
-each hook. So at ``setup`` the callback moves itself to the end of the Trainer's list: in each
-of those hooks it runs right after every ``ModelCheckpoint`` and hands each file they wrote
-(last, best, top-k, the exception checkpoint) to ``backup_async``, which pins it with a hard
-link before ``save_top_k`` can delete it. The step tag comes from the file name
-(``epoch=0-step=200.ckpt``), else from the checkpoint saved. Only the global-zero process
-ships. ``on_train_end`` waits for the uploads; after an exception the interpreter's exit does
-(up to ``exit_timeout``).
+but checkpoint callbacks write only inside their own hooks (batch, epoch and validation end, the
+end of training, an exception), and Lightning runs them after all other callbacks in each hook.
+So at ``setup`` the callback moves itself to the end of the Trainer's list: in each of those
+hooks it runs right after them and hands each file they wrote (last, best, top-k, the exception
+checkpoints of ``ModelCheckpoint(save_on_exception=True)`` and ``OnExceptionCheckpoint``) to
+``backup_async``, which pins it with a hard link before ``save_top_k`` can delete it. The step
+tag comes from the file name (``epoch=0-step=200.ckpt``), else from the checkpoint saved. Only
+the global-zero process ships. ``on_train_end`` waits for the uploads; after an exception the
+interpreter's exit does (up to ``exit_timeout``). After a resume, ModelCheckpoint's restored
+state lists the files the earlier run wrote: they are offered again and add no snapshot where
+one of the same name, tags and contents exists (``skip_if_unchanged``).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
         if not trainer.is_global_zero:
             return
         for callback in trainer.checkpoint_callbacks:
-            # _last_checkpoint_saved is the only record of an exception checkpoint (save_on_exception)
-            names = ("last_model_path", "best_model_path", "_last_checkpoint_saved")
+            # _last_checkpoint_saved is ModelCheckpoint's only record of its save_on_exception file;
+            # ckpt_path is where OnExceptionCheckpoint writes (and, at teardown, deletes) its own
+            names = ("last_model_path", "best_model_path", "_last_checkpoint_saved", "ckpt_path")
             paths = {getattr(callback, name, None) for name in names} | set(getattr(callback, "best_k_models", ()))
             for path in sorted(p for p in paths if p):
                 try:

@@ -45,8 +45,10 @@ class Shipping:
         self._shipped: set[tuple[str, int, int, int]] = set()
 
     def ship(self, path: str, step: int | None) -> None:
+        # skip_if_unchanged: a resumed run's callback is offered again the files an earlier run
+        # shipped (Lightning restores ModelCheckpoint's list of them); they add no snapshot
         tags = dict(self.tags) if step is None else {**self.tags, "step": str(step)}
-        self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full))
+        self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full, skip_if_unchanged=True))
 
     def finish_shipping(self) -> None:
         """Wait for the queued uploads; the first failure is raised unless ``raise_on_error`` is off:

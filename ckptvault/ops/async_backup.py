@@ -59,6 +59,7 @@ class BackupJob:
     tags: dict[str, str]
     description: str = ""
     hostname: str | None = None
+    skip_if_unchanged: bool = False
     label: str = ""  # the paths as the caller gave them, for messages
     pins: list[Pin] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -149,6 +150,7 @@ def make_job(
     description: str,
     hostname: str | None,
     pin: bool,
+    skip_if_unchanged: bool = False,
 ) -> BackupJob:
     """Check the sources and pin them, on the caller's thread: after this returns, the trainer
     may delete or rewrite-by-rename the checkpoint. Pins are hard links in a ``.ckptvault-pins``
@@ -158,7 +160,13 @@ def make_job(
         if not key or "=" in key:
             raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
     sources = check_sources(paths)
-    job = BackupJob(sources=sources, tags=dict(tags), description=description, hostname=hostname)
+    job = BackupJob(
+        sources=sources,
+        tags=dict(tags),
+        description=description,
+        hostname=hostname,
+        skip_if_unchanged=skip_if_unchanged,
+    )
     job.label = ", ".join(paths)
     if not pin:
         return job

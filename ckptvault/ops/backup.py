@@ -51,6 +51,7 @@ def check_on_change(on_change: str) -> None:
 class BackupResult:
     snapshot: Snapshot
     warnings: list[str]
+    unchanged: bool = False  # ``snapshot`` is the earlier one that holds the same contents; none was written
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +157,12 @@ def run_backup(
     before_commit: Callable[[], None] | None = None,
     reference: Snapshot | None = None,
     reference_tree: list[FileEntry] | None = None,
+    unless_same_as: tuple[Snapshot, list[FileEntry]] | None = None,
 ) -> BackupResult:
     """``before_commit`` runs just before the snapshot object is written (the lock check).
     ``reference``: the snapshot whose files give delta bases (ops/deltabase.py), when the
-    repository codes deltas."""
+    repository codes deltas. ``unless_same_as``: a snapshot and its tree; when the sources hold
+    what it holds (``same_contents``), no snapshot is written and that one is returned."""
     check_on_change(on_change)
     progress = progress or NullProgress()
     started = time.monotonic()
@@ -207,6 +210,8 @@ def run_backup(
                 planner.close()
             progress.finish()
 
+        if unless_same_as is not None and same_contents(entries, unless_same_as[1]):
+            return BackupResult(unless_same_as[0], warnings, unchanged=True)
         tree_id = repo.save_tree(encode_tree(entries))
         file_entries = [e for e in entries if e.type == "file"]
         snapshot_id = secrets.token_bytes(32)
@@ -242,6 +247,33 @@ def run_backup(
             before_commit()
         repo.save_snapshot(snapshot_id, encode_snapshot(snapshot))
     return BackupResult(snapshot, warnings)
+
+
+def twin_snapshot(
+    snapshots: list[Snapshot], hostname: str, tags: dict[str, str], sources: list[str]
+) -> Snapshot | None:
+    """What ``skip_if_unchanged`` compares with: the newest snapshot from ``hostname`` that carries
+    every one of ``tags`` and was taken of sources with the same names. Names, not paths: a pinned
+    checkpoint is read from a new folder each time, under its own name."""
+
+    def names(paths: list[str]) -> list[str]:
+        return sorted(os.path.basename(p.rstrip(os.sep)) for p in paths)
+
+    wanted = names(sources)
+    twins = [
+        s for s in snapshots if s.hostname == hostname and tags.items() <= s.tags.items() and names(s.paths) == wanted
+    ]
+    return max(twins, key=lambda s: s.time) if twins else None
+
+
+def same_contents(a: list[FileEntry], b: list[FileEntry]) -> bool:
+    """Whether two trees restore to the same files: the same paths, types, modes, mtimes, sizes,
+    content hashes and link targets (not inodes or ctimes, which a pin's hard link changes)."""
+
+    def restored(entries: list[FileEntry]) -> list[tuple[object, ...]]:
+        return sorted((e.path, e.type, e.mode, e.mtime_ns, e.size, e.blake3, e.target) for e in entries)
+
+    return restored(a) == restored(b)
 
 
 def _read_file(
