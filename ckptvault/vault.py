@@ -447,11 +447,11 @@ class Vault:
             every = self.snapshots()
             same_source = [s for s in every if s.hostname == hostname and sorted(s.paths) == abs_paths]
             parent = max(same_source, key=lambda s: s.time) if same_source else None
-            parent_tree = self.files(parent) if parent else None
             # Delta coding's bases come from the previous save of the same run (ops/deltabase.py).
             deltas = self._repo.codec.compressor.deltas
             reference = reference_snapshot(every, hostname, tags, parent) if deltas else None
             twin = twin_snapshot(every, hostname, tags, abs_paths) if skip_if_unchanged else None
+            trees, unreadable = self._trees_if_readable([parent, reference, twin])
             result = run_backup(
                 self._repo,
                 sources,
@@ -459,21 +459,35 @@ class Vault:
                 description=description,
                 hostname=hostname,
                 parent=parent,
-                parent_tree=parent_tree,
+                parent_tree=trees.get(parent.id) if parent else None,
                 force_read=force_read,
                 skip_unreadable=skip_unreadable,
                 on_change=on_change,
                 progress=on_progress,
                 before_commit=lock.verify,
-                reference=reference,
-                reference_tree=parent_tree if reference is parent else self.files(reference) if reference else None,
-                unless_same_as=(twin, self.files(twin)) if twin else None,
+                reference=reference if reference and reference.id in trees else None,
+                reference_tree=trees.get(reference.id) if reference else None,
+                unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
             )
+        result.warnings[:0] = unreadable
         for warning in result.warnings:
             log.warning(warning)
             if on_warning:
                 on_warning(warning)
         return result.snapshot
+
+    def _trees_if_readable(self, snapshots: list[Snapshot | None]) -> tuple[dict[str, list[FileEntry]], list[str]]:
+        """The trees of ``snapshots`` by snapshot ID, and a warning for each that cannot be read: a
+        backup goes on without it (it reads every file, codes no delta against it, writes a new
+        snapshot) instead of failing at every run because an older tree is damaged."""
+        trees: dict[str, list[FileEntry]] = {}
+        warnings: list[str] = []
+        for snap in {s.id: s for s in snapshots if s is not None}.values():
+            try:
+                trees[snap.id] = self.files(snap)
+            except CkptVaultError as exc:
+                warnings.append(f"cannot read the tree of snapshot {snap.short_id} ({exc}); backing up without it")
+        return trees, warnings
 
     @_open_only
     def restore(

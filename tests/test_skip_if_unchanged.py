@@ -93,3 +93,28 @@ def test_backup_async_skips_a_pinned_file_already_shipped(vault: Vault, tmp_path
     again = vault.backup_async(ckpt, tags={"run": "a", "step": "5"}, skip_if_unchanged=True).result(60)
     assert again.id == first.id and snapshot_count(vault) == 1
     assert os.listdir(tmp_path / "ckpts") == ["epoch=0-step=5.ckpt"], "the pins were released"
+
+
+def test_a_twin_whose_tree_is_damaged_gets_a_new_snapshot_not_an_error(vault: Vault, repo_url: str, tmp_path: Path):
+    src = write_file(tmp_path / "ckpts" / "w.bin", b"a" * 5000).parent
+    twin = vault.backup(src, tags={"run": "a"})
+    tree = Path(repo_url) / "trees" / twin.tree_id
+    damaged = bytearray(tree.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    tree.write_bytes(bytes(damaged))
+    written = vault.backup(src, tags={"run": "a"}, skip_if_unchanged=True)
+    assert written.id != twin.id and vault.files(written)[-1].path == "w.bin"
+
+
+def test_a_damaged_parent_tree_does_not_stop_later_backups(vault: Vault, repo_url: str, tmp_path: Path):
+    src = write_file(tmp_path / "ckpts" / "w.bin", os.urandom(50_000)).parent
+    parent = vault.backup(src)
+    tree = Path(repo_url) / "trees" / parent.tree_id
+    tree.write_bytes(tree.read_bytes()[:-1] + bytes([tree.read_bytes()[-1] ^ 1]))
+    warnings: list[str] = []
+    child = vault.backup(src, on_warning=warnings.append)
+    assert child.summary.read_bytes == 50_000, "every file was read: the parent's tree could not say what changed"
+    assert len(warnings) == 1 and f"cannot read the tree of snapshot {parent.short_id}" in warnings[0]
+    restored = tmp_path / "restored"
+    vault.restore(child, restored)
+    assert (restored / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
