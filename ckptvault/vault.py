@@ -293,10 +293,16 @@ class Vault:
                     if waiting:
                         log.info("ckptvault: waiting for %d queued backup(s) before the vault closes", waiting)
                     self._shipper.close()
-            finally:
-                with self._backup_mutex:  # a synchronous backup on another thread finishes first
-                    self._closed = True
-                    self._repo.close()
+            except KeyboardInterrupt:
+                # Ctrl-C ends the wait: nothing queued runs any more (each is named, its pins kept),
+                # and the running backup keeps the repository until it ends or the process does.
+                if self._shipper is not None:
+                    self._shipper.abandon("on Ctrl-C while the vault closed")
+                self._closed = True
+                raise
+            with self._backup_mutex:  # a synchronous backup on another thread finishes first
+                self._closed = True
+                self._repo.close()
 
     def __enter__(self) -> Vault:
         if self._closed:

@@ -258,3 +258,48 @@ def test_configure_async_changes_only_what_it_is_given(tmp_path):
     vault.configure_async(exit_timeout=None)
     assert (shipper.max_pending, shipper.exit_timeout) == (4, None)
     vault.close()
+
+
+CLOSE_CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tests.support.slowfs
+    from ckptvault import Vault
+    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"})
+    for path in sys.argv[2:]:
+        vault.backup_async(path, tags={"step": path[-1]}, on_full="block")
+    print("closing", file=sys.stderr, flush=True)
+    vault.close()
+    """
+)
+
+
+def test_ctrl_c_while_the_vault_closes_stops_the_wait_and_keeps_the_queued_pins(tmp_path):
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpts = [str(make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)) for step in (1, 2, 3)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLOSE_CTRL_C_SCRIPT, str(tmp_path / "repo"), *ckpts],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        for line in proc.stderr:
+            if line.startswith("closing"):
+                break
+        time.sleep(0.5)  # inside close()'s wait
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.stderr.read()
+        proc.wait(timeout=60)
+        elapsed = time.monotonic() - interrupted
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
+    assert elapsed < 15, f"the process took {elapsed:.1f} s to end after Ctrl-C"
+    # used to run the queued backups against the closed vault: each failed and its pins were released
+    assert "failed" not in stderr, stderr
+    assert "backup(s) not shipped on Ctrl-C while the vault closed" in stderr and "step_3 (step 3)" in stderr, stderr
+    pins = tmp_path / "ckpt" / ".ckptvault-pins"
+    assert f"their pinned files stay in {pins}" in stderr, stderr
+    assert len(os.listdir(pins)) >= 2  # the queued ones' at least; the running one's unless it committed

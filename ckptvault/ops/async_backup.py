@@ -368,6 +368,19 @@ class AsyncShipper:
         _LIVE.discard(self)
         return cancelled
 
+    def abandon(self, why: str) -> None:
+        """Give up on the queue at once (Ctrl-C while ``close`` waits): log what will not ship and
+        where its pins stay, cancel the jobs not started, keeping their pins, and leave this queue
+        out of the exit-time wait. The running job goes on until it ends or the process does."""
+        self.report_unshipped(why)
+        with self._cond:
+            self._closed = True
+            for job in self._pending:
+                job.future.cancel()
+            self._pending.clear()
+            self._cond.notify_all()
+        _LIVE.discard(self)
+
     def flush_at_exit(self) -> None:
         """Wait for the queued backups, at most ``exit_timeout`` seconds, saying so first (a WARNING:
         the process seems to hang otherwise); an ERROR line names those not shipped in time. On
