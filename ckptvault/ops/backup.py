@@ -51,7 +51,6 @@ def check_on_change(on_change: str) -> None:
 class BackupResult:
     snapshot: Snapshot
     warnings: list[str]
-    unchanged: bool = False  # ``snapshot`` is the earlier one that holds the same contents; none was written
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +210,7 @@ def run_backup(
             progress.finish()
 
         if unless_same_as is not None and same_contents(entries, unless_same_as[1]):
-            return BackupResult(unless_same_as[0], warnings, unchanged=True)
+            return BackupResult(unless_same_as[0], warnings)
         tree_id = repo.save_tree(encode_tree(entries))
         file_entries = [e for e in entries if e.type == "file"]
         snapshot_id = secrets.token_bytes(32)
