@@ -338,9 +338,12 @@ class FsspecStore:
         base = self._path(prefix.rstrip("/")) if prefix else self.root
         try:
             with self._session("LIST", prefix) as fs:
-                found = fs.find(base, detail=True, **self._deadline())
-                if isinstance(found, list):  # adlfs answers find(<one object>, detail=True) with names
-                    found = {name: fs.info(name) for name in found}
+                if self.profile.object_store:
+                    found = fs.find(base, detail=True, **self._deadline())
+                    if isinstance(found, list):  # adlfs answers find(<one object>, detail=True) with names
+                        found = {name: fs.info(name) for name in found}
+                else:
+                    found = self._find_in_folders(fs, base)
         except ObjectNotFoundError:
             return []  # nothing under the prefix (a missing bucket is an error, not this)
         cut = len(self.root) + 1
@@ -355,6 +358,27 @@ class FsspecStore:
             when = next((info[n] for n in _TIME_FIELDS if info.get(n) is not None), None)
             out.append(ObjectInfo(key, int(info.get("size") or 0), when))
         return sorted(out, key=lambda o: o.key)
+
+    def _find_in_folders(self, fs: Any, base: str) -> dict[str, dict[str, Any]]:
+        """``fs.find`` for filesystems of folders (local, SFTP), except that a folder that cannot be
+        read raises instead of listing as empty: fsspec's walk omits it (its ``on_error`` does not
+        reach subfolders), and an unreadable snapshots/ folder then made prune delete every pack.
+        A folder deleted meanwhile, or never made, is empty."""
+        found: dict[str, dict[str, Any]] = {}
+        folders = [base]
+        while folders:
+            folder = folders.pop()
+            try:
+                entries = fs.ls(folder, detail=True, **self._deadline())
+            except FileNotFoundError:
+                continue
+            for info in entries:
+                name = info["name"].rstrip("/")
+                if info.get("type") != "directory":
+                    found[name] = info
+                elif name != folder:
+                    folders.append(name)
+        return found
 
     def delete(self, key: str) -> None:
         with self._session("DELETE", key) as fs:

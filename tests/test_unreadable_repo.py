@@ -1,0 +1,50 @@
+"""A repository folder that cannot be read is a storage error, never an empty listing: with the
+snapshots/ folder unreadable, `snapshots` said "no snapshots" (exit 0) and `prune` deleted every pack.
+Permissions are real: as root, the CLI runs without the capabilities that override them (setpriv)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import write_file
+
+NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+def cli_without_override(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores file permissions, and setpriv (util-linux) is not installed to drop that")
+        prefix = NO_OVERRIDE
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_CACHE_HOME": str(tmp_path / "xdg-cache")}
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "ckptvault", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.mark.parametrize("folder", ["snapshots", "index", "packs/<one>"])
+def test_an_unreadable_repository_folder_fails_listing_commands_and_prune_deletes_nothing(tmp_path, cli, folder):
+    repo = tmp_path / "repo"
+    src = write_file(tmp_path / "ckpt" / "w.bin", os.urandom(100_000)).parent
+    cli("init", str(repo))
+    cli("backup", str(src), "--repo", str(repo))
+    before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file())
+    unreadable = repo / folder if "<" not in folder else next((repo / "packs").iterdir())
+    unreadable.chmod(0)
+    try:
+        listing = [["snapshots"]] if folder == "snapshots" else []  # snapshots lists that folder only
+        for args in [*listing, ["check"], ["prune", "--keep-latest", "1"]]:
+            proc = cli_without_override(tmp_path, *args, "--repo", str(repo))
+            assert proc.returncode == 20, (args, proc.returncode, proc.stdout, proc.stderr)
+            assert "Permission denied" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    finally:
+        unreadable.chmod(0o755)
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == before
+    cli("check", "--read-data", "--repo", str(repo))
