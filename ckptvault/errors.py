@@ -165,6 +165,10 @@ class ObjectNotFoundError(StorageError):
         )
 
 
+class ShortReadError(StorageError):
+    """The object ends before the range read from it: truncated, on a local disk for sure."""
+
+
 class StorageFullError(StorageError):
     exit_code = 21
 

@@ -83,6 +83,25 @@ def test_missing_pack_names_the_file(vault: Vault, repo_url: str, tmp_path: Path
         vault.restore("latest", tmp_path / "out")
 
 
+def test_a_truncated_pack_fails_its_files_and_the_others_still_restore(cli, tmp_path: Path):
+    # a short read of a pack was a storage error (exit 20) that stopped the whole restore
+    repo, src = tmp_path / "repo", tmp_path / "src"
+    (src).mkdir()
+    (src / "keep.txt").write_bytes(b"intact")
+    cli("init", str(repo))
+    cli("backup", str(src), "--repo", str(repo))
+    (src / "big.bin").write_bytes(os.urandom(3_000_000))
+    cli("backup", str(src), "--repo", str(repo))
+    biggest = max((p for p in (repo / "packs").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    os.truncate(biggest, biggest.stat().st_size // 3)
+    proc = cli("restore", "latest", str(tmp_path / "out"), "--repo", str(repo), check=False)
+    assert proc.returncode == 30, proc.stderr
+    assert proc.stderr.decode().count("\n") == 1 and "big.bin" in proc.stderr.decode(), proc.stderr
+    assert "truncated" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+    assert (tmp_path / "out" / "keep.txt").read_bytes() == b"intact" and not (tmp_path / "out" / "big.bin").exists()
+    assert cli("cat", "latest", "big.bin", "--repo", str(repo), check=False).returncode == 30
+
+
 def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f.bin").write_bytes(os.urandom(100_000))

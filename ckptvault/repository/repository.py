@@ -28,6 +28,7 @@ from ..errors import (
     KeyfileNotFoundError,
     ObjectExistsError,
     ObjectNotFoundError,
+    ShortReadError,
     UnsupportedFormatError,
     UsageError,
     VaultExistsError,
@@ -477,8 +478,10 @@ class Repository:
         def fetch() -> bytes:
             try:
                 return self.store.get_range(pack_key(loc.pack_id), loc.offset, loc.stored_len)
-            except ObjectNotFoundError:
-                raise IntegrityError(f"{where}: the pack is missing; run: ckptvault check") from None
+            except ObjectNotFoundError:  # named by _naming_errors below: "<where> is damaged: ..."
+                raise IntegrityError("the pack is missing; run: ckptvault check") from None
+            except ShortReadError:
+                raise IntegrityError("the pack ends before the chunk (truncated); run: ckptvault check") from None
 
         with _naming_errors(where):
             return _verified(

@@ -34,7 +34,14 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError, UsageError
+from ..errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ShortReadError,
+    StorageError,
+    StorageFullError,
+    UsageError,
+)
 from .backends import Profile, bucket_of, default_options, install_hint, option_error, profile_for, tune
 from .base import ObjectInfo
 from .failures import Kind, classify, one_line
@@ -290,7 +297,7 @@ class FsspecStore:
                 data = self._read(fs, self._path(key), start, length)
         if len(data) != length:
             # on a local disk a short object stays short; over a network the next try may get it all
-            raise StorageError(
+            raise ShortReadError(
                 "GET",
                 key,
                 self.url,
