@@ -1,5 +1,6 @@
-"""A repository folder that cannot be read is a storage error, never an empty listing: with the
-snapshots/ folder unreadable, `snapshots` said "no snapshots" (exit 0) and `prune` deleted every pack.
+"""What cannot be read is said, never taken for empty or crashed on. A repository folder that cannot be read
+is a storage error: with snapshots/ unreadable, `snapshots` said "no snapshots" (exit 0) and `prune` deleted
+every pack. An unreadable part of a checkpoint asked about with `status` is a one-line source error.
 Permissions are real: as root, the CLI runs without the capabilities that override them (setpriv)."""
 
 from __future__ import annotations
@@ -48,3 +49,22 @@ def test_an_unreadable_repository_folder_fails_listing_commands_and_prune_delete
         unreadable.chmod(0o755)
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == before
     cli("check", "--read-data", "--repo", str(repo))
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_status_of_a_checkpoint_with_an_unreadable_part_is_a_one_line_source_error(tmp_path, cli, what):
+    # an unreadable file was an internal error with a traceback file; a folder's hint named backup's option
+    repo, ckpt = tmp_path / "repo", tmp_path / "ckpt"
+    write_file(ckpt / "sub" / "w.bin", os.urandom(1000))
+    write_file(ckpt / "notes.txt", b"notes")
+    cli("init", str(repo))
+    cli("backup", str(ckpt), "--repo", str(repo))
+    unreadable = ckpt / ("notes.txt" if what == "file" else "sub")
+    unreadable.chmod(0)
+    try:
+        proc = cli_without_override(tmp_path, "status", str(ckpt), "--repo", str(repo))
+    finally:
+        unreadable.chmod(0o755)
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and f"cannot read {unreadable}: Permission denied" in proc.stderr, proc.stderr
+    assert "skip-unreadable" not in proc.stderr and "internal error" not in proc.stderr

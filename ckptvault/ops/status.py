@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ObjectNotFoundError
+from ..errors import ObjectNotFoundError, SourceError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
 from .restore import file_hash
 from .scan import scan_sources
+
+# Every file is compared by content: one that cannot be read leaves the answer unknown.
+UNREADABLE_HINT = "status compares every file with the vault: make it readable, or ask about a folder without it"
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,10 @@ def backup_status(
     snapshots: list[Snapshot],
     load_tree: Callable[[Snapshot], list[FileEntry]],
 ) -> BackupStatus:
-    scan = scan_sources([path], skip_unreadable=False)
+    try:
+        scan = scan_sources([path], skip_unreadable=False)
+    except SourceError as exc:  # its hint names backup's --skip-unreadable
+        raise SourceError(exc.path, exc.reason, UNREADABLE_HINT) from None
     local = {i.path: i for i in scan.items if i.kind == "file"}
     total = sum(i.st.st_size for i in local.values())
     abs_path = scan.source_paths[0]
@@ -64,7 +70,10 @@ def backup_status(
             matched = True
             for entry, rel in zip(entries, local, strict=True):
                 if rel not in hashes:
-                    hashes[rel] = file_hash(local[rel].abs_path)
+                    try:
+                        hashes[rel] = file_hash(local[rel].abs_path)
+                    except OSError as exc:
+                        raise SourceError(local[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
                 if entry is None or hashes[rel] != entry.blake3:
                     matched = False
                     break
