@@ -107,6 +107,14 @@ def test_both_rules_must_agree():
     assert len(only_count.forget) == 8
 
 
+def test_a_date_given_in_another_zone_is_shown_in_utc():
+    snaps = [make(i, minutes=i * 60 * 24, tags={}) for i in range(4)]  # one a day from 2026-11-01 00:00 UTC
+    before = datetime(2026, 11, 2, 5, 30, tzinfo=timezone(timedelta(hours=5)))  # 00:30 UTC
+    reasons = {d.snapshot.id: d.reason for d in plan_retention(snaps, RetentionPolicy(before=before)).decisions}
+    assert reasons[snaps[0].id] == "older than 2026-11-02 00:30 UTC"  # said 05:30 UTC
+    assert reasons[snaps[2].id] == "not older than 2026-11-02 00:30 UTC"
+
+
 def test_newest_of_a_group_survives_any_date():
     snaps = [make(i, i, {"run": "x"}) for i in range(3)]
     plan = plan_retention(snaps, RetentionPolicy(before=T0 + timedelta(days=365)))

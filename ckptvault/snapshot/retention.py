@@ -16,7 +16,7 @@ real value (not even the empty one, ``KEY=``); the policy applies to it like to 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 
 from ..errors import UsageError
 from .model import Snapshot
@@ -132,6 +132,11 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
     return RetentionPlan([decisions[s.id] for s in snapshots])
 
 
+def _utc(when: datetime) -> str:
+    """``--before 2026-12-01T05:00+05:00`` is 00:00 UTC, and says so."""
+    return f"{when.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC"
+
+
 def _decide(snap: Snapshot, rank: int, policy: RetentionPolicy) -> Decision:
     if rank == 0:
         return Decision(snap, True, "newest of its group (always kept)")
@@ -141,7 +146,7 @@ def _decide(snap: Snapshot, rank: int, policy: RetentionPolicy) -> Decision:
     if policy.keep_latest is not None and rank < policy.keep_latest:
         return Decision(snap, True, f"within the newest {policy.keep_latest}")
     if policy.before is not None and snap.time >= policy.before:
-        return Decision(snap, True, f"not older than {policy.before:%Y-%m-%d %H:%M} UTC")
+        return Decision(snap, True, f"not older than {_utc(policy.before)}")
     outside = f"outside the newest {policy.keep_latest}" if policy.keep_latest is not None else ""
-    older = f"older than {policy.before:%Y-%m-%d %H:%M} UTC" if policy.before is not None else ""
+    older = f"older than {_utc(policy.before)}" if policy.before is not None else ""
     return Decision(snap, False, " and ".join(p for p in (outside, older) if p))
