@@ -83,6 +83,17 @@ def test_below_threshold_packs_are_kept_whole(tmp_path: Path):
         assert vault.check().ok
 
 
+def test_a_zero_repack_threshold_leaves_fully_live_packs_alone(tmp_path: Path):
+    # a pack's header and trailer counted as dead bytes: every prune rewrote every pack
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(300_000))
+    with Vault.init(str(tmp_path / "vault"), chunker=SMALL, pack_size=8 << 20) as vault:
+        vault.backup(src)
+        result = vault.prune(keep_latest=1, repack_threshold=0.0)
+        assert not result.gc.repack and result.stored_after == result.stored_before
+
+
 def test_forget_without_prune_keeps_data_until_prune(tmp_path: Path):
     url = str(tmp_path / "vault")
     frozen = os.urandom(1 << 20)

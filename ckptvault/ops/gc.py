@@ -86,7 +86,9 @@ def plan_gc(
         entries = indexed[pack_id]
         mine = [e for e in entries if e.chunk_id in live and e.chunk_id not in homed]
         homed.update(e.chunk_id for e in mine)
-        live_share = sum(e.stored_len for e in mine) / max(stored[pack_id], 1)
+        # shares of the chunks' bytes, not of the file: its header and trailer are never "dead", and
+        # counting them so made --repack-threshold 0 rewrite fully live packs at every prune
+        live_share = sum(e.stored_len for e in mine) / max(sum(e.stored_len for e in entries), 1)
         if not mine:
             plan.delete_packs[pack_id] = stored[pack_id]
         elif 1 - live_share > repack_threshold:
