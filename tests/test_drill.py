@@ -69,6 +69,10 @@ def test_damaged_storage_fails_the_drill_with_exit_30(tmp_path, repo_url, vault,
     proc = cli("drill", "latest", "--repo", repo_url, check=False)
     assert proc.returncode == 30
     assert "Traceback" not in proc.stderr.decode()
+    as_json = cli("drill", "latest", "--repo", repo_url, "--json", check=False)  # printed nothing
+    assert as_json.returncode == 30
+    verdict = json.loads(as_json.stdout)
+    assert verdict["ok"] is False and verdict["error"] in as_json.stderr.decode()
 
 
 def test_drill_from_python_returns_the_report(tmp_path, vault):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import DrillFailedError
+from ..errors import DrillFailedError, IntegrityError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -36,7 +36,11 @@ def drill_cmd(
         vault_args.open(out) as vault,
         out.progress("drill: fetching") as progress,
     ):
-        report = vault.drill(snapshot, tags=parse_tags(tag), load=load, workdir=tmp_dir, on_progress=progress)
+        try:
+            report = vault.drill(snapshot, tags=parse_tags(tag), load=load, workdir=tmp_dir, on_progress=progress)
+        except IntegrityError as exc:  # damaged bytes: CI reading --json gets a verdict too (exit 30)
+            out.result({"ok": False, "error": str(exc)})
+            raise
     rate = report.bytes / report.fetch_s / 1e6 if report.fetch_s > 0 else 0.0
     step = f" (step {report.step})" if report.step is not None else ""
     lines = [
