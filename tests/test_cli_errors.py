@@ -37,6 +37,7 @@ from .test_cli import one_line_error
         # only special files named: no empty snapshot that looks like a backup
         (["backup", "{tmp}/fifo", "--repo", "{tmp}/v"], 3, "nothing left to back up"),
         (["init", "{tmp}/v2", "--pack-size-mib", "-1"], 2, "--pack-size-mib -1 is out of range"),
+        (["check", "--repo", "{tmp}/v", "--read-data", "--read-data-subset", "10%"], 2, "not both"),
         # a new vault would mix with other files: a checkpoint folder named by mistake, another vault
         (["init", "{tmp}/src"], 2, "is not empty and holds no vault"),
         (["init", "{tmp}/v/packs/v2"], 2, "is inside the vault at"),

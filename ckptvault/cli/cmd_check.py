@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, UsageError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
@@ -26,6 +26,8 @@ def check_cmd(
 ) -> None:
     """Verify the repository: index, packs and snapshots (and with --read-data, every byte)."""
     out = Output(json_mode=json_out, quiet=quiet)
+    if read_data and read_data_subset:
+        raise UsageError("give --read-data (every chunk) or --read-data-subset (a share of them), not both")
     fraction = 1.0 if read_data else parse_fraction(read_data_subset, "--read-data-subset") if read_data_subset else 0.0
     with vault_args.open(out) as vault:
         report = vault.check(read_data=fraction)
