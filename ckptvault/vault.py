@@ -624,7 +624,9 @@ class Vault:
                     chosen.add(selection.select(every, spec).id)
             if prune:
                 self._refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
-            plan = RetentionPlan([Decision(s, s.id not in chosen, "given to forget") for s in every])
+            plan = RetentionPlan(
+                [Decision(s, s.id not in chosen, "given to forget" if s.id in chosen else "not given") for s in every]
+            )
             if not dry_run:
                 for snapshot_id in sorted(unreadable):
                     self._repo.delete_snapshot(bytes.fromhex(snapshot_id), None)

@@ -103,7 +103,10 @@ def test_forget_without_prune_keeps_data_until_prune(tmp_path: Path):
             save(src, step, frozen)
             vault.backup(src, tags={"step": str(step)})
         before = stored(url)
-        vault.forget([vault.snapshots()[0].id[:10]])
+        first, second = vault.snapshots()
+        result = vault.forget([first.id[:10]])
+        reasons = {d.snapshot.id: (d.keep, d.reason) for d in result.retention.decisions}
+        assert reasons == {first.id: (False, "given to forget"), second.id: (True, "not given")}  # both said "given"
         assert len(vault.snapshots()) == 1 and stored(url) > before - 5000
         vault.prune(keep_latest=1)
         assert stored(url) < before - (1 << 20)
