@@ -132,12 +132,13 @@ class SnapshotNotFoundError(CkptVaultError, LookupError):
 class PathNotInSnapshotError(CkptVaultError, LookupError):
     exit_code = 19
 
-    def __init__(self, path: str, snapshot_id: str) -> None:
+    def __init__(self, path: str, snapshot_id: str, found: str | None = None) -> None:
+        """``found``: the type of the entry at ``path`` when it is one but not a file ("dir", "symlink")."""
         self.path = path
         self.snapshot_id = snapshot_id
-        super().__init__(
-            f"{path!r} is not in snapshot {snapshot_id[:12]}; list its files with: ckptvault ls {snapshot_id[:12]}"
-        )
+        short = snapshot_id[:12]
+        what = f"is a {'folder' if found == 'dir' else found} in snapshot {short}, not a file" if found else ""
+        super().__init__(f"{path!r} {what or f'is not in snapshot {short}'}; list its files with: ckptvault ls {short}")
 
 
 class StorageError(CkptVaultError):

@@ -46,7 +46,6 @@ from .errors import (
     CkptVaultError,
     IntegrityError,
     ObjectNotFoundError,
-    PathNotInSnapshotError,
     SnapshotNotFoundError,
     UnsupportedFormatError,
     UsageError,
@@ -530,10 +529,7 @@ class Vault:
 
     def _read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
         snap = self.snapshot(snapshot)
-        wanted = path.strip("/")
-        entry = next((e for e in self.files(snap) if e.path == wanted and e.type == "file"), None)
-        if entry is None:
-            raise PathNotInSnapshotError(path, snap.id)
+        entry = find_file(self.files(snap), path, snap.id)
         hasher = new_file_hasher()
         for chunk_id in entry.chunks:
             data = self._repo.read_chunk(chunk_id)

@@ -92,8 +92,14 @@ def test_vault_open_file_is_seekable_and_names_missing_paths(vault: Vault, tmp_p
     snap = vault.backup(tmp_path / "s")
     with vault.open_file(snap, "a.bin") as f:
         assert f.seekable() and f.seek(-3, io.SEEK_END) == 7 and f.read() == b"789"
-    with pytest.raises(PathNotInSnapshotError):
+    with pytest.raises(PathNotInSnapshotError, match=r"'b\.bin' is not in snapshot"):
         vault.open_file(snap, "b.bin")
+    (tmp_path / "t" / "model").mkdir(parents=True)
+    (tmp_path / "t" / "model" / "w.bin").write_bytes(b"w")
+    folder = vault.backup(tmp_path / "t")
+    for read in (vault.open_file, lambda s, p: b"".join(vault.read_file(s, p))):
+        with pytest.raises(PathNotInSnapshotError, match=r"'model' is a folder in snapshot \w+, not a file"):
+            read(folder, "model")  # said "'model' is not in snapshot", which ls contradicts
 
 
 def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:

@@ -34,9 +34,9 @@ class ChunkPiece:
 
 def find_file(tree: list[FileEntry], path: str, snapshot_id: str) -> FileEntry:
     wanted = path.strip("/")
-    entry = next((e for e in tree if e.path == wanted and e.type == "file"), None)
-    if entry is None:
-        raise PathNotInSnapshotError(path, snapshot_id)
+    entry = next((e for e in tree if e.path == wanted), None)
+    if entry is None or entry.type != "file":
+        raise PathNotInSnapshotError(path, snapshot_id, entry.type if entry else None)
     return entry
 
 
