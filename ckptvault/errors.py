@@ -20,6 +20,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── PathNotInSnapshotError         19   ls/cat of a path the snapshot lacks
     ├── StorageError                   20   the backend failed (op + key named)
     │   ├── ObjectNotFoundError        20   a stored object is missing
+    │   ├── ShortReadError             20   an object ends before the range read (truncated)
     │   └── StorageFullError           21   no space left / quota
     ├── RestoreConflictError           22   target holds differing files
     ├── FileFormatError                23   a file header show/diff cannot parse
