@@ -183,6 +183,19 @@ def test_unreadable_lock_goes_stale_by_its_age_and_plain_unlock_removes_it(
     assert "removed 1 lock(s)" in removed.stdout.decode() and not lock.exists()
 
 
+def test_empty_lock_object_blocks_nothing_and_unlock_removes_it(two_snapshots, cli: Callable):
+    """A PUT abandoned at its deadline on a hung server can land as an empty object (SeaweedFS): it
+    was never a held lock, so it must not block the vault for the 30 minutes of an unreadable one."""
+    repo, _, _, src = two_snapshots
+    lock = Path(repo) / "locks" / ("ab" * 32)
+    lock.write_bytes(b"")
+
+    cli("backup", "--repo", repo, str(src))
+    cli("check", "--repo", repo)
+    listed = cli("unlock", "--repo", repo)
+    assert "removed 1 lock(s)" in listed.stdout.decode() and not lock.exists()
+
+
 def test_unreadable_lock_age_comes_from_the_object_not_the_listing(vault: Vault):
     lock = Path(vault.url) / "locks" / ("cd" * 32)
     lock.parent.mkdir(exist_ok=True)

@@ -66,7 +66,9 @@ Until it is stale it conflicts like a live exclusive lock (a newer ckptvault's l
 UnsupportedFormatError, exit 17); once stale, it is ignored, and ``unlock`` and exclusive lockers
 remove it like any stale lock. Where the store reports no modification time it counts as stale at
 once: a live holder writes a fresh, readable lock every ``refresh_every``, so such an object is
-not how a live holder is known for long.
+not how a live holder is known for long. An empty lock object is stale at once: a sealed lock is
+never empty, but a PUT abandoned at its deadline (a hung server) can land as an empty object
+(SeaweedFS), and its writer, whose write failed, never counted it as held.
 """
 
 from __future__ import annotations
@@ -239,6 +241,9 @@ class LockManager:
                 blob = self.repo.store.get(obj.key)
             except ObjectNotFoundError:
                 continue  # released while we listed
+            if not blob:  # what a PUT abandoned at its deadline left on some servers: never a held lock
+                locks.append(LockInfo(lock_id, "?", 0, True, None, "empty: a write that never finished"))
+                continue
             try:
                 locks.append(dataclasses.replace(self._decode(lock_id, blob), modified=obj.modified))
             except _NewerLock as newer:
