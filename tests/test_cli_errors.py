@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -70,3 +72,34 @@ def test_bare_command_still_prints_the_help(cli):
     assert proc.returncode == 2
     assert "Usage" in proc.stdout.decode() + proc.stderr.decode()
     assert "Traceback" not in proc.stderr.decode()
+
+
+def test_retries_are_warned_and_other_libraries_print_no_tracebacks(cli):
+    """A server that is not SSH: paramiko logs its own traceback of each failed session; the CLI shows
+    one warning per retry and one error line, nothing else."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_http() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    try:
+        proc = cli(
+            "snapshots", "-r", f"sftp://root@127.0.0.1:{port}/vault", "-o", "look_for_keys=false",
+            "-o", "allow_agent=false", "-o", "password=x",
+            check=False, CKPTVAULT_RETRIES="1", CKPTVAULT_RETRY_DELAY="0.01",
+        )  # fmt: skip
+    finally:
+        server.close()
+    err = proc.stderr.decode()
+    assert proc.returncode == 20, err
+    warning, error = err.splitlines()
+    assert warning.startswith("warning: storage failed: GET config on sftp://") and "(attempt 2 of 2)" in warning, err
+    assert error.startswith("error: storage failed: GET config on sftp://") and "(after 2 attempts)" in error, err

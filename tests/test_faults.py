@@ -7,13 +7,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import IntegrityError, StorageError
+from ckptvault.store import open_store
+from ckptvault.store.retrying import RetryingStore, RetryPolicy
 
 from .conftest import tree_digest
 from .support import faultyfs
@@ -129,3 +133,71 @@ def test_a_storage_error_stops_the_restore_and_leaves_no_temp_files(tmp_path: Pa
     with pytest.raises(StorageError, match=r"GET packs/.*permission denied"):
         vault.restore("latest", out)
     assert not [p for p in out.rglob("*") if ".ckptvault-tmp-" in p.name]
+
+
+# ---- storage that stopped answering ----------------------------------------------------------
+
+
+def _store(timeout: float = 0.3):
+    store = open_store(url(), retry=RetryPolicy(retries=2, base_delay=0.01, op_timeout=timeout))
+    store.put("obj", b"1")
+    return store
+
+
+def test_after_a_call_gave_up_on_silence_the_next_is_a_single_probe_and_others_wait_for_none():
+    store = _store()
+    faultyfs.FAULTS["get"] = list("TTT")
+    with pytest.raises(StorageError, match=r"connection reset.*\(after 3 attempts\)"):
+        store.get("obj")
+
+    faultyfs.FAULTS["get"] = list("TTT")  # still down: the probe makes one attempt, not three
+    with pytest.raises(StorageError, match="connection reset") as probe_error:
+        store.get("obj")
+    assert "attempts" not in str(probe_error.value) and faultyfs.FAULTS["get"] == list("TT")
+
+    faultyfs.FAULTS["get"] = list("H")  # a probe that hangs: meanwhile every other call fails at once
+    with ThreadPoolExecutor(1) as pool:
+        probe = pool.submit(store.get, "obj")
+        while not faultyfs.INJECTED or faultyfs.INJECTED[-1][2] != "H":
+            time.sleep(0.01)
+        fired = len(faultyfs.INJECTED)
+        with pytest.raises(StorageError, match=r"DELETE obj on faulty://.*not tried, the storage did not answer GET"):
+            store.delete("obj")
+        assert len(faultyfs.INJECTED) == fired  # not tried
+        with pytest.raises(StorageError, match=r"no answer after 0\.3 s"):
+            probe.result()
+
+    faultyfs.FAULTS.clear()
+    assert store.get("obj") == b"1"  # the storage answers the next probe: the breaker closes
+    faultyfs.FAULTS["get"] = list("TT")
+    assert store.get("obj") == b"1"  # and calls get their retries again
+
+
+class _ServiceUnavailable(Exception):
+    status_code = 503  # what azure-core's errors carry: the storage answered
+
+
+class _AnsweringStore:
+    """Answers every GET with a 503 ``failures`` times, then with the object."""
+
+    url, needs_deadline = "fake://store", False
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+
+    def get(self, key: str) -> bytes:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise StorageError("GET", key, self.url, "503", retryable=True) from _ServiceUnavailable()
+        return b"1"
+
+
+def test_an_error_the_storage_answered_with_opens_no_breaker():
+    inner = _AnsweringStore(failures=3)  # one object failing is no sign that the storage is down
+    store = RetryingStore(inner, RetryPolicy(retries=2, base_delay=0.01))
+    with pytest.raises(StorageError, match="after 3 attempts"):
+        store.get("obj")
+    inner.failures = 6
+    with pytest.raises(StorageError, match="after 3 attempts"):  # full retries, not a probe
+        store.get("obj")
+    assert inner.calls == 6

@@ -252,6 +252,22 @@ def test_op_timeout_zero_means_no_deadline(monkeypatch: pytest.MonkeyPatch):
     assert store.get("k") == b"x"
 
 
+def test_deadlines_follow_the_size_of_the_call_unless_set(monkeypatch: pytest.MonkeyPatch):
+    from ckptvault.store import open_store, retrying
+
+    assert retrying.call_deadline(None, 16 << 20) == 124  # a pack upload
+    assert retrying.call_deadline(None, 0) == 60 and retrying.call_deadline(None, None) == 600
+    assert retrying.call_deadline(7, 1 << 30) == 7  # CKPTVAULT_OP_TIMEOUT: every call alike
+    monkeypatch.delenv("CKPTVAULT_OP_TIMEOUT", raising=False)
+    given = []
+    monkeypatch.setattr(retrying, "call_with_timeout", lambda fn, timeout, *a: (given.append(timeout), fn())[1])
+    store = open_store(f"memory://deadlines-{uuid.uuid4().hex}")
+    store.put("k", b"\0" * (1 << 20))
+    store.get_range("k", 0, 512 << 10)
+    store.get("k")
+    assert given == [64, 62, 600]
+
+
 def test_a_local_put_makes_the_folders_it_creates_durable(tmp_path, monkeypatch):
     from ckptvault.store import fsspec_store
 

@@ -69,6 +69,34 @@ def _keep_freed_memory() -> None:
     mallopt(m_arena_max, 1)
 
 
+class _OneLineHandler(logging.Handler):
+    """Library log records as the CLI's own lines ("warning: ...", "error: ..."), written to the
+    sys.stderr of the moment, which a live progress bar redirects to above itself."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(f"{record.levelname.lower()}: {' '.join(record.getMessage().split())}\n")
+        except Exception:
+            self.handleError(record)
+
+
+def _configure_logging() -> None:
+    """The library logs notices such as "a read failed verification; reading it again"; the CLI
+    reports outcomes itself, one line each, so only the library's errors pass through, and the
+    storage layer's retries (a stalled upload is otherwise silent for minutes). Other libraries'
+    records (paramiko's tracebacks of a dropped session, asyncio's) are dropped: the failures they
+    log are retried or reported by ckptvault. CKPTVAULT_DEBUG=1 shows every record instead."""
+    if os.environ.get("CKPTVAULT_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+        return
+    logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" printing of other libraries
+    library = logging.getLogger("ckptvault")
+    library.setLevel(logging.ERROR)
+    library.addHandler(_OneLineHandler())
+    library.propagate = False
+    logging.getLogger("ckptvault.store").setLevel(logging.WARNING)
+
+
 def main() -> None:
     # Before numpy loads: the CLI does no linear algebra, and OpenBLAS's idle worker threads spin on
     # the cores that hashing and compression need (a few % of a backup's CPU, measured with perf).
@@ -78,9 +106,7 @@ def main() -> None:
     _derive_key_ahead(sys.argv[1:])
     from .commands import app
 
-    # The library logs notices such as "a read failed verification; reading it again"; the CLI
-    # reports outcomes itself, one line each, so only the library's errors pass through.
-    logging.getLogger("ckptvault").setLevel(logging.ERROR)
+    _configure_logging()
     # The pipelines allocate many short-lived objects (futures, tuples) per chunk: collecting
     # less often, and never scanning the modules loaded at start-up, saves a few % of the CPU.
     gc.freeze()

@@ -131,6 +131,7 @@ CONNECTION_ERRNOS = frozenset(
         getattr(errno, "EREMOTEIO", errno.EIO),  # s3fs: 500 InternalError
     }
 )
+ANSWERED_ERRNOS = frozenset({errno.EBUSY, errno.EIO, getattr(errno, "EREMOTEIO", errno.EIO)})  # s3fs's 5xx
 PERMANENT_ERRNOS = frozenset(
     {
         errno.EINVAL,
@@ -235,3 +236,18 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         # "Socket is closed", fsspec's generic IOError); the retry budget bounds a wrong guess.
         return Failure(Kind.TRANSIENT, detail)
     return Failure(Kind.PERMANENT, detail)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage did not answer at all (a timeout, a refused or dropped
+    connection), as opposed to answering with an error (a 5xx, a short object): then the storage
+    itself is down, not one object."""
+    chain = _chain(exc)
+    if any(_status_and_code(node) != (None, None) for node in chain):
+        return False
+    return any(
+        isinstance(node, (ConnectionError, TimeoutError))
+        or type(node).__name__ in RETRYABLE_NAMES
+        or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
+        for node in chain
+    )

@@ -48,7 +48,7 @@ from .failures import Kind, classify, one_line
 from .localwrite import LocalWriter, fsync_dir
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
 from .readahead import ReadAheadStore
-from .retrying import RetryingStore, RetryPolicy
+from .retrying import RetryingStore, RetryPolicy, call_deadline
 
 TEMP_PREFIX = ".tmp-"
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
@@ -130,14 +130,16 @@ class FsspecStore:
             return self._fs
 
     @contextmanager
-    def _session(self, op: str, key: str, *, if_absent: bool = False) -> Iterator[Any]:
-        """One call: a filesystem to use (a pooled session for SFTP) and error translation around it."""
-        with self._translate_errors(op, key, if_absent=if_absent):
+    def _session(self, op: str, key: str, nbytes: int | None = None, *, if_absent: bool = False) -> Iterator[Any]:
+        """One call: a filesystem to use (a pooled session for SFTP) and error translation around it.
+        ``nbytes``: what the call moves, where known (its deadline)."""
+        with self._translate_errors(op, key, if_absent=if_absent, nbytes=nbytes):
             if not self.profile.pooled:
                 yield self._filesystem()
                 return
-            if not self._slots.acquire(timeout=self.op_timeout):
-                raise TimeoutError(f"no free session after {self.op_timeout:g} s")
+            wait = call_deadline(self.op_timeout, nbytes) or None
+            if not self._slots.acquire(timeout=wait):
+                raise TimeoutError(f"no free session after {wait:g} s")
             try:
                 with self._fs_lock:
                     fs = self._idle.pop() if self._idle else None
@@ -157,14 +159,18 @@ class FsspecStore:
             finally:
                 self._slots.release()
 
-    def _deadline(self) -> dict[str, Any]:
-        return {"timeout": self.op_timeout} if self.enforces_deadline and self.op_timeout else {}
+    def _deadline(self, nbytes: int | None = None) -> dict[str, Any]:
+        """The deadline argument for an async filesystem's call (see retrying.call_deadline)."""
+        seconds = call_deadline(self.op_timeout, nbytes) if self.enforces_deadline else 0
+        return {"timeout": seconds} if seconds else {}
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
     @contextmanager
-    def _translate_errors(self, op: str, key: str, *, if_absent: bool = False) -> Iterator[None]:
+    def _translate_errors(
+        self, op: str, key: str, *, if_absent: bool = False, nbytes: int | None = None
+    ) -> Iterator[None]:
         """The one place where backend exceptions become ckptvault errors."""
         try:
             yield
@@ -183,8 +189,8 @@ class FsspecStore:
             if failure.kind is Kind.FULL:
                 raise StorageFullError(op, key, self.url, failure.reason) from exc
             reason = failure.reason
-            if type(exc).__name__ == "FSTimeoutError" and self.op_timeout:
-                reason = f"no answer after {self.op_timeout:g} s"
+            if type(exc).__name__ == "FSTimeoutError" and self._deadline(nbytes):
+                reason = f"no answer after {self._deadline(nbytes)['timeout']:g} s"
             raise StorageError(op, key, self.url, reason, retryable=failure.retryable) from exc
 
     def _bucket_missing(self) -> bool:
@@ -193,7 +199,7 @@ class FsspecStore:
         if not self._bucket or not self.profile.object_store or self._bucket_seen:
             return False
         try:
-            self._bucket_seen = bool(self._filesystem().exists(self._bucket, **self._deadline()))
+            self._bucket_seen = bool(self._filesystem().exists(self._bucket, **self._deadline(0)))
         except Exception:
             return False
         return not self._bucket_seen
@@ -206,7 +212,7 @@ class FsspecStore:
             with self._translate_errors("PUT", key, if_absent=if_absent):
                 self._put_local(path, data, if_absent)
             return
-        with self._session("PUT", key, if_absent=if_absent) as fs:
+        with self._session("PUT", key, len(data), if_absent=if_absent) as fs:
             if if_absent and not self.supports_if_absent and fs.exists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path)  # best effort: this backend cannot enforce it
             if not self.profile.object_store:
@@ -215,12 +221,12 @@ class FsspecStore:
                 self._put_renamed(fs, path, data, if_absent)
             elif if_absent and self.profile.conditional_put:
                 if self.profile.remote:
-                    fs.pipe_file(path, bytes(data), mode="create", **self._deadline())
+                    fs.pipe_file(path, bytes(data), mode="create", **self._deadline(len(data)))
                 else:
                     with _IN_PROCESS_CREATE:
                         fs.pipe_file(path, bytes(data), mode="create")
             else:
-                fs.pipe_file(path, bytes(data), **self._deadline())
+                fs.pipe_file(path, bytes(data), **self._deadline(len(data)))
 
     def _make_parent(self, fs: Any, path: str) -> None:
         directory = path.rsplit("/", 1)[0]
@@ -293,7 +299,7 @@ class FsspecStore:
             with self._translate_errors("GET", key):
                 data = self._pread_local(key, start, length)
         else:
-            with self._session("GET", key) as fs:
+            with self._session("GET", key, length) as fs:
                 data = self._read(fs, self._path(key), start, length)
         if len(data) != length:
             # on a local disk a short object stays short; over a network the next try may get it all
@@ -322,14 +328,14 @@ class FsspecStore:
 
     def read_upto(self, key: str, start: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``start``: fewer where the object ends (read-ahead windows)."""
-        with self._session("GET", key) as fs:
+        with self._session("GET", key, length) as fs:
             return self._read(fs, self._path(key), start, length)
 
     def _read(self, fs: Any, path: str, start: int | None, length: int | None) -> bytes:
         ftp = getattr(fs, "ftp", None) if self.profile.pooled else None
         if ftp is None:
             end = None if start is None or length is None else start + length
-            return bytes(fs.cat_file(path, start=start, end=end, **self._deadline()))
+            return bytes(fs.cat_file(path, start=start, end=end, **self._deadline(length)))
         # paramiko reads 32 KiB per round trip unless asked to pipeline: 30x faster on 20 MiB
         with ftp.open(path, "rb") as f:
             if start is None or length is None:
@@ -338,8 +344,8 @@ class FsspecStore:
             return b"".join(f.readv([(start, length)]))
 
     def exists(self, key: str) -> bool:
-        with self._session("STAT", key) as fs:
-            return bool(fs.exists(self._path(key), **self._deadline()))
+        with self._session("STAT", key, 0) as fs:
+            return bool(fs.exists(self._path(key), **self._deadline(0)))
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         base = self._path(prefix.rstrip("/")) if prefix else self.root
@@ -388,8 +394,8 @@ class FsspecStore:
         return found
 
     def delete(self, key: str) -> None:
-        with self._session("DELETE", key) as fs:
-            fs.rm_file(self._path(key), **self._deadline())
+        with self._session("DELETE", key, 0) as fs:
+            fs.rm_file(self._path(key), **self._deadline(0))
 
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         """Delete what killed writers left behind, when older than ``older_than_s``: temp files

@@ -13,13 +13,19 @@ read blocked in the kernel.
 A create-if-absent put that is retried after a failure may find its own first attempt stored (the
 reply was lost, not the write): it then reads the object back, and identical bytes count as success.
 
+Deadlines follow the size of the call (``call_deadline``): a write to a server that stopped
+reading blocks in the socket, where the backends' read timeouts do not look, so a PUT of a 16 MiB
+pack is given up after 124 s, not after a fixed 10 minutes; each retry is logged as a warning
+(logger ``ckptvault.store``), so a stalled transfer is not silent.
+
 Settings come from the environment unless given: CKPTVAULT_RETRIES (attempts after the
 first, default 5), CKPTVAULT_RETRY_DELAY (first backoff in seconds, default 0.5, doubling up
-to 30 s), CKPTVAULT_OP_TIMEOUT (seconds per storage call, default 600).
+to 30 s), CKPTVAULT_OP_TIMEOUT (seconds per storage call, every call alike; default: by size).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -30,8 +36,27 @@ from typing import TypeVar
 
 from ..errors import ObjectExistsError, StorageError, UsageError
 from .base import ObjectInfo, Store
+from .failures import unreachable
 
 T = TypeVar("T")
+log = logging.getLogger("ckptvault.store")
+
+# The default deadline of a call that moves a known number of bytes: a base for the round trips,
+# plus a second per 256 KiB (a 16 MiB pack: 124 s; four such uploads at once need ~0.5 MB/s). A
+# call of unknown size (a whole object's GET, a listing) gets UNSIZED_DEADLINE_S.
+BASE_DEADLINE_S = 60.0
+SLOWEST_RATE = 256 * 1024
+UNSIZED_DEADLINE_S = 600.0
+
+
+def call_deadline(op_timeout: float | None, nbytes: int | None) -> float:
+    """Seconds one storage call may take (0: no limit): ``op_timeout`` for every call where it is
+    set (CKPTVAULT_OP_TIMEOUT), else by size (above)."""
+    if op_timeout is not None:
+        return op_timeout
+    if nbytes is None:
+        return UNSIZED_DEADLINE_S
+    return BASE_DEADLINE_S + nbytes / SLOWEST_RATE
 
 
 def _env_number(name: str, default: float) -> float:
@@ -52,14 +77,15 @@ class RetryPolicy:
     retries: int = 5
     base_delay: float = 0.5
     max_delay: float = 30.0
-    op_timeout: float = 600.0
+    op_timeout: float | None = None  # None: by the call's size (call_deadline)
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
+        timeout = os.environ.get("CKPTVAULT_OP_TIMEOUT")
         return cls(
             retries=int(_env_number("CKPTVAULT_RETRIES", cls.retries)),
             base_delay=_env_number("CKPTVAULT_RETRY_DELAY", cls.base_delay),
-            op_timeout=_env_number("CKPTVAULT_OP_TIMEOUT", cls.op_timeout),
+            op_timeout=None if timeout is None else _env_number("CKPTVAULT_OP_TIMEOUT", 0),
         )
 
     def delay(self, attempt: int) -> float:
@@ -83,7 +109,7 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise StorageError(op, key, url, f"no answer after {timeout:g} s", retryable=True)
+        raise StorageError(op, key, url, f"no answer after {timeout:g} s", retryable=True) from TimeoutError()
     if error:
         raise error[0]
     return result[0]
@@ -102,26 +128,67 @@ class RetryingStore:
         self.remote = getattr(inner, "remote", False)
         self.transfers = getattr(inner, "transfers", None)
         self.supports_if_absent = getattr(inner, "supports_if_absent", False)
-        grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
-        self._wait_s = self.policy.op_timeout + grace if self.policy.op_timeout else self.policy.op_timeout
-        self._deadline = getattr(inner, "needs_deadline", True) and self._wait_s > 0  # 0: no deadline
+        self._grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
+        self._deadlines = getattr(inner, "needs_deadline", True)
+        # A circuit breaker. After a call gave up because the storage did not answer through all its
+        # attempts (not when it answered with an error, which may concern one object only), the next
+        # call is a probe with one attempt, and calls made while a probe runs fail at once instead of
+        # each waiting out a budget of its own: a backup's next uploads, a restore's queued reads, the
+        # lock's release. Any answer (to the probe or to a call already under way) closes it.
+        self._breaker = threading.Lock()
+        self._gave_up: StorageError | None = None
+        self._probing = False
 
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+    def _admit(self, op: str, key: str) -> tuple[int, bool]:
+        """How many retries this call gets, and whether it is the breaker's probe."""
+        with self._breaker:
+            first = self._gave_up
+            if first is None:
+                return self.policy.retries, False
+            if self._probing:
+                reason = f"not tried, the storage did not answer {first.op} {first.key} ({first.reason})"
+                raise StorageError(op, key, self.url, reason, retryable=True)
+            self._probing = True
+            return 0, True
+
+    def _settle(self, probe: bool, error: BaseException | None) -> None:
+        with self._breaker:
+            if probe:
+                self._probing = False
+            if isinstance(error, StorageError) and error.retryable and unreachable(error):
+                if probe or self._gave_up is None:
+                    self._gave_up = error
+            elif error is None or isinstance(error, StorageError):
+                self._gave_up = None  # the storage answered (an interrupt says nothing either way)
+
+    def _call(self, op: str, key: str, fn: Callable[[], T], nbytes: int | None = None) -> T:
+        """``fn`` with retries; ``nbytes``: what the call moves, where known (its deadline)."""
+        retries, probe = self._admit(op, key)
+        deadline = call_deadline(self.policy.op_timeout, nbytes) if self._deadlines else 0
         attempt = 0
         while True:
             try:
-                return call_with_timeout(fn, self._wait_s, op, key, self.url) if self._deadline else fn()
+                result = call_with_timeout(fn, deadline + self._grace, op, key, self.url) if deadline else fn()
             except StorageError as exc:
-                if not exc.retryable or attempt >= self.policy.retries:
+                if not exc.retryable or attempt >= retries:
+                    self._settle(probe, exc)
                     if attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
-            time.sleep(self.policy.delay(attempt))
+                delay = self.policy.delay(attempt)
+                log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1)
+            except BaseException as exc:
+                self._settle(probe, exc)
+                raise
+            else:
+                self._settle(probe, None)
+                return result
+            time.sleep(delay)
             attempt += 1
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         if not if_absent:
-            self._call("PUT", key, lambda: self.inner.put(key, data))
+            self._call("PUT", key, lambda: self.inner.put(key, data), len(data))
             return
         attempts = 0
 
@@ -131,7 +198,7 @@ class RetryingStore:
             self.inner.put(key, data, if_absent=True)
 
         try:
-            self._call("PUT", key, attempt)
+            self._call("PUT", key, attempt, len(data))
         except ObjectExistsError:
             if attempts < 2 or self.get(key) != bytes(data):
                 raise
@@ -140,19 +207,20 @@ class RetryingStore:
         return self._call("GET", key, lambda: self.inner.get(key))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self._call("GET", key, lambda: self.inner.get_range(key, start, length))
+        return self._call("GET", key, lambda: self.inner.get_range(key, start, length), length)
 
     def read_upto(self, key: str, start: int, length: int) -> bytes:
-        return self._call("GET", key, lambda: self.inner.read_upto(key, start, length))  # type: ignore[attr-defined]
+        read = self.inner.read_upto  # type: ignore[attr-defined]
+        return self._call("GET", key, lambda: read(key, start, length), length)
 
     def exists(self, key: str) -> bool:
-        return self._call("STAT", key, lambda: self.inner.exists(key))
+        return self._call("STAT", key, lambda: self.inner.exists(key), 0)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         return self._call("LIST", prefix, lambda: self.inner.list(prefix))
 
     def delete(self, key: str) -> None:
-        self._call("DELETE", key, lambda: self.inner.delete(key))
+        self._call("DELETE", key, lambda: self.inner.delete(key), 0)
 
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         return self.inner.remove_stale_temp_files(older_than_s)

@@ -105,11 +105,11 @@ def remote_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """The CLI's error: exactly one line on stderr, no traceback."""
+    """The CLI's error: exactly one line on stderr, no traceback (after any "warning:" lines of retries)."""
     err = proc.stderr.decode()
     assert proc.returncode != 0, err
     assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("warning: ")]
     assert len(lines) == 1, err
     return lines[0]
 

@@ -215,3 +215,24 @@ def test_cli_upload_cut_forever_is_one_line_and_commits_nothing(moto, proxy, rem
     remote_cli(backend, "check", "--read-data", "--repo", repo, **env)
     remote_cli(backend, "restore", "latest", str(tmp_path / "out"), "--repo", repo, "-q", **env)
     assert tree_digest(tmp_path / "out") == before
+
+
+def test_a_restore_from_a_server_that_stopped_answering_makes_few_attempts(moto, proxy, src, tmp_path, monkeypatch):
+    """Once one read gave up, the restore's other reads do not each wait out a budget of their own."""
+    opts = via(moto.backend, proxy)
+    url = moto.backend.new_url("stalled-restore")
+    vault = Vault.init(url, storage_options=opts, chunker=SMALL_CHUNKS, pack_size=PACK)
+    vault.backup(src)
+    vault.close()
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "1")
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "1")
+    monkeypatch.setenv("CKPTVAULT_READAHEAD_MIB", "0.25")
+    monkeypatch.setenv("CKPTVAULT_DOWNLOADS", "4")
+    vault = Vault.open(url, storage_options=opts)
+    stall = ArmOnFirstBytes(proxy, lambda p: setattr(p, "stall", True))
+    with pytest.raises(StorageError, match=r"GET packs/.*no answer after 1 s"):
+        vault.restore("latest", tmp_path / "out", on_progress=stall)
+    # the reads under way (4) finish their two attempts each; the next call is one probe, and the rest
+    # (queued reads, read-ahead fallbacks, the lock's release) are not tried
+    assert proxy.stalled <= 4 * 2 + 1, proxy.stalled
+    vault.close()
