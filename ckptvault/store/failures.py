@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import re
+import ssl
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -145,6 +146,9 @@ PERMANENT_ERRNOS = frozenset(
         errno.ELOOP,
     }
 )
+# TLS that cannot pass by retrying: a certificate that does not verify, or TLS spoken to a plain HTTP
+# port (or the reverse); a TLS connection dropped midway (SSLEOFError) stays transient
+_TLS_MISMATCH = re.compile(r"CERTIFICATE_VERIFY_FAILED|WRONG_VERSION_NUMBER|certificate verify failed")
 _PRECONDITION_TEXT = re.compile(r"pre-?condition|conditionnotmet|if-none-match", re.IGNORECASE)
 _BUCKET_TEXT = re.compile(r"(bucket|container)[^.]*(does not exist|not found|NoSuch)|NoSuchBucket", re.IGNORECASE)
 
@@ -221,6 +225,10 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Failure(Kind.FULL, exc.strerror or "no space left")
+    if _TLS_MISMATCH.search(text) or any(isinstance(n, ssl.SSLCertVerificationError) for n in chain):
+        return Failure(
+            Kind.PERMANENT, f"TLS failed ({detail}); check http:// or https:// in the endpoint and its certificate"
+        )
     if status is not None:
         if status >= 500 or status in RETRYABLE_STATUS or code in RETRYABLE_CODES:
             return Failure(Kind.TRANSIENT, detail)

@@ -345,7 +345,12 @@ class FsspecStore:
 
     def exists(self, key: str) -> bool:
         with self._session("STAT", key, 0) as fs:
-            return bool(fs.exists(self._path(key), **self._deadline(0)))
+            found = bool(fs.exists(self._path(key), **self._deadline(0)))
+            if not found and self._bucket_missing():
+                # say so before anything is written: some servers (SeaweedFS) make a bucket on the
+                # first PUT into it, and `init` into a mistyped bucket name must not make one
+                raise FileNotFoundError(errno.ENOENT, "NoSuchBucket", self._bucket)
+            return found
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         base = self._path(prefix.rstrip("/")) if prefix else self.root

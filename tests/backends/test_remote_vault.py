@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -114,7 +115,15 @@ def test_credentials_are_never_written_to_the_repository_or_the_cache(server, re
 
 @pytest.mark.parametrize(
     "what",
-    ["missing bucket", "unreachable endpoint", "unknown protocol", "gcs missing bucket", "azure wrong key", "sftp"],
+    [
+        "missing bucket",
+        "unreachable endpoint",
+        "https to an http port",
+        "unknown protocol",
+        "gcs missing bucket",
+        "azure wrong key",
+        "sftp",
+    ],
 )
 def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str):
     env = {"CKPTVAULT_RETRIES": "1", "CKPTVAULT_RETRY_DELAY": "0.05"}
@@ -129,6 +138,13 @@ def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str)
     elif what == "unreachable endpoint":
         args, expect = ["--repo", "s3://bucket/vault", "-o", f"endpoint_url={dead}"], "Could not connect"
         env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
+    elif what == "https to an http port":  # cannot pass by retrying: fails at once
+        moto = server("s3-moto")
+        args, expect = (
+            ["--repo", "s3://bucket/vault", "-o", f"endpoint_url=https://127.0.0.1:{moto.port}"],
+            "TLS failed",
+        )
+        env.update(moto.backend.env)
     elif what == "unknown protocol":
         args, expect = ["--repo", "nosuchproto://bucket/vault"], "no fsspec filesystem handles nosuchproto://"
     elif what == "gcs missing bucket":
@@ -148,6 +164,8 @@ def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str)
     line = one_line_error(proc)
     assert proc.returncode == (2 if what == "unknown protocol" else 20), line
     assert expect in line, line
+    if what == "https to an http port":
+        assert "attempts" not in line and "warning" not in proc.stderr.decode(), proc.stderr.decode()
     repo = args[1].split("?")[0]
     assert repo in line, line
 
@@ -190,3 +208,14 @@ def test_url_query_and_environment_options(server, monkeypatch):
     monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
     with pytest.raises(StorageError, match="Could not connect"):
         Vault.open(url, storage_options={"endpoint_url": "http://127.0.0.1:9"})
+
+
+def test_init_into_a_missing_bucket_makes_no_bucket_even_where_a_put_would(server, remote_cli):
+    """SeaweedFS creates a bucket on the first PUT into it: init checks the bucket before writing."""
+    b = server("s3-seaweedfs").backend
+    bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
+    proc = remote_cli(b, "init", f"s3://{bucket}/vault", check=False, CKPTVAULT_RETRIES="0")
+    line = one_line_error(proc)
+    assert proc.returncode == 20 and f"bucket '{bucket}' does not exist" in line, line
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **b.storage_options)
+    assert bucket not in {name.rstrip("/") for name in fs.ls("")}
