@@ -201,3 +201,18 @@ def test_an_error_the_storage_answered_with_opens_no_breaker():
     with pytest.raises(StorageError, match="after 3 attempts"):  # full retries, not a probe
         store.get("obj")
     assert inner.calls == 6
+
+
+def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock(src: Path, monkeypatch):
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    vault = Vault.init(url(), pack_size=1 << 20)  # 3 MiB of source: more packs than upload slots (2)
+    faultyfs.FAULTS["put:/packs/"] = list("HH") + list("." * 20)
+    faultyfs.FAULTS["delete"] = list("." * 20)
+    with pytest.raises(StorageError, match=r"PUT packs/.*no answer after 0\.5 s"):
+        vault.backup(src)
+    assert len(faultyfs.FAULTS["put:/packs/"]) == 20  # the two uploads that hung, and no other
+    assert len(faultyfs.FAULTS["delete"]) == 20  # its lock is not removed from a storage that is not answering
+    assert len(vault.locks()) == 1
+    vault.unlock(remove_all=True)
+    time.sleep(faultyfs.HANG_S)  # the abandoned uploads land (late duplicates are harmless)
+    assert vault.backup(src).summary.files == 2  # the storage answers again: the next backup works

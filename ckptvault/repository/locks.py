@@ -503,7 +503,8 @@ class HeldLock:
         )
         return LockLostError(f"lost the lock on {self.manager.repo.store.url}: {self._lost}; {then}")
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = True) -> None:
+        """Stop refreshing and delete the lock object (``remove=False``: leave it, to go stale)."""
         try:
             self._stop.set()
             with self._mutex:  # waits for a refresh or verify() in progress; none judges it from now on
@@ -516,6 +517,8 @@ class HeldLock:
                     held.remove(self)
                 if not held:  # no reference to a closed Repository is kept
                     _HELD.pop(self.manager.repo, None)
+        if not remove:
+            return
         with self._mutex:
             self._remove_orphans()
             for lock in self._orphans:
@@ -528,6 +531,17 @@ class HeldLock:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
             self.release()
+            return
+        if getattr(self.manager.repo.store, "unanswered", False):
+            # the command failed because the storage stopped answering: a delete would only wait out
+            # another deadline; the lock is stale after stale_after and `unlock` removes it
+            self.release(remove=False)
+            log.warning(
+                "lock %s is left behind (the storage is not answering); it goes stale after %d minutes, "
+                "and ckptvault unlock removes it",
+                self.info.lock_id.hex()[:12],
+                round(self.manager.stale_after.total_seconds() / 60),
+            )
             return
         try:
             self.release()

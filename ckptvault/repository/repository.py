@@ -304,6 +304,10 @@ class Repository:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._upload_concurrency, thread_name_prefix="ckptvault-upload")
         self._upload_slots.acquire()  # bounds memory: at most N sealed packs in flight
+        failed = next((f for f, _, _ in self._uploads if f.done() and f.exception() is not None), None)
+        if failed is not None:  # the slot came free because an upload failed: start no more
+            self._upload_slots.release()
+            failed.result()
         future = self._executor.submit(self._upload, pack_id, data)
         self._uploads.append((future, pack_id, entries))
 

@@ -139,6 +139,12 @@ class RetryingStore:
         self._gave_up: StorageError | None = None
         self._probing = False
 
+    @property
+    def unanswered(self) -> bool:
+        """Whether the last call to give up did so because the storage did not answer, and nothing
+        has answered since (a caller may skip best-effort calls, such as removing its lock)."""
+        return self._gave_up is not None
+
     def _admit(self, op: str, key: str) -> tuple[int, bool]:
         """How many retries this call gets, and whether it is the breaker's probe."""
         with self._breaker:
