@@ -162,7 +162,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+def status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
     """HTTP status and service error code, where the exception carries them."""
     response: Any = getattr(exc, "response", None)
     if isinstance(response, dict):  # botocore ClientError
@@ -203,7 +203,7 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
     chain = _chain(exc)
     status = code = None
     for node in chain:
-        status, code = _status_and_code(node)
+        status, code = status_and_code(node)
         if status is not None or code is not None:
             break
     names = {type(node).__name__ for node in chain}
@@ -251,7 +251,7 @@ def unreachable(exc: BaseException) -> bool:
     connection), as opposed to answering with an error (a 5xx, a short object): then the storage
     itself is down, not one object."""
     chain = _chain(exc)
-    if any(_status_and_code(node) != (None, None) for node in chain):
+    if any(status_and_code(node) != (None, None) for node in chain):
         return False
     return any(
         isinstance(node, (ConnectionError, TimeoutError))

@@ -42,9 +42,9 @@ from ..errors import (
     StorageFullError,
     UsageError,
 )
-from .backends import Profile, bucket_of, default_options, install_hint, option_error, profile_for, tune
+from .backends import S3, Profile, bucket_of, default_options, install_hint, option_error, profile_for, tune
 from .base import ObjectInfo
-from .failures import Kind, classify, one_line
+from .failures import Failure, Kind, classify, one_line, status_and_code
 from .localwrite import LocalWriter, fsync_dir
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
 from .readahead import ReadAheadStore
@@ -180,8 +180,8 @@ class FsspecStore:
             raise
         except Exception as exc:
             failure = classify(exc, self._bucket)
-            if failure.kind is Kind.NOT_FOUND and self._bucket_missing():
-                failure = classify(FileNotFoundError(errno.ENOENT, "NoSuchBucket"), self._bucket)
+            if failure.kind is Kind.NOT_FOUND:
+                failure = self._bucket_missing() or failure
             if failure.kind is Kind.NOT_FOUND:
                 raise ObjectNotFoundError(op, key, self.url) from exc
             if failure.kind is Kind.EXISTS and if_absent:
@@ -193,16 +193,35 @@ class FsspecStore:
                 reason = f"no answer after {self._deadline(nbytes)['timeout']:g} s"
             raise StorageError(op, key, self.url, reason, retryable=failure.retryable) from exc
 
-    def _bucket_missing(self) -> bool:
+    def _bucket_missing(self) -> Failure | None:
         """After a "not found" on an object store: is it the bucket that is missing? gcsfs and adlfs
-        report both alike. Asked until the bucket is seen once; any doubt counts as "it exists"."""
+        report both alike. Asked until the bucket is seen once; any doubt counts as "it exists".
+        Returns the failure to report instead of "object not found", or None."""
         if not self._bucket or not self.profile.object_store or self._bucket_seen:
-            return False
+            return None
+        fs = self._filesystem()
         try:
-            self._bucket_seen = bool(self._filesystem().exists(self._bucket, **self._deadline(0)))
+            self._bucket_seen = bool(fs.exists(self._bucket, **self._deadline(0)))
         except Exception:
-            return False
-        return not self._bucket_seen
+            return None
+        if self._bucket_seen:
+            return None
+        if self.profile.protocol in S3:
+            # an S3 service names a missing bucket (NoSuchBucket); another HTTP server answers a bare 404
+            try:
+                fs.call_s3("list_objects_v2", Bucket=self._bucket, MaxKeys=1, **self._deadline(0))
+            except Exception as exc:
+                status, code = _status_in_chain(exc)
+                if code != "NoSuchBucket":
+                    if status != 404:
+                        return None
+                    where = self._options.get("endpoint_url") or "the endpoint"
+                    reason = f"{where} answered 404 without an S3 error code: is endpoint_url an S3 service?"
+                    return Failure(Kind.PERMANENT, reason)
+            else:
+                self._bucket_seen = True
+                return None
+        return classify(FileNotFoundError(errno.ENOENT, "NoSuchBucket"), self._bucket)
 
     # ---- the Store contract ------------------------------------------------------------
 
@@ -346,10 +365,10 @@ class FsspecStore:
     def exists(self, key: str) -> bool:
         with self._session("STAT", key, 0) as fs:
             found = bool(fs.exists(self._path(key), **self._deadline(0)))
-            if not found and self._bucket_missing():
-                # say so before anything is written: some servers (SeaweedFS) make a bucket on the
-                # first PUT into it, and `init` into a mistyped bucket name must not make one
-                raise FileNotFoundError(errno.ENOENT, "NoSuchBucket", self._bucket)
+            # a missing bucket is said before anything is written: some servers (SeaweedFS) make a
+            # bucket on the first PUT into it, and `init` into a mistyped bucket must not make one
+            if not found and (failure := self._bucket_missing()):
+                raise StorageError("STAT", key, self.url, failure.reason)
             return found
 
     def list(self, prefix: str) -> list[ObjectInfo]:
@@ -473,6 +492,16 @@ def _server_time(response: dict[str, Any]) -> float | None:
         return parsedate_to_datetime(date).timestamp() if date else None
     except (TypeError, ValueError):
         return None
+
+
+def _status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
+    node: BaseException | None = exc
+    while node is not None:
+        found = status_and_code(node)
+        if found != (None, None):
+            return found
+        node = node.__cause__ or node.__context__
+    return None, None
 
 
 def _close_session(fs: Any) -> None:

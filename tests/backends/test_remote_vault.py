@@ -4,6 +4,8 @@ reach the repository; bad URLs, missing buckets, bad credentials and dead endpoi
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import shutil
 import threading
@@ -168,6 +170,24 @@ def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str)
         assert "attempts" not in line and "warning" not in proc.stderr.decode(), proc.stderr.decode()
     repo = args[1].split("?")[0]
     assert repo in line, line
+
+
+def test_an_endpoint_that_is_not_s3_is_named_not_taken_for_a_missing_bucket(remote_cli, tmp_path: Path):
+    """A wrong port (a web console, a filer) answers 404 to everything: that is not a missing bucket."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{web.server_address[1]}"
+    try:
+        proc = remote_cli(
+            None, "snapshots", "--repo", "s3://bucket/vault", "-o", f"endpoint_url={endpoint}",
+            check=False, CKPTVAULT_RETRIES="0", AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y",
+        )  # fmt: skip
+    finally:
+        web.shutdown()
+    line = one_line_error(proc)
+    assert proc.returncode == 20, line
+    assert f"{endpoint} answered 404 without an S3 error code" in line and "does not exist" not in line, line
 
 
 def test_init_twice_at_once_has_one_winner(server):
