@@ -28,7 +28,7 @@ def tensor_checkpoint(path: Path) -> Path:
 def test_drill_restores_verifies_loads_times_each_phase_and_cleans_up(tmp_path, repo_url, vault, cli):
     ckpt = tensor_checkpoint(tmp_path / "checkpoint-7")
     vault.backup(ckpt, tags={"run": "d", "step": "7"})
-    scratch = tmp_path / "scratch"
+    scratch = tmp_path / "scratch" / "drills"  # neither exists yet
     proc = cli("drill", "latest", "--tag", "run=d", "--load", "--json", "--tmp-dir", str(scratch), "--repo", repo_url)
     report = json.loads(proc.stdout)
     assert report["ok"] is True and report["step"] == 7 and report["files"] == 5
@@ -41,7 +41,11 @@ def test_drill_restores_verifies_loads_times_each_phase_and_cleans_up(tmp_path, 
         "extra_state.pt": ("torch", True),
         "pickled.pt": ("torch-archive", True),  # checked record by record, its pickle not run
     }
-    assert list(scratch.iterdir()) == [], "the drill leaves nothing behind"
+    assert not (tmp_path / "scratch").exists(), "the drill leaves nothing behind, not even the folders it made"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    vault.drill("latest", workdir=kept)
+    assert kept.is_dir() and list(kept.iterdir()) == []  # a folder that was there stays
     text = cli("drill", "--tag", "run=d", "--repo", repo_url).stdout.decode()
     assert "fetch" in text and "verify" in text and "recovery OK" in text
 

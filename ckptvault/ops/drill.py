@@ -18,6 +18,7 @@ StorageFullError (exit 21) naming the folder; any other filesystem error is a on
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -73,9 +74,11 @@ def run_drill(
     workdir: str | None = None,
 ) -> DrillReport:
     started = time.monotonic()
-    holder = _make_tmp(workdir)
+    holder, made = _make_tmp(workdir)
     where = workdir or tempfile.gettempdir()
-    with holder as tmp:
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(_remove_empty, made)  # the --tmp-dir folders the drill made, after its own
+        tmp = cleanup.enter_context(holder)
         target = os.path.join(tmp, "restore")
         t0 = time.monotonic()
         try:
@@ -111,15 +114,21 @@ def run_drill(
     )
 
 
-def _make_tmp(workdir: str | None) -> tempfile.TemporaryDirectory[str]:
-    """The drill's temporary folder, in ``workdir`` (created if missing) or the system's."""
+def _make_tmp(workdir: str | None) -> tuple[tempfile.TemporaryDirectory[str], list[str]]:
+    """The drill's temporary folder, in ``workdir`` (created if missing) or the system's, and the
+    folders made for ``workdir``, innermost first (removed again after the drill)."""
     if workdir is not None and not workdir.strip():
         raise UsageError("--tmp-dir is empty; give a folder, or leave the option out for the system's")
     where = workdir or tempfile.gettempdir()
+    made: list[str] = []
     try:
         if workdir:
+            folder = os.path.abspath(workdir)
+            while not os.path.exists(folder) and folder != os.path.dirname(folder):
+                made.append(folder)
+                folder = os.path.dirname(folder)
             os.makedirs(workdir, exist_ok=True)
-        return tempfile.TemporaryDirectory(prefix="ckptvault-drill-", dir=workdir)
+        return tempfile.TemporaryDirectory(prefix="ckptvault-drill-", dir=workdir), made
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if classify(exc).kind is Kind.FULL:  # the same test as a restore's writes
@@ -139,6 +148,14 @@ def _make_tmp(workdir: str | None) -> tempfile.TemporaryDirectory[str]:
         raise UsageError(
             f"--tmp-dir {workdir}: cannot make a temporary folder there ({reason}); give a writable folder"
         ) from exc
+
+
+def _remove_empty(folders: list[str]) -> None:
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:  # something else was put there meanwhile: it stays, and so do its parents
+            return
 
 
 def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
