@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -103,3 +105,21 @@ def test_retries_are_warned_and_other_libraries_print_no_tracebacks(cli):
     warning, error = err.splitlines()
     assert warning.startswith("warning: storage failed: GET config on sftp://") and "(attempt 2 of 2)" in warning, err
     assert error.startswith("error: storage failed: GET config on sftp://") and "(after 2 attempts)" in error, err
+
+
+def test_the_cli_shows_retries_and_locks_left_behind_and_drops_other_libraries_records():
+    script = (
+        "import logging; from ckptvault.cli import _configure_logging; _configure_logging()\n"
+        "logging.getLogger('ckptvault.store').warning('retrying  in 1 s')\n"
+        "logging.getLogger('ckptvault.locks').warning('lock abc is left behind')\n"
+        "logging.getLogger('ckptvault').warning('a notice the CLI reports itself')\n"
+        "logging.getLogger('ckptvault').error('queued backups failed')\n"
+        "logging.getLogger('paramiko.transport').error('Exception (client): Error reading SSH protocol banner')\n"
+        "logging.getLogger('asyncio').error('Task exception was never retrieved')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stderr.splitlines() == [
+        "warning: retrying in 1 s",
+        "warning: lock abc is left behind",
+        "error: queued backups failed",
+    ], proc.stderr

@@ -16,7 +16,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import IntegrityError, StorageError
-from ckptvault.store import open_store
+from ckptvault.store import open_store, retrying
 from ckptvault.store.retrying import RetryingStore, RetryPolicy
 
 from .conftest import tree_digest
@@ -216,3 +216,47 @@ def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock
     vault.unlock(remove_all=True)
     time.sleep(faultyfs.HANG_S)  # the abandoned uploads land (late duplicates are harmless)
     assert vault.backup(src).summary.files == 2  # the storage answers again: the next backup works
+
+
+def test_a_probe_that_hangs_without_a_deadline_holds_the_others_back_only_for_a_while(monkeypatch):
+    monkeypatch.setattr(retrying, "PROBE_PATIENCE_S", 0.3)
+    store = _store(timeout=0)  # deadlines off: a hung call is never abandoned
+    faultyfs.FAULTS["get"] = list("TTT")
+    with pytest.raises(StorageError, match="after 3 attempts"):
+        store.get("obj")
+    faultyfs.FAULTS["get"] = list("H")
+    with ThreadPoolExecutor(1) as pool:
+        probe = pool.submit(store.get, "obj")
+        while not faultyfs.INJECTED or faultyfs.INJECTED[-1][2] != "H":
+            time.sleep(0.01)
+        with pytest.raises(StorageError, match="not tried"):
+            store.get("obj")
+        time.sleep(0.4)
+        assert store.get("obj") == b"1"  # past the probe's patience: a new probe, and it is answered
+        assert probe.result() == b"1"
+
+
+def test_the_breaker_opens_only_for_a_while_after_a_give_up(monkeypatch):
+    monkeypatch.setattr(retrying, "OPEN_S", 0.3)
+    store = _store()
+    faultyfs.FAULTS["get"] = list("TTT")
+    with pytest.raises(StorageError, match="after 3 attempts"):
+        store.get("obj")
+    assert store.unanswered
+    time.sleep(0.4)
+    assert not store.unanswered
+    faultyfs.FAULTS["get"] = list("TT")
+    assert store.get("obj") == b"1"  # full retries again, not a single-attempt probe
+
+
+@pytest.mark.parametrize("exclusive", [False, True], ids=["shared", "exclusive"])
+def test_after_a_storage_stopped_answering_a_shared_lock_is_left_an_exclusive_one_removed(exclusive: bool):
+    vault = Vault.init(url())
+    store = vault._repo.store
+    lock = vault._repo.locks.acquire(exclusive=exclusive)
+    faultyfs.FAULTS["get"] = list("TTTT")
+    with pytest.raises(StorageError), lock:
+        store.get("config")  # the command fails: the storage does not answer
+    assert store.unanswered is not exclusive  # the exclusive lock's delete was tried, and answered
+    # an exclusive lock would block every backup for 30 minutes: its removal is tried (one attempt)
+    assert len(vault.locks()) == (0 if exclusive else 1)

@@ -39,6 +39,8 @@ from typing import Literal
 
 from ..errors import BackupSupersededError, FlushTimeoutError, StorageError, UsageError
 from ..snapshot.model import Snapshot
+from ..store.failures import unreachable
+from ..store.retrying import OPEN_S
 from . import pin as pins_module
 from .pin import Pin
 from .scan import check_sources
@@ -462,6 +464,8 @@ class AsyncShipper:
                 if not exc.retryable or attempt >= self._retries:
                     raise
                 delay = self._retry_delay * (2**attempt)
+                if unreachable(exc):  # wait out the store's breaker, so the retry gets its full retries
+                    delay = max(delay, OPEN_S)
                 attempt += 1
                 log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
                 time.sleep(delay)

@@ -35,7 +35,9 @@ A refresh that merely fails (a storage error) is remembered, not fatal: a later 
 within ``lost_after`` clears it, and ``verify()`` retries the refresh once itself; when that fails too
 it raises the storage's error (a StorageError, which a caller may retry: the lock is not lost), and
 LockLostError only once the lock went unrefreshed too long. A previous lock object that cannot be
-deleted after a refresh is logged and retried at the next refresh and at release, not left behind.
+deleted after a refresh is logged and retried at the next refresh and at release. After a command that
+failed because the storage stopped answering, a shared lock is not deleted (it would only wait out another
+deadline): it is left, named in a warning, to go stale.
 
 The locks this process holds are registered per repository, so that code deep inside a command
 (garbage collection, writing index objects) can check them: ``repo.locks.held``,
@@ -103,6 +105,8 @@ if TYPE_CHECKING:
     from .repository import Repository
 
 log = logging.getLogger("ckptvault")
+# a lock object left behind, which the user may have to remove: the CLI shows these as warnings
+left_behind = logging.getLogger("ckptvault.locks")
 STALE_AFTER = timedelta(minutes=30)
 REFRESH_EVERY = timedelta(minutes=5)
 SAFETY_MARGIN = 0.25  # share of stale_after a holder keeps in hand: its lock is lost after 3/4 of it
@@ -522,7 +526,9 @@ class HeldLock:
         with self._mutex:
             self._remove_orphans()
             for lock in self._orphans:
-                log.warning("lock object %s is left behind: ckptvault unlock removes it", lock.lock_id.hex()[:12])
+                left_behind.warning(
+                    "lock object %s is left behind: ckptvault unlock removes it", lock.lock_id.hex()[:12]
+                )
             self.manager.remove(self.info)
 
     def __enter__(self) -> HeldLock:
@@ -532,11 +538,12 @@ class HeldLock:
         if exc_type is None:
             self.release()
             return
-        if getattr(self.manager.repo.store, "unanswered", False):
+        if not self.exclusive and getattr(self.manager.repo.store, "unanswered", False):
             # the command failed because the storage stopped answering: a delete would only wait out
-            # another deadline; the lock is stale after stale_after and `unlock` removes it
+            # another deadline, and a shared lock blocks no backup (an exclusive one would block them
+            # all, so its removal is tried); it is stale after stale_after and `unlock` removes it
             self.release(remove=False)
-            log.warning(
+            left_behind.warning(
                 "lock %s is left behind (the storage is not answering); it goes stale after %d minutes, "
                 "and ckptvault unlock removes it",
                 self.info.lock_id.hex()[:12],
@@ -546,4 +553,4 @@ class HeldLock:
         try:
             self.release()
         except CkptVaultError as error:  # the storage that failed the command often fails this too
-            log.warning("could not remove the lock after a failure: %s", error)  # keep the first error
+            left_behind.warning("could not remove the lock after a failure: %s", error)  # keep the first error

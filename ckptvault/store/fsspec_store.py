@@ -365,9 +365,10 @@ class FsspecStore:
     def exists(self, key: str) -> bool:
         with self._session("STAT", key, 0) as fs:
             found = bool(fs.exists(self._path(key), **self._deadline(0)))
-            # a missing bucket is said before anything is written: some servers (SeaweedFS) make a
-            # bucket on the first PUT into it, and `init` into a mistyped bucket must not make one
-            if not found and (failure := self._bucket_missing()):
+            # a missing bucket is said before anything is written: some S3 servers (SeaweedFS) make a
+            # bucket on the first PUT into it, and `init` into a mistyped bucket must not make one. Only
+            # S3 confirms it (NoSuchBucket): gcsfs calls a bucket it may not inspect and that is empty missing
+            if not found and self.profile.protocol in S3 and (failure := self._bucket_missing()):
                 raise StorageError("STAT", key, self.url, failure.reason)
             return found
 

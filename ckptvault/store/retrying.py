@@ -115,6 +115,62 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
     return result[0]
 
 
+# After a call gave up because the storage did not answer through all its attempts (a timeout, a
+# refused or dropped connection; not an error it answered with, which may concern one object only),
+# calls made in the next OPEN_S seconds get one attempt each, one at a time (a probe), and those made
+# while a probe runs fail at once, instead of each waiting out a budget of its own: a backup's next
+# uploads, a restore's queued reads, the lock's release. Once anything answers, or OPEN_S after the
+# last give-up, calls get their full retries again. A probe that outlives its deadline (or
+# PROBE_PATIENCE_S where calls have none) no longer holds the others back.
+OPEN_S = 30.0
+PROBE_PATIENCE_S = 120.0
+
+
+@dataclass(frozen=True)
+class _GaveUp:
+    at: float
+    op: str
+    key: str
+    reason: str
+
+
+class Breaker:
+    """The circuit breaker above, for one store; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gave_up: _GaveUp | None = None
+        self._probe_until = 0.0
+
+    def is_open(self) -> bool:
+        gave_up = self._gave_up
+        return gave_up is not None and time.monotonic() - gave_up.at < OPEN_S
+
+    def admit(self, op: str, key: str, url: str, *, patience: float) -> bool:
+        """Whether this call is a probe (one attempt); raises a retryable StorageError when a probe runs."""
+        with self._lock:
+            now = time.monotonic()
+            gave_up = self._gave_up
+            if gave_up is None or now - gave_up.at >= OPEN_S:
+                return False
+            if now < self._probe_until:
+                reason = f"not tried, the storage did not answer {gave_up.op} {gave_up.key} ({gave_up.reason})"
+                # caused by "no answer", as the give-up was: callers that wait out an outage see it as one
+                raise StorageError(op, key, url, reason, retryable=True) from ConnectionError(gave_up.reason)
+            self._probe_until = now + (patience or PROBE_PATIENCE_S)
+            return True
+
+    def settle(self, probe: bool, error: BaseException | None) -> None:
+        """Record how a call ended: ``error`` None for an answer."""
+        with self._lock:
+            if probe:
+                self._probe_until = 0.0
+            if isinstance(error, StorageError) and error.retryable and unreachable(error):
+                self._gave_up = _GaveUp(time.monotonic(), error.op, error.key, error.reason)
+            elif error is None or isinstance(error, StorageError):
+                self._gave_up = None  # the storage answered (an interrupt says nothing either way)
+
+
 # How much later than the backend's own deadline the thread-based one fires, where the backend
 # enforces one: long enough for a cancelled request to report itself.
 DEADLINE_GRACE_S = 2.0
@@ -130,64 +186,36 @@ class RetryingStore:
         self.supports_if_absent = getattr(inner, "supports_if_absent", False)
         self._grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._deadlines = getattr(inner, "needs_deadline", True)
-        # A circuit breaker. After a call gave up because the storage did not answer through all its
-        # attempts (not when it answered with an error, which may concern one object only), the next
-        # call is a probe with one attempt, and calls made while a probe runs fail at once instead of
-        # each waiting out a budget of its own: a backup's next uploads, a restore's queued reads, the
-        # lock's release. Any answer (to the probe or to a call already under way) closes it.
-        self._breaker = threading.Lock()
-        self._gave_up: StorageError | None = None
-        self._probing = False
+        self._breaker = Breaker()
 
     @property
     def unanswered(self) -> bool:
-        """Whether the last call to give up did so because the storage did not answer, and nothing
-        has answered since (a caller may skip best-effort calls, such as removing its lock)."""
-        return self._gave_up is not None
-
-    def _admit(self, op: str, key: str) -> tuple[int, bool]:
-        """How many retries this call gets, and whether it is the breaker's probe."""
-        with self._breaker:
-            first = self._gave_up
-            if first is None:
-                return self.policy.retries, False
-            if self._probing:
-                reason = f"not tried, the storage did not answer {first.op} {first.key} ({first.reason})"
-                raise StorageError(op, key, self.url, reason, retryable=True)
-            self._probing = True
-            return 0, True
-
-    def _settle(self, probe: bool, error: BaseException | None) -> None:
-        with self._breaker:
-            if probe:
-                self._probing = False
-            if isinstance(error, StorageError) and error.retryable and unreachable(error):
-                if probe or self._gave_up is None:
-                    self._gave_up = error
-            elif error is None or isinstance(error, StorageError):
-                self._gave_up = None  # the storage answered (an interrupt says nothing either way)
+        """Whether a call gave up lately because the storage did not answer, and nothing answered
+        since (a caller may skip best-effort calls, such as removing its shared lock)."""
+        return self._breaker.is_open()
 
     def _call(self, op: str, key: str, fn: Callable[[], T], nbytes: int | None = None) -> T:
         """``fn`` with retries; ``nbytes``: what the call moves, where known (its deadline)."""
-        retries, probe = self._admit(op, key)
         deadline = call_deadline(self.policy.op_timeout, nbytes) if self._deadlines else 0
+        probe = self._breaker.admit(op, key, self.url, patience=deadline + self._grace if deadline else 0)
+        retries = 0 if probe else self.policy.retries
         attempt = 0
         while True:
             try:
                 result = call_with_timeout(fn, deadline + self._grace, op, key, self.url) if deadline else fn()
             except StorageError as exc:
                 if not exc.retryable or attempt >= retries:
-                    self._settle(probe, exc)
+                    self._breaker.settle(probe, exc)
                     if attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
                 delay = self.policy.delay(attempt)
                 log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1)
             except BaseException as exc:
-                self._settle(probe, exc)
+                self._breaker.settle(probe, exc)
                 raise
             else:
-                self._settle(probe, None)
+                self._breaker.settle(probe, None)
                 return result
             time.sleep(delay)
             attempt += 1
