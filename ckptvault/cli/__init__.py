@@ -82,10 +82,11 @@ class _OneLineHandler(logging.Handler):
 
 def _configure_logging() -> None:
     """The library logs notices such as "a read failed verification; reading it again"; the CLI
-    reports outcomes itself, one line each, so only the library's errors pass through, the storage
-    layer's retries (a stalled upload is otherwise silent for minutes) and locks left behind. Other libraries'
-    records (paramiko's tracebacks of a dropped session, asyncio's) are dropped: the failures they
-    log are retried or reported by ckptvault. CKPTVAULT_DEBUG=1 shows every record instead."""
+    reports outcomes itself, one line each, so only the library's errors pass through, and the
+    storage layer's retries (a stalled upload is otherwise silent for minutes) and locks left
+    behind. Other libraries' records (paramiko's tracebacks of a dropped session, asyncio's) are
+    dropped: the failures they log are retried or reported by ckptvault. CKPTVAULT_DEBUG=1 shows
+    every record instead (but the SDKs' request headers)."""
     if os.environ.get("CKPTVAULT_DEBUG", "").lower() in ("1", "true", "yes"):
         logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
         for chatty in ("botocore", "aiobotocore", "urllib3", "azure"):  # their DEBUG logs request headers

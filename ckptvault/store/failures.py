@@ -162,7 +162,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
     """HTTP status and service error code, where the exception carries them."""
     response: Any = getattr(exc, "response", None)
     if isinstance(response, dict):  # botocore ClientError
@@ -179,6 +179,15 @@ def status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
     code = getattr(exc, "code", None)  # gcsfs HttpError
     if isinstance(code, int) and 100 <= code < 600:
         return code, None
+    return None, None
+
+
+def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
+    """The first HTTP status and service error code found in ``exc`` and its causes."""
+    for node in _chain(exc):
+        found = _status_and_code(node)
+        if found != (None, None):
+            return found
     return None, None
 
 
@@ -201,11 +210,7 @@ def _describe(exc: BaseException) -> str:
 
 def classify(exc: BaseException, bucket: str = "") -> Failure:
     chain = _chain(exc)
-    status = code = None
-    for node in chain:
-        status, code = status_and_code(node)
-        if status is not None or code is not None:
-            break
+    status, code = status_in_chain(exc)
     names = {type(node).__name__ for node in chain}
     text = " ".join(str(node) for node in chain)
     detail = _describe(exc)
@@ -250,12 +255,11 @@ def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the storage did not answer at all (a timeout, a refused or dropped
     connection), as opposed to answering with an error (a 5xx, a short object): then the storage
     itself is down, not one object."""
-    chain = _chain(exc)
-    if any(status_and_code(node) != (None, None) for node in chain):
+    if status_in_chain(exc) != (None, None):
         return False
     return any(
         isinstance(node, (ConnectionError, TimeoutError))
         or type(node).__name__ in RETRYABLE_NAMES
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
-        for node in chain
+        for node in _chain(exc)
     )

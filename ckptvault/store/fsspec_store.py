@@ -44,7 +44,7 @@ from ..errors import (
 )
 from .backends import S3, Profile, bucket_of, default_options, install_hint, option_error, profile_for, tune
 from .base import ObjectInfo
-from .failures import Failure, Kind, classify, one_line, status_and_code
+from .failures import Failure, Kind, classify, one_line, status_in_chain
 from .localwrite import LocalWriter, fsync_dir
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
 from .readahead import ReadAheadStore
@@ -211,7 +211,7 @@ class FsspecStore:
             try:
                 fs.call_s3("list_objects_v2", Bucket=self._bucket, MaxKeys=1, **self._deadline(0))
             except Exception as exc:
-                status, code = _status_in_chain(exc)
+                status, code = status_in_chain(exc)
                 if code != "NoSuchBucket":
                     if status != 404:
                         return None
@@ -493,16 +493,6 @@ def _server_time(response: dict[str, Any]) -> float | None:
         return parsedate_to_datetime(date).timestamp() if date else None
     except (TypeError, ValueError):
         return None
-
-
-def _status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
-    node: BaseException | None = exc
-    while node is not None:
-        found = status_and_code(node)
-        if found != (None, None):
-            return found
-        node = node.__cause__ or node.__context__
-    return None, None
 
 
 def _close_session(fs: Any) -> None:
