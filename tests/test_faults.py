@@ -260,3 +260,16 @@ def test_after_a_storage_stopped_answering_a_shared_lock_is_left_an_exclusive_on
     assert store.unanswered is not exclusive  # the exclusive lock's delete was tried, and answered
     # an exclusive lock would block every backup for 30 minutes: its removal is tried (one attempt)
     assert len(vault.locks()) == (0 if exclusive else 1)
+
+
+def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
+    import paramiko
+
+    from ckptvault.store.failures import Kind, classify, unreachable
+
+    dropped = paramiko.AuthenticationException("Authentication failed: transport shut down or saw EOF")
+    assert classify(dropped).retryable and unreachable(dropped)  # the server went away during the login
+    refused = paramiko.AuthenticationException("Authentication failed.")
+    failure = classify(refused)
+    assert failure.kind is Kind.DENIED and "check the credentials" in failure.reason
+    assert classify(paramiko.BadAuthenticationType("Bad authentication type", ["publickey"])).kind is Kind.DENIED

@@ -141,12 +141,13 @@ class TestMemoryStore(StoreConformance):
 class RecordingStore:
     """An in-memory store that records every read it answers."""
 
-    def __init__(self, fail_windows: bool = False) -> None:
+    def __init__(self, fail_windows: bool = False, silent: bool = False) -> None:
         self.inner = FsspecStore(f"memory://readahead-{uuid.uuid4().hex}")
         self.url = self.inner.url
         self.remote = True
         self.reads: list[tuple[str, int, int]] = []
         self.fail_windows = fail_windows
+        self.silent = silent  # windows fail because the storage did not answer
 
     def put(self, key, data, *, if_absent=False):
         self.inner.put(key, data, if_absent=if_absent)
@@ -157,8 +158,10 @@ class RecordingStore:
 
     def read_upto(self, key, start, length):
         self.reads.append(("window", start, length))
+        if self.silent:
+            raise StorageError("GET", key, self.url, "no answer after 5 s", retryable=True) from TimeoutError()
         if self.fail_windows:
-            raise StorageError("GET", key, self.url, "connection reset", retryable=True)
+            raise StorageError("GET", key, self.url, "short read", retryable=True)
         return self.inner.read_upto(key, start, length)
 
 
@@ -197,6 +200,13 @@ class TestReadAhead:
         for i in range(4):
             assert store.get_range("p", i * 1000, 1000) == self.DATA[i * 1000 : (i + 1) * 1000]
         assert ("window", 1000, 1_000_000) in inner.reads
+
+    def test_a_window_the_storage_did_not_answer_is_not_read_again_range_by_range(self):
+        inner, store = self.make(silent=True)
+        store.get_range("p", 0, 1000)
+        with pytest.raises(StorageError, match="no answer"):
+            store.get_range("p", 1000, 1000)  # opens a window, which gets no answer
+        assert inner.reads == [("range", 0, 1000), ("window", 1000, 1_000_000)]
 
     def test_reads_past_the_end_of_the_object_keep_their_errors(self):
         _, store = self.make()

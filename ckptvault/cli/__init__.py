@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,11 +81,19 @@ class _OneLineHandler(logging.Handler):
             self.handleError(record)
 
 
+def _quiet_foreign_threads(args: threading.ExceptHookArgs) -> None:
+    """paramiko's prefetch threads die with EOFError when a server goes away in the middle of a read;
+    the read that started them fails, and is retried or reported, so their tracebacks are noise.
+    ckptvault's own threads keep the default report."""
+    if args.thread is not None and args.thread.name.startswith("ckptvault"):
+        threading.__excepthook__(args)
+
+
 def _configure_logging() -> None:
     """The library logs notices such as "a read failed verification; reading it again"; the CLI
     reports outcomes itself, one line each, so only the library's errors pass through, and the
-    storage layer's retries (a stalled upload is otherwise silent for minutes) and locks left
-    behind. Other libraries' records (paramiko's tracebacks of a dropped session, asyncio's) are
+    storage layer's and the async shipper's retries (a stalled upload is otherwise silent for
+    minutes) and locks left behind. Other libraries' records (paramiko's tracebacks of a dropped session, asyncio's) are
     dropped: the failures they log are retried or reported by ckptvault. CKPTVAULT_DEBUG=1 shows
     every record instead (but the SDKs' request headers)."""
     if os.environ.get("CKPTVAULT_DEBUG", "").lower() in ("1", "true", "yes"):
@@ -93,11 +102,12 @@ def _configure_logging() -> None:
             logging.getLogger(chatty).setLevel(logging.INFO)
         return
     logging.getLogger().addHandler(logging.NullHandler())  # no "last resort" printing of other libraries
+    threading.excepthook = _quiet_foreign_threads
     library = logging.getLogger("ckptvault")
     library.setLevel(logging.ERROR)
     library.addHandler(_OneLineHandler())
     library.propagate = False
-    for notices in ("ckptvault.store", "ckptvault.locks"):  # retries; a lock left behind
+    for notices in ("ckptvault.store", "ckptvault.locks", "ckptvault.shipping"):  # retries; locks left behind
         logging.getLogger(notices).setLevel(logging.WARNING)
 
 

@@ -46,6 +46,7 @@ from .pin import Pin
 from .scan import check_sources
 
 log = logging.getLogger("ckptvault")
+retry_log = logging.getLogger("ckptvault.shipping")  # the CLI (watch) shows these as warnings
 
 OnFull = Literal["coalesce", "block"]
 DEFAULT_MAX_PENDING = 2
@@ -467,7 +468,7 @@ class AsyncShipper:
                 if unreachable(exc):  # wait out the store's breaker, so the retry gets its full retries
                     delay = max(delay, OPEN_S)
                 attempt += 1
-                log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
+                retry_log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
                 time.sleep(delay)
 
     @staticmethod

@@ -146,6 +146,9 @@ PERMANENT_ERRNOS = frozenset(
         errno.ELOOP,
     }
 )
+# paramiko's login failures; "saw EOF" / "transport shut down" is a connection that dropped meanwhile
+SSH_AUTH_NAMES = frozenset({"AuthenticationException", "BadAuthenticationType", "PasswordRequiredException"})
+_SSH_DROPPED_TEXT = re.compile(r"saw EOF|transport shut down|No existing session", re.IGNORECASE)
 # TLS that cannot pass by retrying: a certificate that does not verify, or TLS spoken to a plain HTTP
 # port (or the reverse); a TLS connection dropped midway (SSLEOFError) stays transient
 _TLS_MISMATCH = re.compile(r"CERTIFICATE_VERIFY_FAILED|WRONG_VERSION_NUMBER|certificate verify failed")
@@ -226,6 +229,10 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.NO_BUCKET, f"{where} does not exist; create it first or check the URL")
     if isinstance(exc, FileNotFoundError) or code in NOT_FOUND_CODES or status == 404:
         return Failure(Kind.NOT_FOUND, "object not found")
+    if names & SSH_AUTH_NAMES:
+        if _SSH_DROPPED_TEXT.search(text):  # the connection went away during the login
+            return Failure(Kind.TRANSIENT, detail)
+        return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, PermissionError) or code in DENIED_CODES or status in (401, 403):
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -260,6 +267,7 @@ def unreachable(exc: BaseException) -> bool:
     return any(
         isinstance(node, (ConnectionError, TimeoutError))
         or type(node).__name__ in RETRYABLE_NAMES
+        or (type(node).__name__ in SSH_AUTH_NAMES and bool(_SSH_DROPPED_TEXT.search(str(node))))
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
         for node in _chain(exc)
     )

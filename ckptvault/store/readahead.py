@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import StorageError
 from .base import ObjectInfo, Store
+from .failures import unreachable
 
 DEFAULT_WINDOW = 8 * 1024 * 1024
 DEFAULT_MAX_WINDOWS = 8
@@ -62,7 +63,9 @@ class ReadAheadStore:
             self._fill(key, window)
         try:
             data = window.data.result()
-        except StorageError:
+        except StorageError as exc:
+            if unreachable(exc):  # the storage stopped answering: an exact read would only wait again
+                raise
             return self.inner.get_range(key, start, length)
         offset = start - window.start
         if offset + length > len(data):  # the object ended inside the window: not ours to judge
