@@ -273,3 +273,51 @@ def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
     failure = classify(refused)
     assert failure.kind is Kind.DENIED and "check the credentials" in failure.reason
     assert classify(paramiko.BadAuthenticationType("Bad authentication type", ["publickey"])).kind is Kind.DENIED
+    assert classify(paramiko.AuthenticationException("Authentication timeout.")).retryable  # the server went silent
+
+
+def test_a_hung_probe_holds_the_others_back_until_its_deadline_even_past_the_open_window(monkeypatch):
+    monkeypatch.setattr(retrying, "OPEN_S", 0.2)
+    store = _store(timeout=0.6)
+    faultyfs.FAULTS["get"] = list("TTT")
+    with pytest.raises(StorageError, match="after 3 attempts"):
+        store.get("obj")
+    faultyfs.FAULTS["get"] = list("H")
+    with ThreadPoolExecutor(1) as pool:
+        probe = pool.submit(store.get, "obj")
+        while not faultyfs.INJECTED or faultyfs.INJECTED[-1][2] != "H":
+            time.sleep(0.01)
+        time.sleep(0.25)  # past OPEN_S, within the probe's deadline
+        with pytest.raises(StorageError, match="not tried"):
+            store.get("obj")
+        with pytest.raises(StorageError, match="no answer"):
+            probe.result()
+
+
+class _RecoveringStore:
+    """No answer ``silent`` times, then a 503 ``busy`` times, then the object."""
+
+    url, needs_deadline = "fake://recovering", False
+
+    def __init__(self, silent: int, busy: int) -> None:
+        self.plan = ["silent"] * silent + ["busy"] * busy
+        self.calls = 0
+
+    def get(self, key: str) -> bytes:
+        self.calls += 1
+        step = self.plan.pop(0) if self.plan else "ok"
+        if step == "silent":
+            raise StorageError("GET", key, self.url, "no answer", retryable=True) from TimeoutError()
+        if step == "busy":
+            raise StorageError("GET", key, self.url, "503", retryable=True) from _ServiceUnavailable()
+        return b"1"
+
+
+def test_a_probe_the_recovering_storage_answers_with_a_503_gets_its_full_retries():
+    inner = _RecoveringStore(silent=3, busy=2)
+    store = RetryingStore(inner, RetryPolicy(retries=2, base_delay=0.01))
+    with pytest.raises(StorageError, match="no answer"):
+        store.get("obj")  # three attempts without an answer: the breaker opens
+    assert store.unanswered
+    assert store.get("obj") == b"1"  # the probe: a 503, then retried as usual (503, then the object)
+    assert inner.calls == 6 and not store.unanswered

@@ -146,9 +146,10 @@ PERMANENT_ERRNOS = frozenset(
         errno.ELOOP,
     }
 )
-# paramiko's login failures; "saw EOF" / "transport shut down" is a connection that dropped meanwhile
+# paramiko's login failures; "saw EOF", "transport shut down" and a timeout are a connection that
+# dropped or a server that went silent meanwhile
 SSH_AUTH_NAMES = frozenset({"AuthenticationException", "BadAuthenticationType", "PasswordRequiredException"})
-_SSH_DROPPED_TEXT = re.compile(r"saw EOF|transport shut down|No existing session", re.IGNORECASE)
+_SSH_DROPPED_TEXT = re.compile(r"saw EOF|transport shut down|Authentication timeout", re.IGNORECASE)
 # TLS that cannot pass by retrying: a certificate that does not verify, or TLS spoken to a plain HTTP
 # port (or the reverse); a TLS connection dropped midway (SSLEOFError) stays transient
 _TLS_MISMATCH = re.compile(r"CERTIFICATE_VERIFY_FAILED|WRONG_VERSION_NUMBER|certificate verify failed")

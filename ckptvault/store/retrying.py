@@ -119,9 +119,10 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
 # refused or dropped connection; not an error it answered with, which may concern one object only),
 # calls made in the next OPEN_S seconds get one attempt each, one at a time (a probe), and those made
 # while a probe runs fail at once, instead of each waiting out a budget of its own: a backup's next
-# uploads, a restore's queued reads, the lock's release. Once anything answers, or OPEN_S after the
-# last give-up, calls get their full retries again. A probe that outlives its deadline (or
-# PROBE_PATIENCE_S where calls have none) no longer holds the others back.
+# uploads, a restore's queued reads, the lock's release. A probe holds the others back until its own
+# deadline (PROBE_PATIENCE_S where calls have none); a probe the storage answers with an error that may
+# pass (a 503 while it recovers) goes on with the full retries. Once anything answers, or OPEN_S after
+# the last give-up with no probe running, calls get their full retries again.
 OPEN_S = 30.0
 PROBE_PATIENCE_S = 120.0
 
@@ -140,31 +141,37 @@ class Breaker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._gave_up: _GaveUp | None = None
+        self._probe = 0  # the running probe's number (0: none)
         self._probe_until = 0.0
+        self._probes = 0
 
     def is_open(self) -> bool:
         gave_up = self._gave_up
         return gave_up is not None and time.monotonic() - gave_up.at < OPEN_S
 
-    def admit(self, op: str, key: str, url: str, *, patience: float) -> bool:
-        """Whether this call is a probe (one attempt); raises a retryable StorageError when a probe runs."""
+    def admit(self, op: str, key: str, url: str, *, patience: float) -> int:
+        """0 for a call with its full retries, else the number of the probe this call is (one attempt);
+        raises a retryable StorageError while another probe runs."""
         with self._lock:
             now = time.monotonic()
             gave_up = self._gave_up
-            if gave_up is None or now - gave_up.at >= OPEN_S:
-                return False
-            if now < self._probe_until:
+            if gave_up is None:
+                return 0
+            if self._probe and now < self._probe_until:
                 reason = f"not tried, the storage did not answer {gave_up.op} {gave_up.key} ({gave_up.reason})"
                 # caused by "no answer", as the give-up was: callers that wait out an outage see it as one
                 raise StorageError(op, key, url, reason, retryable=True) from ConnectionError(gave_up.reason)
-            self._probe_until = now + (patience or PROBE_PATIENCE_S)
-            return True
+            if now - gave_up.at >= OPEN_S:
+                return 0
+            self._probes += 1
+            self._probe, self._probe_until = self._probes, now + (patience or PROBE_PATIENCE_S)
+            return self._probe
 
-    def settle(self, probe: bool, error: BaseException | None) -> None:
-        """Record how a call ended: ``error`` None for an answer."""
+    def settle(self, probe: int, error: BaseException | None) -> None:
+        """Record how a call ended (``error`` None for an answer); ``probe`` as ``admit`` gave it."""
         with self._lock:
-            if probe:
-                self._probe_until = 0.0
+            if probe and probe == self._probe:
+                self._probe = 0
             if isinstance(error, StorageError) and error.retryable and unreachable(error):
                 self._gave_up = _GaveUp(time.monotonic(), error.op, error.key, error.reason)
             elif error is None or isinstance(error, StorageError):
@@ -204,6 +211,10 @@ class RetryingStore:
             try:
                 result = call_with_timeout(fn, deadline + self._grace, op, key, self.url) if deadline else fn()
             except StorageError as exc:
+                if probe and exc.retryable and not unreachable(exc):
+                    # the storage answers again (a 503 while it recovers): an ordinary call from now on
+                    self._breaker.settle(probe, exc)
+                    probe, retries = 0, self.policy.retries
                 if not exc.retryable or attempt >= retries:
                     self._breaker.settle(probe, exc)
                     if attempt:
