@@ -4,12 +4,14 @@ points at missing data."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -218,9 +220,9 @@ def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock
     assert vault.backup(src).summary.files == 2  # the storage answers again: the next backup works
 
 
-def test_a_probe_that_hangs_without_a_deadline_holds_the_others_back_only_for_a_while(monkeypatch):
-    monkeypatch.setattr(retrying, "PROBE_PATIENCE_S", 0.3)
-    store = _store(timeout=0)  # deadlines off: a hung call is never abandoned
+@contextlib.contextmanager
+def _hanging_probe(store) -> Iterator[Future]:
+    """A call gives up on a storage that does not answer; then the next one, the probe, hangs (in a thread)."""
     faultyfs.FAULTS["get"] = list("TTT")
     with pytest.raises(StorageError, match="after 3 attempts"):
         store.get("obj")
@@ -229,6 +231,13 @@ def test_a_probe_that_hangs_without_a_deadline_holds_the_others_back_only_for_a_
         probe = pool.submit(store.get, "obj")
         while not faultyfs.INJECTED or faultyfs.INJECTED[-1][2] != "H":
             time.sleep(0.01)
+        yield probe
+
+
+def test_a_probe_that_hangs_without_a_deadline_holds_the_others_back_only_for_a_while(monkeypatch):
+    monkeypatch.setattr(retrying, "PROBE_PATIENCE_S", 0.3)
+    store = _store(timeout=0)  # deadlines off: a hung call is never abandoned
+    with _hanging_probe(store) as probe:
         with pytest.raises(StorageError, match="not tried"):
             store.get("obj")
         time.sleep(0.4)
@@ -279,14 +288,7 @@ def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
 def test_a_hung_probe_holds_the_others_back_until_its_deadline_even_past_the_open_window(monkeypatch):
     monkeypatch.setattr(retrying, "OPEN_S", 0.2)
     store = _store(timeout=0.6)
-    faultyfs.FAULTS["get"] = list("TTT")
-    with pytest.raises(StorageError, match="after 3 attempts"):
-        store.get("obj")
-    faultyfs.FAULTS["get"] = list("H")
-    with ThreadPoolExecutor(1) as pool:
-        probe = pool.submit(store.get, "obj")
-        while not faultyfs.INJECTED or faultyfs.INJECTED[-1][2] != "H":
-            time.sleep(0.01)
+    with _hanging_probe(store) as probe:
         time.sleep(0.25)  # past OPEN_S, within the probe's deadline
         with pytest.raises(StorageError, match="not tried"):
             store.get("obj")
