@@ -186,6 +186,11 @@ def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _ssh_login_cut(node: BaseException) -> bool:
+    """paramiko's login failure that is a connection gone away or silent, not a refused login."""
+    return type(node).__name__ in SSH_AUTH_NAMES and bool(_SSH_DROPPED_TEXT.search(str(node)))
+
+
 def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
     """The first HTTP status and service error code found in ``exc`` and its causes."""
     for node in _chain(exc):
@@ -230,11 +235,9 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.NO_BUCKET, f"{where} does not exist; create it first or check the URL")
     if isinstance(exc, FileNotFoundError) or code in NOT_FOUND_CODES or status == 404:
         return Failure(Kind.NOT_FOUND, "object not found")
-    if names & SSH_AUTH_NAMES:
-        if _SSH_DROPPED_TEXT.search(text):  # the connection went away during the login
-            return Failure(Kind.TRANSIENT, detail)
-        return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
-    if isinstance(exc, PermissionError) or code in DENIED_CODES or status in (401, 403):
+    if any(_ssh_login_cut(node) for node in chain):
+        return Failure(Kind.TRANSIENT, detail)
+    if names & SSH_AUTH_NAMES or isinstance(exc, PermissionError) or code in DENIED_CODES or status in (401, 403):
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Failure(Kind.FULL, exc.strerror or "no space left")
@@ -268,7 +271,7 @@ def unreachable(exc: BaseException) -> bool:
     return any(
         isinstance(node, (ConnectionError, TimeoutError))
         or type(node).__name__ in RETRYABLE_NAMES
-        or (type(node).__name__ in SSH_AUTH_NAMES and bool(_SSH_DROPPED_TEXT.search(str(node))))
+        or _ssh_login_cut(node)
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
         for node in _chain(exc)
     )

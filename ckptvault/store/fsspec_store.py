@@ -189,8 +189,9 @@ class FsspecStore:
             if failure.kind is Kind.FULL:
                 raise StorageFullError(op, key, self.url, failure.reason) from exc
             reason = failure.reason
-            if type(exc).__name__ == "FSTimeoutError" and self._deadline(nbytes):
-                reason = f"no answer after {self._deadline(nbytes)['timeout']:g} s"
+            deadline = self._deadline(nbytes).get("timeout")
+            if type(exc).__name__ == "FSTimeoutError" and deadline:
+                reason = f"no answer after {deadline:g} s"
             raise StorageError(op, key, self.url, reason, retryable=failure.retryable) from exc
 
     def _bucket_missing(self) -> Failure | None:
