@@ -1,6 +1,7 @@
 """Restore never writes outside its target, refuses crafted trees, and is rerunnable."""
 
 import os
+import re
 import secrets
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from ckptvault import Vault
 from ckptvault.blob import Kind
 from ckptvault.crypto.keyfile import Keyfile
 from ckptvault.errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
+from ckptvault.ops.restore import temp_stem
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 
 
@@ -60,6 +62,31 @@ def test_file_below_a_symlink_entry_is_refused(backed_up, tmp_path: Path):
     assert list((tmp_path / "outside").iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"path": "model/config.json/child"}, "lies below the file 'model/config.json'"),
+        ({"path": "optimizer.pt/d", "type": "dir", "chunks": [], "size": 0}, "lies below the file 'optimizer.pt'"),
+        ({"mode": 2**40}, "not permission bits"),
+        ({"mode": -1}, "not permission bits"),
+        ({"mtime_ns": 10**30}, "impossible mtime_ns"),
+    ],
+)
+def test_a_crafted_entry_fails_the_plan_and_check(backed_up, tmp_path: Path, change: dict, message: str):
+    vault, _, snap = backed_up
+    entries = vault.files(snap)
+    victim = next(e for e in entries if e.path == "optimizer.pt")
+    changed = replace(victim, **change)  # a new entry where the path changes, else the victim altered
+    crafted = plant_tree(
+        vault, snap, [*entries, changed] if "path" in change else [changed if e is victim else e for e in entries]
+    )
+    with pytest.raises(MalformedObjectError, match=re.escape(message)):
+        vault.restore(crafted, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+    report = vault.check()
+    assert not report.ok and any(message in p.detail for p in report.problems), report.problems
+
+
 def test_symlink_in_the_target_is_not_written_through(backed_up, tmp_path: Path):
     vault, _, snap = backed_up
     target = tmp_path / "target"
@@ -96,6 +123,38 @@ def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: P
     assert (target / "model" / "config.json").read_text() == "edited by hand"
     vault.restore(snap, target, overwrite=True)
     assert (target / "model" / "config.json").read_text() == '{"a": 1}'
+
+
+def test_files_named_like_temporaries_are_restored_and_only_true_leftovers_removed(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"real file")
+    # backed up from a folder that held leftovers of a killed restore: they are files of the snapshot now
+    (src / f"{temp_stem('a')}0000beef").write_bytes(b"looks like a leftover of a")
+    (src / ".a.ckptvault-tmp-0000beef").write_bytes(b"the old form of a leftover's name")
+    snap = vault.backup(src)
+    target = tmp_path / "target"
+    target.mkdir()
+    leftover = target / f"{temp_stem('a')}12345678"  # what a restore killed while writing "a" leaves
+    leftover.write_bytes(b"half a file")
+    mine = target / ".a.ckptvault-tmp-cafe0000"  # a user's file the restore has no reason to touch
+    mine.write_bytes(b"user data")
+
+    result = vault.restore(snap, target)
+
+    assert result.files == 3 and not leftover.exists() and mine.read_bytes() == b"user data"
+    for path in src.iterdir():
+        assert (target / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_a_name_of_255_bytes_restores(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    name = "n" * 251 + ".bin"  # the longest name ext4 takes: no room for a suffix on a temporary name
+    (src / name).write_bytes(os.urandom(5000))
+    snap = vault.backup(src)
+    vault.restore(snap, tmp_path / "target")
+    assert (tmp_path / "target" / name).read_bytes() == (src / name).read_bytes()
 
 
 def test_include_restores_part_of_a_snapshot(backed_up, tmp_path: Path):

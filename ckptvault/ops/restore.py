@@ -37,7 +37,7 @@ from ..errors import (
     UnsafePathError,
     UsageError,
 )
-from ..hashing import new_file_hasher
+from ..hashing import checksum, new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
@@ -47,6 +47,7 @@ from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
+_TEMP_RANDOM = 8  # hex digits after a name's temp stem
 READ_BLOCK = 4 * 1024 * 1024
 
 
@@ -315,12 +316,13 @@ def run_restore(
         if entry.type == "dir":
             os.makedirs(planner.dest(entry), exist_ok=True)
     zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
+    snapshot_paths = frozenset(planner.dest(e) for e in tree)
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
         for entry in files:
             dest = planner.dest(entry)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             try:
-                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
+                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, snapshot_paths)
                 written += entry.size
             except IntegrityError as exc:
                 failures.append(str(exc))
@@ -352,6 +354,13 @@ def run_restore(
     )
 
 
+def temp_stem(name: str) -> str:
+    """The start of the temporary names a file called ``name`` is written under: the same for every
+    restore of that name, so a rerun finds what a killed one left, and of a fixed length, so that a
+    name of up to the filesystem's 255 bytes still has a temporary name."""
+    return f"{TEMP_MARK}{checksum(os.fsencode(name), size=8).hex()}-"
+
+
 def _restore_file(
     repo: Repository,
     pool: ThreadPoolExecutor,
@@ -360,11 +369,16 @@ def _restore_file(
     progress: Progress,
     window: int,
     zero_chunks: set[bytes],
+    snapshot_paths: frozenset[str],
 ) -> None:
     directory, name = os.path.split(dest)
-    for leftover in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}{TEMP_MARK}*")):
-        os.unlink(leftover)  # from a restore that was killed while writing this file
-    tmp = os.path.join(directory, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")
+    stem = temp_stem(name)
+    for leftover in glob.glob(os.path.join(glob.escape(directory), glob.escape(stem) + "[0-9a-f]" * _TEMP_RANDOM)):
+        # from a restore that was killed while writing this file; a file of the snapshot that only
+        # looks like one (it was backed up from a folder holding such a leftover) stays
+        if leftover not in snapshot_paths and stat.S_ISREG(os.lstat(leftover).st_mode):
+            os.unlink(leftover)
+    tmp = os.path.join(directory, stem + secrets.token_hex(_TEMP_RANDOM // 2))
     try:
         _write_via_temp(repo, pool, entry, dest, tmp, progress, window, zero_chunks)
     except OSError as exc:

@@ -100,8 +100,8 @@ def decode_tree(raw: bytes) -> list[FileEntry]:
             FileEntry(
                 path=d["path"],
                 type=d["type"],
-                mode=int(d["mode"]),
-                mtime_ns=int(d["mtime_ns"]),
+                mode=d["mode"],
+                mtime_ns=d["mtime_ns"],
                 size=int(d.get("size", 0)),
                 blake3=d.get("blake3"),
                 chunks=[bytes.fromhex(c) for c in d.get("chunks", [])],
@@ -143,9 +143,15 @@ def validate_path(path: str) -> None:
             raise UnsafePathError(path, "escapes the target directory or is not normalized")
 
 
+_MTIME_NS_RANGE = range(-(2**63), 2**63)  # what the filesystem calls take (a signed 64-bit count)
+
+
 def validate_tree(entries: list[FileEntry]) -> None:
+    """Everything a restore relies on, checked before it writes anything: safe and unique paths,
+    nothing below a symlink or a file, and modes and times the filesystem calls accept."""
     seen: set[str] = set()
     links: set[str] = set()
+    files: set[str] = set()
     for e in entries:
         validate_path(e.path)
         if e.type not in ENTRY_TYPES:
@@ -153,14 +159,27 @@ def validate_tree(entries: list[FileEntry]) -> None:
         if e.path in seen:
             raise UnsafePathError(e.path, "appears twice in the snapshot")
         seen.add(e.path)
+        if not _is_int(e.mode) or not 0 <= e.mode <= 0o7777:
+            raise MalformedObjectError(f"tree entry {e.path!r} has mode {e.mode!r}, not permission bits")
+        if not _is_int(e.mtime_ns) or e.mtime_ns not in _MTIME_NS_RANGE:
+            raise MalformedObjectError(f"tree entry {e.path!r} has an impossible mtime_ns {e.mtime_ns!r}")
         if e.type == "symlink":
             if not isinstance(e.target, str) or not e.target or "\0" in e.target:
                 raise MalformedObjectError(f"tree entry {e.path!r} is a symlink without a valid target")
             links.add(e.path)
-        if e.type == "file" and (e.size < 0 or (e.size > 0 and not e.chunks)):
-            raise MalformedObjectError(f"tree entry {e.path!r} has size {e.size} but no chunks")
+        if e.type == "file":
+            if e.size < 0 or (e.size > 0 and not e.chunks):
+                raise MalformedObjectError(f"tree entry {e.path!r} has size {e.size} but no chunks")
+            files.add(e.path)
     for e in entries:
         parts = e.path.split("/")
         for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in links:
+            parent = "/".join(parts[:i])
+            if parent in links:
                 raise UnsafePathError(e.path, "lies below a symlink in the snapshot")
+            if parent in files:
+                raise MalformedObjectError(f"tree entry {e.path!r} lies below the file {parent!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
