@@ -70,6 +70,7 @@ from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
+from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, run_restore
 from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
@@ -664,6 +665,17 @@ class Vault:
         for lock in removed:
             manager.remove(lock)
         return removed
+
+    @_open_only
+    def repair_index(self, *, dry_run: bool = False) -> IndexRepair:
+        """Index again, from the packs' own sealed headers, every pack that no readable index object
+        describes, then remove the damaged index objects (``ckptvault.ops.repair``). Takes the
+        exclusive lock; ``dry_run`` changes nothing and returns what a real run would do."""
+        with self._repo.locks.acquire(exclusive=True):
+            result = repair_index(self._repo, dry_run=dry_run)
+            if not dry_run:
+                self._repo.load_index()
+            return result
 
     # ---- training loop: async shipping, watching, status, drill ------------------------
 

@@ -62,17 +62,6 @@ def test_flipped_byte_in_tree_or_snapshot_is_detected(vault: Vault, repo_url: st
     assert vault.snapshots() == [] and snap.id in vault.unreadable_snapshots  # listed without it, and said
 
 
-def test_damaged_index_is_reported_when_used(vault: Vault, repo_url: str, tmp_path: Path):
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f").write_bytes(os.urandom(1000))
-    vault.backup(tmp_path / "src")
-    (index,) = os.listdir(Path(repo_url) / "index")
-    flip(Path(repo_url) / "index" / index, 3)
-    with pytest.raises(IntegrityError, match=r"index object .* is damaged"):
-        Vault.open(repo_url).restore("latest", tmp_path / "out")
-    assert not (tmp_path / "out" / "f").exists()
-
-
 def test_missing_pack_names_the_file(vault: Vault, repo_url: str, tmp_path: Path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f.bin").write_bytes(os.urandom(100_000))

@@ -93,9 +93,10 @@ def _configure_logging() -> None:
     """The library logs notices such as "a read failed verification; reading it again"; the CLI
     reports outcomes itself, one line each, so only the library's errors pass through, and the
     storage layer's and the async shipper's retries (a stalled upload is otherwise silent for
-    minutes) and locks left behind. Other libraries' records (paramiko's tracebacks of a dropped session, asyncio's) are
-    dropped: the failures they log are retried or reported by ckptvault. CKPTVAULT_DEBUG=1 shows
-    every record instead (but the SDKs' request headers)."""
+    minutes), locks left behind and damaged index objects read around. Other libraries' records
+    (paramiko's tracebacks of a dropped session, asyncio's) are dropped: the failures they log are
+    retried or reported by ckptvault. CKPTVAULT_DEBUG=1 shows every record instead (but the SDKs'
+    request headers)."""
     if os.environ.get("CKPTVAULT_DEBUG", "").lower() in ("1", "true", "yes"):
         logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
         for chatty in ("botocore", "aiobotocore", "urllib3", "azure"):  # their DEBUG logs request headers
@@ -107,7 +108,8 @@ def _configure_logging() -> None:
     library.setLevel(logging.ERROR)
     library.addHandler(_OneLineHandler())
     library.propagate = False
-    for notices in ("ckptvault.store", "ckptvault.locks", "ckptvault.shipping"):  # retries; locks left behind
+    # retries; locks left behind; damaged metadata read around
+    for notices in ("ckptvault.store", "ckptvault.locks", "ckptvault.shipping", "ckptvault.damage"):
         logging.getLogger(notices).setLevel(logging.WARNING)
 
 

@@ -1,4 +1,4 @@
-"""Maintenance: check and unlock."""
+"""Maintenance: check, repair-index and unlock."""
 
 from __future__ import annotations
 
@@ -46,6 +46,34 @@ def check_cmd(
     out.result(data, "\n".join(lines))
     raise IntegrityError(
         f"check found {len(report.problems)} problem(s) affecting {len(report.affected)} snapshot(s) ({counts})"
+    )
+
+
+@app.command("repair-index")
+@command
+@vault_options
+def repair_index_cmd(
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be done.")] = False,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Rebuild what damaged index objects described from the packs' own headers, then remove them."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with vault_args.open(out) as vault:
+        result = vault.repair_index(dry_run=dry_run)
+    if result.unreadable_packs:
+        out.warn(
+            f"{len(result.unreadable_packs)} pack(s) in no readable index have a damaged header too "
+            f"(e.g. {result.unreadable_packs[0][:12]}): their chunks cannot be located; "
+            "ckptvault check names the snapshots and files affected"
+        )
+    index, remove = ("would index", "would remove") if dry_run else ("indexed", "removed")
+    damaged = ", ".join(i[:12] for i in result.damaged) or "none"
+    out.result(
+        result.__dict__,
+        f"damaged index objects: {damaged}; {index} {result.packs_reindexed} pack(s) again from their headers"
+        + (f", {remove} the damaged object(s)" if result.damaged else ""),
     )
 
 

@@ -55,6 +55,8 @@ class _Checker:
         self.indexed: dict[bytes, list[PackEntry]] = {}
         self.bases: dict[bytes, set[bytes]] = {}  # delta chunk -> the bases its stored copies name
         self.reported: set[bytes] = set()  # chunks already named in a problem
+        self.bad_headers: set[bytes] = set()  # packs whose header problem is reported
+        self.unreadable_index = False  # an index object could not be read: packs may be in no index
 
     def problem(self, obj: str, detail: str) -> None:
         self.report.problems.append(Problem(obj, detail))
@@ -67,7 +69,9 @@ class _Checker:
             try:
                 packs = decode_index(self.repo.codec.decode(Kind.INDEX, index_id, self.repo.store.get(info.key)))
             except (IntegrityError, UnsupportedFormatError, ObjectNotFoundError) as exc:
-                self.problem(f"index {_short(index_id)}", str(exc))
+                hint = "; run: ckptvault repair-index" if isinstance(exc, IntegrityError) else ""
+                self.problem(f"index {_short(index_id)}", f"{exc}{hint}")
+                self.unreadable_index = True
                 continue
             for pack_id, entries in packs.items():
                 self.indexed.setdefault(pack_id, entries)
@@ -100,6 +104,7 @@ class _Checker:
                 header = self.repo.read_pack_header(pack_id, size)
             except CkptVaultError as exc:
                 self.problem(name, f"header is damaged: {exc}")
+                self.bad_headers.add(pack_id)
                 header = None
             for e in entries:
                 if e.offset + e.stored_len > size - TRAILER.size:
@@ -108,7 +113,22 @@ class _Checker:
             if header is not None and set(header) != set(entries):
                 self.problem(name, "header and index disagree about its chunks")
         unindexed = [p for p in stored if p not in self.indexed]
-        if unindexed:
+        if unindexed and self.unreadable_index:
+            # the packs an unreadable index object described, maybe: their own headers say what they
+            # hold, so the snapshots are checked against what is really lost
+            for pack_id in unindexed:
+                try:
+                    self.indexed[pack_id] = entries = self.repo.read_pack_header(pack_id, stored[pack_id])
+                    for e in entries:
+                        if e.base_id is not None:
+                            self.bases.setdefault(e.chunk_id, set()).add(e.base_id)
+                except CkptVaultError as exc:
+                    self.problem(f"pack {_short(pack_id)}", f"is in no readable index and its header is damaged: {exc}")
+            self.report.warnings.append(
+                f"{len(unindexed)} pack(s) are in no readable index; they were checked by their own headers, "
+                "and ckptvault repair-index indexes them again (prune refuses until then)"
+            )
+        elif unindexed:
             self.report.warnings.append(
                 f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup); prune removes them"
             )
@@ -129,7 +149,8 @@ class _Checker:
             try:
                 read_pack_header(self.repo.codec, pack_id, data)
             except CkptVaultError as exc:
-                self.problem(name, f"header is damaged: {exc}")
+                if pack_id not in self.bad_headers:  # the structure check may have named it already
+                    self.problem(name, f"header is damaged: {exc}")
             for e in self.indexed[pack_id]:
                 blob = data[e.offset : e.offset + e.stored_len]
                 try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +64,7 @@ PACK_SLACK = 1 << 20  # room past the target size for the last blob and the head
 MAX_DELTA_DEPTH = 16
 
 log = logging.getLogger("ckptvault")
+damage_log = logging.getLogger("ckptvault.damage")  # damaged metadata read around: the CLI shows these
 T = TypeVar("T")
 
 
@@ -120,6 +121,7 @@ class Repository:
             self.chunk_id = ChunkIdFunction()
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
+        self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
         self._seen_index_ids: set[bytes] = set()
         self._spare_buffers: list[bytearray] = []  # pack buffers whose upload has finished
         self._writer: PackWriter | None = None  # the open pack, from its first chunk until it is sealed
@@ -236,13 +238,29 @@ class Repository:
         return self._index
 
     def load_index(self) -> None:
+        """Load every index object. A damaged one does not make the repository unreadable: its
+        packs are described by their own sealed headers instead (``damaged_index`` names it, and
+        ``ckptvault repair-index`` rewrites it durably); prune refuses until then."""
         index = ChunkIndex()
-        objects = self.read_index_objects()
+        damaged: dict[bytes, str] = {}
+        objects = self.read_index_objects(damaged=damaged)
         for packs in objects.values():
             for pack_id, entries in packs.items():
                 index.add_pack(pack_id, entries)
+        if damaged:
+            described, unreadable = self.headers_of_unindexed_packs(index.packs)
+            for pack_id, entries in described.items():
+                index.add_pack(pack_id, entries)
+            damage_log.warning(
+                "index object(s) %s damaged; read %d pack(s) in no other index from their own headers instead%s; "
+                "run: ckptvault repair-index",
+                ", ".join(i.hex()[:12] for i in damaged),
+                len(described),
+                f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
+            )
         self._index = index
         self._seen_index_ids = set(objects)
+        self.damaged_index = damaged
 
     def _merge_new_index_objects(self) -> None:
         """Add index objects written by other processes since the index was loaded."""
@@ -253,18 +271,26 @@ class Repository:
                     self.index.add_pack(pack_id, entries)
                 self._seen_index_ids.add(index_id)
 
+    def headers_of_unindexed_packs(
+        self, indexed: Collection[bytes]
+    ) -> tuple[dict[bytes, list[PackEntry]], list[bytes]]:
+        """The entries of every stored pack not in ``indexed`` (pack IDs), from each pack's own sealed
+        header; and the packs whose header does not verify."""
+        described, unreadable = {}, []
+        for pack_id, size in self.list_packs().items():
+            if pack_id in indexed:
+                continue
+            try:
+                described[pack_id] = self.read_pack_header(pack_id, size)
+            except CkptVaultError:
+                unreadable.append(pack_id)
+        return described, unreadable
+
     def adopt_unindexed_packs(self) -> int:
         """Index the packs that a killed backup uploaded but never indexed, so that a rerun reuses
         them instead of uploading them again. Each pack's own sealed header describes it; a pack
         whose header does not verify is left alone (prune removes it). Returns how many were adopted."""
-        adopted = {}
-        for pack_id, size in self.list_packs().items():
-            if pack_id in self.index.packs:
-                continue
-            try:
-                adopted[pack_id] = self.read_pack_header(pack_id, size)
-            except CkptVaultError:
-                continue
+        adopted, _ = self.headers_of_unindexed_packs(self.index.packs)
         if adopted:
             self.write_index(adopted)
             for pack_id, entries in adopted.items():
@@ -378,22 +404,32 @@ class Repository:
         self.written_index_ids.add(index_id)
         return index_id
 
-    def read_index_objects(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
-        """Every index object: index ID -> (pack ID -> entries). Damage raises IntegrityError.
+    def read_index_objects(
+        self, *, damaged: dict[bytes, str] | None = None
+    ) -> dict[bytes, dict[bytes, list[PackEntry]]]:
+        """Every index object: index ID -> (pack ID -> entries). Damage raises IntegrityError, or
+        with ``damaged`` given, the damaged objects are left out and named there (ID -> error).
 
         A prune replaces index objects by writing the consolidated one before deleting the old
         ones, so when a listed object has vanished, listing again gives a complete index."""
-        for _ in range(4):
+        retries = 4
+        while True:
+            found: dict[bytes, str] = {}
             try:
-                return self._read_index_objects_once()
+                out = self._read_index_objects_once(found if damaged is not None else None)
             except ObjectNotFoundError:
+                if not retries:
+                    raise
+                retries -= 1
                 continue
-        return self._read_index_objects_once()
+            if damaged is not None:
+                damaged.update(found)
+            return out
 
     def _index_decoder(self, index_id: bytes) -> Callable[[bytes], dict[bytes, list[PackEntry]]]:
         return lambda raw: decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
 
-    def _read_index_objects_once(self) -> dict[bytes, dict[bytes, list[PackEntry]]]:
+    def _read_index_objects_once(self, damaged: dict[bytes, str] | None) -> dict[bytes, dict[bytes, list[PackEntry]]]:
         out = {}
         listing = self.store.list(INDEX_PREFIX)
         self.cache.retain(INDEX_PREFIX, (info.key for info in listing))
@@ -401,8 +437,13 @@ class Repository:
             index_id = id_from_key(info.key)
             if index_id is None:
                 continue
-            with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault check"):
-                out[index_id] = self._read_metadata(info.key, self._index_decoder(index_id), info.size)
+            try:
+                with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
+                    out[index_id] = self._read_metadata(info.key, self._index_decoder(index_id), info.size)
+            except IntegrityError as exc:
+                if damaged is None:
+                    raise
+                damaged[index_id] = str(exc)
         return out
 
     def add_chunk_blob(

@@ -1,0 +1,105 @@
+"""A damaged index object: reads go around it through the packs' own headers, prune refuses, and
+``repair-index`` rewrites it durably (real bytes flipped in a real repository)."""
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import IntegrityError
+from ckptvault.repository.format import pack_key
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def two_saves(repo_url: str, tmp_path: Path):
+    """Two backups into a fresh vault; the first one's index object damaged. Returns the sources."""
+    index_dir = Path(repo_url) / "index"
+    saves = []
+    with Vault.init(repo_url) as vault:
+        for step in (1, 2):
+            src = tmp_path / f"step-{step}"
+            src.mkdir()
+            (src / "weights.bin").write_bytes(os.urandom(300_000 * step))
+            (src / "config.json").write_text(f'{{"step": {step}}}')
+            vault.backup(src, tags={"step": str(step)})
+            if step == 1:
+                (first_index,) = os.listdir(index_dir)
+            saves.append(src)
+    flip(index_dir / first_index, os.path.getsize(index_dir / first_index) // 2)
+    return saves, first_index
+
+
+def test_reads_go_around_a_damaged_index_object_and_prune_refuses(
+    two_saves, repo_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    saves, damaged = two_saves
+    packs_before = sorted(os.listdir(Path(repo_url) / "packs"))
+    with caplog.at_level(logging.WARNING, logger="ckptvault.damage"), Vault.open(repo_url) as vault:
+        for step, src in enumerate(saves, 1):
+            vault.restore(vault.latest({"step": str(step)}), tmp_path / f"out-{step}")
+            assert tree(tmp_path / f"out-{step}") == tree(src)
+        assert f"index object(s) {damaged[:12]} damaged" in caplog.text and "repair-index" in caplog.text
+
+        report = vault.check(read_data=1.0)
+        assert [p.object for p in report.problems] == [f"index {damaged[:12]}"], report.problems
+        assert "repair-index" in report.problems[0].detail and report.affected == {}
+
+        with pytest.raises(IntegrityError, match=r"index object .* is damaged.*repair-index"):
+            vault.prune(keep_latest=1)
+        assert sorted(os.listdir(Path(repo_url) / "packs")) == packs_before  # nothing deleted
+
+        planned = vault.repair_index(dry_run=True)
+        assert planned.damaged == [damaged] and planned.packs_reindexed >= 1 and planned.unreadable_packs == []
+        assert damaged in os.listdir(Path(repo_url) / "index")
+
+        done = vault.repair_index()
+        assert done.damaged == [damaged] and done.packs_reindexed == planned.packs_reindexed
+        assert damaged not in os.listdir(Path(repo_url) / "index")
+        assert vault.check(read_data=1.0).ok
+    with Vault.open(repo_url) as vault:  # a fresh process sees a whole index: prune runs
+        vault.prune(keep_latest=1)
+        vault.restore("latest", tmp_path / "after")
+        assert tree(tmp_path / "after") == tree(saves[1]) and vault.check(read_data=1.0).ok
+
+
+def test_a_pack_whose_index_and_header_are_both_damaged_is_named(two_saves, repo_url: str, tmp_path: Path):
+    saves, damaged = two_saves
+    with Vault.open(repo_url) as vault:
+        first = vault.latest({"step": "1"})
+        (pack_id,) = {vault._repo.index.get(c).pack_id for e in vault.files(first) for c in e.chunks}
+    pack = Path(repo_url) / pack_key(pack_id)
+    flip(pack, os.path.getsize(pack) - 12)  # inside the sealed header, just before its length
+    with Vault.open(repo_url) as vault:
+        report = vault.check()
+        named = [p.detail for p in report.problems if p.object == f"pack {pack_id.hex()[:12]}"]
+        assert named and "header is damaged" in named[0], report.problems
+        assert set(report.affected) == {first.id}, report.affected  # the second save has its own index
+        result = vault.repair_index()
+        assert result.unreadable_packs == [pack_id.hex()] and result.damaged == [damaged]
+        vault.restore(vault.latest({"step": "2"}), tmp_path / "out")
+        assert tree(tmp_path / "out") == tree(saves[1])
+
+
+def test_repair_index_cli(two_saves, repo_url: str, cli):
+    _, damaged = two_saves
+    proc = cli("repair-index", "--repo", repo_url, "--dry-run")
+    assert f"damaged index objects: {damaged[:12]}; would index" in proc.stdout.decode()
+    proc = cli("repair-index", "--repo", repo_url)
+    assert f"damaged index objects: {damaged[:12]}; indexed" in proc.stdout.decode(), proc.stdout
+    assert "removed the damaged object(s)" in proc.stdout.decode()
+    proc = cli("check", "--repo", repo_url, "--read-data")
+    assert proc.stdout.decode().startswith("no problems found"), proc.stdout
