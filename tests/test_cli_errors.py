@@ -132,3 +132,60 @@ def test_the_cli_shows_retries_and_locks_left_behind_and_drops_other_libraries_r
     ], proc.stderr
     # a dying thread of another library (paramiko's prefetch) prints nothing; one of ckptvault's does
     assert "_prefetch_thread" not in proc.stderr and "Exception in thread ckptvault-lock" in proc.stderr
+
+
+def _run_with_stdout(args: list[str], stdout, *, fsize: int | None = None, env: dict[str, str]):
+    """The CLI with stdout where given, under a file size limit, with Python's own stdout unbuffered
+    (PYTHONUNBUFFERED, as on many CI and container setups: writes go straight to the raw file)."""
+    import resource
+
+    def limit() -> None:
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return subprocess.run(
+        [sys.executable, "-m", "ckptvault", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=limit,
+        timeout=120,
+    )
+
+
+def test_output_that_cannot_be_written_whole_is_an_error_not_a_short_success(cli, tmp_path: Path):
+    # a raw stdout's write() takes what fits and says so: cat and --json output came out cut short, exit 0
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(3_000_000))
+    for i in range(300):
+        (src / f"file-{i:03d}.txt").write_text(str(i))
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    for args, limit in ((["cat", "latest", "big.bin"], 1 << 20), (["ls", "latest", "--json"], 8192)):
+        with open(tmp_path / "out", "wb") as sink:
+            proc = _run_with_stdout([*args, "--repo", repo], sink, fsize=limit, env=env)
+        message = one_line_error(proc)
+        assert proc.returncode == 21 and "file size limit" in message, (args, proc.returncode, message)
+    with open(tmp_path / "out", "wb") as sink:  # and with room, every byte
+        proc = _run_with_stdout(["cat", "latest", "big.bin", "--repo", repo], sink, env=env)
+    assert proc.returncode == 0 and (tmp_path / "out").read_bytes() == (src / "big.bin").read_bytes()
+
+
+def test_cat_to_a_closed_stdout_says_so(cli, tmp_path: Path):
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / "f").write_bytes(b"data")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "cat", "latest", "f", "--repo", repo],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")},
+        preexec_fn=lambda: os.close(1),
+    )
+    assert proc.returncode == 2 and "standard output is closed" in one_line_error(proc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import io
 import itertools
 import logging
 import os
@@ -123,11 +124,24 @@ def main() -> None:
     from .commands import app
 
     _configure_logging()
+    _whole_writes_to_stdout()
     # The pipelines allocate many short-lived objects (futures, tuples) per chunk: collecting
     # less often, and never scanning the modules loaded at start-up, saves a few % of the CPU.
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
     sys.exit(_run(app))
+
+
+def _whole_writes_to_stdout() -> None:
+    """Under PYTHONUNBUFFERED (``python -u``) sys.stdout writes straight to the raw file, whose
+    write() may take part of the bytes and say so (a full disk, a file size limit, a pipe), and
+    TextIOWrapper ignores that: `cat` and --json output came out cut short with exit 0. A buffered
+    layer between them writes everything or raises; line buffering keeps interactive output live."""
+    raw = getattr(sys.stdout, "buffer", None)
+    if isinstance(raw, io.RawIOBase):
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(raw), encoding=sys.stdout.encoding, errors=sys.stdout.errors, line_buffering=True
+        )
 
 
 def _run(app: typer.Typer) -> int:

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
+from ..errors import UsageError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, writing_stdout
 from .params import parse_tags
 
 SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
@@ -95,10 +96,13 @@ def cat_cmd(
     vault_args: VaultArgs = NO_VAULT_ARGS,
 ) -> None:
     """Write one file of a snapshot to stdout (verified)."""
+    if sys.stdout is None:
+        raise UsageError("standard output is closed: cat writes the file there; send it to a file or a pipe")
     out = Output()
     with vault_args.open(out) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
-        sink = sys.stdout.buffer
-        for data in vault.read_file(snap, path):
-            sink.write(data)
-        sink.flush()
+        with writing_stdout():
+            sink = sys.stdout.buffer
+            for data in vault.read_file(snap, path):
+                sink.write(data)
+            sink.flush()

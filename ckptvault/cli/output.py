@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+
+from ..errors import StorageError, StorageFullError
 
 
 def format_bytes(n: float) -> str:
@@ -50,6 +53,28 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     return value
+
+
+@contextmanager
+def writing_stdout() -> Iterator[None]:
+    """The command's output written and flushed, or one error line: a full disk, a quota or a file
+    size limit (``ulimit -f``) is StorageFullError (exit 21), another failure StorageError (exit 20).
+    A closed pipe stays BrokenPipeError: the command boundary ends quietly."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EFBIG:
+            hint = "the output reached a file size limit (ulimit -f); raise it or write elsewhere"
+            raise StorageFullError("write", "standard output", "this machine", reason, hint=hint) from None
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError("write", "standard output", "this machine", reason) from None
+        raise StorageError(
+            "write", "standard output", "this machine", reason, message=f"writing to standard output failed: {reason}"
+        ) from None
 
 
 class _RichProgress:
@@ -102,13 +127,17 @@ class Output:
 
     def result(self, data: Any, text: str | Table | None = None) -> None:
         """The command's result: JSON on stdout with --json, else the text (hidden by --quiet)."""
+        if sys.stdout is None:  # closed (``>&-``): the result has nowhere to go, the command still did its work
+            return
         if self.json_mode:
-            sys.stdout.write(json.dumps(_jsonable(data), indent=2) + "\n")
+            with writing_stdout():
+                sys.stdout.write(json.dumps(_jsonable(data), indent=2) + "\n")
         elif text is not None and not self.quiet:
-            if isinstance(text, str):
-                self.out.print(text, markup=False)
-            else:
-                self.out.print(text)
+            with writing_stdout():
+                if isinstance(text, str):
+                    self.out.print(text, markup=False)
+                else:
+                    self.out.print(text)
 
     @contextmanager
     def progress(self, label: str) -> Iterator[_RichProgress | None]:
