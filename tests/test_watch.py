@@ -381,3 +381,16 @@ def test_a_storage_outage_at_start_is_waited_out_while_checkpoints_are_pinned(tm
         assert [s.name for s in shipped] == ["step_1"], warnings
         assert sum("cannot list what was shipped yet" in w for w in warnings) == 1, warnings
         assert not faultyfs.FAULTS["list:/snapshots"], "the outage was not waited out"
+
+
+def test_a_state_folder_that_cannot_be_made_is_a_one_line_error(cli, tmp_path: Path):
+    from tests.test_cli import one_line_error
+
+    ckpts, repo = tmp_path / "ckpts", str(tmp_path / "repo")
+    ckpts.mkdir()
+    (tmp_path / "a-file").write_text("not a folder")
+    cli("init", repo)
+    for state in (tmp_path / "a-file", tmp_path / "a-file" / "below", Path("/proc/ckptvault-state")):
+        proc = cli("watch", str(ckpts), "--once", "--repo", repo, "--state-dir", str(state), check=False)
+        message = one_line_error(proc)
+        assert proc.returncode == 2 and f"cannot keep the watch's state in {state}" in message, message

@@ -166,8 +166,16 @@ class Watcher:
     # ---- the loop ----------------------------------------------------------------------
 
     def run(self) -> WatchResult:
-        os.makedirs(self.pins_dir, exist_ok=True)
-        with _exclusive(os.path.join(self.state_dir, "lock"), self.directory):
+        try:
+            os.makedirs(self.pins_dir, exist_ok=True)
+            lock = _exclusive(os.path.join(self.state_dir, "lock"), self.directory)
+            lock.open()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot keep the watch's state in {self.state_dir}: {exc.strerror or exc}; the watcher pins "
+                "checkpoints there, so it must be a writable folder on the checkpoints' filesystem (--state-dir)"
+            ) from None
+        with lock:
             resumed = self._adopt_pins()
             self._start_loading_digests()
             now = time.monotonic()
@@ -502,8 +510,10 @@ class _exclusive:
         self.directory = directory
         self.fd = -1
 
-    def __enter__(self) -> None:
+    def open(self) -> None:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def __enter__(self) -> None:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
