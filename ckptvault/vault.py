@@ -510,7 +510,7 @@ class Vault:
         snapshot = snapshot_arg(snapshot)
         where = path_arg("target", target)
         globs = None if include is None else str_list_arg("include", include, "['model/*']")
-        with self._repo.locks.acquire(exclusive=False):
+        with self._repo.locks.acquire_to_read():
             self._repo.load_index()
             return run_restore(
                 self._repo,
@@ -650,7 +650,7 @@ class Vault:
         Never raises on damage: inspect ``report.ok`` and ``report.problems``."""
         read_data = fraction_arg("read_data", read_data)
         seed = int_arg("seed", seed, optional=True)
-        with self._repo.locks.acquire(exclusive=False), self._repo.cache_bypassed():
+        with self._repo.locks.acquire_to_read(), self._repo.cache_bypassed():
             return run_check(self._repo, read_data=read_data, seed=seed)
 
     @_open_only
@@ -801,7 +801,7 @@ class Vault:
     def backup_status(self, path: PathLike) -> BackupStatus:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
         where = path_arg("path", path)
-        with self._repo.locks.acquire(exclusive=False):
+        with self._repo.locks.acquire_to_read():
             return backup_status(self._repo, where, self.snapshots(), self.files)
 
     @_open_only

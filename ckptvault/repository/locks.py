@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -95,10 +96,13 @@ from ..errors import (
     IntegrityError,
     LockLostError,
     ObjectNotFoundError,
+    StorageError,
     UnsupportedFormatError,
     VaultLockedError,
 )
 from ..store.base import listed_time
+from ..store.failures import Kind as FailureKind
+from ..store.failures import classify
 from .format import LOCKS_PREFIX, id_from_key, lock_key, new_object_id
 
 if TYPE_CHECKING:
@@ -322,6 +326,29 @@ class LockManager:
             self.remove(own)
             raise
         return HeldLock(self, own, refreshed=started)
+
+    def acquire_to_read(self) -> contextlib.AbstractContextManager[HeldLock | None]:
+        """A shared lock for a command that only reads (restore, check, status, drill). Where the
+        store refuses to write it (read-only credentials or mount: a node given read access to
+        resume from), the command reads without one once no live exclusive lock (a prune) is
+        listed, and a warning says so: a prune that starts meanwhile can make it fail, never make
+        it return wrong bytes, since everything read is verified."""
+        try:
+            return self.acquire(exclusive=False)
+        except StorageError as exc:
+            if not _write_refused(exc):
+                raise
+            refused = exc.reason
+        for other in self.list():
+            if other.exclusive and not self.is_stale(other):
+                raise self._conflict(other)
+        left_behind.warning(
+            "cannot write a lock to %s (%s): reading without one; a prune started meanwhile could make "
+            "this command fail",
+            self.repo.store.url,
+            refused,
+        )
+        return contextlib.nullcontext()
 
     @property
     def held(self) -> tuple[HeldLock, ...]:
@@ -554,3 +581,11 @@ class HeldLock:
             self.release()
         except CkptVaultError as error:  # the storage that failed the command often fails this too
             left_behind.warning("could not remove the lock after a failure: %s", error)  # keep the first error
+
+
+def _write_refused(exc: StorageError) -> bool:
+    """The store refused a write for good: no permission, or a read-only filesystem."""
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.errno == errno.EROFS:
+        return True
+    return cause is not None and classify(cause).kind is FailureKind.DENIED

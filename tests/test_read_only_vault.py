@@ -1,0 +1,60 @@
+"""A vault the user may only read (a read-only mount here; read-only credentials on object storage
+fail the same way): restore, check, status and drill work without writing a lock, with a warning,
+and still respect a prune's exclusive lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+
+
+@pytest.fixture
+def read_only_vault(tmp_path: Path):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): the read-only vault test did not run")
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "weights.bin").write_bytes(os.urandom(2_000_000))
+        (src / "config.json").write_text('{"step": 1}')
+        repo = str(mount / "vault")
+        with Vault.init(repo) as vault:
+            vault.backup(src, tags={"run": "x"})
+        yield mount, repo, src
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def remount_read_only(mount: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True, capture_output=True)
+
+
+def test_reading_commands_work_without_a_lock_on_a_read_only_vault(read_only_vault, cli, tmp_path: Path):
+    mount, repo, src = read_only_vault
+    remount_read_only(mount)
+    out = tmp_path / "out"
+    proc = cli("restore", "latest", str(out), "--repo", repo, "--tag", "run=x")
+    assert "cannot write a lock" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in src.iterdir()}
+    assert cli("check", "--repo", repo, "--read-data").stdout.decode().startswith("no problems found")
+    assert cli("status", str(src), "--repo", repo).returncode == 0
+    assert cli("drill", "--repo", repo).returncode == 0
+    proc = cli("backup", str(src), "--repo", repo, check=False)  # writing still needs a writable vault
+    assert proc.returncode == 20 and "Read-only file system" in proc.stderr.decode(), proc.stderr
+
+
+def test_a_prune_holding_the_vault_still_stops_a_lockless_reader(read_only_vault, cli, tmp_path: Path):
+    mount, repo, _ = read_only_vault
+    with Vault.open(repo) as vault:
+        vault._repo.locks.write(exclusive=True)  # a prune's lock, as another host would leave it while running
+    remount_read_only(mount)
+    proc = cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, check=False)
+    assert proc.returncode == 11 and "is locked" in proc.stderr.decode(), proc.stderr
+    assert not (tmp_path / "out").exists()
