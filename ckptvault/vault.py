@@ -146,9 +146,9 @@ def _decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
 def _refuse_local_non_vault_folder(url: str) -> None:
     """A new vault in a local folder that already holds other files (a checkpoint folder named by
     mistake), or inside another vault's folder, would mix with them: refused (like kopia)."""
-    if "://" in url and not url.startswith("file://"):
+    path = _local_folder(url)
+    if path is None:
         return
-    path = os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
     # One listing decides: a racing init (Vault.open(create=True) on every rank) writes its config
     # first, so a listing that shows any other name shows the config too.
     names = os.listdir(path) if os.path.isdir(path) else []
@@ -161,6 +161,13 @@ def _refuse_local_non_vault_folder(url: str) -> None:
         if _holds_vault_config(parent):
             raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
         parent = os.path.dirname(parent)
+
+
+def _local_folder(url: str) -> str | None:
+    """The absolute path of a vault in a local folder; None for any other store."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
 
 
 def _holds_vault_config(folder: str) -> bool:
@@ -520,6 +527,7 @@ class Vault:
                 overwrite=overwrite,
                 progress=on_progress,
                 workers=self._repo.download_concurrency,
+                vault_folder=_local_folder(self.url),
             )
 
     @_open_only

@@ -11,7 +11,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.blob import Kind
 from ckptvault.crypto.keyfile import Keyfile
-from ckptvault.errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError
+from ckptvault.errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError, UsageError
 from ckptvault.ops.restore import temp_stem
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 
@@ -322,3 +322,23 @@ def test_a_chunk_stored_under_the_wrong_id_is_refused_and_named(tmp_path: Path, 
     assert not (target / "weights.bin").exists()
     assert (target / "config.json").read_text() == '{"a": 1}'
     vault.close()
+
+
+def test_nothing_is_restored_into_the_vaults_own_folder(vault: Vault, repo_url: str, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config").write_text("a file that happens to share the vault config's name")
+    snap = vault.backup(src)
+    config_before = (Path(repo_url) / "config").read_bytes()
+    for target in (Path(repo_url), Path(repo_url) / "index", Path(repo_url) / "new-folder"):
+        with pytest.raises(UsageError, match="inside the vault"):
+            vault.restore(snap, target, overwrite=True)
+    parent_src = tmp_path / "parent-src"  # a snapshot whose paths land in the vault when restored above it
+    (parent_src / Path(repo_url).name).mkdir(parents=True)
+    (parent_src / Path(repo_url).name / "config").write_text("replaced")
+    outer = vault.backup(parent_src)
+    with pytest.raises(UsageError, match="inside the vault"):
+        vault.restore(outer, Path(repo_url).parent, overwrite=True)
+    assert (Path(repo_url) / "config").read_bytes() == config_before
+    assert not (Path(repo_url) / "new-folder").exists()
+    vault.restore(snap, tmp_path / "elsewhere")  # anywhere else is fine

@@ -260,6 +260,16 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
     )
 
 
+def _refuse_vault_folder(dest: str, vault_folder: str, target: str) -> None:
+    """Restoring into the vault's own folder could replace its config or objects (a snapshot of a
+    folder that held a file named ``config``): refused, whatever --overwrite says."""
+    inside = os.path.join(os.path.realpath(vault_folder), "")
+    if os.path.join(os.path.realpath(dest), "").startswith(inside):
+        raise UsageError(
+            f"cannot restore into {target}: it would write inside the vault at {vault_folder}; restore elsewhere"
+        )
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         raise RestoreConflictError(f"{path} is a directory; remove it by hand to restore a file there")
@@ -276,11 +286,13 @@ def run_restore(
     overwrite: bool = False,
     progress: Progress | None = None,
     workers: int = 8,
+    vault_folder: str | None = None,
 ) -> RestoreResult:
     """Plan, then write (see the module docstring). Everything that can be found before writing is
     raised before the target is even created: an empty target (UsageError), an --include glob that
     matches nothing (UsageError), a target that is or lies under a file, and a folder in the target
-    where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``)."""
+    where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``).
+    ``vault_folder``: the vault's own local folder, which nothing may be restored into."""
     progress = progress or NullProgress()
     started = time.monotonic()
     if not target.strip():
@@ -291,8 +303,12 @@ def run_restore(
 
     planner = _Planner(repo, target, overwrite)
     planner.check_target()
+    if vault_folder is not None:
+        _refuse_vault_folder(target, vault_folder, target)
     for entry in entries:
         planner.check(entry)
+        if vault_folder is not None:
+            _refuse_vault_folder(planner.dest(entry), vault_folder, target)
     if planner.clashes:
         clashes = list(planner.clashes.values())
         more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
