@@ -124,6 +124,15 @@ def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: P
     vault.restore(snap, target, overwrite=True)
     assert (target / "model" / "config.json").read_text() == '{"a": 1}'
 
+    # the right bytes under the wrong mode and mtime: --overwrite puts the snapshot's back
+    weights = target / "model" / "weights.bin"
+    os.chmod(weights, 0o600)
+    os.utime(weights, ns=(10**18, 10**18))
+    assert vault.restore(snap, target).skipped_files == 3 and weights.stat().st_mode & 0o777 == 0o600
+    vault.restore(snap, target, overwrite=True)
+    original = (src / "model" / "weights.bin").stat()
+    assert weights.stat().st_mode == original.st_mode and weights.stat().st_mtime_ns == original.st_mtime_ns
+
 
 def test_files_named_like_temporaries_are_restored_and_only_true_leftovers_removed(vault: Vault, tmp_path: Path):
     src = tmp_path / "src"

@@ -342,6 +342,11 @@ def run_restore(
                 written += entry.size
             except IntegrityError as exc:
                 failures.append(str(exc))
+    if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
+        for entry in entries:
+            if entry.type == "file" and entry.path in planner.skip:
+                os.chmod(planner.dest(entry), entry.mode)
+                os.utime(planner.dest(entry), ns=(entry.mtime_ns, entry.mtime_ns))
     for entry in entries:
         if entry.type == "symlink" and entry.path not in planner.skip:
             dest = planner.dest(entry)
