@@ -413,7 +413,10 @@ class Vault:
         except ObjectNotFoundError:
             if snap.id not in {s.id for s in self.snapshots()}:
                 raise SnapshotNotFoundError(f"snapshot {snap.short_id} was just removed by another process") from None
-            raise
+            raise IntegrityError(
+                f"tree object {snap.tree_id[:12]} of snapshot {snap.short_id} is missing from {self.url}; "
+                f"run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
+            ) from None
         return _decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
     # ---- backup and restore ------------------------------------------------------------

@@ -285,6 +285,18 @@ def test_tree_of_a_newer_version_is_refused_with_17_naming_it(two_snapshots, cli
     assert "a.bin" in cli("ls", "--repo", repo, bad[:8]).stdout.decode()  # the other snapshot is untouched
 
 
+def test_a_missing_tree_is_damage_exit_30_naming_it_and_the_remedy(two_snapshots, cli: Callable, tmp_path: Path):
+    repo, first, second, _ = two_snapshots
+    with Vault.open(repo) as vault:
+        tree_id = vault.snapshot(second).tree_id
+    (Path(repo) / "trees" / tree_id).unlink()
+    proc = cli("restore", "--repo", repo, second[:8], str(tmp_path / "out"), check=False)
+    error = error_line(proc)
+    assert proc.returncode == 30 and f"tree object {tree_id[:12]}" in error and "missing" in error, error
+    assert f"ckptvault forget {second[:8]}" in error
+    cli("restore", "--repo", repo, first[:8], str(tmp_path / "first"))  # the other snapshot restores
+
+
 def test_snapshot_of_a_newer_version_or_with_unknown_summary_fields_is_left_out(two_snapshots, cli: Callable):
     repo, first, second, _ = two_snapshots
     with Vault.open(repo) as vault:
