@@ -297,6 +297,18 @@ def test_a_missing_tree_is_damage_exit_30_naming_it_and_the_remedy(two_snapshots
     cli("restore", "--repo", repo, first[:8], str(tmp_path / "first"))  # the other snapshot restores
 
 
+@pytest.mark.parametrize(
+    "change", [{"pack_size": -5}, {"chunker": {"algorithm": "fastcdc", "min_size": 1, "avg_size": 2, "max_size": 3}}]
+)
+def test_a_config_with_impossible_values_is_damage_naming_the_config(two_snapshots, cli: Callable, change: dict):
+    repo, *_ = two_snapshots
+    config = Path(repo) / "config"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
+    proc = cli("snapshots", "--repo", repo, check=False)
+    error = error_line(proc)
+    assert proc.returncode == 30 and f"the config of {repo} is damaged" in error, error
+
+
 def test_snapshot_of_a_newer_version_or_with_unknown_summary_fields_is_left_out(two_snapshots, cli: Callable):
     repo, first, second, _ = two_snapshots
     with Vault.open(repo) as vault:

@@ -101,3 +101,8 @@ class RepoConfig:
             )
         except (KeyError, TypeError) as exc:
             raise MalformedObjectError(f"the config of {url} lacks field {exc}") from exc
+        except (
+            UsageError,
+            ValueError,
+        ) as exc:  # a value init would refuse (a chunk or pack size out of range): damage here
+            raise MalformedObjectError(f"the config of {url} is damaged: {exc}") from exc
