@@ -40,6 +40,10 @@ from .test_cli import one_line_error
         (["backup", "{tmp}/no\nsuch"], 3, "no\\nsuch"),
         # only special files named: no empty snapshot that looks like a backup
         (["backup", "{tmp}/fifo", "--repo", "{tmp}/v"], 3, "nothing left to back up"),
+        # nor of an empty folder (a wrong path, a checkpoint not written yet): it would become `latest`
+        (["backup", "{tmp}/empty", "--repo", "{tmp}/v"], 3, "empty: it holds no files"),
+        (["backup", "{tmp}/dangling", "--repo", "{tmp}/v"], 3, "a symlink to {tmp}/gone, which does not exist"),
+        (["backup", "{tmp}/loop", "--repo", "{tmp}/v"], 3, "loop: a symlink loop"),
         (["init", "{tmp}/v2", "--pack-size-mib", "-1"], 2, "--pack-size-mib -1 is out of range"),
         (["check", "--repo", "{tmp}/v", "--read-data", "--read-data-subset", "10%"], 2, "not both"),
         # a new vault would mix with other files: a checkpoint folder named by mistake, another vault
@@ -58,10 +62,13 @@ def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, cod
     (tmp_path / "src" / "f").write_bytes(b"data")
     (tmp_path / "afile").write_bytes(b"not a vault")
     os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
     started = time.monotonic()
     proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
     assert proc.returncode == code, proc.stderr
-    assert fragment in one_line_error(proc)
+    assert fragment.replace("{tmp}", str(tmp_path)) in one_line_error(proc)
     assert time.monotonic() - started < 8, "a permanent error was retried"  # the retry budget is ~10 s
     assert not (tmp_path / "xdg-data").exists(), "the default vault was created or used"
     assert (tmp_path / "afile").read_bytes() == b"not a vault"

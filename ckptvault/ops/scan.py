@@ -8,6 +8,7 @@ source, are stored under their base names. A source that is itself a symlink is 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -40,9 +41,14 @@ def check_sources(sources: list[str]) -> list[str]:
     # a path given twice is backed up once
     abs_sources = list(dict.fromkeys(os.path.abspath(os.path.expanduser(s)) for s in sources))
     for src in abs_sources:
-        if not os.path.exists(src):
-            why = "a symlink loop" if os.path.islink(src) else "no such file or directory"
-            raise SourceError(src, why)
+        try:
+            os.stat(src)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SourceError(src, "a symlink loop") from None
+            if os.path.islink(src):
+                raise SourceError(src, f"a symlink to {os.readlink(src)}, which does not exist") from None
+            raise SourceError(src, exc.strerror or "no such file or directory") from None
     return abs_sources
 
 
@@ -63,9 +69,11 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
                 _walk(src, name, result, skip_unreadable)
             else:
                 _add(src, name, st, result)
-    if not result.items and not any(os.path.isdir(s) for s in abs_sources):
-        # only special or unreadable files were named: an empty snapshot would look like a backup
-        raise SourceError(abs_sources[0], "nothing left to back up", "; ".join(result.warnings))
+    if all(item.kind == "dir" for item in result.items):
+        # an empty snapshot would look like a backup and become `latest`: a resume would restore nothing
+        if result.warnings:  # only special or unreadable files
+            raise SourceError(abs_sources[0], "nothing left to back up", "; ".join(result.warnings))
+        raise SourceError(abs_sources[0], "it holds no files", "nothing was backed up; check the path")
     result.items.sort(key=lambda i: i.path)
     return result
 
