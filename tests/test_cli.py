@@ -85,10 +85,22 @@ def test_init_and_explicit_repo(cli, tmp_path: Path):
     assert not (tmp_path / "xdg-data").exists()  # an explicit repository never touches the default
 
 
-def test_memory_repo_url_is_accepted(cli, tmp_path: Path):
+def test_a_memory_vault_is_refused_by_the_cli_where_it_would_vanish(cli, tmp_path: Path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"x")
-    assert "created vault" in cli("init", "memory://cli-test").stdout.decode()
+    for args, env in (
+        (["init", "memory://cli-test"], {}),
+        (["backup", str(tmp_path / "src"), "--repo", "memory://cli-test"], {}),
+        (["snapshots"], {"CKPTVAULT_REPO": "memory://cli-test"}),
+    ):
+        proc = cli(*args, check=False, **env)
+        assert proc.returncode == 2 and "would vanish when this command exits" in one_line_error(proc), args
+
+
+def test_init_refuses_two_different_repositories(cli, tmp_path: Path):
+    proc = cli("init", str(tmp_path / "a"), "--repo", str(tmp_path / "b"), check=False)
+    assert proc.returncode == 2 and "two repositories given" in one_line_error(proc)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import typer
 
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError
-from ..vault import Vault
+from ..vault import Vault, default_repo_url
 from ..version import __version__
 from .output import Output
 from .params import parse_storage_options
@@ -166,6 +166,16 @@ def require_nonempty(option: str, value: str) -> None:
         raise UsageError(f"{option} is empty; give a path or URL, or leave the option out for the default")
 
 
+def require_lasting_url(url: str) -> None:
+    """A ``memory://`` vault lives inside one Python process: the CLI's would be gone when it exits,
+    and the next command would find none."""
+    if url.strip().lower().startswith("memory://"):
+        raise UsageError(
+            f"{url} would vanish when this command exits (memory:// vaults live inside one Python process); "
+            "use a folder or a remote URL, or memory:// from the Python API"
+        )
+
+
 def open_vault(
     repo: str | None,
     storage_option: list[str] | None,
@@ -181,8 +191,10 @@ def open_vault(
     key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
     if repo is not None:
         require_nonempty("--repo", repo)
+        require_lasting_url(repo)
         vault = Vault.open(repo, storage_options=options, **key)
     else:
+        require_lasting_url(default_repo_url())  # CKPTVAULT_REPO
         try:
             vault = Vault.open(None, storage_options=options, create=writing, **key)
         except VaultNotFoundError as exc:

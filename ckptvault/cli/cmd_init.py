@@ -18,6 +18,7 @@ from .app import (
     app,
     command,
     passphrase_source,
+    require_lasting_url,
     require_nonempty,
 )
 from .output import Output
@@ -62,6 +63,9 @@ def init_cmd(
     for option, value in (("the repository URL", url), ("--repo", repo)):
         if value is not None:
             require_nonempty(option, value)
+            require_lasting_url(value)
+    if url is not None and repo is not None and url != repo:
+        raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")
     vault = Vault.init(
         url or repo,
         storage_options=parse_storage_options(storage_option),

@@ -48,7 +48,8 @@ def check_sources(sources: list[str]) -> list[str]:
                 raise SourceError(src, "a symlink loop") from None
             if os.path.islink(src):
                 raise SourceError(src, f"a symlink to {os.readlink(src)}, which does not exist") from None
-            raise SourceError(src, exc.strerror or "no such file or directory") from None
+            missing = exc.errno == errno.ENOENT or not exc.strerror
+            raise SourceError(src, "no such file or directory" if missing else exc.strerror) from None
     return abs_sources
 
 
