@@ -46,6 +46,8 @@ from .test_cli import one_line_error
         (["backup", "{tmp}/loop", "--repo", "{tmp}/v"], 3, "loop: a symlink loop"),
         (["init", "{tmp}/v2", "--pack-size-mib", "-1"], 2, "--pack-size-mib -1 is out of range"),
         (["check", "--repo", "{tmp}/v", "--read-data", "--read-data-subset", "10%"], 2, "not both"),
+        (["check", "--repo", "{tmp}/v", "--read-data-subset", "5"], 2, "'5' is ambiguous; write a percentage like 5%"),
+        (["check", "--repo", "{tmp}/v", "--read-data-subset", "1"], 2, "'1' is ambiguous"),
         # a new vault would mix with other files: a checkpoint folder named by mistake, another vault
         (["init", "{tmp}/src"], 2, "is not empty and holds no vault"),
         (["init", "{tmp}/v/packs/v2"], 2, "is inside the vault at"),

@@ -104,12 +104,14 @@ def parse_before(value: str | None, now: datetime) -> datetime | None:
 
 
 def parse_fraction(value: str, option: str) -> float:
-    """'10%' or '0.1' -> 0.1."""
+    """'10%' or '0.1' -> 0.1; a bare number of 1 or more is refused as ambiguous."""
     text = value.strip()
     try:
         fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         raise UsageError(f"{option}: {value!r} is not a percentage like 10%") from None
+    if not text.endswith("%") and fraction >= 1:  # "5" may mean 5%, "1" 1% or all of it
+        raise UsageError(f"{option}: {value!r} is ambiguous; write a percentage like {text}% or a fraction like 0.05")
     if not 0 < fraction <= 1:
         raise UsageError(f"{option}: {value!r} must be more than 0% and at most 100%")
     return fraction
