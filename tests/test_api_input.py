@@ -415,3 +415,31 @@ def test_numpy_numbers_and_a_none_description_are_accepted(vault: Vault, tmp_pat
     assert snap.description == ""
     assert vault.prune(keep_latest=np.int64(1), dry_run=True).forgotten == []
     assert vault.check(read_data=np.float32(0.5), seed=np.int64(3)).ok
+
+
+def test_every_error_class_is_importable_from_the_package():
+    import ckptvault.errors as errors
+
+    public = [
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, CkptVaultError) and value.__module__ == errors.__name__
+    ]
+    internal = {"ObjectNotFoundError", "ShortReadError", "ObjectExistsError"}  # the storage layer's own
+    for name in set(public) - internal:
+        assert getattr(ckptvault, name) is getattr(errors, name) and name in ckptvault.__all__, name
+
+
+def test_an_ambiguous_id_prefix_lists_the_candidates(vault: Vault, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    ids = []
+    for i in range(17):  # 17 IDs over 16 first hex digits: two share one
+        (src / "f").write_text(str(i))
+        ids.append(vault.backup(src).id)
+    digit = next(d for d in "0123456789abcdef" if sum(i.startswith(d) for i in ids) > 1)
+    with pytest.raises(ckptvault.SnapshotNotFoundError, match="is ambiguous: ") as info:
+        vault.snapshot(digit)
+    listed = [i for i in ids if i[:12] in str(info.value)]
+    matching = [i for i in ids if i.startswith(digit)]
+    assert set(listed) <= set(matching) and len(listed) == min(5, len(matching)), str(info.value)

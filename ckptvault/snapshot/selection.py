@@ -43,5 +43,7 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
     if not found:
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
     if len(found) > 1:
-        raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({len(found)} match); give more digits")
+        shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M})" for s in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous: {shown}{more}; give more digits")
     return found[0]
