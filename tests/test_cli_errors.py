@@ -78,6 +78,12 @@ def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, cod
     assert not [p for p in (tmp_path / "v").rglob("*") if "snapshots" in p.parts and p.is_file()]
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_flags(cli, flag):
+    out = cli("restore", flag).stdout.decode()
+    assert "Usage:" in out and "restore [OPTIONS]" in out and "--overwrite" in out
+
+
 def test_bare_command_still_prints_the_help(cli):
     proc = cli(check=False)
     assert proc.returncode == 2

@@ -28,6 +28,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # errors are one line; a bug's traceback goes to a file
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 RepoOpt = Annotated[
