@@ -452,7 +452,12 @@ class Vault:
         sources = paths_arg(paths)
         tags = tags_arg(tags)
         description = text_arg("description", description, optional=True) or ""
-        hostname = text_arg("hostname", hostname, optional=True) or socket.gethostname()
+        hostname = text_arg("hostname", hostname, optional=True)
+        if hostname is not None and (not hostname.strip() or not hostname.isprintable()):
+            raise UsageError(
+                f"hostname {hostname!r} is blank or holds control characters; give a name, or none for this machine's"
+            )
+        hostname = hostname or socket.gethostname()
         for key in tags:
             if not key or "=" in key:
                 raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")

@@ -33,6 +33,8 @@ from .test_cli import one_line_error
         (["watch", "{tmp}/missing"], 3, "no such directory"),
         (["watch", "{tmp}/src", "--interval", "-1"], 2, "--interval -1 must be a positive"),
         (["watch", "{tmp}/src", "--settle", "-1"], 2, "--settle -1 must be zero or"),
+        (["watch", "{tmp}/src", "--state-dir", ""], 2, "--state-dir is empty"),
+        (["backup", "{tmp}/src", "--repo", "{tmp}/v", "--host", "  "], 2, "hostname '  ' is blank"),
         # a file where the repository should be: refused at once, not retried for seconds
         (["snapshots", "--repo", "{tmp}/afile"], 20, "Not a directory"),
         (["init", "{tmp}/afile"], 20, "a file is in the way"),

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from ..ops.watch import ShippedCheckpoint, check_watch_args
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -53,6 +53,8 @@ def watch_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     check_watch_args(directory, tags, interval, settle)  # before the default vault may be created
+    if state_dir is not None:
+        require_nonempty("--state-dir", state_dir)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
