@@ -36,11 +36,14 @@ def model_forget(snaps: list[Snapshot], p: RetentionPolicy) -> set[str]:
         groups.setdefault(key, []).append(s)
     forget = set()
     for members in groups.values():
+        # newest: by time, and also by step when every member has one (the better of the two ranks)
+        by_time = sorted(members, key=lambda s: (s.time, s.id), reverse=True)
+        rank_of = {s.id: r for r, s in enumerate(by_time)}
         if all("step" in s.tags and s.tags["step"].isdigit() for s in members):
-            members.sort(key=lambda s: (int(s.tags["step"]), s.time, s.id), reverse=True)
-        else:
-            members.sort(key=lambda s: (s.time, s.id), reverse=True)
-        for rank, s in enumerate(members):
+            by_step = sorted(members, key=lambda s: (int(s.tags["step"]), s.time, s.id), reverse=True)
+            rank_of = {s.id: min(r, rank_of[s.id]) for r, s in enumerate(by_step)}
+        for s in members:
+            rank = rank_of[s.id]
             protected = any(
                 (k in s.tags and (not v or s.tags[k] == v)) for k, _, v in (t.partition("=") for t in p.keep_tags)
             )
@@ -125,3 +128,14 @@ def test_newest_of_a_group_survives_any_date():
 def test_bad_policies(kwargs):
     with pytest.raises(UsageError):
         RetentionPolicy(**kwargs)
+
+
+def test_steps_of_another_run_never_push_out_the_snapshots_saved_last():
+    # run a: steps 1000-3000 a month ago; run b (or a restart): steps 100-200, saved last
+    old = [make(i, i, {"run": "a", "step": str(1000 * (i + 1))}) for i in range(3)]
+    new = [make(10 + i, 40_000 + i, {"run": "b", "step": str(100 * (i + 1))}) for i in range(2)]
+    plan = plan_retention(old + new, RetentionPolicy(keep_latest=2))
+    kept = {d.snapshot.id for d in plan.decisions if d.keep}
+    assert {s.id for s in new} <= kept  # newest by time
+    assert {old[2].id, old[1].id} <= kept  # the highest steps
+    assert old[0].id not in kept

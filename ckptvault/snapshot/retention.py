@@ -3,7 +3,9 @@
 A snapshot is forgotten only when every given rule says so: with both ``keep_latest`` and
 ``before`` it must be outside the newest N of its group AND older than the date. Snapshots
 not matching ``tags`` are not considered (kept), ``keep_tags`` protect, and the newest
-snapshot of every group is always kept, so no policy can empty a group by mistake.
+snapshot of every group is always kept, so no policy can empty a group by mistake. "Newest"
+counts by time and, when every snapshot of the group has a numeric ``step`` tag, by step too:
+a snapshot among the newest N either way is kept.
 
 ``group_by`` names a tag key (or ``host``). A typo there would put every snapshot into one
 group and forget all but one of them, so a key that none of the selected snapshots carries
@@ -126,9 +128,16 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
     _check_group_key(selected, policy)
     for key, members in groups.items():
         label = group_label(key, policy.group_by)
-        newest_first = ordered(members)[::-1]
-        for rank, snap in enumerate(newest_first):
-            decisions[snap.id] = replace(_decide(snap, rank, policy), group=label)
+        # "Newest" by time and, where every member has a step, by step too; a snapshot keeps the
+        # better rank. By step alone, the steps of another run or of a restarted one (lower, yet
+        # saved last) were pruned first; by time alone, an older step shipped late would push out
+        # the highest one.
+        by_time = sorted(members, key=lambda s: (s.time, s.id), reverse=True)
+        rank = {snap.id: r for r, snap in enumerate(by_time)}
+        for r, snap in enumerate(ordered(members)[::-1]):
+            rank[snap.id] = min(r, rank[snap.id])
+        for snap in members:
+            decisions[snap.id] = replace(_decide(snap, rank[snap.id], policy), group=label)
     return RetentionPlan([decisions[s.id] for s in snapshots])
 
 
