@@ -588,7 +588,9 @@ class Vault:
             group_by=text_arg("group_by", group_by, optional=True),
         )
         repack_threshold = fraction_arg("repack_threshold", repack_threshold)
-        with self._repo.locks.acquire(exclusive=True):
+        # a dry run deletes nothing: a shared lock lets backups go on meanwhile (its plan may then
+        # count a running backup's packs, not yet indexed, as leftovers; the real run cannot)
+        with self._repo.locks.acquire(exclusive=not dry_run):
             self._repo.load_index()
             every, unreadable = self._listing()
             every.sort(key=lambda s: s.time)
@@ -622,7 +624,7 @@ class Vault:
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists."""
         snapshots = snapshot_list_arg(snapshots)
-        with self._repo.locks.acquire(exclusive=prune):
+        with self._repo.locks.acquire(exclusive=prune and not dry_run):
             self._repo.load_index()
             every, unreadable_now = self._listing()
             every.sort(key=lambda s: s.time)

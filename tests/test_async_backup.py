@@ -18,6 +18,7 @@ import pytest
 import tests.support.slowfs  # noqa: F401 - registers slowfile://
 from ckptvault import Vault
 from ckptvault.errors import BackupSupersededError, FlushTimeoutError, SourceError, UsageError, VaultLockedError
+from ckptvault.ops import async_backup
 from tests.conftest import tree_digest, write_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +111,8 @@ def test_block_waits_for_a_free_slot_and_ships_everything(tmp_path):
     vault.close()
 
 
-def test_a_failed_backup_is_on_its_handle_logged_and_raised_by_flush(tmp_path, repo_url, vault, caplog):
+def test_a_failed_backup_is_on_its_handle_logged_and_raised_by_flush(tmp_path, repo_url, vault, caplog, monkeypatch):
+    monkeypatch.setattr(async_backup, "LOCK_PATIENCE_S", 0.0)  # a lock held for longer than the shipper waits
     ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
     holder = Vault.open(repo_url)
     with holder._repo.locks.acquire(exclusive=True), caplog.at_level(logging.ERROR, logger="ckptvault"):
@@ -123,6 +125,20 @@ def test_a_failed_backup_is_on_its_handle_logged_and_raised_by_flush(tmp_path, r
     assert any("async backup of" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
     vault.flush(timeout=10)  # reported once: the next flush has nothing new to raise
     assert vault.backup_async(ckpt, tags={"step": "1"}).result(timeout=60).tags == {"step": "1"}
+    holder.close()
+
+
+def test_a_prune_holding_the_vault_is_waited_out_not_a_lost_checkpoint(tmp_path, repo_url, vault, caplog):
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    holder = Vault.open(repo_url)
+    lock = holder._repo.locks.acquire(exclusive=True)  # as a prune would, for a while
+    with caplog.at_level(logging.WARNING, logger="ckptvault.shipping"):
+        handle = vault.backup_async(ckpt, tags={"step": "1"})
+        time.sleep(1.0)
+        assert not handle.done()
+        lock.release()
+        assert handle.result(timeout=60).tags == {"step": "1"}
+    assert any("is locked" in r.getMessage() and "trying again" in r.getMessage() for r in caplog.records)
     holder.close()
 
 

@@ -117,3 +117,16 @@ def test_garbage_collection_without_the_exclusive_lock_refuses(vault: Vault, tmp
     with repo.locks.acquire(exclusive=True):
         run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=False)
     assert len(vault.snapshots()) == 1 and vault.check(read_data=1.0).ok
+
+
+def test_a_dry_run_prune_lets_backups_go_on(vault: Vault, tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    vault.backup(tmp_path / "src")
+    backup_running = Vault.open(vault.url)
+    with backup_running._repo.locks.acquire(exclusive=False):
+        assert vault.prune(keep_latest=1, dry_run=True).dry_run  # a preview deletes nothing: a shared lock
+        assert vault.forget([vault.latest()], prune=True, dry_run=True).dry_run
+        with pytest.raises(VaultLockedError):
+            vault.prune(keep_latest=1)
+    backup_running.close()

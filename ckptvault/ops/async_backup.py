@@ -37,7 +37,14 @@ from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import BackupSupersededError, FlushTimeoutError, StorageError, UsageError
+from ..errors import (
+    BackupSupersededError,
+    FlushTimeoutError,
+    StorageError,
+    UsageError,
+    VaultLockedError,
+    WatchLockedError,
+)
 from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
@@ -47,6 +54,8 @@ from .scan import check_sources
 
 log = logging.getLogger("ckptvault")
 retry_log = logging.getLogger("ckptvault.shipping")  # the CLI (watch) shows these as warnings
+LOCK_PATIENCE_S = 3600.0  # how long a shipment waits for a prune holding the vault to finish
+LOCK_RETRY_MAX_S = 30.0
 
 OnFull = Literal["coalesce", "block"]
 DEFAULT_MAX_PENDING = 2
@@ -457,10 +466,22 @@ class AsyncShipper:
                 self._cond.notify_all()
 
     def _run_with_retries(self, job: BackupJob) -> Snapshot:
-        attempt = 0
+        attempt = lock_waits = 0
+        locked_since: float | None = None
         while True:
             try:
                 return self._run(job)
+            except VaultLockedError as exc:
+                # a prune holds the vault (or this backup lost its lock to one): wait it out, a
+                # checkpoint must not be lost to maintenance; another watcher is no such wait
+                now = time.monotonic()
+                locked_since = now if locked_since is None else locked_since
+                if isinstance(exc, WatchLockedError) or now - locked_since >= LOCK_PATIENCE_S:
+                    raise
+                delay = min(LOCK_RETRY_MAX_S, self._retry_delay * 2 ** min(lock_waits, 8))
+                lock_waits += 1
+                retry_log.warning("async backup of %s: %s; trying again in %.0f s", job.describe(), exc, delay)
+                time.sleep(delay)
             except StorageError as exc:
                 if not exc.retryable or attempt >= self._retries:
                     raise
