@@ -464,7 +464,7 @@ class Vault:
         abs_paths = sorted(check_sources(sources))
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
-            self._repo.adopt_unindexed_packs()  # what a killed backup uploaded is reused, not sent again
+            self._repo.reconcile_with_stored_packs()  # reuse what a killed backup uploaded; not what is gone
             every = self.snapshots()
             same_source = [s for s in every if s.hostname == hostname and sorted(s.paths) == abs_paths]
             parent = max(same_source, key=lambda s: s.time) if same_source else None

@@ -1,5 +1,9 @@
 """Locks: conflicts, stale expiry, unlock, and a backup that lost its lock commits nothing."""
 
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -130,3 +134,39 @@ def test_a_dry_run_prune_lets_backups_go_on(vault: Vault, tmp_path: Path):
         with pytest.raises(VaultLockedError):
             vault.prune(keep_latest=1)
     backup_running.close()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid  # reaped: no process has it now (nothing reuses it this quickly)
+
+
+def test_a_lock_from_another_process_table_is_not_judged_by_its_pid(vault: Vault):
+    # a container sharing this hostname (host networking) numbers its processes in a PID namespace of
+    # its own: a live holder there looks dead here, and a prune deleted a running backup's packs
+    manager = vault._repo.locks
+    dead = _dead_pid()
+    here = replace(manager.new_info(exclusive=False), pid=dead)
+    elsewhere = replace(manager.new_info(exclusive=False), pid=dead, pid_table="other-boot/4026532000")
+    unknown = replace(manager.new_info(exclusive=False), pid=dead, pid_table=None)  # an older ckptvault's lock
+    for info in (here, elsewhere, unknown):
+        manager.put(info)
+    listed = {lock.lock_id: lock for lock in manager.list()}
+    assert manager.is_stale(listed[here.lock_id])
+    assert not manager.is_stale(listed[elsewhere.lock_id]) and not manager.is_stale(listed[unknown.lock_id])
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
+def test_a_pid_namespace_has_a_process_table_of_its_own():
+    code = "from ckptvault.repository.locks import process_table; print(process_table())"
+    inner = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code], capture_output=True, text=True
+    )
+    if inner.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace here: {inner.stderr.strip()}")
+    from ckptvault.repository.locks import process_table
+
+    boot, _, namespace = process_table().partition("/")
+    inner_boot, _, inner_namespace = inner.stdout.strip().partition("/")
+    assert inner_boot == boot and inner_namespace and inner_namespace != namespace

@@ -68,3 +68,14 @@ def test_chunk_index_keeps_first_location():
     idx.add_pack(b"B" * 32, [PackEntry(b"c" * 32, 5, 10, 20)])
     assert idx.get(b"c" * 32).pack_id == b"A" * 32
     assert len(idx) == 1 and b"c" * 32 in idx
+
+
+def test_deltas_whose_base_is_gone_are_left_out_at_any_depth():
+    from ckptvault.repository.index import ChunkIndex
+    from ckptvault.repository.pack import PackEntry
+
+    a, b, c, d = (bytes([i]) * 32 for i in range(4))
+    index = ChunkIndex()  # c is a delta against b, b against a (in a pack that is gone); d stands alone
+    index.add_pack(b"p" * 32, [PackEntry(b, 0, 10, 10, a), PackEntry(c, 10, 10, 10, b), PackEntry(d, 20, 10, 10, None)])
+    index.drop_deltas_without_base()
+    assert b not in index and c not in index and d in index

@@ -103,3 +103,24 @@ def test_repair_index_cli(two_saves, repo_url: str, cli):
     assert "removed the damaged object(s)" in proc.stdout.decode()
     proc = cli("check", "--repo", repo_url, "--read-data")
     assert proc.stdout.decode().startswith("no problems found"), proc.stdout
+
+
+def test_a_backup_does_not_deduplicate_against_packs_that_are_gone(
+    repo_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    # what a backup that lost its lock to a prune leaves: index objects naming packs the prune deleted,
+    # and no snapshot; the next backup of the same bytes must store them again, not point at nothing
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(400_000))
+    with Vault.init(repo_url) as vault:
+        orphaned = vault.backup(src)
+    (Path(repo_url) / "snapshots" / orphaned.id).unlink()
+    for pack in (Path(repo_url) / "packs").rglob("*"):
+        if pack.is_file():
+            pack.unlink()
+    with caplog.at_level(logging.WARNING, logger="ckptvault.damage"), Vault.open(repo_url) as vault:
+        snap = vault.backup(src)
+        assert snap.summary.new_bytes > 0 and "missing from the store" in caplog.text
+        vault.restore(snap, tmp_path / "out")
+    assert tree(tmp_path / "out") == tree(src)

@@ -91,5 +91,13 @@ class ChunkIndex:
             if old is None or (old.base_id is not None and e.base_id is None):
                 self._map[e.chunk_id] = ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len, e.base_id)
 
+    def drop_deltas_without_base(self) -> None:
+        """Leave out every delta chunk whose base (at any depth) is in no pack here."""
+        while orphans := [
+            c for c, loc in self._map.items() if loc.base_id is not None and loc.base_id not in self._map
+        ]:
+            for chunk_id in orphans:
+                del self._map[chunk_id]
+
     def items(self) -> ItemsView[bytes, ChunkLocation]:
         return self._map.items()

@@ -4,7 +4,8 @@ The scheme is restic's. A lock is a small sealed object ``locks/<random id>`` na
 host, process and time. Taking a lock writes it, then lists the others: a conflicting lock
 that is not stale makes the newcomer remove its own and fail. A holder refreshes its lock
 (a new object, then the old one deleted) every ``refresh_every``; a lock not refreshed for
-``stale_after``, or held by a dead process on this host, is stale and ignored. An exclusive locker
+``stale_after``, or held by a dead process in this process table (this host's boot and PID
+namespace: ``process_table``), is stale and ignored. An exclusive locker
 (prune, forget --prune) removes the stale locks it ignores.
 
 Losing a lock. A holder cannot tell from the outside whether another process judged its lock
@@ -78,6 +79,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -144,6 +146,7 @@ class LockInfo:
     problem: str = ""  # why the lock object cannot be read; "" for a readable lock
     newer: bool = False  # it verifies, but a newer ckptvault wrote it (an unknown lock version)
     modified: datetime | None = None  # when the storage wrote the object, where the listing says
+    pid_table: str | None = None  # which process table ``pid`` is in (``process_table()``); None: unknown
 
     @property
     def unreadable(self) -> bool:
@@ -155,6 +158,20 @@ class LockInfo:
             return f"unreadable lock {self.lock_id.hex()[:12]} ({self.problem}), {when}"
         kind = "exclusive" if self.exclusive else "shared"
         return f"{kind} lock by {self.hostname} pid {self.pid} since {self.time:%Y-%m-%d %H:%M:%S} UTC"
+
+
+@functools.cache
+def process_table() -> str:
+    """Which process table this process's PID is in: this boot of this machine and this PID
+    namespace. Containers that share a hostname (host networking: docker --network host, Kubernetes
+    hostNetwork) have PID namespaces of their own, where another container's live holder looks dead.
+    "" where there is no /proc (not Linux): the hostname alone names the process table there."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -208,10 +225,14 @@ class LockManager:
             return True
         if (now or self.clock()) - when > self.stale_after:
             return True
-        return not lock.unreadable and lock.hostname == socket.gethostname() and not _pid_alive(lock.pid)
+        if lock.unreadable or lock.hostname != socket.gethostname() or lock.pid_table != process_table():
+            return False  # its process cannot be looked up from here (None: a lock that does not say)
+        return not _pid_alive(lock.pid)
 
     def new_info(self, exclusive: bool) -> LockInfo:
-        return LockInfo(new_object_id(), socket.gethostname(), os.getpid(), exclusive, self.clock())
+        return LockInfo(
+            new_object_id(), socket.gethostname(), os.getpid(), exclusive, self.clock(), pid_table=process_table()
+        )
 
     def put(self, info: LockInfo) -> None:
         assert info.time is not None
@@ -221,6 +242,7 @@ class LockManager:
             "pid": info.pid,
             "exclusive": info.exclusive,
             "time": info.time.isoformat(),
+            "pid_table": info.pid_table,
         }
         self.repo.store.put(
             lock_key(info.lock_id), self.repo.codec.encode(Kind.LOCK, info.lock_id, json.dumps(doc).encode())
@@ -275,7 +297,15 @@ class LockManager:
         time = datetime.fromisoformat(doc["time"])
         if time.tzinfo is None:
             raise ValueError(f"lock time {doc['time']!r} has no time zone")
-        return LockInfo(lock_id, str(doc["hostname"]), int(doc["pid"]), bool(doc["exclusive"]), time)
+        pid_table = doc.get("pid_table")  # locks written before 2026-12-01 do not say
+        return LockInfo(
+            lock_id,
+            str(doc["hostname"]),
+            int(doc["pid"]),
+            bool(doc["exclusive"]),
+            time,
+            pid_table=pid_table if isinstance(pid_table, str) else None,
+        )
 
     def _conflict(self, other: LockInfo) -> CkptVaultError:
         url = self.repo.store.url

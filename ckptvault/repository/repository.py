@@ -237,16 +237,20 @@ class Repository:
         assert self._index is not None
         return self._index
 
-    def load_index(self) -> None:
+    def load_index(self, *, leave_out: Collection[bytes] = ()) -> None:
         """Load every index object. A damaged one does not make the repository unreadable: its
         packs are described by their own sealed headers instead (``damaged_index`` names it, and
-        ``ckptvault repair-index`` rewrites it durably); prune refuses until then."""
+        ``ckptvault repair-index`` rewrites it durably); prune refuses until then. ``leave_out``:
+        packs known to be gone, whose chunks (and the deltas based on them) are left out."""
         index = ChunkIndex()
         damaged: dict[bytes, str] = {}
         objects = self.read_index_objects(damaged=damaged)
         for packs in objects.values():
             for pack_id, entries in packs.items():
-                index.add_pack(pack_id, entries)
+                if pack_id not in leave_out:
+                    index.add_pack(pack_id, entries)
+        if leave_out:
+            index.drop_deltas_without_base()
         if damaged:
             described, unreadable = self.headers_of_unindexed_packs(index.packs)
             for pack_id, entries in described.items():
@@ -272,12 +276,12 @@ class Repository:
                 self._seen_index_ids.add(index_id)
 
     def headers_of_unindexed_packs(
-        self, indexed: Collection[bytes]
+        self, indexed: Collection[bytes], stored: dict[bytes, int] | None = None
     ) -> tuple[dict[bytes, list[PackEntry]], list[bytes]]:
-        """The entries of every stored pack not in ``indexed`` (pack IDs), from each pack's own sealed
-        header; and the packs whose header does not verify."""
+        """The entries of every stored pack (``stored``: a listing already made) not in ``indexed``
+        (pack IDs), from each pack's own sealed header; and the packs whose header does not verify."""
         described, unreadable = {}, []
-        for pack_id, size in self.list_packs().items():
+        for pack_id, size in (self.list_packs() if stored is None else stored).items():
             if pack_id in indexed:
                 continue
             try:
@@ -286,11 +290,25 @@ class Repository:
                 unreadable.append(pack_id)
         return described, unreadable
 
-    def adopt_unindexed_packs(self) -> int:
-        """Index the packs that a killed backup uploaded but never indexed, so that a rerun reuses
-        them instead of uploading them again. Each pack's own sealed header describes it; a pack
-        whose header does not verify is left alone (prune removes it). Returns how many were adopted."""
-        adopted, _ = self.headers_of_unindexed_packs(self.index.packs)
+    def reconcile_with_stored_packs(self) -> int:
+        """Before a backup, under its lock, after ``load_index``: make the index say what the store
+        holds, so that the backup neither uploads again what is stored nor deduplicates against
+        what is gone. Packs that a killed backup uploaded but never indexed are indexed (each pack's
+        own sealed header describes it; one whose header does not verify is left for prune). Index
+        entries of packs that are gone (a writer that lost its lock to a prune indexed them after
+        the prune deleted them) are left out with a warning: their chunks are stored again.
+        Returns how many packs were adopted."""
+        stored = self.list_packs()
+        gone = self.index.packs - stored.keys()
+        if gone:
+            damage_log.warning(
+                "%d pack(s) named by the index are missing from the store (e.g. %s); this backup stores their "
+                "chunks again; run: ckptvault check",
+                len(gone),
+                min(gone).hex()[:12],
+            )
+            self.load_index(leave_out=gone)
+        adopted, _ = self.headers_of_unindexed_packs(self.index.packs, stored)
         if adopted:
             self.write_index(adopted)
             for pack_id, entries in adopted.items():
