@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,18 @@ def test_unusual_but_valid_tags_are_still_accepted(cli, repo: str, tmp_path: Pat
     key, _, value = tag.partition("=")
     newest = json.loads(cli("snapshots", "--json", "--repo", repo, "--tag", tag).stdout)
     assert [s["tags"] for s in newest] == [{key: value}]
+
+
+@pytest.mark.parametrize("value", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:30+01:00"])
+def test_a_before_time_with_no_utc_equivalent_is_a_usage_error(cli, repo: str, value: str):
+    line = refused_prune(cli, repo, "--before", value)
+    assert "is out of range in UTC" in line
+
+
+def test_the_before_reason_keeps_the_seconds(repo: str):
+    with Vault.open(repo) as vault:
+        newest = vault.snapshots()[-1].time
+        cutoff = (newest + timedelta(seconds=90)).replace(microsecond=0)
+        result = vault.prune(keep_latest=1, before=cutoff, dry_run=True)
+    reasons = [d.reason for d in result.retention.decisions if not d.keep]
+    assert reasons and all(f"older than {cutoff:%Y-%m-%d %H:%M:%S} UTC" in r for r in reasons), reasons

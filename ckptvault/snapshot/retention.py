@@ -45,6 +45,11 @@ class RetentionPolicy:
             raise UsageError("--keep-latest must be at least 1 (to remove given snapshots use: ckptvault forget ID)")
         if self.before is not None and self.before.tzinfo is None:
             raise UsageError("the --before time needs a time zone")
+        if self.before is not None:
+            try:  # kept in UTC: a time at the very ends of the calendar has no UTC equivalent
+                object.__setattr__(self, "before", self.before.astimezone(timezone.utc))
+            except OverflowError:
+                raise UsageError(f"the --before time {self.before.isoformat()} is out of range in UTC") from None
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,8 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
 
 
 def _utc(when: datetime) -> str:
-    """``--before 2026-12-01T05:00+05:00`` is 00:00 UTC, and says so."""
-    return f"{when.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    """``--before 2026-12-01T05:00+05:00`` is 00:00 UTC, and says so (to the second when it has any)."""
+    return f"{when:%Y-%m-%d %H:%M}{f':{when:%S}' if when.second or when.microsecond else ''} UTC"
 
 
 def _decide(snap: Snapshot, rank: int, policy: RetentionPolicy) -> Decision:
