@@ -141,3 +141,17 @@ def test_prune_api_validation(vault: Vault):
         vault.prune()
     with pytest.raises(UsageError):
         vault.prune(keep_latest=1, repack_threshold=2.0)
+
+
+def test_cli_prune_summary_says_would_in_a_dry_run_and_what_was_done_after(cli, tmp_path: Path):
+    repo, src = str(tmp_path / "repo"), tmp_path / "src"
+    src.mkdir()
+    cli("init", repo)
+    for step in range(3):
+        (src / "w.bin").write_bytes(os.urandom(200_000))
+        cli("backup", str(src), "--repo", repo, "--tag", f"step={step}")
+    preview = cli("prune", "--repo", repo, "--keep-latest", "1", "--dry-run").stdout.decode().splitlines()[-1]
+    assert preview.startswith("would remove 2 snapshot(s), keep 1; would remove") and "would reclaim about" in preview
+    assert "repacked" not in preview and "removed" not in preview
+    done = cli("prune", "--repo", repo, "--keep-latest", "1").stdout.decode().splitlines()[-1]
+    assert done.startswith("removed 2 snapshot(s), kept 1; removed") and "reclaimed" in done

@@ -46,14 +46,19 @@ def report(out: Output, result: PruneResult) -> None:
             group = [d.group or ""] if grouped else []
             table.add_row(s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, size, *group, d.reason)
     gc = result.gc
-    verb = "would remove" if result.dry_run else "removed"
-    summary = (
-        f"{verb} {len(gone)} snapshot(s), kept {len(result.retention.keep)}; "
-        f"{verb} {len(gc.delete_packs)} pack(s), repacked {len(gc.repack)} "
-        f"({format_bytes(gc.repack_bytes)} copied); "
-        f"{'would reclaim' if result.dry_run else 'reclaimed'} "
-        f"{format_bytes(gc.reclaim_bytes if result.dry_run else result.stored_before - result.stored_after)}"
-    )
+    if result.dry_run:  # the plan counts pack bytes; a real run measures the whole repository after
+        summary = (
+            f"would remove {len(gone)} snapshot(s), keep {len(result.retention.keep)}; "
+            f"would remove {len(gc.delete_packs)} pack(s), repack {len(gc.repack)} "
+            f"({format_bytes(gc.repack_bytes)} to copy); would reclaim about {format_bytes(gc.reclaim_bytes)}"
+        )
+    else:
+        summary = (
+            f"removed {len(gone)} snapshot(s), kept {len(result.retention.keep)}; "
+            f"removed {len(gc.delete_packs)} pack(s), repacked {len(gc.repack)} "
+            f"({format_bytes(gc.repack_bytes)} copied); "
+            f"reclaimed {format_bytes(result.stored_before - result.stored_after)}"
+        )
     data = {
         "dry_run": result.dry_run,
         "forget": [_decision(d) for d in result.retention.decisions if not d.keep],
