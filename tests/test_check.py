@@ -92,3 +92,4 @@ def test_cli_check_exit_code_and_listing(cli, damaged):
     out = proc.stdout.decode()
     assert f"pack {name}: is missing" in out and f"affects snapshot {vault.latest().short_id}: b.bin" in out
     assert "check found" in proc.stderr.decode()
+    assert f"ckptvault forget {vault.latest().id[:8]}" in proc.stderr.decode()  # the way out of what is lost

@@ -44,8 +44,13 @@ def check_cmd(
         shown = "the whole snapshot" if files == ["*"] else ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
         lines.append(f"affects snapshot {snapshot_id[:8]}: {shown}")
     out.result(data, "\n".join(lines))
+    remedy = ""
+    if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
+        ids = " ".join(snapshot_id[:8] for snapshot_id in list(report.affected)[:5])
+        remedy = f"; restore what still restores, then remove the damaged snapshot(s) with: ckptvault forget {ids}"
     raise IntegrityError(
         f"check found {len(report.problems)} problem(s) affecting {len(report.affected)} snapshot(s) ({counts})"
+        + remedy
     )
 
 

@@ -310,9 +310,11 @@ class LockManager:
     def _conflict(self, other: LockInfo) -> CkptVaultError:
         url = self.repo.store.url
         if not other.unreadable:
+            minutes = round(self.stale_after.total_seconds() / 60)
             return VaultLockedError(
-                f"vault {url} is locked: {other.describe()}; "
-                "wait for it to finish, or if that process is gone run: ckptvault unlock"
+                f"vault {url} is locked: {other.describe()}; wait for it to finish. If that process is gone, "
+                f"its lock goes stale {minutes} minutes after its last refresh (at once if it ran on this host) "
+                "and ckptvault unlock removes it then"
             )
         minutes = round(self.stale_after.total_seconds() / 60)
         until = f" (at {other.time + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if other.time else ""
