@@ -130,7 +130,7 @@ class _Checker:
             )
         elif unindexed:
             self.report.warnings.append(
-                f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup); prune removes them"
+                f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup or prune); prune removes them"
             )
 
     def read_data(self, fraction: float, seed: int | None) -> None:
