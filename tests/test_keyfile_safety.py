@@ -155,6 +155,16 @@ def test_an_empty_passphrase_variable_says_so(cli, vault):
     assert "CKPTVAULT_PASSPHRASE is set but empty" in one_line_error(proc)
 
 
+def test_an_empty_passphrase_file_or_keyfile_path_says_so(cli, vault, tmp_path):
+    key, repo = vault
+    (tmp_path / "empty").write_text("\n")
+    proc = cli("snapshots", "--repo", repo, "-k", key, "--passphrase-file", str(tmp_path / "empty"), check=False)
+    assert proc.returncode == 2 and f"--passphrase-file {tmp_path / 'empty'} is empty" in one_line_error(proc)
+    for command in ("generate", "passwd", "info"):
+        proc = cli("key", command, "--keyfile", "", check=False, CKPTVAULT_PASSPHRASE=PASS)
+        assert proc.returncode == 2 and "--keyfile is empty" in one_line_error(proc), command
+
+
 def test_a_keyfile_is_made_only_with_parameters_it_can_be_loaded_with(tmp_path):
     with pytest.raises(UsageError, match="at most 2"):
         Keyfile.create(PASS, scrypt_n=2**25)

@@ -106,9 +106,12 @@ def passphrase_source(
         if passphrase_file:
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
-                    return f.read()
+                    passphrase = f.read()
             except OSError as exc:
                 raise UsageError(f"{option} {passphrase_file}: {exc.strerror}") from None
+            if not passphrase.rstrip("\r\n"):  # a file not written yet: not a wrong passphrase
+                raise UsageError(f"{option} {passphrase_file} is empty; write the passphrase into it")
+            return passphrase
         if env in os.environ:
             return passphrase_from_env(env)
         if sys.stdin.isatty():

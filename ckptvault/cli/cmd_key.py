@@ -11,7 +11,7 @@ import typer
 
 from ..crypto.keyfile import DEFAULT_SCRYPT_N, Keyfile
 from ..errors import PassphraseRequiredError, UsageError
-from .app import JsonOpt, PassphraseFileOpt, QuietOpt, app, command, passphrase_source
+from .app import JsonOpt, PassphraseFileOpt, QuietOpt, app, command, passphrase_source, require_nonempty
 from .cmd_init import LOSS_WARNING
 from .output import Output
 
@@ -51,6 +51,7 @@ def generate_cmd(
 ) -> None:
     """Create a keyfile holding a new random key, protected by a passphrase (asked twice)."""
     out = Output(json_mode=json_out, quiet=quiet)
+    require_nonempty("--keyfile", keyfile)
     if not 14 <= kdf_cost <= 24:
         raise UsageError(f"--kdf-cost {kdf_cost} is out of range; use 14..24")
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
@@ -74,6 +75,7 @@ def passwd_cmd(
 ) -> None:
     """Change a keyfile's passphrase. The key, and so the vault's data, stay the same."""
     out = Output(json_mode=json_out, quiet=quiet)
+    require_nonempty("--keyfile", keyfile)
     key = Keyfile.load(keyfile)
     master = key.unlock(passphrase_source(passphrase_file, prompt="current passphrase")())
     new = _new_passphrase(new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file")
@@ -86,6 +88,7 @@ def passwd_cmd(
 def info_cmd(keyfile: KeyfilePathOpt, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Show a keyfile's fingerprint, KDF and creation time (no passphrase needed)."""
     out = Output(json_mode=json_out, quiet=quiet)
+    require_nonempty("--keyfile", keyfile)
     key = Keyfile.load(keyfile)
     d = _describe(key)
     out.result(d, "\n".join(f"{k}: {v}" for k, v in d.items()))
