@@ -170,3 +170,14 @@ def test_demo_command_from_the_readme(cli):
     err = proc.stderr.decode()
     assert "byte-identical to the source" in err
     assert "created a new vault" in err
+
+
+def test_json_output_of_a_name_that_is_not_utf8_is_strict_json(cli, tmp_path: Path):
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / os.fsdecode(b"weights-\xff.bin")).write_bytes(b"x")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    out = cli("ls", "latest", "--repo", repo, "--json").stdout.decode()
+    assert "\\udc" not in out and "weights-\\\\xff.bin" in out  # no lone surrogate escapes
+    json.loads(out)

@@ -45,13 +45,17 @@ def _jsonable(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return {k: _jsonable(v) for k, v in asdict(value).items()}
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {_jsonable(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, str) and not value.isascii():
+        # a file name that is not UTF-8 holds lone surrogates (surrogateescape), which strict JSON
+        # parsers refuse: its odd bytes are written as \xNN text instead
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return value
 
 
