@@ -92,3 +92,13 @@ def test_diff_through_the_cli(cli, tmp_path: Path) -> None:
     assert "~ big.0" in text and "1 changed" in text
     bad = cli("diff", a, "ffffffffff", "--repo", repo, check=False)
     assert bad.returncode == 18 and b"Traceback" not in bad.stderr
+    # --tag scopes 'latest' to a run: a newer snapshot without the tag is not the one compared
+    cli("backup", str(src), "--repo", repo, "--quiet", "--tag", "run=x")
+    run_x = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)[-1]["id"][:10]
+    w["small.0"] = w["small.0"] + 1
+    (src / "m.safetensors").write_bytes(st_save(w))
+    cli("backup", str(src), "--repo", repo, "--quiet")
+    scoped = json.loads(cli("diff", run_x, "latest", "--tag", "run=x", "--json", "--repo", repo).stdout)
+    assert scoped["files"] == []  # latest of run=x is run_x itself
+    unscoped = json.loads(cli("diff", run_x, "latest", "--tensors", "--json", "--repo", repo).stdout)
+    assert unscoped["files"][0]["tensors"]["changed"] == ["small.0"]

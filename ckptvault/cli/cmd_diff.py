@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
+from .params import parse_tags
 
 
 @app.command("diff")
@@ -19,14 +20,17 @@ def diff_cmd(
     tensors: Annotated[
         bool, typer.Option("--tensors", help="Per changed tensor file: tensors added, removed and changed.")
     ] = False,
+    tag: TagOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Files added, removed and changed from A to B, and the bytes B added; no file is restored."""
+    """Files added, removed and changed from A to B, and the bytes B added; no file is restored.
+    With --tag, 'latest' means the latest snapshot carrying those tags."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags = parse_tags(tag)
     with vault_args.open(out) as vault:
-        result = vault.diff(a, b, tensors=tensors)
+        result = vault.diff(vault.snapshot(a, tags), vault.snapshot(b, tags), tensors=tensors)
     lines = []
     for f in result.files:
         size = format_bytes(f.size_b if f.size_b is not None else f.size_a or 0)
