@@ -395,3 +395,17 @@ def test_a_state_folder_that_cannot_be_made_is_a_one_line_error(cli, tmp_path: P
         proc = cli("watch", str(ckpts), "--once", "--repo", repo, "--state-dir", str(state), check=False)
         message = one_line_error(proc)
         assert proc.returncode == 2 and f"cannot keep the watch's state in {state}" in message, message
+
+
+def test_a_backup_of_a_watched_folder_leaves_out_the_sidecars_state(cli, tmp_path: Path, repo):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish(str(ckpts), 100, 64 * 1024)
+    (ckpts / ".ckptvault-watch" / "pins" / "pin-1").mkdir(parents=True)  # as a watcher leaves it mid-shipment
+    (ckpts / ".ckptvault-watch" / "pins" / "pin-1" / "model.bin").write_bytes(b"a hard-linked copy")
+    (ckpts / ".ckptvault-watch" / "lock").write_text("pid 1")
+    proc = cli("backup", str(ckpts), "--repo", repo)
+    assert "the watch sidecar's state" in proc.stderr.decode()
+    with Vault.open(repo) as vault:
+        paths = [e.path for e in vault.files("latest")]
+    assert paths and not [p for p in paths if ".ckptvault-watch" in p]

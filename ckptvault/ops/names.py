@@ -15,6 +15,7 @@ import json
 import os
 import re
 
+WATCH_STATE_FOLDER = ".ckptvault-watch"  # the watch sidecar's pins and lock, inside the watched folder
 TEMP_PREFIXES = (".", "tmp-", "tmp_", "~")
 TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", "~")
 

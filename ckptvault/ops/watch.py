@@ -44,11 +44,10 @@ from ..errors import CkptVaultError, SourceError, StorageError, UsageError, Watc
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
-from .names import checkpoint_step, is_temporary, is_unfinished
+from .names import WATCH_STATE_FOLDER, checkpoint_step, is_temporary, is_unfinished
 
 log = logging.getLogger("ckptvault")
 
-STATE_FOLDER = ".ckptvault-watch"
 RESERVED_TAGS = ("step", "checkpoint", "watch-sig")
 RETRY_AFTER = (5.0, 15.0, 60.0, 300.0)
 
@@ -145,7 +144,7 @@ class Watcher:
         self.directory = check_watch_args(directory, tags, options.interval, options.settle)
         self.tags = dict(tags)
         self.options = options
-        self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, STATE_FOLDER))
+        self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
         self.pins_dir = os.path.join(self.state_dir, "pins")
         self._ship = ship
         self._shipped_digests = shipped_digests
