@@ -687,9 +687,10 @@ class Vault:
     @_open_only
     def repair_index(self, *, dry_run: bool = False) -> IndexRepair:
         """Index again, from the packs' own sealed headers, every pack that no readable index object
-        describes, then remove the damaged index objects (``ckptvault.ops.repair``). Takes the
-        exclusive lock; ``dry_run`` changes nothing and returns what a real run would do."""
-        with self._repo.locks.acquire(exclusive=True):
+        describes, drop the packs that are gone, then remove the index objects this replaces
+        (``ckptvault.ops.repair``). Takes the exclusive lock; ``dry_run`` (a shared lock) changes
+        nothing and returns what a real run would do."""
+        with self._repo.locks.acquire(exclusive=not dry_run):
             result = repair_index(self._repo, dry_run=dry_run)
             if not dry_run:
                 self._repo.load_index()

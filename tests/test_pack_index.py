@@ -79,3 +79,16 @@ def test_deltas_whose_base_is_gone_are_left_out_at_any_depth():
     index.add_pack(b"p" * 32, [PackEntry(b, 0, 10, 10, a), PackEntry(c, 10, 10, 10, b), PackEntry(d, 20, 10, 10, None)])
     index.drop_deltas_without_base()
     assert b not in index and c not in index and d in index
+
+
+def test_every_copy_of_a_chunk_is_kept_once_and_a_plain_copy_comes_first():
+    from ckptvault.repository.index import ChunkIndex
+    from ckptvault.repository.pack import PackEntry
+
+    chunk, base = b"c" * 32, b"b" * 32
+    index = ChunkIndex()
+    index.add_pack(b"1" * 32, [PackEntry(chunk, 0, 10, 10, base)])  # a delta copy
+    index.add_pack(b"1" * 32, [PackEntry(chunk, 0, 10, 10, base)])  # the same copy, in a second index object
+    index.add_pack(b"2" * 32, [PackEntry(chunk, 5, 10, 10, None)])  # a plain copy elsewhere
+    assert [(loc.pack_id[:1], loc.base_id) for loc in index.locations(chunk)] == [(b"2", None), (b"1", base)]
+    assert index.locations(b"x" * 32) == []

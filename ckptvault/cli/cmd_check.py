@@ -63,7 +63,7 @@ def repair_index_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Rebuild what damaged index objects described from the packs' own headers, then remove them."""
+    """Rebuild the index where it is damaged (from the packs' own headers) or names packs that are gone."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         result = vault.repair_index(dry_run=dry_run)
@@ -73,12 +73,15 @@ def repair_index_cmd(
             f"(e.g. {result.unreadable_packs[0][:12]}): their chunks cannot be located; "
             "ckptvault check names the snapshots and files affected"
         )
-    index, remove = ("would index", "would remove") if dry_run else ("indexed", "removed")
+    index, remove, drop = (
+        ("would index", "would remove", "would drop") if dry_run else ("indexed", "removed", "dropped")
+    )
     damaged = ", ".join(i[:12] for i in result.damaged) or "none"
     out.result(
         result.__dict__,
         f"damaged index objects: {damaged}; {index} {result.packs_reindexed} pack(s) again from their headers"
-        + (f", {remove} the damaged object(s)" if result.damaged else ""),
+        + (f", {remove} the damaged object(s)" if result.damaged else "")
+        + (f"; {drop} {len(result.missing_packs)} missing pack(s) from the index" if result.missing_packs else ""),
     )
 
 

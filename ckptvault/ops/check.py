@@ -93,12 +93,14 @@ class _Checker:
     def check_packs(self) -> None:
         stored = self.repo.list_packs()
         self.report.packs = len(stored)
+        # a chunk with a copy in a stored pack is not lost with another copy's pack (readers fall back)
+        held = {e.chunk_id for pack_id, entries in self.indexed.items() if pack_id in stored for e in entries}
         for pack_id, entries in self.indexed.items():
             name = f"pack {_short(pack_id)}"
             size = stored.get(pack_id)
             if size is None:
-                self.problem(name, "is missing (listed in the index)")
-                self.bad_chunks.update(e.chunk_id for e in entries)
+                self.problem(name, "is missing (listed in the index); ckptvault repair-index drops it from the index")
+                self.bad_chunks.update(e.chunk_id for e in entries if e.chunk_id not in held)
                 continue
             try:
                 header = self.repo.read_pack_header(pack_id, size)
@@ -138,6 +140,7 @@ class _Checker:
         if fraction < 1.0:
             rng = random.Random(seed)
             pack_ids = rng.sample(pack_ids, max(1, round(len(pack_ids) * fraction))) if pack_ids else []
+        intact: set[bytes] = set()
         for pack_id in pack_ids:
             name = f"pack {_short(pack_id)}"
             try:
@@ -155,12 +158,14 @@ class _Checker:
                 blob = data[e.offset : e.offset + e.stored_len]
                 try:
                     self.repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)  # through its base
+                    intact.add(e.chunk_id)
                 except CkptVaultError as exc:
                     if e.chunk_id not in self.reported:
                         self.problem(f"chunk {_short(e.chunk_id)}", f"in {name} {exc}")
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)
                 self.report.chunks_read += 1
+        self.bad_chunks -= intact  # a damaged copy loses nothing where another copy reads back whole
 
     def spread_to_deltas(self) -> None:
         """Every delta whose base (at any depth) is bad is bad too, named with its base."""

@@ -1,9 +1,11 @@
-"""``repair-index``: rewrite the index after an index object was damaged.
+"""``repair-index``: make the index say what the packs hold, after damage.
 
 Each pack's sealed header describes its chunks (docs/format.md), so the packs that no readable
-index object describes are indexed again from their headers, in one new index object, before the
-damaged objects are removed. Until then, reads go around the damage (``Repository.load_index``)
-and prune refuses, since it would take those packs for leftovers of a killed backup.
+index object describes are indexed again from their headers, and index objects that name packs
+which are gone are rewritten without them, in one new index object, before the objects it
+replaces are removed. Until then, reads go around a damaged index object
+(``Repository.load_index``) and fall back from a missing pack to another copy of a chunk, and
+prune refuses while an index object is damaged (it would take those packs for leftovers).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..repository import Repository
+from ..repository.pack import PackEntry
+from .gc import verify_exclusive_lock
 
 
 @dataclass(frozen=True)
@@ -18,23 +22,33 @@ class IndexRepair:
     damaged: list[str]  # IDs of the damaged index objects (removed unless dry_run)
     packs_reindexed: int  # packs in no readable index, indexed again from their headers
     unreadable_packs: list[str]  # packs in no readable index whose header is damaged too: their chunks are lost
+    missing_packs: list[str]  # packs the index named that are gone from the store (dropped from the index)
     dry_run: bool
 
 
 def repair_index(repo: Repository, *, dry_run: bool = False) -> IndexRepair:
-    """The caller holds the exclusive lock. An index object this ckptvault cannot read because it
-    is newer (UnsupportedFormatError) is not damage: it raises, and nothing is changed."""
+    """The caller holds the exclusive lock (for a real run). An index object this ckptvault cannot
+    read because it is newer (UnsupportedFormatError) is not damage: it raises, and nothing changes."""
     damaged: dict[bytes, str] = {}
-    indexed = {pack_id for packs in repo.read_index_objects(damaged=damaged).values() for pack_id in packs}
-    described, unreadable = repo.headers_of_unindexed_packs(indexed)
+    objects = repo.read_index_objects(damaged=damaged)
+    stored = repo.list_packs()
+    gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
+    stale = [index_id for index_id, packs in objects.items() if gone & packs.keys()]
+    indexed = {pack_id for packs in objects.values() for pack_id in packs}
+    described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
+    rewritten: dict[bytes, list[PackEntry]] = {
+        pack_id: entries for index_id in stale for pack_id, entries in objects[index_id].items() if pack_id in stored
+    }
     if not dry_run:
-        if described:
-            repo.write_index(described)  # before removing the objects it replaces
-        for index_id in damaged:
+        verify_exclusive_lock(repo)
+        if described or rewritten:
+            repo.write_index({**rewritten, **described})  # before removing the objects it replaces
+        for index_id in [*damaged, *stale]:
             repo.delete_index(index_id)
     return IndexRepair(
         damaged=sorted(i.hex() for i in damaged),
         packs_reindexed=len(described),
         unreadable_packs=sorted(p.hex() for p in unreadable),
+        missing_packs=sorted(p.hex() for p in gone),
         dry_run=dry_run,
     )

@@ -6,7 +6,8 @@
 v2 entries also name each chunk's delta base (pack.py), which is how garbage collection keeps a
 base alive without decoding any chunk. An index object is written as v2 only when one of its
 entries has a base. Several index objects may list the same chunk (two backups that raced); any
-of them is valid since both packs hold the same verified bytes.
+of them is valid since both packs hold the same verified bytes, and a reader falls back from one
+copy to the next when a pack is missing or damaged.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class ChunkIndex:
 
     def __init__(self) -> None:
         self._map: dict[bytes, ChunkLocation] = {}
+        # further copies of a chunk in other packs (rare: two backups that raced, a chunk stored again
+        # because its pack was gone): a reader falls back to them when a copy is missing or damaged
+        self._other_copies: dict[bytes, list[ChunkLocation]] = {}
         self.packs: set[bytes] = set()  # every pack some index object names
 
     def __contains__(self, chunk_id: bytes) -> bool:
@@ -87,9 +91,21 @@ class ChunkIndex:
         chunks against each other's copies) it is what keeps a chain of bases from looping."""
         self.packs.add(pack_id)
         for e in entries:
+            new = ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len, e.base_id)
             old = self._map.get(e.chunk_id)
-            if old is None or (old.base_id is not None and e.base_id is None):
-                self._map[e.chunk_id] = ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len, e.base_id)
+            if old is None:
+                self._map[e.chunk_id] = new
+                continue
+            if old.pack_id == pack_id or any(o.pack_id == pack_id for o in self._other_copies.get(e.chunk_id, ())):
+                continue  # the same copy, named by two index objects (a prune's consolidated one, say)
+            if old.base_id is not None and e.base_id is None:
+                self._map[e.chunk_id], new = new, old
+            self._other_copies.setdefault(e.chunk_id, []).append(new)
+
+    def locations(self, chunk_id: bytes) -> list[ChunkLocation]:
+        """Every known copy of the chunk, the preferred one first; [] when it is in no index."""
+        first = self._map.get(chunk_id)
+        return [] if first is None else [first, *self._other_copies.get(chunk_id, ())]
 
     def drop_deltas_without_base(self) -> None:
         """Leave out every delta chunk whose base (at any depth) is in no pack here."""
@@ -98,6 +114,7 @@ class ChunkIndex:
         ]:
             for chunk_id in orphans:
                 del self._map[chunk_id]
+                self._other_copies.pop(chunk_id, None)
 
     def items(self) -> ItemsView[bytes, ChunkLocation]:
         return self._map.items()

@@ -8,6 +8,7 @@ needs them. A backup killed midway leaves at worst packs that nothing references
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterator
@@ -122,6 +123,7 @@ class Repository:
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
+        self._passed_over: set[bytes] = set()  # packs a read fell back from (warned once each)
         self._seen_index_ids: set[bytes] = set()
         self._spare_buffers: list[bytearray] = []  # pack buffers whose upload has finished
         self._writer: PackWriter | None = None  # the open pack, from its first chunk until it is sealed
@@ -249,8 +251,6 @@ class Repository:
             for pack_id, entries in packs.items():
                 if pack_id not in leave_out:
                     index.add_pack(pack_id, entries)
-        if leave_out:
-            index.drop_deltas_without_base()
         if damaged:
             described, unreadable = self.headers_of_unindexed_packs(index.packs)
             for pack_id, entries in described.items():
@@ -262,18 +262,28 @@ class Repository:
                 len(described),
                 f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
             )
+        if leave_out or damaged:  # a delta whose base is in no readable pack must not be deduplicated against
+            index.drop_deltas_without_base()
         self._index = index
-        self._seen_index_ids = set(objects)
+        self._seen_index_ids = set(objects) | set(damaged)
         self.damaged_index = damaged
 
     def _merge_new_index_objects(self) -> None:
-        """Add index objects written by other processes since the index was loaded."""
+        """Add index objects written by other processes since the index was loaded (for dedup only:
+        one that is damaged is left out, named in a warning)."""
         for index_id in set(self.list_index_ids()) - self._seen_index_ids:
-            with contextlib.suppress(ObjectNotFoundError):  # replaced by a prune meanwhile: not needed
-                packs = self._read_metadata(index_key(index_id), self._index_decoder(index_id))
+            try:
+                with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
+                    packs = self._read_metadata(index_key(index_id), self._index_decoder(index_id))
+            except ObjectNotFoundError:  # replaced by a prune meanwhile: not needed
+                continue
+            except IntegrityError as exc:
+                damage_log.warning("%s; left out", exc)
+                self.damaged_index[index_id] = str(exc)
+            else:
                 for pack_id, entries in packs.items():
                     self.index.add_pack(pack_id, entries)
-                self._seen_index_ids.add(index_id)
+            self._seen_index_ids.add(index_id)
 
     def headers_of_unindexed_packs(
         self, indexed: Collection[bytes], stored: dict[bytes, int] | None = None
@@ -533,8 +543,21 @@ class Repository:
         The blob's envelope (AEAD tag or checksum, both bound to the chunk ID) and its length are
         always checked. ``verify_id=False`` skips hashing the plaintext against its ID: for callers
         that hash every byte they get against a whole-file hash anyway (restore), where that pass
-        is ~15 % of the CPU; they re-read with ``verify_id=True`` to name a chunk when that fails."""
-        loc = self.locate(chunk_id)
+        is ~15 % of the CPU; they re-read with ``verify_id=True`` to name a chunk when that fails.
+
+        A chunk stored more than once (two backups that raced, or stored again because its pack was
+        gone) is read from its next copy when one is missing or damaged, with one warning per pack."""
+        copies = self.index.locations(chunk_id) or [self.locate(chunk_id)]  # locate raises, naming it
+        for loc, fallback in itertools.pairwise(copies):
+            try:
+                return self._read_copy(chunk_id, loc, verify_id, _depth)
+            except IntegrityError as exc:
+                if loc.pack_id not in self._passed_over:
+                    self._passed_over.add(loc.pack_id)
+                    damage_log.warning("%s; reading its copy in pack %s instead", exc, fallback.pack_id.hex()[:12])
+        return self._read_copy(chunk_id, copies[-1], verify_id, _depth)
+
+    def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, _depth: int) -> bytes:
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
         base = self._delta_base(chunk_id, loc.base_id, _depth, verify_id)  # outside the try: its error names both
 
