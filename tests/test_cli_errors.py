@@ -192,6 +192,21 @@ def test_output_that_cannot_be_written_whole_is_an_error_not_a_short_success(cli
     assert proc.returncode == 0 and (tmp_path / "out").read_bytes() == (src / "big.bin").read_bytes()
 
 
+@pytest.mark.parametrize("args", [["snapshots"], ["snapshots", "--json"], ["stats", "--json"]])
+def test_a_small_result_to_a_full_disk_is_exit_21_and_one_line(cli, tmp_path: Path, args: list[str]):
+    # the text stayed in stdout's buffer and failed again at exit: "Exception ignored ...", exit 120
+    repo = str(tmp_path / "repo")
+    cli("init", repo)
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckptvault", *args, "--repo", repo],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")},
+        )
+    assert proc.returncode == 21 and "No space left" in one_line_error(proc)
+
+
 def test_cat_to_a_closed_stdout_says_so(cli, tmp_path: Path):
     src, repo = tmp_path / "src", str(tmp_path / "repo")
     src.mkdir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,6 +71,7 @@ def writing_stdout() -> Iterator[None]:
     except BrokenPipeError:
         raise
     except OSError as exc:
+        _discard_stdout()
         reason = exc.strerror or str(exc)
         if exc.errno == errno.EFBIG:
             hint = "the output reached a file size limit (ulimit -f); raise it or write elsewhere"
@@ -79,6 +81,19 @@ def writing_stdout() -> Iterator[None]:
         raise StorageError(
             "write", "standard output", "this machine", reason, message=f"writing to standard output failed: {reason}"
         ) from None
+
+
+def _discard_stdout() -> None:
+    """What stays in stdout's buffer after a failed write would fail again when Python flushes it
+    at exit ("Exception ignored ...", exit 120): send it to /dev/null instead."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout: nothing will flush to it
+        pass
 
 
 class _RichProgress:
