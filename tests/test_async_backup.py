@@ -142,6 +142,20 @@ def test_a_prune_holding_the_vault_is_waited_out_not_a_lost_checkpoint(tmp_path,
     holder.close()
 
 
+def test_a_cancelling_close_ends_a_wait_for_a_prune_at_once(tmp_path, repo_url, vault):
+    # SIGTERM to the watch sidecar closes its queue so: it must not wait out the prune first
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    holder = Vault.open(repo_url)
+    with holder._repo.locks.acquire(exclusive=True):
+        handle = vault.backup_async(ckpt, tags={"step": "1"})
+        time.sleep(0.5)
+        started = time.monotonic()
+        vault._async_shipper().close(cancel_pending=True, timeout=30)
+        assert time.monotonic() - started < 5
+        assert isinstance(handle.exception(timeout=1), VaultLockedError)
+    holder.close()
+
+
 def test_bad_input_fails_at_once_on_the_callers_thread(tmp_path, vault):
     with pytest.raises(SourceError):
         vault.backup_async(tmp_path / "missing")

@@ -43,7 +43,6 @@ from ..errors import (
     StorageError,
     UsageError,
     VaultLockedError,
-    WatchLockedError,
 )
 from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
@@ -279,6 +278,7 @@ class AsyncShipper:
         self._running: BackupJob | None = None
         self._failures: list[BaseException] = []  # since the last flush
         self._closed = False
+        self._stopping = threading.Event()  # close(cancel_pending=True) or abandon: stop waiting on locks
         self._thread: threading.Thread | None = None
         _register_exit_hook()
         _LIVE.add(self)
@@ -362,13 +362,15 @@ class AsyncShipper:
 
     def close(self, *, cancel_pending: bool = False, timeout: float | None = None) -> list[BackupJob]:
         """Stop taking jobs. With ``cancel_pending``, jobs not started are cancelled (and returned,
-        their pins kept for the caller); the running one always finishes. Else the worker runs
+        their pins kept for the caller); the running one finishes, unless it is waiting for a
+        prune's lock, which it then gives up (failing, its pins kept). Else the worker runs
         every queued job before it stops. Waits at most ``timeout`` seconds for the worker (None:
         as long as the jobs take)."""
         with self._cond:
             self._closed = True
             cancelled: list[BackupJob] = []
             if cancel_pending:
+                self._stopping.set()  # a running job waiting for a prune's lock stops waiting
                 while self._pending:
                     job = self._pending.popleft()
                     job.future.cancel()
@@ -385,6 +387,7 @@ class AsyncShipper:
         where its pins stay, cancel the jobs not started, keeping their pins, and leave this queue
         out of the exit-time wait. The running job goes on until it ends or the process does."""
         self.report_unshipped(why)
+        self._stopping.set()
         with self._cond:
             self._closed = True
             for job in self._pending:
@@ -473,15 +476,17 @@ class AsyncShipper:
                 return self._run(job)
             except VaultLockedError as exc:
                 # a prune holds the vault (or this backup lost its lock to one): wait it out, a
-                # checkpoint must not be lost to maintenance; another watcher is no such wait
+                # checkpoint must not be lost to maintenance; a close that cancels (SIGTERM to the
+                # sidecar) ends the wait, and the job fails with its pins kept for the next run
                 now = time.monotonic()
                 locked_since = now if locked_since is None else locked_since
-                if isinstance(exc, WatchLockedError) or now - locked_since >= LOCK_PATIENCE_S:
+                if now - locked_since >= LOCK_PATIENCE_S:
                     raise
                 delay = min(LOCK_RETRY_MAX_S, self._retry_delay * 2 ** min(lock_waits, 8))
                 lock_waits += 1
                 retry_log.warning("async backup of %s: %s; trying again in %.0f s", job.describe(), exc, delay)
-                time.sleep(delay)
+                if self._stopping.wait(delay):
+                    raise
             except StorageError as exc:
                 if not exc.retryable or attempt >= self._retries:
                     raise
