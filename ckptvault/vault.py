@@ -80,7 +80,7 @@ from .repository import RepoConfig, Repository
 from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import CONFIG_KEY
-from .repository.locks import LockInfo
+from .repository.locks import LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
@@ -665,11 +665,15 @@ class Vault:
     @_open_only
     def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
         """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.
-        Never raises on damage: inspect ``report.ok`` and ``report.problems``."""
+        Never raises on damage: inspect ``report.ok`` and ``report.problems``. (On a vault it may only
+        read, where it takes no lock: VaultLockedError when a prune began meanwhile and problems were found.)"""
         read_data = fraction_arg("read_data", read_data)
         seed = int_arg("seed", seed, optional=True)
-        with self._repo.locks.acquire_to_read(), self._repo.cache_bypassed():
-            return run_check(self._repo, read_data=read_data, seed=seed)
+        with self._repo.locks.acquire_to_read() as lock, self._repo.cache_bypassed():
+            report = run_check(self._repo, read_data=read_data, seed=seed)
+            if not report.ok and isinstance(lock, LocklessRead) and (instead := lock.prune_started()) is not None:
+                raise instead  # what looked missing is what a prune removed meanwhile, not damage
+            return report
 
     @_open_only
     def locks(self) -> list[LockInfo]:

@@ -58,3 +58,20 @@ def test_a_prune_holding_the_vault_still_stops_a_lockless_reader(read_only_vault
     proc = cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, check=False)
     assert proc.returncode == 11 and "is locked" in proc.stderr.decode(), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_lockless_reader_blames_a_prune_that_began_meanwhile_not_damage(tmp_path: Path):
+    from ckptvault.errors import IntegrityError, VaultLockedError
+    from ckptvault.repository.locks import LocklessRead
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    with Vault.init(str(tmp_path / "repo")) as vault:
+        vault.backup(tmp_path / "src")
+        manager = vault._repo.locks
+        with pytest.raises(IntegrityError), LocklessRead(manager):  # no prune: damage stays damage
+            raise IntegrityError("the pack is missing")
+        manager.write(exclusive=True)  # a prune on another host, begun while the read went on
+        with pytest.raises(VaultLockedError, match="began while this command read") as info, LocklessRead(manager):
+            raise IntegrityError("the pack is missing")
+        assert isinstance(info.value.__cause__, IntegrityError)

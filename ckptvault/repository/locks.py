@@ -359,28 +359,30 @@ class LockManager:
             raise
         return HeldLock(self, own, refreshed=started)
 
-    def acquire_to_read(self) -> contextlib.AbstractContextManager[HeldLock | None]:
+    def acquire_to_read(self) -> HeldLock | LocklessRead:
         """A shared lock for a command that only reads (restore, check, status, drill). Where the
         store refuses to write it (read-only credentials or mount: a node given read access to
         resume from), the command reads without one once no live exclusive lock (a prune) is
-        listed, and a warning says so: a prune that starts meanwhile can make it fail, never make
-        it return wrong bytes, since everything read is verified."""
+        listed, and a warning says so (``LocklessRead``)."""
         try:
             return self.acquire(exclusive=False)
         except StorageError as exc:
             if not _write_refused(exc):
                 raise
             refused = exc.reason
-        for other in self.list():
-            if other.exclusive and not self.is_stale(other):
-                raise self._conflict(other)
+        if (prune := self.live_exclusive()) is not None:
+            raise self._conflict(prune)
         left_behind.warning(
             "cannot write a lock to %s (%s): reading without one; a prune started meanwhile could make "
             "this command fail",
             self.repo.store.url,
             refused,
         )
-        return contextlib.nullcontext()
+        return LocklessRead(self)
+
+    def live_exclusive(self) -> LockInfo | None:
+        """A live exclusive lock (a running prune), or an unreadable one, if one is listed."""
+        return next((lock for lock in self.list() if lock.exclusive and not self.is_stale(lock)), None)
 
     @property
     def held(self) -> tuple[HeldLock, ...]:
@@ -403,6 +405,34 @@ class LockManager:
         for lock in locks:
             lock.check_age()
         return len(locks)
+
+
+class LocklessRead:
+    """Reading without a lock (``LockManager.acquire_to_read``). A prune that starts meanwhile can
+    make the read fail (a pack it needs is gone), never return wrong bytes, since everything read
+    is verified; such a failure is reported as the prune's doing (VaultLockedError: run again when
+    it is done), not as damage."""
+
+    def __init__(self, manager: LockManager) -> None:
+        self.manager = manager
+
+    def prune_started(self) -> VaultLockedError | None:
+        """The error to raise instead of reporting damage, when a prune holds the vault now."""
+        prune = self.manager.live_exclusive()
+        if prune is None:
+            return None
+        return VaultLockedError(
+            f"{prune.describe()} began while this command read {self.manager.repo.store.url} without a lock "
+            "(it may write none there): what looked missing may be what the prune removed; run the command "
+            "again when the prune is done"
+        )
+
+    def __enter__(self) -> LocklessRead:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, (IntegrityError, StorageError)) and (instead := self.prune_started()) is not None:
+            raise instead from exc
 
 
 class _NewerLock(Exception):
