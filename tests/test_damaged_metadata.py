@@ -328,3 +328,19 @@ def test_snapshot_of_a_newer_version_or_with_unknown_summary_fields_is_left_out(
         decode_snapshot(json.dumps({**doc, "version": 0}).encode())
     with pytest.raises(UnsupportedFormatError):
         decode_tree(b'{"version": 3, "entries": []}')
+
+
+def test_an_index_object_of_a_newer_ckptvault_is_not_called_damage(two_snapshots, cli: Callable):
+    repo, *_ = two_snapshots
+    index_dir = Path(repo) / "index"
+    index_id = sorted(os.listdir(index_dir))[0]
+    blob = (index_dir / index_id).read_bytes()
+    inner = bytes([9]) + blob[3:-16]  # a codec this ckptvault does not know, validly sealed
+    aad = bytes([ENVELOPE_VERSION, SEAL_NONE, Kind.INDEX]) + bytes.fromhex(index_id)
+    (index_dir / index_id).write_bytes(blob[:2] + inner + checksum(aad, inner, size=16))
+    check = cli("check", "--repo", repo, check=False)
+    out, err = check.stdout.decode(), check.stderr.decode()
+    assert check.returncode != 0 and f"index {index_id[:12]}" in out and "codec ID 9" in out
+    assert "upgrade ckptvault" in err and "repair-index" not in out + err
+    repair = cli("repair-index", "--repo", repo, check=False)
+    assert repair.returncode == 17 and os.path.exists(index_dir / index_id)  # nothing removed

@@ -57,6 +57,7 @@ class _Checker:
         self.reported: set[bytes] = set()  # chunks already named in a problem
         self.bad_headers: set[bytes] = set()  # packs whose header problem is reported
         self.unreadable_index = False  # an index object could not be read: packs may be in no index
+        self.damaged_index = False  # ... because it is damaged (not newer than this ckptvault)
 
     def problem(self, obj: str, detail: str) -> None:
         self.report.problems.append(Problem(obj, detail))
@@ -69,9 +70,12 @@ class _Checker:
             try:
                 packs = decode_index(self.repo.codec.decode(Kind.INDEX, index_id, self.repo.store.get(info.key)))
             except (IntegrityError, UnsupportedFormatError, ObjectNotFoundError) as exc:
-                hint = "; run: ckptvault repair-index" if isinstance(exc, IntegrityError) else ""
-                self.problem(f"index {_short(index_id)}", f"{exc}{hint}")
+                damaged = isinstance(exc, IntegrityError)
+                self.problem(
+                    f"index {_short(index_id)}", f"{exc}; run: ckptvault repair-index" if damaged else str(exc)
+                )
                 self.unreadable_index = True
+                self.damaged_index = self.damaged_index or damaged
                 continue
             for pack_id, entries in packs.items():
                 self.indexed.setdefault(pack_id, entries)
@@ -126,9 +130,13 @@ class _Checker:
                             self.bases.setdefault(e.chunk_id, set()).add(e.base_id)
                 except CkptVaultError as exc:
                     self.problem(f"pack {_short(pack_id)}", f"is in no readable index and its header is damaged: {exc}")
+            then = (
+                "ckptvault repair-index indexes them again (prune refuses until then)"
+                if self.damaged_index
+                else "an index object is newer than this ckptvault reads: upgrade ckptvault"
+            )
             self.report.warnings.append(
-                f"{len(unindexed)} pack(s) are in no readable index; they were checked by their own headers, "
-                "and ckptvault repair-index indexes them again (prune refuses until then)"
+                f"{len(unindexed)} pack(s) are in no readable index; they were checked by their own headers, and {then}"
             )
         elif unindexed:
             self.report.warnings.append(

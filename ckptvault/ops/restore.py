@@ -260,11 +260,16 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
     )
 
 
-def _refuse_vault_folder(dest: str, vault_folder: str, target: str) -> None:
+def _refuse_vault_folder(entries: list[FileEntry], vault_folder: str, target: str) -> None:
     """Restoring into the vault's own folder could replace its config or objects (a snapshot of a
-    folder that held a file named ``config``): refused, whatever --overwrite says."""
-    inside = os.path.join(os.path.realpath(vault_folder), "")
-    if os.path.join(os.path.realpath(dest), "").startswith(inside):
+    folder that held a file named ``config``): refused, whatever --overwrite says. The target may
+    be in the vault, or the vault in the target, where an entry's path leads into it."""
+    vault_real, target_real = os.path.realpath(vault_folder), os.path.realpath(target)
+    below_target = os.path.relpath(vault_real, target_real).replace(os.sep, "/")
+    inside = os.path.join(target_real, "").startswith(os.path.join(vault_real, "")) or any(
+        e.path == below_target or e.path.startswith(below_target + "/") for e in entries
+    )
+    if inside:
         raise UsageError(
             f"cannot restore into {target}: it would write inside the vault at {vault_folder}; restore elsewhere"
         )
@@ -304,11 +309,9 @@ def run_restore(
     planner = _Planner(repo, target, overwrite)
     planner.check_target()
     if vault_folder is not None:
-        _refuse_vault_folder(target, vault_folder, target)
+        _refuse_vault_folder(entries, vault_folder, target)
     for entry in entries:
         planner.check(entry)
-        if vault_folder is not None:
-            _refuse_vault_folder(planner.dest(entry), vault_folder, target)
     if planner.clashes:
         clashes = list(planner.clashes.values())
         more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
