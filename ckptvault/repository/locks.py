@@ -313,7 +313,8 @@ class LockManager:
             minutes = round(self.stale_after.total_seconds() / 60)
             return VaultLockedError(
                 f"vault {url} is locked: {other.describe()}; wait for it to finish. If that process is gone, "
-                f"its lock goes stale {minutes} minutes after its last refresh (at once if it ran on this host) "
+                f"its lock goes stale {minutes} minutes after its last refresh (at once if it ran on this host, "
+                "outside any container of its own) "
                 "and ckptvault unlock removes it then"
             )
         minutes = round(self.stale_after.total_seconds() / 60)

@@ -14,7 +14,7 @@ def ordered(snapshots: list[Snapshot]) -> list[Snapshot]:
     """Oldest to newest: by ``step`` tag when every snapshot has a numeric one, else by time.
 
     A run resumes from its highest step even if an older step was uploaded later
-    (async shipping can reorder them); retention counts "newest" the same way."""
+    (async shipping can reorder them); retention counts "newest" both this way and by time."""
     if all(s.step is not None for s in snapshots):
         return sorted(snapshots, key=lambda s: (s.step, s.time, s.id))
     return sorted(snapshots, key=lambda s: (s.time, s.id))  # the ID only breaks exact ties
