@@ -535,7 +535,7 @@ class Vault:
                 overwrite=overwrite,
                 progress=on_progress,
                 workers=self._repo.download_concurrency,
-                vault_folder=_local_folder(self.url),
+                vault_folder=getattr(self._repo.store, "local_folder", None),
             )
 
     @_open_only

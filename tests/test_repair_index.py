@@ -139,3 +139,16 @@ def test_a_backup_does_not_deduplicate_against_packs_that_are_gone(
         vault.prune(keep_latest=1)
         vault.restore(snap, tmp_path / "after-prune")
     assert tree(tmp_path / "after-prune") == tree(src)
+
+
+def test_a_deleted_index_object_is_recoverable_and_check_says_so(two_saves, repo_url: str, cli):
+    _, first_index = two_saves
+    (Path(repo_url) / "index" / first_index).unlink()  # gone, not damaged: its packs are simply in no index
+    with Vault.open(repo_url) as vault:
+        report = vault.check()
+        assert report.affected == {} and report.problems, report.problems
+        assert all("holds it; run: ckptvault repair-index" in p.detail for p in report.problems), report.problems
+    proc = cli("check", "--repo", repo_url, check=False)
+    assert proc.returncode == 30 and "forget" not in proc.stderr.decode()
+    assert cli("repair-index", "--repo", repo_url).returncode == 0
+    assert cli("check", "--repo", repo_url, "--read-data").stdout.decode().startswith("no problems found")

@@ -348,6 +348,8 @@ def test_nothing_is_restored_into_the_vaults_own_folder(vault: Vault, repo_url: 
     outer = vault.backup(parent_src)
     with pytest.raises(UsageError, match="inside the vault"):
         vault.restore(outer, Path(repo_url).parent, overwrite=True)
+    with Vault.open(f"local://{repo_url}") as same, pytest.raises(UsageError, match="inside the vault"):
+        same.restore(outer, Path(repo_url).parent, overwrite=True)  # another URL for the same folder
     assert (Path(repo_url) / "config").read_bytes() == config_before
     assert not (Path(repo_url) / "new-folder").exists()
     vault.restore(snap, tmp_path / "elsewhere")  # anywhere else is fine

@@ -56,6 +56,7 @@ class _Checker:
         self.bases: dict[bytes, set[bytes]] = {}  # delta chunk -> the bases its stored copies name
         self.reported: set[bytes] = set()  # chunks already named in a problem
         self.bad_headers: set[bytes] = set()  # packs whose header problem is reported
+        self.header_only: dict[bytes, bytes] = {}  # chunk -> the pack in no index whose header names it
         self.unreadable_index = False  # an index object could not be read: packs may be in no index
         self.damaged_index = False  # ... because it is damaged (not newer than this ckptvault)
 
@@ -79,6 +80,9 @@ class _Checker:
                 continue
             for pack_id, entries in packs.items():
                 self.indexed.setdefault(pack_id, entries)
+
+    def check_delta_bases(self) -> None:
+        """Every delta's base must be somewhere: in the index, or in a pack read by its header."""
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         self.report.chunks = len(chunk_ids)
         for entries in self.indexed.values():
@@ -119,17 +123,20 @@ class _Checker:
             if header is not None and set(header) != set(entries):
                 self.problem(name, "header and index disagree about its chunks")
         unindexed = [p for p in stored if p not in self.indexed]
-        if unindexed and self.unreadable_index:
-            # the packs an unreadable index object described, maybe: their own headers say what they
-            # hold, so the snapshots are checked against what is really lost
-            for pack_id in unindexed:
-                try:
-                    self.indexed[pack_id] = entries = self.repo.read_pack_header(pack_id, stored[pack_id])
-                    for e in entries:
-                        if e.base_id is not None:
-                            self.bases.setdefault(e.chunk_id, set()).add(e.base_id)
-                except CkptVaultError as exc:
+        # Their own headers say what they hold: leftovers of a killed backup or prune, or what a lost
+        # or unreadable index object described (a snapshot that needs them is recoverable, not lost).
+        for pack_id in unindexed:
+            try:
+                entries = self.repo.read_pack_header(pack_id, stored[pack_id])
+            except CkptVaultError as exc:
+                if self.unreadable_index:
                     self.problem(f"pack {_short(pack_id)}", f"is in no readable index and its header is damaged: {exc}")
+                continue
+            if self.unreadable_index:  # readers take them from their headers too (Repository.load_index)
+                self.indexed[pack_id] = entries
+            else:
+                self.header_only.update({e.chunk_id: pack_id for e in entries})
+        if unindexed and self.unreadable_index:
             then = (
                 "ckptvault repair-index indexes them again (prune refuses until then)"
                 if self.damaged_index
@@ -140,7 +147,8 @@ class _Checker:
             )
         elif unindexed:
             self.report.warnings.append(
-                f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup or prune); prune removes them"
+                f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup or prune, or an index object "
+                "is gone); ckptvault repair-index indexes them again, prune removes the ones no snapshot needs"
             )
 
     def read_data(self, fraction: float, seed: int | None) -> None:
@@ -211,9 +219,16 @@ class _Checker:
             self.report.snapshots += 1
             for entry in tree:
                 missing = [c for c in entry.chunks if c not in chunk_ids]
-                if missing:
-                    self.problem(name, f"file {entry.path}: chunk {_short(missing[0])} is in no index")
-                if missing or any(c in self.bad_chunks for c in entry.chunks):
+                lost = [c for c in missing if c not in self.header_only]
+                if lost:
+                    self.problem(name, f"file {entry.path}: chunk {_short(lost[0])} is in no index")
+                elif missing:
+                    self.problem(
+                        name,
+                        f"file {entry.path}: chunk {_short(missing[0])} is in no index, but pack "
+                        f"{_short(self.header_only[missing[0]])} holds it; run: ckptvault repair-index",
+                    )
+                if lost or any(c in self.bad_chunks for c in entry.chunks):
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
 
 
@@ -227,6 +242,7 @@ def run_check(repo: Repository, *, read_data: float = 0.0, seed: int | None = No
     snapshot_ids = repo.list_snapshot_ids()
     checker.check_index()
     checker.check_packs()
+    checker.check_delta_bases()
     if read_data > 0:
         checker.read_data(read_data, seed)
     checker.check_snapshots(snapshot_ids)

@@ -262,8 +262,9 @@ class Repository:
                 len(described),
                 f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
             )
-        if leave_out or damaged:  # a delta whose base is in no readable pack must not be deduplicated against
-            index.drop_deltas_without_base()
+        # A delta whose base is in no readable pack (left out, damaged, or dropped by repair-index with
+        # its header unreadable) cannot be read back: never deduplicate against it, nor call it stored.
+        index.drop_deltas_without_base()
         self._index = index
         self._seen_index_ids = set(objects) | set(damaged)
         self.damaged_index = damaged

@@ -98,6 +98,7 @@ class FsspecStore:
         self._bucket_seen = False
         # any local-disk filesystem, whatever protocol name it registers, gets the atomic temp+rename put
         self._local = issubclass(cls, LocalFileSystem)
+        self.local_folder = self.root if self._local else None  # the vault's folder on this machine
         # A local disk's calls run without a watchdog thread: a new thread per chunk read costs a restore
         # ~10% of its CPU, and a read blocked in the kernel could not be cancelled anyway. The price: a
         # repository on a hung network mount (NFS, FUSE) given as a plain path waits instead of failing.
