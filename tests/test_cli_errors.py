@@ -221,3 +221,15 @@ def test_cat_to_a_closed_stdout_says_so(cli, tmp_path: Path):
         preexec_fn=lambda: os.close(1),
     )
     assert proc.returncode == 2 and "standard output is closed" in one_line_error(proc)
+
+
+def test_a_file_size_limit_on_the_vault_fails_at_once_naming_it(cli, tmp_path: Path):
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(3_000_000))
+    cli("init", repo, "--pack-size-mib", "1")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    started = time.monotonic()
+    proc = _run_with_stdout(["backup", str(src), "--repo", repo], subprocess.PIPE, fsize=256 * 1024, env=env)
+    assert proc.returncode == 20 and "file size limit (ulimit -f)" in one_line_error(proc)
+    assert time.monotonic() - started < 8  # not retried for ~11 s

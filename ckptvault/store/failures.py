@@ -241,6 +241,8 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Failure(Kind.FULL, exc.strerror or "no space left")
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:  # retrying cannot pass it
+        return Failure(Kind.PERMANENT, "file too large: a file size limit (ulimit -f) or the filesystem's largest file")
     if _TLS_MISMATCH.search(text) or any(isinstance(n, ssl.SSLCertVerificationError) for n in chain):
         return Failure(
             Kind.PERMANENT, f"TLS failed ({detail}); check http:// or https:// in the endpoint and its certificate"
