@@ -590,7 +590,7 @@ class Vault:
         repack_threshold = fraction_arg("repack_threshold", repack_threshold)
         # a dry run deletes nothing: a shared lock lets backups go on meanwhile (its plan may then
         # count a running backup's packs, not yet indexed, as leftovers; the real run cannot)
-        with self._repo.locks.acquire(exclusive=not dry_run):
+        with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
             self._repo.load_index()
             every, unreadable = self._listing()
             every.sort(key=lambda s: s.time)
@@ -624,7 +624,7 @@ class Vault:
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists."""
         snapshots = snapshot_list_arg(snapshots)
-        with self._repo.locks.acquire(exclusive=prune and not dry_run):
+        with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
             every, unreadable_now = self._listing()
             every.sort(key=lambda s: s.time)
@@ -694,7 +694,7 @@ class Vault:
         describes, drop the packs that are gone, then remove the index objects this replaces
         (``ckptvault.ops.repair``). Takes the exclusive lock; ``dry_run`` (a shared lock) changes
         nothing and returns what a real run would do."""
-        with self._repo.locks.acquire(exclusive=not dry_run):
+        with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
             result = repair_index(self._repo, dry_run=dry_run)
             if not dry_run:
                 self._repo.load_index()

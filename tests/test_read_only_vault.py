@@ -46,6 +46,8 @@ def test_reading_commands_work_without_a_lock_on_a_read_only_vault(read_only_vau
     assert cli("check", "--repo", repo, "--read-data").stdout.decode().startswith("no problems found")
     assert cli("status", str(src), "--repo", repo).returncode == 0
     assert cli("drill", "--repo", repo).returncode == 0
+    for dry_run in (["prune", "--keep-latest", "1"], ["forget", "latest", "--prune"], ["repair-index"]):
+        assert cli(*dry_run, "--dry-run", "--repo", repo).returncode == 0, dry_run  # previews only read
     proc = cli("backup", str(src), "--repo", repo, check=False)  # writing still needs a writable vault
     assert proc.returncode == 20 and "Read-only file system" in proc.stderr.decode(), proc.stderr
 

@@ -156,6 +156,21 @@ def test_files_named_like_temporaries_are_restored_and_only_true_leftovers_remov
         assert (target / path.name).read_bytes() == path.read_bytes(), path.name
 
 
+def test_overwrite_gives_a_hard_linked_twin_a_file_of_its_own(backed_up, tmp_path: Path):
+    vault, src, snap = backed_up
+    target = tmp_path / "target"
+    vault.restore(snap, target)
+    outside = tmp_path / "outside.pt"  # the same bytes, linked into the target from elsewhere
+    os.link(target / "optimizer.pt", outside)
+    os.chmod(outside, 0o600)
+    os.utime(outside, ns=(10**18, 10**18))
+    vault.restore(snap, target, overwrite=True)
+    assert outside.stat().st_mode & 0o777 == 0o600 and outside.stat().st_mtime_ns == 10**18  # untouched
+    restored, original = (target / "optimizer.pt").stat(), (src / "optimizer.pt").stat()
+    assert restored.st_nlink == 1 and restored.st_mode == original.st_mode
+    assert restored.st_mtime_ns == original.st_mtime_ns and outside.read_bytes() == (src / "optimizer.pt").read_bytes()
+
+
 def test_a_name_of_255_bytes_restores(vault: Vault, tmp_path: Path):
     src = tmp_path / "src"
     src.mkdir()

@@ -47,7 +47,10 @@ def check_cmd(
     remedy = ""
     if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
         ids = " ".join(snapshot_id[:8] for snapshot_id in list(report.affected)[:5])
-        remedy = f"; restore what still restores, then remove the damaged snapshot(s) with: ckptvault forget {ids}"
+        remedy = (
+            f"; restore the files not named (restore --include), then remove the damaged snapshot(s) with: "
+            f"ckptvault forget {ids}"
+        )
     raise IntegrityError(
         f"check found {len(report.problems)} problem(s) affecting {len(report.affected)} snapshot(s) ({counts})"
         + remedy

@@ -168,7 +168,9 @@ class _Planner:
                 self.skip.add(entry.path)
             else:
                 self._conflict(entry, "exists and differs")
-        elif _same_content(dest, entry):
+        elif _same_content(dest, entry) and not (self.overwrite and st.st_nlink > 1):
+            # (with --overwrite a hard link gets a file of its own: setting the snapshot's mode and
+            # mtime in place would change the linked file outside the target too)
             self.skip.add(entry.path)
         else:
             self._conflict(entry, "exists and differs")
