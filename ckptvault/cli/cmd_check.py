@@ -46,7 +46,7 @@ def check_cmd(
     out.result(data, "\n".join(lines))
     remedy = ""
     if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
-        ids = " ".join(snapshot_id[:8] for snapshot_id in list(report.affected)[:5])
+        ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command
         remedy = (
             f"; restore the files not named (restore --include), then remove the damaged snapshot(s) with: "
             f"ckptvault forget {ids}"
