@@ -54,7 +54,8 @@ def test_read_only_credentials_restore_and_check_without_a_lock(
     with Vault.init(url, storage_options=backend.storage_options) as vault:
         snap = vault.backup(src, tags={"run": "x"})
     read_only = {**backend.storage_options, "key": READ_KEY, "secret": READ_SECRET}
-    with caplog.at_level(logging.WARNING, logger="ckptvault.locks"), Vault.open(url, storage_options=read_only) as vault:
+    reading = Vault.open(url, storage_options=read_only)
+    with caplog.at_level(logging.WARNING, logger="ckptvault.locks"), reading as vault:
         vault.restore(vault.latest({"run": "x"}), tmp_path / "out")
         assert tree_digest(tmp_path / "out") == tree_digest(src)
         assert vault.check(read_data=1.0).ok and vault.is_backed_up(src)
