@@ -11,13 +11,7 @@ from ckptvault import Vault
 from ckptvault.errors import IntegrityError
 from ckptvault.repository.format import pack_key
 
-
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
+from .test_corruption import flip
 
 
 def tree(root: Path) -> dict[str, bytes]:
