@@ -314,7 +314,7 @@ class Repository:
         if gone:
             damage_log.warning(
                 "%d pack(s) named by the index are missing from the store (e.g. %s); this backup stores their "
-                "chunks again; run: ckptvault check",
+                "chunks again; ckptvault repair-index drops them from the index",
                 len(gone),
                 min(gone).hex()[:12],
             )
