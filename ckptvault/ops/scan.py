@@ -50,7 +50,7 @@ def check_sources(sources: list[str]) -> list[str]:
             if os.path.islink(src):
                 raise SourceError(src, f"a symlink to {os.readlink(src)}, which does not exist") from None
             missing = exc.errno == errno.ENOENT or not exc.strerror
-            raise SourceError(src, "no such file or directory" if missing else exc.strerror) from None
+            raise SourceError(src, "no such file or directory" if missing else str(exc.strerror)) from None
     return abs_sources
 
 
