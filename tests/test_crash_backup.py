@@ -23,6 +23,7 @@ from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
 
 from .conftest import tree_digest
+from .support.tmpfs import mounted_tmpfs
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
 ROOT = Path(__file__).parent.parent
@@ -160,11 +161,7 @@ def test_killed_restore(setup, seed):
 
 
 def test_disk_full_is_a_clear_error_and_corrupts_nothing(tmp_path: Path, cli):
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root): the disk-full test did not run")
-    try:
+    with mounted_tmpfs(tmp_path / "small-disk", "6m", "the disk-full test") as mount:
         repo = mount / "vault"
         src = tmp_path / "src"
         src.mkdir()
@@ -182,5 +179,3 @@ def test_disk_full_is_a_clear_error_and_corrupts_nothing(tmp_path: Path, cli):
             vault.restore("latest", tmp_path / "out")
         assert (tmp_path / "out" / "small.bin").read_bytes() == (src / "small.bin").read_bytes()
         assert not [p for p in repo.rglob(".tmp-*")], "a temp file of the failed write was left behind"
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)

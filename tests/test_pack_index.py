@@ -92,3 +92,17 @@ def test_every_copy_of_a_chunk_is_kept_once_and_a_plain_copy_comes_first():
     index.add_pack(b"2" * 32, [PackEntry(chunk, 5, 10, 10, None)])  # a plain copy elsewhere
     assert [(loc.pack_id[:1], loc.base_id) for loc in index.locations(chunk)] == [(b"2", None), (b"1", base)]
     assert index.locations(b"x" * 32) == []
+
+
+def test_forgetting_a_pack_keeps_a_chunks_other_copy_and_drops_what_only_it_held():
+    from ckptvault.repository.index import ChunkIndex
+    from ckptvault.repository.pack import PackEntry
+
+    shared, only, delta = b"s" * 32, b"o" * 32, b"d" * 32
+    gone, kept = b"1" * 32, b"2" * 32
+    index = ChunkIndex()
+    index.add_pack(gone, [PackEntry(shared, 0, 10, 10), PackEntry(only, 10, 10, 10)])
+    index.add_pack(kept, [PackEntry(shared, 0, 10, 10), PackEntry(delta, 10, 10, 10, only)])
+    index.forget_packs([gone])
+    assert [loc.pack_id for loc in index.locations(shared)] == [kept]
+    assert only not in index and delta not in index and index.packs == {kept}  # the delta's base went with it

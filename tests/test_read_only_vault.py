@@ -12,14 +12,12 @@ import pytest
 
 from ckptvault import Vault
 
+from .support.tmpfs import mounted_tmpfs
+
 
 @pytest.fixture
 def read_only_vault(tmp_path: Path):
-    mount = tmp_path / "mnt"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root): the read-only vault test did not run")
-    try:
+    with mounted_tmpfs(tmp_path / "mnt", "64m", "the read-only vault test") as mount:
         src = tmp_path / "src"
         src.mkdir()
         (src / "weights.bin").write_bytes(os.urandom(2_000_000))
@@ -28,8 +26,6 @@ def read_only_vault(tmp_path: Path):
         with Vault.init(repo) as vault:
             vault.backup(src, tags={"run": "x"})
         yield mount, repo, src
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def remount_read_only(mount: Path) -> None:

@@ -13,7 +13,7 @@ copy to the next when a pack is missing or damaged.
 from __future__ import annotations
 
 import struct
-from collections.abc import ItemsView
+from collections.abc import Collection, ItemsView
 from dataclasses import dataclass
 
 from ..errors import MalformedObjectError
@@ -107,6 +107,21 @@ class ChunkIndex:
         first = self._map.get(chunk_id)
         return [] if first is None else [first, *self._other_copies.get(chunk_id, ())]
 
+    def forget_packs(self, pack_ids: Collection[bytes]) -> None:
+        """Leave out every copy held by these packs (gone from the store): a chunk with a copy
+        elsewhere keeps that one (a plain copy first), and deltas left without a base go too."""
+        gone = set(pack_ids)
+        self.packs -= gone
+        for chunk_id in [c for c, loc in self._map.items() if loc.pack_id in gone]:
+            del self._map[chunk_id]
+        for chunk_id in list(self._other_copies):
+            kept = sorted((o for o in self._other_copies.pop(chunk_id) if o.pack_id not in gone), key=_delta_last)
+            if chunk_id not in self._map and kept:
+                self._map[chunk_id], *kept = kept
+            if kept:
+                self._other_copies[chunk_id] = kept
+        self.drop_deltas_without_base()
+
     def drop_deltas_without_base(self) -> None:
         """Leave out every delta chunk whose base (at any depth) is in no pack here."""
         while orphans := [
@@ -118,3 +133,7 @@ class ChunkIndex:
 
     def items(self) -> ItemsView[bytes, ChunkLocation]:
         return self._map.items()
+
+
+def _delta_last(loc: ChunkLocation) -> bool:
+    return loc.base_id is not None

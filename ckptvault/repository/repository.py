@@ -239,18 +239,16 @@ class Repository:
         assert self._index is not None
         return self._index
 
-    def load_index(self, *, leave_out: Collection[bytes] = ()) -> None:
+    def load_index(self) -> None:
         """Load every index object. A damaged one does not make the repository unreadable: its
         packs are described by their own sealed headers instead (``damaged_index`` names it, and
-        ``ckptvault repair-index`` rewrites it durably); prune refuses until then. ``leave_out``:
-        packs known to be gone, whose chunks (and the deltas based on them) are left out."""
+        ``ckptvault repair-index`` rewrites it durably); prune refuses until then."""
         index = ChunkIndex()
         damaged: dict[bytes, str] = {}
         objects = self.read_index_objects(damaged=damaged)
         for packs in objects.values():
             for pack_id, entries in packs.items():
-                if pack_id not in leave_out:
-                    index.add_pack(pack_id, entries)
+                index.add_pack(pack_id, entries)
         if damaged:
             described, unreadable = self.headers_of_unindexed_packs(index.packs)
             for pack_id, entries in described.items():
@@ -262,8 +260,8 @@ class Repository:
                 len(described),
                 f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
             )
-        # A delta whose base is in no readable pack (left out, damaged, or dropped by repair-index with
-        # its header unreadable) cannot be read back: never deduplicate against it, nor call it stored.
+        # A delta whose base is in no readable pack (damaged, or dropped by repair-index with its
+        # header unreadable) cannot be read back: never deduplicate against it, nor call it stored.
         index.drop_deltas_without_base()
         self._index = index
         self._seen_index_ids = set(objects) | set(damaged)
@@ -318,7 +316,7 @@ class Repository:
                 len(gone),
                 min(gone).hex()[:12],
             )
-            self.load_index(leave_out=gone)
+            self.index.forget_packs(gone)
         adopted, _ = self.headers_of_unindexed_packs(self.index.packs, stored)
         if adopted:
             self.write_index(adopted)
