@@ -177,7 +177,7 @@ def test_a_before_time_with_no_utc_equivalent_is_a_usage_error(cli, repo: str, v
 def test_the_before_reason_keeps_the_seconds(repo: str):
     with Vault.open(repo) as vault:
         newest = vault.snapshots()[-1].time
-        cutoff = (newest + timedelta(seconds=90)).replace(microsecond=0)
+        cutoff = (newest + timedelta(seconds=90)).replace(second=30, microsecond=0)  # seconds to show
         result = vault.prune(keep_latest=1, before=cutoff, dry_run=True)
     reasons = [d.reason for d in result.retention.decisions if not d.keep]
     assert reasons and all(f"older than {cutoff:%Y-%m-%d %H:%M:%S} UTC" in r for r in reasons), reasons
