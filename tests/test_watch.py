@@ -409,3 +409,59 @@ def test_a_backup_of_a_watched_folder_leaves_out_the_sidecars_state(cli, tmp_pat
     with Vault.open(repo) as vault:
         paths = [e.path for e in vault.files("latest")]
     assert paths and not [p for p in paths if ".ckptvault-watch" in p]
+
+
+WATCH = [sys.executable, "-m", "ckptvault", "watch"]
+
+
+def test_a_full_disk_under_stdout_is_warned_once_and_every_checkpoint_still_ships(tmp_path, repo):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for step in (100, 200):
+        publish(str(ckpts), step, 64 * 1024)
+    with open("/dev/full", "w") as full:  # every write to it fails with ENOSPC
+        proc = subprocess.run(
+            [*WATCH, str(ckpts), "--repo", repo, "--tag", "run=full", "--once", "--settle", "0.2", "--json"],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 21, proc.stderr
+    assert proc.stderr.count("no longer printed") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert_each_shipped_once(repo, [100, 200], "full")
+
+
+def test_a_closed_stdout_does_not_stop_the_sidecar(tmp_path, repo):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader of the event lines is gone (a log shipper that died)
+    proc = subprocess.Popen(
+        [*WATCH, str(ckpts), "--repo", repo, "--tag", "run=pipe", "--settle", "0.2"],
+        cwd=ROOT,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(write_end)
+    try:
+        for step in (100, 200, 300):
+            publish(str(ckpts), step, 64 * 1024)
+            deadline = time.monotonic() + 60
+            while True:
+                with Vault.open(repo) as vault:
+                    if any(s.tags.get("step") == str(step) for s in vault.snapshots()):
+                        break
+                assert proc.poll() is None, f"watch ended ({proc.returncode}): {proc.stderr.read()}"
+                assert time.monotonic() < deadline, f"step {step} was not shipped"
+                time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    err = proc.stderr.read()
+    assert rc == 1 and err.count("standard output was closed") == 1, (rc, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert_each_shipped_once(repo, [100, 200, 300], "pipe")

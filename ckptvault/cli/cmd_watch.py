@@ -13,9 +13,10 @@ from typing import Annotated
 
 import typer
 
+from ..errors import CkptVaultError
 from ..ops.watch import ShippedCheckpoint, check_watch_args
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
-from .output import Output, format_bytes
+from .output import Output, discard_stdout, format_bytes, writing_stdout
 from .params import parse_tags
 
 
@@ -63,6 +64,22 @@ def watch_cmd(
         stop.set()
         out.info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
 
+    output_failed: list[Exception] = []
+
+    def emit(line: str) -> None:
+        """One event line on stdout. A sidecar that can no longer print (a full disk, a closed
+        pipe) goes on shipping: it says so once and reports the failure when it ends."""
+        if output_failed or sys.stdout is None:
+            return
+        try:
+            with writing_stdout():
+                sys.stdout.write(line + "\n")
+        except (BrokenPipeError, CkptVaultError) as exc:
+            discard_stdout()
+            output_failed.append(exc)
+            reason = "standard output was closed" if isinstance(exc, BrokenPipeError) else str(exc)
+            out.warn(f"shipped checkpoints are no longer printed, shipping goes on: {reason}")
+
     def on_shipped(item: ShippedCheckpoint) -> None:
         s = item.snapshot.summary
         if json_out:
@@ -77,16 +94,13 @@ def watch_cmd(
                 "waited_s": item.waited_s,
                 "copied": item.copied,
             }
-            sys.stdout.write(json.dumps(event) + "\n")
-            sys.stdout.flush()
-            return
-        step = f" step {item.step}" if item.step is not None else ""
-        out.result(
-            None,
-            f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {s.files} files, "
-            f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s",
-        )
-        sys.stdout.flush()
+            emit(json.dumps(event))
+        elif not quiet:
+            step = f" step {item.step}" if item.step is not None else ""
+            emit(
+                f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {s.files} files, "
+                f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s"
+            )
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -117,6 +131,8 @@ def watch_cmd(
     out.info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
     if result.errors:
         raise result.errors[0]
+    if output_failed:
+        raise output_failed[0]
 
 
 def _abort() -> None:

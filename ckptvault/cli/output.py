@@ -71,7 +71,7 @@ def writing_stdout() -> Iterator[None]:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        _discard_stdout()
+        discard_stdout()
         reason = exc.strerror or str(exc)
         if exc.errno == errno.EFBIG:
             hint = "the output reached a file size limit (ulimit -f); raise it or write elsewhere"
@@ -83,7 +83,7 @@ def writing_stdout() -> Iterator[None]:
         ) from None
 
 
-def _discard_stdout() -> None:
+def discard_stdout() -> None:
     """What stays in stdout's buffer after a failed write would fail again when Python flushes it
     at exit ("Exception ignored ...", exit 120): send it to /dev/null instead."""
     try:
