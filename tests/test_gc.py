@@ -155,3 +155,27 @@ def test_cli_prune_summary_says_would_in_a_dry_run_and_what_was_done_after(cli, 
     assert "repacked" not in preview and "removed" not in preview
     done = cli("prune", "--repo", repo, "--keep-latest", "1").stdout.decode().splitlines()[-1]
     assert done.startswith("removed 2 snapshot(s), kept 1; removed") and "reclaimed" in done
+
+
+def test_objects_not_named_as_ckptvault_names_them_are_left_alone(tmp_path: Path):
+    """Only lowercase 64-hex names in the pack's own folder are packs: a copy under another folder
+    or in capitals (a sync tool, a person) is neither read, counted nor deleted."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(random.Random(5).randbytes(300_000))
+    repo = tmp_path / "repo"
+    with Vault.init(str(repo)) as vault:
+        first = vault.backup(src)
+        (pack,) = (repo / "packs").glob("*/*")
+        foreign = [repo / "packs" / "zz" / pack.name, pack.with_name(pack.name.upper())]
+        foreign[0].parent.mkdir()
+        for path in foreign:
+            path.write_bytes(pack.read_bytes())
+        (src / "weights.bin").write_bytes(random.Random(6).randbytes(300_000))
+        vault.backup(src)
+        report = vault.check(read_data=1.0)
+        assert report.ok and report.packs == 2, report
+        vault.prune(keep_latest=1)  # save 1's pack is now dead: deleted; the foreign copies stay
+        assert vault.check(read_data=1.0).ok
+        assert not pack.exists() and all(p.exists() for p in foreign)
+        assert first.id not in {s.id for s in vault.snapshots()}

@@ -3,6 +3,7 @@ written down in docs/format.md: values are never reused for a different meaning.
 
 from __future__ import annotations
 
+import re
 import secrets
 
 FORMAT_NAME = "ckptvault"
@@ -24,6 +25,7 @@ PACK_MAGIC = b"CVP1"
 PACK_MAGIC_V2 = b"CVP2"  # header entries carry a base chunk ID
 INDEX_MAGIC_V2 = b"CVI2"  # a v1 index object starts with its pack count, which can never spell this
 OBJECT_ID_SIZE = 32
+_OBJECT_NAME = re.compile(f"[0-9a-f]{{{2 * OBJECT_ID_SIZE}}}")
 
 
 def new_object_id() -> bytes:
@@ -55,9 +57,6 @@ def lock_key(lock_id: bytes) -> str:
 def id_from_key(key: str) -> bytes | None:
     """The object ID at the end of a key, or None when the name is not one of ours."""
     name = key.rsplit("/", 1)[-1]
-    if len(name) != 2 * OBJECT_ID_SIZE:
-        return None
-    try:
-        return bytes.fromhex(name)
-    except ValueError:
-        return None
+    # only the names writers make: fromhex would also take capitals and spaces, and an object named
+    # so would be listed but then looked up under its lowercase name
+    return bytes.fromhex(name) if _OBJECT_NAME.fullmatch(name) else None
