@@ -303,6 +303,21 @@ def test_reader_follows_chains_up_to_the_format_limit_and_refuses_loops(delta_va
         repo.read_chunk(id_a)
 
 
+def test_an_index_entry_naming_a_base_for_a_chunk_that_is_no_delta_is_damage(delta_vault: Vault):
+    """Index and blob must agree on the base both ways: a base named for a plain blob is a writer's
+    bug or a forged index, not something to read around silently."""
+    repo = delta_vault._repo
+    base, plain = os.urandom(16384), os.urandom(16384)
+    base_id, plain_id = repo.chunk_id(base), repo.chunk_id(plain)
+    repo.add_chunk(base_id, repo.codec.encode(Kind.CHUNK, base_id, base), len(base))
+    repo.add_chunk(plain_id, repo.codec.encode(Kind.CHUNK, plain_id, plain), len(plain), base_id)
+    repo.flush()
+    repo.load_index()
+    assert repo.read_chunk(base_id) == base
+    with pytest.raises(IntegrityError, match="is not a delta, but its index entry names base chunk"):
+        repo.read_chunk(plain_id)
+
+
 def test_torch_checkpoints_get_deltas_for_their_float_records(delta_vault: Vault, tmp_path: Path):
     torch = pytest.importorskip("torch")
     gen = torch.Generator().manual_seed(0)

@@ -638,13 +638,19 @@ class Repository:
         base: bytes | None,
         verify_id: bool = True,
     ) -> bytes:
+        based = False
+
         def give_base(wanted: bytes) -> bytes:
+            nonlocal based
             if base is None or wanted != base_id:
                 named = base_id.hex()[:12] if base_id else "none"
                 raise IntegrityError(f"is a delta against chunk {wanted.hex()[:12]}, but its index entry names {named}")
+            based = True
             return base
 
         data = self.codec.decode(Kind.CHUNK, chunk_id, blob, raw_len, give_base)
+        if base_id is not None and not based:
+            raise IntegrityError(f"is not a delta, but its index entry names base chunk {base_id.hex()[:12]}")
         if len(data) != raw_len or (verify_id and self.chunk_id(data) != chunk_id):
             raise IntegrityError("does not match its hash")
         return data
