@@ -85,6 +85,18 @@ def test_init_and_explicit_repo(cli, tmp_path: Path):
     assert not (tmp_path / "xdg-data").exists()  # an explicit repository never touches the default
 
 
+def test_a_tag_value_with_a_comma_cannot_read_as_two_tags_in_tables(cli, tmp_path: Path):
+    repo = str(tmp_path / "vault")
+    cli("init", repo)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x" * 1000)
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", "note=lr=3e-4,warmup", "--tag", "run=a", "-q")
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", "run=b", "-q")
+    for command in ("snapshots", "stats", "prune --keep-latest 1 --dry-run"):  # prune lists the one to go
+        out = cli(*command.split(), "--repo", repo).stdout.decode()
+        assert 'note="lr=3e-4,warmup",run=a' in out, out
+
+
 def test_a_memory_vault_is_refused_by_the_cli_where_it_would_vanish(cli, tmp_path: Path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"x")

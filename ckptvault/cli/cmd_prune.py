@@ -10,7 +10,7 @@ import typer
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.retention import Decision, missing_group_label
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, format_tags
 from .params import parse_before, parse_keep_tags, parse_tags
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be removed.")]
@@ -41,7 +41,7 @@ def report(out: Output, result: PruneResult) -> None:
     for d in result.retention.decisions:
         if not d.keep:
             s = d.snapshot
-            tags = ",".join(f"{k}={v}" for k, v in s.tags.items())
+            tags = format_tags(s.tags)
             size = format_bytes(s.summary.logical_bytes)
             group = [d.group or ""] if grouped else []
             table.add_row(s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, size, *group, d.reason)

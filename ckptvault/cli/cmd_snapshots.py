@@ -9,7 +9,7 @@ import typer
 
 from ..errors import UsageError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, writing_stdout
+from .output import Output, format_bytes, format_tags, writing_stdout
 from .params import parse_tags
 
 SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
@@ -34,7 +34,7 @@ def snapshots_cmd(
             s.short_id,
             s.time.strftime("%Y-%m-%d %H:%M:%S"),
             s.hostname,
-            ",".join(f"{k}={v}" for k, v in s.tags.items()),
+            format_tags(s.tags),
             str(s.summary.files),
             format_bytes(s.summary.logical_bytes),
             format_bytes(s.summary.stored_bytes),

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, format_tags
 
 
 @app.command("stats")
@@ -17,7 +17,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         table.add_row(
             s.id[:8],
             s.time.replace("T", " ")[:19],
-            ",".join(f"{k}={v}" for k, v in s.tags.items()),
+            format_tags(s.tags),
             format_bytes(s.logical_bytes),
             format_bytes(s.new_bytes),
             format_bytes(s.stored_bytes),

@@ -35,6 +35,18 @@ def format_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def format_tags(tags: dict[str, str]) -> str:
+    """``run=x,step=1200`` for tables; a value holding a comma, a quote or edge spaces is quoted
+    (``note="a,b"``), so that it cannot read as two tags."""
+
+    def shown(value: str) -> str:
+        if "," in value or '"' in value or value != value.strip():
+            return json.dumps(value, ensure_ascii=False)
+        return value
+
+    return ",".join(f"{k}={shown(v)}" for k, v in tags.items())
+
+
 def _one_line(message: str) -> str:
     """Control characters (a newline in a file name) escaped: an error or warning stays one line."""
     if message.isprintable():
