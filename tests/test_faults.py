@@ -220,6 +220,25 @@ def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock
     assert vault.backup(src).summary.files == 2  # the storage answers again: the next backup works
 
 
+def test_a_lock_left_behind_in_an_outage_is_removed_by_the_same_process_once_the_storage_answers(
+    src: Path, monkeypatch
+):
+    """Its PID is alive (a watch sidecar, a training job's async shipper), so nobody else may judge
+    the lock stale for 30 minutes: a prune would wait that long. The process removes it itself."""
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    vault = Vault.init(url(), pack_size=1 << 20)
+    faultyfs.FAULTS["put:/packs/"] = list("HH") + list("." * 20)
+    faultyfs.FAULTS["delete"] = list("." * 20)
+    with pytest.raises(StorageError, match="no answer"):
+        vault.backup(src)
+    (left,) = vault.locks()
+    assert left.pid == os.getpid()
+    time.sleep(faultyfs.HANG_S)  # the storage answers again
+    vault.backup(src)
+    assert vault.locks() == []
+    vault.prune(keep_latest=1)  # nothing waits for the old lock
+
+
 @contextlib.contextmanager
 def _hanging_probe(store) -> Iterator[Future]:
     """A call gives up on a storage that does not answer; then the next one, the probe, hangs (in a thread)."""

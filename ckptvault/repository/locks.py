@@ -187,6 +187,14 @@ def _pid_alive(pid: int) -> bool:
 # The locks this process holds, per repository (a Repository makes a new LockManager on every access).
 _held_mutex = threading.Lock()
 _HELD: weakref.WeakKeyDictionary[Repository, list[HeldLock]] = weakref.WeakKeyDictionary()
+# Lock objects this process could not delete (the storage failed or stopped answering). Its PID is
+# alive, so no one else may judge them stale before their age: it deletes them at its next lock.
+_LEFT_BEHIND: weakref.WeakKeyDictionary[Repository, list[LockInfo]] = weakref.WeakKeyDictionary()
+
+
+def _leave_behind(repo: Repository, locks: Sequence[LockInfo]) -> None:
+    with _held_mutex:
+        _LEFT_BEHIND.setdefault(repo, []).extend(locks)
 
 
 class LockManager:
@@ -341,6 +349,7 @@ class LockManager:
     def acquire(self, exclusive: bool) -> HeldLock:
         started = ticks()
         own = self.write(exclusive)
+        self._remove_left_behind()  # the storage answers again
         try:
             stale = []
             listed = self.list()
@@ -359,6 +368,16 @@ class LockManager:
             self.remove(own)
             raise
         return HeldLock(self, own, refreshed=started)
+
+    def _remove_left_behind(self) -> None:
+        with _held_mutex:
+            left = _LEFT_BEHIND.pop(self.repo, [])
+        for n, lock in enumerate(left):
+            try:
+                self.remove(lock)
+            except CkptVaultError:
+                _leave_behind(self.repo, left[n:])
+                return
 
     def acquire_to_read(self) -> HeldLock | LocklessRead:
         """A shared lock for a command that only reads (restore, check, status, drill). Where the
@@ -619,7 +638,12 @@ class HeldLock:
                 left_behind.warning(
                     "lock object %s is left behind: ckptvault unlock removes it", lock.lock_id.hex()[:12]
                 )
-            self.manager.remove(self.info)
+            _leave_behind(self.manager.repo, list(self._orphans))
+            try:
+                self.manager.remove(self.info)
+            except BaseException:
+                _leave_behind(self.manager.repo, [self.info])
+                raise
 
     def __enter__(self) -> HeldLock:
         return self
@@ -633,6 +657,7 @@ class HeldLock:
             # another deadline, and a shared lock blocks no backup (an exclusive one would block them
             # all, so its removal is tried); it is stale after stale_after and `unlock` removes it
             self.release(remove=False)
+            _leave_behind(self.manager.repo, [self.info])
             left_behind.warning(
                 "lock %s is left behind (the storage is not answering); it goes stale after %d minutes, "
                 "and ckptvault unlock removes it",
