@@ -73,6 +73,10 @@ def test_latest_prefers_step_then_time():
     snaps = [snap(1, step=200, t=1, run="x"), snap(2, step=100, t=5, run="x"), snap(3, t=9, run="y")]
     assert select(snaps, "latest", {"run": "x"}).id == snaps[0].id  # step wins over upload time
     assert select(snaps, "latest").id == snaps[2].id  # not every snapshot has a step: time
+    demo = snap(4, step=200, t=2, run="demo")  # the steps of two runs do not compare: time
+    assert select([*snaps[:2], demo], "latest").id == snaps[1].id
+    untagged = snap(5, step=50, t=9)  # a snapshot without a run tag is not of run x
+    assert select([*snaps[:2], untagged], "latest").id == untagged.id
     with pytest.raises(SnapshotNotFoundError, match="run=z"):
         select(snaps, "latest", {"run": "z"})
 

@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 
 from ..errors import UsageError
 from .model import Snapshot
-from .selection import ordered
 
 
 @dataclass(frozen=True)
@@ -137,10 +136,13 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
         # better rank. By step alone, the steps of another run or of a restarted one (lower, yet
         # saved last) were pruned first; by time alone, an older step shipped late would push out
         # the highest one.
+        # Unlike ``latest``, the steps of several runs count too: the rank only ever keeps more.
         by_time = sorted(members, key=lambda s: (s.time, s.id), reverse=True)
         rank = {snap.id: r for r, snap in enumerate(by_time)}
-        for r, snap in enumerate(ordered(members)[::-1]):
-            rank[snap.id] = min(r, rank[snap.id])
+        if all(snap.step is not None for snap in members):
+            by_step = sorted(members, key=lambda s: (s.step, s.time, s.id), reverse=True)
+            for r, snap in enumerate(by_step):
+                rank[snap.id] = min(r, rank[snap.id])
         for snap in members:
             decisions[snap.id] = replace(_decide(snap, rank[snap.id], policy), group=label)
     return RetentionPlan([decisions[s.id] for s in snapshots])

@@ -11,11 +11,13 @@ def filter_by_tags(snapshots: list[Snapshot], tags: dict[str, str] | None) -> li
 
 
 def ordered(snapshots: list[Snapshot]) -> list[Snapshot]:
-    """Oldest to newest: by ``step`` tag when every snapshot has a numeric one, else by time.
+    """Oldest to newest: by ``step`` tag when every snapshot has a numeric one and all are of one
+    run (the same ``run`` tag, or none), else by time.
 
     A run resumes from its highest step even if an older step was uploaded later
-    (async shipping can reorder them); retention counts "newest" both this way and by time."""
-    if all(s.step is not None for s in snapshots):
+    (async shipping can reorder them); retention counts "newest" both this way and by time. The
+    steps of different runs do not compare: the demo's step 200 is not newer than a run's step 150."""
+    if all(s.step is not None for s in snapshots) and len({s.tags.get("run") for s in snapshots}) <= 1:
         return sorted(snapshots, key=lambda s: (s.step, s.time, s.id))
     return sorted(snapshots, key=lambda s: (s.time, s.id))  # the ID only breaks exact ties
 
