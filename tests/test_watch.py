@@ -465,3 +465,29 @@ def test_a_closed_stdout_does_not_stop_the_sidecar(tmp_path, repo):
     assert rc == 1 and err.count("standard output was closed") == 1, (rc, err)
     assert "Traceback" not in err and "internal error" not in err, err
     assert_each_shipped_once(repo, [100, 200, 300], "pipe")
+
+
+def test_a_signal_never_hangs_the_sidecar_whatever_its_main_thread_was_doing(tmp_path, repo):
+    """The handler sets the stop event; an event's lock is not reentrant, so the handler must never
+    run on a thread inside that event's wait (it did: 1 SIGTERM in ~70 hung watch for good)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    args = ["watch", str(ckpts), "--repo", repo, "--interval", "0.01"]
+    for trial in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.holding_event", *args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert "watching" in proc.stderr.readline()
+        time.sleep(0.3 + 0.07 * trial)  # the loop is then almost always inside a stretched wait
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"trial {trial}: watch hung after SIGTERM")
+        assert rc == 0, proc.stderr.read()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -18,6 +20,8 @@ from ..ops.watch import ShippedCheckpoint, check_watch_args
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
 from .output import Output, discard_stdout, format_bytes, writing_stdout
 from .params import parse_tags
+
+T = TypeVar("T")
 
 
 @app.command("watch")
@@ -111,18 +115,21 @@ def watch_cmd(
                 mode = " (once)" if once else ""
                 out.info(f"watching {directory} for checkpoints{mode}; shipping to {vault.url}{again}")
 
-            result = vault.watch(
-                directory,
-                tags=tags,
-                interval=interval,
-                settle=settle,
-                include=include or (),
-                state_dir=state_dir,
-                once=once,
-                stop=stop,
-                on_shipped=on_shipped,
-                on_warning=out.warn,
-                on_start=on_start,
+            result = _off_the_main_thread(
+                functools.partial(
+                    vault.watch,
+                    directory,
+                    tags=tags,
+                    interval=interval,
+                    settle=settle,
+                    include=include or (),
+                    state_dir=state_dir,
+                    once=once,
+                    stop=stop,
+                    on_shipped=on_shipped,
+                    on_warning=out.warn,
+                    on_start=on_start,
+                )
             )
     finally:
         for sig, handler in previous.items():
@@ -133,6 +140,29 @@ def watch_cmd(
         raise result.errors[0]
     if output_failed:
         raise output_failed[0]
+
+
+def _off_the_main_thread(work: Callable[[], T]) -> T:
+    """Run ``work`` in a thread while the main thread, where signal handlers run, only waits for it.
+    The handler sets the stop event, whose lock is not reentrant: run on the main thread, the watch
+    loop holds that lock inside each ``stop.wait``, and a signal landing there hung the process for
+    good (a second signal too, as its handler never got to run)."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="ckptvault-watch")
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)  # waits on the thread's own lock, which no handler takes
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def _abort() -> None:
