@@ -142,6 +142,21 @@ def test_file_changing_while_read(vault: Vault, tmp_path: Path, monkeypatch: pyt
     assert (tmp_path / f"out-{mode}" / "stable").read_bytes() == b"fine"
 
 
+def test_a_backup_whose_every_file_was_left_out_while_read_commits_nothing(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The only file changed twice while read and --on-change skip left it out: an empty snapshot
+    would become `latest`, and a resume would restore nothing."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "growing.bin").write_bytes(os.urandom(300_000))
+    _changing_reads(monkeypatch, src / "growing.bin", times=2)
+    with pytest.raises(SourceError, match=r"nothing left to back up.*growing\.bin") as failed:
+        vault.backup(src, on_change="skip")
+    assert failed.value.exit_code == 3
+    assert vault.snapshots() == []
+
+
 def test_bad_on_change_value(vault: Vault, tmp_path: Path):
     with pytest.raises(UsageError, match="on-change"):
         vault.backup(tmp_path, on_change="maybe")

@@ -209,6 +209,10 @@ def run_backup(
                 planner.close()
             progress.finish()
 
+        if files and not any(e.type == "file" for e in entries):
+            # every file was left out while it was read (--on-change skip, --skip-unreadable): an
+            # empty snapshot would become `latest`, and a resume would restore nothing
+            raise SourceError(scan.source_paths[0], "nothing left to back up", "; ".join(warnings))
         if unless_same_as is not None and same_contents(entries, unless_same_as[1]):
             return BackupResult(unless_same_as[0], warnings)
         tree_id = repo.save_tree(encode_tree(entries))
