@@ -397,18 +397,21 @@ def test_a_state_folder_that_cannot_be_made_is_a_one_line_error(cli, tmp_path: P
         assert proc.returncode == 2 and f"cannot keep the watch's state in {state}" in message, message
 
 
-def test_a_backup_of_a_watched_folder_leaves_out_the_sidecars_state(cli, tmp_path: Path, repo):
+def test_a_backup_of_a_watched_folder_leaves_out_the_sidecars_state_and_async_pins(cli, tmp_path: Path, repo):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     publish(str(ckpts), 100, 64 * 1024)
     (ckpts / ".ckptvault-watch" / "pins" / "pin-1").mkdir(parents=True)  # as a watcher leaves it mid-shipment
     (ckpts / ".ckptvault-watch" / "pins" / "pin-1" / "model.bin").write_bytes(b"a hard-linked copy")
     (ckpts / ".ckptvault-watch" / "lock").write_text("pid 1")
+    (ckpts / ".ckptvault-pins" / "p1" / "data").mkdir(parents=True)  # backup_async's, beside its source
+    (ckpts / ".ckptvault-pins" / "p1" / "data" / "model.bin").write_bytes(b"a hard-linked copy")
     proc = cli("backup", str(ckpts), "--repo", repo)
-    assert "the watch sidecar's state" in proc.stderr.decode()
+    err = proc.stderr.decode()
+    assert "the watch sidecar's state" in err and "backup_async's pins" in err, err
     with Vault.open(repo) as vault:
         paths = [e.path for e in vault.files("latest")]
-    assert paths and not [p for p in paths if ".ckptvault-watch" in p]
+    assert paths and not [p for p in paths if ".ckptvault-" in p]
 
 
 WATCH = [sys.executable, "-m", "ckptvault", "watch"]

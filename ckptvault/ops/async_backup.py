@@ -48,6 +48,7 @@ from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
 from . import pin as pins_module
+from .names import PIN_FOLDER
 from .pin import Pin
 from .scan import check_sources
 
@@ -59,7 +60,6 @@ LOCK_RETRY_MAX_S = 30.0
 OnFull = Literal["coalesce", "block"]
 DEFAULT_MAX_PENDING = 2
 DEFAULT_EXIT_TIMEOUT = 600.0
-PIN_FOLDER = ".ckptvault-pins"
 
 
 @dataclass

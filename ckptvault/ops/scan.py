@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 
 from ..errors import SourceError, UsageError
-from .names import WATCH_STATE_FOLDER
+from .names import STATE_FOLDERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +97,8 @@ def _walk(directory: str, prefix: str, result: ScanResult, skip_unreadable: bool
             result.warnings.append(f"skipped {entry.path}: {exc.strerror}")
             continue
         if stat.S_ISDIR(st.st_mode):
-            if entry.name == WATCH_STATE_FOLDER:  # the sidecar's hard-linked copies of checkpoints, and its lock
-                result.warnings.append(f"skipped {entry.path}: the watch sidecar's state, not a checkpoint")
+            if entry.name in STATE_FOLDERS:  # hard-linked copies of checkpoints (pins), a lock
+                result.warnings.append(f"skipped {entry.path}: {STATE_FOLDERS[entry.name]}, not a checkpoint")
                 continue
             result.items.append(SourceItem(rel, entry.path, "dir", st))
             _walk(entry.path, rel, result, skip_unreadable)
