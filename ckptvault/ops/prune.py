@@ -19,7 +19,7 @@ class PruneResult:
     gc: GcPlan
     dry_run: bool
     stored_before: int
-    stored_after: int  # equals stored_before on a dry run
+    stored_after: int  # on a dry run, stored_before less what the plan reclaims (packs; an estimate)
 
     @property
     def forgotten(self) -> list[Snapshot]:
@@ -56,7 +56,7 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     gc.snapshot_ids = {bytes.fromhex(s.id) for s in keep}  # a snapshot committed meanwhile stops the GC
     before = stored_bytes(repo)
     if dry_run:
-        return PruneResult(retention, gc, True, before, before)
+        return PruneResult(retention, gc, True, before, max(0, before - gc.reclaim_bytes))
     verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
     for snap in retention.forget:
         repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
