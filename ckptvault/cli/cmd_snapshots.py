@@ -28,7 +28,7 @@ def snapshots_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         snaps = vault.snapshots(parse_tags(tag))
-    table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "added", "description")
+    table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "stored", "description")
     for s in snaps:
         table.add_row(
             s.short_id,

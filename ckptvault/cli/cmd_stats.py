@@ -12,7 +12,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         stats = vault.stats()
-    table = out.table("id", "time (UTC)", "tags", "logical", "added", "stored")
+    table = out.table("id", "time (UTC)", "tags", "logical", "new", "stored")
     for s in stats.per_snapshot:
         table.add_row(
             s.id[:8],
