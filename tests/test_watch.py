@@ -294,8 +294,9 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     err = second.stderr.decode().strip().splitlines()
     assert len(err) == 1 and "already watching" in err[0], err
     assert watch.finish() == 0
-    missing = cli("watch", str(tmp_path / "nope"), "--repo", repo, check=False)
-    assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode()
+    for args in ([str(tmp_path / "nope" / "ckpts")], [str(tmp_path / "nope"), "--once"]):
+        missing = cli("watch", *args, "--repo", repo, check=False)
+        assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode(), args
     reserved = cli("watch", str(ckpts), "--repo", repo, "--tag", "step=5", check=False)
     assert reserved.returncode == 2 and "set by watch itself" in reserved.stderr.decode()
 
@@ -415,6 +416,18 @@ def test_a_backup_of_a_watched_folder_leaves_out_the_sidecars_state_and_async_pi
 
 
 WATCH = [sys.executable, "-m", "ckptvault", "watch"]
+
+
+def test_a_sidecar_started_before_the_trainer_made_its_folder_ships_from_it(tmp_path, repo):
+    ckpts = tmp_path / "run" / "ckpts"  # its parent exists; the trainer makes the folder later
+    (tmp_path / "run").mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=late", "--settle", "0.2", "--json")
+    assert any("did not exist" in line for line in watch.err), watch.err
+    os.makedirs(ckpts, exist_ok=True)  # as trainers do
+    publish(str(ckpts), 100, 64 * 1024)
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="the checkpoint to ship")
+    assert watch.finish() == 0, watch.err
+    assert_each_shipped_once(repo, [100], "late")
 
 
 def test_a_full_disk_under_stdout_is_warned_once_and_every_checkpoint_still_ships(tmp_path, repo):

@@ -57,7 +57,8 @@ def watch_cmd(
     pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
-    check_watch_args(directory, tags, interval, settle)  # before the default vault may be created
+    path = check_watch_args(directory, tags, interval, settle, once=once)  # before the default vault may be made
+    missing = not os.path.exists(path)
     if state_dir is not None:
         require_nonempty("--state-dir", state_dir)
     stop = threading.Event()
@@ -113,7 +114,8 @@ def watch_cmd(
             def on_start(resumed: int) -> None:
                 again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
                 mode = " (once)" if once else ""
-                out.info(f"watching {directory} for checkpoints{mode}; shipping to {vault.url}{again}")
+                made = " (it did not exist: made it)" if missing else ""
+                out.info(f"watching {directory}{made} for checkpoints{mode}; shipping to {vault.url}{again}")
 
             result = _off_the_main_thread(
                 functools.partial(

@@ -107,14 +107,22 @@ class _Done:
 Ship = Callable[[BackupJob], Snapshot]
 
 
-def check_watch_args(directory: str, tags: dict[str, str], interval: float, settle: float) -> str:
+def check_watch_args(
+    directory: str, tags: dict[str, str], interval: float, settle: float, *, once: bool = False
+) -> str:
     """The watched folder's absolute path; fails on arguments watch cannot run with (the CLI calls
-    this before it opens, and maybe creates, the default vault)."""
+    this before it opens, and maybe creates, the default vault). A sidecar is often started before
+    the trainer makes its folder: a missing folder is fine where its parent exists (the watch's state
+    folder inside it creates it), but not for ``once``, which would ship nothing."""
     if not directory.strip():
         raise UsageError("the folder to watch is empty; name the folder the trainer saves into")
     path = os.path.abspath(os.path.expanduser(directory))
     if not os.path.exists(path):
-        raise SourceError(path, "no such directory")
+        if once:
+            raise SourceError(path, "no such directory")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise SourceError(path, "no such directory, nor its parent", "check the path")
+        return path
     if not os.path.isdir(path):
         raise UsageError(f"{path} is not a directory; watch the folder the trainer saves into")
     for key in RESERVED_TAGS:
@@ -141,7 +149,7 @@ class Watcher:
         on_warning: Callable[[str], None] | None = None,
         on_start: Callable[[int], None] | None = None,
     ) -> None:
-        self.directory = check_watch_args(directory, tags, options.interval, options.settle)
+        self.directory = check_watch_args(directory, tags, options.interval, options.settle, once=options.once)
         self.tags = dict(tags)
         self.options = options
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
