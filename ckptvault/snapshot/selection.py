@@ -30,12 +30,26 @@ def _describe(tags: dict[str, str] | None) -> str:
     return "".join(f" --tag {k}={v}" for k, v in (tags or {}).items())
 
 
+def _unmatched(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
+    """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
+    for key, value in tags.items():
+        values = sorted({s.tags[key] for s in snapshots if key in s.tags})
+        if not values:
+            keys = sorted({k for s in snapshots for k in s.tags})
+            return f" (no snapshot has a tag {key!r}; keys in use: {', '.join(keys) or 'none'})"
+        if value not in values:
+            more = f" and {len(values) - 8} more" if len(values) > 8 else ""
+            return f" (no snapshot has {key}={value}; {key} is one of: {', '.join(values[:8])}{more})"
+    return ""
+
+
 def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = None) -> Snapshot:
     candidates = filter_by_tags(snapshots, tags)
     if spec == "latest":
         if not candidates:
             raise SnapshotNotFoundError(
-                f"no snapshot matches latest{_describe(tags)}; list them with: ckptvault snapshots"
+                f"no snapshot matches latest{_describe(tags)}{_unmatched(snapshots, tags or {})}; "
+                "list them with: ckptvault snapshots"
             )
         return newest(candidates)
     prefix = spec.lower()
