@@ -30,7 +30,8 @@ from .test_cli import one_line_error
         (["backup", "", "--repo", "{tmp}/v"], 2, "source path is empty"),
         # options checked before the default vault would be created
         (["backup", "{tmp}/src", "--on-change", "bogus"], 2, "--on-change 'bogus' is not one of"),
-        (["watch", "{tmp}/missing"], 3, "no such directory"),
+        (["watch", "{tmp}/missing/ckpts"], 3, "no such directory, nor its parent"),
+        (["watch", "{tmp}/missing", "--once"], 3, "no such directory"),
         (["watch", "{tmp}/src", "--interval", "-1"], 2, "--interval -1 must be a positive"),
         (["watch", "{tmp}/src", "--settle", "-1"], 2, "--settle -1 must be zero or"),
         (["watch", "{tmp}/src", "--state-dir", ""], 2, "--state-dir is empty"),
