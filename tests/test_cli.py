@@ -97,6 +97,18 @@ def test_a_tag_value_with_a_comma_cannot_read_as_two_tags_in_tables(cli, tmp_pat
         assert 'note="lr=3e-4,warmup",run=a' in out, out
 
 
+def test_quiet_drops_summaries_but_not_what_was_asked_for(cli, tmp_path: Path):
+    repo = str(tmp_path / "vault")
+    cli("init", repo, "-q")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "weights.bin").write_bytes(b"x" * 1000)
+    assert cli("backup", str(tmp_path / "src"), "--repo", repo, "-q").stdout == b""
+    assert "weights.bin" in cli("ls", "latest", "--repo", repo, "-q").stdout.decode()
+    assert "1.00 KB" in cli("snapshots", "--repo", repo, "-q").stdout.decode()
+    assert "logical" in cli("stats", "--repo", repo, "-q").stdout.decode()
+    assert cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, "-q").stdout == b""
+
+
 def test_a_memory_vault_is_refused_by_the_cli_where_it_would_vanish(cli, tmp_path: Path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"x")

@@ -46,7 +46,10 @@ StorageOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but warnings and errors.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="No progress, notices or summaries: only what was asked for, warnings, errors."),
+]
 KeyfileOpt = Annotated[
     str | None,
     typer.Option("--keyfile", "-k", envvar="CKPTVAULT_KEYFILE", help="Keyfile of an encrypted vault."),

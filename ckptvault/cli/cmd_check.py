@@ -43,7 +43,7 @@ def check_cmd(
     for snapshot_id, files in report.affected.items():
         shown = "the whole snapshot" if files == ["*"] else ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
         lines.append(f"affects snapshot {snapshot_id[:8]}: {shown}")
-    out.result(data, "\n".join(lines))
+    out.result(data, "\n".join(lines), asked=True)
     remedy = ""
     if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
         ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command

@@ -50,4 +50,4 @@ def diff_cmd(
         f"{count['changed']} changed, {count['added']} added, {count['removed']} removed, "
         f"{result.unchanged_files} unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
     )
-    out.result(result, "\n".join(lines))
+    out.result(result, "\n".join(lines), asked=True)

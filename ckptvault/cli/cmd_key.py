@@ -91,7 +91,7 @@ def info_cmd(keyfile: KeyfilePathOpt, json_out: JsonOpt = False, quiet: QuietOpt
     require_nonempty("--keyfile", keyfile)
     key = Keyfile.load(keyfile)
     d = _describe(key)
-    out.result(d, "\n".join(f"{k}: {v}" for k, v in d.items()))
+    out.result(d, "\n".join(f"{k}: {v}" for k, v in d.items()), asked=True)
 
 
 def _describe(key: Keyfile) -> dict[str, object]:

@@ -49,4 +49,4 @@ def show_cmd(
         f"{contents.path}: {contents.format}, {len(contents.tensors)} tensors, {format_bytes(contents.size)}; "
         f"read {contents.fetched_chunks} chunks ({format_bytes(contents.fetched_bytes)})"
     )
-    out.result(contents, table)
+    out.result(contents, table, asked=True)

@@ -40,7 +40,7 @@ def snapshots_cmd(
             format_bytes(s.summary.stored_bytes),
             s.description,
         )
-    out.result(snaps, table if snaps else "no snapshots")
+    out.result(snaps, table if snaps else "no snapshots", asked=True)
 
 
 @app.command("ls")
@@ -83,7 +83,7 @@ def ls_cmd(
         }
         for e in entries
     ]
-    out.result({"snapshot": snap.id, "entries": data}, table)
+    out.result({"snapshot": snap.id, "entries": data}, table, asked=True)
 
 
 @app.command("cat")

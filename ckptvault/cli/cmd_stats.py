@@ -39,6 +39,6 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
     if out.json_mode:
         out.result(data)
     else:
-        out.result(data, head)
+        out.result(data, head, asked=True)
         if stats.per_snapshot:
-            out.result(data, table)
+            out.result(data, table, asked=True)

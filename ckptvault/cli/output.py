@@ -156,14 +156,15 @@ class Output:
     def error(self, message: str) -> None:
         self.err.print(f"error: {_one_line(message)}", markup=False, style="red")
 
-    def result(self, data: Any, text: str | Table | None = None) -> None:
-        """The command's result: JSON on stdout with --json, else the text (hidden by --quiet)."""
+    def result(self, data: Any, text: str | Table | None = None, *, asked: bool = False) -> None:
+        """The command's result: JSON on stdout with --json, else the text. --quiet hides summaries
+        of work done, not what was ``asked`` for: a listing, a status, the problems check found."""
         if sys.stdout is None:  # closed (``>&-``): the result has nowhere to go, the command still did its work
             return
         if self.json_mode:
             with writing_stdout():
                 sys.stdout.write(json.dumps(_jsonable(data), indent=2) + "\n")
-        elif text is not None and not self.quiet:
+        elif text is not None and (asked or not self.quiet):
             with writing_stdout():
                 if isinstance(text, str):
                     self.out.print(text, markup=False)
