@@ -7,6 +7,7 @@ vault.restore(vault.latest(tags={"run": "x"}), "./resume")
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
@@ -163,6 +164,23 @@ def _refuse_local_non_vault_folder(url: str) -> None:
         parent = os.path.dirname(parent)
 
 
+def _why_no_vault(url: str) -> str:
+    """For a local path that is no vault, why: the hint "create one with init" would only fail
+    there (a folder of other files, a folder inside a vault)."""
+    path = _local_folder(url)
+    if path is None:
+        return ""
+    parent = path
+    while parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+        if _holds_vault_config(parent):
+            return f"it is inside the vault at {parent}; name that folder instead"
+    with contextlib.suppress(OSError):
+        if any(not name.startswith(TEMP_PREFIX) for name in os.listdir(path)):
+            return "that folder holds other files, not a vault; check the path"
+    return ""
+
+
 def _local_folder(url: str) -> str | None:
     """The absolute path of a vault in a local folder; None for any other store."""
     if "://" in url and not url.startswith("file://"):
@@ -266,8 +284,11 @@ class Vault:
         store = open_store(url, storage_options)
         try:
             return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
-        except VaultNotFoundError:
+        except VaultNotFoundError as exc:
             if not create:
+                hint = _why_no_vault(url)
+                if hint:
+                    raise VaultNotFoundError(exc.url, hint=hint) from None
                 raise
         try:
             vault = cls.init(url, storage_options=storage_options, keyfile=key, passphrase=passphrase)

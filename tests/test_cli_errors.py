@@ -53,6 +53,9 @@ from .test_cli import one_line_error
         (["check", "--repo", "{tmp}/v", "--read-data-subset", "1"], 2, "'1' is ambiguous"),
         # a new vault would mix with other files: a checkpoint folder named by mistake, another vault
         (["init", "{tmp}/src"], 2, "is not empty and holds no vault"),
+        # ... and where a vault is looked for there, the hint is not an init that would fail
+        (["snapshots", "--repo", "{tmp}/src"], 10, "holds other files, not a vault; check the path"),
+        (["snapshots", "--repo", "{tmp}/v/packs"], 10, "is inside the vault at {tmp}/v; name that folder"),
         (["init", "{tmp}/v/packs/v2"], 2, "is inside the vault at"),
         (["snapshots", "--repo", "{tmp}/v", "--keyfile", "{tmp}/src"], 14, "is a directory"),
         # a storage option the backend does not take: refused, not silently dropped
