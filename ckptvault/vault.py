@@ -157,11 +157,19 @@ def _refuse_local_non_vault_folder(url: str) -> None:
         return  # a vault already: init says so itself
     if any(not name.startswith(TEMP_PREFIX) for name in names):
         raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
+    parent = _enclosing_vault(path)
+    if parent is not None:
+        raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
+
+
+def _enclosing_vault(path: str) -> str | None:
+    """The folder above ``path`` that holds a vault, if any."""
     parent = os.path.dirname(path)
     while parent != os.path.dirname(parent):
         if _holds_vault_config(parent):
-            raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
+            return parent
         parent = os.path.dirname(parent)
+    return None
 
 
 def _why_no_vault(url: str) -> str:
@@ -170,11 +178,9 @@ def _why_no_vault(url: str) -> str:
     path = _local_folder(url)
     if path is None:
         return ""
-    parent = path
-    while parent != os.path.dirname(parent):
-        parent = os.path.dirname(parent)
-        if _holds_vault_config(parent):
-            return f"it is inside the vault at {parent}; name that folder instead"
+    parent = _enclosing_vault(path)
+    if parent is not None:
+        return f"it is inside the vault at {parent}; name that folder instead"
     with contextlib.suppress(OSError):
         if any(not name.startswith(TEMP_PREFIX) for name in os.listdir(path)):
             return "that folder holds other files, not a vault; check the path"
