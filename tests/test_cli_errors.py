@@ -48,6 +48,7 @@ from .test_cli import one_line_error
         (["backup", "{tmp}/dangling", "--repo", "{tmp}/v"], 3, "a symlink to {tmp}/gone, which does not exist"),
         (["backup", "{tmp}/loop", "--repo", "{tmp}/v"], 3, "loop: a symlink loop"),
         (["init", "{tmp}/v2", "--pack-size-mib", "-1"], 2, "--pack-size-mib -1 is out of range"),
+        (["prune", "--repo", "{tmp}/v", "--keep-latest", "1", "--repack-threshold", "2"], 2, "threshold': 2.0 is"),
         (["check", "--repo", "{tmp}/v", "--read-data", "--read-data-subset", "10%"], 2, "not both"),
         (["check", "--repo", "{tmp}/v", "--read-data-subset", "5"], 2, "'5' is ambiguous; write a percentage like 5%"),
         (["check", "--repo", "{tmp}/v", "--read-data-subset", "1"], 2, "'1' is ambiguous"),

@@ -91,7 +91,7 @@ def prune_cmd(
         list[str] | None, typer.Option(help="Never remove snapshots with this tag (key or key=value; repeatable).")
     ] = None,
     repack_threshold: Annotated[
-        float, typer.Option(help="Repack a pack once this fraction of its bytes is dead (0..1).")
+        float, typer.Option(min=0.0, max=1.0, help="Repack a pack once this fraction of its bytes is dead (0..1).")
     ] = DEFAULT_REPACK_THRESHOLD,
     dry_run: DryRunOpt = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
