@@ -62,12 +62,13 @@ def watch_cmd(
     if state_dir is not None:
         require_nonempty("--state-dir", state_dir)
     stop = threading.Event()
+    info, warn = _never_failing(out.info), _never_failing(out.warn)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
             _abort()
         stop.set()
-        out.info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
+        info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
 
     output_failed: list[Exception] = []
 
@@ -83,7 +84,7 @@ def watch_cmd(
             discard_stdout()
             output_failed.append(exc)
             reason = "standard output was closed" if isinstance(exc, BrokenPipeError) else str(exc)
-            out.warn(f"shipped checkpoints are no longer printed, shipping goes on: {reason}")
+            warn(f"shipped checkpoints are no longer printed, shipping goes on: {reason}")
 
     def on_shipped(item: ShippedCheckpoint) -> None:
         s = item.snapshot.summary
@@ -114,8 +115,8 @@ def watch_cmd(
             def on_start(resumed: int) -> None:
                 again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
                 mode = " (once)" if once else ""
-                made = " (it did not exist: made it)" if missing else ""
-                out.info(f"watching {directory}{made} for checkpoints{mode}; shipping to {vault.url}{again}")
+                new = " (it did not exist when watch started)" if missing else ""
+                info(f"watching {directory}{new} for checkpoints{mode}; shipping to {vault.url}{again}")
 
             result = _off_the_main_thread(
                 functools.partial(
@@ -129,7 +130,7 @@ def watch_cmd(
                     once=once,
                     stop=stop,
                     on_shipped=on_shipped,
-                    on_warning=out.warn,
+                    on_warning=warn,
                     on_start=on_start,
                 )
             )
@@ -137,7 +138,7 @@ def watch_cmd(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     left = f"; {result.left} pinned checkpoint(s) wait for the next run" if result.left else ""
-    out.info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
+    info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
     if result.errors:
         raise result.errors[0]
     if output_failed:
@@ -160,11 +161,21 @@ def _off_the_main_thread(work: Callable[[], T]) -> T:
 
     worker = threading.Thread(target=run, name="ckptvault-watch")
     worker.start()
-    while worker.is_alive():
-        worker.join(0.5)  # waits on the thread's own lock, which no handler takes
+    worker.join()  # waits on the thread's own lock, which no handler takes; signals still run
     if failure:
         raise failure[0]
     return outcome[0]
+
+
+def _never_failing(show: Callable[[str], None]) -> Callable[[str], None]:
+    """A message for stderr that cannot fail the sidecar: stderr may be the very pipe that closed
+    (``watch ... 2>&1 | reader``), and shipping matters more than saying so."""
+
+    def say(message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            show(message)
+
+    return say
 
 
 def _abort() -> None:
@@ -173,11 +184,11 @@ def _abort() -> None:
     committed by its last write, so the abandoned one is either whole or absent, and every pin
     stays for the next start, which skips what was shipped. The vault's lock of this dead process
     is stale at once for commands on this host (its PID is gone), after the stale age elsewhere."""
-    sys.stderr.write(
-        "error: aborted during an upload; the checkpoints still pinned ship at the next start "
-        "(nothing partial was committed)\n"
-    )
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    # os.write, no flush: the watch thread may hold a stream's lock, blocked on a pipe nobody reads
+    with contextlib.suppress(OSError):
+        os.write(
+            2,
+            b"error: aborted during an upload; the checkpoints still pinned ship at the next start "
+            b"(nothing partial was committed)\n",
+        )
     os._exit(130)

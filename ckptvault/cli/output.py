@@ -136,12 +136,22 @@ class _RichProgress:
         self._bar.stop()
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """A closed pipe is a BrokenPipeError, for the command (or the watch sidecar) to handle:
+        rich's own handling exits at once and points stdout at /dev/null, whichever stream broke."""
+        self.quiet = True
+        if self.file is sys.stdout:
+            discard_stdout()
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 class Output:
     def __init__(self, *, json_mode: bool = False, quiet: bool = False) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
-        self.out = Console(highlight=False, soft_wrap=True)
+        self.err = _Console(stderr=True, highlight=False, soft_wrap=True)
+        self.out = _Console(highlight=False, soft_wrap=True)
         if not self.out.is_terminal:
             self.out.width = 200  # piped output: do not wrap table cells at 80 columns
 

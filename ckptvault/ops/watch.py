@@ -122,8 +122,7 @@ def check_watch_args(
             raise SourceError(path, "no such directory")
         if not os.path.isdir(os.path.dirname(path)):
             raise SourceError(path, "no such directory, nor its parent", "check the path")
-        return path
-    if not os.path.isdir(path):
+    elif not os.path.isdir(path):
         raise UsageError(f"{path} is not a directory; watch the folder the trainer saves into")
     for key in RESERVED_TAGS:
         if key in tags:
