@@ -239,6 +239,23 @@ def test_a_lock_left_behind_in_an_outage_is_removed_by_the_same_process_once_the
     vault.prune(keep_latest=1)  # nothing waits for the old lock
 
 
+def test_a_refresh_that_got_no_answer_leaves_nothing_once_the_storage_answers(monkeypatch):
+    """The refresh's PUT may land after its deadline: that lock object is ours too, and goes with
+    the one the failed command left when the next lock is taken."""
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    vault = Vault.init(url())
+    locks = vault._repo.locks
+    held = locks.acquire(exclusive=False)
+    faultyfs.FAULTS["put:/locks/"] = ["H"]  # the refresh's PUT gets no answer in time, and lands later
+    with pytest.raises(StorageError):
+        held.refresh()
+    held.__exit__(StorageError, None, None)  # the command fails while the storage is not answering
+    time.sleep(faultyfs.HANG_S + 0.2)
+    assert len(locks.list()) == 2  # the failed command's lock and the late refresh
+    locks.acquire(exclusive=True).release()  # nothing of ours blocks an exclusive lock either
+    assert locks.list() == []
+
+
 @contextlib.contextmanager
 def _hanging_probe(store) -> Iterator[Future]:
     """A call gives up on a storage that does not answer; then the next one, the probe, hangs (in a thread)."""

@@ -349,15 +349,17 @@ class LockManager:
     def acquire(self, exclusive: bool) -> HeldLock:
         started = ticks()
         own = self.write(exclusive)
-        self._remove_left_behind()  # the storage answers again
         try:
+            self._remove_left_behind()  # the storage answers again
+            with _held_mutex:  # still there (a delete failed): this process knows they are dead
+                dead = {lock.lock_id for lock in _LEFT_BEHIND.get(self.repo, ())}
             stale = []
             listed = self.list()
             now = self._judging_now(own, listed)
             for other in listed:
                 if other.lock_id == own.lock_id:
                     continue
-                if self.is_stale(other, now=now):
+                if other.lock_id in dead or self.is_stale(other, now=now):
                     stale.append(other)
                 elif exclusive or other.exclusive:  # an unreadable lock counts as exclusive
                     raise self._conflict(other)
@@ -375,9 +377,11 @@ class LockManager:
         for n, lock in enumerate(left):
             try:
                 self.remove(lock)
-            except CkptVaultError:
+            except BaseException as exc:  # kept for the next try (Ctrl-C too)
                 _leave_behind(self.repo, left[n:])
-                return
+                if isinstance(exc, CkptVaultError):
+                    return
+                raise
 
     def acquire_to_read(self) -> HeldLock | LocklessRead:
         """A shared lock for a command that only reads (restore, check, status, drill). Where the
@@ -657,7 +661,7 @@ class HeldLock:
             # another deadline, and a shared lock blocks no backup (an exclusive one would block them
             # all, so its removal is tried); it is stale after stale_after and `unlock` removes it
             self.release(remove=False)
-            _leave_behind(self.manager.repo, [self.info])
+            _leave_behind(self.manager.repo, [self.info, *self._orphans])  # a refresh's PUT may still land
             left_behind.warning(
                 "lock %s is left behind (the storage is not answering); it goes stale after %d minutes, "
                 "and ckptvault unlock removes it",
