@@ -163,7 +163,7 @@ def test_cli_prune_summary_says_would_in_a_dry_run_and_what_was_done_after(cli, 
 
 
 def test_objects_not_named_as_ckptvault_names_them_are_left_alone(tmp_path: Path):
-    """Only lowercase 64-hex names in the pack's own folder are packs: a copy under another folder
+    """Only lowercase 64-hex names where writers put them are objects: a copy under another folder
     or in capitals (a sync tool, a person) is neither read, counted nor deleted."""
     src = tmp_path / "src"
     src.mkdir()
@@ -176,10 +176,14 @@ def test_objects_not_named_as_ckptvault_names_them_are_left_alone(tmp_path: Path
         foreign[0].parent.mkdir()
         for path in foreign:
             path.write_bytes(pack.read_bytes())
+        (snapshot,) = (repo / "snapshots").iterdir()
+        (repo / "snapshots" / "old").mkdir()
+        foreign.append(repo / "snapshots" / "old" / snapshot.name)
+        foreign[-1].write_bytes(snapshot.read_bytes())  # was listed as a second snapshot; prune then refused
         (src / "weights.bin").write_bytes(random.Random(6).randbytes(300_000))
         vault.backup(src)
         report = vault.check(read_data=1.0)
-        assert report.ok and report.packs == 2, report
+        assert report.ok and report.packs == 2 and report.snapshots == 2, report
         vault.prune(keep_latest=1)  # save 1's pack is now dead: deleted; the foreign copies stay
         assert vault.check(read_data=1.0).ok
         assert not pack.exists() and all(p.exists() for p in foreign)

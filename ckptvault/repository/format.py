@@ -56,7 +56,10 @@ def lock_key(lock_id: bytes) -> str:
 
 def id_from_key(key: str) -> bytes | None:
     """The object ID at the end of a key, or None when the name is not one of ours."""
-    name = key.rsplit("/", 1)[-1]
-    # only the names writers make: fromhex would also take capitals and spaces, and an object named
-    # so would be listed but then looked up under its lowercase name
-    return bytes.fromhex(name) if _OBJECT_NAME.fullmatch(name) else None
+    # Only the keys writers make (``packs/ab/ab...``, ``index/...``): an object named otherwise (in
+    # capitals, in a subfolder: a sync tool, a person) would be listed, then looked up where it is not.
+    *folders, name = key.split("/")
+    if not _OBJECT_NAME.fullmatch(name):
+        return None
+    where = [PACKS_PREFIX.rstrip("/"), name[:2]] if key.startswith(PACKS_PREFIX) else folders[:1]
+    return bytes.fromhex(name) if folders == where else None

@@ -606,7 +606,7 @@ class Repository:
         out = {}
         for info in self.store.list(PACKS_PREFIX):
             pack_id = id_from_key(info.key)
-            if pack_id is not None and info.key == pack_key(pack_id):  # not one in another's folder
+            if pack_id is not None:
                 out[pack_id] = info.size
         return out
 
