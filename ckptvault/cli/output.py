@@ -36,15 +36,15 @@ def format_bytes(n: float) -> str:
 
 
 def format_tags(tags: dict[str, str]) -> str:
-    """``run=x,step=1200`` for tables; a value holding a comma, a quote or edge spaces is quoted
-    (``note="a,b"``), so that it cannot read as two tags."""
+    """``run=x,step=1200`` for tables; a key or value holding a comma, a quote or edge spaces is
+    quoted (``note="a,b"``), so that it cannot read as two tags."""
 
-    def shown(value: str) -> str:
-        if "," in value or '"' in value or value != value.strip():
-            return json.dumps(value, ensure_ascii=False)
-        return value
+    def shown(text: str) -> str:
+        if "," in text or '"' in text or text != text.strip():
+            return json.dumps(text, ensure_ascii=False)
+        return text
 
-    return ",".join(f"{k}={shown(v)}" for k, v in tags.items())
+    return ",".join(f"{shown(k)}={shown(v)}" for k, v in tags.items())
 
 
 def _one_line(message: str) -> str:
@@ -168,7 +168,7 @@ class Output:
 
     def result(self, data: Any, text: str | Table | None = None, *, asked: bool = False) -> None:
         """The command's result: JSON on stdout with --json, else the text. --quiet hides summaries
-        of work done, not what was ``asked`` for: a listing, a status, the problems check found."""
+        of work done, not what was ``asked`` for: a listing, the problems check found."""
         if sys.stdout is None:  # closed (``>&-``): the result has nowhere to go, the command still did its work
             return
         if self.json_mode:
@@ -192,5 +192,5 @@ class Output:
     def table(*columns: str) -> Table:
         table = Table(box=None, pad_edge=False, header_style="bold")
         for col in columns:
-            table.add_column(col, justify="right" if col in ("size", "files", "added", "stored", "logical") else "left")
+            table.add_column(col, justify="right" if col in ("size", "files", "new", "stored", "logical") else "left")
         return table
