@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 
 from ..errors import UsageError
 from .model import Snapshot
+from .selection import by_step
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,8 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
         # Unlike ``latest``, the steps of several runs count too: the rank only ever keeps more.
         by_time = sorted(members, key=lambda s: (s.time, s.id), reverse=True)
         rank = {snap.id: r for r, snap in enumerate(by_time)}
-        if all(snap.step is not None for snap in members):
-            by_step = sorted(members, key=lambda s: (s.step, s.time, s.id), reverse=True)
-            for r, snap in enumerate(by_step):
-                rank[snap.id] = min(r, rank[snap.id])
+        for r, snap in enumerate(reversed(by_step(members) or [])):
+            rank[snap.id] = min(r, rank[snap.id])
         for snap in members:
             decisions[snap.id] = replace(_decide(snap, rank[snap.id], policy), group=label)
     return RetentionPlan([decisions[s.id] for s in snapshots])

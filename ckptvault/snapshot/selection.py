@@ -17,9 +17,17 @@ def ordered(snapshots: list[Snapshot]) -> list[Snapshot]:
     A run resumes from its highest step even if an older step was uploaded later
     (async shipping can reorder them); retention counts "newest" both this way and by time. The
     steps of different runs do not compare: the demo's step 200 is not newer than a run's step 150."""
-    if all(s.step is not None for s in snapshots) and len({s.tags.get("run") for s in snapshots}) <= 1:
-        return sorted(snapshots, key=lambda s: (s.step, s.time, s.id))
+    stepped = by_step(snapshots)
+    if stepped is not None and len({s.tags.get("run") for s in snapshots}) <= 1:
+        return stepped
     return sorted(snapshots, key=lambda s: (s.time, s.id))  # the ID only breaks exact ties
+
+
+def by_step(snapshots: list[Snapshot]) -> list[Snapshot] | None:
+    """Lowest to highest ``step`` tag (then time), or None when a snapshot has no numeric step."""
+    if any(s.step is None for s in snapshots):
+        return None
+    return sorted(snapshots, key=lambda s: (s.step, s.time, s.id))
 
 
 def newest(snapshots: list[Snapshot]) -> Snapshot:
