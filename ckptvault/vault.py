@@ -60,6 +60,7 @@ from .ops.async_backup import (
     BackupJob,
     OnFull,
     check_on_full,
+    check_pins_unchanged,
     make_job,
 )
 from .ops.backup import run_backup, twin_snapshot
@@ -81,7 +82,7 @@ from .repository import RepoConfig, Repository
 from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import CONFIG_KEY
-from .repository.locks import LockInfo, LocklessRead
+from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
@@ -142,6 +143,12 @@ def _decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
         raise type(exc)(f"{what} is damaged: {exc}") from exc
     except UnsupportedFormatError as exc:
         raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
+
+
+def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
+    lock.verify()  # first: a lock that was lost means nothing more may be written
+    if then is not None:
+        then()
 
 
 def _refuse_local_non_vault_folder(url: str) -> None:
@@ -462,8 +469,12 @@ class Vault:
         skip_if_unchanged: bool = False,
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> Snapshot:
         """Back up files and directories as one snapshot.
+
+        ``before_commit`` is called just before the snapshot is written: what it raises is raised
+        instead, and no snapshot is written (the chunks stored stay for the next backup to reuse).
 
         Files unchanged since the previous snapshot of the same paths from the same host
         (size, mtime, inode, ctime) are not read again unless ``force_read``. A file that
@@ -512,7 +523,7 @@ class Vault:
                 skip_unreadable=skip_unreadable,
                 on_change=on_change,
                 progress=on_progress,
-                before_commit=lock.verify,
+                before_commit=functools.partial(_before_commit, lock, before_commit),
                 reference=reference if reference and reference.id in trees else None,
                 reference_tree=trees.get(reference.id) if reference else None,
                 unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
@@ -800,6 +811,7 @@ class Vault:
             hostname=job.hostname,
             skip_if_unchanged=job.skip_if_unchanged,
             on_warning=job.warnings.append,
+            before_commit=functools.partial(check_pins_unchanged, job),
         )
 
     @_open_only

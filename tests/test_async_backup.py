@@ -94,6 +94,32 @@ def test_coalesce_drops_the_oldest_waiting_backup_and_says_so(tmp_path, caplog):
     vault.close()
 
 
+def test_a_file_rewritten_in_place_before_it_shipped_is_never_stored_under_the_older_save(tmp_path, caplog):
+    """Lightning's last.ckpt when its temporary folder is on another filesystem: each save copies
+    into the same file (the same inode), so the hard link that pinned save 1 holds save 2, then a
+    truncated file while save 3 is written. Save 1 must not be stored with save 2's bytes (or none)."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    ckpts = tmp_path / "ckpts"
+    last = ckpts / "last.ckpt"
+    write_file(last, b"save 1" * 50_000)
+    busy = vault.backup_async(make_checkpoint(tmp_path / "other", 0), tags={"step": "0"})
+    wait_until(busy.running)  # the next jobs wait their turn
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        first = vault.backup_async(last, tags={"step": "1"}, on_full="block")
+        with open(last, "r+b") as f:  # copied into place: truncated, then written, same inode
+            f.truncate(0)
+            f.write(b"save 2" * 60_000)
+        second = vault.backup_async(last, tags={"step": "2"}, on_full="block")
+        vault.flush(timeout=120)
+    with pytest.raises(BackupSupersededError, match="rewritten in place by a later save"):
+        first.result()
+    assert any("rewritten in place" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert [s.tags["step"] for s in vault.snapshots()] == ["0", "2"]
+    assert b"".join(vault.read_file(second.result(), "last.ckpt")) == b"save 2" * 60_000
+    assert not (ckpts / ".ckptvault-pins").exists()
+    vault.close()
+
+
 def test_block_waits_for_a_free_slot_and_ships_everything(tmp_path):
     vault = slow_vault(tmp_path, delay=0.1)
     vault.configure_async(max_pending=1)

@@ -73,6 +73,7 @@ class BackupJob:
     skip_if_unchanged: bool = False
     label: str = ""  # the paths as the caller gave them, for messages
     pins: list[Pin] = field(default_factory=list)
+    pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned
     warnings: list[str] = field(default_factory=list)
     future: Future[Snapshot] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
@@ -154,6 +155,23 @@ def check_on_full(on_full: str) -> None:
         raise UsageError(f"on_full={on_full!r}: use 'coalesce' or 'block'")
 
 
+def check_pins_unchanged(job: BackupJob) -> None:
+    """Raise BackupSupersededError when a pinned file changed after it was pinned. A hard link pins
+    an inode, not its bytes: a trainer that rewrites a file in place (Lightning's ``last.ckpt`` when
+    its temporary folder is on another filesystem: the move becomes a copy into the old file) changes
+    the pin too, and the snapshot would hold a later save under this save's tags, or a torn file."""
+    for pin, pinned_as in zip(job.pins, job.pinned_as, strict=True):
+        try:
+            now = pins_module.signature(pin.data)
+        except OSError:
+            now = None
+        if now != pinned_as:
+            raise BackupSupersededError(
+                f"{pin.source} was rewritten in place by a later save before it shipped; that save ships "
+                "its content, this one is not stored"
+            )
+
+
 def make_job(
     paths: list[str],
     *,
@@ -198,6 +216,7 @@ def make_job(
         return job
     job.pins = pins
     job.sources = [p.data for p in pins]
+    job.pinned_as = [pins_module.signature(p.data) for p in pins]
     return job
 
 
@@ -455,6 +474,10 @@ class AsyncShipper:
                 self._cond.notify_all()  # a blocked submit may go on
             try:
                 snapshot = self._run_with_retries(job)
+            except BackupSupersededError as exc:  # a later save holds its content: as when coalesced
+                log.warning("async backup of %s: %s", job.describe(), exc)
+                self._release(job)
+                job.future.set_exception(exc)
             except BaseException as exc:
                 log.error("async backup of %s failed: %s", job.describe(), exc)
                 self._release(job)
