@@ -4,6 +4,9 @@ saved under a rotation that keeps only the newest, every one of them shipped."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,8 @@ import pytest
 from ckptvault import Vault
 
 torch = pytest.importorskip("torch", reason="pip install torch==2.13.0")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_transformers_trainer_callback_ships_every_save_despite_save_total_limit(tmp_path, vault):
@@ -120,3 +125,36 @@ def test_a_callback_given_a_url_uses_the_keyfile_the_cli_would(tmp_path, monkeyp
     with pytest.raises(KeyfileNotFoundError):  # encrypted: no key, no vault
         Vault.open(url).close()
     Vault.open(url, keyfile=key.path, passphrase="job passphrase").close()
+
+
+def torchrun() -> list[str]:
+    with socket.socket() as s:  # a free port for the rendezvous (port 0 there never meets)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+
+
+@pytest.mark.slow
+def test_hf_under_ddp_ships_a_checkpoint_only_once_every_rank_wrote_its_files(tmp_path):
+    """Each rank writes its own rng_state_<rank>.pth into checkpoint-<step>; rank 0's on_save came
+    first and shipped the folder without the slower rank's file (a resume lost rank 1's RNG state)."""
+    pytest.importorskip("transformers", reason="pip install ckptvault[hf]")
+    pytest.importorskip("accelerate", reason="the transformers Trainer needs accelerate")
+    vault_url = str(tmp_path / "vault")
+    Vault.init(vault_url).close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    proc = subprocess.run(
+        [*torchrun(), str(ROOT / "tests" / "support" / "ddp_trainer.py"), str(tmp_path / "out"), vault_url],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Vault.open(vault_url) as vault:
+        snaps = vault.snapshots({"run": "ddp"})
+        assert sorted(int(s.tags["step"]) for s in snaps) == [2, 4]
+        for snap in snaps:
+            names = {e.path for e in vault.files(snap)}
+            assert {"rng_state_0.pth", "rng_state_1.pth"} <= names, (snap.tags["step"], sorted(names))

@@ -8,7 +8,7 @@
 away under ``save_total_limit``). The callback hands the folder to ``backup_async``, which pins
 it with hard links in milliseconds, so the next rotation cannot take it from the upload.
 ``on_train_end`` waits for the queued uploads and raises the first failure, if any. Only the
-main process (``state.is_world_process_zero``) ships.
+main process (``state.is_world_process_zero``) ships, once every rank has written its files.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class CkptVaultCallback(Shipping, TrainerCallback):  # type: ignore[misc]
     """Arguments: see ``Shipping``; ``step`` is the Trainer's global step."""
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Every rank calls on_save after its own writes (rng_state_<rank>.pth, sharded weights and
+        # optimizer states): the main process pins the folder only once all of them are done.
+        _wait_for_every_rank()
         if not state.is_world_process_zero:
             return
         path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -37,3 +40,10 @@ class CkptVaultCallback(Shipping, TrainerCallback):  # type: ignore[misc]
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:
             self.finish_shipping()
+
+
+def _wait_for_every_rank() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
