@@ -4,6 +4,7 @@ saved under a rotation that keeps only the newest, every one of them shipped."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -158,3 +159,39 @@ def test_hf_under_ddp_ships_a_checkpoint_only_once_every_rank_wrote_its_files(tm
         for snap in snaps:
             names = {e.path for e in vault.files(snap)}
             assert {"rng_state_0.pth", "rng_state_1.pth"} <= names, (snap.tags["step"], sorted(names))
+
+
+SIGTERMED_TRAINER = """
+import sys, time
+import tests.support.slowfs
+from ckptvault import Vault
+from ckptvault.integrations.shipping import Shipping
+from tests.test_async_backup import make_checkpoint
+from pathlib import Path
+vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "0.1"})
+shipping = Shipping(vault, run="pre")  # what the callbacks are made of
+for step in (1, 2, 3):
+    shipping.ship(str(make_checkpoint(Path(sys.argv[2]) / f"step_{step}", step)), step)
+print("queued", flush=True)
+time.sleep(120)  # training goes on until the preemption notice
+"""
+
+
+def test_a_sigterm_to_a_trainer_ships_the_queued_checkpoints_before_it_exits(tmp_path):
+    """SIGTERM is the preemption notice (spot, Kubernetes, SLURM): left to its default it ended the
+    process at once and every queued checkpoint was lost, without a word."""
+    Vault.init(str(tmp_path / "repo")).close()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERMED_TRAINER, str(tmp_path / "repo"), str(tmp_path / "ckpts")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "queued"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "SIGTERM: shipping the queued checkpoints" in err
+    with Vault.open(str(tmp_path / "repo")) as vault:
+        assert sorted(int(s.tags["step"]) for s in vault.snapshots({"run": "pre"})) == [1, 2, 3]

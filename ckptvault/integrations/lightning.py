@@ -32,6 +32,8 @@ from .shipping import Shipping, log
 class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
     """Arguments: see ``Shipping``; ``step`` comes from the checkpoint's file name or the save."""
 
+    ship_on_sigterm = False  # Lightning's own SIGTERM handling ends fit, and the exit hook ships
+
     _saving_step: int | None = None  # the global step of the last checkpoint saved, if any
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

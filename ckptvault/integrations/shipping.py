@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+from types import FrameType
 
 from ..arguments import seconds_arg, tags_arg, text_arg
 from ..crypto.keyfile import passphrase_from_env
@@ -17,6 +20,8 @@ log = logging.getLogger("ckptvault")
 
 class Shipping:
     """A mixin: put it first in a callback's bases, so that its ``__init__`` takes the arguments."""
+
+    ship_on_sigterm = True  # False where the framework handles SIGTERM itself
 
     def __init__(
         self,
@@ -43,6 +48,8 @@ class Shipping:
         self.handles: list[BackupHandle] = []
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
         self._shipped: set[tuple[str, int, int, int]] = set()
+        if self.ship_on_sigterm:
+            _ship_before_dying_of_sigterm()
 
     def ship(self, path: str, step: int | None) -> None:
         # skip_if_unchanged: a resumed run's callback is offered again the files an earlier run
@@ -64,6 +71,22 @@ class Shipping:
                 raise
             # each failed upload was logged at ERROR when it failed; this says training went on anyway
             log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)
+
+
+def _ship_before_dying_of_sigterm() -> None:
+    """SIGTERM is how a spot instance, Kubernetes or SLURM says "you are being preempted", with a
+    grace period; left to its default it ends the process at once and every queued checkpoint is
+    lost. Unless the program handles SIGTERM itself (Lightning does), it becomes an exit: training
+    unwinds and the exit hook ships what is queued (``configure_async(exit_timeout=...)`` bounds the
+    wait: make it fit the grace period). A second SIGTERM ends the process at once."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    log.warning("ckptvault: SIGTERM: shipping the queued checkpoints before exiting (SIGTERM again to stop at once)")
+    raise SystemExit(128 + signum)
 
 
 def _open_by_url(url: str | os.PathLike[str]) -> Vault:
