@@ -70,6 +70,7 @@ def test_the_checkpoint_may_be_deleted_as_soon_as_backup_async_returns(tmp_path,
     assert handle.pinned
     shutil.rmtree(ckpt)  # the trainer's rotation, before the worker even started
     snap = handle.result(timeout=60)
+    assert snap.description == f"ckptvault backup_async: {ckpt}"  # its paths are the pin's
     vault.restore(snap, tmp_path / "restored")
     assert tree_digest(tmp_path / "restored") == expected
     assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists(), "the pin is released once the snapshot is durable"

@@ -217,6 +217,8 @@ def make_job(
     job.pins = pins
     job.sources = [p.data for p in pins]
     job.pinned_as = [pins_module.signature(p.data) for p in pins]
+    # the snapshot's paths are the pins': the description says what was saved, as watch's does
+    job.description = description or f"ckptvault backup_async: {', '.join(sources)}"
     return job
 
 
