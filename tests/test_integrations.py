@@ -195,3 +195,22 @@ def test_a_sigterm_to_a_trainer_ships_the_queued_checkpoints_before_it_exits(tmp
     assert "SIGTERM: shipping the queued checkpoints" in err
     with Vault.open(str(tmp_path / "repo")) as vault:
         assert sorted(int(s.tags["step"]) for s in vault.snapshots({"run": "pre"})) == [1, 2, 3]
+
+
+def test_a_callback_sent_to_another_process_reopens_its_vault_there(tmp_path):
+    """Lightning's ddp_spawn pickles its callbacks into the processes it spawns: an open Vault (its
+    locks, threads and queue) cannot travel; the copy reopens the vault by URL where it ships."""
+    pytest.importorskip("pytorch_lightning", reason="pip install ckptvault[lightning]")
+    import pickle
+
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    with Vault.init(str(tmp_path / "vault")) as vault:
+        callback = CkptVaultCallback(vault, run="spawned")
+        copy = pickle.loads(pickle.dumps(callback))
+        assert copy.vault == vault.url and callback.vault is vault
+        (tmp_path / "epoch=0-step=2.ckpt").write_bytes(b"weights")
+        copy.ship(str(tmp_path / "epoch=0-step=2.ckpt"), 2)
+        copy.finish_shipping()
+        copy.vault.close()
+        assert [s.tags["step"] for s in vault.snapshots({"run": "spawned"})] == ["2"]

@@ -43,7 +43,7 @@ class Shipping:
             self.tags["run"] = text_arg("run", run)
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
-        self.vault = vault if isinstance(vault, Vault) else _open_by_url(vault)
+        self.vault: Vault | str = vault if isinstance(vault, Vault) else _open_by_url(vault)
         self.raise_on_error = raise_on_error
         self.handles: list[BackupHandle] = []
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
@@ -55,11 +55,15 @@ class Shipping:
         # skip_if_unchanged: a resumed run's callback is offered again the files an earlier run
         # shipped (Lightning restores ModelCheckpoint's list of them); they add no snapshot
         tags = dict(self.tags) if step is None else {**self.tags, "step": str(step)}
+        if not isinstance(self.vault, Vault):  # a copy sent to this process (see __getstate__)
+            self.vault = _open_by_url(self.vault)
         self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full, skip_if_unchanged=True))
 
     def finish_shipping(self) -> None:
         """Wait for the queued uploads; the first failure is raised unless ``raise_on_error`` is off:
         then it is only logged (training's result stands)."""
+        if not isinstance(self.vault, Vault):
+            return  # a copy that shipped nothing in this process
         try:
             self.vault.flush(self.flush_timeout)
         except FlushTimeoutError as exc:
@@ -71,6 +75,16 @@ class Shipping:
                 raise
             # each failed upload was logged at ERROR when it failed; this says training went on anyway
             log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (Lightning's ``ddp_spawn`` pickles its callbacks): the open
+        vault and its queue stay here; the copy reopens the vault by its URL when it first ships, as
+        a callback given a URL does (``CKPTVAULT_KEYFILE`` and ``CKPTVAULT_PASSPHRASE`` for an
+        encrypted one; options in the URL's query)."""
+        state = self.__dict__.copy()
+        state["vault"] = self.vault.url if isinstance(self.vault, Vault) else self.vault
+        state["handles"] = []
+        return state
 
 
 def _ship_before_dying_of_sigterm() -> None:
