@@ -28,7 +28,9 @@ T = TypeVar("T")
 @command
 @vault_options
 def watch_cmd(
-    directory: Annotated[str, typer.Argument(help="The folder the trainer saves checkpoints into.")],
+    directory: Annotated[
+        str, typer.Argument(help="The folder the trainer saves checkpoints into (it may not exist yet).")
+    ],
     tag: TagOpt = None,
     once: Annotated[
         bool, typer.Option("--once", help="Ship what is there now and exit (for cron), instead of watching.")
@@ -81,7 +83,8 @@ def watch_cmd(
             with writing_stdout():
                 sys.stdout.write(line + "\n")
         except (BrokenPipeError, CkptVaultError) as exc:
-            discard_stdout()
+            if isinstance(exc, BrokenPipeError):
+                discard_stdout()  # writing_stdout did it for the other failures
             output_failed.append(exc)
             reason = "standard output was closed" if isinstance(exc, BrokenPipeError) else str(exc)
             warn(f"shipped checkpoints are no longer printed, shipping goes on: {reason}")
