@@ -61,6 +61,7 @@ from .ops.async_backup import (
     OnFull,
     check_on_full,
     check_pins_unchanged,
+    leftover_jobs,
     make_job,
 )
 from .ops.backup import run_backup, twin_snapshot
@@ -758,7 +759,8 @@ class Vault:
         trainer may delete them as soon as this returns. When ``max_pending`` backups are
         already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
         BackupSupersededError) and ``"block"`` waits for a slot. ``skip_if_unchanged``: as for
-        ``backup``."""
+        ``backup``. Pins that a process which died before they shipped left beside the sources
+        (for this vault) are queued first, oldest first, under the tags they were given."""
         if self._closing:
             raise UsageError(CLOSED_MESSAGE)
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
@@ -768,8 +770,17 @@ class Vault:
         hostname = text_arg("hostname", hostname, optional=True)
         check_on_full(on_full)
         shipper = self._async_shipper()
+        vault_id = self.config.repo_id
+        for leftover in leftover_jobs(sources, vault_id):  # what a dead process pinned here goes first
+            shipper.submit(leftover, on_full=on_full)
         job = make_job(
-            sources, tags=tags, description=description, hostname=hostname, pin=pin, skip_if_unchanged=skip_if_unchanged
+            sources,
+            vault_id=vault_id,
+            tags=tags,
+            description=description,
+            hostname=hostname,
+            pin=pin,
+            skip_if_unchanged=skip_if_unchanged,
         )
         return shipper.submit(job, on_full=on_full)
 

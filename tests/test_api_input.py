@@ -125,13 +125,13 @@ def test_backup_async_after_close_leaves_no_pin_and_starts_no_worker(repo_url, t
 def test_a_job_the_queue_refuses_has_its_pins_released(tmp_path):
     shipper = AsyncShipper(lambda job: pytest.fail("nothing runs"))
     ckpt = make_checkpoint(tmp_path / "ckpts" / "step_1", 1)
-    job = make_job([str(ckpt)], tags={}, description="", hostname=None, pin=True)
+    job = make_job([str(ckpt)], vault_id="0" * 32, tags={}, description="", hostname=None, pin=True)
     assert pin_folders(tmp_path), "pinned"
     with pytest.raises(UsageError):
         shipper.submit(job, on_full="bogus")  # type: ignore[arg-type]
     assert pin_folders(tmp_path) == []
     shipper.close()
-    job = make_job([str(ckpt)], tags={}, description="", hostname=None, pin=True)
+    job = make_job([str(ckpt)], vault_id="0" * 32, tags={}, description="", hostname=None, pin=True)
     with pytest.raises(UsageError, match="closed"):
         shipper.submit(job)
     assert pin_folders(tmp_path) == []

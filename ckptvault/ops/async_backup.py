@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -48,6 +49,7 @@ from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
 from . import pin as pins_module
+from .leftover_pins import JobRecord, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
 from .scan import check_sources
@@ -172,9 +174,15 @@ def check_pins_unchanged(job: BackupJob) -> None:
             )
 
 
+def staging_folder(source: str) -> str:
+    """Where ``source``'s pins go: beside it, so on its filesystem."""
+    return os.path.join(os.path.dirname(os.path.abspath(source).rstrip(os.sep)), PIN_FOLDER)
+
+
 def make_job(
     paths: list[str],
     *,
+    vault_id: str,
     tags: dict[str, str],
     description: str,
     hostname: str | None,
@@ -184,7 +192,9 @@ def make_job(
     """Check the sources and pin them, on the caller's thread: after this returns, the trainer
     may delete or rewrite-by-rename the checkpoint. Pins are hard links in a ``.ckptvault-pins``
     folder beside each source (the same filesystem); where that is impossible the sources are
-    backed up in place, with a warning, because a copy would hold up the training loop."""
+    backed up in place, with a warning, because a copy would hold up the training loop. Each
+    pin's metadata records the job, so that a later process can ship it if this one dies first
+    (leftover_pins.py)."""
     for key in tags:
         if not key or "=" in key:
             raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
@@ -199,11 +209,20 @@ def make_job(
     job.label = ", ".join(paths)
     if not pin:
         return job
+    # the snapshot's paths are the pins': the description says what was saved, as watch's does
+    description = description or f"ckptvault backup_async: {', '.join(sources)}"
+    job_id = secrets.token_hex(8)
     pins: list[Pin] = []
+    pinned_as: list[pins_module.Signature] = []
+
+    def metadata(made: Pin) -> dict[str, object]:
+        pinned_as.append(pins_module.signature(made.data))
+        record = JobRecord(job_id, vault_id, job.tags, description, hostname, pins_module.digest(pinned_as[-1]))
+        return pin_metadata(record)
+
     try:
         for src in sources:
-            staging = os.path.join(os.path.dirname(src.rstrip(os.sep)), PIN_FOLDER)
-            pins.append(pins_module.create(src, staging, link_only=True))
+            pins.append(pins_module.create(src, staging_folder(src), link_only=True, meta=metadata))
     except OSError as exc:
         for made in pins:
             made.release()
@@ -216,10 +235,50 @@ def make_job(
         return job
     job.pins = pins
     job.sources = [p.data for p in pins]
-    job.pinned_as = [pins_module.signature(p.data) for p in pins]
-    # the snapshot's paths are the pins': the description says what was saved, as watch's does
-    job.description = description or f"ckptvault backup_async: {', '.join(sources)}"
+    job.pinned_as = pinned_as
+    job.description = description
     return job
+
+
+def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:
+    """Jobs for the pins that dead processes left in the staging folders of ``paths``, oldest
+    first: one per job they were made for. A pin changed since it was made (a trainer rewrote a
+    file in place) no longer holds its checkpoint and is released instead."""
+    jobs: list[BackupJob] = []
+    for staging in dict.fromkeys(staging_folder(p) for p in paths):
+        by_job: dict[str, list[tuple[Pin, pins_module.Signature]]] = {}
+        records: dict[str, tuple[JobRecord, str]] = {}
+        for left in take_over(staging, vault_id):
+            try:
+                sig = pins_module.signature(left.pin.data)
+            except OSError:
+                sig = ()
+            if not sig or pins_module.digest(sig) != left.job.pinned:
+                log.warning(
+                    "%s, pinned by a process that ended before it shipped, was changed since; not shipped",
+                    left.pin.source,
+                )
+                left.pin.release()
+                continue
+            by_job.setdefault(left.job.job_id, []).append((left.pin, sig))
+            records.setdefault(left.job.job_id, (left.job, left.owner_host))
+        for job_id, pinned in by_job.items():
+            record, owner_host = records[job_id]
+            job = BackupJob(
+                sources=[p.data for p, _ in pinned],
+                tags=dict(record.tags),
+                description=record.description,
+                hostname=record.hostname or owner_host or None,
+                skip_if_unchanged=True,  # it may have been committed just before its process died
+                label=", ".join(p.source for p, _ in pinned),
+                pins=[p for p, _ in pinned],
+                pinned_as=[sig for _, sig in pinned],
+            )
+            log.warning(
+                "shipping %s, left pinned in %s by a process that ended before it shipped", job.describe(), staging
+            )
+            jobs.append(job)
+    return jobs
 
 
 _LIVE: weakref.WeakSet[AsyncShipper] = weakref.WeakSet()
@@ -450,7 +509,10 @@ class AsyncShipper:
             len(left),
             why,
             ", ".join(j.describe() for j in left),
-            f" (their pinned files stay in {', '.join(kept)}: back them up or delete them)" if kept else "",
+            f" (their pinned files stay in {', '.join(kept)}: the next backup_async of a checkpoint beside them "
+            "ships them)"
+            if kept
+            else "",
         )
 
     # ---- the worker's side -------------------------------------------------------------

@@ -144,8 +144,12 @@ def new_pin_root(staging: str) -> str:
     return root
 
 
-def create(source: str, staging: str, *, link_only: bool = False) -> Pin:
-    """Pin ``source`` (a file or a directory) under ``staging``.
+def create(
+    source: str, staging: str, *, link_only: bool = False, meta: Callable[[Pin], dict[str, object]] | None = None
+) -> Pin:
+    """Pin ``source`` (a file or a directory) under ``staging``; ``meta(pin)``, called once the
+    files are pinned, goes into its metadata, which is written last: a pin is never seen complete
+    without it.
 
     With ``link_only``, a filesystem that refuses hard links raises NoHardLinks (and leaves
     nothing behind) instead of copying: a caller on a training loop's thread must not copy."""
@@ -156,7 +160,7 @@ def create(source: str, staging: str, *, link_only: bool = False) -> Pin:
     pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino)
     try:
         sync(pin, link_only=link_only)
-        pin.save_meta()
+        pin.save_meta(**(meta(pin) if meta else {}))
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
@@ -166,13 +170,22 @@ def create(source: str, staging: str, *, link_only: bool = False) -> Pin:
 def load(root: str) -> Pin | None:
     """A pin left by an earlier run; None when it never got complete metadata (then it is
     removed: its source was never pinned before a crash, so it was never promised)."""
+    loaded = read(root)
+    if loaded is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return None
+    return loaded[0]
+
+
+def read(root: str) -> tuple[Pin, dict[str, object]] | None:
+    """A pin and its whole metadata document; None when the metadata is missing or unreadable."""
     try:
         with open(os.path.join(root, META), encoding="utf-8") as f:
             doc = json.load(f)
-        return Pin(root, str(doc["name"]), str(doc["source"]), int(doc["source_ino"]), bool(doc.get("copied")))
+        pin = Pin(root, str(doc["name"]), str(doc["source"]), int(doc["source_ino"]), bool(doc.get("copied")))
     except (OSError, ValueError, KeyError, TypeError):
-        shutil.rmtree(root, ignore_errors=True)
         return None
+    return pin, doc
 
 
 def source_alive(pin: Pin) -> bool:

@@ -174,7 +174,7 @@ def process_table() -> str:
         return ""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -235,7 +235,7 @@ class LockManager:
             return True
         if lock.unreadable or lock.hostname != socket.gethostname() or lock.pid_table != process_table():
             return False  # its process cannot be looked up from here (None: a lock that does not say)
-        return not _pid_alive(lock.pid)
+        return not pid_alive(lock.pid)
 
     def new_info(self, exclusive: bool) -> LockInfo:
         return LockInfo(
