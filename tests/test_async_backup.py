@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import tests.support.slowfs  # noqa: F401 - registers slowfile://
 from ckptvault import Vault
 from ckptvault.errors import BackupSupersededError, FlushTimeoutError, SourceError, UsageError, VaultLockedError
 from ckptvault.ops import async_backup
+from ckptvault.repository import Repository
 from tests.conftest import tree_digest, write_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -304,6 +306,33 @@ def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tm
     pins = tmp_path / "ckpt" / ".ckptvault-pins"
     assert f"their pinned files stay in {pins}" in stderr, stderr
     assert len(os.listdir(pins)) == 2
+
+
+def thread_niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux has a nice value per thread")
+def test_shipping_runs_at_a_lower_cpu_priority_than_the_training_thread(tmp_path, vault, monkeypatch):
+    seen: dict[str, set[int]] = {"backup": set(), "upload": set()}
+    backup, upload = Vault.backup, Repository._upload
+
+    def recording_backup(self, *args, **kwargs):
+        seen["backup"].add(thread_niceness())
+        return backup(self, *args, **kwargs)
+
+    def recording_upload(self, *args, **kwargs):  # on the upload pool the backup starts
+        seen["upload"].add(thread_niceness())
+        return upload(self, *args, **kwargs)
+
+    monkeypatch.setattr(Vault, "backup", recording_backup)
+    monkeypatch.setattr(Repository, "_upload", recording_upload)
+    trainer = thread_niceness()
+    vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1, size=3_000_000), tags={"step": "1"})
+    vault.flush(timeout=60)
+    lowered = min(19, trainer + async_backup.SHIPPING_NICENESS)
+    assert seen == {"backup": {lowered}, "upload": {lowered}}
+    assert thread_niceness() == trainer
 
 
 def test_configure_async_changes_only_what_it_is_given(tmp_path):

@@ -62,6 +62,7 @@ LOCK_RETRY_MAX_S = 30.0
 OnFull = Literal["coalesce", "block"]
 DEFAULT_MAX_PENDING = 2
 DEFAULT_EXIT_TIMEOUT = 600.0
+SHIPPING_NICENESS = 10  # how much lower than the training thread's the shipping threads' CPU priority is
 
 
 @dataclass
@@ -279,6 +280,17 @@ def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:
             )
             jobs.append(job)
     return jobs
+
+
+def lower_this_threads_priority(by: int) -> None:
+    """Raise the calling thread's nice value by ``by`` (Linux: nice is per thread, and a thread
+    inherits its creator's). The trainer keeps the CPU it needs when both want it; shipping runs
+    on whatever is left. Nowhere else does a process have per-thread nice values: nothing changes."""
+    if by <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
 
 
 _LIVE: weakref.WeakSet[AsyncShipper] = weakref.WeakSet()
@@ -524,6 +536,7 @@ class AsyncShipper:
             self._thread.start()
 
     def _work(self) -> None:
+        lower_this_threads_priority(SHIPPING_NICENESS)  # the threads a backup starts inherit it
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending or self._closed)
