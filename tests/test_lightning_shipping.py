@@ -191,3 +191,36 @@ def test_the_on_exception_checkpoint_callbacks_file_is_shipped(tmp_path, vault):
         trainer.fit(Tiny(fail_at=3, on_fail=fail), loader)
     vault.flush(60)
     assert shipped(vault) == {"3": "on_exception.ckpt"}
+
+
+def test_a_run_resumes_from_the_restored_checkpoint_as_if_never_interrupted(tmp_path, vault):
+    """The path docs/training.md gives: the instance is lost, ``restore_latest`` brings back the
+    newest .ckpt, ``fit(ckpt_path=...)`` goes on, and the weights end as an uninterrupted run's."""
+    import shutil
+
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    torch.manual_seed(1)
+    uninterrupted = Tiny()
+    fit(uninterrupted, tmp_path / "whole", pl.Callback(), batches_per_epoch=5, max_steps=20)
+
+    torch.manual_seed(1)
+    callback = CkptVaultCallback(vault, run="pl", on_full="block")
+    fit(Tiny(), tmp_path / "ckpts", callback, batches_per_epoch=5, max_steps=10, every_n_train_steps=5)
+    shutil.rmtree(tmp_path / "ckpts")  # the machine is gone
+
+    vault.restore_latest(tmp_path / "resume", run="pl")
+    (ckpt,) = (tmp_path / "resume").glob("*.ckpt")
+    assert ckpt.name == "epoch=1-step=10.ckpt"
+    resumed = Tiny()
+    trainer = fit(
+        resumed,
+        tmp_path / "ckpts",
+        CkptVaultCallback(vault, run="pl"),
+        batches_per_epoch=5,
+        max_steps=20,
+        ckpt_path=str(ckpt),
+    )
+    assert trainer.global_step == 20
+    assert torch.equal(resumed.layer.weight, uninterrupted.layer.weight)
+    assert torch.equal(resumed.layer.bias, uninterrupted.layer.bias)
