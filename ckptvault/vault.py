@@ -158,6 +158,9 @@ def _refuse_local_non_vault_folder(url: str) -> None:
     path = _local_folder(url)
     if path is None:
         return
+    in_the_way = _file_in_the_way(path)
+    if in_the_way is not None:
+        raise UsageError(f"{in_the_way} is a file, not a folder; create the vault in a new or empty folder")
     # One listing decides: a racing init (Vault.open(create=True) on every rank) writes its config
     # first, so a listing that shows any other name shows the config too.
     names = os.listdir(path) if os.path.isdir(path) else []
@@ -168,6 +171,13 @@ def _refuse_local_non_vault_folder(url: str) -> None:
     parent = _enclosing_vault(path)
     if parent is not None:
         raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """``path``, or the nearest folder above it that exists, when that is not a folder."""
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else path
 
 
 def _enclosing_vault(path: str) -> str | None:
@@ -186,6 +196,9 @@ def _why_no_vault(url: str) -> str:
     path = _local_folder(url)
     if path is None:
         return ""
+    in_the_way = _file_in_the_way(path)
+    if in_the_way is not None:
+        return f"{in_the_way} is a file, not a folder; give the vault's folder"
     parent = _enclosing_vault(path)
     if parent is not None:
         return f"it is inside the vault at {parent}; name that folder instead"
@@ -296,6 +309,9 @@ class Vault:
         url = url_arg(url) or default_repo_url()
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
+        local = _local_folder(url)
+        if local is not None and not create and _file_in_the_way(local) is not None:
+            raise VaultNotFoundError(store.url, hint=_why_no_vault(url))  # the store would say "Not a directory"
         try:
             return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
         except VaultNotFoundError as exc:

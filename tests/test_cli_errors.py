@@ -37,8 +37,10 @@ from .test_cli import one_line_error
         (["watch", "{tmp}/src", "--state-dir", ""], 2, "--state-dir is empty"),
         (["backup", "{tmp}/src", "--repo", "{tmp}/v", "--host", "  "], 2, "hostname '  ' is blank"),
         # a file where the repository should be: refused at once, not retried for seconds
-        (["snapshots", "--repo", "{tmp}/afile"], 20, "Not a directory"),
-        (["init", "{tmp}/afile"], 20, "a file is in the way"),
+        (["snapshots", "--repo", "{tmp}/afile"], 10, "no vault at {tmp}/afile; {tmp}/afile is a file, not a folder"),
+        (["snapshots", "--repo", "{tmp}/afile/v"], 10, "; {tmp}/afile is a file, not a folder; give the vault's"),
+        (["init", "{tmp}/afile"], 2, "{tmp}/afile is a file, not a folder; create the vault in a new or empty"),
+        (["init", "{tmp}/afile/v"], 2, "{tmp}/afile is a file, not a folder"),
         # control characters in a message are escaped
         (["backup", "{tmp}/no\nsuch"], 3, "no\\nsuch"),
         # only special files named: no empty snapshot that looks like a backup
