@@ -333,6 +333,9 @@ def test_shipping_runs_at_a_lower_cpu_priority_than_the_training_thread(tmp_path
     lowered = min(19, trainer + async_backup.SHIPPING_NICENESS)
     assert seen == {"backup": {lowered}, "upload": {lowered}}
     assert thread_niceness() == trainer
+    seen["upload"].clear()  # a backup on the training thread is not slowed by threads the worker started
+    vault.backup(make_checkpoint(tmp_path / "ckpt" / "step_2", 2, size=3_000_000), tags={"step": "2"})
+    assert seen["upload"] == {trainer}
 
 
 def test_configure_async_changes_only_what_it_is_given(tmp_path):

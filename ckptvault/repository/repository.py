@@ -325,6 +325,7 @@ class Repository:
         return len(adopted)
 
     def close(self) -> None:
+        """Stop the upload threads (they are started again by the next write)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -492,6 +493,7 @@ class Repository:
         self._write_index()
         # A Vault stays open between a training job's backups: it holds no pack buffer meanwhile.
         self._spare_buffers.clear()
+        self.close()  # nor upload threads: a thread has its creator's CPU priority (backup_async's is lower)
 
     @contextlib.contextmanager
     def aborting_writes_on_error(self) -> Iterator[None]:
@@ -525,6 +527,7 @@ class Repository:
         self._pending = set()
         self._writer = None  # the open pack is dropped
         self._spare_buffers.clear()
+        self.close()
         self._index = None  # reloaded from the durable index objects when next used
         self._seen_index_ids = set()
 
