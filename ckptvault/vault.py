@@ -310,8 +310,10 @@ class Vault:
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
         local = _local_folder(url)
-        if local is not None and not create and _file_in_the_way(local) is not None:
-            raise VaultNotFoundError(store.url, hint=_why_no_vault(url))  # the store would say "Not a directory"
+        if local is not None and _file_in_the_way(local) is not None:  # the store would say "Not a directory"
+            if create:
+                _refuse_local_non_vault_folder(url)
+            raise VaultNotFoundError(store.url, hint=_why_no_vault(url))
         try:
             return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
         except VaultNotFoundError as exc:
@@ -776,7 +778,8 @@ class Vault:
         already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
         BackupSupersededError) and ``"block"`` waits for a slot. ``skip_if_unchanged``: as for
         ``backup``. Pins that a process which died before they shipped left beside the sources
-        (for this vault) are queued first, oldest first, under the tags they were given."""
+        (for this vault) are queued first, oldest first, under the tags they were given; they
+        are not counted in ``max_pending`` and never dropped (docs/training.md)."""
         if self._closing:
             raise UsageError(CLOSED_MESSAGE)
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
@@ -788,7 +791,7 @@ class Vault:
         shipper = self._async_shipper()
         vault_id = self.config.repo_id
         for leftover in leftover_jobs(sources, vault_id):  # what a dead process pinned here goes first
-            shipper.submit(leftover, on_full=on_full)
+            shipper.submit(leftover)
         job = make_job(
             sources,
             vault_id=vault_id,

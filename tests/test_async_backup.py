@@ -325,12 +325,14 @@ def test_shipping_runs_at_a_lower_cpu_priority_than_the_training_thread(tmp_path
         seen["upload"].add(thread_niceness())
         return upload(self, *args, **kwargs)
 
+    trainer = thread_niceness()
+    if trainer + async_backup.SHIPPING_NICENESS > 19:
+        pytest.skip(f"this test runs at nice {trainer}: the shipping threads could not be lower")
     monkeypatch.setattr(Vault, "backup", recording_backup)
     monkeypatch.setattr(Repository, "_upload", recording_upload)
-    trainer = thread_niceness()
     vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1, size=3_000_000), tags={"step": "1"})
     vault.flush(timeout=60)
-    lowered = min(19, trainer + async_backup.SHIPPING_NICENESS)
+    lowered = trainer + async_backup.SHIPPING_NICENESS
     assert seen == {"backup": {lowered}, "upload": {lowered}}
     assert thread_niceness() == trainer
     seen["upload"].clear()  # a backup on the training thread is not slowed by threads the worker started

@@ -3,6 +3,7 @@ they were given, unless their owner still runs, they belong to another vault, or
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -117,12 +118,25 @@ def set_owner(root: Path, **changes: object) -> None:
     (root / META).write_text(json.dumps(doc))
 
 
-def pin_for(vault: Vault, ckpt: Path, step: int) -> Path:
-    """A pin as backup_async makes it (never queued): owned by this process until set_owner."""
+def made_at(root: Path, when_ns: int) -> Path:
+    """The pin renamed as if it got its owner at ``when_ns``."""
+    return root.rename(root.with_name(f"{when_ns:020d}-{root.name[-6:]}"))
+
+
+def pin_for(vault: Vault, ckpt: Path | list[Path], step: int) -> list[Path]:
+    """Pins as backup_async makes them (never queued), owned by this process until set_owner."""
+    sources = [str(c) for c in (ckpt if isinstance(ckpt, list) else [ckpt])]
     job = make_job(
-        [str(ckpt)], vault_id=vault.config.repo_id, tags={"step": str(step)}, description="", hostname=None, pin=True
+        sources, vault_id=vault.config.repo_id, tags={"step": str(step)}, description="", hostname=None, pin=True
     )
-    return Path(job.pins[0].root)
+    return [Path(p.root) for p in job.pins]
+
+
+def take_over(staging: Path, vault: Vault) -> list[leftover_pins.Leftover]:
+    warnings: list[str] = []
+    taken = leftover_pins.take_over(str(staging), vault.config.repo_id, warnings.append)
+    assert warnings == []
+    return taken
 
 
 @pytest.fixture
@@ -133,66 +147,80 @@ def ended_process() -> dict[str, object]:
     return record
 
 
+def started(pid: int) -> int:
+    stat = leftover_pins._proc_stat(pid)
+    assert stat is not None
+    return stat[1]
+
+
 @pytest.fixture
 def running_process():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    deadline = time.monotonic() + 30
-    while leftover_pins._start_ticks(proc.pid) is None:  # until /proc has it
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    yield proc
+    yield leftover_pins.this_process() | {"pid": proc.pid, "started": started(proc.pid)}
     proc.kill()
     proc.wait()
 
 
-def test_whose_pins_are_taken_over(tmp_path, vault, ended_process, running_process):
-    live = leftover_pins.this_process() | {
-        "pid": running_process.pid,
-        "started": leftover_pins._start_ticks(running_process.pid),
-    }
+@pytest.fixture
+def zombie_process():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    record = leftover_pins.this_process() | {"pid": proc.pid, "started": started(proc.pid)}
+    deadline = time.monotonic() + 30
+    while leftover_pins._proc_stat(proc.pid)[0] != "Z":  # exited, not reaped: its PID still answers
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    yield record
+    proc.wait()
+
+
+def test_whose_pins_are_taken_over(tmp_path, vault, ended_process, running_process, zombie_process):
+    live = running_process
     boot, namespace = leftover_pins.process_table().split("/")
-    cases = {
-        "ended": (ended_process, True),
-        "running": (live, False),
-        "pid now another process's": ({**live, "started": live["started"] + 1}, True),
-        "an earlier boot": ({**live, "table": f"another-boot/{namespace}"}, True),
-        "another PID namespace": ({**live, "table": f"{boot}/1"}, False),
-        "another host": ({**live, "host": "elsewhere"}, False),
-        "this process": ({}, False),
+    before_boot = leftover_pins._boot_time_ns() - 10**9
+    cases = {  # name: (owner, when it got the pin (None: now), taken over)
+        "ended": (ended_process, None, True),
+        "running": (live, None, False),
+        "a zombie": (zombie_process, None, True),
+        "pid now another process's": ({**live, "started": live["started"] + 1}, None, True),
+        "an earlier boot": ({**live, "table": f"another-boot/{namespace}"}, before_boot, True),
+        "another machine of this name": ({**live, "table": f"another-boot/{namespace}"}, None, False),
+        "another PID namespace": ({**live, "table": f"{boot}/1"}, None, False),
+        "another host": ({**live, "host": "elsewhere"}, None, False),
+        "this process": ({}, None, False),
     }
     roots = {}
-    for i, (name, (owner, _)) in enumerate(cases.items()):
-        roots[name] = pin_for(vault, make_checkpoint(tmp_path / "out" / f"checkpoint-{i}", i), i)
+    for i, (name, (owner, when, _)) in enumerate(cases.items()):
+        (roots[name],) = pin_for(vault, make_checkpoint(tmp_path / "out" / f"checkpoint-{i}", i), i)
         set_owner(roots[name], **owner)
+        if when is not None:
+            roots[name] = made_at(roots[name], when)
     other_vault = Vault.init(str(tmp_path / "other"))
-    foreign = pin_for(other_vault, make_checkpoint(tmp_path / "out" / "checkpoint-x", 99), 99)
+    (foreign,) = pin_for(other_vault, make_checkpoint(tmp_path / "out" / "checkpoint-x", 99), 99)
     set_owner(foreign, **ended_process)
 
-    taken = leftover_pins.take_over(str(tmp_path / "out" / ".ckptvault-pins"), vault.config.repo_id)
+    taken = take_over(tmp_path / "out" / ".ckptvault-pins", vault)
 
-    assert sorted(left.job.tags["step"] for left in taken) == sorted(
-        str(i) for i, (owner, expected) in enumerate(cases.values()) if expected
-    )
-    by_step = {str(i): roots[name] for i, name in enumerate(cases)}
-    for left in taken:  # renamed, in its place in the order, now this process's
-        before = by_step[left.job.tags["step"]]
-        assert not before.exists() and Path(left.pin.root).name[:20] == before.name[:20]
+    expected = {str(i): name for i, (name, (_, _, yes)) in enumerate(cases.items()) if yes}
+    assert sorted(left.job.tags["step"] for left in taken) == sorted(expected)
+    for left in taken:  # renamed for when it got its new owner: this process
+        assert not roots[expected[left.job.tags["step"]]].exists()
         assert json.loads(Path(left.pin.root, META).read_text())["owner"]["pid"] == os.getpid()
-    assert foreign.exists() and all(roots[n].exists() for n, (_, expected) in cases.items() if not expected)
-    assert leftover_pins.take_over(str(tmp_path / "out" / ".ckptvault-pins"), vault.config.repo_id) == []
+        assert int(Path(left.pin.root).name[:20]) > time.time_ns() - 60 * 10**9
+    assert foreign.exists() and all(roots[n].exists() for n, (_, _, yes) in cases.items() if not yes)
+    assert take_over(tmp_path / "out" / ".ckptvault-pins", vault) == []
     other_vault.close()
 
 
-def test_a_pin_whose_owner_cannot_be_checked_is_taken_over_after_a_day(tmp_path, vault):
-    root = pin_for(vault, make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), 1)
+def test_a_pin_whose_owner_cannot_be_checked_is_taken_over_a_day_after_it_got_it(tmp_path, vault):
+    (root,) = pin_for(vault, make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), 1)
     set_owner(root, host="elsewhere")
-    staging = str(root.parent)
-    assert leftover_pins.take_over(staging, vault.config.repo_id) == []
-    day_old = root.with_name(f"{time.time_ns() - 25 * 3600 * 10**9:020d}-{root.name[-6:]}")
-    root.rename(day_old)
-    taken = leftover_pins.take_over(staging, vault.config.repo_id)
+    assert take_over(root.parent, vault) == []
+    made_at(root, time.time_ns() - 25 * 3600 * 10**9)
+    taken = take_over(root.parent, vault)
     assert [left.owner_host for left in taken] == ["elsewhere"]
-    assert Path(taken[0].pin.root).name[:20] == day_old.name[:20]
+    # taken over just now: a third host waits a day from now, not from when it was first pinned
+    set_owner(Path(taken[0].pin.root), host="a-third-host")
+    assert take_over(root.parent, vault) == []
 
 
 def test_an_unfinished_pin_folder_is_removed_once_it_is_old(tmp_path, vault):
@@ -201,13 +229,13 @@ def test_an_unfinished_pin_folder_is_removed_once_it_is_old(tmp_path, vault):
     old = staging / f"{time.time_ns() - 3600 * 10**9:020d}-bbbbbb"
     for root in (young, old):
         write_file(root / "data" / "checkpoint-1" / "model.safetensors", b"half")  # no pin.json
-    assert leftover_pins.take_over(str(staging), vault.config.repo_id) == []
+    assert take_over(staging, vault) == []
     assert young.exists() and not old.exists()
 
 
 def test_a_leftover_pin_changed_since_it_was_made_is_released_not_shipped(tmp_path, vault, ended_process, caplog):
     ckpt = make_checkpoint(tmp_path / "out" / "checkpoint-1", 1)
-    root = pin_for(vault, ckpt, 1)
+    (root,) = pin_for(vault, ckpt, 1)
     set_owner(root, **ended_process)
     with open(ckpt / "model.safetensors", "r+b") as f:  # rewritten in place: the pin shares the inode
         f.write(b"later save")
@@ -217,19 +245,119 @@ def test_a_leftover_pin_changed_since_it_was_made_is_released_not_shipped(tmp_pa
         vault.flush(timeout=60)
     assert [s.tags["step"] for s in vault.snapshots()] == ["2"]
     assert any(
-        f"{ckpt}, pinned by a process that ended before it shipped, was changed" in r.getMessage()
+        f"{ckpt}, left by a process that ended before it shipped, was changed since it was pinned; not shipped"
+        in r.getMessage()
         for r in caplog.records
     )
     assert pin_roots(tmp_path / "out") == []
 
 
-def test_claiming_a_pin_twice_succeeds_once(tmp_path, vault, ended_process):
-    root = pin_for(vault, make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), 1)
-    set_owner(root, **ended_process)
-    from ckptvault.ops.pin import read
+def test_a_job_of_several_folders_ships_whole_or_not_at_all(tmp_path, vault, ended_process, caplog):
+    whole = [make_checkpoint(tmp_path / d / f"{d}-checkpoint-1", 1) for d in ("a", "b")]
+    for root in pin_for(vault, whole, 1):
+        set_owner(root, **ended_process)
+    torn = [make_checkpoint(tmp_path / d / f"{d}-checkpoint-2", 2) for d in ("a", "b")]
+    roots = pin_for(vault, torn, 2)
+    for root in roots:
+        set_owner(root, **ended_process)
+    shutil.rmtree(roots[1])  # as if its process died before it pinned the second folder
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        vault.backup_async(make_checkpoint(tmp_path / "a" / "checkpoint-3", 3), tags={"step": "3"})
+        vault.flush(timeout=60)
+    snaps = sorted(vault.snapshots(), key=lambda s: s.time)
+    assert [(s.tags["step"], sorted(Path(p).name for p in s.paths)) for s in snaps] == [
+        ("1", ["a-checkpoint-1", "b-checkpoint-1"]),  # b's pin found through the folder a's pin named
+        ("3", ["checkpoint-3"]),
+    ]
+    assert any("lost part of its pins; not shipped" in r.getMessage() for r in caplog.records)
+    assert pin_roots(tmp_path / "a") == pin_roots(tmp_path / "b") == []
 
-    pin_a, doc = read(str(root))
-    pin_b, _ = read(str(root))
-    job = leftover_pins.JobRecord.from_doc(doc["job"])
-    assert leftover_pins._claim(pin_a, job) is True
-    assert leftover_pins._claim(pin_b, job) is False  # another process's rename won
+
+def test_leftovers_are_neither_dropped_nor_make_the_callers_backups_be_dropped(tmp_path, ended_process, caplog):
+    from tests.test_async_backup import slow_vault
+
+    vault = slow_vault(tmp_path, delay=0.05)
+    running = vault.backup_async(make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), tags={"step": "1"})
+    waiting = vault.backup_async(make_checkpoint(tmp_path / "out" / "checkpoint-2", 2), tags={"step": "2"})
+    for step in (10, 11, 12):  # three a dead process left: more than max_pending (2)
+        (root,) = pin_for(vault, make_checkpoint(tmp_path / "out" / f"checkpoint-{step}", step), step)
+        set_owner(root, **ended_process)
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        newest = vault.backup_async(make_checkpoint(tmp_path / "out" / "checkpoint-3", 3), tags={"step": "3"})
+        vault.flush(timeout=120)
+    assert all(h.exception() is None for h in (running, waiting, newest))
+    order = [s.tags["step"] for s in sorted(vault.snapshots(), key=lambda s: s.time)]
+    assert order == ["1", "10", "11", "12", "2", "3"]  # older than anything queued since: first
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+    vault.close()
+
+
+def test_what_cannot_be_taken_over_is_a_warning_not_an_error_on_the_training_thread(
+    tmp_path, vault, ended_process, monkeypatch, caplog
+):
+    (root,) = pin_for(vault, make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), 1)
+    set_owner(root, **ended_process)
+
+    def disk_full(self, **extra):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        patched.setattr(leftover_pins.Pin, "save_meta", disk_full)
+        patched.setattr(leftover_pins, "pin_metadata", lambda job: {})
+        handle = vault.backup_async(
+            make_checkpoint(tmp_path / "out" / "checkpoint-2", 2), tags={"step": "2"}, pin=False
+        )
+        vault.flush(timeout=60)
+    assert handle.result().tags == {"step": "2"}
+    assert any(
+        f"cannot take over the pin {root} left by a process that ended: No space left on device" in r.getMessage()
+        for r in caplog.records
+    )
+    assert root.exists()  # left for a later try, still naming its dead owner
+    vault.backup_async(make_checkpoint(tmp_path / "out" / "checkpoint-3", 3), tags={"step": "3"})
+    vault.flush(timeout=60)
+    assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2", "3"]
+
+
+SLOW_CLAIM = textwrap.dedent(
+    """
+    import sys, time
+    from ckptvault.ops import leftover_pins
+    real = leftover_pins.pin_metadata
+
+    def slow(job):  # holds the pin between deciding to take it and recording that it did
+        print("claiming", flush=True)
+        time.sleep(2)
+        return real(job)
+
+    leftover_pins.pin_metadata = slow
+    taken = leftover_pins.take_over(sys.argv[1], sys.argv[2], print)
+    print("took", len(taken), flush=True)
+    time.sleep(5)  # alive while the other process looks
+    """
+)
+
+TAKE_OVER = textwrap.dedent(
+    """
+    import sys
+    from ckptvault.ops import leftover_pins
+    print("took", len(leftover_pins.take_over(sys.argv[1], sys.argv[2], print)), flush=True)
+    """
+)
+
+
+def test_of_two_processes_resuming_at_once_one_takes_a_pin_over(tmp_path, vault, ended_process):
+    (root,) = pin_for(vault, make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), 1)
+    set_owner(root, **ended_process)
+    args = [str(root.parent), vault.config.repo_id]
+    first = subprocess.Popen([sys.executable, "-c", SLOW_CLAIM, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert first.stdout.readline().strip() == "claiming"
+        second = subprocess.run(
+            [sys.executable, "-c", TAKE_OVER, *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
+        assert second.stdout.strip() == "took 0", second.stdout + second.stderr
+        assert first.stdout.readline().strip() == "took 1"
+    finally:
+        first.kill()
+        first.wait()

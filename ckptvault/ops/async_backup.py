@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -49,7 +50,7 @@ from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
 from . import pin as pins_module
-from .leftover_pins import JobRecord, pin_metadata, take_over
+from .leftover_pins import JobRecord, Leftover, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
 from .scan import check_sources
@@ -78,6 +79,7 @@ class BackupJob:
     pins: list[Pin] = field(default_factory=list)
     pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned
     warnings: list[str] = field(default_factory=list)
+    leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
     future: Future[Snapshot] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 
@@ -144,7 +146,8 @@ class BackupHandle:
         )
 
     def add_done_callback(self, fn: Callable[[BackupHandle], object]) -> None:
-        """``fn(handle)`` runs when the backup ends (on the worker thread, or at once if done)."""
+        """``fn(handle)`` runs when the backup ends: on the worker thread, at its lower CPU
+        priority (threads it starts keep that), or at once on the caller's if already done."""
         self._job.future.add_done_callback(lambda _f: fn(self))
 
     def __repr__(self) -> str:
@@ -213,17 +216,19 @@ def make_job(
     # the snapshot's paths are the pins': the description says what was saved, as watch's does
     description = description or f"ckptvault backup_async: {', '.join(sources)}"
     job_id = secrets.token_hex(8)
+    folders = [staging_folder(src) for src in sources]
     pins: list[Pin] = []
     pinned_as: list[pins_module.Signature] = []
 
     def metadata(made: Pin) -> dict[str, object]:
         pinned_as.append(pins_module.signature(made.data))
-        record = JobRecord(job_id, vault_id, job.tags, description, hostname, pins_module.digest(pinned_as[-1]))
+        digest = pins_module.digest(pinned_as[-1])
+        record = JobRecord(job_id, vault_id, job.tags, description, hostname, folders, digest)
         return pin_metadata(record)
 
     try:
-        for src in sources:
-            pins.append(pins_module.create(src, staging_folder(src), link_only=True, meta=metadata))
+        for src, staging in zip(sources, folders, strict=True):
+            pins.append(pins_module.create(src, staging, link_only=True, meta=metadata))
     except OSError as exc:
         for made in pins:
             made.release()
@@ -242,44 +247,60 @@ def make_job(
 
 
 def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:
-    """Jobs for the pins that dead processes left in the staging folders of ``paths``, oldest
-    first: one per job they were made for. A pin changed since it was made (a trainer rewrote a
-    file in place) no longer holds its checkpoint and is released instead."""
-    jobs: list[BackupJob] = []
-    for staging in dict.fromkeys(staging_folder(p) for p in paths):
-        by_job: dict[str, list[tuple[Pin, pins_module.Signature]]] = {}
-        records: dict[str, tuple[JobRecord, str]] = {}
-        for left in take_over(staging, vault_id):
-            try:
-                sig = pins_module.signature(left.pin.data)
-            except OSError:
-                sig = ()
-            if not sig or pins_module.digest(sig) != left.job.pinned:
-                log.warning(
-                    "%s, pinned by a process that ended before it shipped, was changed since; not shipped",
-                    left.pin.source,
-                )
-                left.pin.release()
-                continue
-            by_job.setdefault(left.job.job_id, []).append((left.pin, sig))
-            records.setdefault(left.job.job_id, (left.job, left.owner_host))
-        for job_id, pinned in by_job.items():
-            record, owner_host = records[job_id]
-            job = BackupJob(
-                sources=[p.data for p, _ in pinned],
-                tags=dict(record.tags),
-                description=record.description,
-                hostname=record.hostname or owner_host or None,
-                skip_if_unchanged=True,  # it may have been committed just before its process died
-                label=", ".join(p.source for p, _ in pinned),
-                pins=[p for p, _ in pinned],
-                pinned_as=[sig for _, sig in pinned],
-            )
+    """Jobs for the pins that dead processes left in the staging folders of ``paths`` (and in the
+    other folders their jobs pinned into), oldest first: one per job they were made for, which
+    the queue runs before newer jobs and never drops. A job is shipped only whole and unchanged:
+    one with a pin missing (its process died while pinning) or changed since it was made (a file
+    rewritten in place) no longer holds its checkpoint, and its pins are released, with a warning.
+    Never raises for the filesystem (the caller is the training loop): what cannot be taken over
+    is named in a warning and left for a later try."""
+    folders = list(dict.fromkeys(staging_folder(p) for p in paths))
+    found: dict[str, list[Leftover]] = {}
+    for staging in folders:  # grows as jobs name other folders
+        for left in take_over(staging, vault_id, log.warning):
+            found.setdefault(left.job.job_id, []).append(left)
+            folders.extend(f for f in left.job.folders if f not in folders)
+    jobs = []
+    for lefts in found.values():
+        job = _leftover_job(lefts)
+        if job is not None:
             log.warning(
-                "shipping %s, left pinned in %s by a process that ended before it shipped", job.describe(), staging
+                "shipping %s, left pinned in %s by a process that ended before it shipped",
+                job.describe(),
+                ", ".join(dict.fromkeys(os.path.dirname(p.root) for p in job.pins)),
             )
             jobs.append(job)
     return jobs
+
+
+def _leftover_job(lefts: list[Leftover]) -> BackupJob | None:
+    record = lefts[0].job
+    label = ", ".join(left.pin.source for left in lefts)
+    signatures = []
+    for left in lefts:
+        try:
+            signatures.append(pins_module.signature(left.pin.data))
+        except OSError:
+            signatures.append(())
+    if len(lefts) != len(record.folders) or any(
+        pins_module.digest(sig) != left.job.pinned for sig, left in zip(signatures, lefts, strict=True)
+    ):
+        what = "lost part of its pins" if len(lefts) != len(record.folders) else "was changed since it was pinned"
+        log.warning("%s, left by a process that ended before it shipped, %s; not shipped", label, what)
+        for left in lefts:
+            left.pin.release()
+        return None
+    return BackupJob(
+        sources=[left.pin.data for left in lefts],
+        tags=dict(record.tags),
+        description=record.description,
+        hostname=record.hostname or lefts[0].owner_host or None,
+        skip_if_unchanged=True,  # it may have been committed just before its process died
+        label=label,
+        pins=[left.pin for left in lefts],
+        pinned_as=signatures,
+        leftover=True,
+    )
 
 
 def lower_this_threads_priority(by: int) -> None:
@@ -291,6 +312,10 @@ def lower_this_threads_priority(by: int) -> None:
     tid = threading.get_native_id()
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+
+
+def _is_leftover(job: BackupJob) -> bool:
+    return job.leftover
 
 
 _LIVE: weakref.WeakSet[AsyncShipper] = weakref.WeakSet()
@@ -398,14 +423,18 @@ class AsyncShipper:
         with self._cond:
             if self._closed:
                 raise UsageError("this vault no longer takes backups: it was closed")
+            if job.leftover:  # older than every job queued since it was pinned
+                self._pending.insert(sum(1 for _ in itertools.takewhile(_is_leftover, self._pending)), job)
+                self._ensure_worker()
+                self._cond.notify_all()
+                return None
             if self._full():
                 if on_full == "block":
                     self._cond.wait_for(lambda: self._closed or not self._full())
                     if self._closed:
                         raise UsageError("this vault no longer takes backups: it was closed")
                 else:
-                    # the oldest waiting job: the head of the queue, unless it is about to run
-                    dropped = self._pending[0] if self._running is not None else self._pending[1]
+                    dropped = self._waiting()[0]
                     self._pending.remove(dropped)
             self._pending.append(job)
             self._ensure_worker()
@@ -413,12 +442,14 @@ class AsyncShipper:
         return dropped
 
     def _full(self) -> bool:
-        """``max_pending`` jobs wait behind the running one (a job the worker has not picked up
-        yet while nothing runs is about to run, not waiting)."""
-        if self.max_pending is None:
-            return False
-        waiting = len(self._pending) - (1 if self._running is None and self._pending else 0)
-        return waiting >= self.max_pending
+        """``max_pending`` jobs wait behind the running one (leftovers are not counted)."""
+        return self.max_pending is not None and len(self._waiting()) >= self.max_pending
+
+    def _waiting(self) -> list[BackupJob]:
+        """The jobs that wait, oldest first, but for leftovers and a job the worker has not
+        picked up yet while nothing runs (it is about to run)."""
+        about_to_run = self._pending[0] if self._running is None and self._pending else None
+        return [j for j in self._pending if j is not about_to_run and not j.leftover]
 
     def _supersede(self, old: BackupJob, new: BackupJob) -> None:
         message = (

@@ -9,18 +9,21 @@ the next ``backup_async`` that pins into the same folder, in this process or a l
 the pins whose owner is gone, oldest first, before its own checkpoint.
 
 An owner this process cannot check (another host sharing the folder, another PID namespace) is
-taken for gone only when its pin is a day old; a pin folder without metadata (a crash while
+taken for gone only a day after it got the pin; a pin folder without metadata (a crash while
 pinning or releasing) is removed after ten minutes.
 """
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
 import re
 import secrets
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,14 +42,16 @@ OwnerState = Literal["this process", "alive", "gone", "unknown"]
 
 @dataclass(frozen=True)
 class JobRecord:
-    """What a pin's metadata says about the backup it was made for."""
+    """What a pin's metadata says about the backup it was made for. ``folders``: the staging
+    folder of each of the job's pins, one per source, so that a job is shipped only whole."""
 
     job_id: str
     vault_id: str
     tags: dict[str, str]
     description: str
     hostname: str | None
-    pinned: str  # pin.digest of the pin's signature when it was made
+    folders: list[str]
+    pinned: str  # pin.digest of this pin's signature when it was made
 
     def to_doc(self) -> dict[str, object]:
         return {
@@ -55,6 +60,7 @@ class JobRecord:
             "tags": self.tags,
             "description": self.description,
             "hostname": self.hostname,
+            "folders": self.folders,
             "pinned": self.pinned,
         }
 
@@ -63,16 +69,22 @@ class JobRecord:
         """None for a document this version did not write (an older pin, a damaged file)."""
         if not isinstance(doc, dict):
             return None
-        tags, hostname = doc.get("tags"), doc.get("hostname")
+        tags, hostname, folders = doc.get("tags"), doc.get("hostname"), doc.get("folders")
         fields = (doc.get("id"), doc.get("vault"), doc.get("description"), doc.get("pinned"))
-        if not all(isinstance(f, str) for f in fields) or not isinstance(tags, dict):
-            return None
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        if not all(isinstance(f, str) for f in fields) or not _str_dict(tags) or not _str_list(folders):
             return None
         if hostname is not None and not isinstance(hostname, str):
             return None
         job_id, vault_id, description, pinned = fields
-        return cls(job_id, vault_id, dict(tags), description, hostname, pinned)  # type: ignore[arg-type]
+        return cls(job_id, vault_id, dict(tags), description, hostname, list(folders), pinned)  # type: ignore[arg-type]
+
+
+def _str_dict(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _str_list(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
 @dataclass
@@ -91,22 +103,39 @@ def pin_metadata(job: JobRecord) -> dict[str, object]:
 
 def this_process() -> dict[str, object]:
     pid = os.getpid()
-    return {"host": socket.gethostname(), "table": process_table(), "pid": pid, "started": _start_ticks(pid)}
+    stat = _proc_stat(pid)
+    return {"host": socket.gethostname(), "table": process_table(), "pid": pid, "started": stat and stat[1]}
 
 
-def _start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks after boot (the 22nd field of /proc/PID/stat):
-    a PID reused by a later process has another. None where there is no /proc."""
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """Process ``pid``'s state letter and when it started, in clock ticks after boot (the 3rd and
+    22nd fields of /proc/PID/stat: a PID reused by a later process has another start). None where
+    there is no such process, or no /proc."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+            raw = f.read()
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        return fields[0].decode(), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def owner_state(owner: object) -> OwnerState:
-    """Whether the process an owner record names still runs, as far as this process can tell."""
+@functools.cache
+def _boot_time_ns() -> int | None:
+    """When this machine booted (``btime`` of /proc/stat)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return int(line.split()[1]) * 10**9
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def owner_state(owner: object, pinned_ns: int) -> OwnerState:
+    """Whether the process an owner record names still runs, as far as this process can tell;
+    ``pinned_ns``: when the pin got that owner."""
     if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
         return "unknown"
     table, here = owner.get("table"), process_table()
@@ -114,63 +143,80 @@ def owner_state(owner: object) -> OwnerState:
     if not isinstance(table, str) or not isinstance(pid, int):
         return "unknown"
     if table != here:
-        if table and here and table.split("/")[0] != here.split("/")[0]:
-            return "gone"  # another boot of this machine: every process of the last one has ended
-        return "unknown"  # another PID namespace (a container sharing the folder)
+        booted = _boot_time_ns()
+        if table.split("/")[0] != here.split("/")[0] and booted is not None and pinned_ns < booted:
+            return "gone"  # pinned before this machine booted: every process of then has ended
+        return "unknown"  # another PID namespace (a container sharing the folder), or another machine
     if pid == os.getpid():
         return "this process"
     if not pid_alive(pid):
         return "gone"
-    now_started = _start_ticks(pid)
-    if isinstance(started, int) and now_started is not None and started != now_started:
-        return "gone"  # the PID now belongs to a later process
+    stat = _proc_stat(pid)
+    if stat is not None and (stat[0] == "Z" or (isinstance(started, int) and stat[1] != started)):
+        return "gone"  # ended (a zombie its parent has not reaped), or the PID is a later process's
     return "alive"
 
 
-def take_over(staging: str, vault_id: str) -> list[Leftover]:
+def take_over(staging: str, vault_id: str, on_warning: Callable[[str], object]) -> list[Leftover]:
     """The pins in ``staging`` made for backups into vault ``vault_id`` whose process is gone,
     oldest first, each now owned by this process. Pins of other vaults, of live processes and
-    of this one are left alone."""
+    of this one are left alone. Never raises for the filesystem: a pin that cannot be taken over
+    is named in ``on_warning`` and left where it is."""
     try:
-        names = sorted(os.listdir(staging))
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return []  # no such folder (nothing was ever pinned here), or not one this process may read
+    try:
+        # One process at a time looks and claims: of two processes resuming at once, one gets each
+        # pin, and none sees a pin between its claim and the metadata naming its new owner.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_ino != os.stat(staging).st_ino:
+            return []  # removed (its last pin released) while we waited: nothing is left in it
+        return _take_over_locked(staging, vault_id, on_warning)
+    except OSError as exc:
+        on_warning(f"cannot look for pins left in {staging}: {exc.strerror or exc}")
+        return []
+    finally:
+        os.close(fd)
+
+
+def _take_over_locked(staging: str, vault_id: str, on_warning: Callable[[str], object]) -> list[Leftover]:
     now_ns = time.time_ns()
     taken: list[Leftover] = []
-    for name in names:
+    for name in sorted(os.listdir(staging)):
         made = _PIN_NAME.match(name)
         if made is None:
             continue  # not a pin folder
         root = os.path.join(staging, name)
-        age_s = (now_ns - int(made.group(1))) / 1e9
+        pinned_ns = int(made.group(1))
         loaded = pins.read(root)
         if loaded is None:
-            if age_s > UNFINISHED_AFTER_S:
+            if now_ns - pinned_ns > UNFINISHED_AFTER_S * 1e9:
                 shutil.rmtree(root, ignore_errors=True)
             continue
         pin, doc = loaded
         job, owner = JobRecord.from_doc(doc.get(JOB_KEY)), doc.get(OWNER_KEY)
         if job is None or job.vault_id != vault_id:
             continue
-        state = owner_state(owner)
-        if state in ("this process", "alive") or (state == "unknown" and age_s < UNCHECKABLE_OWNER_AFTER_S):
+        state = owner_state(owner, pinned_ns)
+        if state in ("this process", "alive"):
             continue
-        owner_host = str(owner.get("host", "")) if isinstance(owner, dict) else ""
-        if _claim(pin, job):
-            taken.append(Leftover(pin, job, owner_host))
+        if state == "unknown" and now_ns - pinned_ns < UNCHECKABLE_OWNER_AFTER_S * 1e9:
+            continue
+        try:
+            _claim(pin, job)
+        except OSError as exc:
+            on_warning(f"cannot take over the pin {root} left by a process that ended: {exc.strerror or exc}")
+            continue
+        taken.append(Leftover(pin, job, str(owner.get("host", "")) if isinstance(owner, dict) else ""))
     return taken
 
 
-def _claim(pin: Pin, job: JobRecord) -> bool:
-    """Rename the pin's folder, then record this process as its owner. The rename is atomic, so
-    of two processes taking over one pin, one does; the metadata moves with the folder, so a
-    crash between the two steps leaves the pin to be taken over again. The new name keeps the
-    creation time, and so the pin's place in the order."""
-    new_root = f"{pin.root.rsplit('-', 1)[0]}-{secrets.token_hex(3)}"
-    try:
-        os.rename(pin.root, new_root)
-    except OSError:
-        return False  # another process took it first
-    pin.root = new_root
+def _claim(pin: Pin, job: JobRecord) -> None:
+    """Record this process as the pin's owner, under a new name that says when (the day an owner
+    that cannot be checked is given runs from then). The metadata is written first: a crash in
+    between leaves the pin under its old name, ready to be taken over again."""
     pin.save_meta(**pin_metadata(job))
-    return True
+    new_root = os.path.join(os.path.dirname(pin.root), f"{time.time_ns():020d}-{secrets.token_hex(3)}")
+    os.rename(pin.root, new_root)
+    pin.root = new_root

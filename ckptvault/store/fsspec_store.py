@@ -65,7 +65,9 @@ class FsspecStore:
         self.op_timeout = op_timeout
         self._fs: Any = None
         self._fs_lock = threading.Lock()
-        self._idle: list[Any] = []  # pooled sessions not in use
+        # Pooled sessions not in use, by the nice value of the thread that opened them: a session's
+        # transport thread keeps it, and a backup_async worker's (lowered) must not serve others.
+        self._idle: dict[int, list[Any]] = {}
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         self._made_dirs: set[str] = set()
         self._options = options
@@ -141,9 +143,11 @@ class FsspecStore:
             wait = call_deadline(self.op_timeout, nbytes) or None
             if not self._slots.acquire(timeout=wait):
                 raise TimeoutError(f"no free session after {wait:g} s")
+            niceness = _thread_niceness()
             try:
                 with self._fs_lock:
-                    fs = self._idle.pop() if self._idle else None
+                    idle = self._idle.get(niceness)
+                    fs = idle.pop() if idle else None
                 if fs is None:
                     fs = self._new_filesystem()
                 try:
@@ -156,7 +160,7 @@ class FsspecStore:
                 finally:
                     if fs is not None:
                         with self._fs_lock:
-                            self._idle.append(fs)
+                            self._idle.setdefault(niceness, []).append(fs)
             finally:
                 self._slots.release()
 
@@ -514,3 +518,11 @@ def open_store(
     store = RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
     window = read_ahead_bytes()
     return ReadAheadStore(store, window) if store.remote and window else store
+
+
+def _thread_niceness() -> int:
+    """The calling thread's nice value (Linux keeps one per thread); 0 where it cannot be read."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except (OSError, AttributeError):
+        return 0

@@ -4,9 +4,11 @@ reach the repository; bad URLs, missing buckets, bad credentials and dead endpoi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
+import os
 import shutil
 import threading
 import uuid
@@ -19,6 +21,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
 from ckptvault.errors import StorageError, VaultExistsError
+from ckptvault.store import fsspec_store
 
 from ..conftest import tree_digest
 from ..support import servers
@@ -239,3 +242,30 @@ def test_init_into_a_missing_bucket_makes_no_bucket_even_where_a_put_would(serve
     assert proc.returncode == 20 and f"bucket '{bucket}' does not exist" in line, line
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **b.storage_options)
     assert bucket not in {name.rstrip("/") for name in fs.ls("")}
+
+
+def test_sftp_sessions_opened_by_backup_async_do_not_serve_the_training_thread(server, tmp_path: Path, monkeypatch):
+    """A session's transport thread keeps the priority of the thread that opened it: one opened by
+    backup_async's worker (nice +10) must not carry a later restore on the training thread."""
+
+    def niceness(thread_id: int) -> int:
+        return os.getpriority(os.PRIO_PROCESS, thread_id)
+
+    backend = server("sftp-openssh").backend
+    vault = Vault.init(backend.new_url(), storage_options=backend.storage_options, pack_size=1 << 20)
+    trainer = niceness(threading.get_native_id())
+    vault.backup_async(make_checkpoint(tmp_path / "ckpt", step=1, mb=6.0), tags={"step": "1"})
+    vault.flush(timeout=300)
+    used: set[int] = set()
+    session = fsspec_store.FsspecStore._session
+
+    @contextlib.contextmanager
+    def recording(self, *args, **kwargs):
+        with session(self, *args, **kwargs) as fs:
+            used.add(niceness(fs.client.get_transport().native_id))
+            yield fs
+
+    monkeypatch.setattr(fsspec_store.FsspecStore, "_session", recording)
+    vault.restore(vault.latest(), tmp_path / "restored")
+    vault.close()
+    assert used == {trainer}
