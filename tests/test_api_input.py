@@ -443,3 +443,16 @@ def test_an_ambiguous_id_prefix_lists_the_candidates(vault: Vault, tmp_path: Pat
     listed = [i for i in ids if i[:12] in str(info.value)]
     matching = [i for i in ids if i.startswith(digit)]
     assert set(listed) <= set(matching) and len(listed) == min(5, len(matching)), str(info.value)
+
+
+@pytest.mark.parametrize("below", ["", "vault"])
+@pytest.mark.parametrize("create", [False, True])
+def test_a_vault_path_that_is_a_file_is_named_as_such(tmp_path, below, create):
+    from ckptvault.errors import VaultNotFoundError
+
+    write_file(tmp_path / "afile", b"not a vault")
+    url = str(tmp_path / "afile" / below) if below else str(tmp_path / "afile")
+    expected = UsageError if create else VaultNotFoundError
+    with pytest.raises(expected, match=f"{tmp_path / 'afile'} is a file, not a folder"):
+        Vault.open(url, create=create)
+    assert (tmp_path / "afile").read_bytes() == b"not a vault"
