@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import MalformedObjectError
+from .memcopy import copy_into, empty
 
 WIDTHS = (1, 2, 4, 8)
 MIN_GROUPED = 256  # shorter element runs are not worth their stream headers: stored as width 1
@@ -145,12 +146,17 @@ def _join_elements(out: np.ndarray, streams: list[np.ndarray]) -> None:
         out[:] = elements.view(np.uint8)
 
 
-def pack(segs: Sequence[tuple[int, int]], coded: Sequence[tuple[int, bytes | memoryview]]) -> bytes:
-    parts: list[bytes | memoryview] = [_COUNT.pack(len(segs))]
-    parts += [_SEGMENT.pack(w, n) for w, n in segs]
-    parts += [_STREAM.pack(mode, len(body)) for mode, body in coded]
-    parts += [body for _, body in coded]
-    return b"".join(parts)
+def pack(segs: Sequence[tuple[int, int]], coded: Sequence[tuple[int, bytes | memoryview]]) -> memoryview:
+    head = b"".join(
+        [_COUNT.pack(len(segs)), *(_SEGMENT.pack(w, n) for w, n in segs), *(_STREAM.pack(m, len(b)) for m, b in coded)]
+    )
+    out = empty(len(head) + sum(len(body) for _, body in coded))
+    out[: len(head)] = head
+    pos = len(head)
+    for _, body in coded:  # the bodies are most of a chunk: copied off the GIL (memcopy.py)
+        copy_into(out, pos, body)
+        pos += len(body)
+    return out
 
 
 def unpack(payload: bytes | memoryview) -> tuple[list[tuple[int, int]], list[tuple[int, memoryview]]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import UsageError
+from .memcopy import empty
 
 try:
     from fastcdc.fastcdc_cy import fastcdc_cy as _fastcdc
@@ -88,11 +89,10 @@ def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = 8 * M
     carry = b""
     eof = False
     while not eof:
-        buf = bytearray(len(carry) + block_size)
-        buf[: len(carry)] = carry
+        view = empty(len(carry) + block_size)
+        view[: len(carry)] = carry
         filled = len(carry)
-        view = memoryview(buf)
-        while filled < len(buf):
+        while filled < len(view):
             n = stream.readinto(view[filled:])
             if not n:
                 eof = True

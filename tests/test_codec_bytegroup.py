@@ -145,7 +145,8 @@ def test_element_map_clips_to_whole_elements() -> None:
 
 def test_damaged_payload_is_an_integrity_error() -> None:
     data = floats(4096, "bf16")
-    codec, payload = COMP.compress(data, [ElementRun(0, len(data), 2)])
+    codec, coded = COMP.compress(data, [ElementRun(0, len(data), 2)])
+    payload = bytes(coded)
     assert codec == CODEC_BYTEGROUP
     for bad in (payload[:-1], payload[:3], payload + b"x", b"\xff" + payload[1:]):
         with pytest.raises(IntegrityError):

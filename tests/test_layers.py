@@ -12,6 +12,7 @@ LAYERS = {
     "hashing": 1,
     "codec": 1,
     "bytegroup": 1,
+    "memcopy": 1,
     "formats": 1,
     "blob": 2,
     "crypto": 3,

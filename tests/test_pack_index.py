@@ -48,6 +48,24 @@ def test_pack_header_round_trip_and_offsets():
     assert [e.raw_len for e in entries] == [20, 2000, 10]
 
 
+@pytest.mark.parametrize("buffer", ["bytearray", "mapping"])
+def test_a_pack_buffer_grows_for_blobs_past_its_size(buffer):
+    import mmap
+
+    small = 256 * 1024
+    made = (
+        bytearray(small) if buffer == "bytearray" else mmap.mmap(-1, small, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    )
+    writer = PackWriter(made)
+    blobs = [os.urandom(n) for n in (200 * 1024, 1 << 20, 100)]  # the second runs far past the end
+    for i, b in enumerate(blobs):
+        writer.add(bytes([i]) * 32, b, len(b))
+    pack_id = os.urandom(32)
+    data = bytes(writer.finish(codec, pack_id))
+    entries = read_pack_header(codec, pack_id, data)
+    assert [data[e.offset : e.offset + e.stored_len] for e in entries] == blobs
+
+
 def test_damaged_pack_header_is_detected():
     writer = PackWriter()
     writer.add(b"\1" * 32, b"blob", 4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import mmap
 import threading
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -125,7 +126,7 @@ class Repository:
         self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
         self._passed_over: set[bytes] = set()  # packs a read fell back from (warned once each)
         self._seen_index_ids: set[bytes] = set()
-        self._spare_buffers: list[bytearray] = []  # pack buffers whose upload has finished
+        self._spare_buffers: list[mmap.mmap] = []  # pack buffers whose upload has finished
         self._writer: PackWriter | None = None  # the open pack, from its first chunk until it is sealed
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
@@ -367,7 +368,9 @@ class Repository:
 
     def _new_writer(self) -> PackWriter:
         spare = self._spare_buffers.pop() if self._spare_buffers else None
-        return PackWriter(spare if spare is not None else bytearray(self.config.pack_size + PACK_SLACK))
+        if spare is None:  # private: a shared anonymous mapping that grows (a big last blob) faults past its end
+            spare = mmap.mmap(-1, self.config.pack_size + PACK_SLACK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return PackWriter(spare)
 
     def _upload(self, pack_id: bytes, data: memoryview) -> None:
         buffer = data.obj
@@ -381,13 +384,12 @@ class Repository:
     def _recycle(self, buffer: object) -> None:
         """Keep a sent pack's buffer for the next pack, unless something still reads it: a PUT that
         the retry layer gave up waiting for may still be sending it, and must see the bytes it had."""
-        if not isinstance(buffer, bytearray):
+        if not isinstance(buffer, mmap.mmap):
             return
         try:
-            buffer.append(0)  # resizing fails while any view of the buffer is alive
+            buffer.resize(len(buffer))  # resizing fails while any view of the buffer is alive
         except BufferError:
             return
-        del buffer[-1]
         if len(self._spare_buffers) <= self._upload_concurrency:
             self._spare_buffers.append(buffer)
 

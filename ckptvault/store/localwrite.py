@@ -16,6 +16,8 @@ import mmap
 import os
 import threading
 
+from ..memcopy import copy_into
+
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux and a few others; elsewhere never used
 ALIGN = 4096  # offsets, lengths and addresses of O_DIRECT writes; a multiple of every block size seen
 DIRECT_MIN = 4 * 1024 * 1024  # smaller files (index, tree, snapshot objects) go through the page cache
@@ -81,7 +83,7 @@ class LocalWriter:
             pos = 0
             while pos < len(view):
                 size = min(STAGE_SIZE, len(view) - pos)
-                staged[:size] = view[pos : pos + size]
+                copy_into(stage, 0, view[pos : pos + size])
                 padded = -(-size // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
                 staged[size:padded] = _PAD[: padded - size]
                 pwrite_all(fd, staged[:padded], pos, path)
