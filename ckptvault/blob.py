@@ -109,17 +109,24 @@ class BlobCodec:
             *self.sealer.seal(Kind.CHUNK, self._aad(Kind.CHUNK, chunk_id), [bytes([CODEC_DELTA]), *payload]),
         ]
 
-    def decode(
+    def decode(self, kind: Kind, object_id: bytes, blob: bytes | memoryview) -> bytes:
+        """``decode_buffer`` for metadata objects, as ``bytes``."""
+        data = self.decode_buffer(kind, object_id, blob)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def decode_buffer(
         self,
         kind: Kind,
         object_id: bytes,
         blob: bytes | memoryview,
         raw_size: int | None = None,
         base: BaseReader | None = None,
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """Verify and decode; raises IntegrityError for damage (an unknown envelope version included) and
         UnsupportedFormatError for a verified blob this ckptvault cannot read (an unknown codec), in
-        both cases without naming the object: callers do. ``base`` fetches a delta chunk's base (codec 3)."""
+        both cases without naming the object: callers do. ``base`` fetches a delta chunk's base (codec 3).
+        Chunks of codec 2 come back in the buffer they were joined in (no copy into ``bytes``, which
+        would hold the GIL while the restore's other threads wait for it)."""
         view = memoryview(blob)
         if len(view) < 2:
             raise MalformedObjectError("blob is truncated")

@@ -86,15 +86,16 @@ def split(data: bytes | memoryview, segs: Sequence[tuple[int, int]]) -> list[mem
     return streams
 
 
-def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> bytes:
-    """Inverse of ``split``."""
+def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> memoryview:
+    """Inverse of ``split``, in a fresh buffer (the shifts and casts run off the GIL; a copy into
+    ``bytes`` would hold it, stalling the restore's other threads)."""
     out = np.empty(sum(length for _, length in segs), dtype=np.uint8)
     pos = 0
     it = iter(streams)
     for width, length in segs:
         _join_elements(out[pos : pos + length], [np.frombuffer(next(it), dtype=np.uint8) for _ in range(width)])
         pos += length
-    return out.tobytes()  # a copy, but a bytearray filled in place saved only ~0.02 s per GB
+    return memoryview(out).cast("B")  # type: ignore[arg-type]
 
 
 # Widths 2 and 4 are regrouped with shifts and narrowing or widening casts on whole elements, which

@@ -32,7 +32,7 @@ MAX_DECODED_SIZE = 1 << 30  # no single blob (chunk, index, tree) decodes to mor
 DELTA_HEAD = struct.Struct("<32sB")
 DELTA_INNER = (CODEC_RAW, CODEC_ZSTD, CODEC_BYTEGROUP)
 
-BaseReader = Callable[[bytes], bytes]  # base chunk ID -> its verified plaintext
+BaseReader = Callable[[bytes], bytes | memoryview]  # base chunk ID -> its verified plaintext
 
 # Plain zstd is tried as well when grouping saved less than this fraction: data that is not
 # float-like (repeats spanning whole elements) can do better ungrouped. Float tensors save more.
@@ -159,7 +159,7 @@ class Compressor:
 
     def decompress(
         self, codec: int, payload: bytes | memoryview, raw_size: int | None = None, base: BaseReader | None = None
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """``base`` fetches a delta's base chunk (codec 3 only; without it a delta does not decode)."""
         if codec == CODEC_RAW:
             return bytes(payload)
@@ -201,7 +201,7 @@ class Compressor:
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"{what} does not decode: {exc}") from exc
 
-    def _ungrouped(self, payload: bytes | memoryview, raw_size: int | None) -> bytes:
+    def _ungrouped(self, payload: bytes | memoryview, raw_size: int | None) -> memoryview:
         segs, coded = bytegroup.unpack(payload)
         total = sum(n for _, n in segs)
         if total != (raw_size if raw_size is not None else total) or total > MAX_DECODED_SIZE:

@@ -608,7 +608,7 @@ class Vault:
         for chunk_id in entry.chunks:
             data = self._repo.read_chunk(chunk_id)
             hasher.update(data)
-            yield data
+            yield data if isinstance(data, bytes) else bytes(data)
         if hasher.hexdigest() != entry.blake3:
             raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
 

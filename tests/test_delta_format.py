@@ -51,10 +51,10 @@ def test_delta_blob_round_trips_and_is_smaller(codec: BlobCodec) -> None:
         asked.append(wanted)
         return base
 
-    assert codec.decode(Kind.CHUNK, chunk_id, blob, len(data), give) == data
+    assert codec.decode_buffer(Kind.CHUNK, chunk_id, blob, len(data), give) == data
     assert asked == [base_id]  # the base ID travels inside the blob
     with pytest.raises(IntegrityError, match="without its base"):
-        codec.decode(Kind.CHUNK, chunk_id, blob, len(data))
+        codec.decode_buffer(Kind.CHUNK, chunk_id, blob, len(data))
 
 
 def test_base_id_is_authenticated() -> None:
@@ -66,7 +66,7 @@ def test_base_id_is_authenticated() -> None:
         offset = 2 + 1 + (12 if codec is SEALED else 0)  # header, codec byte, nonce: then the base ID
         blob[offset] ^= 1
         with pytest.raises(IntegrityError):
-            codec.decode(Kind.CHUNK, chunk_id, bytes(blob), len(data), lambda _b: base)
+            codec.decode_buffer(Kind.CHUNK, chunk_id, bytes(blob), len(data), lambda _b: base)
 
 
 def test_wrong_base_length_and_bad_inner_codec_are_integrity_errors() -> None:
@@ -74,7 +74,7 @@ def test_wrong_base_length_and_bad_inner_codec_are_integrity_errors() -> None:
     chunk_id = os.urandom(32)
     blob = b"".join(PLAIN.encode_delta(chunk_id, data, os.urandom(32), base, ()))
     with pytest.raises(IntegrityError, match="holds"):
-        PLAIN.decode(Kind.CHUNK, chunk_id, blob, len(data), lambda _b: base[:-4])
+        PLAIN.decode_buffer(Kind.CHUNK, chunk_id, blob, len(data), lambda _b: base[:-4])
     payload = COMP.compress_delta(data, base, b"\1" * 32)
     head = bytearray(payload[0])
     head[32] = CODEC_DELTA  # a delta may not nest a delta inside one blob

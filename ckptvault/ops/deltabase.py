@@ -236,7 +236,9 @@ class DeltaPlanner:
                     votes[0] += 1
         return PieceBlob(codec.encode_parts(Kind.CHUNK, chunk_id, data, runs), None, 0)
 
-    def _base_sample(self, cand: BaseCandidate, lo: int, hi: int) -> tuple[bytes | None, bytes | None]:
+    def _base_sample(
+        self, cand: BaseCandidate, lo: int, hi: int
+    ) -> tuple[bytes | memoryview | None, bytes | memoryview | None]:
         """(the base's bytes [lo, hi), the whole base when it was read whole). A local copy gives the
         sample alone (the rest is read once a delta is chosen); the repository gives the whole base.
         (None, None) when it cannot be had: then no delta."""
@@ -249,7 +251,7 @@ class DeltaPlanner:
         base = self._repo_base(cand)
         return (base[lo:hi], base) if base is not None else (None, None)
 
-    def _local_base(self, cand: BaseCandidate, length: int) -> bytes | None:
+    def _local_base(self, cand: BaseCandidate, length: int) -> bytes | memoryview | None:
         """The whole base from the local copy, verified against its chunk ID (else from the repository)."""
         assert cand.local is not None
         fd, offset = cand.local
@@ -262,7 +264,7 @@ class DeltaPlanner:
         log.debug("local copy of base %s changed; reading it from the repository", cand.base_id.hex()[:12])
         return self._repo_base(cand)
 
-    def _repo_base(self, cand: BaseCandidate) -> bytes | None:
+    def _repo_base(self, cand: BaseCandidate) -> bytes | memoryview | None:
         try:
             return self.repo.read_chunk(cand.base_id)
         except CkptVaultError as exc:  # a damaged base must not fail the backup: store the piece whole

@@ -52,7 +52,7 @@ class ChunkedFile:
         if self.starts[-1] != entry.size:
             raise IntegrityError(f"{entry.path}: its chunks hold {self.starts[-1]} bytes, the tree says {entry.size}")
         self.size = entry.size
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._cache: OrderedDict[int, bytes | memoryview] = OrderedDict()
         self._cache_chunks = max(1, cache_chunks)
         self._lock = threading.Lock()
         self.fetched_chunks = 0  # chunk fetches so far (cache misses): what a read cost
@@ -71,7 +71,7 @@ class ChunkedFile:
             i += 1
         return out
 
-    def chunk(self, index: int) -> bytes:
+    def chunk(self, index: int) -> bytes | memoryview:
         with self._lock:
             data = self._cache.get(index)
             if data is not None:
@@ -92,7 +92,7 @@ class ChunkedFile:
             self.chunk(p.index)[p.offset_in_chunk : p.offset_in_chunk + p.end - p.start]
             for p in self.pieces(max(0, offset), offset + max(0, length))
         ]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
 
 class SnapshotFile(io.RawIOBase):

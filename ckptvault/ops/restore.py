@@ -27,6 +27,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import (
     CkptVaultError,
     IntegrityError,
@@ -454,9 +456,11 @@ def _name_the_damaged_chunk(repo: Repository, entry: FileEntry) -> None:
             raise IntegrityError(f"{entry.path}: {exc}") from exc
 
 
-def _is_zeros(data: bytes) -> bool:
+def _is_zeros(data: bytes | memoryview) -> bool:
     # cheap rejects first: tensor data almost never starts, ends and centres on zero bytes
-    return bool(data) and data[0] == 0 and data[-1] == 0 and data[len(data) // 2] == 0 and data.count(0) == len(data)
+    if not data or data[0] != 0 or data[-1] != 0 or data[len(data) // 2] != 0:
+        return False
+    return not np.frombuffer(data, np.uint8).any()
 
 
 def _write_chunks(
@@ -475,7 +479,7 @@ def _write_chunks(
     The hash covers exactly the buffers handed to ``pwrite``, at the offsets this walk computed
     (reading the file back instead cost a copy of every byte out of the page cache)."""
 
-    def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | None:
+    def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | memoryview | None:
         # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
         # not written (the file stays sparse) and, once seen, not even fetched again.
         if chunk_id in zero_chunks:
@@ -490,7 +494,7 @@ def _write_chunks(
         return data
 
     hasher = new_file_hasher()
-    inflight: deque[tuple[Future[bytes | None], int]] = deque()
+    inflight: deque[tuple[Future[bytes | memoryview | None], int]] = deque()
     inflight_bytes = 0
 
     def finish_one() -> None:

@@ -541,7 +541,7 @@ class Repository:
             raise IntegrityError(f"chunk {chunk_id.hex()[:12]} is not in any index; run: ckptvault check")
         return loc
 
-    def read_chunk(self, chunk_id: bytes, *, verify_id: bool = True, _depth: int = 0) -> bytes:
+    def read_chunk(self, chunk_id: bytes, *, verify_id: bool = True, _depth: int = 0) -> bytes | memoryview:
         """Fetch, decode and verify one chunk (a delta's base first).
 
         The blob's envelope (AEAD tag or checksum, both bound to the chunk ID) and its length are
@@ -561,7 +561,7 @@ class Repository:
                     damage_log.warning("%s; reading its copy in pack %s instead", exc, fallback.pack_id.hex()[:12])
         return self._read_copy(chunk_id, copies[-1], verify_id, _depth)
 
-    def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, _depth: int) -> bytes:
+    def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, _depth: int) -> bytes | memoryview:
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
         base = self._delta_base(chunk_id, loc.base_id, _depth, verify_id)  # outside the try: its error names both
 
@@ -629,7 +629,9 @@ class Repository:
     def list_index_ids(self) -> list[bytes]:
         return [i for i in (id_from_key(o.key) for o in self.store.list(INDEX_PREFIX)) if i is not None]
 
-    def decode_chunk(self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None) -> bytes:
+    def decode_chunk(
+        self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None
+    ) -> bytes | memoryview:
         """Decode and verify a chunk blob against its ID; raises IntegrityError. ``base_id``: the
         delta base its index entry or pack header names, read (and verified) first."""
         return self._decode_chunk(chunk_id, blob, raw_len, base_id, self._delta_base(chunk_id, base_id, 0))
@@ -640,12 +642,12 @@ class Repository:
         blob: bytes,
         raw_len: int,
         base_id: bytes | None,
-        base: bytes | None,
+        base: bytes | memoryview | None,
         verify_id: bool = True,
-    ) -> bytes:
+    ) -> bytes | memoryview:
         based = False
 
-        def give_base(wanted: bytes) -> bytes:
+        def give_base(wanted: bytes) -> bytes | memoryview:
             nonlocal based
             if base is None or wanted != base_id:
                 named = base_id.hex()[:12] if base_id else "none"
@@ -653,14 +655,16 @@ class Repository:
             based = True
             return base
 
-        data = self.codec.decode(Kind.CHUNK, chunk_id, blob, raw_len, give_base)
+        data = self.codec.decode_buffer(Kind.CHUNK, chunk_id, blob, raw_len, give_base)
         if base_id is not None and not based:
             raise IntegrityError(f"is not a delta, but its index entry names base chunk {base_id.hex()[:12]}")
         if len(data) != raw_len or (verify_id and self.chunk_id(data) != chunk_id):
             raise IntegrityError("does not match its hash")
         return data
 
-    def _delta_base(self, chunk_id: bytes, base_id: bytes | None, depth: int, verify_id: bool = True) -> bytes | None:
+    def _delta_base(
+        self, chunk_id: bytes, base_id: bytes | None, depth: int, verify_id: bool = True
+    ) -> bytes | memoryview | None:
         """The plaintext of a delta's base, checked as ``read_chunk`` checks (None for a chunk without one)."""
         if base_id is None:
             return None
