@@ -95,7 +95,7 @@ def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview])
     for width, length in segs:
         _join_elements(out[pos : pos + length], [np.frombuffer(next(it), dtype=np.uint8) for _ in range(width)])
         pos += length
-    return memoryview(out).cast("B")  # type: ignore[arg-type]
+    return memoryview(out).cast("B").toreadonly()  # type: ignore[arg-type]
 
 
 # Widths 2 and 4 are regrouped with shifts and narrowing or widening casts on whole elements, which

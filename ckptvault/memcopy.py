@@ -21,7 +21,7 @@ def copy_into(dst: bytearray | mmap.mmap | memoryview, offset: int, src: bytes |
     """``dst[offset : offset + len(src)] = src`` for a writable buffer ``dst`` that is long enough."""
     n = memoryview(src).nbytes
     if n < MIN_RELEASED:
-        memoryview(dst)[offset : offset + n] = src
+        memoryview(dst)[offset : offset + n] = memoryview(src).cast("B")
         return
     np.copyto(np.frombuffer(dst, np.uint8, n, offset), np.frombuffer(src, np.uint8))
 

@@ -1,6 +1,9 @@
 import contextlib
+import mmap
 import os
+import sys
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,7 +12,7 @@ from ckptvault.blob import BlobCodec, ChecksumSealer
 from ckptvault.codec import CompressionSettings, Compressor
 from ckptvault.errors import IntegrityError, MalformedObjectError
 from ckptvault.repository.index import ChunkIndex, decode_index, encode_index
-from ckptvault.repository.pack import PackEntry, PackWriter, read_pack_header
+from ckptvault.repository.pack import PackEntry, PackWriter, buffer_in_use, new_pack_buffer, read_pack_header
 
 codec = BlobCodec(Compressor(CompressionSettings()), ChecksumSealer())
 
@@ -48,22 +51,35 @@ def test_pack_header_round_trip_and_offsets():
     assert [e.raw_len for e in entries] == [20, 2000, 10]
 
 
-@pytest.mark.parametrize("buffer", ["bytearray", "mapping"])
-def test_a_pack_buffer_grows_for_blobs_past_its_size(buffer):
-    import mmap
-
-    small = 256 * 1024
-    made = (
-        bytearray(small) if buffer == "bytearray" else mmap.mmap(-1, small, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    )
-    writer = PackWriter(made)
+@pytest.mark.parametrize("platform", ["linux", "darwin"])
+def test_a_pack_buffer_grows_for_blobs_past_its_size_and_tells_when_it_is_in_use(platform, monkeypatch):
+    # Linux gives an anonymous mapping, grown with mremap; elsewhere a mapping cannot grow: a bytearray
+    monkeypatch.setattr(sys, "platform", platform)
+    buffer = new_pack_buffer(256 * 1024)
+    assert isinstance(buffer, mmap.mmap if platform == "linux" else bytearray)
+    writer = PackWriter(buffer)
     blobs = [os.urandom(n) for n in (200 * 1024, 1 << 20, 100)]  # the second runs far past the end
     for i, b in enumerate(blobs):
         writer.add(bytes([i]) * 32, b, len(b))
     pack_id = os.urandom(32)
-    data = bytes(writer.finish(codec, pack_id))
+    sent = writer.finish(codec, pack_id)
+    data = bytes(sent)
     entries = read_pack_header(codec, pack_id, data)
     assert [data[e.offset : e.offset + e.stored_len] for e in entries] == blobs
+    assert buffer_in_use(writer.buffer)  # ``sent`` still views it
+    sent.release()
+    assert not buffer_in_use(writer.buffer)
+    assert len(writer.buffer) >= len(data)  # the test left it as big as it was
+
+
+def test_copy_into_takes_any_contiguous_source():
+    from ckptvault.memcopy import MIN_RELEASED, copy_into
+
+    dst = bytearray(2 * MIN_RELEASED)
+    for n in (16, MIN_RELEASED):  # below and above the size numpy copies
+        src = np.arange(n // 4, dtype=np.float32)
+        copy_into(dst, 8, memoryview(src))
+        assert bytes(dst[8 : 8 + n]) == src.tobytes()
 
 
 def test_damaged_pack_header_is_detected():

@@ -130,7 +130,9 @@ def _same_bytes(fa: ChunkedFile, ta: TensorInfo, fb: ChunkedFile, tb: TensorInfo
         same_place = a.chunk_id == b.chunk_id and off_a == off_b  # equal without reading either
         if (
             not same_place
-            and fa.chunk(a.index)[off_a : off_a + end - pos] != fb.chunk(b.index)[off_b : off_b + end - pos]
+            # as bytes: memoryviews compare element by element, ~10x slower than memcmp
+            and bytes(fa.chunk(a.index)[off_a : off_a + end - pos])
+            != bytes(fb.chunk(b.index)[off_b : off_b + end - pos])
         ):
             return False
         pos = end

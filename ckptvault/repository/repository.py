@@ -55,7 +55,16 @@ from .format import (
 )
 from .index import ChunkIndex, ChunkLocation, decode_index, encode_index
 from .locks import LockManager
-from .pack import TRAILER, PackEntry, PackWriter, decode_header, header_range, trailer_version
+from .pack import (
+    TRAILER,
+    PackEntry,
+    PackWriter,
+    buffer_in_use,
+    decode_header,
+    header_range,
+    new_pack_buffer,
+    trailer_version,
+)
 
 # A backup writes an index object every this many packs; then it also picks up the index objects that
 # concurrent backups wrote, so they stop uploading what the other already stored.
@@ -126,7 +135,7 @@ class Repository:
         self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
         self._passed_over: set[bytes] = set()  # packs a read fell back from (warned once each)
         self._seen_index_ids: set[bytes] = set()
-        self._spare_buffers: list[mmap.mmap] = []  # pack buffers whose upload has finished
+        self._spare_buffers: list[bytearray | mmap.mmap] = []  # pack buffers whose upload has finished
         self._writer: PackWriter | None = None  # the open pack, from its first chunk until it is sealed
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
         self._uploads: list[tuple[Future[None], bytes, list[PackEntry]]] = []
@@ -368,8 +377,8 @@ class Repository:
 
     def _new_writer(self) -> PackWriter:
         spare = self._spare_buffers.pop() if self._spare_buffers else None
-        if spare is None:  # private: a shared anonymous mapping that grows (a big last blob) faults past its end
-            spare = mmap.mmap(-1, self.config.pack_size + PACK_SLACK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if spare is None:
+            spare = new_pack_buffer(self.config.pack_size + PACK_SLACK)
         return PackWriter(spare)
 
     def _upload(self, pack_id: bytes, data: memoryview) -> None:
@@ -377,18 +386,15 @@ class Repository:
         try:
             self._put(pack_key(pack_id), data)
         finally:
-            data.release()
+            with contextlib.suppress(BufferError):  # a PUT given up on still reads it: _recycle sees that
+                data.release()
             self._upload_slots.release()
         self._recycle(buffer)
 
     def _recycle(self, buffer: object) -> None:
         """Keep a sent pack's buffer for the next pack, unless something still reads it: a PUT that
         the retry layer gave up waiting for may still be sending it, and must see the bytes it had."""
-        if not isinstance(buffer, mmap.mmap):
-            return
-        try:
-            buffer.resize(len(buffer))  # resizing fails while any view of the buffer is alive
-        except BufferError:
+        if not isinstance(buffer, bytearray | mmap.mmap) or buffer_in_use(buffer):
             return
         if len(self._spare_buffers) <= self._upload_concurrency:
             self._spare_buffers.append(buffer)
