@@ -361,3 +361,18 @@ def test_of_two_processes_resuming_at_once_one_takes_a_pin_over(tmp_path, vault,
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_leftover_the_queue_refuses_keeps_its_pins(tmp_path, vault, ended_process):
+    from ckptvault.errors import UsageError
+    from ckptvault.ops.async_backup import AsyncShipper, leftover_jobs
+
+    ckpt = make_checkpoint(tmp_path / "out" / "checkpoint-1", 1)
+    (root,) = pin_for(vault, ckpt, 1)
+    set_owner(root, **ended_process)
+    (job,) = leftover_jobs([str(ckpt)], vault.config.repo_id)
+    shipper = AsyncShipper(lambda job: pytest.fail("nothing runs"))
+    shipper.close()
+    with pytest.raises(UsageError, match="closed"):
+        shipper.submit(job)
+    assert [Path(p.root).exists() for p in job.pins] == [True]  # for the next process to ship

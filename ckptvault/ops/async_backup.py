@@ -403,13 +403,14 @@ class AsyncShipper:
     # ---- the caller's side -------------------------------------------------------------
 
     def submit(self, job: BackupJob, *, on_full: OnFull = "coalesce") -> BackupHandle:
-        """Queue ``job``; a job refused (bad ``on_full``, closed queue) has its pins released."""
+        """Queue ``job``; a job refused (bad ``on_full``, closed queue) has its pins released, but
+        for a leftover's: they may hold the only copy of a save, for a later process to ship."""
         try:
             dropped = self._enqueue(job, on_full)
         except BaseException:
             with self._cond:
                 queued = any(j is job for j in self._pending)
-            if not queued:
+            if not queued and not job.leftover:
                 self._release(job)
             raise
         if dropped is not None:
