@@ -335,7 +335,11 @@ class Repository:
         return len(adopted)
 
     def close(self) -> None:
-        """Stop the upload threads (they are started again by the next write)."""
+        self._stop_uploaders()
+
+    def _stop_uploaders(self) -> None:
+        """End the upload threads; the next write starts new ones. Each write gets its own: a thread
+        has the CPU priority of the thread that started it, and backup_async's worker runs lower."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -501,7 +505,7 @@ class Repository:
         self._write_index()
         # A Vault stays open between a training job's backups: it holds no pack buffer meanwhile.
         self._spare_buffers.clear()
-        self.close()  # nor upload threads: a thread has its creator's CPU priority (backup_async's is lower)
+        self._stop_uploaders()
 
     @contextlib.contextmanager
     def aborting_writes_on_error(self) -> Iterator[None]:
@@ -535,7 +539,7 @@ class Repository:
         self._pending = set()
         self._writer = None  # the open pack is dropped
         self._spare_buffers.clear()
-        self.close()
+        self._stop_uploaders()
         self._index = None  # reloaded from the durable index objects when next used
         self._seen_index_ids = set()
 
