@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import os
 import secrets
@@ -314,10 +313,6 @@ def lower_this_threads_priority(by: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
 
 
-def _is_leftover(job: BackupJob) -> bool:
-    return job.leftover
-
-
 _LIVE: weakref.WeakSet[AsyncShipper] = weakref.WeakSet()
 _exit_hook_lock = threading.Lock()
 _exit_hook_registered = False
@@ -424,8 +419,9 @@ class AsyncShipper:
         with self._cond:
             if self._closed:
                 raise UsageError("this vault no longer takes backups: it was closed")
-            if job.leftover:  # older than every job queued since it was pinned
-                self._pending.insert(sum(1 for _ in itertools.takewhile(_is_leftover, self._pending)), job)
+            if job.leftover:  # older than every job queued since it was pinned: after the other leftovers
+                first_new = next((i for i, j in enumerate(self._pending) if not j.leftover), len(self._pending))
+                self._pending.insert(first_new, job)
                 self._ensure_worker()
                 self._cond.notify_all()
                 return None

@@ -15,6 +15,7 @@ pinning or releasing) is removed after ten minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import os
@@ -53,30 +54,19 @@ class JobRecord:
     folders: list[str]
     pinned: str  # pin.digest of this pin's signature when it was made
 
-    def to_doc(self) -> dict[str, object]:
-        return {
-            "id": self.job_id,
-            "vault": self.vault_id,
-            "tags": self.tags,
-            "description": self.description,
-            "hostname": self.hostname,
-            "folders": self.folders,
-            "pinned": self.pinned,
-        }
-
     @classmethod
     def from_doc(cls, doc: object) -> JobRecord | None:
-        """None for a document this version did not write (an older pin, a damaged file)."""
+        """From ``dataclasses.asdict`` of one; None for a document this version did not write (an
+        older pin, a damaged file)."""
         if not isinstance(doc, dict):
             return None
-        tags, hostname, folders = doc.get("tags"), doc.get("hostname"), doc.get("folders")
-        fields = (doc.get("id"), doc.get("vault"), doc.get("description"), doc.get("pinned"))
-        if not all(isinstance(f, str) for f in fields) or not _str_dict(tags) or not _str_list(folders):
+        strings = (doc.get("job_id"), doc.get("vault_id"), doc.get("description"), doc.get("pinned"))
+        hostname = doc.get("hostname")
+        if not all(isinstance(f, str) for f in strings) or not (hostname is None or isinstance(hostname, str)):
             return None
-        if hostname is not None and not isinstance(hostname, str):
+        if not _str_dict(doc.get("tags")) or not _str_list(doc.get("folders")):
             return None
-        job_id, vault_id, description, pinned = fields
-        return cls(job_id, vault_id, dict(tags), description, hostname, list(folders), pinned)  # type: ignore[arg-type]
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls)})
 
 
 def _str_dict(value: object) -> bool:
@@ -98,7 +88,7 @@ class Leftover:
 
 def pin_metadata(job: JobRecord) -> dict[str, object]:
     """What ``pin.create`` stores beside a backup_async pin."""
-    return {JOB_KEY: job.to_doc(), OWNER_KEY: this_process()}
+    return {JOB_KEY: dataclasses.asdict(job), OWNER_KEY: this_process()}
 
 
 def this_process() -> dict[str, object]:
