@@ -29,3 +29,18 @@ def test_run_bench_times_every_phase_and_verifies_both_restores(tmp_path: Path):
     for phase in ("backup1_first", "backup2_incr", "backup2_nochange", "restore_latest", "restore_cached"):
         assert phases[phase]["rc"] == 0 and phases[phase]["wall_s"] > 0, phase
     assert "| ckptvault |" in proc.stdout and "restore cached MB/s" in proc.stdout
+
+
+@pytest.mark.slow
+def test_shipping_contention_runs_end_to_end(tmp_path: Path):
+    pytest.importorskip("torch", reason="pip install torch==2.13.0")
+    script = BENCH.parent / "shipping_contention.py"
+    tiny = ["--model-mb", "5", "--saves", "2", "--runs", "1", "--baseline-s", "0.5"]
+    proc = subprocess.run(
+        [sys.executable, str(script), "--work", str(tmp_path), *tiny], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| 1 |")]
+    alone, shipping, kept = (cell.strip() for cell in row.split("|")[2:5])
+    assert float(alone) > 0 and float(shipping) > 0 and kept.endswith("x")
+    assert not list(tmp_path.glob("vault-*")), "its vaults are removed"
