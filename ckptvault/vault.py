@@ -155,7 +155,7 @@ def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
 def _refuse_local_non_vault_folder(url: str) -> None:
     """A new vault in a local folder that already holds other files (a checkpoint folder named by
     mistake), or inside another vault's folder, would mix with them: refused (like kopia)."""
-    path = _local_folder(url)
+    path = local_folder(url)
     if path is None:
         return
     in_the_way = _file_in_the_way(path)
@@ -193,7 +193,7 @@ def _enclosing_vault(path: str) -> str | None:
 def _why_no_vault(url: str) -> str:
     """For a local path that is no vault, why: the hint "create one with init" would only fail
     there (a folder of other files, a folder inside a vault)."""
-    path = _local_folder(url)
+    path = local_folder(url)
     if path is None:
         return ""
     in_the_way = _file_in_the_way(path)
@@ -208,7 +208,7 @@ def _why_no_vault(url: str) -> str:
     return ""
 
 
-def _local_folder(url: str) -> str | None:
+def local_folder(url: str) -> str | None:
     """The absolute path of a vault in a local folder; None for any other store."""
     if "://" in url and not url.startswith("file://"):
         return None
@@ -309,7 +309,7 @@ class Vault:
         url = url_arg(url) or default_repo_url()
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
-        local = _local_folder(url)
+        local = local_folder(url)
         if local is not None and _file_in_the_way(local) is not None:  # the store would say "Not a directory"
             if create:
                 _refuse_local_non_vault_folder(url)

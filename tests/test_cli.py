@@ -127,6 +127,17 @@ def test_init_refuses_two_different_repositories(cli, tmp_path: Path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_init_takes_one_repository_spelled_two_ways(cli, tmp_path: Path):
+    cli("init", str(tmp_path / "a"), "--repo", f"file://{tmp_path}/./a")
+    assert (tmp_path / "a" / "config").is_file()
+
+
+def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
+    # CKPTVAULT_REPO is a default, like --repo's: the folder typed on the command line is the one created
+    cli("init", str(tmp_path / "typed"), CKPTVAULT_REPO=str(tmp_path / "from-env"))
+    assert (tmp_path / "typed" / "config").is_file() and not (tmp_path / "from-env").exists()
+
+
 @pytest.mark.parametrize(
     "args, code, fragment",
     [

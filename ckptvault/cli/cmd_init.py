@@ -7,7 +7,7 @@ import typer
 from ..codec import CompressionSettings
 from ..errors import UsageError
 from ..repository.config import DEFAULT_PACK_SIZE, MAX_PACK_SIZE
-from ..vault import Vault
+from ..vault import Vault, local_folder
 from .app import (
     JsonOpt,
     KeyfileOpt,
@@ -30,9 +30,16 @@ LOSS_WARNING = (
 )
 
 
+def _same_place(a: str, b: str) -> bool:
+    """Two spellings of one repository (``ckpts`` and ``./ckpts``, a path and its file:// URL)."""
+    folder_a, folder_b = local_folder(a), local_folder(b)
+    return a == b or (folder_a is not None and folder_a == folder_b)
+
+
 @app.command("init")
 @command
 def init_cmd(
+    ctx: typer.Context,
     url: Annotated[str | None, typer.Argument(help="Where to create the repository (fsspec URL or path).")] = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
@@ -64,8 +71,12 @@ def init_cmd(
         if value is not None:
             require_nonempty(option, value)
             require_lasting_url(value)
-    if url is not None and repo is not None and url != repo:
-        raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")
+    if url is not None and repo is not None and not _same_place(url, repo):
+        source = ctx.get_parameter_source("repo")
+        if source is not None and source.name == "ENVIRONMENT":
+            repo = None  # the argument typed on the command line beats CKPTVAULT_REPO, as --repo does
+        else:
+            raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")
     vault = Vault.init(
         url or repo,
         storage_options=parse_storage_options(storage_option),
