@@ -59,7 +59,7 @@ class CompressionSettings:
         if self.codec not in ("zstd", "none"):
             raise UsageError(f"unknown compression {self.codec!r}; use zstd or none")
         if self.codec == "zstd" and not -7 <= self.level <= 22:
-            raise UsageError(f"zstd level {self.level} is out of range; use -7..22")
+            raise UsageError(f"compression level {self.level} is out of range for zstd; use -7..22")
 
     def to_dict(self) -> dict[str, str | int | bool]:
         out: dict[str, str | int | bool] = {"codec": self.codec, "level": self.level, "bytegroup": self.bytegroup}

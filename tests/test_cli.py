@@ -148,7 +148,7 @@ def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
         (["restore", "deadbeef", "{tmp}/out", "--repo", "{tmp}/v"], 18, "no snapshot deadbeef"),
         (["restore", "latest", "{tmp}/out", "--tag", "run=none", "--repo", "{tmp}/v"], 18, "latest --tag run=none"),
         (["restore", "zz!", "{tmp}/out", "--repo", "{tmp}/v"], 2, "not a snapshot ID"),
-        (["init", "{tmp}/v2", "--compression-level", "99"], 2, "zstd level"),
+        (["init", "{tmp}/v2", "--compression-level", "99"], 2, "compression level 99 is out of range"),
     ],
 )
 def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fragment):
@@ -156,6 +156,32 @@ def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fr
     proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
     assert proc.returncode == code, proc.stderr
     assert fragment in one_line_error(proc)
+
+
+@pytest.mark.parametrize(
+    "env, args, fragment",
+    [
+        ({"CKPTVAULT_REPO": ""}, ["backup", "{tmp}/src"], "CKPTVAULT_REPO is set but empty"),
+        ({"CKPTVAULT_REPO": " "}, ["snapshots"], "CKPTVAULT_REPO is set but empty"),
+        ({"CKPTVAULT_REPO": ""}, ["init"], "CKPTVAULT_REPO is set but empty"),
+        # a backup set up for encryption must not create an unencrypted default vault
+        ({"CKPTVAULT_KEYFILE": "", "CKPTVAULT_PASSPHRASE": "passphrase"}, ["backup", "{tmp}/src"], "CKPTVAULT_KEYFILE"),
+        ({}, ["backup", "{tmp}/src", "--keyfile", ""], "--keyfile is empty"),
+        ({}, ["init", "{tmp}/v", "--encrypt", "--keyfile", ""], "--keyfile is empty"),
+    ],
+)
+def test_a_blank_repository_or_keyfile_is_refused_not_defaulted(cli, tmp_path: Path, env, args, fragment):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x")
+    proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False, **env)
+    assert proc.returncode == 2 and fragment in one_line_error(proc), proc.stderr
+    assert not (tmp_path / "xdg-data").exists() and not (tmp_path / "v").exists()  # no vault was created
+
+
+def test_init_with_a_missing_keyfile_says_how_to_make_one(cli, tmp_path: Path):
+    proc = cli("init", str(tmp_path / "v"), "--encrypt", "--keyfile", str(tmp_path / "team.key"), check=False)
+    assert proc.returncode == 14
+    assert f"create one with: ckptvault key generate --keyfile {tmp_path / 'team.key'}" in one_line_error(proc)
 
 
 def test_cat_of_missing_path(cli, tmp_path: Path):

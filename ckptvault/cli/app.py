@@ -173,6 +173,14 @@ def require_nonempty(option: str, value: str) -> None:
         raise UsageError(f"{option} is empty; give a path or URL, or leave the option out for the default")
 
 
+def refuse_blank_env(value: str | None, env: str, what: str) -> None:
+    """typer takes an environment variable that is set but blank (an unset CI secret or shell
+    variable) for an option left out: refused, rather than falling back to a default the user did
+    not choose (the default vault; no encryption for the vault a backup creates)."""
+    if not (value or "").strip() and env in os.environ and not os.environ[env].strip():
+        raise UsageError(f"{env} is set but empty; set it to {what}, or unset it")
+
+
 def require_lasting_url(url: str) -> None:
     """A ``memory://`` vault lives inside one Python process: the CLI's would be gone when it exits,
     and the next command would find none."""
@@ -194,6 +202,10 @@ def open_vault(
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind)."""
+    refuse_blank_env(repo, "CKPTVAULT_REPO", "the vault's path or URL")
+    refuse_blank_env(keyfile, "CKPTVAULT_KEYFILE", "the keyfile's path")
+    if keyfile is not None:
+        require_nonempty("--keyfile", keyfile)
     options = parse_storage_options(storage_option)
     key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
     if repo is not None:

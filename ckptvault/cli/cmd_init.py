@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from ..codec import CompressionSettings
-from ..errors import UsageError
+from ..errors import KeyfileNotFoundError, UsageError
 from ..repository.config import DEFAULT_PACK_SIZE, MAX_PACK_SIZE
 from ..vault import Vault, local_folder
 from .app import (
@@ -18,6 +18,7 @@ from .app import (
     app,
     command,
     passphrase_source,
+    refuse_blank_env,
     require_lasting_url,
     require_nonempty,
 )
@@ -61,6 +62,10 @@ def init_cmd(
 ) -> None:
     """Create a repository (encrypted with --encrypt --keyfile)."""
     out = Output(json_mode=json_out, quiet=quiet)
+    refuse_blank_env(url or repo, "CKPTVAULT_REPO", "the vault's path or URL")
+    refuse_blank_env(keyfile, "CKPTVAULT_KEYFILE", "the keyfile's path")
+    if keyfile is not None:
+        require_nonempty("--keyfile", keyfile)
     if encrypt and not keyfile:
         raise UsageError("--encrypt needs --keyfile; create one with: ckptvault key generate --keyfile PATH")
     if keyfile and not encrypt:
@@ -77,14 +82,17 @@ def init_cmd(
             repo = None  # the argument typed on the command line beats CKPTVAULT_REPO, as --repo does
         else:
             raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")
-    vault = Vault.init(
-        url or repo,
-        storage_options=parse_storage_options(storage_option),
-        compression=CompressionSettings(level=compression_level, delta=delta),
-        pack_size=pack_size_mib * 1024 * 1024,
-        keyfile=keyfile,
-        passphrase=passphrase_source(passphrase_file),
-    )
+    try:
+        vault = Vault.init(
+            url or repo,
+            storage_options=parse_storage_options(storage_option),
+            compression=CompressionSettings(level=compression_level, delta=delta),
+            pack_size=pack_size_mib * 1024 * 1024,
+            keyfile=keyfile,
+            passphrase=passphrase_source(passphrase_file),
+        )
+    except KeyfileNotFoundError as exc:  # a new vault may take a new key (an existing vault's may not)
+        raise KeyfileNotFoundError(f"{exc}, or create one with: ckptvault key generate --keyfile {keyfile}") from None
     config = vault.config
     text = f"created vault {config.repo_id[:8]} at {vault.url} (format {config.version}"
     text += ", delta coding on)" if config.compression.delta else ", delta coding off)"
