@@ -263,6 +263,8 @@ class Vault:
         self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
         self._closing = False  # close() has begun: no new async backups
         self._closed = False  # close() has ended: every public method refuses
+        # the vault's folder on this machine (None for remote storage): nothing is backed up into it
+        self._local_folder: str | None = getattr(repo.store, "local_folder", None)
 
     # ---- opening -----------------------------------------------------------------------
 
@@ -546,6 +548,7 @@ class Vault:
                 reference=reference if reference and reference.id in trees else None,
                 reference_tree=trees.get(reference.id) if reference else None,
                 unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
+                vault_folder=self._local_folder,
             )
         result.warnings[:0] = unreadable
         for warning in result.warnings:
@@ -592,7 +595,7 @@ class Vault:
                 overwrite=overwrite,
                 progress=on_progress,
                 workers=self._repo.download_concurrency,
-                vault_folder=getattr(self._repo.store, "local_folder", None),
+                vault_folder=self._local_folder,
             )
 
     @_open_only
@@ -894,7 +897,7 @@ class Vault:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
         where = path_arg("path", path)
         with self._repo.locks.acquire_to_read():
-            return backup_status(self._repo, where, self.snapshots(), self.files)
+            return backup_status(self._repo, where, self.snapshots(), self.files, self._local_folder)
 
     @_open_only
     def is_backed_up(self, path: PathLike) -> bool:

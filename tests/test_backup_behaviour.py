@@ -160,3 +160,21 @@ def test_a_backup_whose_every_file_was_left_out_while_read_commits_nothing(
 def test_bad_on_change_value(vault: Vault, tmp_path: Path):
     with pytest.raises(UsageError, match="on-change"):
         vault.backup(tmp_path, on_change="maybe")
+
+
+def test_the_vault_is_never_backed_up_into_itself(tmp_path: Path):
+    # a vault kept inside the checkpoint folder: its packs and its live lock are left out, with a warning
+    (tmp_path / "ckpts" / "step-1").mkdir(parents=True)
+    (tmp_path / "ckpts" / "step-1" / "model.bin").write_bytes(os.urandom(50_000))
+    warnings: list[str] = []
+    with Vault.open(tmp_path / "ckpts" / "vault", create=True) as vault:
+        vault.backup(tmp_path / "ckpts" / "step-1")  # the vault holds packs now
+        snap = vault.backup(tmp_path / "ckpts", on_warning=warnings.append)
+        assert [e.path for e in vault.files(snap)] == ["step-1", "step-1/model.bin"]
+        assert any("the vault this backup writes to" in w for w in warnings)
+        status = vault.backup_status(tmp_path / "ckpts")  # as the backup saw it
+        assert status.backed_up and status.files == 1
+        for inside in (tmp_path / "ckpts" / "vault", tmp_path / "ckpts" / "vault" / "config"):
+            with pytest.raises(UsageError, match=r"(is the vault|is inside the vault) this backup writes to"):
+                vault.backup(inside)
+        assert len(vault.snapshots()) == 2

@@ -47,6 +47,7 @@ from .test_cli import one_line_error
         (["backup", "{tmp}/fifo", "--repo", "{tmp}/v"], 3, "nothing left to back up"),
         # nor of an empty folder (a wrong path, a checkpoint not written yet): it would become `latest`
         (["backup", "{tmp}/empty", "--repo", "{tmp}/v"], 3, "empty: it holds no files"),
+        (["backup", "{tmp}/links", "--repo", "{tmp}/v"], 3, "links: it holds no files, only symlinks"),
         (["backup", "{tmp}/dangling", "--repo", "{tmp}/v"], 3, "a symlink to {tmp}/gone, which does not exist"),
         (["backup", "{tmp}/loop", "--repo", "{tmp}/v"], 3, "loop: a symlink loop"),
         (["init", "{tmp}/v2", "--pack-size-mib", "-1"], 2, "--pack-size-mib -1 is out of range"),
@@ -76,6 +77,8 @@ def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, cod
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     os.symlink(tmp_path / "gone", tmp_path / "dangling")
     os.symlink(tmp_path / "loop", tmp_path / "loop")
+    (tmp_path / "links").mkdir()
+    os.symlink(tmp_path / "src" / "f", tmp_path / "links" / "f")
     started = time.monotonic()
     proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
     assert proc.returncode == code, proc.stderr

@@ -157,16 +157,18 @@ def run_backup(
     reference: Snapshot | None = None,
     reference_tree: list[FileEntry] | None = None,
     unless_same_as: tuple[Snapshot, list[FileEntry]] | None = None,
+    vault_folder: str | None = None,
 ) -> BackupResult:
     """``before_commit`` runs just before the snapshot object is written (the lock check).
     ``reference``: the snapshot whose files give delta bases (ops/deltabase.py), when the
     repository codes deltas. ``unless_same_as``: a snapshot and its tree; when the sources hold
-    what it holds (``same_contents``), no snapshot is written and that one is returned."""
+    what it holds (``same_contents``), no snapshot is written and that one is returned.
+    ``vault_folder``: the repository's local folder, never backed up into itself (``scan_sources``)."""
     check_on_change(on_change)
     progress = progress or NullProgress()
     started = time.monotonic()
     when = datetime.now(timezone.utc)
-    scan = scan_sources(sources, skip_unreadable=skip_unreadable)
+    scan = scan_sources(sources, skip_unreadable=skip_unreadable, vault_folder=vault_folder)
     warnings = list(scan.warnings)
     old_files = {e.path: e for e in (parent_tree or []) if e.type == "file"}
     files = [i for i in scan.items if i.kind == "file"]

@@ -9,6 +9,7 @@ source, are stored under their base names. A source that is itself a symlink is 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from dataclasses import dataclass
@@ -54,11 +55,18 @@ def check_sources(sources: list[str]) -> list[str]:
     return abs_sources
 
 
-def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
+def scan_sources(sources: list[str], *, skip_unreadable: bool, vault_folder: str | None = None) -> ScanResult:
+    """``vault_folder``: the local folder of the vault being written. A source inside it (or the
+    vault itself) is refused, and the vault is left out of a source that holds it: its objects are
+    stored already, and its lock and the packs it is writing change while they are read."""
     abs_sources = check_sources(sources)
+    vault = _identity(vault_folder) if vault_folder else None
+    if vault is not None:
+        _refuse_sources_inside(abs_sources, vault_folder or "", vault)
     result = ScanResult(items=[], warnings=[], source_paths=abs_sources)
+    walk = functools.partial(_walk, result=result, skip_unreadable=skip_unreadable, vault=vault)
     if len(abs_sources) == 1 and os.path.isdir(abs_sources[0]):
-        _walk(abs_sources[0], "", result, skip_unreadable)
+        walk(abs_sources[0], "")
     else:
         names = [os.path.basename(s.rstrip("/")) or "root" for s in abs_sources]
         dupes = {n for n in names if names.count(n) > 1}
@@ -68,19 +76,50 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool) -> ScanResult:
             st = os.stat(src)
             if stat.S_ISDIR(st.st_mode):
                 result.items.append(SourceItem(name, src, "dir", st))
-                _walk(src, name, result, skip_unreadable)
+                walk(src, name)
             else:
                 _add(src, name, st, result)
-    if all(item.kind == "dir" for item in result.items):
+    if not any(item.kind == "file" for item in result.items):
         # an empty snapshot would look like a backup and become `latest`: a resume would restore nothing
         if result.warnings:  # only special or unreadable files
             raise SourceError(abs_sources[0], "nothing left to back up", "; ".join(result.warnings))
+        if any(item.kind == "symlink" for item in result.items):
+            raise SourceError(
+                abs_sources[0],
+                "it holds no files, only symlinks (a backup stores links inside a folder as links)",
+                "nothing was backed up; back up the folders they point to",
+            )
         raise SourceError(abs_sources[0], "it holds no files", "nothing was backed up; check the path")
     result.items.sort(key=lambda i: i.path)
     return result
 
 
-def _walk(directory: str, prefix: str, result: ScanResult, skip_unreadable: bool) -> None:
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _refuse_sources_inside(abs_sources: list[str], vault_folder: str, vault: tuple[int, int]) -> None:
+    for src in abs_sources:
+        probe = src
+        while True:
+            if _identity(probe) == vault:
+                raise UsageError(
+                    f"{src} is {'the vault' if probe == src else 'inside the vault'} this backup writes to "
+                    f"({vault_folder}); back up the checkpoints, not the vault"
+                )
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                break
+            probe = parent
+
+
+def _walk(
+    directory: str, prefix: str, *, result: ScanResult, skip_unreadable: bool, vault: tuple[int, int] | None
+) -> None:
     try:
         with os.scandir(directory) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -100,8 +139,11 @@ def _walk(directory: str, prefix: str, result: ScanResult, skip_unreadable: bool
             if entry.name in STATE_FOLDERS:  # hard-linked copies of checkpoints (pins), a lock
                 result.warnings.append(f"skipped {entry.path}: {STATE_FOLDERS[entry.name]}, not a checkpoint")
                 continue
+            if (st.st_dev, st.st_ino) == vault:
+                result.warnings.append(f"skipped {entry.path}: the vault this backup writes to")
+                continue
             result.items.append(SourceItem(rel, entry.path, "dir", st))
-            _walk(entry.path, rel, result, skip_unreadable)
+            _walk(entry.path, rel, result=result, skip_unreadable=skip_unreadable, vault=vault)
         else:
             _add(entry.path, rel, st, result)
 

@@ -40,9 +40,10 @@ def backup_status(
     path: str,
     snapshots: list[Snapshot],
     load_tree: Callable[[Snapshot], list[FileEntry]],
+    vault_folder: str | None = None,
 ) -> BackupStatus:
     try:
-        scan = scan_sources([path], skip_unreadable=False)
+        scan = scan_sources([path], skip_unreadable=False, vault_folder=vault_folder)  # as a backup sees it
     except SourceError as exc:  # its hint names backup's --skip-unreadable
         raise SourceError(exc.path, exc.reason, UNREADABLE_HINT) from None
     local = {i.path: i for i in scan.items if i.kind == "file"}
