@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,25 @@ def test_json_output_of_a_name_that_is_not_utf8_is_strict_json(cli, tmp_path: Pa
     out = cli("ls", "latest", "--repo", repo, "--json").stdout.decode()
     assert "\\udc" not in out and "weights-\\\\xff.bin" in out  # no lone surrogate escapes
     json.loads(out)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(cli, tmp_path: Path):
+    # `ckptvault cat ... | head -c 10`: what SIGPIPE gives other programs, and nothing on stderr
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "weights.bin").write_bytes(os.urandom(4 << 20))
+    repo = str(tmp_path / "vault")
+    cli("init", repo)
+    cli("backup", str(tmp_path / "src"), "--repo", repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptvault", "cat", "latest", "weights.bin", "--repo", repo],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == b""

@@ -6,6 +6,7 @@ import functools
 import getpass
 import inspect
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -19,8 +20,10 @@ from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError
 from ..vault import Vault, default_repo_url
 from ..version import __version__
-from .output import Output
+from .output import Output, discard_stdout
 from .params import parse_storage_options
+
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # what a shell reports for a program that SIGPIPE ended (141)
 
 app = typer.Typer(
     name="ckptvault",
@@ -79,9 +82,10 @@ def command(func: F) -> F:
         except KeyboardInterrupt:
             out.error("cancelled; nothing after the last completed snapshot was committed")
             raise typer.Exit(130) from None
-        except BrokenPipeError:
+        except BrokenPipeError:  # the reader went away (`| head`): end quietly, as SIGPIPE ends other tools
+            discard_stdout()
             sys.stderr.close()
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_PIPE_CLOSED) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as exc:  # a bug: keep the traceback, show one line
