@@ -479,7 +479,7 @@ def test_a_closed_stdout_does_not_stop_the_sidecar(tmp_path, repo, stderr_too: b
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
     err = "" if stderr_too else proc.stderr.read()
-    assert rc == 1 and (stderr_too or err.count("standard output was closed") == 1), (rc, err)
+    assert rc == 141 and (stderr_too or err.count("standard output was closed") == 1), (rc, err)
     assert "Traceback" not in err and "internal error" not in err, err
     assert_each_shipped_once(repo, [100, 200, 300], "pipe")
 
