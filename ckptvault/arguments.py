@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import numpy as np
+
 from .errors import UsageError
 from .snapshot.model import Snapshot
 
@@ -51,6 +53,13 @@ def path_arg(name: str, value: object) -> str:
     if not isinstance(text, str):
         raise wrong_arg(name, value, "a path (a str or pathlib.Path)")
     return text
+
+
+def flag_arg(name: str, value: object) -> bool:
+    """True or False (numpy's bools too), never a truthy string: ``dry_run="false"`` is refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise wrong_arg(name, value, "True or False")
+    return bool(value)
 
 
 def optional_path_arg(name: str, value: object) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import inspect
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ import platformdirs
 from .arguments import (
     PathLike,
     before_arg,
+    flag_arg,
     fraction_arg,
     int_arg,
     optional_path_arg,
@@ -114,12 +116,17 @@ UNCHANGED = _Unchanged.UNCHANGED
 
 
 def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatenate[Vault, P], R]:
-    """A public method refuses to run on a closed Vault."""
+    """A public method refuses to run on a closed Vault, and takes only True or False for its flags
+    (``overwrite="no"`` would otherwise overwrite)."""
+    params = inspect.signature(method).parameters.values()
+    flags = [p.name for p in params if p.annotation == "bool" and p.kind is p.KEYWORD_ONLY]
 
     @functools.wraps(method)
     def checked(self: Vault, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if self._closed:
             raise UsageError(CLOSED_MESSAGE)
+        for name in flags:
+            flag_arg(name, kwargs.get(name, False))
         return method(self, *args, **kwargs)
 
     return checked
@@ -309,6 +316,7 @@ class Vault:
         ``create=True`` make it when it does not exist. Several processes may do that at once (the
         ranks of a distributed job): one creates it, the others open it."""
         url = url_arg(url) or default_repo_url()
+        create = flag_arg("create", create)
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options)
         local = local_folder(url)
@@ -602,11 +610,11 @@ class Vault:
     def read_file(self, snapshot: str | Snapshot, path: PathLike) -> Iterator[bytes]:
         """Yield one file's bytes chunk by chunk; each chunk is verified, and the whole-file
         hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
-        return self._read_file(snapshot_arg(snapshot), path_arg("path", path))
+        snap = self.snapshot(snapshot_arg(snapshot))
+        entry = find_file(self.files(snap), path_arg("path", path), snap.id)  # raised here, not at the first next()
+        return self._read_file(entry)
 
-    def _read_file(self, snapshot: str | Snapshot, path: str) -> Iterator[bytes]:
-        snap = self.snapshot(snapshot)
-        entry = find_file(self.files(snap), path, snap.id)
+    def _read_file(self, entry: FileEntry) -> Iterator[bytes]:
         hasher = new_file_hasher()
         for chunk_id in entry.chunks:
             data = self._repo.read_chunk(chunk_id)

@@ -325,13 +325,26 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: v.backup_status(None), "path must be a path"),
         (lambda v, s, t: v.drill(None), "snapshot must be"),
         (lambda v, s, t: v.diff(s, None), "snapshot must be"),
+        # a flag is True or False: "no" is truthy, and overwrite="no" would overwrite
+        (lambda v, s, t: v.restore(s, t / "out", overwrite="no"), "overwrite must be True or False; got str 'no'"),
+        (lambda v, s, t: v.restore_latest(t / "out", overwrite="no"), "overwrite must be True or False"),
+        (lambda v, s, t: v.prune(keep_latest=1, dry_run="false"), "dry_run must be True or False"),
+        (lambda v, s, t: v.forget([s], dry_run="yes"), "dry_run must be True or False"),
+        (lambda v, s, t: v.backup(t / "src", force_read=1), "force_read must be True or False; got int 1"),
+        (lambda v, s, t: v.backup_async(t / "src", pin="yes"), "pin must be True or False"),
+        (lambda v, s, t: v.drill(load="yes"), "load must be True or False"),
+        (lambda v, s, t: v.show(s, "config.json", stats=None), "stats must be True or False; got None"),
+        (lambda v, s, t: Vault.open(v.url, create="no"), "create must be True or False"),
+        # a path not in the snapshot is named when read_file is called, not at its first next()
+        (lambda v, s, t: v.read_file(s, "nope.bin"), "'nope.bin' is not in snapshot"),
     ],
 )
 def test_a_wrong_type_is_a_usage_error_saying_what_was_expected(vault, tmp_path, call, match):
     snap = vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "r", "step": "1"})
     before = ids(vault)
-    with pytest.raises(UsageError, match=match) as info:
+    with pytest.raises(CkptVaultError, match=match) as info:
         call(vault, snap, tmp_path)
+    assert isinstance(info.value, UsageError) or "not in snapshot" in match
     assert "\n" not in str(info.value)
     assert ids(vault) == before
     assert not (tmp_path / "out").exists()
@@ -406,14 +419,14 @@ def test_result_types_of_public_methods_are_exported(vault, tmp_path):
     assert ckptvault.LockInfo.__name__ == "LockInfo"
 
 
-def test_numpy_numbers_and_a_none_description_are_accepted(vault: Vault, tmp_path: Path):
+def test_numpy_numbers_and_bools_and_a_none_description_are_accepted(vault: Vault, tmp_path: Path):
     import numpy as np
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"data")
     snap = vault.backup(tmp_path / "src", description=None)
     assert snap.description == ""
-    assert vault.prune(keep_latest=np.int64(1), dry_run=True).forgotten == []
+    assert vault.prune(keep_latest=np.int64(1), dry_run=np.bool_(True)).forgotten == []
     assert vault.check(read_data=np.float32(0.5), seed=np.int64(3)).ok
 
 
@@ -456,3 +469,13 @@ def test_a_vault_path_that_is_a_file_is_named_as_such(tmp_path, below, create):
     with pytest.raises(expected, match=f"{tmp_path / 'afile'} is a file, not a folder"):
         Vault.open(url, create=create)
     assert (tmp_path / "afile").read_bytes() == b"not a vault"
+
+
+def test_an_id_without_the_given_tags_is_named_as_such_not_as_missing(vault: Vault, three):
+    from ckptvault.errors import SnapshotNotFoundError
+
+    with pytest.raises(SnapshotNotFoundError, match=r"snapshot \w+ does not carry --tag run=other \(its tags: run=r, "):
+        vault.snapshot(three[1].id[:8], tags={"run": "other"})
+    assert vault.snapshot(three[1].id[:8], tags={"run": "r"}) == three[1]
+    with pytest.raises(SnapshotNotFoundError, match="no snapshot 0000000000"):
+        vault.snapshot("0000000000", tags={"run": "r"})

@@ -38,6 +38,10 @@ def _describe(tags: dict[str, str] | None) -> str:
     return "".join(f" --tag {k}={v}" for k, v in (tags or {}).items())
 
 
+def _tags(snapshot: Snapshot) -> str:
+    return ", ".join(f"{k}={v}" for k, v in snapshot.tags.items())
+
+
 def _unmatched(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
     for key, value in tags.items():
@@ -65,6 +69,12 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
         raise UsageError(f"{spec!r} is not a snapshot ID; give a hex ID prefix or 'latest'")
     found = [s for s in candidates if s.id.startswith(prefix)]
     if not found:
+        untagged = [s for s in snapshots if s.id.startswith(prefix)]
+        if tags and len(untagged) == 1:  # it exists, without those tags: say so, not "no snapshot"
+            raise SnapshotNotFoundError(
+                f"snapshot {spec} does not carry{_describe(tags)} (its tags: {_tags(untagged[0]) or 'none'}); "
+                "leave out --tag to take it, or list the tagged ones with: ckptvault snapshots" + _describe(tags)
+            )
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
     if len(found) > 1:
         shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M})" for s in found[:5])
