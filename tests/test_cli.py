@@ -71,6 +71,12 @@ def test_readme_workflow(cli, tmp_path: Path):
     assert "dedup ratio" in text and "stored bytes" in text
 
 
+def test_stats_of_a_vault_without_data_shows_no_ratio(cli, tmp_path: Path):
+    cli("init", str(tmp_path / "vault"))
+    text = cli("stats", "--repo", str(tmp_path / "vault")).stdout.decode()
+    assert "dedup ratio: none yet" in text and "0.00x" not in text
+
+
 def test_init_and_explicit_repo(cli, tmp_path: Path):
     repo = str(tmp_path / "vault")
     made = json.loads(cli("init", repo, "--json").stdout)
@@ -192,6 +198,14 @@ def test_cat_of_missing_path(cli, tmp_path: Path):
     cli("backup", str(tmp_path / "src"))
     proc = cli("cat", "latest", "nope.txt", check=False)
     assert proc.returncode == 19 and "not in snapshot" in one_line_error(proc)
+
+
+def test_cat_takes_a_path_as_a_shell_writes_it(cli, tmp_path: Path):
+    (tmp_path / "src" / "model").mkdir(parents=True)
+    (tmp_path / "src" / "model" / "config.json").write_bytes(b"{}")
+    cli("backup", str(tmp_path / "src"))
+    for spelling in ("model/config.json", "./model/config.json", "/model/config.json", "model//config.json"):
+        assert cli("cat", "latest", spelling).stdout == b"{}", spelling
 
 
 def test_corrupt_restore_exits_30_naming_the_file(cli, tmp_path: Path):

@@ -29,6 +29,9 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
     cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, "-k", key, "--passphrase-file", str(pwfile))
     assert (tmp_path / "out" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
 
+    short = cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="short", check=False)
+    assert short.returncode == 2
+    assert "the new passphrase (from CKPTVAULT_NEW_PASSPHRASE) is shorter than 8" in short.stderr.decode()
     changed = cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
     assert info["fingerprint"] in changed.stdout.decode()
     assert (

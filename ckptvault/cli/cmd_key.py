@@ -34,7 +34,8 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     else:
         raise PassphraseRequiredError(env=env, option=option)
     if len(new.rstrip("\r\n")) < 8:
-        raise UsageError("the passphrase is shorter than 8 characters; choose a longer one")
+        source = option if passphrase_file else env if env in os.environ else "the prompt"
+        raise UsageError(f"the new passphrase (from {source}) is shorter than 8 characters; choose a longer one")
     return new
 
 

@@ -27,7 +27,11 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         f"logical bytes: {format_bytes(stats.logical_bytes)} (all snapshots)\n"
         f"unique bytes: {format_bytes(stats.unique_bytes)} in {stats.chunks} chunks\n"
         f"stored bytes: {format_bytes(stats.stored_bytes)} in {stats.packs} packs and metadata\n"
-        f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
+        + (
+            f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
+            if stats.logical_bytes
+            else "dedup ratio: none yet (no file data stored)"
+        )
     )
     if stats.delta_chunks:
         head += (

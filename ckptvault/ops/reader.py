@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import posixpath
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ class ChunkPiece:
 
 
 def find_file(tree: list[FileEntry], path: str, snapshot_id: str) -> FileEntry:
-    wanted = path.strip("/")
+    wanted = posixpath.normpath(path).lstrip("/")  # "./model/x", "/model/x" and "model//x" mean "model/x"
     entry = next((e for e in tree if e.path == wanted), None)
     if entry is None or entry.type != "file":
         raise PathNotInSnapshotError(path, snapshot_id, entry.type if entry else None)

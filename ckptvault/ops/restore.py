@@ -195,7 +195,11 @@ class _Planner:
             except FileNotFoundError:
                 return
             if stat.S_ISLNK(st.st_mode):
-                raise UnsafePathError(entry.path, f"would be written through the symlink {parent} in the target")
+                raise UnsafePathError(
+                    entry.path,
+                    f"would be written through the symlink {parent} in the target (a restore never writes through "
+                    "a link); remove the link, or restore elsewhere",
+                )
             if not stat.S_ISDIR(st.st_mode):
                 self._clash("/".join(parts[:i]), f"is {_kind(st)} in the target where the snapshot has a folder")
                 return
