@@ -93,7 +93,7 @@ def test_symlink_in_the_target_is_not_written_through(backed_up, tmp_path: Path)
     target.mkdir()
     (tmp_path / "outside").mkdir()
     os.symlink(tmp_path / "outside", target / "model")
-    with pytest.raises(UnsafePathError, match="through the symlink .* remove the link, or restore elsewhere"):
+    with pytest.raises(UnsafePathError, match=r"through the symlink .* remove the link, or restore elsewhere"):
         vault.restore(snap, target)
     assert list((tmp_path / "outside").iterdir()) == []
 
