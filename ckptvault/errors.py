@@ -39,6 +39,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+_command_line = False  # set by the CLI: messages name its options, not the API's parameters
+
+
+def name_command_line_options() -> None:
+    """Called once by the CLI: from then on, messages name a setting as it is typed there."""
+    global _command_line
+    _command_line = True
+
+
+def spelled(command_line: str, python: str) -> str:
+    """A setting as the user gives it, for a message: on the command line (``--keep-latest``) in
+    the CLI, else as the Python API's parameter (``keep_latest``)."""
+    return command_line if _command_line else python
+
 
 class CkptVaultError(Exception):
     """Base class: every ckptvault failure a user can act on."""
@@ -118,8 +132,10 @@ class KeyfileCorruptError(CkptVaultError):
 class PassphraseRequiredError(CkptVaultError):
     exit_code = 16
 
-    def __init__(self, env: str = "CKPTVAULT_PASSPHRASE", option: str = "--passphrase-file") -> None:
-        super().__init__(f"no passphrase: set {env}, pass {option} FILE, or run in a terminal to be asked")
+    def __init__(
+        self, env: str = "CKPTVAULT_PASSPHRASE", option: str = "--passphrase-file", *, message: str | None = None
+    ) -> None:
+        super().__init__(message or f"no passphrase: set {env}, pass {option} FILE, or run in a terminal to be asked")
 
 
 class UnsupportedFormatError(CkptVaultError):

@@ -58,7 +58,7 @@ def test_unreadable_file_fails_unless_skipped(vault: Vault, tmp_path: Path, monk
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(backup_module, "open", guarded_open, raising=False)
-    with pytest.raises(SourceError, match=r"secret: Permission denied \(use --skip-unreadable"):
+    with pytest.raises(SourceError, match=r"secret: Permission denied \(use skip_unreadable=True"):
         vault.backup(src)
     assert vault.snapshots() == []
     warnings: list[str] = []
@@ -158,7 +158,7 @@ def test_a_backup_whose_every_file_was_left_out_while_read_commits_nothing(
 
 
 def test_bad_on_change_value(vault: Vault, tmp_path: Path):
-    with pytest.raises(UsageError, match="on-change"):
+    with pytest.raises(UsageError, match="on_change 'maybe' is not one of"):
         vault.backup(tmp_path, on_change="maybe")
 
 

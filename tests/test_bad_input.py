@@ -30,6 +30,7 @@ def build_symlink_loops(src: Path) -> None:
     os.symlink("a", src / "b")
     os.symlink("self", src / "self")
     os.symlink("/nonexistent/target", src / "dangling")
+    (src / "weights.bin").write_bytes(b"w")  # a folder of only symlinks is refused like an empty one
 
 
 def build_empty_files(src: Path) -> None:

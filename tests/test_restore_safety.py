@@ -118,7 +118,7 @@ def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: P
     assert (target / "optimizer.pt").read_bytes() == (src / "optimizer.pt").read_bytes()
 
     (target / "model" / "config.json").write_text("edited by hand")
-    with pytest.raises(RestoreConflictError, match=r"model/config\.json.*--overwrite"):
+    with pytest.raises(RestoreConflictError, match=r"model/config\.json.*rerun with overwrite=True"):
         vault.restore(snap, target)
     assert (target / "model" / "config.json").read_text() == "edited by hand"
     vault.restore(snap, target, overwrite=True)

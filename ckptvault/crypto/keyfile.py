@@ -44,6 +44,7 @@ from ..errors import (
     PassphraseRequiredError,
     UsageError,
     WrongPassphraseError,
+    spelled,
 )
 from .keys import MASTER_KEY_SIZE, MasterKey
 
@@ -61,8 +62,10 @@ PassphraseSource = str | Callable[[], str] | None
 
 def resolve_passphrase(source: PassphraseSource) -> str:
     passphrase = source() if callable(source) else source
-    if passphrase is None:
-        raise PassphraseRequiredError()
+    if passphrase is None:  # the CLI always passes a source: this is the Python API
+        raise PassphraseRequiredError(
+            message="no passphrase for the keyfile: give passphrase= (the passphrase, or a function that returns it)"
+        )
     return passphrase
 
 
@@ -265,7 +268,9 @@ class Keyfile:
             with open(path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            raise KeyfileNotFoundError(f"keyfile {path} does not exist; give the right path with --keyfile") from None
+            raise KeyfileNotFoundError(
+                f"keyfile {path} does not exist; give the right path with {spelled('--keyfile', 'keyfile=')}"
+            ) from None
         except IsADirectoryError:
             raise KeyfileNotFoundError(f"keyfile {path} is a directory; give the keyfile's path") from None
         except PermissionError:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun
 from ..chunking import iter_chunks
-from ..errors import FileFormatError, SourceError, UsageError
+from ..errors import FileFormatError, SourceError, UsageError, spelled
 from ..formats import FileLayout, read_layout
 from ..hashing import new_file_hasher
 from ..repository import Repository
@@ -44,7 +44,7 @@ MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delt
 
 def check_on_change(on_change: str) -> None:
     if on_change not in ON_CHANGE:
-        raise UsageError(f"--on-change {on_change!r} is not one of {', '.join(ON_CHANGE)}")
+        raise UsageError(f"{spelled('--on-change', 'on_change')} {on_change!r} is not one of {', '.join(ON_CHANGE)}")
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,9 @@ def _read_file(
         except PermissionError as exc:
             if not skip_unreadable:
                 raise SourceError(
-                    item.abs_path, exc.strerror or str(exc), "use --skip-unreadable to back up the rest"
+                    item.abs_path,
+                    exc.strerror or str(exc),
+                    f"use {spelled('--skip-unreadable', 'skip_unreadable=True')} to back up the rest",
                 ) from exc
             warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
             return None
@@ -307,7 +309,11 @@ def _read_file(
         if not changed:
             return entry
     if on_change == "fail":
-        raise SourceError(item.abs_path, "it changed while it was read, twice", "use --on-change warn or skip")
+        raise SourceError(
+            item.abs_path,
+            "it changed while it was read, twice",
+            f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}",
+        )
     if on_change == "skip":
         warnings.append(f"skipped {item.abs_path}: it changed while it was read, twice")
         return None

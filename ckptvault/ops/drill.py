@@ -29,7 +29,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError
+from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, spelled
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
 from .restore import file_hash, target_error
@@ -86,7 +86,8 @@ def run_drill(
         except CkptVaultError:
             raise
         except OSError as exc:
-            hint = f"free space in {where}, or pass --tmp-dir DIR on a disk with room for the snapshot"
+            tmp_dir = spelled("--tmp-dir DIR", "workdir=")
+            hint = f"free space in {where}, or pass {tmp_dir} on a disk with room for the snapshot"
             raise target_error(exc, target, full_hint=hint) from exc
         t1 = time.monotonic()
         problems = verify_tree(target, tree)
@@ -118,7 +119,7 @@ def _make_tmp(workdir: str | None) -> tuple[tempfile.TemporaryDirectory[str], li
     """The drill's temporary folder, in ``workdir`` (created if missing) or the system's, and the
     folders made for ``workdir``, innermost first (removed again after the drill)."""
     if workdir is not None and not workdir.strip():
-        raise UsageError("--tmp-dir is empty; give a folder, or leave the option out for the system's")
+        raise UsageError(f"{spelled('--tmp-dir', 'workdir')} is empty; give a folder, or leave it out for the system's")
     where = workdir or tempfile.gettempdir()
     made: list[str] = []
     try:
@@ -139,14 +140,16 @@ def _make_tmp(workdir: str | None) -> tuple[tempfile.TemporaryDirectory[str], li
                 "the drill's temporary folder",
                 where,
                 reason,
-                message=f"cannot make a temporary folder in {where} ({reason}); pass --tmp-dir DIR, a writable folder",
+                message=f"cannot make a temporary folder in {where} ({reason}); "
+                f"pass {spelled('--tmp-dir DIR', 'workdir=')}, a writable folder",
             ) from exc
         if os.path.exists(workdir) and not os.path.isdir(workdir):
             reason = "it is a file, not a folder"
         elif exc.errno == errno.ENOTDIR:
             reason = "a folder above it is a file"
         raise UsageError(
-            f"--tmp-dir {workdir}: cannot make a temporary folder there ({reason}); give a writable folder"
+            f"{spelled('--tmp-dir', 'workdir')} {workdir}: cannot make a temporary folder there ({reason}); "
+            "give a writable folder"
         ) from exc
 
 

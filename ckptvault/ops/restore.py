@@ -38,6 +38,7 @@ from ..errors import (
     StorageFullError,
     UnsafePathError,
     UsageError,
+    spelled,
 )
 from ..hashing import checksum, new_file_hasher
 from ..repository import Repository
@@ -88,8 +89,8 @@ def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[li
     if len(unmatched) == len(dict.fromkeys(include)):
         globs = ", ".join(repr(pat) for pat in unmatched)
         raise UsageError(
-            f"--include {globs} matched no path in the snapshot, so nothing was restored; globs match paths "
-            "from the snapshot's root (e.g. 'model/*.bin'): list them with: ckptvault ls SNAPSHOT"
+            f"{spelled('--include', 'include')} {globs} matched no path in the snapshot, so nothing was restored; "
+            "globs match paths from the snapshot's root (e.g. 'model/*.bin'): list them with: ckptvault ls SNAPSHOT"
         )
     return [e for e in tree if e.path in chosen], tuple(unmatched)
 
@@ -325,13 +326,14 @@ def run_restore(
         more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
         raise RestoreConflictError(
             f"cannot restore into {target}: {'; '.join(clashes[:3])}{more}; "
-            "--overwrite never deletes a folder or puts one in place of a file: move them away, or restore elsewhere"
+            f"{spelled('--overwrite', 'overwrite')} never deletes a folder or puts one in place of a file: "
+            "move them away, or restore elsewhere"
         )
     if planner.conflicts:
         more = f" (and {len(planner.conflicts) - 3} more)" if len(planner.conflicts) > 3 else ""
         raise RestoreConflictError(
             f"target {target} already holds differing data: {'; '.join(planner.conflicts[:3])}{more}; "
-            "rerun with --overwrite to replace it, or restore elsewhere"
+            f"rerun with {spelled('--overwrite', 'overwrite=True')} to replace it, or restore elsewhere"
         )
     os.makedirs(target, exist_ok=True)
 

@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ..errors import SourceError, UsageError
+from ..errors import SourceError, UsageError, spelled
 from .names import STATE_FOLDERS
 
 
@@ -125,7 +125,11 @@ def _walk(
             entries = sorted(it, key=lambda e: e.name)
     except OSError as exc:
         if not skip_unreadable:
-            raise SourceError(directory, exc.strerror or str(exc), "use --skip-unreadable to back up the rest") from exc
+            raise SourceError(
+                directory,
+                exc.strerror or str(exc),
+                f"use {spelled('--skip-unreadable', 'skip_unreadable=True')} to back up the rest",
+            ) from exc
         result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
         return
     for entry in entries:

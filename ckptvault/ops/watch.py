@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError
+from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError, spelled
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
@@ -126,11 +126,13 @@ def check_watch_args(
         raise UsageError(f"{path} is not a directory; watch the folder the trainer saves into")
     for key in RESERVED_TAGS:
         if key in tags:
-            raise UsageError(f"--tag {key}=... is set by watch itself for each checkpoint; leave it out")
+            raise UsageError(
+                f"{spelled('--tag', 'tags:')} {key}=... is set by watch itself for each checkpoint; leave it out"
+            )
     if not interval > 0:
-        raise UsageError(f"--interval {interval:g} must be a positive number of seconds")
+        raise UsageError(f"{spelled('--interval', 'interval')} {interval:g} must be a positive number of seconds")
     if not settle >= 0:
-        raise UsageError(f"--settle {settle:g} must be zero or a positive number of seconds")
+        raise UsageError(f"{spelled('--settle', 'settle')} {settle:g} must be zero or a positive number of seconds")
     return path
 
 
@@ -179,7 +181,8 @@ class Watcher:
         except OSError as exc:
             raise UsageError(
                 f"cannot keep the watch's state in {self.state_dir}: {exc.strerror or exc}; the watcher pins "
-                "checkpoints there, so it must be a writable folder on the checkpoints' filesystem (--state-dir)"
+                "checkpoints there, so it must be a writable folder on the checkpoints' filesystem "
+                f"({spelled('--state-dir', 'state_dir')})"
             ) from None
         with lock:
             resumed = self._adopt_pins()

@@ -101,6 +101,7 @@ from ..errors import (
     StorageError,
     UnsupportedFormatError,
     VaultLockedError,
+    spelled,
 )
 from ..store.base import listed_time
 from ..store.failures import Kind as FailureKind
@@ -329,7 +330,8 @@ class LockManager:
         until = f" (at {other.time + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if other.time else ""
         then = (
             f"ckptvault unlock removes it once it is stale, {minutes} minutes after it was written{until}, "
-            "or --remove-all removes it now when no ckptvault process on any host uses this vault"
+            f"or {spelled('--remove-all', 'remove_all=True')} removes it now when no ckptvault process on any host "
+            "uses this vault"
         )
         if other.newer:
             return UnsupportedFormatError(

@@ -35,6 +35,7 @@ from ..errors import (
     UsageError,
     VaultExistsError,
     VaultNotFoundError,
+    spelled,
 )
 from ..hashing import ChunkIdFunction
 from ..store import Store
@@ -208,7 +209,8 @@ class Repository:
         if config.encrypted:
             if keyfile is None:
                 raise KeyfileNotFoundError(
-                    f"vault {store.url} is encrypted; give its keyfile with --keyfile or CKPTVAULT_KEYFILE"
+                    f"vault {store.url} is encrypted; give its keyfile with "
+                    + spelled("--keyfile or CKPTVAULT_KEYFILE", "keyfile=")
                 )
             if keyfile.fingerprint != config.key_fingerprint:
                 raise KeyfileMismatchError(keyfile.path, store.url)
@@ -218,7 +220,8 @@ class Repository:
         elif keyfile is not None:
             raise UsageError(
                 f"vault {store.url} is not encrypted but a keyfile was given; refusing, so that nothing meant to be "
-                "encrypted is written in the clear (drop --keyfile / CKPTVAULT_KEYFILE for this vault)"
+                f"encrypted is written in the clear "
+                f"(drop {spelled('--keyfile / CKPTVAULT_KEYFILE', 'keyfile')} for this vault)"
             )
         return cls(store, config, master, cache_root=cache_root)
 

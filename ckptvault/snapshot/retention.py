@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from ..errors import UsageError
+from ..errors import UsageError, spelled
 from .model import Snapshot
 from .selection import by_step
 
@@ -35,21 +35,31 @@ class RetentionPolicy:
 
     def __post_init__(self) -> None:
         if self.group_by is not None and not self.group_by.strip():
-            raise UsageError("--group-by is empty; give a tag key (e.g. --group-by run) or 'host'")
+            raise UsageError(f"{spelled('--group-by', 'group_by')} is empty; give a tag key (e.g. 'run') or 'host'")
         for spec in self.keep_tags:
             if not spec.partition("=")[0].strip():
-                raise UsageError(f"--keep-tag: {spec!r} has no key; give key or key=value, e.g. --keep-tag milestone")
+                raise UsageError(
+                    f"{spelled('--keep-tag', 'keep_tags')}: {spec!r} has no key; give key or key=value, e.g. milestone"
+                )
         if self.keep_latest is None and self.before is None:
-            raise UsageError("prune needs a rule: give --keep-latest N and/or --before DATE")
+            raise UsageError(
+                "prune needs a rule: give "
+                + spelled("--keep-latest N and/or --before DATE", "keep_latest and/or before")
+            )
         if self.keep_latest is not None and self.keep_latest < 1:
-            raise UsageError("--keep-latest must be at least 1 (to remove given snapshots use: ckptvault forget ID)")
+            raise UsageError(
+                f"{spelled('--keep-latest', 'keep_latest')} must be at least 1 "
+                "(to remove given snapshots use: ckptvault forget ID)"
+            )
         if self.before is not None and self.before.tzinfo is None:
-            raise UsageError("the --before time needs a time zone")
+            raise UsageError(f"the {spelled('--before', 'before')} time needs a time zone")
         if self.before is not None:
             try:  # kept in UTC: a time at the very ends of the calendar has no UTC equivalent
                 object.__setattr__(self, "before", self.before.astimezone(timezone.utc))
             except OverflowError:
-                raise UsageError(f"the --before time {self.before.isoformat()} is out of range in UTC") from None
+                raise UsageError(
+                    f"the {spelled('--before', 'before')} time {self.before.isoformat()} is out of range in UTC"
+                ) from None
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ def _check_group_key(selected: list[Snapshot], policy: RetentionPolicy) -> None:
     if key is None or key == "host" or not selected or any(key in s.tags for s in selected):
         return
     n = len(selected)
-    which = f"{n} snapshot{'s' if n != 1 else ''}" + (" selected by --tag" if policy.tags else "")
+    which = f"{n} snapshot{'s' if n != 1 else ''}" + (f" selected by {spelled('--tag', 'tags')}" if policy.tags else "")
     keys = sorted({k for s in selected for k in s.tags})
     if keys:
         more = f", ... ({len(keys)} in all)" if len(keys) > 8 else ""
@@ -114,7 +124,8 @@ def _check_group_key(selected: list[Snapshot], policy: RetentionPolicy) -> None:
     else:
         theirs = "they have no tags"
     raise UsageError(
-        f"--group-by tag key {key!r} is on none of the {which} ({theirs}); check the spelling, or group by 'host'"
+        f"{spelled('--group-by', 'group_by')} tag key {key!r} is on none of the {which} ({theirs}); "
+        "check the spelling, or group by 'host'"
     )
 
 
@@ -126,7 +137,7 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
     selected: list[Snapshot] = []
     for snap in snapshots:
         if not snap.matches(policy.tags):
-            decisions[snap.id] = Decision(snap, True, "not selected by --tag")
+            decisions[snap.id] = Decision(snap, True, f"not selected by {spelled('--tag', 'tags')}")
         else:
             selected.append(snap)
             groups.setdefault(group_key(snap, policy.group_by), []).append(snap)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import SnapshotNotFoundError, UsageError
+from ..errors import SnapshotNotFoundError, UsageError, spelled
 from .model import Snapshot
 
 
@@ -35,11 +35,13 @@ def newest(snapshots: list[Snapshot]) -> Snapshot:
 
 
 def _describe(tags: dict[str, str] | None) -> str:
-    return "".join(f" --tag {k}={v}" for k, v in (tags or {}).items())
+    if not tags:
+        return ""
+    return spelled("".join(f" --tag {k}={v}" for k, v in tags.items()), f" with tags={tags}")
 
 
-def _tags(snapshot: Snapshot) -> str:
-    return ", ".join(f"{k}={v}" for k, v in snapshot.tags.items())
+def _tag_list(tags: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in tags.items())
 
 
 def _unmatched(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
@@ -72,8 +74,10 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
         untagged = [s for s in snapshots if s.id.startswith(prefix)]
         if tags and len(untagged) == 1:  # it exists, without those tags: say so, not "no snapshot"
             raise SnapshotNotFoundError(
-                f"snapshot {spec} does not carry{_describe(tags)} (its tags: {_tags(untagged[0]) or 'none'}); "
-                "leave out --tag to take it, or list the tagged ones with: ckptvault snapshots" + _describe(tags)
+                f"snapshot {spec} does not carry {_tag_list(tags)} "
+                f"(its tags: {_tag_list(untagged[0].tags) or 'none'}); "
+                f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: ckptvault snapshots"
+                + spelled(_describe(tags), "")
             )
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
     if len(found) > 1:
