@@ -77,7 +77,7 @@ def test_latest_prefers_step_then_time():
     assert select([*snaps[:2], demo], "latest").id == snaps[1].id
     untagged = snap(5, step=50, t=9)  # a snapshot without a run tag is not of run x
     assert select([*snaps[:2], untagged], "latest").id == untagged.id
-    with pytest.raises(SnapshotNotFoundError, match=r"latest with tags=\{'run': 'z'\} \(no snapshot has run=z; run is one of: x, y\)"):
+    with pytest.raises(SnapshotNotFoundError, match=r"tags=\{'run': 'z'\} \(no snapshot has run=z; run is one of: x, y\)"):
         select(snaps, "latest", {"run": "z"})
     with pytest.raises(SnapshotNotFoundError, match=r"no snapshot has a tag 'rnu'; keys in use: run, step\)"):
         select(snaps, "latest", {"rnu": "x"})
