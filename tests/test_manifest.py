@@ -77,7 +77,8 @@ def test_latest_prefers_step_then_time():
     assert select([*snaps[:2], demo], "latest").id == snaps[1].id
     untagged = snap(5, step=50, t=9)  # a snapshot without a run tag is not of run x
     assert select([*snaps[:2], untagged], "latest").id == untagged.id
-    with pytest.raises(SnapshotNotFoundError, match=r"tags=\{'run': 'z'\} \(no snapshot has run=z; run is one of: x, y\)"):
+    unmatched = r"tags=\{'run': 'z'\} \(no snapshot has run=z; run is one of: x, y\)"
+    with pytest.raises(SnapshotNotFoundError, match=unmatched):
         select(snaps, "latest", {"run": "z"})
     with pytest.raises(SnapshotNotFoundError, match=r"no snapshot has a tag 'rnu'; keys in use: run, step\)"):
         select(snaps, "latest", {"rnu": "x"})
