@@ -134,7 +134,7 @@ def pin_for(vault: Vault, ckpt: Path | list[Path], step: int) -> list[Path]:
 
 def take_over(staging: Path, vault: Vault) -> list[leftover_pins.Leftover]:
     warnings: list[str] = []
-    taken = leftover_pins.take_over(str(staging), vault.config.repo_id, warnings.append)
+    taken = leftover_pins.take_over([str(staging)], vault.config.repo_id, warnings.append)
     assert warnings == []
     return taken
 
@@ -331,7 +331,7 @@ SLOW_CLAIM = textwrap.dedent(
         return real(job)
 
     leftover_pins.pin_metadata = slow
-    taken = leftover_pins.take_over(sys.argv[1], sys.argv[2], print)
+    taken = leftover_pins.take_over(sys.argv[2:], sys.argv[1], print)
     print("took", len(taken), flush=True)
     time.sleep(5)  # alive while the other process looks
     """
@@ -341,26 +341,37 @@ TAKE_OVER = textwrap.dedent(
     """
     import sys
     from ckptvault.ops import leftover_pins
-    print("took", len(leftover_pins.take_over(sys.argv[1], sys.argv[2], print)), flush=True)
+    print("took", len(leftover_pins.take_over(sys.argv[2:], sys.argv[1], print)), flush=True)
     """
 )
 
 
-def test_of_two_processes_resuming_at_once_one_takes_a_pin_over(tmp_path, vault, ended_process):
-    (root,) = pin_for(vault, make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), 1)
-    set_owner(root, **ended_process)
-    args = [str(root.parent), vault.config.repo_id]
-    first = subprocess.Popen([sys.executable, "-c", SLOW_CLAIM, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+@pytest.mark.parametrize("folders", [1, 2])
+def test_of_two_processes_resuming_at_once_one_takes_a_job_over_whole(tmp_path, vault, ended_process, folders):
+    # with a job of two folders, each process starts from a different one: neither may take half
+    # of the job (each would then find it torn, and release its half: the checkpoint lost)
+    ckpts = [make_checkpoint(tmp_path / d / "checkpoint-1", 1) for d in "ab"[:folders]]
+    roots = pin_for(vault, ckpts, 1)
+    for root in roots:
+        set_owner(root, **ended_process)
+
+    def start(script: str, staging: Path) -> list[str]:
+        return [sys.executable, "-c", script, vault.config.repo_id, str(staging)]
+
+    first = subprocess.Popen(start(SLOW_CLAIM, roots[0].parent), stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert first.stdout.readline().strip() == "claiming"
         second = subprocess.run(
-            [sys.executable, "-c", TAKE_OVER, *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+            start(TAKE_OVER, roots[-1].parent), capture_output=True, text=True, cwd=ROOT, timeout=60
         )
         assert second.stdout.strip() == "took 0", second.stdout + second.stderr
-        assert first.stdout.readline().strip() == "took 1"
+        rest = [first.stdout.readline().strip() for _ in range(folders)]  # "claiming" for each other pin
+        assert rest[-1] == f"took {folders}", rest
     finally:
         first.kill()
         first.wait()
+    taken = take_over(roots[0].parent, vault)  # the first process is gone now: its pins are whole
+    assert len(taken) == folders and len({t.job.job_id for t in taken}) == 1
 
 
 def test_a_leftover_the_queue_refuses_keeps_its_pins(tmp_path, vault, ended_process):

@@ -253,12 +253,9 @@ def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:
     rewritten in place) no longer holds its checkpoint, and its pins are released, with a warning.
     Never raises for the filesystem (the caller is the training loop): what cannot be taken over
     is named in a warning and left for a later try."""
-    folders = list(dict.fromkeys(staging_folder(p) for p in paths))
     found: dict[str, list[Leftover]] = {}
-    for staging in folders:  # grows as jobs name other folders
-        for left in take_over(staging, vault_id, log.warning):
-            found.setdefault(left.job.job_id, []).append(left)
-            folders.extend(f for f in left.job.folders if f not in folders)
+    for left in take_over([staging_folder(p) for p in paths], vault_id, log.warning):
+        found.setdefault(left.job.job_id, []).append(left)
     jobs = []
     for lefts in found.values():
         job = _leftover_job(lefts)

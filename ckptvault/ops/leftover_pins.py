@@ -16,6 +16,7 @@ pinning or releasing) is removed after ten minutes.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import functools
 import os
@@ -147,30 +148,71 @@ def owner_state(owner: object, pinned_ns: int) -> OwnerState:
     return "alive"
 
 
-def take_over(staging: str, vault_id: str, on_warning: Callable[[str], object]) -> list[Leftover]:
-    """The pins in ``staging`` made for backups into vault ``vault_id`` whose process is gone,
-    oldest first, each now owned by this process. Pins of other vaults, of live processes and
-    of this one are left alone. Never raises for the filesystem: a pin that cannot be taken over
-    is named in ``on_warning`` and left where it is."""
+def take_over(stagings: list[str], vault_id: str, on_warning: Callable[[str], object]) -> list[Leftover]:
+    """The pins in the staging folders ``stagings``, and in the other folders their jobs pinned
+    into, made for backups into vault ``vault_id`` whose process is gone, oldest first in each
+    folder, each now owned by this process. Pins of other vaults, of live processes and of this one
+    are left alone. Never raises for the filesystem: a pin that cannot be taken over is named in
+    ``on_warning`` and left where it is."""
+    folders = _folders_of_jobs(stagings, vault_id)
+    held: dict[str, int] = {}
+    try:
+        # One process at a time looks and claims, holding every folder a job spans (locked in one
+        # order, so two processes cannot deadlock): of two processes resuming at once, one gets
+        # each job whole, and none sees a pin between its claim and the metadata naming its owner.
+        for staging in sorted(folders):
+            fd = _lock(staging, on_warning)
+            if fd is not None:
+                held[staging] = fd
+        taken: list[Leftover] = []
+        for staging in held:
+            try:
+                taken += _take_over_locked(staging, vault_id, set(held), on_warning)
+            except OSError as exc:
+                on_warning(f"cannot look for pins left in {staging}: {exc.strerror or exc}")
+        return taken
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+def _folders_of_jobs(stagings: list[str], vault_id: str) -> list[str]:
+    """``stagings`` and every folder that a job pinned there for ``vault_id`` also pinned into
+    (read without a lock: only to know which folders to lock)."""
+    folders = list(dict.fromkeys(stagings))
+    for staging in folders:  # grows as jobs name other folders
+        try:
+            names = os.listdir(staging)
+        except OSError:
+            continue
+        for name in names:
+            loaded = pins.read(os.path.join(staging, name)) if _PIN_NAME.match(name) else None
+            job = JobRecord.from_doc(loaded[1].get(JOB_KEY)) if loaded else None
+            if job is not None and job.vault_id == vault_id:
+                folders.extend(f for f in job.folders if f not in folders)
+    return folders
+
+
+def _lock(staging: str, on_warning: Callable[[str], object]) -> int | None:
+    """An open descriptor of ``staging`` holding its exclusive flock; None when it is gone."""
     try:
         fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return []  # no such folder (nothing was ever pinned here), or not one this process may read
+        return None  # no such folder (nothing was ever pinned here), or not one this process may read
     try:
-        # One process at a time looks and claims: of two processes resuming at once, one gets each
-        # pin, and none sees a pin between its claim and the metadata naming its new owner.
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_ino != os.stat(staging).st_ino:
-            return []  # removed (its last pin released) while we waited: nothing is left in it
-        return _take_over_locked(staging, vault_id, on_warning)
+        if os.fstat(fd).st_ino == os.stat(staging).st_ino:
+            return fd
     except OSError as exc:
-        on_warning(f"cannot look for pins left in {staging}: {exc.strerror or exc}")
-        return []
-    finally:
-        os.close(fd)
+        if exc.errno != errno.ENOENT:
+            on_warning(f"cannot look for pins left in {staging}: {exc.strerror or exc}")
+    os.close(fd)  # removed (its last pin released) while we waited: nothing is left in it
+    return None
 
 
-def _take_over_locked(staging: str, vault_id: str, on_warning: Callable[[str], object]) -> list[Leftover]:
+def _take_over_locked(
+    staging: str, vault_id: str, locked: set[str], on_warning: Callable[[str], object]
+) -> list[Leftover]:
     now_ns = time.time_ns()
     taken: list[Leftover] = []
     for name in sorted(os.listdir(staging)):
@@ -188,6 +230,8 @@ def _take_over_locked(staging: str, vault_id: str, on_warning: Callable[[str], o
         job, owner = JobRecord.from_doc(doc.get(JOB_KEY)), doc.get(OWNER_KEY)
         if job is None or job.vault_id != vault_id:
             continue
+        if not locked.issuperset(f for f in job.folders if os.path.isdir(f)):
+            continue  # made after the folders were chosen, in one not locked: left for the next call
         state = owner_state(owner, pinned_ns)
         if state in ("this process", "alive"):
             continue
