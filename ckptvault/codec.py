@@ -60,6 +60,9 @@ class CompressionSettings:
             raise UsageError(f"unknown compression {self.codec!r}; use zstd or none")
         if self.codec == "zstd" and not -7 <= self.level <= 22:
             raise UsageError(f"compression level {self.level} is out of range for zstd; use -7..22")
+        for flag in ("bytegroup", "delta"):  # fixed for the vault's life: "no" must not read as True
+            if not isinstance(getattr(self, flag), bool):
+                raise UsageError(f"CompressionSettings {flag} must be True or False; got {getattr(self, flag)!r}")
 
     def to_dict(self) -> dict[str, str | int | bool]:
         out: dict[str, str | int | bool] = {"codec": self.codec, "level": self.level, "bytegroup": self.bytegroup}

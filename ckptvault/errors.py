@@ -70,6 +70,7 @@ class SourceError(CkptVaultError):
     def __init__(self, path: str, reason: str, hint: str = "") -> None:
         self.path = path
         self.reason = reason
+        self.hint = hint
         msg = f"cannot read {path}: {reason}"
         super().__init__(f"{msg} ({hint})" if hint else msg)
 

@@ -811,6 +811,7 @@ class Vault:
             hostname=hostname,
             pin=pin,
             skip_if_unchanged=skip_if_unchanged,
+            vault_folder=self._local_folder,
         )
         return shipper.submit(job, on_full=on_full)
 
@@ -897,6 +898,7 @@ class Vault:
             on_shipped=on_shipped,
             on_warning=on_warning,
             on_start=on_start,
+            vault_folder=self._local_folder,
         )
         return watcher.run()
 

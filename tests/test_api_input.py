@@ -17,6 +17,7 @@ import pytest
 
 import ckptvault
 from ckptvault import Vault
+from ckptvault.codec import CompressionSettings
 from ckptvault.errors import CkptVaultError, FlushTimeoutError, UsageError
 from ckptvault.ops.async_backup import AsyncShipper, BackupJob, make_job
 from tests.conftest import write_file
@@ -181,6 +182,10 @@ def test_callback_refuses_a_bad_on_full_at_construction_before_opening_the_vault
         Shipping(str(url), on_full="bogus")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="tags must be a dict"):
         Shipping(str(url), tags=["run=x"])  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="raise_on_error must be True or False; got str 'no'"):
+        Shipping(str(url), raise_on_error="no")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="CompressionSettings delta must be True or False; got 'no'"):
+        Vault.init(url, compression=CompressionSettings(delta="no"))  # type: ignore[arg-type]
     assert not url.exists(), "no vault was created for a callback that cannot work"
     pytest.importorskip("transformers")
     from ckptvault.integrations.hf import CkptVaultCallback
@@ -480,3 +485,20 @@ def test_an_id_without_the_given_tags_is_named_as_such_not_as_missing(vault: Vau
     assert vault.snapshot(three[1].id[:8], tags={"run": "r"}) == three[1]
     with pytest.raises(SnapshotNotFoundError, match="no snapshot 0000000000"):
         vault.snapshot("0000000000", tags={"run": "r"})
+
+
+def test_messages_name_the_api_and_its_parameters(vault: Vault, three, tmp_path: Path):
+    with pytest.raises(UsageError, match=r"keep_latest must be at least 1 \(.* use: Vault\.forget\(\[\.\.\.\]\)\)"):
+        vault.prune(keep_latest=0)
+    with pytest.raises(UsageError, match=r"the before time needs a time zone"):
+        vault.prune(keep_latest=1, before=datetime(2020, 1, 1))
+    with pytest.raises(UsageError, match=r"include 'nope/\*' matched no path.*: Vault\.files\(snapshot\)"):
+        vault.restore(three[0], tmp_path / "out", include=["nope/*"])
+    # a glob written as a shell would (./, a leading /) means the path as stored
+    result = vault.restore(three[0], tmp_path / "out", include=["./model/*", "/config.json"])
+    assert result.files == 2 and result.unmatched_globs == ()
+    (tmp_path / "links").mkdir()
+    os.symlink(tmp_path / "out", tmp_path / "links" / "out")
+    with pytest.raises(CkptVaultError, match=r"only symlinks .*\(name the folders they point to\)") as info:
+        vault.backup_status(tmp_path / "links")  # status's own hint is for unreadable files only
+    assert "make it readable" not in str(info.value)

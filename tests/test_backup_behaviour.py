@@ -163,18 +163,29 @@ def test_bad_on_change_value(vault: Vault, tmp_path: Path):
 
 
 def test_the_vault_is_never_backed_up_into_itself(tmp_path: Path):
-    # a vault kept inside the checkpoint folder: its packs and its live lock are left out, with a warning
-    (tmp_path / "ckpts" / "step-1").mkdir(parents=True)
-    (tmp_path / "ckpts" / "step-1" / "model.bin").write_bytes(os.urandom(50_000))
+    # a vault kept inside the checkpoint folder: its packs and its live lock are left out, with a
+    # warning, by every way of shipping (backup, backup_async's pins, watch); naming it is refused
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "step-1").mkdir(parents=True)
+    (ckpts / "step-1" / "model.bin").write_bytes(os.urandom(50_000))
+    os.symlink(ckpts / "vault" / "packs", tmp_path / "alias")
     warnings: list[str] = []
-    with Vault.open(tmp_path / "ckpts" / "vault", create=True) as vault:
-        vault.backup(tmp_path / "ckpts" / "step-1")  # the vault holds packs now
-        snap = vault.backup(tmp_path / "ckpts", on_warning=warnings.append)
+    with Vault.open(ckpts / "vault", create=True) as vault:
+        vault.backup(ckpts / "step-1")  # the vault holds packs now
+        snap = vault.backup(ckpts, on_warning=warnings.append)
         assert [e.path for e in vault.files(snap)] == ["step-1", "step-1/model.bin"]
         assert any("the vault this backup writes to" in w for w in warnings)
-        status = vault.backup_status(tmp_path / "ckpts")  # as the backup saw it
+        shipped = vault.backup_async(ckpts).result(timeout=60)
+        assert [e.path for e in vault.files(shipped)] == ["step-1", "step-1/model.bin"]
+        watched = vault.watch(ckpts, once=True, settle=0)
+        assert [s.name for s in watched.shipped] == ["step-1"]
+        status = vault.backup_status(ckpts)  # as the backup saw it
         assert status.backed_up and status.files == 1
-        for inside in (tmp_path / "ckpts" / "vault", tmp_path / "ckpts" / "vault" / "config"):
-            with pytest.raises(UsageError, match=r"(is the vault|is inside the vault) this backup writes to"):
-                vault.backup(inside)
-        assert len(vault.snapshots()) == 2
+        for inside in (ckpts / "vault", ckpts / "vault" / "config", tmp_path / "alias"):
+            for call in (vault.backup, vault.backup_async, vault.backup_status, vault.watch):
+                if call == vault.watch and inside.is_file():
+                    continue  # "is not a directory" first
+                with pytest.raises(UsageError, match=r"is (the vault|inside the vault) at .*; name the checkpoints"):
+                    call(inside)
+        assert len(vault.snapshots()) == 4
+    assert not list(ckpts.glob(".ckptvault-*/**/config"))  # no pin of the vault's files was made

@@ -71,6 +71,19 @@ def test_readme_workflow(cli, tmp_path: Path):
     assert "dedup ratio" in text and "stored bytes" in text
 
 
+def test_the_app_names_its_options_however_it_is_run(tmp_path: Path):
+    # tests and embedders call the typer app directly, not cli.main: messages still name options
+    from ckptvault import Vault
+
+    Vault.init(str(tmp_path / "v")).close()
+    script = (
+        "from ckptvault.cli.commands import app; "
+        f"app(args=['prune', '--keep-latest', '0', '--repo', {str(tmp_path / 'v')!r}])"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--keep-latest must be at least 1" in proc.stderr, proc.stderr
+
+
 def test_stats_of_a_vault_without_data_shows_no_ratio(cli, tmp_path: Path):
     cli("init", str(tmp_path / "vault"))
     text = cli("stats", "--repo", str(tmp_path / "vault")).stdout.decode()
@@ -141,9 +154,12 @@ def test_init_takes_one_repository_spelled_two_ways(cli, tmp_path: Path):
 
 
 def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
-    # CKPTVAULT_REPO is a default, like --repo's: the folder typed on the command line is the one created
-    cli("init", str(tmp_path / "typed"), CKPTVAULT_REPO=str(tmp_path / "from-env"))
-    assert (tmp_path / "typed" / "config").is_file() and not (tmp_path / "from-env").exists()
+    # CKPTVAULT_REPO is a default, like --repo's: the folder typed on the command line is the one
+    # created, whatever the variable holds (checked only when it is used)
+    for n, env in enumerate((str(tmp_path / "from-env"), "memory://x", " ")):
+        cli("init", str(tmp_path / f"typed{n}"), CKPTVAULT_REPO=env)
+        assert (tmp_path / f"typed{n}" / "config").is_file()
+    assert not (tmp_path / "from-env").exists()
 
 
 @pytest.mark.parametrize(

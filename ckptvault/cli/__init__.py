@@ -121,10 +121,8 @@ def main() -> None:
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
         _keep_freed_memory()  # before the key derivation's thread: a thread that has allocated keeps its arena
     _derive_key_ahead(sys.argv[1:])
-    from ..errors import name_command_line_options
     from .commands import app
 
-    name_command_line_options()
     _configure_logging()
     _whole_writes_to_stdout()
     # The pipelines allocate many short-lived objects (futures, tuples) per chunk: collecting

@@ -6,7 +6,6 @@ import functools
 import getpass
 import inspect
 import os
-import signal
 import sys
 import tempfile
 import traceback
@@ -17,13 +16,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ..crypto.keyfile import passphrase_from_env
-from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError
+from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError, name_command_line_options
 from ..vault import Vault, default_repo_url
 from ..version import __version__
 from .output import Output, discard_stdout
 from .params import parse_storage_options
 
-EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # what a shell reports for a program that SIGPIPE ended (141)
+EXIT_PIPE_CLOSED = 141  # what a shell reports for a program that SIGPIPE ended (128 + 13)
 
 app = typer.Typer(
     name="ckptvault",
@@ -177,12 +176,18 @@ def require_nonempty(option: str, value: str) -> None:
         raise UsageError(f"{option} is empty; give a path or URL, or leave the option out for the default")
 
 
-def refuse_blank_env(value: str | None, env: str, what: str) -> None:
+def refuse_blank_vault_settings(repo: str | None, keyfile: str | None) -> None:
     """typer takes an environment variable that is set but blank (an unset CI secret or shell
     variable) for an option left out: refused, rather than falling back to a default the user did
     not choose (the default vault; no encryption for the vault a backup creates)."""
-    if not (value or "").strip() and env in os.environ and not os.environ[env].strip():
-        raise UsageError(f"{env} is set but empty; set it to {what}, or unset it")
+    for value, env, what in (
+        (repo, "CKPTVAULT_REPO", "the vault's path or URL"),
+        (keyfile, "CKPTVAULT_KEYFILE", "the keyfile's path"),
+    ):
+        if not (value or "").strip() and env in os.environ and not os.environ[env].strip():
+            raise UsageError(f"{env} is set but empty; set it to {what}, or unset it")
+    if keyfile is not None:
+        require_nonempty("--keyfile", keyfile)
 
 
 def require_lasting_url(url: str) -> None:
@@ -206,10 +211,7 @@ def open_vault(
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind)."""
-    refuse_blank_env(repo, "CKPTVAULT_REPO", "the vault's path or URL")
-    refuse_blank_env(keyfile, "CKPTVAULT_KEYFILE", "the keyfile's path")
-    if keyfile is not None:
-        require_nonempty("--keyfile", keyfile)
+    refuse_blank_vault_settings(repo, keyfile)
     options = parse_storage_options(storage_option)
     key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
     if repo is not None:
@@ -244,3 +246,4 @@ def main_options(
     ] = False,
 ) -> None:
     """Deduplicating, verified backups of ML training checkpoints."""
+    name_command_line_options()  # every way of running the app, not only cli.main

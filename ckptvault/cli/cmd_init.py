@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -18,7 +19,7 @@ from .app import (
     app,
     command,
     passphrase_source,
-    refuse_blank_env,
+    refuse_blank_vault_settings,
     require_lasting_url,
     require_nonempty,
 )
@@ -62,10 +63,10 @@ def init_cmd(
 ) -> None:
     """Create a repository (encrypted with --encrypt --keyfile)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    refuse_blank_env(url or repo, "CKPTVAULT_REPO", "the vault's path or URL")
-    refuse_blank_env(keyfile, "CKPTVAULT_KEYFILE", "the keyfile's path")
-    if keyfile is not None:
-        require_nonempty("--keyfile", keyfile)
+    source = ctx.get_parameter_source("repo")
+    if url is not None and source is not None and source.name == "ENVIRONMENT":
+        repo = None  # the argument typed on the command line beats CKPTVAULT_REPO, as --repo does
+    refuse_blank_vault_settings(url or repo, keyfile)
     if encrypt and not keyfile:
         raise UsageError("--encrypt needs --keyfile; create one with: ckptvault key generate --keyfile PATH")
     if keyfile and not encrypt:
@@ -77,11 +78,7 @@ def init_cmd(
             require_nonempty(option, value)
             require_lasting_url(value)
     if url is not None and repo is not None and not _same_place(url, repo):
-        source = ctx.get_parameter_source("repo")
-        if source is not None and source.name == "ENVIRONMENT":
-            repo = None  # the argument typed on the command line beats CKPTVAULT_REPO, as --repo does
-        else:
-            raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")
+        raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")
     try:
         vault = Vault.init(
             url or repo,
@@ -92,6 +89,8 @@ def init_cmd(
             passphrase=passphrase_source(passphrase_file),
         )
     except KeyfileNotFoundError as exc:  # a new vault may take a new key (an existing vault's may not)
+        if keyfile is None or os.path.lexists(keyfile):
+            raise
         raise KeyfileNotFoundError(f"{exc}, or create one with: ckptvault key generate --keyfile {keyfile}") from None
     config = vault.config
     text = f"created vault {config.repo_id[:8]} at {vault.url} (format {config.version}"

@@ -9,7 +9,7 @@ import signal
 import threading
 from types import FrameType
 
-from ..arguments import seconds_arg, tags_arg, text_arg
+from ..arguments import flag_arg, seconds_arg, tags_arg, text_arg
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import FlushTimeoutError
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
@@ -43,8 +43,8 @@ class Shipping:
             self.tags["run"] = text_arg("run", run)
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
+        self.raise_on_error = flag_arg("raise_on_error", raise_on_error)
         self.vault: Vault | str = vault if isinstance(vault, Vault) else _open_by_url(vault)
-        self.raise_on_error = raise_on_error
         self.handles: list[BackupHandle] = []
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
         self._shipped: set[tuple[str, int, int, int]] = set()

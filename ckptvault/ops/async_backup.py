@@ -52,7 +52,7 @@ from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
-from .scan import check_sources
+from .scan import check_sources, refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
 retry_log = logging.getLogger("ckptvault.shipping")  # the CLI (watch) shows these as warnings
@@ -191,17 +191,20 @@ def make_job(
     hostname: str | None,
     pin: bool,
     skip_if_unchanged: bool = False,
+    vault_folder: str | None = None,
 ) -> BackupJob:
     """Check the sources and pin them, on the caller's thread: after this returns, the trainer
     may delete or rewrite-by-rename the checkpoint. Pins are hard links in a ``.ckptvault-pins``
     folder beside each source (the same filesystem); where that is impossible the sources are
     backed up in place, with a warning, because a copy would hold up the training loop. Each
     pin's metadata records the job, so that a later process can ship it if this one dies first
-    (leftover_pins.py)."""
+    (leftover_pins.py). ``vault_folder``: the vault's local folder, refused as a source and left
+    out of the pins (scan.refuse_sources_in_vault)."""
     for key in tags:
         if not key or "=" in key:
             raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
     sources = check_sources(paths)
+    vault = refuse_sources_in_vault(sources, vault_folder)
     job = BackupJob(
         sources=sources,
         tags=dict(tags),
@@ -227,7 +230,7 @@ def make_job(
 
     try:
         for src, staging in zip(sources, folders, strict=True):
-            pins.append(pins_module.create(src, staging, link_only=True, meta=metadata))
+            pins.append(pins_module.create(src, staging, link_only=True, meta=metadata, skip_dir=vault))
     except OSError as exc:
         for made in pins:
             made.release()

@@ -36,7 +36,7 @@ from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
-from .scan import SourceItem, scan_sources
+from .scan import SourceItem, scan_sources, unreadable_hint
 
 ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
@@ -297,7 +297,7 @@ def _read_file(
                 raise SourceError(
                     item.abs_path,
                     exc.strerror or str(exc),
-                    f"use {spelled('--skip-unreadable', 'skip_unreadable=True')} to back up the rest",
+                    unreadable_hint(),
                 ) from exc
             warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
             return None

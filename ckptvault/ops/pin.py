@@ -99,6 +99,7 @@ class Pin:
     source: str
     source_ino: int
     copied: bool = False  # at least one file had to be copied
+    skip_dir: tuple[int, int] | None = None  # (device, inode) of a folder never pinned: the vault
 
     @property
     def data(self) -> str:
@@ -145,7 +146,12 @@ def new_pin_root(staging: str) -> str:
 
 
 def create(
-    source: str, staging: str, *, link_only: bool = False, meta: Callable[[Pin], dict[str, object]] | None = None
+    source: str,
+    staging: str,
+    *,
+    link_only: bool = False,
+    meta: Callable[[Pin], dict[str, object]] | None = None,
+    skip_dir: tuple[int, int] | None = None,
 ) -> Pin:
     """Pin ``source`` (a file or a directory) under ``staging``; ``meta(pin)``, called once the
     files are pinned, goes into its metadata, which is written last: a pin is never seen complete
@@ -157,7 +163,7 @@ def create(
     st = os.stat(source)  # a symlinked source means what it points at
     name = os.path.basename(source.rstrip(os.sep)) or "root"
     root = new_pin_root(staging)
-    pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino)
+    pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino, skip_dir=skip_dir)
     try:
         sync(pin, link_only=link_only)
         pin.save_meta(**(meta(pin) if meta else {}))
@@ -226,6 +232,8 @@ def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, link_only: bool) -> None:
         try:
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) == pin.skip_dir:
+                    continue
                 os.makedirs(dst, exist_ok=True)
                 _sync_dir(pin, entry.path, dst, link_only)
             elif stat.S_ISLNK(st.st_mode):

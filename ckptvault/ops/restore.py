@@ -20,6 +20,7 @@ import errno
 import fnmatch
 import glob
 import os
+import posixpath
 import secrets
 import stat
 import time
@@ -77,10 +78,11 @@ def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[li
         return list(tree), ()
     chosen: set[str] = set()
     unmatched = dict.fromkeys(include)
+    as_stored = {pat: posixpath.normpath(pat).lstrip("/") for pat in include}  # "./model/*" is "model/*"
     for e in tree:
         parts = e.path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        matched = [pat for pat in include if any(fnmatch.fnmatchcase(p, pat) for p in prefixes)]
+        matched = [pat for pat, glob in as_stored.items() if any(fnmatch.fnmatchcase(p, glob) for p in prefixes)]
         if matched:
             chosen.add(e.path)
             chosen.update(prefixes[:-1])
@@ -90,7 +92,8 @@ def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[li
         globs = ", ".join(repr(pat) for pat in unmatched)
         raise UsageError(
             f"{spelled('--include', 'include')} {globs} matched no path in the snapshot, so nothing was restored; "
-            "globs match paths from the snapshot's root (e.g. 'model/*.bin'): list them with: ckptvault ls SNAPSHOT"
+            "globs match paths from the snapshot's root (e.g. 'model/*.bin'): list them with: "
+            + spelled("ckptvault ls SNAPSHOT", "Vault.files(snapshot)")
         )
     return [e for e in tree if e.path in chosen], tuple(unmatched)
 

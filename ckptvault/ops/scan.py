@@ -60,9 +60,7 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool, vault_folder: str
     vault itself) is refused, and the vault is left out of a source that holds it: its objects are
     stored already, and its lock and the packs it is writing change while they are read."""
     abs_sources = check_sources(sources)
-    vault = _identity(vault_folder) if vault_folder else None
-    if vault is not None:
-        _refuse_sources_inside(abs_sources, vault_folder or "", vault)
+    vault = refuse_sources_in_vault(abs_sources, vault_folder)
     result = ScanResult(items=[], warnings=[], source_paths=abs_sources)
     walk = functools.partial(_walk, result=result, skip_unreadable=skip_unreadable, vault=vault)
     if len(abs_sources) == 1 and os.path.isdir(abs_sources[0]):
@@ -86,15 +84,21 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool, vault_folder: str
         if any(item.kind == "symlink" for item in result.items):
             raise SourceError(
                 abs_sources[0],
-                "it holds no files, only symlinks (a backup stores links inside a folder as links)",
-                "nothing was backed up; back up the folders they point to",
+                "it holds no files, only symlinks (links inside a folder are stored as links)",
+                "name the folders they point to",
             )
-        raise SourceError(abs_sources[0], "it holds no files", "nothing was backed up; check the path")
+        raise SourceError(abs_sources[0], "it holds no files", "check the path")
     result.items.sort(key=lambda i: i.path)
     return result
 
 
-def _identity(path: str) -> tuple[int, int] | None:
+def unreadable_hint() -> str:
+    """What to do about a source file or folder a backup cannot read."""
+    return f"use {spelled('--skip-unreadable', 'skip_unreadable=True')} to back up the rest"
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of what ``path`` names, links followed; None when it cannot be found."""
     try:
         st = os.stat(path)
     except OSError:
@@ -102,19 +106,21 @@ def _identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _refuse_sources_inside(abs_sources: list[str], vault_folder: str, vault: tuple[int, int]) -> None:
-    for src in abs_sources:
-        probe = src
+def refuse_sources_in_vault(abs_sources: list[str], vault_folder: str | None) -> tuple[int, int] | None:
+    """UsageError for a source that is the vault at ``vault_folder`` or lies inside it (through
+    links too); else the vault's identity, for the walks to leave it out (None: no local vault)."""
+    vault = identity(vault_folder) if vault_folder else None
+    for src in abs_sources if vault is not None else ():
+        probe = os.path.realpath(src)
         while True:
-            if _identity(probe) == vault:
-                raise UsageError(
-                    f"{src} is {'the vault' if probe == src else 'inside the vault'} this backup writes to "
-                    f"({vault_folder}); back up the checkpoints, not the vault"
-                )
+            if identity(probe) == vault:
+                where = "the vault" if probe == os.path.realpath(src) else "inside the vault"
+                raise UsageError(f"{src} is {where} at {vault_folder}; name the checkpoints, not the vault")
             parent = os.path.dirname(probe)
             if parent == probe:
                 break
             probe = parent
+    return vault
 
 
 def _walk(
@@ -128,7 +134,7 @@ def _walk(
             raise SourceError(
                 directory,
                 exc.strerror or str(exc),
-                f"use {spelled('--skip-unreadable', 'skip_unreadable=True')} to back up the rest",
+                unreadable_hint(),
             ) from exc
         result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
         return

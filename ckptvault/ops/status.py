@@ -18,7 +18,7 @@ from ..errors import ObjectNotFoundError, SourceError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
 from .restore import file_hash
-from .scan import scan_sources
+from .scan import scan_sources, unreadable_hint
 
 # Every file is compared by content: one that cannot be read leaves the answer unknown.
 UNREADABLE_HINT = "status compares every file with the vault: make it readable, or ask about a folder without it"
@@ -44,8 +44,10 @@ def backup_status(
 ) -> BackupStatus:
     try:
         scan = scan_sources([path], skip_unreadable=False, vault_folder=vault_folder)  # as a backup sees it
-    except SourceError as exc:  # its hint names backup's --skip-unreadable
-        raise SourceError(exc.path, exc.reason, UNREADABLE_HINT) from None
+    except SourceError as exc:
+        if exc.hint != unreadable_hint():
+            raise
+        raise SourceError(exc.path, exc.reason, UNREADABLE_HINT) from None  # not backup's --skip-unreadable
     local = {i.path: i for i in scan.items if i.kind == "file"}
     total = sum(i.st.st_size for i in local.values())
     abs_path = scan.source_paths[0]

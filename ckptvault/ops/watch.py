@@ -45,6 +45,7 @@ from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import WATCH_STATE_FOLDER, checkpoint_step, is_temporary, is_unfinished
+from .scan import refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
 
@@ -149,8 +150,10 @@ class Watcher:
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
         on_start: Callable[[int], None] | None = None,
+        vault_folder: str | None = None,
     ) -> None:
         self.directory = check_watch_args(directory, tags, options.interval, options.settle, once=options.once)
+        self._vault = refuse_sources_in_vault([self.directory], vault_folder)  # a vault inside is no checkpoint
         self.tags = dict(tags)
         self.options = options
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
@@ -300,7 +303,11 @@ class Watcher:
                 continue  # deleted while we looked, or unreadable: the next poll looks again
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # a link names a checkpoint that is watched under its own name
-            if entry.path == self.state_dir or (entry.name, st.st_ino) in tracked:
+            if (
+                entry.path == self.state_dir
+                or (entry.name, st.st_ino) in tracked
+                or (st.st_dev, st.st_ino) == self._vault
+            ):
                 continue
             done = self._done.get(entry.name)
             if done is not None and done.ino == st.st_ino:
@@ -326,7 +333,7 @@ class Watcher:
             if self._digests_loaded.is_set() and pins.digest(sig) in self._digests:
                 self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 return  # shipped before (by an earlier run of the watcher)
-            pin = pins.create(path, self.pins_dir)
+            pin = pins.create(path, self.pins_dir, skip_dir=self._vault)
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again

@@ -329,9 +329,9 @@ class LockManager:
         minutes = round(self.stale_after.total_seconds() / 60)
         until = f" (at {other.time + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if other.time else ""
         then = (
-            f"ckptvault unlock removes it once it is stale, {minutes} minutes after it was written{until}, "
-            f"or {spelled('--remove-all', 'remove_all=True')} removes it now when no ckptvault process on any host "
-            "uses this vault"
+            f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it once it is stale, {minutes} minutes after "
+            f"it was written{until}, or {spelled('ckptvault unlock --remove-all', 'Vault.unlock(remove_all=True)')} "
+            "removes it now when no ckptvault process on any host uses this vault"
         )
         if other.newer:
             return UnsupportedFormatError(

@@ -49,7 +49,7 @@ class RetentionPolicy:
         if self.keep_latest is not None and self.keep_latest < 1:
             raise UsageError(
                 f"{spelled('--keep-latest', 'keep_latest')} must be at least 1 "
-                "(to remove given snapshots use: ckptvault forget ID)"
+                f"(to remove given snapshots use: {spelled('ckptvault forget ID', 'Vault.forget([...])')})"
             )
         if self.before is not None and self.before.tzinfo is None:
             raise UsageError(f"the {spelled('--before', 'before')} time needs a time zone")

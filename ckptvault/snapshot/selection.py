@@ -34,10 +34,12 @@ def newest(snapshots: list[Snapshot]) -> Snapshot:
     return ordered(snapshots)[-1]
 
 
+def _tag_options(tags: dict[str, str]) -> str:
+    return "".join(f" --tag {k}={v}" for k, v in tags.items())
+
+
 def _describe(tags: dict[str, str] | None) -> str:
-    if not tags:
-        return ""
-    return spelled("".join(f" --tag {k}={v}" for k, v in tags.items()), f" with tags={tags}")
+    return spelled(_tag_options(tags), f" with tags={tags}") if tags else ""
 
 
 def _tag_list(tags: dict[str, str]) -> str:
@@ -76,8 +78,8 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
             raise SnapshotNotFoundError(
                 f"snapshot {spec} does not carry {_tag_list(tags)} "
                 f"(its tags: {_tag_list(untagged[0].tags) or 'none'}); "
-                f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: ckptvault snapshots"
-                + spelled(_describe(tags), "")
+                f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: "
+                + spelled(f"ckptvault snapshots{_tag_options(tags)}", f"Vault.snapshots(tags={tags})")
             )
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
     if len(found) > 1:
