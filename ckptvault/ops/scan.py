@@ -131,11 +131,7 @@ def _walk(
             entries = sorted(it, key=lambda e: e.name)
     except OSError as exc:
         if not skip_unreadable:
-            raise SourceError(
-                directory,
-                exc.strerror or str(exc),
-                unreadable_hint(),
-            ) from exc
+            raise SourceError(directory, exc.strerror or str(exc), unreadable_hint()) from exc
         result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
         return
     for entry in entries:
