@@ -115,6 +115,8 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags") -> dict[str, s
             raise UsageError(
                 f'{name} keys and values must be strings, like {{"step": "1200"}}; got {key!r}: {val!r} (use str())'
             )
+        if not key or "=" in key:  # a snapshot's tags are key=value: such a key could never be read back
+            raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
     return dict(value)
 
 
@@ -144,6 +146,13 @@ def fraction_arg(name: str, value: float) -> float:
         raise wrong_arg(name, value, "a number from 0 to 1 (e.g. 0.1 for 10%)")
     if not 0.0 <= value <= 1.0:
         raise UsageError(f"{name} {value} must be between 0 and 1")
+    return float(value)
+
+
+def interval_arg(name: str, value: float) -> float:
+    """A number of seconds (its range is the caller's to check)."""
+    if not _real(value):
+        raise wrong_arg(name, value, "a number of seconds")
     return float(value)
 
 

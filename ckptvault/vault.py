@@ -31,6 +31,7 @@ from .arguments import (
     flag_arg,
     fraction_arg,
     int_arg,
+    interval_arg,
     optional_path_arg,
     path_arg,
     paths_arg,
@@ -41,6 +42,7 @@ from .arguments import (
     tags_arg,
     text_arg,
     url_arg,
+    wrong_arg,
 )
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
@@ -525,9 +527,6 @@ class Vault:
                 f"hostname {hostname!r} is blank or holds control characters; give a name, or none for this machine's"
             )
         hostname = hostname or socket.gethostname()
-        for key in tags:
-            if not key or "=" in key:
-                raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
         abs_paths = sorted(check_sources(sources))
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
@@ -877,13 +876,15 @@ class Vault:
         ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run."""
         directory = path_arg("directory", directory)
         options = WatchOptions(
-            interval=interval,
-            settle=settle,
+            interval=interval_arg("interval", interval),
+            settle=interval_arg("settle", settle),
             include=tuple(str_list_arg("include", include, "['step_*']")),
             state_dir=optional_path_arg("state_dir", state_dir) or None,
             once=once,
         )
         user_tags = tags_arg(tags)
+        if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):
+            raise wrong_arg("stop", stop, "a threading.Event (set it to stop watching), or None")
 
         def shipped_digests() -> list[str]:
             return [s.tags["watch-sig"] for s in self.snapshots(user_tags) if "watch-sig" in s.tags]

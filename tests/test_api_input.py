@@ -182,6 +182,8 @@ def test_callback_refuses_a_bad_on_full_at_construction_before_opening_the_vault
         Shipping(str(url), on_full="bogus")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="tags must be a dict"):
         Shipping(str(url), tags=["run=x"])  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"tag key 'lr=0\.1' is invalid"):
+        Shipping(str(url), tags={"lr=0.1": "yes"})  # the first save would have failed, mid-training
     with pytest.raises(UsageError, match="raise_on_error must be True or False; got str 'no'"):
         Shipping(str(url), raise_on_error="no")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="CompressionSettings delta must be True or False; got 'no'"):
@@ -328,6 +330,9 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: v.flush(timeout="5"), "timeout must be a number of seconds"),
         (lambda v, s, t: v.configure_async(max_pending="4"), "max_pending must be an int"),
         (lambda v, s, t: v.backup_status(None), "path must be a path"),
+        (lambda v, s, t: v.watch(t / "src", settle="2"), "settle must be a number of seconds; got str '2'"),
+        (lambda v, s, t: v.watch(t / "src", interval=None), "interval must be a number of seconds; got None"),
+        (lambda v, s, t: v.watch(t / "src", stop=True), "stop must be a threading.Event"),
         (lambda v, s, t: v.drill(None), "snapshot must be"),
         (lambda v, s, t: v.diff(s, None), "snapshot must be"),
         # a flag is True or False: "no" is truthy, and overwrite="no" would overwrite

@@ -185,9 +185,30 @@ def test_a_cancelling_close_ends_a_wait_for_a_prune_at_once(tmp_path, repo_url, 
     holder.close()
 
 
+@pytest.mark.parametrize("relative", [True, False])
+def test_a_link_to_a_checkpoint_file_pins_the_file_it_names(tmp_path, vault, relative):
+    # Lightning's save_last="link": last.ckpt -> epoch=0-step=2.ckpt, which rotation deletes next
+    out = tmp_path / "out"
+    write_file(out / "epoch=0-step=2.ckpt", os.urandom(100_000))
+    expected = (out / "epoch=0-step=2.ckpt").read_bytes()
+    os.symlink("epoch=0-step=2.ckpt" if relative else out / "epoch=0-step=2.ckpt", out / "last.ckpt")
+    handle = vault.backup_async(out / "last.ckpt", tags={"step": "2"})
+    (out / "epoch=0-step=2.ckpt").unlink()
+    snap = handle.result(timeout=60)
+    assert b"".join(vault.read_file(snap, "last.ckpt")) == expected
+
+
 def test_bad_input_fails_at_once_on_the_callers_thread(tmp_path, vault):
     with pytest.raises(SourceError):
         vault.backup_async(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    write_file(tmp_path / "unfinished" / "model.safetensors.tmp", b"x")
+    for nothing in (tmp_path / "empty", tmp_path / "unfinished"):  # named as given, not as its pin
+        with pytest.raises(SourceError, match=f"cannot read {nothing}: it holds no finished files"):
+            vault.backup_async(nothing)
+    assert not list(tmp_path.glob(".ckptvault-pins/*")), "no pin is left behind"
+    with pytest.raises(UsageError, match=r"tag key 'lr=0\.1' is invalid"):
+        vault.backup_async(tmp_path, tags={"lr=0.1": "yes"})
     with pytest.raises(UsageError):
         vault.backup_async(tmp_path, tags={"a=b": "c"})
     with pytest.raises(UsageError):

@@ -41,6 +41,7 @@ from typing import Literal
 from ..errors import (
     BackupSupersededError,
     FlushTimeoutError,
+    SourceError,
     StorageError,
     UsageError,
     VaultLockedError,
@@ -241,6 +242,10 @@ def make_job(
             exc.strerror or exc,
         )
         return job
+    if not any(entry[1] == "f" for sig in pinned_as for entry in sig):
+        for made in pins:  # an empty folder, only links, or only files still being written (*.tmp)
+            made.release()
+        raise SourceError(job.label, "it holds no finished files", "check the path; nothing was queued")
     job.pins = pins
     job.sources = [p.data for p in pins]
     job.pinned_as = pinned_as

@@ -259,7 +259,10 @@ def _sync_file(pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result
             return  # our own copy of this version
     if not pin.copied:
         try:
-            _replace_with(dst, lambda tmp: os.link(src, tmp, follow_symlinks=True))
+            # a source that is a link (Lightning's save_last="link") pins what it points at: Linux
+            # link() hard-links the symlink itself, whatever os.link's follow_symlinks says
+            target = os.path.realpath(src) if os.path.islink(src) else src
+            _replace_with(dst, lambda tmp: os.link(target, tmp))
             return
         except OSError as exc:
             if exc.errno not in NO_LINK_ERRNOS:
