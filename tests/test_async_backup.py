@@ -97,6 +97,25 @@ def test_coalesce_drops_the_oldest_waiting_backup_and_says_so(tmp_path, caplog):
     vault.close()
 
 
+def test_a_cancelled_backup_frees_its_slot_and_its_pins_at_once(tmp_path, caplog):
+    vault = slow_vault(tmp_path, delay=0.1)
+    vault.configure_async(max_pending=2)
+    ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{i}", i, 50_000) for i in range(4)]
+    first = vault.backup_async(ckpts[0], tags={"step": "0"})
+    wait_until(first.running)
+    second, third = (vault.backup_async(c, tags={"step": str(i)}) for i, c in ((1, ckpts[1]), (2, ckpts[2])))
+    assert third.cancel() and third.cancelled() and third.pinned  # it was pinned when queued
+    assert len(list((tmp_path / "ckpt" / ".ckptvault-pins").iterdir())) == 2  # step 2's pin is gone
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        fourth = vault.backup_async(ckpts[3], tags={"step": "3"})  # a free slot: nothing is dropped
+        vault.flush(timeout=120)
+    assert not any("dropped for the newer" in r.getMessage() for r in caplog.records)
+    assert [h.result().tags["step"] for h in (first, second, fourth)] == ["0", "1", "3"]
+    assert not first.cancel() and first.pinned
+    assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists()
+    vault.close()
+
+
 def test_a_file_rewritten_in_place_before_it_shipped_is_never_stored_under_the_older_save(tmp_path, caplog):
     """Lightning's last.ckpt when its temporary folder is on another filesystem: each save copies
     into the same file (the same inode), so the hard link that pinned save 1 holds save 2, then a

@@ -91,8 +91,10 @@ class BackupJob:
 class BackupHandle:
     """The result of ``Vault.backup_async``: ``done()``, ``result(timeout)``, ``exception(timeout)``."""
 
-    def __init__(self, job: BackupJob) -> None:
+    def __init__(self, job: BackupJob, cancel: Callable[[BackupJob], bool]) -> None:
         self._job = job
+        self._cancel = cancel
+        self._pinned = bool(job.pins)  # the pins go when the backup ends; that it was pinned stays
 
     @property
     def paths(self) -> str:
@@ -105,7 +107,7 @@ class BackupHandle:
     @property
     def pinned(self) -> bool:
         """True when the checkpoint was hard-linked at submit time, so deleting it is safe."""
-        return bool(self._job.pins)
+        return self._pinned
 
     @property
     def warnings(self) -> list[str]:
@@ -118,8 +120,9 @@ class BackupHandle:
         return self._job.future.running()
 
     def cancel(self) -> bool:
-        """Drop the backup if it has not started; True when it was dropped."""
-        return self._job.future.cancel()
+        """Drop the backup if it has not started (its queue slot and pins go at once); True when it
+        was dropped."""
+        return self._cancel(self._job)
 
     def cancelled(self) -> bool:
         return self._job.future.cancelled()
@@ -415,7 +418,17 @@ class AsyncShipper:
             raise
         if dropped is not None:
             self._supersede(dropped, job)
-        return BackupHandle(job)
+        return BackupHandle(job, self._cancel)
+
+    def _cancel(self, job: BackupJob) -> bool:
+        with self._cond:  # the worker takes a job and marks it running under this lock
+            if not job.future.cancel():
+                return False
+            if job in self._pending:
+                self._pending.remove(job)
+            self._cond.notify_all()  # a submit blocked on a full queue may go on
+        self._release(job)
+        return True
 
     def _enqueue(self, job: BackupJob, on_full: OnFull) -> BackupJob | None:
         """Queue ``job``; returns the waiting job it replaced under "coalesce", if any."""
