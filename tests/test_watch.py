@@ -293,6 +293,9 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     assert second.returncode == 11
     err = second.stderr.decode().strip().splitlines()
     assert len(err) == 1 and "already watching" in err[0], err
+    # its own state folder does not make a second watcher of the folder: it would ship everything twice
+    elsewhere = cli("watch", str(ckpts), "--repo", repo, "--once", "--state-dir", str(tmp_path / "st"), check=False)
+    assert elsewhere.returncode == 11 and "already watching" in elsewhere.stderr.decode(), elsewhere.stderr
     assert watch.finish() == 0
     for args in ([str(tmp_path / "nope" / "ckpts")], [str(tmp_path / "nope"), "--once"]):
         missing = cli("watch", *args, "--repo", repo, check=False)

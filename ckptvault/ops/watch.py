@@ -519,22 +519,27 @@ def _temporary_activity(pin: pins.Pin) -> pins.Signature:
 
 
 class _exclusive:
-    """One watcher per folder: a second one would pin and ship everything twice."""
+    """One watcher per folder: a second one would pin and ship everything twice. Both the state
+    folder's lock file and the watched folder itself are locked: two watchers given different
+    ``state_dir``s share only the folder."""
 
     def __init__(self, path: str, directory: str) -> None:
         self.path = path
         self.directory = directory
-        self.fd = -1
+        self.fd = self.dir_fd = -1
 
     def open(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)  # what the trainer would make: it is watched from now on
+        self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
 
     def __enter__(self) -> None:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
-            os.close(self.fd)
+            self.__exit__()
             raise WatchLockedError(
                 f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first"
             ) from None
@@ -543,3 +548,4 @@ class _exclusive:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
+        os.close(self.dir_fd)
