@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
+from ckptvault.cli.cmd_watch import SAME_SIGNAL_S
 from tests.support.rotating_writer import expected_files, publish
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +156,17 @@ def test_sigterm_finishes_the_upload_in_flight_and_a_restart_ships_the_rest(tmp_
     assert_each_shipped_once(repo, steps, "t")
 
 
+def test_one_sigterm_delivered_twice_stops_the_watcher_as_one(tmp_path, repo):
+    # `timeout` signals its child, then the child's process group: the second copy is no "abort"
+    (tmp_path / "ckpts").mkdir()
+    for _ in range(3):
+        watch = WatchProcess(str(tmp_path / "ckpts"), "--repo", repo)
+        watch.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)  # the first copy's handler has run (delivered at once, Python runs it once)
+        assert watch.finish(signal.SIGTERM) == 0, watch.err
+        assert not any("aborted" in line for line in watch.err), watch.err
+
+
 def test_a_second_signal_abandons_the_upload_at_once_and_a_restart_ships_everything(tmp_path, repo):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
@@ -166,6 +178,7 @@ def test_a_second_signal_abandons_the_upload_at_once_and_a_restart_ships_everyth
     watch.wait_for(lambda: locks.exists() and any(locks.iterdir()), what="the first upload to start")
     watch.proc.send_signal(signal.SIGTERM)
     watch.wait_for(lambda: any("again to abort" in line for line in watch.err), what="the first signal's notice")
+    time.sleep(SAME_SIGNAL_S)  # sooner, the same signal again is taken for the first one delivered twice
     started = time.monotonic()
     assert watch.finish(signal.SIGTERM) == 130, watch.err
     assert time.monotonic() - started < 3, "the second signal waited for the upload"

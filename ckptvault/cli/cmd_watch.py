@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Annotated, TypeVar
@@ -22,6 +23,7 @@ from .output import Output, discard_stdout, format_bytes, writing_stdout
 from .params import parse_tags
 
 T = TypeVar("T")
+SAME_SIGNAL_S = 0.5  # a repeat of the first stopping signal this soon is the same request, not "abort"
 
 
 @app.command("watch")
@@ -66,9 +68,15 @@ def watch_cmd(
     stop = threading.Event()
     info, warn = _never_failing(out.info), _never_failing(out.warn)
 
+    first: list[tuple[int, float]] = []  # the first stopping signal, and when
+
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
-            _abort()
+            # `timeout` signals the process and then its process group: one request, delivered twice
+            if not (first[0][0] == signum and time.monotonic() - first[0][1] < SAME_SIGNAL_S):
+                _abort()
+            return
+        first.append((signum, time.monotonic()))
         stop.set()
         info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
 
@@ -111,35 +119,36 @@ def watch_cmd(
                 f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s"
             )
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with vault_args.open(out, writing=True) as vault:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    with vault_args.open(out, writing=True) as vault:
 
-            def on_start(resumed: int) -> None:
-                again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
-                mode = " (once)" if once else ""
-                new = " (it did not exist when watch started)" if missing else ""
-                info(f"watching {directory}{new} for checkpoints{mode}; shipping to {vault.url}{again}")
+        def on_start(resumed: int) -> None:
+            again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
+            mode = " (once)" if once else ""
+            new = " (it did not exist when watch started)" if missing else ""
+            info(f"watching {directory}{new} for checkpoints{mode}; shipping to {vault.url}{again}")
 
-            result = _off_the_main_thread(
-                functools.partial(
-                    vault.watch,
-                    directory,
-                    tags=tags,
-                    interval=interval,
-                    settle=settle,
-                    include=include or (),
-                    state_dir=state_dir,
-                    once=once,
-                    stop=stop,
-                    on_shipped=on_shipped,
-                    on_warning=warn,
-                    on_start=on_start,
-                )
+        result = _off_the_main_thread(
+            functools.partial(
+                vault.watch,
+                directory,
+                tags=tags,
+                interval=interval,
+                settle=settle,
+                include=include or (),
+                state_dir=state_dir,
+                once=once,
+                stop=stop,
+                on_shipped=on_shipped,
+                on_warning=warn,
+                on_start=on_start,
             )
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        )
+    # The watch is over: a late copy of the stop signal (`timeout` signals the process group too)
+    # must not kill the exiting process (Python restores the default action at exit, but not SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     left = f"; {result.left} pinned checkpoint(s) wait for the next run" if result.left else ""
     info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
     if result.errors:
