@@ -169,6 +169,20 @@ def test_a_resumed_run_does_not_ship_again_what_the_first_run_shipped(tmp_path, 
     )
 
 
+def test_the_checkpoint_a_run_resumes_from_is_shipped_with_its_step(tmp_path, vault):
+    # the first run's last.ckpt never reached this vault (it shipped elsewhere); the resumed run
+    # offers it before saving anything: its step is the one the resume loaded, not none
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    ckpts = tmp_path / "ckpts"
+    with Vault.open(tmp_path / "elsewhere", create=True) as elsewhere:
+        fit(Tiny(), ckpts, CkptVaultCallback(elsewhere, run="pl"), every_n_train_steps=100, save_last=True, max_steps=6)
+    callback = CkptVaultCallback(vault, run="pl", on_full="block")
+    last = str(ckpts / "last.ckpt")
+    fit(Tiny(), ckpts, callback, every_n_train_steps=100, save_last=True, max_steps=8, ckpt_path=last)
+    assert sorted(s.tags.get("step", "none") for s in vault.snapshots()) == ["6", "8"]
+
+
 def test_the_on_exception_checkpoint_callbacks_file_is_shipped(tmp_path, vault):
     from pytorch_lightning.callbacks import OnExceptionCheckpoint
 

@@ -35,6 +35,7 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
     ship_on_sigterm = False  # Lightning's own SIGTERM handling ends fit, and the exit hook ships
 
     _saving_step: int | None = None  # the global step of the last checkpoint saved, if any
+    _loaded: tuple[str, int] | None = None  # the checkpoint a resumed run loaded, and its global step
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Run after the checkpoint callbacks in every hook, so that each file is queued in the hook
@@ -46,6 +47,20 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._saving_step = checkpoint.get("global_step", trainer.global_step)
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # fit(ckpt_path=...): a file the earlier run wrote but never shipped (last.ckpt: no step in its
+        # name) is offered before this run saves anything; the loaded one's step is known from it
+        if trainer.ckpt_path and isinstance(checkpoint.get("global_step"), int):
+            self._loaded = (os.path.abspath(trainer.ckpt_path), checkpoint["global_step"])
+
+    def _step_of(self, path: str) -> int | None:
+        step = step_from_name(os.path.basename(path))
+        if step is not None or self._saving_step is not None:
+            return step if step is not None else self._saving_step
+        if self._loaded is not None and os.path.abspath(path) == self._loaded[0]:
+            return self._loaded[1]
+        return None  # a file of the earlier run, neither saved nor loaded by this one
 
     def _ship_new(self, trainer: Any) -> None:
         if not trainer.is_global_zero:
@@ -63,8 +78,7 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
                 key = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
                 if key in self._shipped:
                     continue
-                step = step_from_name(os.path.basename(path))
-                self.ship(path, step if step is not None else self._saving_step)
+                self.ship(path, self._step_of(path))
                 self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
