@@ -342,7 +342,7 @@ def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tm
         proc.kill()
     assert proc.returncode == 130, stderr
     assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr
-    assert "exiting with 2 backup(s) not shipped on Ctrl-C" in stderr and "step_1 (step 1)" in stderr, stderr
+    assert "ckptvault: 2 backup(s) not shipped on Ctrl-C" in stderr and "step_1 (step 1)" in stderr, stderr
     pins = tmp_path / "ckpt" / ".ckptvault-pins"
     assert f"their pinned files stay in {pins}" in stderr, stderr
     assert len(os.listdir(pins)) == 2

@@ -563,7 +563,7 @@ class AsyncShipper:
             return
         kept = sorted({os.path.dirname(p.root) for j in left for p in j.pins})
         log.error(
-            "ckptvault: exiting with %d backup(s) not shipped %s: %s%s",
+            "ckptvault: %d backup(s) not shipped %s: %s%s",
             len(left),
             why,
             ", ".join(j.describe() for j in left),
