@@ -275,6 +275,11 @@ class Vault:
         # the vault's folder on this machine (None for remote storage): nothing is backed up into it
         self._local_folder: str | None = getattr(repo.store, "local_folder", None)
 
+    @property
+    def local_folder(self) -> str | None:
+        """The vault's folder on this machine; None for remote storage."""
+        return self._local_folder
+
     # ---- opening -----------------------------------------------------------------------
 
     @classmethod

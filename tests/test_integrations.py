@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
+from ckptvault.errors import UsageError
 
 torch = pytest.importorskip("torch", reason="pip install torch==2.13.0")
 
@@ -55,6 +56,24 @@ def test_transformers_trainer_callback_ships_every_save_despite_save_total_limit
     trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=resumed_args, train_dataset=data)
     trainer.train(resume_from_checkpoint=str(tmp_path / "resume"))
     assert trainer.state.global_step == 8
+
+
+def test_a_trainer_saving_into_the_vault_is_refused_before_training(tmp_path):
+    # a vault made where the trainer writes: each save would be refused mid-training
+    transformers = pytest.importorskip("transformers", reason="pip install ckptvault[hf]")
+    pytest.importorskip("accelerate", reason="the transformers Trainer needs accelerate")
+    from ckptvault.integrations.hf import CkptVaultCallback
+
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    data = [{"input_ids": torch.randint(0, 32, (8,)), "labels": torch.randint(0, 32, (8,))} for _ in range(8)]
+    out = str(tmp_path / "out")
+    args = transformers.TrainingArguments(output_dir=out, max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True)
+    callback = CkptVaultCallback(out, run="hf")
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    with pytest.raises(UsageError, match=r"saves its checkpoints in .*/out, inside the vault at"):
+        trainer.train()
+    assert trainer.state.global_step == 0
 
 
 def test_lightning_callback_ships_every_checkpoint_despite_save_top_k(tmp_path, vault):
@@ -165,6 +184,7 @@ SIGTERMED_TRAINER = """
 import sys, time
 import tests.support.slowfs
 from ckptvault import Vault
+from ckptvault.errors import UsageError
 from ckptvault.integrations.shipping import Shipping
 from tests.test_async_backup import make_checkpoint
 from pathlib import Path

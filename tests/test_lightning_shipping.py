@@ -238,3 +238,13 @@ def test_a_run_resumes_from_the_restored_checkpoint_as_if_never_interrupted(tmp_
     assert trainer.global_step == 20
     assert torch.equal(resumed.layer.weight, uninterrupted.layer.weight)
     assert torch.equal(resumed.layer.bias, uninterrupted.layer.bias)
+
+
+def test_checkpoints_saved_into_the_vault_are_refused_before_training(tmp_path, vault):
+    from ckptvault.errors import UsageError
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    inside = Path(vault.local_folder) / "ckpts"
+    with pytest.raises(UsageError, match="inside the vault at"):
+        fit(Tiny(), inside, CkptVaultCallback(vault, run="pl"), every_n_train_steps=1)
+    assert not inside.exists(), "no checkpoint was written"

@@ -25,6 +25,9 @@ from .shipping import Shipping, log
 class CkptVaultCallback(Shipping, TrainerCallback):  # type: ignore[misc]
     """Arguments: see ``Shipping``; ``step`` is the Trainer's global step."""
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.refuse_checkpoints_in_the_vault(args.output_dir)
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Every rank calls on_save after its own writes (rng_state_<rank>.pth, sharded weights and
         # optimizer states): the main process pins the folder only once all of them are done.

@@ -45,6 +45,10 @@ class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
         # Lightning's own reordering; a new list, since Lightning is iterating the old one.
         trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        for callback in trainer.checkpoint_callbacks:  # their folders are known once set up
+            self.refuse_checkpoints_in_the_vault(getattr(callback, "dirpath", None))
+
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._saving_step = checkpoint.get("global_step", trainer.global_step)
 

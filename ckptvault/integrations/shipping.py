@@ -11,8 +11,9 @@ from types import FrameType
 
 from ..arguments import flag_arg, seconds_arg, tags_arg, text_arg
 from ..crypto.keyfile import passphrase_from_env
-from ..errors import FlushTimeoutError
+from ..errors import FlushTimeoutError, UsageError
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
+from ..ops.scan import refuse_sources_in_vault
 from ..vault import Vault
 
 log = logging.getLogger("ckptvault")
@@ -58,6 +59,19 @@ class Shipping:
         if not isinstance(self.vault, Vault):  # a copy sent to this process (see __getstate__)
             self.vault = _open_by_url(self.vault)
         self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full, skip_if_unchanged=True))
+
+    def refuse_checkpoints_in_the_vault(self, folder: str | None) -> None:
+        """Before training starts: checkpoints saved into the vault's own folder would be refused at
+        the first save, mid-training (a vault made where the trainer writes, say)."""
+        vault_folder = self.vault.local_folder if isinstance(self.vault, Vault) else None
+        if folder and vault_folder:
+            try:
+                refuse_sources_in_vault([os.path.abspath(folder)], vault_folder)
+            except UsageError:
+                raise UsageError(
+                    f"the trainer saves its checkpoints in {folder}, inside the vault at {vault_folder}; "
+                    "give the callback a vault in another folder"
+                ) from None
 
     def finish_shipping(self) -> None:
         """Wait for the queued uploads; the first failure is raised unless ``raise_on_error`` is off:
