@@ -405,6 +405,45 @@ CLOSE_CTRL_C_SCRIPT = textwrap.dedent(
 )
 
 
+REOPEN_AFTER_CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    import tests.support.slowfs
+    from ckptvault import Vault
+    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"})
+    handles = [vault.backup_async(path, tags={"step": path[-1]}, on_full="block") for path in sys.argv[2:5]]
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # inside close()'s wait
+    try:
+        vault.close()
+    except KeyboardInterrupt:
+        pass
+    # a notebook's kernel lives on: the next backup_async beside them ships what close gave up on
+    with Vault.open(sys.argv[1]) as vault:
+        vault.backup_async(sys.argv[5], tags={"step": sys.argv[5][-1]})
+        vault.flush(timeout=120)
+        handles[0].exception(timeout=120)  # the one running at Ctrl-C went on to its end
+        print(" ".join(sorted(s.tags["step"] for s in vault.snapshots())))
+    """
+)
+
+
+def test_what_an_interrupted_close_gave_up_on_ships_with_the_next_backup_async_of_the_process(tmp_path):
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpts = [str(make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)) for step in (1, 2, 3, 4)]
+    proc = subprocess.run(
+        [sys.executable, "-c", REOPEN_AFTER_CTRL_C_SCRIPT, str(tmp_path / "repo"), *ckpts],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "not shipped on Ctrl-C while the vault closed" in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["1", "2", "3", "4"], proc.stderr
+    left = list((tmp_path / "ckpt" / ".ckptvault-pins").rglob("*"))
+    assert left == [], (left, proc.stderr)
+
+
 def test_ctrl_c_while_the_vault_closes_stops_the_wait_and_keeps_the_queued_pins(tmp_path):
     Vault.init(str(tmp_path / "repo")).close()
     ckpts = [str(make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)) for step in (1, 2, 3)]

@@ -50,7 +50,7 @@ from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
 from . import pin as pins_module
-from .leftover_pins import JobRecord, Leftover, pin_metadata, take_over
+from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
 from .scan import check_sources, refuse_sources_in_vault
@@ -530,6 +530,7 @@ class AsyncShipper:
             self._closed = True
             for job in self._pending:
                 job.future.cancel()
+                give_up(job.pins)
             self._pending.clear()
             self._cond.notify_all()
         _LIVE.discard(self)

@@ -41,6 +41,14 @@ _PIN_NAME = re.compile(r"^(\d{20})-[0-9a-f]{6}$")  # pin.new_pin_root's names
 
 OwnerState = Literal["this process", "alive", "gone", "unknown"]
 
+# Pins of this process's own jobs that it gave up on (a close interrupted by Ctrl-C), by root: a
+# later backup_async in this same process (a notebook's kernel lives on) takes them over too.
+_given_up: set[str] = set()
+
+
+def give_up(pins: list[Pin]) -> None:
+    _given_up.update(p.root for p in pins)
+
 
 @dataclass(frozen=True)
 class JobRecord:
@@ -233,6 +241,8 @@ def _take_over_locked(
         if not locked.issuperset(f for f in job.folders if os.path.isdir(f)):
             continue  # made after the folders were chosen, in one not locked: left for the next call
         state = owner_state(owner, pinned_ns)
+        if state == "this process" and root in _given_up:
+            state = "gone"
         if state in ("this process", "alive"):
             continue
         if state == "unknown" and now_ns - pinned_ns < UNCHECKABLE_OWNER_AFTER_S * 1e9:
@@ -242,6 +252,7 @@ def _take_over_locked(
         except OSError as exc:
             on_warning(f"cannot take over the pin {root} left by a process that ended: {exc.strerror or exc}")
             continue
+        _given_up.discard(root)
         taken.append(Leftover(pin, job, str(owner.get("host", "")) if isinstance(owner, dict) else ""))
     return taken
 
