@@ -160,17 +160,26 @@ def test_hf_under_ddp_ships_a_checkpoint_only_once_every_rank_wrote_its_files(tm
     first and shipped the folder without the slower rank's file (a resume lost rank 1's RNG state)."""
     pytest.importorskip("transformers", reason="pip install ckptvault[hf]")
     pytest.importorskip("accelerate", reason="the transformers Trainer needs accelerate")
-    vault_url = str(tmp_path / "vault")
-    Vault.init(vault_url).close()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
-    proc = subprocess.run(
-        [*torchrun(), str(ROOT / "tests" / "support" / "ddp_trainer.py"), str(tmp_path / "out"), vault_url],
-        cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    for attempt in range(2):
+        vault_url = str(tmp_path / f"vault{attempt}")
+        Vault.init(vault_url).close()
+        proc = subprocess.run(
+            [
+                *torchrun(),
+                str(ROOT / "tests" / "support" / "ddp_trainer.py"),
+                str(tmp_path / f"out{attempt}"),
+                vault_url,
+            ],
+            cwd=ROOT,
+            env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        # once in CI, under load, a rank died in its first step in torch's C++ (gloo), before any save
+        if "terminate called without an active exception" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Vault.open(vault_url) as vault:
         snaps = vault.snapshots({"run": "ddp"})
