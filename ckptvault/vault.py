@@ -272,13 +272,11 @@ class Vault:
         self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
         self._closing = False  # close() has begun: no new async backups
         self._closed = False  # close() has ended: every public method refuses
-        # the vault's folder on this machine (None for remote storage): nothing is backed up into it
-        self._local_folder: str | None = getattr(repo.store, "local_folder", None)
 
     @property
     def local_folder(self) -> str | None:
-        """The vault's folder on this machine; None for remote storage."""
-        return self._local_folder
+        """The vault's folder on this machine (None for remote storage): nothing is backed up into it."""
+        return getattr(self._repo.store, "local_folder", None)
 
     # ---- opening -----------------------------------------------------------------------
 
@@ -560,7 +558,7 @@ class Vault:
                 reference=reference if reference and reference.id in trees else None,
                 reference_tree=trees.get(reference.id) if reference else None,
                 unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
-                vault_folder=self._local_folder,
+                vault_folder=self.local_folder,
             )
         result.warnings[:0] = unreadable
         for warning in result.warnings:
@@ -607,7 +605,7 @@ class Vault:
                 overwrite=overwrite,
                 progress=on_progress,
                 workers=self._repo.download_concurrency,
-                vault_folder=self._local_folder,
+                vault_folder=self.local_folder,
             )
 
     @_open_only
@@ -815,7 +813,7 @@ class Vault:
             hostname=hostname,
             pin=pin,
             skip_if_unchanged=skip_if_unchanged,
-            vault_folder=self._local_folder,
+            vault_folder=self.local_folder,
         )
         return shipper.submit(job, on_full=on_full)
 
@@ -904,7 +902,7 @@ class Vault:
             on_shipped=on_shipped,
             on_warning=on_warning,
             on_start=on_start,
-            vault_folder=self._local_folder,
+            vault_folder=self.local_folder,
         )
         return watcher.run()
 
@@ -913,7 +911,7 @@ class Vault:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
         where = path_arg("path", path)
         with self._repo.locks.acquire_to_read():
-            return backup_status(self._repo, where, self.snapshots(), self.files, self._local_folder)
+            return backup_status(self._repo, where, self.snapshots(), self.files, self.local_folder)
 
     @_open_only
     def is_backed_up(self, path: PathLike) -> bool:

@@ -204,9 +204,6 @@ def make_job(
     pin's metadata records the job, so that a later process can ship it if this one dies first
     (leftover_pins.py). ``vault_folder``: the vault's local folder, refused as a source and left
     out of the pins (scan.refuse_sources_in_vault)."""
-    for key in tags:
-        if not key or "=" in key:
-            raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
     sources = check_sources(paths)
     vault = refuse_sources_in_vault(sources, vault_folder)
     job = BackupJob(

@@ -97,7 +97,7 @@ def unreadable_hint() -> str:
     return f"use {spelled('--skip-unreadable', 'skip_unreadable=True')} to back up the rest"
 
 
-def identity(path: str) -> tuple[int, int] | None:
+def _identity(path: str) -> tuple[int, int] | None:
     """(device, inode) of what ``path`` names, links followed; None when it cannot be found."""
     try:
         st = os.stat(path)
@@ -109,11 +109,11 @@ def identity(path: str) -> tuple[int, int] | None:
 def refuse_sources_in_vault(abs_sources: list[str], vault_folder: str | None) -> tuple[int, int] | None:
     """UsageError for a source that is the vault at ``vault_folder`` or lies inside it (through
     links too); else the vault's identity, for the walks to leave it out (None: no local vault)."""
-    vault = identity(vault_folder) if vault_folder else None
+    vault = _identity(vault_folder) if vault_folder else None
     for src in abs_sources if vault is not None else ():
         probe = os.path.realpath(src)
         while True:
-            if identity(probe) == vault:
+            if _identity(probe) == vault:
                 where = "the vault" if probe == os.path.realpath(src) else "inside the vault"
                 raise UsageError(f"{src} is {where} at {vault_folder}; name the checkpoints, not the vault")
             parent = os.path.dirname(probe)

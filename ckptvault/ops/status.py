@@ -55,8 +55,6 @@ def backup_status(
     def status(ok: bool, detail: str, snap: Snapshot | None = None, prefix: str = "") -> BackupStatus:
         return BackupStatus(abs_path, ok, snap, prefix, len(local), total, detail)
 
-    if not local:
-        return status(False, "holds no files, so no snapshot can vouch for it")
     hashes: dict[str, str] = {}
     first = min(local)
     candidates = [s for s in snapshots if s.summary.files >= len(local) and s.summary.logical_bytes >= total]
