@@ -7,6 +7,8 @@ import pytest
 from ckptvault import Vault
 from ckptvault.errors import SourceError, UsageError
 from ckptvault.ops import backup as backup_module
+from ckptvault.ops import pin as pins
+from ckptvault.ops.names import WATCH_STATE_FOLDER
 
 
 def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path):
@@ -189,3 +191,21 @@ def test_the_vault_is_never_backed_up_into_itself(tmp_path: Path):
                     call(inside)
         assert len(vault.snapshots()) == 4
     assert not list(ckpts.glob(".ckptvault-*/**/config"))  # no pin of the vault's files was made
+
+
+def test_a_pin_resumed_after_a_restart_still_leaves_out_a_vault_nested_in_the_checkpoint(tmp_path: Path):
+    # the watcher pinned step-1 (leaving out the vault inside it) and died before shipping it; the
+    # next watcher resumes the pin and syncs it again before shipping: the vault stays out
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "step-1").mkdir(parents=True)
+    (ckpts / "step-1" / "model.bin").write_bytes(os.urandom(50_000))
+    vault_folder = ckpts / "step-1" / "vault"
+    with Vault.open(vault_folder, create=True) as vault:
+        vault.backup(ckpts / "step-1" / "model.bin")  # the vault holds packs now
+        st = os.stat(vault_folder)
+        pins_dir = ckpts / WATCH_STATE_FOLDER / "pins"
+        left = pins.create(str(ckpts / "step-1"), str(pins_dir), skip_dir=(st.st_dev, st.st_ino))
+        assert sorted(os.listdir(left.data)) == ["model.bin"]
+        watched = vault.watch(ckpts, once=True, settle=0)
+        assert [s.name for s in watched.shipped] == ["step-1"]
+        assert [e.path for e in vault.files(watched.shipped[0].snapshot)] == ["model.bin"]

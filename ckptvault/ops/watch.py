@@ -358,6 +358,7 @@ class Watcher:
             pin = pins.load(root)
             if pin is None:
                 continue
+            pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
             self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
