@@ -2,6 +2,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from ckptvault import errors
 from ckptvault.errors import (
     MalformedObjectError,
     SnapshotNotFoundError,
@@ -10,7 +11,7 @@ from ckptvault.errors import (
     UsageError,
 )
 from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
-from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary
+from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary, format_tags
 from ckptvault.snapshot.selection import select
 
 
@@ -82,6 +83,20 @@ def test_latest_prefers_step_then_time():
         select(snaps, "latest", {"run": "z"})
     with pytest.raises(SnapshotNotFoundError, match=r"no snapshot has a tag 'rnu'; keys in use: run, step\)"):
         select(snaps, "latest", {"rnu": "x"})
+
+
+def test_tags_holding_commas_or_spaces_read_as_one_tag_in_messages(monkeypatch: pytest.MonkeyPatch):
+    snaps = [snap(1, t=1, note="a,b"), snap(2, t=2, note="x"), snap(3, t=3, note=" y")]
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        select(snaps, "latest", {"note": "a"})
+    assert 'note is one of: " y", "a,b", x' in str(caught.value)
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        select(snaps, snaps[0].id[:8], {"note": "x y"})
+    assert 'does not carry note=x y (its tags: note="a,b")' in str(caught.value)
+    monkeypatch.setattr(errors, "_command_line", True)  # as the CLI words it: a command line to paste
+    with pytest.raises(SnapshotNotFoundError, match=r"ckptvault snapshots --tag 'note=x y'$"):
+        select(snaps, snaps[0].id[:8], {"note": "x y"})
+    assert format_tags({"note": "a,b", "run": "x"}) == 'note="a,b",run=x'
 
 
 def test_prefix_selection():

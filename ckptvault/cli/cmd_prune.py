@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
+from ..snapshot.model import format_tags
 from ..snapshot.retention import Decision, missing_group_label
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, format_tags
+from .output import Output, format_bytes
 from .params import parse_before, parse_keep_tags, parse_tags
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be removed.")]

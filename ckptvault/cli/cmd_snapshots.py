@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
+from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, format_tags, writing_stdout
+from .output import Output, format_bytes, writing_stdout
 from .params import parse_tags
 
 SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]

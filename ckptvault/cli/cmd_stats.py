@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, format_tags
+from .output import Output, format_bytes
 
 
 @app.command("stats")

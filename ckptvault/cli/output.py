@@ -35,18 +35,6 @@ def format_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def format_tags(tags: dict[str, str]) -> str:
-    """``run=x,step=1200`` for tables; a key or value holding a comma, a quote or edge spaces is
-    quoted (``note="a,b"``), so that it cannot read as two tags."""
-
-    def shown(text: str) -> str:
-        if "," in text or '"' in text or text != text.strip():
-            return json.dumps(text, ensure_ascii=False)
-        return text
-
-    return ",".join(f"{shown(k)}={shown(v)}" for k, v in tags.items())
-
-
 def _one_line(message: str) -> str:
     """Control characters (a newline in a file name) escaped: an error or warning stays one line."""
     if message.isprintable():

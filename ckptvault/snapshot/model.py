@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -70,3 +71,15 @@ class Snapshot:
 
     def matches(self, tags: dict[str, str] | None) -> bool:
         return all(self.tags.get(k) == v for k, v in (tags or {}).items())
+
+
+def format_tags(tags: dict[str, str], sep: str = ",") -> str:
+    """``run=x,step=1200``; a key or value holding a comma, a quote or edge spaces is quoted
+    (``note="a,b"``), so that it cannot read as two tags."""
+    return sep.join(f"{shown_tag_part(k)}={shown_tag_part(v)}" for k, v in tags.items())
+
+
+def shown_tag_part(text: str) -> str:
+    if "," in text or '"' in text or text != text.strip():
+        return json.dumps(text, ensure_ascii=False)
+    return text

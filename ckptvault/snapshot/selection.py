@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
+
 from ..errors import SnapshotNotFoundError, UsageError, spelled
-from .model import Snapshot
+from .model import Snapshot, format_tags, shown_tag_part
 
 
 def filter_by_tags(snapshots: list[Snapshot], tags: dict[str, str] | None) -> list[Snapshot]:
@@ -35,15 +37,11 @@ def newest(snapshots: list[Snapshot]) -> Snapshot:
 
 
 def _tag_options(tags: dict[str, str]) -> str:
-    return "".join(f" --tag {k}={v}" for k, v in tags.items())
+    return "".join(f" --tag {shlex.quote(f'{k}={v}')}" for k, v in tags.items())
 
 
 def _describe(tags: dict[str, str] | None) -> str:
     return spelled(_tag_options(tags), f" with tags={tags}") if tags else ""
-
-
-def _tag_list(tags: dict[str, str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in tags.items())
 
 
 def _unmatched(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
@@ -55,7 +53,8 @@ def _unmatched(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
             return f" (no snapshot has a tag {key!r}; keys in use: {', '.join(keys) or 'none'})"
         if value not in values:
             more = f" and {len(values) - 8} more" if len(values) > 8 else ""
-            return f" (no snapshot has {key}={value}; {key} is one of: {', '.join(values[:8])}{more})"
+            known = ", ".join(map(shown_tag_part, values[:8]))
+            return f" (no snapshot has {format_tags({key: value})}; {shown_tag_part(key)} is one of: {known}{more})"
     return ""
 
 
@@ -76,8 +75,8 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
         untagged = [s for s in snapshots if s.id.startswith(prefix)]
         if tags and len(untagged) == 1:  # it exists, without those tags: say so, not "no snapshot"
             raise SnapshotNotFoundError(
-                f"snapshot {spec} does not carry {_tag_list(tags)} "
-                f"(its tags: {_tag_list(untagged[0].tags) or 'none'}); "
+                f"snapshot {spec} does not carry {format_tags(tags, ', ')} "
+                f"(its tags: {format_tags(untagged[0].tags, ', ') or 'none'}); "
                 f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: "
                 + spelled(f"ckptvault snapshots{_tag_options(tags)}", f"Vault.snapshots(tags={tags})")
             )
