@@ -56,6 +56,7 @@ from .errors import (
     UsageError,
     VaultExistsError,
     VaultNotFoundError,
+    spelled,
 )
 from .hashing import new_file_hasher
 from .ops.async_backup import (
@@ -79,6 +80,7 @@ from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, run_restore
+from .ops.retag import changed_tags, retag
 from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
 from .ops.status import BackupStatus, backup_status
@@ -731,6 +733,38 @@ class Vault:
                 for i in sorted(unreadable)
             ]
             return replace(result, retention=RetentionPlan([*plan.decisions, *removed]))
+
+    @_open_only
+    def tag(
+        self,
+        snapshot: str | Snapshot,
+        *,
+        add: dict[str, str] | None = None,
+        remove: Sequence[str] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> Snapshot:
+        """Give a snapshot new tags: ``add`` sets keys (replacing a value a key has), ``remove``
+        takes keys away (a key it does not carry is no change). Returns the snapshot as it is now:
+        under a new ID when its tags changed (ops/retag.py says why), the same one when not.
+        ``snapshot`` is an ID prefix, ``"latest"`` (among those with ``tags``) or a Snapshot."""
+        snapshot = snapshot_arg(snapshot)
+        add = tags_arg(add, "add")
+        remove = str_list_arg("remove", remove, "['note']")
+        tags = tags_arg(tags)
+        both = sorted(set(add) & set(remove))
+        if both:
+            raise UsageError(
+                f"tag key {both[0]!r} is both added and removed; "
+                f"give it to one of {spelled('--add', 'add')} and {spelled('--remove', 'remove')}"
+            )
+        if not add and not remove:
+            raise UsageError(
+                f"nothing to change: give tags to {spelled('--add', 'add')} or keys to {spelled('--remove', 'remove')}"
+            )
+        with self._repo.locks.acquire(exclusive=False) as lock:
+            # a Snapshot given is looked up again: another process may have retagged or forgotten it
+            chosen = self.snapshot(snapshot.id if isinstance(snapshot, Snapshot) else snapshot, tags)
+            return retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
 
     @_open_only
     def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:

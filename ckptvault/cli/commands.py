@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     cmd_snapshots,
     cmd_stats,
     cmd_status,
+    cmd_tag,
     cmd_watch,
 )
 from .app import app

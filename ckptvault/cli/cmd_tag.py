@@ -1,0 +1,41 @@
+"""tag: change the tags of a stored snapshot."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..snapshot.model import format_tags
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .output import Output
+from .params import parse_tags
+
+
+@app.command("tag")
+@command
+@vault_options
+def tag_cmd(
+    snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")],
+    add: Annotated[
+        list[str] | None,
+        typer.Option("--add", "-a", help="Tag key=value to set (repeatable; replaces the key's value)."),
+    ] = None,
+    remove: Annotated[list[str] | None, typer.Option("--remove", help="Tag key to take away (repeatable).")] = None,
+    tag: TagOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Add or remove tags of a snapshot (e.g. --add keep=best, kept by prune --keep-tag keep).
+    The snapshot gets a new ID when its tags change."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    changes = parse_tags(add, "--add")
+    with vault_args.open(out) as vault:
+        before = vault.snapshot(snapshot, parse_tags(tag))
+        after = vault.tag(before, add=changes, remove=remove or [])
+    shown = format_tags(after.tags) or "none"
+    if after.id == before.id:
+        out.result(after, f"snapshot {after.short_id} already has these tags ({shown}); nothing changed")
+    else:
+        out.result(after, f"snapshot {before.short_id} is now {after.short_id}, tags: {shown}")

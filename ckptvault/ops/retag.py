@@ -1,0 +1,38 @@
+"""Changing a snapshot's tags after the fact (``ckptvault tag``), e.g. marking the best
+checkpoint ``keep=best`` so that ``prune --keep-tag keep`` never removes it.
+
+Snapshot objects are immutable (every host caches them by name), so new tags make a new
+snapshot object, with the same time, paths, description and summary, and a copy of the tree
+(trees belong to one snapshot each: ``forget`` deletes a snapshot's tree with it). The new pair
+is written before the old pair is deleted: a process killed in between leaves both snapshots,
+each whole, never a snapshot without its tree.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..repository import Repository
+from ..snapshot.manifest import encode_snapshot
+from ..snapshot.model import Snapshot
+
+
+def changed_tags(tags: dict[str, str], add: dict[str, str], remove: list[str]) -> dict[str, str]:
+    """``tags`` with ``remove``'s keys taken out and ``add`` put in (a key already there takes the
+    new value); the order of the remaining keys is kept."""
+    kept = {k: v for k, v in tags.items() if k not in remove}
+    return {**kept, **add}
+
+
+def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_commit: Callable[[], None]) -> Snapshot:
+    """``snapshot`` under a new ID carrying ``tags`` (the same snapshot when they are its tags)."""
+    if tags == snapshot.tags:
+        return snapshot
+    tree_id = repo.save_tree(repo.load_tree(bytes.fromhex(snapshot.tree_id)))
+    renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
+    before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
+    repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed))
+    repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
+    return renewed

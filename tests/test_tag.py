@@ -1,0 +1,148 @@
+"""Changing a snapshot's tags: a new snapshot object and tree, then the old pair goes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.crypto.keyfile import Keyfile
+from ckptvault.errors import LockLostError, SnapshotNotFoundError, UsageError
+from ckptvault.repository import Repository, locks
+
+from .conftest import tree_digest
+
+
+def two_saves(vault: Vault, tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(os.urandom(300_000))
+    vault.backup(src, tags={"run": "x", "step": "1"})
+    (src / "model.bin").write_bytes(os.urandom(300_000))
+    vault.backup(src, tags={"run": "x", "step": "2"})
+    return src
+
+
+def test_tags_are_added_and_removed_and_the_snapshot_keeps_everything_else(vault: Vault, tmp_path: Path):
+    src = two_saves(vault, tmp_path)
+    first, second = vault.snapshots()
+    tagged = vault.tag(first, add={"keep": "best", "step": "1"}, remove=["run", "absent"])
+    assert tagged.id != first.id and tagged.tree_id != first.tree_id
+    assert tagged.tags == {"step": "1", "keep": "best"}
+    assert (tagged.time, tagged.paths, tagged.summary, tagged.hostname) == (
+        first.time,
+        first.paths,
+        first.summary,
+        first.hostname,
+    )
+    assert {s.id for s in vault.snapshots()} == {tagged.id, second.id}  # the old object is gone
+    assert vault.tag(tagged, add={"keep": "best"}) == tagged  # nothing to change: the same snapshot
+    with pytest.raises(SnapshotNotFoundError):
+        vault.tag(first, add={"a": "b"})  # as it was: retagged since
+    # the tag protects it from a prune that would otherwise take it, and it restores
+    result = vault.prune(keep_latest=1, keep_tags=["keep"])
+    assert {s.id for s in vault.snapshots()} == {tagged.id, second.id}
+    assert not result.retention.forget
+    assert vault.check(read_data=1.0).ok
+    (src / "model.bin").write_bytes(b"")
+    vault.restore(tagged, tmp_path / "out")
+    assert (tmp_path / "out" / "model.bin").stat().st_size == 300_000
+    assert vault.latest({"run": "x"}).id == second.id
+
+
+def test_latest_among_tags_and_bad_input(vault: Vault, tmp_path: Path):
+    two_saves(vault, tmp_path)
+    tagged = vault.tag("latest", tags={"run": "x"}, add={"keep": "yes"})
+    assert tagged.tags == {"run": "x", "step": "2", "keep": "yes"}
+    with pytest.raises(UsageError, match="'keep' is both added and removed"):
+        vault.tag("latest", add={"keep": "no"}, remove=["keep"])
+    with pytest.raises(UsageError, match="nothing to change"):
+        vault.tag("latest")
+    with pytest.raises(UsageError, match="remove must be a list of strings"):
+        vault.tag("latest", remove="keep")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="tag key '' is invalid"):
+        vault.tag("latest", add={"": "x"})
+    with pytest.raises(SnapshotNotFoundError, match="no snapshot matches latest"):
+        vault.tag("latest", tags={"run": "nope"}, add={"a": "b"})
+    assert len(vault.snapshots()) == 2
+
+
+def test_interrupted_between_the_new_and_the_old_snapshot_leaves_both_whole(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    src = two_saves(vault, tmp_path)
+    first = vault.snapshots()[0]
+
+    def killed(self: Repository, snapshot_id: bytes, tree_id: bytes | None) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Repository, "delete_snapshot", killed)
+    with pytest.raises(KeyboardInterrupt):
+        vault.tag(first, add={"keep": "best"})
+    monkeypatch.undo()
+    twins = [s for s in vault.snapshots() if s.time == first.time]
+    assert len(twins) == 2 and first in twins
+    assert len({s.tree_id for s in twins}) == 2  # each has a tree of its own
+    vault.forget([first.id])  # forgetting one (and its tree) leaves the other whole
+    assert vault.check(read_data=1.0).ok
+    vault.restore(next(s for s in twins if s.id != first.id), tmp_path / "out")
+    assert (tmp_path / "out" / "model.bin").stat().st_size == (src / "model.bin").stat().st_size
+
+
+def test_a_lost_lock_writes_no_snapshot_and_keeps_the_old_one(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    two_saves(vault, tmp_path)
+    before = vault.snapshots()
+
+    def lost(self: locks.HeldLock) -> None:
+        raise LockLostError("the lock was lost")
+
+    monkeypatch.setattr(locks.HeldLock, "verify", lost)
+    with pytest.raises(LockLostError):
+        vault.tag(before[0], add={"keep": "best"})
+    monkeypatch.undo()
+    assert vault.snapshots() == before
+    assert vault.check().ok
+
+
+def test_an_encrypted_vault_retags_and_restores(tmp_path: Path):
+    keyfile, _ = Keyfile.create("pass phrase", scrypt_n=2**10)
+    keyfile.save(tmp_path / "team.key")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(os.urandom(200_000))
+    with Vault.init(str(tmp_path / "vault"), keyfile=tmp_path / "team.key", passphrase="pass phrase") as vault:
+        snap = vault.backup(src, tags={"run": "x"})
+        tagged = vault.tag(snap, add={"keep": "best"})
+        vault.restore(tagged, tmp_path / "out")
+        assert vault.check(read_data=1.0).ok
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+def test_cli_tag(cli, tmp_path: Path):
+    repo = str(tmp_path / "repo")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(os.urandom(100_000))
+    cli("init", repo)
+    cli("backup", str(src), "-r", repo, "-t", "run=x", "-t", "step=1", "-q")
+    done = cli("tag", "latest", "-r", repo, "-t", "run=x", "--add", "keep=best", "--add", "note=a,b")
+    assert (
+        done.stdout.decode().startswith("snapshot ")
+        and 'tags: run=x,step=1,keep=best,note="a,b"' in done.stdout.decode()
+    )
+    again = cli("tag", "latest", "-r", repo, "--add", "keep=best")
+    assert "already has these tags" in again.stdout.decode()
+    for args, message in [
+        (["--add", "k=v", "--remove", "k"], "error: tag key 'k' is both added and removed; give it to one of --add"),
+        ([], "error: nothing to change: give tags to --add or keys to --remove"),
+        (["--add", "=v"], "error: --add: '=v' is not key=value"),
+    ]:
+        bad = cli("tag", "latest", "-r", repo, *args, check=False)
+        assert bad.returncode == 2 and bad.stderr.decode().startswith(message), bad.stderr
+        assert "Traceback" not in bad.stderr.decode()
+    listed = cli("snapshots", "-r", repo, "--json")
+    assert '"keep": "best"' in listed.stdout.decode()
