@@ -296,3 +296,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(cli, tmp_path
     proc.stdout.close()
     assert proc.wait(timeout=120) == 141
     assert proc.stderr.read() == b""
+
+
+@pytest.mark.parametrize("args", [["ls", "--help"], ["--help"], []])
+def test_help_into_a_closed_pipe_exits_141_too(tmp_path: Path, args: list[str]):
+    # `ckptvault ls --help | head -1` under `set -o pipefail`: the help is output like any other
+    proc = subprocess.Popen([sys.executable, "-m", "ckptvault", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the help is written
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == b""

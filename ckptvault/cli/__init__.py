@@ -155,6 +155,12 @@ def _run(app: typer.Typer) -> int:
     click_errors = sys.modules[typer.BadParameter.__module__]
     try:
         code = app(standalone_mode=False)
+    except SystemExit as exc:
+        # rich ends the help cut by a closed pipe (`--help | head`) with exit 1: 141, as for every
+        # other closed stdout (docs/usage.md)
+        if exc.code == 1 and isinstance(exc.__context__, BrokenPipeError):
+            return 141
+        raise
     except getattr(click_errors, "NoArgsIsHelpError", ()) as exc:  # bare `ckptvault`: the help
         exc.show()
         return exc.exit_code
