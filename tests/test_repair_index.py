@@ -146,3 +146,51 @@ def test_a_deleted_index_object_is_recoverable_and_check_says_so(two_saves, repo
     assert proc.returncode == 30 and "forget" not in proc.stderr.decode()
     assert cli("repair-index", "--repo", repo_url).returncode == 0
     assert cli("check", "--repo", repo_url, "--read-data").stdout.decode().startswith("no problems found")
+
+
+def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_repaired_away(
+    repo_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, cli
+):
+    # a truncated upload or a damaged disk: the index places chunks past the pack's end; the next
+    # backup of those bytes said "saved" while deduplicating against them, and its snapshot did not restore
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(3_000_000))
+    with Vault.init(repo_url) as vault:
+        first = vault.backup(src)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    os.truncate(pack, pack.stat().st_size // 2)
+    (src / "copy.bin").write_bytes((src / "weights.bin").read_bytes())
+    with caplog.at_level(logging.WARNING, logger="ckptvault.damage"), Vault.open(repo_url) as vault:
+        second = vault.backup(src)
+        assert second.summary.new_bytes == 3_000_000 and "shorter than the index says" in caplog.text
+    for snap in (first, second):  # the old snapshot too: its chunks now have whole copies
+        with Vault.open(repo_url) as vault:
+            vault.restore(snap, tmp_path / f"out-{snap.id}")
+        assert (tmp_path / f"out-{snap.id}" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
+    proc = cli("check", "--repo", repo_url, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 30 and "forget" not in err and "no snapshot is affected" in err, err
+    assert "other packs hold them: ckptvault repair-index drops this pack" in proc.stdout.decode()
+    with Vault.open(repo_url) as vault:
+        assert vault.repair_index().missing_packs == [pack.name]
+        assert vault.check(read_data=1.0).ok
+        vault.prune(keep_latest=2)
+        assert not pack.exists()
+        vault.restore(first, tmp_path / "after-prune")
+    assert tree(tmp_path / "after-prune") == {"weights.bin": (src / "weights.bin").read_bytes()}
+
+
+def test_a_pack_cut_short_that_holds_the_only_copy_stays_indexed(repo_url: str, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(3_000_000))
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    os.truncate(pack, pack.stat().st_size // 2)
+    with Vault.open(repo_url) as vault:
+        report = vault.check()
+        assert report.affected == {snap.id: ["weights.bin"]}
+        assert "a backup of the same files stores them again" in str(report.problems)
+        assert vault.repair_index().missing_packs == []  # what lies before the cut still reads

@@ -51,6 +51,8 @@ def check_cmd(
             f"; restore the files not named (restore --include), then remove the damaged snapshot(s) with: "
             f"ckptvault forget {ids}"
         )
+    elif report.problems:
+        remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
     raise IntegrityError(
         f"check found {len(report.problems)} problem(s) affecting {len(report.affected)} snapshot(s) ({counts})"
         + remedy
@@ -84,7 +86,11 @@ def repair_index_cmd(
         result.__dict__,
         f"damaged index objects: {damaged}; {index} {result.packs_reindexed} pack(s) again from their headers"
         + (f", {remove} the damaged object(s)" if result.damaged else "")
-        + (f"; {drop} {len(result.missing_packs)} missing pack(s) from the index" if result.missing_packs else ""),
+        + (
+            f"; {drop} {len(result.missing_packs)} missing or cut-short pack(s) from the index"
+            if result.missing_packs
+            else ""
+        ),
     )
 
 

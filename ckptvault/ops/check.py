@@ -101,8 +101,14 @@ class _Checker:
     def check_packs(self) -> None:
         stored = self.repo.list_packs()
         self.report.packs = len(stored)
-        # a chunk with a copy in a stored pack is not lost with another copy's pack (readers fall back)
-        held = {e.chunk_id for pack_id, entries in self.indexed.items() if pack_id in stored for e in entries}
+        # a chunk with a whole copy in a stored pack is not lost with another copy's pack (readers fall back)
+        held = {
+            e.chunk_id
+            for pack_id, entries in self.indexed.items()
+            if pack_id in stored
+            for e in entries
+            if e.offset + e.stored_len <= stored[pack_id] - TRAILER.size
+        }
         for pack_id, entries in self.indexed.items():
             name = f"pack {_short(pack_id)}"
             size = stored.get(pack_id)
@@ -116,10 +122,16 @@ class _Checker:
                 self.problem(name, f"header is damaged: {exc}")
                 self.bad_headers.add(pack_id)
                 header = None
-            for e in entries:
-                if e.offset + e.stored_len > size - TRAILER.size:
-                    self.problem(name, f"index entry for chunk {_short(e.chunk_id)} points past the end of the pack")
-                    self.bad_chunks.add(e.chunk_id)
+            cut = [e.chunk_id for e in entries if e.offset + e.stored_len > size - TRAILER.size]
+            if cut:
+                lost = [c for c in cut if c not in held]
+                then = (
+                    "a backup of the same files stores them again"
+                    if lost
+                    else "other packs hold them: ckptvault repair-index drops this pack from the index"
+                )
+                self.problem(name, f"is shorter than the index says: {len(cut)} chunk(s) lie past its end; {then}")
+                self.bad_chunks.update(lost)
             if header is not None and set(header) != set(entries):
                 self.problem(name, "header and index disagree about its chunks")
         unindexed = [p for p in stored if p not in self.indexed]

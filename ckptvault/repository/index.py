@@ -12,13 +12,14 @@ copy to the next when a pack is missing or damaged.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Collection, ItemsView
 from dataclasses import dataclass
 
 from ..errors import MalformedObjectError
 from .format import INDEX_MAGIC_V2
-from .pack import ENTRY, ENTRY_V2, PackEntry, decode_entries, entry_version, pack_entry
+from .pack import ENTRY, ENTRY_V2, TRAILER, PackEntry, decode_entries, entry_version, pack_entry
 
 _COUNT = struct.Struct("<I")
 _PACK = struct.Struct("<32sI")
@@ -121,6 +122,16 @@ class ChunkIndex:
             if kept:
                 self._other_copies[chunk_id] = kept
         self.drop_deltas_without_base()
+
+    def packs_shorter_than_indexed(self, sizes: dict[bytes, int]) -> set[bytes]:
+        """Packs (of those in ``sizes``: pack ID -> stored bytes) that end before a chunk the index
+        places in them: cut short (a truncated upload, a damaged disk)."""
+        short: set[bytes] = set()
+        for loc in itertools.chain(self._map.values(), itertools.chain.from_iterable(self._other_copies.values())):
+            size = sizes.get(loc.pack_id)
+            if size is not None and loc.offset + loc.stored_len > size - TRAILER.size:
+                short.add(loc.pack_id)
+        return short
 
     def drop_deltas_without_base(self) -> None:
         """Leave out every delta chunk whose base (at any depth) is in no pack here."""

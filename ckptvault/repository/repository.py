@@ -318,8 +318,9 @@ class Repository:
         what is gone. Packs that a killed backup uploaded but never indexed are indexed (each pack's
         own sealed header describes it; one whose header does not verify is left for prune). Index
         entries of packs that are gone (a writer that lost its lock to a prune indexed them after
-        the prune deleted them) are left out with a warning: their chunks are stored again.
-        Returns how many packs were adopted."""
+        the prune deleted them) and of packs that end before a chunk the index places in them
+        (truncated) are left out with a warning: their chunks are stored again (readers fall back
+        to the new copies). Returns how many packs were adopted."""
         stored = self.list_packs()
         gone = self.index.packs - stored.keys()
         if gone:
@@ -329,8 +330,17 @@ class Repository:
                 len(gone),
                 min(gone).hex()[:12],
             )
-            self.index.forget_packs(gone)
-        adopted, _ = self.headers_of_unindexed_packs(self.index.packs, stored)
+        short = self.index.packs_shorter_than_indexed(stored)
+        if short:
+            damage_log.warning(
+                "%d pack(s) are shorter than the index says (e.g. %s: truncated); this backup stores their "
+                "chunks again; run: ckptvault check",
+                len(short),
+                min(short).hex()[:12],
+            )
+        if gone or short:
+            self.index.forget_packs(gone | short)
+        adopted, _ = self.headers_of_unindexed_packs(self.index.packs | short, stored)
         if adopted:
             self.write_index(adopted)
             for pack_id, entries in adopted.items():
