@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .bytegroup import ElementRun
 from .codec import CODEC_DELTA, BaseReader, Compressor
-from .errors import IntegrityError, MalformedObjectError
+from .errors import ConfigDowngradedError, IntegrityError, MalformedObjectError
 from .hashing import checksum
 
 ENVELOPE_VERSION = 1
@@ -138,6 +138,12 @@ class BlobCodec:
                 "the object is damaged"
             )
         if view[1] != self.sealer.mode:
+            if self.sealer.mode == SEAL_NONE and view[1] == SEAL_AES256GCM:
+                raise ConfigDowngradedError(
+                    "the vault's config says it is not encrypted, but its objects are: the config was altered or "
+                    "replaced; nothing was written; put back the config with its encryption section (from a copy) "
+                    "and give the keyfile"
+                )
             raise IntegrityError(f"blob seal mode {view[1]} does not match the repository's ({self.sealer.mode})")
         inner = self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
         if len(inner) < 1:

@@ -211,6 +211,14 @@ class MalformedObjectError(IntegrityError):
     exit_code = 30
 
 
+class ConfigDowngradedError(CkptVaultError):
+    """The config says unencrypted, the stored objects are encrypted: the config was altered or
+    replaced. Not an IntegrityError: no object is damaged, and every command must stop at once
+    (a backup would write in the clear) instead of reading around one object."""
+
+    exit_code = 30
+
+
 class UnsafePathError(CkptVaultError):
     exit_code = 31
 

@@ -266,3 +266,26 @@ def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monke
     assert keyfile_module._AHEAD == {}
     cli._derive_key_ahead(["snapshots", f"--keyfile={path}"])
     assert keyfile.unlock("right passphrase").material == master.material and keyfile_module._AHEAD == {}
+
+
+def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, cli
+):
+    # someone with write access to the storage sets "mode": "none": a backup without a keyfile wrote
+    # a snapshot in the clear, and check called every real snapshot damaged and advised forgetting them
+    url = str(tmp_path / "vault")
+    with Vault.init(url, keyfile=keyfile.path, passphrase=PASS) as vault:
+        vault.backup(marked_tree, tags={"run": "x"})
+    config_path = Path(url) / "config"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "encryption": {"mode": "none"}}))
+    before = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
+    for args in (["backup", str(marked_tree)], ["check"], ["snapshots"], ["restore", "latest", str(tmp_path / "o")]):
+        proc = cli(*args, "--repo", url, check=False)
+        err = proc.stderr.decode()
+        assert proc.returncode == 30 and "config says it is not encrypted, but its objects are" in err, (args, err)
+        assert err.count("\n") == 1 and "forget" not in err
+    after = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
+    assert after == before and MARKER.encode() not in b"".join(
+        p.read_bytes() for p in Path(url).rglob("*") if p.is_file()
+    )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import IntegrityError, UsageError
+from ..errors import IntegrityError, UnsupportedFormatError, UsageError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
@@ -44,6 +44,11 @@ def check_cmd(
         shown = "the whole snapshot" if files == ["*"] else ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
         lines.append(f"affects snapshot {snapshot_id[:8]}: {shown}")
     out.result(data, "\n".join(lines), asked=True)
+    if all(p.newer for p in report.problems):
+        raise UnsupportedFormatError(
+            f"check found {len(report.problems)} object(s) written by a newer ckptvault, which this one cannot "
+            f"read or check ({counts}); upgrade ckptvault, then check again"
+        )
     remedy = ""
     if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
         ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command

@@ -25,6 +25,7 @@ from ..snapshot.model import Snapshot
 class Problem:
     object: str  # what is damaged, e.g. "pack 51d2c0a1b2c3"
     detail: str
+    newer: bool = False  # not damage: written by a newer ckptvault, which this one cannot read
 
 
 @dataclass
@@ -60,8 +61,8 @@ class _Checker:
         self.unreadable_index = False  # an index object could not be read: packs may be in no index
         self.damaged_index = False  # ... because it is damaged (not newer than this ckptvault)
 
-    def problem(self, obj: str, detail: str) -> None:
-        self.report.problems.append(Problem(obj, detail))
+    def problem(self, obj: str, detail: str, *, newer: bool = False) -> None:
+        self.report.problems.append(Problem(obj, detail, newer))
 
     def check_index(self) -> None:
         for info in self.repo.store.list(INDEX_PREFIX):
@@ -73,7 +74,9 @@ class _Checker:
             except (IntegrityError, UnsupportedFormatError, ObjectNotFoundError) as exc:
                 damaged = isinstance(exc, IntegrityError)
                 self.problem(
-                    f"index {_short(index_id)}", f"{exc}; run: ckptvault repair-index" if damaged else str(exc)
+                    f"index {_short(index_id)}",
+                    f"{exc}; run: ckptvault repair-index" if damaged else str(exc),
+                    newer=isinstance(exc, UnsupportedFormatError),
                 )
                 self.unreadable_index = True
                 self.damaged_index = self.damaged_index or damaged
@@ -225,6 +228,9 @@ class _Checker:
             except CkptVaultError as exc:
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
+                if isinstance(exc, UnsupportedFormatError):  # not damage: it may be readable by a newer ckptvault
+                    self.problem(name, str(exc), newer=True)
+                    continue
                 self.problem(name, str(exc))
                 self.report.affected[snapshot_id.hex()] = ["*"]
                 continue
