@@ -310,6 +310,29 @@ def test_a_config_with_impossible_values_is_damage_naming_the_config(two_snapsho
     assert proc.returncode == 30 and f"the config of {repo} is damaged" in error, error
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"id": 5}, "its id 5 is not 32 hex digits"),
+        ({"id": "zz"}, "its id 'zz' is not 32 hex digits"),
+        ({"version": True}, "its version True is not a whole number"),
+        ({"version": "1"}, "its version '1' is not a whole number"),
+        ({"created": None}, "its created time is not text"),
+        ({"compression": {"codec": "zstd", "level": 3, "bytegroup": "no"}}, "compression.bytegroup 'no' is not true"),
+        ({"encryption": {"mode": "aes-256-gcm", "key_verifier": "x"}}, "has no valid encryption.key_fingerprint"),
+    ],
+)
+def test_a_config_field_of_the_wrong_shape_is_damage_naming_it(two_snapshots, cli: Callable, change, named):
+    # id 5 crashed with a traceback in the key check; a lost key_fingerprint read as "wrong keyfile";
+    # version true read as format 1 and bytegroup "no" as true
+    repo, *_ = two_snapshots
+    config = Path(repo) / "config"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
+    proc = cli("snapshots", "--repo", repo, check=False)
+    error = error_line(proc)
+    assert proc.returncode == 30 and f"the config of {repo} is damaged" in error and named in error, error
+
+
 def test_snapshot_of_a_newer_version_or_with_unknown_summary_fields_is_left_out(two_snapshots, cli: Callable):
     repo, first, second, _ = two_snapshots
     with Vault.open(repo) as vault:

@@ -79,6 +79,8 @@ class RepoConfig:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise MalformedObjectError(f"{url} holds a config that is not a ckptvault repository's")
         version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise MalformedObjectError(f"the config of {url} is damaged: its version {version!r} is not a whole number")
         if version not in SUPPORTED_VERSIONS:
             newest = max(SUPPORTED_VERSIONS)
             if isinstance(version, int) and version > newest:
@@ -88,6 +90,7 @@ class RepoConfig:
                 )
             raise UnsupportedFormatError(f"repository format {version!r} at {url} is not supported")
         try:
+            _check_fields(doc)
             return cls(
                 chunker=ChunkerParams.from_dict(doc["chunker"]),
                 compression=CompressionSettings.from_dict(doc["compression"]),
@@ -106,3 +109,30 @@ class RepoConfig:
             ValueError,
         ) as exc:  # a value init would refuse (a chunk or pack size out of range): damage here
             raise MalformedObjectError(f"the config of {url} is damaged: {exc}") from exc
+
+
+def _check_fields(doc: dict) -> None:
+    """What the code reading a config relies on, checked where it is read: a field of the wrong type
+    or shape is damage, named here, not a crash (or a "wrong keyfile") later."""
+    if not isinstance(doc.get("id"), str) or len(doc["id"]) != 32 or not _is_hex(doc["id"]):
+        raise ValueError(f"its id {doc.get('id')!r} is not 32 hex digits")
+    if not isinstance(doc.get("created"), str):
+        raise ValueError("its created time is not text")
+    compression, encryption = doc.get("compression"), doc.get("encryption")
+    if not isinstance(compression, dict) or not isinstance(encryption, dict):
+        raise ValueError("its compression and encryption fields must be objects")
+    for flag in ("bytegroup", "delta"):
+        if not isinstance(compression.get(flag, False), bool):
+            raise ValueError(f"compression.{flag} {compression[flag]!r} is not true or false")
+    if encryption.get("mode") not in (None, "none"):
+        for name in ("key_fingerprint", "key_verifier"):
+            if not isinstance(encryption.get(name), str) or not encryption[name]:
+                raise ValueError(f"the encrypted vault's config has no valid encryption.{name}")
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
