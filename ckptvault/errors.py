@@ -104,7 +104,11 @@ class WrongPassphraseError(CkptVaultError):
 
     def __init__(self, keyfile: str) -> None:
         self.keyfile = keyfile
-        super().__init__(f"wrong passphrase for keyfile {keyfile}")
+        # AES-GCM cannot tell the two apart: a keyfile whose salt or wrapped key changed fails the same way
+        super().__init__(
+            f"wrong passphrase for keyfile {keyfile} (or the keyfile is damaged: with the right passphrase, "
+            "use a backup copy of it)"
+        )
 
 
 class KeyfileMismatchError(CkptVaultError):

@@ -180,3 +180,19 @@ def test_a_filesystem_without_hard_links_still_gets_its_keyfile(tmp_path, monkey
     assert Keyfile.load(saved.path).unlock(PASS).material == master.material
     with pytest.raises(UsageError, match="already exists"):
         key.save(tmp_path / "k.key")
+
+
+@pytest.mark.parametrize("field", ["wrapped_key", "salt"])
+def test_a_damaged_wrapped_key_or_salt_names_a_damaged_keyfile_too(cli, vault, tmp_path: Path, field: str):
+    # the unwrap cannot tell them from a wrong passphrase: the message names both, and the remedy
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    path = tmp_path / "k.key"
+    key.save(path)
+    doc = json.loads(path.read_text())
+    holder = doc if field in doc else doc["kdf"]
+    text = holder[field]
+    holder[field] = ("B" if text[0] != "B" else "C") + text[1:]
+    path.write_text(json.dumps(doc))
+    proc = cli("init", str(tmp_path / "v"), "--encrypt", "--keyfile", str(path), check=False, CKPTVAULT_PASSPHRASE=PASS)
+    error = one_line_error(proc)
+    assert proc.returncode == 12 and "or the keyfile is damaged" in error and "backup copy" in error, error
