@@ -211,7 +211,7 @@ class _Planner:
     def _check_chunks(self, entry: FileEntry) -> None:
         total = 0
         for chunk_id in entry.chunks:
-            loc = self.repo.index.get(chunk_id)
+            loc = self.repo.find(chunk_id)
             if loc is None:
                 raise IntegrityError(
                     f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository; run: ckptvault check"
@@ -226,7 +226,7 @@ class _Planner:
         that is missing fails the plan, naming the file and both chunks, before anything is written."""
         seen = {chunk_id}
         while base_id is not None and base_id not in seen:
-            base = self.repo.index.get(base_id)
+            base = self.repo.find(base_id)
             if base is None:
                 raise IntegrityError(
                     f"{entry.path}: chunk {chunk_id.hex()[:12]} is stored as a delta against chunk "

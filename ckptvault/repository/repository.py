@@ -133,6 +133,8 @@ class Repository:
             self.chunk_id = ChunkIdFunction()
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
+        self._unindexed_read = False  # the packs in no index object were read by their headers (find)
+        self._unindexed_mutex = threading.Lock()
         self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
         self._passed_over: set[bytes] = set()  # packs a read fell back from (warned once each)
         self._seen_index_ids: set[bytes] = set()
@@ -279,6 +281,7 @@ class Repository:
         self._index = index
         self._seen_index_ids = set(objects) | set(damaged)
         self.damaged_index = damaged
+        self._unindexed_read = bool(damaged)  # their packs were just read by their headers
 
     def _merge_new_index_objects(self) -> None:
         """Add index objects written by other processes since the index was loaded (for dedup only:
@@ -559,10 +562,35 @@ class Repository:
     # ---- reading chunks ----------------------------------------------------------------
 
     def locate(self, chunk_id: bytes) -> ChunkLocation:
-        loc = self.index.get(chunk_id)
+        loc = self.find(chunk_id)
         if loc is None:
             raise IntegrityError(f"chunk {chunk_id.hex()[:12]} is not in any index; run: ckptvault check")
         return loc
+
+    def find(self, chunk_id: bytes) -> ChunkLocation | None:
+        """The chunk's location. For a chunk in no index, the stored packs that no index object names
+        (those of an index object that was deleted, or a killed backup's) are first read by their own
+        sealed headers, once per loaded index: what they hold still reads (a lookup of every pack on
+        every command would cost a listing of the whole store)."""
+        loc = self.index.get(chunk_id)
+        if loc is None:
+            with self._unindexed_mutex:
+                if not self._unindexed_read:
+                    self._unindexed_read = True
+                    self._read_unindexed_packs()
+            loc = self.index.get(chunk_id)
+        return loc
+
+    def _read_unindexed_packs(self) -> None:
+        described, _ = self.headers_of_unindexed_packs(self.index.packs)
+        for pack_id, entries in described.items():
+            self.index.add_pack(pack_id, entries)
+        if described:
+            damage_log.warning(
+                "%d pack(s) that no index object names hold chunks this needs; read them by their own headers; "
+                "run: ckptvault repair-index",
+                len(described),
+            )
 
     def read_chunk(self, chunk_id: bytes, *, verify_id: bool = True, _depth: int = 0) -> bytes | memoryview:
         """Fetch, decode and verify one chunk (a delta's base first).
