@@ -93,3 +93,18 @@ def test_cli_check_exit_code_and_listing(cli, damaged):
     assert f"pack {name}: is missing" in out and f"affects snapshot {vault.latest().short_id}: b.bin" in out
     assert "check found" in proc.stderr.decode()
     assert f"ckptvault forget {vault.latest().id[:8]}" in proc.stderr.decode()  # the way out of what is lost
+
+
+def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_any(tmp_path: Path, cli):
+    repo = str(tmp_path / "repo")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(50_000))
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    (tree,) = (Path(repo) / "trees").iterdir()
+    tree.write_bytes(tree.read_bytes()[:-1] + bytes([tree.read_bytes()[-1] ^ 1]))  # the whole snapshot is lost
+    proc = cli("check", "--repo", repo, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 30 and "remove the damaged snapshot(s) with: ckptvault forget" in err, err
+    assert "restore the files not named" not in err

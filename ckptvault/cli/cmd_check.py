@@ -52,10 +52,12 @@ def check_cmd(
     remedy = ""
     if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
         ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command
-        remedy = (
-            f"; restore the files not named (restore --include), then remove the damaged snapshot(s) with: "
-            f"ckptvault forget {ids}"
+        salvage = (
+            ""
+            if all(files == ["*"] for files in report.affected.values())
+            else ("restore the files not named (restore --include), then ")
         )
+        remedy = f"; {salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
     elif report.problems:
         remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
     raise IntegrityError(
