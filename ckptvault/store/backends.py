@@ -87,6 +87,12 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("request_checksum_calculation", "when_required")
         config.setdefault("response_checksum_validation", "when_required")
         out["config_kwargs"] = config
+    if protocol in ("sftp", "ssh"):  # a shell expands ~ only at the start of a word, not in -o key_filename=~/k
+        key = out.get("key_filename")
+        if isinstance(key, str):
+            out["key_filename"] = os.path.expanduser(key)
+        elif isinstance(key, list):
+            out["key_filename"] = [os.path.expanduser(k) if isinstance(k, str) else k for k in key]
     emulator = out.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
     if protocol in ("gs", "gcs") and emulator and "gcsfs" not in sys.modules:
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")

@@ -35,6 +35,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import (
+    CkptVaultError,
     ObjectExistsError,
     ObjectNotFoundError,
     ShortReadError,
@@ -60,8 +61,12 @@ class FsspecStore:
     def __init__(
         self, url: str, storage_options: dict[str, Any] | None = None, *, op_timeout: float | None = None
     ) -> None:
-        self.url = display_url(url)
-        target, options, explicit = resolve_options(url, storage_options)
+        try:
+            self.url = display_url(url)
+            target, options, explicit = resolve_options(url, storage_options)
+        except ValueError as exc:  # not echoed: it may hold a password that display_url would have hidden
+            scheme = url.split("://", 1)[0] if "://" in url else "the"
+            raise UsageError(f"repository {scheme}://... is not a valid URL: {one_line(str(exc))}") from None
         self.op_timeout = op_timeout
         self._fs: Any = None
         self._fs_lock = threading.Lock()
@@ -88,8 +93,11 @@ class FsspecStore:
             problem = option_error(cls, protocol, explicit)
             if problem:
                 raise UsageError(f"repository {self.url}: {problem}")
-            root = cls._strip_protocol(target)
-            self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
+            try:
+                root = cls._strip_protocol(target)
+                self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
+            except ValueError as exc:  # a port that is no number, an unclosed [IPv6 address
+                raise UsageError(f"repository {self.url} is not a valid URL: {one_line(str(exc))}") from None
         protocols = cls.protocol if isinstance(cls.protocol, tuple) else (cls.protocol,)
         self.profile: Profile = profile_for(
             protocols, local_disk=issubclass(cls, LocalFileSystem), in_memory=issubclass(cls, MemoryFileSystem)
@@ -122,7 +130,13 @@ class FsspecStore:
         return self._filesystem()
 
     def _new_filesystem(self) -> Any:
-        fs = self._cls(skip_instance_cache=True, **self._kwargs)
+        try:
+            fs = self._cls(skip_instance_cache=True, **self._kwargs)
+        except Exception as exc:
+            local = _local_setting_error(exc)
+            if local is None:
+                raise
+            raise UsageError(f"repository {self.url}: {local}") from None
         tune(fs, self.profile.protocol, self._options)
         return fs
 
@@ -179,7 +193,7 @@ class FsspecStore:
         """The one place where backend exceptions become ckptvault errors."""
         try:
             yield
-        except StorageError:
+        except CkptVaultError:  # already one (a StorageError, a bad local setting found opening a session)
             raise
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -526,3 +540,21 @@ def _thread_niceness() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     except (OSError, AttributeError):
         return 0
+
+
+def _local_setting_error(exc: Exception) -> str | None:
+    """What is wrong on this machine when making a filesystem (an SFTP session connects and reads
+    its key file then): a local file an option names that cannot be read, a key file that is no
+    key, an option value of the wrong type. None for anything else (the network, the server), which
+    stays a storage error and is retried. Retrying cannot fix these, and "object not found" (a
+    missing key file) would read as "no vault here"."""
+    if isinstance(exc, OSError) and isinstance(exc.filename, str):
+        return (
+            f"cannot read {exc.filename}: {exc.strerror or exc}; check the storage options that name files "
+            "on this machine (e.g. -o key_filename=...; ~ is expanded)"
+        )
+    if type(exc).__name__ == "SSHException" and "key" in str(exc).lower() and "file" in str(exc).lower():
+        return f"{one_line(str(exc))}; check -o key_filename=..."
+    if isinstance(exc, (TypeError, ValueError)):
+        return f"a storage option has a value of the wrong kind ({one_line(str(exc))}); check the -o options"
+    return None

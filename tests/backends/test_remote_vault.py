@@ -269,3 +269,35 @@ def test_sftp_sessions_opened_by_backup_async_do_not_serve_the_training_thread(s
     vault.restore(vault.latest(), tmp_path / "restored")
     vault.close()
     assert used == {trainer}
+
+
+def test_sftp_key_files_are_read_from_home_and_a_missing_or_bad_one_is_named(server, remote_cli, tmp_path: Path):
+    # a mistyped key file read as "no vault here" (exit 10) and init then failed with "config is missing";
+    # a file that is no key was retried for 11 s; ~ in -o key_filename=~/... was not expanded
+    running = server("sftp-openssh")
+    b = running.backend
+    url = b.new_url("keys")
+    key = b.storage_options["key_filename"]
+    remote_cli(b, "init", url)
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(key, home / ".ssh" / "id_test")
+    rest = ["-o", "look_for_keys=false", "-o", "allow_agent=false"]
+    proc = remote_cli(None, "snapshots", "--repo", url, "-o", "key_filename=~/.ssh/id_test", *rest, HOME=str(home))
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "not-a-key").write_text("hello\n")
+    for key_file, named in [(f"{key}-typo", f"cannot read {key}-typo"), (str(tmp_path / "not-a-key"), "key")]:
+        for command in (["snapshots", "--repo", url], ["init", b.new_url("typo")]):
+            proc = remote_cli(
+                None, *command, "-o", f"key_filename={key_file}", *rest, check=False, CKPTVAULT_RETRIES="3"
+            )
+            line = one_line_error(proc)
+            assert proc.returncode == 2 and named in line and "key_filename" in line, line
+            assert "no vault" not in line and "attempts" not in proc.stderr.decode(), proc.stderr.decode()
+
+
+@pytest.mark.parametrize("url", ["sftp://127.0.0.1:notaport/x", "sftp://root@127.0.0.1:99999/x", "sftp://root@[::1/x"])
+def test_a_malformed_remote_url_is_a_one_line_usage_error(remote_cli, url: str):
+    proc = remote_cli(None, "snapshots", "--repo", url, check=False)
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "is not a valid URL" in line and "internal error" not in line, line
