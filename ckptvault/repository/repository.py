@@ -134,6 +134,7 @@ class Repository:
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self._unindexed_read = False  # the packs in no index object were read by their headers (find)
+        self._listed_sizes: dict[str, int] = {}  # snapshot and tree keys -> size, from the last listing
         self._unindexed_mutex = threading.Lock()
         self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
         self._passed_over: set[bytes] = set()  # packs a read fell back from (warned once each)
@@ -648,6 +649,7 @@ class Repository:
     def list_snapshot_ids(self) -> list[bytes]:
         listing = self.store.list(SNAPSHOTS_PREFIX)
         self.cache.retain(SNAPSHOTS_PREFIX, (o.key for o in listing))
+        self._listed_sizes.update((o.key, o.size) for o in listing)
         return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
 
     def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
@@ -655,7 +657,9 @@ class Repository:
         MalformedObjectError) when it is damaged, UnsupportedFormatError when this ckptvault cannot
         read it (written by a newer one; for an unknown envelope version, possibly damage)."""
         with _naming_errors(f"{what} object {object_id.hex()[:12]}"):
-            return self._read_metadata(key, lambda raw: self.codec.decode(kind, object_id, raw))
+            # a cached copy of another size than the listing's is fetched again (docs: backends.md)
+            size = self._listed_sizes.get(key)
+            return self._read_metadata(key, lambda raw: self.codec.decode(kind, object_id, raw), size)
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""
@@ -749,6 +753,7 @@ class Repository:
     def list_tree_ids(self) -> list[bytes]:
         listing = self.store.list(TREES_PREFIX)
         self.cache.retain(TREES_PREFIX, (o.key for o in listing))
+        self._listed_sizes.update((o.key, o.size) for o in listing)
         return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
 
     def delete_tree(self, tree_id: bytes) -> None:
