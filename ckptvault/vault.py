@@ -793,13 +793,15 @@ class Vault:
         return removed
 
     @_open_only
-    def repair_index(self, *, dry_run: bool = False) -> IndexRepair:
+    def repair_index(self, *, dry_run: bool = False, read_data: bool = False) -> IndexRepair:
         """Index again, from the packs' own sealed headers, every pack that no readable index object
         describes, drop the packs that are gone, then remove the index objects this replaces
-        (``ckptvault.ops.repair``). Takes the exclusive lock; ``dry_run`` (a shared lock) changes
-        nothing and returns what a real run would do."""
+        (``ckptvault.ops.repair``); with ``read_data``, also read every pack and drop the chunks that
+        do not verify, so the next backup of their files stores them again. Takes the exclusive lock;
+        ``dry_run`` (a shared lock) changes nothing and returns what a real run would do."""
+        read_data = flag_arg("read_data", read_data)
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
-            result = repair_index(self._repo, dry_run=dry_run)
+            result = repair_index(self._repo, dry_run=dry_run, read_data=read_data)
             if not dry_run:
                 self._repo.load_index()
             return result

@@ -199,3 +199,35 @@ def test_a_pack_cut_short_that_holds_the_only_copy_stays_indexed(repo_url: str, 
         assert report.affected == {snap.id: ["weights.bin"]}
         assert "a backup of the same files stores them again" in str(report.problems)
         assert vault.repair_index().missing_packs == []  # what lies before the cut still reads
+
+
+def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_it_again(
+    repo_url: str, tmp_path: Path, cli
+):
+    # after check --read-data named a damaged chunk, a backup of the same file deduplicated against it
+    # ("0 B new"), status called the file backed up, and the new snapshot did not restore
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(400_000))
+    (src / "other.bin").write_bytes(os.urandom(400_000))
+    with Vault.init(repo_url, pack_size=1 << 20) as vault:
+        first = vault.backup(src)
+        damaged_file = "weights.bin"
+        chunk = vault.files(first)[[e.path for e in vault.files(first)].index(damaged_file)].chunks[0]
+        loc = vault._repo.index.get(chunk)
+    flip(Path(repo_url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
+    proc = cli("check", "--repo", repo_url, "--read-data", check=False)
+    assert proc.returncode == 30 and "repair-index --read-data drops it" in proc.stdout.decode(), proc.stdout
+    dry = cli("repair-index", "--repo", repo_url, "--read-data", "--dry-run").stdout.decode()
+    assert "would drop 1 damaged chunk(s)" in dry
+    assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
+    assert cli("status", str(src), "--repo", repo_url, check=False).returncode == 40  # not called backed up
+    with Vault.open(repo_url) as vault:
+        second = vault.backup(src, force_read=True)
+        assert second.summary.new_chunks == 1
+        assert vault.check(read_data=1.0).affected == {}  # the old snapshot restores through the new copy
+        for snap in (first, second):
+            vault.restore(snap, tmp_path / f"out-{snap.id}")
+            assert tree(tmp_path / f"out-{snap.id}") == tree(src)
+        vault.prune(keep_latest=2, repack_threshold=0.0)
+        assert vault.check(read_data=1.0).ok

@@ -71,6 +71,12 @@ def check_cmd(
 @vault_options
 def repair_index_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be done.")] = False,
+    read_data: Annotated[
+        bool,
+        typer.Option(
+            "--read-data", help="Also read every pack and drop damaged chunks, so the next backup stores them again."
+        ),
+    ] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -78,7 +84,7 @@ def repair_index_cmd(
     """Rebuild the index where it is damaged (from the packs' own headers) or names packs that are gone."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
-        result = vault.repair_index(dry_run=dry_run)
+        result = vault.repair_index(dry_run=dry_run, read_data=read_data)
     if result.unreadable_packs:
         out.warn(
             f"{len(result.unreadable_packs)} pack(s) in no readable index have a damaged header too "
@@ -96,6 +102,12 @@ def repair_index_cmd(
         + (
             f"; {drop} {len(result.missing_packs)} missing or cut-short pack(s) from the index"
             if result.missing_packs
+            else ""
+        )
+        + (
+            f"; {drop} {len(result.damaged_chunks)} damaged chunk(s) from the index: the next backup of the files "
+            "holding them stores them again, and the snapshots that need them then restore"
+            if result.damaged_chunks
             else ""
         ),
     )

@@ -10,8 +10,9 @@ prune refuses while an index object is damaged (it would take those packs for le
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
 from ..repository.pack import TRAILER, PackEntry
 from .gc import verify_exclusive_lock
@@ -24,21 +25,31 @@ class IndexRepair:
     unreadable_packs: list[str]  # packs in no readable index whose header is damaged too: their chunks are lost
     missing_packs: list[str]  # packs the index named that are gone, or cut short with copies elsewhere (dropped)
     dry_run: bool
+    damaged_chunks: list[str] = field(default_factory=list)  # read_data: chunks that did not verify (dropped)
 
 
-def repair_index(repo: Repository, *, dry_run: bool = False) -> IndexRepair:
+def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = False) -> IndexRepair:
     """The caller holds the exclusive lock (for a real run). An index object this ckptvault cannot
-    read because it is newer (UnsupportedFormatError) is not damage: it raises, and nothing changes."""
+    read because it is newer (UnsupportedFormatError) is not damage: it raises, and nothing changes.
+
+    ``read_data``: also read every indexed pack and drop from the index each chunk that does not
+    verify (as ``restic repair packs`` does), so that the next backup of the files holding it stores
+    it again instead of deduplicating against the damaged copy; the snapshots that need it restore
+    again once one has (a chunk is named by its content)."""
     damaged: dict[bytes, str] = {}
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
     gone |= _cut_short_with_copies_elsewhere(objects, stored)
-    stale = [index_id for index_id, packs in objects.items() if gone & packs.keys()]
+    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone) if read_data else {}
+    stale = [index_id for index_id, packs in objects.items() if (gone | bad_chunks.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
     rewritten: dict[bytes, list[PackEntry]] = {
-        pack_id: entries for index_id in stale for pack_id, entries in objects[index_id].items() if pack_id not in gone
+        pack_id: [e for e in entries if e.chunk_id not in bad_chunks.get(pack_id, ())]
+        for index_id in stale
+        for pack_id, entries in objects[index_id].items()
+        if pack_id not in gone
     }
     if not dry_run:
         verify_exclusive_lock(repo)
@@ -52,7 +63,33 @@ def repair_index(repo: Repository, *, dry_run: bool = False) -> IndexRepair:
         unreadable_packs=sorted(p.hex() for p in unreadable),
         missing_packs=sorted(p.hex() for p in gone),
         dry_run=dry_run,
+        damaged_chunks=sorted({c.hex() for chunks in bad_chunks.values() for c in chunks}),
     )
+
+
+def _chunks_that_do_not_verify(
+    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes]
+) -> dict[bytes, set[bytes]]:
+    """Pack ID -> the chunks in it that do not decode and verify (a delta through its base), reading
+    each indexed pack once, whole (a pack is at most 1 GiB; 16 MiB by default)."""
+    packs: dict[bytes, list[PackEntry]] = {}
+    for index in objects.values():
+        for pack_id, entries in index.items():
+            packs.setdefault(pack_id, entries)
+    bad: dict[bytes, set[bytes]] = {}
+    for pack_id in sorted(packs.keys() - skip):
+        try:
+            data = repo.read_pack(pack_id)
+        except CkptVaultError:
+            continue  # unreadable as a whole: check names it; a read error may pass, so nothing is dropped
+        for e in packs[pack_id]:
+            try:
+                repo.decode_chunk(e.chunk_id, data[e.offset : e.offset + e.stored_len], e.raw_len, e.base_id)
+            except UnsupportedFormatError:
+                continue  # written by a newer ckptvault: not damage
+            except IntegrityError:
+                bad.setdefault(pack_id, set()).add(e.chunk_id)
+    return bad
 
 
 def _cut_short_with_copies_elsewhere(
