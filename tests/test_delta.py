@@ -186,6 +186,18 @@ def test_rotating_checkpoint_gets_bases_from_the_repository(delta_vault: Vault, 
         assert contents(tmp_path / f"out-{i}") == expected
 
 
+def test_a_snapshot_tagged_afterwards_still_gives_the_next_save_its_bases(delta_vault: Vault, tmp_path: Path):
+    # `ckptvault tag latest --add keep=best` between two saves: the tagged snapshot is still of the run
+    run = Training()
+    ((first, _),) = backup_steps(delta_vault, run, tmp_path, range(1, 2))
+    delta_vault.tag(first, add={"keep": "best"})
+    run.step()
+    ((second, expected),) = backup_steps(delta_vault, run, tmp_path, range(2, 3))
+    assert second.summary.delta_chunks > 0
+    delta_vault.restore(second, tmp_path / "out")
+    assert contents(tmp_path / "out") == expected
+
+
 def test_encrypted_vault_codes_and_restores_deltas(tmp_path: Path):
     from ckptvault.crypto.keyfile import Keyfile
 

@@ -1,10 +1,13 @@
 """A damaged index object: reads go around it through the packs' own headers, prune refuses, and
 ``repair-index`` rewrites it durably (real bytes flipped in a real repository)."""
 
+import json
 import logging
 import os
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ckptvault import Vault
@@ -153,7 +156,7 @@ def test_a_deleted_index_object_is_recoverable_and_check_says_so(two_saves, repo
     assert cli("check", "--repo", repo_url, "--read-data").stdout.decode().startswith("no problems found")
 
 
-def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_repaired_away(
+def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_salvaged_by_prune(
     repo_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, cli
 ):
     # a truncated upload or a damaged disk: the index places chunks past the pack's end; the next
@@ -161,13 +164,16 @@ def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_repaired_away(
     src = tmp_path / "src"
     src.mkdir()
     (src / "weights.bin").write_bytes(os.urandom(3_000_000))
+    (src / "small.bin").write_bytes(os.urandom(200_000))  # at the pack's start: survives the cut
     with Vault.init(repo_url) as vault:
         first = vault.backup(src)
     (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
     os.truncate(pack, pack.stat().st_size // 2)
-    (src / "copy.bin").write_bytes((src / "weights.bin").read_bytes())
+    only_weights = tmp_path / "only-weights"
+    only_weights.mkdir()
+    (only_weights / "weights.bin").write_bytes((src / "weights.bin").read_bytes())
     with caplog.at_level(logging.WARNING, logger="ckptvault.damage"), Vault.open(repo_url) as vault:
-        second = vault.backup(src)
+        second = vault.backup(only_weights)
         assert second.summary.new_bytes == 3_000_000 and "shorter than the index says" in caplog.text
     for snap in (first, second):  # the old snapshot too: its chunks now have whole copies
         with Vault.open(repo_url) as vault:
@@ -176,17 +182,15 @@ def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_repaired_away(
     proc = cli("check", "--repo", repo_url, check=False)
     err = proc.stderr.decode()
     assert proc.returncode == 30 and "forget" not in err and "no snapshot is affected" in err, err
-    assert "other packs hold them: ckptvault repair-index drops this pack" in proc.stdout.decode()
+    assert "other packs hold them: ckptvault prune copies out its whole chunks and removes it" in proc.stdout.decode()
     with Vault.open(repo_url) as vault:
-        assert vault.repair_index().missing_packs == [pack.name]
-        assert vault.check(read_data=1.0).ok
-        vault.prune(keep_latest=2)
-        assert not pack.exists()
+        vault.prune(keep_latest=2)  # small.bin's chunk is salvaged from the cut pack, which goes
+        assert not pack.exists() and vault.check(read_data=1.0).ok
         vault.restore(first, tmp_path / "after-prune")
-    assert tree(tmp_path / "after-prune") == {"weights.bin": (src / "weights.bin").read_bytes()}
+    assert tree(tmp_path / "after-prune") == tree(src)
 
 
-def test_a_pack_cut_short_that_holds_the_only_copy_stays_indexed(repo_url: str, tmp_path: Path):
+def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(repo_url: str, tmp_path: Path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "weights.bin").write_bytes(os.urandom(3_000_000))
@@ -197,8 +201,10 @@ def test_a_pack_cut_short_that_holds_the_only_copy_stays_indexed(repo_url: str, 
     with Vault.open(repo_url) as vault:
         report = vault.check()
         assert report.affected == {snap.id: ["weights.bin"]}
-        assert "a backup of the same files stores them again" in str(report.problems)
-        assert vault.repair_index().missing_packs == []  # what lies before the cut still reads
+        assert "a backup of the files holding them stores them again" in str(report.problems)
+        with pytest.raises(IntegrityError, match="in no pack"):
+            vault.prune(keep_latest=1)
+    assert pack.exists()
 
 
 def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_it_again(
@@ -231,3 +237,38 @@ def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_i
             assert tree(tmp_path / f"out-{snap.id}") == tree(src)
         vault.prune(keep_latest=2, repack_threshold=0.0)
         assert vault.check(read_data=1.0).ok
+
+
+def test_read_data_repair_drops_a_damaged_base_not_the_intact_deltas_against_it(tmp_path: Path):
+    # a delta fails to decode with its base: dropping it too meant a backup storing the base again
+    # could not bring back the snapshots that need the delta
+    def safetensors(values: np.ndarray) -> bytes:
+        header = json.dumps({"w": {"dtype": "F32", "shape": [values.size], "data_offsets": [0, values.nbytes]}})
+        header += " " * (-len(header) % 8)
+        return struct.pack("<Q", len(header)) + header.encode() + values.tobytes()
+
+    src, url = tmp_path / "src", str(tmp_path / "vault")
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(1_500_000).astype(np.float32)
+    (src / "model.safetensors").write_bytes(safetensors(weights))
+    with Vault.init(url) as vault:
+        vault.backup(src, tags={"run": "x", "step": "1"})
+        first_save = (src / "model.safetensors").read_bytes()
+        weights = weights + rng.standard_normal(weights.size).astype(np.float32) * 1e-4
+        (src / "model.safetensors").write_bytes(safetensors(weights))
+        second = vault.backup(src, tags={"run": "x", "step": "2"})
+        index = vault._repo.index
+        delta = next(c for c in vault.files(second)[0].chunks if index.get(c).base_id is not None)
+        base = index.get(delta).base_id
+        loc = index.get(base)
+    flip(Path(url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
+    with Vault.open(url) as vault:
+        dropped = vault.repair_index(read_data=True).damaged_chunks
+        assert base.hex() in dropped and delta.hex() not in dropped
+    (src / "model.safetensors").write_bytes(first_save)  # the base's bytes, stored again by the next backup
+    with Vault.open(url) as vault:
+        vault.backup(src, tags={"run": "x", "step": "1-again"}, force_read=True)
+        vault.restore(second, tmp_path / "out")
+        assert vault.check(read_data=1.0).affected == {}
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == safetensors(weights)

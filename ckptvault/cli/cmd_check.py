@@ -99,11 +99,7 @@ def repair_index_cmd(
         result.__dict__,
         f"damaged index objects: {damaged}; {index} {result.packs_reindexed} pack(s) again from their headers"
         + (f", {remove} the damaged object(s)" if result.damaged else "")
-        + (
-            f"; {drop} {len(result.missing_packs)} missing or cut-short pack(s) from the index"
-            if result.missing_packs
-            else ""
-        )
+        + (f"; {drop} {len(result.missing_packs)} missing pack(s) from the index" if result.missing_packs else "")
         + (
             f"; {drop} {len(result.damaged_chunks)} damaged chunk(s) from the index: the next backup of the files "
             "holding them stores them again, and the snapshots that need them then restore"

@@ -16,7 +16,7 @@ from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, Unsupp
 from ..repository import Repository
 from ..repository.format import INDEX_PREFIX, id_from_key
 from ..repository.index import decode_index
-from ..repository.pack import TRAILER, PackEntry, read_pack_header
+from ..repository.pack import PackEntry, lies_whole_in, read_pack_header
 from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import Snapshot
 
@@ -110,7 +110,7 @@ class _Checker:
             for pack_id, entries in self.indexed.items()
             if pack_id in stored
             for e in entries
-            if e.offset + e.stored_len <= stored[pack_id] - TRAILER.size
+            if lies_whole_in(e.offset, e.stored_len, stored[pack_id])
         }
         for pack_id, entries in self.indexed.items():
             name = f"pack {_short(pack_id)}"
@@ -125,13 +125,14 @@ class _Checker:
                 self.problem(name, f"header is damaged: {exc}")
                 self.bad_headers.add(pack_id)
                 header = None
-            cut = [e.chunk_id for e in entries if e.offset + e.stored_len > size - TRAILER.size]
+            cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
             if cut:
                 lost = [c for c in cut if c not in held]
                 then = (
-                    "a backup of the same files stores them again"
+                    "a backup of the files holding them stores them again; then ckptvault prune copies out its "
+                    "whole chunks and removes it"
                     if lost
-                    else "other packs hold them: ckptvault repair-index drops this pack from the index"
+                    else "other packs hold them: ckptvault prune copies out its whole chunks and removes it"
                 )
                 self.problem(name, f"is shorter than the index says: {len(cut)} chunk(s) lie past its end; {then}")
                 self.bad_chunks.update(lost)

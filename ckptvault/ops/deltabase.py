@@ -4,7 +4,8 @@
 dtype, shape) in the previous save's file at the same path. The previous save is the backup's
 parent (same host, same paths) or, when there is none, the newest snapshot of the same host whose
 tags equal this backup's apart from the per-checkpoint ones (``step``, ``checkpoint``,
-``watch-sig``): a series of ``step-N`` folders shares no paths, but it is one run.
+``watch-sig``), or hold them and more (tags added later with ``ckptvault tag``): a series of
+``step-N`` folders shares no paths, but it is one run.
 
 **Chains: always against a keyframe.** A delta's base is always a chunk stored without delta (a
 *keyframe*): when the previous save's piece is itself a delta, the new piece is coded against that
@@ -56,15 +57,22 @@ def reference_snapshot(
     snapshots: Sequence[Snapshot], hostname: str, tags: dict[str, str], parent: Snapshot | None
 ) -> Snapshot | None:
     """The snapshot whose files give this backup's delta bases: the parent, else the newest snapshot
-    of the same host and the same run (tags equal apart from the per-checkpoint ones)."""
+    of the same host and the same run: its tags, apart from the per-checkpoint ones, equal this
+    backup's, or hold them all and more (a ``keep=best`` added afterwards by ``ckptvault tag``)."""
     if parent is not None:
         return parent
 
     def run_of(t: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in t.items() if k not in PER_CHECKPOINT_TAGS}
 
-    same_run = [s for s in snapshots if s.hostname == hostname and run_of(s.tags) == run_of(tags)]
-    return max(same_run, key=lambda s: s.time) if same_run else None
+    run = run_of(tags)
+
+    def same_run(s: Snapshot) -> bool:
+        theirs = run_of(s.tags)
+        return theirs == run or (bool(run) and run.items() <= theirs.items())
+
+    same_run_snapshots = [s for s in snapshots if s.hostname == hostname and same_run(s)]
+    return max(same_run_snapshots, key=lambda s: s.time) if same_run_snapshots else None
 
 
 def source_path(snapshot_paths: Sequence[str], tree_path: str) -> str | None:

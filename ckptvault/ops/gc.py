@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import IntegrityError, VaultLockedError
 from ..repository import Repository
-from ..repository.pack import PackEntry
+from ..repository.pack import PackEntry, lies_whole_in
 from ..snapshot.model import FileEntry
 
 INDEX_ENTRIES_PER_OBJECT = 200_000
@@ -84,14 +84,18 @@ def plan_gc(
     homed: set[bytes] = set()
     for pack_id in sorted((p for p in indexed if p in stored), key=live_bytes, reverse=True):
         entries = indexed[pack_id]
-        mine = [e for e in entries if e.chunk_id in live and e.chunk_id not in homed]
+        # a pack cut short (a truncated upload, a damaged disk) homes only the chunks that lie whole in
+        # it, and is repacked whatever its dead share: its whole chunks are salvaged, it goes
+        whole = [e for e in entries if lies_whole_in(e.offset, e.stored_len, stored[pack_id])]
+        cut = len(whole) < len(entries)
+        mine = [e for e in whole if e.chunk_id in live and e.chunk_id not in homed]
         homed.update(e.chunk_id for e in mine)
         # shares of the chunks' bytes, not of the file: its header and trailer are never "dead", and
         # counting them so made --repack-threshold 0 rewrite fully live packs at every prune
         live_share = sum(e.stored_len for e in mine) / max(sum(e.stored_len for e in entries), 1)
         if not mine:
             plan.delete_packs[pack_id] = stored[pack_id]
-        elif 1 - live_share > repack_threshold:
+        elif cut or 1 - live_share > repack_threshold:
             plan.repack[pack_id] = mine
         else:
             plan.keep_packs[pack_id] = entries

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
-from ..repository.pack import TRAILER, PackEntry
+from ..repository.pack import PackEntry
 from .gc import verify_exclusive_lock
 
 
@@ -23,7 +23,7 @@ class IndexRepair:
     damaged: list[str]  # IDs of the damaged index objects (removed unless dry_run)
     packs_reindexed: int  # packs in no readable index, indexed again from their headers
     unreadable_packs: list[str]  # packs in no readable index whose header is damaged too: their chunks are lost
-    missing_packs: list[str]  # packs the index named that are gone, or cut short with copies elsewhere (dropped)
+    missing_packs: list[str]  # packs the index named that are gone from the store (dropped from the index)
     dry_run: bool
     damaged_chunks: list[str] = field(default_factory=list)  # read_data: chunks that did not verify (dropped)
 
@@ -40,7 +40,6 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
-    gone |= _cut_short_with_copies_elsewhere(objects, stored)
     bad_chunks = _chunks_that_do_not_verify(repo, objects, gone) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | bad_chunks.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
@@ -70,13 +69,13 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
 def _chunks_that_do_not_verify(
     repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes]
 ) -> dict[bytes, set[bytes]]:
-    """Pack ID -> the chunks in it that do not decode and verify (a delta through its base), reading
-    each indexed pack once, whole (a pack is at most 1 GiB; 16 MiB by default)."""
+    """Pack ID -> the chunks in it that do not decode and verify, reading each indexed pack once,
+    whole (a pack is at most 1 GiB; 16 MiB by default)."""
     packs: dict[bytes, list[PackEntry]] = {}
     for index in objects.values():
         for pack_id, entries in index.items():
             packs.setdefault(pack_id, entries)
-    bad: dict[bytes, set[bytes]] = {}
+    failed: list[tuple[bytes, PackEntry]] = []
     for pack_id in sorted(packs.keys() - skip):
         try:
             data = repo.read_pack(pack_id)
@@ -88,24 +87,12 @@ def _chunks_that_do_not_verify(
             except UnsupportedFormatError:
                 continue  # written by a newer ckptvault: not damage
             except IntegrityError:
-                bad.setdefault(pack_id, set()).add(e.chunk_id)
+                failed.append((pack_id, e))
+    # A delta fails with its damaged base: that failure is the base's, and once a backup stores the
+    # base again the delta reads again (a delta damaged itself too is found by the next --read-data).
+    bad_keyframes = {e.chunk_id for _, e in failed if e.base_id is None}
+    bad: dict[bytes, set[bytes]] = {}
+    for pack_id, e in failed:
+        if e.base_id is None or e.base_id not in bad_keyframes:
+            bad.setdefault(pack_id, set()).add(e.chunk_id)
     return bad
-
-
-def _cut_short_with_copies_elsewhere(
-    objects: dict[bytes, dict[bytes, list[PackEntry]]], sizes: dict[bytes, int]
-) -> set[bytes]:
-    """Stored packs that end before a chunk the index places in them (truncated), when every chunk
-    they hold has a whole copy in another pack (as after a backup that stored them again): they are
-    dropped from the index like packs that are gone, and prune then removes them. A cut pack
-    holding the only copy of some chunk stays: what lies before the cut still reads."""
-
-    def whole(pack_id: bytes, e: PackEntry) -> bool:
-        return e.offset + e.stored_len <= sizes[pack_id] - TRAILER.size
-
-    packs = {pack_id: entries for index in objects.values() for pack_id, entries in index.items() if pack_id in sizes}
-    cut = {pack_id for pack_id, entries in packs.items() if not all(whole(pack_id, e) for e in entries)}
-    held = {
-        e.chunk_id for pack_id, entries in packs.items() if pack_id not in cut for e in entries if whole(pack_id, e)
-    }
-    return {pack_id for pack_id in cut if all(e.chunk_id in held for e in packs[pack_id])}

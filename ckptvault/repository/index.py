@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import MalformedObjectError
 from .format import INDEX_MAGIC_V2
-from .pack import ENTRY, ENTRY_V2, TRAILER, PackEntry, decode_entries, entry_version, pack_entry
+from .pack import ENTRY, ENTRY_V2, PackEntry, decode_entries, entry_version, lies_whole_in, pack_entry
 
 _COUNT = struct.Struct("<I")
 _PACK = struct.Struct("<32sI")
@@ -129,7 +129,7 @@ class ChunkIndex:
         short: set[bytes] = set()
         for loc in itertools.chain(self._map.values(), itertools.chain.from_iterable(self._other_copies.values())):
             size = sizes.get(loc.pack_id)
-            if size is not None and loc.offset + loc.stored_len > size - TRAILER.size:
+            if size is not None and not lies_whole_in(loc.offset, loc.stored_len, size):
                 short.add(loc.pack_id)
         return short
 

@@ -26,6 +26,14 @@ from .format import PACK_MAGIC, PACK_MAGIC_V2
 ENTRY = struct.Struct("<32sIII")
 ENTRY_V2 = struct.Struct("<32sIII32s")
 TRAILER = struct.Struct("<I4s")
+
+
+def lies_whole_in(offset: int, stored_len: int, pack_size: int) -> bool:
+    """Whether a chunk at ``offset`` fits in a pack of ``pack_size`` bytes (before its trailer): not
+    when the pack was cut short (a truncated upload, a damaged disk)."""
+    return offset + stored_len <= pack_size - TRAILER.size
+
+
 NO_BASE = bytes(32)
 _MAGICS = {PACK_MAGIC: 1, PACK_MAGIC_V2: 2}
 
