@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -144,5 +145,28 @@ def test_cli_tag(cli, tmp_path: Path):
         bad = cli("tag", "latest", "-r", repo, *args, check=False)
         assert bad.returncode == 2 and bad.stderr.decode().startswith(message), bad.stderr
         assert "Traceback" not in bad.stderr.decode()
-    listed = cli("snapshots", "-r", repo, "--json")
-    assert '"keep": "best"' in listed.stdout.decode()
+    listed = json.loads(cli("snapshots", "-r", repo, "--json").stdout)
+    assert [s["tags"]["keep"] for s in listed] == ["best"]
+    removed = json.loads(cli("tag", listed[0]["id"][:8], "-r", repo, "--remove", "keep", "--json").stdout)
+    assert removed["previous_id"] == listed[0]["id"] and "keep" not in removed["snapshot"]["tags"]
+    assert removed["snapshot"]["id"] != listed[0]["id"]
+
+
+def test_a_snapshot_forgotten_while_it_is_tagged_does_not_come_back(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # forget (a shared lock, like tag) removes it between tag's listing and its new snapshot object
+    two_saves(vault, tmp_path)
+    first, second = vault.snapshots()
+    save = Repository.save_snapshot
+
+    def forgotten_meanwhile(self: Repository, snapshot_id: bytes, raw: bytes) -> None:
+        save(self, snapshot_id, raw)
+        self.delete_snapshot(bytes.fromhex(first.id), bytes.fromhex(first.tree_id))
+
+    monkeypatch.setattr(Repository, "save_snapshot", forgotten_meanwhile)
+    with pytest.raises(SnapshotNotFoundError, match="forgotten or retagged by another process meanwhile"):
+        vault.tag(first, add={"keep": "best"})
+    monkeypatch.undo()
+    assert vault.snapshots() == [second]
+    assert vault.check().ok and len(list((tmp_path / "repo" / "trees").iterdir())) == 1

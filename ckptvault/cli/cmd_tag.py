@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..snapshot.model import format_tags
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_tags
 
@@ -22,7 +22,10 @@ def tag_cmd(
         typer.Option("--add", "-a", help="Tag key=value to set (repeatable; replaces the key's value)."),
     ] = None,
     remove: Annotated[list[str] | None, typer.Option("--remove", help="Tag key to take away (repeatable).")] = None,
-    tag: TagOpt = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option("--tag", "-t", help="Choose among snapshots with this tag key=value (repeatable); not a change."),
+    ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -35,7 +38,8 @@ def tag_cmd(
         before = vault.snapshot(snapshot, parse_tags(tag))
         after = vault.tag(before, add=changes, remove=remove or [])
     shown = format_tags(after.tags) or "none"
+    data = {"previous_id": before.id, "snapshot": after}
     if after.id == before.id:
-        out.result(after, f"snapshot {after.short_id} already has these tags ({shown}); nothing changed")
+        out.result(data, f"snapshot {after.short_id} already has these tags ({shown}); nothing changed")
     else:
-        out.result(after, f"snapshot {before.short_id} is now {after.short_id}, tags: {shown}")
+        out.result(data, f"snapshot {before.short_id} is now {after.short_id}, tags: {shown}")

@@ -5,7 +5,10 @@ Snapshot objects are immutable (every host caches them by name), so new tags mak
 snapshot object, with the same time, paths, description and summary, and a copy of the tree
 (trees belong to one snapshot each: ``forget`` deletes a snapshot's tree with it). The new pair
 is written before the old pair is deleted: a process killed in between leaves both snapshots,
-each whole, never a snapshot without its tree.
+each whole, never a snapshot without its tree. Like ``forget``, it takes a shared lock (so it can
+run beside backups): when the old snapshot is gone by the time the new one is written (another
+``tag`` or a ``forget``), the new pair is taken back and the call fails; two tags of one snapshot
+racing through that last check both stay (``forget`` one).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..errors import SnapshotNotFoundError
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot
 from ..snapshot.model import Snapshot
@@ -34,5 +38,13 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
     before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
     repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed))
+    if not repo.has_snapshot(bytes.fromhex(snapshot.id)):
+        # forgotten or retagged by another process meanwhile (both take a shared lock, like backups):
+        # the copy would bring it back, or split it in two
+        repo.delete_snapshot(bytes.fromhex(renewed.id), tree_id)
+        raise SnapshotNotFoundError(
+            f"snapshot {snapshot.short_id} was forgotten or retagged by another process meanwhile; nothing "
+            "changed: list the snapshots and try again"
+        )
     repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
     return renewed

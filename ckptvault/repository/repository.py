@@ -643,6 +643,9 @@ class Repository:
     def save_snapshot(self, snapshot_id: bytes, raw: bytes) -> None:
         self._put(snapshot_key(snapshot_id), self.codec.encode(Kind.SNAPSHOT, snapshot_id, raw))
 
+    def has_snapshot(self, snapshot_id: bytes) -> bool:
+        return self.store.exists(snapshot_key(snapshot_id))
+
     def load_snapshot(self, snapshot_id: bytes) -> bytes:
         return self._load_object(Kind.SNAPSHOT, snapshot_id, snapshot_key(snapshot_id), "snapshot")
 
