@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SUPPORTED
 DEFAULT_PACK_SIZE = 16 * 1024 * 1024
 MAX_PACK_SIZE = 1024 * 1024 * 1024  # offsets in pack headers and indexes are u32
 ENCRYPTION_MODES = ("none", "aes-256-gcm")
+_REPO_ID = re.compile("[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class RepoConfig:
 def _check_fields(doc: dict) -> None:
     """What the code reading a config relies on, checked where it is read: a field of the wrong type
     or shape is damage, named here, not a crash (or a "wrong keyfile") later."""
-    if not isinstance(doc.get("id"), str) or len(doc["id"]) != 32 or not _is_hex(doc["id"]):
+    if not isinstance(doc.get("id"), str) or not _REPO_ID.fullmatch(doc["id"]):
         raise ValueError(f"its id {doc.get('id')!r} is not 32 hex digits")
     if not isinstance(doc.get("created"), str):
         raise ValueError("its created time is not text")
@@ -124,15 +126,7 @@ def _check_fields(doc: dict) -> None:
     for flag in ("bytegroup", "delta"):
         if not isinstance(compression.get(flag, False), bool):
             raise ValueError(f"compression.{flag} {compression[flag]!r} is not true or false")
-    if encryption.get("mode") not in (None, "none"):
+    if encryption.get("mode") in ENCRYPTION_MODES[1:]:  # an unknown mode is refused as newer, not as damage
         for name in ("key_fingerprint", "key_verifier"):
             if not isinstance(encryption.get(name), str) or not encryption[name]:
                 raise ValueError(f"the encrypted vault's config has no valid encryption.{name}")
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return True

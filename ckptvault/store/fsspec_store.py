@@ -553,8 +553,11 @@ def _local_setting_error(exc: Exception) -> str | None:
             f"cannot read {exc.filename}: {exc.strerror or exc}; check the storage options that name files "
             "on this machine (e.g. -o key_filename=...; ~ is expanded)"
         )
-    if type(exc).__name__ == "SSHException" and "key" in str(exc).lower() and "file" in str(exc).lower():
-        return f"{one_line(str(exc))}; check -o key_filename=..."
+    names = {klass.__name__ for klass in type(exc).__mro__}
+    if "PasswordRequiredException" in names:
+        return "the key file (-o key_filename) is encrypted; give its passphrase with -o passphrase=..."
+    if "SSHException" in names and "AuthenticationException" not in names and "key" in str(exc).lower():
+        return f"{one_line(str(exc))}; check -o key_filename=..."  # not a key, or a key of a kind it cannot read
     if isinstance(exc, (TypeError, ValueError)):
         return f"a storage option has a value of the wrong kind ({one_line(str(exc))}); check the -o options"
     return None

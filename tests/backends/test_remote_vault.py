@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import shutil
+import subprocess
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -286,7 +287,13 @@ def test_sftp_key_files_are_read_from_home_and_a_missing_or_bad_one_is_named(ser
     proc = remote_cli(None, "snapshots", "--repo", url, "-o", "key_filename=~/.ssh/id_test", *rest, HOME=str(home))
     assert proc.returncode == 0, proc.stderr
     (tmp_path / "not-a-key").write_text("hello\n")
-    for key_file, named in [(f"{key}-typo", f"cannot read {key}-typo"), (str(tmp_path / "not-a-key"), "key")]:
+    keygen = servers.find_binary("ssh-keygen", Path("/usr/bin/ssh-keygen"))
+    subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "secret", "-f", str(tmp_path / "locked")], check=True)
+    for key_file, named in [
+        (f"{key}-typo", f"cannot read {key}-typo"),
+        (str(tmp_path / "not-a-key"), "key"),
+        (str(tmp_path / "locked"), "is encrypted; give its passphrase with -o passphrase="),
+    ]:
         for command in (["snapshots", "--repo", url], ["init", b.new_url("typo")]):
             proc = remote_cli(
                 None, *command, "-o", f"key_filename={key_file}", *rest, check=False, CKPTVAULT_RETRIES="3"
