@@ -12,7 +12,6 @@ copy to the next when a pack is missing or damaged.
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections.abc import Collection, ItemsView
 from dataclasses import dataclass
@@ -76,6 +75,7 @@ class ChunkIndex:
         # because its pack was gone): a reader falls back to them when a copy is missing or damaged
         self._other_copies: dict[bytes, list[ChunkLocation]] = {}
         self.packs: set[bytes] = set()  # every pack some index object names
+        self._pack_ends: dict[bytes, int] = {}  # pack -> where its last indexed chunk ends
 
     def __contains__(self, chunk_id: bytes) -> bool:
         return chunk_id in self._map
@@ -91,6 +91,9 @@ class ChunkIndex:
         as a delta: reading it costs one decode, and (when two backups raced and coded the same
         chunks against each other's copies) it is what keeps a chain of bases from looping."""
         self.packs.add(pack_id)
+        if entries:
+            end = max(e.offset + e.stored_len for e in entries)
+            self._pack_ends[pack_id] = max(end, self._pack_ends.get(pack_id, 0))
         for e in entries:
             new = ChunkLocation(pack_id, e.offset, e.stored_len, e.raw_len, e.base_id)
             old = self._map.get(e.chunk_id)
@@ -113,6 +116,8 @@ class ChunkIndex:
         elsewhere keeps that one (a plain copy first), and deltas left without a base go too."""
         gone = set(pack_ids)
         self.packs -= gone
+        for pack_id in gone:
+            self._pack_ends.pop(pack_id, None)
         for chunk_id in [c for c, loc in self._map.items() if loc.pack_id in gone]:
             del self._map[chunk_id]
         for chunk_id in list(self._other_copies):
@@ -126,12 +131,7 @@ class ChunkIndex:
     def packs_shorter_than_indexed(self, sizes: dict[bytes, int]) -> set[bytes]:
         """Packs (of those in ``sizes``: pack ID -> stored bytes) that end before a chunk the index
         places in them: cut short (a truncated upload, a damaged disk)."""
-        short: set[bytes] = set()
-        for loc in itertools.chain(self._map.values(), itertools.chain.from_iterable(self._other_copies.values())):
-            size = sizes.get(loc.pack_id)
-            if size is not None and not lies_whole_in(loc.offset, loc.stored_len, size):
-                short.add(loc.pack_id)
-        return short
+        return {p for p, end in self._pack_ends.items() if p in sizes and not lies_whole_in(0, end, sizes[p])}
 
     def drop_deltas_without_base(self) -> None:
         """Leave out every delta chunk whose base (at any depth) is in no pack here."""
