@@ -32,6 +32,7 @@ _HOMES = {
     "RestoreConflictError": ".errors",
     "IntegrityError": ".errors",
     "MalformedObjectError": ".errors",
+    "ConfigDowngradedError": ".errors",
     "UnsafePathError": ".errors",
     "FileFormatError": ".errors",
     "WatchLockedError": ".errors",
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from .errors import (
         BackupSupersededError,
         CkptVaultError,
+        ConfigDowngradedError,
         DrillFailedError,
         FileFormatError,
         FlushTimeoutError,
@@ -132,6 +134,7 @@ __all__ = [
     "ChunkerParams",
     "CkptVaultError",
     "CompressionSettings",
+    "ConfigDowngradedError",
     "DrillFailedError",
     "DrillReport",
     "FileChange",

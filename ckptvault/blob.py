@@ -83,6 +83,13 @@ class BlobCodec:
     def _aad(self, kind: Kind, object_id: bytes) -> bytes:
         return self._header + bytes([kind]) + object_id
 
+    def _unseals(self, kind: Kind, object_id: bytes, view: memoryview) -> bool:
+        try:
+            self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
+        except IntegrityError:
+            return False
+        return True
+
     def encode(self, kind: Kind, object_id: bytes, data: bytes | memoryview, runs: Sequence[ElementRun] = ()) -> bytes:
         """``runs``: where whole tensor elements lie in ``data`` (chunks only), for codec 2."""
         return b"".join(self.encode_parts(kind, object_id, data, runs))
@@ -138,7 +145,9 @@ class BlobCodec:
                 "the object is damaged"
             )
         if view[1] != self.sealer.mode:
-            if self.sealer.mode == SEAL_NONE and view[1] == SEAL_AES256GCM:
+            # an encrypted object where the config says "none" (and not a plain object whose mode byte
+            # flipped: that one still verifies as what it is)
+            if self.sealer.mode == SEAL_NONE and view[1] == SEAL_AES256GCM and not self._unseals(kind, object_id, view):
                 raise ConfigDowngradedError(
                     "the vault's config says it is not encrypted, but its objects are: the config was altered or "
                     "replaced; nothing was written; put back the config with its encryption section (from a copy) "
