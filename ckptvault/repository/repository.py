@@ -327,21 +327,19 @@ class Repository:
         to the new copies). Returns how many packs were adopted."""
         stored = self.list_packs()
         gone = self.index.packs - stored.keys()
-        if gone:
-            damage_log.warning(
-                "%d pack(s) named by the index are missing from the store (e.g. %s); this backup stores their "
-                "chunks again; ckptvault repair-index drops them from the index",
-                len(gone),
-                min(gone).hex()[:12],
-            )
         short = self.index.packs_shorter_than_indexed(stored)
-        if short:
-            damage_log.warning(
-                "%d pack(s) are shorter than the index says (e.g. %s: truncated); this backup stores their "
-                "chunks again; run: ckptvault check",
-                len(short),
-                min(short).hex()[:12],
-            )
+        for packs, what, then in (
+            (gone, "named by the index are missing from the store", "ckptvault repair-index drops them from the index"),
+            (short, "are shorter than the index says (truncated)", "ckptvault prune salvages their whole chunks"),
+        ):
+            if packs:
+                damage_log.warning(
+                    "%d pack(s) %s (e.g. %s); this backup stores their chunks again; %s",
+                    len(packs),
+                    what,
+                    min(packs).hex()[:12],
+                    then,
+                )
         if gone or short:
             self.index.forget_packs(gone | short)
         adopted, _ = self.headers_of_unindexed_packs(self.index.packs | short, stored)
