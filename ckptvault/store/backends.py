@@ -140,6 +140,29 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
     return None
 
 
+# options whose value must be a number (in any backend that takes them): a typo found at once, not as a
+# network failure retried (SFTP's port) or a TypeError inside the first call (s3fs's max_concurrency)
+NUMERIC_OPTIONS = (
+    "port",
+    "max_concurrency",
+    "timeout",
+    "banner_timeout",
+    "auth_timeout",
+    "channel_timeout",
+    "block_size",
+    "default_block_size",
+)
+
+
+def option_value_error(options: dict[str, Any]) -> str | None:
+    """What is wrong with a value in ``options`` (typed as options.parse_value types them), or None."""
+    for name in NUMERIC_OPTIONS:
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"storage option {name} must be a number, not {value!r}"
+    return None
+
+
 def _named(function: Any) -> set[str]:
     """The parameters that ``function`` takes by name."""
     params = inspect.signature(function).parameters.values()

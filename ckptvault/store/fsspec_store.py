@@ -43,7 +43,17 @@ from ..errors import (
     StorageFullError,
     UsageError,
 )
-from .backends import S3, Profile, bucket_of, default_options, install_hint, option_error, profile_for, tune
+from .backends import (
+    S3,
+    Profile,
+    bucket_of,
+    default_options,
+    install_hint,
+    option_error,
+    option_value_error,
+    profile_for,
+    tune,
+)
 from .base import ObjectInfo
 from .failures import Failure, Kind, classify, one_line, status_in_chain
 from .localwrite import LocalWriter, fsync_dir
@@ -90,7 +100,7 @@ class FsspecStore:
                 raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
             except ValueError:
                 raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
-            problem = option_error(cls, protocol, explicit)
+            problem = option_error(cls, protocol, explicit) or option_value_error(options)
             if problem:
                 raise UsageError(f"repository {self.url}: {problem}")
             try:

@@ -308,3 +308,17 @@ def test_a_malformed_remote_url_is_a_one_line_usage_error(remote_cli, url: str):
     proc = remote_cli(None, "snapshots", "--repo", url, check=False)
     line = one_line_error(proc)
     assert proc.returncode == 2 and "is not a valid URL" in line and "internal error" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [("sftp://root@127.0.0.1/x", "port=abc"), ("s3://bucket/x", "max_concurrency=abc"), ("s3://b/x", "port=true")],
+)
+def test_a_storage_option_that_must_be_a_number_is_checked_at_once(remote_cli, url: str, option: str):
+    # SFTP's port=abc was retried as a network failure; s3fs's max_concurrency=abc failed inside the
+    # first call as a storage error (exit 20) naming no option
+    proc = remote_cli(None, "snapshots", "--repo", url, "-o", option, check=False, CKPTVAULT_RETRIES="3")
+    line = one_line_error(proc)
+    name = option.split("=")[0]
+    assert proc.returncode == 2 and f"storage option {name} must be a number" in line, line
+    assert "attempts" not in proc.stderr.decode()
