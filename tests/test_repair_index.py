@@ -272,3 +272,23 @@ def test_read_data_repair_drops_a_damaged_base_not_the_intact_deltas_against_it(
         vault.restore(second, tmp_path / "out")
         assert vault.check(read_data=1.0).affected == {}
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == safetensors(weights)
+
+
+def test_a_pack_in_no_index_with_a_damaged_header_is_said_to_be_prunable(repo_url: str, tmp_path: Path, cli):
+    # check said repair-index would index it again, and repair-index that check would name what it affects
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(300_000))
+    with Vault.init(repo_url) as vault:
+        vault.backup(src)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    stray = Path(repo_url) / "packs" / "ab" / ("ab" * 32)
+    stray.parent.mkdir(exist_ok=True)
+    stray.write_bytes(pack.read_bytes()[:-100])  # a killed write's leftover: its trailer is gone
+    proc = cli("check", "--repo", repo_url)
+    assert "1 of them with a damaged header: nothing can name their chunks, and prune removes them" in (
+        proc.stderr.decode()
+    )
+    with Vault.open(repo_url) as vault:
+        vault.prune(keep_latest=1)
+        assert not stray.exists() and vault.check(read_data=1.0).ok

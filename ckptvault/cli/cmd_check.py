@@ -89,7 +89,7 @@ def repair_index_cmd(
         out.warn(
             f"{len(result.unreadable_packs)} pack(s) in no readable index have a damaged header too "
             f"(e.g. {result.unreadable_packs[0][:12]}): their chunks cannot be located; "
-            "ckptvault check names the snapshots and files affected"
+            "ckptvault check names the snapshots and files that needed them, if any"
         )
     index, remove, drop = (
         ("would index", "would remove", "would drop") if dry_run else ("indexed", "removed", "dropped")

@@ -140,6 +140,7 @@ class _Checker:
             if header is not None and not set(entries) <= set(header):
                 self.problem(name, "header and index disagree about its chunks")
         unindexed = [p for p in stored if p not in self.indexed]
+        headless = 0
         # Their own headers say what they hold: leftovers of a killed backup or prune, or what a lost
         # or unreadable index object described (a snapshot that needs them is recoverable, not lost).
         for pack_id in unindexed:
@@ -148,6 +149,7 @@ class _Checker:
             except CkptVaultError as exc:
                 if self.unreadable_index:
                     self.problem(f"pack {_short(pack_id)}", f"is in no readable index and its header is damaged: {exc}")
+                headless += 1
                 continue
             if self.unreadable_index:  # readers take them from their headers too (Repository.load_index)
                 self.indexed[pack_id] = entries
@@ -166,6 +168,12 @@ class _Checker:
             self.report.warnings.append(
                 f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup or prune, or an index object "
                 "is gone); ckptvault repair-index indexes them again, prune removes the ones no snapshot needs"
+                + (
+                    f" ({headless} of them with a damaged header: nothing can name their chunks, and prune removes "
+                    "them; a snapshot that needed one is named above)"
+                    if headless
+                    else ""
+                )
             )
 
     def read_data(self, fraction: float, seed: int | None) -> None:
