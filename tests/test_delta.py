@@ -396,3 +396,30 @@ def test_check_reads_deltas_bases_from_the_headers_of_packs_a_damaged_index_desc
         for snap, files in snaps:
             vault.restore(snap, tmp_path / f"out-{snap.id[:8]}")
             assert contents(tmp_path / f"out-{snap.id[:8]}") == files
+
+
+def test_prune_never_leaves_a_kept_pack_indexing_a_delta_whose_base_it_deleted(tmp_path: Path):
+    # a pack mostly kept alive by another snapshot kept all its index entries, among them a dead delta
+    # whose base's pack the same prune deleted: check failed from then on, and once a later backup
+    # stored that chunk again every prune refused ("stored as a delta against a chunk in no index")
+    run, src, other = Training(), tmp_path / "src", tmp_path / "other"
+    with Vault.init(str(tmp_path / "vault"), chunker=SMALL, compression=DELTA) as vault:  # 16 MiB packs
+        run.save(src)
+        first = vault.backup(src, tags={"run": "t", "step": "1"})
+        run.step()
+        run.save(src)
+        (src / "big.bin").write_bytes(os.urandom(12_000_000))  # in the pack of the second save's deltas
+        second = vault.backup(src, tags={"run": "t", "step": "2"})
+        assert second.summary.delta_chunks > 0
+        other.mkdir()
+        shutil.copy(src / "big.bin", other / "big.bin")
+        vault.backup(other)  # keeps that pack mostly alive
+        vault.forget([first, second], prune=True)
+        assert vault.check(read_data=1.0).ok
+        again = tmp_path / "again"
+        run.save(again)  # the second save's tensors once more
+        fourth = vault.backup(again, tags={"run": "t", "step": "3"})
+        vault.prune(keep_latest=5)
+        assert vault.check(read_data=1.0).ok
+        vault.restore(fourth, tmp_path / "out")
+    assert contents(tmp_path / "out") == contents(again)

@@ -96,7 +96,9 @@ class _Checker:
                 if e.base_id not in chunk_ids:
                     self.problem(
                         f"chunk {_short(e.chunk_id)}",
-                        f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index",
+                        f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index; the next prune "
+                        "drops it from the index (a snapshot that needs it is named below; a backup of its file "
+                        "stores it again)",
                     )
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)

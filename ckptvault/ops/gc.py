@@ -74,6 +74,7 @@ def plan_gc(
     for packs in index_objects.values():
         indexed.update(packs)
     live = _with_bases(live, indexed)
+    known = {e.chunk_id for entries in indexed.values() for e in entries}
     stored = repo.list_packs()
     plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects), index_ids=set(index_objects))
 
@@ -84,11 +85,16 @@ def plan_gc(
     homed: set[bytes] = set()
     for pack_id in sorted((p for p in indexed if p in stored), key=live_bytes, reverse=True):
         entries = indexed[pack_id]
-        # a pack cut short (a truncated upload, a damaged disk) homes only the chunks that lie whole in
-        # it, and is repacked whatever its dead share: its whole chunks are salvaged, it goes
-        whole = [e for e in entries if lies_whole_in(e.offset, e.stored_len, stored[pack_id])]
-        cut = len(whole) < len(entries)
-        mine = [e for e in whole if e.chunk_id in live and e.chunk_id not in homed]
+        # A pack cut short (a truncated upload, a damaged disk) homes only the chunks that lie whole in
+        # it, and a delta whose base is in no index cannot be read: a pack holding such entries is
+        # repacked whatever its dead share, so its readable chunks are salvaged and it goes.
+        usable = [
+            e
+            for e in entries
+            if lies_whole_in(e.offset, e.stored_len, stored[pack_id]) and (e.base_id is None or e.base_id in known)
+        ]
+        cut = len(usable) < len(entries)
+        mine = [e for e in usable if e.chunk_id in live and e.chunk_id not in homed]
         homed.update(e.chunk_id for e in mine)
         # shares of the chunks' bytes, not of the file: its header and trailer are never "dead", and
         # counting them so made --repack-threshold 0 rewrite fully live packs at every prune
@@ -102,6 +108,7 @@ def plan_gc(
     for pack_id, size in stored.items():
         if pack_id not in indexed:  # left by a killed backup: nothing can refer to it
             plan.delete_packs[pack_id] = size
+    _drop_deltas_losing_their_base(plan, homed)
     missing = live - homed
     if missing:
         raise IntegrityError(
@@ -112,28 +119,44 @@ def plan_gc(
     return plan
 
 
+def _drop_deltas_losing_their_base(plan: GcPlan, homed: set[bytes]) -> None:
+    """A kept pack keeps its dead chunks indexed (a later backup may reuse them), but not a dead delta
+    whose base this collection deletes: that entry could never be read again, and check would call
+    it damage at every run after."""
+    surviving = homed | {e.chunk_id for entries in plan.keep_packs.values() for e in entries}
+    while True:
+        dropped = False
+        for pack_id, entries in plan.keep_packs.items():
+            readable = [e for e in entries if e.base_id is None or e.base_id in surviving]
+            if len(readable) < len(entries):
+                plan.keep_packs[pack_id] = readable
+                dropped = True
+        if not dropped:
+            return
+        surviving = homed | {e.chunk_id for entries in plan.keep_packs.values() for e in entries}
+
+
 def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]]) -> set[bytes]:
     """``live`` plus every delta base a live chunk needs, at any depth. A chunk stored twice may have
-    been coded differently in each copy: the bases of every copy count, whichever copy is kept."""
-    bases: dict[bytes, set[bytes]] = {}
+    been coded differently in each copy: the bases of every readable copy count, whichever copy is
+    kept. A live chunk whose every copy is a delta against a chunk in no index cannot be read."""
+    copies: dict[bytes, list[bytes | None]] = {}
     for entries in indexed.values():
         for e in entries:
-            if e.base_id is not None:
-                bases.setdefault(e.chunk_id, set()).add(e.base_id)
+            copies.setdefault(e.chunk_id, []).append(e.base_id)
     out = set(live)
-    todo = [c for c in live if c in bases]
+    todo = list(live)
     while todo:
-        for base in bases.get(todo.pop(), ()):
-            if base not in out:
+        for base in copies.get(todo.pop(), ()):
+            if base is not None and base in copies and base not in out:
                 out.add(base)
                 todo.append(base)
-    needed_by = {b: c for c, bs in bases.items() if c in out for b in bs}
-    known = {e.chunk_id for entries in indexed.values() for e in entries}
-    missing = sorted(b for b in needed_by if b not in known)
-    if missing:
+    broken = sorted(c for c in out if c in copies and all(b is not None and b not in copies for b in copies[c]))
+    if broken:
+        lost_base = next(b for b in copies[broken[0]] if b is not None)
         raise IntegrityError(
-            f"chunk {needed_by[missing[0]].hex()[:12]} of a kept snapshot is stored as a delta against chunk "
-            f"{missing[0].hex()[:12]}, which is in no index ({len(missing)} such base(s)); nothing was deleted; "
+            f"chunk {broken[0].hex()[:12]} of a kept snapshot is stored as a delta against chunk "
+            f"{lost_base.hex()[:12]}, which is in no index ({len(broken)} such chunk(s)); nothing was deleted; "
             "run: ckptvault check"
         )
     return out
