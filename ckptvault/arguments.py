@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import UsageError, spelled
 from .snapshot.model import Snapshot
 
 PathLike = str | os.PathLike[str]
@@ -167,8 +167,20 @@ def seconds_arg(name: str, value: float | None) -> float | None:
 
 def before_arg(before: datetime | timedelta | None, now: datetime | None) -> datetime | None:
     """prune's cutoff: a time, or an age (a non-negative timedelta) counted back from ``now``."""
-    if now is not None and not isinstance(now, datetime):
-        raise wrong_arg("now", now, "a datetime or None")
+    if now is not None and (not isinstance(now, datetime) or now.tzinfo is None):
+        raise wrong_arg("now", now, "a timezone-aware datetime or None")
+    if isinstance(before, datetime) and before.tzinfo is not None:
+        try:
+            ahead = before.astimezone(timezone.utc) - (now or datetime.now(timezone.utc))
+        except OverflowError:
+            ahead = timedelta(0)  # no UTC equivalent: RetentionPolicy names that
+        if ahead > timedelta(days=1):
+            # every snapshot is older than it, so only the newest of each group would stay: a mistyped
+            # year, not a cutoff (a few hours ahead is one: "before the end of today")
+            raise UsageError(
+                f"{spelled('--before', 'before')} {before.isoformat()} is more than a day in the future, so every "
+                f"snapshot is older than it; give a past date, or an age such as {spelled('14d', 'timedelta(days=14)')}"
+            )
     if before is None or isinstance(before, datetime):
         return before
     if not isinstance(before, timedelta):

@@ -370,6 +370,11 @@ def test_a_negative_age_would_have_put_the_cutoff_in_the_future(vault, three):
     now = datetime.now(timezone.utc)
     assert vault.prune(keep_latest=1, before=timedelta(days=14), dry_run=True).retention.forget == []
     assert len(vault.prune(keep_latest=1, before=now + timedelta(seconds=1), dry_run=True).retention.forget) == 2
+    # a mistyped year is no cutoff: every snapshot but the newest would go
+    with pytest.raises(UsageError, match="more than a day in the future, so every snapshot is older than it"):
+        vault.prune(before=datetime(2099, 1, 1, tzinfo=timezone.utc), dry_run=True)
+    with pytest.raises(UsageError, match="now must be a timezone-aware datetime"):
+        vault.prune(before=timedelta(days=1), now=datetime(2026, 1, 10))
 
 
 def test_an_empty_url_is_refused_not_taken_for_the_default_vault(tmp_path):

@@ -168,6 +168,12 @@ def test_unusual_but_valid_tags_are_still_accepted(cli, repo: str, tmp_path: Pat
     assert [s["tags"] for s in newest] == [{key: value}]
 
 
+def test_a_before_date_more_than_a_day_ahead_is_a_mistyped_year_not_a_cutoff(cli, repo: str):
+    # it made every snapshot "older", and --before alone then left only the newest of each group
+    line = refused_prune(cli, repo, "--before", "2099-01-01")  # exit 2, nothing removed
+    assert "--before 2099-01-01T00:00:00+00:00 is more than a day in the future" in line and "14d" in line
+
+
 @pytest.mark.parametrize("value", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:30+01:00"])
 def test_a_before_time_with_no_utc_equivalent_is_a_usage_error(cli, repo: str, value: str):
     line = refused_prune(cli, repo, "--before", value)
