@@ -85,7 +85,7 @@ class RepoConfig:
             raise MalformedObjectError(f"the config of {url} is damaged: its version {version!r} is not a whole number")
         if version not in SUPPORTED_VERSIONS:
             newest = max(SUPPORTED_VERSIONS)
-            if isinstance(version, int) and version > newest:
+            if version > newest:
                 raise UnsupportedFormatError(
                     f"repository format {version} at {url} is newer than this ckptvault supports "
                     f"(up to {newest}); upgrade ckptvault: pip install -U ckptvault"

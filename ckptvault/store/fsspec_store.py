@@ -75,8 +75,7 @@ class FsspecStore:
             self.url = display_url(url)
             target, options, explicit = resolve_options(url, storage_options)
         except ValueError as exc:  # not echoed: it may hold a password that display_url would have hidden
-            scheme = url.split("://", 1)[0] if "://" in url else "the"
-            raise UsageError(f"repository {scheme}://... is not a valid URL: {one_line(str(exc))}") from None
+            raise _invalid_url(f"{url.split('://', 1)[0]}://..." if "://" in url else "URL", exc) from None
         self.op_timeout = op_timeout
         self._fs: Any = None
         self._fs_lock = threading.Lock()
@@ -107,7 +106,7 @@ class FsspecStore:
                 root = cls._strip_protocol(target)
                 self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
             except ValueError as exc:  # a port that is no number, an unclosed [IPv6 address
-                raise UsageError(f"repository {self.url} is not a valid URL: {one_line(str(exc))}") from None
+                raise _invalid_url(self.url, exc) from None
         protocols = cls.protocol if isinstance(cls.protocol, tuple) else (cls.protocol,)
         self.profile: Profile = profile_for(
             protocols, local_disk=issubclass(cls, LocalFileSystem), in_memory=issubclass(cls, MemoryFileSystem)
@@ -550,6 +549,10 @@ def _thread_niceness() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     except (OSError, AttributeError):
         return 0
+
+
+def _invalid_url(shown: str, exc: ValueError) -> UsageError:
+    return UsageError(f"repository {shown} is not a valid URL: {one_line(str(exc))}")
 
 
 def _local_setting_error(exc: Exception) -> str | None:
