@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -16,6 +17,17 @@ settings.register_profile(
     "default", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    # A full disk fails tests far from its cause (a CI run: SeaweedFS refused PUTs, then tmp_path
+    # setups failed); the free space at the start says so at once. Passing tests' folders are removed
+    # as they end (tmp_path_retention_policy), so the suite needs about its largest test: ~1.5 GB.
+    temp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    free = shutil.disk_usage(temp).free
+    return f"free disk under {temp}: {free / 1e9:.1f} GB"
+
 
 CKPTVAULT_ENV = ("CKPTVAULT_REPO", "CKPTVAULT_KEYFILE", "CKPTVAULT_PASSPHRASE", "CKPTVAULT_NEW_PASSPHRASE")
 SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees

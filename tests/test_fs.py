@@ -103,14 +103,18 @@ def test_vault_open_file_is_seekable_and_names_missing_paths(vault: Vault, tmp_p
 
 
 def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
-    """Back up a ``size``-byte file (default chunker), read 1 MiB in its middle; (bytes, chunks) fetched."""
+    """Back up a ``size``-byte file (default chunker), read 1 MiB in its middle; (bytes, chunks) fetched.
+    A file over 64 MiB holds random bytes in the first quarter of every 64 MiB (the middle among them)
+    and holes between (zeros, stored once): a 1 GiB file costs the disk 256 MiB twice, not 1 GiB."""
     src = tmp_path / "big"
     src.mkdir()
     rng = np.random.default_rng(11)
+    random_per_64_mib = 16 * MiB if size > 64 * MiB else 64 * MiB
     with open(src / "weights.bin", "wb") as f:
-        for _ in range(size // (64 * MiB)):
-            f.write(rng.bytes(64 * MiB))
-        f.write(rng.bytes(size % (64 * MiB)))
+        f.truncate(size)
+        for offset in range(0, size, 64 * MiB):
+            f.seek(offset)
+            f.write(rng.bytes(min(random_per_64_mib, size - offset)))
     with Vault.init(str(tmp_path / "repo")) as vault:
         vault.backup(src)
         fs = CkptVaultFileSystem(vault=vault)

@@ -38,7 +38,7 @@ def seaweed_with_a_reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
     )
     try:
-        srv = servers.start_seaweedfs(workdir, extra_args=(f"-s3.config={config}",))
+        srv = servers.start_seaweedfs(workdir, s3_config=config)
     except servers.ServerUnavailable as exc:
         pytest.skip(f"BACKEND NOT TESTED: s3-seaweedfs (read-only identity): {exc}")
     yield srv

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -209,45 +210,46 @@ def start_moto(workdir: Path) -> RunningServer:
     return RunningServer(backend, proc, port, log)
 
 
-def start_seaweedfs(
-    workdir: Path,
-    *,
-    access_key: str = S3_KEY,
-    secret_key: str = S3_SECRET,
-    require_auth: bool = True,
-    extra_args: tuple[str, ...] = (),
-) -> RunningServer:
-    """``weed mini``: master, volume, filer and S3 gateway in one process. Every listener gets its
-    own port on 127.0.0.1 (the defaults are fixed numbers that two instances would share). With
-    AWS_ACCESS_KEY_ID/SECRET in its environment it requires those credentials."""
+def start_seaweedfs(workdir: Path, *, s3_config: Path | None = None) -> RunningServer:
+    """``weed server -filer -s3``: master, volume, filer and S3 gateway in one process. Every
+    listener gets its own port on 127.0.0.1 (the defaults are fixed numbers that two instances would
+    share). ``s3_config`` lists the identities; by default one admin with the test credentials.
+
+    Not ``weed mini``: its volume server keeps 1% of the disk free and cannot be told otherwise, so on
+    a large disk with under ~2.5 GB free every PUT failed ("no volume server capacity", a CI run)."""
     _require("s3fs", "s3")
     binary = find_binary("weed", VENV_BIN / "weed")
     data = workdir / "weed"
     data.mkdir(parents=True, exist_ok=True)
-    ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "admin")}
+    if s3_config is None:
+        s3_config = workdir / "s3.json"
+        admin = {"accessKey": S3_KEY, "secretKey": S3_SECRET}
+        actions = ["Admin", "Read", "List", "Tagging", "Write"]
+        s3_config.write_text(json.dumps({"identities": [{"name": "admin", "credentials": [admin], "actions": actions}]}))
+    ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
     args = [
         binary,
-        "mini",
+        "server",
         f"-dir={data}",
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
-        "-admin.ui=false",
-        "-webdav=false",
+        "-filer",
+        "-s3",
+        f"-s3.config={s3_config}",
+        "-s3.port.iceberg=0",  # fixed default ports otherwise, which a second instance could not bind
+        "-s3.port.lance=0",
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=1024",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
+        "-volume.max=0",  # as many volumes as the free space holds
+        "-volume.minFreeSpace=64MiB",
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={free_port()}"]
-    args += list(extra_args)
     log = workdir / "weed.log"
-    # without credentials in its environment weed allows anonymous access (and checks no signature)
-    keys: dict[str, str | None] = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    proc = spawn(args, log, env=keys if require_auth else dict.fromkeys(keys), cwd=data)
-    wait_until(lambda: port_open(ports["s3"]), proc, log, "weed mini")
+    proc = spawn(args, log, cwd=data)
+    wait_until(lambda: port_open(ports["s3"]), proc, log, "weed server")
     backend = _s3_backend("s3-seaweedfs", ports["s3"])
-    _with_bucket(lambda: _make_s3_bucket(backend), proc, log, "weed mini")
+    _with_bucket(lambda: _make_s3_bucket(backend), proc, log, "weed server")
     return RunningServer(backend, proc, ports["s3"], log)
 
 
