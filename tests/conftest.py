@@ -19,7 +19,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
-
 def pytest_report_header(config: pytest.Config) -> str:
     # A full disk fails tests far from its cause (a CI run: SeaweedFS refused PUTs, then tmp_path
     # setups failed); the free space at the start says so at once. Passing tests' folders are removed

@@ -223,9 +223,9 @@ def start_seaweedfs(workdir: Path, *, s3_config: Path | None = None) -> RunningS
     data.mkdir(parents=True, exist_ok=True)
     if s3_config is None:
         s3_config = workdir / "s3.json"
-        admin = {"accessKey": S3_KEY, "secretKey": S3_SECRET}
-        actions = ["Admin", "Read", "List", "Tagging", "Write"]
-        s3_config.write_text(json.dumps({"identities": [{"name": "admin", "credentials": [admin], "actions": actions}]}))
+        admin = {"name": "admin", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}]}
+        admin["actions"] = ["Admin", "Read", "List", "Tagging", "Write"]
+        s3_config.write_text(json.dumps({"identities": [admin]}))
     ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
     args = [
         binary,
