@@ -70,6 +70,20 @@ def test_group_by_empty_key_is_refused(cli, repo: str):
     assert "--group-by is empty" in refused_prune(cli, repo, "--group-by", "")
 
 
+def test_a_mistyped_tag_selecting_nothing_is_named_with_the_values_in_use(cli, repo: str):
+    """Not an error (a cron'd prune of a run that has not saved yet selects nothing too), but not
+    silence: "removed 0 snapshot(s)" alone hid the typo."""
+    before = snapshot_ids(cli, repo)
+    proc = cli("prune", "--repo", repo, "--keep-latest", "1", "--tag", "run=b", "--quiet")
+    assert snapshot_ids(cli, repo) == before
+    err = proc.stderr.decode()
+    assert err.strip() == (
+        "warning: no snapshot matches run=b (no snapshot has run=b; run is one of: a); nothing to remove"
+    ), err
+    matching = cli("prune", "--repo", repo, "--keep-latest", "1", "--tag", "run=a", "-n")
+    assert "no snapshot matches" not in matching.stderr.decode()
+
+
 def test_group_by_unknown_tag_key_is_refused_by_the_api(repo: str):
     with Vault.open(repo) as vault, pytest.raises(UsageError, match="'nosuchtag' is on none of the 4"):
         vault.prune(keep_latest=1, group_by="nosuchtag")

@@ -10,6 +10,7 @@ import typer
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.model import format_tags
 from ..snapshot.retention import Decision, missing_group_label
+from ..snapshot.selection import unmatched_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_before, parse_keep_tags, parse_tags
@@ -33,6 +34,13 @@ def note_ungrouped(out: Output, result: PruneResult, group_by: str | None) -> No
             f"note: {len(lacking)} of {grouped} snapshot(s) have no tag {group_by!r}; "
             f"they are pruned as one group, {label!r}, whose newest is kept"
         )
+
+
+def note_unselected(out: Output, result: PruneResult, tags: dict[str, str] | None) -> None:
+    """A mistyped --tag selects nothing and so removes nothing: say so, with the values in use."""
+    snapshots = [d.snapshot for d in result.retention.decisions]
+    if tags and snapshots and not any(s.matches(tags) for s in snapshots):
+        out.warn(f"no snapshot matches {format_tags(tags, ' ')}{unmatched_tags(snapshots, tags)}; nothing to remove")
 
 
 def report(out: Output, result: PruneResult) -> None:
@@ -102,16 +110,18 @@ def prune_cmd(
     """Remove snapshots outside the newest N AND older than --before, then reclaim their space."""
     out = Output(json_mode=json_out, quiet=quiet)
     now = datetime.now(timezone.utc)
+    tags = parse_tags(tag)
     with vault_args.open(out) as vault:
         result = vault.prune(
             keep_latest=keep_latest,
             before=parse_before(before, now),
-            tags=parse_tags(tag),
+            tags=tags,
             keep_tags=parse_keep_tags(keep_tag),
             group_by=group_by,
             dry_run=dry_run,
             repack_threshold=repack_threshold,
         )
+    note_unselected(out, result, tags)
     note_ungrouped(out, result, group_by)
     report(out, result)
 

@@ -44,7 +44,7 @@ def _describe(tags: dict[str, str] | None) -> str:
     return spelled(_tag_options(tags), f" with tags={tags}") if tags else ""
 
 
-def _unmatched(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
+def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
     for key, value in tags.items():
         values = sorted({s.tags[key] for s in snapshots if key in s.tags})
@@ -63,7 +63,7 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
     if spec == "latest":
         if not candidates:
             raise SnapshotNotFoundError(
-                f"no snapshot matches latest{_describe(tags)}{_unmatched(snapshots, tags or {})}; "
+                f"no snapshot matches latest{_describe(tags)}{unmatched_tags(snapshots, tags or {})}; "
                 "list them with: ckptvault snapshots"
             )
         return newest(candidates)
