@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, settings
 
 from ckptvault import Vault
 
+from .support import disk
+
 settings.register_profile(
     "default", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -26,6 +28,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     temp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     free = shutil.disk_usage(temp).free
     return f"free disk under {temp}: {free / 1e9:.1f} GB"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if disk.NOT_TESTED:
+        terminalreporter.section("NOT TESTED: too little free disk", sep="!", red=True, bold=True)
+        for test, why in sorted(disk.NOT_TESTED.items()):
+            terminalreporter.write_line(f"{test}: {why}", red=True, bold=True)
 
 
 CKPTVAULT_ENV = ("CKPTVAULT_REPO", "CKPTVAULT_KEYFILE", "CKPTVAULT_PASSPHRASE", "CKPTVAULT_NEW_PASSPHRASE")

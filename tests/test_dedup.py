@@ -6,6 +6,8 @@ import pytest
 
 from ckptvault import Vault
 
+from .support.disk import need_free_disk
+
 
 def test_same_tree_twice_adds_almost_nothing(vault: Vault, tmp_path: Path):
     src = tmp_path / "ckpt"
@@ -40,11 +42,12 @@ def test_identical_content_in_another_file_and_path_is_stored_once(vault: Vault,
 @pytest.mark.slow
 def test_one_changed_tensor_of_500mb_adds_about_50mb(tmp_path: Path):
     """A 500 MB checkpoint of ten 50 MB tensors; one tensor changes between saves."""
+    tensor = 50 * 1000 * 1000
+    need_free_disk(tmp_path, 22 * tensor)  # the checkpoint and the vault
     url = str(tmp_path / "repo")
     Vault.init(url)  # production chunker and pack sizes
     src = tmp_path / "ckpt"
     src.mkdir()
-    tensor = 50 * 1000 * 1000
     with open(src / "model.bin", "wb") as f:
         f.writelines(random.Random(i).randbytes(tensor) for i in range(10))
     with Vault.open(url) as vault:

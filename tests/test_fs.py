@@ -18,6 +18,7 @@ from ckptvault import Vault
 from ckptvault.errors import PathNotInSnapshotError
 from ckptvault.fs import CkptVaultFileSystem
 from tests.support.counting_store import count_reads
+from tests.support.disk import need_free_disk
 
 MiB = 1024 * 1024
 
@@ -106,6 +107,7 @@ def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
     """Back up a ``size``-byte file (default chunker), read 1 MiB in its middle; (bytes, chunks) fetched.
     A file over 64 MiB holds random bytes in the first quarter of every 64 MiB (the middle among them)
     and holes between (zeros, stored once): a 1 GiB file costs the disk 256 MiB twice, not 1 GiB."""
+    need_free_disk(tmp_path, size // 2 if size > 64 * MiB else 2 * size)
     src = tmp_path / "big"
     src.mkdir()
     rng = np.random.default_rng(11)

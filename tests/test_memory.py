@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from .support.disk import need_free_disk
+
 # VmHWM, not getrusage's ru_maxrss: Linux carries the parent's high-water mark into ru_maxrss across
 # fork+exec, so a child of a large pytest process would report the parent's size, not its own.
 CHILD = r"""
@@ -54,6 +56,7 @@ def peak_mb(tmp_path: Path, size: int, cpus: int | None = None) -> dict:
     from ckptvault import Vault
 
     work = tmp_path / f"{size}-{cpus}"
+    need_free_disk(tmp_path, size + size // 2)  # the restored file is dense; the source and the vault a quarter each
     (work / "src").mkdir(parents=True)
     make_sparse_ish(work / "src" / "model.bin", size)
     Vault.init(str(work / "repo")).close()
