@@ -140,26 +140,36 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
     return None
 
 
-# options whose value must be a number (in any backend that takes them): a typo found at once, not as a
-# network failure retried (SFTP's port) or a TypeError inside the first call (s3fs's max_concurrency)
-NUMERIC_OPTIONS = (
-    "port",
-    "max_concurrency",
-    "timeout",
-    "banner_timeout",
-    "auth_timeout",
-    "channel_timeout",
-    "block_size",
-    "default_block_size",
+# options whose value must be a number (in any backend that takes them, at any depth: botocore's
+# ``config_kwargs.read_timeout``), and any ``*_timeout``: a typo found at once, not as a network failure
+# retried (SFTP's port) or a TypeError inside the first call (s3fs's max_concurrency)
+NUMERIC_OPTIONS = frozenset(
+    (
+        "port",
+        "max_concurrency",
+        "timeout",
+        "block_size",
+        "default_block_size",
+        "max_pool_connections",
+        "max_attempts",
+    )
 )
 
 
-def option_value_error(options: dict[str, Any]) -> str | None:
+def _is_number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def option_value_error(options: dict[str, Any], within: str = "") -> str | None:
     """What is wrong with a value in ``options`` (typed as options.parse_value types them), or None."""
-    for name in NUMERIC_OPTIONS:
-        value = options.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            return f"storage option {name} must be a number, not {value!r}"
+    for name, value in options.items():
+        dotted = f"{within}{name}"
+        if isinstance(value, dict):
+            problem = option_value_error(value, f"{dotted}.")
+            if problem:
+                return problem
+        elif (name in NUMERIC_OPTIONS or name.endswith("_timeout")) and not _is_number_or_none(value):
+            return f"storage option {dotted} must be a number, not {value!r}"
     return None
 
 
