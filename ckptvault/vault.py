@@ -690,8 +690,8 @@ class Vault:
 
     @_open_only
     def forget(self, snapshots: Sequence[str | Snapshot], *, prune: bool = False, dry_run: bool = False) -> PruneResult:
-        """Remove the given snapshots (a list of IDs or unique prefixes, or Snapshots); with ``prune``,
-        reclaim their space too.
+        """Remove the given snapshots (a list of IDs or unique prefixes, ``"latest"``, or Snapshots);
+        with ``prune``, reclaim their space too.
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists."""

@@ -24,7 +24,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 def pytest_report_header(config: pytest.Config) -> str:
     # A full disk fails tests far from its cause (a CI run: SeaweedFS refused PUTs, then tmp_path
     # setups failed); the free space at the start says so at once. Passing tests' folders are removed
-    # as they end (tmp_path_retention_policy), so the suite needs about its largest test: ~1.5 GB.
+    # as they end (tmp_path_retention_policy), so the suite needs about its largest test (~3 GB; tests
+    # needing over 500 MB skip loudly without it: support/disk.py) and the servers' data (~0.5 GB).
     temp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     free = shutil.disk_usage(temp).free
     return f"free disk under {temp}: {free / 1e9:.1f} GB"

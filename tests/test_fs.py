@@ -112,6 +112,7 @@ def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
     src.mkdir()
     rng = np.random.default_rng(11)
     random_per_64_mib = 16 * MiB if size > 64 * MiB else 64 * MiB
+    assert size <= 64 * MiB or (size // 2) % (64 * MiB) == 0, "the middle must fall on random bytes"
     with open(src / "weights.bin", "wb") as f:
         f.truncate(size)
         for offset in range(0, size, 64 * MiB):

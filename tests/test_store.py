@@ -338,3 +338,8 @@ def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyP
     FsspecStore("s3://bucket/vault?profile=prod")
     FsspecStore("az://container/vault", {"managed_identity_client_id": "x", "exclude_environment_credential": True})
     FsspecStore("sftp://u@127.0.0.1:9/vault", {"key_filename": "k", "look_for_keys": False, "timeout": 3})
+    # numbers given as text (-o), whatever the name holds ("connection" alone keeps a value text), and
+    # objects given through the API are not refused by the check of numeric options
+    FsspecStore("az://container/vault", {"account_name": "a", "connection_timeout": "30"})
+    FsspecStore("s3://bucket/vault", {"config_kwargs.connect_timeout": "5", "config_kwargs.retries.max_attempts": "3"})
+    FsspecStore("gs://bucket/vault", {"token": "anon", "session_kwargs": {"timeout": object()}})

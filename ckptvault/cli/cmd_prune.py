@@ -10,7 +10,7 @@ import typer
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.model import format_tags
 from ..snapshot.retention import Decision, missing_group_label
-from ..snapshot.selection import unmatched_tags
+from ..snapshot.selection import tag_options, unmatched_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_before, parse_keep_tags, parse_tags
@@ -40,7 +40,7 @@ def note_unselected(out: Output, result: PruneResult, tags: dict[str, str] | Non
     """A mistyped --tag selects nothing and so removes nothing: say so, with the values in use."""
     snapshots = [d.snapshot for d in result.retention.decisions]
     if tags and snapshots and not any(s.matches(tags) for s in snapshots):
-        out.warn(f"no snapshot matches {format_tags(tags, ' ')}{unmatched_tags(snapshots, tags)}; nothing to remove")
+        out.warn(f"{tag_options(tags).strip()} selects no snapshot{unmatched_tags(snapshots, tags)}; none removed")
 
 
 def report(out: Output, result: PruneResult) -> None:

@@ -36,12 +36,12 @@ def newest(snapshots: list[Snapshot]) -> Snapshot:
     return ordered(snapshots)[-1]
 
 
-def _tag_options(tags: dict[str, str]) -> str:
+def tag_options(tags: dict[str, str]) -> str:
     return "".join(f" --tag {shlex.quote(f'{k}={v}')}" for k, v in tags.items())
 
 
 def _describe(tags: dict[str, str] | None) -> str:
-    return spelled(_tag_options(tags), f" with tags={tags}") if tags else ""
+    return spelled(tag_options(tags), f" with tags={tags}") if tags else ""
 
 
 def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
@@ -78,7 +78,7 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
                 f"snapshot {spec} does not carry {format_tags(tags, ', ')} "
                 f"(its tags: {format_tags(untagged[0].tags, ', ') or 'none'}); "
                 f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: "
-                + spelled(f"ckptvault snapshots{_tag_options(tags)}", f"Vault.snapshots(tags={tags})")
+                + spelled(f"ckptvault snapshots{tag_options(tags)}", f"Vault.snapshots(tags={tags})")
             )
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
     if len(found) > 1:

@@ -142,7 +142,9 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
 
 # options whose value must be a number (in any backend that takes them, at any depth: botocore's
 # ``config_kwargs.read_timeout``), and any ``*_timeout``: a typo found at once, not as a network failure
-# retried (SFTP's port) or a TypeError inside the first call (s3fs's max_concurrency)
+# retried (SFTP's port) or a TypeError inside the first call (s3fs's max_concurrency). Only what typing
+# text can make is refused (text, booleans, JSON lists and objects): an object given through the API (aiohttp's
+# ClientTimeout as gcsfs's ``session_kwargs.timeout``) is the backend's to judge.
 NUMERIC_OPTIONS = frozenset(
     (
         "port",
@@ -156,20 +158,20 @@ NUMERIC_OPTIONS = frozenset(
 )
 
 
-def _is_number_or_none(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+def _numeric(name: Any) -> bool:
+    return isinstance(name, str) and (name in NUMERIC_OPTIONS or name.endswith("_timeout"))
 
 
 def option_value_error(options: dict[str, Any], within: str = "") -> str | None:
     """What is wrong with a value in ``options`` (typed as options.parse_value types them), or None."""
     for name, value in options.items():
         dotted = f"{within}{name}"
+        if _numeric(name) and isinstance(value, (str, bool, list, dict)):
+            return f"storage option {dotted} must be a number, not {value!r}"
         if isinstance(value, dict):
             problem = option_value_error(value, f"{dotted}.")
             if problem:
                 return problem
-        elif (name in NUMERIC_OPTIONS or name.endswith("_timeout")) and not _is_number_or_none(value):
-            return f"storage option {dotted} must be a number, not {value!r}"
     return None
 
 

@@ -67,7 +67,10 @@ _TEXT_PARTS = frozenset(
 
 
 def _is_text_key(key: str) -> bool:
-    return any(part in _TEXT_PARTS for part in key.rsplit(".", 1)[-1].lower().split("_"))
+    name = key.rsplit(".", 1)[-1].lower()
+    if name.endswith("timeout"):  # adlfs's connection_timeout=30 is a number, "connection" or not
+        return False
+    return any(part in _TEXT_PARTS for part in name.split("_"))
 
 
 def parse_value(key: str, text: str) -> Any:

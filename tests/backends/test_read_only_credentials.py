@@ -4,7 +4,6 @@ one line naming access."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,21 +23,9 @@ READ_KEY, READ_SECRET = "read-only-key", "read-only-secret"
 @pytest.fixture(scope="module")
 def seaweed_with_a_reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.RunningServer]:
     workdir = tmp_path_factory.mktemp("seaweed-ro")
-    config = workdir / "s3.json"
-    admin = {"accessKey": servers.S3_KEY, "secretKey": servers.S3_SECRET}
-    reader = {"accessKey": READ_KEY, "secretKey": READ_SECRET}
-    config.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {"name": "admin", "credentials": [admin], "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-                    {"name": "reader", "credentials": [reader], "actions": ["Read", "List"]},
-                ]
-            }
-        )
-    )
+    reader = servers.s3_identity("reader", READ_KEY, READ_SECRET, ("Read", "List"))
     try:
-        srv = servers.start_seaweedfs(workdir, s3_config=config)
+        srv = servers.start_seaweedfs(workdir, more_identities=(reader,))
     except servers.ServerUnavailable as exc:
         pytest.skip(f"BACKEND NOT TESTED: s3-seaweedfs (read-only identity): {exc}")
     yield srv

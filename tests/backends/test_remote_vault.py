@@ -316,7 +316,7 @@ def test_a_malformed_remote_url_is_a_one_line_usage_error(remote_cli, url: str):
         ("sftp://root@127.0.0.1/x", "port=abc"),
         ("s3://bucket/x", "max_concurrency=abc"),
         ("s3://b/x", "port=true"),
-        ("s3://b/x", "config_kwargs.read_timeout=abc"),  # failed inside the first call, retried as a client error
+        ("s3://b/x", "config_kwargs.read_timeout=abc"),  # failed inside the first call, as a client error
         ("s3://b/x", "config_kwargs.retries.max_attempts=x"),
     ],
 )
@@ -327,4 +327,4 @@ def test_a_storage_option_that_must_be_a_number_is_checked_at_once(remote_cli, u
     line = one_line_error(proc)
     name = option.split("=")[0]
     assert proc.returncode == 2 and f"storage option {name} must be a number" in line, line
-    assert "(after" not in proc.stderr.decode()  # not retried
+    assert "retrying" not in proc.stderr.decode()

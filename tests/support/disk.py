@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-MARGIN = 256 * 1024 * 1024  # the session's servers and the other tests' small files
+MARGIN = 256 * 1024 * 1024  # slack: what the session's servers keep writing (SeaweedFS keeps deleted data)
 NOT_TESTED: dict[str, str] = {}  # test id -> why
 
 

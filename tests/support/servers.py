@@ -210,10 +210,15 @@ def start_moto(workdir: Path) -> RunningServer:
     return RunningServer(backend, proc, port, log)
 
 
-def start_seaweedfs(workdir: Path, *, s3_config: Path | None = None) -> RunningServer:
+def s3_identity(name: str, key: str, secret: str, actions: tuple[str, ...]) -> dict[str, Any]:
+    """One user of SeaweedFS's S3 gateway (its ``-s3.config`` file)."""
+    return {"name": name, "credentials": [{"accessKey": key, "secretKey": secret}], "actions": list(actions)}
+
+
+def start_seaweedfs(workdir: Path, *, more_identities: tuple[dict[str, Any], ...] = ()) -> RunningServer:
     """``weed server -filer -s3``: master, volume, filer and S3 gateway in one process. Every
     listener gets its own port on 127.0.0.1 (the defaults are fixed numbers that two instances would
-    share). ``s3_config`` lists the identities; by default one admin with the test credentials.
+    share). The S3 gateway takes the test credentials (an admin) and ``more_identities``.
 
     Not ``weed mini``: its volume server keeps 1% of the disk free and cannot be told otherwise, so on
     a large disk with under ~2.5 GB free every PUT failed ("no volume server capacity", a CI run)."""
@@ -221,11 +226,9 @@ def start_seaweedfs(workdir: Path, *, s3_config: Path | None = None) -> RunningS
     binary = find_binary("weed", VENV_BIN / "weed")
     data = workdir / "weed"
     data.mkdir(parents=True, exist_ok=True)
-    if s3_config is None:
-        s3_config = workdir / "s3.json"
-        admin = {"name": "admin", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}]}
-        admin["actions"] = ["Admin", "Read", "List", "Tagging", "Write"]
-        s3_config.write_text(json.dumps({"identities": [admin]}))
+    s3_config = workdir / "s3.json"
+    admin = s3_identity("admin", S3_KEY, S3_SECRET, ("Admin", "Read", "List", "Tagging", "Write"))
+    s3_config.write_text(json.dumps({"identities": [admin, *more_identities]}))
     ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
     args = [
         binary,
@@ -239,14 +242,15 @@ def start_seaweedfs(workdir: Path, *, s3_config: Path | None = None) -> RunningS
         "-s3.port.iceberg=0",  # fixed default ports otherwise, which a second instance could not bind
         "-s3.port.lance=0",
         "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=1024",
+        "-master.volumeSizeLimitMB=128",  # small volumes: their number follows the free space
         "-volume.max=0",  # as many volumes as the free space holds
         "-volume.minFreeSpace=64MiB",
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={free_port()}"]
     log = workdir / "weed.log"
-    proc = spawn(args, log, cwd=data)
+    no_aws_credentials: dict[str, str | None] = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
+    proc = spawn(args, log, env=no_aws_credentials, cwd=data)  # the identities are s3_config's alone
     wait_until(lambda: port_open(ports["s3"]), proc, log, "weed server")
     backend = _s3_backend("s3-seaweedfs", ports["s3"])
     _with_bucket(lambda: _make_s3_bucket(backend), proc, log, "weed server")
