@@ -79,7 +79,7 @@ from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
-from .ops.restore import RestoreResult, run_restore
+from .ops.restore import RestoreResult, run_restore, target_error
 from .ops.retag import changed_tags, retag
 from .ops.scan import check_sources
 from .ops.stats import VaultStats, compute_stats
@@ -593,22 +593,26 @@ class Vault:
         on_progress: Progress | None = None,
     ) -> RestoreResult:
         """Restore into ``target``, verifying every chunk and every file hash; ``include`` (a list of
-        globs) restores only the paths matching one."""
+        globs) restores only the paths matching one. A target that cannot be written (disk full,
+        read-only, no permission) raises a StorageError naming the path (StorageFullError when full)."""
         snapshot = snapshot_arg(snapshot)
         where = path_arg("target", target)
         globs = None if include is None else str_list_arg("include", include, "['model/*']")
         with self._repo.locks.acquire_to_read():
             self._repo.load_index()
-            return run_restore(
-                self._repo,
-                self.files(snapshot),
-                where,
-                include=globs,
-                overwrite=overwrite,
-                progress=on_progress,
-                workers=self._repo.download_concurrency,
-                vault_folder=self.local_folder,
-            )
+            try:
+                return run_restore(
+                    self._repo,
+                    self.files(snapshot),
+                    where,
+                    include=globs,
+                    overwrite=overwrite,
+                    progress=on_progress,
+                    workers=self._repo.download_concurrency,
+                    vault_folder=self.local_folder,
+                )
+            except OSError as exc:  # the store's failures are StorageErrors already: this is the target
+                raise target_error(exc, os.fspath(target)) from exc
 
     @_open_only
     def read_file(self, snapshot: str | Snapshot, path: PathLike) -> Iterator[bytes]:

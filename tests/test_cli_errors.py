@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -243,3 +244,46 @@ def test_a_file_size_limit_on_the_vault_fails_at_once_naming_it(cli, tmp_path: P
     proc = _run_with_stdout(["backup", str(src), "--repo", repo], subprocess.PIPE, fsize=256 * 1024, env=env)
     assert proc.returncode == 20 and "file size limit (ulimit -f)" in one_line_error(proc)
     assert time.monotonic() - started < 8  # not retried for ~11 s
+
+
+def test_a_newline_in_a_file_name_keeps_ls_and_diff_to_one_line_per_file(cli, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "line\nbreak.txt").write_bytes(b"x")
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    (src / "line\nbreak.txt").write_bytes(b"changed")
+    cli("backup", str(src), "--repo", repo)
+    first, second = (s["id"] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout))
+    for shown in (cli("ls", second, "--repo", repo), cli("diff", first, second, "--repo", repo)):
+        lines = shown.stdout.decode().splitlines()
+        assert len([line for line in lines if "line\\nbreak.txt" in line]) == 1, lines
+        assert not any(line.startswith("break.txt") for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("restore_cmd", "cancelled; the files restored so far are whole and verified"),
+        ("backup_cmd", "cancelled; nothing after the last completed snapshot was committed"),
+        ("ls_cmd", "cancelled"),
+    ],
+)
+def test_ctrl_c_says_what_the_command_leaves(name: str, message: str, capsys: pytest.CaptureFixture[str]):
+    """A restore said "nothing after the last completed snapshot was committed", a backup's words."""
+    import typer
+
+    from ckptvault.cli.app import command
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    interrupted.__name__ = name
+    with pytest.raises(typer.Exit) as ended:
+        command(interrupted)()
+    assert ended.value.exit_code == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1, err
+    if name == "ls_cmd":
+        assert err == "error: cancelled"

@@ -7,15 +7,19 @@ read-only and full-disk cases use real tmpfs mounts (root only; skipped when mou
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ckptvault import Vault
+from ckptvault.errors import StorageFullError
 from ckptvault.ops.restore import TEMP_MARK
 
 from .conftest import write_file
@@ -220,3 +224,38 @@ def test_overwrite_replaces_a_target_file_that_cannot_be_read(
     assert restore_module.file_hash(str(out / "big.bin")) == next(
         e.blake3 for e in vault.files(snap) if e.path == "big.bin"
     )
+
+
+# ---- the API, and a terminal ----------------------------------------------------------------
+
+
+def test_the_api_raises_storage_full_naming_the_target_not_a_bare_oserror(vault: Vault, snap, tmpfs):
+    small = tmpfs("small", "size=256k")
+    with pytest.raises(StorageFullError, match="no space left") as caught:  # was OSError: the docs promise ours
+        vault.restore(snap, small / "t")
+    assert str(small / "t") in str(caught.value)
+    assert temp_files(small) == []
+
+
+def test_a_restore_failing_in_a_terminal_takes_its_progress_bar_down_first(repo_url: str, snap, tmpfs):
+    """The error line was glued to the bar's line and the cursor stayed hidden after the exit."""
+    small = tmpfs("small", "size=256k")
+    controller, terminal = pty.openpty()
+    env = {**os.environ, "COLUMNS": "100", "TERM": "xterm"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptvault", "restore", snap, str(small / "t"), "--repo", repo_url],
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+        env=env,
+    )
+    os.close(terminal)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while block := os.read(controller, 65536):
+            seen += block
+    os.close(controller)
+    assert proc.wait(60) == 21, seen
+    text = seen.decode(errors="replace")
+    hidden, error = text.index("\x1b[?25l"), text.index("error: no space left")  # the bar was shown
+    assert hidden < text.rindex("\x1b[?25h", 0, error), text  # and the cursor back before the error line

@@ -11,7 +11,15 @@ import pytest
 from ckptvault import Vault
 from ckptvault.blob import Kind
 from ckptvault.crypto.keyfile import Keyfile
-from ckptvault.errors import IntegrityError, MalformedObjectError, RestoreConflictError, UnsafePathError, UsageError
+from ckptvault.errors import (
+    IntegrityError,
+    MalformedObjectError,
+    RestoreConflictError,
+    StorageError,
+    StorageFullError,
+    UnsafePathError,
+    UsageError,
+)
 from ckptvault.ops.restore import temp_stem
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 
@@ -266,7 +274,7 @@ def test_a_failing_write_stops_every_writer_before_the_file_is_closed(tmp_path: 
     monkeypatch.setattr(restore_module.os, "pwrite", pwrite)
     monkeypatch.setattr(restore_module.os, "close", close)
     monkeypatch.setattr(restore_module.os, "open", open_)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(StorageFullError, match="No space left"):
         vault.restore(snap.id, tmp_path / "out")
     monkeypatch.undo()
     assert late == []
@@ -287,7 +295,7 @@ def test_a_write_that_makes_no_progress_fails_instead_of_spinning(tmp_path: Path
         return 0 if ".ckptvault-tmp-" in os.readlink(f"/proc/self/fd/{fd}") else real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(restore_module.os, "pwrite", stalled)
-    with pytest.raises(OSError, match="made no progress"):
+    with pytest.raises(StorageError, match="made no progress"):
         vault.restore(snap.id, tmp_path / "out")
     monkeypatch.undo()
     assert not list((tmp_path / "out").iterdir())  # no temp file, no half-written file

@@ -66,6 +66,14 @@ TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=v
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# What Ctrl-C leaves, by command; others say only "cancelled"
+_CANCELLED = {
+    "backup_cmd": "cancelled; nothing after the last completed snapshot was committed",
+    "watch_cmd": "cancelled; nothing after the last completed snapshot was committed",
+    "demo_cmd": "cancelled; nothing after the last completed snapshot was committed",
+    "restore_cmd": "cancelled; the files restored so far are whole and verified, and a rerun restores the rest",
+}
+
 
 def command(func: F) -> F:
     """Error boundary: a CkptVaultError becomes one line on stderr and its exit code."""
@@ -79,7 +87,7 @@ def command(func: F) -> F:
             out.error(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            out.error("cancelled; nothing after the last completed snapshot was committed")
+            out.error(_CANCELLED.get(func.__name__, "cancelled"))
             raise typer.Exit(130) from None
         except BrokenPipeError:  # the reader went away (`| head`): end quietly, as SIGPIPE ends other tools
             discard_stdout()

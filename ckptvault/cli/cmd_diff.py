@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, one_line
 from .params import parse_tags
 
 
@@ -35,7 +35,7 @@ def diff_cmd(
     for f in result.files:
         size = format_bytes(f.size_b if f.size_b is not None else f.size_a or 0)
         new = f"  ({format_bytes(f.new_bytes)} new)" if f.new_bytes else ""
-        lines.append(f"{f.status:8} {f.path}  {size}{new}")
+        lines.append(f"{f.status:8} {one_line(f.path)}  {size}{new}")
         if f.tensors is not None:
             t = f.tensors
             lines += [f"           + {name}" for name in t.added]

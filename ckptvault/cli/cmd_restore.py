@@ -4,8 +4,6 @@ from typing import Annotated
 
 import typer
 
-from ..errors import CkptVaultError
-from ..ops.restore import target_error
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -36,12 +34,7 @@ def restore_cmd(
     with vault_args.open(out) as vault:
         snap = vault.snapshot(snapshot, parse_tags(tag))
         with out.progress("restoring") as progress:
-            try:
-                result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
-            except CkptVaultError:
-                raise
-            except OSError as exc:  # writing the target failed (the API raises it as is): one line, exit 20/21/22
-                raise target_error(exc, target) from exc
+            result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
     if result.unmatched_globs:
         out.warn(f"--include {', '.join(map(repr, result.unmatched_globs))} matched no path in the snapshot")
     rate = result.bytes_written / result.duration_s / 1e6 if result.duration_s > 0 else 0.0

@@ -10,7 +10,7 @@ import typer
 from ..errors import UsageError
 from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, writing_stdout
+from .output import Output, format_bytes, one_line, writing_stdout
 from .params import parse_tags
 
 SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
@@ -70,7 +70,7 @@ def ls_cmd(
             extra = (
                 [format_bytes(u.stored_bytes), str(u.chunks), (e.blake3 or "")[:16]] if e.type == "file" else [""] * 3
             )
-        table.add_row(e.type, oct(e.mode), format_bytes(e.size) if e.type == "file" else "", *extra, shown)
+        table.add_row(e.type, oct(e.mode), format_bytes(e.size) if e.type == "file" else "", *extra, one_line(shown))
     data = [
         {
             "path": e.path,

@@ -35,8 +35,9 @@ def format_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _one_line(message: str) -> str:
-    """Control characters (a newline in a file name) escaped: an error or warning stays one line."""
+def one_line(message: str) -> str:
+    """Control characters (a newline in a file name) escaped: an error, a warning or a listed path
+    stays one line."""
     if message.isprintable():
         return message
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
@@ -149,10 +150,10 @@ class Output:
             self.err.print(message, markup=False)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"warning: {_one_line(message)}", markup=False, style="yellow")
+        self.err.print(f"warning: {one_line(message)}", markup=False, style="yellow")
 
     def error(self, message: str) -> None:
-        self.err.print(f"error: {_one_line(message)}", markup=False, style="red")
+        self.err.print(f"error: {one_line(message)}", markup=False, style="red")
 
     def result(self, data: Any, text: str | Table | None = None, *, asked: bool = False) -> None:
         """The command's result: JSON on stdout with --json, else the text. --quiet hides summaries
@@ -174,7 +175,11 @@ class Output:
         if self.quiet or self.json_mode or not self.err.is_terminal:
             yield None
             return
-        yield _RichProgress(self.err, label)
+        bar = _RichProgress(self.err, label)
+        try:
+            yield bar
+        finally:  # a failure too: the bar is taken down (and the cursor shown) before its error line
+            bar.finish()
 
     @staticmethod
     def table(*columns: str) -> Table:

@@ -11,7 +11,7 @@ A file that fails verification is reported and the others still restore.
 A filesystem error while writing the target (disk full, read-only, permissions) ends the restore
 as an ``OSError`` naming the restored path (never a temporary name); the file being written is
 removed, files already renamed into place are complete and a rerun skips them. ``target_error``
-turns such an error into the one-line ``CkptVaultError`` the CLI prints.
+turns such an error into the one-line ``CkptVaultError`` that ``Vault.restore`` raises.
 """
 
 from __future__ import annotations
