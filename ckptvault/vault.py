@@ -598,21 +598,33 @@ class Vault:
         snapshot = snapshot_arg(snapshot)
         where = path_arg("target", target)
         globs = None if include is None else str_list_arg("include", include, "['model/*']")
+        try:
+            return self._restore(snapshot, where, include=globs, overwrite=overwrite, on_progress=on_progress)
+        except OSError as exc:  # the store's failures are StorageErrors already: this is the target
+            raise target_error(exc, where) from exc
+
+    def _restore(
+        self,
+        snapshot: str | Snapshot,
+        target: str,
+        *,
+        include: list[str] | None = None,
+        overwrite: bool = False,
+        on_progress: Progress | None = None,
+    ) -> RestoreResult:
+        """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py)."""
         with self._repo.locks.acquire_to_read():
             self._repo.load_index()
-            try:
-                return run_restore(
-                    self._repo,
-                    self.files(snapshot),
-                    where,
-                    include=globs,
-                    overwrite=overwrite,
-                    progress=on_progress,
-                    workers=self._repo.download_concurrency,
-                    vault_folder=self.local_folder,
-                )
-            except OSError as exc:  # the store's failures are StorageErrors already: this is the target
-                raise target_error(exc, os.fspath(target)) from exc
+            return run_restore(
+                self._repo,
+                self.files(snapshot),
+                target,
+                include=include,
+                overwrite=overwrite,
+                progress=on_progress,
+                workers=self._repo.download_concurrency,
+                vault_folder=self.local_folder,
+            )
 
     @_open_only
     def read_file(self, snapshot: str | Snapshot, path: PathLike) -> Iterator[bytes]:
@@ -976,7 +988,7 @@ class Vault:
         return run_drill(
             snap,
             self.files(snap),
-            lambda target: self.restore(snap, target, on_progress=on_progress),
+            lambda target: self._restore(snap, target, on_progress=on_progress),
             load=load,
             workdir=optional_path_arg("workdir", workdir) or None,
         )

@@ -83,15 +83,12 @@ def run_drill(
         t0 = time.monotonic()
         try:
             restore(target)
-        except (CkptVaultError, OSError) as exc:
-            # Vault.restore says why its target could not be written (the OSError its cause): said
-            # again naming the --tmp-dir folder, which outlives the drill's own, and what to do there
-            written = exc if isinstance(exc, OSError) else exc.__cause__
-            if not isinstance(written, OSError):
-                raise
+        except CkptVaultError:
+            raise
+        except OSError as exc:  # named below the --tmp-dir folder, which outlives the drill's own
             tmp_dir = spelled("--tmp-dir DIR", "workdir=")
             hint = f"free space in {where}, or pass {tmp_dir} on a disk with room for the snapshot"
-            raise target_error(written, where, full_hint=hint) from written
+            raise target_error(exc, where, full_hint=hint) from exc
         t1 = time.monotonic()
         problems = verify_tree(target, tree)
         t2 = time.monotonic()
