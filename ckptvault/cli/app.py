@@ -67,10 +67,11 @@ TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=v
 F = TypeVar("F", bound=Callable[..., Any])
 
 # What Ctrl-C leaves, by command; others say only "cancelled"
+_UNCOMMITTED = "cancelled; nothing after the last completed snapshot was committed"
 _CANCELLED = {
-    "backup_cmd": "cancelled; nothing after the last completed snapshot was committed",
-    "watch_cmd": "cancelled; nothing after the last completed snapshot was committed",
-    "demo_cmd": "cancelled; nothing after the last completed snapshot was committed",
+    "backup_cmd": _UNCOMMITTED,
+    "watch_cmd": _UNCOMMITTED,
+    "demo_cmd": _UNCOMMITTED,
     "restore_cmd": "cancelled; the files restored so far are whole and verified, and a rerun restores the rest",
 }
 
