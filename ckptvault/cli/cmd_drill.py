@@ -8,7 +8,7 @@ import typer
 
 from ..errors import DrillFailedError, IntegrityError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, one_line
 from .params import parse_tags
 
 
@@ -43,8 +43,13 @@ def drill_cmd(
             raise
     rate = report.bytes / report.fetch_s / 1e6 if report.fetch_s > 0 else 0.0
     step = f" (step {report.step})" if report.step is not None else ""
-    lines = [
-        f"drill of snapshot {report.snapshot_id[:8]}{step}: {report.files} files, {format_bytes(report.bytes)}",
+    lines = [f"drill of snapshot {report.snapshot_id[:8]}{step}: {report.files} files, {format_bytes(report.bytes)}"]
+    if report.swept:
+        lines.append(
+            f"  removed {len(report.swept)} folder(s) left by killed drills ({format_bytes(report.swept_bytes)}): "
+            + ", ".join(one_line(path) for path in report.swept)
+        )
+    lines += [
         f"  fetch   {report.fetch_s:8.2f} s  restored, every chunk and file hash verified ({rate:.0f} MB/s)",
         f"  verify  {report.verify_s:8.2f} s  every file re-read and checked against the snapshot",
     ]

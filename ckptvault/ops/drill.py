@@ -11,7 +11,14 @@ A torch file that holds pickled Python objects (optimizer hyper-parameters, RNG 
 numpy, a Lightning ``.ckpt``) is refused by a weights-only load; the drill then checks its zip
 archive record by record (CRC-32) instead of running its pickled code.
 
-The temporary folder is made in ``workdir`` (``--tmp-dir``), else in the system's. A ``workdir``
+The temporary folder is made in ``workdir`` (``--tmp-dir``), else in the system's, and held under
+an exclusive ``flock`` while the drill runs. A drill that was killed (SIGKILL, the machine's OOM
+killer, a lost spot instance) leaves its folder behind, as big as the snapshot; the next drill in
+the same place removes such folders: the kernel dropped a dead process's lock, so a folder whose
+lock can be taken has no live drill (``DrillReport.swept``). A folder is locked before anything is
+written into it, so an empty one may be a drill that has not locked it yet, and is left alone.
+
+A ``workdir``
 that is empty, a file, or not writable is a UsageError; a disk that fills up during the restore is
 StorageFullError (exit 21) naming the folder; any other filesystem error is a one-line StorageError.
 """
@@ -20,13 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import pickle
+import shutil
 import stat
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, spelled
@@ -34,6 +43,7 @@ from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
 from .restore import file_hash, target_error
 
+DRILL_PREFIX = "ckptvault-drill-"
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
 
@@ -59,6 +69,8 @@ class DrillReport:
     total_s: float
     loads: list[LoadCheck] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # files not loaded, with the reason
+    swept: list[str] = field(default_factory=list)  # folders of killed drills removed before this one
+    swept_bytes: int = 0  # the bytes they held
 
     @property
     def ok(self) -> bool:
@@ -79,6 +91,8 @@ def run_drill(
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(_remove_empty, made)  # the --tmp-dir folders the drill made, after its own
         tmp = cleanup.enter_context(holder)
+        cleanup.enter_context(_locked(tmp))
+        swept, swept_bytes = sweep_killed_drills(where)
         target = os.path.join(tmp, "restore")
         t0 = time.monotonic()
         try:
@@ -112,7 +126,73 @@ def run_drill(
         total_s=round(time.monotonic() - started, 3),
         loads=loads,
         skipped=skipped,
+        swept=swept,
+        swept_bytes=swept_bytes,
     )
+
+
+@contextlib.contextmanager
+def _locked(folder: str) -> Iterator[None]:
+    """Hold ``folder``'s exclusive flock (the kernel drops it when the process dies, however)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def sweep_killed_drills(where: str) -> tuple[list[str], int]:
+    """Remove the folders that killed drills left in ``where``; return their paths and their bytes.
+
+    A folder is removed only while this process holds its lock, which a live drill never lets go:
+    two drills sweeping at once never remove a folder twice, and never a live drill's."""
+    swept: list[str] = []
+    total = 0
+    try:
+        names = sorted(n for n in os.listdir(where) if n.startswith(DRILL_PREFIX))
+    except OSError:
+        return swept, total
+    for name in names:
+        folder = os.path.join(where, name)
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # not a folder, a link, another user's: not ours to remove
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not os.listdir(folder):  # maybe a drill between making its folder and locking it
+                continue
+            size = _tree_bytes(folder)
+            _remove_tree(folder)
+            if not os.path.lexists(folder):
+                swept.append(folder)
+                total += size
+        except OSError:  # locked by a live drill (EWOULDBLOCK), or not removable by this user
+            continue
+        finally:
+            os.close(fd)
+    return swept, total
+
+
+def _tree_bytes(folder: str) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def _remove_tree(folder: str) -> None:
+    """``rm -rf``, also through folders restored with a read-only mode (as TemporaryDirectory does)."""
+    for root, dirs, _ in os.walk(folder):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):  # a link's target lies outside: never changed
+                with contextlib.suppress(OSError):
+                    os.chmod(path, 0o700)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _make_tmp(workdir: str | None) -> tuple[tempfile.TemporaryDirectory[str], list[str]]:

@@ -1,0 +1,102 @@
+"""A killed drill's temporary folder (as big as the snapshot) is removed by the next drill there;
+a live drill's folder never is."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ckptvault import Vault
+
+from .conftest import write_file
+
+ROOT = Path(__file__).parent.parent
+
+
+def checkpoint(root: Path) -> Path:
+    for i in range(4):
+        write_file(root / f"shard-{i}.bin", random.Random(i).randbytes(2 << 20))
+    return root
+
+
+def kill_mid_drill(repo: str, scratch: Path) -> Path:
+    """Start a drill on a slowed copy of the repository and SIGKILL it once it has restored files
+    into its folder; returns that folder."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.slowcli",
+            "drill",
+            "--tmp-dir",
+            str(scratch),
+            "--repo",
+            f"slowfile://{repo}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "SLOWFS_DELAY": "0.01"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            restored = list(scratch.glob("ckptvault-drill-*/restore/*"))
+            if restored:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return restored[0].parent.parent
+            time.sleep(0.002)
+        raise AssertionError(f"the drill wrote nothing before it ended (exit {proc.poll()})")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_next_drill_removes_what_a_killed_drill_left(tmp_path, repo_url, vault: Vault, cli):
+    vault.backup(checkpoint(tmp_path / "ckpt"), tags={"step": "1"})
+    scratch = tmp_path / "scratch"
+    left = kill_mid_drill(repo_url, scratch)
+    assert left.exists() and any(left.rglob("*")), "the killed drill left nothing to sweep"
+    (left / "restore" / "read-only").mkdir(mode=0o500)  # a snapshot's folder may be restored read-only
+
+    proc = cli("drill", "--tmp-dir", str(scratch), "--json", "--repo", repo_url)
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    assert report["swept"] == [str(left)] and report["swept_bytes"] > 0
+    assert list(scratch.iterdir()) == [], "the drill left its own folder, or did not remove the killed one's"
+
+    left = kill_mid_drill(repo_url, scratch)
+    text = cli("drill", "--tmp-dir", str(scratch), "--repo", repo_url).stdout.decode()
+    assert "removed 1 folder(s) left by killed drills" in text and str(left) in text
+    assert not left.exists()
+
+
+def test_a_live_drills_folder_and_an_empty_one_are_left_alone(tmp_path, repo_url, vault: Vault):
+    vault.backup(checkpoint(tmp_path / "ckpt"), tags={"step": "1"})
+    scratch = tmp_path / "scratch"
+    live = scratch / "ckptvault-drill-live"
+    write_file(live / "restore" / "shard-0.bin", b"being restored")
+    empty = scratch / "ckptvault-drill-new"  # a drill between making its folder and locking it
+    empty.mkdir()
+    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what a running drill holds
+        report = vault.drill(workdir=scratch)
+        assert report.swept == [] and report.swept_bytes == 0
+        assert (live / "restore" / "shard-0.bin").read_bytes() == b"being restored"
+        assert empty.is_dir()
+    finally:
+        os.close(fd)
+    report = vault.drill(workdir=scratch)  # its process is gone now: its lock with it
+    assert report.swept == [str(live)]
+    assert sorted(p.name for p in scratch.iterdir()) == ["ckptvault-drill-new"]
