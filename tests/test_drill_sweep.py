@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ckptvault import Vault
+from ckptvault.ops.drill import LOCK_FILE
 
 from .conftest import write_file
 
@@ -24,6 +25,13 @@ def checkpoint(root: Path) -> Path:
     for i in range(4):
         write_file(root / f"shard-{i}.bin", random.Random(i).randbytes(2 << 20))
     return root
+
+
+def stored_bytes(path: Path) -> int:
+    try:
+        return path.lstat().st_blocks * 512
+    except FileNotFoundError:  # renamed meanwhile
+        return 0
 
 
 def kill_mid_drill(repo: str, scratch: Path) -> Path:
@@ -49,11 +57,11 @@ def kill_mid_drill(repo: str, scratch: Path) -> Path:
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            restored = list(scratch.glob("ckptvault-drill-*/restore/*"))
-            if restored:
+            written = [p for p in scratch.glob("ckptvault-drill-*/restore/*") if stored_bytes(p)]
+            if written:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
-                return restored[0].parent.parent
+                return written[0].parent.parent
             time.sleep(0.002)
         raise AssertionError(f"the drill wrote nothing before it ended (exit {proc.poll()})")
     finally:
@@ -81,22 +89,27 @@ def test_the_next_drill_removes_what_a_killed_drill_left(tmp_path, repo_url, vau
     assert not left.exists()
 
 
-def test_a_live_drills_folder_and_an_empty_one_are_left_alone(tmp_path, repo_url, vault: Vault):
+def test_a_live_drills_folder_and_one_not_locked_yet_are_left_alone(tmp_path, repo_url, vault: Vault):
     vault.backup(checkpoint(tmp_path / "ckpt"), tags={"step": "1"})
     scratch = tmp_path / "scratch"
     live = scratch / "ckptvault-drill-live"
     write_file(live / "restore" / "shard-0.bin", b"being restored")
-    empty = scratch / "ckptvault-drill-new"  # a drill between making its folder and locking it
-    empty.mkdir()
-    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    lock = os.open(live / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    # drills between making their folder and locking it: no lock file yet, or nothing but the lock
+    write_file(scratch / "ckptvault-drill-new" / LOCK_FILE, b"")
+    (scratch / "ckptvault-drill-newer").mkdir()
+    write_file(scratch / "ckptvault-drill-older" / "restore" / "x.bin", b"no lock file: not one of ours")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # what a running drill holds
+        fcntl.flock(lock, fcntl.LOCK_EX)  # what a running drill holds
         report = vault.drill(workdir=scratch)
         assert report.swept == [] and report.swept_bytes == 0
         assert (live / "restore" / "shard-0.bin").read_bytes() == b"being restored"
-        assert empty.is_dir()
     finally:
-        os.close(fd)
+        os.close(lock)
     report = vault.drill(workdir=scratch)  # its process is gone now: its lock with it
     assert report.swept == [str(live)]
-    assert sorted(p.name for p in scratch.iterdir()) == ["ckptvault-drill-new"]
+    assert sorted(p.name for p in scratch.iterdir()) == [
+        "ckptvault-drill-new",
+        "ckptvault-drill-newer",
+        "ckptvault-drill-older",
+    ]

@@ -12,14 +12,14 @@ numpy, a Lightning ``.ckpt``) is refused by a weights-only load; the drill then 
 archive record by record (CRC-32) instead of running its pickled code.
 
 The temporary folder is made in ``workdir`` (``--tmp-dir``), else in the system's, and held under
-an exclusive ``flock`` while the drill runs. A drill that was killed (SIGKILL, the machine's OOM
-killer, a lost spot instance) leaves its folder behind, as big as the snapshot; the next drill in
-the same place removes such folders: the kernel dropped a dead process's lock, so a folder whose
-lock can be taken has no live drill (``DrillReport.swept``). A folder is locked before anything is
-written into it, so an empty one may be a drill that has not locked it yet, and is left alone.
+an exclusive ``flock`` (of a lock file in it) while the drill runs. A drill that was killed
+(SIGKILL, the OOM killer, a lost spot instance) leaves its folder behind, as big as the snapshot;
+the next drill in the same place removes such folders: the kernel dropped a dead process's lock,
+so a folder whose lock can be taken has no live drill (``DrillReport.swept``). The lock is taken
+before anything else is written into the folder, so one holding nothing else may be a drill that
+has not locked it yet, and is left.
 
-A ``workdir``
-that is empty, a file, or not writable is a UsageError; a disk that fills up during the restore is
+A ``workdir`` that is empty, a file, or not writable is a UsageError; a disk that fills up during the restore is
 StorageFullError (exit 21) naming the folder; any other filesystem error is a one-line StorageError.
 """
 
@@ -44,6 +44,7 @@ from ..store.failures import Kind, classify
 from .restore import file_hash, target_error
 
 DRILL_PREFIX = "ckptvault-drill-"
+LOCK_FILE = ".drill-lock"
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
 
@@ -91,11 +92,11 @@ def run_drill(
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(_remove_empty, made)  # the --tmp-dir folders the drill made, after its own
         tmp = cleanup.enter_context(holder)
-        cleanup.enter_context(_locked(tmp))
-        swept, swept_bytes = sweep_killed_drills(where)
         target = os.path.join(tmp, "restore")
-        t0 = time.monotonic()
         try:
+            cleanup.enter_context(_locked(tmp))
+            swept, swept_bytes = sweep_killed_drills(where)
+            t0 = time.monotonic()
             restore(target)
         except CkptVaultError:
             raise
@@ -133,10 +134,12 @@ def run_drill(
 
 @contextlib.contextmanager
 def _locked(folder: str) -> Iterator[None]:
-    """Hold ``folder``'s exclusive flock (the kernel drops it when the process dies, however)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    """Hold the exclusive flock of ``folder``'s lock file (the kernel drops it when the process
+    dies, however). A file opened for writing, not the folder: NFS locks need one."""
+    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # no locks on this filesystem: no drill can sweep the folder either
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
@@ -146,7 +149,8 @@ def sweep_killed_drills(where: str) -> tuple[list[str], int]:
     """Remove the folders that killed drills left in ``where``; return their paths and their bytes.
 
     A folder is removed only while this process holds its lock, which a live drill never lets go:
-    two drills sweeping at once never remove a folder twice, and never a live drill's."""
+    two drills sweeping at once never remove a folder twice, and never a live drill's. A folder
+    without a lock file, or with nothing else, may be a drill that has not locked it yet: left."""
     swept: list[str] = []
     total = 0
     try:
@@ -156,12 +160,14 @@ def sweep_killed_drills(where: str) -> tuple[list[str], int]:
     for name in names:
         folder = os.path.join(where, name)
         try:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:  # not a folder, a link, another user's: not ours to remove
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                continue
+            fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:  # no lock file, a link, another user's: not ours to remove
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if not os.listdir(folder):  # maybe a drill between making its folder and locking it
+            if os.listdir(folder) == [LOCK_FILE]:
                 continue
             size = _tree_bytes(folder)
             _remove_tree(folder)
