@@ -81,7 +81,7 @@ from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_fi
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, run_restore, target_error
 from .ops.retag import changed_tags, retag
-from .ops.scan import check_sources
+from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_stats
 from .ops.status import BackupStatus, backup_status
 from .ops.watch import ShippedCheckpoint, Watcher, WatchOptions, WatchResult
@@ -256,6 +256,11 @@ def _unreadable_stand_in(snapshot_id: str) -> Snapshot:
 def _metadata_cache_root() -> Path | None:
     """Where remote repositories' metadata is cached (repository/cache.py): the user's cache folder."""
     return cache_root(platformdirs.user_cache_dir("ckptvault"))
+
+
+def exclude_arg(value: Sequence[str] | None) -> Excludes:
+    """Exclude patterns of ``backup``, ``backup_async``, ``watch`` and ``backup_status``, checked."""
+    return Excludes.parse(str_list_arg("exclude", value, "['*.tmp', 'wandb']"))
 
 
 class Vault:
@@ -503,6 +508,7 @@ class Vault:
         skip_unreadable: bool = False,
         on_change: str = "warn",
         skip_if_unchanged: bool = False,
+        exclude: Sequence[str] = (),
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,
         before_commit: Callable[[], None] | None = None,
@@ -522,8 +528,13 @@ class Vault:
         ``tags``, of sources with the same names, holds exactly these files (paths, modes, mtimes,
         sizes, content hashes), no snapshot is written and that one is returned (its ``time``
         then predates the call).
+
+        ``exclude``: files and folders to leave out, e.g. ``["*.tmp", "wandb"]``: a pattern without
+        a ``/`` matches a name at any depth, one with a ``/`` (or starting ``./``) the path from the
+        snapshot's root (docs/usage.md).
         """
         sources = paths_arg(paths)
+        excludes = exclude_arg(exclude)
         tags = tags_arg(tags)
         description = text_arg("description", description, optional=True) or ""
         hostname = text_arg("hostname", hostname, optional=True)
@@ -561,6 +572,7 @@ class Vault:
                 reference_tree=trees.get(reference.id) if reference else None,
                 unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
                 vault_folder=self.local_folder,
+                exclude=excludes,
             )
         result.warnings[:0] = unreadable
         for warning in result.warnings:
@@ -835,16 +847,18 @@ class Vault:
         on_full: OnFull = "coalesce",
         pin: bool = True,
         skip_if_unchanged: bool = False,
+        exclude: Sequence[str] = (),
     ) -> BackupHandle:
         """Queue a backup and return at once; a worker thread runs it (docs/training.md).
 
         The sources are pinned first (hard links beside them, microseconds per file), so the
         trainer may delete them as soon as this returns. When ``max_pending`` backups are
         already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
-        BackupSupersededError) and ``"block"`` waits for a slot. ``skip_if_unchanged``: as for
-        ``backup``. Pins that a process which died before they shipped left beside the sources
-        (for this vault) are queued first, oldest first, under the tags they were given; they
-        are not counted in ``max_pending`` and never dropped (docs/training.md)."""
+        BackupSupersededError) and ``"block"`` waits for a slot. ``skip_if_unchanged`` and
+        ``exclude``: as for ``backup`` (excluded files are pinned too, and released with the rest).
+        Pins that a process which died before they shipped left beside the sources (for this
+        vault) are queued first, oldest first, under the tags and exclude patterns they were
+        given; they are not counted in ``max_pending`` and never dropped (docs/training.md)."""
         if self._closing:
             raise UsageError(CLOSED_MESSAGE)
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
@@ -852,6 +866,7 @@ class Vault:
         tags = tags_arg(tags)
         description = text_arg("description", description, optional=True) or ""
         hostname = text_arg("hostname", hostname, optional=True)
+        excludes = exclude_arg(exclude)
         check_on_full(on_full)
         shipper = self._async_shipper()
         vault_id = self.config.repo_id
@@ -865,6 +880,7 @@ class Vault:
             hostname=hostname,
             pin=pin,
             skip_if_unchanged=skip_if_unchanged,
+            exclude=excludes.patterns,
             vault_folder=self.local_folder,
         )
         return shipper.submit(job, on_full=on_full)
@@ -906,6 +922,7 @@ class Vault:
             description=job.description,
             hostname=job.hostname,
             skip_if_unchanged=job.skip_if_unchanged,
+            exclude=job.exclude,
             on_warning=job.warnings.append,
             before_commit=functools.partial(check_pins_unchanged, job),
         )
@@ -919,6 +936,7 @@ class Vault:
         interval: float = 0.1,
         settle: float = 2.0,
         include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
         state_dir: PathLike | None = None,
         once: bool = False,
         stop: threading.Event | None = None,
@@ -928,12 +946,15 @@ class Vault:
     ) -> WatchResult:
         """Ship every complete checkpoint that appears in ``directory`` until ``stop`` is set
         (or, with ``once``, what is there now), pinning each first (docs/training.md).
+        ``include``: globs on the names of the checkpoints to ship; ``exclude``: what to leave out of
+        each, as for ``backup`` (a pattern without ``/`` also skips checkpoints of that name).
         ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run."""
         directory = path_arg("directory", directory)
         options = WatchOptions(
             interval=interval_arg("interval", interval),
             settle=interval_arg("settle", settle),
             include=tuple(str_list_arg("include", include, "['step_*']")),
+            exclude=exclude_arg(exclude).patterns,
             state_dir=optional_path_arg("state_dir", state_dir) or None,
             once=once,
         )
@@ -959,17 +980,20 @@ class Vault:
         return watcher.run()
 
     @_open_only
-    def backup_status(self, path: PathLike) -> BackupStatus:
-        """Whether the local file or folder ``path`` is durably stored, and in which snapshot."""
+    def backup_status(self, path: PathLike, *, exclude: Sequence[str] = ()) -> BackupStatus:
+        """Whether the local file or folder ``path`` is durably stored, and in which snapshot.
+        ``exclude``: the patterns its backups were made with (as for ``backup``; path patterns are
+        matched from ``path``)."""
         where = path_arg("path", path)
+        excludes = exclude_arg(exclude)
         with self._repo.locks.acquire_to_read():
-            return backup_status(self._repo, where, self.snapshots(), self.files, self.local_folder)
+            return backup_status(self._repo, where, self.snapshots(), self.files, self.local_folder, excludes)
 
     @_open_only
-    def is_backed_up(self, path: PathLike) -> bool:
-        """True when one snapshot holds every file of ``path`` with the same content, durably:
-        then deleting the local copy loses nothing."""
-        return self.backup_status(path).backed_up
+    def is_backed_up(self, path: PathLike, *, exclude: Sequence[str] = ()) -> bool:
+        """True when one snapshot holds every file of ``path`` (but those ``exclude`` leaves out)
+        with the same content, durably: then deleting the local copy loses nothing else."""
+        return self.backup_status(path, exclude=exclude).backed_up
 
     @_open_only
     def drill(

@@ -63,6 +63,15 @@ PassphraseFileOpt = Annotated[
     ),
 ]
 TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
+ExcludeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude",
+        "-e",
+        help="Leave out files and folders matching this glob (repeatable): a name without '/' at any depth"
+        " ('*.tmp', 'wandb'), else a path from the snapshot's root ('logs/*.txt').",
+    ),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -8,7 +8,8 @@ import typer
 
 from ..ops.backup import check_on_change
 from ..ops.scan import check_sources
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from ..vault import exclude_arg
+from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
 
@@ -37,6 +38,7 @@ def backup_cmd(
             " paths' names, holds the same files (its ID is printed).",
         ),
     ] = False,
+    exclude: ExcludeOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -46,6 +48,7 @@ def backup_cmd(
     tags = parse_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
     check_on_change(on_change)
+    exclude_arg(exclude)
     started = datetime.now(timezone.utc)
     with (
         vault_args.open(out, writing=True) as vault,
@@ -60,6 +63,7 @@ def backup_cmd(
             skip_unreadable=skip_unreadable,
             on_change=on_change,
             skip_if_unchanged=skip_if_unchanged,
+            exclude=exclude or (),
             on_progress=progress,
             on_warning=out.warn,
         )

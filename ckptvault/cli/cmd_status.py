@@ -8,7 +8,8 @@ import typer
 
 from ..errors import NotBackedUpError
 from ..ops.scan import check_sources
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
+from ..vault import exclude_arg
+from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 
 
@@ -17,6 +18,7 @@ from .output import Output, format_bytes
 @vault_options
 def status_cmd(
     paths: Annotated[list[str], typer.Argument(help="Local checkpoint files or folders.")],
+    exclude: ExcludeOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -24,8 +26,9 @@ def status_cmd(
     """Say whether each path is durably backed up (same files, same content). Exit 0 when all are, 40 when not."""
     out = Output(json_mode=json_out, quiet=quiet)
     check_sources(paths)
+    exclude_arg(exclude)
     with vault_args.open(out) as vault:
-        results = [vault.backup_status(p) for p in paths]
+        results = [vault.backup_status(p, exclude=exclude or ()) for p in paths]
     lines = []
     for given, r in zip(paths, results, strict=True):
         state = "backed up" if r.backed_up else "NOT backed up"

@@ -18,7 +18,19 @@ import typer
 
 from ..errors import CkptVaultError
 from ..ops.watch import ShippedCheckpoint, check_watch_args
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
+from ..vault import exclude_arg
+from .app import (
+    NO_VAULT_ARGS,
+    ExcludeOpt,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    require_nonempty,
+    vault_options,
+)
 from .output import Output, discard_stdout, format_bytes, writing_stdout
 from .params import parse_tags
 
@@ -46,6 +58,7 @@ def watch_cmd(
     include: Annotated[
         list[str] | None, typer.Option("--include", "-i", help="Only names matching this glob (repeatable).")
     ] = None,
+    exclude: ExcludeOpt = None,
     state_dir: Annotated[
         str | None,
         typer.Option("--state-dir", help="Staging folder for pins (default DIR/.ckptvault-watch; same filesystem)."),
@@ -62,6 +75,7 @@ def watch_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     path = check_watch_args(directory, tags, interval, settle, once=once)  # before the default vault may be made
+    exclude_arg(exclude)
     missing = not os.path.exists(path)
     if state_dir is not None:
         require_nonempty("--state-dir", state_dir)
@@ -137,6 +151,7 @@ def watch_cmd(
                 interval=interval,
                 settle=settle,
                 include=include or (),
+                exclude=exclude or (),
                 state_dir=state_dir,
                 once=once,
                 stop=stop,

@@ -75,6 +75,7 @@ class BackupJob:
     description: str = ""
     hostname: str | None = None
     skip_if_unchanged: bool = False
+    exclude: tuple[str, ...] = ()  # patterns, checked by the caller (scan.Excludes)
     label: str = ""  # the paths as the caller gave them, for messages
     pins: list[Pin] = field(default_factory=list)
     pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned
@@ -195,6 +196,7 @@ def make_job(
     hostname: str | None,
     pin: bool,
     skip_if_unchanged: bool = False,
+    exclude: tuple[str, ...] = (),
     vault_folder: str | None = None,
 ) -> BackupJob:
     """Check the sources and pin them, on the caller's thread: after this returns, the trainer
@@ -212,6 +214,7 @@ def make_job(
         description=description,
         hostname=hostname,
         skip_if_unchanged=skip_if_unchanged,
+        exclude=exclude,
     )
     job.label = ", ".join(paths)
     if not pin:
@@ -226,7 +229,7 @@ def make_job(
     def metadata(made: Pin) -> dict[str, object]:
         pinned_as.append(pins_module.signature(made.data))
         digest = pins_module.digest(pinned_as[-1])
-        record = JobRecord(job_id, vault_id, job.tags, description, hostname, folders, digest)
+        record = JobRecord(job_id, vault_id, job.tags, description, hostname, folders, digest, list(exclude))
         return pin_metadata(record)
 
     try:
@@ -300,6 +303,7 @@ def _leftover_job(lefts: list[Leftover]) -> BackupJob | None:
         description=record.description,
         hostname=record.hostname or lefts[0].owner_host or None,
         skip_if_unchanged=True,  # it may have been committed just before its process died
+        exclude=tuple(record.exclude),
         label=label,
         pins=[left.pin for left in lefts],
         pinned_as=signatures,

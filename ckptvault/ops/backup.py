@@ -36,7 +36,7 @@ from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
-from .scan import SourceItem, scan_sources, unreadable_hint
+from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hint
 
 ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
@@ -158,17 +158,19 @@ def run_backup(
     reference_tree: list[FileEntry] | None = None,
     unless_same_as: tuple[Snapshot, list[FileEntry]] | None = None,
     vault_folder: str | None = None,
+    exclude: Excludes = NO_EXCLUDES,
 ) -> BackupResult:
     """``before_commit`` runs just before the snapshot object is written (the lock check).
     ``reference``: the snapshot whose files give delta bases (ops/deltabase.py), when the
     repository codes deltas. ``unless_same_as``: a snapshot and its tree; when the sources hold
     what it holds (``same_contents``), no snapshot is written and that one is returned.
-    ``vault_folder``: the repository's local folder, never backed up into itself (``scan_sources``)."""
+    ``vault_folder``: the repository's local folder, never backed up into itself, and ``exclude``:
+    what to leave out (``scan_sources``)."""
     check_on_change(on_change)
     progress = progress or NullProgress()
     started = time.monotonic()
     when = datetime.now(timezone.utc)
-    scan = scan_sources(sources, skip_unreadable=skip_unreadable, vault_folder=vault_folder)
+    scan = scan_sources(sources, skip_unreadable=skip_unreadable, vault_folder=vault_folder, exclude=exclude)
     warnings = list(scan.warnings)
     old_files = {e.path: e for e in (parent_tree or []) if e.type == "file"}
     files = [i for i in scan.items if i.kind == "file"]

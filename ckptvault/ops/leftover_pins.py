@@ -62,6 +62,7 @@ class JobRecord:
     hostname: str | None
     folders: list[str]
     pinned: str  # pin.digest of this pin's signature when it was made
+    exclude: list[str] = dataclasses.field(default_factory=list)  # backup_async's exclude patterns
 
     @classmethod
     def from_doc(cls, doc: object) -> JobRecord | None:
@@ -75,7 +76,10 @@ class JobRecord:
             return None
         if not _str_dict(doc.get("tags")) or not _str_list(doc.get("folders")):
             return None
-        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls)})
+        exclude = doc.get("exclude", [])  # absent from records of versions before it
+        if not (exclude == [] or _str_list(exclude)):
+            return None
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name != "exclude"}, exclude=exclude)
 
 
 def _str_dict(value: object) -> bool:

@@ -4,15 +4,24 @@ One directory source is stored as the snapshot root (``backup ./checkpoints`` gi
 ``model/config.json``, not ``checkpoints/model/config.json``); several sources, or a file
 source, are stored under their base names. A source that is itself a symlink is followed
 (``backup ./latest`` means the checkpoint it points at); links inside are stored as links.
+
+``--exclude`` patterns leave files and folders out (a folder with all it holds). As in restic and
+``.gitignore``: a pattern without a ``/`` matches the name of a file or folder at any depth
+(``*.tmp``, ``wandb``); one with a ``/``, or starting with ``./`` or ``/``, matches the path from
+the snapshot's root (``model/*.bin``, ``./logs``). Globs are ``fnmatch``'s: ``*`` and ``?``,
+``[abc]``; in a path pattern ``*`` matches ``/`` too, as in restore's ``--include``.
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import functools
 import os
+import posixpath
 import stat
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ..errors import SourceError, UsageError, spelled
 from .names import STATE_FOLDERS
@@ -31,6 +40,43 @@ class ScanResult:
     items: list[SourceItem]
     warnings: list[str]
     source_paths: list[str]  # absolute, as recorded in the snapshot
+    excluded: int = 0  # files and folders left out by exclude patterns (a folder counts once)
+
+
+@dataclass(frozen=True)
+class Excludes:
+    """Exclude patterns, checked (``Excludes.parse``) before any work (see the module docstring)."""
+
+    by_name: tuple[str, ...] = ()  # without "/": a file or folder of that name, at any depth
+    by_path: tuple[str, ...] = ()  # with "/", or anchored with "./" or "/": the path from the root
+    patterns: tuple[str, ...] = field(default=(), compare=False)  # as given
+
+    @classmethod
+    def parse(cls, patterns: Sequence[str]) -> Excludes:
+        by_name: list[str] = []
+        by_path: list[str] = []
+        for pattern in patterns:
+            stored = posixpath.normpath(pattern).lstrip("/") if pattern.strip() else ""
+            if stored in ("", "."):
+                raise UsageError(
+                    f"{spelled('--exclude', 'exclude')} pattern {pattern!r} names no file; give a name or glob "
+                    "(e.g. '*.tmp', 'wandb', 'logs/*.txt')"
+                )
+            if "/" in stored or pattern.startswith(("/", "./")):
+                by_path.append(stored)
+            else:
+                by_name.append(stored)
+        return cls(tuple(by_name), tuple(by_path), tuple(patterns))
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name or self.by_path)
+
+    def match(self, path: str) -> bool:
+        """Whether the file or folder at the snapshot path ``path`` is left out."""
+        name = path.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatchcase(name, p) for p in self.by_name) or any(
+            fnmatch.fnmatchcase(path, p) for p in self.by_path
+        )
 
 
 def check_sources(sources: list[str]) -> list[str]:
@@ -55,14 +101,20 @@ def check_sources(sources: list[str]) -> list[str]:
     return abs_sources
 
 
-def scan_sources(sources: list[str], *, skip_unreadable: bool, vault_folder: str | None = None) -> ScanResult:
+NO_EXCLUDES = Excludes()
+
+
+def scan_sources(
+    sources: list[str], *, skip_unreadable: bool, vault_folder: str | None = None, exclude: Excludes = NO_EXCLUDES
+) -> ScanResult:
     """``vault_folder``: the local folder of the vault being written. A source inside it (or the
     vault itself) is refused, and the vault is left out of a source that holds it: its objects are
-    stored already, and its lock and the packs it is writing change while they are read."""
+    stored already, and its lock and the packs it is writing change while they are read.
+    ``exclude``: what to leave out (the module docstring); a source named is subject to it too."""
     abs_sources = check_sources(sources)
     vault = refuse_sources_in_vault(abs_sources, vault_folder)
     result = ScanResult(items=[], warnings=[], source_paths=abs_sources)
-    walk = functools.partial(_walk, result=result, skip_unreadable=skip_unreadable, vault=vault)
+    walk = functools.partial(_walk, result=result, skip_unreadable=skip_unreadable, vault=vault, exclude=exclude)
     if len(abs_sources) == 1 and os.path.isdir(abs_sources[0]):
         walk(abs_sources[0], "")
     else:
@@ -71,6 +123,9 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool, vault_folder: str
         if dupes:
             raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")
         for src, name in zip(abs_sources, names, strict=False):
+            if exclude.match(name):
+                result.excluded += 1
+                continue
             st = os.stat(src)
             if stat.S_ISDIR(st.st_mode):
                 result.items.append(SourceItem(name, src, "dir", st))
@@ -79,6 +134,12 @@ def scan_sources(sources: list[str], *, skip_unreadable: bool, vault_folder: str
                 _add(src, name, st, result)
     if not any(item.kind == "file" for item in result.items):
         # an empty snapshot would look like a backup and become `latest`: a resume would restore nothing
+        if result.excluded:
+            patterns = ", ".join(repr(p) for p in exclude.patterns)
+            raise UsageError(
+                f"{spelled('--exclude', 'exclude')} {patterns} leaves no file of {abs_sources[0]} to back up; "
+                "check the patterns (a name without '/' matches at any depth)"
+            )
         if result.warnings:  # only special or unreadable files
             raise SourceError(abs_sources[0], "nothing left to back up", "; ".join(result.warnings))
         if any(item.kind == "symlink" for item in result.items):
@@ -124,7 +185,13 @@ def refuse_sources_in_vault(abs_sources: list[str], vault_folder: str | None) ->
 
 
 def _walk(
-    directory: str, prefix: str, *, result: ScanResult, skip_unreadable: bool, vault: tuple[int, int] | None
+    directory: str,
+    prefix: str,
+    *,
+    result: ScanResult,
+    skip_unreadable: bool,
+    vault: tuple[int, int] | None,
+    exclude: Excludes,
 ) -> None:
     try:
         with os.scandir(directory) as it:
@@ -136,6 +203,9 @@ def _walk(
         return
     for entry in entries:
         rel = f"{prefix}/{entry.name}" if prefix else entry.name
+        if exclude and exclude.match(rel):
+            result.excluded += 1
+            continue
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as exc:
@@ -149,7 +219,7 @@ def _walk(
                 result.warnings.append(f"skipped {entry.path}: the vault this backup writes to")
                 continue
             result.items.append(SourceItem(rel, entry.path, "dir", st))
-            _walk(entry.path, rel, result=result, skip_unreadable=skip_unreadable, vault=vault)
+            _walk(entry.path, rel, result=result, skip_unreadable=skip_unreadable, vault=vault, exclude=exclude)
         else:
             _add(entry.path, rel, st, result)
 

@@ -18,7 +18,7 @@ from ..errors import ObjectNotFoundError, SourceError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
 from .restore import file_hash
-from .scan import scan_sources, unreadable_hint
+from .scan import NO_EXCLUDES, Excludes, scan_sources, unreadable_hint
 
 # Every file is compared by content: one that cannot be read leaves the answer unknown.
 UNREADABLE_HINT = "status compares every file with the vault: make it readable, or ask about a folder without it"
@@ -41,9 +41,12 @@ def backup_status(
     snapshots: list[Snapshot],
     load_tree: Callable[[Snapshot], list[FileEntry]],
     vault_folder: str | None = None,
+    exclude: Excludes = NO_EXCLUDES,
 ) -> BackupStatus:
+    """``exclude``: files the backups left out, left out of the comparison too."""
     try:
-        scan = scan_sources([path], skip_unreadable=False, vault_folder=vault_folder)  # as a backup sees it
+        # as a backup sees it
+        scan = scan_sources([path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude)
     except SourceError as exc:
         if exc.hint != unreadable_hint():
             raise

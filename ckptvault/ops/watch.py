@@ -45,7 +45,7 @@ from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import WATCH_STATE_FOLDER, checkpoint_step, is_temporary, is_unfinished
-from .scan import refuse_sources_in_vault
+from .scan import Excludes, refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
 
@@ -58,6 +58,7 @@ class WatchOptions:
     interval: float = 0.1  # seconds between polls: a checkpoint must live at least this long
     settle: float = 2.0  # seconds without change before a checkpoint counts as complete
     include: tuple[str, ...] = ()  # globs on top-level names; empty means every name
+    exclude: tuple[str, ...] = ()  # left out of each checkpoint (scan.Excludes); a name pattern skips checkpoints too
     state_dir: str | None = None  # default: <folder>/.ckptvault-watch (same filesystem)
     once: bool = False
 
@@ -156,6 +157,7 @@ class Watcher:
         self._vault = refuse_sources_in_vault([self.directory], vault_folder)  # a vault inside is no checkpoint
         self.tags = dict(tags)
         self.options = options
+        self._excludes = Excludes.parse(options.exclude)
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
         self.pins_dir = os.path.join(self.state_dir, "pins")
         self._ship = ship
@@ -282,6 +284,8 @@ class Watcher:
 
     def _wanted(self, name: str) -> bool:
         if is_temporary(name):
+            return False
+        if any(fnmatch.fnmatchcase(name, g) for g in self._excludes.by_name):
             return False
         return not self.options.include or any(fnmatch.fnmatchcase(name, g) for g in self.options.include)
 
@@ -416,6 +420,7 @@ class Watcher:
                 sources=[cand.pin.data],
                 tags=tags,
                 description=f"ckptvault watch: {cand.pin.source}",
+                exclude=self.options.exclude,
                 label=cand.pin.name,
             )
             job.future.add_done_callback(functools.partial(self._on_done, cand))

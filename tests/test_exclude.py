@@ -1,0 +1,191 @@
+"""``--exclude``: files and folders left out of a backup, of ``status``'s comparison, of queued
+backups (also when a later process ships them) and of each checkpoint ``watch`` ships."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import UsageError
+from ckptvault.ops.leftover_pins import JobRecord
+
+from .conftest import write_file
+
+ROOT = Path(__file__).parent.parent
+
+
+def checkpoint(root: Path) -> Path:
+    for rel in [
+        "model/weights.bin",
+        "model/weights.bin.tmp",
+        "optimizer.pt",
+        "wandb/run-1/events.log",
+        "logs/train.txt",
+        "logs/keep.json",
+        "deep/er/logs/train.txt",
+        "tmp",
+    ]:
+        write_file(root / rel, f"{rel}\n".encode() * 100)
+    return root
+
+
+def stored_files(vault: Vault, snap: object = "latest") -> set[str]:
+    return {e.path for e in vault.files(snap) if e.type == "file"}
+
+
+def test_names_match_at_any_depth_paths_from_the_root(tmp_path, vault: Vault, cli, repo_url):
+    src = checkpoint(tmp_path / "ckpt")
+    cli("backup", str(src), "-e", "*.tmp", "--exclude", "wandb", "-e", "logs/*.txt", "-e", "./tmp", "--repo", repo_url)
+    assert stored_files(vault) == {"model/weights.bin", "optimizer.pt", "logs/keep.json", "deep/er/logs/train.txt"}
+    assert "wandb" not in {e.path for e in vault.files("latest")}, "an excluded folder is not stored either"
+
+    snap = vault.backup(src, exclude=["*/logs", "optimizer.*"])  # '*' matches '/' in a path pattern
+    assert stored_files(vault, snap) == {
+        "model/weights.bin",
+        "model/weights.bin.tmp",
+        "wandb/run-1/events.log",
+        "logs/keep.json",
+        "logs/train.txt",
+        "tmp",
+    }
+    vault.restore(snap, tmp_path / "out")
+    assert not (tmp_path / "out" / "optimizer.pt").exists()
+    assert (tmp_path / "out" / "model" / "weights.bin").read_bytes() == (src / "model" / "weights.bin").read_bytes()
+
+
+def test_several_sources_and_a_file_source_are_matched_by_their_names(tmp_path, vault: Vault):
+    a, b = checkpoint(tmp_path / "a"), checkpoint(tmp_path / "b")
+    snap = vault.backup([a, b, a / "optimizer.pt"], exclude=["b", "model"])
+    assert {p.split("/")[0] for p in stored_files(vault, snap)} == {"a", "optimizer.pt"}
+    assert not any("/model/" in p for p in stored_files(vault, snap))
+
+
+def test_bad_patterns_and_excluding_everything_are_one_line_errors_and_write_nothing(tmp_path, repo_url, vault, cli):
+    src = checkpoint(tmp_path / "ckpt")
+    for pattern, said in [
+        ("", "--exclude pattern '' names no file"),
+        (".", "--exclude pattern '.' names no file"),
+        ("*", "--exclude '*' leaves no file of"),
+    ]:
+        proc = cli("backup", str(src), "-e", pattern, "--repo", repo_url, check=False)
+        assert proc.returncode == 2, proc.stderr
+        err = proc.stderr.decode()
+        assert said in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert vault.snapshots() == []
+    with pytest.raises(UsageError, match="exclude must be a list of strings"):
+        vault.backup(src, exclude="*.tmp")  # type: ignore[arg-type]
+
+
+def test_an_excluded_file_changing_leaves_the_backup_unchanged(tmp_path, vault: Vault):
+    src = checkpoint(tmp_path / "ckpt")
+    first = vault.backup(src, tags={"run": "x"}, exclude=["*.tmp"])
+    (src / "model" / "weights.bin.tmp").write_bytes(b"rewritten")
+    again = vault.backup(src, tags={"run": "x"}, exclude=["*.tmp"], skip_if_unchanged=True)
+    assert again.id == first.id and len(vault.snapshots()) == 1
+
+
+def test_status_leaves_out_what_the_backups_left_out(tmp_path, repo_url, vault: Vault, cli):
+    src = checkpoint(tmp_path / "ckpt")
+    vault.backup(src, exclude=["*.tmp", "wandb"])
+    assert cli("status", str(src), "--repo", repo_url, check=False).returncode == 40
+    proc = cli("status", str(src), "-e", "*.tmp", "-e", "wandb", "--json", "--repo", repo_url)
+    assert json.loads(proc.stdout)[0]["backed_up"] is True
+    assert vault.is_backed_up(src, exclude=["*.tmp", "wandb"]) and not vault.is_backed_up(src)
+
+
+def test_backup_async_leaves_them_out_also_when_a_later_process_ships_its_pins(tmp_path):
+    repo = str(tmp_path / "repo")
+    Vault.init(repo).close()
+    first = checkpoint(tmp_path / "out" / "checkpoint-1")
+    with Vault.open(repo) as vault:
+        vault.backup_async(first, tags={"step": "0"}, exclude=["wandb", "*.tmp"]).result(timeout=120)
+        assert stored_files(vault) == {
+            "model/weights.bin",
+            "optimizer.pt",
+            "logs/keep.json",
+            "logs/train.txt",
+            "deep/er/logs/train.txt",
+            "tmp",
+        }
+
+    # a process that pinned checkpoint-1 with these patterns dies before its backup commits
+    script = textwrap.dedent(
+        """
+        import sys, time
+        import ckptvault.vault
+        from ckptvault import Vault
+
+        def hold(*args):
+            print("held", flush=True)
+            time.sleep(600)
+
+        ckptvault.vault.check_pins_unchanged = hold
+        Vault.open(sys.argv[1]).backup_async(sys.argv[2], tags={"step": "1"}, exclude=["optimizer.pt", "logs"])
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, repo, str(first)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    (pin,) = (tmp_path / "out" / ".ckptvault-pins").iterdir()
+    record = next(JobRecord.from_doc(json.loads(p.read_text())["job"]) for p in pin.rglob("*.json"))
+    assert record is not None and record.exclude == ["optimizer.pt", "logs"]
+
+    second = checkpoint(tmp_path / "out" / "checkpoint-2")
+    with Vault.open(repo) as vault:
+        vault.backup_async(second, tags={"step": "2"}).result(timeout=120)
+        vault.flush(timeout=120)
+        shipped = vault.latest({"step": "1"})
+        # (pins leave out *.tmp files: a trainer's files still being written)
+        assert stored_files(vault, shipped) == {
+            "model/weights.bin",
+            "wandb/run-1/events.log",
+            "tmp",
+        }
+        assert "optimizer.pt" in stored_files(vault, vault.latest({"step": "2"}))
+
+
+def test_a_pin_record_of_a_version_before_exclude_still_ships():
+    doc = {
+        "job_id": "j",
+        "vault_id": "v",
+        "tags": {"step": "1"},
+        "description": "",
+        "hostname": None,
+        "folders": ["/x/.ckptvault-pins"],
+        "pinned": "d",
+    }
+    assert JobRecord.from_doc(doc).exclude == []
+    assert JobRecord.from_doc({**doc, "exclude": [1]}) is None
+
+
+def test_watch_leaves_them_out_of_each_checkpoint_and_skips_checkpoints_of_such_names(tmp_path, repo_url, vault, cli):
+    ckpts = tmp_path / "ckpts"
+    checkpoint(ckpts / "step_100")
+    checkpoint(ckpts / "scratch_1")
+    args = ("watch", str(ckpts), "--once", "--settle", "0.2", "--repo", repo_url)
+    lines = cli(*args, "-e", "scratch_*", "-e", "*.tmp", "-e", "model/*.bin").stdout.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shipped step_100"), lines
+    assert stored_files(vault) == {
+        "optimizer.pt",
+        "wandb/run-1/events.log",
+        "logs/train.txt",
+        "logs/keep.json",
+        "deep/er/logs/train.txt",
+        "tmp",
+    }
+    assert {s.tags["checkpoint"] for s in vault.snapshots()} == {"step_100"}
+    assert os.path.isdir(ckpts / "scratch_1")
