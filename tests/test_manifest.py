@@ -85,6 +85,14 @@ def test_latest_prefers_step_then_time():
         select(snaps, "latest", {"rnu": "x"})
 
 
+def test_a_step_is_a_number_only_in_ascii_digits():
+    assert [snap(i, step=v).step for i, v in enumerate(["1200", "-3", "007"])] == [1200, -3, 7]
+    assert [snap(i, step=v).step for i, v in enumerate(["1_000", " 12", "+5", "\u0661\u0662", "", "1e3"])] == [None] * 6
+    # a step int() alone would read as 1000 does not win "latest" over a later save: its run is ordered by time
+    snaps = [snap(1, step="1_000", t=1, run="x"), snap(2, step="900", t=2, run="x")]
+    assert select(snaps, "latest").id == snaps[1].id
+
+
 def test_tags_holding_commas_or_spaces_read_as_one_tag_in_messages(monkeypatch: pytest.MonkeyPatch):
     snaps = [snap(1, t=1, note="a,b"), snap(2, t=2, note="x"), snap(3, t=3, note=" y")]
     with pytest.raises(SnapshotNotFoundError) as caught:

@@ -64,10 +64,11 @@ class Snapshot:
 
     @property
     def step(self) -> int | None:
-        try:
-            return int(self.tags["step"])
-        except (KeyError, ValueError):
-            return None
+        """The ``step`` tag as a number when it is written in ASCII digits (``int()`` alone would
+        also take ``1_000``, `` 12 `` or other scripts' digits, which no trainer writes)."""
+        value = self.tags.get("step", "")
+        digits = value[1:] if value.startswith("-") else value
+        return int(value) if digits.isascii() and digits.isdigit() else None
 
     def matches(self, tags: dict[str, str] | None) -> bool:
         return all(self.tags.get(k) == v for k, v in (tags or {}).items())
