@@ -880,7 +880,7 @@ class Vault:
             hostname=hostname,
             pin=pin,
             skip_if_unchanged=skip_if_unchanged,
-            exclude=excludes.patterns,
+            exclude=excludes,
             vault_folder=self.local_folder,
         )
         return shipper.submit(job, on_full=on_full)

@@ -10,11 +10,14 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from ckptvault import Vault
-from ckptvault.ops.drill import LOCK_FILE
+from ckptvault.ops.drill import LOCK_FILE, sweep_killed_drills
 
 from .conftest import write_file
 
@@ -113,3 +116,35 @@ def test_a_live_drills_folder_and_one_not_locked_yet_are_left_alone(tmp_path, re
         "ckptvault-drill-newer",
         "ckptvault-drill-older",
     ]
+
+
+def test_a_drill_keeps_its_lock_until_its_folder_is_gone(tmp_path, vault: Vault, monkeypatch):
+    """Another drill sweeping while this one deletes its (full) folder must not take it for a dead one's."""
+    vault.backup(checkpoint(tmp_path / "ckpt"), tags={"step": "1"})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    seen: list[tuple[list[str], int]] = []
+    real_cleanup = tempfile.TemporaryDirectory.cleanup
+
+    def sweep_then_cleanup(self):
+        if os.path.isdir(self.name):
+            seen.append(sweep_killed_drills(str(scratch)))  # as a drill starting meanwhile does
+        real_cleanup(self)
+
+    monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", sweep_then_cleanup)
+    report = vault.drill(workdir=scratch)
+    assert report.ok and seen == [([], 0)]
+    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_another_users_folder_is_never_swept(tmp_path, vault: Vault):
+    vault.backup(checkpoint(tmp_path / "ckpt"), tags={"step": "1"})
+    scratch = tmp_path / "scratch"
+    theirs = scratch / "ckptvault-drill-theirs"
+    write_file(theirs / "restore" / "shard-0.bin", b"x" * 4096)
+    write_file(theirs / LOCK_FILE, b"")
+    for path in [theirs, theirs / "restore", theirs / "restore" / "shard-0.bin", theirs / LOCK_FILE]:
+        os.chown(path, 65534, 65534)
+    assert vault.drill(workdir=scratch).swept == []
+    assert (theirs / "restore" / "shard-0.bin").exists()

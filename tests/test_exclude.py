@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import UsageError
+from ckptvault.errors import BackupSupersededError, UsageError
 from ckptvault.ops.leftover_pins import JobRecord
 
 from .conftest import write_file
@@ -189,3 +190,86 @@ def test_watch_leaves_them_out_of_each_checkpoint_and_skips_checkpoints_of_such_
     }
     assert {s.tags["checkpoint"] for s in vault.snapshots()} == {"step_100"}
     assert os.path.isdir(ckpts / "scratch_1")
+
+
+def test_a_trailing_slash_matches_folders_and_a_leading_double_star_any_depth(tmp_path, vault: Vault):
+    src = checkpoint(tmp_path / "ckpt")
+    write_file(src / "model" / "logs", b"a file named logs")
+    snap = vault.backup(src, exclude=["logs/"])
+    assert stored_files(vault, snap) == {
+        "model/weights.bin",
+        "model/weights.bin.tmp",
+        "model/logs",
+        "optimizer.pt",
+        "wandb/run-1/events.log",
+        "tmp",
+    }
+    snap = vault.backup(src, exclude=["**/logs/*.txt", "**/wandb"])
+    assert {"logs/train.txt", "deep/er/logs/train.txt"}.isdisjoint(stored_files(vault, snap))
+    assert "wandb/run-1/events.log" not in stored_files(vault, snap)
+    assert "logs/keep.json" in stored_files(vault, snap)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "said"),
+    [("/data/ckpt/wandb", "is absolute"), ("../x", "holds '..'"), ("a/../b", "holds '..'"), ("./", "names no file")],
+)
+def test_absolute_and_parent_patterns_are_refused(tmp_path, vault: Vault, pattern, said):
+    with pytest.raises(UsageError, match=said):
+        vault.backup(checkpoint(tmp_path / "ckpt"), exclude=[pattern])
+    assert vault.snapshots() == []
+
+
+def test_an_excluded_file_changing_before_an_async_backup_commits_does_not_supersede_it(tmp_path, monkeypatch):
+    import ckptvault.vault
+
+    ckpt = checkpoint(tmp_path / "out" / "checkpoint-1")
+    real_check = ckptvault.vault.check_pins_unchanged
+
+    def log_grows_then_check(job):  # the trainer appends to its log while the save ships
+        with open(ckpt / "logs" / "train.txt", "ab") as f:
+            f.write(b"step 2 loss 0.1\n")
+        real_check(job)
+
+    monkeypatch.setattr(ckptvault.vault, "check_pins_unchanged", log_grows_then_check)
+    with Vault.init(str(tmp_path / "repo")) as vault:
+        snap = vault.backup_async(ckpt, tags={"step": "1"}, exclude=["*.txt"]).result(timeout=120)
+        assert "optimizer.pt" in stored_files(vault, snap) and "logs/train.txt" not in stored_files(vault, snap)
+        assert not (tmp_path / "out" / ".ckptvault-pins").exists()
+        # without the pattern, the same change is a checkpoint rewritten in place: not stored
+        handle = vault.backup_async(ckpt, tags={"step": "1b"})
+        with pytest.raises(BackupSupersededError):
+            handle.result(timeout=120)
+
+
+def test_watch_ships_a_checkpoint_whose_excluded_log_keeps_growing(tmp_path, vault: Vault):
+    ckpts = tmp_path / "ckpts"
+    ckpt = checkpoint(ckpts / "step_100")
+    stop = threading.Event()
+
+    def keep_logging() -> None:
+        while not stop.wait(0.05):
+            with open(ckpt / "logs" / "train.txt", "ab") as f:
+                f.write(b"loss 0.1\n")
+
+    logger = threading.Thread(target=keep_logging)
+    logger.start()
+    try:
+        result = vault.watch(ckpts, once=True, settle=0.5, interval=0.05, exclude=["logs/*.txt"])
+    finally:
+        stop.set()
+        logger.join()
+    assert [s.name for s in result.shipped] == ["step_100"]
+    assert "logs/train.txt" not in stored_files(vault)
+
+
+def test_watch_ships_again_under_other_patterns(tmp_path, repo_url, vault: Vault, cli):
+    ckpts = tmp_path / "ckpts"
+    checkpoint(ckpts / "step_100")
+    args = ("watch", str(ckpts), "--once", "--settle", "0.2", "--repo", repo_url)
+    assert len(cli(*args, "-e", "optimizer.pt").stdout.decode().splitlines()) == 1
+    assert len(cli(*args, "-e", "optimizer.pt").stdout.decode().splitlines()) == 0, "shipped already"
+    assert len(cli(*args).stdout.decode().splitlines()) == 1, "without the pattern it is another checkpoint"
+    assert "optimizer.pt" in stored_files(vault)
+    # (watch never ships *.tmp files: names of files still being written)
+    assert cli("status", str(ckpts / "step_100"), "-e", "*.tmp", "--repo", repo_url).returncode == 0

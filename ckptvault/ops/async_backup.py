@@ -53,7 +53,7 @@ from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
-from .scan import check_sources, refuse_sources_in_vault
+from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
 retry_log = logging.getLogger("ckptvault.shipping")  # the CLI (watch) shows these as warnings
@@ -196,7 +196,7 @@ def make_job(
     hostname: str | None,
     pin: bool,
     skip_if_unchanged: bool = False,
-    exclude: tuple[str, ...] = (),
+    exclude: Excludes = NO_EXCLUDES,
     vault_folder: str | None = None,
 ) -> BackupJob:
     """Check the sources and pin them, on the caller's thread: after this returns, the trainer
@@ -205,7 +205,7 @@ def make_job(
     backed up in place, with a warning, because a copy would hold up the training loop. Each
     pin's metadata records the job, so that a later process can ship it if this one dies first
     (leftover_pins.py). ``vault_folder``: the vault's local folder, refused as a source and left
-    out of the pins (scan.refuse_sources_in_vault)."""
+    out of the pins (scan.refuse_sources_in_vault); what ``exclude`` leaves out is not pinned."""
     sources = check_sources(paths)
     vault = refuse_sources_in_vault(sources, vault_folder)
     job = BackupJob(
@@ -214,7 +214,7 @@ def make_job(
         description=description,
         hostname=hostname,
         skip_if_unchanged=skip_if_unchanged,
-        exclude=exclude,
+        exclude=exclude.patterns,
     )
     job.label = ", ".join(paths)
     if not pin:
@@ -229,12 +229,14 @@ def make_job(
     def metadata(made: Pin) -> dict[str, object]:
         pinned_as.append(pins_module.signature(made.data))
         digest = pins_module.digest(pinned_as[-1])
-        record = JobRecord(job_id, vault_id, job.tags, description, hostname, folders, digest, list(exclude))
+        record = JobRecord(job_id, vault_id, job.tags, description, hostname, folders, digest, list(exclude.patterns))
         return pin_metadata(record)
 
     try:
         for src, staging in zip(sources, folders, strict=True):
-            pins.append(pins_module.create(src, staging, link_only=True, meta=metadata, skip_dir=vault))
+            excluded = _pin_excludes(exclude, src, whole_root=len(sources) == 1)
+            made = pins_module.create(src, staging, link_only=True, meta=metadata, skip_dir=vault, excluded=excluded)
+            pins.append(made)
     except OSError as exc:
         for made in pins:
             made.release()
@@ -254,6 +256,19 @@ def make_job(
     job.pinned_as = pinned_as
     job.description = description
     return job
+
+
+def _pin_excludes(exclude: Excludes, source: str, *, whole_root: bool) -> pins_module.Excluded | None:
+    """What of ``source`` the backup leaves out, by path inside it: its snapshot paths start with
+    its name unless it is the one folder backed up (scan_sources)."""
+    if not exclude:
+        return None
+    if whole_root and os.path.isdir(source):
+        return exclude.match
+    name = os.path.basename(source.rstrip(os.sep)) or "root"
+    if exclude.match(name, os.path.isdir(source)):
+        return lambda _rel, _is_dir: True  # the whole source is left out
+    return lambda rel, is_dir: exclude.match(f"{name}/{rel}", is_dir)
 
 
 def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:

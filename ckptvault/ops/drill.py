@@ -94,7 +94,7 @@ def run_drill(
         tmp = cleanup.enter_context(holder)
         target = os.path.join(tmp, "restore")
         try:
-            cleanup.enter_context(_locked(tmp))
+            cleanup.enter_context(_locked(holder))
             swept, swept_bytes = sweep_killed_drills(where)
             t0 = time.monotonic()
             restore(target)
@@ -133,16 +133,20 @@ def run_drill(
 
 
 @contextlib.contextmanager
-def _locked(folder: str) -> Iterator[None]:
-    """Hold the exclusive flock of ``folder``'s lock file (the kernel drops it when the process
-    dies, however). A file opened for writing, not the folder: NFS locks need one."""
-    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+def _locked(holder: tempfile.TemporaryDirectory[str]) -> Iterator[None]:
+    """Hold the exclusive flock of the drill folder's lock file until the folder is removed (the
+    kernel drops it when the process dies, however). A file opened for writing, not the folder:
+    NFS locks need one."""
+    fd = os.open(os.path.join(holder.name, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with contextlib.suppress(OSError):  # no locks on this filesystem: no drill can sweep the folder either
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        try:
+            holder.cleanup()  # under the lock: a drill sweeping meanwhile never takes it for a dead one's
+        finally:
+            os.close(fd)
 
 
 def sweep_killed_drills(where: str) -> tuple[list[str], int]:
@@ -150,7 +154,8 @@ def sweep_killed_drills(where: str) -> tuple[list[str], int]:
 
     A folder is removed only while this process holds its lock, which a live drill never lets go:
     two drills sweeping at once never remove a folder twice, and never a live drill's. A folder
-    without a lock file, or with nothing else, may be a drill that has not locked it yet: left."""
+    without a lock file, or with nothing else, may be a drill that has not locked it yet: left.
+    Only this user's folders are looked at (root would otherwise remove other users')."""
     swept: list[str] = []
     total = 0
     try:
@@ -160,12 +165,15 @@ def sweep_killed_drills(where: str) -> tuple[list[str], int]:
     for name in names:
         folder = os.path.join(where, name)
         try:
-            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            st = os.lstat(folder)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 continue
             fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_NOFOLLOW)
         except OSError:  # no lock file, a link, another user's: not ours to remove
             continue
         try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.listdir(folder) == [LOCK_FILE]:
                 continue
@@ -191,14 +199,26 @@ def _tree_bytes(folder: str) -> int:
 
 
 def _remove_tree(folder: str) -> None:
-    """``rm -rf``, also through folders restored with a read-only mode (as TemporaryDirectory does)."""
+    """``rm -rf``, also through folders restored with a read-only mode (as TemporaryDirectory does);
+    the lock file goes last, so that what cannot be removed now is swept by a later drill."""
     for root, dirs, _ in os.walk(folder):
         for name in dirs:
             path = os.path.join(root, name)
             if not os.path.islink(path):  # a link's target lies outside: never changed
                 with contextlib.suppress(OSError):
                     os.chmod(path, 0o700)
-    shutil.rmtree(folder, ignore_errors=True)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name == LOCK_FILE:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    if os.listdir(folder) == [LOCK_FILE]:
+        os.unlink(os.path.join(folder, LOCK_FILE))
+        os.rmdir(folder)
 
 
 def _make_tmp(workdir: str | None) -> tuple[tempfile.TemporaryDirectory[str], list[str]]:

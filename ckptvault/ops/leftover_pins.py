@@ -77,7 +77,7 @@ class JobRecord:
         if not _str_dict(doc.get("tags")) or not _str_list(doc.get("folders")):
             return None
         exclude = doc.get("exclude", [])  # absent from records of versions before it
-        if not (exclude == [] or _str_list(exclude)):
+        if not (isinstance(exclude, list) and all(isinstance(p, str) for p in exclude)):
             return None
         return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name != "exclude"}, exclude=exclude)
 

@@ -11,7 +11,9 @@ the pin too. Writers that publish by rename (write a temporary name, then rename
 writers that write each checkpoint to new files are pinned exactly.
 
 Every file inside a checkpoint is pinned, dot-files included (torch.distributed.checkpoint's
-``.metadata``), except names that end like one still being written (``*.tmp``: names.py).
+``.metadata``), except names that end like one still being written (``*.tmp``: names.py) and what
+the backup's exclude patterns leave out (``Pin.excluded``): a file the backup will not store must
+not make the pin change (a log appended to while the checkpoint ships).
 """
 
 from __future__ import annotations
@@ -40,22 +42,23 @@ META = "pin.json"
 DATA = "data"
 
 Signature = tuple[tuple[str, ...], ...]
+Excluded = Callable[[str, bool], bool]  # (path relative to the pinned source, is a folder) -> left out
 
 
 class NoHardLinks(OSError):
     """Raised by ``link_only`` pins when the filesystem refuses hard links."""
 
 
-def signature(path: str) -> Signature:
+def signature(path: str, excluded: Excluded | None = None) -> Signature:
     """What identifies a checkpoint's content without reading it: every file's relative path,
-    size and mtime (ns), every symlink's target, every directory. Names of files still being
-    written inside (``*.tmp``...) are included, so their growth counts as activity.
-    Raises FileNotFoundError when ``path`` is gone."""
+    size and mtime (ns), every symlink's target, every directory, but those ``excluded``. Names
+    of files still being written inside (``*.tmp``...) are included, so their growth counts as
+    activity. Raises FileNotFoundError when ``path`` is gone."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         return (_describe("", path, st),)
     out: list[tuple[str, ...]] = []
-    _walk_signature(path, "", out)
+    _walk_signature(path, "", out, excluded)
     return tuple(sorted(out))
 
 
@@ -67,16 +70,18 @@ def _describe(rel: str, path: str, st: os.stat_result) -> tuple[str, ...]:
     return (rel, "f", str(st.st_size), str(st.st_mtime_ns))
 
 
-def _walk_signature(directory: str, prefix: str, out: list[tuple[str, ...]]) -> None:
+def _walk_signature(directory: str, prefix: str, out: list[tuple[str, ...]], excluded: Excluded | None) -> None:
     with os.scandir(directory) as it:
         entries = list(it)
     for entry in entries:
         rel = f"{prefix}/{entry.name}" if prefix else entry.name
         try:
             st = entry.stat(follow_symlinks=False)
+            if excluded is not None and excluded(rel, stat.S_ISDIR(st.st_mode)):
+                continue
             out.append(_describe(rel, entry.path, st))
             if stat.S_ISDIR(st.st_mode):
-                _walk_signature(entry.path, rel, out)
+                _walk_signature(entry.path, rel, out, excluded)
         except FileNotFoundError:
             continue  # deleted while we looked: the next look sees the rest
 
@@ -100,6 +105,7 @@ class Pin:
     source_ino: int
     copied: bool = False  # at least one file had to be copied
     skip_dir: tuple[int, int] | None = None  # (device, inode) of a folder never pinned: the vault
+    excluded: Excluded | None = None  # what is never pinned inside: what the backup leaves out
 
     @property
     def data(self) -> str:
@@ -152,6 +158,7 @@ def create(
     link_only: bool = False,
     meta: Callable[[Pin], dict[str, object]] | None = None,
     skip_dir: tuple[int, int] | None = None,
+    excluded: Excluded | None = None,
 ) -> Pin:
     """Pin ``source`` (a file or a directory) under ``staging``; ``meta(pin)``, called once the
     files are pinned, goes into its metadata, which is written last: a pin is never seen complete
@@ -163,7 +170,7 @@ def create(
     st = os.stat(source)  # a symlinked source means what it points at
     name = os.path.basename(source.rstrip(os.sep)) or "root"
     root = new_pin_root(staging)
-    pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino, skip_dir=skip_dir)
+    pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino, skip_dir=skip_dir, excluded=excluded)
     try:
         sync(pin, link_only=link_only)
         pin.save_meta(**(meta(pin) if meta else {}))
@@ -214,12 +221,12 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         return  # the name now holds another checkpoint; this pin keeps the old one
     if stat.S_ISDIR(st.st_mode):
         os.makedirs(pin.data, exist_ok=True)
-        _sync_dir(pin, pin.source, pin.data, link_only)
+        _sync_dir(pin, pin.source, pin.data, "", link_only)
     else:
         _sync_file(pin, pin.source, pin.data, link_only)
 
 
-def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, link_only: bool) -> None:
+def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, prefix: str, link_only: bool) -> None:
     try:
         with os.scandir(src_dir) as it:
             entries = list(it)
@@ -229,13 +236,16 @@ def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, link_only: bool) -> None:
         if is_unfinished(entry.name):
             continue  # still being written: it is pinned under its final name once renamed
         dst = os.path.join(dst_dir, entry.name)
+        rel = f"{prefix}/{entry.name}" if prefix else entry.name
         try:
             st = entry.stat(follow_symlinks=False)
+            if pin.excluded is not None and pin.excluded(rel, stat.S_ISDIR(st.st_mode)):
+                continue
             if stat.S_ISDIR(st.st_mode):
                 if (st.st_dev, st.st_ino) == pin.skip_dir:
                     continue
                 os.makedirs(dst, exist_ok=True)
-                _sync_dir(pin, entry.path, dst, link_only)
+                _sync_dir(pin, entry.path, dst, rel, link_only)
             elif stat.S_ISLNK(st.st_mode):
                 target = os.readlink(entry.path)
                 if not os.path.islink(dst) or os.readlink(dst) != target:

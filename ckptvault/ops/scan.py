@@ -5,11 +5,13 @@ One directory source is stored as the snapshot root (``backup ./checkpoints`` gi
 source, are stored under their base names. A source that is itself a symlink is followed
 (``backup ./latest`` means the checkpoint it points at); links inside are stored as links.
 
-``--exclude`` patterns leave files and folders out (a folder with all it holds). As in restic and
+``--exclude`` patterns leave files and folders out (a folder with all it holds). As in
 ``.gitignore``: a pattern without a ``/`` matches the name of a file or folder at any depth
-(``*.tmp``, ``wandb``); one with a ``/``, or starting with ``./`` or ``/``, matches the path from
-the snapshot's root (``model/*.bin``, ``./logs``). Globs are ``fnmatch``'s: ``*`` and ``?``,
-``[abc]``; in a path pattern ``*`` matches ``/`` too, as in restore's ``--include``.
+(``*.tmp``, ``wandb``), and so does one starting with ``**/``; one with a ``/`` inside, or
+starting with ``./``, matches the path from the snapshot's root (``model/*.bin``, ``./logs``); a
+trailing ``/`` matches folders only. Globs are ``fnmatch``'s: ``*``, ``?``, ``[abc]``; in a path
+pattern ``*`` matches ``/`` too, as in restore's ``--include``. Absolute patterns and ``..`` are
+refused: patterns name paths inside the backup.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import errno
 import fnmatch
 import functools
 import os
-import posixpath
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,39 +45,66 @@ class ScanResult:
 
 
 @dataclass(frozen=True)
+class ExcludeRule:
+    glob: str
+    anchored: bool  # matched against the path from the snapshot's root, else against the name
+    dirs_only: bool  # the pattern ended with "/"
+
+
+@dataclass(frozen=True)
 class Excludes:
     """Exclude patterns, checked (``Excludes.parse``) before any work (see the module docstring)."""
 
-    by_name: tuple[str, ...] = ()  # without "/": a file or folder of that name, at any depth
-    by_path: tuple[str, ...] = ()  # with "/", or anchored with "./" or "/": the path from the root
+    rules: tuple[ExcludeRule, ...] = ()
     patterns: tuple[str, ...] = field(default=(), compare=False)  # as given
 
     @classmethod
     def parse(cls, patterns: Sequence[str]) -> Excludes:
-        by_name: list[str] = []
-        by_path: list[str] = []
+        rules: list[ExcludeRule] = []
         for pattern in patterns:
-            stored = posixpath.normpath(pattern).lstrip("/") if pattern.strip() else ""
-            if stored in ("", "."):
-                raise UsageError(
-                    f"{spelled('--exclude', 'exclude')} pattern {pattern!r} names no file; give a name or glob "
-                    "(e.g. '*.tmp', 'wandb', 'logs/*.txt')"
-                )
-            if "/" in stored or pattern.startswith(("/", "./")):
-                by_path.append(stored)
-            else:
-                by_name.append(stored)
-        return cls(tuple(by_name), tuple(by_path), tuple(patterns))
+            rules += _rules(pattern)
+        return cls(tuple(rules), tuple(patterns))
 
     def __bool__(self) -> bool:
-        return bool(self.by_name or self.by_path)
+        return bool(self.rules)
 
-    def match(self, path: str) -> bool:
-        """Whether the file or folder at the snapshot path ``path`` is left out."""
+    def key(self) -> tuple[str, ...]:
+        """The rules, normalised and sorted: equal for patterns that select the same files."""
+        return tuple(sorted({("./" if r.anchored else "") + r.glob + ("/" if r.dirs_only else "") for r in self.rules}))
+
+    def match(self, path: str, is_dir: bool, *, names_only: bool = False) -> bool:
+        """Whether the file or folder at the snapshot path ``path`` is left out. ``names_only``:
+        by the patterns without a ``/`` alone."""
         name = path.rsplit("/", 1)[-1]
-        return any(fnmatch.fnmatchcase(name, p) for p in self.by_name) or any(
-            fnmatch.fnmatchcase(path, p) for p in self.by_path
+        return any(
+            fnmatch.fnmatchcase(path if rule.anchored else name, rule.glob)
+            for rule in self.rules
+            if (is_dir or not rule.dirs_only) and not (names_only and rule.anchored)
         )
+
+
+def _rules(pattern: str) -> list[ExcludeRule]:
+    def refuse(why: str) -> UsageError:
+        return UsageError(
+            f"{spelled('--exclude', 'exclude')} pattern {pattern!r} {why}; give a name or glob "
+            "(e.g. '*.tmp', 'wandb', 'logs/*.txt', './tmp' for the top level only)"
+        )
+
+    if pattern.startswith("/"):
+        raise refuse("is absolute: patterns match paths inside the backup, not on this machine")
+    body, any_depth = pattern, False
+    while body.startswith("**/"):  # .gitignore's "at any depth"
+        body, any_depth = body[3:], True
+    parts = [part for part in body.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise refuse("holds '..'; patterns match paths inside the backup")
+    if not parts or not "".join(parts).strip():
+        raise refuse("names no file")
+    glob, dirs_only = "/".join(parts), pattern.endswith("/")
+    if any_depth and len(parts) > 1:  # "*" matches "/" too: "*/a/b" is a/b below the top level
+        return [ExcludeRule(glob, True, dirs_only), ExcludeRule(f"*/{glob}", True, dirs_only)]
+    anchored = not any_depth and (len(parts) > 1 or body.startswith("./"))
+    return [ExcludeRule(glob, anchored, dirs_only)]
 
 
 def check_sources(sources: list[str]) -> list[str]:
@@ -105,12 +133,18 @@ NO_EXCLUDES = Excludes()
 
 
 def scan_sources(
-    sources: list[str], *, skip_unreadable: bool, vault_folder: str | None = None, exclude: Excludes = NO_EXCLUDES
+    sources: list[str],
+    *,
+    skip_unreadable: bool,
+    vault_folder: str | None = None,
+    exclude: Excludes = NO_EXCLUDES,
+    purpose: str = "back up",
 ) -> ScanResult:
     """``vault_folder``: the local folder of the vault being written. A source inside it (or the
     vault itself) is refused, and the vault is left out of a source that holds it: its objects are
     stored already, and its lock and the packs it is writing change while they are read.
-    ``exclude``: what to leave out (the module docstring); a source named is subject to it too."""
+    ``exclude``: what to leave out (the module docstring); a source named is subject to it too.
+    ``purpose``: what the caller does with the files, for the error when there are none."""
     abs_sources = check_sources(sources)
     vault = refuse_sources_in_vault(abs_sources, vault_folder)
     result = ScanResult(items=[], warnings=[], source_paths=abs_sources)
@@ -123,10 +157,10 @@ def scan_sources(
         if dupes:
             raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")
         for src, name in zip(abs_sources, names, strict=False):
-            if exclude.match(name):
+            st = os.stat(src)
+            if exclude.match(name, stat.S_ISDIR(st.st_mode)):
                 result.excluded += 1
                 continue
-            st = os.stat(src)
             if stat.S_ISDIR(st.st_mode):
                 result.items.append(SourceItem(name, src, "dir", st))
                 walk(src, name)
@@ -137,7 +171,7 @@ def scan_sources(
         if result.excluded:
             patterns = ", ".join(repr(p) for p in exclude.patterns)
             raise UsageError(
-                f"{spelled('--exclude', 'exclude')} {patterns} leaves no file of {abs_sources[0]} to back up; "
+                f"{spelled('--exclude', 'exclude')} {patterns} leaves no file of {abs_sources[0]} to {purpose}; "
                 "check the patterns (a name without '/' matches at any depth)"
             )
         if result.warnings:  # only special or unreadable files
@@ -203,13 +237,13 @@ def _walk(
         return
     for entry in entries:
         rel = f"{prefix}/{entry.name}" if prefix else entry.name
-        if exclude and exclude.match(rel):
-            result.excluded += 1
-            continue
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as exc:
             result.warnings.append(f"skipped {entry.path}: {exc.strerror}")
+            continue
+        if exclude and exclude.match(rel, stat.S_ISDIR(st.st_mode)):
+            result.excluded += 1
             continue
         if stat.S_ISDIR(st.st_mode):
             if entry.name in STATE_FOLDERS:  # hard-linked copies of checkpoints (pins), a lock

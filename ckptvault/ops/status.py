@@ -45,8 +45,9 @@ def backup_status(
 ) -> BackupStatus:
     """``exclude``: files the backups left out, left out of the comparison too."""
     try:
-        # as a backup sees it
-        scan = scan_sources([path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude)
+        scan = scan_sources(  # as a backup sees it
+            [path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude, purpose="compare"
+        )
     except SourceError as exc:
         if exc.hint != unreadable_hint():
             raise

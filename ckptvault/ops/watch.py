@@ -157,7 +157,11 @@ class Watcher:
         self._vault = refuse_sources_in_vault([self.directory], vault_folder)  # a vault inside is no checkpoint
         self.tags = dict(tags)
         self.options = options
-        self._excludes = Excludes.parse(options.exclude)
+        excludes = Excludes.parse(options.exclude)
+        self._excluded = excludes.match if excludes else None  # never pinned, nor in a signature
+        self._names_excluded = functools.partial(excludes.match, names_only=True)
+        # the patterns are part of what was shipped: a checkpoint shipped with others ships again
+        self._sig_extra: pins.Signature = (("exclude", *excludes.key()),) if excludes else ()
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
         self.pins_dir = os.path.join(self.state_dir, "pins")
         self._ship = ship
@@ -285,9 +289,17 @@ class Watcher:
     def _wanted(self, name: str) -> bool:
         if is_temporary(name):
             return False
-        if any(fnmatch.fnmatchcase(name, g) for g in self._excludes.by_name):
-            return False
         return not self.options.include or any(fnmatch.fnmatchcase(name, g) for g in self.options.include)
+
+    def _excluded_checkpoint(self, name: str, st: os.stat_result) -> bool:
+        """A folder is the root of its snapshot: only a name pattern leaves it out; a file checkpoint
+        is stored under its name, which any pattern may match."""
+        if stat.S_ISDIR(st.st_mode):
+            return self._names_excluded(name, True)
+        return self._excluded is not None and self._excluded(name, False)
+
+    def _digest(self, sig: pins.Signature) -> str:
+        return pins.digest(sig + self._sig_extra)
 
     def _scan(self, now: float) -> None:
         tracked = {(c.pin.name, c.pin.source_ino) for c in self._candidates.values()}
@@ -307,6 +319,8 @@ class Watcher:
                 continue  # deleted while we looked, or unreadable: the next poll looks again
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # a link names a checkpoint that is watched under its own name
+            if self._excluded_checkpoint(entry.name, st):
+                continue
             if (
                 entry.path == self.state_dir
                 or (entry.name, st.st_ino) in tracked
@@ -325,7 +339,7 @@ class Watcher:
         """A shipped folder whose own mtime moved: new or changed files make it a new version;
         files only disappearing is its deletion in progress (rotation), not a new version."""
         try:
-            sig = pins.signature(path)
+            sig = pins.signature(path, self._excluded)
         except OSError:
             return False  # deleted, or unreadable for now: the next poll looks again
         done.size, done.mtime_ns = st.st_size, st.st_mtime_ns
@@ -333,11 +347,11 @@ class Watcher:
 
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
-            sig = pins.signature(path)
-            if self._digests_loaded.is_set() and pins.digest(sig) in self._digests:
+            sig = pins.signature(path, self._excluded)
+            if self._digests_loaded.is_set() and self._digest(sig) in self._digests:
                 self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 return  # shipped before (by an earlier run of the watcher)
-            pin = pins.create(path, self.pins_dir, skip_dir=self._vault)
+            pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again
@@ -363,6 +377,7 @@ class Watcher:
             if pin is None:
                 continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
+            pin.excluded = self._excluded  # and what this run's patterns leave out
             self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
@@ -397,7 +412,7 @@ class Watcher:
                 continue
             try:
                 sig = pins.signature(cand.pin.data)
-                cand.digest = pins.digest(sig)
+                cand.digest = self._digest(sig)
                 if cand.digest in self._digests:
                     self._finish_done(cand, sig)
                     self._release(cand)
