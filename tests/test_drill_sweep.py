@@ -10,13 +10,13 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from ckptvault import Vault
+from ckptvault.ops import drill
 from ckptvault.ops.drill import LOCK_FILE, sweep_killed_drills
 
 from .conftest import write_file
@@ -124,14 +124,14 @@ def test_a_drill_keeps_its_lock_until_its_folder_is_gone(tmp_path, vault: Vault,
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     seen: list[tuple[list[str], int]] = []
-    real_cleanup = tempfile.TemporaryDirectory.cleanup
+    real_remove = drill._remove_all_but_the_lock
 
-    def sweep_then_cleanup(self):
-        if os.path.isdir(self.name):
+    def sweep_then_remove(folder: str) -> None:
+        if not seen:  # the drill's own cleanup; the sweep below calls this too, for what it removes
             seen.append(sweep_killed_drills(str(scratch)))  # as a drill starting meanwhile does
-        real_cleanup(self)
+        real_remove(folder)
 
-    monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", sweep_then_cleanup)
+    monkeypatch.setattr(drill, "_remove_all_but_the_lock", sweep_then_remove)
     report = vault.drill(workdir=scratch)
     assert report.ok and seen == [([], 0)]
     assert list(scratch.iterdir()) == []

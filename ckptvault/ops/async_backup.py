@@ -53,7 +53,7 @@ from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
-from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault
+from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault, scan_sources
 
 log = logging.getLogger("ckptvault")
 retry_log = logging.getLogger("ckptvault.shipping")  # the CLI (watch) shows these as warnings
@@ -250,6 +250,8 @@ def make_job(
     if not any(entry[1] == "f" for sig in pinned_as for entry in sig):
         for made in pins:  # an empty folder, only links, or only files still being written (*.tmp)
             made.release()
+        if exclude:  # or every file left out
+            scan_sources(sources, skip_unreadable=True, exclude=exclude)  # raises the backup's own error
         raise SourceError(job.label, "it holds no finished files", "check the path; nothing was queued")
     job.pins = pins
     job.sources = [p.data for p in pins]
@@ -259,8 +261,8 @@ def make_job(
 
 
 def _pin_excludes(exclude: Excludes, source: str, *, whole_root: bool) -> pins_module.Excluded | None:
-    """What of ``source`` the backup leaves out, by path inside it: its snapshot paths start with
-    its name unless it is the one folder backed up (scan_sources)."""
+    """What of ``source`` the backup leaves out, by path inside it ("" for the source itself): its
+    snapshot paths start with its name unless it is the one folder backed up (scan_sources)."""
     if not exclude:
         return None
     if whole_root and os.path.isdir(source):
@@ -268,7 +270,7 @@ def _pin_excludes(exclude: Excludes, source: str, *, whole_root: bool) -> pins_m
     name = os.path.basename(source.rstrip(os.sep)) or "root"
     if exclude.match(name, os.path.isdir(source)):
         return lambda _rel, _is_dir: True  # the whole source is left out
-    return lambda rel, is_dir: exclude.match(f"{name}/{rel}", is_dir)
+    return lambda rel, is_dir: exclude.match(f"{name}/{rel}" if rel else name, is_dir)
 
 
 def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:

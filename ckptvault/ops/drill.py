@@ -95,7 +95,7 @@ def run_drill(
         target = os.path.join(tmp, "restore")
         try:
             cleanup.enter_context(_locked(holder))
-            swept, swept_bytes = sweep_killed_drills(where)
+            swept, swept_bytes = sweep_killed_drills(where, owner=os.stat(tmp).st_uid)
             t0 = time.monotonic()
             restore(target)
         except CkptVaultError:
@@ -134,9 +134,9 @@ def run_drill(
 
 @contextlib.contextmanager
 def _locked(holder: tempfile.TemporaryDirectory[str]) -> Iterator[None]:
-    """Hold the exclusive flock of the drill folder's lock file until the folder is removed (the
-    kernel drops it when the process dies, however). A file opened for writing, not the folder:
-    NFS locks need one."""
+    """Hold the exclusive flock of the drill folder's lock file until all else in the folder is
+    removed (the kernel drops it when the process dies, however). A file opened for writing, not
+    the folder: NFS locks need one."""
     fd = os.open(os.path.join(holder.name, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with contextlib.suppress(OSError):  # no locks on this filesystem: no drill can sweep the folder either
@@ -144,18 +144,21 @@ def _locked(holder: tempfile.TemporaryDirectory[str]) -> Iterator[None]:
         yield
     finally:
         try:
-            holder.cleanup()  # under the lock: a drill sweeping meanwhile never takes it for a dead one's
+            _remove_all_but_the_lock(holder.name)  # under the lock: no sweep takes it for a dead drill's
         finally:
             os.close(fd)
+        _remove_lock_and_folder(holder.name)  # TemporaryDirectory's own cleanup then finds nothing
 
 
-def sweep_killed_drills(where: str) -> tuple[list[str], int]:
+def sweep_killed_drills(where: str, owner: int | None = None) -> tuple[list[str], int]:
     """Remove the folders that killed drills left in ``where``; return their paths and their bytes.
 
-    A folder is removed only while this process holds its lock, which a live drill never lets go:
+    A folder is emptied only while this process holds its lock, which a live drill never lets go:
     two drills sweeping at once never remove a folder twice, and never a live drill's. A folder
     without a lock file, or with nothing else, may be a drill that has not locked it yet: left.
-    Only this user's folders are looked at (root would otherwise remove other users')."""
+    Only folders of ``owner`` (default: this user; a drill passes the owner its own folder got,
+    which is how the filesystem maps this user) are looked at: root would remove other users'."""
+    owner = os.geteuid() if owner is None else owner
     swept: list[str] = []
     total = 0
     try:
@@ -166,26 +169,27 @@ def sweep_killed_drills(where: str) -> tuple[list[str], int]:
         folder = os.path.join(where, name)
         try:
             st = os.lstat(folder)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
                 continue
             fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_NOFOLLOW)
         except OSError:  # no lock file, a link, another user's: not ours to remove
             continue
         try:
-            if os.fstat(fd).st_uid != os.geteuid():
+            if os.fstat(fd).st_uid != owner:
                 continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.listdir(folder) == [LOCK_FILE]:
                 continue
             size = _tree_bytes(folder)
-            _remove_tree(folder)
-            if not os.path.lexists(folder):
-                swept.append(folder)
-                total += size
+            _remove_all_but_the_lock(folder)
         except OSError:  # locked by a live drill (EWOULDBLOCK), or not removable by this user
             continue
         finally:
             os.close(fd)
+        # after the close: NFS keeps a file unlinked while open as .nfsXXXX, which keeps its folder
+        if _remove_lock_and_folder(folder):
+            swept.append(folder)
+            total += size
     return swept, total
 
 
@@ -198,27 +202,35 @@ def _tree_bytes(folder: str) -> int:
     return total
 
 
-def _remove_tree(folder: str) -> None:
-    """``rm -rf``, also through folders restored with a read-only mode (as TemporaryDirectory does);
-    the lock file goes last, so that what cannot be removed now is swept by a later drill."""
+def _remove_all_but_the_lock(folder: str) -> None:
+    """``rm -rf`` of the folder's entries but its lock file, also through folders restored with a
+    read-only mode (as TemporaryDirectory does). The lock file goes last: what a kill or an error
+    leaves is still locked, so a later drill sweeps it."""
     for root, dirs, _ in os.walk(folder):
         for name in dirs:
             path = os.path.join(root, name)
             if not os.path.islink(path):  # a link's target lies outside: never changed
                 with contextlib.suppress(OSError):
                     os.chmod(path, 0o700)
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if name == LOCK_FILE:
-            continue
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-    if os.listdir(folder) == [LOCK_FILE]:
-        os.unlink(os.path.join(folder, LOCK_FILE))
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name == LOCK_FILE:
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
+def _remove_lock_and_folder(folder: str) -> bool:
+    """The lock file and the folder, when nothing else is left in it; whether the folder is gone."""
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == [LOCK_FILE]:
+            os.unlink(os.path.join(folder, LOCK_FILE))
         os.rmdir(folder)
+    return not os.path.lexists(folder)
 
 
 def _make_tmp(workdir: str | None) -> tuple[tempfile.TemporaryDirectory[str], list[str]]:

@@ -222,6 +222,11 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
     if stat.S_ISDIR(st.st_mode):
         os.makedirs(pin.data, exist_ok=True)
         _sync_dir(pin, pin.source, pin.data, "", link_only)
+    elif pin.excluded is not None and pin.excluded("", False):
+        # a file source the backup leaves out (one of several): an empty stand-in keeps the job's
+        # sources, and so the snapshot's paths, as given, and its changes count for nothing
+        if not os.path.lexists(pin.data):
+            _replace_with(pin.data, lambda tmp: open(tmp, "xb").close())
     else:
         _sync_file(pin, pin.source, pin.data, link_only)
 

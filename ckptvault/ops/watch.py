@@ -391,7 +391,7 @@ class Watcher:
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
                 pins.sync(cand.pin)
-                sig = pins.signature(cand.pin.data) + _temporary_activity(cand.pin)
+                sig = pins.signature(cand.pin.data, self._excluded) + _temporary_activity(cand.pin)
             except FileNotFoundError:
                 self._drop(cand)  # the pin itself vanished (deleted by hand)
                 continue
@@ -411,7 +411,7 @@ class Watcher:
             if not (ready or retry):
                 continue
             try:
-                sig = pins.signature(cand.pin.data)
+                sig = pins.signature(cand.pin.data, self._excluded)  # a pin from a run with other patterns too
                 cand.digest = self._digest(sig)
                 if cand.digest in self._digests:
                     self._finish_done(cand, sig)
@@ -468,7 +468,7 @@ class Watcher:
                 snapshot = future.result()
                 self._digests.add(cand.digest)
                 with contextlib.suppress(OSError):  # unreadable: the next scan finds its digest shipped
-                    self._finish_done(cand, pins.signature(cand.pin.data))
+                    self._finish_done(cand, pins.signature(cand.pin.data, self._excluded))
                 self._release(cand)
                 shipped = ShippedCheckpoint(
                     name=cand.pin.name,
@@ -523,11 +523,17 @@ def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
 
 
 def _temporary_activity(pin: pins.Pin) -> pins.Signature:
-    """Files still being written inside the source folder (not pinned) count as activity."""
+    """Files still being written inside the source folder (not pinned) count as activity, but for
+    those in what the exclude patterns leave out."""
     if not os.path.isdir(pin.source) or not pins.source_alive(pin):
         return ()
     out = []
     for dirpath, dirnames, filenames in os.walk(pin.source):
+        rel_dir = os.path.relpath(dirpath, pin.source).replace(os.sep, "/")
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        if pin.excluded is not None:
+            dirnames[:] = [d for d in dirnames if not pin.excluded(prefix + d, True)]  # not walked into
+            filenames = [f for f in filenames if not pin.excluded(prefix + f, False)]
         for name in filenames + dirnames:
             if is_unfinished(name):
                 path = os.path.join(dirpath, name)
