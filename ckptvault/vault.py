@@ -855,7 +855,7 @@ class Vault:
         trainer may delete them as soon as this returns. When ``max_pending`` backups are
         already waiting, ``on_full="coalesce"`` drops the oldest waiting one (its handle raises
         BackupSupersededError) and ``"block"`` waits for a slot. ``skip_if_unchanged`` and
-        ``exclude``: as for ``backup`` (excluded files are pinned too, and released with the rest).
+        ``exclude``: as for ``backup`` (excluded files are not pinned).
         Pins that a process which died before they shipped left beside the sources (for this
         vault) are queued first, oldest first, under the tags and exclude patterns they were
         given; they are not counted in ``max_pending`` and never dropped (docs/training.md)."""

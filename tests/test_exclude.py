@@ -273,3 +273,56 @@ def test_watch_ships_again_under_other_patterns(tmp_path, repo_url, vault: Vault
     assert "optimizer.pt" in stored_files(vault)
     # (watch never ships *.tmp files: names of files still being written)
     assert cli("status", str(ckpts / "step_100"), "-e", "*.tmp", "--repo", repo_url).returncode == 0
+
+
+def test_an_excluded_file_among_several_sources_changing_does_not_supersede_the_save(tmp_path, monkeypatch):
+    import ckptvault.vault
+
+    run = tmp_path / "run"
+    files = [write_file(run / name, name.encode() * 1000) for name in ("model.pt", "optim.pt", "train.log")]
+    real_check = ckptvault.vault.check_pins_unchanged
+
+    def log_grows_then_check(job):
+        with open(run / "train.log", "ab") as f:
+            f.write(b"step 2\n")
+        real_check(job)
+
+    monkeypatch.setattr(ckptvault.vault, "check_pins_unchanged", log_grows_then_check)
+    with Vault.init(str(tmp_path / "repo")) as vault:
+        snap = vault.backup_async(files, tags={"step": "1"}, exclude=["*.log"]).result(timeout=120)
+        assert stored_files(vault, snap) == {"model.pt", "optim.pt"}
+        with pytest.raises(UsageError, match=r"exclude '\*.pt', '\*.log' leaves no file of"):
+            vault.backup_async(run, exclude=["*.pt", "*.log"])
+    assert not (tmp_path / ".ckptvault-pins").exists()
+
+
+def test_watch_adopting_a_pin_made_under_other_patterns_ships_it_once(tmp_path, vault: Vault):
+    from ckptvault.ops import pin as pins
+
+    ckpts = tmp_path / "ckpts"
+    checkpoint(ckpts / "step_1")
+    pins.create(str(ckpts / "step_1"), str(ckpts / ".ckptvault-watch" / "pins"))  # a run without patterns, killed
+    first = vault.watch(ckpts, once=True, settle=0.2, exclude=["logs"])
+    again = vault.watch(ckpts, once=True, settle=0.2, exclude=["logs"])
+    assert [s.name for s in first.shipped] == ["step_1"] and again.shipped == []
+    assert not any(p.startswith("logs/") for p in stored_files(vault))
+
+
+def test_files_being_written_in_an_excluded_folder_do_not_keep_a_checkpoint_from_settling(tmp_path, vault: Vault):
+    ckpts = tmp_path / "ckpts"
+    ckpt = checkpoint(ckpts / "step_2")
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        while not stop.wait(0.05):
+            with open(ckpt / "wandb" / "out.tmp", "ab") as f:
+                f.write(b"x")
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        result = vault.watch(ckpts, once=True, settle=0.5, interval=0.05, exclude=["wandb"])
+    finally:
+        stop.set()
+        writer.join()
+    assert [s.name for s in result.shipped] == ["step_2"]

@@ -68,8 +68,8 @@ ExcludeOpt = Annotated[
     typer.Option(
         "--exclude",
         "-e",
-        help="Leave out files and folders matching this glob (repeatable): a name without '/' at any depth"
-        " ('*.tmp', 'wandb'), else a path from the snapshot's root ('logs/*.txt').",
+        help="Leave out files and folders matching this glob (repeatable): a name at any depth ('*.tmp', 'wandb';"
+        " 'logs/': folders only), a path from the snapshot's root ('logs/*.txt', './tmp'); docs/usage.md.",
     ),
 ]
 

@@ -5,7 +5,7 @@ One directory source is stored as the snapshot root (``backup ./checkpoints`` gi
 source, are stored under their base names. A source that is itself a symlink is followed
 (``backup ./latest`` means the checkpoint it points at); links inside are stored as links.
 
-``--exclude`` patterns leave files and folders out (a folder with all it holds). As in
+``--exclude`` patterns leave files and folders out (a folder with all it holds). Close to
 ``.gitignore``: a pattern without a ``/`` matches the name of a file or folder at any depth
 (``*.tmp``, ``wandb``), and so does one starting with ``**/``; one with a ``/`` inside, or
 starting with ``./``, matches the path from the snapshot's root (``model/*.bin``, ``./logs``); a
