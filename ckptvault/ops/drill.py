@@ -19,8 +19,9 @@ so a folder whose lock can be taken has no live drill (``DrillReport.swept``). T
 before anything else is written into the folder, so one holding nothing else may be a drill that
 has not locked it yet, and is left.
 
-A ``workdir`` that is empty, a file, or not writable is a UsageError; a disk that fills up during the restore is
-StorageFullError (exit 21) naming the folder; any other filesystem error is a one-line StorageError.
+A ``workdir`` that is empty, a file, or not writable is a UsageError; a disk that fills up during
+the restore is StorageFullError (exit 21) naming the folder; any other filesystem error is a
+one-line StorageError.
 """
 
 from __future__ import annotations
