@@ -527,3 +527,20 @@ def test_a_signal_never_hangs_the_sidecar_whatever_its_main_thread_was_doing(tmp
             proc.wait()
             pytest.fail(f"trial {trial}: watch hung after SIGTERM")
         assert rc == 0, proc.stderr.read()
+
+
+def test_watching_one_checkpoint_instead_of_its_folder_is_warned_about(tmp_path, repo, cli):
+    run = tmp_path / "run-3"
+    ckpt = run / "checkpoint-1200"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"w" * 4096)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1200}))
+    args = ("--once", "--settle", "0.2", "--repo", repo)
+    wrong = cli("watch", str(ckpt), *args).stderr.decode()
+    assert f"{ckpt} looks like one checkpoint (step 1200, it holds trainer_state.json)" in wrong, wrong
+    assert f"watch the folder the trainer saves checkpoints into ({run})" in wrong
+    # the run's own folder: a trainer_state.json of the last step there at the end of training is no checkpoint
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 5000}))
+    right = cli("watch", str(run), *args)
+    assert "looks like one checkpoint" not in right.stderr.decode()
+    assert "shipped checkpoint-1200 step 1200" in right.stdout.decode()

@@ -44,7 +44,15 @@ from ..errors import CkptVaultError, SourceError, StorageError, UsageError, Watc
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
-from .names import WATCH_STATE_FOLDER, checkpoint_step, is_temporary, is_unfinished
+from .names import (
+    TRAINER_STATE,
+    WATCH_STATE_FOLDER,
+    checkpoint_step,
+    is_temporary,
+    is_unfinished,
+    step_from_name,
+    step_from_trainer_state,
+)
 from .scan import Excludes, refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
@@ -200,6 +208,7 @@ class Watcher:
             self._scan(now)
             self._settle(now)
             self._on_start(resumed)
+            self._warn_if_one_checkpoint()
             # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
             shipper = AsyncShipper(self._ship_job, max_pending=None, exit_timeout=0.0, name="ckptvault-watch")
             try:
@@ -290,6 +299,28 @@ class Watcher:
         if is_temporary(name):
             return False
         return not self.options.include or any(fnmatch.fnmatchcase(name, g) for g in self.options.include)
+
+    def _warn_if_one_checkpoint(self) -> None:
+        """Watching one checkpoint instead of the folder it was saved into ships each of its files as
+        a checkpoint of its own. Said once, not refused: only a folder whose name gives the step its
+        own ``trainer_state.json`` records, or a step-named torch.distributed.checkpoint folder, is
+        taken for one (a run's output folder holds a trainer_state.json of another step at the end)."""
+        name = os.path.basename(self.directory)
+        step = step_from_name(name)
+        if step is None:
+            return
+        if step_from_trainer_state(self.directory) == step:
+            holds = TRAINER_STATE
+        elif os.path.isfile(os.path.join(self.directory, ".metadata")):
+            holds = ".metadata"
+        else:
+            return
+        self._on_warning(
+            f"{self.directory} looks like one checkpoint (step {step}, it holds {holds}), and watch ships each "
+            f"entry of the folder it watches as a checkpoint of its own: watch the folder the trainer saves "
+            f"checkpoints into ({os.path.dirname(self.directory)}), or back this one up with: "
+            f"{spelled('ckptvault backup', 'Vault.backup')} {self.directory}"
+        )
 
     def _excluded_checkpoint(self, name: str, st: os.stat_result) -> bool:
         """A folder is the root of its snapshot: only a name pattern leaves it out; a file checkpoint
