@@ -529,9 +529,8 @@ class Vault:
         sizes, content hashes), no snapshot is written and that one is returned (its ``time``
         then predates the call).
 
-        ``exclude``: files and folders to leave out, e.g. ``["*.tmp", "wandb"]``: a pattern without
-        a ``/`` matches a name at any depth, one with a ``/`` (or starting ``./``) the path from the
-        snapshot's root (docs/usage.md).
+        ``exclude``: files and folders to leave out, e.g. ``["*.tmp", "wandb", "logs/*.txt"]``: a
+        name at any depth, or a path from the snapshot's root (docs/usage.md, "Excluding files").
         """
         sources = paths_arg(paths)
         excludes = exclude_arg(exclude)

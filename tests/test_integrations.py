@@ -58,6 +58,22 @@ def test_transformers_trainer_callback_ships_every_save_despite_save_total_limit
     assert trainer.state.global_step == 8
 
 
+def test_the_callbacks_leave_out_what_exclude_names(tmp_path, vault):
+    pytest.importorskip("transformers", reason="pip install ckptvault[hf]")
+    from ckptvault.integrations.hf import CkptVaultCallback
+
+    with pytest.raises(UsageError, match="is absolute"):
+        CkptVaultCallback(vault, exclude=["/out/checkpoint-2/optimizer.pt"])  # before training starts
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.pt", "events.out.tfevents.1"):
+        (ckpt / name).write_bytes(name.encode() * 100)
+    callback = CkptVaultCallback(vault, run="hf", exclude=["events.out.tfevents.*"])
+    callback.ship(str(ckpt), 2)
+    vault.flush(timeout=120)
+    assert {e.path for e in vault.files(vault.latest({"run": "hf"}))} == {"model.safetensors", "optimizer.pt"}
+
+
 def test_a_trainer_saving_into_the_vault_is_refused_before_training(tmp_path):
     # a vault made where the trainer writes: each save would be refused mid-training
     transformers = pytest.importorskip("transformers", reason="pip install ckptvault[hf]")

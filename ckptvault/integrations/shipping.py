@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from types import FrameType
 
 from ..arguments import flag_arg, seconds_arg, tags_arg, text_arg
@@ -14,7 +15,7 @@ from ..crypto.keyfile import passphrase_from_env
 from ..errors import FlushTimeoutError, UsageError
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
 from ..ops.scan import refuse_sources_in_vault
-from ..vault import Vault
+from ..vault import Vault, exclude_arg
 
 log = logging.getLogger("ckptvault")
 
@@ -33,12 +34,15 @@ class Shipping:
         on_full: OnFull = "coalesce",
         flush_timeout: float | None = None,
         raise_on_error: bool = True,
+        exclude: Sequence[str] = (),
     ) -> None:
         """``vault`` is an open Vault or a URL (opened, and created if missing). Snapshots carry
-        ``tags``, ``run=<run>`` and ``step=<step>``. Arguments are checked here, before training
-        starts, not at the first checkpoint."""
+        ``tags``, ``run=<run>`` and ``step=<step>``; ``exclude`` leaves files out of each, as for
+        ``Vault.backup``. Arguments are checked here, before training starts, not at the first
+        checkpoint."""
         super().__init__()
         check_on_full(on_full)
+        self.exclude = exclude_arg(exclude).patterns
         self.tags = tags_arg(tags)
         if run is not None:
             self.tags["run"] = text_arg("run", run)
@@ -58,7 +62,10 @@ class Shipping:
         tags = dict(self.tags) if step is None else {**self.tags, "step": str(step)}
         if not isinstance(self.vault, Vault):  # a copy sent to this process (see __getstate__)
             self.vault = _open_by_url(self.vault)
-        self.handles.append(self.vault.backup_async(path, tags=tags, on_full=self.on_full, skip_if_unchanged=True))
+        handle = self.vault.backup_async(
+            path, tags=tags, on_full=self.on_full, skip_if_unchanged=True, exclude=self.exclude
+        )
+        self.handles.append(handle)
 
     def refuse_checkpoints_in_the_vault(self, folder: str | None) -> None:
         """Before training starts: checkpoints saved into the vault's own folder would be refused at
