@@ -953,7 +953,7 @@ class Vault:
             interval=interval_arg("interval", interval),
             settle=interval_arg("settle", settle),
             include=tuple(str_list_arg("include", include, "['step_*']")),
-            exclude=exclude_arg(exclude).patterns,
+            exclude=exclude_arg(exclude),
             state_dir=optional_path_arg("state_dir", state_dir) or None,
             once=once,
         )

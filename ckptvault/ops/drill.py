@@ -181,8 +181,7 @@ def sweep_killed_drills(where: str, owner: int | None = None) -> tuple[list[str]
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.listdir(folder) == [LOCK_FILE]:
                 continue
-            size = _tree_bytes(folder)
-            _remove_all_but_the_lock(folder)
+            size = _remove_all_but_the_lock(folder)
         except OSError:  # locked by a live drill (EWOULDBLOCK), or not removable by this user
             continue
         finally:
@@ -194,25 +193,20 @@ def sweep_killed_drills(where: str, owner: int | None = None) -> tuple[list[str]
     return swept, total
 
 
-def _tree_bytes(folder: str) -> int:
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
-
-
-def _remove_all_but_the_lock(folder: str) -> None:
+def _remove_all_but_the_lock(folder: str) -> int:
     """``rm -rf`` of the folder's entries but its lock file, also through folders restored with a
-    read-only mode (as TemporaryDirectory does). The lock file goes last: what a kill or an error
-    leaves is still locked, so a later drill sweeps it."""
-    for root, dirs, _ in os.walk(folder):
+    read-only mode (as TemporaryDirectory does); returns the bytes its files held on the disk. The
+    lock file goes last: what a kill or an error leaves is still locked, so a later drill sweeps it."""
+    held = 0
+    for root, dirs, files in os.walk(folder):
         for name in dirs:
             path = os.path.join(root, name)
             if not os.path.islink(path):  # a link's target lies outside: never changed
                 with contextlib.suppress(OSError):
                     os.chmod(path, 0o700)
+        for name in files:
+            with contextlib.suppress(OSError):
+                held += os.lstat(os.path.join(root, name)).st_blocks * 512
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
             path = os.path.join(folder, name)
@@ -223,6 +217,7 @@ def _remove_all_but_the_lock(folder: str) -> None:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+    return held
 
 
 def _remove_lock_and_folder(folder: str) -> bool:

@@ -53,7 +53,7 @@ from .names import (
     step_from_name,
     step_from_trainer_state,
 )
-from .scan import Excludes, refuse_sources_in_vault
+from .scan import NO_EXCLUDES, Excludes, refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
 
@@ -66,7 +66,7 @@ class WatchOptions:
     interval: float = 0.1  # seconds between polls: a checkpoint must live at least this long
     settle: float = 2.0  # seconds without change before a checkpoint counts as complete
     include: tuple[str, ...] = ()  # globs on top-level names; empty means every name
-    exclude: tuple[str, ...] = ()  # left out of each checkpoint (scan.Excludes); a name pattern skips checkpoints too
+    exclude: Excludes = NO_EXCLUDES  # left out of each checkpoint; a name pattern skips checkpoints too
     state_dir: str | None = None  # default: <folder>/.ckptvault-watch (same filesystem)
     once: bool = False
 
@@ -165,7 +165,7 @@ class Watcher:
         self._vault = refuse_sources_in_vault([self.directory], vault_folder)  # a vault inside is no checkpoint
         self.tags = dict(tags)
         self.options = options
-        excludes = Excludes.parse(options.exclude)
+        excludes = options.exclude
         self._excluded = excludes.match if excludes else None  # never pinned, nor in a signature
         self._names_excluded = functools.partial(excludes.match, names_only=True)
         # the patterns are part of what was shipped: a checkpoint shipped with others ships again
@@ -466,7 +466,7 @@ class Watcher:
                 sources=[cand.pin.data],
                 tags=tags,
                 description=f"ckptvault watch: {cand.pin.source}",
-                exclude=self.options.exclude,
+                exclude=self.options.exclude.patterns,
                 label=cand.pin.name,
             )
             job.future.add_done_callback(functools.partial(self._on_done, cand))
