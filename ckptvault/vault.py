@@ -94,7 +94,7 @@ from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
-from .store import open_store
+from .store import RateArg, RateLimits, open_store
 from .store.fsspec_store import TEMP_PREFIX
 
 log = logging.getLogger("ckptvault")
@@ -298,18 +298,22 @@ class Vault:
         pack_size: int = DEFAULT_PACK_SIZE,
         keyfile: KeyfileArg = None,
         passphrase: PassphraseSource = None,
+        limit_upload: RateArg = None,
+        limit_download: RateArg = None,
     ) -> Vault:
         """Create a repository at ``url`` (the default location when None).
 
         With ``keyfile`` (a path or a loaded ``Keyfile``), everything stored is encrypted with
         AES-256-GCM under the keyfile's master key; ``passphrase`` unlocks it (a string, or a
-        function called only when needed)."""
+        function called only when needed). ``limit_upload`` and ``limit_download`` cap the bytes
+        per second this Vault moves to and from the storage (as in ``Vault.open``)."""
         url = url_arg(url) or default_repo_url()
+        limits = RateLimits.resolve(limit_upload, limit_download)
         _refuse_local_non_vault_folder(url)
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
-        store = open_store(url, storage_options)
+        store = open_store(url, storage_options, limits=limits)
         key = _load_keyfile(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
         return cls(Repository.init(store, config, key, master, cache_root=_metadata_cache_root()), store.url)
@@ -323,14 +327,22 @@ class Vault:
         keyfile: KeyfileArg = None,
         passphrase: PassphraseSource = None,
         create: bool = False,
+        limit_upload: RateArg = None,
+        limit_download: RateArg = None,
     ) -> Vault:
         """Open the repository at ``url`` (a path or URL; None: the default vault); with
         ``create=True`` make it when it does not exist. Several processes may do that at once (the
-        ranks of a distributed job): one creates it, the others open it."""
+        ranks of a distributed job): one creates it, the others open it.
+
+        ``limit_upload`` and ``limit_download`` cap the bytes per second this Vault moves to and
+        from the storage, all threads together: a number of bytes per second or text such as
+        ``"50MB"``, ``"20MiB"``, ``"400Mbit"``; 0 for none; None (the default) takes
+        ``CKPTVAULT_LIMIT_UPLOAD`` / ``CKPTVAULT_LIMIT_DOWNLOAD`` from the environment."""
         url = url_arg(url) or default_repo_url()
         create = flag_arg("create", create)
+        limits = RateLimits.resolve(limit_upload, limit_download)
         key = _load_keyfile(keyfile)
-        store = open_store(url, storage_options)
+        store = open_store(url, storage_options, limits=limits)
         local = local_folder(url)
         if local is not None and _file_in_the_way(local) is not None:  # the store would say "Not a directory"
             if create:
@@ -345,7 +357,14 @@ class Vault:
                     raise VaultNotFoundError(exc.url, hint=hint) from None
                 raise
         try:
-            vault = cls.init(url, storage_options=storage_options, keyfile=key, passphrase=passphrase)
+            vault = cls.init(
+                url,
+                storage_options=storage_options,
+                keyfile=key,
+                passphrase=passphrase,
+                limit_upload=limits.upload or 0,
+                limit_download=limits.download or 0,
+            )
         except VaultExistsError:  # another process created it since we looked: open theirs
             for attempt in range(OPEN_RACE_RETRIES):
                 try:

@@ -38,7 +38,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{test}: {why}", red=True, bold=True)
 
 
-CKPTVAULT_ENV = ("CKPTVAULT_REPO", "CKPTVAULT_KEYFILE", "CKPTVAULT_PASSPHRASE", "CKPTVAULT_NEW_PASSPHRASE")
+CKPTVAULT_ENV = (
+    "CKPTVAULT_REPO",
+    "CKPTVAULT_KEYFILE",
+    "CKPTVAULT_PASSPHRASE",
+    "CKPTVAULT_NEW_PASSPHRASE",
+    "CKPTVAULT_LIMIT_UPLOAD",
+    "CKPTVAULT_LIMIT_DOWNLOAD",
+)
 SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees
 
 

@@ -62,6 +62,23 @@ PassphraseFileOpt = Annotated[
         "--passphrase-file", help="Read the keyfile passphrase from this file (else CKPTVAULT_PASSPHRASE, else asked)."
     ),
 ]
+LimitUploadOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--limit-upload",
+        metavar="RATE",
+        help="Upload at most this much per second, on average (e.g. 50MB, 20MiB, 400Mbit; 0: no limit;"
+        " else CKPTVAULT_LIMIT_UPLOAD).",
+    ),
+]
+LimitDownloadOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--limit-download",
+        metavar="RATE",
+        help="Download at most this much per second, on average (as --limit-upload; else CKPTVAULT_LIMIT_DOWNLOAD).",
+    ),
+]
 TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
 ExcludeOpt = Annotated[
     list[str] | None,
@@ -153,9 +170,20 @@ class VaultArgs:
     storage_option: list[str] | None = None
     keyfile: str | None = None
     passphrase_file: str | None = None
+    limit_upload: str | None = None
+    limit_download: str | None = None
 
     def open(self, out: Output, *, writing: bool = False) -> Vault:
-        return open_vault(self.repo, self.storage_option, out, self.keyfile, self.passphrase_file, writing=writing)
+        return open_vault(
+            self.repo,
+            self.storage_option,
+            out,
+            self.keyfile,
+            self.passphrase_file,
+            writing=writing,
+            limit_upload=self.limit_upload,
+            limit_download=self.limit_download,
+        )
 
 
 NO_VAULT_ARGS = VaultArgs()  # the default a command declares; the wrapper always passes the real one
@@ -164,13 +192,15 @@ _VAULT_OPTIONS = {
     "storage_option": StorageOpt,
     "keyfile": KeyfileOpt,
     "passphrase_file": PassphraseFileOpt,
+    "limit_upload": LimitUploadOpt,
+    "limit_download": LimitDownloadOpt,
 }
 
 
 def vault_options(func: F) -> F:
-    """Give a command --repo, -o, --keyfile and --passphrase-file; it receives them as ``vault_args: VaultArgs``.
-    typer reads parameters from the signature, so the wrapper publishes the command's own parameters
-    (minus ``vault_args``) followed by the four shared ones."""
+    """Give a command --repo, -o, --keyfile, --passphrase-file and the bandwidth limits; it receives them as
+    ``vault_args: VaultArgs``. typer reads parameters from the signature, so the wrapper publishes the
+    command's own parameters (minus ``vault_args``) followed by the shared ones."""
     own = [p for p in inspect.signature(func, eval_str=True).parameters.values() if p.name != "vault_args"]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
@@ -226,20 +256,27 @@ def open_vault(
     passphrase_file: str | None = None,
     *,
     writing: bool = False,
+    limit_upload: str | None = None,
+    limit_download: str | None = None,
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind)."""
     refuse_blank_vault_settings(repo, keyfile)
     options = parse_storage_options(storage_option)
-    key = {"keyfile": keyfile, "passphrase": passphrase_source(passphrase_file)}
+    settings = {
+        "keyfile": keyfile,
+        "passphrase": passphrase_source(passphrase_file),
+        "limit_upload": limit_upload,
+        "limit_download": limit_download,
+    }
     if repo is not None:
         require_nonempty("--repo", repo)
         require_lasting_url(repo)
-        vault = Vault.open(repo, storage_options=options, **key)
+        vault = Vault.open(repo, storage_options=options, **settings)
     else:
         require_lasting_url(default_repo_url())  # CKPTVAULT_REPO
         try:
-            vault = Vault.open(None, storage_options=options, create=writing, **key)
+            vault = Vault.open(None, storage_options=options, create=writing, **settings)
         except VaultNotFoundError as exc:
             raise VaultNotFoundError(
                 exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"

@@ -4,5 +4,17 @@ from .base import ObjectInfo, Store
 from .fsspec_store import FsspecStore, open_store
 from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy
+from .throttle import RateArg, RateLimits, ThrottledStore
 
-__all__ = ["FsspecStore", "ObjectInfo", "ReadAheadStore", "RetryPolicy", "RetryingStore", "Store", "open_store"]
+__all__ = [
+    "FsspecStore",
+    "ObjectInfo",
+    "RateArg",
+    "RateLimits",
+    "ReadAheadStore",
+    "RetryPolicy",
+    "RetryingStore",
+    "Store",
+    "ThrottledStore",
+    "open_store",
+]

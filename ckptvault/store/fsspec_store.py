@@ -54,12 +54,13 @@ from .backends import (
     profile_for,
     tune,
 )
-from .base import ObjectInfo
+from .base import ObjectInfo, Store
 from .failures import Failure, Kind, classify, one_line, status_in_chain
 from .localwrite import LocalWriter, fsync_dir
 from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
 from .readahead import ReadAheadStore
 from .retrying import RetryingStore, RetryPolicy, call_deadline
+from .throttle import RateLimits, ThrottledStore
 
 TEMP_PREFIX = ".tmp-"
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
@@ -532,15 +533,21 @@ def _close_session(fs: Any) -> None:
 
 
 def open_store(
-    url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
-) -> RetryingStore | ReadAheadStore:
-    """The store for a repository URL (a plain path means a local folder), with retries."""
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+    limits: RateLimits | None = None,
+) -> Store:
+    """The store for a repository URL (a plain path means a local folder), with retries, the
+    bandwidth limits (else those of the environment) and, for remote stores, read-ahead."""
     if "://" not in url and "::" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     policy = retry or RetryPolicy.from_env()
-    store = RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
+    limits = RateLimits.resolve() if limits is None else limits
+    retrying = RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
+    store: Store = ThrottledStore(retrying, limits) if limits else retrying
     window = read_ahead_bytes()
-    return ReadAheadStore(store, window) if store.remote and window else store
+    return ReadAheadStore(store, window) if retrying.remote and window else store
 
 
 def _thread_niceness() -> int:

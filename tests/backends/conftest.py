@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import CKPTVAULT_ENV
 from ..support import servers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def remote_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
         "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
         "COLUMNS": "200",
     }
-    for var in ("CKPTVAULT_REPO", "CKPTVAULT_KEYFILE", "CKPTVAULT_PASSPHRASE"):
+    for var in CKPTVAULT_ENV:
         base_env.pop(var, None)
 
     def run(

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -328,3 +329,28 @@ def test_a_storage_option_that_must_be_a_number_is_checked_at_once(remote_cli, u
     name = option.split("=")[0]
     assert proc.returncode == 2 and f"storage option {name} must be a number" in line, line
     assert "retrying" not in proc.stderr.decode()
+
+
+def test_bandwidth_limits_on_s3(server, tmp_path: Path):
+    """Through a real S3 server, with read-ahead (remote stores read whole windows): a backup and a
+    restore take at least their bytes divided by the limits, and restore bit-exact."""
+    backend = server("s3-seaweedfs").backend
+    url = backend.new_url("limits")
+    src = tmp_path / "ckpt"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "weights.bin").write_bytes(os.urandom(6_000_000))
+    vault = Vault.init(url, storage_options=backend.storage_options, pack_size=1 << 20, limit_upload="3MB")
+    started = time.monotonic()
+    vault.backup(src)
+    took = time.monotonic() - started
+    assert took >= 6 / 3 * 0.98, f"6 MB uploaded in {took:.2f} s at a 3 MB/s limit"
+    vault.close()
+
+    vault = Vault.open(url, storage_options=backend.storage_options, limit_download="4MB")
+    assert isinstance(vault._repo.store, fsspec_store.ReadAheadStore)  # the windows' reads are what is limited
+    started = time.monotonic()
+    vault.restore("latest", tmp_path / "out")
+    took = time.monotonic() - started
+    assert took >= 6 / 4 * 0.98, f"6 MB restored in {took:.2f} s at a 4 MB/s limit"
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    vault.close()
