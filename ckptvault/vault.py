@@ -88,7 +88,7 @@ from .ops.watch import ShippedCheckpoint, Watcher, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
 from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
-from .repository.format import CONFIG_KEY
+from .repository.format import CONFIG_KEY, LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
@@ -106,6 +106,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
+# Lock objects are never held back by a bandwidth limit: a refresh queued behind a saturated upload
+# could let the lock go stale.
+UNTHROTTLED = (LOCKS_PREFIX,)
 CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
 OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
 
@@ -313,7 +316,7 @@ class Vault:
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
-        store = open_store(url, storage_options, limits=limits)
+        store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
         key = _load_keyfile(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
         return cls(Repository.init(store, config, key, master, cache_root=_metadata_cache_root()), store.url)
@@ -342,7 +345,7 @@ class Vault:
         create = flag_arg("create", create)
         limits = RateLimits.resolve(limit_upload, limit_download)
         key = _load_keyfile(keyfile)
-        store = open_store(url, storage_options, limits=limits)
+        store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
         local = local_folder(url)
         if local is not None and _file_in_the_way(local) is not None:  # the store would say "Not a directory"
             if create:

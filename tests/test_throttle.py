@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import UsageError
-from ckptvault.store.throttle import SMALL, Schedule, ThrottledStore, parse_rate
+from ckptvault.errors import StorageError, UsageError
+from ckptvault.store.throttle import RateLimits, ThrottledStore, parse_rate
 
 from .conftest import tree_digest, write_file
 
@@ -32,8 +32,10 @@ MB = 1_000_000
         ("800kB", 800_000),
         ("800K", 800_000),
         ("400Mbit", 50 * MB),
+        ("400 Mbit/s", 50 * MB),
         ("1Gbps", 125 * MB),
-        ("2mb", 2 * MB),
+        ("50MBps", 50 * MB),
+        ("64kbit", 8000),
         ("0", None),
         ("0MB", None),
         (0, None),
@@ -49,7 +51,10 @@ def test_rates_are_read_with_their_units(text, rate):
     "text, says",
     [
         ("fast", "is not a rate"),
-        ("", "is not a rate"),
+        ("", "is empty"),
+        ("50Mb", "could be bits or bytes; write 50MB or 50Mbit"),
+        ("2mb", "could be bits or bytes"),
+        ("8KIB", "is not a rate"),
         ("-5MB", "is not a rate"),
         ("1e3MB", "is not a rate"),
         ("10", "has no unit"),  # restic reads KiB/s, others bytes: asked, not guessed
@@ -107,22 +112,147 @@ def test_the_environment_sets_the_limits_and_an_explicit_zero_lifts_them(tmp_pat
         Vault.open(tmp_path / "repo")
 
 
-def test_small_requests_never_wait_behind_big_ones():
-    """A lock's refresh must not queue behind a minute of booked pack uploads; a pack must."""
-    schedule = Schedule(rate=1 * MB)
+def _in_threads(*jobs) -> list[float]:
+    """Run each job in its own thread, all at once; the seconds each took to finish."""
+    began = time.monotonic()
+    ended: list[float] = [0.0] * len(jobs)
 
-    def transfer(nbytes: int, started: threading.Event) -> None:
-        with schedule.transfer(nbytes):
-            started.set()
+    def run(i, job):
+        job()
+        ended[i] = time.monotonic() - began
 
-    def start(nbytes: int) -> threading.Event:
-        started = threading.Event()
-        threading.Thread(target=transfer, args=(nbytes, started), daemon=True).start()
-        return started
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return ended
 
-    assert start(60 * MB).wait(5)  # nothing booked before it: starts at once, then holds a minute
-    assert start(SMALL - 1).wait(5)  # a lock object: booked, not held back
-    assert not start(SMALL).wait(0.5)  # a pack: waits for the minute booked before it
+
+class _Instant:
+    """A store that moves any number of bytes at once (what the limit alone costs is measured)."""
+
+    url, remote, supports_if_absent = "mem://instant", True, False
+
+    def __init__(self, window_holds: int = 0) -> None:
+        self.window_holds = window_holds
+        self.fail = False
+
+    def put(self, key, data, *, if_absent=False):
+        if self.fail:
+            raise StorageError("PUT", key, self.url, "connection reset", retryable=True)
+
+    def get_range(self, key, start, length):
+        return bytes(length)
+
+    def read_upto(self, key, start, length):
+        return bytes(min(length, self.window_holds))
+
+    def get(self, key):
+        return bytes(self.window_holds)
+
+
+def test_locks_are_never_held_back_and_everything_else_is():
+    """A lock's refresh must not queue behind a minute of booked pack uploads; a snapshot must (a
+    restore of many small files keeps to the limit too)."""
+    store = ThrottledStore(_Instant(), RateLimits(upload=1 * MB), unlimited=("locks/",))
+    taken = _in_threads(
+        lambda: store.put("data/ab/pack", bytes(2 * MB)),  # books 2 s from now
+        lambda: (time.sleep(0.2), store.put("locks/l1", bytes(100))),
+        lambda: (time.sleep(0.2), store.put("snapshots/s1", bytes(1000))),
+    )
+    assert taken[1] < 1.0  # the lock went at once
+    assert taken[2] >= 2.0  # the snapshot waited for the pack's time
+
+
+def test_small_chunks_restored_keep_to_the_download_limit(tmp_path: Path):
+    src = tmp_path / "ckpt"
+    for i in range(150):
+        write_file(src / f"shard-{i:03}.json", os.urandom(20_000))  # 3 MB in chunks of 20 kB
+    Vault.init(tmp_path / "repo").backup(src)
+    vault = Vault.open(tmp_path / "repo", limit_download="1MB")
+    started = time.monotonic()
+    vault.restore("latest", tmp_path / "out")
+    assert time.monotonic() - started >= 3 * 0.98
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+def test_reads_cut_short_hand_back_their_time():
+    """Read-ahead windows are booked whole (8 MiB) but a pack may end sooner: only what came is
+    paid, also when several windows are read at once."""
+    store = ThrottledStore(_Instant(window_holds=1 * MB), RateLimits(download=4 * MB))
+    taken = _in_threads(*[lambda i=i: store.read_upto(f"data/{i}", 0, 8 * MB) for i in range(4)])
+    assert 1.0 * 0.98 <= max(taken) < 3.0  # 4 MB at 4 MB/s, not 4 windows of 8 MB (8 s)
+
+
+def test_a_failed_transfer_hands_back_its_time():
+    inner = _Instant()
+    store = ThrottledStore(inner, RateLimits(upload=1 * MB))
+    inner.fail = True
+    with pytest.raises(StorageError):
+        store.put("data/ab/pack", bytes(4 * MB))
+    inner.fail = False
+    started = time.monotonic()
+    store.put("data/ab/other", bytes(300_000))
+    assert time.monotonic() - started < 1.5  # 0.3 s, not 4.3
+
+
+def test_a_whole_object_read_takes_its_time_once():
+    """A GET of unknown size books what it moved when it ends, from when it started: its bytes'
+    time, not the download's time plus theirs."""
+    store = ThrottledStore(_Instant(window_holds=2 * MB), RateLimits(download=2 * MB))
+    started = time.monotonic()
+    store.get("data/ab/pack")
+    store.get("data/cd/pack")
+    assert 2 * 0.98 <= time.monotonic() - started < 3.5
+
+
+def test_cancelled_uploads_are_not_sent_nor_waited_out():
+    inner = _Instant()
+    sent: list[str] = []
+    inner.put = lambda key, data, *, if_absent=False: sent.append(key)
+    store = ThrottledStore(inner, RateLimits(upload=1 * MB))
+    errors: list[BaseException] = []
+
+    def upload(key: str) -> None:
+        try:
+            store.put(key, bytes(3 * MB))
+        except StorageError as exc:
+            errors.append(exc)
+
+    def cancel_soon() -> None:
+        time.sleep(0.5)
+        store.cancel_waiting_uploads()
+
+    taken = _in_threads(lambda: upload("data/1"), lambda: upload("data/2"), cancel_soon)
+    assert sent == ["data/1"]  # the second never went
+    assert max(taken) < 2.0  # neither waited out the first one's 3 s
+    assert len(errors) == 1 and "not sent" in str(errors[0])
+    started = time.monotonic()
+    store.put("data/3", bytes(100_000))  # later transfers keep to the schedule as before
+    assert time.monotonic() - started >= 0.1 * 0.98
+
+
+def test_an_interrupted_backup_does_not_wait_out_its_uploads(tmp_path: Path):
+    src = _random_tree(tmp_path / "ckpt", 16)
+    vault = Vault.init(tmp_path / "repo", pack_size=2 * 2**20, limit_upload="1MB")
+
+    class Interrupt:
+        def start(self, total_bytes, total_files):
+            pass
+
+        def advance(self, nbytes):
+            if vault._repo.store.uploads.waited > 0.5:
+                raise KeyboardInterrupt
+
+        def finish(self):
+            pass
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        vault.backup(src, on_progress=Interrupt())
+    assert time.monotonic() - started < 6  # the uploads in flight held 2 MiB of time each, two at once
+    assert vault.snapshots() == []
 
 
 def test_cli_refuses_a_bad_limit_before_touching_anything(cli, tmp_path: Path):
@@ -148,14 +278,3 @@ def test_cli_backup_with_a_limit(cli, tmp_path: Path):
     assert took >= 8 / 4 * 0.98, f"8 MB uploaded in {took:.2f} s at a 4 MB/s limit"
     cli("restore", "latest", str(tmp_path / "out"), "-r", repo, "-q")
     assert tree_digest(tmp_path / "out") == tree_digest(src)
-
-
-def test_a_read_cut_short_by_the_objects_end_hands_back_its_time():
-    """A read-ahead window is booked whole (8 MiB) but a pack may end sooner: only what came is paid."""
-    schedule = Schedule(rate=4 * MB)
-    started = time.monotonic()
-    with schedule.transfer(8 * MB) as booking:  # 2 s booked
-        booking.moved = 1 * MB  # 0.25 s used
-    with schedule.transfer(SMALL):  # starts when the 0.25 s end
-        pass
-    assert 0.3 <= time.monotonic() - started < 1.5

@@ -543,6 +543,9 @@ class Repository:
         those packs' chunks, so it is reloaded from the index objects on its next use. Never raises
         for the uploads: the error that made the caller give up is the one to report."""
         uploads, self._uploads = self._uploads, []
+        cancel = getattr(self.store, "cancel_waiting_uploads", None)
+        if cancel is not None:  # uploads held back by a bandwidth limit are not sent, nor waited out
+            cancel()
         wait([future for future, _, _ in uploads])
         landed = set(self._unindexed)
         landed.update(p for f, p, _ in uploads if not f.cancelled() and f.exception() is None)

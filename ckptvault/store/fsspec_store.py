@@ -537,15 +537,17 @@ def open_store(
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
     limits: RateLimits | None = None,
+    unlimited: tuple[str, ...] = (),
 ) -> Store:
     """The store for a repository URL (a plain path means a local folder), with retries, the
-    bandwidth limits (else those of the environment) and, for remote stores, read-ahead."""
+    bandwidth limits (else those of the environment; keys under ``unlimited`` prefixes are never held
+    back) and, for remote stores, read-ahead."""
     if "://" not in url and "::" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     policy = retry or RetryPolicy.from_env()
     limits = RateLimits.resolve() if limits is None else limits
     retrying = RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
-    store: Store = ThrottledStore(retrying, limits) if limits else retrying
+    store: Store = ThrottledStore(retrying, limits, unlimited) if limits else retrying
     window = read_ahead_bytes()
     return ReadAheadStore(store, window) if retrying.remote and window else store
 

@@ -6,17 +6,18 @@ average and ``--limit-download`` does the same for reads (restore, check --read-
 repacking). ``CKPTVAULT_LIMIT_UPLOAD`` / ``CKPTVAULT_LIMIT_DOWNLOAD`` set them for every command and
 for the Python API (the watch sidecar, the framework callbacks), unless given explicitly.
 
-Each transfer books time on one schedule per direction, shared by all threads: ``n`` bytes take
-``n / rate`` seconds, starting when the previous booking ends (or now, if that has passed). The
-caller sleeps until its booking starts, transfers, and sleeps until the booking ends, so no command
-moves its bytes faster than the rate, and over any stretch of time at most one booking's bytes run
-ahead of it: an object, once started, goes at the link's speed (a PUT is one atomic request; a
-16 MiB pack is the burst). Idle time earns no credit. A whole-object GET of unknown size waits for
-the schedule to be free and books its size afterwards. Requests under ``SMALL`` bytes (locks,
-snapshots, index pieces) are booked but never wait, so a busy upload cannot delay a lock's refresh.
+Each direction keeps one schedule, shared by the Vault's threads. A transfer starts only when the
+schedule is free (every byte moved before it has had its ``bytes / rate`` seconds), then books its
+own bytes, goes at the link's speed (a PUT is one atomic request), and its caller sleeps until the
+booking ends. So a command never moves its bytes faster than the rate, and at any moment at most one
+object's bytes run ahead of it; idle time earns no credit. A transfer that moved less than it booked
+(a read-ahead window cut short by the pack's end, a failed call) hands the rest back; one of unknown
+size (a whole-object GET) books what it moved when it ends. Keys under ``unlimited`` prefixes (the
+locks) are never held back: a saturated upload must not delay a lock's refresh.
 
 The limit sits outside the retries (a throttled call is not a slow storage, so no deadline counts
-its wait); a retried transfer's bytes are not booked twice.
+its wait); a retried transfer's bytes are not booked twice. ``cancel`` wakes every waiting caller,
+so a failed or interrupted write does not wait out the bookings of uploads it abandons.
 """
 
 from __future__ import annotations
@@ -25,23 +26,26 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError, spelled
+from ..errors import StorageError, UsageError, spelled
 from .base import ObjectInfo, Store
 
 ENV_UPLOAD = "CKPTVAULT_LIMIT_UPLOAD"
 ENV_DOWNLOAD = "CKPTVAULT_LIMIT_DOWNLOAD"
-SMALL = 256 * 1024
 
 RateArg = float | str | None  # bytes per second, or text such as "50MB" / "400Mbit"; 0: no limit
 
-_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
-_BINARY = {"ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
-_RATE = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<prefix>[kmgt]i?)?(?P<unit>b|bytes?|bit|bits|bps)?(?:/s)?")
+# A prefix (k, M, G, T: powers of 1000; Ki, Mi, Gi, Ti: of 1024), then a unit whose case matters:
+# B, Bps, byte(s) are bytes; bit(s), bps are bits; a lone lowercase b (Mb, mb) is refused as ambiguous.
+_RATE = re.compile(
+    r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<prefix>[kKmMgGtT]i?)?\s*"
+    r"(?P<unit>B|Bps|bytes?|bits?|bps|b)?(?:/s)?"
+)
+_BITS = ("bit", "bits", "bps")
 EXAMPLES = "e.g. 50MB (bytes per second), 20MiB, 400Mbit; 0 for no limit"
 
 
@@ -54,16 +58,21 @@ def parse_rate(value: RateArg, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise UsageError(f"{what} must be a number of bytes per second or text such as '50MB', not {value!r}")
     if isinstance(value, str):
-        text = value.strip()
-        match = _RATE.fullmatch(text.lower())
+        if not value.strip():
+            raise UsageError(f"{what} is empty; give a rate ({EXAMPLES}), or leave it out")
+        match = _RATE.fullmatch(value.strip())
         if match is None:
             raise UsageError(f"{what} {value!r} is not a rate; {EXAMPLES}")
         number = float(match["number"])
         prefix, unit = match["prefix"] or "", match["unit"] or ""
+        if unit == "b":
+            raise UsageError(
+                f"{what} {value!r} could be bits or bytes; write {number:g}{prefix}B or {number:g}{prefix}bit"
+            )
         if number and not prefix and not unit:
             raise UsageError(f"{what} {value!r} has no unit; {EXAMPLES}")
-        scale = _BINARY.get(prefix) or _UNITS[prefix]
-        rate = number * scale / (8 if unit in ("bit", "bits", "bps") else 1)
+        power = "_kmgt".index(prefix[0].lower()) if prefix else 0
+        rate = number * (1024 if prefix.endswith("i") else 1000) ** power / (8 if unit in _BITS else 1)
     else:
         rate = float(value)
     if rate != rate or rate < 0 or rate == float("inf"):
@@ -73,14 +82,6 @@ def parse_rate(value: RateArg, what: str) -> float | None:
     if rate < 1024:
         raise UsageError(f"{what} {value!r} is under 1 KiB per second; {EXAMPLES}")
     return rate
-
-
-def describe_rate(rate: float) -> str:
-    """``52.4 MB/s``: how a limit is shown back."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if rate >= scale:
-            return f"{rate / scale:.3g} {unit}/s"
-    return f"{rate:.0f} B/s"
 
 
 @dataclass(frozen=True)
@@ -104,100 +105,128 @@ class RateLimits:
         return self.upload is not None or self.download is not None
 
 
+class TransferCancelled(Exception):
+    """Raised inside a caller that was waiting for its turn when ``Schedule.cancel`` ran."""
+
+
 @dataclass
 class _Booking:
     moved: int  # bytes the transfer moved (as booked, unless it says otherwise)
 
 
 class Schedule:
-    """One direction's booking schedule (see the module docstring); thread-safe."""
+    """One direction's schedule (see the module docstring); thread-safe."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self._lock = threading.Lock()
-        self._free_at = 0.0  # time.monotonic() at which the last booking ends
+        self._cond = threading.Condition()
+        self._free_at = 0.0  # time.monotonic() when every byte booked so far has had its time
+        self._generation = 0  # moved on by cancel(): callers waiting under an older one give up
         self.waited = 0.0  # seconds callers slept, all threads together (for tests and reports)
 
     @contextmanager
-    def transfer(self, nbytes: int) -> Iterator[_Booking]:
-        """Around a transfer of up to ``nbytes``: book its time, sleep until the booking starts, and
-        after the transfer until it ends (small ones are booked but never wait). A transfer that
-        moved fewer bytes says so (``booking.moved``): its unused time is handed back when nothing
-        was booked after it."""
-        with self._lock:
-            now = time.monotonic()
-            start = max(now, self._free_at)
-            self._free_at = end = start + nbytes / self.rate
-        small = nbytes < SMALL
-        if not small:
-            self._sleep_until(start)
-        booking = _Booking(nbytes)
-        yield booking
-        if booking.moved < nbytes:
-            unused = (nbytes - booking.moved) / self.rate
-            with self._lock:
-                if self._free_at == end:
-                    self._free_at = end = end - unused
-        if not small:
-            self._sleep_until(end)
+    def transfer(self, nbytes: int | None) -> Iterator[_Booking]:
+        """Around one transfer of ``nbytes`` (None: not known before it ends; the body then sets
+        ``booking.moved``, as does a transfer that moved less than it asked for)."""
+        with self._cond:
+            generation = self._generation
+            if not self._sleep_until(lambda: self._free_at, generation):
+                raise TransferCancelled()
+            start = time.monotonic()
+            booked_end = self._free_at = start + (nbytes or 0) / self.rate
+        booking = _Booking(nbytes or 0)
+        try:
+            yield booking
+        except BaseException:
+            booking.moved = 0
+            raise
+        finally:
+            with self._cond:
+                end = start + booking.moved / self.rate
+                if self._free_at == booked_end:  # nothing started since: hand back what it did not move
+                    self._free_at = end
+                elif booking.moved > (nbytes or 0):  # others started meanwhile: its unbooked bytes go after theirs
+                    self._free_at = end = self._free_at + (booking.moved - (nbytes or 0)) / self.rate
+                self._cond.notify_all()
+        with self._cond:
+            self._sleep_until(lambda: end, generation)
 
-    def wait_free(self) -> None:
-        """Sleep until every booking so far has ended (before a transfer of unknown size)."""
-        with self._lock:
-            free_at = self._free_at
-        self._sleep_until(free_at)
+    def cancel(self) -> None:
+        """Wake every waiting caller: one before its transfer raises ``TransferCancelled``, one after
+        it returns at once. Later transfers keep to the schedule as before."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
 
-    def _sleep_until(self, when: float) -> None:
-        delay = when - time.monotonic()
-        if delay > 0:
-            with self._lock:
-                self.waited += delay
-            time.sleep(delay)
+    def _sleep_until(self, when: Callable[[], float], generation: int) -> bool:
+        """Wait (holding the condition) until ``when()``, read again at every wake-up (a transfer that
+        ended hands time back); False if cancelled meanwhile."""
+        began = time.monotonic()
+        try:
+            while self._generation == generation:
+                delay = when() - time.monotonic()
+                if delay <= 0:
+                    return True
+                self._cond.wait(delay)
+            return False
+        finally:
+            self.waited += time.monotonic() - began
 
 
 class ThrottledStore:
     """A Store whose transfers keep to ``limits`` (see the module docstring)."""
 
-    def __init__(self, inner: Store, limits: RateLimits) -> None:
+    def __init__(self, inner: Store, limits: RateLimits, unlimited: tuple[str, ...] = ()) -> None:
         self.inner = inner
         self.url = inner.url
         self.remote = inner.remote
         self.supports_if_absent = inner.supports_if_absent
         self.limits = limits
+        self.unlimited = unlimited
         self.uploads = Schedule(limits.upload) if limits.upload else None
         self.downloads = Schedule(limits.download) if limits.download else None
 
-    def __getattr__(self, name: str) -> Any:  # remote, transfers, supports_if_absent, local_folder, ...
+    def __getattr__(self, name: str) -> Any:  # transfers, local_folder, unanswered, ...
         return getattr(self.inner, name)
 
+    def cancel_waiting_uploads(self) -> None:
+        """Uploads waiting for their turn fail with a StorageError, and those that are done return at
+        once (a write that failed or was interrupted is giving up on them)."""
+        if self.uploads:
+            self.uploads.cancel()
+
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
-        with self._booked(self.uploads, len(data)):
+        with self._cancelled_as_error("PUT", key), self._booked(self.uploads, key, len(data)):
             self.inner.put(key, data, if_absent=if_absent)
 
     def get(self, key: str) -> bytes:
-        if self.downloads is None:
-            return self.inner.get(key)
-        self.downloads.wait_free()
-        data = self.inner.get(key)
-        with self.downloads.transfer(len(data)):  # booked after the fact: the next reader waits for it
+        with self._cancelled_as_error("GET", key), self._booked(self.downloads, key, None) as booking:
+            data = self.inner.get(key)
+            booking.moved = len(data)
             return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        with self._booked(self.downloads, length):
+        with self._cancelled_as_error("GET", key), self._booked(self.downloads, key, length):
             return self.inner.get_range(key, start, length)
 
     def read_upto(self, key: str, start: int, length: int) -> bytes:
         """A read-ahead window: booked whole, and what the object's end cut off handed back."""
-        if self.downloads is None:
-            return self.inner.read_upto(key, start, length)  # type: ignore[attr-defined]
-        with self.downloads.transfer(length) as booking:
+        with self._cancelled_as_error("GET", key), self._booked(self.downloads, key, length) as booking:
             data: bytes = self.inner.read_upto(key, start, length)  # type: ignore[attr-defined]
             booking.moved = len(data)
             return data
 
-    @staticmethod
-    def _booked(schedule: Schedule | None, nbytes: int) -> AbstractContextManager[object]:
-        return schedule.transfer(nbytes) if schedule else nullcontext()
+    def _booked(self, schedule: Schedule | None, key: str, nbytes: int | None) -> AbstractContextManager[_Booking]:
+        if schedule is None or key.startswith(self.unlimited):
+            return nullcontext(_Booking(0))
+        return schedule.transfer(nbytes)
+
+    @contextmanager
+    def _cancelled_as_error(self, op: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except TransferCancelled:
+            raise StorageError(op, key, self.url, "not sent: the write it belonged to was given up") from None
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
