@@ -118,6 +118,29 @@ def test_a_tag_value_with_a_comma_cannot_read_as_two_tags_in_tables(cli, tmp_pat
         assert 'note="lr=3e-4,warmup",run=a' in out, out
 
 
+def test_tables_show_names_tags_and_paths_as_they_are(cli, tmp_path: Path):
+    """Cells are never rich markup (``[/data]`` crashed the listing, ``[red]x`` lost its brackets),
+    stay one line, and a long path is never cut with "…" in piped output (`ls > files.txt`)."""
+    repo = str(tmp_path / "vault")
+    cli("init", repo)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "[red]file").write_bytes(b"x" * 1000)
+    (src / ("deep-" * 48 + "name.bin")).write_bytes(b"y")
+    os.symlink("[/mnt]/x", src / "lnk")
+    description = "resumed from [/ckpt/step-100]\nsecond line"
+    cli("backup", str(src), "--repo", repo, "--tag", "ds=[/data]", "--description", description, "-q")
+    cli("backup", str(src), "--repo", repo, "--tag", "run=b", "-q")
+    for command in ("snapshots", "stats", "prune --keep-latest 1 --dry-run"):  # prune lists the one to go
+        proc = cli(*command.split(), "--repo", repo)
+        assert "ds=[/data]" in proc.stdout.decode(), proc.stdout.decode()
+    listing = cli("snapshots", "--repo", repo).stdout.decode()
+    assert "resumed from [/ckpt/step-100]\\nsecond line" in listing and len(listing.splitlines()) == 3
+    files = cli("ls", "latest", "--repo", repo).stdout.decode()
+    for shown in ("[red]file", "lnk -> [/mnt]/x", "deep-" * 48 + "name.bin"):
+        assert shown in files, files
+
+
 def test_quiet_drops_summaries_but_not_what_was_asked_for(cli, tmp_path: Path):
     repo = str(tmp_path / "vault")
     cli("init", repo, "-q")

@@ -23,8 +23,11 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
+
+PIPED_WIDTH = 1 << 16  # tables size to their content: box=None, not expanded
 
 
 def format_bytes(n: float) -> str:
@@ -142,7 +145,7 @@ class Output:
         self.err = _Console(stderr=True, highlight=False, soft_wrap=True)
         self.out = _Console(highlight=False, soft_wrap=True)
         if not self.out.is_terminal:
-            self.out.width = 200  # piped output: do not wrap table cells at 80 columns
+            self.out.width = PIPED_WIDTH  # piped output (`ls > files.txt`): no cell is wrapped or cut
 
     def info(self, message: str) -> None:
         """A human message (stderr), hidden by --quiet."""
@@ -183,7 +186,17 @@ class Output:
 
     @staticmethod
     def table(*columns: str) -> Table:
-        table = Table(box=None, pad_edge=False, header_style="bold")
+        table = _PlainTable(box=None, pad_edge=False, header_style="bold")
         for col in columns:
-            table.add_column(col, justify="right" if col in ("size", "files", "new", "stored", "logical") else "left")
+            justify = "right" if col in ("size", "files", "new", "stored", "logical") else "left"
+            table.add_column(col, justify=justify, overflow="fold")  # a long path wraps on a terminal, never "…"
         return table
+
+
+class _PlainTable(Table):
+    """Cells shown as they are: never read as rich markup (a tag ``ds=[/data]``, a file named ``[red]x``,
+    a tensor named ``x[/]``), and one line each (a description with a newline, escape characters in a
+    checkpoint's tensor names)."""
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(Text(one_line(c)) if isinstance(c, str) else c for c in cells), **kwargs)
