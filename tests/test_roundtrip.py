@@ -6,6 +6,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -77,3 +78,20 @@ def test_random_trees_round_trip(tmp_path_factory, spec, use_memory):
         vault.restore(snap.id, work / "out")
     assert tree_digest(work / "out") == tree_digest(src)
     shutil.rmtree(work)
+
+
+def test_times_past_2262_round_trip(tmp_path: Path, vault):
+    """Nanoseconds since 1970 overflow 64 bits in 2262, and Linux stores later times (ext4 to 2446): a
+    file dated 2400 was backed up, then its snapshot was refused as damaged (every file in it lost)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "future").write_bytes(b"b")
+    (src / "now").write_bytes(b"n")
+    year_2400 = 13569465600 * 10**9 + 123
+    os.utime(src / "future", ns=(year_2400, year_2400))
+    if os.stat(src / "future").st_mtime_ns != year_2400:
+        pytest.skip("this filesystem cannot store a time in 2400")
+    vault.backup(src)
+    vault.restore("latest", tmp_path / "out")
+    assert os.stat(tmp_path / "out" / "future").st_mtime_ns == year_2400
+    assert tree_digest(tmp_path / "out") == tree_digest(src)

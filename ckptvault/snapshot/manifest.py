@@ -143,7 +143,9 @@ def validate_path(path: str) -> None:
             raise UnsafePathError(path, "escapes the target directory or is not normalized")
 
 
-_MTIME_NS_RANGE = range(-(2**63), 2**63)  # what the filesystem calls take (a signed 64-bit count)
+# What the filesystem calls take: whole seconds in a signed 64-bit time_t, and the nanoseconds beside
+# them. Not a 64-bit count of nanoseconds: that ends in 2262, and Linux stores later times (ext4 to 2446).
+_MTIME_NS_RANGE = range(-(2**63) * 10**9, 2**63 * 10**9)
 
 
 def validate_tree(entries: list[FileEntry]) -> None:
