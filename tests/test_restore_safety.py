@@ -1,8 +1,12 @@
 """Restore never writes outside its target, refuses crafted trees, and is rerunnable."""
 
+import fcntl
 import os
 import re
 import secrets
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -162,6 +166,49 @@ def test_files_named_like_temporaries_are_restored_and_only_true_leftovers_remov
     assert result.files == 3 and not leftover.exists() and mine.read_bytes() == b"user data"
     for path in src.iterdir():
         assert (target / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_a_temporary_file_another_restore_is_writing_is_left_alone(vault: Vault, tmp_path: Path):
+    """Ranks restoring one checkpoint into one shared folder: a restore removes the temporary files
+    killed restores left (unlocked), never one a live restore holds (its flock)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"real file")
+    snap = vault.backup(src)
+    target = tmp_path / "target"
+    target.mkdir()
+    live = target / f"{temp_stem('a')}12345678"
+    live.write_bytes(b"being written")
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        vault.restore(snap, target)
+        assert live.read_bytes() == b"being written"  # another restore's: left to it
+    (target / "a").unlink()
+    vault.restore(snap, target)  # the lock is gone, as a killed process's is
+    assert not live.exists() and (target / "a").read_bytes() == b"real file"
+
+
+def test_restores_into_one_folder_at_once_all_succeed(cli, tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"shard-{i}.bin").write_bytes(os.urandom(2_000_000))
+    repo = str(tmp_path / "repo")
+    cli("init", repo)
+    cli("backup", str(src), "-r", repo, "-q")
+    target = tmp_path / "target"
+    args = [sys.executable, "-m", "ckptvault", "restore", "latest", str(target), "-r", repo, "--limit-download", "4MB"]
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    procs = []
+    for _ in range(3):  # 6 MB at 4 MB/s each: they overlap for ~1.5 s
+        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        time.sleep(0.3)
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()
+    for path in src.iterdir():
+        assert (target / path.name).read_bytes() == path.read_bytes()
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in src.iterdir())
 
 
 def test_overwrite_gives_a_hard_linked_twin_a_file_of_its_own(backed_up, tmp_path: Path):

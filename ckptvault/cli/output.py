@@ -188,8 +188,9 @@ class Output:
     def table(*columns: str) -> Table:
         table = _PlainTable(box=None, pad_edge=False, header_style="bold")
         for col in columns:
-            justify = "right" if col in ("size", "files", "new", "stored", "logical") else "left"
-            table.add_column(col, justify=justify, overflow="fold")  # a long path wraps on a terminal, never "…"
+            right = col in ("size", "files", "new", "stored", "logical")
+            # a long path wraps on a terminal, never "…"
+            table.add_column(col, justify="right" if right else "left", overflow="fold")
         return table
 
 

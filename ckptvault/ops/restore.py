@@ -17,6 +17,7 @@ turns such an error into the one-line ``CkptVaultError`` that ``Vault.restore`` 
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
 import glob
 import os
@@ -413,8 +414,8 @@ def _restore_file(
     for leftover in glob.glob(os.path.join(glob.escape(directory), glob.escape(stem) + "[0-9a-f]" * _TEMP_RANDOM)):
         # from a restore that was killed while writing this file; a file of the snapshot that only
         # looks like one (it was backed up from a folder holding such a leftover) stays
-        if leftover not in snapshot_paths and stat.S_ISREG(os.lstat(leftover).st_mode):
-            os.unlink(leftover)
+        if leftover not in snapshot_paths:
+            _remove_unlocked_temp(leftover)
     tmp = os.path.join(directory, stem + secrets.token_hex(_TEMP_RANDOM // 2))
     try:
         _write_via_temp(repo, pool, entry, dest, tmp, progress, window, zero_chunks)
@@ -434,7 +435,7 @@ def _write_via_temp(
     window: int,
     zero_chunks: set[bytes],
 ) -> None:
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = _create_locked_temp(tmp)
     try:
         try:
             os.ftruncate(fd, entry.size)
@@ -453,6 +454,57 @@ def _write_via_temp(
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+# A temporary file is flock()ed while it is written, so that a restore into the same folder (the
+# ranks of a job restoring one checkpoint onto a shared filesystem) removes only what killed
+# restores left: the kernel drops a dead process's lock. NFS maps flock to its own locks.
+
+
+def _create_locked_temp(tmp: str) -> int:
+    """Create ``tmp`` and lock it; made again if another restore's sweep removed it before the lock."""
+    while True:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        if not _lock(fd, block=True):
+            return fd  # a filesystem without locks: as before locks were taken
+        try:
+            if os.path.samestat(os.lstat(tmp), os.fstat(fd)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _remove_unlocked_temp(path: str) -> None:
+    """Remove a leftover temporary file unless a live restore holds its lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # gone meanwhile, or a symlink: not a leftover of ours
+        return
+    try:
+        held = os.fstat(fd)
+        if not stat.S_ISREG(held.st_mode) or _lock(fd, block=False) is False:
+            return
+        if os.path.samestat(os.lstat(path), held):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int, *, block: bool) -> bool | None:
+    """flock ``fd`` exclusively: True when locked, False when another process holds it (``block``
+    false), None when the filesystem has no locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return None
+        raise
+    return True
 
 
 def _name_the_damaged_chunk(repo: Repository, entry: FileEntry) -> None:
