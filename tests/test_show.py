@@ -78,6 +78,24 @@ def test_show_stats_match_numpy(vault: Vault, tmp_path: Path) -> None:
     assert rows["ids"].stats is not None and rows["ids"].stats.min == -50 and rows["ids"].stats.max == 949
 
 
+def test_show_stats_near_the_dtypes_limits_do_not_overflow(cli, tmp_path: Path) -> None:
+    """float64 values near 1.8e308: the sums overflowed (mean Infinity, std NaN, which --json wrote as
+    invalid JSON, and numpy's overflow warnings reached stderr)."""
+    big = np.array([1e308, 1e308, -1e308], np.float64)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "m.safetensors").write_bytes(st_save({"big": big, "inf": np.array([np.inf, 1.0])}))
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo, "--quiet")
+    proc = cli("show", "latest", "m.safetensors", "--stats", "--json", "--repo", repo)
+    assert b"Warning" not in proc.stderr and b"overflow" not in proc.stderr, proc.stderr
+    shown = json.loads(proc.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    stats = {t["name"]: t["stats"] for t in shown["tensors"]}
+    assert stats["big"]["mean"] == pytest.approx(1e308 / 3) and stats["big"]["std"] == pytest.approx(1e308 * (8 / 9) ** 0.5)
+    assert stats["inf"]["inf"] == 1 and stats["inf"]["mean"] == 1.0
+
+
 def test_ls_long_and_show_through_the_cli(cli, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

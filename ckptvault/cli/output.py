@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -53,6 +54,8 @@ def _jsonable(value: Any) -> Any:
         return {_jsonable(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN or Infinity; strict parsers (jq) refuse Python's spelling of them
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, bytes):

@@ -62,7 +62,9 @@ def tensor_stats(tensor: TensorInfo, read_at: Callable[[int, int], bytes]) -> Te
         return None
     itemsize = np.dtype(_NUMPY[tensor.dtype]).itemsize
     step = PIECE - PIECE % itemsize
-    n, mean, m2 = 0, 0.0, 0.0
+    # mean and m2 are kept in units of ``scale`` (the largest magnitude so far), so that values near
+    # the dtype's limits (float64 up to 1.8e308) cannot overflow their sums
+    n, mean, m2, scale = 0, 0.0, 0.0, 0.0
     lo, hi = math.inf, -math.inf
     nan = inf = 0
     for pos in range(tensor.start, tensor.end, step):
@@ -75,14 +77,19 @@ def tensor_stats(tensor: TensorInfo, read_at: Callable[[int, int], bytes]) -> Te
         if x.size == 0:
             continue
         x64 = x.astype(np.float64)
-        k, piece_mean = x64.size, float(x64.mean())
-        piece_m2 = float(((x64 - piece_mean) ** 2).sum())
+        lo, hi = min(lo, float(x64.min())), max(hi, float(x64.max()))
+        if max(-lo, hi) > scale:
+            new_scale = max(-lo, hi)
+            mean, m2, scale = mean * (scale / new_scale), m2 * (scale / new_scale) ** 2, new_scale
+        y = x64 / scale if scale else x64
+        k, piece_mean = y.size, float(y.mean())
+        piece_m2 = float(((y - piece_mean) ** 2).sum())
         total = n + k
         delta = piece_mean - mean
         mean += delta * k / total
         m2 += piece_m2 + delta * delta * n * k / total
         n = total
-        lo, hi = min(lo, float(x64.min())), max(hi, float(x64.max()))
     if n == 0:
         return TensorStats(None, None, None, None, nan, inf, 0)
-    return TensorStats(lo, hi, mean, math.sqrt(m2 / n), nan, inf, n)
+    unit = scale or 1.0
+    return TensorStats(lo, hi, mean * unit, math.sqrt(m2 / n) * unit, nan, inf, n)
