@@ -48,11 +48,18 @@ def url_arg(url: str | os.PathLike[str] | None) -> str | None:
 
 
 def path_arg(name: str, value: object) -> str:
-    """A path: a str or an os.PathLike (pathlib.Path)."""
+    """A path: a str or an os.PathLike (pathlib.Path), without NUL (no system call takes one)."""
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(text, str):
-        raise wrong_arg(name, value, "a path (a str or pathlib.Path)")
+    if not isinstance(text, str) or "\0" in text:
+        raise wrong_arg(name, value, "a path (a str or pathlib.Path, without NUL characters)")
     return text
+
+
+def progress_arg(name: str, value: object) -> Any:
+    """None, or an object with the Progress protocol's methods (start, advance, finish)."""
+    if value is not None and not all(callable(getattr(value, m, None)) for m in ("start", "advance", "finish")):
+        raise wrong_arg(name, value, "None or an object with start(), advance() and finish() methods")
+    return value
 
 
 def flag_arg(name: str, value: object) -> bool:

@@ -35,6 +35,7 @@ from .arguments import (
     optional_path_arg,
     path_arg,
     paths_arg,
+    progress_arg,
     seconds_arg,
     snapshot_arg,
     snapshot_list_arg,
@@ -123,8 +124,9 @@ UNCHANGED = _Unchanged.UNCHANGED
 
 
 def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatenate[Vault, P], R]:
-    """A public method refuses to run on a closed Vault, and takes only True or False for its flags
-    (``overwrite="no"`` would otherwise overwrite)."""
+    """A public method refuses to run on a closed Vault, takes only True or False for its flags
+    (``overwrite="no"`` would otherwise overwrite), and checks an ``on_progress`` before it starts
+    (a bad one failed only once a restore had made its target)."""
     params = inspect.signature(method).parameters.values()
     flags = [p.name for p in params if p.annotation == "bool" and p.kind is p.KEYWORD_ONLY]
 
@@ -134,6 +136,7 @@ def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatena
             raise UsageError(CLOSED_MESSAGE)
         for name in flags:
             flag_arg(name, kwargs.get(name, False))
+        progress_arg("on_progress", kwargs.get("on_progress"))
         return method(self, *args, **kwargs)
 
     return checked
@@ -509,7 +512,10 @@ class Vault:
             raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
         except ObjectNotFoundError:
             if snap.id not in {s.id for s in self.snapshots()}:
-                raise SnapshotNotFoundError(f"snapshot {snap.short_id} was just removed by another process") from None
+                raise SnapshotNotFoundError(
+                    f"snapshot {snap.short_id} is not in {self.url}: another process removed it meanwhile, "
+                    "or it is a Snapshot of another vault"
+                ) from None
             raise IntegrityError(
                 f"tree object {snap.tree_id[:12]} of snapshot {snap.short_id} is missing from {self.url}; "
                 f"run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
@@ -1053,7 +1059,10 @@ class Vault:
         path_arg("target", target)  # before looking for the snapshot
         wanted = tags_arg(tags)
         if run is not None:
-            wanted["run"] = text_arg("run", run)
+            run = text_arg("run", run)
+            if wanted.get("run", run) != run:
+                raise UsageError(f"run={run!r} and tags={{'run': {wanted['run']!r}}} name two runs; give one")
+            wanted["run"] = run
         return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)
 
     # ---- browsing and comparing without restoring (docs/checkpoints.md) -----------------

@@ -18,7 +18,7 @@ import pytest
 import ckptvault
 from ckptvault import Vault
 from ckptvault.codec import CompressionSettings
-from ckptvault.errors import CkptVaultError, FlushTimeoutError, UsageError
+from ckptvault.errors import CkptVaultError, FlushTimeoutError, SnapshotNotFoundError, UsageError
 from ckptvault.ops.async_backup import AsyncShipper, BackupJob, make_job
 from tests.conftest import write_file
 
@@ -335,6 +335,10 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: v.watch(t / "src", stop=True), "stop must be a threading.Event"),
         (lambda v, s, t: v.drill(None), "snapshot must be"),
         (lambda v, s, t: v.diff(s, None), "snapshot must be"),
+        (lambda v, s, t: v.restore(s, t / "out", on_progress=5), "on_progress must be None or an object with"),
+        (lambda v, s, t: v.backup(t / "src", on_progress=print), "on_progress must be None or an object with"),
+        (lambda v, s, t: v.restore(s, str(t / "out") + "\0x"), "target must be a path .*without NUL"),
+        (lambda v, s, t: v.restore_latest(t / "out", run="a", tags={"run": "b"}), "name two runs; give one"),
         # a flag is True or False: "no" is truthy, and overwrite="no" would overwrite
         (lambda v, s, t: v.restore(s, t / "out", overwrite="no"), "overwrite must be True or False; got str 'no'"),
         (lambda v, s, t: v.restore_latest(t / "out", overwrite="no"), "overwrite must be True or False"),
@@ -512,3 +516,10 @@ def test_messages_name_the_api_and_its_parameters(vault: Vault, three, tmp_path:
     with pytest.raises(CkptVaultError, match=r"only symlinks .*\(name the folders they point to\)") as info:
         vault.backup_status(tmp_path / "links")  # status's own hint is for unreadable files only
     assert "make it readable" not in str(info.value)
+
+
+def test_a_snapshot_of_another_vault_is_named_as_such(vault: Vault, tmp_path: Path):
+    other = Vault.init(tmp_path / "other")
+    snap = other.backup(make_checkpoint(tmp_path / "src", 1))
+    with pytest.raises(SnapshotNotFoundError, match="or it is a Snapshot of another vault"):
+        vault.restore(snap, tmp_path / "out")
