@@ -215,6 +215,24 @@ class MalformedObjectError(IntegrityError):
     exit_code = 30
 
 
+class RestoreIncompleteError(IntegrityError):
+    """Files whose stored bytes failed verification were not written; the rest were restored.
+    ``failed``: each such file's path in the snapshot and why; ``result``: what was restored."""
+
+    SHOWN = 3  # paths named in the message beyond the first file's reason; all are in ``failed``
+
+    def __init__(self, failed: dict[str, str], result: object = None) -> None:
+        self.failed = failed
+        self.result = result
+        reasons = list(failed.values())
+        others = list(failed)[1 : 1 + self.SHOWN]
+        more = len(failed) - 1 - len(others)
+        also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
+        super().__init__(
+            f"restore incomplete: {len(failed)} file(s) failed verification and were not written: {reasons[0]}{also}"
+        )
+
+
 class ConfigDowngradedError(CkptVaultError):
     """The config says unencrypted, the stored objects are encrypted: the config was altered or
     replaced. Not an IntegrityError: no object is damaged, and every command must stop at once

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import IntegrityError, StorageError
+from ckptvault.errors import IntegrityError, RestoreIncompleteError, StorageError
 from ckptvault.store import open_store, retrying
 from ckptvault.store.retrying import RetryingStore, RetryPolicy
 
@@ -107,9 +107,12 @@ def test_persistent_corruption_is_reported_not_retried_forever(tmp_path: Path, s
     vault = Vault.init(url(), pack_size=1 << 20)
     vault.backup(src)
     faultyfs.FAULTS["get:/packs/"] = list("CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC")
-    with pytest.raises(IntegrityError, match=r"restore incomplete: 2 file\(s\) failed verification"):
+    with pytest.raises(RestoreIncompleteError, match=r"restore incomplete: 2 file\(s\) failed verification") as info:
         vault.restore("latest", tmp_path / "out")
     assert not (tmp_path / "out" / "model" / "weights.bin").exists()
+    failed = sorted(info.value.failed)  # every file that failed is named, not only the first
+    assert len(failed) == 2 and any(f"; also {path}" in str(info.value) for path in failed)
+    assert isinstance(info.value, IntegrityError) and info.value.result.bytes_written == 0
 
 
 def test_cli_permanent_fault_is_one_line_with_the_operation(tmp_path: Path, src: Path):

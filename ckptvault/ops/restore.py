@@ -36,6 +36,7 @@ from ..errors import (
     IntegrityError,
     MalformedObjectError,
     RestoreConflictError,
+    RestoreIncompleteError,
     StorageError,
     StorageFullError,
     UnsafePathError,
@@ -343,7 +344,7 @@ def run_restore(
 
     files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
     progress.start(sum(e.size for e in files), len(files))
-    failures: list[str] = []
+    failures: dict[str, str] = {}
     written = 0
     for entry in entries:
         if entry.type == "dir":
@@ -358,7 +359,7 @@ def run_restore(
                 _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, snapshot_paths)
                 written += entry.size
             except IntegrityError as exc:
-                failures.append(str(exc))
+                failures[entry.path] = str(exc)
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
         for entry in entries:
             if entry.type == "file" and entry.path in planner.skip:
@@ -376,12 +377,7 @@ def run_restore(
         os.chmod(dest, entry.mode)
         os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns))
     progress.finish()
-    if failures:
-        raise IntegrityError(
-            f"restore incomplete: {len(failures)} file(s) failed verification and were not written: "
-            f"{failures[0]}" + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else "")
-        )
-    return RestoreResult(
+    result = RestoreResult(
         files=sum(e.type == "file" for e in entries),
         dirs=sum(e.type == "dir" for e in entries),
         symlinks=sum(e.type == "symlink" for e in entries),
@@ -390,6 +386,9 @@ def run_restore(
         duration_s=round(time.monotonic() - started, 3),
         unmatched_globs=unmatched_globs,
     )
+    if failures:
+        raise RestoreIncompleteError(failures, result)
+    return result
 
 
 def temp_stem(name: str) -> str:
