@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +103,45 @@ def test_diff_through_the_cli(cli, tmp_path: Path) -> None:
     assert scoped["files"] == []  # latest of run=x is run_x itself
     unscoped = json.loads(cli("diff", run_x, "latest", "--tensors", "--json", "--repo", repo).stdout)
     assert unscoped["files"][0]["tensors"]["changed"] == ["small.0"]
+
+
+def test_diff_names_links_folders_types_and_modes(vault: Vault, tmp_path: Path, cli) -> None:
+    """A retargeted `latest` link, a removed and an added folder, a file become a link, a mode change
+    and a touched file: restic's diff reports each; ckptvault's said "0 changed"."""
+    src = tmp_path / "src"
+    for d in ("step-100", "step-200", "emptydir"):
+        (src / d).mkdir(parents=True)
+    (src / "step-100" / "w.bin").write_bytes(b"w" * 100)
+    (src / "step-200" / "w.bin").write_bytes(b"v" * 100)
+    (src / "config.json").write_text("{}")
+    (src / "notes.txt").write_text("notes")
+    (src / "same.txt").write_text("same")
+    os.symlink("step-100", src / "latest")
+    a = vault.backup(src)
+
+    (src / "latest").unlink()
+    os.symlink("step-200", src / "latest")
+    (src / "emptydir").rmdir()
+    (src / "emptydir2").mkdir()
+    (src / "step-100" / "w.bin").chmod(0o600)
+    (src / "notes.txt").unlink()
+    os.symlink("config.json", src / "notes.txt")
+    os.utime(src / "config.json", ns=(10**18, 10**18))
+    b = vault.backup(src)
+
+    changes = {c.path: c for c in vault.diff(a, b).files}
+    assert changes["latest"].status == "changed" and changes["latest"].details == ("target step-100 -> step-200",)
+    assert (changes["emptydir"].status, changes["emptydir"].type_a) == ("removed", "dir")
+    assert (changes["emptydir2"].status, changes["emptydir2"].type_b) == ("added", "dir")
+    assert changes["step-100/w.bin"].status == "metadata"
+    assert changes["step-100/w.bin"].details == ("mode 0o644 -> 0o600",)
+    assert changes["notes.txt"].status == "changed" and changes["notes.txt"].details == ("type file -> symlink",)
+    assert changes["config.json"].details == ("mtime",)
+    assert "same.txt" not in changes and "step-200/w.bin" not in changes
+
+    repo = str(vault.url)
+    text = cli("diff", a.id, b.id, "--repo", repo).stdout.decode()
+    assert "changed  latest  (target step-100 -> step-200)" in text
+    assert "removed  emptydir/" in text and "added    emptydir2/" in text
+    assert "metadata step-100/w.bin  100 B  (mode 0o644 -> 0o600)" in text
+    assert "2 with new mode or mtime" in text.splitlines()[-1], text

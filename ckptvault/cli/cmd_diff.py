@@ -25,7 +25,7 @@ def diff_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Files added, removed and changed from A to B, and the bytes B added; no file is restored.
+    """Files, folders and links added, removed and changed from A to B, and the bytes B added; no file is restored.
     With --tag, 'latest' means the latest snapshot carrying those tags."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
@@ -33,9 +33,14 @@ def diff_cmd(
         result = vault.diff(vault.snapshot(a, tags), vault.snapshot(b, tags), tensors=tensors)
     lines = []
     for f in result.files:
-        size = format_bytes(f.size_b if f.size_b is not None else f.size_a or 0)
+        kind = f.type_b or f.type_a
+        shown = f.path + ("/" if kind == "dir" else "")
+        sizes = [s for s in (f.size_b, f.size_a) if s is not None]
+        size = f"  {format_bytes(sizes[0])}" if sizes else ""
         new = f"  ({format_bytes(f.new_bytes)} new)" if f.new_bytes else ""
-        lines.append(f"{f.status:8} {one_line(f.path)}  {size}{new}")
+        what = [d for d in f.details if d != "content"]
+        details = f"  ({'; '.join(what)})" if what else ""
+        lines.append(one_line(f"{f.status:8} {shown}{size}{new}{details}"))
         if f.tensors is not None:
             t = f.tensors
             lines += [f"           + {name}" for name in t.added]
@@ -45,9 +50,10 @@ def diff_cmd(
                 f"           tensors: {len(t.changed)} changed, {len(t.added)} added, {len(t.removed)} removed, "
                 f"{t.unchanged} unchanged"
             )
-    count = {s: sum(f.status == s for f in result.files) for s in ("changed", "added", "removed")}
+    count = {s: sum(f.status == s for f in result.files) for s in ("changed", "added", "removed", "metadata")}
+    metadata = f", {count['metadata']} with new mode or mtime" if count["metadata"] else ""
     lines.append(
-        f"{count['changed']} changed, {count['added']} added, {count['removed']} removed, "
-        f"{result.unchanged_files} unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
+        f"{count['changed']} changed, {count['added']} added, {count['removed']} removed{metadata}, "
+        f"{result.unchanged_files} files unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
     )
     out.result(result, "\n".join(lines), asked=True)

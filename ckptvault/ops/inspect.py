@@ -61,12 +61,17 @@ class TensorChanges:
 
 @dataclass(frozen=True)
 class FileChange:
+    """One entry (a file, a folder or a symlink) that differs from a to b."""
+
     path: str
-    status: str  # added | removed | changed
+    status: str  # added | removed | changed (bytes, link target or type) | metadata (mode or mtime only)
     size_a: int | None
     size_b: int | None
     new_bytes: int  # bytes of this file in b held by chunks that a did not have
     tensors: TensorChanges | None = None
+    type_a: str | None = "file"  # file | dir | symlink; None where the entry is not in that snapshot
+    type_b: str | None = "file"
+    details: tuple[str, ...] = ()  # what changed, e.g. "mode 0o644 -> 0o600", "target step-1 -> step-2"
 
 
 @dataclass(frozen=True)
@@ -165,27 +170,65 @@ def _tensor_changes(repo: Repository, ea: FileEntry, eb: FileEntry) -> TensorCha
 def diff_trees(
     repo: Repository, a_id: str, tree_a: list[FileEntry], b_id: str, tree_b: list[FileEntry], *, tensors: bool = False
 ) -> SnapshotDiff:
-    files_a = {e.path: e for e in tree_a if e.type == "file"}
-    files_b = {e.path: e for e in tree_b if e.type == "file"}
-    chunks_a = {c for e in files_a.values() for c in e.chunks}
+    """Every entry added, removed or changed from a to b, as restic's diff: files by content (BLAKE3),
+    symlinks by target, any entry by type and mode, files by mtime too (a folder's mtime moves with
+    what it holds, so it is not compared)."""
+    entries_a = {e.path: e for e in tree_a}
+    entries_b = {e.path: e for e in tree_b}
+    chunks_a = {c for e in tree_a if e.type == "file" for c in e.chunks}
 
     def new_in(entry: FileEntry) -> int:
         return sum(repo.locate(c).raw_len for c in set(entry.chunks) if c not in chunks_a)
 
+    def size(entry: FileEntry | None) -> int | None:
+        return entry.size if entry is not None and entry.type == "file" else None
+
     changes: list[FileChange] = []
     unchanged = 0
-    for path in sorted(files_a.keys() | files_b.keys()):
-        ea, eb = files_a.get(path), files_b.get(path)
+    for path in sorted(entries_a.keys() | entries_b.keys()):
+        ea, eb = entries_a.get(path), entries_b.get(path)
+        types = (ea.type if ea else None, eb.type if eb else None)
         if eb is None:
-            assert ea is not None
-            changes.append(FileChange(path, "removed", ea.size, None, 0))
-        elif ea is None:
-            changes.append(FileChange(path, "added", None, eb.size, new_in(eb)))
-        elif ea.blake3 == eb.blake3 and ea.size == eb.size:
-            unchanged += 1
-        else:
-            detail = _tensor_changes(repo, ea, eb) if tensors else None
-            changes.append(FileChange(path, "changed", ea.size, eb.size, new_in(eb), detail))
-    new_chunks = {c for e in files_b.values() for c in e.chunks} - chunks_a
+            changes.append(FileChange(path, "removed", size(ea), None, 0, type_a=types[0], type_b=None))
+            continue
+        if ea is None:
+            new = new_in(eb) if eb.type == "file" else 0
+            changes.append(FileChange(path, "added", None, size(eb), new, type_a=None, type_b=types[1]))
+            continue
+        details = _differences(ea, eb)
+        if not details:
+            unchanged += eb.type == "file"
+            continue
+        content = details[0].startswith(("content", "type", "target"))
+        detail = _tensor_changes(repo, ea, eb) if tensors and content and types == ("file", "file") else None
+        changes.append(
+            FileChange(
+                path,
+                "changed" if content else "metadata",
+                size(ea),
+                size(eb),
+                new_in(eb) if content and eb.type == "file" else 0,
+                detail,
+                *types,
+                tuple(details),
+            )
+        )
+    new_chunks = {c for e in tree_b if e.type == "file" for c in e.chunks} - chunks_a
     new_bytes = sum(repo.locate(c).raw_len for c in new_chunks)
     return SnapshotDiff(a_id, b_id, changes, unchanged, new_bytes)
+
+
+def _differences(ea: FileEntry, eb: FileEntry) -> list[str]:
+    """What differs between two entries of one path, content first."""
+    if ea.type != eb.type:
+        return [f"type {ea.type} -> {eb.type}"]
+    out = []
+    if ea.type == "file" and (ea.blake3 != eb.blake3 or ea.size != eb.size):
+        out.append("content")
+    if ea.type == "symlink" and ea.target != eb.target:
+        out.append(f"target {ea.target} -> {eb.target}")
+    if ea.mode != eb.mode and ea.type != "symlink":  # a link's own mode means nothing on Linux
+        out.append(f"mode {oct(ea.mode)} -> {oct(eb.mode)}")
+    if ea.type == "file" and ea.mtime_ns != eb.mtime_ns and "content" not in out:
+        out.append("mtime")
+    return out
