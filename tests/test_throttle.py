@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ckptvault import Vault
@@ -41,6 +42,7 @@ MB = 1_000_000
         (0, None),
         (None, None),
         (5 * MB, 5 * MB),
+        (np.int64(5 * MB), 5 * MB),
     ],
 )
 def test_rates_are_read_with_their_units(text, rate):

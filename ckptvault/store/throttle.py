@@ -22,6 +22,7 @@ so a failed or interrupted write does not wait out the bookings of uploads it ab
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 import threading
@@ -55,7 +56,7 @@ def parse_rate(value: RateArg, what: str) -> float | None:
     a unit is asked for rather than guessed."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise UsageError(f"{what} must be a number of bytes per second or text such as '50MB', not {value!r}")
     if isinstance(value, str):
         if not value.strip():
