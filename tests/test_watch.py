@@ -544,3 +544,44 @@ def test_watching_one_checkpoint_instead_of_its_folder_is_warned_about(tmp_path,
     right = cli("watch", str(run), *args)
     assert "looks like one checkpoint" not in right.stderr.decode()
     assert "shipped checkpoint-1200 step 1200" in right.stdout.decode()
+
+
+def test_a_trainer_output_folder_ships_its_checkpoints_only_and_latest_resumes_from_the_last(tmp_path, repo, cli):
+    """A Hugging Face Trainer's output folder also holds runs/ (TensorBoard logs) and, at the end, the
+    final model's files: each shipped as a stepless snapshot, and `latest` of the run then went by
+    time and restored the logs."""
+    out = tmp_path / "out"
+    for step in (500, 1000):
+        ckpt = out / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(str(step).encode() * 1000)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (out / "runs").mkdir()
+    (out / "runs" / "events.out.tfevents.1").write_bytes(b"logs")
+    (out / "config.json").write_text("{}")
+    proc = cli("watch", str(out), "--once", "--settle", "0.2", "--tag", "run=hf", "--repo", repo)
+    err, shipped = proc.stderr.decode(), proc.stdout.decode()
+    assert "shipped checkpoint-500 step 500" in shipped and "shipped checkpoint-1000 step 1000" in shipped
+    assert "runs" not in shipped and "config.json" not in shipped
+    for name in ("runs", "config.json"):
+        assert f"{name}: not shipped: {out} is a Hugging Face Trainer's output folder" in err, err
+    cli("restore", "latest", "--tag", "run=hf", str(tmp_path / "resume"), "--repo", repo, "-q")
+    assert (tmp_path / "resume" / "model.safetensors").read_bytes() == b"1000" * 1000
+
+    # asked for by name, the logs ship too
+    proc = cli(
+        "watch",
+        str(out),
+        "--once",
+        "--settle",
+        "0.2",
+        "--include",
+        "checkpoint-*",
+        "--include",
+        "runs",
+        "--tag",
+        "run=hf",
+        "--repo",
+        repo,
+    )
+    assert "shipped runs" in proc.stdout.decode() and "not shipped" not in proc.stderr.decode()

@@ -28,6 +28,7 @@ _STEP_PATTERNS = (
     re.compile(r"^(?!.*epoch)[^\d]*?[-_](\d+)(?:\.[a-z]+)*$", re.IGNORECASE),
 )
 TRAINER_STATE = "trainer_state.json"
+TRAINER_CHECKPOINT = re.compile(r"checkpoint-\d+")  # how a Hugging Face Trainer names each save
 
 
 def is_temporary(name: str) -> bool:

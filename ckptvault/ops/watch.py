@@ -45,6 +45,7 @@ from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import (
+    TRAINER_CHECKPOINT,
     TRAINER_STATE,
     WATCH_STATE_FOLDER,
     checkpoint_step,
@@ -181,6 +182,7 @@ class Watcher:
         self._done: dict[str, _Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
+        self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
         self._digests: set[str] = set()
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
@@ -337,6 +339,8 @@ class Watcher:
         try:
             with os.scandir(self.directory) as it:
                 entries = [e for e in it if self._wanted(e.name)]
+            if not self.options.include:
+                entries = self._trainer_checkpoints_only(entries)
         except FileNotFoundError:
             return
         except OSError as exc:  # EIO, EACCES: the folder may come back; the sidecar must not die
@@ -365,6 +369,29 @@ class Watcher:
                 if not self._changed_since_shipped(entry.path, done, st):
                     continue
             self._start(entry.name, entry.path, st, now)
+
+    def _trainer_checkpoints_only(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
+        """In a Hugging Face Trainer's output folder (a ``checkpoint-N`` folder in it holds
+        ``trainer_state.json``) only the ``checkpoint-N`` folders are checkpoints: ``runs/``
+        (TensorBoard logs, appended all along) and the final model's files at the top would each
+        ship as a snapshot without a step, and ``latest`` of the run would then go by time and
+        restore one of them. What is left out is named once; ``--include`` takes it back."""
+        if not self._trainer_output:
+            self._trainer_output = any(
+                TRAINER_CHECKPOINT.fullmatch(e.name) and os.path.isfile(os.path.join(e.path, TRAINER_STATE))
+                for e in entries
+            )
+            if not self._trainer_output:
+                return entries
+        kept = [e for e in entries if TRAINER_CHECKPOINT.fullmatch(e.name)]
+        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
+            self._warn_once(
+                ("not a trainer checkpoint", name),
+                f"{name}: not shipped: {self.directory} is a Hugging Face Trainer's output folder, where only "
+                f"checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} with "
+                f"a pattern for it and 'checkpoint-*'; a final model: {spelled('ckptvault backup', 'Vault.backup')})",
+            )
+        return kept
 
     def _changed_since_shipped(self, path: str, done: _Done, st: os.stat_result) -> bool:
         """A shipped folder whose own mtime moved: new or changed files make it a new version;
