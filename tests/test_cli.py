@@ -215,6 +215,9 @@ def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fr
         ({"CKPTVAULT_KEYFILE": "", "CKPTVAULT_PASSPHRASE": "passphrase"}, ["backup", "{tmp}/src"], "CKPTVAULT_KEYFILE"),
         ({}, ["backup", "{tmp}/src", "--keyfile", ""], "--keyfile is empty"),
         ({}, ["init", "{tmp}/v", "--encrypt", "--keyfile", ""], "--keyfile is empty"),
+        # a passphrase without a keyfile would leave the vault unencrypted (and create the default one so)
+        ({}, ["backup", "{tmp}/src", "--passphrase-file", "{tmp}/src/f"], "--passphrase-file was given without"),
+        ({}, ["init", "{tmp}/v", "--passphrase-file", "{tmp}/src/f"], "--passphrase-file was given without"),
     ],
 )
 def test_a_blank_repository_or_keyfile_is_refused_not_defaulted(cli, tmp_path: Path, env, args, fragment):

@@ -238,6 +238,16 @@ def refuse_blank_vault_settings(repo: str | None, keyfile: str | None) -> None:
         require_nonempty("--keyfile", keyfile)
 
 
+def refuse_passphrase_without_keyfile(passphrase_file: str | None, keyfile: str | None) -> None:
+    """A passphrase unlocks a keyfile: given alone, nothing would be encrypted (a backup would even
+    create the default vault unencrypted), and the user plainly meant something to be."""
+    if passphrase_file is not None and not keyfile:
+        raise UsageError(
+            "--passphrase-file was given without --keyfile (or CKPTVAULT_KEYFILE): the passphrase unlocks a "
+            "keyfile, and nothing would be encrypted; add --keyfile PATH (ckptvault key generate makes one)"
+        )
+
+
 def require_lasting_url(url: str) -> None:
     """A ``memory://`` vault lives inside one Python process: the CLI's would be gone when it exits,
     and the next command would find none."""
@@ -262,6 +272,7 @@ def open_vault(
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind)."""
     refuse_blank_vault_settings(repo, keyfile)
+    refuse_passphrase_without_keyfile(passphrase_file, keyfile)
     options = parse_storage_options(storage_option)
     settings = {
         "keyfile": keyfile,

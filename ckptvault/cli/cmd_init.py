@@ -20,6 +20,7 @@ from .app import (
     command,
     passphrase_source,
     refuse_blank_vault_settings,
+    refuse_passphrase_without_keyfile,
     require_lasting_url,
     require_nonempty,
 )
@@ -71,6 +72,7 @@ def init_cmd(
         raise UsageError("--encrypt needs --keyfile; create one with: ckptvault key generate --keyfile PATH")
     if keyfile and not encrypt:
         raise UsageError("a keyfile was given (--keyfile or CKPTVAULT_KEYFILE) but not --encrypt; add --encrypt")
+    refuse_passphrase_without_keyfile(passphrase_file, keyfile)
     if not 1 <= pack_size_mib <= MAX_PACK_SIZE >> 20:
         raise UsageError(f"--pack-size-mib {pack_size_mib} is out of range; use 1..{MAX_PACK_SIZE >> 20}")
     for option, value in (("the repository URL", url), ("--repo", repo)):
