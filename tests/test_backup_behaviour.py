@@ -69,6 +69,20 @@ def test_unreadable_file_fails_unless_skipped(vault: Vault, tmp_path: Path, monk
     assert "secret" in warnings[0]
 
 
+def test_a_file_failing_with_an_io_error_is_skipped_too_when_asked(vault: Vault, tmp_path: Path):
+    """A failing disk gives EIO, not EACCES: --skip-unreadable skipped only the latter (restic skips both).
+    /proc/self/mem is a real file whose read fails with EIO at offset 0."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ok").write_bytes(b"fine")
+    with pytest.raises(SourceError, match=r"cannot read /proc/self/mem: Input/output error"):
+        vault.backup([src, "/proc/self/mem"])
+    warnings: list[str] = []
+    snap = vault.backup([src, "/proc/self/mem"], skip_unreadable=True, on_warning=warnings.append)
+    assert [e.path for e in vault.files(snap) if e.type == "file"] == ["src/ok"]
+    assert any("skipped unreadable file /proc/self/mem: Input/output error" in w for w in warnings), warnings
+
+
 def test_several_sources_are_stored_under_their_names(vault: Vault, tmp_path: Path):
     (tmp_path / "run1").mkdir()
     (tmp_path / "run1" / "w").write_bytes(b"1")

@@ -306,8 +306,11 @@ def _read_file(
         except FileNotFoundError:
             warnings.append(f"skipped {item.abs_path}: it was deleted during the backup")
             return None
-        except OSError as exc:
-            raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
+        except OSError as exc:  # EIO from a failing disk, ESTALE on NFS...: skipped alike, as restic does
+            if not skip_unreadable:
+                raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
+            warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror or exc}")
+            return None
         if not changed:
             return entry
     if on_change == "fail":
