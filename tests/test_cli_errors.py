@@ -33,8 +33,11 @@ from .test_cli import one_line_error
         (["backup", "{tmp}/src", "--on-change", "bogus"], 2, "--on-change 'bogus' is not one of"),
         (["watch", "{tmp}/missing/ckpts"], 3, "no such directory, nor its parent"),
         (["watch", "{tmp}/missing", "--once"], 3, "no such directory"),
-        (["watch", "{tmp}/src", "--interval", "-1"], 2, "--interval -1 must be a positive"),
-        (["watch", "{tmp}/src", "--settle", "-1"], 2, "--settle -1 must be zero or"),
+        (["watch", "{tmp}/src", "--interval", "-1"], 2, "--interval -1 must be a number of seconds above 0 and"),
+        (["watch", "{tmp}/src", "--interval", "inf"], 2, "--interval inf must be a number of seconds above 0"),
+        (["watch", "{tmp}/src", "--interval", "1e9", "--once"], 2, "at most 3600 (a poll that rare would miss"),
+        (["watch", "{tmp}/src", "--settle", "-1"], 2, "--settle -1 must be a number of seconds from 0 to 86400"),
+        (["watch", "{tmp}/src", "--settle", "inf", "--once"], 2, "--settle inf must be a number of seconds"),
         (["watch", "{tmp}/src", "--state-dir", ""], 2, "--state-dir is empty"),
         (["backup", "{tmp}/src", "--repo", "{tmp}/v", "--host", "  "], 2, "hostname '  ' is blank"),
         # a file where the repository should be: refused at once, not retried for seconds

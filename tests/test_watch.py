@@ -585,3 +585,13 @@ def test_a_trainer_output_folder_ships_its_checkpoints_only_and_latest_resumes_f
         repo,
     )
     assert "shipped runs" in proc.stdout.decode() and "not shipped" not in proc.stderr.decode()
+
+
+def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, repo, cli):
+    """--once waited --interval twice over after shipping (41 s for a 5-byte file at --interval 20)."""
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / "ckpt-79.pt").write_bytes(b"new3\n")
+    started = time.monotonic()
+    proc = cli("watch", str(tmp_path / "ckpts"), "--once", "--interval", "20", "--settle", "0", "--repo", repo)
+    assert "shipped ckpt-79.pt step 79" in proc.stdout.decode()
+    assert time.monotonic() - started < 15

@@ -118,6 +118,11 @@ class _Done:
 Ship = Callable[[BackupJob], Snapshot]
 
 
+MAX_INTERVAL_S = 3600.0
+MAX_SETTLE_S = 86400.0
+ONCE_POLL_S = 0.1  # how often --once looks whether its uploads are done, whatever --interval says
+
+
 def check_watch_args(
     directory: str, tags: dict[str, str], interval: float, settle: float, *, once: bool = False
 ) -> str:
@@ -140,10 +145,15 @@ def check_watch_args(
             raise UsageError(
                 f"{spelled('--tag', 'tags:')} {key}=... is set by watch itself for each checkpoint; leave it out"
             )
-    if not interval > 0:
-        raise UsageError(f"{spelled('--interval', 'interval')} {interval:g} must be a positive number of seconds")
-    if not settle >= 0:
-        raise UsageError(f"{spelled('--settle', 'settle')} {settle:g} must be zero or a positive number of seconds")
+    if not 0 < interval <= MAX_INTERVAL_S:  # NaN and infinity too (inf crashed the clock's arithmetic)
+        raise UsageError(
+            f"{spelled('--interval', 'interval')} {interval:g} must be a number of seconds above 0 and at most "
+            f"{MAX_INTERVAL_S:g} (a poll that rare would miss checkpoints a trainer rotates away)"
+        )
+    if not 0 <= settle <= MAX_SETTLE_S:
+        raise UsageError(
+            f"{spelled('--settle', 'settle')} {settle:g} must be a number of seconds from 0 to {MAX_SETTLE_S:g}"
+        )
     return path
 
 
@@ -288,11 +298,11 @@ class Watcher:
             else:
                 cand.last_change = 0.0  # settled
         while not self._stop.is_set() and not self._shipped_known():
-            self._digests_loaded.wait(self.options.interval)
+            self._digests_loaded.wait(ONCE_POLL_S)
         self._promote(shipper, time.monotonic())
         while not self._stop.is_set() and any(c.state == "queued" for c in self._candidates.values()):
             self._collect()
-            self._stop.wait(self.options.interval)
+            self._stop.wait(ONCE_POLL_S)
         self._collect()
 
     # ---- finding and pinning -----------------------------------------------------------
