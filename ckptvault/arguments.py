@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -111,8 +112,21 @@ def snapshot_list_arg(value: Iterable[str | Snapshot]) -> list[str | Snapshot]:
     return [snapshot_arg(item, "each item of snapshots") for item in items]
 
 
-def tags_arg(value: Mapping[str, str] | None, name: str = "tags") -> dict[str, str]:
-    """Tags: a dict of str to str (stored as text, so a non-str value would never match again)."""
+TAG_TEXT_MAX = 256  # characters in one tag key or value: longer ones wreck the snapshots table
+
+
+def control_char(text: str) -> str | None:
+    """The first character that would break a table row or a one-line message, as U+XXXX."""
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):  # C0/C1 controls, DEL, line/paragraph separators
+            return f"U+{ord(ch):04X}"
+    return None
+
+
+def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: bool = False) -> dict[str, str]:
+    """Tags: a dict of str to str (stored as text, so a non-str value would never match again).
+    ``stored``: tags a snapshot will carry, held to the CLI's rules (no blank key, no control
+    character, at most TAG_TEXT_MAX characters), so that ``--tag`` can select them again."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -124,7 +138,27 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags") -> dict[str, s
             )
         if not key or "=" in key:  # a snapshot's tags are key=value: such a key could never be read back
             raise UsageError(f"tag key {key!r} is invalid; tags look like run=x")
+        if not stored:
+            continue
+        if not key.strip():
+            raise UsageError(f"{name}: the key {key!r} is blank; give a name, e.g. {{'run': 'x'}}")
+        for text in (key, val):
+            bad = control_char(text)
+            if bad:
+                raise UsageError(f"{name}: {key!r}: {text!r} contains a control character ({bad}); use printable text")
+            if len(text) > TAG_TEXT_MAX:
+                raise UsageError(f"{name}: {key!r} holds {len(text)} characters; the limit is {TAG_TEXT_MAX}")
     return dict(value)
+
+
+def hostname_arg(value: str | None) -> str | None:
+    """A hostname to record, or None for this machine's."""
+    hostname = text_arg("hostname", value, optional=True)
+    if hostname is not None and (not hostname.strip() or not hostname.isprintable()):
+        raise UsageError(
+            f"hostname {hostname!r} is blank or holds control characters; give a name, or none for this machine's"
+        )
+    return hostname
 
 
 def text_arg(name: str, value: str | None, *, optional: bool = False) -> Any:

@@ -30,6 +30,7 @@ from .arguments import (
     before_arg,
     flag_arg,
     fraction_arg,
+    hostname_arg,
     int_arg,
     interval_arg,
     optional_path_arg,
@@ -562,14 +563,9 @@ class Vault:
         """
         sources = paths_arg(paths)
         excludes = exclude_arg(exclude)
-        tags = tags_arg(tags)
+        tags = tags_arg(tags, stored=True)
         description = text_arg("description", description, optional=True) or ""
-        hostname = text_arg("hostname", hostname, optional=True)
-        if hostname is not None and (not hostname.strip() or not hostname.isprintable()):
-            raise UsageError(
-                f"hostname {hostname!r} is blank or holds control characters; give a name, or none for this machine's"
-            )
-        hostname = hostname or socket.gethostname()
+        hostname = hostname_arg(hostname) or socket.gethostname()
         abs_paths = sorted(check_sources(sources))
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
@@ -758,8 +754,8 @@ class Vault:
             chosen: set[str] = set()
             unreadable: set[str] = set()
             for spec in snapshots:
-                if isinstance(spec, Snapshot):
-                    chosen.add(spec.id)
+                if isinstance(spec, Snapshot):  # by its full ID: one forgotten or retagged since is not there
+                    chosen.add(selection.select(every, spec.id).id)
                 elif (bad := self._unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:
@@ -803,7 +799,7 @@ class Vault:
         under a new ID when its tags changed (ops/retag.py says why), the same one when not.
         ``snapshot`` is an ID prefix, ``"latest"`` (among those with ``tags``) or a Snapshot."""
         snapshot = snapshot_arg(snapshot)
-        add = tags_arg(add, "add")
+        add = tags_arg(add, "add", stored=True)
         remove = str_list_arg("remove", remove, "['note']")
         tags = tags_arg(tags)
         both = sorted(set(add) & set(remove))
@@ -890,9 +886,9 @@ class Vault:
             raise UsageError(CLOSED_MESSAGE)
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
         sources = paths_arg(paths)
-        tags = tags_arg(tags)
+        tags = tags_arg(tags, stored=True)
         description = text_arg("description", description, optional=True) or ""
-        hostname = text_arg("hostname", hostname, optional=True)
+        hostname = hostname_arg(hostname)
         excludes = exclude_arg(exclude)
         check_on_full(on_full)
         shipper = self._async_shipper()
@@ -985,7 +981,7 @@ class Vault:
             state_dir=optional_path_arg("state_dir", state_dir) or None,
             once=once,
         )
-        user_tags = tags_arg(tags)
+        user_tags = tags_arg(tags, stored=True)
         if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):
             raise wrong_arg("stop", stop, "a threading.Event (set it to stop watching), or None")
 

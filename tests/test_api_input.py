@@ -523,3 +523,32 @@ def test_a_snapshot_of_another_vault_is_named_as_such(vault: Vault, tmp_path: Pa
     snap = other.backup(make_checkpoint(tmp_path / "src", 1))
     with pytest.raises(SnapshotNotFoundError, match="or it is a Snapshot of another vault"):
         vault.restore(snap, tmp_path / "out")
+
+
+def test_stored_tags_and_hostnames_are_held_to_the_clis_rules_at_call_time(vault: Vault, tmp_path: Path):
+    """The API took tags the CLI refuses (never selectable again with --tag; a 1000-character value
+    wrecked the tables), and backup_async took a blank hostname that then failed every queued backup."""
+    src = make_checkpoint(tmp_path / "src", 1)
+    for tags, says in (
+        ({"k": "a\nb"}, "control character"),
+        ({"k": "x" * 1000}, "1000 characters; the limit is 256"),
+        ({" ": "x"}, "is blank"),
+    ):
+        for call in (vault.backup, vault.backup_async):
+            with pytest.raises(UsageError, match=says):
+                call(src, tags=tags)
+    with pytest.raises(UsageError, match="hostname '' is blank"):
+        vault.backup_async(src, hostname="")
+    assert vault.snapshots() == [] and pin_folders(tmp_path) == []
+    snap = vault.backup(src, tags={"run": "r"})
+    with pytest.raises(UsageError, match="control character"):
+        vault.tag(snap, add={"note": "a\tb"})
+    assert vault.snapshots(tags={"k": "x" * 1000}) == []  # a filter is only compared, never stored
+
+
+def test_forgetting_a_snapshot_object_that_is_gone_says_so(vault: Vault, tmp_path: Path):
+    snap = vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "r"})
+    vault.tag(snap, add={"keep": "best"})  # a new ID: the object in hand names a snapshot no longer there
+    with pytest.raises(SnapshotNotFoundError):
+        vault.forget([snap])
+    assert len(vault.snapshots()) == 1

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import unicodedata
 from datetime import datetime, timedelta, timezone
 
+from ..arguments import TAG_TEXT_MAX, control_char
 from ..errors import UsageError
-
-TAG_TEXT_MAX = 256  # characters in one tag key or value: longer ones wreck the snapshots table
 
 
 def _quoted(text: str, limit: int = 40) -> str:
@@ -16,17 +14,9 @@ def _quoted(text: str, limit: int = 40) -> str:
     return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
-def _control_char(text: str) -> str | None:
-    """The first character that would break a table row or a one-line message, as U+XXXX."""
-    for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):  # C0/C1 controls, DEL, line/paragraph separators
-            return f"U+{ord(ch):04X}"
-    return None
-
-
 def _check_tag_text(option: str, what: str, text: str, limit: int | None) -> None:
     """``what`` names the text in the message: "key 'a'" or "the value of 'a' ('x')"."""
-    bad = _control_char(text)
+    bad = control_char(text)
     if bad:
         raise UsageError(f"{option}: {what} contains a control character ({bad}); use printable text")
     if limit is not None and len(text) > limit:

@@ -43,7 +43,7 @@ class Shipping:
         super().__init__()
         check_on_full(on_full)
         self.exclude = exclude_arg(exclude).patterns
-        self.tags = tags_arg(tags)
+        self.tags = tags_arg(tags, stored=True)
         if run is not None:
             self.tags["run"] = text_arg("run", run)
         self.on_full = on_full
