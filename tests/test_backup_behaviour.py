@@ -83,6 +83,36 @@ def test_a_file_failing_with_an_io_error_is_skipped_too_when_asked(vault: Vault,
     assert any("skipped unreadable file /proc/self/mem: Input/output error" in w for w in warnings), warnings
 
 
+def test_skip_unreadable_never_skips_a_failure_of_the_vaults_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """No memory for a pack buffer is not an unreadable source file: skipping the file being read
+    left an earlier file naming a chunk that was never stored, in a committed snapshot."""
+    import errno
+
+    from ckptvault.repository import repository as repository_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"shard-{i}.bin").write_bytes(os.urandom(3_000_000))
+    vault = Vault.init(tmp_path / "repo", pack_size=1 << 20)
+    calls = [0]
+    real = repository_module.new_pack_buffer
+
+    def no_memory_once(size):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+        return real(size)
+
+    monkeypatch.setattr(repository_module, "new_pack_buffer", no_memory_once)
+    with pytest.raises((SourceError, OSError), match="Cannot allocate memory"):  # while reading, or at the end
+        vault.backup(src, skip_unreadable=True)
+    assert calls[0] >= 2 and vault.snapshots() == []
+    monkeypatch.undo()
+    vault.backup(src, skip_unreadable=True)
+    assert vault.check(read_data=1.0).ok
+
+
 def test_several_sources_are_stored_under_their_names(vault: Vault, tmp_path: Path):
     (tmp_path / "run1").mkdir()
     (tmp_path / "run1" / "w").write_bytes(b"1")

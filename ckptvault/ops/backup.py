@@ -12,12 +12,13 @@ size. The snapshot is written last, after the index that covers every chunk it n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -294,6 +295,9 @@ def _read_file(
         entry = FileEntry(base.path, base.type, base.mode, base.mtime_ns)
         try:
             changed = _read_once(item, entry, pipeline)
+        except _NotTheSource as wrapped:  # fails the backup whatever skip_unreadable says, as before
+            exc = wrapped.error
+            raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
         except PermissionError as exc:
             if not skip_unreadable:
                 raise SourceError(
@@ -340,6 +344,24 @@ def _layout(fd: int, size: int, path: str) -> FileLayout | None:
         return None
 
 
+class _NotTheSource(Exception):
+    """An OSError of the pipeline (no memory for a pack buffer, the vault's own disk), carried past
+    ``_read_file``'s handlers: it must fail the backup, never be skipped as an unreadable source file
+    (an earlier file's entry may already name the chunk that was not stored)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+@contextlib.contextmanager
+def _not_the_source() -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise _NotTheSource(exc) from exc
+
+
 def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
@@ -356,15 +378,18 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
             emap = _element_map(fd, before.st_size, item.path, repo)
             for data in iter_chunks(f, repo.config.chunker):
                 hasher.update(data)
-                pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
+                with _not_the_source():
+                    pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
                 size += len(data)
         else:
             emap = tensor_widths(layout, lambda offset, length: os.pread(fd, length, offset), repo.codec.compressor)
-            bases = pipeline.planner.for_file(item.path, segments)
+            with _not_the_source():
+                bases = pipeline.planner.for_file(item.path, segments)
             for data, seg in iter_segments(f, segments, repo.config.chunker):
                 hasher.update(data)
                 cand = bases.get(size) if seg is not None else None
-                pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else (), cand)
+                with _not_the_source():
+                    pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else (), cand)
                 size += len(data)
         after = os.fstat(fd)
     entry.size = size
