@@ -1,12 +1,12 @@
 """Restore never writes outside its target, refuses crafted trees, and is rerunnable."""
 
+import errno
 import fcntl
 import os
 import re
 import secrets
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +26,8 @@ from ckptvault.errors import (
 )
 from ckptvault.ops.restore import temp_stem
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
+
+from .conftest import tree_digest
 
 
 @pytest.fixture
@@ -189,26 +191,53 @@ def test_a_temporary_file_another_restore_is_writing_is_left_alone(vault: Vault,
 
 
 def test_restores_into_one_folder_at_once_all_succeed(cli, tmp_path: Path):
+    """Ranks of a job restoring one checkpoint into one shared folder: six processes, two thousand small
+    files and links, all at once. They removed each other's temporary files (a rename that found none),
+    and raced to remove each finished file before replacing it."""
     src = tmp_path / "src"
     src.mkdir()
-    for i in range(3):
-        (src / f"shard-{i}.bin").write_bytes(os.urandom(2_000_000))
+    for i in range(2000):
+        (src / f"f{i:04}.json").write_bytes(os.urandom(2000))
+    for i in range(50):
+        os.symlink(f"f{i:04}.json", src / f"link-{i}")
     repo = str(tmp_path / "repo")
     cli("init", repo)
     cli("backup", str(src), "-r", repo, "-q")
     target = tmp_path / "target"
-    args = [sys.executable, "-m", "ckptvault", "restore", "latest", str(target), "-r", repo, "--limit-download", "4MB"]
+    args = [sys.executable, "-m", "ckptvault", "restore", "latest", str(target), "-r", repo, "-q"]
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
-    procs = []
-    for _ in range(3):  # 6 MB at 4 MB/s each: they overlap for ~1.5 s
-        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-        time.sleep(0.3)
+    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(6)]
     for proc in procs:
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err.decode()
-    for path in src.iterdir():
-        assert (target / path.name).read_bytes() == path.read_bytes()
-    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in src.iterdir())
+    assert tree_digest(target) == tree_digest(src)
+
+
+def test_a_leftover_is_removed_where_flock_needs_a_file_open_for_writing(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """NFS turns flock into a POSIX lock, which an exclusive lock takes only on a file open for writing
+    (EBADF otherwise): a rerun after a killed restore failed there on the leftover."""
+    from ckptvault.ops import restore as restore_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"real file")
+    snap = vault.backup(src)
+    target = tmp_path / "target"
+    target.mkdir()
+    leftover = target / f"{temp_stem('a')}12345678"
+    leftover.write_bytes(b"half a file")
+    real_flock = fcntl.flock
+
+    def nfs_flock(fd, operation):
+        if operation & fcntl.LOCK_EX and not fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(restore_module.fcntl, "flock", nfs_flock)
+    vault.restore(snap, target)
+    assert not leftover.exists() and (target / "a").read_bytes() == b"real file"
 
 
 def test_overwrite_gives_a_hard_linked_twin_a_file_of_its_own(backed_up, tmp_path: Path):

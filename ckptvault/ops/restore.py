@@ -16,6 +16,7 @@ turns such an error into the one-line ``CkptVaultError`` that ``Vault.restore`` 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import fnmatch
@@ -289,10 +290,15 @@ def _refuse_vault_folder(entries: list[FileEntry], vault_folder: str, target: st
         )
 
 
-def _remove(path: str) -> None:
+def _refuse_directory(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         raise RestoreConflictError(f"{path} is a directory; remove it by hand to restore a file there")
-    os.unlink(path)
+
+
+def _remove(path: str) -> None:
+    _refuse_directory(path)
+    with contextlib.suppress(FileNotFoundError):  # removed meanwhile by a restore into the same folder
+        os.unlink(path)
 
 
 @releasing_freed_memory
@@ -370,7 +376,11 @@ def run_restore(
             dest = planner.dest(entry)
             if os.path.lexists(dest):
                 _remove(dest)
-            os.symlink(entry.target or "", dest)  # validate_tree ensured a target
+            try:
+                os.symlink(entry.target or "", dest)  # validate_tree ensured a target
+            except FileExistsError:  # made meanwhile by a restore into the same folder: fine if the same
+                if not (os.path.islink(dest) and os.readlink(dest) == entry.target):
+                    raise
             os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
         dest = planner.dest(entry)
@@ -436,19 +446,18 @@ def _write_via_temp(
 ) -> None:
     fd = _create_locked_temp(tmp)
     try:
-        try:
+        try:  # the lock is held until the rename: another restore's sweep must not take the file first
             os.ftruncate(fd, entry.size)
             written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
+            if written_hash != entry.blake3:
+                _name_the_damaged_chunk(repo, entry)
+                raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
+            os.fchmod(fd, entry.mode)
+            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+            _refuse_directory(dest)
+            os.replace(tmp, dest)  # over a file or a link at once: no unlink first that a concurrent restore races
         finally:
             os.close(fd)
-        if written_hash != entry.blake3:
-            _name_the_damaged_chunk(repo, entry)
-            raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
-        os.chmod(tmp, entry.mode)
-        os.utime(tmp, ns=(entry.mtime_ns, entry.mtime_ns))
-        if os.path.lexists(dest):
-            _remove(dest)
-        os.replace(tmp, dest)
     except BaseException:
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -476,9 +485,9 @@ def _create_locked_temp(tmp: str) -> int:
 
 def _remove_unlocked_temp(path: str) -> None:
     """Remove a leftover temporary file unless a live restore holds its lock."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # gone meanwhile, or a symlink: not a leftover of ours
+    try:  # for writing: NFS turns flock into a POSIX lock, which takes a file open for writing
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # gone meanwhile, a symlink, or not ours to write: not a leftover to remove
         return
     try:
         held = os.fstat(fd)
@@ -500,7 +509,7 @@ def _lock(fd: int, *, block: bool) -> bool | None:
     except BlockingIOError:
         return False
     except OSError as exc:
-        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF):
             return None
         raise
     return True
