@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UsageError, spelled
-from .snapshot.model import Snapshot
+from .snapshot.model import TAG_TEXT_MAX, Snapshot
 
 PathLike = str | os.PathLike[str]
 
@@ -110,9 +110,6 @@ def snapshot_arg(value: str | Snapshot, name: str = "snapshot") -> str | Snapsho
 def snapshot_list_arg(value: Iterable[str | Snapshot]) -> list[str | Snapshot]:
     items = list_items("snapshots", value, "a list of snapshot IDs or Snapshots, e.g. ['7be0a1']")
     return [snapshot_arg(item, "each item of snapshots") for item in items]
-
-
-TAG_TEXT_MAX = 256  # characters in one tag key or value: longer ones wreck the snapshots table
 
 
 def control_char(text: str) -> str | None:

@@ -184,6 +184,8 @@ def test_callback_refuses_a_bad_on_full_at_construction_before_opening_the_vault
         Shipping(str(url), tags=["run=x"])  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"tag key 'lr=0\.1' is invalid"):
         Shipping(str(url), tags={"lr=0.1": "yes"})  # the first save would have failed, mid-training
+    with pytest.raises(UsageError, match="control character"):
+        Shipping(str(url), run="exp-7\n")  # a run name read from a file, newline and all
     with pytest.raises(UsageError, match="raise_on_error must be True or False; got str 'no'"):
         Shipping(str(url), raise_on_error="no")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="CompressionSettings delta must be True or False; got 'no'"):

@@ -595,3 +595,14 @@ def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, rep
     proc = cli("watch", str(tmp_path / "ckpts"), "--once", "--interval", "20", "--settle", "0", "--repo", repo)
     assert "shipped ckpt-79.pt step 79" in proc.stdout.decode()
     assert time.monotonic() - started < 15
+
+
+def test_a_checkpoint_whose_name_holds_a_control_character_ships(tmp_path, repo, cli):
+    """watch's own checkpoint=<name> tag is escaped: the rules for tags users give must not stop a
+    checkpoint the user did not name for a tag."""
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / "step\t100.pt").write_bytes(b"x")
+    proc = cli("watch", str(tmp_path / "ckpts"), "--once", "--settle", "0", "--repo", repo, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
+    listing = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)
+    assert listing[0]["tags"]["checkpoint"] == "step\\t100.pt"

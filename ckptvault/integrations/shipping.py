@@ -44,8 +44,8 @@ class Shipping:
         check_on_full(on_full)
         self.exclude = exclude_arg(exclude).patterns
         self.tags = tags_arg(tags, stored=True)
-        if run is not None:
-            self.tags["run"] = text_arg("run", run)
+        if run is not None:  # held to the same rules: a run name read from a file may end in a newline
+            self.tags = tags_arg({**self.tags, "run": text_arg("run", run)}, stored=True)
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
         self.raise_on_error = flag_arg("raise_on_error", raise_on_error)

@@ -41,7 +41,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError, spelled
-from ..snapshot.model import Snapshot
+from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import (
@@ -121,6 +121,13 @@ Ship = Callable[[BackupJob], Snapshot]
 MAX_INTERVAL_S = 3600.0
 MAX_SETTLE_S = 86400.0
 ONCE_POLL_S = 0.1  # how often --once looks whether its uploads are done, whatever --interval says
+
+
+def _tag_text(name: str) -> str:
+    """A checkpoint's name as a tag value: control characters escaped (a tag holds printable text),
+    cut to the tag limit. The tag only names the checkpoint; watch finds what it shipped by digest."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+    return text[:TAG_TEXT_MAX]
 
 
 def check_watch_args(
@@ -496,7 +503,7 @@ class Watcher:
                 )
                 continue
             self._warned.discard(("record", cand.pin.name))
-            tags = {**self.tags, "checkpoint": cand.pin.name, "watch-sig": cand.digest}
+            tags = {**self.tags, "checkpoint": _tag_text(cand.pin.name), "watch-sig": cand.digest}
             if cand.step is not None:
                 tags["step"] = str(cand.step)
             job = BackupJob(

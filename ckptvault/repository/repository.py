@@ -544,8 +544,8 @@ class Repository:
         for the uploads: the error that made the caller give up is the one to report."""
         uploads, self._uploads = self._uploads, []
         cancel = getattr(self.store, "cancel_waiting_uploads", None)
-        if cancel is not None:  # uploads held back by a bandwidth limit are not sent, nor waited out
-            cancel()
+        if cancel is not None:  # packs held back by a bandwidth limit are not sent, nor waited out
+            cancel(PACKS_PREFIX)
         wait([future for future, _, _ in uploads])
         landed = set(self._unindexed)
         landed.update(p for f, p, _ in uploads if not f.cancelled() and f.exception() is None)

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
+TAG_TEXT_MAX = 256  # characters in one tag key or value: longer ones wreck the snapshots table
+
 
 @dataclass(slots=True)
 class FileEntry:

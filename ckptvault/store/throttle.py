@@ -16,8 +16,8 @@ size (a whole-object GET) books what it moved when it ends. Keys under ``unlimit
 locks) are never held back: a saturated upload must not delay a lock's refresh.
 
 The limit sits outside the retries (a throttled call is not a slow storage, so no deadline counts
-its wait); a retried transfer's bytes are not booked twice. ``cancel`` wakes every waiting caller,
-so a failed or interrupted write does not wait out the bookings of uploads it abandons.
+its wait); a retried transfer's bytes are not booked twice. ``cancel`` wakes the callers moving keys
+under a prefix (a failed or interrupted write's packs), so it does not wait out uploads it abandons.
 """
 
 from __future__ import annotations
@@ -122,20 +122,20 @@ class Schedule:
         self.rate = rate
         self._cond = threading.Condition()
         self._free_at = 0.0  # time.monotonic() when every byte booked so far has had its time
-        self._generation = 0  # moved on by cancel(): callers waiting under an older one give up
+        self._waiting: dict[int, str] = {}  # id of each waiting caller's booking -> the key it moves
+        self._cancelled: set[int] = set()
         self.waited = 0.0  # seconds callers slept, all threads together (for tests and reports)
 
     @contextmanager
-    def transfer(self, nbytes: int | None) -> Iterator[_Booking]:
-        """Around one transfer of ``nbytes`` (None: not known before it ends; the body then sets
-        ``booking.moved``, as does a transfer that moved less than it asked for)."""
+    def transfer(self, nbytes: int | None, key: str = "") -> Iterator[_Booking]:
+        """Around one transfer of ``nbytes`` of ``key`` (None: not known before it ends; the body then
+        sets ``booking.moved``, as does a transfer that moved less than it asked for)."""
+        booking = _Booking(nbytes or 0)
         with self._cond:
-            generation = self._generation
-            if not self._sleep_until(lambda: self._free_at, generation):
+            if not self._sleep_until(lambda: self._free_at, booking, key):
                 raise TransferCancelled()
             start = time.monotonic()
             booked_end = self._free_at = start + (nbytes or 0) / self.rate
-        booking = _Booking(nbytes or 0)
         try:
             yield booking
         except BaseException:
@@ -150,27 +150,31 @@ class Schedule:
                     self._free_at = end = self._free_at + (booking.moved - (nbytes or 0)) / self.rate
                 self._cond.notify_all()
         with self._cond:
-            self._sleep_until(lambda: end, generation)
+            self._sleep_until(lambda: end, booking, key)
 
-    def cancel(self) -> None:
-        """Wake every waiting caller: one before its transfer raises ``TransferCancelled``, one after
-        it returns at once. Later transfers keep to the schedule as before."""
+    def cancel(self, prefix: str) -> None:
+        """Wake the callers waiting to move keys under ``prefix``: one before its transfer raises
+        ``TransferCancelled``, one after it returns at once. Others, and later transfers, keep to the
+        schedule as before."""
         with self._cond:
-            self._generation += 1
+            self._cancelled.update(i for i, key in self._waiting.items() if key.startswith(prefix))
             self._cond.notify_all()
 
-    def _sleep_until(self, when: Callable[[], float], generation: int) -> bool:
+    def _sleep_until(self, when: Callable[[], float], booking: _Booking, key: str) -> bool:
         """Wait (holding the condition) until ``when()``, read again at every wake-up (a transfer that
         ended hands time back); False if cancelled meanwhile."""
         began = time.monotonic()
+        self._waiting[id(booking)] = key
         try:
-            while self._generation == generation:
+            while id(booking) not in self._cancelled:
                 delay = when() - time.monotonic()
                 if delay <= 0:
                     return True
                 self._cond.wait(delay)
             return False
         finally:
+            del self._waiting[id(booking)]
+            self._cancelled.discard(id(booking))
             self.waited += time.monotonic() - began
 
 
@@ -190,11 +194,11 @@ class ThrottledStore:
     def __getattr__(self, name: str) -> Any:  # transfers, local_folder, unanswered, ...
         return getattr(self.inner, name)
 
-    def cancel_waiting_uploads(self) -> None:
-        """Uploads waiting for their turn fail with a StorageError, and those that are done return at
-        once (a write that failed or was interrupted is giving up on them)."""
+    def cancel_waiting_uploads(self, prefix: str) -> None:
+        """Uploads of keys under ``prefix`` waiting for their turn fail with a StorageError, and those
+        that are done return at once (a write that failed or was interrupted is giving up on them)."""
         if self.uploads:
-            self.uploads.cancel()
+            self.uploads.cancel(prefix)
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         with self._cancelled_as_error("PUT", key), self._booked(self.uploads, key, len(data)):
@@ -220,14 +224,14 @@ class ThrottledStore:
     def _booked(self, schedule: Schedule | None, key: str, nbytes: int | None) -> AbstractContextManager[_Booking]:
         if schedule is None or key.startswith(self.unlimited):
             return nullcontext(_Booking(0))
-        return schedule.transfer(nbytes)
+        return schedule.transfer(nbytes, key)
 
     @contextmanager
     def _cancelled_as_error(self, op: str, key: str) -> Iterator[None]:
         try:
             yield
         except TransferCancelled:
-            raise StorageError(op, key, self.url, "not sent: the write it belonged to was given up") from None
+            raise StorageError(op, key, self.url, "not sent: the backup it belonged to failed or was stopped") from None
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
