@@ -564,7 +564,7 @@ def test_a_trainer_output_folder_ships_its_checkpoints_only_and_latest_resumes_f
     assert "shipped checkpoint-500 step 500" in shipped and "shipped checkpoint-1000 step 1000" in shipped
     assert "runs" not in shipped and "config.json" not in shipped
     for name in ("runs", "config.json"):
-        assert f"{name}: not shipped: {out} is a Hugging Face Trainer's output folder" in err, err
+        assert f"{name}: left out from now on: {out} is a Hugging Face Trainer's output folder" in err, err
     cli("restore", "latest", "--tag", "run=hf", str(tmp_path / "resume"), "--repo", repo, "-q")
     assert (tmp_path / "resume" / "model.safetensors").read_bytes() == b"1000" * 1000
 
@@ -584,7 +584,7 @@ def test_a_trainer_output_folder_ships_its_checkpoints_only_and_latest_resumes_f
         "--repo",
         repo,
     )
-    assert "shipped runs" in proc.stdout.decode() and "not shipped" not in proc.stderr.decode()
+    assert "shipped runs" in proc.stdout.decode() and "left out" not in proc.stderr.decode()
 
 
 def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, repo, cli):
@@ -606,3 +606,23 @@ def test_a_checkpoint_whose_name_holds_a_control_character_ships(tmp_path, repo,
     assert proc.returncode == 0, proc.stderr.decode()
     listing = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)
     assert listing[0]["tags"]["checkpoint"] == "step\\t100.pt"
+
+
+def test_a_live_trainer_output_folder_never_ships_its_logs(tmp_path, repo, cli):
+    """The sidecar starts with the trainer: runs/ (TensorBoard logs) appears at step 0 and settles long
+    before the first checkpoint is complete; it shipped first, as a snapshot without a step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    watch = WatchProcess(str(out), "--repo", repo, "--tag", "run=hf", "--settle", "0.2", "--json")
+    (out / "runs" / "Dec02_host").mkdir(parents=True)
+    (out / "runs" / "Dec02_host" / "events.out.tfevents.1733.host").write_bytes(b"step 0 loss")
+    watch.wait_for(lambda: any("TensorBoard logs" in line for line in watch.err), what="the logs to be told apart")
+    ckpt = out / "checkpoint-500"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"w" * 4096)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 500}))
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="the checkpoint to ship")
+    assert watch.finish() == 0, watch.err
+    assert [s["checkpoint"] for s in watch.shipped()] == ["checkpoint-500"]
+    cli("restore", "latest", "--tag", "run=hf", str(tmp_path / "resume"), "--repo", repo, "-q")
+    assert (tmp_path / "resume" / "model.safetensors").read_bytes() == b"w" * 4096

@@ -121,6 +121,7 @@ Ship = Callable[[BackupJob], Snapshot]
 MAX_INTERVAL_S = 3600.0
 MAX_SETTLE_S = 86400.0
 ONCE_POLL_S = 0.1  # how often --once looks whether its uploads are done, whatever --interval says
+TENSORBOARD_EVENTS = "events.out.tfevents."
 
 
 def _tag_text(name: str) -> str:
@@ -200,6 +201,7 @@ class Watcher:
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
+        self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
         self._digests: set[str] = set()
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
@@ -371,7 +373,7 @@ class Watcher:
                 continue  # deleted while we looked, or unreadable: the next poll looks again
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # a link names a checkpoint that is watched under its own name
-            if self._excluded_checkpoint(entry.name, st):
+            if self._excluded_checkpoint(entry.name, st) or (entry.name, st.st_ino) in self._log_folders:
                 continue
             if (
                 entry.path == self.state_dir
@@ -400,15 +402,37 @@ class Watcher:
             )
             if not self._trainer_output:
                 return entries
+            for cand in list(self._candidates.values()):  # pinned before the folder was told apart
+                if cand.state == "settling" and not TRAINER_CHECKPOINT.fullmatch(cand.pin.name):
+                    self._drop(cand)
         kept = [e for e in entries if TRAINER_CHECKPOINT.fullmatch(e.name)]
         for name in sorted({e.name for e in entries} - {e.name for e in kept}):
             self._warn_once(
                 ("not a trainer checkpoint", name),
-                f"{name}: not shipped: {self.directory} is a Hugging Face Trainer's output folder, where only "
-                f"checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} with "
-                f"a pattern for it and 'checkpoint-*'; a final model: {spelled('ckptvault backup', 'Vault.backup')})",
+                f"{name}: left out from now on: {self.directory} is a Hugging Face Trainer's output folder, where "
+                f"only checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} "
+                f"with a pattern for it and 'checkpoint-*'; a final model: "
+                f"{spelled('ckptvault backup', 'Vault.backup')})",
             )
         return kept
+
+    def _holds_only_logs(self, cand: _Candidate, sig: pins.Signature) -> bool:
+        """A folder without a step in its name that holds TensorBoard event files (``runs/`` of a
+        Hugging Face Trainer, ``lightning_logs/``) is logs, not a checkpoint: shipped, it would be a
+        snapshot without a step, and ``latest`` of the run would go by time. Left out (and not looked
+        at again) unless ``--include`` names what to ship."""
+        if self.options.include or step_from_name(cand.pin.name) is not None:
+            return False
+        if not any(item[0].rpartition("/")[2].startswith(TENSORBOARD_EVENTS) for item in sig if item[1] == "f"):
+            return False
+        self._log_folders.add((cand.pin.name, cand.pin.source_ino))
+        self._warn_once(
+            ("logs", cand.pin.name),
+            f"{cand.pin.name}: not shipped: it holds TensorBoard logs ({TENSORBOARD_EVENTS}*), not a checkpoint "
+            f"(to ship it: {spelled('--include', 'include=')} with a pattern for it and one for the checkpoints)",
+        )
+        self._drop(cand)
+        return True
 
     def _changed_since_shipped(self, path: str, done: _Done, st: os.stat_result) -> bool:
         """A shipped folder whose own mtime moved: new or changed files make it a new version;
@@ -487,6 +511,8 @@ class Watcher:
                 continue
             try:
                 sig = pins.signature(cand.pin.data, self._excluded)  # a pin from a run with other patterns too
+                if self._holds_only_logs(cand, sig):
+                    continue
                 cand.digest = self._digest(sig)
                 if cand.digest in self._digests:
                     self._finish_done(cand, sig)
