@@ -755,7 +755,13 @@ class Vault:
             unreadable: set[str] = set()
             for spec in snapshots:
                 if isinstance(spec, Snapshot):  # by its full ID: one forgotten or retagged since is not there
-                    chosen.add(selection.select(every, spec.id).id)
+                    if spec.id not in {s.id for s in every}:
+                        raise SnapshotNotFoundError(
+                            f"snapshot {spec.short_id} is no longer in {self.url}: another process forgot it "
+                            "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
+                            f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
+                        )
+                    chosen.add(spec.id)
                 elif (bad := self._unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:

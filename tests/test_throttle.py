@@ -55,7 +55,7 @@ def test_rates_are_read_with_their_units(text, rate):
         ("fast", "is not a rate"),
         ("", "is empty"),
         ("50Mb", "could be bits or bytes; write 50MB or 50Mbit"),
-        ("2mb", "could be bits or bytes"),
+        ("2mb", "could be bits or bytes; write 2MB or 2Mbit"),
         ("8KIB", "is not a rate"),
         ("-5MB", "is not a rate"),
         ("1e3MB", "is not a rate"),
@@ -105,6 +105,7 @@ def test_the_environment_sets_the_limits_and_an_explicit_zero_lifts_them(tmp_pat
     vault = Vault.init(tmp_path / "repo")
     assert isinstance(vault._repo.store, ThrottledStore)
     assert vault._repo.store.uploads.rate == 5 * 2**20 and vault._repo.store.downloads is None
+    assert vault._repo.store.unlimited == ("locks/",)  # lock objects are never held back
     vault.close()
     vault = Vault.open(tmp_path / "repo", limit_upload=0)
     assert not isinstance(vault._repo.store, ThrottledStore)

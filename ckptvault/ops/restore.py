@@ -388,7 +388,7 @@ def run_restore(
         os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns))
     progress.finish()
     result = RestoreResult(
-        files=sum(e.type == "file" for e in entries),
+        files=sum(e.type == "file" for e in entries) - len(failures),
         dirs=sum(e.type == "dir" for e in entries),
         symlinks=sum(e.type == "symlink" for e in entries),
         bytes_written=written,

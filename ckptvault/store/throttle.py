@@ -50,6 +50,11 @@ _BITS = ("bit", "bits", "bps")
 EXAMPLES = "e.g. 50MB (bytes per second), 20MiB, 400Mbit; 0 for no limit"
 
 
+def _canonical(prefix: str) -> str:
+    """``m`` -> ``M``, ``K`` -> ``k``: how a prefix is written back in a message."""
+    return ("k" if prefix[:1] in "kK" else prefix[:1].upper()) + prefix[1:] if prefix else ""
+
+
 def parse_rate(value: RateArg, what: str) -> float | None:
     """Bytes per second from a number or text like ``50MB``, ``1.5GiB/s``, ``400Mbit``; None for no
     limit (None, 0). A plain number in text must be 0: restic reads one as KiB/s, others as bytes, so
@@ -68,7 +73,8 @@ def parse_rate(value: RateArg, what: str) -> float | None:
         prefix, unit = match["prefix"] or "", match["unit"] or ""
         if unit == "b":
             raise UsageError(
-                f"{what} {value!r} could be bits or bytes; write {number:g}{prefix}B or {number:g}{prefix}bit"
+                f"{what} {value!r} could be bits or bytes; write {number:g}{_canonical(prefix)}B or "
+                f"{number:g}{_canonical(prefix)}bit"
             )
         if number and not prefix and not unit:
             raise UsageError(f"{what} {value!r} has no unit; {EXAMPLES}")
