@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptvault import Vault
+from ckptvault import Snapshot, Vault
 from ckptvault.blob import Kind
 from ckptvault.crypto.keyfile import Keyfile
 from ckptvault.errors import (
@@ -170,17 +170,23 @@ def test_files_named_like_temporaries_are_restored_and_only_true_leftovers_remov
         assert (target / path.name).read_bytes() == path.read_bytes(), path.name
 
 
-def test_a_temporary_file_another_restore_is_writing_is_left_alone(vault: Vault, tmp_path: Path):
-    """Ranks restoring one checkpoint into one shared folder: a restore removes the temporary files
-    killed restores left (unlocked), never one a live restore holds (its flock)."""
+def _snapshot_and_temp_file(vault: Vault, tmp_path: Path, content: bytes) -> tuple[Snapshot, Path, Path]:
+    """A snapshot of one file "a", and a target folder holding a temporary file of "a" (a restore's)."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_bytes(b"real file")
     snap = vault.backup(src)
     target = tmp_path / "target"
     target.mkdir()
-    live = target / f"{temp_stem('a')}12345678"
-    live.write_bytes(b"being written")
+    temp = target / f"{temp_stem('a')}12345678"
+    temp.write_bytes(content)
+    return snap, target, temp
+
+
+def test_a_temporary_file_another_restore_is_writing_is_left_alone(vault: Vault, tmp_path: Path):
+    """Ranks restoring one checkpoint into one shared folder: a restore removes the temporary files
+    killed restores left (unlocked), never one a live restore holds (its flock)."""
+    snap, target, live = _snapshot_and_temp_file(vault, tmp_path, b"being written")
     with open(live, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         vault.restore(snap, target)
@@ -220,14 +226,7 @@ def test_a_leftover_is_removed_where_flock_needs_a_file_open_for_writing(
     (EBADF otherwise): a rerun after a killed restore failed there on the leftover."""
     from ckptvault.ops import restore as restore_module
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a").write_bytes(b"real file")
-    snap = vault.backup(src)
-    target = tmp_path / "target"
-    target.mkdir()
-    leftover = target / f"{temp_stem('a')}12345678"
-    leftover.write_bytes(b"half a file")
+    snap, target, leftover = _snapshot_and_temp_file(vault, tmp_path, b"half a file")
     real_flock = fcntl.flock
 
     def nfs_flock(fd, operation):
