@@ -227,7 +227,8 @@ def test_cancelled_uploads_are_not_sent_nor_waited_out():
 
     def cancel_soon() -> None:
         time.sleep(0.5)
-        store.cancel_waiting_uploads("packs/")
+        with store.cancelling_uploads("packs/"):
+            time.sleep(0.2)
 
     taken = _in_threads(
         lambda: upload("packs/1"),
@@ -242,8 +243,11 @@ def test_cancelled_uploads_are_not_sent_nor_waited_out():
 
 
 def test_an_interrupted_backup_does_not_wait_out_its_uploads(tmp_path: Path):
+    """Ctrl-C: the packs held back or paying for their time are given up at once (it took the uploads'
+    booked time before: 3-5 s here, at 1 MB/s and 2 MiB packs)."""
     src = _random_tree(tmp_path / "ckpt", 16)
     vault = Vault.init(tmp_path / "repo", pack_size=2 * 2**20, limit_upload="1MB")
+    raised: list[float] = []
 
     class Interrupt:
         def start(self, total_bytes, total_files):
@@ -251,15 +255,15 @@ def test_an_interrupted_backup_does_not_wait_out_its_uploads(tmp_path: Path):
 
         def advance(self, nbytes):
             if vault._repo.store.uploads.waited > 0.5:
+                raised.append(time.monotonic())
                 raise KeyboardInterrupt
 
         def finish(self):
             pass
 
-    started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         vault.backup(src, on_progress=Interrupt())
-    assert time.monotonic() - started < 6  # the uploads in flight held 2 MiB of time each, two at once
+    assert time.monotonic() - raised[0] < 1.5
     assert vault.snapshots() == []
 
 

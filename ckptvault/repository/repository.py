@@ -543,10 +543,9 @@ class Repository:
         those packs' chunks, so it is reloaded from the index objects on its next use. Never raises
         for the uploads: the error that made the caller give up is the one to report."""
         uploads, self._uploads = self._uploads, []
-        cancel = getattr(self.store, "cancel_waiting_uploads", None)
-        if cancel is not None:  # packs held back by a bandwidth limit are not sent, nor waited out
-            cancel(PACKS_PREFIX)
-        wait([future for future, _, _ in uploads])
+        cancelling = getattr(self.store, "cancelling_uploads", None)  # a bandwidth limit's
+        with cancelling(PACKS_PREFIX) if cancelling else contextlib.nullcontext():  # packs held back: not sent
+            wait([future for future, _, _ in uploads])
         landed = set(self._unindexed)
         landed.update(p for f, p, _ in uploads if not f.cancelled() and f.exception() is None)
         for pack_id in {*landed, *(p for _, p, _ in uploads)}:

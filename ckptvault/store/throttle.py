@@ -17,7 +17,8 @@ locks) are never held back: a saturated upload must not delay a lock's refresh.
 
 The limit sits outside the retries (a throttled call is not a slow storage, so no deadline counts
 its wait); a retried transfer's bytes are not booked twice. ``cancel`` wakes the callers moving keys
-under a prefix (a failed or interrupted write's packs), so it does not wait out uploads it abandons.
+under a prefix (a failed or interrupted write's packs) while it gives them up, so it does not wait out
+uploads it abandons.
 """
 
 from __future__ import annotations
@@ -128,8 +129,9 @@ class Schedule:
         self.rate = rate
         self._cond = threading.Condition()
         self._free_at = 0.0  # time.monotonic() when every byte booked so far has had its time
-        self._waiting: dict[int, str] = {}  # id of each waiting caller's booking -> the key it moves
-        self._cancelled: set[int] = set()
+        self._active: dict[int, str] = {}  # each transfer under way (waiting, moving, paying) -> its key
+        self._cancelled: set[int] = set()  # transfers told to give up
+        self._refused: set[str] = set()  # key prefixes whose new transfers give up at once
         self.waited = 0.0  # seconds callers slept, all threads together (for tests and reports)
 
     @contextmanager
@@ -138,39 +140,54 @@ class Schedule:
         sets ``booking.moved``, as does a transfer that moved less than it asked for)."""
         booking = _Booking(nbytes or 0)
         with self._cond:
-            if not self._sleep_until(lambda: self._free_at, booking, key):
+            if key.startswith(tuple(self._refused)):
                 raise TransferCancelled()
-            start = time.monotonic()
-            booked_end = self._free_at = start + (nbytes or 0) / self.rate
+            self._active[id(booking)] = key
         try:
-            yield booking
-        except BaseException:
-            booking.moved = 0
-            raise
+            with self._cond:
+                if not self._sleep_until(lambda: self._free_at, booking):
+                    raise TransferCancelled()
+                start = time.monotonic()
+                booked_end = self._free_at = start + (nbytes or 0) / self.rate
+            try:
+                yield booking
+            except BaseException:
+                booking.moved = 0
+                raise
+            finally:
+                with self._cond:
+                    end = start + booking.moved / self.rate
+                    if self._free_at == booked_end:  # nothing started since: hand back what it did not move
+                        self._free_at = end
+                    elif booking.moved > (nbytes or 0):  # others started meanwhile: its extra bytes go after theirs
+                        self._free_at = end = self._free_at + (booking.moved - (nbytes or 0)) / self.rate
+                    self._cond.notify_all()
+            with self._cond:
+                self._sleep_until(lambda: end, booking)
         finally:
             with self._cond:
-                end = start + booking.moved / self.rate
-                if self._free_at == booked_end:  # nothing started since: hand back what it did not move
-                    self._free_at = end
-                elif booking.moved > (nbytes or 0):  # others started meanwhile: its unbooked bytes go after theirs
-                    self._free_at = end = self._free_at + (booking.moved - (nbytes or 0)) / self.rate
-                self._cond.notify_all()
-        with self._cond:
-            self._sleep_until(lambda: end, booking, key)
+                del self._active[id(booking)]
+                self._cancelled.discard(id(booking))
 
-    def cancel(self, prefix: str) -> None:
-        """Wake the callers waiting to move keys under ``prefix``: one before its transfer raises
-        ``TransferCancelled``, one after it returns at once. Others, and later transfers, keep to the
-        schedule as before."""
+    @contextmanager
+    def cancelling(self, prefix: str) -> Iterator[None]:
+        """While it lasts, transfers of keys under ``prefix`` give up: one waiting for its turn, or
+        starting, raises ``TransferCancelled``; one that has moved its bytes returns without paying for
+        them. Others keep to the schedule."""
         with self._cond:
-            self._cancelled.update(i for i, key in self._waiting.items() if key.startswith(prefix))
+            self._refused.add(prefix)
+            self._cancelled.update(i for i, key in self._active.items() if key.startswith(prefix))
             self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._refused.discard(prefix)
 
-    def _sleep_until(self, when: Callable[[], float], booking: _Booking, key: str) -> bool:
+    def _sleep_until(self, when: Callable[[], float], booking: _Booking) -> bool:
         """Wait (holding the condition) until ``when()``, read again at every wake-up (a transfer that
         ended hands time back); False if cancelled meanwhile."""
         began = time.monotonic()
-        self._waiting[id(booking)] = key
         try:
             while id(booking) not in self._cancelled:
                 delay = when() - time.monotonic()
@@ -179,8 +196,6 @@ class Schedule:
                 self._cond.wait(delay)
             return False
         finally:
-            del self._waiting[id(booking)]
-            self._cancelled.discard(id(booking))
             self.waited += time.monotonic() - began
 
 
@@ -200,11 +215,11 @@ class ThrottledStore:
     def __getattr__(self, name: str) -> Any:  # transfers, local_folder, unanswered, ...
         return getattr(self.inner, name)
 
-    def cancel_waiting_uploads(self, prefix: str) -> None:
-        """Uploads of keys under ``prefix`` waiting for their turn fail with a StorageError, and those
-        that are done return at once (a write that failed or was interrupted is giving up on them)."""
-        if self.uploads:
-            self.uploads.cancel(prefix)
+    def cancelling_uploads(self, prefix: str) -> AbstractContextManager[None]:
+        """While it lasts, uploads of keys under ``prefix`` held back by the limit fail with a
+        StorageError instead of being sent, and those sent return at once (a write that failed or was
+        interrupted gives them up: ``Schedule.cancelling``)."""
+        return self.uploads.cancelling(prefix) if self.uploads else nullcontext()
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         with self._cancelled_as_error("PUT", key), self._booked(self.uploads, key, len(data)):
