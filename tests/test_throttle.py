@@ -239,7 +239,7 @@ def test_cancelled_uploads_are_not_sent_nor_waited_out():
     assert sent == ["packs/1", "snapshots/s"]  # the second pack never went; the snapshot did, in its turn
     assert max(taken[0], taken[1]) < 2.0  # no pack waited out the first one's 3 s
     assert taken[2] >= 3.0 * 0.98  # the snapshot kept to the schedule
-    assert len(errors) == 1 and "not sent: the backup it belonged to failed" in str(errors[0])
+    assert len(errors) == 1 and "not sent: the write it belonged to failed" in str(errors[0])
 
 
 def test_an_interrupted_backup_does_not_wait_out_its_uploads(tmp_path: Path):

@@ -16,9 +16,9 @@ size (a whole-object GET) books what it moved when it ends. Keys under ``unlimit
 locks) are never held back: a saturated upload must not delay a lock's refresh.
 
 The limit sits outside the retries (a throttled call is not a slow storage, so no deadline counts
-its wait); a retried transfer's bytes are not booked twice. ``cancel`` wakes the callers moving keys
-under a prefix (a failed or interrupted write's packs) while it gives them up, so it does not wait out
-uploads it abandons.
+its wait); a retried transfer's bytes are not booked twice. ``Schedule.cancelling`` gives up the
+transfers of keys under a prefix (a failed or interrupted write's packs) while it lasts, so that write
+does not wait out uploads it abandons.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ class ThrottledStore:
         try:
             yield
         except TransferCancelled:
-            raise StorageError(op, key, self.url, "not sent: the backup it belonged to failed or was stopped") from None
+            raise StorageError(op, key, self.url, "not sent: the write it belonged to failed or was stopped") from None
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
