@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
-
-import numpy as np
 
 from .errors import UsageError, spelled
 from .snapshot.model import TAG_TEXT_MAX, Snapshot
@@ -65,7 +64,8 @@ def progress_arg(name: str, value: object) -> Any:
 
 def flag_arg(name: str, value: object) -> bool:
     """True or False (numpy's bools too), never a truthy string: ``dry_run="false"`` is refused."""
-    if not isinstance(value, (bool, np.bool_)):
+    numpy = sys.modules.get("numpy")  # not loaded: the value cannot be one of its bools
+    if not isinstance(value, bool) and not (numpy is not None and isinstance(value, numpy.bool_)):
         raise wrong_arg(name, value, "True or False")
     return bool(value)
 

@@ -4,7 +4,9 @@ Float weights barely compress as they are: every element mixes a low-entropy sig
 with near-random mantissa bytes. Regrouping a run of elements of width w into w streams (byte 0 of
 every element, then byte 1, ...) puts the exponents together, where zstd shrinks them ~3x, and
 leaves the mantissas as a stream that is stored raw at no cost. numpy does the permutation
-(shifts and casts on whole elements, 10-20 GB/s; a strided copy for other widths).
+(shifts and casts on whole elements, 10-20 GB/s; a strided copy for other widths); it is loaded on
+first use, so that commands that code no data (listings, a backup that finds nothing changed) start
+without it (~0.1 s).
 
 A chunk is cut into *segments* that cover it in order: ``(width, length)`` with length a multiple
 of width; width 1 means "not grouped" (bytes before the first whole element, tails, gaps between
@@ -21,12 +23,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .errors import MalformedObjectError
 from .memcopy import copy_into, empty
+
+if TYPE_CHECKING:
+    import numpy as np
 
 WIDTHS = (1, 2, 4, 8)
 MIN_GROUPED = 256  # shorter element runs are not worth their stream headers: stored as width 1
@@ -73,6 +76,8 @@ def segments(size: int, runs: Sequence[ElementRun]) -> list[tuple[int, int]]:
 
 def split(data: bytes | memoryview, segs: Sequence[tuple[int, int]]) -> list[memoryview]:
     """The streams of every segment, in payload order."""
+    import numpy as np
+
     arr = np.frombuffer(data, dtype=np.uint8)
     streams: list[memoryview] = []
     pos = 0
@@ -89,6 +94,8 @@ def split(data: bytes | memoryview, segs: Sequence[tuple[int, int]]) -> list[mem
 def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> memoryview:
     """Inverse of ``split``, in a fresh buffer (the shifts and casts run off the GIL; a copy into
     ``bytes`` would hold it, stalling the restore's other threads)."""
+    import numpy as np
+
     out = np.empty(sum(length for _, length in segs), dtype=np.uint8)
     pos = 0
     it = iter(streams)
@@ -103,11 +110,13 @@ def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview])
 # a strided transpose does 4 GB/s either way. Elements are viewed as little-endian integers (numpy
 # swaps bytes on a big-endian host), so byte i of the data stays byte i of the element; the ufuncs
 # compute in native integers (their ``dtype`` selects no byte order).
-_ELEMENT: dict[int, np.dtype[Any]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_ELEMENT = {2: "<u2", 4: "<u4"}
 
 
 def _split_elements(piece: np.ndarray, width: int) -> list[np.ndarray]:
     """Byte 0 of every element, byte 1 of every element, ...: ``width`` arrays."""
+    import numpy as np
+
     if width not in _ELEMENT:
         return list(piece.reshape(-1, width).T.copy())  # one strided copy: row i = byte i of every element
     if piece.ctypes.data % width:
@@ -121,6 +130,8 @@ def _split_elements(piece: np.ndarray, width: int) -> list[np.ndarray]:
 
 def _join_elements(out: np.ndarray, streams: list[np.ndarray]) -> None:
     """Write the elements whose bytes ``streams`` hold (byte 0 of each, byte 1, ...) into ``out``."""
+    import numpy as np
+
     width = len(streams)
     if width == 1:
         out[:] = streams[0]
@@ -195,6 +206,8 @@ def xor(a: bytes | memoryview, b: bytes | memoryview) -> bytes:
     element boundaries, so the XOR of two tensor pieces groups exactly like the pieces do."""
     if len(a) != len(b):
         raise ValueError(f"xor of {len(a)} and {len(b)} bytes")
+    import numpy as np
+
     return np.bitwise_xor(np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8)).tobytes()
 
 

@@ -4,14 +4,13 @@ A slice assignment (``dst[a:b] = src``) or ``bytearray(n)`` copies or zero-fills
 the GIL, so a backup shipping from a training process holds up the training thread for every
 byte it moves into a pack. numpy releases the GIL for the copy itself: on this project's 2-core
 machine a pure-Python thread kept 0.47x of its speed beside a thread copying 16 MiB slices, and
-all of it beside one copying them with numpy.
+all of it beside one copying them with numpy (loaded on the first large copy: a command that
+moves no data starts without it).
 """
 
 from __future__ import annotations
 
 import mmap
-
-import numpy as np
 
 # Below this, numpy's call costs more than the copy it would take off the GIL.
 MIN_RELEASED = 64 * 1024
@@ -23,10 +22,14 @@ def copy_into(dst: bytearray | mmap.mmap | memoryview, offset: int, src: bytes |
     if n < MIN_RELEASED:
         memoryview(dst)[offset : offset + n] = memoryview(src).cast("B")
         return
+    import numpy as np
+
     np.copyto(np.frombuffer(dst, np.uint8, n, offset), np.frombuffer(src, np.uint8))
 
 
 def empty(n: int) -> memoryview:
     """A fresh writable buffer of ``n`` bytes, not zero-filled (``bytearray(n)`` zero-fills under
     the GIL; the pages here are first touched by whatever fills them, a read that releases it)."""
+    import numpy as np
+
     return memoryview(np.empty(n, np.uint8)).cast("B")  # type: ignore[arg-type]

@@ -97,7 +97,7 @@ from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
 from .store import RateArg, RateLimits, open_store
-from .store.fsspec_store import TEMP_PREFIX
+from .store.base import TEMP_PREFIX
 
 log = logging.getLogger("ckptvault")
 

@@ -15,3 +15,30 @@ def test_the_keyfile_module_loads_without_the_storage_layer_or_numpy():
     code = f"import sys, ckptvault.crypto.keyfile; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _modules_loaded_by_cli(args: list[str], heavy: tuple[str, ...]) -> list[str]:
+    """Which of ``heavy`` a CLI run loaded, from start to exit."""
+    code = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print(sorted(m for m in {heavy!r} if m in sys.modules)))\n"
+        f"sys.argv = ['ckptvault', *{args!r}]\n"
+        "from ckptvault.cli import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return eval(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_that_moves_no_data_loads_neither_numpy_nor_fsspec(tmp_path):
+    """numpy (~0.1 s) is loaded by the first chunk coded, fsspec (~0.1 s with asyncio and ssl) only for a
+    URL with a protocol: listing snapshots, or a backup that finds nothing changed, starts without them."""
+    repo, src = str(tmp_path / "v"), tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(bytes(range(256)) * 4096)
+    heavy = ("numpy", "fsspec", "asyncio")
+    assert _modules_loaded_by_cli(["init", repo], heavy) == []
+    assert _modules_loaded_by_cli(["backup", str(src), "--repo", repo], heavy) == ["numpy"]  # it coded chunks
+    assert _modules_loaded_by_cli(["backup", str(src), "--repo", repo], heavy) == []  # nothing changed
+    assert _modules_loaded_by_cli(["snapshots", "--repo", repo], heavy) == []

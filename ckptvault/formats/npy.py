@@ -6,8 +6,6 @@ import ast
 import math
 import struct
 
-import numpy as np
-
 from ..errors import FileFormatError
 from .dtypes import NUMPY_NAMES
 from .model import FileLayout, ReadAt, TensorInfo
@@ -23,6 +21,8 @@ def looks_like(head: bytes) -> bool:
 
 def _dtype_name(descr: object) -> tuple[str, int]:
     """(our dtype name, bytes per element); structured and object dtypes keep numpy's name."""
+    import numpy as np  # loaded by the first .npy file read, not by every command
+
     try:
         dt = np.lib.format.descr_to_dtype(descr)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:

@@ -30,8 +30,6 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import (
     CkptVaultError,
     IntegrityError,
@@ -529,6 +527,8 @@ def _is_zeros(data: bytes | memoryview) -> bool:
     # cheap rejects first: tensor data almost never starts, ends and centres on zero bytes
     if not data or data[0] != 0 or data[-1] != 0 or data[len(data) // 2] != 0:
         return False
+    import numpy as np
+
     return not np.frombuffer(data, np.uint8).any()
 
 

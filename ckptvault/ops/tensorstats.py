@@ -10,27 +10,31 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..formats import TensorInfo
 
+if TYPE_CHECKING:
+    import numpy as np
+
 PIECE = 16 * 1024 * 1024
 
+# numpy's name of each dtype it has (native byte order, as the stored bytes are read on this host);
+# numpy itself is loaded on the first statistics asked for, not by every command
 _NUMPY = {
-    "BOOL": np.bool_,
-    "U8": np.uint8,
-    "I8": np.int8,
-    "I16": np.int16,
-    "U16": np.uint16,
-    "F16": np.float16,
-    "BF16": np.uint16,  # widened to float32 below
-    "I32": np.int32,
-    "U32": np.uint32,
-    "F32": np.float32,
-    "I64": np.int64,
-    "U64": np.uint64,
-    "F64": np.float64,
+    "BOOL": "?",
+    "U8": "u1",
+    "I8": "i1",
+    "I16": "i2",
+    "U16": "u2",
+    "F16": "f2",
+    "BF16": "u2",  # widened to float32 below
+    "I32": "i4",
+    "U32": "u4",
+    "F32": "f4",
+    "I64": "i8",
+    "U64": "u8",
+    "F64": "f8",
 }
 
 
@@ -50,6 +54,8 @@ def supported(dtype: str) -> bool:
 
 
 def _values(raw: bytes, dtype: str) -> np.ndarray:
+    import numpy as np
+
     arr: np.ndarray = np.frombuffer(raw, dtype=_NUMPY[dtype])
     if dtype == "BF16":
         return (arr.astype(np.uint32) << 16).view(np.float32)
@@ -60,6 +66,8 @@ def tensor_stats(tensor: TensorInfo, read_at: Callable[[int, int], bytes]) -> Te
     """Statistics of one tensor, reading its bytes through ``read_at``; None for dtypes numpy lacks."""
     if not supported(tensor.dtype):
         return None
+    import numpy as np
+
     itemsize = np.dtype(_NUMPY[tensor.dtype]).itemsize
     step = PIECE - PIECE % itemsize
     # mean and m2 are kept in units of ``scale`` (the largest magnitude so far), so that values near

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Protocol
 
+TEMP_PREFIX = ".tmp-"  # a put's file before its rename (local disks, SFTP): never listed
+
 
 @dataclass(frozen=True)
 class ObjectInfo:

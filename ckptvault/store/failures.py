@@ -7,7 +7,7 @@ becomes FileExistsError only when the server names the If-None-Match condition, 
 ``error_code``; paramiko raises ``SSHException`` and ``IOError``. ``classify`` reads the exception and
 its causes (``__cause__``/``__context__``) by status code, error code, class name and errno, without
 importing any backend, and returns a ``Failure``. The one place that acts on it is
-``FsspecStore._translate_errors``.
+``storage_error``.
 
 Retryable: connection refused/reset/closed, timeouts, HTTP 408/429/5xx, throttling codes. Permanent:
 other 4xx (bad request, denied, precondition), a missing bucket, unknown programming errors.
@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import errno
 import re
-import ssl
+import sys
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from ..errors import ObjectExistsError, ObjectNotFoundError, StorageError, StorageFullError
 
 
 class Kind(Enum):
@@ -243,7 +245,9 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.FULL, exc.strerror or "no space left")
     if isinstance(exc, OSError) and exc.errno == errno.EFBIG:  # retrying cannot pass it
         return Failure(Kind.PERMANENT, "file too large: a file size limit (ulimit -f) or the filesystem's largest file")
-    if _TLS_MISMATCH.search(text) or any(isinstance(n, ssl.SSLCertVerificationError) for n in chain):
+    ssl = sys.modules.get("ssl")  # not loaded (a local repository): no TLS error can have been raised
+    verify_error = ssl.SSLCertVerificationError if ssl is not None else ()
+    if _TLS_MISMATCH.search(text) or any(isinstance(n, verify_error) for n in chain):
         return Failure(
             Kind.PERMANENT, f"TLS failed ({detail}); check http:// or https:// in the endpoint and its certificate"
         )
@@ -262,6 +266,21 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         # "Socket is closed", fsspec's generic IOError); the retry budget bounds a wrong guess.
         return Failure(Kind.TRANSIENT, detail)
     return Failure(Kind.PERMANENT, detail)
+
+
+def storage_error(
+    op: str, key: str, url: str, exc: BaseException, *, if_absent: bool = False, failure: Failure | None = None
+) -> StorageError:
+    """The ckptvault error that reports ``exc``, raised by the ``op`` call on ``key``. ``failure``:
+    what ``exc`` means, where the caller knows better than ``classify`` alone (a missing bucket)."""
+    failure = failure or classify(exc)
+    if failure.kind is Kind.NOT_FOUND:
+        return ObjectNotFoundError(op, key, url)
+    if failure.kind is Kind.EXISTS and if_absent:
+        return ObjectExistsError(op, key, url)
+    if failure.kind is Kind.FULL:
+        return StorageFullError(op, key, url, failure.reason)
+    return StorageError(op, key, url, failure.reason, retryable=failure.retryable)
 
 
 def unreachable(exc: BaseException) -> bool:

@@ -34,15 +34,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ..errors import (
-    CkptVaultError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    ShortReadError,
-    StorageError,
-    StorageFullError,
-    UsageError,
-)
+from ..errors import CkptVaultError, ObjectNotFoundError, ShortReadError, StorageError, UsageError
 from .backends import (
     S3,
     Profile,
@@ -54,15 +46,12 @@ from .backends import (
     profile_for,
     tune,
 )
-from .base import ObjectInfo, Store
-from .failures import Failure, Kind, classify, one_line, status_in_chain
-from .localwrite import LocalWriter, fsync_dir
-from .options import TransferLimits, display_url, read_ahead_bytes, resolve_options
-from .readahead import ReadAheadStore
-from .retrying import RetryingStore, RetryPolicy, call_deadline
-from .throttle import RateLimits, ThrottledStore
+from .base import TEMP_PREFIX, ObjectInfo
+from .failures import Failure, Kind, classify, one_line, status_in_chain, storage_error
+from .local import LocalStore
+from .options import TransferLimits, display_url, resolve_options
+from .retrying import call_deadline
 
-TEMP_PREFIX = ".tmp-"
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
 POOL_SIZE = 8  # SFTP sessions at most, per store
 _IN_PROCESS_CREATE = threading.Lock()  # memory filesystems check-then-create; make that atomic
@@ -116,14 +105,12 @@ class FsspecStore:
         self.root = root.rstrip("/")
         self._bucket = bucket_of(self.profile.protocol, self.root)
         self._bucket_seen = False
-        # any local-disk filesystem, whatever protocol name it registers, gets the atomic temp+rename put
-        self._local = issubclass(cls, LocalFileSystem)
+        # any local-disk filesystem, whatever protocol name it registers, gets LocalStore's atomic
+        # temp+rename puts, positioned reads and no watchdog thread per call
+        self._disk = LocalStore(self.root) if issubclass(cls, LocalFileSystem) else None
+        self._local = self._disk is not None
         self.local_folder = self.root if self._local else None  # the vault's folder on this machine
-        # A local disk's calls run without a watchdog thread: a new thread per chunk read costs a restore
-        # ~10% of its CPU, and a read blocked in the kernel could not be cancelled anyway. The price: a
-        # repository on a hung network mount (NFS, FUSE) given as a plain path waits instead of failing.
         self.needs_deadline = not self._local
-        self._local_writer = LocalWriter()
         self.remote = self.profile.remote
         self.transfers = TransferLimits.from_env(self.remote)
         # an async filesystem enforces the deadline itself, cancelling the request on its loop
@@ -211,17 +198,10 @@ class FsspecStore:
             failure = classify(exc, self._bucket)
             if failure.kind is Kind.NOT_FOUND:
                 failure = self._bucket_missing() or failure
-            if failure.kind is Kind.NOT_FOUND:
-                raise ObjectNotFoundError(op, key, self.url) from exc
-            if failure.kind is Kind.EXISTS and if_absent:
-                raise ObjectExistsError(op, key, self.url) from exc
-            if failure.kind is Kind.FULL:
-                raise StorageFullError(op, key, self.url, failure.reason) from exc
-            reason = failure.reason
             deadline = self._deadline(nbytes).get("timeout")
             if type(exc).__name__ == "FSTimeoutError" and deadline:
-                reason = f"no answer after {deadline:g} s"
-            raise StorageError(op, key, self.url, reason, retryable=failure.retryable) from exc
+                failure = Failure(failure.kind, f"no answer after {deadline:g} s")
+            raise storage_error(op, key, self.url, exc, if_absent=if_absent, failure=failure) from exc
 
     def _bucket_missing(self) -> Failure | None:
         """After a "not found" on an object store: is it the bucket that is missing? gcsfs and adlfs
@@ -257,9 +237,9 @@ class FsspecStore:
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         path = self._path(key)
-        if self._local:
+        if self._disk is not None:
             with self._translate_errors("PUT", key, if_absent=if_absent):
-                self._put_local(path, data, if_absent)
+                self._disk.put_file(path, data, if_absent)
             return
         with self._session("PUT", key, len(data), if_absent=if_absent) as fs:
             if if_absent and not self.supports_if_absent and fs.exists(path):
@@ -305,40 +285,6 @@ class FsspecStore:
                 raise FileExistsError(errno.EEXIST, "exists", path) from None
             raise
 
-    def _put_local(self, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
-        directory = os.path.dirname(path)
-        if directory not in self._made_dirs:
-            missing = []  # folders this put creates: their own names must be made durable too
-            parent = directory
-            while parent and not os.path.isdir(parent) and parent != os.path.dirname(parent):
-                missing.append(parent)
-                parent = os.path.dirname(parent)
-            try:
-                os.makedirs(directory, exist_ok=True)
-            # neither is about the object (if_absent's "exists", a reader's "missing"): report the folder
-            except FileExistsError:
-                raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", directory) from None
-            except FileNotFoundError:  # a filesystem that refuses new folders (/proc, /sys)
-                raise PermissionError(errno.EPERM, "this folder cannot be created", directory) from None
-            for made in reversed(missing):
-                fsync_dir(os.path.dirname(made))
-            self._made_dirs.add(directory)
-        tmp = os.path.join(directory, TEMP_PREFIX + secrets.token_hex(8))
-        try:
-            self._local_writer.create(tmp, data)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        if if_absent:
-            try:
-                os.link(tmp, path)  # fails with FileExistsError when another writer was first
-            finally:
-                os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-        fsync_dir(directory)
-
     def get(self, key: str) -> bytes:
         with self._session("GET", key) as fs:
             return self._read(fs, self._path(key), None, None)
@@ -346,7 +292,7 @@ class FsspecStore:
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if self._local:
             with self._translate_errors("GET", key):
-                data = self._pread_local(key, start, length)
+                data = LocalStore.pread(self._path(key), start, length)
         else:
             with self._session("GET", key, length) as fs:
                 data = self._read(fs, self._path(key), start, length)
@@ -360,20 +306,6 @@ class FsspecStore:
                 retryable=self.remote,
             )
         return bytes(data)
-
-    def _pread_local(self, key: str, start: int, length: int) -> bytes:
-        """Positioned reads without fsspec's file object (a restore makes one per chunk); a short read
-        (legal on FUSE and network mounts) is continued, only the end of the file stops it."""
-        fd = os.open(self._path(key), os.O_RDONLY)
-        try:
-            parts: list[bytes] = []
-            got = 0
-            while got < length and (more := os.pread(fd, length - got, start + got)):
-                parts.append(more)
-                got += len(more)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-        finally:
-            os.close(fd)
 
     def read_upto(self, key: str, start: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``start``: fewer where the object ends (read-ahead windows)."""
@@ -457,27 +389,14 @@ class FsspecStore:
         (local disks, SFTP) and unfinished multipart uploads (S3). Returns how many were removed.
         GCS resumable uploads and Azure uncommitted blocks expire on the server by themselves."""
         cutoff = time.time() - older_than_s
-        if self._local:
-            return self._remove_local_temp_files(cutoff)
+        if self._disk is not None:
+            return self._disk.remove_stale_temp_files(older_than_s)
         with self._session("CLEANUP", "(leftovers)") as fs:
             if self.profile.rename_put:
                 return self._remove_remote_temp_files(fs, cutoff)
             if self.profile.protocol in ("s3", "s3a"):
                 return self._abort_stale_multipart_uploads(fs, older_than_s)
         return 0
-
-    def _remove_local_temp_files(self, cutoff: float) -> int:
-        if not os.path.isdir(self.root):
-            return 0
-        removed = 0
-        for dirpath, _, filenames in os.walk(self.root):
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                if name.startswith(TEMP_PREFIX) and os.lstat(path).st_mtime < cutoff:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                        removed += 1
-        return removed
 
     def _remove_remote_temp_files(self, fs: Any, cutoff: float) -> int:
         try:
@@ -530,26 +449,6 @@ def _close_session(fs: Any) -> None:
     with contextlib.suppress(Exception):
         if client is not None:
             client.close()
-
-
-def open_store(
-    url: str,
-    storage_options: dict[str, Any] | None = None,
-    retry: RetryPolicy | None = None,
-    limits: RateLimits | None = None,
-    unlimited: tuple[str, ...] = (),
-) -> Store:
-    """The store for a repository URL (a plain path means a local folder), with retries, the
-    bandwidth limits (else those of the environment; keys under ``unlimited`` prefixes are never held
-    back) and, for remote stores, read-ahead."""
-    if "://" not in url and "::" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    policy = retry or RetryPolicy.from_env()
-    limits = RateLimits.resolve() if limits is None else limits
-    retrying = RetryingStore(FsspecStore(url, storage_options, op_timeout=policy.op_timeout), policy)
-    store: Store = ThrottledStore(retrying, limits, unlimited) if limits else retrying
-    window = read_ahead_bytes()
-    return ReadAheadStore(store, window) if retrying.remote and window else store
 
 
 def _thread_niceness() -> int:

@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ckptvault.repository import locks
-from ckptvault.store.fsspec_store import FsspecStore
+from ckptvault.store.local import LocalStore
 
 STOP = os.environ.get("LOCKCLI_STOP", "")
 MARKER = os.environ.get("LOCKCLI_MARKER", "")
@@ -34,7 +34,7 @@ locks.LockManager.__init__.__kwdefaults__.update(
     refresh_every=timedelta(seconds=float(os.environ.get("LOCKCLI_REFRESH_S", "0.2"))),
 )
 
-_real_put_local = FsspecStore._put_local
+_real_put_file = LocalStore.put_file
 _stopped = threading.Lock()  # held once the stop happened: it happens once
 
 
@@ -46,17 +46,17 @@ def _stop_here() -> None:
     os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, its lock refresh thread included
 
 
-def _put_local(self: FsspecStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
+def _put_file(self: LocalStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
     if "/packs/" in path and PACK_DELAY:
         time.sleep(PACK_DELAY)
     if "/index/" in path and STOP == "before-index":
         _stop_here()
-    _real_put_local(self, path, data, *args)
+    _real_put_file(self, path, data, *args)
     if "/packs/" in path and STOP == "after-pack":
         _stop_here()
 
 
-FsspecStore._put_local = _put_local  # type: ignore[method-assign]
+LocalStore.put_file = _put_file  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     from ckptvault.cli.commands import app

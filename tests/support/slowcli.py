@@ -10,20 +10,20 @@ import os
 import sys
 import time
 
-from ckptvault.store.fsspec_store import FsspecStore
+from ckptvault.store.local import LocalStore
 
 from . import slowfs  # noqa: F401 - registers slowfile://
 
 PUT_DELAY = float(os.environ.get("SLOWFS_PUT_DELAY", "0.04"))
-_real_put_local = FsspecStore._put_local
+_real_put_file = LocalStore.put_file
 
 
-def _slow_put_local(self: FsspecStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
+def _slow_put_file(self: LocalStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
     time.sleep(PUT_DELAY)
-    _real_put_local(self, path, data, *args)
+    _real_put_file(self, path, data, *args)
 
 
-FsspecStore._put_local = _slow_put_local  # type: ignore[method-assign]
+LocalStore.put_file = _slow_put_file  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     from ckptvault.cli.commands import app

@@ -1,0 +1,41 @@
+"""``open_store``: the store stack for a repository URL."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import Store
+from .local import LocalStore
+from .options import read_ahead_bytes
+from .readahead import ReadAheadStore
+from .retrying import RetryingStore, RetryPolicy
+from .throttle import RateLimits, ThrottledStore
+
+
+def open_store(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+    limits: RateLimits | None = None,
+    unlimited: tuple[str, ...] = (),
+) -> Store:
+    """The store for a repository URL (a plain path means a local folder), with retries, the
+    bandwidth limits (else those of the environment; keys under ``unlimited`` prefixes are never held
+    back) and, for remote stores, read-ahead. A plain path without storage options needs no fsspec
+    (LocalStore); options given for one are checked by fsspec's local filesystem, as for file://."""
+    policy = retry or RetryPolicy.from_env()
+    inner: Store
+    if "://" not in url and "::" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    if "://" not in url and "::" not in url and not storage_options:
+        inner = LocalStore(url)
+    else:
+        from .fsspec_store import FsspecStore
+
+        inner = FsspecStore(url, storage_options, op_timeout=policy.op_timeout)
+    limits = RateLimits.resolve() if limits is None else limits
+    retrying = RetryingStore(inner, policy)
+    store: Store = ThrottledStore(retrying, limits, unlimited) if limits else retrying
+    window = read_ahead_bytes()
+    return ReadAheadStore(store, window) if retrying.remote and window else store
