@@ -291,6 +291,45 @@ def test_the_exit_wait_is_bounded_and_says_what_was_not_shipped(tmp_path):
     assert "step_1" in proc.stderr
 
 
+FORK_SCRIPT = textwrap.dedent(
+    """
+    import multiprocessing, sys, time
+    import tests.support.slowfs
+    from ckptvault import Vault
+    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"})
+    handle = vault.backup_async(sys.argv[2], tags={"step": "1"})
+    started = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # as DataLoader workers are
+        assert sum(pool.map(abs, range(100))) == 4950
+        pool.close()
+        pool.join()
+    print(f"children joined in {time.perf_counter() - started:.2f} s, backup done: {handle.done()}", flush=True)
+    """
+)
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_backups_at_exit(tmp_path):
+    """DataLoader workers and multiprocessing pools fork the training process while backups are
+    queued: the children inherit the queue, not its worker thread, and must exit at once (each used to
+    wait up to the exit timeout, 600 s, for backups only the parent can ship)."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(tmp_path / "repo"), str(ckpt)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    joined = float(proc.stdout.split("children joined in ")[1].split(" s")[0])
+    assert "backup done: False" in proc.stdout  # the children ended while the parent's backup ran
+    assert joined < 5, proc.stdout
+    assert proc.stderr.count("waiting up to") == 1, proc.stderr  # only the parent waits, and says so
+    with Vault.open(str(tmp_path / "repo")) as vault:  # the parent shipped it at its own exit
+        assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
+
+
 def test_close_waits_for_every_queued_backup_without_a_false_error(tmp_path, caplog):
     # exit_timeout bounds only the interpreter's exit: close() (and leaving a `with`) ships them all
     ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step) for step in (1, 2)]

@@ -345,7 +345,10 @@ _exit_hook_registered = False
 
 
 def _flush_all_at_exit() -> None:
-    shippers = list(_LIVE)
+    # A forked child (a DataLoader worker, a multiprocessing.Pool process) runs this hook at its exit
+    # too, with a copy of the parent's queues but none of its worker threads: the parent ships them,
+    # and a child that waited for them would stall its parent's join until the exit timeout.
+    shippers = [shipper for shipper in _LIVE if shipper.pid == os.getpid()]
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # Lightning ignores SIGINT once it has handled a Ctrl-C; the wait must stay interruptible
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -418,6 +421,7 @@ class AsyncShipper:
         self._closed = False
         self._stopping = threading.Event()  # close(cancel_pending=True) or abandon: stop waiting on locks
         self._thread: threading.Thread | None = None
+        self.pid = os.getpid()  # the process whose worker thread ships the queue
         _register_exit_hook()
         _LIVE.add(self)
 
