@@ -1,6 +1,8 @@
 """check finds damage, names the damaged objects and every snapshot and file they affect."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,44 @@ def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_an
     err = proc.stderr.decode()
     assert proc.returncode == 30 and "remove the damaged snapshot(s) with: ckptvault forget" in err, err
     assert "restore the files not named" not in err
+
+
+def unprivileged_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process that file permissions apply to (root's overrides dropped): an object it
+    may not read fails as an S3 403, a KMS denial or an archived object does."""
+    command = [sys.executable, "-m", "ckptvault", *args]
+    if os.geteuid() == 0:
+        caps = "-dac_override,-dac_read_search"
+        command = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *command]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def test_an_unreadable_pack_is_not_damage_and_names_what_it_holds(damaged):
+    """A pack the storage refuses to hand over: check names the snapshot and files that cannot be checked or
+    restored until it can be read, exits as a storage failure (20), and never advises forgetting anything;
+    repair-index --read-data says it could not verify it instead of reporting success."""
+    vault, pack, name = damaged
+    pack.chmod(0)
+    for args in (("check",), ("check", "--read-data")):
+        proc = unprivileged_cli(*args, "--repo", vault.url)
+        assert proc.returncode == 20, proc.stderr
+        assert f"pack {name}: cannot be read" in proc.stdout and "access denied" in proc.stdout
+        assert f"cannot check or restore snapshot {vault.latest().short_id} until it can be read: b.bin" in proc.stdout
+        assert "forget" not in proc.stderr and "damaged" not in proc.stderr, proc.stderr
+        assert "1 object(s) could not be read" in proc.stderr and "1 snapshot(s) unchecked" in proc.stderr
+    proc = unprivileged_cli("repair-index", "--read-data", "--repo", vault.url)
+    assert proc.returncode == 20 and f"1 pack(s) could not be read (e.g. {name})" in proc.stderr, proc.stderr
+    pack.chmod(0o644)
+    assert Vault.open(vault.url).check(read_data=1.0).ok  # nothing was dropped meanwhile
+
+
+def test_an_unreadable_tree_is_not_reported_as_a_damaged_snapshot(damaged):
+    """Forgetting a snapshot whose tree merely could not be read (as check used to advise) deleted a
+    healthy snapshot, and the next prune its data."""
+    vault, _, _ = damaged
+    snap = vault.latest()
+    (Path(vault.url) / "trees" / snap.tree_id).chmod(0)
+    proc = unprivileged_cli("check", "--repo", vault.url)
+    assert proc.returncode == 20, proc.stderr
+    assert f"cannot check or restore snapshot {snap.short_id} until it can be read: the whole snapshot" in proc.stdout
+    assert "forget" not in proc.stderr and "(2 snapshots," in proc.stderr, proc.stderr

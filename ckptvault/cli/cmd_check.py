@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import IntegrityError, UnsupportedFormatError, UsageError
+from ..errors import IntegrityError, StorageError, UnsupportedFormatError, UsageError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
@@ -41,14 +41,22 @@ def check_cmd(
         return
     lines = [f"{p.object}: {p.detail}" for p in report.problems]
     for snapshot_id, files in report.affected.items():
-        shown = "the whole snapshot" if files == ["*"] else ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
-        lines.append(f"affects snapshot {snapshot_id[:8]}: {shown}")
+        lines.append(f"affects snapshot {snapshot_id[:8]}: {_files(files)}")
+    for snapshot_id, files in report.unavailable.items():
+        lines.append(f"cannot check or restore snapshot {snapshot_id[:8]} until it can be read: {_files(files)}")
     out.result(data, "\n".join(lines), asked=True)
     if all(p.newer for p in report.problems):
         raise UnsupportedFormatError(
             f"check found {len(report.problems)} object(s) written by a newer ckptvault, which this one cannot "
             f"read or check ({counts}); upgrade ckptvault, then check again"
         )
+    unreadable = sum(p.unreadable for p in report.problems)
+    unread = (
+        f"{unreadable} object(s) could not be read (access denied, an I/O error, an archived storage class: not "
+        f"damage), which leaves {len(report.unavailable)} snapshot(s) unchecked; fix the access and check again"
+    )
+    if unreadable == len(report.problems):  # nothing found damaged: forgetting anything would be wrong
+        raise StorageError("CHECK", "", vault.url, "unreadable objects", message=f"check: {unread} ({counts})")
     remedy = ""
     if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
         ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command
@@ -59,11 +67,15 @@ def check_cmd(
         )
         remedy = f"; {salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
     elif report.problems:
-        remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
+        remedy = "; no snapshot is damaged (every chunk they need has a whole copy): follow the hint on each line"
     raise IntegrityError(
-        f"check found {len(report.problems)} problem(s) affecting {len(report.affected)} snapshot(s) ({counts})"
-        + remedy
+        f"check found {len(report.problems) - unreadable} problem(s) affecting {len(report.affected)} snapshot(s) "
+        f"({counts}){remedy}" + (f"; {unread}" if unreadable else "")
     )
+
+
+def _files(files: list[str]) -> str:
+    return "the whole snapshot" if files == ["*"] else ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
 
 
 @app.command("repair-index")
@@ -107,6 +119,16 @@ def repair_index_cmd(
             else ""
         ),
     )
+    if result.unread_packs:
+        raise StorageError(
+            "GET",
+            "",
+            vault.url,
+            "unreadable packs",
+            message=f"{len(result.unread_packs)} pack(s) could not be read (e.g. {result.unread_packs[0][:12]}), so "
+            "their chunks were not verified and none was dropped: ckptvault check says why; fix the access and run "
+            "repair-index --read-data again",
+        )
 
 
 @app.command("unlock")

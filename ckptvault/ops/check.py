@@ -1,7 +1,10 @@
 """``check``: verify the repository's structure and, optionally, every stored byte.
 
 Damage is collected, not thrown: the report lists each damaged object and every snapshot
-and file it affects, so a user knows what is lost and what still restores. A delta chunk (codec 3)
+and file it affects, so a user knows what is lost and what still restores. An object the storage
+refuses to hand over (access denied, an I/O error, an archived storage class) is not damage: it is
+reported as unreadable, with the snapshots and files that cannot be checked or restored until it
+can be read, and never with the advice to forget them. A delta chunk (codec 3)
 is only as good as its base: a missing or damaged base is reported naming both chunks, and the
 files of every chunk that needs it are affected.
 """
@@ -12,7 +15,14 @@ import random
 from dataclasses import dataclass, field
 
 from ..blob import Kind
-from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, UnsupportedFormatError
+from ..errors import (
+    CkptVaultError,
+    IntegrityError,
+    ObjectNotFoundError,
+    ShortReadError,
+    StorageError,
+    UnsupportedFormatError,
+)
 from ..repository import Repository
 from ..repository.format import INDEX_PREFIX, id_from_key
 from ..repository.index import decode_index
@@ -26,6 +36,7 @@ class Problem:
     object: str  # what is damaged, e.g. "pack 51d2c0a1b2c3"
     detail: str
     newer: bool = False  # not damage: written by a newer ckptvault, which this one cannot read
+    unreadable: bool = False  # not damage: the storage refused to hand it over
 
 
 @dataclass
@@ -33,6 +44,7 @@ class CheckReport:
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     affected: dict[str, list[str]] = field(default_factory=dict)  # snapshot ID -> damaged files ("*" = all)
+    unavailable: dict[str, list[str]] = field(default_factory=dict)  # ... -> files in objects that cannot be read
     snapshots: int = 0
     packs: int = 0
     chunks: int = 0
@@ -48,11 +60,21 @@ def _short(b: bytes) -> str:
     return b.hex()[:12]
 
 
+def _unreadable(exc: BaseException) -> bool:
+    """A read the storage refused or failed (access denied, EIO, a timeout): the object may be whole.
+    A missing object and one shorter than its index says are damage."""
+    return isinstance(exc, StorageError) and not isinstance(exc, (ObjectNotFoundError, ShortReadError))
+
+
 class _Checker:
     def __init__(self, repo: Repository, report: CheckReport) -> None:
         self.repo = repo
         self.report = report
         self.bad_chunks: set[bytes] = set()
+        self.unread_chunks: set[bytes] = set()  # every whole copy is in a pack that could not be read
+        self.unread_packs: set[bytes] = set()
+        self.intact: set[bytes] = set()  # chunks read back whole (--read-data)
+        self.copies: dict[bytes, set[bytes]] = {}  # chunk -> the stored packs holding a whole copy of it
         self.indexed: dict[bytes, list[PackEntry]] = {}
         self.bases: dict[bytes, set[bytes]] = {}  # delta chunk -> the bases its stored copies name
         self.reported: set[bytes] = set()  # chunks already named in a problem
@@ -61,8 +83,8 @@ class _Checker:
         self.unreadable_index = False  # an index object could not be read: packs may be in no index
         self.damaged_index = False  # ... because it is damaged (not newer than this ckptvault)
 
-    def problem(self, obj: str, detail: str, *, newer: bool = False) -> None:
-        self.report.problems.append(Problem(obj, detail, newer))
+    def problem(self, obj: str, detail: str, *, newer: bool = False, unreadable: bool = False) -> None:
+        self.report.problems.append(Problem(obj, detail, newer, unreadable))
 
     def check_index(self) -> None:
         for info in self.repo.store.list(INDEX_PREFIX):
@@ -107,13 +129,11 @@ class _Checker:
         stored = self.repo.list_packs()
         self.report.packs = len(stored)
         # a chunk with a whole copy in a stored pack is not lost with another copy's pack (readers fall back)
-        held = {
-            e.chunk_id
-            for pack_id, entries in self.indexed.items()
-            if pack_id in stored
-            for e in entries
-            if lies_whole_in(e.offset, e.stored_len, stored[pack_id])
-        }
+        for pack_id, entries in self.indexed.items():
+            for e in entries:
+                if pack_id in stored and lies_whole_in(e.offset, e.stored_len, stored[pack_id]):
+                    self.copies.setdefault(e.chunk_id, set()).add(pack_id)
+        held = set(self.copies)
         for pack_id, entries in self.indexed.items():
             name = f"pack {_short(pack_id)}"
             size = stored.get(pack_id)
@@ -124,9 +144,13 @@ class _Checker:
             try:
                 header = self.repo.read_pack_header(pack_id, size)
             except CkptVaultError as exc:
+                header = None
+                if _unreadable(exc):
+                    self.problem(name, f"cannot be read: {exc}", unreadable=True)
+                    self.unread_packs.add(pack_id)
+                    continue
                 self.problem(name, f"header is damaged: {exc}")
                 self.bad_headers.add(pack_id)
-                header = None
             cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
             if cut:
                 lost = [c for c in cut if c not in held]
@@ -189,7 +213,10 @@ class _Checker:
             try:
                 data = self.repo.read_pack(pack_id)
             except CkptVaultError as exc:
-                self.problem(name, f"cannot be read: {exc}")
+                if pack_id not in self.unread_packs:
+                    self.problem(name, f"cannot be read: {exc}", unreadable=_unreadable(exc))
+                if _unreadable(exc):
+                    self.unread_packs.add(pack_id)
                 continue
             self.report.packs_read += 1
             try:
@@ -213,6 +240,7 @@ class _Checker:
                     self.reported.add(e.chunk_id)
                 self.report.chunks_read += 1
         self.bad_chunks -= intact  # a damaged copy loses nothing where another copy reads back whole
+        self.intact = intact
 
     def spread_to_deltas(self) -> None:
         """Every delta whose base (at any depth) is bad is bad too, named with its base."""
@@ -231,6 +259,14 @@ class _Checker:
                         f"chunk {_short(chunk_id)}",
                         f"is stored as a delta against chunk {_short(bad_base)}, which is missing or damaged",
                     )
+        self.unread_chunks = {
+            c for c, packs in self.copies.items() if packs <= self.unread_packs and c not in self.intact
+        }
+        while True:  # and a delta whose base cannot be read cannot be read either
+            more = {c for c, bases in self.bases.items() if c not in self.unread_chunks and bases & self.unread_chunks}
+            if not more:
+                break
+            self.unread_chunks |= more
 
     def check_snapshots(self, snapshot_ids: list[bytes]) -> None:
         """``snapshot_ids``: listed before the index objects were (see ``run_check``)."""
@@ -238,19 +274,24 @@ class _Checker:
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         for snapshot_id in snapshot_ids:
             name = f"snapshot {_short(snapshot_id)}"
+            self.report.snapshots += 1
             try:
                 snap: Snapshot = decode_snapshot(self.repo.load_snapshot(snapshot_id))
                 tree = decode_tree(self.repo.load_tree(bytes.fromhex(snap.tree_id)))
             except CkptVaultError as exc:
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
+                    self.report.snapshots -= 1
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
                 if isinstance(exc, UnsupportedFormatError):  # not damage: it may be readable by a newer ckptvault
                     self.problem(name, str(exc), newer=True)
                     continue
+                if _unreadable(exc):
+                    self.problem(name, f"cannot be read: {exc}", unreadable=True)
+                    self.report.unavailable[snapshot_id.hex()] = ["*"]
+                    continue
                 self.problem(name, str(exc))
                 self.report.affected[snapshot_id.hex()] = ["*"]
                 continue
-            self.report.snapshots += 1
             for entry in tree:
                 missing = [c for c in entry.chunks if c not in chunk_ids]
                 lost = [c for c in missing if c not in self.header_only]
@@ -264,6 +305,8 @@ class _Checker:
                     )
                 if lost or any(c in self.bad_chunks for c in entry.chunks):
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
+                elif any(c in self.unread_chunks for c in entry.chunks):
+                    self.report.unavailable.setdefault(snap.id, []).append(entry.path)
 
 
 def run_check(repo: Repository, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:

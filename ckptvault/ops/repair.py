@@ -26,6 +26,7 @@ class IndexRepair:
     missing_packs: list[str]  # packs the index named that are gone from the store (dropped from the index)
     dry_run: bool
     damaged_chunks: list[str] = field(default_factory=list)  # read_data: chunks that did not verify (dropped)
+    unread_packs: list[str] = field(default_factory=list)  # read_data: packs that could not be read (not verified)
 
 
 def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = False) -> IndexRepair:
@@ -40,7 +41,8 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
-    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone) if read_data else {}
+    unread: list[bytes] = []
+    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | bad_chunks.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
@@ -63,14 +65,15 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
         missing_packs=sorted(p.hex() for p in gone),
         dry_run=dry_run,
         damaged_chunks=sorted({c.hex() for chunks in bad_chunks.values() for c in chunks}),
+        unread_packs=sorted(p.hex() for p in unread),
     )
 
 
 def _chunks_that_do_not_verify(
-    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes]
+    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes], unread: list[bytes]
 ) -> dict[bytes, set[bytes]]:
     """Pack ID -> the chunks in it that do not decode and verify, reading each indexed pack once,
-    whole (a pack is at most 1 GiB; 16 MiB by default)."""
+    whole (a pack is at most 1 GiB; 16 MiB by default). Packs that cannot be read go to ``unread``."""
     packs: dict[bytes, list[PackEntry]] = {}
     for index in objects.values():
         for pack_id, entries in index.items():
@@ -80,7 +83,8 @@ def _chunks_that_do_not_verify(
         try:
             data = repo.read_pack(pack_id)
         except CkptVaultError:
-            continue  # unreadable as a whole: check names it; a read error may pass, so nothing is dropped
+            unread.append(pack_id)  # a read error may pass: nothing is dropped from it
+            continue
         for e in packs[pack_id]:
             try:
                 repo.decode_chunk(e.chunk_id, data[e.offset : e.offset + e.stored_len], e.raw_len, e.base_id)
