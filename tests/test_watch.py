@@ -626,3 +626,32 @@ def test_a_live_trainer_output_folder_never_ships_its_logs(tmp_path, repo, cli):
     assert [s["checkpoint"] for s in watch.shipped()] == ["checkpoint-500"]
     cli("restore", "latest", "--tag", "run=hf", str(tmp_path / "resume"), "--repo", repo, "-q")
     assert (tmp_path / "resume" / "model.safetensors").read_bytes() == b"w" * 4096
+
+
+def test_a_trainer_checkpoint_deleted_before_its_last_file_was_seen_is_not_shipped(tmp_path, repo):
+    """A Hugging Face Trainer writes trainer_state.json last: a checkpoint-N deleted before it settled
+    whose pin never got that file was seen in part only, and shipped it would be the run's newest step
+    (restore latest would give a torn checkpoint). One deleted as quickly but seen whole still ships."""
+    ckpts = tmp_path / "ckpts"
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=hf", "--settle", "1", "--json")
+    for step, last_files_seen in ((1, False), (2, True)):
+        folder = ckpts / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(os.urandom(100_000))
+        if last_files_seen:
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        watch.wait_for(lambda: pins_dir.exists() and len(os.listdir(pins_dir)) == 1, what=f"checkpoint-{step}'s pin")
+        time.sleep(0.3)  # a few polls: the pin holds what the folder holds
+        if not last_files_seen:  # the rest is written, and the folder deleted, within one poll
+            (folder / "optimizer.pt").write_bytes(os.urandom(100_000))
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        shutil.rmtree(folder)
+        watch.wait_for(lambda: not os.listdir(pins_dir), what=f"checkpoint-{step}'s pin to go")
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="checkpoint-2 to ship")
+    assert watch.finish() == 0, watch.err
+    assert [e["step"] for e in watch.shipped()] == [2]
+    assert any("checkpoint-1 was deleted before it was complete" in line for line in watch.err), watch.err
+    with Vault.open(repo) as vault:
+        assert [s.tags["step"] for s in vault.snapshots({"run": "hf"})] == ["2"]

@@ -489,6 +489,8 @@ class Watcher:
                 continue
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
+                if cand.source_stat is None and self._deleted_unfinished(cand, now):
+                    continue
                 pins.sync(cand.pin)
                 sig = pins.signature(cand.pin.data, self._excluded) + _temporary_activity(cand.pin)
             except FileNotFoundError:
@@ -500,6 +502,26 @@ class Watcher:
             self._warned.discard(("pin", cand.pin.name))
             if sig != cand.sig:
                 cand.sig, cand.last_change = sig, now
+
+    def _deleted_unfinished(self, cand: _Candidate, now: float) -> bool:
+        """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: one
+        deleted before it settled whose pin never got that file was seen only in part (its last files
+        came and went within one poll, or its pin was made while it was being deleted), and shipped it
+        would be the run's newest step. Dropped, and said so."""
+        if (
+            not TRAINER_CHECKPOINT.fullmatch(cand.pin.name)
+            or now - cand.last_change >= self.options.settle
+            or os.path.lexists(cand.pin.source)
+            or os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE))
+        ):
+            return False
+        self._on_warning(
+            f"{cand.pin.name} was deleted before it was complete (its {TRAINER_STATE}, which a Hugging Face Trainer "
+            f"writes last, was never seen): not shipped; a checkpoint must stay at least one "
+            f"{spelled('--interval', 'interval')} after it is written to be seen whole"
+        )
+        self._drop(cand)
+        return True
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         if not self._shipped_known():
