@@ -226,6 +226,11 @@ def test_bad_input_fails_at_once_on_the_callers_thread(tmp_path, vault):
         with pytest.raises(SourceError, match=f"cannot read {nothing}: it holds no finished files"):
             vault.backup_async(nothing)
     assert not list(tmp_path.glob(".ckptvault-pins/*")), "no pin is left behind"
+    # as backup() refuses them, before the trainer, told they are pinned, deletes them
+    same_name = [make_checkpoint(tmp_path / d / "ckpt", 1) for d in ("a", "b")]
+    with pytest.raises(UsageError, match="two sources share the name 'ckpt'"):
+        vault.backup_async(same_name)
+    assert not list(tmp_path.glob("*/.ckptvault-pins/*")), "no pin is left behind"
     with pytest.raises(UsageError, match=r"tag key 'lr=0\.1' is invalid"):
         vault.backup_async(tmp_path, tags={"lr=0.1": "yes"})
     with pytest.raises(UsageError):

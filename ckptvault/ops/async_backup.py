@@ -53,7 +53,7 @@ from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER
 from .pin import Pin
-from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault, scan_sources
+from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault, scan_sources, source_names
 
 log = logging.getLogger("ckptvault")
 retry_log = logging.getLogger("ckptvault.shipping")  # the CLI (watch) shows these as warnings
@@ -207,6 +207,7 @@ def make_job(
     (leftover_pins.py). ``vault_folder``: the vault's local folder, refused as a source and left
     out of the pins (scan.refuse_sources_in_vault); what ``exclude`` leaves out is not pinned."""
     sources = check_sources(paths)
+    source_names(sources)  # refused now, as backup() refuses it, not on the worker after the caller moved on
     vault = refuse_sources_in_vault(sources, vault_folder)
     job = BackupJob(
         sources=sources,

@@ -129,6 +129,16 @@ def check_sources(sources: list[str]) -> list[str]:
     return abs_sources
 
 
+def source_names(abs_sources: list[str]) -> list[str]:
+    """The names several sources (or one file) are stored under in a snapshot: their base names,
+    which must differ."""
+    names = [os.path.basename(s.rstrip("/")) or "root" for s in abs_sources]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")
+    return names
+
+
 NO_EXCLUDES = Excludes()
 
 
@@ -152,11 +162,7 @@ def scan_sources(
     if len(abs_sources) == 1 and os.path.isdir(abs_sources[0]):
         walk(abs_sources[0], "")
     else:
-        names = [os.path.basename(s.rstrip("/")) or "root" for s in abs_sources]
-        dupes = {n for n in names if names.count(n) > 1}
-        if dupes:
-            raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")
-        for src, name in zip(abs_sources, names, strict=False):
+        for src, name in zip(abs_sources, source_names(abs_sources), strict=True):
             st = os.stat(src)
             if exclude.match(name, stat.S_ISDIR(st.st_mode)):
                 result.excluded += 1
