@@ -389,6 +389,10 @@ class Vault:
         ``exit_timeout`` bounds only the interpreter's exit), then release the Vault; every method
         but ``close`` (which may be called again) then raises UsageError. A failed backup was
         logged when it failed and is not raised here."""
+        if self._shipper is not None and self._shipper.on_worker_thread():  # it would wait for itself
+            raise UsageError(
+                "close() cannot be called from a backup's done-callback; close the Vault from your own code"
+            )
         with self._close_mutex:  # a second caller waits until the first has closed
             if self._closing:
                 return

@@ -241,6 +241,28 @@ def test_bad_input_fails_at_once_on_the_callers_thread(tmp_path, vault):
         vault.configure_async(max_pending=0)
 
 
+def test_close_from_a_done_callback_is_refused_and_changes_nothing(tmp_path, vault):
+    """It would wait for the thread it runs on: it raised a bare RuntimeError after marking the vault
+    closing, so backup_async refused from then on and close() never closed it."""
+    raised: list[BaseException] = []
+
+    def close_now(_handle) -> None:
+        try:
+            vault.close()
+        except BaseException as exc:  # the callback's own error is only logged by concurrent.futures
+            raised.append(exc)
+
+    handle = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1))
+    handle.add_done_callback(close_now)
+    handle.result(timeout=60)
+    wait_until(lambda: raised)
+    assert isinstance(raised[0], UsageError) and "done-callback" in str(raised[0])
+    assert vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_2", 2)).result(timeout=60)
+    vault.close()
+    with pytest.raises(UsageError, match="closed"):
+        vault.snapshots()
+
+
 def test_flush_timeout_is_bounded(tmp_path):
     vault = slow_vault(tmp_path, delay=0.3)
     handle = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"step": "1"})

@@ -504,11 +504,15 @@ class AsyncShipper:
         with self._cond:
             return len(self._pending) + (self._running is not None)
 
+    def on_worker_thread(self) -> bool:
+        """Whether the caller is this queue's worker (a backup's done-callback), which cannot wait for it."""
+        return threading.current_thread() is self._thread
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued backup has ended. Raises FlushTimeoutError when some are still
         unfinished after ``timeout`` seconds, else the first error of the backups that failed
         since the previous flush (each failure is also on its handle and was logged)."""
-        if threading.current_thread() is self._thread:
+        if self.on_worker_thread():
             raise UsageError("flush() cannot be called from a backup's done-callback")
         with self._cond:
             idle = self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
