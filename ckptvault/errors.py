@@ -275,7 +275,12 @@ class DrillFailedError(CkptVaultError):
 
 
 class BackupSupersededError(CkptVaultError):
-    """``backup_async``: the queue was full and a newer backup took this one's place."""
+    """``backup_async``: the queue was full and a newer backup took this one's place, or a later save
+    rewrote its pinned files in place (``rewritten``: those sources)."""
+
+    def __init__(self, message: str, *, rewritten: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.rewritten = rewritten
 
 
 class FlushTimeoutError(CkptVaultError, TimeoutError):

@@ -142,6 +142,25 @@ def test_a_file_rewritten_in_place_before_it_shipped_is_never_stored_under_the_o
     vault.close()
 
 
+def test_a_save_rewritten_in_place_with_no_later_save_queued_fails_flush_loudly(tmp_path, caplog):
+    """The warning used to say a later save ships the content when none was queued, and flush()
+    returned normally: the callbacks' end-of-training check passed with nothing stored."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    busy = vault.backup_async(make_checkpoint(tmp_path / "other", 0), tags={"step": "0"})
+    wait_until(busy.running)
+    final = make_checkpoint(tmp_path / "out" / "final", 1)
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        handle = vault.backup_async(final, tags={"step": "1"})
+        with open(final / "trainer_state.json", "ab") as f:  # same inode: the pin changes too
+            f.write(b"\n")
+        with pytest.raises(BackupSupersededError, match="no later backup of it is queued"):
+            vault.flush(timeout=120)
+    assert isinstance(handle.exception(timeout=0), BackupSupersededError)
+    assert any("no later backup" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+    assert [s.tags["step"] for s in vault.snapshots()] == ["0"]
+    vault.close()
+
+
 def test_block_waits_for_a_free_slot_and_ships_everything(tmp_path):
     vault = slow_vault(tmp_path, delay=0.1)
     vault.configure_async(max_pending=1)

@@ -350,7 +350,7 @@ TAKE_OVER = textwrap.dedent(
 def test_of_two_processes_resuming_at_once_one_takes_a_job_over_whole(tmp_path, vault, ended_process, folders):
     # with a job of two folders, each process starts from a different one: neither may take half
     # of the job (each would then find it torn, and release its half: the checkpoint lost)
-    ckpts = [make_checkpoint(tmp_path / d / "checkpoint-1", 1) for d in "ab"[:folders]]
+    ckpts = [make_checkpoint(tmp_path / d / f"shard-{d}", 1) for d in "ab"[:folders]]  # one save, two folders
     roots = pin_for(vault, ckpts, 1)
     for root in roots:
         set_owner(root, **ended_process)

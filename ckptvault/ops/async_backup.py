@@ -178,7 +178,8 @@ def check_pins_unchanged(job: BackupJob) -> None:
         if now != pinned_as:
             raise BackupSupersededError(
                 f"{pin.source} was rewritten in place by a later save before it shipped; that save ships "
-                "its content, this one is not stored"
+                "its content, this one is not stored",
+                rewritten=(pin.source,),
             )
 
 
@@ -625,8 +626,21 @@ class AsyncShipper:
                 self._cond.notify_all()  # a blocked submit may go on
             try:
                 snapshot = self._run_with_retries(job)
-            except BackupSupersededError as exc:  # a later save holds its content: as when coalesced
-                log.warning("async backup of %s: %s", job.describe(), exc)
+            except BackupSupersededError as exc:
+                with self._cond:
+                    queued = {pin.source for later in self._pending for pin in later.pins}
+                if queued.issuperset(exc.rewritten):  # a later save holds its content: as when coalesced
+                    log.warning("async backup of %s: %s", job.describe(), exc)
+                else:  # nothing queued will ship what the rewrite left: this save is lost unless told
+                    exc = BackupSupersededError(
+                        f"{', '.join(exc.rewritten)} was rewritten in place after it was pinned, and no later backup "
+                        "of it is queued: this save is not stored; back it up again, and write each save to a new "
+                        "name (a hard link pins the file, not its bytes: docs/training.md)",
+                        rewritten=exc.rewritten,
+                    )
+                    log.error("async backup of %s failed: %s", job.describe(), exc)
+                    with self._cond:
+                        self._failures.append(exc)
                 self._release(job)
                 job.future.set_exception(exc)
             except BaseException as exc:
