@@ -290,3 +290,40 @@ def test_ctrl_c_says_what_the_command_leaves(name: str, message: str, capsys: py
     assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1, err
     if name == "ls_cmd":
         assert err == "error: cancelled"
+
+
+@pytest.mark.parametrize("command", ["backup", "prune"])
+def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_lock(cli, tmp_path: Path, command: str):
+    """SIGTERM is how Kubernetes, SLURM and spot instances stop a job: the command used to die at once
+    (exit 143, no message) and leave its lock, which keeps other hosts out of a shared vault for 30 minutes."""
+    import signal
+
+    repo, src = str(tmp_path / "v"), tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(24_000_000))
+    cli("init", repo)
+    if command == "prune":  # a prune that repacks: a pack holds the end of w.bin (dead) and x.bin's start
+        (src / "x.bin").write_bytes(os.urandom(24_000_000))
+        cli("backup", str(src), "--repo", repo)
+        (src / "w.bin").unlink()
+        cli("backup", str(src), "--repo", repo)
+        args = ["prune", "--keep-latest", "1", "--repack-threshold", "0"]
+    else:
+        args = ["backup", str(src)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptvault", *args, "--repo", repo, "--limit-upload", "4MB", "--limit-download", "4MB"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    locks = tmp_path / "v" / "locks"
+    deadline = time.monotonic() + 30
+    while not (locks.exists() and any(locks.iterdir())):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.02)
+    time.sleep(0.5)  # under way
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143, err
+    assert err.startswith("error: terminated (SIGTERM)") and "Traceback" not in err, err
+    assert not any(locks.iterdir()), "the lock was left behind"
+    cli("check", "--repo", repo)  # nothing damaged: what was cut short is only unindexed packs

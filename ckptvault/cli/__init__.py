@@ -121,8 +121,10 @@ def main() -> None:
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
         _keep_freed_memory()  # before the key derivation's thread: a thread that has allocated keeps its arena
     _derive_key_ahead(sys.argv[1:])
+    from .app import Terminated
     from .commands import app
 
+    Terminated.install()  # watch replaces it: it finishes the upload in flight first
     _configure_logging()
     _whole_writes_to_stdout()
     # The pipelines allocate many short-lived objects (futures, tuples) per chunk: collecting
@@ -149,6 +151,7 @@ def _run(app: typer.Typer) -> int:
     missing argument) printed as one line like every other error instead of click's framed box."""
     import typer
 
+    from .app import Terminated
     from .output import Output
 
     # click's exceptions, wherever this typer takes click from (newer releases carry their own copy)
@@ -170,7 +173,10 @@ def _run(app: typer.Typer) -> int:
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         Output().error(f"{message}{hint}")
         return exc.exit_code
-    except typer.Abort:
+    except typer.Abort as exc:
+        if isinstance(exc.__context__, Terminated):
+            Output().error("terminated (SIGTERM)")
+            return Terminated.exit_code
         Output().error("cancelled")
         return 130
     return code if isinstance(code, int) else 0

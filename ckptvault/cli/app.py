@@ -6,6 +6,7 @@ import functools
 import getpass
 import inspect
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -102,6 +103,22 @@ _CANCELLED = {
 }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping the job, a spot instance's preemption notice), unwound as Ctrl-C
+    is, so that a command gives up its writes and its lock (a lock left behind keeps other hosts out
+    of a shared vault for 30 minutes); the process then ends with 143, as a terminated one does."""
+
+    exit_code = 143
+
+    @staticmethod
+    def install() -> None:
+        def raise_terminated(signum: int, frame: object) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+            raise Terminated
+
+        signal.signal(signal.SIGTERM, raise_terminated)
+
+
 def command(func: F) -> F:
     """Error boundary: a CkptVaultError becomes one line on stderr and its exit code."""
 
@@ -113,8 +130,12 @@ def command(func: F) -> F:
         except CkptVaultError as exc:
             out.error(str(exc))
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            out.error(_CANCELLED.get(func.__name__, "cancelled"))
+        except KeyboardInterrupt as exc:
+            said = _CANCELLED.get(func.__name__, "cancelled")
+            if isinstance(exc, Terminated):
+                out.error(said.replace("cancelled", "terminated (SIGTERM)", 1))
+                raise typer.Exit(Terminated.exit_code) from None
+            out.error(said)
             raise typer.Exit(130) from None
         except BrokenPipeError:  # the reader went away (`| head`): end quietly, as SIGPIPE ends other tools
             discard_stdout()
