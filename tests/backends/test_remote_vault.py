@@ -23,7 +23,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
 from ckptvault.errors import StorageError, VaultExistsError
-from ckptvault.store import fsspec_store
+from ckptvault.store import ReadAheadStore, fsspec_store
 
 from ..conftest import tree_digest
 from ..support import servers
@@ -347,7 +347,7 @@ def test_bandwidth_limits_on_s3(server, tmp_path: Path):
     vault.close()
 
     vault = Vault.open(url, storage_options=backend.storage_options, limit_download="4MB")
-    assert isinstance(vault._repo.store, fsspec_store.ReadAheadStore)  # the windows' reads are what is limited
+    assert isinstance(vault._repo.store, ReadAheadStore)  # the windows' reads are what is limited
     started = time.monotonic()
     vault.restore("latest", tmp_path / "out")
     took = time.monotonic() - started
