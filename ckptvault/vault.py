@@ -525,6 +525,11 @@ class Vault:
                 f"tree object {snap.tree_id[:12]} of snapshot {snap.short_id} is missing from {self.url}; "
                 f"run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
             ) from None
+        except IntegrityError as exc:  # damaged: it named only the tree, which nothing else shows a user
+            raise IntegrityError(
+                f"{exc} (the tree of snapshot {snap.short_id}); run: ckptvault check, then remove the snapshot "
+                f"with: ckptvault forget {snap.short_id}"
+            ) from None
         return _decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
     # ---- backup and restore ------------------------------------------------------------

@@ -1,5 +1,6 @@
 """check finds damage, names the damaged objects and every snapshot and file they affect."""
 
+import json
 import os
 import subprocess
 import sys
@@ -151,3 +152,28 @@ def test_an_unreadable_tree_is_not_reported_as_a_damaged_snapshot(damaged):
     assert proc.returncode == 20, proc.stderr
     assert f"cannot check or restore snapshot {snap.short_id} until it can be read: the whole snapshot" in proc.stdout
     assert "forget" not in proc.stderr and "(2 snapshots," in proc.stderr, proc.stderr
+
+
+def test_a_damaged_tree_is_named_by_its_snapshot_everywhere_and_stops_only_what_needs_it(tmp_path: Path, cli):
+    """Every command but check said only "tree object X is damaged", an ID no other command shows; and a
+    status of any path failed outright (exit 30) instead of answering from the other snapshots."""
+    repo, a, b = str(tmp_path / "repo"), tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "w.bin").write_bytes(os.urandom(50_000))
+    cli("init", repo)
+    cli("backup", str(a), "--repo", repo)
+    cli("backup", str(b), "--repo", repo)
+    first, second = (s["id"][:8] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout))
+    tree = Path(repo) / "trees" / json.loads(cli("snapshots", "--json", "--repo", repo).stdout)[1]["tree_id"]
+    data = bytearray(tree.read_bytes())
+    data[30] ^= 1
+    tree.write_bytes(bytes(data))
+    for args in (["prune", "--keep-latest", "5"], ["restore", second, str(tmp_path / "out")]):
+        proc = cli(*args, "--repo", repo, check=False)
+        err = proc.stderr.decode()
+        assert proc.returncode == 30 and f"snapshot {second}" in err and f"ckptvault forget {second}" in err, err
+    assert cli("status", str(a), "--repo", repo).returncode == 0  # the intact snapshot still answers
+    proc = cli("status", str(b), "--repo", repo, check=False)
+    assert proc.returncode == 40 and f"the tree of snapshot(s) {second} is damaged" in proc.stdout.decode()
+    assert first != second

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import IntegrityError, ObjectNotFoundError
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree
-from ..snapshot.model import Snapshot
+from ..snapshot.model import FileEntry, Snapshot
 from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention
 from .gc import STALE_TEMP_AGE_S, GcPlan, execute_gc, plan_gc, verify_exclusive_lock
 
@@ -51,7 +52,7 @@ def run_prune(
 
 def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack_threshold: float) -> PruneResult:
     keep = retention.keep
-    trees = [decode_tree(repo.load_tree(bytes.fromhex(s.tree_id))) for s in keep]
+    trees = [_kept_tree(repo, s) for s in keep]
     gc = plan_gc(repo, trees, {bytes.fromhex(s.tree_id) for s in keep}, repack_threshold)
     gc.snapshot_ids = {bytes.fromhex(s.id) for s in keep}  # a snapshot committed meanwhile stops the GC
     before = stored_bytes(repo)
@@ -63,3 +64,16 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     execute_gc(repo, gc)
     repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)
     return PruneResult(retention, gc, False, before, stored_bytes(repo))
+
+
+def _kept_tree(repo: Repository, snap: Snapshot) -> list[FileEntry]:
+    """The tree of a snapshot prune keeps: its chunks must stay. One that is missing or damaged stops
+    the prune (what it needs is unknown), naming the snapshot and the way out."""
+    try:
+        return decode_tree(repo.load_tree(bytes.fromhex(snap.tree_id)))
+    except (IntegrityError, ObjectNotFoundError) as exc:
+        state = "missing" if isinstance(exc, ObjectNotFoundError) else f"damaged ({exc})"
+        raise IntegrityError(
+            f"prune refused: the tree object {snap.tree_id[:12]} of snapshot {snap.short_id}, which it would keep, is "
+            f"{state}; run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
+        ) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ObjectNotFoundError, SourceError
+from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
 from .restore import file_hash
@@ -63,11 +63,15 @@ def backup_status(
     first = min(local)
     candidates = [s for s in snapshots if s.summary.files >= len(local) and s.summary.logical_bytes >= total]
     packs: dict[bytes, int] | None = None
+    damaged: list[str] = []
     for snap in sorted(candidates, key=lambda s: s.time, reverse=True):
         try:
             tree = {e.path: e for e in load_tree(snap) if e.type == "file"}
-        except ObjectNotFoundError:
+        except (ObjectNotFoundError, SnapshotNotFoundError):
             continue  # forgotten meanwhile
+        except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
+            damaged.append(snap.short_id)
+            continue
         for prefix in _prefixes(tree, first):
             entries = [tree.get(prefix + rel) for rel in local]
             if any(e is None or e.size != local[rel].st.st_size for e, rel in zip(entries, local, strict=True)):
@@ -92,7 +96,8 @@ def backup_status(
                 return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
             where = f" under {prefix.rstrip('/')}/" if prefix else ""
             return status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
-    return status(False, f"no snapshot holds its {len(local)} file(s) with the same content")
+    unread = f" (the tree of snapshot(s) {', '.join(damaged)} is damaged: run: ckptvault check)" if damaged else ""
+    return status(False, f"no snapshot holds its {len(local)} file(s) with the same content{unread}")
 
 
 def _prefixes(tree: dict[str, FileEntry], rel: str) -> list[str]:
