@@ -327,3 +327,27 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_lock(cli, tmp_path: Path, com
     assert err.startswith("error: terminated (SIGTERM)") and "Traceback" not in err, err
     assert not any(locks.iterdir()), "the lock was left behind"
     cli("check", "--repo", repo)  # nothing damaged: what was cut short is only unindexed packs
+
+
+@pytest.mark.parametrize(
+    "repeated",
+    [
+        ["--keep-latest", "3", "--keep-latest", "1"],
+        ["--keep-latest", "1", "--group-by", "run", "--group-by=host"],
+        ["--keep-latest", "1", "--before", "1d", "--before", "0m"],
+    ],
+)
+def test_an_option_given_twice_is_refused_not_resolved_to_the_last(cli, tmp_path: Path, repeated: list[str]):
+    """click keeps the last value: a wrapper appending its defaults made prune delete what the user kept."""
+    repo, src = str(tmp_path / "v"), tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"x")
+    cli("init", repo)
+    for run in ("x", "y", "z"):
+        cli("backup", str(src), "--repo", repo, "-t", f"run={run}")
+    proc = cli("prune", *repeated, "--repo", repo, check=False)
+    name = next(arg.split("=")[0] for arg in repeated if repeated.count(arg) > 1 or "=" in arg)
+    assert proc.returncode == 2, proc.stderr
+    assert one_line_error(proc) == f"error: {name} is given more than once; give it once (see: ckptvault prune --help)"
+    assert len(json.loads(cli("snapshots", "--json", "--repo", repo).stdout)) == 3
+    cli("backup", str(src), "--repo", repo, "-t", "run=x", "-t", "step=4")  # a multiple option stays multiple

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import typer
@@ -146,6 +146,29 @@ def _whole_writes_to_stdout() -> None:
         )
 
 
+def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
+    """An option that takes one value, given twice (click keeps the last): a wrapper script that
+    appends its defaults to ``prune --keep-latest 3`` would otherwise delete what the user kept."""
+    command, i, path = group, 0, []  # click's objects, by their attributes (typer may carry its own click)
+    while hasattr(command, "commands"):  # a group: the command named is `prune`, or `key passwd`
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 1
+        if i == len(argv) or argv[i] not in command.commands:
+            return None  # help, or an unknown command: click says so
+        command, i = command.commands[argv[i]], i + 1
+        path.append(argv[i - 1])
+    given: list[str] = []
+    for token in argv[i:]:
+        if token == "--":
+            break
+        given.append(token.split("=", 1)[0] if token.startswith("--") else token)
+    for param in command.params:
+        single = param.param_type_name == "option" and not param.multiple and not getattr(param, "is_flag", False)
+        if single and sum(given.count(name) for name in param.opts) > 1:
+            return str(param.opts[0]), " ".join(path)
+    return None
+
+
 def _run(app: typer.Typer) -> int:
     """The app, with click's own errors (an unknown command or option, a value of the wrong type, a
     missing argument) printed as one line like every other error instead of click's framed box."""
@@ -156,8 +179,14 @@ def _run(app: typer.Typer) -> int:
 
     # click's exceptions, wherever this typer takes click from (newer releases carry their own copy)
     click_errors = sys.modules[typer.BadParameter.__module__]
+    cli = typer.main.get_command(app)
+    repeated = _repeated_option(cli, sys.argv[1:])
+    if repeated:
+        option, command = repeated
+        Output().error(f"{option} is given more than once; give it once (see: ckptvault {command} --help)")
+        return 2
     try:
-        code = app(standalone_mode=False)
+        code = cli(standalone_mode=False)
     except SystemExit as exc:
         # rich ends the help cut by a closed pipe (`--help | head`) with exit 1: 141, as for every
         # other closed stdout (docs/usage.md)
