@@ -719,7 +719,7 @@ class Vault:
             keep_tags=tuple(str_list_arg("keep_tags", keep_tags, "['milestone']")),
             group_by=text_arg("group_by", group_by, optional=True),
         )
-        repack_threshold = fraction_arg("repack_threshold", repack_threshold)
+        repack_threshold = fraction_arg(spelled("--repack-threshold", "repack_threshold"), repack_threshold)
         # a dry run deletes nothing: a shared lock lets backups go on meanwhile (its plan may then
         # count a running backup's packs, not yet indexed, as leftovers; the real run cannot)
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta, timezone
 
 from ..arguments import TAG_TEXT_MAX, control_char
@@ -100,6 +101,8 @@ def parse_fraction(value: str, option: str) -> float:
         fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         raise UsageError(f"{option}: {value!r} is not a percentage like 10%") from None
+    if not math.isfinite(fraction):
+        raise UsageError(f"{option}: {value!r} is not a percentage like 10%")
     if not text.endswith("%") and fraction >= 1:  # "5" may mean 5%, "1" 1% or all of it
         raise UsageError(f"{option}: {value!r} is ambiguous; write a percentage like {text}% or a fraction like 0.05")
     if not 0 < fraction <= 1:
