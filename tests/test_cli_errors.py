@@ -60,7 +60,7 @@ from .test_cli import one_line_error
         (["check", "--repo", "{tmp}/v", "--read-data-subset", "5"], 2, "'5' is ambiguous; write a percentage like 5%"),
         (["check", "--repo", "{tmp}/v", "--read-data-subset", "1"], 2, "'1' is ambiguous"),
         (["check", "--repo", "{tmp}/v", "--read-data-subset", "inf"], 2, "'inf' is not a percentage like 10%"),
-        (["prune", "--repo", "{tmp}/v", "--keep-latest", "1", "--repack-threshold", "nan"], 2, "threshold nan"),
+        (["prune", "--repo", "{tmp}/v", "--keep-latest", "1", "--repack-threshold", "nan"], 2, "-threshold nan"),
         # a new vault would mix with other files: a checkpoint folder named by mistake, another vault
         (["init", "{tmp}/src"], 2, "is not empty and holds no vault"),
         # ... and where a vault is looked for there, the hint is not an init that would fail
