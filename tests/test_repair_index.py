@@ -202,7 +202,7 @@ def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(rep
         report = vault.check()
         assert report.affected == {snap.id: ["weights.bin"]}
         assert "a backup of the files holding them stores them again" in str(report.problems)
-        with pytest.raises(IntegrityError, match="in no pack"):
+        with pytest.raises(IntegrityError, match="in no indexed pack"):
             vault.prune(keep_latest=1)
     assert pack.exists()
 
@@ -292,3 +292,21 @@ def test_a_pack_in_no_index_with_a_damaged_header_is_said_to_be_prunable(repo_ur
     with Vault.open(repo_url) as vault:
         vault.prune(keep_latest=1)
         assert not stray.exists() and vault.check(read_data=1.0).ok
+
+
+def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_path: Path):
+    """Every chunk is in a pack no index object names: the way out is repair-index, not check."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(300_000))
+    with Vault.init(repo_url) as vault:
+        vault.backup(src)
+    for index in (Path(repo_url) / "index").iterdir():
+        index.unlink()
+    with Vault.open(repo_url) as vault:
+        with pytest.raises(
+            IntegrityError, match=r"1 pack\(s\) are in no index, which may hold them: run ckptvault repair-index"
+        ):
+            vault.prune(keep_latest=1)
+        vault.repair_index()
+        assert vault.prune(keep_latest=1).gc.delete_packs == {}

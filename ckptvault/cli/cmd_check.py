@@ -67,7 +67,7 @@ def check_cmd(
         )
         remedy = f"; {salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
     elif report.problems:
-        remedy = "; no snapshot is damaged (every chunk they need has a whole copy): follow the hint on each line"
+        remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
     raise IntegrityError(
         f"check found {len(report.problems) - unreadable} problem(s) affecting {len(report.affected)} snapshot(s) "
         f"({counts}){remedy}" + (f"; {unread}" if unreadable else "")

@@ -111,9 +111,16 @@ def plan_gc(
     _drop_deltas_losing_their_base(plan, homed)
     missing = live - homed
     if missing:
+        unindexed = sum(pack_id not in indexed for pack_id in stored)
+        then = (
+            f"{unindexed} pack(s) are in no index, which may hold them: run ckptvault repair-index, then prune again"
+            if unindexed
+            else "run: ckptvault check"
+        )
+        example = next(iter(missing)).hex()[:12]
         raise IntegrityError(
-            f"{len(missing)} chunk(s) of kept snapshots are in no pack (e.g. {next(iter(missing)).hex()[:12]}); "
-            "nothing was deleted; run: ckptvault check"
+            f"{len(missing)} chunk(s) of kept snapshots are in no indexed pack (e.g. {example}); nothing was "
+            f"deleted; {then}"
         )
     plan.dead_trees = [t for t in repo.list_tree_ids() if t not in live_tree_ids]
     return plan
