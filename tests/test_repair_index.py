@@ -310,3 +310,27 @@ def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_pat
             vault.prune(keep_latest=1)
         vault.repair_index()
         assert vault.prune(keep_latest=1).gc.delete_packs == {}
+
+
+def test_a_pack_whose_header_is_damaged_is_rewritten_by_repair_index_read_data(repo_url: str, tmp_path: Path, cli):
+    """The pack reads through the index, but nothing repaired its header: check failed at every run, and
+    the pack was one damaged index object away from being lost."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(2_000_000))
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    data = bytearray(pack.read_bytes())
+    data[-100] ^= 0xFF  # in the sealed header, before the trailer
+    pack.write_bytes(bytes(data))
+    proc = cli("check", "--repo", repo_url, check=False)
+    assert proc.returncode == 30 and "repair-index --read-data copies them" in proc.stdout.decode()
+    dry = cli("repair-index", "--read-data", "--dry-run", "--repo", repo_url).stdout.decode()
+    assert "would copy the chunks of 1 pack(s) whose header is damaged" in dry and pack.exists()
+    done = cli("repair-index", "--read-data", "--repo", repo_url).stdout.decode()
+    assert "copied the chunks of 1 pack(s) whose header is damaged into new packs" in done, done
+    assert not pack.exists()
+    cli("check", "--read-data", "--repo", repo_url)
+    cli("restore", snap.id, str(tmp_path / "out"), "--repo", repo_url)
+    assert (tmp_path / "out" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()

@@ -117,6 +117,12 @@ def repair_index_cmd(
             "holding them stores them again, and the snapshots that need them then restore"
             if result.damaged_chunks
             else ""
+        )
+        + (
+            f"; {'would copy' if dry_run else 'copied'} the chunks of {len(result.rewritten_packs)} pack(s) whose "
+            "header is damaged into new packs, and removed them"
+            if result.rewritten_packs
+            else ""
         ),
     )
     if result.unread_packs:

@@ -149,7 +149,11 @@ class _Checker:
                     self.problem(name, f"cannot be read: {exc}", unreadable=True)
                     self.unread_packs.add(pack_id)
                     continue
-                self.problem(name, f"header is damaged: {exc}")
+                self.problem(
+                    name,
+                    f"header is damaged: {exc}; its chunks are found through the index while it names them: "
+                    "ckptvault repair-index --read-data copies them into a new pack and removes this one",
+                )
                 self.bad_headers.add(pack_id)
             cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
             if cut:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
-from ..repository.pack import PackEntry
-from .gc import verify_exclusive_lock
+from ..repository.pack import PackEntry, read_pack_header
+from .gc import GcPlan, execute_gc, verify_exclusive_lock
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class IndexRepair:
     dry_run: bool
     damaged_chunks: list[str] = field(default_factory=list)  # read_data: chunks that did not verify (dropped)
     unread_packs: list[str] = field(default_factory=list)  # read_data: packs that could not be read (not verified)
+    rewritten_packs: list[str] = field(default_factory=list)  # read_data: indexed packs whose header was damaged,
+    # copied into new packs (their chunks that verify) and removed
 
 
 def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = False) -> IndexRepair:
@@ -42,7 +44,8 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
     unread: list[bytes] = []
-    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread) if read_data else {}
+    headless: set[bytes] = set()  # indexed packs whose own header is damaged
+    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread, headless) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | bad_chunks.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
@@ -58,6 +61,8 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
             repo.write_index({**rewritten, **described})  # before removing the objects it replaces
         for index_id in [*damaged, *stale]:
             repo.delete_index(index_id)
+        if headless:
+            _rewrite_headless_packs(repo, headless, bad_chunks)
     return IndexRepair(
         damaged=sorted(i.hex() for i in damaged),
         packs_reindexed=len(described),
@@ -66,14 +71,40 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
         dry_run=dry_run,
         damaged_chunks=sorted({c.hex() for chunks in bad_chunks.values() for c in chunks}),
         unread_packs=sorted(p.hex() for p in unread),
+        rewritten_packs=sorted(p.hex() for p in headless),
     )
 
 
+def _rewrite_headless_packs(repo: Repository, headless: set[bytes], bad_chunks: dict[bytes, set[bytes]]) -> None:
+    """A pack whose header is damaged is read through the index alone, and would be lost with its index
+    object; check reports it at every run. Its chunks that verify are copied into new packs (with sound
+    headers), under one consolidated index, and it goes: prune's repacking, forced for these packs."""
+    indexed: dict[bytes, list[PackEntry]] = {}
+    objects = repo.read_index_objects()
+    for packs in objects.values():
+        indexed.update(packs)
+    stored = repo.list_packs()
+    plan = GcPlan(pack_sizes=stored, index_objects=len(objects), index_ids=set(objects))
+    for pack_id, entries in indexed.items():
+        if pack_id not in stored:
+            continue
+        if pack_id in headless:
+            plan.repack[pack_id] = [e for e in entries if e.chunk_id not in bad_chunks.get(pack_id, ())]
+        else:
+            plan.keep_packs[pack_id] = entries
+    execute_gc(repo, plan)
+
+
 def _chunks_that_do_not_verify(
-    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes], unread: list[bytes]
+    repo: Repository,
+    objects: dict[bytes, dict[bytes, list[PackEntry]]],
+    skip: set[bytes],
+    unread: list[bytes],
+    headless: set[bytes],
 ) -> dict[bytes, set[bytes]]:
     """Pack ID -> the chunks in it that do not decode and verify, reading each indexed pack once,
-    whole (a pack is at most 1 GiB; 16 MiB by default). Packs that cannot be read go to ``unread``."""
+    whole (a pack is at most 1 GiB; 16 MiB by default). Packs that cannot be read go to ``unread``,
+    those whose own header is damaged to ``headless``."""
     packs: dict[bytes, list[PackEntry]] = {}
     for index in objects.values():
         for pack_id, entries in index.items():
@@ -85,6 +116,12 @@ def _chunks_that_do_not_verify(
         except CkptVaultError:
             unread.append(pack_id)  # a read error may pass: nothing is dropped from it
             continue
+        try:
+            read_pack_header(repo.codec, pack_id, data)
+        except IntegrityError:
+            headless.add(pack_id)
+        except UnsupportedFormatError:
+            pass  # written by a newer ckptvault: not damage
         for e in packs[pack_id]:
             try:
                 repo.decode_chunk(e.chunk_id, data[e.offset : e.offset + e.stored_len], e.raw_len, e.base_id)
