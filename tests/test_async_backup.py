@@ -142,6 +142,26 @@ def test_a_file_rewritten_in_place_before_it_shipped_is_never_stored_under_the_o
     vault.close()
 
 
+def test_a_file_saved_in_place_faster_than_it_ships_is_an_error_once(tmp_path, caplog):
+    """torch.save to one path, faster than an upload: every backup is superseded by the next save, and
+    the vault gets nothing newer of it while training goes on; each only warned."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    last = tmp_path / "ckpts" / "checkpoint.pt"
+    write_file(last, b"save 0" * 50_000)
+    busy = vault.backup_async(make_checkpoint(tmp_path / "other", 0), tags={"step": "0"})
+    wait_until(busy.running)  # the saves queue behind it, each rewriting the file the others pinned
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        for step in range(1, 6):
+            with open(last, "r+b") as f:
+                f.write(f"save {step}".encode() * 50_000)
+            vault.backup_async(last, tags={"step": str(step)}, on_full="block")
+        vault.flush(timeout=120)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "rewritten in place before each of its last 3 backups" in errors[0], errors
+    assert [s.tags["step"] for s in vault.snapshots()] == ["0", "5"]  # the newest ships once saves stop
+    vault.close()
+
+
 def test_a_save_rewritten_in_place_with_no_later_save_queued_fails_flush_loudly(tmp_path, caplog):
     """The warning used to say a later save ships the content when none was queued, and flush()
     returned normally: the callbacks' end-of-training check passed with nothing stored."""

@@ -63,6 +63,7 @@ LOCK_RETRY_MAX_S = 30.0
 OnFull = Literal["coalesce", "block"]
 DEFAULT_MAX_PENDING = 2
 DEFAULT_EXIT_TIMEOUT = 600.0
+STARVED_AFTER = 3  # saves of one file in a row rewritten in place before they shipped: an ERROR says so
 SHIPPING_NICENESS = 10  # how much lower than the training thread's the shipping threads' CPU priority is
 
 
@@ -420,6 +421,7 @@ class AsyncShipper:
         self._pending: deque[BackupJob] = deque()
         self._running: BackupJob | None = None
         self._failures: list[BaseException] = []  # since the last flush
+        self._rewrites: dict[str, int] = {}  # source -> saves of it rewritten in place in a row, none shipped
         self._closed = False
         self._stopping = threading.Event()  # close(cancel_pending=True) or abandon: stop waiting on locks
         self._thread: threading.Thread | None = None
@@ -631,6 +633,7 @@ class AsyncShipper:
                     queued = {pin.source for later in self._pending for pin in later.pins}
                 if queued.issuperset(exc.rewritten):  # a later save holds its content: as when coalesced
                     log.warning("async backup of %s: %s", job.describe(), exc)
+                    self._starving(exc.rewritten)
                 else:  # nothing queued will ship what the rewrite left: this save is lost unless told
                     exc = BackupSupersededError(
                         f"{', '.join(exc.rewritten)} was rewritten in place after it was pinned, and no later backup "
@@ -650,11 +653,29 @@ class AsyncShipper:
                     self._failures.append(exc)
                 job.future.set_exception(exc)
             else:
+                for pin in job.pins:
+                    self._rewrites.pop(pin.source, None)
                 self._release(job)  # the snapshot is committed: the pin has done its job
                 job.future.set_result(snapshot)
             with self._cond:
                 self._running = None  # after the handle is done: flush() returning means all are
                 self._cond.notify_all()
+
+    def _starving(self, sources: tuple[str, ...]) -> None:
+        """A file saved in place faster than one upload takes never ships: each save's pin is rewritten
+        by the next before its backup commits. Said once at ERROR after a few in a row (each one only
+        warns), since the vault then holds nothing newer of it, however long training goes on."""
+        for source in sources:
+            count = self._rewrites[source] = self._rewrites.get(source, 0) + 1
+            if count == STARVED_AFTER:
+                log.error(
+                    "ckptvault: %s was rewritten in place before each of its last %d backups could ship: nothing "
+                    "newer of it is stored while it is saved faster than it uploads; save each checkpoint to a new "
+                    "name, or to a temporary name followed by a rename (a hard link pins the file, not its bytes: "
+                    "docs/training.md)",
+                    source,
+                    count,
+                )
 
     def _run_with_retries(self, job: BackupJob) -> Snapshot:
         attempt = lock_waits = 0
