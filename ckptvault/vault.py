@@ -67,7 +67,7 @@ from .ops.async_backup import (
     BackupJob,
     OnFull,
     check_on_full,
-    check_pins_unchanged,
+    check_sources_unchanged,
     leftover_jobs,
     make_job,
 )
@@ -962,7 +962,7 @@ class Vault:
             skip_if_unchanged=job.skip_if_unchanged,
             exclude=job.exclude,
             on_warning=job.warnings.append,
-            before_commit=functools.partial(check_pins_unchanged, job),
+            before_commit=functools.partial(check_sources_unchanged, job),
         )
 
     @_open_only

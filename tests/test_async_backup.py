@@ -142,6 +142,25 @@ def test_a_file_rewritten_in_place_before_it_shipped_is_never_stored_under_the_o
     vault.close()
 
 
+def test_an_unpinned_checkpoint_missing_files_when_its_turn_comes_is_not_stored_as_the_save(tmp_path):
+    """pin=False (or no hard links possible): a shard deleted before the backup ran made a snapshot tagged
+    as the save that held two of its three shards, with no warning."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    busy = vault.backup_async(make_checkpoint(tmp_path / "other", 0), tags={"step": "0"})
+    wait_until(busy.running)
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    for shard in range(3):
+        write_file(ckpt / f"shard{shard}.bin", os.urandom(10_000))
+    handle = vault.backup_async(ckpt, tags={"step": "2"}, pin=False)
+    (ckpt / "shard1.bin").unlink()
+    with pytest.raises(SourceError, match=r"1 of its 3 file\(s\) were deleted before it shipped"):
+        handle.result(timeout=120)
+    with pytest.raises(SourceError):
+        vault.flush(timeout=120)
+    assert [s.tags["step"] for s in vault.snapshots()] == ["0"]
+    vault.close()
+
+
 def test_a_file_saved_in_place_faster_than_it_ships_is_an_error_once(tmp_path, caplog):
     """torch.save to one path, faster than an upload: every backup is superseded by the next save, and
     the vault gets nothing newer of it while training goes on; each only warned."""

@@ -117,7 +117,7 @@ def test_backup_async_leaves_them_out_also_when_a_later_process_ships_its_pins(t
             print("held", flush=True)
             time.sleep(600)
 
-        ckptvault.vault.check_pins_unchanged = hold
+        ckptvault.vault.check_sources_unchanged = hold
         Vault.open(sys.argv[1]).backup_async(sys.argv[2], tags={"step": "1"}, exclude=["optimizer.pt", "logs"])
         time.sleep(600)
         """
@@ -201,14 +201,14 @@ def test_an_excluded_file_changing_before_an_async_backup_commits_does_not_super
     import ckptvault.vault
 
     ckpt = checkpoint(tmp_path / "out" / "checkpoint-1")
-    real_check = ckptvault.vault.check_pins_unchanged
+    real_check = ckptvault.vault.check_sources_unchanged
 
     def log_grows_then_check(job):  # the trainer appends to its log while the save ships
         with open(ckpt / "logs" / "train.txt", "ab") as f:
             f.write(b"step 2 loss 0.1\n")
         real_check(job)
 
-    monkeypatch.setattr(ckptvault.vault, "check_pins_unchanged", log_grows_then_check)
+    monkeypatch.setattr(ckptvault.vault, "check_sources_unchanged", log_grows_then_check)
     with Vault.init(str(tmp_path / "repo")) as vault:
         snap = vault.backup_async(ckpt, tags={"step": "1"}, exclude=["*.txt"]).result(timeout=120)
         assert "optimizer.pt" in stored_files(vault, snap) and "logs/train.txt" not in stored_files(vault, snap)
@@ -263,14 +263,14 @@ def test_an_excluded_file_among_several_sources_changing_does_not_supersede_the_
 
     run = tmp_path / "run"
     files = [write_file(run / name, name.encode() * 1000) for name in ("model.pt", "optim.pt", "train.log")]
-    real_check = ckptvault.vault.check_pins_unchanged
+    real_check = ckptvault.vault.check_sources_unchanged
 
     def log_grows_then_check(job):
         with open(run / "train.log", "ab") as f:
             f.write(b"step 2\n")
         real_check(job)
 
-    monkeypatch.setattr(ckptvault.vault, "check_pins_unchanged", log_grows_then_check)
+    monkeypatch.setattr(ckptvault.vault, "check_sources_unchanged", log_grows_then_check)
     with Vault.init(str(tmp_path / "repo")) as vault:
         snap = vault.backup_async(files, tags={"step": "1"}, exclude=["*.log"]).result(timeout=120)
         assert stored_files(vault, snap) == {"model.pt", "optim.pt"}

@@ -37,7 +37,7 @@ DYING_SCRIPT = textwrap.dedent(
         time.sleep(600)
 
     if sys.argv[3] == "before-commit":  # the packs are uploaded, the snapshot is not written
-        ckptvault.vault.check_pins_unchanged = hold
+        ckptvault.vault.check_sources_unchanged = hold
     else:  # the snapshot is written, the pin is not released yet
         async_backup.AsyncShipper._release = hold
     vault = Vault.open(sys.argv[1])

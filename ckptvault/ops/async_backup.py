@@ -80,6 +80,7 @@ class BackupJob:
     label: str = ""  # the paths as the caller gave them, for messages
     pins: list[Pin] = field(default_factory=list)
     pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned
+    expected: list[str] = field(default_factory=list)  # unpinned: the files the sources held when queued
     warnings: list[str] = field(default_factory=list)
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
     future: Future[Snapshot] = field(default_factory=Future)
@@ -166,11 +167,20 @@ def check_on_full(on_full: str) -> None:
         raise UsageError(f"on_full={on_full!r}: use 'coalesce' or 'block'")
 
 
-def check_pins_unchanged(job: BackupJob) -> None:
-    """Raise BackupSupersededError when a pinned file changed after it was pinned. A hard link pins
+def check_sources_unchanged(job: BackupJob) -> None:
+    """Raise SourceError when an unpinned job's file is gone, BackupSupersededError when a pinned
+    file changed after it was pinned. A hard link pins
     an inode, not its bytes: a trainer that rewrites a file in place (Lightning's ``last.ckpt`` when
     its temporary folder is on another filesystem: the move becomes a copy into the old file) changes
     the pin too, and the snapshot would hold a later save under this save's tags, or a torn file."""
+    gone = [path for path in job.expected if not os.path.lexists(path)]
+    if gone:
+        raise SourceError(
+            job.label,
+            f"{len(gone)} of its {len(job.expected)} file(s) were deleted before it shipped (e.g. {gone[0]}), so "
+            "it was not stored",
+            "an unpinned checkpoint must stay until its handle is done",
+        )
     for pin, pinned_as in zip(job.pins, job.pinned_as, strict=True):
         try:
             now = pins_module.signature(pin.data)
@@ -221,7 +231,7 @@ def make_job(
     )
     job.label = ", ".join(paths)
     if not pin:
-        return job
+        return _expecting_its_files(job, exclude)
     # the snapshot's paths are the pins': the description says what was saved, as watch's does
     description = description or f"ckptvault backup_async: {', '.join(sources)}"
     job_id = secrets.token_hex(8)
@@ -249,7 +259,7 @@ def make_job(
             job.label,
             exc.strerror or exc,
         )
-        return job
+        return _expecting_its_files(job, exclude)
     if not any(entry[1] == "f" for sig in pinned_as for entry in sig):
         for made in pins:  # an empty folder, only links, or only files still being written (*.tmp)
             made.release()
@@ -260,6 +270,19 @@ def make_job(
     job.sources = [p.data for p in pins]
     job.pinned_as = pinned_as
     job.description = description
+    return job
+
+
+def _expecting_its_files(job: BackupJob, exclude: Excludes) -> BackupJob:
+    """An unpinned job notes the files its sources hold now: one deleted before the backup commits
+    (a rotation that did not wait for the handle) fails it, rather than a snapshot tagged as this save
+    holding part of it."""
+    for src in job.sources:
+        excluded = _pin_excludes(exclude, src, whole_root=len(job.sources) == 1)
+        with contextlib.suppress(OSError):  # gone already: the backup's own scan says so
+            for entry in pins_module.signature(src, excluded):
+                if entry[1] == "f":
+                    job.expected.append(os.path.join(src, entry[0]) if entry[0] else src)
     return job
 
 
