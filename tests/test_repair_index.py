@@ -304,11 +304,13 @@ def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_pat
     for index in (Path(repo_url) / "index").iterdir():
         index.unlink()
     with Vault.open(repo_url) as vault:
+        assert vault.stats().unindexed_packs == 1  # stats said "0 B in 0 chunks" and nothing else
         with pytest.raises(
             IntegrityError, match=r"1 pack\(s\) are in no index, which may hold them: run ckptvault repair-index"
         ):
             vault.prune(keep_latest=1)
         vault.repair_index()
+        assert vault.stats().unindexed_packs == 0
         assert vault.prune(keep_latest=1).gc.delete_packs == {}
 
 

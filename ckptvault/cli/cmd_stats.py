@@ -13,6 +13,11 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         stats = vault.stats()
+    if stats.unindexed_packs:
+        out.warn(
+            f"{stats.unindexed_packs} pack(s) are in no index (left by an interrupted backup or prune, or an index "
+            "object is gone): their chunks are not counted in unique bytes; ckptvault repair-index indexes them again"
+        )
     table = out.table("id", "time (UTC)", "tags", "logical", "new", "stored")
     for s in stats.per_snapshot:
         table.add_row(

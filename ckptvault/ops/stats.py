@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..repository import Repository
-from ..repository.format import PACKS_PREFIX
+from ..repository.format import PACKS_PREFIX, id_from_key
 from ..snapshot.model import Snapshot
 
 
@@ -33,6 +33,7 @@ class VaultStats:
     delta_bytes: int = 0  # their raw bytes
     delta_stored_bytes: int = 0  # their stored bytes
     delta_saved_bytes: int = 0  # estimated bytes saved by delta coding (sum over the snapshots' backups)
+    unindexed_packs: int = 0  # packs no index object names: their chunks are not counted in unique bytes
 
     @property
     def dedup_ratio(self) -> float:
@@ -48,13 +49,15 @@ class VaultStats:
 def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
     objects = repo.store.list("")
     deltas = [loc for _, loc in repo.index.items() if loc.base_id is not None]
+    indexed = {loc.pack_id for _, loc in repo.index.items()}
+    packs = [id_from_key(o.key) for o in objects if o.key.startswith(PACKS_PREFIX)]
     return VaultStats(
         snapshots=len(snapshots),
         logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
         unique_bytes=sum(loc.raw_len for _, loc in repo.index.items()),
         stored_bytes=sum(o.size for o in objects),
         chunks=len(repo.index),
-        packs=sum(1 for o in objects if o.key.startswith(PACKS_PREFIX)),
+        packs=len(packs),
         per_snapshot=[
             SnapshotStats(
                 id=s.id,
@@ -71,4 +74,5 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
         delta_bytes=sum(loc.raw_len for loc in deltas),
         delta_stored_bytes=sum(loc.stored_len for loc in deltas),
         delta_saved_bytes=sum(s.summary.delta_saved_bytes for s in snapshots),
+        unindexed_packs=sum(p is not None and p not in indexed for p in packs),
     )
