@@ -192,11 +192,33 @@ def test_a_save_rewritten_in_place_with_no_later_save_queued_fails_flush_loudly(
         handle = vault.backup_async(final, tags={"step": "1"})
         with open(final / "trainer_state.json", "ab") as f:  # same inode: the pin changes too
             f.write(b"\n")
-        with pytest.raises(BackupSupersededError, match="no later backup of it is queued"):
+        with pytest.raises(BackupSupersededError, match="no later backup of it was queued"):
             vault.flush(timeout=120)
     assert isinstance(handle.exception(timeout=0), BackupSupersededError)
     assert any("no later backup" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
     assert [s.tags["step"] for s in vault.snapshots()] == ["0"]
+    vault.close()
+
+
+def test_a_save_rewritten_in_place_whose_backup_is_queued_after_the_first_one_fails_is_no_error(tmp_path, caplog):
+    """A trainer queues a save once it is written: the earlier backup may find its pin rewritten while
+    the later save is still being written, with nothing queued yet. That is no loss (the later backup
+    ships the content), so flush() must not raise."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    last = tmp_path / "ckpts" / "last.ckpt"
+    write_file(last, b"save 1" * 50_000)
+    busy = vault.backup_async(make_checkpoint(tmp_path / "other", 0), tags={"step": "0"})
+    wait_until(busy.running)
+    first = vault.backup_async(last, tags={"step": "1"}, on_full="block")
+    with open(last, "r+b") as f:  # the next save, in place, still being written
+        f.write(b"save 2" * 50_000)
+        wait_until(first.done, timeout=120)  # the first backup saw its pin change, with nothing queued
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        second = vault.backup_async(last, tags={"step": "2"}, on_full="block")
+        vault.flush(timeout=120)
+    assert isinstance(first.exception(timeout=0), BackupSupersededError)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [s.tags["step"] for s in vault.snapshots()] == ["0", "2"] and second.result(timeout=0)
     vault.close()
 
 

@@ -445,6 +445,9 @@ class AsyncShipper:
         self._running: BackupJob | None = None
         self._failures: list[BaseException] = []  # since the last flush
         self._rewrites: dict[str, int] = {}  # source -> saves of it rewritten in place in a row, none shipped
+        # source -> a job superseded by an in-place rewrite when no later backup of it was queued yet: the
+        # save that rewrote it is usually queued once written; what is still here at a flush is lost
+        self._orphans: dict[str, tuple[BackupJob, BackupSupersededError]] = {}
         self._closed = False
         self._stopping = threading.Event()  # close(cancel_pending=True) or abandon: stop waiting on locks
         self._thread: threading.Thread | None = None
@@ -486,6 +489,8 @@ class AsyncShipper:
         with self._cond:
             if self._closed:
                 raise UsageError("this vault no longer takes backups: it was closed")
+            for pin in job.pins:  # the save that rewrote an earlier one's pin in place: it ships that content
+                self._orphans.pop(pin.source, None)
             if job.leftover:  # older than every job queued since it was pinned: after the other leftovers
                 first_new = next((i for i, j in enumerate(self._pending) if not j.leftover), len(self._pending))
                 self._pending.insert(first_new, job)
@@ -545,6 +550,7 @@ class AsyncShipper:
             if not idle:
                 left = len(self._pending) + (self._running is not None)
                 raise FlushTimeoutError(f"{left} queued backup(s) still unfinished after {timeout:g} s")
+            self._fail_orphans()
             failures, self._failures = self._failures, []
         if failures:
             if len(failures) > 1:
@@ -570,8 +576,24 @@ class AsyncShipper:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        with self._cond:
+            self._fail_orphans()
         _LIVE.discard(self)
         return cancelled
+
+    def _fail_orphans(self) -> None:
+        """Saves rewritten in place before they shipped, with no later backup of the file queued since:
+        nothing will ship what the rewrite left, so each is a failure (the caller holds the lock)."""
+        for source, (job, exc) in self._orphans.items():
+            lost = BackupSupersededError(
+                f"{source} was rewritten in place after it was pinned, and no later backup of it was queued: "
+                "this save is not stored; back it up again, and write each save to a new name (a hard link "
+                "pins the file, not its bytes: docs/training.md)",
+                rewritten=exc.rewritten,
+            )
+            log.error("async backup of %s failed: %s", job.describe(), lost)
+            self._failures.append(lost)
+        self._orphans.clear()
 
     def abandon(self, why: str) -> None:
         """Give up on the queue at once (Ctrl-C while ``close`` waits): log what will not ship and
@@ -651,22 +673,12 @@ class AsyncShipper:
                 self._cond.notify_all()  # a blocked submit may go on
             try:
                 snapshot = self._run_with_retries(job)
-            except BackupSupersededError as exc:
-                with self._cond:
+            except BackupSupersededError as exc:  # a later save holds its content: as when coalesced
+                log.warning("async backup of %s: %s", job.describe(), exc)
+                self._starving(exc.rewritten)
+                with self._cond:  # its backup is usually queued once that save is written; if none comes, lost
                     queued = {pin.source for later in self._pending for pin in later.pins}
-                if queued.issuperset(exc.rewritten):  # a later save holds its content: as when coalesced
-                    log.warning("async backup of %s: %s", job.describe(), exc)
-                    self._starving(exc.rewritten)
-                else:  # nothing queued will ship what the rewrite left: this save is lost unless told
-                    exc = BackupSupersededError(
-                        f"{', '.join(exc.rewritten)} was rewritten in place after it was pinned, and no later backup "
-                        "of it is queued: this save is not stored; back it up again, and write each save to a new "
-                        "name (a hard link pins the file, not its bytes: docs/training.md)",
-                        rewritten=exc.rewritten,
-                    )
-                    log.error("async backup of %s failed: %s", job.describe(), exc)
-                    with self._cond:
-                        self._failures.append(exc)
+                    self._orphans.update({source: (job, exc) for source in exc.rewritten if source not in queued})
                 self._release(job)
                 job.future.set_exception(exc)
             except BaseException as exc:
