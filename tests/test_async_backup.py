@@ -153,11 +153,15 @@ def test_an_unpinned_checkpoint_missing_files_when_its_turn_comes_is_not_stored_
         write_file(ckpt / f"shard{shard}.bin", os.urandom(10_000))
     handle = vault.backup_async(ckpt, tags={"step": "2"}, pin=False)
     (ckpt / "shard1.bin").unlink()
+    write_file(ckpt / "optimizer.pt.tmp", b"being written")
+    renamed = vault.backup_async(ckpt, tags={"step": "2b"}, pin=False, on_full="block")
+    (ckpt / "optimizer.pt.tmp").rename(ckpt / "optimizer.pt")  # a name being written is renamed when done: no loss
     with pytest.raises(SourceError, match=r"1 of its 3 file\(s\) were deleted before it shipped"):
         handle.result(timeout=120)
     with pytest.raises(SourceError):
         vault.flush(timeout=120)
-    assert [s.tags["step"] for s in vault.snapshots()] == ["0"]
+    assert renamed.result(timeout=0).tags["step"] == "2b"
+    assert [s.tags["step"] for s in vault.snapshots()] == ["0", "2b"]
     vault.close()
 
 

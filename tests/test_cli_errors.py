@@ -353,3 +353,6 @@ def test_an_option_given_twice_is_refused_not_resolved_to_the_last(cli, tmp_path
     assert one_line_error(proc) == f"error: {name} is given more than once; give it once (see: ckptvault prune --help)"
     assert len(json.loads(cli("snapshots", "--json", "--repo", repo).stdout)) == 3
     cli("backup", str(src), "--repo", repo, "-t", "run=x", "-t", "step=4")  # a multiple option stays multiple
+    cli("backup", str(src), "--repo", repo, "-d", "--host", "--host", "h1")  # a value that looks like an option
+    proc = cli("snapshots", f"-r{repo}", "-r/nonexistent", check=False)  # a short option with its value attached
+    assert proc.returncode == 2 and "--repo is given more than once" in proc.stderr.decode()

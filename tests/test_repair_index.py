@@ -336,3 +336,17 @@ def test_a_pack_whose_header_is_damaged_is_rewritten_by_repair_index_read_data(r
     cli("check", "--read-data", "--repo", repo_url)
     cli("restore", snap.id, str(tmp_path / "out"), "--repo", repo_url)
     assert (tmp_path / "out" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
+
+
+def test_a_pack_whose_only_chunk_was_dropped_is_not_called_unindexed_by_stats(repo_url: str, tmp_path: Path):
+    """Its index object still names it, with no entries: repair-index cannot index it "again"."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(300_000))
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+        loc = vault._repo.index.get(vault.files(snap)[0].chunks[0])
+    flip(Path(repo_url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
+    with Vault.open(repo_url) as vault:
+        assert len(vault.repair_index(read_data=True).damaged_chunks) == 1
+        assert vault.stats().unindexed_packs == 0

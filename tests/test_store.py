@@ -138,6 +138,7 @@ class TestLocalStore(StoreConformance):
         os.symlink(tmp_path / "gone", tmp_path / "repo" / "packs" / "ab" / "dangling")
         (tmp_path / "repo" / "packs" / "ab" / ".tmp-0123").write_bytes(b"half")
         (tmp_path / "repo" / "packs" / "empty").mkdir()
+        os.symlink(tmp_path / "repo" / "packs", tmp_path / "repo" / "packs" / "ab" / "loop")  # not walked into
         assert [o.key for o in store.list("packs/")] == ["packs/ab/x"]
         assert [o.key for o in store.list("packs/ab/x")] == ["packs/ab/x"]  # an object's own key
         assert store.list("nothing/") == []

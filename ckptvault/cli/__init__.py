@@ -121,10 +121,8 @@ def main() -> None:
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
         _keep_freed_memory()  # before the key derivation's thread: a thread that has allocated keeps its arena
     _derive_key_ahead(sys.argv[1:])
-    from .app import Terminated
     from .commands import app
 
-    Terminated.install()  # watch replaces it: it finishes the upload in flight first
     _configure_logging()
     _whole_writes_to_stdout()
     # The pipelines allocate many short-lived objects (futures, tuples) per chunk: collecting
@@ -148,8 +146,9 @@ def _whole_writes_to_stdout() -> None:
 
 def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
     """An option that takes one value, given twice (click keeps the last): a wrapper script that
-    appends its defaults to ``prune --keep-latest 3`` would otherwise delete what the user kept."""
-    command, i, path = group, 0, []  # click's objects, by their attributes (typer may carry its own click)
+    appends its defaults to ``prune --keep-latest 3`` would otherwise delete what the user kept.
+    Returns (option, command); click's own parser tells options from their values."""
+    command, i, path = group, 0, []
     while hasattr(command, "commands"):  # a group: the command named is `prune`, or `key passwd`
         while i < len(argv) and argv[i].startswith("-"):
             i += 1
@@ -157,14 +156,15 @@ def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
             return None  # help, or an unknown command: click says so
         command, i = command.commands[argv[i]], i + 1
         path.append(argv[i - 1])
-    given: list[str] = []
-    for token in argv[i:]:
-        if token == "--":
-            break
-        given.append(token.split("=", 1)[0] if token.startswith("--") else token)
-    for param in command.params:
+    args = argv[i:]
+    try:
+        context = command.make_context(path[-1], list(args), resilient_parsing=True)
+        _, _, order = command.make_parser(context).parse_args(list(args))
+    except Exception:  # what click refuses, it reports itself when the command runs
+        return None
+    for param in order:
         single = param.param_type_name == "option" and not param.multiple and not getattr(param, "is_flag", False)
-        if single and sum(given.count(name) for name in param.opts) > 1:
+        if single and order.count(param) > 1:
             return str(param.opts[0]), " ".join(path)
     return None
 
@@ -186,7 +186,11 @@ def _run(app: typer.Typer) -> int:
         Output().error(f"{option} is given more than once; give it once (see: ckptvault {command} --help)")
         return 2
     try:
+        Terminated.install()  # from here on SIGTERM unwinds (watch replaces it: it finishes its upload first)
         code = cli(standalone_mode=False)
+    except Terminated:  # before click took over
+        Output().error("terminated (SIGTERM)")
+        return Terminated.exit_code
     except SystemExit as exc:
         # rich ends the help cut by a closed pipe (`--help | head`) with exit 1: 141, as for every
         # other closed stdout (docs/usage.md)

@@ -120,7 +120,7 @@ def repair_index_cmd(
         )
         + (
             f"; {'would copy' if dry_run else 'copied'} the chunks of {len(result.rewritten_packs)} pack(s) whose "
-            "header is damaged into new packs, and removed them"
+            f"header is damaged into new packs, and {'remove' if dry_run else 'removed'} them"
             if result.rewritten_packs
             else ""
         ),

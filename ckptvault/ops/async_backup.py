@@ -51,7 +51,7 @@ from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
 from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
-from .names import PIN_FOLDER
+from .names import PIN_FOLDER, is_unfinished
 from .pin import Pin
 from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault, scan_sources, source_names
 
@@ -281,7 +281,8 @@ def _expecting_its_files(job: BackupJob, exclude: Excludes) -> BackupJob:
         excluded = _pin_excludes(exclude, src, whole_root=len(job.sources) == 1)
         with contextlib.suppress(OSError):  # gone already: the backup's own scan says so
             for entry in pins_module.signature(src, excluded):
-                if entry[1] == "f":
+                # a name still being written (*.tmp) is renamed when done: only finished files must stay
+                if entry[1] == "f" and not is_unfinished(os.path.basename(entry[0])):
                     job.expected.append(os.path.join(src, entry[0]) if entry[0] else src)
     return job
 

@@ -278,14 +278,13 @@ class _Checker:
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         for snapshot_id in snapshot_ids:
             name = f"snapshot {_short(snapshot_id)}"
-            self.report.snapshots += 1
             try:
                 snap: Snapshot = decode_snapshot(self.repo.load_snapshot(snapshot_id))
                 tree = decode_tree(self.repo.load_tree(bytes.fromhex(snap.tree_id)))
             except CkptVaultError as exc:
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
-                    self.report.snapshots -= 1
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
+                self.report.snapshots += 1
                 if isinstance(exc, UnsupportedFormatError):  # not damage: it may be readable by a newer ckptvault
                     self.problem(name, str(exc), newer=True)
                     continue
@@ -296,6 +295,7 @@ class _Checker:
                 self.problem(name, str(exc))
                 self.report.affected[snapshot_id.hex()] = ["*"]
                 continue
+            self.report.snapshots += 1
             for entry in tree:
                 missing = [c for c in entry.chunks if c not in chunk_ids]
                 lost = [c for c in missing if c not in self.header_only]

@@ -49,8 +49,7 @@ class VaultStats:
 def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
     objects = repo.store.list("")
     deltas = [loc for _, loc in repo.index.items() if loc.base_id is not None]
-    indexed = {loc.pack_id for _, loc in repo.index.items()}
-    packs = [id_from_key(o.key) for o in objects if o.key.startswith(PACKS_PREFIX)]
+    packs = {id_from_key(o.key) for o in objects if o.key.startswith(PACKS_PREFIX)} - {None}
     return VaultStats(
         snapshots=len(snapshots),
         logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
@@ -74,5 +73,5 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
         delta_bytes=sum(loc.raw_len for loc in deltas),
         delta_stored_bytes=sum(loc.stored_len for loc in deltas),
         delta_saved_bytes=sum(s.summary.delta_saved_bytes for s in snapshots),
-        unindexed_packs=sum(p is not None and p not in indexed for p in packs),
+        unindexed_packs=len(packs - repo.index.packs),
     )

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -167,8 +168,9 @@ class LocalStore:
 
 
 def _walk(base: str) -> Iterator[tuple[str, int, float]]:
-    """(path, size, mtime) of every file under ``base`` (``base`` itself when it is a file). Links
-    are followed; one whose target is gone, like a file deleted meanwhile, is left out."""
+    """(path, size, mtime) of every file under ``base`` (``base`` itself when it is a file). Links to
+    files are followed (one whose target is gone, like a file deleted meanwhile, is left out); links to
+    folders are not (a loop would fail every listing of the vault)."""
     folders = [base]
     while folders:
         folder = folders.pop()
@@ -183,10 +185,11 @@ def _walk(base: str) -> Iterator[tuple[str, int, float]]:
             continue
         for entry in entries:
             try:
-                if entry.is_dir():
+                if entry.is_dir(follow_symlinks=False):
                     folders.append(entry.path)
                     continue
                 st = entry.stat()
             except FileNotFoundError:
                 continue
-            yield entry.path, st.st_size, st.st_mtime
+            if not stat.S_ISDIR(st.st_mode):
+                yield entry.path, st.st_size, st.st_mtime

@@ -26,9 +26,10 @@ def open_store(
     (LocalStore); options given for one are checked by fsspec's local filesystem, as for file://."""
     policy = retry or RetryPolicy.from_env()
     inner: Store
-    if "://" not in url and "::" not in url:
+    plain_path = "://" not in url and "::" not in url
+    if plain_path:
         url = os.path.abspath(os.path.expanduser(url))
-    if "://" not in url and "::" not in url and not storage_options:
+    if plain_path and not storage_options:
         inner = LocalStore(url)
     else:
         from .fsspec_store import FsspecStore
