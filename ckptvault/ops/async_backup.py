@@ -169,10 +169,10 @@ def check_on_full(on_full: str) -> None:
 
 def check_sources_unchanged(job: BackupJob) -> None:
     """Raise SourceError when an unpinned job's file is gone, BackupSupersededError when a pinned
-    file changed after it was pinned. A hard link pins
-    an inode, not its bytes: a trainer that rewrites a file in place (Lightning's ``last.ckpt`` when
-    its temporary folder is on another filesystem: the move becomes a copy into the old file) changes
-    the pin too, and the snapshot would hold a later save under this save's tags, or a torn file."""
+    file changed after it was pinned. A hard link pins an inode, not its bytes: a trainer that
+    rewrites a file in place (Lightning's ``last.ckpt`` when its temporary folder is on another
+    filesystem: the move becomes a copy into the old file) changes the pin too, and the snapshot
+    would hold a later save under this save's tags, or a torn file."""
     gone = [path for path in job.expected if not os.path.lexists(path)]
     if gone:
         raise SourceError(
