@@ -121,6 +121,21 @@ class BlobCodec:
         data = self.decode_buffer(kind, object_id, blob)
         return data if isinstance(data, bytes) else bytes(data)
 
+    def decode_unverified(self, blob: bytes | memoryview) -> bytes | None:
+        """What a metadata object whose checksum fails still says, for salvage (None where it says
+        nothing: an encrypted object, whose tag failing leaves no plaintext, or one that no longer
+        decompresses). Nothing here is verified: every use must check what it takes against content
+        that is (a chunk against its ID)."""
+        view = memoryview(blob)
+        if self.sealer.mode != SEAL_NONE or len(view) < 3 + CHECKSUM_SIZE or view[1] != SEAL_NONE:
+            return None
+        inner = view[2:-CHECKSUM_SIZE]
+        try:
+            data = self.compressor.decompress(inner[0], inner[1:], None, None)
+        except Exception:  # garbage in any form
+            return None
+        return data if isinstance(data, bytes) else bytes(data)
+
     def decode_buffer(
         self,
         kind: Kind,

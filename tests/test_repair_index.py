@@ -78,7 +78,9 @@ def test_reads_go_around_a_damaged_index_object_and_prune_refuses(
         assert tree(tmp_path / "after") == tree(saves[1]) and vault.check(read_data=1.0).ok
 
 
-def test_a_pack_whose_index_and_header_are_both_damaged_is_named(two_saves, repo_url: str, tmp_path: Path):
+def test_a_pack_whose_index_and_header_are_both_damaged_is_indexed_from_what_the_object_still_says(
+    two_saves, repo_url: str, tmp_path: Path
+):
     saves, damaged = two_saves
     with Vault.open(repo_url) as vault:
         first = vault.latest({"step": "1"})
@@ -91,7 +93,8 @@ def test_a_pack_whose_index_and_header_are_both_damaged_is_named(two_saves, repo
         assert named and "header is damaged" in named[0], report.problems
         assert set(report.affected) == {first.id}, report.affected  # the second save has its own index
         result = vault.repair_index()
-        assert result.unreadable_packs == [pack_id.hex()] and result.damaged == [damaged]
+        assert result.damaged == [damaged] and result.unreadable_packs == []
+        assert result.salvaged_packs == [pack_id.hex()]  # the entries of it that verify (one byte flipped in one)
         vault.restore(vault.latest({"step": "2"}), tmp_path / "out")
         assert tree(tmp_path / "out") == tree(saves[1])
 
@@ -350,3 +353,27 @@ def test_a_pack_whose_only_chunk_was_dropped_is_not_called_unindexed_by_stats(re
     with Vault.open(repo_url) as vault:
         assert len(vault.repair_index(read_data=True).damaged_chunks) == 1
         assert vault.stats().unindexed_packs == 0
+
+
+def test_a_damaged_index_object_still_maps_a_pack_whose_header_is_damaged_too(repo_url: str, tmp_path: Path, cli):
+    """Two flipped bytes: one in a pack's header, one in the index object naming it. repair-index deleted
+    the object, the pack's chunks could no longer be located, check advised forget, and forget --prune
+    deleted a pack whose every chunk was intact. Now the object's entries are taken where each verifies."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(2_000_000))
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    (index,) = [p for p in (Path(repo_url) / "index").iterdir()]
+    flip(pack, pack.stat().st_size - 100)  # in the sealed header
+    flip(index, index.stat().st_size - 1)  # its checksum fails; the entries it holds are still whole
+    proc = cli("check", "--repo", repo_url, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 30 and "run ckptvault repair-index first" in err and "ckptvault forget" not in err, err
+    done = cli("repair-index", "--repo", repo_url).stdout.decode()
+    assert "indexed 1 pack(s) whose header is damaged from what the damaged index object(s) said" in done, done
+    cli("restore", snap.id, str(tmp_path / "out"), "--repo", repo_url)
+    assert (tmp_path / "out" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+    cli("repair-index", "--read-data", "--repo", repo_url)  # and the header is made sound again
+    cli("check", "--read-data", "--repo", repo_url)

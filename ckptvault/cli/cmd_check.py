@@ -58,7 +58,12 @@ def check_cmd(
     if unreadable == len(report.problems):  # nothing found damaged: forgetting anything would be wrong
         raise StorageError("CHECK", "", vault.url, "unreadable objects", message=f"check: {unread} ({counts})")
     remedy = ""
-    if report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
+    if report.affected and report.damaged_index:  # what looks lost may be named by the damaged object
+        remedy = (
+            "; run ckptvault repair-index first (it indexes again what the damaged index object(s) named, where "
+            "the packs still say or verify it), then check again before forgetting anything"
+        )
+    elif report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
         ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command
         salvage = (
             ""
@@ -116,6 +121,12 @@ def repair_index_cmd(
             f"; {drop} {len(result.damaged_chunks)} damaged chunk(s) from the index: the next backup of the files "
             "holding them stores them again, and the snapshots that need them then restore"
             if result.damaged_chunks
+            else ""
+        )
+        + (
+            f"; {index} {len(result.salvaged_packs)} pack(s) whose header is damaged from what the damaged "
+            "index object(s) said of them (each chunk verified against its ID)"
+            if result.salvaged_packs
             else ""
         )
         + (

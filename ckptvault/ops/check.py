@@ -47,6 +47,7 @@ class CheckReport:
     unavailable: dict[str, list[str]] = field(default_factory=dict)  # ... -> files in objects that cannot be read
     snapshots: int = 0
     packs: int = 0
+    damaged_index: bool = False  # an index object is damaged: repair-index may bring back what looks lost
     chunks: int = 0
     packs_read: int = 0
     chunks_read: int = 0
@@ -102,6 +103,7 @@ class _Checker:
                 )
                 self.unreadable_index = True
                 self.damaged_index = self.damaged_index or damaged
+                self.report.damaged_index = self.damaged_index
                 continue
             for pack_id, entries in packs.items():
                 self.indexed.setdefault(pack_id, entries)

@@ -27,6 +27,7 @@ class IndexRepair:
     dry_run: bool
     damaged_chunks: list[str] = field(default_factory=list)  # read_data: chunks that did not verify (dropped)
     unread_packs: list[str] = field(default_factory=list)  # read_data: packs that could not be read (not verified)
+    salvaged_packs: list[str] = field(default_factory=list)  # header damaged: indexed from a damaged index object
     rewritten_packs: list[str] = field(default_factory=list)  # read_data: indexed packs whose header was damaged,
     # copied into new packs (their chunks that verify) and removed
 
@@ -49,6 +50,13 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
     stale = [index_id for index_id, packs in objects.items() if (gone | bad_chunks.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
+    # A pack whose header is damaged, in no readable index: a damaged index object may still be its only
+    # map. What it says of the pack is taken where each chunk verifies (deleting it lost the pack).
+    for index_id in damaged:
+        for pack_id, entries in repo.salvage_index_entries(index_id, unreadable).items():
+            described.setdefault(pack_id, []).extend(e for e in entries if e not in described.get(pack_id, ()))
+    salvaged = sorted(p.hex() for p in described if p in unreadable)
+    unreadable = [p for p in unreadable if p not in described]
     rewritten: dict[bytes, list[PackEntry]] = {
         pack_id: [e for e in entries if e.chunk_id not in bad_chunks.get(pack_id, ())]
         for index_id in stale
@@ -71,6 +79,7 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
         dry_run=dry_run,
         damaged_chunks=sorted({c.hex() for chunks in bad_chunks.values() for c in chunks}),
         unread_packs=sorted(p.hex() for p in unread),
+        salvaged_packs=salvaged,
         rewritten_packs=sorted(p.hex() for p in headless),
     )
 

@@ -316,6 +316,26 @@ class Repository:
                 unreadable.append(pack_id)
         return described, unreadable
 
+    def salvage_index_entries(self, index_id: bytes, pack_ids: Collection[bytes]) -> dict[bytes, list[PackEntry]]:
+        """The entries a damaged index object still gives for ``pack_ids``, each kept only once its blob,
+        read from the pack, verifies against its chunk ID (unencrypted repositories: an encrypted object
+        whose tag fails gives nothing)."""
+        try:
+            data = self.codec.decode_unverified(self.store.get(index_key(index_id)))
+            packs = decode_index(data) if data is not None else {}
+        except Exception:  # a damaged object may fail to parse in any way
+            return {}
+        out: dict[bytes, list[PackEntry]] = {}
+        for pack_id in set(packs) & set(pack_ids):
+            for entry in packs[pack_id]:
+                try:
+                    blob = self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
+                    self.decode_chunk(entry.chunk_id, blob, entry.raw_len, entry.base_id)
+                except CkptVaultError:
+                    continue
+                out.setdefault(pack_id, []).append(entry)
+        return out
+
     def reconcile_with_stored_packs(self) -> int:
         """Before a backup, under its lock, after ``load_index``: make the index say what the store
         holds, so that the backup neither uploads again what is stored nor deduplicates against
