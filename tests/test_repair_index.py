@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptvault import Vault
+from ckptvault import Snapshot, Vault
 from ckptvault.errors import IntegrityError
 from ckptvault.repository.format import pack_key
 
@@ -38,6 +38,18 @@ def two_saves(repo_url: str, tmp_path: Path):
             saves.append(src)
     flip(index_dir / first_index, os.path.getsize(index_dir / first_index) // 2)
     return saves, first_index
+
+
+def one_pack(repo_url: str, tmp_path: Path, size: int) -> tuple[Path, Snapshot, Path]:
+    """A fresh vault holding one backup of one random file of ``size`` bytes, in one pack: (the
+    source folder, its snapshot, the pack file)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(size))
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    return src, snap, pack
 
 
 def test_reads_go_around_a_damaged_index_object_and_prune_refuses(
@@ -194,12 +206,7 @@ def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_salvaged_by_pru
 
 
 def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(repo_url: str, tmp_path: Path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "weights.bin").write_bytes(os.urandom(3_000_000))
-    with Vault.init(repo_url) as vault:
-        snap = vault.backup(src)
-    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    _, snap, pack = one_pack(repo_url, tmp_path, 3_000_000)
     os.truncate(pack, pack.stat().st_size // 2)
     with Vault.open(repo_url) as vault:
         report = vault.check()
@@ -320,12 +327,7 @@ def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_pat
 def test_a_pack_whose_header_is_damaged_is_rewritten_by_repair_index_read_data(repo_url: str, tmp_path: Path, cli):
     """The pack reads through the index, but nothing repaired its header: check failed at every run, and
     the pack was one damaged index object away from being lost."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "weights.bin").write_bytes(os.urandom(2_000_000))
-    with Vault.init(repo_url) as vault:
-        snap = vault.backup(src)
-    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    src, snap, pack = one_pack(repo_url, tmp_path, 2_000_000)
     data = bytearray(pack.read_bytes())
     data[-100] ^= 0xFF  # in the sealed header, before the trailer
     pack.write_bytes(bytes(data))
@@ -359,12 +361,7 @@ def test_a_damaged_index_object_still_maps_a_pack_whose_header_is_damaged_too(re
     """Two flipped bytes: one in a pack's header, one in the index object naming it. repair-index deleted
     the object, the pack's chunks could no longer be located, check advised forget, and forget --prune
     deleted a pack whose every chunk was intact. Now the object's entries are taken where each verifies."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "w.bin").write_bytes(os.urandom(2_000_000))
-    with Vault.init(repo_url) as vault:
-        snap = vault.backup(src)
-    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    src, snap, pack = one_pack(repo_url, tmp_path, 2_000_000)
     (index,) = [p for p in (Path(repo_url) / "index").iterdir()]
     flip(pack, pack.stat().st_size - 100)  # in the sealed header
     flip(index, index.stat().st_size - 1)  # its checksum fails; the entries it holds are still whole
@@ -374,6 +371,6 @@ def test_a_damaged_index_object_still_maps_a_pack_whose_header_is_damaged_too(re
     done = cli("repair-index", "--repo", repo_url).stdout.decode()
     assert "indexed 1 pack(s) whose header is damaged from what the damaged index object(s) said" in done, done
     cli("restore", snap.id, str(tmp_path / "out"), "--repo", repo_url)
-    assert (tmp_path / "out" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+    assert (tmp_path / "out" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
     cli("repair-index", "--read-data", "--repo", repo_url)  # and the header is made sound again
     cli("check", "--read-data", "--repo", repo_url)
