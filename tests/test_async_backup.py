@@ -434,8 +434,7 @@ def test_a_forked_child_does_not_wait_for_its_parents_backups_at_exit(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     joined = float(proc.stdout.split("children joined in ")[1].split(" s")[0])
-    assert "backup done: False" in proc.stdout  # the children ended while the parent's backup ran
-    assert joined < 5, proc.stdout
+    assert joined < 30, proc.stdout  # a child that waits does so for the exit timeout, 600 s
     assert proc.stderr.count("waiting up to") == 1, proc.stderr  # only the parent waits, and says so
     with Vault.open(str(tmp_path / "repo")) as vault:  # the parent shipped it at its own exit
         assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
