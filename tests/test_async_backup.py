@@ -491,10 +491,12 @@ def test_ctrl_c_during_the_exit_wait_names_what_was_not_shipped_and_exits_130(tm
         proc.kill()
     assert proc.returncode == 130, stderr
     assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr
-    assert "ckptvault: 2 backup(s) not shipped on Ctrl-C" in stderr and "step_1 (step 1)" in stderr, stderr
+    # both, unless a loaded machine let the first one finish before the Ctrl-C arrived
+    left = int(stderr.split("ckptvault: ")[1].split(" backup(s) not shipped on Ctrl-C")[0])
+    assert left in (1, 2) and "step_2 (step 2)" in stderr and ("step_1 (step 1)" in stderr) == (left == 2), stderr
     pins = tmp_path / "ckpt" / ".ckptvault-pins"
     assert f"their pinned files stay in {pins}" in stderr, stderr
-    assert len(os.listdir(pins)) == 2
+    assert len(os.listdir(pins)) == left
 
 
 def thread_niceness() -> int:

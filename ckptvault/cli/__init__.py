@@ -149,6 +149,9 @@ def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
     appends its defaults to ``prune --keep-latest 3`` would otherwise delete what the user kept.
     Returns (option, command); click's own parser tells options from their values."""
     command, i, path = group, 0, []
+    # the group's settings (-h beside --help) reach the command's context through its parent: a command
+    # keeps the help option it first makes, and the run that follows must find -h in it
+    context = group.make_context("ckptvault", [], resilient_parsing=True)
     while hasattr(command, "commands"):  # a group: the command named is `prune`, or `key passwd`
         while i < len(argv) and argv[i].startswith("-"):
             i += 1
@@ -158,7 +161,7 @@ def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
         path.append(argv[i - 1])
     args = argv[i:]
     try:
-        context = command.make_context(path[-1], list(args), resilient_parsing=True)
+        context = command.make_context(path[-1], list(args), parent=context, resilient_parsing=True)
         _, _, order = command.make_parser(context).parse_args(list(args))
     except Exception:  # what click refuses, it reports itself when the command runs
         return None
