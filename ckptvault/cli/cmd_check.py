@@ -91,7 +91,9 @@ def repair_index_cmd(
     read_data: Annotated[
         bool,
         typer.Option(
-            "--read-data", help="Also read every pack and drop damaged chunks, so the next backup stores them again."
+            "--read-data",
+            help="Also read every pack: drop damaged chunks, so the next backup stores them again, and copy the"
+            " chunks of a pack whose header is damaged into a new pack.",
         ),
     ] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,

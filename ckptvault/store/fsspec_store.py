@@ -107,10 +107,9 @@ class FsspecStore:
         self._bucket_seen = False
         # any local-disk filesystem, whatever protocol name it registers, gets LocalStore's atomic
         # temp+rename puts, positioned reads and no watchdog thread per call
-        self._disk = LocalStore(self.root) if issubclass(cls, LocalFileSystem) else None
-        self._local = self._disk is not None
-        self.local_folder = self.root if self._local else None  # the vault's folder on this machine
-        self.needs_deadline = not self._local
+        self._disk = LocalStore(self.root, url=self.url) if issubclass(cls, LocalFileSystem) else None
+        self.local_folder = self.root if self._disk is not None else None  # the vault's folder on this machine
+        self.needs_deadline = self._disk is None
         self.remote = self.profile.remote
         self.transfers = TransferLimits.from_env(self.remote)
         # an async filesystem enforces the deadline itself, cancelling the request on its loop
@@ -236,11 +235,10 @@ class FsspecStore:
     # ---- the Store contract ------------------------------------------------------------
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
-        path = self._path(key)
         if self._disk is not None:
-            with self._translate_errors("PUT", key, if_absent=if_absent):
-                self._disk.put_file(path, data, if_absent)
+            self._disk.put(key, data, if_absent=if_absent)
             return
+        path = self._path(key)
         with self._session("PUT", key, len(data), if_absent=if_absent) as fs:
             if if_absent and not self.supports_if_absent and fs.exists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path)  # best effort: this backend cannot enforce it
@@ -290,14 +288,11 @@ class FsspecStore:
             return self._read(fs, self._path(key), None, None)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        if self._local:
-            with self._translate_errors("GET", key):
-                data = LocalStore.pread(self._path(key), start, length)
-        else:
-            with self._session("GET", key, length) as fs:
-                data = self._read(fs, self._path(key), start, length)
-        if len(data) != length:
-            # on a local disk a short object stays short; over a network the next try may get it all
+        if self._disk is not None:
+            return self._disk.get_range(key, start, length)
+        with self._session("GET", key, length) as fs:
+            data = self._read(fs, self._path(key), start, length)
+        if len(data) != length:  # over a network the next try may get it all
             raise ShortReadError(
                 "GET",
                 key,

@@ -35,8 +35,9 @@ class LocalStore:
     needs_deadline = False
     enforces_deadline = False
 
-    def __init__(self, folder: str) -> None:
-        self.url = folder
+    def __init__(self, folder: str, *, url: str | None = None) -> None:
+        """``url``: how messages name the vault (fsspec's ``file://`` URL for its local filesystem)."""
+        self.url = url or folder
         self.root = folder.rstrip("/") or "/"
         self.local_folder = self.root
         self.transfers = TransferLimits.from_env(remote=False)
