@@ -585,7 +585,7 @@ class Vault:
             # Delta coding's bases come from the previous save of the same run (ops/deltabase.py).
             deltas = self._repo.codec.compressor.deltas
             reference = reference_snapshot(every, hostname, tags, parent) if deltas else None
-            twin = twin_snapshot(every, hostname, tags, abs_paths) if skip_if_unchanged else None
+            twin = twin_snapshot(every, hostname, tags, abs_paths, excludes) if skip_if_unchanged else None
             trees, unreadable = self._trees_if_readable([parent, reference, twin])
             result = run_backup(
                 self._repo,
@@ -1020,10 +1020,10 @@ class Vault:
     @_open_only
     def backup_status(self, path: PathLike, *, exclude: Sequence[str] = ()) -> BackupStatus:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot.
-        ``exclude``: the patterns its backups were made with (as for ``backup``; path patterns are
-        matched from ``path``)."""
+        ``exclude``: files to leave out of the comparison (as for ``backup``; path patterns are
+        matched from ``path``); by default each snapshot's own: what its backup's patterns left out."""
         where = path_arg("path", path)
-        excludes = exclude_arg(exclude)
+        excludes = exclude_arg(exclude) or None
         with self._repo.locks.acquire_to_read():
             return backup_status(self._repo, where, self.snapshots(), self.files, self.local_folder, excludes)
 

@@ -89,13 +89,47 @@ def test_an_excluded_file_changing_leaves_the_backup_unchanged(tmp_path, vault: 
     assert again.id == first.id and len(vault.snapshots()) == 1
 
 
-def test_status_leaves_out_what_the_backups_left_out(tmp_path, repo_url, vault: Vault, cli):
+def test_a_snapshot_records_its_patterns_and_status_leaves_out_what_they_left_out(
+    tmp_path, repo_url, vault: Vault, cli
+):
     src = checkpoint(tmp_path / "ckpt")
-    vault.backup(src, exclude=["*.tmp", "wandb"])
+    patterns = ["*.tmp", "wandb", "logs/*.txt"]
+    snap = vault.backup(src, exclude=patterns)
+    assert snap.excludes == patterns and vault.snapshot("latest").excludes == patterns
+    listed = json.loads(cli("snapshots", "--json", "--repo", repo_url).stdout)
+    assert listed[0]["excludes"] == patterns
+
+    proc = cli("status", str(src), "--json", "--repo", repo_url)
+    assert json.loads(proc.stdout)[0]["backed_up"] is True, proc.stdout
+    assert "its exclude patterns left out 3 of these files" in json.loads(proc.stdout)[0]["detail"]
+    assert vault.is_backed_up(src)
+    # a path pattern is matched from the snapshot's root, also for a folder inside it that is asked about
+    assert vault.backup_status(src / "logs").backed_up  # logs/train.txt was left out, keep.json is stored
+    assert vault.backup_status(src / "deep" / "er" / "logs").backed_up  # not left out: stored
+    # patterns given replace the snapshot's: wandb is not in the snapshot
+    assert cli("status", str(src), "-e", "*.tmp", "--repo", repo_url, check=False).returncode == 40
+    assert vault.is_backed_up(src, exclude=["*.tmp", "wandb", "logs/*.txt"])
+    assert not vault.is_backed_up(src, exclude=["*.tmp"])
+    # a file the patterns do not cover counts, as before
+    write_file(src / "model" / "extra.bin", b"new")
     assert cli("status", str(src), "--repo", repo_url, check=False).returncode == 40
-    proc = cli("status", str(src), "-e", "*.tmp", "-e", "wandb", "--json", "--repo", repo_url)
-    assert json.loads(proc.stdout)[0]["backed_up"] is True
-    assert vault.is_backed_up(src, exclude=["*.tmp", "wandb"]) and not vault.is_backed_up(src)
+
+
+def test_status_without_recorded_patterns_compares_every_file(tmp_path, vault: Vault):
+    src = checkpoint(tmp_path / "ckpt")
+    vault.backup(src)
+    assert vault.snapshot("latest").excludes == []
+    assert vault.is_backed_up(src)
+    vault.backup(src / "model", exclude=["*.tmp"])  # a newer snapshot that holds less
+    assert vault.backup_status(src).backed_up and vault.backup_status(src / "model").backed_up
+
+
+def test_a_backup_under_other_patterns_is_no_twin_of_the_last(tmp_path, vault: Vault):
+    src = checkpoint(tmp_path / "ckpt")
+    first = vault.backup(src, tags={"run": "x"}, exclude=["*.tmp"])
+    again = vault.backup(src, tags={"run": "x"}, exclude=["*.tmp", "no-such-name"], skip_if_unchanged=True)
+    assert again.id != first.id and again.excludes == ["*.tmp", "no-such-name"]
+    assert stored_files(vault, first) == stored_files(vault, again)
 
 
 def test_backup_async_leaves_them_out_also_when_a_later_process_ships_its_pins(tmp_path):

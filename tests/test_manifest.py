@@ -1,3 +1,4 @@
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
@@ -68,6 +69,16 @@ def snap(i, step=None, t=0, **tags):
 def test_snapshot_round_trip():
     s = snap(1, step=5, run="x")
     assert decode_snapshot(encode_snapshot(s)) == s
+    assert b"excludes" not in encode_snapshot(s), "a snapshot without patterns is written as before the field"
+    s = replace(s, excludes=["*.tmp", "./logs"])
+    assert decode_snapshot(encode_snapshot(s)) == s
+
+
+@pytest.mark.parametrize("excludes", ['"*.tmp"', "[1]", '[""]', "null"])
+def test_excludes_that_are_not_a_list_of_patterns_are_malformed(excludes):
+    raw = encode_snapshot(snap(1)).replace(b'"summary"', b'"excludes":' + excludes.encode() + b',"summary"')
+    with pytest.raises(MalformedObjectError, match="excludes"):
+        decode_snapshot(raw)
 
 
 def test_latest_prefers_step_then_time():

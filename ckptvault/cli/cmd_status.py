@@ -23,7 +23,10 @@ def status_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Say whether each path is durably backed up (same files, same content). Exit 0 when all are, 40 when not."""
+    """Say whether each path is durably backed up (same files, same content). Exit 0 when all are, 40 when not.
+
+    Files a snapshot's backup left out with --exclude do not count against it; --exclude here compares every
+    snapshot with what the given patterns leave instead."""
     out = Output(json_mode=json_out, quiet=quiet)
     check_sources(paths)
     exclude_arg(exclude)

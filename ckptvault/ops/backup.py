@@ -250,6 +250,7 @@ def run_backup(
             parent=parent.id if parent else None,
             tree_id=tree_id.hex(),
             summary=summary,
+            excludes=list(exclude.patterns),
         )
         if before_commit:
             before_commit()
@@ -258,18 +259,24 @@ def run_backup(
 
 
 def twin_snapshot(
-    snapshots: list[Snapshot], hostname: str, tags: dict[str, str], sources: list[str]
+    snapshots: list[Snapshot], hostname: str, tags: dict[str, str], sources: list[str], exclude: Excludes
 ) -> Snapshot | None:
     """What ``skip_if_unchanged`` compares with: the newest snapshot from ``hostname`` that carries
-    every one of ``tags`` and was taken of sources with the same names. Names, not paths: a pinned
-    checkpoint is read from a new folder each time, under its own name."""
+    every one of ``tags`` and was taken of sources with the same names, with the same exclude
+    patterns (``status`` trusts a snapshot's patterns). Names, not paths: a pinned checkpoint is read
+    from a new folder each time, under its own name."""
 
     def names(paths: list[str]) -> list[str]:
         return sorted(os.path.basename(p.rstrip(os.sep)) for p in paths)
 
     wanted = names(sources)
     twins = [
-        s for s in snapshots if s.hostname == hostname and tags.items() <= s.tags.items() and names(s.paths) == wanted
+        s
+        for s in snapshots
+        if s.hostname == hostname
+        and tags.items() <= s.tags.items()
+        and names(s.paths) == wanted
+        and s.excludes == list(exclude.patterns)
     ]
     return max(twins, key=lambda s: s.time) if twins else None
 

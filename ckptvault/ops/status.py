@@ -11,10 +11,10 @@ a read of the local files, and each local file is hashed at most once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError
+from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError, UsageError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
 from .restore import file_hash
@@ -41,12 +41,13 @@ def backup_status(
     snapshots: list[Snapshot],
     load_tree: Callable[[Snapshot], list[FileEntry]],
     vault_folder: str | None = None,
-    exclude: Excludes = NO_EXCLUDES,
+    exclude: Excludes | None = None,
 ) -> BackupStatus:
-    """``exclude``: files the backups left out, left out of the comparison too."""
+    """``exclude``: files the backups left out, left out of the comparison too; None: for each
+    snapshot, what its own backup left out (the exclude patterns it records)."""
     try:
         scan = scan_sources(  # as a backup sees it
-            [path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude, purpose="compare"
+            [path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude or NO_EXCLUDES, purpose="compare"
         )
     except SourceError as exc:
         if exc.hint != unreadable_hint():
@@ -60,11 +61,21 @@ def backup_status(
         return BackupStatus(abs_path, ok, snap, prefix, len(local), total, detail)
 
     hashes: dict[str, str] = {}
-    first = min(local)
-    candidates = [s for s in snapshots if s.summary.files >= len(local) and s.summary.logical_bytes >= total]
+
+    def same_content(rel: str, entry: FileEntry) -> bool:
+        if rel not in hashes:
+            try:
+                hashes[rel] = file_hash(local[rel].abs_path)
+            except OSError as exc:
+                raise SourceError(local[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
+        return hashes[rel] == entry.blake3
+
     packs: dict[bytes, int] | None = None
     damaged: list[str] = []
-    for snap in sorted(candidates, key=lambda s: s.time, reverse=True):
+    for snap in sorted(snapshots, key=lambda s: s.time, reverse=True):
+        left_out = _recorded_excludes(snap) if exclude is None else None
+        if not left_out and (snap.summary.files < len(local) or snap.summary.logical_bytes < total):
+            continue  # too small to hold every file
         try:
             tree = {e.path: e for e in load_tree(snap) if e.type == "file"}
         except (ObjectNotFoundError, SnapshotNotFoundError):
@@ -72,43 +83,52 @@ def backup_status(
         except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
             damaged.append(snap.short_id)
             continue
-        for prefix in _prefixes(tree, first):
-            entries = [tree.get(prefix + rel) for rel in local]
-            if any(e is None or e.size != local[rel].st.st_size for e, rel in zip(entries, local, strict=True)):
+        for prefix in _prefixes(tree, local):
+            wanted = [rel for rel in local if not (left_out and _left_out(left_out, prefix + rel))]
+            entries = [e for rel in wanted if (e := tree.get(prefix + rel)) and e.size == local[rel].st.st_size]
+            if not wanted or len(entries) < len(wanted):  # sizes first: hashes are read for plausible matches only
                 continue
-            matched = True
-            for entry, rel in zip(entries, local, strict=True):
-                if rel not in hashes:
-                    try:
-                        hashes[rel] = file_hash(local[rel].abs_path)
-                    except OSError as exc:
-                        raise SourceError(local[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
-                if entry is None or hashes[rel] != entry.blake3:
-                    matched = False
-                    break
-            if not matched:
+            if not all(same_content(rel, e) for rel, e in zip(wanted, entries, strict=True)):
                 continue
             if packs is None:
                 repo.load_index()
                 packs = repo.list_packs()
-            missing = _missing_chunks([e for e in entries if e is not None], repo, packs)
+            missing = _missing_chunks(entries, repo, packs)
             if missing:
                 return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
             where = f" under {prefix.rstrip('/')}/" if prefix else ""
-            return status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
+            skipped = len(local) - len(wanted)
+            but = f" (its exclude patterns left out {skipped} of these files)" if skipped else ""
+            return status(True, f"in snapshot {snap.short_id}{where}{but}", snap, prefix)
     unread = f" (the tree of snapshot(s) {', '.join(damaged)} is damaged: run: ckptvault check)" if damaged else ""
     return status(False, f"no snapshot holds its {len(local)} file(s) with the same content{unread}")
 
 
-def _prefixes(tree: dict[str, FileEntry], rel: str) -> list[str]:
-    """Every place in the tree where the local file ``rel`` could sit."""
-    found = []
+def _recorded_excludes(snap: Snapshot) -> Excludes | None:
+    try:
+        return Excludes.parse(snap.excludes) if snap.excludes else None
+    except UsageError:  # patterns this ckptvault does not take: compare every file
+        return None
+
+
+def _left_out(excludes: Excludes, path: str) -> bool:
+    """Whether a backup with ``excludes`` left out the file at snapshot ``path``, or a folder above it."""
+    parts = path.split("/")
+    return excludes.match(path, False) or any(excludes.match("/".join(parts[:i]), True) for i in range(1, len(parts)))
+
+
+def _prefixes(tree: dict[str, FileEntry], local: Container[str]) -> list[str]:
+    """Every place in the tree where a local file sits (the prefix before its local path), in tree order."""
+    found: dict[str, None] = {}
     for path in tree:
-        if path == rel:
-            found.append("")
-        elif path.endswith("/" + rel):
-            found.append(path[: len(path) - len(rel)])
-    return found
+        cut = 0
+        while True:
+            if path[cut:] in local:
+                found.setdefault(path[:cut])
+            cut = path.find("/", cut) + 1
+            if cut == 0:
+                break
+    return list(found)
 
 
 def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[bytes, int]) -> str:

@@ -36,6 +36,8 @@ def encode_snapshot(snap: Snapshot) -> bytes:
         "tree": snap.tree_id,
         "summary": _summary(snap.summary),
     }
+    if snap.excludes:  # left out when empty: a snapshot without reads as before the field existed
+        doc["excludes"] = snap.excludes
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -59,9 +61,16 @@ def decode_snapshot(raw: bytes) -> Snapshot:
             parent=doc["parent"],
             tree_id=doc["tree"],
             summary=_decode_summary(doc["summary"]),
+            excludes=_decode_excludes(doc.get("excludes", [])),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise MalformedObjectError(f"snapshot document is malformed ({exc})") from exc
+
+
+def _decode_excludes(excludes: object) -> list[str]:
+    if not (isinstance(excludes, list) and all(isinstance(p, str) and p for p in excludes)):
+        raise TypeError("excludes is not a list of patterns")
+    return list(excludes)
 
 
 def _decode_summary(summary: dict) -> SnapshotSummary:

@@ -59,6 +59,7 @@ class Snapshot:
     parent: str | None
     tree_id: str
     summary: SnapshotSummary
+    excludes: list[str] = field(default_factory=list)  # the backup's --exclude patterns, as given
 
     @property
     def short_id(self) -> str:
