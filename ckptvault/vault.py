@@ -1000,8 +1000,9 @@ class Vault:
         if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):
             raise wrong_arg("stop", stop, "a threading.Event (set it to stop watching), or None")
 
-        def shipped_digests() -> list[str]:
-            return [s.tags["watch-sig"] for s in self.snapshots(user_tags) if "watch-sig" in s.tags]
+        def shipped_digests() -> list[tuple[str, str]]:
+            snaps = self.snapshots(user_tags)
+            return [(s.tags.get("checkpoint", ""), s.tags["watch-sig"]) for s in snaps if "watch-sig" in s.tags]
 
         watcher = Watcher(
             directory,

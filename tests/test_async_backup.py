@@ -624,3 +624,20 @@ def test_ctrl_c_while_the_vault_closes_stops_the_wait_and_keeps_the_queued_pins(
     pins = tmp_path / "ckpt" / ".ckptvault-pins"
     assert f"their pinned files stay in {pins}" in stderr, stderr
     assert len(os.listdir(pins)) >= 2  # the queued ones' at least; the running one's unless it committed
+
+
+def test_folders_keep_their_mode_and_mtime_as_a_plain_backup_stores_them(tmp_path, vault: Vault):
+    """The backup reads the pin: its folders get the source's mode and mtime, not the umask's and now."""
+    src = make_checkpoint(tmp_path / "ckpt", 1)
+    private = src / "private"
+    private.mkdir()
+    write_file(private / "secret", b"s")
+    private.chmod(0o700)
+    os.utime(private, ns=(1_700_000_000 * 10**9, 1_700_000_000 * 10**9))
+    shipped = vault.backup_async(src, tags={"run": "a"}).result(60)
+    plain = vault.backup(src, tags={"run": "p"})
+    assert (
+        {e.path: (e.mode, e.mtime_ns) for e in vault.files(shipped) if e.type == "dir"}
+        == {e.path: (e.mode, e.mtime_ns) for e in vault.files(plain) if e.type == "dir"}
+        == {"private": (0o700, 1_700_000_000 * 10**9)}
+    )

@@ -655,3 +655,106 @@ def test_a_trainer_checkpoint_deleted_before_its_last_file_was_seen_is_not_shipp
     assert any("checkpoint-1 was deleted before it was complete" in line for line in watch.err), watch.err
     with Vault.open(repo) as vault:
         assert [s.tags["step"] for s in vault.snapshots({"run": "hf"})] == ["2"]
+
+
+def test_a_folder_made_before_its_files_ships_once_they_are_written(tmp_path, repo):
+    """A trainer that makes its checkpoint folder, then gathers state from its GPUs for longer than
+    --settle: the empty folder is no checkpoint yet; the pin follows it until the files are there."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=e", "--settle", "0.3", "--json")
+    (ckpts / "step_100").mkdir()
+    time.sleep(1.5)  # settled, and still empty
+    data = os.urandom(50_000)
+    (ckpts / "step_100" / "model.pt").write_bytes(data)
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="step_100 to ship")
+    assert watch.finish() == 0, watch.err
+    assert not any("failed" in line for line in watch.err), watch.err
+    with Vault.open(repo) as vault:
+        snap = vault.latest({"run": "e"})
+        assert snap.tags["step"] == "100" and b"".join(vault.read_file(snap, "model.pt")) == data
+
+
+def test_a_file_rewritten_in_place_or_added_below_a_shipped_folder_ships_a_new_version(tmp_path, repo):
+    """Neither changes the mtime of the checkpoint folder itself (``torch.save`` over ``last/model.pt``
+    rewrites the same inode; DeepSpeed adds files to ``global_stepN/``)."""
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "last" / "global_step1").mkdir(parents=True)
+    model = ckpts / "last" / "model.pt"
+    model.write_bytes(b"1" * 50_000)
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=r", "--settle", "0.3", "--json")
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="the first save to ship")
+    folder_mtime = os.stat(ckpts / "last").st_mtime_ns
+    with open(model, "r+b") as f:
+        f.write(b"2" * 50_000)
+    watch.wait_for(lambda: len(watch.shipped()) == 2, what="the file rewritten in place to ship")
+    (ckpts / "last" / "global_step1" / "optim_states.pt").write_bytes(b"3" * 1000)
+    assert os.stat(ckpts / "last").st_mtime_ns == folder_mtime
+    watch.wait_for(lambda: len(watch.shipped()) == 3, what="the file added below to ship")
+    assert watch.finish() == 0, watch.err
+    with Vault.open(repo) as vault:
+        snap = vault.latest({"run": "r"})
+        assert b"".join(vault.read_file(snap, "model.pt")) == b"2" * 50_000
+        assert b"".join(vault.read_file(snap, "global_step1/optim_states.pt")) == b"3" * 1000
+
+
+def test_a_file_rewritten_in_place_during_its_upload_ships_again(tmp_path, repo):
+    """The pin is a hard link: the rewrite shows in it too, and must not count as shipped."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    last = ckpts / "last.pt"
+    last.write_bytes(os.urandom(6_000_000))
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=u", "--settle", "0.2", "--limit-upload", "1MB")
+    time.sleep(2.5)  # its upload takes ~6 s
+    new = os.urandom(6_000_000)
+    with open(last, "r+b") as f:
+        f.write(new)
+    watch.wait_for(lambda: len([x for x in watch.lines if x.startswith("shipped")]) == 2, what="the new save")
+    assert watch.finish() == 0, watch.err
+    with Vault.open(repo) as vault:
+        assert b"".join(vault.read_file(vault.latest({"run": "u"}), "last.pt")) == new
+
+
+def test_a_trainer_checkpoint_without_its_trainer_state_waits_for_it(tmp_path, repo, cli):
+    """A trainer killed while saving leaves checkpoint-N without trainer_state.json (written last):
+    shipped, it would be the run's newest step, which cannot resume. It waits, pinned, and ships once
+    the file is there; deleted meanwhile, it is dropped."""
+    ckpts = tmp_path / "ckpts"
+    for step, complete in ((100, True), (200, False)):
+        folder = ckpts / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(os.urandom(10_000))
+        if complete:
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=t", "--once", "--settle", "0.2")
+    first = cli(*args)
+    assert first.stdout.decode().count("shipped ") == 1 and "shipped checkpoint-100" in first.stdout.decode()
+    err = first.stderr.decode()
+    assert "checkpoint-200 holds no trainer_state.json" in err and "1 pinned checkpoint(s)" in err, err
+    (ckpts / "checkpoint-200" / "trainer_state.json").write_text(json.dumps({"global_step": 200}))
+    assert "shipped checkpoint-200 step 200" in cli(*args).stdout.decode()
+
+    (ckpts / "checkpoint-300").mkdir()
+    (ckpts / "checkpoint-300" / "model.safetensors").write_bytes(os.urandom(10_000))
+    assert "shipped" not in cli(*args).stdout.decode()
+    shutil.rmtree(ckpts / "checkpoint-300")
+    last = cli(*args)
+    assert "shipped" not in last.stdout.decode() and "checkpoint-300 was deleted" in last.stderr.decode()
+    assert not os.listdir(ckpts / ".ckptvault-watch" / "pins")
+    with Vault.open(repo) as vault:
+        assert sorted(s.tags["step"] for s in vault.snapshots({"run": "t"})) == ["100", "200"]
+
+
+def test_a_copy_of_a_shipped_checkpoint_ships_under_its_own_name(tmp_path, repo, cli):
+    """``cp -a checkpoint-100 best`` keeps every name, size and mtime inside: the same signature, but
+    another checkpoint (``restore latest --tag checkpoint=best``)."""
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "checkpoint-100").mkdir(parents=True)
+    (ckpts / "checkpoint-100" / "model.bin").write_bytes(os.urandom(10_000))
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=c", "--once", "--settle", "0.2")
+    cli(*args)
+    shutil.copytree(ckpts / "checkpoint-100", ckpts / "best")  # copy2: mtimes kept
+    assert "shipped best" in cli(*args).stdout.decode()
+    assert cli(*args).stdout.decode() == "", "each shipped once"
+    with Vault.open(repo) as vault:
+        assert sorted(s.tags["checkpoint"] for s in vault.snapshots({"run": "c"})) == ["best", "checkpoint-100"]

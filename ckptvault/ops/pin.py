@@ -221,7 +221,7 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         return  # the name now holds another checkpoint; this pin keeps the old one
     if stat.S_ISDIR(st.st_mode):
         os.makedirs(pin.data, exist_ok=True)
-        _sync_dir(pin, pin.source, pin.data, "", link_only)
+        _sync_dir(pin, pin.source, st, pin.data, "", link_only)
     elif pin.excluded is not None and pin.excluded("", False):
         # a file source the backup leaves out (one of several): an empty stand-in keeps the job's
         # sources, and so the snapshot's paths, as given, and its changes count for nothing
@@ -231,12 +231,20 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         _sync_file(pin, pin.source, pin.data, link_only)
 
 
-def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, prefix: str, link_only: bool) -> None:
+def _sync_dir(pin: Pin, src_dir: str, src_st: os.stat_result, dst_dir: str, prefix: str, link_only: bool) -> None:
     try:
         with os.scandir(src_dir) as it:
             entries = list(it)
     except FileNotFoundError:
         return
+    _sync_entries(pin, entries, dst_dir, prefix, link_only)
+    # the backup of the pin stores its folders' mode and mtime: the source's (the owner keeps rwx:
+    # this process links into the pin and removes it); set last, as each link moves the mtime
+    os.chmod(dst_dir, stat.S_IMODE(src_st.st_mode) | stat.S_IRWXU)
+    os.utime(dst_dir, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
+
+
+def _sync_entries(pin: Pin, entries: list[os.DirEntry[str]], dst_dir: str, prefix: str, link_only: bool) -> None:
     for entry in entries:
         if is_unfinished(entry.name):
             continue  # still being written: it is pinned under its final name once renamed
@@ -250,7 +258,7 @@ def _sync_dir(pin: Pin, src_dir: str, dst_dir: str, prefix: str, link_only: bool
                 if (st.st_dev, st.st_ino) == pin.skip_dir:
                     continue
                 os.makedirs(dst, exist_ok=True)
-                _sync_dir(pin, entry.path, dst, rel, link_only)
+                _sync_dir(pin, entry.path, st, dst, rel, link_only)
             elif stat.S_ISLNK(st.st_mode):
                 target = os.readlink(entry.path)
                 if not os.path.islink(dst) or os.readlink(dst) != target:

@@ -11,7 +11,8 @@ The life of a checkpoint:
    links into the staging folder, so the trainer's rotation may delete it from then on.
 2. **settling**: on every poll the pin is brought up to date with the source while the source
    exists; the checkpoint is *complete* once the pin's signature (paths, sizes, mtimes) has not
-   changed for ``settle`` seconds. A source deleted meanwhile settles from its pin.
+   changed for ``settle`` seconds. A source deleted meanwhile settles from its pin. A folder
+   without a file, or a Trainer's ``checkpoint-N`` without ``trainer_state.json``, waits for it.
 3. **shipping**: a backup of the pin, tagged with the user's tags, ``step`` (names.py),
    ``checkpoint=<name>`` and ``watch-sig=<signature digest>``. Backups run one at a time on a
    worker thread while polling goes on, so a long upload never makes the watcher miss a
@@ -100,6 +101,7 @@ class _Candidate:
     retry_at: float = 0.0
     failures: int = 0
     digest: str = ""
+    shipped_sig: pins.Signature = ()  # what its backup was started on (the pin may change under it)
     step: int | None = None
     source_stat: os.stat_result | None = None  # the source when the pin was last synced
     error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
@@ -113,6 +115,7 @@ class _Done:
     size: int
     mtime_ns: int
     sig: pins.Signature
+    looked: float = 0.0  # when a folder's files were last compared with ``sig``
 
 
 Ship = Callable[[BackupJob], Snapshot]
@@ -121,6 +124,10 @@ Ship = Callable[[BackupJob], Snapshot]
 MAX_INTERVAL_S = 3600.0
 MAX_SETTLE_S = 86400.0
 ONCE_POLL_S = 0.1  # how often --once looks whether its uploads are done, whatever --interval says
+# How often a shipped folder that is still there has its files compared with what was shipped: a file
+# rewritten in place, or added to a subfolder, changes no mtime of the folder itself.
+LOOK_INSIDE_S = 1.0
+INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
 TENSORBOARD_EVENTS = "events.out.tfevents."
 
 
@@ -172,7 +179,7 @@ class Watcher:
         *,
         tags: dict[str, str],
         ship: Ship,
-        shipped_digests: Callable[[], Iterable[str]],
+        shipped_digests: Callable[[], Iterable[tuple[str, str]]],
         options: WatchOptions,
         stop: threading.Event | None = None,
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
@@ -202,7 +209,7 @@ class Watcher:
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
         self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
-        self._digests: set[str] = set()
+        self._digests: set[tuple[str, str]] = set()  # (checkpoint tag, watch-sig) of every shipped snapshot
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
         self._digests_retry_at: float | None = None  # when to load them again after an outage
@@ -383,8 +390,11 @@ class Watcher:
                 continue
             done = self._done.get(entry.name)
             if done is not None and done.ino == st.st_ino:
-                if done.size == st.st_size and done.mtime_ns == st.st_mtime_ns:
-                    continue  # unchanged since it was shipped
+                same = done.size == st.st_size and done.mtime_ns == st.st_mtime_ns
+                looked = not stat.S_ISDIR(st.st_mode) or now - done.looked < max(LOOK_INSIDE_S, self.options.interval)
+                if same and looked:
+                    continue  # unchanged since it was shipped (or looked into)
+                done.looked = now
                 if not self._changed_since_shipped(entry.path, done, st):
                     continue
             self._start(entry.name, entry.path, st, now)
@@ -435,7 +445,8 @@ class Watcher:
         return True
 
     def _changed_since_shipped(self, path: str, done: _Done, st: os.stat_result) -> bool:
-        """A shipped folder whose own mtime moved: new or changed files make it a new version;
+        """A shipped checkpoint whose own mtime moved, or a shipped folder looked into again: new or
+        changed files make it a new version;
         files only disappearing is its deletion in progress (rotation), not a new version."""
         try:
             sig = pins.signature(path, self._excluded)
@@ -447,7 +458,7 @@ class Watcher:
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
             sig = pins.signature(path, self._excluded)
-            if self._digests_loaded.is_set() and self._digest(sig) in self._digests:
+            if self._digests_loaded.is_set() and (_tag_text(name), self._digest(sig)) in self._digests:
                 self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 return  # shipped before (by an earlier run of the watcher)
             pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
@@ -485,8 +496,8 @@ class Watcher:
 
     def _settle(self, now: float) -> None:
         for cand in list(self._candidates.values()):
-            if cand.state != "settling":
-                continue
+            if cand.state == "queued":
+                continue  # its backup reads the pin
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
                 if cand.source_stat is None and self._deleted_unfinished(cand, now):
@@ -501,7 +512,9 @@ class Watcher:
                 continue
             self._warned.discard(("pin", cand.pin.name))
             if sig != cand.sig:
-                cand.sig, cand.last_change = sig, now
+                # a failed one that changes settles again and ships its new content (it may have
+                # failed for being incomplete: a folder made before its files were written)
+                cand.sig, cand.last_change, cand.state = sig, now, "settling"
 
     def _deleted_unfinished(self, cand: _Candidate, now: float) -> bool:
         """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: one
@@ -523,6 +536,36 @@ class Watcher:
         self._drop(cand)
         return True
 
+    def _not_complete(self, cand: _Candidate, sig: pins.Signature, now: float) -> bool:
+        """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
+        are written), or a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
+        which the Trainer writes last (a trainer killed while saving leaves such a folder, and shipped
+        it would be the run's newest step, which cannot resume). Each waits, pinned, for what it
+        lacks (a Trainer still saving is said to wait only after ``INCOMPLETE_WARN_S``: its ranks may
+        meet at a barrier first); once its source is gone it is dropped, and said so."""
+        if any(item[1] == "f" for item in sig):
+            if not (self._trainer_output and TRAINER_CHECKPOINT.fullmatch(cand.pin.name)):
+                return False
+            if os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):
+                return False
+            if self._excluded is not None and self._excluded(TRAINER_STATE, False):
+                return False  # left out by the user's patterns: never coming
+            lacks = f"no {TRAINER_STATE} (a Hugging Face Trainer writes it last)"
+        else:
+            lacks = "no file"
+        if not pins.source_alive(cand.pin):
+            self._on_warning(f"{cand.pin.name} was deleted while it held {lacks}: it was never complete; not shipped")
+            self._drop(cand)
+            return True
+        if lacks == "no file" or now - cand.last_change < INCOMPLETE_WARN_S:
+            return True
+        self._warn_once(
+            ("incomplete", cand.pin.name),
+            f"{cand.pin.name} holds {lacks}: it ships once it is complete (if the trainer died while saving it, "
+            f"it never will: delete it, or ship it as it is with {spelled('ckptvault backup', 'Vault.backup')})",
+        )
+        return True
+
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         if not self._shipped_known():
             return
@@ -533,10 +576,10 @@ class Watcher:
                 continue
             try:
                 sig = pins.signature(cand.pin.data, self._excluded)  # a pin from a run with other patterns too
-                if self._holds_only_logs(cand, sig):
+                if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
                     continue
-                cand.digest = self._digest(sig)
-                if cand.digest in self._digests:
+                cand.digest, cand.shipped_sig = self._digest(sig), sig
+                if (_tag_text(cand.pin.name), cand.digest) in self._digests:
                     self._finish_done(cand, sig)
                     self._release(cand)
                     continue
@@ -589,9 +632,10 @@ class Watcher:
             outcome = future.exception()
             if outcome is None:
                 snapshot = future.result()
-                self._digests.add(cand.digest)
-                with contextlib.suppress(OSError):  # unreadable: the next scan finds its digest shipped
-                    self._finish_done(cand, pins.signature(cand.pin.data, self._excluded))
+                self._digests.add((_tag_text(cand.pin.name), cand.digest))
+                # what was shipped, not the pin now: a file rewritten in place during the upload
+                # changed the pin too (a hard link), and is a new version
+                self._finish_done(cand, cand.shipped_sig)
                 self._release(cand)
                 shipped = ShippedCheckpoint(
                     name=cand.pin.name,
