@@ -85,3 +85,40 @@ def test_drill_from_python_returns_the_report(tmp_path, vault):
     report = vault.drill("latest", load=True)
     assert report.ok and report.bytes == sum(p.stat().st_size for p in ckpt.iterdir())
     assert report.load_s is not None and report.fetch_s >= 0
+
+
+def test_weights_linked_from_outside_the_snapshot_fail_the_drill_and_links_inside_load(tmp_path, vault, cli, repo_url):
+    """Weights linked to an earlier checkpoint (rotated away since) are not in the vault: --load must
+    not call such a checkpoint recoverable. A link to a file the snapshot holds loads through it."""
+    ckpts = tmp_path / "ckpts"
+    first = tensor_checkpoint(ckpts / "checkpoint-100")
+    second = ckpts / "checkpoint-200"
+    second.mkdir()
+    (second / "model.safetensors").symlink_to("../checkpoint-100/model.safetensors")
+    (second / "best.safetensors").symlink_to("model.safetensors")  # inside, but dangling in the snapshot
+    torch.save({"step": torch.tensor(200)}, second / "optimizer.pt")
+    (second / "last.pt").symlink_to("optimizer.pt")  # inside, and there
+    vault.backup(second, tags={"step": "200"})
+    del first
+    proc = cli("drill", "latest", "--load", "--json", "--repo", repo_url, check=False)
+    assert proc.returncode == 41, proc.stderr
+    loads = {c["path"]: (c["loader"], c["ok"]) for c in json.loads(proc.stdout)["loads"]}
+    assert loads == {
+        "model.safetensors": ("link", False),
+        "best.safetensors": ("link", False),
+        "optimizer.pt": ("torch", True),
+        "last.pt": ("torch", True),
+    }
+    assert "outside the snapshot: its bytes are not in the vault" in proc.stderr.decode()
+
+
+def test_a_legacy_torch_file_holding_pickled_objects_is_skipped_not_failed(tmp_path, vault):
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    torch.save({"custom": ValueError("pickled")}, ckpt / "legacy.pt", _use_new_zipfile_serialization=False)
+    torch.save({"w": torch.ones(2)}, ckpt / "legacy_weights.pt", _use_new_zipfile_serialization=False)
+    vault.backup(ckpt, tags={"step": "5"})
+    report = vault.drill("latest", load=True)
+    assert report.ok, report
+    assert [c.path for c in report.loads] == ["legacy_weights.pt"]
+    assert report.skipped == ["legacy.pt: a legacy (not zip) torch file holding pickled objects: not unpickled"]

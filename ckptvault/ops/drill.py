@@ -53,7 +53,7 @@ TORCH = (".pt", ".pth", ".ckpt", ".bin")
 @dataclass(frozen=True)
 class LoadCheck:
     path: str
-    loader: str  # "safetensors" | "torch" | "torch-archive"
+    loader: str  # "safetensors" | "torch" | "torch-archive" | "link"
     ok: bool
     detail: str
     seconds: float
@@ -304,19 +304,25 @@ def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], lis
     loads: list[LoadCheck] = []
     skipped: list[str] = []
     for entry in tree:
-        if entry.type != "file":
+        lower = entry.path.lower()
+        if entry.type == "dir" or not lower.endswith(SAFETENSORS + TORCH):
             continue
         path = os.path.join(target, *entry.path.split("/"))
-        lower = entry.path.lower()
+        if entry.type == "symlink" and not _inside(target, path):
+            # weights linked from elsewhere (an earlier checkpoint, rotated away since): not in the vault
+            why = (
+                f"a symlink to {entry.target}, outside the snapshot: its bytes are not in the vault "
+                "(back up what it points at, or a folder holding both)"
+            )
+            loads.append(LoadCheck(entry.path, "link", False, why, 0.0))
+            continue
         if lower.endswith(SAFETENSORS):
             check = _load_safetensors(entry.path, path)
-        elif lower.endswith(TORCH):
+        else:
             if lower.endswith(".bin") and not zipfile.is_zipfile(path):
                 skipped.append(f"{entry.path}: not a torch zip archive")
                 continue
             check = _load_torch(entry.path, path)
-        else:
-            continue
         if isinstance(check, str):
             skipped.append(f"{entry.path}: {check}")
         else:
@@ -356,6 +362,8 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # Not weights-only: check the archive without executing its pickled code.
+        if _is_legacy_torch(path):
+            return "a legacy (not zip) torch file holding pickled objects: not unpickled"
         try:
             with zipfile.ZipFile(path) as archive:
                 bad = archive.testzip()
@@ -369,6 +377,22 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
     except Exception as exc:  # any failure to load is what the drill is for
         return LoadCheck(name, "torch", False, f"{type(exc).__name__}: {exc}", _since(started))
     return LoadCheck(name, "torch", True, f"loaded {type(obj).__name__}", _since(started))
+
+
+# torch.save(..., _use_new_zipfile_serialization=False) pickles this number first (a pickled 10-byte long)
+_LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def _is_legacy_torch(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(32)
+    return head.startswith(b"\x80") and _LEGACY_TORCH_MAGIC in head
+
+
+def _inside(target: str, path: str) -> bool:
+    """Whether ``path`` (a link in the restored tree) resolves to a file that the restore wrote."""
+    resolved = os.path.realpath(path)
+    return os.path.isfile(resolved) and resolved.startswith(os.path.join(os.path.realpath(target), ""))
 
 
 def _since(started: float) -> float:
