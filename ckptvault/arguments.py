@@ -70,6 +70,12 @@ def flag_arg(name: str, value: object) -> bool:
     return bool(value)
 
 
+def callback_arg(name: str, value: object) -> None:
+    """None, or something to call (checked before any work: a bad one failed after a commit)."""
+    if value is not None and not callable(value):
+        raise wrong_arg(name, value, "a function to call, or None")
+
+
 def optional_path_arg(name: str, value: object) -> str | None:
     return None if value is None else path_arg(name, value)
 
@@ -198,7 +204,7 @@ def seconds_arg(name: str, value: float | None) -> float | None:
     """A time limit in seconds: a number from 0 up, or None for no limit."""
     if value is None:
         return None
-    if not _real(value) or value < 0:
+    if not _real(value) or not value >= 0:  # NaN too: "waiting up to nan s" waited without a bound
         raise wrong_arg(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
     return float(value)
 

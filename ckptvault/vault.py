@@ -28,6 +28,7 @@ import platformdirs
 from .arguments import (
     PathLike,
     before_arg,
+    callback_arg,
     flag_arg,
     fraction_arg,
     hostname_arg,
@@ -126,10 +127,12 @@ UNCHANGED = _Unchanged.UNCHANGED
 
 def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatenate[Vault, P], R]:
     """A public method refuses to run on a closed Vault, takes only True or False for its flags
-    (``overwrite="no"`` would otherwise overwrite), and checks an ``on_progress`` before it starts
-    (a bad one failed only once a restore had made its target)."""
-    params = inspect.signature(method).parameters.values()
-    flags = [p.name for p in params if p.annotation == "bool" and p.kind is p.KEYWORD_ONLY]
+    (``overwrite="no"`` would otherwise overwrite), and checks an ``on_progress`` and its other
+    callbacks before it starts (a bad one failed only once a restore had made its target, or once
+    ``watch`` had committed a snapshot)."""
+    params = [p for p in inspect.signature(method).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    flags = [p.name for p in params if p.annotation == "bool"]
+    callbacks = [p.name for p in params if str(p.annotation).startswith("Callable[") and p.name != "on_progress"]
 
     @functools.wraps(method)
     def checked(self: Vault, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -138,6 +141,8 @@ def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatena
         for name in flags:
             flag_arg(name, kwargs.get(name, False))
         progress_arg("on_progress", kwargs.get("on_progress"))
+        for name in callbacks:
+            callback_arg(name, kwargs.get(name))
         return method(self, *args, **kwargs)
 
     return checked
@@ -147,6 +152,13 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
     if keyfile is None or isinstance(keyfile, Keyfile):
         return keyfile
     return Keyfile.load(keyfile)
+
+
+def _workdir_arg(workdir: PathLike | None) -> str | None:
+    path = optional_path_arg("workdir", workdir)
+    if path is not None and not path.strip():
+        raise UsageError("workdir is empty; give a folder for the drill's temporary copy, or None for the system's")
+    return path
 
 
 def default_repo_url() -> str:
@@ -1053,7 +1065,7 @@ class Vault:
             self.files(snap),
             lambda target: self._restore(snap, target, on_progress=on_progress),
             load=load,
-            workdir=optional_path_arg("workdir", workdir) or None,
+            workdir=_workdir_arg(workdir),
         )
 
     @_open_only

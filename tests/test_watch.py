@@ -315,6 +315,10 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
         assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode(), args
     reserved = cli("watch", str(ckpts), "--repo", repo, "--tag", "step=5", check=False)
     assert reserved.returncode == 2 and "set by watch itself" in reserved.stderr.decode()
+    no_vault = str(tmp_path / "no-vault")  # refused before a vault is made
+    empty = cli("watch", str(ckpts), "--once", "--include", "", "--repo", no_vault, check=False)
+    assert empty.returncode == 2 and "--include pattern '' names no checkpoint" in empty.stderr.decode()
+    assert not os.path.exists(no_vault)
 
 
 def test_a_failed_backup_keeps_its_pin_exits_non_zero_and_ships_next_time(tmp_path, repo, cli):

@@ -74,7 +74,8 @@ def watch_cmd(
     pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
-    path = check_watch_args(directory, tags, interval, settle, once=once)  # before the default vault may be made
+    # before the default vault may be made
+    path = check_watch_args(directory, tags, interval, settle, once=once, include=include or ())
     exclude_arg(exclude)
     missing = not os.path.exists(path)
     if state_dir is not None:

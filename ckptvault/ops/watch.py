@@ -37,7 +37,7 @@ import queue
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -139,7 +139,13 @@ def _tag_text(name: str) -> str:
 
 
 def check_watch_args(
-    directory: str, tags: dict[str, str], interval: float, settle: float, *, once: bool = False
+    directory: str,
+    tags: dict[str, str],
+    interval: float,
+    settle: float,
+    *,
+    once: bool = False,
+    include: Sequence[str] = (),
 ) -> str:
     """The watched folder's absolute path; fails on arguments watch cannot run with (the CLI calls
     this before it opens, and maybe creates, the default vault). A sidecar is often started before
@@ -155,6 +161,8 @@ def check_watch_args(
             raise SourceError(path, "no such directory, nor its parent", "check the path")
     elif not os.path.isdir(path):
         raise UsageError(f"{path} is not a directory; watch the folder the trainer saves into")
+    if "" in include:
+        raise UsageError(f"{spelled('--include', 'include')} pattern '' names no checkpoint; give a glob: 'step_*'")
     for key in RESERVED_TAGS:
         if key in tags:
             raise UsageError(
@@ -187,7 +195,9 @@ class Watcher:
         on_start: Callable[[int], None] | None = None,
         vault_folder: str | None = None,
     ) -> None:
-        self.directory = check_watch_args(directory, tags, options.interval, options.settle, once=options.once)
+        self.directory = check_watch_args(
+            directory, tags, options.interval, options.settle, once=options.once, include=options.include
+        )
         self._vault = refuse_sources_in_vault([self.directory], vault_folder)  # a vault inside is no checkpoint
         self.tags = dict(tags)
         self.options = options
