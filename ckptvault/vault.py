@@ -701,6 +701,7 @@ class Vault:
 
     @_open_only
     def stats(self) -> VaultStats:
+        self._repo.refresh_index()  # as stored now, not as when this Vault first read it
         return compute_stats(self._repo, self.snapshots())
 
     # ---- retention and maintenance -----------------------------------------------------

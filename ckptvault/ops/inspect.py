@@ -89,7 +89,7 @@ def file_usage(repo: Repository, tree: list[FileEntry]) -> list[FileUsage]:
         stored = 0
         if e.type == "file":
             for chunk_id in set(e.chunks):
-                loc = repo.index.get(chunk_id)
+                loc = repo.find(chunk_id)
                 stored += loc.stored_len if loc else 0
         out.append(FileUsage(e.path, e.type, e.size, stored, len(e.chunks), e.blake3))
     return out

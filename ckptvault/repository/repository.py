@@ -284,10 +284,13 @@ class Repository:
         self.damaged_index = damaged
         self._unindexed_read = bool(damaged)  # their packs were just read by their headers
 
-    def _merge_new_index_objects(self) -> None:
-        """Add index objects written by other processes since the index was loaded (for dedup only:
-        one that is damaged is left out, named in a warning)."""
-        for index_id in set(self.list_index_ids()) - self._seen_index_ids:
+    def _merge_new_index_objects(self) -> bool:
+        """Add index objects written by other processes since the index was loaded (one that is
+        damaged is left out, named in a warning); whether there were any. Additive, so safe beside a
+        backup of this process whose packs are not indexed yet: a chunk that a prune moved meanwhile
+        then has two locations, and reads fall back from the one that is gone."""
+        new = set(self.list_index_ids()) - self._seen_index_ids
+        for index_id in new:
             try:
                 with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
                     packs = self._read_metadata(index_key(index_id), self._index_decoder(index_id))
@@ -300,6 +303,7 @@ class Repository:
                 for pack_id, entries in packs.items():
                     self.index.add_pack(pack_id, entries)
             self._seen_index_ids.add(index_id)
+        return bool(new)
 
     def headers_of_unindexed_packs(
         self, indexed: Collection[bytes], stored: dict[bytes, int] | None = None
@@ -589,18 +593,37 @@ class Repository:
         return loc
 
     def find(self, chunk_id: bytes) -> ChunkLocation | None:
-        """The chunk's location. For a chunk in no index, the stored packs that no index object names
-        (those of an index object that was deleted, or a killed backup's) are first read by their own
-        sealed headers, once per loaded index: what they hold still reads (a lookup of every pack on
-        every command would cost a listing of the whole store)."""
+        """The chunk's location. For a chunk in no index, the index objects written since the index
+        was loaded are read first (a long-lived reader: another process backed up meanwhile), then
+        the stored packs that no index object names (those of an index object that was deleted, or a
+        killed backup's) by their own sealed headers, once per loaded index: what they hold still
+        reads (a lookup of every pack on every command would cost a listing of the whole store)."""
         loc = self.index.get(chunk_id)
         if loc is None:
             with self._unindexed_mutex:
-                if not self._unindexed_read:
+                if self.index.get(chunk_id) is None:
+                    self._catch_up_with_index()
+                if self.index.get(chunk_id) is None and not self._unindexed_read:
                     self._unindexed_read = True
                     self._read_unindexed_packs()
             loc = self.index.get(chunk_id)
         return loc
+
+    def refresh_index(self) -> bool:
+        """Catch up with what other processes indexed since the index was loaded; whether anything changed."""
+        with self._unindexed_mutex:
+            return self._catch_up_with_index()
+
+    def _catch_up_with_index(self) -> bool:
+        """For a long-lived reader: read what other processes indexed since the index was loaded;
+        whether anything changed. Reloaded whole (a prune's replaced objects take their entries
+        along) unless this process has packs of its own not indexed yet: then merged."""
+        if set(self.list_index_ids()) == self._seen_index_ids:
+            return False
+        if self._writer is not None or self._pending or self._uploads or self._unindexed:
+            return self._merge_new_index_objects()
+        self.load_index()
+        return True
 
     def _read_unindexed_packs(self) -> None:
         described, _ = self.headers_of_unindexed_packs(self.index.packs)
@@ -631,7 +654,16 @@ class Repository:
                 if loc.pack_id not in self._passed_over:
                     self._passed_over.add(loc.pack_id)
                     damage_log.warning("%s; reading its copy in pack %s instead", exc, fallback.pack_id.hex()[:12])
-        return self._read_copy(chunk_id, copies[-1], verify_id, _depth)
+        try:
+            return self._read_copy(chunk_id, copies[-1], verify_id, _depth)
+        except IntegrityError:
+            # a long-lived reader whose index predates a prune that moved the chunk (its old pack is
+            # gone): the index objects written since say where it is now
+            with self._unindexed_mutex:
+                moved = self._catch_up_with_index() and self.index.locations(chunk_id) != copies
+            if not moved:
+                raise
+        return self.read_chunk(chunk_id, verify_id=verify_id, _depth=_depth)
 
     def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, _depth: int) -> bytes | memoryview:
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
