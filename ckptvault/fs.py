@@ -7,11 +7,15 @@ Paths are ``<snapshot>/<path in the snapshot>``, where ``<snapshot>`` is ``lates
 unique ID prefix; the root lists snapshots by ID. Files are ``Vault.open_file`` objects: seekable,
 each fetched chunk verified, a few decoded chunks cached per open file. Snapshot resolution and
 trees are cached per filesystem instance (``invalidate_cache()`` forgets them, so ``latest`` is
-looked up again). fsspec conventions win at this boundary: a missing path is FileNotFoundError.
+looked up again); fsspec hands every ``fsspec.open`` with the same arguments the same instance.
+fsspec conventions win at this boundary: a missing path is FileNotFoundError. A symlink to a file
+of the same snapshot reads as that file (so ``get`` copies it, like ``cp -L``); other links are left
+out of listings (``info`` still describes them), so a recursive copy never stops half way.
 """
 
 from __future__ import annotations
 
+import posixpath
 import threading
 from typing import Any
 
@@ -45,7 +49,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
         self.vault = vault or Vault.open(repo, storage_options=storage_options, keyfile=keyfile, passphrase=passphrase)
         self.cache_chunks = cache_chunks
         self._snapshots: dict[str, Snapshot] = {}
-        self._trees: dict[str, list[FileEntry]] = {}
+        self._trees: dict[str, dict[str, FileEntry]] = {}  # by snapshot ID: entries by path
         self._lock = threading.Lock()
 
     @classmethod
@@ -78,11 +82,16 @@ class CkptVaultFileSystem(AbstractFileSystem):
                 self._snapshots[spec] = snap
         return snap, inner
 
-    def _tree(self, snap: Snapshot) -> list[FileEntry]:
+    def _tree(self, snap: Snapshot) -> dict[str, FileEntry]:
+        """The snapshot's entries by path, each link to a file of the snapshot replaced by that file."""
         with self._lock:
             tree = self._trees.get(snap.id)
         if tree is None:
-            tree = self.vault.files(snap)
+            try:
+                entries = self.vault.files(snap)
+            except SnapshotNotFoundError as exc:  # forgotten since it was looked up
+                raise _forgotten(exc) from exc
+            tree = _following_file_links({e.path: e for e in entries})
             with self._lock:
                 self._trees[snap.id] = tree
         return tree
@@ -107,14 +116,14 @@ class CkptVaultFileSystem(AbstractFileSystem):
             spec = stripped.partition("/")[0]
             snap, inner = self._resolve(stripped)
             tree = self._tree(snap)
-            match = next((e for e in tree if e.path == inner), None)
+            match = tree.get(inner)
             if match is not None and match.type != "dir":
                 return [self._info(f"{spec}/{inner}", match)] if detail else [f"{spec}/{inner}"]
             prefix = inner + "/" if inner else ""
             out = [
-                self._info(f"{spec}/{e.path}", e)
-                for e in tree
-                if e.path.startswith(prefix) and "/" not in e.path[len(prefix) :]
+                self._info(f"{spec}/{path}", e)
+                for path, e in tree.items()
+                if path.startswith(prefix) and "/" not in path[len(prefix) :] and e.type != "symlink"
             ]
             if not out and match is None and inner:
                 raise FileNotFoundError(f"ckptvault://{stripped}")
@@ -128,7 +137,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
         snap, inner = self._resolve(stripped)
         if not inner:
             return {"name": spec, "size": 0, "type": "directory", "id": snap.id}
-        match = next((e for e in self._tree(snap) if e.path == inner), None)
+        match = self._tree(snap).get(inner)
         if match is None:
             raise FileNotFoundError(f"ckptvault://{stripped}")
         return self._info(f"{spec}/{inner}", match)
@@ -137,10 +146,13 @@ class CkptVaultFileSystem(AbstractFileSystem):
         if mode != "rb":
             raise PermissionError(f"ckptvault:// is read-only; cannot open {path} with mode {mode!r}")
         snap, inner = self._resolve(path)
+        entry = self._tree(snap).get(inner)
         try:
-            return self.vault.open_file(snap, inner, cache_chunks=self.cache_chunks)
+            return self.vault.open_file(snap, entry.path if entry else inner, cache_chunks=self.cache_chunks)
         except PathNotInSnapshotError as exc:
             raise FileNotFoundError(f"ckptvault://{self._strip_protocol(path)}: {exc}") from exc
+        except SnapshotNotFoundError as exc:
+            raise _forgotten(exc) from exc
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         with self._open(path) as f:
@@ -150,3 +162,27 @@ class CkptVaultFileSystem(AbstractFileSystem):
             hi = size if end is None else (end if end >= 0 else max(0, size + end))
             f.seek(lo)
             return f.read(max(0, hi - lo))
+
+
+def _forgotten(exc: SnapshotNotFoundError) -> FileNotFoundError:
+    """A snapshot forgotten since this filesystem looked it up (``latest`` of an hour ago)."""
+    return FileNotFoundError(f"{exc}; call invalidate_cache() on the ckptvault filesystem to look snapshots up again")
+
+
+MAX_LINK_HOPS = 8
+
+
+def _following_file_links(tree: dict[str, FileEntry]) -> dict[str, FileEntry]:
+    """``tree`` with each symlink that leads, within the snapshot, to a file replaced by that file's
+    entry (a link to a folder, out of the snapshot, or dangling stays a link)."""
+    out = dict(tree)
+    for path, entry in tree.items():
+        hops, seen = entry, 0
+        while hops.type == "symlink" and hops.target and seen < MAX_LINK_HOPS:
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(hops.path), hops.target))
+            if hops.target.startswith("/") or target.startswith("../") or target not in tree:
+                break
+            hops, seen = tree[target], seen + 1
+        if entry.type == "symlink" and hops.type == "file":
+            out[path] = hops
+    return out

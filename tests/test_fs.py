@@ -103,6 +103,61 @@ def test_vault_open_file_is_seekable_and_names_missing_paths(vault: Vault, tmp_p
             read(folder, "model")  # said "'model' is not in snapshot", which ls contradicts
 
 
+def test_readinto_a_typed_buffer_fills_its_bytes_and_a_float_offset_is_refused(vault: Vault, tmp_path: Path) -> None:
+    values = np.arange(16, dtype=np.float32)
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "w.bin").write_bytes(values.tobytes())
+    snap = vault.backup(tmp_path / "s")
+    with vault.open_file(snap, "w.bin") as f:
+        grid = np.zeros((2, 4), dtype=np.float32)  # 8 items, 32 bytes
+        assert f.readinto(grid) == 32 and f.tell() == 32
+        assert (grid.ravel() == values[:8]).all()
+        with pytest.raises(TypeError):
+            f.seek(1.5)  # refused here, as by a real file, not at the next read
+        assert f.seek(np.int64(4)) == 4
+
+
+def test_links_to_files_of_the_snapshot_read_as_those_files_and_a_recursive_copy_completes(
+    vault: Vault, repo_url: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(b"weights")
+    (src / "latest.safetensors").symlink_to("model.safetensors")
+    (src / "sub" / "up.safetensors").symlink_to("../latest.safetensors")  # a chain of links
+    (src / "elsewhere").symlink_to("/etc/hostname")  # out of the snapshot: left out of listings
+    (src / "dangling").symlink_to("gone.bin")
+    (src / "folder-link").symlink_to("sub")
+    vault.backup(src)
+    fs = fsspec.filesystem("ckptvault", repo=repo_url, skip_instance_cache=True)
+    listed = sorted(fs.ls("latest", detail=False))
+    assert listed == ["latest/latest.safetensors", "latest/model.safetensors", "latest/sub"]
+    assert fs.cat("latest/sub/up.safetensors") == b"weights" and fs.info("latest/latest.safetensors")["size"] == 7
+    assert fs.info("latest/dangling")["type"] == "other"
+    fs.get("latest", str(tmp_path / "copy"), recursive=True)
+    copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
+    assert copied == ["latest.safetensors", "model.safetensors", "sub", "sub/up.safetensors"]
+    assert (tmp_path / "copy" / "sub" / "up.safetensors").read_bytes() == b"weights"
+
+
+def test_a_snapshot_forgotten_since_it_was_looked_up_is_file_not_found_until_the_cache_is_invalidated(
+    vault: Vault, repo_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "a.bin").write_bytes(b"first")
+    first = vault.backup(tmp_path / "s")
+    fs = fsspec.filesystem("ckptvault", repo=repo_url, skip_instance_cache=True)
+    assert fs.cat("latest/a.bin") == b"first"
+    (tmp_path / "s" / "a.bin").write_bytes(b"second")
+    vault.backup(tmp_path / "s")
+    assert fs.cat("latest/a.bin") == b"first", "latest is what it was first looked up as"
+    vault.forget([first])
+    with pytest.raises(FileNotFoundError, match="call invalidate_cache"):
+        fs.open("latest/a.bin")
+    fs.invalidate_cache()
+    assert fs.cat("latest/a.bin") == b"second"
+
+
 def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
     """Back up a ``size``-byte file (default chunker), read 1 MiB in its middle; (bytes, chunks) fetched.
     A file over 64 MiB holds random bytes in the first quarter of every 64 MiB (the middle among them)

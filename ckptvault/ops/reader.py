@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import operator
 import posixpath
 import threading
 from collections import OrderedDict
@@ -119,6 +120,7 @@ class SnapshotFile(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        offset = operator.index(offset)  # as a real file: 1.5 is refused here, not at the next read
         if whence == io.SEEK_SET:
             pos = offset
         elif whence == io.SEEK_CUR:
@@ -145,6 +147,7 @@ class SnapshotFile(io.RawIOBase):
         return self.read(-1)
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(buffer))
-        memoryview(buffer).cast("B")[: len(data)] = data
+        view = memoryview(buffer).cast("B")  # bytes, whatever the buffer's item size and shape
+        data = self.read(len(view))
+        view[: len(data)] = data
         return len(data)
