@@ -189,3 +189,18 @@ def test_real_torch_save_when_torch_is_installed(tmp_path: Path) -> None:
     layout = layout_of(path.read_bytes())
     assert layout is not None
     assert {(t.name, t.dtype, t.shape) for t in layout.tensors} == {("w", "BF16", (2, 3)), ("n", "F32", (4,))}
+
+
+def test_a_header_that_does_not_parse_only_costs_the_tensor_coding(tmp_path: Path, vault, cli, repo_url) -> None:
+    """A backup stores a file whose header is malformed like any other file (and the files beside it);
+    ``show`` says what is wrong in one line, exit 23."""
+    raw = b'{"x": {"dtype": [], "shape": [4], "data_offsets": [0, 16]}}'
+    odd = struct.pack("<Q", len(raw)) + raw + bytes(16)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "odd.safetensors").write_bytes(odd)
+    (tmp_path / "ckpt" / "good.safetensors").write_bytes(st_save({"w": np.ones(64, np.float32)}))
+    snap = vault.backup(tmp_path / "ckpt")
+    assert b"".join(vault.read_file(snap, "odd.safetensors")) == odd
+    shown = cli("show", "latest", "odd.safetensors", "--repo", repo_url, check=False)
+    assert shown.returncode == 23 and shown.stderr.decode().count("\n") == 1, shown.stderr
+    assert "malformed dtype" in shown.stderr.decode()

@@ -2,7 +2,10 @@
 error: never another exception, a hang, or a huge allocation."""
 
 import contextlib
+import io
 import json
+import struct
+import zipfile
 
 import pytest
 import zstandard
@@ -13,7 +16,8 @@ from ckptvault.blob import BlobCodec, ChecksumSealer, Kind
 from ckptvault.codec import CODEC_ZSTD, CompressionSettings, Compressor
 from ckptvault.crypto.aead import AesGcmSealer
 from ckptvault.crypto.keyfile import Keyfile
-from ckptvault.errors import CkptVaultError
+from ckptvault.errors import CkptVaultError, FileFormatError
+from ckptvault.formats import read_layout
 from ckptvault.repository.config import RepoConfig
 from ckptvault.repository.index import decode_index
 from ckptvault.repository.pack import decode_entries, read_pack_header
@@ -91,6 +95,51 @@ def valid_samples() -> dict[str, bytes]:
 @given(flips=st.lists(st.integers(0, 10_000), max_size=4), cut=st.integers(-1, 600))
 def test_mutated_valid_structures(name, flips, cut):
     own_error_or_value(parsers[name], mutate(valid_samples()[name], flips, cut))
+
+
+def layout_of(data: bytes) -> None:
+    """Checkpoint headers (safetensors, .npy/.npz, torch zip) are untrusted input too: a backup that
+    cannot parse one codes the file without its tensor layout, ``show`` exits 23."""
+    read_layout(lambda offset, length: data[offset : offset + length], len(data), "fuzz")
+
+
+def safetensors_file(header: object) -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(64)
+
+
+def torch_zip() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("archive/data/0", bytes(64))
+        archive.writestr("archive/version", b"3\n")
+    return out.getvalue()
+
+
+@settings(max_examples=300)
+@given(
+    spec=st.fixed_dictionaries({"dtype": json_values, "shape": json_values, "data_offsets": json_values}) | json_values
+)
+def test_safetensors_entries_of_any_json(spec):
+    own_error_or_value(layout_of, safetensors_file({"x": spec}))
+
+
+@settings(max_examples=300)
+@given(flips=st.lists(st.integers(0, 10_000), max_size=4), cut=st.integers(-1, 600))
+def test_mutated_torch_zip_archives(flips, cut):
+    own_error_or_value(layout_of, mutate(torch_zip(), flips, cut))
+
+
+def test_a_zip_needing_an_unknown_version_is_a_format_error():
+    data = bytearray(torch_zip())
+    central = data.find(b"PK\x01\x02")
+    data[central + 6 : central + 8] = (99).to_bytes(2, "little")  # "version needed to extract": 9.9
+    with pytest.raises(FileFormatError, match="is not a readable zip archive"):
+        layout_of(bytes(data))
+    for spec in ({"dtype": [], "shape": [4], "data_offsets": [0, 16]}, {"dtype": "F32", "shape": "abc"}):
+        with pytest.raises(FileFormatError, match="malformed dtype"):
+            layout_of(safetensors_file({"x": {"data_offsets": [0, 16], **spec}}))
 
 
 def test_decompression_bomb_is_refused_before_allocating():

@@ -25,6 +25,10 @@ def looks_like(head: bytes, size: int) -> bool:
     return 2 <= n <= min(MAX_HEADER, size - 8) and head[8:9] == b"{"
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def parse(read_at: ReadAt, size: int, name: str = "file") -> FileLayout:
     if size < 8:
         raise FileFormatError(name, "is too short to be a safetensors file")
@@ -46,7 +50,11 @@ def parse(read_at: ReadAt, size: int, name: str = "file") -> FileLayout:
             dtype, shape, (begin, end) = spec["dtype"], tuple(spec["shape"]), spec["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise FileFormatError(name, f"safetensors entry {tname!r} lacks dtype, shape or data_offsets") from None
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end and base + end <= size):
+        if not isinstance(dtype, str) or not isinstance(spec["shape"], list) or not all(_count(d) for d in shape):
+            raise FileFormatError(
+                name, f"safetensors entry {tname!r} has a malformed dtype {dtype!r} or shape {spec['shape']!r}"
+            )
+        if not (_count(begin) and _count(end) and begin <= end and base + end <= size):
             raise FileFormatError(name, f"tensor {tname!r} has data_offsets {begin}..{end} outside the file")
         if dtype in DTYPES and math.prod(shape) * item_size(dtype) != end - begin:
             raise FileFormatError(name, f"tensor {tname!r}: shape {list(shape)} of {dtype} is not {end - begin} bytes")

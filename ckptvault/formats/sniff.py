@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+
+from ..errors import FileFormatError
 from . import npy, safetensors, torchzip
 from .model import FileLayout, ReadAt
 from .zipmembers import members
@@ -9,10 +12,25 @@ from .zipmembers import members
 HEAD = 16
 
 
+# What parsing a crafted or damaged header can raise beyond the checks of the parsers: a header is
+# untrusted input, and one the parsers did not foresee is damage too, never a failed backup or a crash.
+_PARSE_ERRORS = (
+    ValueError, TypeError, KeyError, IndexError, AttributeError, NotImplementedError, EOFError,
+    OverflowError, RecursionError, struct.error,
+)  # fmt: skip
+
+
 def read_layout(read_at: ReadAt, size: int, name: str = "file") -> FileLayout | None:
     """The layout of a safetensors, .npy, .npz or torch zip file; None for anything else.
 
     Raises FileFormatError when a file starts like one of them but its header is damaged."""
+    try:
+        return _read_layout(read_at, size, name)
+    except _PARSE_ERRORS as exc:
+        raise FileFormatError(name, f"has a header that does not parse ({type(exc).__name__}: {exc})") from None
+
+
+def _read_layout(read_at: ReadAt, size: int, name: str) -> FileLayout | None:
     head = read_at(0, min(HEAD, size)) if size else b""
     if safetensors.looks_like(head, size):
         return safetensors.parse(read_at, size, name)

@@ -66,7 +66,7 @@ def members(read_at: ReadAt, size: int, name: str = "file") -> list[ZipMember]:
     try:
         with zipfile.ZipFile(io.BufferedReader(_ReadAtFile(read_at, size), 64 * 1024)) as archive:
             infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, struct.error) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, struct.error, NotImplementedError, EOFError) as exc:
         raise FileFormatError(name, f"is not a readable zip archive ({exc})") from None
     out = []
     for info in infos:
