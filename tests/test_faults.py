@@ -5,6 +5,7 @@ points at missing data."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -362,3 +363,20 @@ def test_a_probe_the_recovering_storage_answers_with_a_503_gets_its_full_retries
     assert store.unanswered
     assert store.get("obj") == b"1"  # the probe: a 503, then retried as usual (503, then the object)
     assert inner.calls == 6 and not store.unanswered
+
+
+def test_a_lock_that_cannot_be_removed_after_the_work_is_done_is_left_with_a_warning(src: Path, caplog):
+    """check returns its report (backup its snapshot) although the lock's DELETE fails: the work is
+    done, and the lock left behind is said, not raised in place of the result."""
+    vault = Vault.init(url())
+    vault.backup(src)
+    faultyfs.FAULTS["delete:/locks/"] = list("PPPPPPPP")
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        assert vault.check().ok
+        assert vault.backup(src, force_read=True).summary.files == 2
+    left = [r.getMessage() for r in caplog.records if "is left behind" in r.getMessage()]
+    assert len(left) == 2 and "ckptvault unlock removes it" in left[0], left
+    faultyfs.FAULTS.clear()
+    assert len(vault.locks()) == 2
+    vault.unlock(remove_all=True)
+    assert vault.locks() == []

@@ -656,7 +656,15 @@ class HeldLock:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
-            self.release()
+            try:
+                self.release()
+            except CkptVaultError as error:  # the work is done: a lock left behind must not replace its result
+                left_behind.warning(
+                    "lock %s is left behind (%s); it goes stale after %d minutes, and ckptvault unlock removes it",
+                    self.info.lock_id.hex()[:12],
+                    error,
+                    round(self.manager.stale_after.total_seconds() / 60),
+                )
             return
         if not self.exclusive and getattr(self.manager.repo.store, "unanswered", False):
             # the command failed because the storage stopped answering: a delete would only wait out
