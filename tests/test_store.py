@@ -378,3 +378,36 @@ def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyP
     FsspecStore("az://container/vault", {"account_name": "a", "connection_timeout": "30"})
     FsspecStore("s3://bucket/vault", {"config_kwargs.connect_timeout": "5", "config_kwargs.retries.max_attempts": "3"})
     FsspecStore("gs://bucket/vault", {"token": "anon", "session_kwargs": {"timeout": object()}})
+
+
+def test_credentials_never_reach_a_message(monkeypatch):
+    """An SDK error quoting a token-info URL (gcsfs with a bad token), a presigned URL or the option's
+    value itself: the store's error shows none of them."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class LeakyFileSystem(MemoryFileSystem):
+        protocol = ("leaky",)
+
+        def __init__(self, *args, token=None, client_kwargs=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.token, self.secret = token, (client_kwargs or {}).get("aws_secret_access_key")
+
+        def cat_file(self, path, start=None, end=None, **kwargs):
+            raise ConnectionError(
+                f"Max retries exceeded with url: /tokeninfo?access_token={self.token} (bad token {self.token}, "
+                f"secret {self.secret}; https://u:pw-in-url@host/x?X-Amz-Signature=abcdef)"
+            )
+
+    fsspec.register_implementation("leaky", LeakyFileSystem, clobber=True)
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    store = FsspecStore(
+        "leaky://bucket/vault",
+        {"token": "ya29.SECRET-TOKEN", "client_kwargs": {"aws_secret_access_key": "SECRET-KEY-42"}},
+    )
+    with pytest.raises(StorageError) as info:
+        store.get("config")
+    message = str(info.value)
+    assert "ConnectionError" in message and "tokeninfo?access_token=***" in message, message
+    for secret in ("SECRET", "pw-in-url", "abcdef"):
+        assert secret not in message, message

@@ -207,10 +207,27 @@ def one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# SDK messages quote URLs: the query parameters that carry credentials (an OAuth access_token in a
+# token-info URL, a SAS or presigned URL's signature) and a URL's password are never shown.
+_CREDENTIAL_PARAM = re.compile(
+    r"([?&;][\w.-]*(?:token|key|secret|password|passwd|signature|sig|credential|auth)[\w.-]*=)[^&\s'\"<>)]+", re.I
+)
+_URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]+:)[^@\s/]+@", re.I)
+HIDDEN = "***"
+
+
+def hide_credentials(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` without credentials: ``secrets`` (the values of credential options) wherever they
+    appear, and those that URLs in it carry."""
+    for secret in secrets:
+        text = text.replace(secret, HIDDEN)
+    return _URL_PASSWORD.sub(rf"\1{HIDDEN}@", _CREDENTIAL_PARAM.sub(rf"\1{HIDDEN}", text))
+
+
 def _describe(exc: BaseException) -> str:
     # the first line: SDKs put the summary there and request IDs, headers and XML bodies below it
     lines = [line for line in str(exc).splitlines() if line.strip()]
-    message = one_line(lines[0] if lines else "", 200)
+    message = one_line(hide_credentials(lines[0]) if lines else "", 200)
     name = type(exc).__name__
     if not message:
         return name

@@ -47,9 +47,9 @@ from .backends import (
     tune,
 )
 from .base import TEMP_PREFIX, ObjectInfo
-from .failures import Failure, Kind, classify, one_line, status_in_chain, storage_error
+from .failures import Failure, Kind, classify, hide_credentials, one_line, status_in_chain, storage_error
 from .local import LocalStore
-from .options import TransferLimits, display_url, resolve_options
+from .options import TransferLimits, credential_values, display_url, resolve_options
 from .retrying import call_deadline
 
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
@@ -75,6 +75,7 @@ class FsspecStore:
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         self._made_dirs: set[str] = set()
         self._options = options
+        self._secrets = credential_values(options)  # never shown in a message
         if "::" in target:  # a chained URL (e.g. simplecache::s3://...): let fsspec build the chain
             with self._translate_errors("OPEN", "(filesystem)"):
                 self._fs, root = fsspec.core.url_to_fs(target, skip_instance_cache=True, **options)
@@ -200,6 +201,7 @@ class FsspecStore:
             deadline = self._deadline(nbytes).get("timeout")
             if type(exc).__name__ == "FSTimeoutError" and deadline:
                 failure = Failure(failure.kind, f"no answer after {deadline:g} s")
+            failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
             raise storage_error(op, key, self.url, exc, if_absent=if_absent, failure=failure) from exc
 
     def _bucket_missing(self) -> Failure | None:

@@ -73,6 +73,22 @@ def _is_text_key(key: str) -> bool:
     return any(part in _TEXT_PARTS for part in name.split("_"))
 
 
+# Name parts of the options whose values are credentials, hidden from messages (a file's path is not).
+_SECRET_PARTS = frozenset(["key", "secret", "token", "password", "passphrase", "credential", "credentials", "sas"])
+
+
+def credential_values(options: dict[str, Any]) -> tuple[str, ...]:
+    """The text values of credential options (nested ones too: ``client_kwargs``), longest first."""
+    found: list[str] = []
+    for key, value in options.items():
+        parts = set(str(key).lower().split("_"))
+        if isinstance(value, dict):
+            found += credential_values(value)
+        elif isinstance(value, str) and len(value) >= 4 and parts & _SECRET_PARTS and not parts & {"filename", "file"}:
+            found.append(value)
+    return tuple(sorted(set(found), key=len, reverse=True))
+
+
 def parse_value(key: str, text: str) -> Any:
     """Type one option value given as text (see the module docstring)."""
     if _is_text_key(key):
