@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
+from ..errors import UsageError
 from .base import Store
 from .local import LocalStore
 from .options import read_ahead_bytes
@@ -28,6 +30,7 @@ def open_store(
     inner: Store
     plain_path = "://" not in url and "::" not in url
     if plain_path:
+        _refuse_mistyped_url(url)
         url = os.path.abspath(os.path.expanduser(url))
     if plain_path and not storage_options:
         inner = LocalStore(url)
@@ -40,3 +43,22 @@ def open_store(
     store: Store = ThrottledStore(retrying, limits, unlimited) if limits else retrying
     window = read_ahead_bytes()
     return ReadAheadStore(store, window) if retrying.remote and window else store
+
+
+# Protocols of the storage ckptvault is used with: "s3:/bucket/vault" or "gs:bucket/vault" is a URL with a
+# typo, and taken as a local path it would keep every checkpoint on the machine it is meant to leave.
+_REMOTE_PROTOCOLS = frozenset({
+    "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "sftp", "ssh", "ftp", "http", "https", "webdav",
+    "hf", "oci", "oss", "r2", "file", "memory",
+})  # fmt: skip
+_PROTOCOL_TYPO = re.compile(r"([A-Za-z][\w+.-]*):/?(?!/)(.*)", re.S)
+
+
+def _refuse_mistyped_url(path: str) -> None:
+    match = _PROTOCOL_TYPO.fullmatch(path)
+    if match and match[1].lower() in _REMOTE_PROTOCOLS:
+        proto, rest = match[1], match[2]
+        raise UsageError(
+            f"{path!r} is not a URL (it lacks the '//' of {proto}://) and would be a local folder: write "
+            f"{proto}://{rest}, or ./{path} for a local folder of that name"
+        )
