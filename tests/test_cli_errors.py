@@ -71,6 +71,8 @@ from .test_cli import one_line_error
         # a URL with a typo would be a local folder, and the checkpoints would never leave the machine
         (["init", "s3:/ckptvault-test/x"], 2, "'s3:/ckptvault-test/x' is not a URL (it lacks the '//' of s3://)"),
         (["backup", "{tmp}/src", "--repo", "gs:bucket/v"], 2, "write gs://bucket/v, or ./gs:bucket/v for a local"),
+        # a mistyped key file would be sent to Google as an access token
+        (["snapshots", "--repo", "gs://b/v", "-o", "token={tmp}/key.json"], 2, "key.json: no such file on this"),
         # a storage option the backend does not take: refused, not silently dropped
         (["init", "{tmp}/v2", "-o", "foo=bar"], 2, "a local folder takes no storage option 'foo'"),
         (["backup", "{tmp}/src", "--repo", "{tmp}/v", "-o", "auto_mkdr=1"], 2, "(did you mean auto_mkdir?)"),

@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UsageError
+
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"})
 RENAME_PUT = frozenset({"sftp", "ssh"})  # no atomic PUT: write a temp name, then rename
 # One session serves one call at a time (paramiko's SFTP client deadlocks under concurrent threads), and
@@ -93,10 +95,24 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
             out["key_filename"] = os.path.expanduser(key)
         elif isinstance(key, list):
             out["key_filename"] = [os.path.expanduser(k) if isinstance(k, str) else k for k in key]
+    token = out.get("token")
+    if protocol in ("gs", "gcs") and isinstance(token, str) and _names_a_file(token):
+        # gcsfs takes any other string for an access token: a mistyped key file path would be sent to
+        # Google, and fail as a network or authentication error that never names the file
+        out["token"] = os.path.expanduser(token)
+        if not os.path.isfile(out["token"]):
+            raise UsageError(
+                f"-o token={token}: no such file on this machine; give the path of a service-account JSON key "
+                "(~ is expanded), or leave token out to use the environment's credentials"
+            )
     emulator = out.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
     if protocol in ("gs", "gcs") and emulator and "gcsfs" not in sys.modules:
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     return out
+
+
+def _names_a_file(token: str) -> bool:
+    return token.startswith(("/", "~", ".")) or token.endswith(".json")
 
 
 def tune(fs: Any, protocol: str, options: dict[str, Any]) -> None:
