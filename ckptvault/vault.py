@@ -1035,9 +1035,10 @@ class Vault:
     def backup_status(self, path: PathLike, *, exclude: Sequence[str] = ()) -> BackupStatus:
         """Whether the local file or folder ``path`` is durably stored, and in which snapshot.
         ``exclude``: files to leave out of the comparison (as for ``backup``; path patterns are
-        matched from ``path``); by default each snapshot's own: what its backup's patterns left out."""
+        matched from ``path``); without it every file counts (a snapshot missing only what its own
+        exclude patterns left out is named in ``detail``)."""
         where = path_arg("path", path)
-        excludes = exclude_arg(exclude) or None
+        excludes = exclude_arg(exclude)
         with self._repo.locks.acquire_to_read():
             return backup_status(self._repo, where, self.snapshots(), self.files, self.local_folder, excludes)
 

@@ -89,9 +89,9 @@ def test_an_excluded_file_changing_leaves_the_backup_unchanged(tmp_path, vault: 
     assert again.id == first.id and len(vault.snapshots()) == 1
 
 
-def test_a_snapshot_records_its_patterns_and_status_leaves_out_what_they_left_out(
-    tmp_path, repo_url, vault: Vault, cli
-):
+def test_a_snapshot_records_its_patterns_and_status_names_what_they_left_out(tmp_path, repo_url, vault: Vault, cli):
+    """Files a backup left out are not stored: status still says no (deleting the folder would lose
+    them), and names the snapshot that holds the rest; given the same patterns, it says yes."""
     src = checkpoint(tmp_path / "ckpt")
     patterns = ["*.tmp", "wandb", "logs/*.txt"]
     snap = vault.backup(src, exclude=patterns)
@@ -99,20 +99,18 @@ def test_a_snapshot_records_its_patterns_and_status_leaves_out_what_they_left_ou
     listed = json.loads(cli("snapshots", "--json", "--repo", repo_url).stdout)
     assert listed[0]["excludes"] == patterns
 
-    proc = cli("status", str(src), "--json", "--repo", repo_url)
-    assert json.loads(proc.stdout)[0]["backed_up"] is True, proc.stdout
-    assert "its exclude patterns left out 3 of these files" in json.loads(proc.stdout)[0]["detail"]
-    assert vault.is_backed_up(src)
+    proc = cli("status", str(src), "--json", "--repo", repo_url, check=False)
+    assert proc.returncode == 40
+    detail = json.loads(proc.stdout)[0]["detail"]
+    assert f"snapshot {snap.short_id} holds all but the 3 file(s) its --exclude patterns" in detail, detail
+    assert "give status the same patterns" in detail
+    assert not vault.is_backed_up(src)
     # a path pattern is matched from the snapshot's root, also for a folder inside it that is asked about
-    assert vault.backup_status(src / "logs").backed_up  # logs/train.txt was left out, keep.json is stored
+    assert "holds all but the 1 file(s)" in vault.backup_status(src / "logs").detail
     assert vault.backup_status(src / "deep" / "er" / "logs").backed_up  # not left out: stored
-    # patterns given replace the snapshot's: wandb is not in the snapshot
-    assert cli("status", str(src), "-e", "*.tmp", "--repo", repo_url, check=False).returncode == 40
-    assert vault.is_backed_up(src, exclude=["*.tmp", "wandb", "logs/*.txt"])
-    assert not vault.is_backed_up(src, exclude=["*.tmp"])
-    # a file the patterns do not cover counts, as before
-    write_file(src / "model" / "extra.bin", b"new")
-    assert cli("status", str(src), "--repo", repo_url, check=False).returncode == 40
+    assert vault.is_backed_up(src, exclude=patterns)
+    assert not vault.is_backed_up(src, exclude=["*.tmp"])  # wandb is not in the snapshot
+    assert cli("status", str(src), "-e", "*.tmp", "-e", "wandb", "-e", "logs/*.txt", "--repo", repo_url).returncode == 0
 
 
 def test_status_without_recorded_patterns_compares_every_file(tmp_path, vault: Vault):

@@ -25,8 +25,7 @@ def status_cmd(
 ) -> None:
     """Say whether each path is durably backed up (same files, same content). Exit 0 when all are, 40 when not.
 
-    Files a snapshot's backup left out with --exclude do not count against it; --exclude here compares every
-    snapshot with what the given patterns leave instead."""
+    Every file counts: give the --exclude patterns the backups were made with to leave those files out."""
     out = Output(json_mode=json_out, quiet=quiet)
     check_sources(paths)
     exclude_arg(exclude)

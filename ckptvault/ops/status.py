@@ -41,13 +41,14 @@ def backup_status(
     snapshots: list[Snapshot],
     load_tree: Callable[[Snapshot], list[FileEntry]],
     vault_folder: str | None = None,
-    exclude: Excludes | None = None,
+    exclude: Excludes = NO_EXCLUDES,
 ) -> BackupStatus:
-    """``exclude``: files the backups left out, left out of the comparison too; None: for each
-    snapshot, what its own backup left out (the exclude patterns it records)."""
+    """``exclude``: files the backups left out, left out of the comparison too. Without it every file
+    counts: a snapshot that holds all but what its own --exclude patterns left out is named in the
+    detail (deleting the folder would lose those files), and the answer stays no."""
     try:
         scan = scan_sources(  # as a backup sees it
-            [path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude or NO_EXCLUDES, purpose="compare"
+            [path], skip_unreadable=False, vault_folder=vault_folder, exclude=exclude, purpose="compare"
         )
     except SourceError as exc:
         if exc.hint != unreadable_hint():
@@ -70,38 +71,61 @@ def backup_status(
                 raise SourceError(local[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
         return hashes[rel] == entry.blake3
 
-    packs: dict[bytes, int] | None = None
+    trees: dict[str, dict[str, FileEntry] | None] = {}
     damaged: list[str] = []
-    for snap in sorted(snapshots, key=lambda s: s.time, reverse=True):
-        left_out = _recorded_excludes(snap) if exclude is None else None
-        if not left_out and (snap.summary.files < len(local) or snap.summary.logical_bytes < total):
-            continue  # too small to hold every file
-        try:
-            tree = {e.path: e for e in load_tree(snap) if e.type == "file"}
-        except (ObjectNotFoundError, SnapshotNotFoundError):
-            continue  # forgotten meanwhile
-        except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
-            damaged.append(snap.short_id)
-            continue
+
+    def files_of(snap: Snapshot) -> dict[str, FileEntry] | None:
+        if snap.id not in trees:
+            try:
+                trees[snap.id] = {e.path: e for e in load_tree(snap) if e.type == "file"}
+            except (ObjectNotFoundError, SnapshotNotFoundError):
+                trees[snap.id] = None  # forgotten meanwhile
+            except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
+                trees[snap.id] = None
+                damaged.append(snap.short_id)
+        return trees[snap.id]
+
+    def holding(snap: Snapshot, left_out: Excludes | None) -> tuple[str, list[FileEntry], int] | None:
+        """(prefix, entries, files left out) where ``snap`` holds every local file but those its
+        patterns ``left_out``, with the same content."""
+        tree = files_of(snap)
+        if tree is None:
+            return None
         for prefix in _prefixes(tree, local):
             wanted = [rel for rel in local if not (left_out and _left_out(left_out, prefix + rel))]
             entries = [e for rel in wanted if (e := tree.get(prefix + rel)) and e.size == local[rel].st.st_size]
             if not wanted or len(entries) < len(wanted):  # sizes first: hashes are read for plausible matches only
                 continue
-            if not all(same_content(rel, e) for rel, e in zip(wanted, entries, strict=True)):
-                continue
-            if packs is None:
-                repo.load_index()
-                packs = repo.list_packs()
-            missing = _missing_chunks(entries, repo, packs)
-            if missing:
-                return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
-            where = f" under {prefix.rstrip('/')}/" if prefix else ""
-            skipped = len(local) - len(wanted)
-            but = f" (its exclude patterns left out {skipped} of these files)" if skipped else ""
-            return status(True, f"in snapshot {snap.short_id}{where}{but}", snap, prefix)
+            if all(same_content(rel, e) for rel, e in zip(wanted, entries, strict=True)):
+                return prefix, entries, len(local) - len(wanted)
+        return None
+
+    newest_first = sorted(snapshots, key=lambda s: s.time, reverse=True)
+    for snap in newest_first:
+        if snap.summary.files < len(local) or snap.summary.logical_bytes < total:
+            continue  # too small to hold every file
+        found = holding(snap, None)
+        if found is None:
+            continue
+        prefix, entries, _ = found
+        repo.load_index()
+        missing = _missing_chunks(entries, repo, repo.list_packs())
+        if missing:
+            return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
+        where = f" under {prefix.rstrip('/')}/" if prefix else ""
+        return status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
     unread = f" (the tree of snapshot(s) {', '.join(damaged)} is damaged: run: ckptvault check)" if damaged else ""
-    return status(False, f"no snapshot holds its {len(local)} file(s) with the same content{unread}")
+    detail = f"no snapshot holds its {len(local)} file(s) with the same content{unread}"
+    if not exclude:
+        for snap in newest_first:
+            patterns = _recorded_excludes(snap)
+            if patterns and (partial := holding(snap, patterns)) is not None:
+                detail += (
+                    f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) its --exclude patterns "
+                    f"({', '.join(snap.excludes)}) left out: give status the same patterns to accept that"
+                )
+                break
+    return status(False, detail)
 
 
 def _recorded_excludes(snap: Snapshot) -> Excludes | None:
