@@ -118,7 +118,7 @@ class ChunkIndex:
         self.packs -= gone
         for pack_id in gone:
             self._pack_ends.pop(pack_id, None)
-        for chunk_id in [c for c, loc in self._map.items() if loc.pack_id in gone]:
+        for chunk_id in [c for c, loc in list(self._map.items()) if loc.pack_id in gone]:
             del self._map[chunk_id]
         for chunk_id in list(self._other_copies):
             kept = sorted((o for o in self._other_copies.pop(chunk_id) if o.pack_id not in gone), key=_delta_last)

@@ -12,6 +12,7 @@ import itertools
 import logging
 import mmap
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
@@ -74,6 +75,7 @@ PACK_SLACK = 1 << 20  # room past the target size for the last blob and the head
 # Readers follow chains of delta bases this deep; writers make depth 1 (ops/deltabase.py), so a
 # deeper chain can only come from racing writers, and one this deep is a loop.
 MAX_DELTA_DEPTH = 16
+CATCH_UP_EVERY_S = 1.0  # chunks in no index look for index objects written since at most this often
 
 log = logging.getLogger("ckptvault")
 damage_log = logging.getLogger("ckptvault.damage")  # damaged metadata read around: the CLI shows these
@@ -136,9 +138,11 @@ class Repository:
         self._unindexed_read = False  # the packs in no index object were read by their headers (find)
         self._listed_sizes: dict[str, int] = {}  # snapshot and tree keys -> size, from the last listing
         self._unindexed_mutex = threading.Lock()
+        self._found_nothing_at = -CATCH_UP_EVERY_S  # when a look for new index objects last found none
         self.damaged_index: dict[bytes, str] = {}  # index objects load_index read around: ID -> error
         self._passed_over: set[bytes] = set()  # packs a read fell back from (warned once each)
         self._seen_index_ids: set[bytes] = set()
+        self._packs_by_object: dict[bytes, set[bytes]] = {}  # index object -> the packs it names
         self._spare_buffers: list[bytearray | mmap.mmap] = []  # pack buffers whose upload has finished
         self._writer: PackWriter | None = None  # the open pack, from its first chunk until it is sealed
         self._pending: set[bytes] = set()  # chunks in the open pack or in packs being uploaded
@@ -281,15 +285,18 @@ class Repository:
         index.drop_deltas_without_base()
         self._index = index
         self._seen_index_ids = set(objects) | set(damaged)
+        self._packs_by_object = {index_id: set(packs) for index_id, packs in objects.items()}
         self.damaged_index = damaged
         self._unindexed_read = bool(damaged)  # their packs were just read by their headers
 
     def _merge_new_index_objects(self) -> bool:
         """Add index objects written by other processes since the index was loaded (one that is
-        damaged is left out, named in a warning); whether there were any. Additive, so safe beside a
-        backup of this process whose packs are not indexed yet: a chunk that a prune moved meanwhile
-        then has two locations, and reads fall back from the one that is gone."""
-        new = set(self.list_index_ids()) - self._seen_index_ids
+        damaged is left out, named in a warning), and leave out the packs of those deleted since (a
+        prune replaced them) that no other object names; whether anything changed. Never a reload,
+        so safe beside a backup on another thread of this process, whose packs are indexed as they
+        land (not in any object yet, so never left out here)."""
+        listed = set(self.list_index_ids())
+        new = listed - self._seen_index_ids
         for index_id in new:
             try:
                 with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
@@ -302,8 +309,15 @@ class Repository:
             else:
                 for pack_id, entries in packs.items():
                     self.index.add_pack(pack_id, entries)
+                self._packs_by_object[index_id] = set(packs)
             self._seen_index_ids.add(index_id)
-        return bool(new)
+        gone = self._seen_index_ids - listed
+        if gone:
+            named = set().union(*(self._packs_by_object.get(i, ()) for i in listed))
+            dropped = set().union(*(self._packs_by_object.pop(i, ()) for i in gone)) - named
+            self.index.forget_packs(dropped)
+            self._seen_index_ids -= gone
+        return bool(new or gone)
 
     def headers_of_unindexed_packs(
         self, indexed: Collection[bytes], stored: dict[bytes, int] | None = None
@@ -459,7 +473,9 @@ class Repository:
 
     def _write_index(self) -> None:
         if self._unindexed:
-            self._seen_index_ids.add(self.write_index(self._unindexed))
+            index_id = self.write_index(self._unindexed)
+            self._seen_index_ids.add(index_id)
+            self._packs_by_object[index_id] = set(self._unindexed)
             self._unindexed = {}
             self._merge_new_index_objects()
 
@@ -583,6 +599,7 @@ class Repository:
         self._stop_uploaders()
         self._index = None  # reloaded from the durable index objects when next used
         self._seen_index_ids = set()
+        self._packs_by_object = {}
 
     # ---- reading chunks ----------------------------------------------------------------
 
@@ -602,7 +619,7 @@ class Repository:
         if loc is None:
             with self._unindexed_mutex:
                 if self.index.get(chunk_id) is None:
-                    self._catch_up_with_index()
+                    self._catch_up_with_index(throttled=True)
                 if self.index.get(chunk_id) is None and not self._unindexed_read:
                     self._unindexed_read = True
                     self._read_unindexed_packs()
@@ -614,16 +631,18 @@ class Repository:
         with self._unindexed_mutex:
             return self._catch_up_with_index()
 
-    def _catch_up_with_index(self) -> bool:
-        """For a long-lived reader: read what other processes indexed since the index was loaded;
-        whether anything changed. Reloaded whole (a prune's replaced objects take their entries
-        along) unless this process has packs of its own not indexed yet: then merged."""
-        if set(self.list_index_ids()) == self._seen_index_ids:
+    def _catch_up_with_index(self, *, throttled: bool = False) -> bool:
+        """For a long-lived reader: add what other processes indexed since the index was loaded;
+        whether there was anything. Merged, never reloaded: a backup on another thread of this
+        process adds its packs to the index as they land. ``throttled`` (a chunk in no index: every
+        chunk of a file whose index object is lost misses) looks again only a second after a look
+        that found nothing."""
+        if throttled and time.monotonic() - self._found_nothing_at < CATCH_UP_EVERY_S:
             return False
-        if self._writer is not None or self._pending or self._uploads or self._unindexed:
-            return self._merge_new_index_objects()
-        self.load_index()
-        return True
+        if self._merge_new_index_objects():
+            return True
+        self._found_nothing_at = time.monotonic()
+        return False
 
     def _read_unindexed_packs(self) -> None:
         described, _ = self.headers_of_unindexed_packs(self.index.packs)
@@ -636,7 +655,9 @@ class Repository:
                 len(described),
             )
 
-    def read_chunk(self, chunk_id: bytes, *, verify_id: bool = True, _depth: int = 0) -> bytes | memoryview:
+    def read_chunk(
+        self, chunk_id: bytes, *, verify_id: bool = True, _depth: int = 0, _stale: frozenset[bytes] | None = None
+    ) -> bytes | memoryview:
         """Fetch, decode and verify one chunk (a delta's base first).
 
         The blob's envelope (AEAD tag or checksum, both bound to the chunk ID) and its length are
@@ -651,19 +672,23 @@ class Repository:
             try:
                 return self._read_copy(chunk_id, loc, verify_id, _depth)
             except IntegrityError as exc:
-                if loc.pack_id not in self._passed_over:
+                if loc.pack_id not in self._passed_over and loc.pack_id not in (_stale or ()):
                     self._passed_over.add(loc.pack_id)
                     damage_log.warning("%s; reading its copy in pack %s instead", exc, fallback.pack_id.hex()[:12])
         try:
             return self._read_copy(chunk_id, copies[-1], verify_id, _depth)
         except IntegrityError:
             # a long-lived reader whose index predates a prune that moved the chunk (its old pack is
-            # gone): the index objects written since say where it is now
+            # gone): the index objects written since say where it is now; the copies that failed
+            # are the stale ones, read around without a warning
+            if _stale is not None:
+                raise
             with self._unindexed_mutex:
                 moved = self._catch_up_with_index() and self.index.locations(chunk_id) != copies
             if not moved:
                 raise
-        return self.read_chunk(chunk_id, verify_id=verify_id, _depth=_depth)
+        stale = frozenset(loc.pack_id for loc in copies)
+        return self.read_chunk(chunk_id, verify_id=verify_id, _depth=_depth, _stale=stale)
 
     def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, _depth: int) -> bytes | memoryview:
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
