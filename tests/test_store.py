@@ -411,3 +411,16 @@ def test_credentials_never_reach_a_message(monkeypatch):
     assert "ConnectionError" in message and "tokeninfo?access_token=***" in message, message
     for secret in ("SECRET", "pw-in-url", "abcdef"):
         assert secret not in message, message
+
+
+def test_hiding_credentials_leaves_the_rest_of_a_message_readable():
+    from ckptvault.store.failures import hide_credentials
+    from ckptvault.store.options import credential_values
+
+    options = {"token": "anon", "key_filename": "~/.ssh/id", "connection_string": "AccountName=a;AccountKey=k1k1"}
+    secrets = credential_values({**options, "key": "AKIA7"})
+    assert secrets == ("AccountName=a;AccountKey=k1k1", "AKIA7"), "ways to authenticate and paths are no secrets"
+    text = "anonymous access to ~/.ssh/id denied; sftp://bob:pa/ss@host/x; ;AccountKey=abc==;EndpointSuffix=net"
+    assert hide_credentials(text, secrets) == (
+        "anonymous access to ~/.ssh/id denied; sftp://bob:***@host/x; ;AccountKey=***;EndpointSuffix=net"
+    )

@@ -276,9 +276,16 @@ def twin_snapshot(
         if s.hostname == hostname
         and tags.items() <= s.tags.items()
         and names(s.paths) == wanted
-        and s.excludes == list(exclude.patterns)
+        and _same_patterns(s.excludes, exclude)
     ]
     return max(twins, key=lambda s: s.time) if twins else None
+
+
+def _same_patterns(recorded: list[str], exclude: Excludes) -> bool:
+    try:
+        return Excludes.parse(recorded).key() == exclude.key()
+    except UsageError:  # patterns this ckptvault does not take
+        return False
 
 
 def same_contents(a: list[FileEntry], b: list[FileEntry]) -> bool:

@@ -311,7 +311,7 @@ def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], lis
         if entry.type == "symlink" and not _inside(target, path):
             # weights linked from elsewhere (an earlier checkpoint, rotated away since): not in the vault
             why = (
-                f"a symlink to {entry.target}, outside the snapshot: its bytes are not in the vault "
+                f"a symlink to {entry.target}, which is no file of the snapshot: its bytes are not in the vault "
                 "(back up what it points at, or a folder holding both)"
             )
             loads.append(LoadCheck(entry.path, "link", False, why, 0.0))

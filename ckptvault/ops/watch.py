@@ -562,12 +562,12 @@ class Watcher:
                 return False  # left out by the user's patterns: never coming
             lacks = f"no {TRAINER_STATE} (a Hugging Face Trainer writes it last)"
         else:
-            lacks = "no file"
+            lacks = "no file to ship (only folders or links, or files the exclude patterns leave out)"
         if not pins.source_alive(cand.pin):
             self._on_warning(f"{cand.pin.name} was deleted while it held {lacks}: it was never complete; not shipped")
             self._drop(cand)
             return True
-        if lacks == "no file" or now - cand.last_change < INCOMPLETE_WARN_S:
+        if now - cand.last_change < INCOMPLETE_WARN_S:
             return True
         self._warn_once(
             ("incomplete", cand.pin.name),

@@ -210,9 +210,9 @@ def one_line(text: str, limit: int = 300) -> str:
 # SDK messages quote URLs: the query parameters that carry credentials (an OAuth access_token in a
 # token-info URL, a SAS or presigned URL's signature) and a URL's password are never shown.
 _CREDENTIAL_PARAM = re.compile(
-    r"([?&;][\w.-]*(?:token|key|secret|password|passwd|signature|sig|credential|auth)[\w.-]*=)[^&\s'\"<>)]+", re.I
+    r"([?&;][\w.-]*(?:token|key|secret|password|passwd|signature|sig|credential|auth)[\w.-]*=)[^&;\s'\"<>)]+", re.I
 )
-_URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]+:)[^@\s/]+@", re.I)
+_URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]+:)[^@\s]+@", re.I)
 HIDDEN = "***"
 
 

@@ -133,7 +133,7 @@ class FsspecStore:
             local = _local_setting_error(exc)
             if local is None:
                 raise
-            raise UsageError(f"repository {self.url}: {local}") from None
+            raise UsageError(f"repository {self.url}: {hide_credentials(local, self._secrets)}") from None
         tune(fs, self.profile.protocol, self._options)
         return fs
 
@@ -457,7 +457,7 @@ def _thread_niceness() -> int:
 
 
 def _invalid_url(shown: str, exc: ValueError) -> UsageError:
-    return UsageError(f"repository {shown} is not a valid URL: {one_line(str(exc))}")
+    return UsageError(f"repository {shown} is not a valid URL: {one_line(hide_credentials(str(exc)))}")
 
 
 def _local_setting_error(exc: Exception) -> str | None:

@@ -73,8 +73,12 @@ def _is_text_key(key: str) -> bool:
     return any(part in _TEXT_PARTS for part in name.split("_"))
 
 
-# Name parts of the options whose values are credentials, hidden from messages (a file's path is not).
-_SECRET_PARTS = frozenset(["key", "secret", "token", "password", "passphrase", "credential", "credentials", "sas"])
+# Name parts of the options whose values are credentials, hidden from messages; not a file's path, nor
+# the words that name a way to authenticate (gcsfs's token=anon, cloud, google_default, ...).
+_SECRET_PARTS = frozenset(
+    ["key", "secret", "token", "password", "passphrase", "credential", "credentials", "sas", "connection"]
+)
+_NOT_SECRETS = frozenset(["anon", "cloud", "google_default", "cache", "browser", "true", "false", "none"])
 
 
 def credential_values(options: dict[str, Any]) -> tuple[str, ...]:
@@ -84,9 +88,14 @@ def credential_values(options: dict[str, Any]) -> tuple[str, ...]:
         parts = set(str(key).lower().split("_"))
         if isinstance(value, dict):
             found += credential_values(value)
-        elif isinstance(value, str) and len(value) >= 4 and parts & _SECRET_PARTS and not parts & {"filename", "file"}:
+        elif isinstance(value, str) and parts & _SECRET_PARTS and not parts & {"filename", "file"} and _secret(value):
             found.append(value)
     return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def _secret(value: str) -> bool:
+    path_like = value.startswith(("/", "~", ".")) or value.endswith(".json")
+    return len(value) >= 4 and value.lower() not in _NOT_SECRETS and not path_like
 
 
 def parse_value(key: str, text: str) -> Any:
