@@ -262,9 +262,9 @@ def twin_snapshot(
     snapshots: list[Snapshot], hostname: str, tags: dict[str, str], sources: list[str], exclude: Excludes
 ) -> Snapshot | None:
     """What ``skip_if_unchanged`` compares with: the newest snapshot from ``hostname`` that carries
-    every one of ``tags`` and was taken of sources with the same names, with the same exclude
-    patterns (``status`` trusts a snapshot's patterns). Names, not paths: a pinned checkpoint is read
-    from a new folder each time, under its own name."""
+    every one of ``tags`` and was taken of sources with the same names and the same exclude rules
+    (the snapshot returned records them). Names, not paths: a pinned checkpoint is read from a new
+    folder each time, under its own name."""
 
     def names(paths: list[str]) -> list[str]:
         return sorted(os.path.basename(p.rstrip(os.sep)) for p in paths)

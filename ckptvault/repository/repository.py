@@ -637,6 +637,9 @@ class Repository:
         process adds its packs to the index as they land. ``throttled`` (a chunk in no index: every
         chunk of a file whose index object is lost misses) looks again only a second after a look
         that found nothing."""
+        if self._index is None:  # not loaded yet (or dropped after a failed write): read as stored now
+            self.load_index()
+            return True
         if throttled and time.monotonic() - self._found_nothing_at < CATCH_UP_EVERY_S:
             return False
         if self._merge_new_index_objects():

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from .options import names_a_file
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"})
 RENAME_PUT = frozenset({"sftp", "ssh"})  # no atomic PUT: write a temp name, then rename
@@ -96,7 +97,7 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(key, list):
             out["key_filename"] = [os.path.expanduser(k) if isinstance(k, str) else k for k in key]
     token = out.get("token")
-    if protocol in ("gs", "gcs") and isinstance(token, str) and _names_a_file(token):
+    if protocol in ("gs", "gcs") and isinstance(token, str) and names_a_file(token):
         # gcsfs takes any other string for an access token: a mistyped key file path would be sent to
         # Google, and fail as a network or authentication error that never names the file
         out["token"] = os.path.expanduser(token)
@@ -109,10 +110,6 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     if protocol in ("gs", "gcs") and emulator and "gcsfs" not in sys.modules:
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     return out
-
-
-def _names_a_file(token: str) -> bool:
-    return token.startswith(("/", "~", ".")) or token.endswith(".json")
 
 
 def tune(fs: Any, protocol: str, options: dict[str, Any]) -> None:

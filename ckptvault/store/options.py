@@ -94,8 +94,12 @@ def credential_values(options: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _secret(value: str) -> bool:
-    path_like = value.startswith(("/", "~", ".")) or value.endswith(".json")
-    return len(value) >= 4 and value.lower() not in _NOT_SECRETS and not path_like
+    return len(value) >= 4 and value.lower() not in _NOT_SECRETS and not names_a_file(value)
+
+
+def names_a_file(value: str) -> bool:
+    """Whether an option's text value reads as a file's path (gcsfs's ``token=/path/key.json``)."""
+    return value.startswith(("/", "~", ".")) or value.endswith(".json")
 
 
 def parse_value(key: str, text: str) -> Any:
