@@ -872,15 +872,22 @@ class Vault:
         return removed
 
     @_open_only
-    def repair_index(self, *, dry_run: bool = False, read_data: bool = False) -> IndexRepair:
+    def repair_index(
+        self, *, dry_run: bool = False, read_data: bool = False, drop_failing: bool = False
+    ) -> IndexRepair:
         """Index again, from the packs' own sealed headers, every pack that no readable index object
         describes, drop the packs that are gone, then remove the index objects this replaces
         (``ckptvault.ops.repair``); with ``read_data``, also read every pack and drop the chunks that
-        do not verify, so the next backup of their files stores them again. Takes the exclusive lock;
-        ``dry_run`` (a shared lock) changes nothing and returns what a real run would do."""
+        do not verify, so the next backup of their files stores them again; ``drop_failing`` (which reads
+        every pack too) also drops the packs the storage fails to serve on every attempt (a server error,
+        a body cut short).
+        Takes the exclusive lock; ``dry_run`` (a shared lock) changes nothing and returns what a real
+        run would do."""
         read_data = flag_arg("read_data", read_data)
+        drop_failing = flag_arg("drop_failing", drop_failing)
+        read_data = read_data or drop_failing  # they are found by reading every pack
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
-            result = repair_index(self._repo, dry_run=dry_run, read_data=read_data)
+            result = repair_index(self._repo, dry_run=dry_run, read_data=read_data, drop_failing=drop_failing)
             if not dry_run:
                 self._repo.load_index()
             return result

@@ -380,3 +380,32 @@ def test_a_lock_that_cannot_be_removed_after_the_work_is_done_is_left_with_a_war
     assert len(vault.locks()) == 2
     vault.unlock(remove_all=True)
     assert vault.locks() == []
+
+
+def test_a_pack_the_storage_fails_on_every_read_is_dropped_only_on_request(tmp_path: Path, src: Path):
+    # A server that finds an object damaged (SeaweedFS: its stored CRC no longer matches) answers every
+    # read of it with an internal error; tests/backends/test_server_damage.py does it for real.
+    vault = Vault.init(url(), pack_size=1 << 20)
+    first = vault.backup(src, tags={"n": "1"})
+    pack = min(vault._repo.list_packs()).hex()
+    faultyfs.FAULTS[f"get:{pack}"] = list("I" * 1000)
+
+    report = vault.check(read_data=1.0)
+    [problem] = report.problems
+    assert problem.object == f"pack {pack[:12]}" and problem.unreadable and problem.failing
+    assert "repair-index --read-data --drop-failing-packs" in problem.detail
+    assert report.unavailable and not report.affected  # maybe a fault that passes: nothing called lost
+
+    kept = vault.repair_index(read_data=True)  # not asked: nothing dropped
+    assert kept.failing_packs == kept.unread_packs == [pack] and not kept.damaged_chunks
+    dropped = vault.repair_index(drop_failing=True)
+    assert dropped.failing_packs == [pack] and dropped.unread_packs == []
+
+    second = vault.backup(src, tags={"n": "2"})
+    assert second.summary.new_bytes > 0  # the dropped pack's chunks, stored again
+    vault.restore(first, tmp_path / "out")  # the pack still fails: the chunks come from their new copies
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    after = vault.check(read_data=1.0)  # nothing read of the pack: it is indexed without chunks
+    assert after.ok and not after.warnings, (after.problems, after.warnings)
+    vault.prune(keep_latest=2)
+    assert pack not in {p.hex() for p in vault._repo.list_packs()}

@@ -51,9 +51,18 @@ def check_cmd(
             f"read or check ({counts}); upgrade ckptvault, then check again"
         )
     unreadable = sum(p.unreadable for p in report.problems)
-    unread = (
-        f"{unreadable} object(s) could not be read (access denied, an I/O error, an archived storage class: not "
-        f"damage), which leaves {len(report.unavailable)} snapshot(s) unchecked; fix the access and check again"
+    failing = sum(p.failing for p in report.problems)
+    refused = (
+        f"{unreadable - failing} object(s) could not be read (access denied, an I/O error, an archived storage class: "
+        "not damage; fix the access)"
+    )
+    fails = (
+        f"{failing} pack(s) the storage fails on every attempt (a server error, a body cut short: damaged where "
+        "stored, or a fault that passes; if it persists, ckptvault repair-index --drop-failing-packs drops them, so "
+        "that the next backup stores their chunks again)"
+    )
+    unread = ", ".join(([refused] if unreadable > failing else []) + ([fails] if failing else [])) + (
+        f", which leaves {len(report.unavailable)} snapshot(s) unchecked; check again after"
     )
     if unreadable == len(report.problems):  # nothing found damaged: forgetting anything would be wrong
         raise StorageError("CHECK", "", vault.url, "unreadable objects", message=f"check: {unread} ({counts})")
@@ -96,6 +105,14 @@ def repair_index_cmd(
             " chunks of a pack whose header is damaged into a new pack.",
         ),
     ] = False,
+    drop_failing: Annotated[
+        bool,
+        typer.Option(
+            "--drop-failing-packs",
+            help="Also drop from the index the packs the storage fails to serve on every attempt (a server error,"
+            " a body cut short), so the next backup stores their chunks again. Implies --read-data.",
+        ),
+    ] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -103,7 +120,7 @@ def repair_index_cmd(
     """Rebuild the index where it is damaged (from the packs' own headers) or names packs that are gone."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
-        result = vault.repair_index(dry_run=dry_run, read_data=read_data)
+        result = vault.repair_index(dry_run=dry_run, read_data=read_data, drop_failing=drop_failing)
     if result.unreadable_packs:
         out.warn(
             f"{len(result.unreadable_packs)} pack(s) in no readable index have a damaged header too "
@@ -119,6 +136,12 @@ def repair_index_cmd(
         f"damaged index objects: {damaged}; {index} {result.packs_reindexed} pack(s) again from their headers"
         + (f", {remove} the damaged object(s)" if result.damaged else "")
         + (f"; {drop} {len(result.missing_packs)} missing pack(s) from the index" if result.missing_packs else "")
+        + (
+            f"; {drop} the chunks of {len(result.failing_packs)} pack(s) the storage fails to serve from the index "
+            "(prune removes the packs): the next backup of the files holding them stores them again"
+            if drop_failing and result.failing_packs
+            else ""
+        )
         + (
             f"; {drop} {len(result.damaged_chunks)} damaged chunk(s) from the index: the next backup of the files "
             "holding them stores them again, and the snapshots that need them then restore"
@@ -139,6 +162,7 @@ def repair_index_cmd(
         ),
     )
     if result.unread_packs:
+        failing = [p for p in result.unread_packs if p in result.failing_packs]
         raise StorageError(
             "GET",
             "",
@@ -146,7 +170,13 @@ def repair_index_cmd(
             "unreadable packs",
             message=f"{len(result.unread_packs)} pack(s) could not be read (e.g. {result.unread_packs[0][:12]}), so "
             "their chunks were not verified and none was dropped: ckptvault check says why; fix the access and run "
-            "repair-index --read-data again",
+            "repair-index --read-data again"
+            + (
+                f"; the storage fails {len(failing)} of them on every attempt (e.g. {failing[0][:12]}; a server "
+                "error, a body cut short): if that persists, add --drop-failing-packs"
+                if failing
+                else ""
+            ),
         )
 
 

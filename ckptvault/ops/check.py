@@ -29,6 +29,7 @@ from ..repository.index import decode_index
 from ..repository.pack import PackEntry, lies_whole_in, read_pack_header
 from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import Snapshot
+from ..store.failures import object_fault
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Problem:
     detail: str
     newer: bool = False  # not damage: written by a newer ckptvault, which this one cannot read
     unreadable: bool = False  # not damage: the storage refused to hand it over
+    failing: bool = False  # unreadable, a pack the storage answers for but fails on every attempt (object_fault)
 
 
 @dataclass
@@ -86,6 +88,18 @@ class _Checker:
 
     def problem(self, obj: str, detail: str, *, newer: bool = False, unreadable: bool = False) -> None:
         self.report.problems.append(Problem(obj, detail, newer, unreadable))
+
+    def unreadable_pack(self, pack_id: bytes, exc: BaseException) -> None:
+        self.unread_packs.add(pack_id)
+        if not object_fault(exc):
+            self.problem(f"pack {_short(pack_id)}", f"cannot be read: {exc}", unreadable=True)
+            return
+        detail = (
+            f"cannot be read: {exc}; the storage answers, but fails this object on every attempt: it may be damaged "
+            "where it is stored. If that persists, ckptvault repair-index --read-data --drop-failing-packs drops it "
+            "from the index, so that the next backup of the files holding its chunks stores them again"
+        )
+        self.report.problems.append(Problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True))
 
     def check_index(self) -> None:
         for info in self.repo.store.list(INDEX_PREFIX):
@@ -137,6 +151,8 @@ class _Checker:
                     self.copies.setdefault(e.chunk_id, set()).add(pack_id)
         held = set(self.copies)
         for pack_id, entries in self.indexed.items():
+            if not entries:
+                continue  # repair-index dropped every chunk (damaged, or the storage fails it): prune removes it
             name = f"pack {_short(pack_id)}"
             size = stored.get(pack_id)
             if size is None:
@@ -148,8 +164,7 @@ class _Checker:
             except CkptVaultError as exc:
                 header = None
                 if _unreadable(exc):
-                    self.problem(name, f"cannot be read: {exc}", unreadable=True)
-                    self.unread_packs.add(pack_id)
+                    self.unreadable_pack(pack_id, exc)
                     continue
                 self.problem(
                     name,
@@ -209,7 +224,11 @@ class _Checker:
             )
 
     def read_data(self, fraction: float, seed: int | None) -> None:
-        pack_ids = sorted(p for p in self.indexed if p in self.repo.list_packs())
+        # a pack whose header could not be read is named already: reading it whole would wait out the retries again
+        stored = self.repo.list_packs()
+        pack_ids = sorted(
+            p for p, entries in self.indexed.items() if entries and p in stored and p not in self.unread_packs
+        )
         if fraction < 1.0:
             rng = random.Random(seed)
             pack_ids = rng.sample(pack_ids, max(1, round(len(pack_ids) * fraction))) if pack_ids else []
@@ -219,10 +238,10 @@ class _Checker:
             try:
                 data = self.repo.read_pack(pack_id)
             except CkptVaultError as exc:
-                if pack_id not in self.unread_packs:
-                    self.problem(name, f"cannot be read: {exc}", unreadable=_unreadable(exc))
                 if _unreadable(exc):
-                    self.unread_packs.add(pack_id)
+                    self.unreadable_pack(pack_id, exc)
+                else:
+                    self.problem(name, f"cannot be read: {exc}")
                 continue
             self.report.packs_read += 1
             try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
 from ..repository.pack import PackEntry, read_pack_header
+from ..store.failures import object_fault
 from .gc import GcPlan, execute_gc, verify_exclusive_lock
 
 
@@ -26,28 +27,42 @@ class IndexRepair:
     missing_packs: list[str]  # packs the index named that are gone from the store (dropped from the index)
     dry_run: bool
     damaged_chunks: list[str] = field(default_factory=list)  # read_data: chunks that did not verify (dropped)
-    unread_packs: list[str] = field(default_factory=list)  # read_data: packs that could not be read (not verified)
+    unread_packs: list[str] = field(default_factory=list)  # read_data: packs that could not be read (kept as indexed)
+    failing_packs: list[str] = field(default_factory=list)  # read_data: packs the storage fails to serve (below):
+    # in unread_packs, or with drop_failing indexed without their chunks
     salvaged_packs: list[str] = field(default_factory=list)  # header damaged: indexed from a damaged index object
     rewritten_packs: list[str] = field(default_factory=list)  # read_data: indexed packs whose header was damaged,
     # copied into new packs (their chunks that verify) and removed
 
 
-def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = False) -> IndexRepair:
+def repair_index(
+    repo: Repository, *, dry_run: bool = False, read_data: bool = False, drop_failing: bool = False
+) -> IndexRepair:
     """The caller holds the exclusive lock (for a real run). An index object this ckptvault cannot
     read because it is newer (UnsupportedFormatError) is not damage: it raises, and nothing changes.
 
     ``read_data``: also read every indexed pack and drop from the index each chunk that does not
     verify (as ``restic repair packs`` does), so that the next backup of the files holding it stores
     it again instead of deduplicating against the damaged copy; the snapshots that need it restore
-    again once one has (a chunk is named by its content)."""
+    again once one has (a chunk is named by its content).
+
+    ``drop_failing`` (with ``read_data``): every chunk of a pack the storage answers for but fails on
+    every attempt (a server error, a body cut short: ``store.failures.object_fault``) is dropped too.
+    Only on request: a storage fault that passes answers the same. The pack stays, indexed without
+    chunks, so nothing reads it again; prune removes it."""
     damaged: dict[bytes, str] = {}
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
     unread: list[bytes] = []
+    failing: list[bytes] = []  # in unread too
     headless: set[bytes] = set()  # indexed packs whose own header is damaged
-    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread, headless) if read_data else {}
-    stale = [index_id for index_id, packs in objects.items() if (gone | bad_chunks.keys()) & packs.keys()]
+    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread, failing, headless) if read_data else {}
+    dropped = dict(bad_chunks)
+    if drop_failing:
+        for packs in objects.values():
+            dropped.update({p: {e.chunk_id for e in entries} for p, entries in packs.items() if p in failing})
+    stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
     # A pack whose header is damaged, in no readable index: a damaged index object may still be its only
@@ -58,7 +73,7 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
     salvaged = sorted(p.hex() for p in described if p in unreadable)
     unreadable = [p for p in unreadable if p not in described]
     rewritten: dict[bytes, list[PackEntry]] = {
-        pack_id: [e for e in entries if e.chunk_id not in bad_chunks.get(pack_id, ())]
+        pack_id: [e for e in entries if e.chunk_id not in dropped.get(pack_id, ())]
         for index_id in stale
         for pack_id, entries in objects[index_id].items()
         if pack_id not in gone
@@ -78,7 +93,8 @@ def repair_index(repo: Repository, *, dry_run: bool = False, read_data: bool = F
         missing_packs=sorted(p.hex() for p in gone),
         dry_run=dry_run,
         damaged_chunks=sorted({c.hex() for chunks in bad_chunks.values() for c in chunks}),
-        unread_packs=sorted(p.hex() for p in unread),
+        unread_packs=sorted(p.hex() for p in unread if p not in dropped),
+        failing_packs=sorted(p.hex() for p in failing),
         salvaged_packs=salvaged,
         rewritten_packs=sorted(p.hex() for p in headless),
     )
@@ -109,11 +125,13 @@ def _chunks_that_do_not_verify(
     objects: dict[bytes, dict[bytes, list[PackEntry]]],
     skip: set[bytes],
     unread: list[bytes],
+    failing: list[bytes],
     headless: set[bytes],
 ) -> dict[bytes, set[bytes]]:
     """Pack ID -> the chunks in it that do not decode and verify, reading each indexed pack once,
     whole (a pack is at most 1 GiB; 16 MiB by default). Packs that cannot be read go to ``unread``,
-    those whose own header is damaged to ``headless``."""
+    and also to ``failing`` where the storage answered for them with a fault of the object; those
+    whose own header is damaged go to ``headless``."""
     packs: dict[bytes, list[PackEntry]] = {}
     for index in objects.values():
         for pack_id, entries in index.items():
@@ -122,8 +140,10 @@ def _chunks_that_do_not_verify(
     for pack_id in sorted(packs.keys() - skip):
         try:
             data = repo.read_pack(pack_id)
-        except CkptVaultError:
-            unread.append(pack_id)  # a read error may pass: nothing is dropped from it
+        except CkptVaultError as exc:
+            unread.append(pack_id)  # a read error may pass: nothing is dropped from it unless asked
+            if object_fault(exc):
+                failing.append(pack_id)
             continue
         try:
             read_pack_header(repo.codec, pack_id, data)

@@ -300,6 +300,24 @@ def storage_error(
     return StorageError(op, key, url, failure.reason, retryable=failure.retryable)
 
 
+# Answers that say the storage cannot serve this one object, rather than that it is busy or out of
+# reach: an internal error (HTTP 500; SeaweedFS answers so for every read of an object whose stored
+# CRC no longer matches its bytes), or a body that ends before the length it announced.
+OBJECT_FAULT_CODES = frozenset({"InternalError", "InternalServerError"})
+CUT_SHORT_NAMES = frozenset(
+    {"ClientPayloadError", "ContentLengthError", "IncompleteRead", "IncompleteReadError", "ChunkedEncodingError"}
+)
+
+
+def object_fault(exc: BaseException) -> bool:
+    """Whether ``exc``, the last of a call's attempts, says the storage answers but fails this object:
+    after every retry that points at the object as stored, not at the storage as a whole."""
+    status, code = status_in_chain(exc)
+    if status is not None or code is not None:
+        return status == 500 or code in OBJECT_FAULT_CODES
+    return any(type(node).__name__ in CUT_SHORT_NAMES for node in _chain(exc))
+
+
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the storage did not answer at all (a timeout, a refused or dropped
     connection), as opposed to answering with an error (a 5xx, a short object): then the storage

@@ -9,6 +9,7 @@ actions consumed one per call (borg's failing chunker and kopia's FaultyStorage,
     .  succeed             T  transient error (connection reset)
     P  permission denied   H  hang for HANG_S seconds, then succeed
     S  short read          C  corrupted read (one flipped bit)
+    I  an internal server error (HTTP 500), as a server answers for an object it finds damaged
 
 Operations: put (pipe_file), get (cat_file), delete (rm_file), list (find). As a process entry
 point, ``python -m tests.support.faultyfs ARGS`` runs the CLI with a plan from
@@ -41,11 +42,17 @@ def _next_action(op: str, path: str) -> str:
     return "."
 
 
+class InternalServerError(OSError):
+    status = 500  # read as aiohttp's ClientResponseError is
+
+
 def _raise_or_wait(action: str, path: str) -> None:
     if action == "T":
         raise ConnectionResetError(104, "connection reset by peer (injected)", path)
     if action == "P":
         raise PermissionError(13, "permission denied (injected)", path)
+    if action == "I":
+        raise InternalServerError(121, "internal server error (injected)", path)
     if action == "H":
         time.sleep(HANG_S)
 

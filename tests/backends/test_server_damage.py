@@ -1,0 +1,81 @@
+"""A pack the storage itself finds damaged. SeaweedFS keeps a CRC with every stored object and answers
+each read of one whose bytes no longer match it with an internal error (HTTP 500), after ~15 s: the
+object can never be read, yet the server answers, so it is no outage either. check names the pack as
+failing and says how to go on; repair-index --drop-failing-packs drops it from the index; the next
+backup of the same files stores its chunks again, so every snapshot restores; prune then removes it."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..conftest import tree_digest
+from ..support import servers
+from .conftest import one_line_error
+
+# Each read of the damaged object costs the server ~15 s: one attempt per call, not six.
+ONE_ATTEMPT = {"CKPTVAULT_RETRIES": "0"}
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.RunningServer]:
+    """A server of its own: its volume files are damaged by hand."""
+    try:
+        srv = servers.start_seaweedfs(tmp_path_factory.mktemp("seaweed-damage"))
+    except servers.ServerUnavailable as exc:
+        pytest.skip(f"BACKEND NOT TESTED: s3-seaweedfs (damaged volume): {exc}")
+    yield srv
+    srv.stop()
+
+
+def flip_stored_byte(srv: servers.RunningServer, stored: bytes) -> None:
+    """Flip one byte inside ``stored`` where the server keeps it on its disk (its volume files)."""
+    hits = 0
+    for volume in (srv.log.parent / "weed").rglob("*.dat"):
+        raw = volume.read_bytes()
+        at = raw.find(stored)
+        if at >= 0:
+            with volume.open("r+b") as f:
+                f.seek(at + len(stored) // 2)
+                byte = f.read(1)[0]
+                f.seek(at + len(stored) // 2)
+                f.write(bytes([byte ^ 0xFF]))
+            hits += 1
+    assert hits == 1, f"the bytes were found in {hits} volume files"
+
+
+@pytest.mark.slow
+def test_a_pack_the_server_finds_damaged_is_dropped_on_request_and_stored_again(seaweed, remote_cli, tmp_path: Path):
+    backend = seaweed.backend
+    url = backend.new_url()
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    weights = random.Random(7).randbytes(2_000_000)  # incompressible: stored as they are, so found on the disk
+    (src / "weights.bin").write_bytes(weights)
+    remote_cli(backend, "init", "--repo", url)
+    remote_cli(backend, "backup", str(src), "--repo", url, "-t", "n=1")
+    flip_stored_byte(seaweed, weights[1_000_000:1_000_064])
+
+    check = remote_cli(backend, "check", "--read-data", "--repo", url, check=False, **ONE_ATTEMPT)
+    assert check.returncode == 20
+    error = one_line_error(check)
+    assert "1 pack(s) the storage fails on every attempt" in error and "--drop-failing-packs" in error
+    assert "fails this object on every attempt" in check.stdout.decode()
+
+    repair = remote_cli(backend, "repair-index", "--drop-failing-packs", "--repo", url, **ONE_ATTEMPT)
+    assert "dropped the chunks of 1 pack(s) the storage fails to serve" in repair.stdout.decode()
+
+    again = remote_cli(backend, "backup", str(src), "--repo", url, "-t", "n=2", "--json")
+    assert json.loads(again.stdout)["summary"]["new_bytes"] == len(weights)  # all in the dropped pack
+    for n in ("1", "2"):
+        target = tmp_path / f"out-{n}"
+        remote_cli(backend, "restore", "latest", str(target), "--repo", url, "-t", f"n={n}")
+        assert tree_digest(target) == tree_digest(src)
+    # the damaged pack is indexed without chunks now: nothing reads it, and prune removes it
+    remote_cli(backend, "prune", "--keep-latest", "5", "--repo", url)
+    after = remote_cli(backend, "check", "--read-data", "--repo", url, **ONE_ATTEMPT)
+    assert "no problems found" in after.stdout.decode() and "warning" not in after.stderr.decode()
