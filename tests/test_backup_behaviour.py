@@ -188,6 +188,57 @@ def test_file_changing_while_read(vault: Vault, tmp_path: Path, monkeypatch: pyt
     assert (tmp_path / f"out-{mode}" / "stable").read_bytes() == b"fine"
 
 
+def _changed_after_the_scan(monkeypatch: pytest.MonkeyPatch, change) -> None:
+    """Run ``change()`` once the backup has scanned its sources, before it reads any file."""
+    real = backup_module.scan_sources
+
+    def scan_then_change(*args, **kwargs):
+        scan = real(*args, **kwargs)
+        change()
+        return scan
+
+    monkeypatch.setattr(backup_module, "scan_sources", scan_then_change)
+
+
+def _rotated(src: Path) -> None:
+    (src / "a" / "model.pt").unlink()
+
+
+def _folder_replaced_by_a_file(src: Path) -> None:
+    (src / "a" / "model.pt").unlink()
+    (src / "a").rmdir()
+    (src / "a").write_text("a file now")
+
+
+def _replaced_by_a_fifo(src: Path) -> None:
+    (src / "a" / "model.pt").unlink()
+    os.mkfifo(src / "a" / "model.pt")  # opened as it was scanned, a FIFO would block the backup forever
+
+
+@pytest.mark.parametrize("change", [_rotated, _folder_replaced_by_a_file, _replaced_by_a_fifo])
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_a_file_gone_after_the_scan_is_skipped_or_fails_the_backup_with_on_change_fail(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, mode: str
+):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "model.pt").write_bytes(os.urandom(100_000))
+    (src / "stable").write_bytes(b"fine")
+    _changed_after_the_scan(monkeypatch, lambda: change(src))
+    if mode == "fail":  # a rotation that took a file must not leave a snapshot without it as `latest`
+        with pytest.raises(
+            SourceError,
+            match=r"model\.pt: it was (deleted|replaced).* during the backup \(use on_change=warn or skip\)",
+        ):
+            vault.backup(src, on_change=mode)
+        assert vault.snapshots() == []
+        return
+    warnings: list[str] = []
+    snap = vault.backup(src, on_change=mode, on_warning=warnings.append)
+    assert [e.path for e in vault.files(snap) if e.type == "file"] == ["stable"]
+    assert len(warnings) == 1 and "skipped" in warnings[0] and "model.pt" in warnings[0]
+
+
 def test_a_backup_whose_every_file_was_left_out_while_read_commits_nothing(
     vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

@@ -28,7 +28,10 @@ def backup_cmd(
     ] = False,
     on_change: Annotated[
         str,
-        typer.Option(help="A file that changed while read, twice: warn (store it), skip (leave it out) or fail."),
+        typer.Option(
+            help="A file that changed while read, twice: warn (store it), skip (leave it out) or fail; fail also"
+            " when a file was deleted or replaced during the backup."
+        ),
     ] = "warn",
     skip_if_unchanged: Annotated[
         bool,

@@ -321,8 +321,14 @@ def _read_file(
                 ) from exc
             warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
             return None
-        except FileNotFoundError:
-            warnings.append(f"skipped {item.abs_path}: it was deleted during the backup")
+        except (FileNotFoundError, NotADirectoryError, _NotAFileAnyMore) as exc:
+            # gone, or its folder replaced by a file: the snapshot would miss it (a rotated checkpoint)
+            why = str(exc) if isinstance(exc, _NotAFileAnyMore) else "it was deleted during the backup"
+            if on_change == "fail":
+                raise SourceError(
+                    item.abs_path, why, f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}"
+                ) from exc
+            warnings.append(f"skipped {item.abs_path}: {why}")
             return None
         except OSError as exc:  # EIO from a failing disk, ESTALE on NFS...: skipped alike, as restic does
             if not skip_unreadable:
@@ -358,6 +364,11 @@ def _layout(fd: int, size: int, path: str) -> FileLayout | None:
         return None
 
 
+class _NotAFileAnyMore(Exception):
+    """The path was replaced by something that is not a regular file (a FIFO, whose reads would
+    block forever; a folder) after the scan."""
+
+
 class _NotTheSource(Exception):
     """An OSError of the pipeline (no memory for a pack buffer, the vault's own disk), carried past
     ``_read_file``'s handlers: it must fail the backup, never be skipped as an unreadable source file
@@ -376,14 +387,21 @@ def _not_the_source() -> Iterator[None]:
         raise _NotTheSource(exc) from exc
 
 
+def _nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
 def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0
     repo = pipeline.repo
-    with open(item.abs_path, "rb", buffering=0) as f:
+    # O_NONBLOCK: opening a FIFO that replaced the file since the scan must not wait for a writer
+    with open(item.abs_path, "rb", buffering=0, opener=_nonblocking) as f:
         fd = f.fileno()
         before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise _NotAFileAnyMore("it was replaced by something that is not a file during the backup")
         # With delta coding, a file holding tensors big enough for aligned pieces is cut into them;
         # every other file is cut by content, exactly as without delta coding.
         layout = _layout(fd, before.st_size, item.path) if pipeline.planner is not None else None
