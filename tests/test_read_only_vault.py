@@ -73,3 +73,21 @@ def test_a_lockless_reader_blames_a_prune_that_began_meanwhile_not_damage(tmp_pa
         with pytest.raises(VaultLockedError, match="began while this command read") as info, LocklessRead(manager):
             raise IntegrityError("the pack is missing")
         assert isinstance(info.value.__cause__, IntegrityError)
+
+
+def test_reading_commands_work_without_a_lock_on_a_full_vault_disk(read_only_vault, cli, tmp_path: Path):
+    """No room for a lock object must not keep a restore from getting the checkpoints out."""
+    mount, repo, src = read_only_vault
+    with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:
+            filler.write(b"\0" * (1 << 20))
+    out = tmp_path / "out"
+    proc = cli("restore", "latest", str(out), "--repo", repo, "--tag", "run=x")
+    assert "cannot write a lock" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in src.iterdir()}
+    assert cli("check", "--repo", repo, "--read-data").stdout.decode().startswith("no problems found")
+    assert cli("status", str(src), "--repo", repo).returncode == 0
+    assert cli("drill", "--repo", repo).returncode == 0
+    (src / "new.bin").write_bytes(os.urandom(100_000))
+    proc = cli("backup", str(src), "--repo", repo, check=False)  # writing still needs room
+    assert proc.returncode == 21 and "no space left" in proc.stderr.decode(), proc.stderr

@@ -99,6 +99,7 @@ from ..errors import (
     LockLostError,
     ObjectNotFoundError,
     StorageError,
+    StorageFullError,
     UnsupportedFormatError,
     VaultLockedError,
     spelled,
@@ -686,7 +687,10 @@ class HeldLock:
 
 
 def _write_refused(exc: StorageError) -> bool:
-    """The store refused a write for good: no permission, or a read-only filesystem."""
+    """The store refused a write for good: no permission, a read-only filesystem, or no space left
+    (a full vault disk must not keep a restore from getting the checkpoints out)."""
+    if isinstance(exc, StorageFullError):
+        return True
     cause = exc.__cause__
     if isinstance(cause, OSError) and cause.errno == errno.EROFS:
         return True
