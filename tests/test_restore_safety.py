@@ -196,6 +196,16 @@ def test_a_temporary_file_another_restore_is_writing_is_left_alone(vault: Vault,
     assert not live.exists() and (target / "a").read_bytes() == b"real file"
 
 
+def test_a_leftover_is_removed_also_when_every_file_is_already_present(vault: Vault, tmp_path: Path):
+    """A restore killed while another one into the same folder finished the files: the rerun writes
+    nothing, and still removes what the killed one left (status would call the folder not backed up)."""
+    snap, target, leftover = _snapshot_and_temp_file(vault, tmp_path, b"half a file")
+    (target / "a").write_bytes(b"real file")
+    result = vault.restore(snap, target)
+    assert result.skipped_files == 1 and result.bytes_written == 0
+    assert not leftover.exists() and [p.name for p in target.iterdir()] == ["a"]
+
+
 def test_restores_into_one_folder_at_once_all_succeed(cli, tmp_path: Path):
     """Ranks of a job restoring one checkpoint into one shared folder: six processes, two thousand small
     files and links, all at once. They removed each other's temporary files (a rename that found none),

@@ -20,9 +20,9 @@ import contextlib
 import errno
 import fcntl
 import fnmatch
-import glob
 import os
 import posixpath
+import re
 import secrets
 import stat
 import time
@@ -53,6 +53,7 @@ from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
 _TEMP_RANDOM = 8  # hex digits after a name's temp stem
+_LEFTOVER_NAME = re.compile(rf"{re.escape(TEMP_MARK)}[0-9a-f]{{16}}-[0-9a-f]{{{_TEMP_RANDOM}}}")  # see temp_stem
 READ_BLOCK = 4 * 1024 * 1024
 
 
@@ -355,12 +356,13 @@ def run_restore(
             os.makedirs(planner.dest(entry), exist_ok=True)
     zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
     snapshot_paths = frozenset(planner.dest(e) for e in tree)
+    _remove_leftover_temps({os.path.dirname(planner.dest(e)) for e in entries if e.type == "file"}, snapshot_paths)
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
         for entry in files:
             dest = planner.dest(entry)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             try:
-                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, snapshot_paths)
+                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
                 written += entry.size
             except IntegrityError as exc:
                 failures[entry.path] = str(exc)
@@ -414,16 +416,9 @@ def _restore_file(
     progress: Progress,
     window: int,
     zero_chunks: set[bytes],
-    snapshot_paths: frozenset[str],
 ) -> None:
     directory, name = os.path.split(dest)
-    stem = temp_stem(name)
-    for leftover in glob.glob(os.path.join(glob.escape(directory), glob.escape(stem) + "[0-9a-f]" * _TEMP_RANDOM)):
-        # from a restore that was killed while writing this file; a file of the snapshot that only
-        # looks like one (it was backed up from a folder holding such a leftover) stays
-        if leftover not in snapshot_paths:
-            _remove_unlocked_temp(leftover)
-    tmp = os.path.join(directory, stem + secrets.token_hex(_TEMP_RANDOM // 2))
+    tmp = os.path.join(directory, temp_stem(name) + secrets.token_hex(_TEMP_RANDOM // 2))
     try:
         _write_via_temp(repo, pool, entry, dest, tmp, progress, window, zero_chunks)
     except OSError as exc:
@@ -479,6 +474,22 @@ def _create_locked_temp(tmp: str) -> int:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _remove_leftover_temps(directories: set[str], snapshot_paths: frozenset[str]) -> None:
+    """Remove the temporary files killed restores left in ``directories`` (each listed once: a glob
+    per file made a folder of 10,000 files take minutes), also where no file is left to write (a
+    restore into the same folder finished them). A file of the snapshot that only looks like one (it
+    was backed up from a folder holding such a leftover) stays, and so do a live restore's (locked)."""
+    for directory in directories:
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            if _LEFTOVER_NAME.fullmatch(name) and path not in snapshot_paths:
+                _remove_unlocked_temp(path)
 
 
 def _remove_unlocked_temp(path: str) -> None:
