@@ -95,6 +95,9 @@ def test_show_stats_near_the_dtypes_limits_do_not_overflow(cli, tmp_path: Path) 
     assert stats["big"]["mean"] == pytest.approx(1e308 / 3)
     assert stats["big"]["std"] == pytest.approx(1e308 * (8 / 9) ** 0.5)
     assert stats["inf"]["inf"] == 1 and stats["inf"]["mean"] == 1.0
+    table = cli("show", "latest", "m.safetensors", "--stats", "--repo", repo).stdout.decode()
+    header, row = (line.split() for line in table.splitlines() if line.split()[:1] in (["name"], ["inf"]))
+    assert header[-2:] == ["nan", "inf"] and row[-2:] == ["0", "1"]  # the table shows infinities too
 
 
 def test_ls_long_and_show_through_the_cli(cli, tmp_path: Path) -> None:

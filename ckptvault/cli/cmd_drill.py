@@ -19,7 +19,10 @@ def drill_cmd(
     snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")] = "latest",
     tag: TagOpt = None,
     load: Annotated[
-        bool, typer.Option("--load", help="Also load each .safetensors/.pt/.ckpt file (safetensors, torch).")
+        bool,
+        typer.Option(
+            "--load", help="Also load each .safetensors/.pt/.pth/.ckpt file and zip .bin (safetensors, torch)."
+        ),
     ] = False,
     tmp_dir: Annotated[
         str | None, typer.Option("--tmp-dir", help="Where to make the temporary folder (default: the system's).")

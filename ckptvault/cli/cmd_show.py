@@ -36,14 +36,14 @@ def show_cmd(
         contents = vault.show(vault.snapshot(snapshot, parse_tags(tag)), path, stats=stats)
     columns = ["name", "dtype", "shape", "bytes", "offset"]
     if stats:
-        columns += ["min", "max", "mean", "std", "nan"]
+        columns += ["min", "max", "mean", "std", "nan", "inf"]
     table = out.table(*columns)
     for t in contents.tensors:
         row = [t.name, t.dtype, "?" if t.shape is None else "x".join(map(str, t.shape)) or "scalar"]
         row += [format_bytes(t.nbytes), str(t.offset)]
         if stats:
             s = t.stats
-            row += [_num(s.min), _num(s.max), _num(s.mean), _num(s.std), str(s.nan)] if s else ["-"] * 5
+            row += [_num(s.min), _num(s.max), _num(s.mean), _num(s.std), str(s.nan), str(s.inf)] if s else ["-"] * 6
         table.add_row(*row)
     out.info(
         f"{contents.path}: {contents.format}, {len(contents.tensors)} tensors, {format_bytes(contents.size)}; "
