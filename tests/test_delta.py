@@ -398,6 +398,27 @@ def test_check_reads_deltas_bases_from_the_headers_of_packs_a_damaged_index_desc
             assert contents(tmp_path / f"out-{snap.id[:8]}") == files
 
 
+def test_deltas_read_their_bases_from_the_packs_of_a_deleted_index_object(delta_vault: Vault, tmp_path: Path):
+    """The index object of the first save (the keyframes) deleted: the later saves' deltas were left out
+    of the index with their bases, and stayed out once the bases were read from their packs' headers."""
+    snaps = backup_steps(delta_vault, Training(), tmp_path, range(1, 3))
+    index_dir = Path(delta_vault.url) / "index"
+    first = sorted(index_dir.iterdir(), key=lambda p: p.stat().st_mtime_ns)[0]
+    first.unlink()
+    with Vault.open(delta_vault.url) as vault:
+        for snap, files in reversed(snaps):  # the delta-coded save first: its bases are in no index
+            vault.restore(snap, tmp_path / f"out-{snap.id[:8]}")
+            assert contents(tmp_path / f"out-{snap.id[:8]}") == files
+    with Vault.open(delta_vault.url) as vault:
+        report = vault.check(read_data=1.0)
+        assert report.affected == {} and report.problems
+        assert all(p.detail.endswith("run: ckptvault repair-index") for p in report.problems), report.problems
+        with pytest.raises(IntegrityError, match=r"pack\(s\) are in no index.*run ckptvault repair-index, then prune"):
+            vault.prune(keep_latest=1)
+        vault.repair_index()
+        assert vault.check(read_data=1.0).ok
+
+
 def test_prune_never_leaves_a_kept_pack_indexing_a_delta_whose_base_it_deleted(tmp_path: Path):
     # a pack mostly kept alive by another snapshot kept all its index entries, among them a dead delta
     # whose base's pack the same prune deleted: check failed from then on, and once a later backup

@@ -131,7 +131,14 @@ class _Checker:
                 if e.base_id is None:
                     continue
                 self.bases.setdefault(e.chunk_id, set()).add(e.base_id)
-                if e.base_id not in chunk_ids:
+                if e.base_id not in chunk_ids and e.base_id in self.header_only:
+                    self.problem(
+                        f"chunk {_short(e.chunk_id)}",
+                        f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index, but pack "
+                        f"{_short(self.header_only[e.base_id])} holds it (readers find it there); run: ckptvault "
+                        "repair-index",
+                    )
+                elif e.base_id not in chunk_ids:
                     self.problem(
                         f"chunk {_short(e.chunk_id)}",
                         f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index; the next prune "

@@ -73,9 +73,9 @@ def plan_gc(
     index_objects = repo.read_index_objects()
     for packs in index_objects.values():
         indexed.update(packs)
-    live = _with_bases(live, indexed)
-    known = {e.chunk_id for entries in indexed.values() for e in entries}
     stored = repo.list_packs()
+    live = _with_bases(live, indexed, unindexed=sum(pack_id not in indexed for pack_id in stored))
+    known = {e.chunk_id for entries in indexed.values() for e in entries}
     plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects), index_ids=set(index_objects))
 
     # A chunk stored twice counts as live in one pack only: the one that keeps the most live bytes.
@@ -143,10 +143,11 @@ def _drop_deltas_losing_their_base(plan: GcPlan, homed: set[bytes]) -> None:
         surviving = homed | {e.chunk_id for entries in plan.keep_packs.values() for e in entries}
 
 
-def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]]) -> set[bytes]:
+def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]], *, unindexed: int) -> set[bytes]:
     """``live`` plus every delta base a live chunk needs, at any depth. A chunk stored twice may have
     been coded differently in each copy: the bases of every readable copy count, whichever copy is
-    kept. A live chunk whose every copy is a delta against a chunk in no index cannot be read."""
+    kept. A live chunk whose every copy is a delta against a chunk in no index cannot be read (while
+    ``unindexed`` stored packs are in no index, the base may be in one)."""
     copies: dict[bytes, list[bytes | None]] = {}
     for entries in indexed.values():
         for e in entries:
@@ -164,7 +165,11 @@ def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]]) -> set[
         raise IntegrityError(
             f"chunk {broken[0].hex()[:12]} of a kept snapshot is stored as a delta against chunk "
             f"{lost_base.hex()[:12]}, which is in no index ({len(broken)} such chunk(s)); nothing was deleted; "
-            "run: ckptvault check"
+            + (
+                f"{unindexed} pack(s) are in no index, which may hold it: run ckptvault repair-index, then prune again"
+                if unindexed
+                else "run: ckptvault check"
+            )
         )
     return out
 

@@ -76,6 +76,8 @@ class ChunkIndex:
         self._other_copies: dict[bytes, list[ChunkLocation]] = {}
         self.packs: set[bytes] = set()  # every pack some index object names
         self._pack_ends: dict[bytes, int] = {}  # pack -> where its last indexed chunk ends
+        # deltas left out because their base is in no pack here: back in once it is (readmit_deltas)
+        self._without_base: dict[bytes, list[ChunkLocation]] = {}
 
     def __contains__(self, chunk_id: bytes) -> bool:
         return chunk_id in self._map
@@ -120,6 +122,9 @@ class ChunkIndex:
             self._pack_ends.pop(pack_id, None)
         for chunk_id in [c for c, loc in list(self._map.items()) if loc.pack_id in gone]:
             del self._map[chunk_id]
+        self._without_base = {
+            c: kept for c, held in self._without_base.items() if (kept := [h for h in held if h.pack_id not in gone])
+        }
         for chunk_id in list(self._other_copies):
             kept = sorted((o for o in self._other_copies.pop(chunk_id) if o.pack_id not in gone), key=_delta_last)
             if chunk_id not in self._map and kept:
@@ -139,8 +144,22 @@ class ChunkIndex:
             c for c, loc in self._map.items() if loc.base_id is not None and loc.base_id not in self._map
         ]:
             for chunk_id in orphans:
-                del self._map[chunk_id]
-                self._other_copies.pop(chunk_id, None)
+                held = [self._map.pop(chunk_id), *self._other_copies.pop(chunk_id, ())]
+                self._without_base.setdefault(chunk_id, []).extend(held)
+
+    def readmit_deltas(self) -> None:
+        """Deltas left out for a missing base whose base is here now (its pack read by its own header,
+        its index object lost): back in, so they read again."""
+        while ready := [c for c, held in self._without_base.items() if any(h.base_id in self._map for h in held)]:
+            for chunk_id in ready:
+                held = self._without_base.pop(chunk_id)
+                usable = [h for h in held if h.base_id in self._map]
+                if still := [h for h in held if h.base_id not in self._map]:
+                    self._without_base[chunk_id] = still
+                if chunk_id not in self._map:
+                    self._map[chunk_id] = usable.pop(0)
+                if usable:
+                    self._other_copies.setdefault(chunk_id, []).extend(usable)
 
     def items(self) -> ItemsView[bytes, ChunkLocation]:
         return self._map.items()

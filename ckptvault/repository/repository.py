@@ -651,6 +651,7 @@ class Repository:
         described, _ = self.headers_of_unindexed_packs(self.index.packs)
         for pack_id, entries in described.items():
             self.index.add_pack(pack_id, entries)
+        self.index.readmit_deltas()  # a delta's base may be in one of them
         if described:
             damage_log.warning(
                 "%d pack(s) that no index object names hold chunks this needs; read them by their own headers; "
