@@ -9,9 +9,10 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
-from ckptvault.errors import UsageError
+from ckptvault.errors import StorageFullError, UsageError
 
 from .conftest import tree_digest
+from .support.tmpfs import mounted_tmpfs
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
 
@@ -188,3 +189,29 @@ def test_objects_not_named_as_ckptvault_names_them_are_left_alone(tmp_path: Path
         assert vault.check(read_data=1.0).ok
         assert not pack.exists() and all(p.exists() for p in foreign)
         assert first.id not in {s.id for s in vault.snapshots()}
+
+
+def test_prune_on_a_full_disk_says_how_to_free_space_without_repacking(tmp_path: Path):
+    """Repacking writes the live chunks of partly dead packs before deleting anything: with no room
+    left it fails at every run, while deleting the wholly dead packs needs none."""
+    with mounted_tmpfs(tmp_path / "mnt", "16m", "the full-disk prune test") as mount:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "kept.bin").write_bytes(os.urandom(2_500_000))
+        (src / "dropped.bin").write_bytes(os.urandom(2_500_000))
+        vault = Vault.init(str(mount / "vault"), chunker=SMALL, pack_size=1 << 20)
+        vault.backup(src)
+        (src / "dropped.bin").unlink()
+        kept = vault.backup(src)
+        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * (64 << 10))
+        os.truncate(mount / "filler", os.path.getsize(mount / "filler") - (128 << 10))  # room for a lock, not a pack
+        with pytest.raises(StorageFullError, match=r"no space left.*repack_threshold=1.*no pack was deleted"):
+            vault.prune(keep_latest=1)
+        freed = vault.prune(keep_latest=1, repack_threshold=1.0)
+        assert freed.stored_after < freed.stored_before
+        assert vault.check(read_data=1.0).ok
+        vault.restore(kept, tmp_path / "out")
+        assert (tmp_path / "out" / "kept.bin").read_bytes() == (src / "kept.bin").read_bytes()
+        vault.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, ObjectNotFoundError
+from ..errors import IntegrityError, ObjectNotFoundError, StorageFullError, spelled
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import FileEntry, Snapshot
@@ -61,7 +61,19 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
     for snap in retention.forget:
         repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
-    execute_gc(repo, gc)
+    try:
+        execute_gc(repo, gc)
+    except StorageFullError as exc:
+        if not gc.repack:
+            raise
+        raise StorageFullError(  # repacking writes before it deletes: on a full disk it never gets there
+            exc.op,
+            exc.key,
+            exc.url,
+            exc.reason,
+            hint=f"free space, or prune with {spelled('--repack-threshold 1', 'repack_threshold=1')} first: it "
+            "deletes the packs no snapshot needs without copying any chunk; no pack was deleted",
+        ) from exc
     repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)
     return PruneResult(retention, gc, False, before, stored_bytes(repo))
 
