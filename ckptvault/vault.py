@@ -691,13 +691,16 @@ class Vault:
         return self._read_file(entry)
 
     def _read_file(self, entry: FileEntry) -> Iterator[bytes]:
-        hasher = new_file_hasher()
-        for chunk_id in entry.chunks:
-            data = self._repo.read_chunk(chunk_id)
-            hasher.update(data)
-            yield data if isinstance(data, bytes) else bytes(data)
-        if hasher.hexdigest() != entry.blake3:
-            raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
+        # a shared lock while it is read (from the first next() until the end or close()), as a restore
+        # holds one: a prune waits, and one that took a stopped reader's lock for stale is named as such
+        with self._repo.locks.acquire_to_read():
+            hasher = new_file_hasher()
+            for chunk_id in entry.chunks:
+                data = self._repo.read_chunk(chunk_id)
+                hasher.update(data)
+                yield data if isinstance(data, bytes) else bytes(data)
+            if hasher.hexdigest() != entry.blake3:
+                raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
 
     @_open_only
     def stats(self) -> VaultStats:
@@ -856,6 +859,8 @@ class Vault:
             report = run_check(self._repo, read_data=read_data, seed=seed)
             if not report.ok and isinstance(lock, LocklessRead) and (instead := lock.prune_started()) is not None:
                 raise instead  # what looked missing is what a prune removed meanwhile, not damage
+            if not report.ok and isinstance(lock, HeldLock) and (lost := lock.lost_meanwhile()) is not None:
+                raise lost  # ... or what one removed after taking this check's lock for a dead process's
             return report
 
     @_open_only

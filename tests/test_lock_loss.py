@@ -143,6 +143,29 @@ def test_backup_suspended_past_staleness_commits_nothing(tmp_path: Path):
     cli_check(repo, tmp_path)
 
 
+@pytest.mark.parametrize("reader", [["restore", "OLD", "OUT"], ["cat", "OLD", "model.bin"], ["check", "--read-data"]])
+def test_a_reader_suspended_past_staleness_says_it_lost_its_lock_not_damage(tmp_path: Path, reader: list[str]):
+    """A restore, cat or check stopped while a prune took its lock for a dead process's and removed what it
+    was reading: exit 11 naming the lost lock, never exit 30 with advice to repair a healthy vault."""
+    repo = tmp_path / "vault"
+    with Vault.init(str(repo), pack_size=1 << 20) as vault:
+        old = vault.backup(make_source(tmp_path / "old", "old", 3 << 20))
+        vault.backup(make_source(tmp_path / "new", "new", 200_000))
+    args = [{"OLD": old.id, "OUT": str(tmp_path / "out")}.get(a, a) for a in reader]
+    marker = tmp_path / "stopped"
+    proc = lockcli(*args, "--repo", str(repo), tmp_path=tmp_path, LOCKCLI_STOP="after-read", LOCKCLI_MARKER=str(marker))
+    try:
+        wait_stopped(proc, marker)
+        wait_until_stale()
+        rc, err = finish(lockcli("prune", "--repo", str(repo), "--keep-latest", "1", "-q", tmp_path=tmp_path))
+        assert rc == 0, err
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    rc, err = finish(proc)
+    assert rc == 11 and "lost the lock" in err and "what looked missing may be what a prune removed" in err, err
+    cli_check(repo, tmp_path)
+
+
 def test_prune_suspended_after_planning_deletes_nothing(tmp_path: Path):
     repo = tmp_path / "vault"
     old = make_source(tmp_path / "old", "old", 1 << 20)
@@ -168,7 +191,7 @@ def test_prune_suspended_after_planning_deletes_nothing(tmp_path: Path):
         prune.send_signal(signal.SIGCONT)
     rc, err = finish(prune)
     assert rc == 11, err
-    assert "lost the lock" in err and "prune stopped" in err, err
+    assert "lost the lock" in err and "it stopped before deleting anything more" in err, err
     assert packs(repo) == before
 
     with Vault.open(str(repo)) as vault:
@@ -211,7 +234,7 @@ def test_a_lock_unrefreshed_too_long_is_lost(vault: Vault, monkeypatch):
     vault._repo.locks.verify_held()
     real = locks.ticks
     monkeypatch.setattr(locks, "ticks", lambda: real() + 23 * 60)  # suspended 23 of the 30 minutes
-    with pytest.raises(LockLostError, match=r"without a refresh.*prune stopped"):
+    with pytest.raises(LockLostError, match=r"without a refresh.*stopped before deleting anything more"):
         vault._repo.locks.verify_held()
     monkeypatch.setattr(locks, "ticks", real)
     held.refresh()  # lost stays lost

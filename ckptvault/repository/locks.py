@@ -617,9 +617,10 @@ class HeldLock:
 
     def _lost_error(self) -> LockLostError:
         then = (
-            "prune stopped before deleting anything more, run it again"
+            "it stopped before deleting anything more; run it again"
             if self.info.exclusive
-            else "nothing was committed, run the command again"
+            else "nothing was committed, and what looked missing may be what a prune removed meanwhile; run the "
+            "command again"
         )
         return LockLostError(f"lost the lock on {self.manager.repo.store.url}: {self._lost}; {then}")
 
@@ -655,7 +656,7 @@ class HeldLock:
     def __enter__(self) -> HeldLock:
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc_type is None:
             try:
                 self.release()
@@ -680,10 +681,25 @@ class HeldLock:
                 round(self.manager.stale_after.total_seconds() / 60),
             )
             return
+        # a reader whose data went missing or failed to verify while its lock was lost (it was stopped
+        # past the staleness, and a prune took the lock for a dead process's): that is the cause, not damage
+        lost = self.lost_meanwhile() if not self.exclusive and isinstance(exc, (IntegrityError, StorageError)) else None
         try:
             self.release()
         except CkptVaultError as error:  # the storage that failed the command often fails this too
             left_behind.warning("could not remove the lock after a failure: %s", error)  # keep the first error
+        if lost is not None:
+            raise lost from exc
+
+    def lost_meanwhile(self) -> LockLostError | None:
+        """The error saying this lock was lost, if it was; None otherwise, or when that cannot be told."""
+        try:
+            self.verify()
+        except LockLostError as lost:
+            return lost
+        except CkptVaultError:
+            return None
+        return None
 
 
 def _write_refused(exc: StorageError) -> bool:

@@ -5,7 +5,8 @@ test can suspend a real process at a precise moment (tests/test_lock_loss.py):
 Environment:
   LOCKCLI_STALE_S, LOCKCLI_REFRESH_S  the locks' staleness and refresh period (default 4 s and 0.2 s)
   LOCKCLI_STOP       "after-pack": SIGSTOP to itself once its first pack object is stored;
-                     "before-index": just before it writes its first index object
+                     "before-index": just before it writes its first index object;
+                     "after-read": once it has read from a pack the first time (a reader)
   LOCKCLI_MARKER     a file written just before stopping (the test waits for it, then for the stop)
   LOCKCLI_PACK_DELAY seconds each pack write waits first (default 0), so that work is left after a stop
 
@@ -57,6 +58,27 @@ def _put_file(self: LocalStore, path: str, data: bytes | bytearray | memoryview,
 
 
 LocalStore.put_file = _put_file  # type: ignore[method-assign]
+
+_real_pread = LocalStore.pread
+_real_get = LocalStore.get
+
+
+def _pread(path: str, start: int, length: int) -> bytes:
+    data = _real_pread(path, start, length)
+    if "/packs/" in path and STOP == "after-read":
+        _stop_here()
+    return data
+
+
+def _get(self: LocalStore, key: str) -> bytes:
+    data = _real_get(self, key)
+    if key.startswith("packs/") and STOP == "after-read":
+        _stop_here()
+    return data
+
+
+LocalStore.pread = staticmethod(_pread)  # type: ignore[method-assign]
+LocalStore.get = _get  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     from ckptvault.cli.commands import app
