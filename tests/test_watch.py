@@ -21,6 +21,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.cli.cmd_watch import SAME_SIGNAL_S
 from tests.support.rotating_writer import expected_files, publish
+from tests.support.tmpfs import mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -338,6 +339,26 @@ def test_a_failed_backup_keeps_its_pin_exits_non_zero_and_ships_next_time(tmp_pa
     shipped = cli(*args).stdout.decode().splitlines()
     assert len(shipped) == 1 and shipped[0].startswith("shipped step_100 step 100"), shipped
     assert_each_shipped_once(repo, [100], "f")
+
+
+def test_a_checkpoint_that_cannot_be_pinned_on_a_full_disk_fails_the_run_and_ships_with_state_dir(tmp_path, repo, cli):
+    """The checkpoint disk full: watch --once shipped nothing and exited 0. Now the checkpoint it could
+    not pin is the run's error (exit 21, saying what to do), and pins on another disk ship it."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the full checkpoint disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        publish(str(ckpts), 100, 64 * 1024)
+        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * (16 << 10))
+        args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=full", "--once", "--settle", "0.2")
+        full = cli(*args, check=False)
+        err = full.stderr.decode()
+        assert full.returncode == 21, err
+        assert "step_100: cannot pin" in err and "no space left writing step_100" in err and "--state-dir" in err
+        shipped = cli(*args, "--state-dir", str(tmp_path / "state")).stdout.decode()
+        assert "shipped step_100 step 100" in shipped, shipped
+    assert_each_shipped_once(repo, [100], "full")
 
 
 def test_a_local_error_while_pinning_is_warned_once_and_the_checkpoint_ships_once_it_is_gone(tmp_path, repo):

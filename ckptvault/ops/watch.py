@@ -28,6 +28,7 @@ checkpoint whose snapshot was committed just before the kill is not shipped twic
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import fnmatch
 import functools
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError, spelled
+from ..errors import CkptVaultError, SourceError, StorageError, StorageFullError, UsageError, WatchLockedError, spelled
 from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
@@ -217,6 +218,7 @@ class Watcher:
         self._done: dict[str, _Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
+        self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
         self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
         self._digests: set[tuple[str, str]] = set()  # (checkpoint tag, watch-sig) of every shipped snapshot
@@ -261,6 +263,7 @@ class Watcher:
             self.result.left = len(self._candidates)
             # failures that a later retry fixed are not errors of the run
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
+            self.result.errors += self._unpinned.values()  # never pinned, so never shipped
         return self.result
 
     def _start_loading_digests(self) -> None:
@@ -475,15 +478,29 @@ class Watcher:
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again
-            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
+            self._unpinned[name] = self._pin_error(name, path, exc)  # an error of the run unless it passes
+            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again ({self._pin_hint()})")
             return
         self._warned.discard(("pin", name))
+        self._unpinned.pop(name, None)
         if pin.source_ino != st.st_ino:  # replaced between the look and the pin: pin what is there now
             pin.release()
             return
         if pin.copied:
             self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+
+    def _pin_hint(self) -> str:
+        return (
+            f"free space on {self.pins_dir}'s disk, or give {spelled('--state-dir', 'state_dir')} on another disk "
+            "(pins are copies there)"
+        )
+
+    def _pin_error(self, name: str, path: str, exc: OSError) -> CkptVaultError:
+        """What a checkpoint that could never be pinned, so never shipped, leaves as the run's error."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StorageFullError("pin", name, self.pins_dir, exc.strerror or str(exc), hint=self._pin_hint())
+        return SourceError(path, f"cannot pin it: {exc.strerror or exc}", self._pin_hint())
 
     def _adopt_pins(self) -> int:
         """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
@@ -748,7 +765,8 @@ class _exclusive:
                 f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first"
             ) from None
         os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"pid {os.getpid()}".encode(), 0)
+        with contextlib.suppress(OSError):  # only names the holder in the message above: a full disk may refuse it
+            os.pwrite(self.fd, f"pid {os.getpid()}".encode(), 0)
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
