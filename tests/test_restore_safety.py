@@ -24,6 +24,7 @@ from ckptvault.errors import (
     UnsafePathError,
     UsageError,
 )
+from ckptvault.ops import restore as restore_module
 from ckptvault.ops.restore import temp_stem
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 
@@ -204,6 +205,38 @@ def test_a_leftover_is_removed_also_when_every_file_is_already_present(vault: Va
     result = vault.restore(snap, target)
     assert result.skipped_files == 1 and result.bytes_written == 0
     assert not leftover.exists() and [p.name for p in target.iterdir()] == ["a"]
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_file_another_restore_put_in_place_meanwhile_is_never_replaced_by_another_snapshots(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same: bool
+):
+    """Two restores into one empty folder at once: both planned on an empty folder, and each renamed its
+    files over the other's, exit 0, a mix of two snapshots. The same file of the same snapshot (ranks of a
+    job) is fine; another one is a conflict."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(100_000))
+    snap = vault.backup(src)
+    target = tmp_path / "target"
+    real = restore_module._write_chunks
+
+    def another_restore_finishes_first(repo, pool, fd, entry, *args):
+        written = real(repo, pool, fd, entry, *args)
+        other = target / entry.path
+        other.write_bytes((src / "w.bin").read_bytes() if same else b"step 2's weights")
+        os.utime(other, ns=(entry.mtime_ns, entry.mtime_ns) if same else (1, 1))
+        return written
+
+    monkeypatch.setattr(restore_module, "_write_chunks", another_restore_finishes_first)
+    if same:
+        vault.restore(snap, target)
+        assert (target / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+    else:
+        with pytest.raises(RestoreConflictError, match=r"w\.bin was written meanwhile, with other content"):
+            vault.restore(snap, target)
+        assert (target / "w.bin").read_bytes() == b"step 2's weights"  # the other restore's file stays
+    assert [p.name for p in target.iterdir()] == ["w.bin"]  # no temporary file left
 
 
 def test_restores_into_one_folder_at_once_all_succeed(cli, tmp_path: Path):

@@ -49,6 +49,7 @@ from ..snapshot.model import FileEntry
 from ..store.failures import Kind, classify
 from ..store.localwrite import pwrite_all
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
+from .pin import NO_LINK_ERRNOS
 from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
@@ -362,7 +363,7 @@ def run_restore(
             dest = planner.dest(entry)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             try:
-                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks)
+                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, overwrite)
                 written += entry.size
             except IntegrityError as exc:
                 failures[entry.path] = str(exc)
@@ -416,11 +417,12 @@ def _restore_file(
     progress: Progress,
     window: int,
     zero_chunks: set[bytes],
+    overwrite: bool,
 ) -> None:
     directory, name = os.path.split(dest)
     tmp = os.path.join(directory, temp_stem(name) + secrets.token_hex(_TEMP_RANDOM // 2))
     try:
-        _write_via_temp(repo, pool, entry, dest, tmp, progress, window, zero_chunks)
+        _write_via_temp(repo, pool, entry, dest, tmp, progress, window, zero_chunks, overwrite)
     except OSError as exc:
         if not isinstance(exc, CkptVaultError) and exc.filename in (None, tmp):
             exc.filename, exc.filename2 = dest, None  # name the file restored, not its temporary name
@@ -436,6 +438,7 @@ def _write_via_temp(
     progress: Progress,
     window: int,
     zero_chunks: set[bytes],
+    overwrite: bool,
 ) -> None:
     fd = _create_locked_temp(tmp)
     try:
@@ -448,13 +451,38 @@ def _write_via_temp(
             os.fchmod(fd, entry.mode)
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
             _refuse_directory(dest)
-            os.replace(tmp, dest)  # over a file or a link at once: no unlink first that a concurrent restore races
+            if overwrite:
+                os.replace(tmp, dest)  # over a file or a link at once: no unlink first that a concurrent restore races
+            else:
+                _put_in_place(tmp, dest, entry)
         finally:
             os.close(fd)
     except BaseException:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _put_in_place(tmp: str, dest: str, entry: FileEntry) -> None:
+    """Give the restored file its name where the plan found none, without replacing one that a restore
+    into the same folder put there meanwhile: the same file of the same snapshot (the size and mtime it
+    restores) is fine (ranks of a job restoring one checkpoint), another one a conflict, so that two
+    snapshots restored at once never leave a folder holding a mix of both."""
+    try:
+        os.link(tmp, dest)  # fails when the name exists, where a rename would replace it
+    except FileExistsError:
+        st = os.lstat(dest)
+        if not (stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns)):
+            raise RestoreConflictError(
+                f"{dest} was written meanwhile, with other content (another restore into the same folder?); "
+                "restore each snapshot into a folder of its own"
+            ) from None
+    except OSError as exc:
+        if exc.errno not in NO_LINK_ERRNOS:
+            raise
+        os.replace(tmp, dest)  # no hard links here: as before, the last one written wins
+        return
+    os.unlink(tmp)
 
 
 # A temporary file is flock()ed while it is written, so that a restore into the same folder (the
