@@ -45,7 +45,9 @@ def test_reading_commands_work_without_a_lock_on_a_read_only_vault(read_only_vau
     for dry_run in (["prune", "--keep-latest", "1"], ["forget", "latest", "--prune"], ["repair-index"]):
         assert cli(*dry_run, "--dry-run", "--repo", repo).returncode == 0, dry_run  # previews only read
     proc = cli("backup", str(src), "--repo", repo, check=False)  # writing still needs a writable vault
-    assert proc.returncode == 20 and "Read-only file system" in proc.stderr.decode(), proc.stderr
+    err = proc.stderr.decode()
+    assert proc.returncode == 20 and "read-only file system: this vault can only be read here" in err, err
+    assert ".tmp-" not in err  # not a temporary file's name
 
 
 def test_a_prune_holding_the_vault_still_stops_a_lockless_reader(read_only_vault, cli, tmp_path: Path):

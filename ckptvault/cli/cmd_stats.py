@@ -15,8 +15,9 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         stats = vault.stats()
     if stats.unindexed_packs:
         out.warn(
-            f"{stats.unindexed_packs} pack(s) are in no index (left by an interrupted backup or prune, or an index "
-            "object is gone): their chunks are not counted in unique bytes; ckptvault repair-index indexes them again"
+            f"{stats.unindexed_packs} pack(s) are in no index (uploaded by a backup running now, left by an "
+            "interrupted backup or prune, or an index object is gone): their chunks are not counted in unique bytes; "
+            "once no backup runs, ckptvault repair-index indexes them again"
         )
     table = out.table("id", "time (UTC)", "tags", "logical", "new", "stored")
     for s in stats.per_snapshot:

@@ -220,8 +220,9 @@ class _Checker:
             )
         elif unindexed:
             self.report.warnings.append(
-                f"{len(unindexed)} pack(s) are in no index (left by an interrupted backup or prune, or an index object "
-                "is gone); ckptvault repair-index indexes them again, prune removes the ones no snapshot needs"
+                f"{len(unindexed)} pack(s) are in no index (uploaded by a backup running now, left by an interrupted "
+                "backup or prune, or an index object is gone); once no backup runs, ckptvault repair-index indexes "
+                "them again, prune removes the ones no snapshot needs"
                 + (
                     f" ({headless} of them with a damaged header: nothing can name their chunks, and prune removes "
                     "them; a snapshot that needed one is named above)"

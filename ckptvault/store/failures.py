@@ -260,6 +260,11 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Failure(Kind.FULL, exc.strerror or "no space left")
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:  # named so, not as a temporary file's path
+        return Failure(
+            Kind.PERMANENT,
+            "read-only file system: this vault can only be read here (restore, check, status and drill work)",
+        )
     if isinstance(exc, OSError) and exc.errno == errno.EFBIG:  # retrying cannot pass it
         return Failure(Kind.PERMANENT, "file too large: a file size limit (ulimit -f) or the filesystem's largest file")
     ssl = sys.modules.get("ssl")  # not loaded (a local repository): no TLS error can have been raised
