@@ -19,6 +19,7 @@ from ckptvault.crypto.keys import MasterKey
 from ckptvault.errors import UsageError
 from ckptvault.store import localwrite
 
+from .support.tmpfs import mounted_tmpfs
 from .test_cli import one_line_error
 
 PASS = "correct horse battery"
@@ -196,3 +197,25 @@ def test_a_damaged_wrapped_key_or_salt_names_a_damaged_keyfile_too(cli, vault, t
     proc = cli("init", str(tmp_path / "v"), "--encrypt", "--keyfile", str(path), check=False, CKPTVAULT_PASSPHRASE=PASS)
     error = one_line_error(proc)
     assert proc.returncode == 12 and "or the keyfile is damaged" in error and "backup copy" in error, error
+
+
+def test_a_keyfile_on_a_full_disk_is_exit_21_and_the_old_one_stays(cli, tmp_path: Path):
+    with mounted_tmpfs(tmp_path / "mnt", "256k", "the full keyfile disk test") as mount:
+        cli(
+            "key",
+            "generate",
+            "--keyfile",
+            str(mount / "team.key"),
+            "--kdf-cost",
+            "14",
+            CKPTVAULT_PASSPHRASE="passphrase1",
+        )
+        before = (mount / "team.key").read_bytes()
+        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        passwd = cli("key", "passwd", "--keyfile", str(mount / "team.key"), check=False,
+                     CKPTVAULT_PASSPHRASE="passphrase1", CKPTVAULT_NEW_PASSPHRASE="passphrase2")  # fmt: skip
+        err = passwd.stderr.decode()
+        assert passwd.returncode == 21 and "no space left" in err and "nothing was changed" in err, err
+        assert (mount / "team.key").read_bytes() == before

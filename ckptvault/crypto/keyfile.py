@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ from ..errors import (
     KeyfileCorruptError,
     KeyfileNotFoundError,
     PassphraseRequiredError,
+    StorageFullError,
     UsageError,
     WrongPassphraseError,
     spelled,
@@ -312,6 +314,10 @@ class Keyfile:
                 if os.path.lexists(tmp):
                     os.unlink(tmp)
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not the argument: exit 21 as elsewhere
+                raise StorageFullError(
+                    "write", f"keyfile {shown}", "this machine", exc.strerror or str(exc), hint="nothing was changed"
+                ) from None
             raise UsageError(f"cannot write keyfile {shown}: {exc.strerror or exc}; nothing was changed") from None
         # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place.
         # Imported here: loading the store package takes ~45 ms (fsspec), and the CLI's scrypt head
