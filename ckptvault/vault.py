@@ -16,7 +16,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -297,6 +298,9 @@ class Vault:
         self.unreadable_snapshots: dict[str, CkptVaultError] = {}
         self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
         self._closing = False  # close() has begun: no new async backups
+        self._file_readers: weakref.WeakSet[Generator[bytes, None, None]] = (
+            weakref.WeakSet()
+        )  # read_file's, each with a lock
         self._closed = False  # close() has ended: every public method refuses
 
     @property
@@ -426,6 +430,8 @@ class Vault:
                 raise
             with self._backup_mutex:  # a synchronous backup on another thread finishes first
                 self._closed = True
+                for reader in list(self._file_readers):  # a file read part way holds its shared lock
+                    reader.close()
                 self._repo.close()
 
     def __enter__(self) -> Vault:
@@ -688,9 +694,11 @@ class Vault:
         hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
         snap = self.snapshot(snapshot_arg(snapshot))
         entry = find_file(self.files(snap), path_arg("path", path), snap.id)  # raised here, not at the first next()
-        return self._read_file(entry)
+        reader = self._read_file(entry)
+        self._file_readers.add(reader)
+        return reader
 
-    def _read_file(self, entry: FileEntry) -> Iterator[bytes]:
+    def _read_file(self, entry: FileEntry) -> Generator[bytes, None, None]:
         # a shared lock while it is read (from the first next() until the end or close()), as a restore
         # holds one: a prune waits, and one that took a stopped reader's lock for stale is named as such
         with self._repo.locks.acquire_to_read():
@@ -852,7 +860,8 @@ class Vault:
     def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
         """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.
         Never raises on damage: inspect ``report.ok`` and ``report.problems``. (On a vault it may only
-        read, where it takes no lock: VaultLockedError when a prune began meanwhile and problems were found.)"""
+        read, where it takes no lock: VaultLockedError when a prune began meanwhile and problems were found;
+        LockLostError when a prune removed its lock, taking it for a dead process's, and problems were found.)"""
         read_data = fraction_arg("read_data", read_data)
         seed = int_arg("seed", seed, optional=True)
         with self._repo.locks.acquire_to_read() as lock, self._repo.cache_bypassed():
@@ -890,7 +899,6 @@ class Vault:
         run would do."""
         read_data = flag_arg("read_data", read_data)
         drop_failing = flag_arg("drop_failing", drop_failing)
-        read_data = read_data or drop_failing  # they are found by reading every pack
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
             result = repair_index(self._repo, dry_run=dry_run, read_data=read_data, drop_failing=drop_failing)
             if not dry_run:

@@ -210,12 +210,17 @@ def _folder_replaced_by_a_file(src: Path) -> None:
     (src / "a").write_text("a file now")
 
 
+def _replaced_by_a_folder(src: Path) -> None:
+    (src / "a" / "model.pt").unlink()
+    (src / "a" / "model.pt").mkdir()
+
+
 def _replaced_by_a_fifo(src: Path) -> None:
     (src / "a" / "model.pt").unlink()
     os.mkfifo(src / "a" / "model.pt")  # opened as it was scanned, a FIFO would block the backup forever
 
 
-@pytest.mark.parametrize("change", [_rotated, _folder_replaced_by_a_file, _replaced_by_a_fifo])
+@pytest.mark.parametrize("change", [_rotated, _folder_replaced_by_a_file, _replaced_by_a_folder, _replaced_by_a_fifo])
 @pytest.mark.parametrize("mode", ["warn", "fail"])
 def test_a_file_gone_after_the_scan_is_skipped_or_fails_the_backup_with_on_change_fail(
     vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, mode: str

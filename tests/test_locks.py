@@ -1,5 +1,6 @@
 """Locks: conflicts, stale expiry, unlock, and a backup that lost its lock commits nothing."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -170,3 +171,18 @@ def test_a_pid_namespace_has_a_process_table_of_its_own():
     boot, _, namespace = process_table().partition("/")
     inner_boot, _, inner_namespace = inner.stdout.strip().partition("/")
     assert inner_boot == boot and inner_namespace and inner_namespace != namespace
+
+
+def test_a_file_read_part_way_holds_a_shared_lock_until_the_vault_closes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(3 << 20))
+    vault = Vault.init(str(tmp_path / "repo"))
+    snap = vault.backup(src)
+    reader = vault.read_file(snap, "w.bin")
+    next(reader)
+    assert len(vault.locks()) == 1  # a prune waits while the file is read
+    vault.close()  # a reader left part way must not keep its lock refreshed for the life of the process
+    with Vault.open(str(tmp_path / "repo")) as again:
+        assert again.locks() == []
+        again.prune(keep_latest=1)

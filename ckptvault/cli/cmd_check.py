@@ -62,7 +62,7 @@ def check_cmd(
         "that the next backup stores their chunks again)"
     )
     unread = ", ".join(([refused] if unreadable > failing else []) + ([fails] if failing else [])) + (
-        f", which leaves {len(report.unavailable)} snapshot(s) unchecked; check again after"
+        f", which leaves {len(report.unavailable)} snapshot(s) unchecked; check again once they can be read"
     )
     if unreadable == len(report.problems):  # nothing found damaged: forgetting anything would be wrong
         raise StorageError("CHECK", "", vault.url, "unreadable objects", message=f"check: {unread} ({counts})")

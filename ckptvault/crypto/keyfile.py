@@ -316,7 +316,11 @@ class Keyfile:
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not the argument: exit 21 as elsewhere
                 raise StorageFullError(
-                    "write", f"keyfile {shown}", "this machine", exc.strerror or str(exc), hint="nothing was changed"
+                    "write",
+                    f"keyfile {shown}",
+                    "this machine",
+                    exc.strerror or str(exc),
+                    hint="free space and run the command again; nothing was changed",
                 ) from None
             raise UsageError(f"cannot write keyfile {shown}: {exc.strerror or exc}; nothing was changed") from None
         # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place.

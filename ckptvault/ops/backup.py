@@ -321,9 +321,13 @@ def _read_file(
                 ) from exc
             warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
             return None
-        except (FileNotFoundError, NotADirectoryError, _NotAFileAnyMore) as exc:
-            # gone, or its folder replaced by a file: the snapshot would miss it (a rotated checkpoint)
-            why = str(exc) if isinstance(exc, _NotAFileAnyMore) else "it was deleted during the backup"
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, _NotAFileAnyMore) as exc:
+            # gone, replaced by a folder, or its folder by a file: the snapshot would miss it (a rotated checkpoint)
+            why = (
+                "it was deleted during the backup"
+                if isinstance(exc, (FileNotFoundError, NotADirectoryError))
+                else "it was replaced by something that is not a file during the backup"
+            )
             if on_change == "fail":
                 raise SourceError(
                     item.abs_path, why, f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}"
@@ -401,7 +405,7 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
         fd = f.fileno()
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
-            raise _NotAFileAnyMore("it was replaced by something that is not a file during the backup")
+            raise _NotAFileAnyMore
         # With delta coding, a file holding tensors big enough for aligned pieces is cut into them;
         # every other file is cut by content, exactly as without delta coding.
         layout = _layout(fd, before.st_size, item.path) if pipeline.planner is not None else None

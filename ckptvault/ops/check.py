@@ -86,8 +86,10 @@ class _Checker:
         self.unreadable_index = False  # an index object could not be read: packs may be in no index
         self.damaged_index = False  # ... because it is damaged (not newer than this ckptvault)
 
-    def problem(self, obj: str, detail: str, *, newer: bool = False, unreadable: bool = False) -> None:
-        self.report.problems.append(Problem(obj, detail, newer, unreadable))
+    def problem(
+        self, obj: str, detail: str, *, newer: bool = False, unreadable: bool = False, failing: bool = False
+    ) -> None:
+        self.report.problems.append(Problem(obj, detail, newer, unreadable, failing))
 
     def unreadable_pack(self, pack_id: bytes, exc: BaseException) -> None:
         self.unread_packs.add(pack_id)
@@ -99,7 +101,7 @@ class _Checker:
             "where it is stored. If that persists, ckptvault repair-index --read-data --drop-failing-packs drops it "
             "from the index, so that the next backup of the files holding its chunks stores them again"
         )
-        self.report.problems.append(Problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True))
+        self.problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True)
 
     def check_index(self) -> None:
         for info in self.repo.store.list(INDEX_PREFIX):

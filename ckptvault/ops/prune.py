@@ -72,7 +72,8 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
             exc.url,
             exc.reason,
             hint=f"free space, or prune with {spelled('--repack-threshold 1', 'repack_threshold=1')} first: it "
-            "deletes the packs no snapshot needs without copying any chunk; no pack was deleted",
+            "deletes the packs no snapshot needs without copying any chunk (it writes only the new index); no pack "
+            "was deleted",
         ) from exc
     repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)
     return PruneResult(retention, gc, False, before, stored_bytes(repo))

@@ -46,10 +46,11 @@ def repair_index(
     it again instead of deduplicating against the damaged copy; the snapshots that need it restore
     again once one has (a chunk is named by its content).
 
-    ``drop_failing`` (with ``read_data``): every chunk of a pack the storage answers for but fails on
+    ``drop_failing`` (implies ``read_data``): every chunk of a pack the storage answers for but fails on
     every attempt (a server error, a body cut short: ``store.failures.object_fault``) is dropped too.
     Only on request: a storage fault that passes answers the same. The pack stays, indexed without
     chunks, so nothing reads it again; prune removes it."""
+    read_data = read_data or drop_failing  # they are found by reading every pack
     damaged: dict[bytes, str] = {}
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()

@@ -473,13 +473,15 @@ class Watcher:
             sig = pins.signature(path, self._excluded)
             if self._digests_loaded.is_set() and (_tag_text(name), self._digest(sig)) in self._digests:
                 self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
+                self._unpinned.pop(name, None)
                 return  # shipped before (by an earlier run of the watcher)
             pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again
             self._unpinned[name] = self._pin_error(name, path, exc)  # an error of the run unless it passes
-            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again ({self._pin_hint()})")
+            hint = f" ({self._pin_hint()})" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again{hint}")
             return
         self._warned.discard(("pin", name))
         self._unpinned.pop(name, None)
@@ -491,16 +493,18 @@ class Watcher:
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
 
     def _pin_hint(self) -> str:
+        """What to do when the pins' disk is full."""
         return (
-            f"free space on {self.pins_dir}'s disk, or give {spelled('--state-dir', 'state_dir')} on another disk "
-            "(pins are copies there)"
+            f"free space on {self.pins_dir}'s disk, or give {spelled('--state-dir', 'state_dir')} on another "
+            "disk: pins are copies there"
         )
 
     def _pin_error(self, name: str, path: str, exc: OSError) -> CkptVaultError:
         """What a checkpoint that could never be pinned, so never shipped, leaves as the run's error."""
+        reason = exc.strerror or str(exc)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return StorageFullError("pin", name, self.pins_dir, exc.strerror or str(exc), hint=self._pin_hint())
-        return SourceError(path, f"cannot pin it: {exc.strerror or exc}", self._pin_hint())
+            return StorageFullError("pin", name, self.pins_dir, reason, hint=self._pin_hint())
+        return SourceError(path, f"cannot pin it: {reason}")
 
     def _adopt_pins(self) -> int:
         """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""

@@ -149,17 +149,19 @@ class ChunkIndex:
 
     def readmit_deltas(self) -> None:
         """Deltas left out for a missing base whose base is here now (its pack read by its own header,
-        its index object lost): back in, so they read again."""
+        or named by an index object merged since): back in, so they read again. Then every delta whose
+        chain of bases is still broken is left out (packs read by their headers were not checked)."""
         while ready := [c for c, held in self._without_base.items() if any(h.base_id in self._map for h in held)]:
             for chunk_id in ready:
                 held = self._without_base.pop(chunk_id)
-                usable = [h for h in held if h.base_id in self._map]
                 if still := [h for h in held if h.base_id not in self._map]:
                     self._without_base[chunk_id] = still
-                if chunk_id not in self._map:
-                    self._map[chunk_id] = usable.pop(0)
-                if usable:
-                    self._other_copies.setdefault(chunk_id, []).extend(usable)
+                for loc in (h for h in held if h.base_id in self._map):
+                    if chunk_id not in self._map:
+                        self._map[chunk_id] = loc
+                    elif loc.pack_id not in {known.pack_id for known in self.locations(chunk_id)}:
+                        self._other_copies.setdefault(chunk_id, []).append(loc)
+        self.drop_deltas_without_base()
 
     def items(self) -> ItemsView[bytes, ChunkLocation]:
         return self._map.items()

@@ -98,6 +98,7 @@ from ..errors import (
     IntegrityError,
     LockLostError,
     ObjectNotFoundError,
+    ShortReadError,
     StorageError,
     StorageFullError,
     UnsupportedFormatError,
@@ -214,6 +215,7 @@ class LockManager:
         self.clock = clock
         self.stale_after = stale_after
         self.refresh_every = refresh_every
+        self._said_lockless = False  # the warning of acquire_to_read, once (an API reading file after file)
 
     @property
     def lost_after(self) -> timedelta:
@@ -399,12 +401,14 @@ class LockManager:
             refused = exc.reason
         if (prune := self.live_exclusive()) is not None:
             raise self._conflict(prune)
-        left_behind.warning(
-            "cannot write a lock to %s (%s): reading without one; a prune started meanwhile could make "
-            "this command fail",
-            self.repo.store.url,
-            refused,
-        )
+        if not self._said_lockless:
+            self._said_lockless = True
+            left_behind.warning(
+                "cannot write a lock to %s (%s): reading without one; a prune started meanwhile could make "
+                "this command fail",
+                self.repo.store.url,
+                refused,
+            )
         return LocklessRead(self)
 
     def live_exclusive(self) -> LockInfo | None:
@@ -683,7 +687,8 @@ class HeldLock:
             return
         # a reader whose data went missing or failed to verify while its lock was lost (it was stopped
         # past the staleness, and a prune took the lock for a dead process's): that is the cause, not damage
-        lost = self.lost_meanwhile() if not self.exclusive and isinstance(exc, (IntegrityError, StorageError)) else None
+        prunable = isinstance(exc, (IntegrityError, ObjectNotFoundError, ShortReadError))  # what a prune can cause
+        lost = self.lost_meanwhile() if not self.exclusive and prunable else None
         try:
             self.release()
         except CkptVaultError as error:  # the storage that failed the command often fails this too
@@ -692,13 +697,19 @@ class HeldLock:
             raise lost from exc
 
     def lost_meanwhile(self) -> LockLostError | None:
-        """The error saying this lock was lost, if it was; None otherwise, or when that cannot be told."""
+        """The error saying another process removed this lock (a prune that took it for a dead
+        process's, or `unlock --remove-all`), so that what it then deleted explains a reader's failure;
+        None otherwise, also for a lock only late to refresh (a full disk): the failure stands."""
+        if getattr(self.manager.repo.store, "unanswered", False):
+            return None
         try:
             self.verify()
         except LockLostError as lost:
-            return lost
+            with contextlib.suppress(CkptVaultError):
+                if not self.manager.exists(self.info):
+                    return lost
         except CkptVaultError:
-            return None
+            pass
         return None
 
 

@@ -311,6 +311,8 @@ class Repository:
                     self.index.add_pack(pack_id, entries)
                 self._packs_by_object[index_id] = set(packs)
             self._seen_index_ids.add(index_id)
+        if new:
+            self.index.readmit_deltas()  # a base may have come with them
         gone = self._seen_index_ids - listed
         if gone:
             named = set().union(*(self._packs_by_object.get(i, ()) for i in listed))
@@ -385,6 +387,7 @@ class Repository:
             self.write_index(adopted)
             for pack_id, entries in adopted.items():
                 self.index.add_pack(pack_id, entries)
+            self.index.readmit_deltas()  # deltas whose base was in one: deduplicated against again
         return len(adopted)
 
     def close(self) -> None:
