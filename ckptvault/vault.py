@@ -298,9 +298,8 @@ class Vault:
         self.unreadable_snapshots: dict[str, CkptVaultError] = {}
         self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
         self._closing = False  # close() has begun: no new async backups
-        self._file_readers: weakref.WeakSet[Generator[bytes, None, None]] = (
-            weakref.WeakSet()
-        )  # read_file's, each with a lock
+        # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
+        self._file_readers: weakref.WeakSet[Generator[bytes, None, None]] = weakref.WeakSet()
         self._closed = False  # close() has ended: every public method refuses
 
     @property
