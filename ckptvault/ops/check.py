@@ -128,18 +128,14 @@ class _Checker:
         """Every delta's base must be somewhere: in the index, or in a pack read by its header."""
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         self.report.chunks = len(chunk_ids)
+        based_in: dict[bytes, list[bytes]] = {}  # pack in no index -> deltas whose base it holds
         for entries in self.indexed.values():
             for e in entries:
                 if e.base_id is None:
                     continue
                 self.bases.setdefault(e.chunk_id, set()).add(e.base_id)
                 if e.base_id not in chunk_ids and e.base_id in self.header_only:
-                    self.problem(
-                        f"chunk {_short(e.chunk_id)}",
-                        f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index, but pack "
-                        f"{_short(self.header_only[e.base_id])} holds it (readers find it there); run: ckptvault "
-                        "repair-index",
-                    )
+                    based_in.setdefault(self.header_only[e.base_id], []).append(e.chunk_id)
                 elif e.base_id not in chunk_ids:
                     self.problem(
                         f"chunk {_short(e.chunk_id)}",
@@ -149,6 +145,12 @@ class _Checker:
                     )
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)
+        for pack_id, deltas in based_in.items():  # one line per pack: a lost index object names thousands
+            self.problem(
+                f"pack {_short(pack_id)}",
+                f"is in no index and holds the bases of {len(deltas)} delta chunk(s) (e.g. {_short(deltas[0])}; "
+                "readers find them there); run: ckptvault repair-index",
+            )
 
     def check_packs(self) -> None:
         stored = self.repo.list_packs()
