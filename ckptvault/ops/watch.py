@@ -479,8 +479,8 @@ class Watcher:
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again
-            self._unpinned[name] = self._pin_error(name, path, exc)  # an error of the run unless it passes
-            hint = f" ({self._pin_hint()})" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            error = self._unpinned[name] = self._pin_error(name, path, exc)  # the run's error unless it passes
+            hint = f" ({self._pin_hint()})" if isinstance(error, StorageFullError) else ""
             self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again{hint}")
             return
         self._warned.discard(("pin", name))
