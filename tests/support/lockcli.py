@@ -6,7 +6,8 @@ Environment:
   LOCKCLI_STALE_S, LOCKCLI_REFRESH_S  the locks' staleness and refresh period (default 4 s and 0.2 s)
   LOCKCLI_STOP       "after-pack": SIGSTOP to itself once its first pack object is stored;
                      "before-index": just before it writes its first index object;
-                     "after-read": once it has read from a pack the first time (a reader)
+                     "before-read": just before its first read from a pack (a reader): that read is still
+                     to come after the stop, however many reads other threads made meanwhile
   LOCKCLI_MARKER     a file written just before stopping (the test waits for it, then for the stop)
   LOCKCLI_PACK_DELAY seconds each pack write waits first (default 0), so that work is left after a stop
 
@@ -64,17 +65,15 @@ _real_get = LocalStore.get
 
 
 def _pread(path: str, start: int, length: int) -> bytes:
-    data = _real_pread(path, start, length)
-    if "/packs/" in path and STOP == "after-read":
+    if "/packs/" in path and STOP == "before-read":
         _stop_here()
-    return data
+    return _real_pread(path, start, length)
 
 
 def _get(self: LocalStore, key: str) -> bytes:
-    data = _real_get(self, key)
-    if key.startswith("packs/") and STOP == "after-read":
+    if key.startswith("packs/") and STOP == "before-read":
         _stop_here()
-    return data
+    return _real_get(self, key)
 
 
 LocalStore.pread = staticmethod(_pread)  # type: ignore[method-assign]
