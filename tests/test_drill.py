@@ -62,6 +62,25 @@ def test_a_file_that_restores_intact_but_does_not_load_fails_the_drill(tmp_path,
     assert cli("drill", "latest", "--repo", repo_url).returncode == 0, "without --load the bytes alone are checked"
 
 
+def test_a_pickled_torch_archive_python_cannot_open_fails_the_drill_without_a_traceback(tmp_path, repo_url, vault, cli):
+    """torch refuses its pickle (weights only), then Python's zipfile refuses the archive itself (here a
+    central directory asking for zip version 17.6): the file fails the drill, exit 41, one line."""
+    ckpt = tmp_path / "checkpoint-4"
+    ckpt.mkdir()
+    torch.save({"custom": ValueError("a pickled Python object")}, ckpt / "pickled.pt")
+    data = bytearray((ckpt / "pickled.pt").read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        data[at + 6 : at + 8] = (176).to_bytes(2, "little")  # "version needed to extract": 17.6
+        at = data.find(b"PK\x01\x02", at + 4)
+    (ckpt / "pickled.pt").write_bytes(data)
+    vault.backup(ckpt, tags={"step": "4"})
+    proc = cli("drill", "latest", "--load", "--repo", repo_url, check=False)
+    assert proc.returncode == 41, proc.stderr
+    assert "FAIL pickled.pt" in proc.stdout.decode() and "zip file version 17.6" in proc.stdout.decode()
+    assert len(proc.stderr.decode().strip().splitlines()) == 1
+
+
 def test_damaged_storage_fails_the_drill_with_exit_30(tmp_path, repo_url, vault, cli):
     ckpt = tensor_checkpoint(tmp_path / "checkpoint-1")
     vault.backup(ckpt)

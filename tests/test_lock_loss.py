@@ -153,7 +153,8 @@ def test_a_reader_suspended_past_staleness_says_it_lost_its_lock_not_damage(tmp_
         vault.backup(make_source(tmp_path / "new", "new", 200_000))
     args = [{"OLD": old.id, "OUT": str(tmp_path / "out")}.get(a, a) for a in reader]
     marker = tmp_path / "stopped"
-    proc = lockcli(*args, "--repo", str(repo), tmp_path=tmp_path, LOCKCLI_STOP="before-read", LOCKCLI_MARKER=str(marker))
+    stop = {"LOCKCLI_STOP": "before-read", "LOCKCLI_MARKER": str(marker)}
+    proc = lockcli(*args, "--repo", str(repo), tmp_path=tmp_path, **stop)
     try:
         wait_stopped(proc, marker)
         wait_until_stale()

@@ -368,7 +368,7 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
             with zipfile.ZipFile(path) as archive:
                 bad = archive.testzip()
                 records = len(archive.namelist())
-        except (zipfile.BadZipFile, OSError) as exc:
+        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError) as exc:  # as zipmembers.py
             return LoadCheck(name, "torch-archive", False, f"{type(exc).__name__}: {exc}", _since(started))
         if bad is not None:
             return LoadCheck(name, "torch-archive", False, f"record {bad} fails its CRC", _since(started))
