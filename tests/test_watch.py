@@ -341,24 +341,57 @@ def test_a_failed_backup_keeps_its_pin_exits_non_zero_and_ships_next_time(tmp_pa
     assert_each_shipped_once(repo, [100], "f")
 
 
-def test_a_checkpoint_that_cannot_be_pinned_on_a_full_disk_fails_the_run_and_ships_with_state_dir(tmp_path, repo, cli):
-    """The checkpoint disk full: watch --once shipped nothing and exited 0. Now the checkpoint it could
-    not pin is the run's error (exit 21, saying what to do), and pins on another disk ship it."""
+def test_a_checkpoint_that_cannot_be_pinned_on_a_full_disk_ships_in_place(tmp_path, repo, cli):
+    """The checkpoint disk full (of checkpoints): no pin can be made, which is when shipping matters most.
+    It used to ship nothing (exit 0, later exit 21); now it is read where it is, as backup would."""
     with mounted_tmpfs(tmp_path / "mnt", "4m", "the full checkpoint disk test") as mount:
         ckpts = mount / "ckpts"
         ckpts.mkdir()
         publish(str(ckpts), 100, 64 * 1024)
-        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
-            while True:
-                filler.write(b"\0" * (16 << 10))
-        args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=full", "--once", "--settle", "0.2")
-        full = cli(*args, check=False)
-        err = full.stderr.decode()
-        assert full.returncode == 21, err
-        assert "step_100: cannot pin" in err and "no space left writing step_100" in err and "--state-dir" in err
-        shipped = cli(*args, "--state-dir", str(tmp_path / "state")).stdout.decode()
-        assert "shipped step_100 step 100" in shipped, shipped
+        fill(mount)
+        args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=full", "--once", "--settle", "0.2", "--json")
+        proc = cli(*args)
+        err = proc.stderr.decode()
+        assert "step_100: cannot pin: No space left on device; it ships in place" in err and "--state-dir" in err
+        (event,) = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+        assert event["checkpoint"] == "step_100" and event["in_place"] is True and event["copied"] is False
+        assert not any((ckpts / ".ckptvault-watch" / "pins").iterdir())  # nothing was left half-made
+        again = cli(*args)  # shipped already: recognised by its digest, not shipped twice
+        assert again.stdout == b"", again.stdout
     assert_each_shipped_once(repo, [100], "full")
+
+
+@pytest.mark.parametrize("rotation", ["folder", "one file"])
+def test_a_checkpoint_shipping_in_place_from_a_full_disk_deleted_first_is_an_error_of_the_run(tmp_path, repo, rotation):
+    """In place, nothing keeps a checkpoint from the trainer's rotation: one deleted before it shipped is
+    lost, said at once, and the watcher's exit says so (3) when it ends."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the full checkpoint disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=lost", "--settle", "600", "--json")
+        written = Path(publish(str(mount), 100, 64 * 1024))  # outside the watched folder
+        fill(mount)
+        written.rename(ckpts / "step_100")  # published once the disk is full
+        watch.wait_for(lambda: any("ships in place" in line for line in watch.err), what="the in-place warning")
+        # the rotation (deleting file by file), long before --settle 600 would ship it
+        if rotation == "folder":
+            shutil.rmtree(ckpts / "step_100")
+        else:
+            next((ckpts / "step_100").iterdir()).unlink()
+        watch.wait_for(lambda: any("not in the vault" in line for line in watch.err), what="the lost warning")
+        assert watch.finish() == 3, watch.err
+    what = "it was deleted or replaced" if rotation == "folder" else "files of it were deleted"
+    assert f"step_100: {what} before it shipped; it could not be pinned" in "\n".join(watch.err)
+    assert watch.shipped() == []
+    with Vault.open(repo) as vault:
+        assert vault.snapshots() == []
+
+
+def fill(mount: Path) -> None:
+    """Fill a small tmpfs to the last byte (unbuffered writes, so the last short one fails)."""
+    with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:
+            filler.write(b"\0" * (16 << 10))
 
 
 def test_a_local_error_while_pinning_is_warned_once_and_the_checkpoint_ships_once_it_is_gone(tmp_path, repo):

@@ -125,6 +125,7 @@ def watch_cmd(
                 "duration_s": s.duration_s,
                 "waited_s": item.waited_s,
                 "copied": item.copied,
+                "in_place": item.in_place,
             }
             emit(json.dumps(event))
         elif not quiet:

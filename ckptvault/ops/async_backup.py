@@ -81,6 +81,7 @@ class BackupJob:
     pins: list[Pin] = field(default_factory=list)
     pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned
     expected: list[str] = field(default_factory=list)  # unpinned: the files the sources held when queued
+    on_change: str = "warn"  # a file changing while it is read (backup's on_change)
     warnings: list[str] = field(default_factory=list)
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
     future: Future[Snapshot] = field(default_factory=Future)

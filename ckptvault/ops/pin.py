@@ -106,16 +106,19 @@ class Pin:
     copied: bool = False  # at least one file had to be copied
     skip_dir: tuple[int, int] | None = None  # (device, inode) of a folder never pinned: the vault
     excluded: Excluded | None = None  # what is never pinned inside: what the backup leaves out
+    in_place: bool = False  # no pin could be made (``stand_in``): ``data`` is the source, nothing on disk
 
     @property
     def data(self) -> str:
-        return os.path.join(self.root, DATA, self.name)
+        return self.source if self.in_place else os.path.join(self.root, DATA, self.name)
 
     @property
     def pin_id(self) -> str:
         return os.path.basename(self.root)
 
     def save_meta(self, **extra: object) -> None:
+        if self.in_place:
+            return
         doc = {"name": self.name, "source": self.source, "source_ino": self.source_ino, "copied": self.copied, **extra}
         tmp = os.path.join(self.root, f".{META}.{secrets.token_hex(4)}")
         try:
@@ -131,6 +134,8 @@ class Pin:
         """Delete the pin (its snapshot is durable, or it is no longer wanted). The metadata goes
         first: a release killed half way leaves a pin without it, which ``load`` discards, never a
         pin whose data is partly deleted that a restart would ship as the checkpoint."""
+        if self.in_place:
+            return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.root, META))
         shutil.rmtree(self.root, ignore_errors=True)
@@ -180,6 +185,17 @@ def create(
     return pin
 
 
+def stand_in(source: str, staging: str, *, excluded: Excluded | None = None) -> Pin:
+    """A pin that holds nothing: the source read where it is, for a checkpoint no pin could be made
+    for (its disk is full). It protects nothing, so it is never saved: a restart sees the source
+    again, if it is still there."""
+    source = os.path.abspath(source)
+    st = os.stat(source)
+    name = os.path.basename(source.rstrip(os.sep)) or "root"
+    root = os.path.join(staging, f"{time.time_ns():020d}-in-place")  # never made: it names the pin only
+    return Pin(root=root, name=name, source=source, source_ino=st.st_ino, excluded=excluded, in_place=True)
+
+
 def load(root: str) -> Pin | None:
     """A pin left by an earlier run; None when it never got complete metadata (then it is
     removed: its source was never pinned before a crash, so it was never promised)."""
@@ -213,6 +229,8 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
     """Bring the pin up to date with its source: link (or copy) new files, relink files that
     were replaced by a rename. Files gone from the source stay pinned. A source that vanished
     meanwhile leaves the pin as it is."""
+    if pin.in_place:
+        return
     try:
         st = os.stat(pin.source)
     except FileNotFoundError:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, SourceError, StorageError, StorageFullError, UsageError, WatchLockedError, spelled
+from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError, spelled
 from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
@@ -82,6 +82,7 @@ class ShippedCheckpoint:
     snapshot: Snapshot
     copied: bool  # the pin had to copy (no hard links possible)
     waited_s: float  # from first sight to durable
+    in_place: bool = False  # no pin could be made (a full disk): read where it was
 
 
 @dataclass
@@ -219,6 +220,7 @@ class Watcher:
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
         self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
+        self._lost: list[CkptVaultError] = []  # checkpoints shipping in place that went before they shipped
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
         self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
         self._digests: set[tuple[str, str]] = set()  # (checkpoint tag, watch-sig) of every shipped snapshot
@@ -263,7 +265,7 @@ class Watcher:
             self.result.left = len(self._candidates)
             # failures that a later retry fixed are not errors of the run
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
-            self.result.errors += self._unpinned.values()  # never pinned, so never shipped
+            self.result.errors += [*self._unpinned.values(), *self._lost]  # never pinned, so never shipped
         return self.result
 
     def _start_loading_digests(self) -> None:
@@ -478,10 +480,13 @@ class Watcher:
             pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
-        except OSError as exc:  # a full disk, EIO, EACCES: create left nothing; the next poll tries again
-            error = self._unpinned[name] = self._pin_error(name, path, exc)  # the run's error unless it passes
-            hint = f" ({self._pin_hint()})" if isinstance(error, StorageFullError) else ""
-            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again{hint}")
+        except OSError as exc:  # EIO, EACCES, a full disk: create left nothing
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._ship_in_place(name, path, st, now, exc)
+                return
+            # the next poll tries again; the run's error unless that passes
+            self._unpinned[name] = SourceError(path, f"cannot pin it: {exc.strerror or exc}")
+            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
             return
         self._warned.discard(("pin", name))
         self._unpinned.pop(name, None)
@@ -492,19 +497,38 @@ class Watcher:
             self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
 
-    def _pin_hint(self) -> str:
-        """What to do when the pins' disk is full."""
-        return (
-            f"free space on {self.pins_dir}'s disk, or give {spelled('--state-dir', 'state_dir')} on another "
-            "disk: pins are copies there"
+    def _ship_in_place(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> None:
+        """No room for a pin (the checkpoints' disk is full, which is when shipping them matters most):
+        the checkpoint is read where it is, as ``backup`` would. Nothing keeps it from the trainer's
+        rotation then: one deleted, replaced or cut down before its snapshot is committed is lost, and
+        is an error of the run; one that changes while it is read fails that backup, and ships once
+        it settles again."""
+        try:
+            pin = pins.stand_in(path, self.pins_dir, excluded=self._excluded)
+        except FileNotFoundError:
+            return  # deleted between the look and now
+        if pin.source_ino != st.st_ino:
+            return  # replaced meanwhile: the next poll sees what is there now
+        self._unpinned.pop(name, None)
+        self._warned.discard(("pin", name))
+        self._on_warning(
+            f"{name}: cannot pin: {exc.strerror or exc}; it ships in place: do not delete it before it has shipped "
+            f"(to pin: free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on "
+            "another disk, where pins are copies)"
         )
+        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
 
-    def _pin_error(self, name: str, path: str, exc: OSError) -> CkptVaultError:
-        """What a checkpoint that could never be pinned, so never shipped, leaves as the run's error."""
-        reason = exc.strerror or str(exc)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return StorageFullError("pin", name, self.pins_dir, reason, hint=self._pin_hint())
-        return SourceError(path, f"cannot pin it: {reason}")
+    def _lost_in_place(self, cand: _Candidate, what: str) -> None:
+        error = SourceError(
+            cand.pin.source,
+            f"{what} before it shipped; it could not be pinned (no space left on the disk of {self.pins_dir}), "
+            "so it is not in the vault",
+            f"give {spelled('--state-dir', 'state_dir')} on another disk, or free space, so that checkpoints are "
+            "pinned",
+        )
+        self._lost.append(error)
+        self._on_warning(str(error))
+        self._drop(cand)
 
     def _adopt_pins(self) -> int:
         """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
@@ -531,17 +555,26 @@ class Watcher:
                 continue  # its backup reads the pin
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
+                if cand.source_stat is None and cand.pin.in_place:
+                    self._lost_in_place(cand, "it was deleted or replaced")
+                    continue
                 if cand.source_stat is None and self._deleted_unfinished(cand, now):
                     continue
                 pins.sync(cand.pin)
                 sig = pins.signature(cand.pin.data, self._excluded) + _temporary_activity(cand.pin)
             except FileNotFoundError:
-                self._drop(cand)  # the pin itself vanished (deleted by hand)
+                if cand.pin.in_place:
+                    self._lost_in_place(cand, "it was deleted")
+                else:
+                    self._drop(cand)  # the pin itself vanished (deleted by hand)
                 continue
             except OSError as exc:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
             self._warned.discard(("pin", cand.pin.name))
+            if cand.pin.in_place and _finished_files(cand.sig) - _finished_files(sig):
+                self._lost_in_place(cand, "files of it were deleted")  # a rotation under way
+                continue
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
@@ -635,6 +668,11 @@ class Watcher:
                 exclude=self.options.exclude.patterns,
                 label=cand.pin.name,
             )
+            if cand.pin.in_place:  # nothing holds its files: one gone or changed before the commit fails it
+                job.expected = [
+                    os.path.join(cand.pin.source, rel) if rel else cand.pin.source for rel in _finished_files(sig)
+                ]
+                job.on_change = "fail"
             job.future.add_done_callback(functools.partial(self._on_done, cand))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
@@ -675,6 +713,7 @@ class Watcher:
                     snapshot=snapshot,
                     copied=cand.pin.copied,
                     waited_s=round(time.monotonic() - cand.seen, 3),
+                    in_place=cand.pin.in_place,
                 )
                 self.result.shipped.append(shipped)
                 self._on_shipped(shipped)
@@ -685,7 +724,12 @@ class Watcher:
                 cand.retry_at = time.monotonic() + delay
                 if isinstance(outcome, CkptVaultError):
                     cand.error = outcome
-                when = "it stays pinned for the next run" if self.options.once else f"retrying in {delay:.0f} s"
+                if not self.options.once:
+                    when = f"retrying in {delay:.0f} s"
+                else:
+                    when = (
+                        "it is tried again at the next run" if cand.pin.in_place else "it stays pinned for the next run"
+                    )
                 self._on_warning(f"{cand.pin.name}: backup failed: {outcome}; {when}")
 
     def _finish_done(self, cand: _Candidate, sig: pins.Signature) -> None:
@@ -718,6 +762,11 @@ def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
     except OSError:
         return None
     return st if st.st_ino == pin.source_ino else None
+
+
+def _finished_files(sig: pins.Signature) -> set[str]:
+    """The paths of a signature's files (a file checkpoint's own is ""), but those still being written."""
+    return {item[0] for item in sig if item[1] == "f" and not is_unfinished(item[0].rpartition("/")[2])}
 
 
 def _temporary_activity(pin: pins.Pin) -> pins.Signature:
