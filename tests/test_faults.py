@@ -32,11 +32,19 @@ ROOT = Path(__file__).parent.parent
 def fast_retries(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.01")
     monkeypatch.setenv("CKPTVAULT_RETRIES", "3")
-    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "0.5")
+    # a generous deadline: one abandoned on a busy machine leaves its thread to take the next scripted
+    # fault later (test_upload_failure_recovery.py saw it); the tests of hangs set a short one
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "30")
     faultyfs.FAULTS.clear()
     faultyfs.INJECTED.clear()
     yield
     faultyfs.FAULTS.clear()
+
+
+@pytest.fixture
+def short_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the tests of calls that hang (faultyfs.HANG_S, 2 s): they are given up on after 0.5 s."""
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "0.5")
 
 
 @pytest.fixture
@@ -74,6 +82,7 @@ def test_transient_faults_are_retried_and_change_nothing(tmp_path: Path, src: Pa
     assert Vault.open(faulty).check(read_data=1.0).ok
 
 
+@pytest.mark.usefixtures("short_deadline")
 def test_a_hanging_call_is_abandoned_and_retried(src: Path):
     vault = Vault.init(url(), pack_size=1 << 20)
     faultyfs.FAULTS["put:/packs/"] = list("H")
@@ -209,6 +218,7 @@ def test_an_error_the_storage_answered_with_opens_no_breaker():
     assert inner.calls == 6
 
 
+@pytest.mark.usefixtures("short_deadline")
 def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock(src: Path, monkeypatch):
     monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
     vault = Vault.init(url(), pack_size=1 << 20)  # 3 MiB of source: more packs than upload slots (2)
@@ -224,6 +234,7 @@ def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock
     assert vault.backup(src).summary.files == 2  # the storage answers again: the next backup works
 
 
+@pytest.mark.usefixtures("short_deadline")
 def test_a_lock_left_behind_in_an_outage_is_removed_by_the_same_process_once_the_storage_answers(
     src: Path, monkeypatch
 ):
@@ -243,6 +254,7 @@ def test_a_lock_left_behind_in_an_outage_is_removed_by_the_same_process_once_the
     vault.prune(keep_latest=1)  # nothing waits for the old lock
 
 
+@pytest.mark.usefixtures("short_deadline")
 def test_a_refresh_that_got_no_answer_leaves_nothing_once_the_storage_answers(monkeypatch):
     """The refresh's PUT may land after its deadline: that lock object is ours too, and goes with
     the one the failed command left when the next lock is taken."""

@@ -237,8 +237,8 @@ def test_a_leftover_pin_changed_since_it_was_made_is_released_not_shipped(tmp_pa
     ckpt = make_checkpoint(tmp_path / "out" / "checkpoint-1", 1)
     (root,) = pin_for(vault, ckpt, 1)
     set_owner(root, **ended_process)
-    with open(ckpt / "model.safetensors", "r+b") as f:  # rewritten in place: the pin shares the inode
-        f.write(b"later save")
+    with open(ckpt / "model.safetensors", "ab") as f:  # changed in place: the pin shares the inode
+        f.write(b"later save")  # (a size that changes: an mtime may be as coarse as a jiffy)
     second = make_checkpoint(tmp_path / "out" / "checkpoint-2", 2)
     with caplog.at_level(logging.WARNING, logger="ckptvault"):
         vault.backup_async(second, tags={"step": "2"})
@@ -274,10 +274,11 @@ def test_a_job_of_several_folders_ships_whole_or_not_at_all(tmp_path, vault, end
 
 
 def test_leftovers_are_neither_dropped_nor_make_the_callers_backups_be_dropped(tmp_path, ended_process, caplog):
-    from tests.test_async_backup import slow_vault
+    from tests.test_async_backup import slow_vault, wait_until
 
     vault = slow_vault(tmp_path, delay=0.05)
     running = vault.backup_async(make_checkpoint(tmp_path / "out" / "checkpoint-1", 1), tags={"step": "1"})
+    wait_until(running.running)  # the leftovers go before every job still queued, not the running one
     waiting = vault.backup_async(make_checkpoint(tmp_path / "out" / "checkpoint-2", 2), tags={"step": "2"})
     for step in (10, 11, 12):  # three a dead process left: more than max_pending (2)
         (root,) = pin_for(vault, make_checkpoint(tmp_path / "out" / f"checkpoint-{step}", step), step)

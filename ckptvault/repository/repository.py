@@ -433,6 +433,8 @@ class Repository:
             self._upload_slots.release()
             failed.result()
         future = self._executor.submit(self._upload, pack_id, data)
+        # freed once the future holds its outcome, so a failure is seen above by whoever takes the slot
+        future.add_done_callback(lambda _f: self._upload_slots.release())
         self._uploads.append((future, pack_id, entries))
 
     def _new_writer(self) -> PackWriter:
@@ -448,7 +450,6 @@ class Repository:
         finally:
             with contextlib.suppress(BufferError):  # a PUT given up on still reads it: _recycle sees that
                 data.release()
-            self._upload_slots.release()
         self._recycle(buffer)
 
     def _recycle(self, buffer: object) -> None:
