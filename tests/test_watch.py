@@ -647,6 +647,44 @@ def test_a_trainer_output_folder_ships_its_checkpoints_only_and_latest_resumes_f
     assert "shipped runs" in proc.stdout.decode() and "left out" not in proc.stderr.decode()
 
 
+@pytest.mark.parametrize(
+    ("framework", "folder", "pointer", "text"),
+    [
+        ("DeepSpeed", "global_step{}", "latest", "global_step{}"),
+        ("Megatron-LM", "iter_{:07d}", "latest_checkpointed_iteration.txt", "{}"),
+    ],
+)
+def test_a_save_folder_with_a_pointer_file_ships_its_step_folders_only(
+    tmp_path, repo, cli, framework, folder, pointer, text
+):
+    """DeepSpeed (and Megatron-LM) save each step into a folder and then name it in a pointer file beside
+    it: the pointer and the scripts beside it shipped as stepless snapshots, and `latest` of the run went
+    by time and restored the pointer file instead of the newest step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ("watch", str(out), "--once", "--settle", "0.2", "--tag", "run=ds", "--repo", repo)
+    for step in (100, 200):
+        (out / folder.format(step)).mkdir()
+        (out / folder.format(step) / "mp_rank_00_model_states.pt").write_bytes(str(step).encode() * 1000)
+        (out / pointer).write_text(text.format(step))  # written after the step folder, as the trainers do
+        (out / "zero_to_fp32.py").write_text("# copied beside the checkpoints by DeepSpeed\n")
+        proc = cli(*args)
+        shipped, err = proc.stdout.decode(), proc.stderr.decode()
+        assert f"shipped {folder.format(step)} step {step}" in shipped and shipped.count("shipped") == 1, shipped
+    for name in (pointer, "zero_to_fp32.py"):
+        assert f"{name}: left out from now on: {out} is {framework}'s save folder" in err, err
+    cli("restore", "latest", "--tag", "run=ds", str(tmp_path / "resume"), "--repo", repo, "-q")
+    assert (tmp_path / "resume" / "mp_rank_00_model_states.pt").read_bytes() == b"200" * 1000
+
+    # a file named like a pointer that names no step folder is a checkpoint like any other
+    other = tmp_path / "other"
+    (other / "step_300").mkdir(parents=True)
+    (other / "step_300" / "model.pt").write_bytes(b"300")
+    (other / "latest").write_bytes(b"\x80not a pointer")
+    shipped = cli("watch", str(other), "--once", "--settle", "0.2", "--tag", "run=o", "--repo", repo).stdout.decode()
+    assert "shipped latest" in shipped and "shipped step_300 step 300" in shipped, shipped
+
+
 def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, repo, cli):
     """--once waited --interval twice over after shipping (41 s for a 5-byte file at --interval 20)."""
     (tmp_path / "ckpts").mkdir()

@@ -222,6 +222,7 @@ class Watcher:
         self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
         self._lost: list[CkptVaultError] = []  # checkpoints shipping in place that went before they shipped
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
+        self._pointer_file: str | None = None  # the file naming the newest step folder (DeepSpeed, Megatron-LM)
         self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
         self._digests: set[tuple[str, str]] = set()  # (checkpoint tag, watch-sig) of every shipped snapshot
         self._digests_loaded = threading.Event()
@@ -381,7 +382,7 @@ class Watcher:
             with os.scandir(self.directory) as it:
                 entries = [e for e in it if self._wanted(e.name)]
             if not self.options.include:
-                entries = self._trainer_checkpoints_only(entries)
+                entries = self._step_folders_only(self._trainer_checkpoints_only(entries))
         except FileNotFoundError:
             return
         except OSError as exc:  # EIO, EACCES: the folder may come back; the sidecar must not die
@@ -438,6 +439,32 @@ class Watcher:
                 f"only checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} "
                 f"with a pattern for it and 'checkpoint-*'; a final model: "
                 f"{spelled('ckptvault backup', 'Vault.backup')})",
+            )
+        return kept
+
+    def _step_folders_only(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
+        """DeepSpeed saves each step into a folder (``global_step1200/``) and then names it in a
+        ``latest`` file beside it; Megatron-LM does the same with ``iter_0001200/`` and
+        ``latest_checkpointed_iteration.txt``. In such a folder only the step folders are checkpoints:
+        the pointer file (rewritten at every save) and the scripts beside it (``zero_to_fp32.py``)
+        would each ship as a snapshot without a step, and ``latest`` of the run would then go by time
+        and restore one of them. What is left out is named once; ``--include`` takes it back."""
+        if self._pointer_file is None:
+            self._pointer_file = next((e.name for e in entries if _names_a_step_folder(e, entries)), None)
+            if self._pointer_file is None:
+                return entries
+            for cand in list(self._candidates.values()):  # pinned before the folder was told apart
+                if cand.state == "settling" and not _is_step_folder(cand.pin.name, cand.pin.data):
+                    self._drop(cand)
+        kept = [e for e in entries if _is_step_folder(e.name, e.path)]
+        framework = POINTER_FILES[self._pointer_file]
+        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
+            self._warn_once(
+                ("not a step folder", name),
+                f"{name}: left out from now on: {self.directory} is {framework}'s save folder, where only the step "
+                f"folders are checkpoints (to resume: restore the newest into {self.directory}/<its name>, and write "
+                f"{self._pointer_file} as {framework} does; to ship {name} too: "
+                f"{spelled('--include', 'include=')} with a pattern for it and one for the step folders)",
             )
         return kept
 
@@ -762,6 +789,28 @@ def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
     except OSError:
         return None
     return st if st.st_ino == pin.source_ino else None
+
+
+POINTER_FILES = {"latest": "DeepSpeed", "latest_checkpointed_iteration.txt": "Megatron-LM"}
+
+
+def _is_step_folder(name: str, path: str) -> bool:
+    return step_from_name(name) is not None and os.path.isdir(path) and not os.path.islink(path)
+
+
+def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]]) -> bool:
+    """``entry`` is DeepSpeed's ``latest`` or Megatron-LM's tracker file, beside step folders: a small
+    file whose text names one of them (DeepSpeed: its name; Megatron-LM: its iteration number)."""
+    if entry.name not in POINTER_FILES or not entry.is_file(follow_symlinks=False):
+        return False
+    try:
+        with open(entry.path, "rb") as f:
+            text = f.read(256).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    steps = {step_from_name(e.name) for e in entries if _is_step_folder(e.name, e.path)}
+    named = int(text) if text.isdigit() else step_from_name(text)
+    return named is not None and named in steps
 
 
 def _finished_files(sig: pins.Signature) -> set[str]:
