@@ -433,6 +433,7 @@ class AsyncShipper:
         retries: int = 2,
         retry_delay: float = 2.0,
         name: str = "ckptvault-async",
+        log_failures: bool = True,  # False: the caller reports each job's failure itself (watch)
     ) -> None:
         if max_pending is not None and max_pending < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
@@ -442,6 +443,7 @@ class AsyncShipper:
         self._retries = retries
         self._retry_delay = retry_delay
         self._name = name
+        self._log_failures = log_failures
         self._cond = threading.Condition()
         self._pending: deque[BackupJob] = deque()
         self._running: BackupJob | None = None
@@ -684,7 +686,8 @@ class AsyncShipper:
                 self._release(job)
                 job.future.set_exception(exc)
             except BaseException as exc:
-                log.error("async backup of %s failed: %s", job.describe(), exc)
+                if self._log_failures:
+                    log.error("async backup of %s failed: %s", job.describe(), exc)
                 self._release(job)
                 with self._cond:
                     self._failures.append(exc)

@@ -253,7 +253,9 @@ class Watcher:
             self._on_start(resumed)
             self._warn_if_one_checkpoint()
             # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
-            shipper = AsyncShipper(self._ship_job, max_pending=None, exit_timeout=0.0, name="ckptvault-watch")
+            shipper = AsyncShipper(
+                self._ship_job, max_pending=None, exit_timeout=0.0, name="ckptvault-watch", log_failures=False
+            )  # each failure is reported by _collect, with what happens next
             try:
                 if self.options.once:
                     self._run_once(shipper)
