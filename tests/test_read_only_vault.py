@@ -93,3 +93,26 @@ def test_a_lockless_reader_blames_a_prune_that_began_meanwhile_not_damage(tmp_pa
         with pytest.raises(VaultLockedError, match="began while this command read") as info, LocklessRead(manager):
             raise IntegrityError("the pack is missing")
         assert isinstance(info.value.__cause__, IntegrityError)
+
+
+def test_a_full_disk_out_of_inodes_is_named_so_not_out_of_space(tmp_path: Path, cli):
+    """ENOSPC also means no inode left (many small files on a disk formatted for big ones): "free space"
+    was the advice while the disk had plenty."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text('{"step": 1}')
+    with mounted_tmpfs(tmp_path / "mnt", "64m,nr_inodes=64", "the inode exhaustion test") as mount:
+        repo = str(mount / "vault")
+        Vault.init(repo).close()
+        made = 0
+        with pytest.raises(OSError):
+            while True:
+                (mount / f"f{made}").touch()
+                made += 1
+        proc = cli("backup", str(src), "--repo", repo, check=False)
+        assert proc.returncode == 21, proc.stderr
+        err = proc.stderr.decode()
+        assert "no inode (file entry) left on its filesystem, which has free blocks" in err, err
+        assert "move the vault to a filesystem with more inodes" in err
+        with Vault.open(repo) as vault:
+            assert vault.snapshots() == []

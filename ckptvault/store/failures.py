@@ -16,6 +16,7 @@ other 4xx (bad request, denied, precondition), a missing bucket, unknown program
 from __future__ import annotations
 
 import errno
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -301,6 +302,11 @@ def storage_error(
     if failure.kind is Kind.EXISTS and if_absent:
         return ObjectExistsError(op, key, url)
     if failure.kind is Kind.FULL:
+        if _out_of_inodes(exc, url):
+            return StorageFullError(
+                op, key, url, "no inode (file entry) left on its filesystem, which has free blocks",
+                hint="delete files there, or move the vault to a filesystem with more inodes",
+            )  # fmt: skip
         return StorageFullError(op, key, url, failure.reason)
     return StorageError(op, key, url, failure.reason, retryable=failure.retryable)
 
@@ -336,3 +342,16 @@ def unreachable(exc: BaseException) -> bool:
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
         for node in _chain(exc)
     )
+
+
+def _out_of_inodes(exc: BaseException, url: str) -> bool:
+    """ENOSPC also means "no inode left" (many small files on a disk formatted for few big ones): told
+    apart where the vault is a local folder, so that freeing space is not the advice."""
+    folder = url.removeprefix("file://")
+    if not isinstance(exc, OSError) or exc.errno != errno.ENOSPC or "://" in folder:
+        return False
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
