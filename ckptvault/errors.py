@@ -75,6 +75,14 @@ class SourceError(CkptVaultError):
         super().__init__(f"{msg} ({hint})" if hint else msg)
 
 
+class CheckpointLostError(SourceError):
+    """A checkpoint that could not be pinned went (deleted, cut down) before it shipped."""
+
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        self.path, self.reason, self.hint = path, reason, hint
+        CkptVaultError.__init__(self, f"{path}: {reason} ({hint})" if hint else f"{path}: {reason}")
+
+
 class VaultNotFoundError(CkptVaultError):
     exit_code = 10
 

@@ -993,7 +993,6 @@ class Vault:
             hostname=job.hostname,
             skip_if_unchanged=job.skip_if_unchanged,
             exclude=job.exclude,
-            on_change=job.on_change,
             on_warning=job.warnings.append,
             before_commit=functools.partial(check_sources_unchanged, job),
         )

@@ -81,7 +81,7 @@ class BackupJob:
     pins: list[Pin] = field(default_factory=list)
     pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned
     expected: list[str] = field(default_factory=list)  # unpinned: the files the sources held when queued
-    on_change: str = "warn"  # a file changing while it is read (backup's on_change)
+    verify: Callable[[], None] | None = None  # raises, just before the commit, when the sources moved on
     warnings: list[str] = field(default_factory=list)
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
     future: Future[Snapshot] = field(default_factory=Future)
@@ -174,6 +174,8 @@ def check_sources_unchanged(job: BackupJob) -> None:
     rewrites a file in place (Lightning's ``last.ckpt`` when its temporary folder is on another
     filesystem: the move becomes a copy into the old file) changes the pin too, and the snapshot
     would hold a later save under this save's tags, or a torn file."""
+    if job.verify is not None:
+        job.verify()
     gone = [path for path in job.expected if not os.path.lexists(path)]
     if gone:
         raise SourceError(

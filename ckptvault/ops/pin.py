@@ -192,7 +192,7 @@ def stand_in(source: str, staging: str, *, excluded: Excluded | None = None) -> 
     source = os.path.abspath(source)
     st = os.stat(source)
     name = os.path.basename(source.rstrip(os.sep)) or "root"
-    root = os.path.join(staging, f"{time.time_ns():020d}-in-place")  # never made: it names the pin only
+    root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}-in-place")  # never made: a name
     return Pin(root=root, name=name, source=source, source_ino=st.st_ino, excluded=excluded, in_place=True)
 
 

@@ -19,8 +19,12 @@ The life of a checkpoint:
    checkpoint.
 4. **shipped**: the snapshot is durable (committed); the pin is deleted.
 
+Where no pin can be made (the checkpoints' disk is full) a checkpoint ships in place: a stand-in
+pin (``pins.stand_in``) goes through the same states, the backup commits only if the source is
+still what was queued, and one that goes first is lost and an error of the run.
+
 Restart safety: pins live on disk until their snapshot is durable, so a watcher killed at any
-moment finds them again when it starts and ships them (no gaps for checkpoints it had seen).
+moment finds them again when it starts and ships them (no gaps for checkpoints it had pinned).
 Before shipping, the pin's ``watch-sig`` is looked up among the vault's snapshots, so a
 checkpoint whose snapshot was committed just before the kill is not shipped twice.
 """
@@ -42,11 +46,20 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, SourceError, StorageError, UsageError, WatchLockedError, spelled
+from ..errors import (
+    CheckpointLostError,
+    CkptVaultError,
+    SourceError,
+    StorageError,
+    UsageError,
+    WatchLockedError,
+    spelled,
+)
 from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import (
+    TEMP_SUFFIXES,
     TRAINER_CHECKPOINT,
     TRAINER_STATE,
     WATCH_STATE_FOLDER,
@@ -88,7 +101,7 @@ class ShippedCheckpoint:
 @dataclass
 class WatchResult:
     shipped: list[ShippedCheckpoint] = field(default_factory=list)
-    left: int = 0  # pinned checkpoints left for the next run
+    left: int = 0  # pinned checkpoints left for the next run (not those shipping in place)
     errors: list[CkptVaultError] = field(default_factory=list)
 
 
@@ -107,6 +120,8 @@ class _Candidate:
     step: int | None = None
     source_stat: os.stat_result | None = None  # the source when the pin was last synced
     error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
+    unpinned: str = ""  # shipping in place: why no pin could be made
+    pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
 
 
 @dataclass
@@ -205,6 +220,7 @@ class Watcher:
         self.options = options
         excludes = options.exclude
         self._excluded = excludes.match if excludes else None  # never pinned, nor in a signature
+        self._as_pinned = functools.partial(_unpinnable, self._excluded)  # what a pin leaves out
         self._names_excluded = functools.partial(excludes.match, names_only=True)
         # the patterns are part of what was shipped: a checkpoint shipped with others ships again
         self._sig_extra: pins.Signature = (("exclude", *excludes.key()),) if excludes else ()
@@ -247,6 +263,8 @@ class Watcher:
         with lock:
             resumed = self._adopt_pins()
             self._start_loading_digests()
+            if self.options.once:  # its one look must know what was shipped (a full disk ships in place)
+                self._digests_loaded.wait()
             now = time.monotonic()
             self._scan(now)
             self._settle(now)
@@ -265,7 +283,7 @@ class Watcher:
                 for job in shipper.close(cancel_pending=True):
                     self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
                 self._collect()
-            self.result.left = len(self._candidates)
+            self.result.left = sum(1 for c in self._candidates.values() if not c.pin.in_place)
             # failures that a later retry fixed are not errors of the run
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
             self.result.errors += [*self._unpinned.values(), *self._lost]  # never pinned, so never shipped
@@ -501,7 +519,7 @@ class Watcher:
 
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
-            sig = pins.signature(path, self._excluded)
+            sig = pins.signature(path, self._as_pinned)  # as a pin of it would be: so its digest was taken
             if self._digests_loaded.is_set() and (_tag_text(name), self._digest(sig)) in self._digests:
                 self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 self._unpinned.pop(name, None)
@@ -510,12 +528,12 @@ class Watcher:
         except FileNotFoundError:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # EIO, EACCES, a full disk: create left nothing
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self._ship_in_place(name, path, st, now, exc)
-                return
             # the next poll tries again; the run's error unless that passes
             self._unpinned[name] = SourceError(path, f"cannot pin it: {exc.strerror or exc}")
-            self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
+            elif self._digests_loaded.is_set():  # not before: a shipped checkpoint is not to be read again
+                self._ship_in_place(name, path, st, now, exc)
             return
         self._warned.discard(("pin", name))
         self._unpinned.pop(name, None)
@@ -528,10 +546,10 @@ class Watcher:
 
     def _ship_in_place(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> None:
         """No room for a pin (the checkpoints' disk is full, which is when shipping them matters most):
-        the checkpoint is read where it is, as ``backup`` would. Nothing keeps it from the trainer's
-        rotation then: one deleted, replaced or cut down before its snapshot is committed is lost, and
-        is an error of the run; one that changes while it is read fails that backup, and ships once
-        it settles again."""
+        the checkpoint is read where it is, as ``backup`` would, and pinned after all if room comes
+        back first. Nothing keeps it from the trainer's rotation meanwhile: one deleted or cut down
+        before it shipped is lost, and an error of the run; one that changes while it ships is not
+        committed (``_verify_in_place``), and ships once it settles again."""
         try:
             pin = pins.stand_in(path, self.pins_dir, excluded=self._excluded)
         except FileNotFoundError:
@@ -540,24 +558,84 @@ class Watcher:
             return  # replaced meanwhile: the next poll sees what is there now
         self._unpinned.pop(name, None)
         self._warned.discard(("pin", name))
-        self._on_warning(
-            f"{name}: cannot pin: {exc.strerror or exc}; it ships in place: do not delete it before it has shipped "
-            f"(to pin: free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on "
-            "another disk, where pins are copies)"
+        reason = exc.strerror or str(exc)
+        self._warn_once(
+            ("in place", name),
+            f"{name}: cannot pin: {reason}; it ships in place: do not delete it before it has shipped (to pin: "
+            f"free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on "
+            "another disk, where pins are copies)",
         )
-        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+        self._candidates[pin.pin_id] = _Candidate(
+            pin=pin, seen=now, last_change=now, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
+        )
+
+    def _pin_after_all(self, cand: _Candidate, now: float) -> None:
+        """A checkpoint shipping in place is pinned once there is room (tried every few seconds)."""
+        if now < cand.pin_retry_at:
+            return
+        cand.pin_retry_at = now + RETRY_AFTER[0]
+        try:
+            pin = pins.create(cand.pin.source, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
+        except OSError:
+            return  # still no room; or gone, which the next look names
+        if pin.source_ino != cand.pin.source_ino:
+            pin.release()  # replaced meanwhile: the next look says so
+            return
+        del self._candidates[cand.pin.pin_id]
+        cand.pin = pin
+        self._candidates[pin.pin_id] = cand
 
     def _lost_in_place(self, cand: _Candidate, what: str) -> None:
-        error = SourceError(
+        """What is left of it (a folder cut down) is remembered as shipped: not a new checkpoint."""
+        error = CheckpointLostError(
             cand.pin.source,
-            f"{what} before it shipped; it could not be pinned (no space left on the disk of {self.pins_dir}), "
+            f"{what} before it shipped; it was shipping in place, as it could not be pinned ({cand.unpinned}), "
             "so it is not in the vault",
             f"give {spelled('--state-dir', 'state_dir')} on another disk, or free space, so that checkpoints are "
             "pinned",
         )
         self._lost.append(error)
         self._on_warning(str(error))
+        with contextlib.suppress(OSError):
+            st = os.lstat(cand.pin.source)
+            if st.st_ino == cand.pin.source_ino:
+                self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
         self._drop(cand)
+
+    def _in_place_gone(self, cand: _Candidate) -> bool:
+        """Whether a checkpoint shipping in place went: lost when deleted; when replaced by a newer save
+        (a ``latest.pt`` saved by a rename), that save ships instead, as a pin would have it."""
+        try:
+            st = os.stat(cand.pin.source)
+        except FileNotFoundError:
+            self._lost_in_place(cand, "it was deleted")
+            return True
+        except OSError:
+            return False  # unreadable for now: the next look tries again
+        if st.st_ino == cand.pin.source_ino:
+            return False
+        self._on_warning(f"{cand.pin.name} was replaced by a newer save before it shipped in place: that one ships")
+        self._drop(cand)
+        return True
+
+    def _signature(self, pin: pins.Pin) -> pins.Signature:
+        """A pin's files; in place, the source's files that a pin would hold (not those still being
+        written), so that both give one digest for one checkpoint."""
+        return pins.signature(pin.data, self._as_pinned if pin.in_place else self._excluded)
+
+    def _verify_in_place(self, pin: pins.Pin, sig: pins.Signature) -> None:
+        """Just before an in-place backup commits (on the shipping thread): every file still as it was
+        when it was queued, or the snapshot could hold parts of two saves."""
+        try:
+            same = _stat_if_same(pin) is not None and self._signature(pin) == sig
+        except OSError:
+            same = False
+        if not same:
+            raise SourceError(
+                pin.source,
+                "it changed or went while it shipped in place (it could not be pinned); this backup is not stored",
+                "it ships again once it settles, if it is still there",
+            )
 
     def _adopt_pins(self) -> int:
         """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
@@ -584,13 +662,14 @@ class Watcher:
                 continue  # its backup reads the pin
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
-                if cand.source_stat is None and cand.pin.in_place:
-                    self._lost_in_place(cand, "it was deleted or replaced")
-                    continue
                 if cand.source_stat is None and self._deleted_unfinished(cand, now):
                     continue
+                if cand.pin.in_place:
+                    if self._in_place_gone(cand):
+                        continue
+                    self._pin_after_all(cand, now)
                 pins.sync(cand.pin)
-                sig = pins.signature(cand.pin.data, self._excluded) + _temporary_activity(cand.pin)
+                sig = self._signature(cand.pin) + _temporary_activity(cand.pin)
             except FileNotFoundError:
                 if cand.pin.in_place:
                     self._lost_in_place(cand, "it was deleted")
@@ -601,7 +680,7 @@ class Watcher:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
             self._warned.discard(("pin", cand.pin.name))
-            if cand.pin.in_place and _finished_files(cand.sig) - _finished_files(sig):
+            if cand.pin.in_place and _files(cand.sig) - _files(sig):
                 self._lost_in_place(cand, "files of it were deleted")  # a rotation under way
                 continue
             if sig != cand.sig:
@@ -668,7 +747,10 @@ class Watcher:
             if not (ready or retry):
                 continue
             try:
-                sig = pins.signature(cand.pin.data, self._excluded)  # a pin from a run with other patterns too
+                sig = self._signature(cand.pin)  # a pin from a run with other patterns too
+                if cand.pin.in_place and _files(cand.sig) - _files(sig):
+                    self._lost_in_place(cand, "files of it were deleted")  # since the last look
+                    continue
                 if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
                     continue
                 cand.digest, cand.shipped_sig = self._digest(sig), sig
@@ -677,16 +759,16 @@ class Watcher:
                     self._release(cand)
                     continue
                 cand.step = checkpoint_step(cand.pin.data)
-                cand.pin.save_meta(digest=cand.digest)
             except FileNotFoundError:
-                self._drop(cand)  # the pin itself vanished (deleted by hand)
+                if cand.pin.in_place:
+                    self._lost_in_place(cand, "it was deleted")
+                else:
+                    self._drop(cand)  # the pin itself vanished (deleted by hand)
                 continue
-            except OSError as exc:  # a full disk: its state is unchanged, so the next poll tries again
-                self._warn_once(
-                    ("record", cand.pin.name), f"{cand.pin.name}: cannot record its pin: {exc}; trying again"
-                )
+            except OSError as exc:  # EIO, EACCES: its state is unchanged, so the next poll tries again
+                self._warn_once(("read", cand.pin.name), f"{cand.pin.name}: cannot read it: {exc}; trying again")
                 continue
-            self._warned.discard(("record", cand.pin.name))
+            self._warned.discard(("read", cand.pin.name))
             tags = {**self.tags, "checkpoint": _tag_text(cand.pin.name), "watch-sig": cand.digest}
             if cand.step is not None:
                 tags["step"] = str(cand.step)
@@ -697,11 +779,10 @@ class Watcher:
                 exclude=self.options.exclude.patterns,
                 label=cand.pin.name,
             )
-            if cand.pin.in_place:  # nothing holds its files: one gone or changed before the commit fails it
-                job.expected = [
-                    os.path.join(cand.pin.source, rel) if rel else cand.pin.source for rel in _finished_files(sig)
-                ]
-                job.on_change = "fail"
+            if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
+                # commits only if every file is still as it was queued
+                job.exclude += tuple(f"*{suffix}" for suffix in TEMP_SUFFIXES)
+                job.verify = functools.partial(self._verify_in_place, cand.pin, sig)
             job.future.add_done_callback(functools.partial(self._on_done, cand))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
@@ -815,9 +896,14 @@ def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]
     return named is not None and named in steps
 
 
-def _finished_files(sig: pins.Signature) -> set[str]:
-    """The paths of a signature's files (a file checkpoint's own is ""), but those still being written."""
-    return {item[0] for item in sig if item[1] == "f" and not is_unfinished(item[0].rpartition("/")[2])}
+def _files(sig: pins.Signature) -> set[str]:
+    """The paths of a signature's files (a file checkpoint's own is "")."""
+    return {item[0] for item in sig if item[1] == "f"}
+
+
+def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:
+    """What a pin leaves out of a checkpoint: names still being written (pin.py), and ``excluded``."""
+    return is_unfinished(rel.rpartition("/")[2]) or (excluded is not None and excluded(rel, is_dir))
 
 
 def _temporary_activity(pin: pins.Pin) -> pins.Signature:
