@@ -40,6 +40,7 @@ _HOMES = {
     "NotBackedUpError": ".errors",
     "DrillFailedError": ".errors",
     "BackupSupersededError": ".errors",
+    "CheckpointLostError": ".errors",
     "FlushTimeoutError": ".errors",
     "IndexRepair": ".ops.repair",
     "BackupHandle": ".ops.async_backup",
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from .codec import CompressionSettings
     from .errors import (
         BackupSupersededError,
+        CheckpointLostError,
         CkptVaultError,
         ConfigDowngradedError,
         DrillFailedError,
@@ -133,6 +135,7 @@ __all__ = [
     "BackupStatus",
     "BackupSupersededError",
     "CheckReport",
+    "CheckpointLostError",
     "ChunkerParams",
     "CkptVaultError",
     "CompressionSettings",

@@ -94,6 +94,7 @@ from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import CONFIG_KEY, LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
+from .repository.repository import METADATA_READERS
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
@@ -473,7 +474,7 @@ class Vault:
                 return exc
 
         ids = self._repo.list_snapshot_ids()
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(METADATA_READERS) as pool:
             loaded = list(zip(ids, pool.map(load, ids), strict=True))
         snaps = [s for _, s in loaded if isinstance(s, Snapshot)]
         unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}

@@ -98,6 +98,29 @@ def test_cli_check_exit_code_and_listing(cli, damaged):
     assert f"ckptvault forget {vault.latest().id[:8]}" in proc.stderr.decode()  # the way out of what is lost
 
 
+def test_many_damaged_snapshots_are_named_above_not_in_one_forget_command(tmp_path: Path, cli):
+    """300 missing packs affecting 738 snapshots made one 6.9 KB error line: a forget command of 738 IDs,
+    most of the vault's history, to copy unread."""
+    repo = str(tmp_path / "repo")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shared.bin").write_bytes(os.urandom(50_000))  # in every snapshot: its pack's loss affects all
+    with Vault.init(repo) as vault:
+        for step in range(12):
+            (src / "own.bin").write_bytes(os.urandom(1000))
+            vault.backup(src, tags={"step": str(step)})
+    packs = [p for p in Path(repo, "packs").rglob("*") if p.is_file()]
+    min(packs, key=lambda p: p.stat().st_mtime_ns).unlink()  # the first backup's: shared.bin's chunk
+    proc = cli("check", "--repo", repo, check=False)
+    err = proc.stderr.decode().strip()
+    assert proc.returncode == 30 and len(err.splitlines()) == 1, err
+    assert "affecting 12 snapshot(s)" in err and "remove the damaged snapshots named above" in err, err
+    assert "ckptvault forget " not in err and len(err) < 600, err
+    assert proc.stdout.decode().count("affects snapshot") == 12
+    listed = json.loads(cli("check", "--json", "--repo", repo, check=False).stdout)
+    assert len(listed["affected"]) == 12
+
+
 def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_any(tmp_path: Path, cli):
     repo = str(tmp_path / "repo")
     src = tmp_path / "src"

@@ -215,3 +215,46 @@ def test_prune_on_a_full_disk_says_how_to_free_space_without_repacking(tmp_path:
         vault.restore(kept, tmp_path / "out")
         assert (tmp_path / "out" / "kept.bin").read_bytes() == (src / "kept.bin").read_bytes()
         vault.close()
+
+
+def test_prune_deletes_each_object_once_and_several_at_a_time(tmp_path: Path, monkeypatch):
+    """On remote storage each delete is a round trip: a prune of 1,000 snapshots took 139 s on a 20 ms link,
+    one delete after another, each forgotten snapshot's tree deleted twice (with it, then by the GC)."""
+    import threading
+    import time
+
+    from ckptvault.store.local import LocalStore
+
+    url = str(tmp_path / "vault")
+    src = tmp_path / "ckpt"
+    frozen = random.Random("frozen").randbytes(1 << 20)
+    with Vault.init(url, chunker=SMALL, pack_size=1 << 20) as vault:
+        for step in range(1, 7):
+            save(src, step, frozen)
+            vault.backup(src, tags={"run": "x", "step": str(step)})
+    deleted: list[str] = []
+    running, most = [0], [0]
+    lock = threading.Lock()
+    real_delete = LocalStore.delete
+
+    def delete(self: LocalStore, key: str) -> None:
+        with lock:
+            deleted.append(key)
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)  # a round trip
+        try:
+            real_delete(self, key)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(LocalStore, "delete", delete)
+    with Vault.open(url) as vault:
+        result = vault.prune(keep_latest=1)
+        assert len(result.forgotten) == 5
+        assert vault.check(read_data=1.0).ok
+    gone = [key for key in deleted if not key.startswith("locks/")]
+    assert len(gone) == len(set(gone)), sorted(k for k in gone if gone.count(k) > 1)
+    assert sum(key.startswith("trees/") for key in gone) == 5 and sum(key.startswith("snapshots/") for key in gone) == 5
+    assert most[0] > 1, "deletes ran one at a time"

@@ -140,3 +140,45 @@ def test_forgetting_a_pack_keeps_a_chunks_other_copy_and_drops_what_only_it_held
     index.forget_packs([gone])
     assert [loc.pack_id for loc in index.locations(shared)] == [kept]
     assert only not in index and delta not in index and index.packs == {kept}  # the delta's base went with it
+
+
+def test_a_fresh_machine_reads_the_index_objects_several_at_a_time(tmp_path, monkeypatch):
+    """Each index object is a round trip on remote storage, and each backup adds one until a prune merges
+    them: read one after another, 1,000 of them kept a fresh machine's first command ~40 s on a 20 ms link."""
+    import threading
+    import time
+
+    from ckptvault import Vault
+    from ckptvault.store.local import LocalStore
+
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    with Vault.init(url) as vault:
+        for step in range(6):
+            (src / "model.bin").write_bytes(os.urandom(50_000))
+            vault.backup(src, tags={"step": str(step)})
+    running, most = [0], [0]
+    lock = threading.Lock()
+    real_get = LocalStore.get
+
+    def get(self: LocalStore, key: str) -> bytes:
+        if not key.startswith("index/"):
+            return real_get(self, key)
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)  # a round trip
+        try:
+            return real_get(self, key)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(LocalStore, "get", get)
+    monkeypatch.setenv("CKPTVAULT_NO_CACHE", "1")  # a fresh machine: nothing cached yet
+    with Vault.open(url) as vault:
+        out = tmp_path / "out"
+        vault.restore("latest", out)
+    assert (out / "model.bin").read_bytes() == (src / "model.bin").read_bytes()
+    assert most[0] > 1, "index objects were read one at a time"

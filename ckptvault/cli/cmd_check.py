@@ -11,6 +11,8 @@ from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vaul
 from .output import Output
 from .params import parse_fraction
 
+LISTED_IN_REMEDY = 10  # more damaged snapshots than this are named in the lines above, not in the error
+
 
 @app.command("check")
 @command
@@ -73,13 +75,19 @@ def check_cmd(
             "the packs still say or verify it), then check again before forgetting anything"
         )
     elif report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
-        ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)  # every one: the remedy is a command
         salvage = (
             ""
             if all(files == ["*"] for files in report.affected.values())
             else ("restore the files not named (restore --include), then ")
         )
-        remedy = f"; {salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
+        if len(report.affected) <= LISTED_IN_REMEDY:  # every one: the remedy is a command
+            ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)
+            remedy = f"; {salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
+        else:  # hundreds of IDs make an unreadable line, and a command that forgets history unread
+            remedy = (
+                f"; {salvage}remove the damaged snapshots named above ('affects snapshot'; `check --json` lists them "
+                'under "affected") with ckptvault forget, after reading which they are'
+            )
     elif report.problems:
         remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
     raise IntegrityError(

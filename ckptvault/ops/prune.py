@@ -9,7 +9,7 @@ from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention
-from .gc import STALE_TEMP_AGE_S, GcPlan, execute_gc, plan_gc, verify_exclusive_lock
+from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 
@@ -59,8 +59,10 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     if dry_run:
         return PruneResult(retention, gc, True, before, max(0, before - gc.reclaim_bytes))
     verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
-    for snap in retention.forget:
-        repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
+    forgotten = [(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id)) for snap in retention.forget]
+    each(lambda ids: repo.delete_snapshot(*ids), forgotten)
+    deleted_trees = {tree_id for _, tree_id in forgotten}  # gone already: not deleted again by the GC
+    gc.dead_trees = [tree_id for tree_id in gc.dead_trees if tree_id not in deleted_trees]
     try:
         execute_gc(repo, gc)
     except StorageFullError as exc:

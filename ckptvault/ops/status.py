@@ -71,26 +71,22 @@ def backup_status(
                 raise SourceError(local[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
         return hashes[rel] == entry.blake3
 
-    trees: dict[str, dict[str, FileEntry] | None] = {}
     damaged: list[str] = []
 
     def files_of(snap: Snapshot) -> dict[str, FileEntry] | None:
-        if snap.id not in trees:
-            try:
-                trees[snap.id] = {e.path: e for e in load_tree(snap) if e.type == "file"}
-            except (ObjectNotFoundError, SnapshotNotFoundError):
-                trees[snap.id] = None  # forgotten meanwhile
-            except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
-                trees[snap.id] = None
-                damaged.append(snap.short_id)
-        return trees[snap.id]
-
-    def holding(snap: Snapshot, left_out: Excludes | None) -> tuple[str, list[FileEntry], int] | None:
-        """(prefix, entries, files left out) where ``snap`` holds every local file but those its
-        patterns ``left_out``, with the same content."""
-        tree = files_of(snap)
-        if tree is None:
+        # each tree is read once and not kept: a checkpoint of thousands of files and hundreds of
+        # snapshots to compare it with would otherwise hold them all (GBs) just to answer "no"
+        try:
+            return {e.path: e for e in load_tree(snap) if e.type == "file"}
+        except (ObjectNotFoundError, SnapshotNotFoundError):
+            return None  # forgotten meanwhile
+        except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
+            damaged.append(snap.short_id)
             return None
+
+    def holding(tree: dict[str, FileEntry], left_out: Excludes | None) -> tuple[str, list[FileEntry], int] | None:
+        """(prefix, entries, files left out) where ``tree`` holds every local file but those its
+        snapshot's patterns ``left_out``, with the same content."""
         for prefix in _prefixes(tree, local):
             wanted = [rel for rel in local if not (left_out and _left_out(left_out, prefix + rel))]
             entries = [e for rel in wanted if (e := tree.get(prefix + rel)) and e.size == local[rel].st.st_size]
@@ -101,11 +97,19 @@ def backup_status(
         return None
 
     newest_first = sorted(snapshots, key=lambda s: s.time, reverse=True)
+    partly = ""  # the newest snapshot that holds all but what its own --exclude patterns left out
     for snap in newest_first:
-        if snap.summary.files < len(local) or snap.summary.logical_bytes < total:
+        patterns = None if exclude or partly else _recorded_excludes(snap)
+        if patterns is None and (snap.summary.files < len(local) or snap.summary.logical_bytes < total):
             continue  # too small to hold every file
-        found = holding(snap, None)
+        tree = files_of(snap)
+        found = holding(tree, None) if tree is not None else None
         if found is None:
+            if tree is not None and patterns and (partial := holding(tree, patterns)) is not None:
+                partly = (
+                    f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) its --exclude patterns "
+                    f"({', '.join(snap.excludes)}) left out: give status the same patterns to accept that"
+                )
             continue
         prefix, entries, _ = found
         repo.load_index()
@@ -115,17 +119,7 @@ def backup_status(
         where = f" under {prefix.rstrip('/')}/" if prefix else ""
         return status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
     unread = f" (the tree of snapshot(s) {', '.join(damaged)} is damaged: run: ckptvault check)" if damaged else ""
-    detail = f"no snapshot holds its {len(local)} file(s) with the same content{unread}"
-    if not exclude:
-        for snap in newest_first:
-            patterns = _recorded_excludes(snap)
-            if patterns and (partial := holding(snap, patterns)) is not None:
-                detail += (
-                    f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) its --exclude patterns "
-                    f"({', '.join(snap.excludes)}) left out: give status the same patterns to accept that"
-                )
-                break
-    return status(False, detail)
+    return status(False, f"no snapshot holds its {len(local)} file(s) with the same content{unread}{partly}")
 
 
 def _recorded_excludes(snap: Snapshot) -> Excludes | None:
