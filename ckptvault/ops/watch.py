@@ -511,7 +511,7 @@ class Watcher:
         changed files make it a new version;
         files only disappearing is its deletion in progress (rotation), not a new version."""
         try:
-            sig = pins.signature(path, self._excluded)
+            sig = pins.signature(path, self._as_pinned)  # as _Done.sig was taken
         except OSError:
             return False  # deleted, or unreadable for now: the next poll looks again
         done.size, done.mtime_ns = st.st_size, st.st_mtime_ns
@@ -532,7 +532,7 @@ class Watcher:
             self._unpinned[name] = SourceError(path, f"cannot pin it: {exc.strerror or exc}")
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
-            elif self._digests_loaded.is_set():  # not before: a shipped checkpoint is not to be read again
+            elif self._digests_loaded.is_set() and self._digests_error is None:  # a shipped one is not read again
                 self._ship_in_place(name, path, st, now, exc)
             return
         self._warned.discard(("pin", name))
@@ -580,6 +580,10 @@ class Watcher:
             return  # still no room; or gone, which the next look names
         if pin.source_ino != cand.pin.source_ino:
             pin.release()  # replaced meanwhile: the next look says so
+            return
+        if _files(cand.sig) - _files(self._signature(pin)):  # files went while it was being pinned
+            pin.release()
+            self._lost_in_place(cand, "files of it were deleted")
             return
         del self._candidates[cand.pin.pin_id]
         cand.pin = pin
@@ -667,6 +671,9 @@ class Watcher:
                 if cand.pin.in_place:
                     if self._in_place_gone(cand):
                         continue
+                    if _files(cand.sig) - _files(self._signature(cand.pin)):  # before a pin of what is left
+                        self._lost_in_place(cand, "files of it were deleted")  # a rotation under way
+                        continue
                     self._pin_after_all(cand, now)
                 pins.sync(cand.pin)
                 sig = self._signature(cand.pin) + _temporary_activity(cand.pin)
@@ -680,9 +687,6 @@ class Watcher:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
             self._warned.discard(("pin", cand.pin.name))
-            if cand.pin.in_place and _files(cand.sig) - _files(sig):
-                self._lost_in_place(cand, "files of it were deleted")  # a rotation under way
-                continue
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
