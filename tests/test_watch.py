@@ -444,6 +444,23 @@ def test_a_checkpoint_shipping_in_place_is_pinned_once_there_is_room(tmp_path, r
         assert any("1 pinned checkpoint(s) wait for the next run" in line for line in watch.err), watch.err
 
 
+def test_a_backup_that_fails_on_a_full_vault_is_reported_once_with_what_comes_next(tmp_path, cli):
+    """The shipping thread's own "error: async backup of ... failed" line came beside watch's warning,
+    which says what happens next (retrying, or the next run)."""
+    with mounted_tmpfs(tmp_path / "mnt", "8m", "the full vault disk test") as mount:
+        repo = str(mount / "vault")
+        Vault.init(repo).close()
+        (tmp_path / "ckpts" / "step_1").mkdir(parents=True)
+        (tmp_path / "ckpts" / "step_1" / "model.bin").write_bytes(os.urandom(10 << 20))
+        proc = cli("watch", str(tmp_path / "ckpts"), "--once", "--settle", "0.2", "--repo", repo, check=False)
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 21, lines
+    warning, error = [line for line in lines if "no space left" in line]
+    assert warning.startswith("warning: step_1: backup failed: no space left"), lines
+    assert warning.endswith("it stays pinned for the next run"), lines
+    assert error == lines[-1] and error.startswith("error: no space left"), lines  # the run's, once it ends
+
+
 def fill(mount: Path) -> None:
     """Fill a small tmpfs to the last byte (unbuffered writes, so the last short one fails)."""
     with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
