@@ -581,9 +581,8 @@ class Watcher:
         if pin.source_ino != cand.pin.source_ino:
             pin.release()  # replaced meanwhile: the next look says so
             return
-        if _files(cand.sig) - _files(self._signature(pin)):  # files went while it was being pinned
+        if self._cut_down(cand, self._signature(pin)):  # files went while it was being pinned
             pin.release()
-            self._lost_in_place(cand, "files of it were deleted")
             return
         del self._candidates[cand.pin.pin_id]
         cand.pin = pin
@@ -605,6 +604,14 @@ class Watcher:
             if st.st_ino == cand.pin.source_ino:
                 self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
         self._drop(cand)
+
+    def _cut_down(self, cand: _Candidate, sig: pins.Signature) -> bool:
+        """Files of a checkpoint shipping in place are gone since its last look (a rotation under way):
+        it is lost, said so, and True."""
+        if not _files(cand.sig) - _files(sig):
+            return False
+        self._lost_in_place(cand, "files of it were deleted")
+        return True
 
     def _in_place_gone(self, cand: _Candidate) -> bool:
         """Whether a checkpoint shipping in place went: lost when deleted; when replaced by a newer save
@@ -671,8 +678,7 @@ class Watcher:
                 if cand.pin.in_place:
                     if self._in_place_gone(cand):
                         continue
-                    if _files(cand.sig) - _files(self._signature(cand.pin)):  # before a pin of what is left
-                        self._lost_in_place(cand, "files of it were deleted")  # a rotation under way
+                    if self._cut_down(cand, self._signature(cand.pin)):  # before a pin of what is left
                         continue
                     self._pin_after_all(cand, now)
                 pins.sync(cand.pin)
@@ -752,8 +758,7 @@ class Watcher:
                 continue
             try:
                 sig = self._signature(cand.pin)  # a pin from a run with other patterns too
-                if cand.pin.in_place and _files(cand.sig) - _files(sig):
-                    self._lost_in_place(cand, "files of it were deleted")  # since the last look
+                if cand.pin.in_place and self._cut_down(cand, sig):  # since the last look
                     continue
                 if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
                     continue
