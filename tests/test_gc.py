@@ -258,3 +258,29 @@ def test_prune_deletes_each_object_once_and_several_at_a_time(tmp_path: Path, mo
     assert len(gone) == len(set(gone)), sorted(k for k in gone if gone.count(k) > 1)
     assert sum(key.startswith("trees/") for key in gone) == 5 and sum(key.startswith("snapshots/") for key in gone) == 5
     assert most[0] > 1, "deletes ran one at a time"
+
+
+@pytest.mark.parametrize("stop", ["error", "ctrl-c"])
+def test_deletes_not_yet_started_are_dropped_at_an_error_or_ctrl_c(stop: str):
+    """A prune of thousands of objects that meets an error, or that the user stops, must not go on deleting
+    for minutes: the queued deletes are cancelled, only the running ones finish."""
+    import signal
+    import threading
+    import time
+
+    from ckptvault.ops.gc import DELETERS, each
+
+    started: list[int] = []
+
+    def delete(item: int) -> None:
+        started.append(item)
+        time.sleep(0.05)
+        if item == 0:  # by now every delete is queued
+            if stop == "error":
+                raise OSError("the store refused")
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    with pytest.raises(OSError if stop == "error" else KeyboardInterrupt):
+        each(delete, range(400))
+    time.sleep(0.2)  # anything still queued would go on starting
+    assert len(started) < 4 * DELETERS, f"{len(started)} of 400 deletes ran after the {stop}"
