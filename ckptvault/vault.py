@@ -588,8 +588,39 @@ class Vault:
         ``exclude``: files and folders to leave out, e.g. ``["*.tmp", "wandb", "logs/*.txt"]``: a
         name at any depth, or a path from the snapshot's root (docs/usage.md, "Excluding files").
         """
+        return self._backup(
+            paths,
+            exclude_arg(exclude),
+            tags=tags,
+            description=description,
+            hostname=hostname,
+            force_read=force_read,
+            skip_unreadable=skip_unreadable,
+            on_change=on_change,
+            skip_if_unchanged=skip_if_unchanged,
+            on_progress=on_progress,
+            on_warning=on_warning,
+            before_commit=before_commit,
+        )
+
+    def _backup(
+        self,
+        paths: PathLike | Sequence[PathLike],
+        excludes: Excludes,
+        *,
+        tags: dict[str, str] | None,
+        description: str | None,
+        hostname: str | None,
+        force_read: bool,
+        skip_unreadable: bool,
+        on_change: str,
+        skip_if_unchanged: bool,
+        on_progress: Progress | None,
+        on_warning: Callable[[str], None] | None,
+        before_commit: Callable[[], None] | None,
+    ) -> Snapshot:
+        """``backup`` with its exclude rules parsed: the watch's in-place jobs add a rule no pattern spells."""
         sources = paths_arg(paths)
-        excludes = exclude_arg(exclude)
         tags = tags_arg(tags, stored=True)
         description = text_arg("description", description, optional=True) or ""
         hostname = hostname_arg(hostname) or socket.gethostname()
@@ -987,13 +1018,20 @@ class Vault:
         return self._shipper
 
     def _run_job(self, job: BackupJob) -> Snapshot:
-        return self.backup(
+        excludes = exclude_arg(job.exclude)
+        if job.leave_unfinished:
+            excludes = replace(excludes, unfinished=True)
+        return self._backup(
             job.sources,
+            excludes,
             tags=job.tags,
             description=job.description,
             hostname=job.hostname,
+            force_read=False,
+            skip_unreadable=False,
+            on_change="warn",
             skip_if_unchanged=job.skip_if_unchanged,
-            exclude=job.exclude,
+            on_progress=None,
             on_warning=job.warnings.append,
             before_commit=functools.partial(check_sources_unchanged, job),
         )

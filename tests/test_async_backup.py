@@ -515,7 +515,7 @@ def thread_niceness() -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux has a nice value per thread")
 def test_shipping_runs_at_a_lower_cpu_priority_than_the_training_thread(tmp_path, vault, monkeypatch):
     seen: dict[str, set[int]] = {"backup": set(), "upload": set()}
-    backup, upload = Vault.backup, Repository._upload
+    backup, upload = Vault._backup, Repository._upload
 
     def recording_backup(self, *args, **kwargs):
         seen["backup"].add(thread_niceness())
@@ -528,7 +528,7 @@ def test_shipping_runs_at_a_lower_cpu_priority_than_the_training_thread(tmp_path
     trainer = thread_niceness()
     if trainer + async_backup.SHIPPING_NICENESS > 19:
         pytest.skip(f"this test runs at nice {trainer}: the shipping threads could not be lower")
-    monkeypatch.setattr(Vault, "backup", recording_backup)
+    monkeypatch.setattr(Vault, "_backup", recording_backup)  # what both backup and the worker run
     monkeypatch.setattr(Repository, "_upload", recording_upload)
     vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1, size=3_000_000), tags={"step": "1"})
     vault.flush(timeout=60)

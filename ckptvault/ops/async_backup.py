@@ -77,6 +77,7 @@ class BackupJob:
     hostname: str | None = None
     skip_if_unchanged: bool = False
     exclude: tuple[str, ...] = ()  # patterns, checked by the caller (scan.Excludes)
+    leave_unfinished: bool = False  # and names still being written (names.is_unfinished), as a pin does
     label: str = ""  # the paths as the caller gave them, for messages
     pins: list[Pin] = field(default_factory=list)
     pinned_as: list[pins_module.Signature] = field(default_factory=list)  # each pin's files when pinned

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import SourceError, UsageError, spelled
-from .names import STATE_FOLDERS
+from .names import STATE_FOLDERS, is_unfinished
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,9 @@ class Excludes:
 
     rules: tuple[ExcludeRule, ...] = ()
     patterns: tuple[str, ...] = field(default=(), compare=False)  # as given
+    # Also names still being written (names.is_unfinished): what a pin leaves out, for a backup read
+    # in place. Not a pattern: a snapshot records only what the user asked to leave out.
+    unfinished: bool = False
 
     @classmethod
     def parse(cls, patterns: Sequence[str]) -> Excludes:
@@ -66,7 +69,7 @@ class Excludes:
         return cls(tuple(rules), tuple(patterns))
 
     def __bool__(self) -> bool:
-        return bool(self.rules)
+        return bool(self.rules) or self.unfinished
 
     def key(self) -> tuple[str, ...]:
         """The rules, normalised and sorted: equal for patterns that select the same files."""
@@ -76,6 +79,8 @@ class Excludes:
         """Whether the file or folder at the snapshot path ``path`` is left out. ``names_only``:
         by the patterns without a ``/`` alone."""
         name = path.rsplit("/", 1)[-1]
+        if self.unfinished and is_unfinished(name):
+            return True
         return any(
             fnmatch.fnmatchcase(path if rule.anchored else name, rule.glob)
             for rule in self.rules

@@ -59,7 +59,6 @@ from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import (
-    TEMP_SUFFIXES,
     TRAINER_CHECKPOINT,
     TRAINER_STATE,
     WATCH_STATE_FOLDER,
@@ -790,7 +789,7 @@ class Watcher:
             )
             if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
                 # commits only if every file is still as it was queued
-                job.exclude += tuple(f"*{suffix}" for suffix in TEMP_SUFFIXES)
+                job.leave_unfinished = True
                 job.verify = functools.partial(self._verify_in_place, cand.pin, sig)
             job.future.add_done_callback(functools.partial(self._on_done, cand))
             cand.state = "queued"
