@@ -399,6 +399,28 @@ def test_a_checkpoint_shipping_in_place_from_a_full_disk_deleted_first_is_an_err
         assert vault.snapshots() == []
 
 
+def test_a_trainer_checkpoint_shipping_in_place_deleted_before_its_trainer_state_is_lost_not_incomplete(tmp_path, repo):
+    """Pinned, a ``checkpoint-N`` deleted before its trainer_state.json was seen was seen only in part and is
+    dropped. In place nothing held it: its last file may have come and gone between two looks, so it is a
+    loss, said as one, and the run exits 3 (it used to be dropped as incomplete, exit 0)."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the full checkpoint disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=hf", "--settle", "600")
+        written = mount / "checkpoint-100"
+        written.mkdir()
+        (written / "model.safetensors").write_bytes(os.urandom(64 * 1024))
+        fill(mount)
+        written.rename(ckpts / "checkpoint-100")
+        watch.wait_for(lambda: any("ships in place" in line for line in watch.err), what="the in-place warning")
+        shutil.rmtree(ckpts / "checkpoint-100")
+        watch.wait_for(lambda: any("not in the vault" in line for line in watch.err), what="the lost warning")
+        assert watch.finish() == 3, watch.err
+    err = "\n".join(watch.err)
+    assert "checkpoint-100: it was deleted before it shipped; it was shipping in place" in err, err
+    assert "before it was complete" not in err, err
+
+
 def test_a_checkpoint_changed_while_it_ships_in_place_is_not_committed_torn(tmp_path):
     """Read in place, a folder saved again in place during its upload would commit files of two saves
     under the first save's tags: that backup is not committed, and the new save ships once settled."""

@@ -677,11 +677,14 @@ class Watcher:
                 if cand.pin.in_place:
                     if self._in_place_gone(cand):
                         continue
-                    if self._cut_down(cand, self._signature(cand.pin)):  # before a pin of what is left
+                    sig = self._signature(cand.pin)
+                    if self._cut_down(cand, sig):  # before a pin of what is left
                         continue
                     self._pin_after_all(cand, now)
-                pins.sync(cand.pin)
-                sig = self._signature(cand.pin) + _temporary_activity(cand.pin)
+                if not cand.pin.in_place:  # pinned, maybe just now
+                    pins.sync(cand.pin)
+                    sig = self._signature(cand.pin)
+                sig += _temporary_activity(cand.pin)
             except FileNotFoundError:
                 if cand.pin.in_place:
                     self._lost_in_place(cand, "it was deleted")
@@ -701,9 +704,11 @@ class Watcher:
         """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: one
         deleted before it settled whose pin never got that file was seen only in part (its last files
         came and went within one poll, or its pin was made while it was being deleted), and shipped it
-        would be the run's newest step. Dropped, and said so."""
+        would be the run's newest step. Dropped, and said so. (In place nothing held it: whether it was
+        complete or not, it is lost, which ``_in_place_gone`` says.)"""
         if (
-            not TRAINER_CHECKPOINT.fullmatch(cand.pin.name)
+            cand.pin.in_place
+            or not TRAINER_CHECKPOINT.fullmatch(cand.pin.name)
             or now - cand.last_change >= self.options.settle
             or os.path.lexists(cand.pin.source)
             or os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE))
