@@ -263,7 +263,8 @@ class Watcher:
             resumed = self._adopt_pins()
             self._start_loading_digests()
             if self.options.once:  # its one look must know what was shipped (a full disk ships in place)
-                self._digests_loaded.wait()
+                while not self._stop.is_set() and not self._digests_loaded.wait(ONCE_POLL_S):
+                    pass  # a slow or retrying store must not make Ctrl-C wait for the list
             now = time.monotonic()
             self._scan(now)
             self._settle(now)
@@ -316,7 +317,11 @@ class Watcher:
             raise error
         now = time.monotonic()
         if self._digests_retry_at is None:
-            self._warn_once(("digests", ""), f"cannot list what was shipped yet: {error}; pinning meanwhile")
+            self._warn_once(
+                ("digests", ""),
+                f"cannot list what was shipped yet: {error}; nothing ships until it can (tried again every "
+                f"{RETRY_AFTER[0]:g} s); checkpoints are pinned meanwhile where there is room",
+            )
             self._digests_retry_at = now + RETRY_AFTER[0]
         elif now >= self._digests_retry_at:
             self._digests_retry_at = None
@@ -350,7 +355,8 @@ class Watcher:
                 cand.last_change = 0.0  # settled
         while not self._stop.is_set() and not self._shipped_known():
             self._digests_loaded.wait(ONCE_POLL_S)
-        self._promote(shipper, time.monotonic())
+        if not self._stop.is_set():  # stopped: nothing more starts
+            self._promote(shipper, time.monotonic())
         while not self._stop.is_set() and any(c.state == "queued" for c in self._candidates.values()):
             self._collect()
             self._stop.wait(ONCE_POLL_S)
