@@ -816,6 +816,30 @@ def test_a_save_folder_with_a_pointer_file_ships_its_step_folders_only(
     assert "shipped latest" in shipped and "shipped step_300 step 300" in shipped, shipped
 
 
+def test_text_files_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_in_step_order(tmp_path, repo, cli):
+    """A hand-written loop's folder: checkpoints named by step, and a config and a log beside them. The
+    config and the log shipped as snapshots without a step (in the folder's order, the log again at every
+    change), so `restore latest` went by time and restored config.yaml, and `prune --keep-latest 1` would
+    have removed every checkpoint."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for name, data in (("ckpt_300.pt", b"300"), ("config.yaml", b"lr: 1"), ("ckpt_100.pt", b"100"), ("train.log", b"")):
+        (ckpts / name).write_bytes(data)
+    args = ("watch", str(ckpts), "--once", "--settle", "0", "--tag", "run=p", "--repo", repo)
+    proc = cli(*args)
+    shipped = [line.split()[1] for line in proc.stdout.decode().splitlines()]
+    assert shipped == ["ckpt_100.pt", "ckpt_300.pt"], proc.stdout.decode()  # in step order
+    for name in ("config.yaml", "train.log"):
+        assert f"{name}: left out: its name says text, not a checkpoint" in proc.stderr.decode()
+    cli("restore", "latest", "--tag", "run=p", str(tmp_path / "resume"), "--repo", repo, "-q")
+    assert (tmp_path / "resume" / "ckpt_300.pt").read_bytes() == b"300"
+    (ckpts / "train.log").write_bytes(b"step 300 done\n")
+    assert cli(*args).stdout == b""  # not shipped at its change either
+    # --include ships what it names, as the user chose
+    shipped = cli(*args, "--include", "config.yaml", "--include", "ckpt_*").stdout.decode()
+    assert "shipped config.yaml" in shipped and "train.log" not in shipped, shipped
+
+
 def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, repo, cli):
     """--once waited --interval twice over after shipping (41 s for a 5-byte file at --interval 20)."""
     (tmp_path / "ckpts").mkdir()

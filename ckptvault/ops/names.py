@@ -21,6 +21,12 @@ STATE_FOLDERS = {WATCH_STATE_FOLDER: "the watch sidecar's state", PIN_FOLDER: "b
 TEMP_PREFIXES = (".", "tmp-", "tmp_", "~")
 TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", "~")
 
+# Files that hold text, not tensors: logs, configs, metrics, scripts (a watched folder's top level)
+TEXT_SUFFIXES = (
+    ".log", ".txt", ".out", ".err", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".conf",
+    ".md", ".rst", ".csv", ".tsv", ".py", ".sh", ".ipynb", ".html", ".png", ".jpg", ".svg", ".pid", ".lock",
+)  # fmt: skip
+
 # Most specific first: an explicit "step", then a checkpoint-ish word, then a lone trailing number.
 _STEP_PATTERNS = (
     re.compile(r"(?:^|[^a-z])(?:global_)?steps?[-_=]?(\d+)", re.IGNORECASE),
@@ -42,6 +48,11 @@ def is_unfinished(name: str) -> bool:
     ``.metadata``). The prefixes of ``is_temporary`` are left out: below the top level a
     leading dot or ``tmp_`` is part of a finished file's name."""
     return name.lower().endswith(TEMP_SUFFIXES)
+
+
+def is_not_a_checkpoint(name: str) -> bool:
+    """A file named as text (``config.yaml``, ``train.log``): not a checkpoint, which holds tensors."""
+    return name.lower().endswith(TEXT_SUFFIXES)
 
 
 def step_from_name(name: str) -> int | None:

@@ -63,6 +63,7 @@ from .names import (
     TRAINER_STATE,
     WATCH_STATE_FOLDER,
     checkpoint_step,
+    is_not_a_checkpoint,
     is_temporary,
     is_unfinished,
     step_from_name,
@@ -408,6 +409,7 @@ class Watcher:
                 entries = [e for e in it if self._wanted(e.name)]
             if not self.options.include:
                 entries = self._step_folders_only(self._trainer_checkpoints_only(entries))
+                entries = self._files_not_checkpoints(entries)
         except FileNotFoundError:
             return
         except OSError as exc:  # EIO, EACCES: the folder may come back; the sidecar must not die
@@ -459,7 +461,7 @@ class Watcher:
         kept = [e for e in entries if TRAINER_CHECKPOINT.fullmatch(e.name)]
         for name in sorted({e.name for e in entries} - {e.name for e in kept}):
             self._warn_once(
-                ("not a trainer checkpoint", name),
+                ("left out", name),
                 f"{name}: left out from now on: {self.directory} is a Hugging Face Trainer's output folder, where "
                 f"only checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} "
                 f"with a pattern for it and 'checkpoint-*'; a final model: "
@@ -485,11 +487,30 @@ class Watcher:
         framework = POINTER_FILES[self._pointer_file]
         for name in sorted({e.name for e in entries} - {e.name for e in kept}):
             self._warn_once(
-                ("not a step folder", name),
+                ("left out", name),
                 f"{name}: left out from now on: {self.directory} is {framework}'s save folder, where only the step "
                 f"folders are checkpoints (to resume: restore the newest into {self.directory}/<its name>, and write "
                 f"{self._pointer_file} as {framework} does; to ship {name} too: "
                 f"{spelled('--include', 'include=')} with a pattern for it and one for the step folders)",
+            )
+        return kept
+
+    def _files_not_checkpoints(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
+        """Files at the top whose name says text, not tensors (``config.yaml``, ``train.log``,
+        ``metrics.jsonl``: names.is_not_a_checkpoint) are not checkpoints: each would ship as a snapshot
+        without a step, and with one of those in the run ``restore latest`` goes by time (a log appended
+        to all along would be the newest), and ``prune --keep-latest`` with it. Named once;
+        ``--include`` takes it back."""
+        kept = []
+        for entry in entries:
+            if not (is_not_a_checkpoint(entry.name) and entry.is_file(follow_symlinks=False)):
+                kept.append(entry)
+                continue
+            self._warn_once(
+                ("left out", entry.name),
+                f"{entry.name}: left out: its name says text, not a checkpoint (shipped, it would be a snapshot "
+                f"without a step, which `latest` and prune's newest-N then go by time for; to ship it too: "
+                f"{spelled('--include', 'include=')} with a pattern for it and one for the checkpoints)",
             )
         return kept
 
@@ -761,7 +782,7 @@ class Watcher:
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         if not self._shipped_known():
             return
-        for cand in sorted(self._candidates.values(), key=lambda c: c.pin.pin_id):
+        for cand in sorted(self._candidates.values(), key=_shipping_order):
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
             retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
             if not (ready or retry):
@@ -918,6 +939,13 @@ def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]
 def _files(sig: pins.Signature) -> set[str]:
     """The paths of a signature's files (a file checkpoint's own is "")."""
     return {item[0] for item in sig if item[1] == "f"}
+
+
+def _shipping_order(cand: _Candidate) -> tuple[bool, int, str]:
+    """Checkpoints ready at one look ship in step order (not the folder's), so that snapshot times
+    follow the steps."""
+    step = step_from_name(cand.pin.name)
+    return step is None, step or 0, cand.pin.pin_id
 
 
 def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:
