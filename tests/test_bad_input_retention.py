@@ -135,6 +135,21 @@ def test_keep_tag_key_or_key_value_still_protect(cli, repo: str):
     proc = cli("prune", "--repo", repo, "--keep-latest", "1", "--keep-tag", "step=2", "--keep-tag", "nosuch", "--json")
     forgotten = json.loads(proc.stdout)["forget"]
     assert len(forgotten) == 2 and len(snapshot_ids(cli, repo)) == 2
+    # one unlike any tag in use (a milestone not tagged yet) is taken, and said to protect nothing
+    warning = "--keep-tag nosuch is on no snapshot (tag keys in use: run, step); it protected nothing"
+    assert warning in proc.stderr.decode()
+
+
+@pytest.mark.parametrize("dry_run", [[], ["-n"]], ids=["real", "dry-run"])
+@pytest.mark.parametrize(("value", "meant"), [("kep", "keep"), ("keep=bets", "keep=best"), ("Keep", "keep")])
+def test_a_keep_tag_one_typo_from_a_tag_in_use_is_refused(cli, repo: str, value: str, meant: str, dry_run: list[str]):
+    """A typo in --keep-tag protected nothing, and the snapshot tagged to be kept was removed, silently."""
+    oldest = snapshot_ids(cli, repo)[0]
+    cli("tag", oldest, "--add", "keep=best", "--repo", repo, "-q")
+    line = refused_prune(cli, repo, "--keep-tag", value, *dry_run)
+    assert f"--keep-tag {value!r} is on no snapshot; did you mean {meant!r}?" in line, line
+    with Vault.open(repo) as vault, pytest.raises(UsageError, match="keep_tags"):
+        vault.prune(keep_latest=1, keep_tags=[value], dry_run=True)
 
 
 # ---- 3. --before ages too large for a date ----------------------------------------------------

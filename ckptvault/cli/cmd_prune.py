@@ -9,7 +9,7 @@ import typer
 
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.model import format_tags
-from ..snapshot.retention import Decision, missing_group_label
+from ..snapshot.retention import Decision, missing_group_label, unused_keep_tags
 from ..snapshot.selection import tag_options, unmatched_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
@@ -41,6 +41,15 @@ def note_unselected(out: Output, result: PruneResult, tags: dict[str, str] | Non
     snapshots = [d.snapshot for d in result.retention.decisions]
     if tags and snapshots and not any(s.matches(tags) for s in snapshots):
         out.warn(f"{tag_options(tags).strip()} selects no snapshot{unmatched_tags(snapshots, tags)}; none removed")
+
+
+def note_unprotecting(out: Output, result: PruneResult, keep_tags: tuple[str, ...]) -> None:
+    """A --keep-tag that no snapshot carries protects nothing (one a typo away from a tag in use
+    was refused before anything was removed): say so."""
+    snapshots = [d.snapshot for d in result.retention.decisions]
+    for spec in unused_keep_tags(snapshots, keep_tags):
+        keys = ", ".join(sorted({k for s in snapshots for k in s.tags})) or "none"
+        out.warn(f"--keep-tag {spec} is on no snapshot (tag keys in use: {keys}); it protected nothing")
 
 
 def report(out: Output, result: PruneResult) -> None:
@@ -111,17 +120,19 @@ def prune_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     now = datetime.now(timezone.utc)
     tags = parse_tags(tag)
+    keep_tags = parse_keep_tags(keep_tag)
     with vault_args.open(out) as vault:
         result = vault.prune(
             keep_latest=keep_latest,
             before=parse_before(before, now),
             tags=tags,
-            keep_tags=parse_keep_tags(keep_tag),
+            keep_tags=keep_tags,
             group_by=group_by,
             dry_run=dry_run,
             repack_threshold=repack_threshold,
         )
     note_unselected(out, result, tags)
+    note_unprotecting(out, result, keep_tags)
     note_ungrouped(out, result, group_by)
     report(out, result)
 

@@ -13,10 +13,16 @@ is refused with a UsageError listing the keys they do carry. When only some carr
 lacking it form a group of their own, labelled ``(no tag KEY)``, that is never merged with a
 real value (not even the empty one, ``KEY=``); the policy applies to it like to any group
 (its newest is kept), and every decision names its group so a dry run shows which is which.
+
+A ``keep_tags`` entry that no snapshot carries protects nothing. When it is one typo away from a
+tag that is in use (``kep`` for ``keep``, ``keep=bets`` for ``keep=best``) it is refused, as the
+snapshots it was meant to protect would go; one unlike any tag in use (``milestone`` before the
+first milestone is tagged) is taken, and the CLI says it protects nothing.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -129,6 +135,27 @@ def _check_group_key(selected: list[Snapshot], policy: RetentionPolicy) -> None:
     )
 
 
+def unused_keep_tags(snapshots: list[Snapshot], keep_tags: tuple[str, ...]) -> list[str]:
+    """The ``keep_tags`` entries that no snapshot carries."""
+    return [spec for spec in keep_tags if not any(_protected(s, (spec,)) for s in snapshots)]
+
+
+def _check_keep_tags(snapshots: list[Snapshot], policy: RetentionPolicy) -> None:
+    for spec in unused_keep_tags(snapshots, policy.keep_tags):
+        key, sep, value = spec.partition("=")
+        keys = sorted({k for s in snapshots for k in s.tags})
+        if key in keys:
+            values = sorted({s.tags[key] for s in snapshots if key in s.tags})
+            close = [f"{key}={v}" for v in difflib.get_close_matches(value, values, n=1, cutoff=0.75)] if sep else []
+        else:
+            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+        if close:
+            raise UsageError(
+                f"{spelled('--keep-tag', 'keep_tags')} {spec!r} is on no snapshot; did you mean {close[0]!r}? "
+                "Check the spelling: as given it protects nothing, and the snapshots it was meant for could go"
+            )
+
+
 def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> RetentionPlan:
     """Decide every snapshot. Raises UsageError, before deciding anything, when ``group_by``
     is a tag key that none of the selected snapshots carries (see the module docstring)."""
@@ -142,6 +169,7 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
             selected.append(snap)
             groups.setdefault(group_key(snap, policy.group_by), []).append(snap)
     _check_group_key(selected, policy)
+    _check_keep_tags(snapshots, policy)
     for key, members in groups.items():
         label = group_label(key, policy.group_by)
         # "Newest" by time and, where every member has a step, by step too; a snapshot keeps the
