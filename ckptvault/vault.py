@@ -398,6 +398,12 @@ class Vault:
                     time.sleep(0.05 * 2**attempt)
             raise  # pragma: no cover - the loop returns or raises
         vault.created = True
+        if key is None and os.environ.get("CKPTVAULT_KEYFILE"):  # the CLI and the callbacks would have used it
+            log.warning(
+                "ckptvault: created %s unencrypted: CKPTVAULT_KEYFILE is set, but Vault.open reads no environment "
+                "for its key; pass keyfile= (and passphrase=) to encrypt a new vault",
+                vault.url,
+            )
         return vault
 
     def close(self) -> None:

@@ -83,6 +83,13 @@ def test_a_mistyped_tag_selecting_nothing_is_named_with_the_values_in_use(cli, r
     ), err
     matching = cli("prune", "--repo", repo, "--keep-latest", "1", "--tag", "run=a", "-n")
     assert "selects no snapshot" not in matching.stderr.decode()
+    # listing: "no snapshots" alone read as "this run was never backed up"
+    listed = cli("snapshots", "--repo", repo, "--tag", "run=b")
+    assert listed.stdout.decode().strip() == "no snapshots"
+    assert listed.stderr.decode().strip() == (
+        "warning: --tag run=b selects no snapshot (no snapshot has run=b; run is one of: a)"
+    ), listed.stderr
+    assert cli("snapshots", "--repo", repo, "--tag", "run=a").stderr == b""
 
 
 def test_group_by_unknown_tag_key_is_refused_by_the_api(repo: str):
@@ -172,10 +179,13 @@ BAD_TAGS = [
     ("run=a\tb", "contains a control character (U+0009)"),
     ("x=" + "y" * 100_000, "--tag: the value of 'x' ('yyy"),
     ("k" * 300 + "=v", "is 300 characters long; the limit is 256"),
+    (" run=x", "--tag: the key ' run' has spaces around it"),  # stored, no --tag run=x would select it
 ]
 
 
-@pytest.mark.parametrize("tag, fragment", BAD_TAGS, ids=["blank", "nl-key", "nl-value", "esc", "tab", "100kb", "long"])
+@pytest.mark.parametrize(
+    "tag, fragment", BAD_TAGS, ids=["blank", "nl-key", "nl-value", "esc", "tab", "100kb", "long", "spaced-key"]
+)
 def test_bad_tag_is_refused_by_backup(cli, repo: str, tmp_path: Path, tag: str, fragment: str):
     before = snapshot_ids(cli, repo)
     proc = cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", tag, check=False)
@@ -190,7 +200,7 @@ def test_long_tag_value_names_the_limit(cli, repo: str):
     assert "is 100000 characters long; the limit is 256" in line
 
 
-@pytest.mark.parametrize("tag", ["run=", "x=" + "y" * 256, "run=ä é", " run=v", "a b=c=d"])
+@pytest.mark.parametrize("tag", ["run=", "x=" + "y" * 256, "run=ä é", "run= v", "a b=c=d"])
 def test_unusual_but_valid_tags_are_still_accepted(cli, repo: str, tmp_path: Path, tag: str):
     cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", tag, "--quiet")
     key, _, value = tag.partition("=")

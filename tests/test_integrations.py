@@ -163,6 +163,19 @@ def test_a_callback_given_a_url_uses_the_keyfile_the_cli_would(tmp_path, monkeyp
     Vault.open(url, keyfile=key.path, passphrase="job passphrase").close()
 
 
+def test_vault_open_creating_an_unencrypted_vault_while_a_keyfile_is_in_the_environment_warns(
+    tmp_path, monkeypatch, caplog
+):
+    """The API reads no key from the environment (the CLI and the callbacks do): in a job set up for
+    encrypted vaults, ``Vault.open(url, create=True)`` made a vault in the clear without a word."""
+    monkeypatch.setenv("CKPTVAULT_KEYFILE", str(tmp_path / "job.key"))
+    with caplog.at_level("WARNING", logger="ckptvault"):
+        Vault.open(tmp_path / "clear", create=True).close()
+        Vault.open(tmp_path / "clear", create=True).close()  # opened, not created: said once
+    warnings = [r.getMessage() for r in caplog.records if "CKPTVAULT_KEYFILE is set" in r.getMessage()]
+    assert len(warnings) == 1 and "created" in warnings[0] and "unencrypted" in warnings[0], caplog.text
+
+
 def torchrun() -> list[str]:
     with socket.socket() as s:  # a free port for the rendezvous (port 0 there never meets)
         s.bind(("127.0.0.1", 0))

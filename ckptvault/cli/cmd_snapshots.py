@@ -9,6 +9,7 @@ import typer
 
 from ..errors import UsageError
 from ..snapshot.model import format_tags
+from ..snapshot.selection import tag_options, unmatched_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes, one_line, writing_stdout
 from .params import parse_tags
@@ -27,8 +28,12 @@ def snapshots_cmd(
 ) -> None:
     """List snapshots, oldest first."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags = parse_tags(tag)
     with vault_args.open(out) as vault:
-        snaps = vault.snapshots(parse_tags(tag))
+        snaps = vault.snapshots(tags)
+        every = vault.snapshots() if tags and not snaps else []
+    if every:  # a mistyped --tag must not read as "this run was never backed up"
+        out.warn(f"{tag_options(tags).strip()} selects no snapshot{unmatched_tags(every, tags)}")
     table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "stored", "description")
     for s in snaps:
         table.add_row(
