@@ -236,8 +236,10 @@ class RestoreIncompleteError(IntegrityError):
         others = list(failed)[1 : 1 + self.SHOWN]
         more = len(failed) - 1 - len(others)
         also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
+        hint = "" if "ckptvault check" in reasons[0] else "; run: ckptvault check --read-data (it says what to do)"
         super().__init__(
             f"restore incomplete: {len(failed)} file(s) failed verification and were not written: {reasons[0]}{also}"
+            f"{hint}"
         )
 
 

@@ -156,15 +156,16 @@ def _tensor_changes(repo: Repository, ea: FileEntry, eb: FileEntry) -> TensorCha
         return None
     if la is None or lb is None:
         return None
+    # in each file's own order, as `show` lists them (sorted as text, "storage 10" came before "storage 2")
     a_by, b_by = {t.name: t for t in la.tensors}, {t.name: t for t in lb.tensors}
     changed, unchanged = [], 0
-    for name in sorted(a_by.keys() & b_by.keys()):
+    for name in (n for n in b_by if n in a_by):
         ta, tb = a_by[name], b_by[name]
         if ta.dtype == tb.dtype and ta.shape == tb.shape and _same_bytes(fa, ta, fb, tb):
             unchanged += 1
         else:
             changed.append(name)
-    return TensorChanges(sorted(b_by.keys() - a_by.keys()), sorted(a_by.keys() - b_by.keys()), changed, unchanged)
+    return TensorChanges([n for n in b_by if n not in a_by], [n for n in a_by if n not in b_by], changed, unchanged)
 
 
 def diff_trees(
