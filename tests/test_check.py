@@ -119,6 +119,11 @@ def test_many_damaged_snapshots_are_named_above_not_in_one_forget_command(tmp_pa
     assert proc.stdout.decode().count("affects snapshot") == 12
     listed = json.loads(cli("check", "--json", "--repo", repo, check=False).stdout)
     assert len(listed["affected"]) == 12
+    # listed oldest first, as `snapshots` lists them (by ID they came in no order a reader could follow)
+    oldest_first = [s["id"][:8] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout)]
+    assert [key[:8] for key in listed["affected"]] == oldest_first
+    named = [line.split()[2].rstrip(":") for line in proc.stdout.decode().splitlines() if "affects snapshot" in line]
+    assert named == oldest_first
 
 
 def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_any(tmp_path: Path, cli):

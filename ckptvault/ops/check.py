@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ..blob import Kind
 from ..errors import (
@@ -309,6 +310,7 @@ class _Checker:
         """``snapshot_ids``: listed before the index objects were (see ``run_check``)."""
         self.spread_to_deltas()
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
+        taken: dict[str, datetime] = {}  # the affected are listed oldest first, as `snapshots` lists them
         for snapshot_id in snapshot_ids:
             name = f"snapshot {_short(snapshot_id)}"
             try:
@@ -329,6 +331,7 @@ class _Checker:
                 self.report.affected[snapshot_id.hex()] = ["*"]
                 continue
             self.report.snapshots += 1
+            taken[snap.id] = snap.time
             for entry in tree:
                 missing = [c for c in entry.chunks if c not in chunk_ids]
                 lost = [c for c in missing if c not in self.header_only]
@@ -344,6 +347,10 @@ class _Checker:
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
                 elif any(c in self.unread_chunks for c in entry.chunks):
                     self.report.unavailable.setdefault(snap.id, []).append(entry.path)
+        for listing in (self.report.affected, self.report.unavailable):  # those that could not be read last
+            ordered = sorted(listing.items(), key=lambda item: (item[0] not in taken, taken.get(item[0]), item[0]))
+            listing.clear()
+            listing.update(ordered)
 
 
 def run_check(repo: Repository, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
