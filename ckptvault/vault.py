@@ -79,6 +79,7 @@ from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.gc import GcPlan
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
+from .ops.names import WATCH_SIG_TAG
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
@@ -1079,7 +1080,7 @@ class Vault:
 
         def shipped_digests() -> list[tuple[str, str]]:
             snaps = self.snapshots(user_tags)
-            return [(s.tags.get("checkpoint", ""), s.tags["watch-sig"]) for s in snaps if "watch-sig" in s.tags]
+            return [(s.tags.get("checkpoint", ""), s.tags[WATCH_SIG_TAG]) for s in snaps if WATCH_SIG_TAG in s.tags]
 
         watcher = Watcher(
             directory,

@@ -833,6 +833,10 @@ def test_text_files_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_in_s
         assert f"{name}: left out: its name says text, not a checkpoint" in proc.stderr.decode()
     cli("restore", "latest", "--tag", "run=p", str(tmp_path / "resume"), "--repo", repo, "-q")
     assert (tmp_path / "resume" / "ckpt_300.pt").read_bytes() == b"300"
+    # the table shows the tags a user reads; the sidecar's digest (16 hex digits a row) only in --json
+    table = cli("snapshots", "--repo", repo).stdout.decode()
+    assert "checkpoint=ckpt_300.pt" in table and "watch-sig" not in table, table
+    assert all("watch-sig" in s["tags"] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout))
     (ckpts / "train.log").write_bytes(b"step 300 done\n")
     assert cli(*args).stdout == b""  # not shipped at its change either
     # --include ships what it names, as the user chose

@@ -41,12 +41,13 @@ from ..errors import CkptVaultError
 from ..formats import FileLayout, ReadAt, TensorInfo, read_layout
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
+from .names import WATCH_SIG_TAG
 from .pieces import Segment, clip_runs
 from .reader import ChunkedFile
 
 log = logging.getLogger(__name__)
 
-PER_CHECKPOINT_TAGS = ("step", "checkpoint", "watch-sig")
+PER_CHECKPOINT_TAGS = ("step", "checkpoint", WATCH_SIG_TAG)
 KEYFRAME_INTERVAL = 8  # a keyframe serves at most 7 deltas; then the piece is stored whole again
 DELTA_MAX_SHARE = 0.9  # a delta must save at least 10 % over the plain coding to be worth its decode
 SAMPLE = 64 * 1024

@@ -61,6 +61,7 @@ from .async_backup import AsyncShipper, BackupJob
 from .names import (
     TRAINER_CHECKPOINT,
     TRAINER_STATE,
+    WATCH_SIG_TAG,
     WATCH_STATE_FOLDER,
     checkpoint_step,
     is_not_a_checkpoint,
@@ -73,7 +74,7 @@ from .scan import NO_EXCLUDES, Excludes, refuse_sources_in_vault
 
 log = logging.getLogger("ckptvault")
 
-RESERVED_TAGS = ("step", "checkpoint", "watch-sig")
+RESERVED_TAGS = ("step", "checkpoint", WATCH_SIG_TAG)
 RETRY_AFTER = (5.0, 15.0, 60.0, 300.0)
 
 
@@ -809,7 +810,7 @@ class Watcher:
                 self._warn_once(("read", cand.pin.name), f"{cand.pin.name}: cannot read it: {exc}; trying again")
                 continue
             self._warned.discard(("read", cand.pin.name))
-            tags = {**self.tags, "checkpoint": _tag_text(cand.pin.name), "watch-sig": cand.digest}
+            tags = {**self.tags, "checkpoint": _tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
             if cand.step is not None:
                 tags["step"] = str(cand.step)
             job = BackupJob(
