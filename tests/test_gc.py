@@ -217,6 +217,31 @@ def test_prune_on_a_full_disk_says_how_to_free_space_without_repacking(tmp_path:
         vault.close()
 
 
+def test_prune_on_a_disk_too_full_for_its_lock_says_how_little_room_it_needs(tmp_path: Path):
+    """Prune is how a full vault gets room back, but it must write its lock first: "free space and run the
+    command again" did not say that a few KB outside the vault are enough, nor that nothing inside may go."""
+    with mounted_tmpfs(tmp_path / "mnt", "8m", "the full-disk prune test") as mount:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "kept.bin").write_bytes(os.urandom(1_000_000))
+        (src / "dropped.bin").write_bytes(os.urandom(2_000_000))
+        vault = Vault.init(str(mount / "vault"), chunker=SMALL, pack_size=1 << 20)
+        vault.backup(src)
+        (src / "dropped.bin").unlink()
+        vault.backup(src)
+        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        stored = sorted(str(p) for p in (mount / "vault").rglob("*"))
+        with pytest.raises(StorageFullError, match=r"needs room for its lock \(under 1 KB\).*outside the vault"):
+            vault.prune(keep_latest=1)
+        assert sorted(str(p) for p in (mount / "vault").rglob("*")) == stored  # nothing half-written
+        os.truncate(mount / "filler", os.path.getsize(mount / "filler") - (16 << 10))
+        freed = vault.prune(keep_latest=1, repack_threshold=1.0)
+        assert freed.stored_after < freed.stored_before and vault.check(read_data=1.0).ok
+        vault.close()
+
+
 def test_prune_deletes_each_object_once_and_several_at_a_time(tmp_path: Path, monkeypatch):
     """On remote storage each delete is a round trip: a prune of 1,000 snapshots took 139 s on a 20 ms link,
     one delete after another, each forgotten snapshot's tree deleted twice (with it, then by the GC)."""

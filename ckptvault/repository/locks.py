@@ -353,7 +353,20 @@ class LockManager:
 
     def acquire(self, exclusive: bool) -> HeldLock:
         started = ticks()
-        own = self.write(exclusive)
+        try:
+            own = self.write(exclusive)
+        except StorageFullError as exc:
+            if not exclusive:
+                raise
+            # prune is how a full vault gets room back, and it cannot start without its lock
+            raise StorageFullError(
+                exc.op,
+                exc.key,
+                exc.url,
+                exc.reason,
+                hint="this command needs room for its lock (under 1 KB) before it can delete anything: free a "
+                "little space on that disk outside the vault (never delete files inside it), then run it again",
+            ) from None
         try:
             self._remove_left_behind()  # the storage answers again
             with _held_mutex:  # still there (a delete failed): this process knows they are dead
