@@ -55,3 +55,36 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         proc = cli(*args, check=False, **extra)
         assert proc.returncode == code, (args, proc.stderr)
         assert fragment in one_line_error(proc), args
+
+
+def test_a_passphrase_piped_on_standard_input(cli, tmp_path: Path):
+    """``--passphrase-file -``: from a secret manager's pipe, never in a file or the environment (it was
+    taken for a file named '-')."""
+    key = str(tmp_path / "team.key")
+    cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", "--passphrase-file", "-", input=b"piped secret\n")
+    repo = str(tmp_path / "vault")
+    cli("init", repo, "--encrypt", "-k", key, "--passphrase-file", "-", input=b"piped secret\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(1000))
+    cli("backup", str(src), "--repo", repo, "-k", key, "--passphrase-file", "-", "-q", input=b"piped secret")
+    wrong = cli("snapshots", "--repo", repo, "-k", key, "--passphrase-file", "-", input=b"other secret\n", check=False)
+    assert wrong.returncode == 12, wrong.stderr
+    empty = cli("snapshots", "--repo", repo, "-k", key, "--passphrase-file", "-", input=b"\n", check=False)
+    assert empty.returncode == 2 and "--passphrase-file -: standard input is empty" in one_line_error(empty)
+    both = cli(
+        "key", "passwd", "-k", key, "--passphrase-file", "-", "--new-passphrase-file", "-", input=b"x", check=False
+    )
+    assert both.returncode == 2 and "cannot both be '-'" in one_line_error(both)
+    cli(
+        "key",
+        "passwd",
+        "-k",
+        key,
+        "--new-passphrase-file",
+        "-",
+        input=b"new secret\n",
+        CKPTVAULT_PASSPHRASE="piped secret",
+    )
+    listed = cli("snapshots", "--repo", repo, "-k", key, "--json", CKPTVAULT_PASSPHRASE="new secret")
+    assert len(json.loads(listed.stdout)) == 1

@@ -60,7 +60,9 @@ KeyfileOpt = Annotated[
 PassphraseFileOpt = Annotated[
     str | None,
     typer.Option(
-        "--passphrase-file", help="Read the keyfile passphrase from this file (else CKPTVAULT_PASSPHRASE, else asked)."
+        "--passphrase-file",
+        help="Read the keyfile passphrase from this file, '-' for standard input "
+        "(else CKPTVAULT_PASSPHRASE, else asked).",
     ),
 ]
 LimitUploadOpt = Annotated[
@@ -165,6 +167,13 @@ def passphrase_source(
     takes each the same way (a trailing newline dropped, bytes that are not UTF-8 kept as they are)."""
 
     def resolve() -> str:
+        if passphrase_file == "-":  # standard input: `secret-tool lookup ... | ckptvault ... --passphrase-file -`
+            if sys.stdin.isatty():
+                return getpass.getpass(f"{prompt}: ")
+            passphrase = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
+            if not passphrase.rstrip("\r\n"):
+                raise UsageError(f"{option} -: standard input is empty; pipe the passphrase into it")
+            return passphrase
         if passphrase_file:
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:

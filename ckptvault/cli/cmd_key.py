@@ -69,7 +69,10 @@ def passwd_cmd(
     passphrase_file: PassphraseFileOpt = None,
     new_passphrase_file: Annotated[
         str | None,
-        typer.Option(help="Read the new passphrase from this file (else CKPTVAULT_NEW_PASSPHRASE, else asked)."),
+        typer.Option(
+            help="Read the new passphrase from this file, '-' for standard input (else CKPTVAULT_NEW_PASSPHRASE, "
+            "else asked)."
+        ),
     ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -77,6 +80,8 @@ def passwd_cmd(
     """Change a keyfile's passphrase. The key, and so the vault's data, stay the same."""
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile)
+    if passphrase_file == "-" and new_passphrase_file == "-":
+        raise UsageError("--passphrase-file and --new-passphrase-file cannot both be '-' (one standard input)")
     key = Keyfile.load(keyfile)
     master = key.unlock(passphrase_source(passphrase_file, prompt="current passphrase")())
     new = _new_passphrase(new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file")
