@@ -830,7 +830,7 @@ def test_text_files_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_in_s
     shipped = [line.split()[1] for line in proc.stdout.decode().splitlines()]
     assert shipped == ["ckpt_100.pt", "ckpt_300.pt"], proc.stdout.decode()  # in step order
     for name in ("config.yaml", "train.log"):
-        assert f"{name}: left out: its name says text, not a checkpoint" in proc.stderr.decode()
+        assert f"{name}: left out: a log, config, script or image by its name, not a checkpoint" in proc.stderr.decode()
     cli("restore", "latest", "--tag", "run=p", str(tmp_path / "resume"), "--repo", repo, "-q")
     assert (tmp_path / "resume" / "ckpt_300.pt").read_bytes() == b"300"
     # the table shows the tags a user reads; the sidecar's digest (16 hex digits a row) only in --json

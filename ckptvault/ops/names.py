@@ -22,8 +22,8 @@ WATCH_SIG_TAG = "watch-sig"  # the tag naming what the watch sidecar shipped (pi
 TEMP_PREFIXES = (".", "tmp-", "tmp_", "~")
 TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", "~")
 
-# Files that hold text, not tensors: logs, configs, metrics, scripts (a watched folder's top level)
-TEXT_SUFFIXES = (
+# Files that are no checkpoint by their name: logs, configs, metrics, scripts, images (a watched folder's top)
+NOT_CHECKPOINT_SUFFIXES = (
     ".log", ".txt", ".out", ".err", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".conf",
     ".md", ".rst", ".csv", ".tsv", ".py", ".sh", ".ipynb", ".html", ".png", ".jpg", ".svg", ".pid", ".lock",
 )  # fmt: skip
@@ -52,8 +52,8 @@ def is_unfinished(name: str) -> bool:
 
 
 def is_not_a_checkpoint(name: str) -> bool:
-    """A file named as text (``config.yaml``, ``train.log``): not a checkpoint, which holds tensors."""
-    return name.lower().endswith(TEXT_SUFFIXES)
+    """A file named as a log, a config, metrics, a script or an image (``config.yaml``, ``train.log``)."""
+    return name.lower().endswith(NOT_CHECKPOINT_SUFFIXES)
 
 
 def step_from_name(name: str) -> int | None:

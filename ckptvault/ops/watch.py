@@ -497,11 +497,11 @@ class Watcher:
         return kept
 
     def _files_not_checkpoints(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
-        """Files at the top whose name says text, not tensors (``config.yaml``, ``train.log``,
-        ``metrics.jsonl``: names.is_not_a_checkpoint) are not checkpoints: each would ship as a snapshot
-        without a step, and with one of those in the run ``restore latest`` goes by time (a log appended
-        to all along would be the newest), and ``prune --keep-latest`` with it. Named once;
-        ``--include`` takes it back."""
+        """Files at the top named as logs, configs, metrics, scripts or images (``config.yaml``,
+        ``train.log``, ``metrics.jsonl``: names.is_not_a_checkpoint) are not checkpoints: each would
+        ship as a snapshot without a step, and with one of those in the run ``restore latest`` goes by
+        time (a log appended to all along would be the newest), and ``prune --keep-latest`` with it.
+        Named once; ``--include`` takes it back."""
         kept = []
         for entry in entries:
             if not (is_not_a_checkpoint(entry.name) and entry.is_file(follow_symlinks=False)):
@@ -509,8 +509,9 @@ class Watcher:
                 continue
             self._warn_once(
                 ("left out", entry.name),
-                f"{entry.name}: left out: its name says text, not a checkpoint (shipped, it would be a snapshot "
-                f"without a step, which `latest` and prune's newest-N then go by time for; to ship it too: "
+                f"{entry.name}: left out: a log, config, script or image by its name, not a checkpoint (shipped, "
+                "it would be a snapshot without a step, which `latest` and prune's newest-N then go by time for; "
+                "to ship it too: "
                 f"{spelled('--include', 'include=')} with a pattern for it and one for the checkpoints)",
             )
         return kept
