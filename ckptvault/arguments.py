@@ -145,8 +145,11 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
             continue
         if not key.strip():
             raise UsageError(f"{name}: the key {key!r} is blank; give a name, e.g. {{'run': 'x'}}")
-        if key != key.strip():
-            raise UsageError(f"{name}: the key {key!r} has spaces around it; write it without, e.g. {{'run': 'x'}}")
+        if key != key.strip():  # a stray space from quoting: stored, no --tag run=x would select it
+            raise UsageError(
+                f"{spelled('--tag', name)}: the key {key!r} has spaces around it; write it without, e.g. "
+                + spelled("--tag run=x", "{'run': 'x'}")
+            )
         for text in (key, val):
             bad = control_char(text)
             if bad:

@@ -610,6 +610,7 @@ class Vault:
             before_commit=before_commit,
         )
 
+    @_open_only  # the worker's jobs too: a job that starts once the Vault closed takes no lock
     def _backup(
         self,
         paths: PathLike | Sequence[PathLike],

@@ -321,3 +321,16 @@ def test_watch_adopting_a_pin_made_under_other_patterns_ships_it_once(tmp_path, 
     again = vault.watch(ckpts, once=True, settle=0.2, exclude=["logs"])
     assert [s.name for s in first.shipped] == ["step_1"] and again.shipped == []
     assert not any(p.startswith("logs/") for p in stored_files(vault))
+
+
+def test_a_backup_in_place_of_files_all_still_being_written_says_so_not_blaming_the_patterns(tmp_path: Path):
+    """The watch's in-place backups leave out names still being written (Excludes.unfinished), which no
+    --exclude spelled: "--exclude  leaves no file" named an empty list of patterns the user never gave."""
+    from ckptvault.errors import SourceError
+    from ckptvault.ops.scan import Excludes, scan_sources
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "SHARD.TMP").write_bytes(b"half")
+    with pytest.raises(SourceError, match="its files are all still being written") as info:
+        scan_sources([str(tmp_path / "ckpt")], skip_unreadable=False, exclude=Excludes(unfinished=True))
+    assert "--exclude" not in str(info.value)

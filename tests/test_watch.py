@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -466,7 +467,9 @@ def test_a_once_run_stops_at_sigterm_while_the_shipped_list_loads(tmp_path, repo
     assert "Traceback" not in err, err
     # the read in flight ends first (the interpreter's exit joins its thread); the rest of the list does not
     assert waited < 2 * delay, f"the stop waited {waited:.1f} s for the list; {err}"
-    assert out == "" and "0 checkpoint(s) shipped; 1 pinned checkpoint(s) wait for the next run" in err, (out, err)
+    # nothing shipped, nor pinned blind (not knowing what was shipped): the next run looks again
+    assert out == "" and "watch ended: 0 checkpoint(s) shipped\n" in err, (out, err)
+    assert not any((ckpts / ".ckptvault-watch" / "pins").iterdir())
 
 
 def test_a_checkpoint_changed_while_it_ships_in_place_is_not_committed_torn(tmp_path):
@@ -816,32 +819,59 @@ def test_a_save_folder_with_a_pointer_file_ships_its_step_folders_only(
     assert "shipped latest" in shipped and "shipped step_300 step 300" in shipped, shipped
 
 
-def test_text_files_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_in_step_order(tmp_path, repo, cli):
+def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_in_step_order(tmp_path, repo, cli):
     """A hand-written loop's folder: checkpoints named by step, and a config and a log beside them. The
     config and the log shipped as snapshots without a step (in the folder's order, the log again at every
     change), so `restore latest` went by time and restored config.yaml, and `prune --keep-latest 1` would
     have removed every checkpoint."""
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
-    for name, data in (("ckpt_300.pt", b"300"), ("config.yaml", b"lr: 1"), ("ckpt_100.pt", b"100"), ("train.log", b"")):
-        (ckpts / name).write_bytes(data)
+    steps = list(range(100, 900, 100))
+    random.Random(7).shuffle(steps)  # made in no order: the folder's listing is not step order either
+    for step in steps:
+        (ckpts / f"ckpt_{step}.pt").write_bytes(str(step).encode())
+    (ckpts / "config.yaml").write_bytes(b"lr: 1")
+    (ckpts / "train.log").write_bytes(b"")
+    assert [e.name for e in os.scandir(ckpts) if e.name.startswith("ckpt")] != sorted(
+        (e.name for e in os.scandir(ckpts) if e.name.startswith("ckpt")), key=lambda n: int(n[5:-3])
+    ), "the listing happens to be in step order: the order test would prove nothing"
     args = ("watch", str(ckpts), "--once", "--settle", "0", "--tag", "run=p", "--repo", repo)
     proc = cli(*args)
     shipped = [line.split()[1] for line in proc.stdout.decode().splitlines()]
-    assert shipped == ["ckpt_100.pt", "ckpt_300.pt"], proc.stdout.decode()  # in step order
+    assert shipped == [f"ckpt_{step}.pt" for step in sorted(steps)], proc.stdout.decode()
     for name in ("config.yaml", "train.log"):
-        assert f"{name}: left out: a log, config, script or image by its name, not a checkpoint" in proc.stderr.decode()
+        assert f"{name}: left out: a log, config, script or image by its name" in proc.stderr.decode()
     cli("restore", "latest", "--tag", "run=p", str(tmp_path / "resume"), "--repo", repo, "-q")
-    assert (tmp_path / "resume" / "ckpt_300.pt").read_bytes() == b"300"
+    assert (tmp_path / "resume" / "ckpt_800.pt").read_bytes() == b"800"
     # the table shows the tags a user reads; the sidecar's digest (16 hex digits a row) only in --json
     table = cli("snapshots", "--repo", repo).stdout.decode()
-    assert "checkpoint=ckpt_300.pt" in table and "watch-sig" not in table, table
+    assert "checkpoint=ckpt_800.pt" in table and "watch-sig" not in table, table
     assert all("watch-sig" in s["tags"] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout))
-    (ckpts / "train.log").write_bytes(b"step 300 done\n")
+    (ckpts / "train.log").write_bytes(b"step 800 done\n")
     assert cli(*args).stdout == b""  # not shipped at its change either
     # --include ships what it names, as the user chose
-    shipped = cli(*args, "--include", "config.yaml", "--include", "ckpt_*").stdout.decode()
-    assert "shipped config.yaml" in shipped and "train.log" not in shipped, shipped
+    shipped_too = cli(*args, "--include", "config.yaml", "--include", "ckpt_*").stdout.decode()
+    assert "shipped config.yaml" in shipped_too and "train.log" not in shipped_too, shipped_too
+
+
+@pytest.mark.parametrize(
+    ("files", "ships"),
+    [
+        (["model_100.json", "model_200.json", "model.txt"], ["model_100.json", "model_200.json"]),  # XGBoost
+        (["model.txt", "train.log"], ["model.txt"]),  # LightGBM: the only candidate, so it is the checkpoint
+    ],
+    ids=["xgboost", "lightgbm"],
+)
+def test_checkpoints_saved_as_text_still_ship(tmp_path, repo, cli, files, ships):
+    """Models saved as text (XGBoost's model_<round>.json, LightGBM's model.txt) are checkpoints: named
+    with a step, or with nothing else beside them to ship, they ship; logs never do."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for name in files:
+        (ckpts / name).write_text(f"{name} contents")
+    proc = cli("watch", str(ckpts), "--once", "--settle", "0", "--tag", "run=t", "--repo", repo)
+    shipped = sorted(line.split()[1] for line in proc.stdout.decode().splitlines())
+    assert shipped == ships, (proc.stdout.decode(), proc.stderr.decode())
 
 
 def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, repo, cli):

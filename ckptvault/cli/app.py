@@ -166,14 +166,17 @@ def passphrase_source(
     Returned as a function so nobody is asked unless a keyfile really must be unlocked. The keyfile
     takes each the same way (a trailing newline dropped, bytes that are not UTF-8 kept as they are)."""
 
+    piped: list[str] = []  # standard input is read once; a second unlock (a vault made meanwhile) reuses it
+
     def resolve() -> str:
-        if passphrase_file == "-":  # standard input: `secret-tool lookup ... | ckptvault ... --passphrase-file -`
-            if sys.stdin.isatty():
-                return getpass.getpass(f"{prompt}: ")
-            passphrase = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
-            if not passphrase.rstrip("\r\n"):
+        if passphrase_file == "-" and not sys.stdin.isatty():  # `secret-tool lookup ... | ckptvault ... -`
+            if not piped:
+                piped.append(sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape"))
+            if not piped[0].rstrip("\r\n"):
                 raise UsageError(f"{option} -: standard input is empty; pipe the passphrase into it")
-            return passphrase
+            return piped[0]
+        if passphrase_file == "-":  # a terminal: asked, as without the option
+            return getpass.getpass(f"{prompt}: ")
         if passphrase_file:
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:

@@ -25,7 +25,8 @@ KeyfilePathOpt = Annotated[
 
 def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     """A new passphrase: from the file or the environment as is, or asked twice on a terminal."""
-    if passphrase_file or env in os.environ:
+    from_terminal = passphrase_file == "-" and sys.stdin.isatty()  # asked twice, as without the option
+    if (passphrase_file or env in os.environ) and not from_terminal:
         new = passphrase_source(passphrase_file, env=env, option=option)()
     elif sys.stdin.isatty():
         new = getpass.getpass("new passphrase: ")

@@ -22,7 +22,9 @@ WATCH_SIG_TAG = "watch-sig"  # the tag naming what the watch sidecar shipped (pi
 TEMP_PREFIXES = (".", "tmp-", "tmp_", "~")
 TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", "~")
 
-# Files that are no checkpoint by their name: logs, configs, metrics, scripts, images (a watched folder's top)
+# Files that are no checkpoint by their name (a watched folder's top): logs, appended to all along, and
+# configs, metrics, scripts, images, unless their name gives a step (XGBoost saves model_100.json)
+LOG_SUFFIXES = (".log", ".out", ".err")
 NOT_CHECKPOINT_SUFFIXES = (
     ".log", ".txt", ".out", ".err", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".conf",
     ".md", ".rst", ".csv", ".tsv", ".py", ".sh", ".ipynb", ".html", ".png", ".jpg", ".svg", ".pid", ".lock",
@@ -51,9 +53,15 @@ def is_unfinished(name: str) -> bool:
     return name.lower().endswith(TEMP_SUFFIXES)
 
 
+def is_log(name: str) -> bool:
+    """A log file (``train.log``, ``slurm-1234.out``): appended to all along, never a checkpoint."""
+    return name.lower().endswith(LOG_SUFFIXES)
+
+
 def is_not_a_checkpoint(name: str) -> bool:
-    """A file named as a log, a config, metrics, a script or an image (``config.yaml``, ``train.log``)."""
-    return name.lower().endswith(NOT_CHECKPOINT_SUFFIXES)
+    """A file named as a log, or as a config, metrics, a script or an image without a step in its name
+    (``config.yaml``, ``train.log``; not XGBoost's ``model_100.json``)."""
+    return is_log(name) or (name.lower().endswith(NOT_CHECKPOINT_SUFFIXES) and step_from_name(name) is None)
 
 
 def step_from_name(name: str) -> int | None:

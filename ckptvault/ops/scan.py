@@ -179,6 +179,8 @@ def scan_sources(
                 _add(src, name, st, result)
     if not any(item.kind == "file" for item in result.items):
         # an empty snapshot would look like a backup and become `latest`: a resume would restore nothing
+        if result.excluded and not exclude.patterns:  # only names still being written (a backup in place)
+            raise SourceError(abs_sources[0], "nothing left to back up: its files are all still being written")
         if result.excluded:
             patterns = ", ".join(repr(p) for p in exclude.patterns)
             raise UsageError(

@@ -2,7 +2,11 @@
 
 Every entry at the top of the watched folder is a checkpoint (a folder such as
 ``checkpoint-1200/`` or a file such as ``latest.pt``), except names still being written
-(``*.tmp``, ``tmp-*``, ``.*``: see names.py) and the watcher's own staging folder.
+(``*.tmp``, ``tmp-*``, ``.*``: see names.py), the watcher's own staging folder, and what no
+checkpoint of a run should be, as each would be a snapshot without a step that ``latest`` then
+goes by time for: logs and configs at the top (``_files_not_checkpoints``), TensorBoard log
+folders (``_holds_only_logs``), and the other entries of a Hugging Face Trainer's output folder
+or of a DeepSpeed or Megatron-LM save folder (``_trainer_checkpoints_only``, ``_step_folders_only``).
 
 The life of a checkpoint:
 
@@ -64,6 +68,7 @@ from .names import (
     WATCH_SIG_TAG,
     WATCH_STATE_FOLDER,
     checkpoint_step,
+    is_log,
     is_not_a_checkpoint,
     is_temporary,
     is_unfinished,
@@ -268,8 +273,9 @@ class Watcher:
                 while not self._stop.is_set() and not self._digests_loaded.wait(ONCE_POLL_S):
                     pass  # a slow or retrying store must not make Ctrl-C wait for the list
             now = time.monotonic()
-            self._scan(now)
-            self._settle(now)
+            if not self._stop.is_set():  # stopped while the list loaded: nothing is pinned blind
+                self._scan(now)
+                self._settle(now)
             self._on_start(resumed)
             self._warn_if_one_checkpoint()
             # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
@@ -497,24 +503,24 @@ class Watcher:
         return kept
 
     def _files_not_checkpoints(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
-        """Files at the top named as logs, configs, metrics, scripts or images (``config.yaml``,
-        ``train.log``, ``metrics.jsonl``: names.is_not_a_checkpoint) are not checkpoints: each would
-        ship as a snapshot without a step, and with one of those in the run ``restore latest`` goes by
-        time (a log appended to all along would be the newest), and ``prune --keep-latest`` with it.
-        Named once; ``--include`` takes it back."""
-        kept = []
-        for entry in entries:
-            if not (is_not_a_checkpoint(entry.name) and entry.is_file(follow_symlinks=False)):
-                kept.append(entry)
-                continue
+        """Files at the top that are no checkpoint by their name (names.is_not_a_checkpoint): logs always,
+        configs, metrics, scripts and images without a step in their name once something beside them
+        ships (a folder holding only LightGBM's ``model.txt`` ships it). Each would ship as a snapshot
+        without a step, and with one of those in the run ``restore latest`` goes by time (a log
+        appended to all along would be the newest), and ``prune --keep-latest`` with it. Named once;
+        ``--include`` takes it back."""
+        named = {e.name for e in entries if is_not_a_checkpoint(e.name) and e.is_file(follow_symlinks=False)}
+        if len(named) == len(entries):  # nothing else here: only the logs stay out
+            named = {name for name in named if is_log(name)}
+        for name in sorted(named):
             self._warn_once(
-                ("left out", entry.name),
-                f"{entry.name}: left out: a log, config, script or image by its name, not a checkpoint (shipped, "
-                "it would be a snapshot without a step, which `latest` and prune's newest-N then go by time for; "
-                "to ship it too: "
-                f"{spelled('--include', 'include=')} with a pattern for it and one for the checkpoints)",
+                ("left out", name),
+                f"{name}: left out: a log, config, script or image by its name, not a checkpoint (shipped, it "
+                "would be a snapshot without a step, which `latest` and prune's newest-N then go by time for; "
+                f"to ship it too: {spelled('--include', 'include=')} with a pattern for it and one for the "
+                "checkpoints)",
             )
-        return kept
+        return [e for e in entries if e.name not in named]
 
     def _holds_only_logs(self, cand: _Candidate, sig: pins.Signature) -> bool:
         """A folder without a step in its name that holds TensorBoard event files (``runs/`` of a

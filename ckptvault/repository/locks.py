@@ -364,8 +364,8 @@ class LockManager:
                 exc.key,
                 exc.url,
                 exc.reason,
-                hint="this command needs room for its lock (under 1 KB) before it can delete anything: free a "
-                "little space on that disk outside the vault (never delete files inside it), then run it again",
+                hint="this command needs room for its lock (a few KB) before it can delete anything: free a little "
+                "space on that disk outside the vault (never delete files inside it), then run it again",
             ) from None
         try:
             self._remove_left_behind()  # the storage answers again

@@ -15,14 +15,14 @@ real value (not even the empty one, ``KEY=``); the policy applies to it like to 
 (its newest is kept), and every decision names its group so a dry run shows which is which.
 
 A ``keep_tags`` entry that no snapshot carries protects nothing. When it is one typo away from a
-tag that is in use (``kep`` for ``keep``, ``keep=bets`` for ``keep=best``) it is refused, as the
-snapshots it was meant to protect would go; one unlike any tag in use (``milestone`` before the
-first milestone is tagged) is taken, and the CLI says it protects nothing.
+tag that is in use (``kep`` for ``keep``, ``keep=bets`` for ``keep=best``, ``Keep``; not words with
+digits, such as ``step=5000`` beside ``step=4000``) it is refused, as the snapshots it was meant to
+protect would go; another (``milestone`` before the first milestone is tagged) is taken, and the
+CLI says it protects nothing.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -140,15 +140,41 @@ def unused_keep_tags(snapshots: list[Snapshot], keep_tags: tuple[str, ...]) -> l
     return [spec for spec in keep_tags if not any(_protected(s, (spec,)) for s in snapshots)]
 
 
+def _typo_of(given: str, known: set[str]) -> str | None:
+    """The word in ``known`` that ``given`` is one slip away from: another case, or one letter added,
+    dropped, changed or swapped with its neighbour, in words of four letters or more. Not for words
+    with digits: steps, versions and dates differ by one character on purpose (``step=5000``)."""
+    if any(c.isdigit() for c in given):
+        return None
+    for word in sorted(known):
+        if len(word) < 4 or any(c.isdigit() for c in word):
+            continue
+        if word.lower() == given.lower() or _one_edit_apart(given, word):
+            return word
+    return None
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+        return len(diff) == 1 or swapped
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
 def _check_keep_tags(snapshots: list[Snapshot], policy: RetentionPolicy) -> None:
     for spec in unused_keep_tags(snapshots, policy.keep_tags):
         key, sep, value = spec.partition("=")
-        keys = sorted({k for s in snapshots for k in s.tags})
+        keys = {k for s in snapshots for k in s.tags}
         if key in keys:
-            values = sorted({s.tags[key] for s in snapshots if key in s.tags})
-            close = [f"{key}={v}" for v in difflib.get_close_matches(value, values, n=1, cutoff=0.75)] if sep else []
+            near = _typo_of(value, {s.tags[key] for s in snapshots if key in s.tags}) if sep else None
+            close = [f"{key}={near}"] if near is not None else []
         else:
-            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+            near = _typo_of(key, keys)
+            close = [near + spec[len(key) :]] if near is not None else []
         if close:
             raise UsageError(
                 f"{spelled('--keep-tag', 'keep_tags')} {spec!r} is on no snapshot; did you mean {close[0]!r}? "
