@@ -38,14 +38,19 @@ locks.LockManager.__init__.__kwdefaults__.update(
 
 _real_put_file = LocalStore.put_file
 _stopped = threading.Lock()  # held once the stop happened: it happens once
+_resumed = threading.Event()
 
 
 def _stop_here() -> None:
     if not _stopped.acquire(blocking=False):
+        # Another thread is stopping the process: what this one was about to do comes after the stop
+        # too (eight download workers read a whole small snapshot while the marker was being written).
+        _resumed.wait()
         return
     if MARKER:
         Path(MARKER).write_text(str(os.getpid()))
     os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, its lock refresh thread included
+    _resumed.set()
 
 
 def _put_file(self: LocalStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
