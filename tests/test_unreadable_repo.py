@@ -68,3 +68,19 @@ def test_status_of_a_checkpoint_with_an_unreadable_part_is_a_one_line_source_err
     assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stderr.count("\n") == 1 and f"cannot read {unreadable}: Permission denied" in proc.stderr, proc.stderr
     assert "skip-unreadable" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_a_drill_of_files_and_folders_stored_without_the_owners_read_permission_passes(tmp_path, cli):
+    """A snapshot may hold a write-only file (0o200) or a folder the owner may not list (0o333): the restore
+    wrote them, then the drill's check of its own copy failed to read them, an internal error with a
+    traceback file, for any user but root."""
+    repo, ckpt = tmp_path / "repo", tmp_path / "ckpt"
+    write_file(ckpt / "wo.bin", os.urandom(1000)).chmod(0o200)
+    write_file(ckpt / "hidden" / "w.bin", os.urandom(1000))
+    (ckpt / "hidden").chmod(0o333)
+    cli("init", str(repo))
+    cli("backup", str(ckpt), "--repo", str(repo))
+    proc = cli_without_override(tmp_path, "drill", "latest", "--repo", str(repo), "--tmp-dir", str(tmp_path / "d"))
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "internal error" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir()), "the drill's copy was left"

@@ -276,7 +276,10 @@ def _remove_empty(folders: list[str]) -> None:
 
 
 def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
-    """Everything the snapshot says, checked against the restored folder; returns the problems."""
+    """Everything the snapshot says, checked against the restored folder; returns the problems. The
+    drill's own copy of a folder or file stored without the owner's permission to read it (0o555,
+    0o200) is given that permission once its mode is checked, so that what is below it, or in it, can
+    be read (by a user other than root: it was an internal error)."""
     problems = []
     for entry in tree:
         path = os.path.join(target, *entry.path.split("/"))
@@ -288,6 +291,8 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
         if entry.type == "dir":
             if not stat.S_ISDIR(st.st_mode):
                 problems.append(f"{entry.path} is not a directory")
+            else:
+                _give_owner(path, st, stat.S_IRWXU)
         elif entry.type == "symlink":
             if not stat.S_ISLNK(st.st_mode) or os.readlink(path) != entry.target:
                 problems.append(f"{entry.path} is not the symlink the snapshot holds")
@@ -295,9 +300,17 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
             problems.append(f"{entry.path} has {st.st_size} bytes, the snapshot {entry.size}")
         elif stat.S_IMODE(st.st_mode) != entry.mode:
             problems.append(f"{entry.path} has mode {oct(stat.S_IMODE(st.st_mode))}, the snapshot {oct(entry.mode)}")
-        elif file_hash(path) != entry.blake3:
-            problems.append(f"{entry.path} does not match the snapshot's BLAKE3 hash")
+        else:
+            _give_owner(path, st, stat.S_IRUSR)
+            if file_hash(path) != entry.blake3:
+                problems.append(f"{entry.path} does not match the snapshot's BLAKE3 hash")
     return problems
+
+
+def _give_owner(path: str, st: os.stat_result, bits: int) -> None:
+    """Give the drill's own copy the owner's ``bits`` (u+r, u+rwx) it lacks."""
+    if st.st_mode & bits != bits:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | bits)
 
 
 def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], list[str]]:
