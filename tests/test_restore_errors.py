@@ -178,6 +178,29 @@ def test_a_full_disk_is_storage_full_naming_the_target_and_leaves_nothing_half_w
     assert (target / "a.json").read_bytes() == b'{"step": 1}', "files restored before the disk filled stay whole"
 
 
+def test_a_rerun_of_a_finished_restore_passes_on_a_target_mounted_read_only_since(run, snap, tmpfs):
+    """Everything is there: a rerun changes nothing, so it needs no write (it set every folder's mode and
+    mtime again, and failed, exit 20, on a target remounted read-only or with folders of another user)."""
+    done = tmpfs("done", "size=4m")
+    assert run("restore", snap, str(done / "t")).returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(done)], check=True)
+    again = run("restore", snap, str(done / "t"))
+    assert again.returncode == 0 and "3 already present" in again.stdout.decode(), (again.stdout, again.stderr)
+
+
+def test_a_symlink_that_cannot_be_made_is_named_by_its_own_path_not_its_target(run, vault: Vault, tmp_path, tmpfs):
+    """symlink(2) errors carry the link's target as their file name: "no space left writing /etc/hostname"
+    named a path outside the target that the restore never touches."""
+    src = tmp_path / "links"
+    src.mkdir()
+    (src / "to_hostname").symlink_to("/etc/hostname")
+    write_file(src / "w.bin", b"weights")
+    snap_id = vault.backup(src).id
+    full = tmpfs("inodes", "size=4m,nr_inodes=2")  # the root and the target folder: no room for the link
+    line = one_line_error(run("restore", snap_id, str(full / "t"), "--include", "to_hostname"), 21, "no space left")
+    assert "to_hostname" in line and "/etc/hostname" not in line, line
+
+
 # ---- the drill's temporary folder -----------------------------------------------------------
 
 

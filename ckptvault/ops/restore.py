@@ -247,6 +247,16 @@ def _kind(st: os.stat_result) -> str:
     return "a special file"
 
 
+def _set_mode_and_mtime(path: str, entry: FileEntry) -> None:
+    """Only what differs: a rerun of a finished restore changes nothing, so it also passes on a target
+    mounted read-only since, or with folders owned by another user."""
+    st = os.stat(path)
+    if stat.S_IMODE(st.st_mode) != entry.mode:
+        os.chmod(path, entry.mode)
+    if st.st_mtime_ns != entry.mtime_ns:
+        os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns))
+
+
 def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVaultError:
     """A filesystem error met while writing into ``target``, as a one-line error naming the path
     (relative to the target where it lies inside it), the cause, and what to do. A full disk or
@@ -370,8 +380,7 @@ def run_restore(
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
         for entry in entries:
             if entry.type == "file" and entry.path in planner.skip:
-                os.chmod(planner.dest(entry), entry.mode)
-                os.utime(planner.dest(entry), ns=(entry.mtime_ns, entry.mtime_ns))
+                _set_mode_and_mtime(planner.dest(entry), entry)
     for entry in entries:
         if entry.type == "symlink" and entry.path not in planner.skip:
             dest = planner.dest(entry)
@@ -381,12 +390,12 @@ def run_restore(
                 os.symlink(entry.target or "", dest)  # validate_tree ensured a target
             except FileExistsError:  # made meanwhile by a restore into the same folder: fine if the same
                 if not (os.path.islink(dest) and os.readlink(dest) == entry.target):
-                    raise
+                    raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dest) from None
+            except OSError as exc:  # named by the link's target, a path the restore never writes
+                raise OSError(exc.errno, exc.strerror, dest) from None
             os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
-        dest = planner.dest(entry)
-        os.chmod(dest, entry.mode)
-        os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns))
+        _set_mode_and_mtime(planner.dest(entry), entry)
     progress.finish()
     result = RestoreResult(
         files=sum(e.type == "file" for e in entries) - len(failures),
