@@ -84,3 +84,26 @@ def test_a_drill_of_files_and_folders_stored_without_the_owners_read_permission_
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
     assert "internal error" not in proc.stderr, proc.stderr
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir()), "the drill's copy was left"
+
+
+def test_a_newer_step_restored_over_one_with_read_only_folders_is_whole(tmp_path, cli):
+    """Folders get the snapshot's mode at the end of a restore, so one stored as 0o555 is read-only in the
+    target: the next restore into it (a newer step, --overwrite) replaced the files outside it, then failed
+    inside it, exit 20, leaving a checkpoint of two steps and blaming the user's folder."""
+    repo, ckpt, target = tmp_path / "repo", tmp_path / "ckpt", tmp_path / "resume"
+    cli("init", str(repo))
+    for step in (1, 2):
+        if (ckpt / "ro").exists():
+            (ckpt / "ro").chmod(0o755)
+        write_file(ckpt / "a_top.txt", f"v{step}".encode())
+        write_file(ckpt / "ro" / "w.txt", f"v{step}".encode())
+        (ckpt / "ro").chmod(0o555)
+        cli("backup", str(ckpt), "--repo", str(repo), "--tag", "run=r", "--tag", f"step={step}")
+    (ckpt / "ro").chmod(0o755)
+    first = cli_without_override(tmp_path, "restore", "latest", "--tag", "step=1", str(target), "--repo", str(repo))
+    assert first.returncode == 0, first.stderr
+    newer = cli_without_override(tmp_path, "restore", "latest", str(target), "--overwrite", "--repo", str(repo))
+    assert newer.returncode == 0, newer.stderr
+    assert (target / "a_top.txt").read_bytes() == (target / "ro" / "w.txt").read_bytes() == b"v2"
+    assert (target / "ro").stat().st_mode & 0o777 == 0o555
+    (target / "ro").chmod(0o755)  # for the test's cleanup

@@ -247,6 +247,20 @@ def _kind(st: os.stat_result) -> str:
     return "a special file"
 
 
+def _writable_until_the_end(folder: str) -> None:
+    """A folder of the snapshot already in the target without the owner's write permission (restored
+    before from a snapshot that holds it as 0o555) gets it: the restore writes into it (a newer step
+    with --overwrite stopped there once the other files were replaced, a mix of two steps), and every
+    folder gets the snapshot's mode again at the end."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return
+    wx = stat.S_IWUSR | stat.S_IXUSR
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & wx != wx:
+        os.chmod(folder, stat.S_IMODE(st.st_mode) | wx)
+
+
 def _set_mode_and_mtime(path: str, entry: FileEntry) -> None:
     """Only what differs: a rerun of a finished restore changes nothing, so it also passes on a target
     mounted read-only since, or with folders owned by another user."""
@@ -362,9 +376,13 @@ def run_restore(
     progress.start(sum(e.size for e in files), len(files))
     failures: dict[str, str] = {}
     written = 0
+    writes = files or any(e.type == "symlink" and e.path not in planner.skip for e in entries)
     for entry in entries:
         if entry.type == "dir":
-            os.makedirs(planner.dest(entry), exist_ok=True)
+            dest = planner.dest(entry)
+            if writes:
+                _writable_until_the_end(dest)
+            os.makedirs(dest, exist_ok=True)
     zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
     snapshot_paths = frozenset(planner.dest(e) for e in tree)
     _remove_leftover_temps({os.path.dirname(planner.dest(e)) for e in entries if e.type == "file"}, snapshot_paths)
