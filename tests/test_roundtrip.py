@@ -95,3 +95,19 @@ def test_times_past_2262_round_trip(tmp_path: Path, vault):
     vault.restore("latest", tmp_path / "out")
     assert os.stat(tmp_path / "out" / "future").st_mtime_ns == year_2400
     assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+def test_a_rerun_finishes_the_mtime_of_a_link_a_killed_restore_made(tmp_path: Path, vault):
+    """A link is made, then given the snapshot's mtime: a restore killed between the two left the link with
+    the time of the kill, and every rerun skipped it, as the same link."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"weights")
+    (src / "latest").symlink_to("w.bin")
+    os.utime(src / "latest", ns=(1_000_000_000, 1_000_000_000), follow_symlinks=False)
+    snap = vault.backup(src)
+    out = tmp_path / "out"
+    vault.restore(snap, out)
+    os.utime(out / "latest", follow_symlinks=False)  # now: as the kill left it
+    vault.restore(snap, out)
+    assert os.lstat(out / "latest").st_mtime_ns == 1_000_000_000

@@ -400,7 +400,10 @@ def run_restore(
             if entry.type == "file" and entry.path in planner.skip:
                 _set_mode_and_mtime(planner.dest(entry), entry)
     for entry in entries:
-        if entry.type == "symlink" and entry.path not in planner.skip:
+        if entry.type == "symlink" and entry.path in planner.skip:  # as folders: a killed restore's link
+            if os.lstat(planner.dest(entry)).st_mtime_ns != entry.mtime_ns:  # made, its mtime not yet set
+                os.utime(planner.dest(entry), ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+        elif entry.type == "symlink":
             dest = planner.dest(entry)
             if os.path.lexists(dest):
                 _remove(dest)
