@@ -26,8 +26,8 @@ TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".incomplete", "~")
 # configs, metrics, scripts, images, unless their name gives a step (XGBoost saves model_100.json)
 LOG_SUFFIXES = (".log", ".out", ".err")
 NOT_CHECKPOINT_SUFFIXES = (
-    ".log", ".txt", ".out", ".err", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".conf",
-    ".md", ".rst", ".csv", ".tsv", ".py", ".sh", ".ipynb", ".html", ".png", ".jpg", ".svg", ".pid", ".lock",
+    ".txt", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".conf", ".md", ".rst", ".csv",
+    ".tsv", ".py", ".sh", ".ipynb", ".html", ".png", ".jpg", ".svg", ".pid", ".lock",
 )  # fmt: skip
 
 # Most specific first: an explicit "step", then a checkpoint-ish word, then a lone trailing number.

@@ -171,13 +171,13 @@ def _check_keep_tags(snapshots: list[Snapshot], policy: RetentionPolicy) -> None
         keys = {k for s in snapshots for k in s.tags}
         if key in keys:
             near = _typo_of(value, {s.tags[key] for s in snapshots if key in s.tags}) if sep else None
-            close = [f"{key}={near}"] if near is not None else []
+            meant = None if near is None else f"{key}={near}"
         else:
             near = _typo_of(key, keys)
-            close = [near + spec[len(key) :]] if near is not None else []
-        if close:
+            meant = None if near is None else near + spec[len(key) :]
+        if meant is not None:
             raise UsageError(
-                f"{spelled('--keep-tag', 'keep_tags')} {spec!r} is on no snapshot; did you mean {close[0]!r}? "
+                f"{spelled('--keep-tag', 'keep_tags')} {spec!r} is on no snapshot; did you mean {meant!r}? "
                 "Check the spelling: as given it protects nothing, and the snapshots it was meant for could go"
             )
 
