@@ -107,3 +107,20 @@ def test_a_newer_step_restored_over_one_with_read_only_folders_is_whole(tmp_path
     assert (target / "a_top.txt").read_bytes() == (target / "ro" / "w.txt").read_bytes() == b"v2"
     assert (target / "ro").stat().st_mode & 0o777 == 0o555
     (target / "ro").chmod(0o755)  # for the test's cleanup
+
+
+def test_a_read_only_temporary_file_a_killed_restore_left_is_swept(tmp_path, cli):
+    """A file is given the snapshot's mode (0o444) just before its temporary name is linked to the real
+    one: a restore killed there left a whole read-only copy that no rerun removed (the sweep opened it for
+    writing to lock it, was refused, and took it for not ours), and a later backup of the folder stored it."""
+    from ckptvault.ops.restore import TEMP_MARK
+
+    repo, ckpt, target = tmp_path / "repo", tmp_path / "ckpt", tmp_path / "resume"
+    write_file(ckpt / "w.bin", os.urandom(1000)).chmod(0o444)
+    cli("init", str(repo))
+    cli("backup", str(ckpt), "--repo", str(repo))
+    leftover = write_file(target / f"{TEMP_MARK}{'a' * 16}-{'b' * 8}", os.urandom(1000))
+    leftover.chmod(0o444)
+    proc = cli_without_override(tmp_path, "restore", "latest", str(target), "--repo", str(repo))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["w.bin"]

@@ -556,13 +556,22 @@ def _remove_leftover_temps(directories: set[str], snapshot_paths: frozenset[str]
 
 def _remove_unlocked_temp(path: str) -> None:
     """Remove a leftover temporary file unless a live restore holds its lock."""
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK
+    read_only = False
     try:  # for writing: NFS turns flock into a POSIX lock, which takes a file open for writing
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # gone meanwhile, a symlink, or not ours to write: not a leftover to remove
+        fd = os.open(path, os.O_RDWR | flags)
+    except PermissionError:  # given the snapshot's mode (0o444) just before its link: a kill left it so
+        try:
+            fd, read_only = os.open(path, os.O_RDONLY | flags), True
+        except OSError:
+            return
+    except OSError:  # gone meanwhile, a symlink, or not ours: not a leftover to remove
         return
     try:
         held = os.fstat(fd)
-        if not stat.S_ISREG(held.st_mode) or _lock(fd, block=False) is False:
+        locked = _lock(fd, block=False)
+        # read-only, a filesystem that would not lock it (NFS) cannot tell a live restore's from a leftover
+        if not stat.S_ISREG(held.st_mode) or locked is False or (locked is None and read_only):
             return
         if os.path.samestat(os.lstat(path), held):
             os.unlink(path)
