@@ -124,3 +124,17 @@ def test_a_read_only_temporary_file_a_killed_restore_left_is_swept(tmp_path, cli
     proc = cli_without_override(tmp_path, "restore", "latest", str(target), "--repo", str(repo))
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in target.iterdir()) == ["w.bin"]
+
+
+def test_a_rerun_of_a_restore_of_a_file_its_owner_may_not_read_finds_it_present(tmp_path, cli):
+    """A file stored as 0o200 is restored as 0o200: a rerun could not read it to compare, said "exists and
+    differs" (exit 22), and --overwrite wrote it again every time."""
+    repo, ckpt, target = tmp_path / "repo", tmp_path / "ckpt", tmp_path / "resume"
+    write_file(ckpt / "wo.bin", os.urandom(1000)).chmod(0o200)
+    cli("init", str(repo))
+    cli("backup", str(ckpt), "--repo", str(repo))
+    for _ in range(2):
+        proc = cli_without_override(tmp_path, "restore", "latest", str(target), "--repo", str(repo))
+        assert proc.returncode == 0, proc.stderr
+    assert "1 already present" in proc.stdout, proc.stdout
+    assert (target / "wo.bin").stat().st_mode & 0o777 == 0o200
