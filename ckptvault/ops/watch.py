@@ -40,6 +40,7 @@ import errno
 import fcntl
 import fnmatch
 import functools
+import json
 import logging
 import os
 import queue
@@ -81,6 +82,7 @@ log = logging.getLogger("ckptvault")
 
 RESERVED_TAGS = ("step", "checkpoint", WATCH_SIG_TAG)
 RETRY_AFTER = (5.0, 15.0, 60.0, 300.0)
+LEFT_OUT_TOLD = "left-out.json"  # in the state folder: the top-level entries already named as left out
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,7 @@ class Watcher:
         self._done: dict[str, _Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
+        self._told: set[str] | None = None  # the entries named as left out, in this or an earlier run
         self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
         self._lost: list[CkptVaultError] = []  # checkpoints shipping in place that went before they shipped
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
@@ -467,8 +470,8 @@ class Watcher:
                     self._drop(cand)
         kept = [e for e in entries if TRAINER_CHECKPOINT.fullmatch(e.name)]
         for name in sorted({e.name for e in entries} - {e.name for e in kept}):
-            self._warn_once(
-                ("left out", name),
+            self._warn_left_out(
+                name,
                 f"{name}: left out from now on: {self.directory} is a Hugging Face Trainer's output folder, where "
                 f"only checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} "
                 f"with a pattern for it and 'checkpoint-*'; a final model: "
@@ -493,8 +496,8 @@ class Watcher:
         kept = [e for e in entries if _is_step_folder(e.name, e.path)]
         framework = POINTER_FILES[self._pointer_file]
         for name in sorted({e.name for e in entries} - {e.name for e in kept}):
-            self._warn_once(
-                ("left out", name),
+            self._warn_left_out(
+                name,
                 f"{name}: left out from now on: {self.directory} is {framework}'s save folder, where only the step "
                 f"folders are checkpoints (to resume: restore the newest into {self.directory}/<its name>, and write "
                 f"{self._pointer_file} as {framework} does; to ship {name} too: "
@@ -513,8 +516,8 @@ class Watcher:
         if len(named) == len(entries):  # nothing else here: only the logs stay out
             named = {name for name in named if is_log(name)}
         for name in sorted(named):
-            self._warn_once(
-                ("left out", name),
+            self._warn_left_out(
+                name,
                 f"{name}: left out: a log, config, script or image by its name, not a checkpoint (shipped, it "
                 "would be a snapshot without a step, which `latest` and prune's newest-N then go by time for; "
                 f"to ship it too: {spelled('--include', 'include=')} with a pattern for it and one for the "
@@ -834,6 +837,26 @@ class Watcher:
             job.future.add_done_callback(functools.partial(self._on_done, cand))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
+
+    def _warn_left_out(self, name: str, message: str) -> None:
+        """An entry left out is named once for the folder, not at every run: ``--once`` from cron would
+        mail the same warnings every few minutes (the names told are kept in the state folder)."""
+        path = os.path.join(self.state_dir, LEFT_OUT_TOLD)
+        if self._told is None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    self._told = set(json.load(f))
+            except (OSError, ValueError, TypeError):
+                self._told = set()
+        if name in self._told:
+            return
+        self._on_warning(message)
+        self._told.add(name)
+        with contextlib.suppress(OSError):  # at worst it is said again next run
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(sorted(self._told), f)
+            os.replace(tmp, path)
 
     def _warn_once(self, key: tuple[str, str], message: str) -> None:
         """A local error retried at every poll is reported once, until that stage succeeds."""
