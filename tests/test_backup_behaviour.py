@@ -1,5 +1,6 @@
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,14 @@ def test_unreadable_file_fails_unless_skipped(vault: Vault, tmp_path: Path, monk
     src.mkdir()
     (src / "ok").write_bytes(b"fine")
     (src / "secret").write_bytes(b"no")
-    real_open = open
+    real_open = backup_module._open_source
 
-    def guarded_open(path, *args, **kwargs):  # root reads anything: fake the EACCES
-        if str(path).endswith("secret"):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, *args, **kwargs)
+    def guarded_open(item):  # root reads anything: fake the EACCES
+        if item.abs_path.endswith("secret"):
+            raise PermissionError(13, "Permission denied", item.abs_path)
+        return real_open(item)
 
-    monkeypatch.setattr(backup_module, "open", guarded_open, raising=False)
+    monkeypatch.setattr(backup_module, "_open_source", guarded_open)
     with pytest.raises(SourceError, match=r"secret: Permission denied \(use skip_unreadable=True"):
         vault.backup(src)
     assert vault.snapshots() == []
@@ -220,7 +221,37 @@ def _replaced_by_a_fifo(src: Path) -> None:
     os.mkfifo(src / "a" / "model.pt")  # opened as it was scanned, a FIFO would block the backup forever
 
 
-@pytest.mark.parametrize("change", [_rotated, _folder_replaced_by_a_file, _replaced_by_a_folder, _replaced_by_a_fifo])
+def _secret(src: Path) -> Path:
+    """A file outside the source (root-only, say): what a link swapped in would point at."""
+    secret = src.parent / "elsewhere" / "model.pt"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_bytes(b"not part of the checkpoint")
+    return secret
+
+
+def _replaced_by_a_link(src: Path) -> None:
+    (src / "a" / "model.pt").unlink()
+    (src / "a" / "model.pt").symlink_to(_secret(src))
+
+
+def _folder_replaced_by_a_link(src: Path) -> None:
+    """A folder on the way swapped for a link: the file's own name is no link, the path goes through one."""
+    (src / "a" / "model.pt").unlink()
+    (src / "a").rmdir()
+    (src / "a").symlink_to(_secret(src).parent)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _rotated,
+        _folder_replaced_by_a_file,
+        _replaced_by_a_folder,
+        _replaced_by_a_fifo,
+        _replaced_by_a_link,
+        _folder_replaced_by_a_link,
+    ],
+)
 @pytest.mark.parametrize("mode", ["warn", "fail"])
 def test_a_file_gone_after_the_scan_is_skipped_or_fails_the_backup_with_on_change_fail(
     vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, mode: str
@@ -242,6 +273,42 @@ def test_a_file_gone_after_the_scan_is_skipped_or_fails_the_backup_with_on_chang
     snap = vault.backup(src, on_change=mode, on_warning=warnings.append)
     assert [e.path for e in vault.files(snap) if e.type == "file"] == ["stable"]
     assert len(warnings) == 1 and "skipped" in warnings[0] and "model.pt" in warnings[0]
+
+
+def test_a_file_saved_again_by_a_rename_after_the_scan_is_stored_with_its_own_mode(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The mode came from the scan and the bytes from the file read: a 0o600 save that replaced a 0o644
+    one was stored, and restored, as 0o644."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.pt").write_bytes(b"old save")
+    (src / "model.pt").chmod(0o644)
+
+    def saved_again() -> None:
+        (src / "model.pt.tmp").write_bytes(b"new private save")
+        (src / "model.pt.tmp").chmod(0o600)
+        os.replace(src / "model.pt.tmp", src / "model.pt")
+
+    _changed_after_the_scan(monkeypatch, saved_again)
+    snap = vault.backup(src)
+    (entry,) = [e for e in vault.files(snap) if e.path == "model.pt"]
+    assert (entry.mode, b"".join(vault.read_file(snap, "model.pt"))) == (0o600, b"new private save")
+
+
+def test_a_tree_deeper_than_pythons_recursion_backs_up(vault: Vault, tmp_path: Path):
+    """1,000 nested folders (2,000 bytes of path) were an internal error, RecursionError."""
+    deepest = tmp_path / "src"
+    deepest.mkdir()
+    for _ in range(1100):  # pathlib's and os's makedirs recurse too
+        deepest = deepest / "d"
+        deepest.mkdir()
+    (deepest / "w.bin").write_bytes(b"deep")
+    try:
+        snap = vault.backup(tmp_path / "src")
+        assert b"".join(vault.read_file(snap, "/".join(["d"] * 1100 + ["w.bin"]))) == b"deep"
+    finally:  # shutil.rmtree, which cleans up tmp_path, recurses too
+        subprocess.run(["rm", "-rf", str(tmp_path / "src")], check=True)
 
 
 def test_a_backup_whose_every_file_was_left_out_while_read_commits_nothing(

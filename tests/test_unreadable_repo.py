@@ -138,3 +138,20 @@ def test_a_rerun_of_a_restore_of_a_file_its_owner_may_not_read_finds_it_present(
         assert proc.returncode == 0, proc.stderr
     assert "1 already present" in proc.stdout, proc.stdout
     assert (target / "wo.bin").stat().st_mode & 0o777 == 0o200
+
+
+def test_a_folder_skipped_as_unreadable_is_not_stored_as_an_empty_one(tmp_path, cli):
+    """--skip-unreadable said it skipped the folder, then stored it, empty, with mode 0: a restore made an
+    empty folder where the checkpoint's files were, and exited 0 as if nothing were missing."""
+    repo, ckpt = tmp_path / "repo", tmp_path / "ckpt"
+    write_file(ckpt / "w.bin", os.urandom(1000))
+    write_file(ckpt / "shards" / "s1.bin", os.urandom(1000))
+    (ckpt / "shards").chmod(0)
+    try:
+        cli("init", str(repo))
+        proc = cli_without_override(tmp_path, "backup", str(ckpt), "--repo", str(repo), "--skip-unreadable")
+        assert proc.returncode == 0 and "skipped unreadable directory" in proc.stderr, proc.stderr
+    finally:
+        (ckpt / "shards").chmod(0o755)
+    listed = cli("ls", "latest", "--repo", str(repo)).stdout.decode()
+    assert "w.bin" in listed and "shards" not in listed, listed

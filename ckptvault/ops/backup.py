@@ -13,6 +13,8 @@ size. The snapshot is written last, after the index that covers every chunk it n
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import secrets
 import stat
@@ -395,17 +397,44 @@ def _nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NONBLOCK)
 
 
+def _open_source(item: SourceItem) -> io.FileIO:
+    """The file at the item's path, reached from its source folder one name at a time, none of them
+    followed if it is a symlink by now: a folder on the way, or the file itself, swapped for a link
+    after the scan would store what the link points to (as root, another user's files), or open a
+    device. A source named itself may be a link: it is followed, as the scan did. O_NONBLOCK: a FIFO
+    swapped in must not wait for a writer."""
+    if not item.root:
+        return open(item.abs_path, "rb", buffering=0, opener=_nonblocking)
+    *folders, name = os.path.relpath(item.abs_path, item.root).split(os.sep)
+    fd = os.open(item.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for folder in folders:
+            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        reached = open(os.open(name, flags, dir_fd=fd), "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+        reached.name = item.abs_path  # for messages, as if opened by it
+        return reached
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link where the scan saw a file or a folder
+            raise _NotAFileAnyMore from exc
+        raise
+    finally:
+        os.close(fd)
+
+
 def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0
     repo = pipeline.repo
-    # O_NONBLOCK: opening a FIFO that replaced the file since the scan must not wait for a writer
-    with open(item.abs_path, "rb", buffering=0, opener=_nonblocking) as f:
+    with _open_source(item) as f:
         fd = f.fileno()
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise _NotAFileAnyMore
+        entry.mode = stat.S_IMODE(before.st_mode)  # of the file read (one saved again by a rename has its own)
         # With delta coding, a file holding tensors big enough for aligned pieces is cut into them;
         # every other file is cut by content, exactly as without delta coding.
         layout = _layout(fd, before.st_size, item.path) if pipeline.planner is not None else None

@@ -34,6 +34,7 @@ class SourceItem:
     abs_path: str
     kind: str  # "file" | "dir" | "symlink"
     st: os.stat_result
+    root: str = ""  # the source folder it was found in; "" for a source named itself
 
 
 @dataclass
@@ -232,7 +233,7 @@ def refuse_sources_in_vault(abs_sources: list[str], vault_folder: str | None) ->
 
 
 def _walk(
-    directory: str,
+    top: str,
     prefix: str,
     *,
     result: ScanResult,
@@ -240,15 +241,16 @@ def _walk(
     vault: tuple[int, int] | None,
     exclude: Excludes,
 ) -> None:
-    try:
-        with os.scandir(directory) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        if not skip_unreadable:
-            raise SourceError(directory, exc.strerror or str(exc), unreadable_hint()) from exc
-        result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
-        return
-    for entry in entries:
+    """Depth first, each folder's entries by name, a folder before what it holds. Not recursive: a
+    tree 1,000 folders deep is deeper than Python's recursion (it was an internal error)."""
+    listing = _listing(top, result, skip_unreadable)
+    pending = [(iter(listing), prefix)] if listing is not None else []
+    while pending:
+        entries, prefix = pending[-1]
+        entry = next(entries, None)
+        if entry is None:
+            pending.pop()
+            continue
         rel = f"{prefix}/{entry.name}" if prefix else entry.name
         try:
             st = entry.stat(follow_symlinks=False)
@@ -265,16 +267,31 @@ def _walk(
             if (st.st_dev, st.st_ino) == vault:
                 result.warnings.append(f"skipped {entry.path}: the vault this backup writes to")
                 continue
-            result.items.append(SourceItem(rel, entry.path, "dir", st))
-            _walk(entry.path, rel, result=result, skip_unreadable=skip_unreadable, vault=vault, exclude=exclude)
+            inner = _listing(entry.path, result, skip_unreadable)
+            if inner is None:  # unreadable, left out whole (it was stored as an empty folder: restored so)
+                continue
+            result.items.append(SourceItem(rel, entry.path, "dir", st, top))
+            pending.append((iter(inner), rel))
         else:
-            _add(entry.path, rel, st, result)
+            _add(entry.path, rel, st, result, top)
 
 
-def _add(abs_path: str, rel: str, st: os.stat_result, result: ScanResult) -> None:
+def _listing(directory: str, result: ScanResult, skip_unreadable: bool) -> list[os.DirEntry[str]] | None:
+    """A folder's entries by name; None when it cannot be read and ``skip_unreadable`` (said in a warning)."""
+    try:
+        with os.scandir(directory) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        if not skip_unreadable:
+            raise SourceError(directory, exc.strerror or str(exc), unreadable_hint()) from exc
+        result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
+        return None
+
+
+def _add(abs_path: str, rel: str, st: os.stat_result, result: ScanResult, root: str = "") -> None:
     if stat.S_ISREG(st.st_mode):
-        result.items.append(SourceItem(rel, abs_path, "file", st))
+        result.items.append(SourceItem(rel, abs_path, "file", st, root))
     elif stat.S_ISLNK(st.st_mode):
-        result.items.append(SourceItem(rel, abs_path, "symlink", st))
+        result.items.append(SourceItem(rel, abs_path, "symlink", st, root))
     else:
         result.warnings.append(f"skipped special file {abs_path} (fifo, socket or device)")
