@@ -460,9 +460,8 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
     entry.size = size
     entry.blake3 = hasher.hexdigest()
     entry.mtime_ns, entry.inode, entry.ctime_ns = before.st_mtime_ns, before.st_ino, before.st_ctime_ns
-    moved = (before.st_size, before.st_mtime_ns, before.st_ctime_ns) != (
-        after.st_size,
-        after.st_mtime_ns,
-        after.st_ctime_ns,
-    )
-    return moved or size != before.st_size
+    moved = (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
+    # A ctime of its own changes with no byte written when the name is taken by a newer save (a rename
+    # over it: its last link goes): the bytes read are then one whole save, not a torn one.
+    replaced = after.st_nlink == 0
+    return moved or (before.st_ctime_ns != after.st_ctime_ns and not replaced) or size != before.st_size
