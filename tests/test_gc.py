@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptvault import Vault
+from ckptvault import Snapshot, Vault
 from ckptvault.chunking import ChunkerParams
 from ckptvault.errors import StorageFullError, UsageError
 
@@ -191,21 +191,28 @@ def test_objects_not_named_as_ckptvault_names_them_are_left_alone(tmp_path: Path
         assert first.id not in {s.id for s in vault.snapshots()}
 
 
+def _filled_after_a_file_went(mount: Path, src: Path, *, kept: int, dropped: int) -> tuple[Vault, Snapshot]:
+    """A vault on ``mount`` with two snapshots, the second without ``dropped.bin``; then the disk is
+    filled to the last block (``mount/filler``)."""
+    src.mkdir()
+    (src / "kept.bin").write_bytes(os.urandom(kept))
+    (src / "dropped.bin").write_bytes(os.urandom(dropped))
+    vault = Vault.init(str(mount / "vault"), chunker=SMALL, pack_size=1 << 20)
+    vault.backup(src)
+    (src / "dropped.bin").unlink()
+    second = vault.backup(src)
+    with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
+    return vault, second
+
+
 def test_prune_on_a_full_disk_says_how_to_free_space_without_repacking(tmp_path: Path):
     """Repacking writes the live chunks of partly dead packs before deleting anything: with no room
     left it fails at every run, while deleting the wholly dead packs needs none."""
     with mounted_tmpfs(tmp_path / "mnt", "16m", "the full-disk prune test") as mount:
         src = tmp_path / "src"
-        src.mkdir()
-        (src / "kept.bin").write_bytes(os.urandom(2_500_000))
-        (src / "dropped.bin").write_bytes(os.urandom(2_500_000))
-        vault = Vault.init(str(mount / "vault"), chunker=SMALL, pack_size=1 << 20)
-        vault.backup(src)
-        (src / "dropped.bin").unlink()
-        kept = vault.backup(src)
-        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
-            while True:
-                filler.write(b"\0" * (64 << 10))
+        vault, kept = _filled_after_a_file_went(mount, src, kept=2_500_000, dropped=2_500_000)
         os.truncate(mount / "filler", os.path.getsize(mount / "filler") - (128 << 10))  # room for a lock, not a pack
         with pytest.raises(StorageFullError, match=r"no space left.*repack_threshold=1.*no pack was deleted"):
             vault.prune(keep_latest=1)
@@ -221,17 +228,7 @@ def test_prune_on_a_disk_too_full_for_its_lock_says_how_little_room_it_needs(tmp
     """Prune is how a full vault gets room back, but it must write its lock first: "free space and run the
     command again" did not say that a few KB outside the vault are enough, nor that nothing inside may go."""
     with mounted_tmpfs(tmp_path / "mnt", "8m", "the full-disk prune test") as mount:
-        src = tmp_path / "src"
-        src.mkdir()
-        (src / "kept.bin").write_bytes(os.urandom(1_000_000))
-        (src / "dropped.bin").write_bytes(os.urandom(2_000_000))
-        vault = Vault.init(str(mount / "vault"), chunker=SMALL, pack_size=1 << 20)
-        vault.backup(src)
-        (src / "dropped.bin").unlink()
-        vault.backup(src)
-        with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
-            while True:
-                filler.write(b"\0" * 4096)
+        vault, _ = _filled_after_a_file_went(mount, tmp_path / "src", kept=1_000_000, dropped=2_000_000)
         stored = sorted(str(p) for p in (mount / "vault").rglob("*"))
         with pytest.raises(StorageFullError, match=r"needs room for its lock \(a few KB\).*outside the vault"):
             vault.prune(keep_latest=1)
