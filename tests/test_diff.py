@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save as st_save
 
 from ckptvault import Vault
@@ -145,3 +146,19 @@ def test_diff_names_links_folders_types_and_modes(vault: Vault, tmp_path: Path, 
     assert "removed  emptydir/" in text and "added    emptydir2/" in text
     assert "metadata step-100/w.bin  100 B  (mode 0o644 -> 0o600)" in text
     assert "2 with new mode or mtime" in text.splitlines()[-1], text
+
+
+def test_diff_tensors_lists_them_in_the_files_order(vault: Vault, tmp_path: Path) -> None:
+    """As `show` lists them: sorted as text, "w.10" came before "w.2"."""
+    torch = pytest.importorskip("torch")
+    src = tmp_path / "src"
+    src.mkdir()
+    state = {f"w.{i}": torch.arange(1000, dtype=torch.float32) + i for i in range(12)}
+    torch.save(state, src / "model.pt")
+    a = vault.backup(src)
+    for name in ("w.10", "w.2"):
+        state[name] = state[name] + 1
+    torch.save(state, src / "model.pt")
+    b = vault.backup(src)
+    (changed,) = vault.diff(a, b, tensors=True).files
+    assert changed.tensors is not None and changed.tensors.changed == ["w.2", "w.10"], changed.tensors

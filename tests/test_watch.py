@@ -932,10 +932,12 @@ def test_a_trainer_checkpoint_deleted_before_its_last_file_was_seen_is_not_shipp
             (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         watch.wait_for(lambda: pins_dir.exists() and len(os.listdir(pins_dir)) == 1, what=f"checkpoint-{step}'s pin")
         time.sleep(0.3)  # a few polls: the pin holds what the folder holds
-        if not last_files_seen:  # the rest is written, and the folder deleted, within one poll
+        if not last_files_seen:  # the rest is written, and the folder deleted, within one poll: the
+            watch.proc.send_signal(signal.SIGSTOP)  # watcher is held meanwhile (a poll could land between)
             (folder / "optimizer.pt").write_bytes(os.urandom(100_000))
             (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         shutil.rmtree(folder)
+        watch.proc.send_signal(signal.SIGCONT)
         watch.wait_for(lambda: not os.listdir(pins_dir), what=f"checkpoint-{step}'s pin to go")
     watch.wait_for(lambda: len(watch.shipped()) == 1, what="checkpoint-2 to ship")
     assert watch.finish() == 0, watch.err

@@ -56,7 +56,12 @@ def watch_cmd(
         float, typer.Option("--settle", help="Seconds a checkpoint must stay unchanged to count as complete.")
     ] = 2.0,
     include: Annotated[
-        list[str] | None, typer.Option("--include", "-i", help="Only names matching this glob (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--include",
+            "-i",
+            help="Only names matching this glob (repeatable); logs and configs it names ship too.",
+        ),
     ] = None,
     exclude: ExcludeOpt = None,
     state_dir: Annotated[

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, spelled
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
-from .restore import file_hash, target_error
+from .restore import file_hash, give_owner, target_error
 
 DRILL_PREFIX = "ckptvault-drill-"
 LOCK_FILE = ".drill-lock"
@@ -292,7 +292,7 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
             if not stat.S_ISDIR(st.st_mode):
                 problems.append(f"{entry.path} is not a directory")
             else:
-                _give_owner(path, st, stat.S_IRWXU)
+                give_owner(path, st, stat.S_IRWXU)
         elif entry.type == "symlink":
             if not stat.S_ISLNK(st.st_mode) or os.readlink(path) != entry.target:
                 problems.append(f"{entry.path} is not the symlink the snapshot holds")
@@ -301,16 +301,10 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
         elif stat.S_IMODE(st.st_mode) != entry.mode:
             problems.append(f"{entry.path} has mode {oct(stat.S_IMODE(st.st_mode))}, the snapshot {oct(entry.mode)}")
         else:
-            _give_owner(path, st, stat.S_IRUSR)
+            give_owner(path, st, stat.S_IRUSR)
             if file_hash(path) != entry.blake3:
                 problems.append(f"{entry.path} does not match the snapshot's BLAKE3 hash")
     return problems
-
-
-def _give_owner(path: str, st: os.stat_result, bits: int) -> None:
-    """Give the drill's own copy the owner's ``bits`` (u+r, u+rwx) it lacks."""
-    if st.st_mode & bits != bits:
-        os.chmod(path, stat.S_IMODE(st.st_mode) | bits)
 
 
 def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], list[str]]:

@@ -95,6 +95,21 @@ def is_subset(sig: Signature, of: Signature) -> bool:
     return set(sig) <= set(of)
 
 
+def write_json(path: str, doc: object) -> None:
+    """``doc`` as JSON at ``path``, whole or not at all: written beside it under a temporary name, then
+    renamed over it; the temporary file goes if that fails (a full disk must not be filled further by
+    each retry)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{secrets.token_hex(4)}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 @dataclass
 class Pin:
     """``root/data/<name>`` mirrors the pinned source; ``root/pin.json`` says where it came from."""
@@ -120,15 +135,7 @@ class Pin:
         if self.in_place:
             return
         doc = {"name": self.name, "source": self.source, "source_ino": self.source_ino, "copied": self.copied, **extra}
-        tmp = os.path.join(self.root, f".{META}.{secrets.token_hex(4)}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            os.replace(tmp, os.path.join(self.root, META))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # a full disk must not be filled further by each retry
-            raise
+        write_json(os.path.join(self.root, META), doc)
 
     def release(self) -> None:
         """Delete the pin (its snapshot is durable, or it is no longer wanted). The metadata goes

@@ -125,7 +125,7 @@ def _same_content_unreadable(dest: str, st: os.stat_result, entry: FileEntry) ->
     """A file of ours without the owner's read permission (restored before from a snapshot that holds
     it as 0o200): read with it for a moment (a rerun said "exists and differs", exit 22)."""
     try:
-        os.chmod(dest, stat.S_IMODE(st.st_mode) | stat.S_IRUSR)
+        give_owner(dest, st, stat.S_IRUSR)
     except OSError:
         return False
     try:
@@ -274,9 +274,14 @@ def _writable_until_the_end(folder: str) -> None:
         st = os.stat(folder)
     except FileNotFoundError:
         return
-    wx = stat.S_IWUSR | stat.S_IXUSR
-    if stat.S_ISDIR(st.st_mode) and st.st_mode & wx != wx:
-        os.chmod(folder, stat.S_IMODE(st.st_mode) | wx)
+    if stat.S_ISDIR(st.st_mode):
+        give_owner(folder, st, stat.S_IWUSR | stat.S_IXUSR)
+
+
+def give_owner(path: str, st: os.stat_result, bits: int) -> None:
+    """Add the owner's permission ``bits`` (u+r, u+wx) that ``path`` (stat ``st``) lacks."""
+    if st.st_mode & bits != bits:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | bits)
 
 
 def _set_mode_and_mtime(path: str, entry: FileEntry) -> None:

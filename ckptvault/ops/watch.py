@@ -853,10 +853,7 @@ class Watcher:
         self._on_warning(message)
         self._told.add(name)
         with contextlib.suppress(OSError):  # at worst it is said again next run
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(sorted(self._told), f)
-            os.replace(tmp, path)
+            pins.write_json(path, sorted(self._told))
 
     def _warn_once(self, key: tuple[str, str], message: str) -> None:
         """A local error retried at every poll is reported once, until that stage succeeds."""
