@@ -5,7 +5,8 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,25 @@ def write_file(path: Path, data: bytes, mode: int = 0o644, mtime_ns: int | None 
     if mtime_ns is not None:
         os.utime(path, ns=(mtime_ns, mtime_ns))
     return path
+
+
+DEEP = 1100  # folder levels: past Python's recursion limit (pathlib's and os's makedirs recurse)
+
+
+@contextmanager
+def deep_tree(root: Path, data: bytes = b"deep") -> Iterator[Path]:
+    """``root/d/d/.../d/w.bin`` ``DEEP`` folders down; yields the file's path. Removed on exit with
+    ``rm -rf``: shutil.rmtree, which cleans up tmp_path, recurses too."""
+    deepest = root
+    deepest.mkdir()
+    for _ in range(DEEP):
+        deepest = deepest / "d"
+        deepest.mkdir()
+    (deepest / "w.bin").write_bytes(data)
+    try:
+        yield deepest / "w.bin"
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=True)
 
 
 def tree_digest(root: Path) -> dict[str, tuple]:

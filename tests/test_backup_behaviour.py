@@ -1,6 +1,5 @@
 import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ from ckptvault.errors import SourceError, UsageError
 from ckptvault.ops import backup as backup_module
 from ckptvault.ops import pin as pins
 from ckptvault.ops.names import WATCH_STATE_FOLDER
+from tests.conftest import DEEP, deep_tree
 
 
 def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path):
@@ -322,17 +322,9 @@ def test_a_file_saved_again_by_a_rename_after_the_scan_is_stored_with_its_own_mo
 
 def test_a_tree_deeper_than_pythons_recursion_backs_up(vault: Vault, tmp_path: Path):
     """1,000 nested folders (2,000 bytes of path) were an internal error, RecursionError."""
-    deepest = tmp_path / "src"
-    deepest.mkdir()
-    for _ in range(1100):  # pathlib's and os's makedirs recurse too
-        deepest = deepest / "d"
-        deepest.mkdir()
-    (deepest / "w.bin").write_bytes(b"deep")
-    try:
+    with deep_tree(tmp_path / "src"):
         snap = vault.backup(tmp_path / "src")
-        assert b"".join(vault.read_file(snap, "/".join(["d"] * 1100 + ["w.bin"]))) == b"deep"
-    finally:  # shutil.rmtree, which cleans up tmp_path, recurses too
-        subprocess.run(["rm", "-rf", str(tmp_path / "src")], check=True)
+        assert b"".join(vault.read_file(snap, "/".join(["d"] * DEEP + ["w.bin"]))) == b"deep"
 
 
 def test_a_backup_whose_every_file_was_left_out_while_read_commits_nothing(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_file
+from tests.conftest import deep_tree, write_file
 
 torch = pytest.importorskip("torch", reason="the drill's --load tests need torch (pip install torch==2.13.0)")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -48,6 +48,16 @@ def test_drill_restores_verifies_loads_times_each_phase_and_cleans_up(tmp_path, 
     assert kept.is_dir() and list(kept.iterdir()) == []  # a folder that was there stays
     text = cli("drill", "--tag", "run=d", "--repo", repo_url).stdout.decode()
     assert "fetch" in text and "verify" in text and "recovery OK" in text
+
+
+def test_a_tree_deeper_than_pythons_recursion_drills_and_leaves_nothing(tmp_path, vault):
+    """The drill removed what it restored with shutil.rmtree: RecursionError, an internal error."""
+    with deep_tree(tmp_path / "src"):
+        vault.backup(tmp_path / "src")
+    scratch = tmp_path / "scratch"
+    report = vault.drill("latest", workdir=scratch)
+    assert report.ok and report.files == 1 and report.bytes == 4
+    assert not scratch.exists()
 
 
 def test_a_file_that_restores_intact_but_does_not_load_fails_the_drill(tmp_path, repo_url, vault, cli):

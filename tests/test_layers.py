@@ -13,6 +13,7 @@ LAYERS = {
     "codec": 1,
     "bytegroup": 1,
     "memcopy": 1,
+    "localtree": 1,
     "formats": 1,
     "blob": 2,
     "crypto": 3,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault.ops import pin as pins
+from tests.conftest import DEEP, deep_tree
 
 
 def test_a_release_killed_half_way_is_discarded_not_shipped_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -20,12 +21,12 @@ def test_a_release_killed_half_way_is_discarded_not_shipped_partial(tmp_path: Pa
     for f in ckpt.iterdir():  # rotated away by the trainer: the pin holds the only copy
         f.unlink()
 
-    def killed_after_one_file(path, ignore_errors=False):
+    def killed_after_one_file(path):
         first = next(f for f in sorted(Path(path).rglob("*")) if f.is_file())
         first.unlink()
         raise SystemExit("killed")  # the process dies with the rest of the pin still on disk
 
-    monkeypatch.setattr(pins.shutil, "rmtree", killed_after_one_file)
+    monkeypatch.setattr(pins, "remove_tree", killed_after_one_file)
     with pytest.raises(SystemExit):
         p.release()
     monkeypatch.undo()
@@ -62,3 +63,13 @@ def test_a_pin_that_fails_half_made_leaves_nothing_behind(tmp_path: Path, monkey
     with pytest.raises(IsADirectoryError):
         p.save_meta(digest="0" * 16)
     assert sorted(os.listdir(p.root)) == [pins.DATA, pins.META]
+
+
+def test_a_checkpoint_deeper_than_pythons_recursion_is_pinned_and_released(tmp_path: Path):
+    """The signature, the links and the release each recursed once per folder: RecursionError."""
+    with deep_tree(tmp_path / "checkpoint-100", os.urandom(1000)):
+        p = pins.create(str(tmp_path / "checkpoint-100"), str(tmp_path / "staging"))
+        sig = pins.signature(str(tmp_path / "checkpoint-100"))
+        assert len(sig) == DEEP + 1 and pins.signature(p.data) == sig
+        p.release()
+        assert not os.path.exists(p.root)

@@ -21,6 +21,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.cli.cmd_watch import SAME_SIGNAL_S
+from tests.conftest import DEEP, deep_tree
 from tests.support.rotating_writer import expected_files, publish
 from tests.support.tmpfs import mounted_tmpfs
 
@@ -253,6 +254,21 @@ def test_once_ships_what_is_complete_ignores_temporary_names_and_never_twice(tmp
         assert set(by_name) == {"step_100", "step_200", "latest.pt"}
         assert by_name["step_200"].tags["step"] == "200"
         assert "step" not in by_name["latest.pt"].tags
+
+
+def test_a_checkpoint_deeper_than_pythons_recursion_ships(tmp_path, repo, cli):
+    """Pinning it and looking for files still being written in it each recursed per folder level:
+    an internal error, RecursionError."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    with deep_tree(ckpts / "checkpoint-5") as deepest:
+        (deepest.parent / "w.bin.tmp").write_bytes(b"half")  # a name still being written: not shipped
+        out = cli("watch", str(ckpts), "--repo", repo, "--once", "--settle", "0.2").stdout.decode()
+        assert out.startswith("shipped checkpoint-5 step 5 as snapshot"), out
+    with Vault.open(repo) as vault:
+        (snap,) = vault.snapshots()
+        files = [e.path for e in vault.files(snap) if e.type == "file"]
+        assert files == ["/".join(["d"] * DEEP + ["w.bin"])]
 
 
 def test_a_checkpoint_still_being_written_in_place_is_shipped_once_it_settles(tmp_path, repo):

@@ -31,7 +31,6 @@ import errno
 import fcntl
 import os
 import pickle
-import shutil
 import stat
 import tempfile
 import time
@@ -40,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, spelled
+from ..localtree import remove_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
 from .restore import file_hash, give_owner, target_error
@@ -197,27 +197,11 @@ def _remove_all_but_the_lock(folder: str) -> int:
     """``rm -rf`` of the folder's entries but its lock file, also through folders restored with a
     read-only mode (as TemporaryDirectory does); returns the bytes its files held on the disk. The
     lock file goes last: what a kill or an error leaves is still locked, so a later drill sweeps it."""
-    held = 0
-    for root, dirs, files in os.walk(folder):
-        for name in dirs:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):  # a link's target lies outside: never changed
-                with contextlib.suppress(OSError):
-                    os.chmod(path, 0o700)
-        for name in files:
-            with contextlib.suppress(OSError):
-                held += os.lstat(os.path.join(root, name)).st_blocks * 512
-    with contextlib.suppress(OSError):
-        for name in os.listdir(folder):
-            path = os.path.join(folder, name)
-            if name == LOCK_FILE:
-                continue
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-    return held
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    return sum(remove_tree(os.path.join(folder, name)) for name in names if name != LOCK_FILE)
 
 
 def _remove_lock_and_folder(folder: str) -> bool:

@@ -22,13 +22,13 @@ import functools
 import os
 import re
 import secrets
-import shutil
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from ..localtree import remove_tree
 from ..repository.locks import pid_alive, process_table
 from . import pin as pins
 from .pin import Pin
@@ -236,7 +236,7 @@ def _take_over_locked(
         loaded = pins.read(root)
         if loaded is None:
             if now_ns - pinned_ns > UNFINISHED_AFTER_S * 1e9:
-                shutil.rmtree(root, ignore_errors=True)
+                remove_tree(root)
             continue
         pin, doc = loaded
         job, owner = JobRecord.from_doc(doc.get(JOB_KEY)), doc.get(OWNER_KEY)

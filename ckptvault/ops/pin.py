@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..localtree import remove_tree
 from .names import is_unfinished
 
 log = logging.getLogger("ckptvault")
@@ -58,7 +59,27 @@ def signature(path: str, excluded: Excluded | None = None) -> Signature:
     if not stat.S_ISDIR(st.st_mode):
         return (_describe("", path, st),)
     out: list[tuple[str, ...]] = []
-    _walk_signature(path, "", out, excluded)
+    folders = [(path, "")]  # a stack, not recursion: a checkpoint may nest deeper than Python's limit
+    while folders:
+        directory, prefix = folders.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            if not prefix:
+                raise
+            continue  # deleted while we looked: the next look sees the rest
+        for entry in entries:
+            rel = f"{prefix}/{entry.name}" if prefix else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if excluded is not None and excluded(rel, stat.S_ISDIR(st.st_mode)):
+                    continue
+                out.append(_describe(rel, entry.path, st))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                folders.append((entry.path, rel))
     return tuple(sorted(out))
 
 
@@ -68,22 +89,6 @@ def _describe(rel: str, path: str, st: os.stat_result) -> tuple[str, ...]:
     if stat.S_ISDIR(st.st_mode):
         return (rel, "d")
     return (rel, "f", str(st.st_size), str(st.st_mtime_ns))
-
-
-def _walk_signature(directory: str, prefix: str, out: list[tuple[str, ...]], excluded: Excluded | None) -> None:
-    with os.scandir(directory) as it:
-        entries = list(it)
-    for entry in entries:
-        rel = f"{prefix}/{entry.name}" if prefix else entry.name
-        try:
-            st = entry.stat(follow_symlinks=False)
-            if excluded is not None and excluded(rel, stat.S_ISDIR(st.st_mode)):
-                continue
-            out.append(_describe(rel, entry.path, st))
-            if stat.S_ISDIR(st.st_mode):
-                _walk_signature(entry.path, rel, out, excluded)
-        except FileNotFoundError:
-            continue  # deleted while we looked: the next look sees the rest
 
 
 def digest(sig: Signature) -> str:
@@ -145,7 +150,7 @@ class Pin:
             return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.root, META))
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
         parent = os.path.dirname(self.root)
         with contextlib.suppress(OSError):
             os.rmdir(parent)  # the staging folder goes when its last pin does
@@ -158,7 +163,7 @@ def new_pin_root(staging: str) -> str:
     try:
         os.makedirs(os.path.join(root, DATA))
     except BaseException:
-        shutil.rmtree(root, ignore_errors=True)  # ENOSPC between the two folders
+        remove_tree(root)  # ENOSPC between the two folders
         raise
     return root
 
@@ -187,7 +192,7 @@ def create(
         sync(pin, link_only=link_only)
         pin.save_meta(**(meta(pin) if meta else {}))
     except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
         raise
     return pin
 
@@ -208,7 +213,7 @@ def load(root: str) -> Pin | None:
     removed: its source was never pinned before a crash, so it was never promised)."""
     loaded = read(root)
     if loaded is None:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
         return None
     return loaded[0]
 
@@ -246,7 +251,7 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         return  # the name now holds another checkpoint; this pin keeps the old one
     if stat.S_ISDIR(st.st_mode):
         os.makedirs(pin.data, exist_ok=True)
-        _sync_dir(pin, pin.source, st, pin.data, "", link_only)
+        _sync_tree(pin, pin.source, st, link_only)
     elif pin.excluded is not None and pin.excluded("", False):
         # a file source the backup leaves out (one of several): an empty stand-in keeps the job's
         # sources, and so the snapshot's paths, as given, and its changes count for nothing
@@ -256,20 +261,34 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         _sync_file(pin, pin.source, pin.data, link_only)
 
 
-def _sync_dir(pin: Pin, src_dir: str, src_st: os.stat_result, dst_dir: str, prefix: str, link_only: bool) -> None:
-    try:
-        with os.scandir(src_dir) as it:
-            entries = list(it)
-    except FileNotFoundError:
-        return
-    _sync_entries(pin, entries, dst_dir, prefix, link_only)
+def _sync_tree(pin: Pin, source: str, source_st: os.stat_result, link_only: bool) -> None:
+    """Bring the pin's folder tree up to date with a source folder (a stack, not recursion: a
+    checkpoint may nest deeper than Python's limit)."""
+    folders = [(source, source_st, pin.data, "")]
+    synced: list[tuple[str, os.stat_result]] = []
+    while folders:
+        src_dir, src_st, dst_dir, prefix = folders.pop()
+        try:
+            with os.scandir(src_dir) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            continue
+        synced.append((dst_dir, src_st))
+        folders.extend(_sync_entries(pin, entries, dst_dir, prefix, link_only))
     # the backup of the pin stores its folders' mode and mtime: the source's (the owner keeps rwx:
-    # this process links into the pin and removes it); set last, as each link moves the mtime
-    os.chmod(dst_dir, stat.S_IMODE(src_st.st_mode) | stat.S_IRWXU)
-    os.utime(dst_dir, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
+    # this process links into the pin and removes it); set last, inner folders first, as each link
+    # or folder made moves the mtime
+    for dst_dir, src_st in reversed(synced):
+        os.chmod(dst_dir, stat.S_IMODE(src_st.st_mode) | stat.S_IRWXU)
+        os.utime(dst_dir, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
 
 
-def _sync_entries(pin: Pin, entries: list[os.DirEntry[str]], dst_dir: str, prefix: str, link_only: bool) -> None:
+def _sync_entries(
+    pin: Pin, entries: list[os.DirEntry[str]], dst_dir: str, prefix: str, link_only: bool
+) -> list[tuple[str, os.stat_result, str, str]]:
+    """Link or copy the files and links among ``entries``; the folders, made in the pin, are returned
+    for the caller to fill."""
+    folders = []
     for entry in entries:
         if is_unfinished(entry.name):
             continue  # still being written: it is pinned under its final name once renamed
@@ -283,7 +302,7 @@ def _sync_entries(pin: Pin, entries: list[os.DirEntry[str]], dst_dir: str, prefi
                 if (st.st_dev, st.st_ino) == pin.skip_dir:
                     continue
                 os.makedirs(dst, exist_ok=True)
-                _sync_dir(pin, entry.path, st, dst, rel, link_only)
+                folders.append((entry.path, st, dst, rel))
             elif stat.S_ISLNK(st.st_mode):
                 target = os.readlink(entry.path)
                 if not os.path.islink(dst) or os.readlink(dst) != target:
@@ -292,6 +311,7 @@ def _sync_entries(pin: Pin, entries: list[os.DirEntry[str]], dst_dir: str, prefi
                 _sync_file(pin, entry.path, dst, link_only, st)
         except FileNotFoundError:
             continue  # deleted while we looked
+    return folders
 
 
 def _sync_file(pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result | None = None) -> None:

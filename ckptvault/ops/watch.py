@@ -986,22 +986,19 @@ def _temporary_activity(pin: pins.Pin) -> pins.Signature:
     those in what the exclude patterns leave out."""
     if not os.path.isdir(pin.source) or not pins.source_alive(pin):
         return ()
+    try:
+        found = pins.signature(pin.source, pin.excluded)
+    except FileNotFoundError:
+        return ()  # rotated away meanwhile: the pin holds what was seen
     out = []
-    for dirpath, dirnames, filenames in os.walk(pin.source):
-        rel_dir = os.path.relpath(dirpath, pin.source).replace(os.sep, "/")
-        prefix = "" if rel_dir == "." else rel_dir + "/"
-        if pin.excluded is not None:
-            dirnames[:] = [d for d in dirnames if not pin.excluded(prefix + d, True)]  # not walked into
-            filenames = [f for f in filenames if not pin.excluded(prefix + f, False)]
-        for name in filenames + dirnames:
-            if is_unfinished(name):
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    continue
-                out.append(("~" + os.path.relpath(path, pin.source), str(st.st_size), str(st.st_mtime_ns)))
-    return tuple(sorted(out))
+    for rel, *_ in found:
+        if is_unfinished(rel.rpartition("/")[2]):
+            try:
+                st = os.lstat(os.path.join(pin.source, rel))  # a folder's too: its files come and go
+            except FileNotFoundError:
+                continue
+            out.append(("~" + rel, str(st.st_size), str(st.st_mtime_ns)))
+    return tuple(out)
 
 
 class _exclusive:
