@@ -131,6 +131,25 @@ def test_a_folder_where_the_snapshot_has_a_file_is_refused_even_with_overwrite(r
     assert (target / "big.bin" / "user-data").read_bytes() == b"keep me"
 
 
+def test_a_path_too_long_for_the_target_is_refused_before_writing(run, vault: Vault, tmp_path: Path):
+    """A file whose path under the target leaves no room for its 40-byte temporary name below
+    PATH_MAX failed as a write ("check that disk", exit 20) once earlier files were in place."""
+    src = tmp_path / "s"
+    deep = src
+    while len(os.fsencode(deep)) < 4080 - 201:
+        deep /= "p" * 200
+    deep /= "q" * (4080 - len(os.fsencode(deep)) - 3)
+    deep.mkdir(parents=True)
+    (deep / "x").write_bytes(b"far")  # 4,080 bytes of path: legal, and backed up
+    write_file(src / "a.bin", b"near")
+    snap_id = vault.backup(src).id
+    target = tmp_path / "t"  # as long as src: x's folder plus a temporary name is over 4,095 bytes
+    line = one_line_error(run("restore", snap_id, str(target)), 22, "would need a path of 4,119 bytes", "shorter path")
+    assert not target.exists(), line
+    assert run("restore", snap_id, str(target), "--include", "a.bin").returncode == 0
+    assert (target / "a.bin").read_bytes() == b"near"
+
+
 # ---- arguments ------------------------------------------------------------------------------
 
 

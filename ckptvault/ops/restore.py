@@ -54,6 +54,8 @@ from .progress import NullProgress, Progress
 
 TEMP_MARK = ".ckptvault-tmp-"
 _TEMP_RANDOM = 8  # hex digits after a name's temp stem
+_TEMP_NAME_BYTES = len(TEMP_MARK) + 16 + 1 + _TEMP_RANDOM  # see temp_stem
+PATH_MAX = 4096  # Linux: bytes in a path given to a system call, its closing NUL included
 _LEFTOVER_NAME = re.compile(rf"{re.escape(TEMP_MARK)}[0-9a-f]{{16}}-[0-9a-f]{{{_TEMP_RANDOM}}}")  # see temp_stem
 READ_BLOCK = 4 * 1024 * 1024
 
@@ -145,6 +147,7 @@ class _Planner:
         self.conflicts: list[str] = []  # differing files and symlinks: --overwrite replaces them
         self.clashes: dict[str, str] = {}  # a folder against a non-folder: never replaced (path -> why)
         self.skip: set[str] = set()
+        self.too_long: list[str] = []  # paths the system cannot take under this target
 
     def dest(self, entry: FileEntry) -> str:
         return os.path.join(self.target, *entry.path.split("/"))
@@ -177,6 +180,8 @@ class _Planner:
         )
 
     def check(self, entry: FileEntry) -> None:
+        if self._too_long(entry):
+            return
         self._check_ancestors(entry)
         if entry.type == "file":
             self._check_chunks(entry)
@@ -201,6 +206,18 @@ class _Planner:
             self.skip.add(entry.path)
         else:
             self._conflict(entry, "exists and differs")
+
+    def _too_long(self, entry: FileEntry) -> bool:
+        """A path over PATH_MAX here, or one whose temporary name (a file is written under one beside
+        it first) would be: found now, not as a write error once other files are in place."""
+        dest = os.fsencode(self.dest(entry))
+        longest = len(dest)
+        if entry.type == "file":
+            longest = max(longest, len(os.path.dirname(dest)) + 1 + _TEMP_NAME_BYTES)
+        if longest < PATH_MAX:
+            return False
+        self.too_long.append(f"{entry.path} would need a path of {longest:,} bytes")
+        return True
 
     def _conflict(self, entry: FileEntry, why: str) -> None:
         if not self.overwrite or self.dest(entry) == self.target:
@@ -379,6 +396,13 @@ def run_restore(
         _refuse_vault_folder(entries, vault_folder, target)
     for entry in entries:
         planner.check(entry)
+    if planner.too_long:
+        more = f" (and {len(planner.too_long) - 1} more)" if len(planner.too_long) > 1 else ""
+        raise RestoreConflictError(
+            f"cannot restore into {target}: {planner.too_long[0]}{more}, over the {PATH_MAX - 1:,} the system "
+            f"allows (a file is written under a {_TEMP_NAME_BYTES}-byte temporary name first); restore into a "
+            f"folder with a shorter path, or leave such paths out with {spelled('--include', 'include')}"
+        )
     if planner.clashes:
         clashes = list(planner.clashes.values())
         more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
