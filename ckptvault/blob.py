@@ -79,6 +79,7 @@ class BlobCodec:
         self.compressor = compressor
         self.sealer = sealer
         self._header = bytes([ENVELOPE_VERSION, sealer.mode])
+        self._downgraded = False  # an encrypted object was read under a config that says "none"
 
     def _aad(self, kind: Kind, object_id: bytes) -> bytes:
         return self._header + bytes([kind]) + object_id
@@ -90,6 +91,16 @@ class BlobCodec:
             return False
         return True
 
+    def refuse_if_downgraded(self) -> None:
+        """Once one encrypted object was seen, nothing more is written in the clear, whoever caught the
+        first error (a reader that reads around damaged objects takes it for one)."""
+        if self._downgraded:
+            raise ConfigDowngradedError(
+                "the vault's config says it is not encrypted, but its objects are: the config was altered or "
+                "replaced; nothing was written; put back the config with its encryption section (from a copy) "
+                "and give the keyfile"
+            )
+
     def encode(self, kind: Kind, object_id: bytes, data: bytes | memoryview, runs: Sequence[ElementRun] = ()) -> bytes:
         """``runs``: where whole tensor elements lie in ``data`` (chunks only), for codec 2."""
         return b"".join(self.encode_parts(kind, object_id, data, runs))
@@ -97,6 +108,7 @@ class BlobCodec:
     def encode_parts(
         self, kind: Kind, object_id: bytes, data: bytes | memoryview, runs: Sequence[ElementRun] = ()
     ) -> BlobParts:
+        self.refuse_if_downgraded()
         codec, payload = self.compressor.compress(data, runs)
         return [self._header, *self.sealer.seal(kind, self._aad(kind, object_id), [bytes([codec]), payload])]
 
@@ -110,6 +122,7 @@ class BlobCodec:
     ) -> BlobParts:
         """A chunk blob of codec 3, as parts: ``data`` coded against ``base`` (the plaintext of chunk
         ``base_id``). The base ID sits in the payload, inside the checksum or the AEAD: it cannot be swapped."""
+        self.refuse_if_downgraded()
         payload = self.compressor.compress_delta(data, base, base_id, runs)
         return [
             self._header,
@@ -163,11 +176,8 @@ class BlobCodec:
             # an encrypted object where the config says "none" (and not a plain object whose mode byte
             # flipped: that one still verifies as what it is)
             if self.sealer.mode == SEAL_NONE and view[1] == SEAL_AES256GCM and not self._unseals(kind, object_id, view):
-                raise ConfigDowngradedError(
-                    "the vault's config says it is not encrypted, but its objects are: the config was altered or "
-                    "replaced; nothing was written; put back the config with its encryption section (from a copy) "
-                    "and give the keyfile"
-                )
+                self._downgraded = True
+                self.refuse_if_downgraded()
             raise IntegrityError(f"blob seal mode {view[1]} does not match the repository's ({self.sealer.mode})")
         inner = self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
         if len(inner) < 1:

@@ -268,8 +268,9 @@ def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monke
     assert keyfile.unlock("right passphrase").material == master.material and keyfile_module._AHEAD == {}
 
 
+@pytest.mark.parametrize("withheld", [(), ("index", "snapshots")], ids=["all-there", "index-and-snapshots-withheld"])
 def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
-    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, cli
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, cli, withheld: tuple[str, ...]
 ):
     # someone with write access to the storage sets "mode": "none": a backup without a keyfile wrote
     # a snapshot in the clear, and check called every real snapshot damaged and advised forgetting them
@@ -279,8 +280,13 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
     config_path = Path(url) / "config"
     config = json.loads(config_path.read_text())
     config_path.write_text(json.dumps({**config, "encryption": {"mode": "none"}}))
+    for folder in withheld:  # moved aside: with nothing listed but the packs, the backup read only their
+        (Path(url) / folder).rename(tmp_path / folder)  # headers, took them for damaged and wrote in the clear
     before = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
-    for args in (["backup", str(marked_tree)], ["check"], ["snapshots"], ["restore", "latest", str(tmp_path / "o")]):
+    commands = [["backup", str(marked_tree)], ["check"]]
+    if not withheld:  # (with no snapshot objects, these read nothing encrypted: "no snapshots")
+        commands += [["snapshots"], ["restore", "latest", str(tmp_path / "o")]]
+    for args in commands:
         proc = cli(*args, "--repo", url, check=False)
         err = proc.stderr.decode()
         assert proc.returncode == 30 and "config says it is not encrypted, but its objects are" in err, (args, err)

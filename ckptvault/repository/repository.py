@@ -26,6 +26,7 @@ from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
     CkptVaultError,
+    ConfigDowngradedError,
     IntegrityError,
     KeyfileMismatchError,
     KeyfileNotFoundError,
@@ -334,6 +335,8 @@ class Repository:
                 continue
             try:
                 described[pack_id] = self.read_pack_header(pack_id, size)
+            except ConfigDowngradedError:
+                raise  # not one damaged pack: the whole vault is misread
             except CkptVaultError:
                 unreadable.append(pack_id)
         return described, unreadable
