@@ -4,6 +4,8 @@ import json
 import os
 from pathlib import Path
 
+from ckptvault.crypto.keyfile import Keyfile
+
 from .test_cli import one_line_error
 
 
@@ -88,3 +90,30 @@ def test_a_passphrase_piped_on_standard_input(cli, tmp_path: Path):
     )
     listed = cli("snapshots", "--repo", repo, "-k", key, "--json", CKPTVAULT_PASSPHRASE="new secret")
     assert len(json.loads(listed.stdout)) == 1
+
+
+def test_passwd_keeps_the_keyfiles_scrypt_settings_and_can_raise_its_cost(cli, tmp_path: Path):
+    """passwd wrote r=8, p=1 whatever the keyfile had, and a keyfile's cost could never be raised."""
+    path = str(tmp_path / "k.key")
+    key, master = Keyfile.create("first passphrase", scrypt_n=2**14, scrypt_r=16, scrypt_p=2)
+    key.save(path)
+    env = {"CKPTVAULT_PASSPHRASE": "first passphrase", "CKPTVAULT_NEW_PASSPHRASE": "second passphrase"}
+    cli("key", "passwd", "-k", path, **env)
+    kept = Keyfile.load(path)
+    assert (kept.kdf.n, kept.kdf.r, kept.kdf.p) == (2**14, 16, 2)
+    env = {"CKPTVAULT_PASSPHRASE": "second passphrase", "CKPTVAULT_NEW_PASSPHRASE": "third passphrase"}
+    cli("key", "passwd", "-k", path, "--kdf-cost", "15", **env)
+    raised = Keyfile.load(path)
+    assert (raised.kdf.n, raised.kdf.r, raised.kdf.p) == (2**15, 16, 2)
+    assert raised.unlock("third passphrase").material == master.material
+    env = {"CKPTVAULT_PASSPHRASE": "third passphrase", "CKPTVAULT_NEW_PASSPHRASE": "fourth passphrase"}
+    lowered = cli("key", "passwd", "-k", path, "--kdf-cost", "14", **env)
+    assert "a guess gets cheaper" in lowered.stderr.decode()
+
+
+def test_a_new_passphrase_of_spaces_is_refused(cli, tmp_path: Path):
+    proc = cli(
+        "key", "generate", "-k", str(tmp_path / "k.key"), "--kdf-cost", "14", CKPTVAULT_PASSPHRASE=" " * 12, check=False
+    )
+    assert proc.returncode == 2 and "shorter than 8 characters, not counting spaces" in proc.stderr.decode()
+    assert not (tmp_path / "k.key").exists()

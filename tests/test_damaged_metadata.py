@@ -183,6 +183,19 @@ def test_unreadable_lock_goes_stale_by_its_age_and_plain_unlock_removes_it(
     assert "removed 1 lock(s)" in removed.stdout.decode() and not lock.exists()
 
 
+def test_an_unreadable_lock_written_in_the_future_blocks_nothing(two_snapshots, cli: Callable):
+    """Its age counted from a modification time set to 2099 (anyone who can write to the storage can
+    set it): it blocked every command until ``unlock --remove-all``."""
+    repo, _, _, src = two_snapshots
+    lock = Path(repo) / "locks" / ("ab" * 32)
+    lock.write_bytes(b"junk lock bytes")
+    future = datetime(2099, 1, 1, tzinfo=timezone.utc).timestamp()
+    os.utime(lock, (future, future))
+    cli("backup", "--repo", repo, str(src))
+    removed = cli("unlock", "--repo", repo)
+    assert "removed 1 lock(s)" in removed.stdout.decode() and not lock.exists()
+
+
 def test_empty_lock_object_blocks_nothing_and_unlock_removes_it(two_snapshots, cli: Callable):
     """A PUT abandoned at its deadline on a hung server can land as an empty object (SeaweedFS): it
     was never a held lock, so it must not block the vault for the 30 minutes of an unreadable one."""

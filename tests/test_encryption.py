@@ -295,3 +295,24 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
     assert after == before and MARKER.encode() not in b"".join(
         p.read_bytes() for p in Path(url).rglob("*") if p.is_file()
     )
+
+
+@pytest.mark.parametrize("field", ["id", "key_verifier"])
+def test_a_config_whose_verifier_fails_under_the_right_key_is_called_altered(
+    tmp_path: Path, keyfile: Keyfile, field: str
+):
+    """The right keyfile and passphrase, the config's id or verifier changed: it said the keyfile did not
+    belong to the vault, sending the user after another keyfile."""
+    url = str(tmp_path / "vault")
+    Vault.init(url, keyfile=keyfile.path, passphrase=PASS).close()
+    Vault.init(str(tmp_path / "other"), keyfile=keyfile.path, passphrase=PASS).close()
+    other_config = json.loads((tmp_path / "other" / "config").read_text())
+    config_path = Path(url) / "config"
+    config = json.loads(config_path.read_text())
+    if field == "id":
+        config["id"] = "0" * 32
+    else:  # a verifier of the same key, for another vault
+        config["encryption"]["key_verifier"] = other_config["encryption"]["key_verifier"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(IntegrityError, match="config was altered or replaced"):
+        Vault.open(url, keyfile=keyfile.path, passphrase=PASS)

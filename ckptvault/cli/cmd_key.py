@@ -23,6 +23,14 @@ KeyfilePathOpt = Annotated[
 ]
 
 
+KDF_COST_HELP = "scrypt cost as log2(N): 17 takes ~0.3 s and 128 MiB; higher is slower to guess."
+
+
+def _check_kdf_cost(kdf_cost: int) -> None:
+    if not 14 <= kdf_cost <= 24:
+        raise UsageError(f"--kdf-cost {kdf_cost} is out of range; use 14..24")
+
+
 def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     """A new passphrase: from the file or the environment as is, or asked twice on a terminal."""
     from_terminal = passphrase_file == "-" and sys.stdin.isatty()  # asked twice, as without the option
@@ -34,9 +42,12 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
             raise UsageError("the two passphrases differ; nothing was written")
     else:
         raise PassphraseRequiredError(env=env, option=option)
-    if len(new.rstrip("\r\n")) < 8:
+    if len(new.strip()) < 8:  # spaces count only between other characters
         source = option if passphrase_file else env if env in os.environ else "the prompt"
-        raise UsageError(f"the new passphrase (from {source}) is shorter than 8 characters; choose a longer one")
+        raise UsageError(
+            f"the new passphrase (from {source}) is shorter than 8 characters, not counting spaces at its ends; "
+            "choose a longer one"
+        )
     return new
 
 
@@ -45,17 +56,14 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
 def generate_cmd(
     keyfile: KeyfilePathOpt,
     passphrase_file: PassphraseFileOpt = None,
-    kdf_cost: Annotated[
-        int, typer.Option(help="scrypt cost as log2(N): 17 takes ~0.3 s and 128 MiB; higher is slower to guess.")
-    ] = DEFAULT_SCRYPT_N.bit_length() - 1,
+    kdf_cost: Annotated[int, typer.Option(help=KDF_COST_HELP)] = DEFAULT_SCRYPT_N.bit_length() - 1,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Create a keyfile holding a new random key, protected by a passphrase (asked twice)."""
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile)
-    if not 14 <= kdf_cost <= 24:
-        raise UsageError(f"--kdf-cost {kdf_cost} is out of range; use 14..24")
+    _check_kdf_cost(kdf_cost)
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
     key, _ = Keyfile.create(passphrase, scrypt_n=2**kdf_cost)
     key = key.save(keyfile)
@@ -75,18 +83,23 @@ def passwd_cmd(
             "else asked)."
         ),
     ] = None,
+    kdf_cost: Annotated[int | None, typer.Option(help=KDF_COST_HELP + " Default: the keyfile's.")] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Change a keyfile's passphrase. The key, and so the vault's data, stay the same."""
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile)
+    if kdf_cost is not None:
+        _check_kdf_cost(kdf_cost)
     if passphrase_file == "-" and new_passphrase_file == "-":
         raise UsageError("--passphrase-file and --new-passphrase-file cannot both be '-' (one standard input)")
     key = Keyfile.load(keyfile)
     master = key.unlock(passphrase_source(passphrase_file, prompt="current passphrase")())
     new = _new_passphrase(new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file")
-    key = key.with_passphrase(master, new).save(key.path, overwrite=True)
+    if kdf_cost is not None and 2**kdf_cost < key.kdf.n:
+        out.warn(f"--kdf-cost {kdf_cost} is below the keyfile's {key.kdf.n.bit_length() - 1}: a guess gets cheaper")
+    key = key.with_passphrase(master, new, None if kdf_cost is None else 2**kdf_cost).save(key.path, overwrite=True)
     out.result(_describe(key), f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged)")
 
 

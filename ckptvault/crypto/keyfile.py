@@ -166,6 +166,8 @@ class Keyfile:
         *,
         master: MasterKey | None = None,
         scrypt_n: int = DEFAULT_SCRYPT_N,
+        scrypt_r: int = KdfParams.r,
+        scrypt_p: int = KdfParams.p,
         salt: bytes | None = None,
         nonce: bytes | None = None,
         created: str | None = None,
@@ -178,7 +180,7 @@ class Keyfile:
         if not 2 <= scrypt_n <= MAX_SCRYPT_N or scrypt_n & (scrypt_n - 1):
             raise UsageError(f"scrypt n={scrypt_n} must be a power of two, at most 2^24")
         master = master or MasterKey.generate()
-        kdf = KdfParams(n=scrypt_n, salt=salt or secrets.token_bytes(SALT_SIZE))
+        kdf = KdfParams(n=scrypt_n, r=scrypt_r, p=scrypt_p, salt=salt or secrets.token_bytes(SALT_SIZE))
         nonce = nonce or secrets.token_bytes(NONCE_SIZE)
         wrapped = nonce + AESGCM(kdf.derive(secret)).encrypt(nonce, master.material, WRAP_AAD)
         created = created or datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -207,9 +209,17 @@ class Keyfile:
         except InvalidTag:
             return None
 
-    def with_passphrase(self, master: MasterKey, new_passphrase: str) -> Keyfile:
-        """The same master key under a new passphrase (and a new salt)."""
-        fresh, _ = Keyfile.create(new_passphrase, master=master, scrypt_n=self.kdf.n, created=self.created)
+    def with_passphrase(self, master: MasterKey, new_passphrase: str, scrypt_n: int | None = None) -> Keyfile:
+        """The same master key under a new passphrase (and a new salt), with this keyfile's scrypt
+        settings but for ``scrypt_n`` when given."""
+        fresh, _ = Keyfile.create(
+            new_passphrase,
+            master=master,
+            scrypt_n=scrypt_n or self.kdf.n,
+            scrypt_r=self.kdf.r,
+            scrypt_p=self.kdf.p,
+            created=self.created,
+        )
         return replace(fresh, path=self.path)
 
     # ---- files -----------------------------------------------------------------------

@@ -67,9 +67,10 @@ has no time ckptvault can trust, so its age counts from when the storage wrote i
 modification time; a holder writes a new object at every refresh, so that is its last refresh).
 Until it is stale it conflicts like a live exclusive lock (a newer ckptvault's lock: with
 UnsupportedFormatError, exit 17); once stale, it is ignored, and ``unlock`` and exclusive lockers
-remove it like any stale lock. Where the store reports no modification time it counts as stale at
-once: a live holder writes a fresh, readable lock every ``refresh_every``, so such an object is
-not how a live holder is known for long. An empty lock object is stale at once: a sealed lock is
+remove it like any stale lock. Where the store reports no modification time, or one further in the
+future than ``stale_after`` (no clock is that far off; a ``touch`` is), it counts as stale at once: a
+live holder writes a fresh, readable lock every ``refresh_every``, so such an object is not how a live
+holder is known for long. An empty lock object is stale at once: a sealed lock is
 never empty, but a PUT abandoned at its deadline (a hung server) can land as an empty object
 (SeaweedFS), and its writer, whose write failed, never counted it as held.
 """
@@ -235,7 +236,10 @@ class LockManager:
         when = self.lock_time(lock)
         if when is None:  # an unreadable lock of unknown age (module docstring)
             return True
-        if (now or self.clock()) - when > self.stale_after:
+        now = now or self.clock()
+        if now - when > self.stale_after:
+            return True
+        if lock.unreadable and when - now > self.stale_after:  # "written" in the future: of unknown age too
             return True
         if lock.unreadable or lock.hostname != socket.gethostname() or lock.pid_table != process_table():
             return False  # its process cannot be looked up from here (None: a lock that does not say)

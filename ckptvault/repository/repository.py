@@ -226,7 +226,12 @@ class Repository:
                 raise KeyfileMismatchError(keyfile.path, store.url)
             master = keyfile.unlock(resolve_passphrase(passphrase))
             if not check_verifier(master, config.repo_id, config.key_verifier or ""):
-                raise KeyfileMismatchError(keyfile.path, store.url)
+                if master.fingerprint != config.key_fingerprint:
+                    raise KeyfileMismatchError(keyfile.path, store.url)
+                raise IntegrityError(  # the right key: the config's id or verifier is what changed
+                    f"the config of {store.url} does not verify under this keyfile's key, though its key fingerprint "
+                    "is this key's: the config was altered or replaced; put it back from a copy"
+                )
         elif keyfile is not None:
             raise UsageError(
                 f"vault {store.url} is not encrypted but a keyfile was given; refusing, so that nothing meant to be "
