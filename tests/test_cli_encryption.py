@@ -52,11 +52,20 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         (["snapshots", "--repo", repo, "-k", key], {}, 16, "CKPTVAULT_PASSPHRASE, pass --passphrase-file"),
         (["init", str(tmp_path / "v2"), "--encrypt"], env, 2, "--encrypt needs --keyfile"),
         (["key", "generate", "-k", key], env, 2, "never overwritten"),
+        (
+            ["snapshots", "--repo", repo, "-k", key, "--passphrase-file", f"{tmp_path}/no-pw.txt"],
+            {},
+            2,
+            "no-pw.txt: no such",
+        ),
     ]
     for args, extra, code, fragment in cases:
         proc = cli(*args, check=False, **extra)
         assert proc.returncode == code, (args, proc.stderr)
         assert fragment in one_line_error(proc), args
+    # the passphrase itself given by mistake: not written to the terminal (and so to CI logs)
+    mistaken = cli("snapshots", "--repo", repo, "-k", key, "--passphrase-file", "second passphrase", check=False)
+    assert mistaken.returncode == 2 and "second passphrase" not in one_line_error(mistaken)
 
 
 def test_a_passphrase_piped_on_standard_input(cli, tmp_path: Path):

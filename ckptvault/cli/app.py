@@ -181,6 +181,13 @@ def passphrase_source(
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
                     passphrase = f.read()
+            except FileNotFoundError:
+                if os.sep in passphrase_file:
+                    raise UsageError(f"{option} {passphrase_file}: no such file") from None
+                raise UsageError(  # a bare word: perhaps the passphrase itself, which must not reach a log
+                    f"{option}: no file by the name given (not shown, in case it is the passphrase itself); "
+                    "give the path of a file holding the passphrase, or '-' for standard input"
+                ) from None
             except OSError as exc:
                 raise UsageError(f"{option} {passphrase_file}: {exc.strerror}") from None
             if not passphrase.rstrip("\r\n"):  # a file not written yet: not a wrong passphrase
