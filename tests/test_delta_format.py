@@ -163,6 +163,9 @@ def test_config_version_follows_delta() -> None:
     doc["version"] = 1
     with pytest.raises(MalformedObjectError, match="format 2"):
         RepoConfig.from_json(json.dumps(doc).encode(), "x")
-    doc["version"] = 3
+    doc["version"] = 3  # only ever made encrypted
+    with pytest.raises(MalformedObjectError, match="config was altered"):
+        RepoConfig.from_json(json.dumps(doc).encode(), "x")
+    doc["version"] = 4
     with pytest.raises(UnsupportedFormatError, match="newer"):
         RepoConfig.from_json(json.dumps(doc).encode(), "x")

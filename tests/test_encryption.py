@@ -279,7 +279,11 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
         vault.backup(marked_tree, tags={"run": "x"})
     config_path = Path(url) / "config"
     config = json.loads(config_path.read_text())
+    assert config["version"] == 3  # encrypted: its settings authenticated by the key
     config_path.write_text(json.dumps({**config, "encryption": {"mode": "none"}}))
+    altered = cli("snapshots", "--repo", url, check=False)
+    assert altered.returncode == 30 and "format 3 is only ever made encrypted" in altered.stderr.decode()
+    config_path.write_text(json.dumps({**config, "version": 2, "encryption": {"mode": "none"}}))  # as it would
     for folder in withheld:  # moved aside: with nothing listed but the packs, the backup read only their
         (Path(url) / folder).rename(tmp_path / folder)  # headers, took them for damaged and wrote in the clear
     before = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
@@ -316,3 +320,29 @@ def test_a_config_whose_verifier_fails_under_the_right_key_is_called_altered(
     config_path.write_text(json.dumps(config))
     with pytest.raises(IntegrityError, match="config was altered or replaced"):
         Vault.open(url, keyfile=keyfile.path, passphrase=PASS)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"chunker": {"algorithm": "fastcdc", "min_size": 64, "avg_size": 256, "max_size": 1024}},
+        {"compression": {"codec": "zstd", "level": 22, "bytegroup": False, "delta": True}},
+        {"pack_size": 1024 * 1024 * 1024},
+        {"version": 2},  # back to an ID-only verifier, the settings unchanged
+    ],
+    ids=["chunker", "compression", "pack-size", "format-2"],
+)
+def test_settings_rewritten_by_the_storage_are_refused_by_a_key_holder(
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, change: dict
+):
+    """The verifier bound only the config's ID: tiny chunks (whose blob sizes say more about the data),
+    zstd 22 or 1 GiB packs set by whoever writes the bucket were taken by the next backup, exit 0."""
+    url = str(tmp_path / "vault")
+    with Vault.init(url, keyfile=keyfile.path, passphrase=PASS) as vault:
+        vault.backup(marked_tree)
+    config_path = Path(url) / "config"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **change}))
+    before = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file())
+    with pytest.raises(IntegrityError, match="config was altered or replaced"):
+        Vault.open(url, keyfile=keyfile.path, passphrase=PASS)
+    assert sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file()) == before

@@ -56,7 +56,8 @@ def init_cmd(
         typer.Option(
             "--delta/--no-delta",
             help="Store changed tensor pieces as deltas against the previous save (repository format 2; "
-            "--no-delta keeps format 1, readable by older ckptvault versions). Fixed for the repository's life.",
+            "--no-delta keeps an unencrypted vault at format 1, readable by older ckptvault versions). Fixed for "
+            "the repository's life.",
         ),
     ] = CompressionSettings().delta,
     json_out: JsonOpt = False,

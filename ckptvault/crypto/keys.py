@@ -57,18 +57,19 @@ class MasterKey:
 _VERIFIER_PLAINTEXT = b"ckptvault key verifier v1"
 
 
-def make_verifier(master: MasterKey, repo_id: str) -> str:
-    """Proof, stored in the repository config, that a master key is this repository's.
+def make_verifier(master: MasterKey, authenticated: bytes) -> str:
+    """Proof, stored in the repository config, that a master key is this repository's, bound to
+    ``authenticated`` (the repository ID as ASCII in formats 1 and 2; the config's settings in 3).
     It is an AEAD blob under a derived key: it helps no one guess the passphrase."""
     nonce = secrets.token_bytes(12)
-    sealed = nonce + AESGCM(derive(master.material, "verifier")).encrypt(nonce, _VERIFIER_PLAINTEXT, repo_id.encode())
+    sealed = nonce + AESGCM(derive(master.material, "verifier")).encrypt(nonce, _VERIFIER_PLAINTEXT, authenticated)
     return base64.b64encode(sealed).decode()
 
 
-def check_verifier(master: MasterKey, repo_id: str, verifier: str) -> bool:
+def check_verifier(master: MasterKey, authenticated: bytes, verifier: str) -> bool:
     try:
         sealed = base64.b64decode(verifier, validate=True)
-        plain = AESGCM(derive(master.material, "verifier")).decrypt(sealed[:12], sealed[12:], repo_id.encode())
+        plain = AESGCM(derive(master.material, "verifier")).decrypt(sealed[:12], sealed[12:], authenticated)
     except (InvalidTag, ValueError):
         return False
     return plain == _VERIFIER_PLAINTEXT

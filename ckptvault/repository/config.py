@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from ..chunking import ChunkerParams
 from ..codec import CompressionSettings
 from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError
-from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SUPPORTED_VERSIONS
+from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SETTINGS_FORMAT_VERSION, SUPPORTED_VERSIONS
 
 # 16 MiB: a GB is ~64 objects (large enough for full object-store throughput), and the packs a
 # backup holds in memory (one filling, up to two uploading locally) stay under 50 MB.
@@ -35,10 +35,18 @@ class RepoConfig:
 
     def __post_init__(self) -> None:
         if self.version == 0:
-            # A repository with delta coding needs format 2; every other one stays format 1, so an
-            # older ckptvault keeps reading it.
-            wanted = DELTA_FORMAT_VERSION if self.compression.delta else FORMAT_VERSION
+            # An encrypted repository is format 3 (its settings authenticated); one with delta coding
+            # needs format 2; every other one stays format 1, so an older ckptvault keeps reading it.
+            if self.encrypted:
+                wanted = SETTINGS_FORMAT_VERSION
+            else:
+                wanted = DELTA_FORMAT_VERSION if self.compression.delta else FORMAT_VERSION
             object.__setattr__(self, "version", wanted)
+        if self.version >= SETTINGS_FORMAT_VERSION and not self.encrypted:
+            raise MalformedObjectError(
+                f"repository format {self.version} is only ever made encrypted, but the config says it is not: "
+                "the config was altered; put it back from a copy"
+            )
         if self.compression.delta and self.version < DELTA_FORMAT_VERSION:
             raise MalformedObjectError(
                 f"delta coding needs repository format {DELTA_FORMAT_VERSION}, not {self.version}"
@@ -54,11 +62,28 @@ class RepoConfig:
     def encrypted(self) -> bool:
         return self.encryption != "none"
 
+    @property
+    def settings_authenticated(self) -> bool:
+        """Whether the key verifier covers ``signed_settings`` (format 3), not only the ID."""
+        return self.version >= SETTINGS_FORMAT_VERSION
+
+    def signed_settings(self) -> bytes:
+        """Everything the config says but the verifier itself, in one canonical form: what a format-3
+        verifier authenticates. Taken from the parsed fields, so a key holder's check compares what it
+        will act on."""
+        doc = self._doc(with_verifier=False)
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
     def to_json(self) -> bytes:
+        return json.dumps(self._doc(with_verifier=True), indent=2).encode() + b"\n"
+
+    def _doc(self, *, with_verifier: bool) -> dict[str, object]:
         encryption: dict[str, str | None] = {"mode": self.encryption}
         if self.encrypted:
-            encryption.update(key_fingerprint=self.key_fingerprint, key_verifier=self.key_verifier)
-        doc = {
+            encryption["key_fingerprint"] = self.key_fingerprint
+            if with_verifier:
+                encryption["key_verifier"] = self.key_verifier
+        return {
             "format": FORMAT_NAME,
             "version": self.version,
             "id": self.repo_id,
@@ -68,7 +93,6 @@ class RepoConfig:
             "pack_size": self.pack_size,
             "encryption": encryption,
         }
-        return json.dumps(doc, indent=2).encode() + b"\n"
 
     @classmethod
     def from_json(cls, raw: bytes, url: str) -> RepoConfig:

@@ -12,7 +12,11 @@ FORMAT_VERSION = 1
 # headers and index objects, below). Only repositories made with delta coding are version 2, so a
 # ckptvault that predates it refuses them with a clear message instead of misreading them.
 DELTA_FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+# Version 3 = version 2 for encrypted repositories whose key verifier authenticates the config's
+# settings (chunker, compression, pack size...), not only its ID: storage that rewrites them is caught.
+# Every repository made encrypted is version 3; older ckptvault versions refuse it as newer.
+SETTINGS_FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 CONFIG_KEY = "config"
 PACKS_PREFIX = "packs/"

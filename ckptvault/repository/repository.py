@@ -48,6 +48,7 @@ from .format import (
     CONFIG_KEY,
     INDEX_PREFIX,
     PACKS_PREFIX,
+    SETTINGS_FORMAT_VERSION,
     SNAPSHOTS_PREFIX,
     TREES_PREFIX,
     id_from_key,
@@ -95,6 +96,11 @@ def _naming_errors(what: str, hint: str = "") -> Iterator[None]:
         raise type(exc)(f"{what} is damaged: {exc}{hint}") from exc
     except UnsupportedFormatError as exc:
         raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
+
+
+def _verified_part(config: RepoConfig) -> bytes:
+    """What the config's key verifier authenticates: its settings (format 3), else its ID."""
+    return config.signed_settings() if config.settings_authenticated else config.repo_id.encode()
 
 
 def _verified(fetch: Callable[[], bytes], decode: Callable[[bytes], T]) -> T:
@@ -184,11 +190,9 @@ class Repository:
             raise VaultExistsError(store.url)
         if keyfile is not None and master is not None:
             config = replace(
-                config,
-                encryption="aes-256-gcm",
-                key_fingerprint=keyfile.fingerprint,
-                key_verifier=make_verifier(master, config.repo_id),
+                config, encryption="aes-256-gcm", key_fingerprint=keyfile.fingerprint, version=SETTINGS_FORMAT_VERSION
             )
+            config = replace(config, key_verifier=make_verifier(master, config.signed_settings()))
         try:
             store.put(CONFIG_KEY, config.to_json(), if_absent=True)
         except ObjectExistsError:
@@ -225,12 +229,13 @@ class Repository:
             if keyfile.fingerprint != config.key_fingerprint:
                 raise KeyfileMismatchError(keyfile.path, store.url)
             master = keyfile.unlock(resolve_passphrase(passphrase))
-            if not check_verifier(master, config.repo_id, config.key_verifier or ""):
+            if not check_verifier(master, _verified_part(config), config.key_verifier or ""):
                 if master.fingerprint != config.key_fingerprint:
                     raise KeyfileMismatchError(keyfile.path, store.url)
-                raise IntegrityError(  # the right key: the config's id or verifier is what changed
+                raise IntegrityError(  # the right key: the config is what changed
                     f"the config of {store.url} does not verify under this keyfile's key, though its key fingerprint "
-                    "is this key's: the config was altered or replaced; put it back from a copy"
+                    "is this key's: the config was altered or replaced (its settings, its ID or its format "
+                    "version); put it back from a copy"
                 )
         elif keyfile is not None:
             raise UsageError(
