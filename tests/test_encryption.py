@@ -225,14 +225,15 @@ def test_blob_known_answers():
         assert codec.decode(Kind.CHUNK, oid, bytes.fromhex(v[name])) == plaintext
 
 
-@pytest.mark.parametrize("name", ["repo-v1-plain", "repo-v1-encrypted"])
-def test_frozen_v1_repositories_still_restore(tmp_path: Path, name: str):
+@pytest.mark.parametrize("name", ["repo-v1-plain", "repo-v1-encrypted", "repo-v3-encrypted"])
+def test_frozen_repositories_still_restore(tmp_path: Path, name: str):
     from tests.fixtures.make_fixtures import KAT_PASSPHRASE
 
     repo = tmp_path / name
     shutil.copytree(FIXTURES / name, repo)
     key = {"keyfile": FIXTURES / "keyfile-v1.json", "passphrase": KAT_PASSPHRASE} if "encrypted" in name else {}
     with Vault.open(str(repo), **key) as vault:
+        assert vault._repo.config.version == int(name.split("-")[1][1:])
         snap = vault.latest({"run": "fixture"})
         assert snap.tags == {"run": "fixture", "step": "1"}
         vault.restore(snap, tmp_path / "out")
