@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import LockLostError, VaultLockedError
+from ckptvault.errors import LockLostError, ObjectNotFoundError, VaultLockedError
 from ckptvault.repository.locks import LockManager
 
 
@@ -79,6 +79,53 @@ def test_lock_refresh_replaces_the_object(vault: Vault):
     held.verify()
     held.release()
     assert vault.locks() == []
+
+
+@pytest.mark.parametrize("holder_exclusive", [False, True], ids=["backup-refreshes", "prune-refreshes"])
+def test_a_lock_refreshed_between_the_listing_and_its_read_still_conflicts(
+    vault: Vault, monkeypatch: pytest.MonkeyPatch, holder_exclusive: bool
+):
+    """A holder's refresh (new lock object written, then the old one deleted) landing between another
+    process's listing of the locks and its read of the old object hid the holder: a prune ran beside a
+    live backup and deleted what its snapshot needed (a helper reproduced it on SeaweedFS)."""
+    other = Vault.open(vault.url)  # another process: its own manager and store
+    held = vault._repo.locks.acquire(exclusive=holder_exclusive)
+    store = other._repo.store
+    get = store.get
+    refreshed = []
+
+    def refreshing_get(key: str, *args, **kwargs):
+        if key.endswith(held.info.lock_id.hex()) and not refreshed:
+            refreshed.append(key)
+            held.refresh()  # just after the listing named the old object
+        return get(key, *args, **kwargs)
+
+    monkeypatch.setattr(store, "get", refreshing_get)
+    with pytest.raises(VaultLockedError, match="exclusive lock" if holder_exclusive else "shared lock"):
+        other._repo.locks.acquire(exclusive=not holder_exclusive)
+    assert refreshed, "the race was not set up"
+    held.release()
+    other.close()
+
+
+def test_a_listing_that_names_a_deleted_lock_for_a_while_is_not_waited_for(
+    vault: Vault, monkeypatch: pytest.MonkeyPatch
+):
+    """A store whose listing lags its deletes names a lock object that can no longer be read, in every
+    listing: only a lock that vanished since the listing before sends for another one."""
+    ghost = Path(vault.url) / "locks" / ("ee" * 32)
+    ghost.parent.mkdir(exist_ok=True)
+    ghost.write_bytes(b"listed, never readable")
+    store = vault._repo.store
+    get = store.get
+
+    def lagging_get(key: str, *args, **kwargs):
+        if key.endswith("ee" * 32):
+            raise ObjectNotFoundError("GET", key, store.url)
+        return get(key, *args, **kwargs)
+
+    monkeypatch.setattr(store, "get", lagging_get)
+    vault._repo.locks.acquire(exclusive=True).release()
 
 
 def test_cli_unlock_says_when_it_is_safe(cli, tmp_path: Path):

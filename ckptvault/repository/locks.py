@@ -121,6 +121,7 @@ STALE_AFTER = timedelta(minutes=30)
 REFRESH_EVERY = timedelta(minutes=5)
 SAFETY_MARGIN = 0.25  # share of stale_after a holder keeps in hand: its lock is lost after 3/4 of it
 LOCK_VERSION = 1
+LISTINGS = 10  # tries at a listing of the locks in which none vanished before it was read
 
 Clock = Callable[[], datetime]
 
@@ -278,7 +279,13 @@ class LockManager:
 
     def list(self) -> list[LockInfo]:
         """Every lock object; one that cannot be read is listed with its ``problem`` (never raises for it)."""
+        return self._list()[0]
+
+    def _list(self) -> tuple[list[LockInfo], set[bytes]]:
+        """``list``, and the listed objects that were gone when read: released, or refreshed (a holder
+        writes its new lock object, then deletes the old one)."""
         locks = []
+        vanished: set[bytes] = set()
         for obj in self.repo.store.list(LOCKS_PREFIX):
             lock_id = id_from_key(obj.key)
             if lock_id is None:
@@ -286,7 +293,8 @@ class LockManager:
             try:
                 blob = self.repo.store.get(obj.key)
             except ObjectNotFoundError:
-                continue  # released while we listed
+                vanished.add(lock_id)
+                continue
             if not blob:  # what a PUT abandoned at its deadline left on some servers: never a held lock
                 locks.append(LockInfo(lock_id, "?", 0, True, None, "empty: a write that never finished"))
                 continue
@@ -299,7 +307,25 @@ class LockManager:
                 # a live exclusive lock of unknown origin until it is stale by the object's age
                 problem = str(exc) if isinstance(exc, CkptVaultError) else f"malformed lock document: {exc!r}"
                 locks.append(LockInfo(lock_id, "?", 0, True, obj.modified, problem, modified=obj.modified))
-        return locks
+        return locks, vanished
+
+    def _list_settled(self) -> list[LockInfo]:
+        """The locks, from a listing in which no object vanished before it was read that had not
+        vanished from the one before. A lock object gone between the listing and its read may be a
+        live holder's that was just refreshed, whose new object that listing missed: taking it as
+        released let a prune run beside a live backup (and a backup beside a live prune). The new
+        object is written before the old one goes, so the next listing has it. (One that keeps being
+        listed while it cannot be read is a listing that lags the deletes: not waited for.)"""
+        before: set[bytes] = set()
+        for _ in range(LISTINGS):
+            locks, vanished = self._list()
+            if vanished <= before:
+                return locks
+            before = vanished
+        raise VaultLockedError(
+            f"the locks of vault {self.repo.store.url} kept changing while they were read ({LISTINGS} listings); "
+            "other processes are starting and ending: run the command again"
+        )
 
     def _decode(self, lock_id: bytes, blob: bytes) -> LockInfo:
         doc = json.loads(self.repo.codec.decode(Kind.LOCK, lock_id, blob))
@@ -376,7 +402,7 @@ class LockManager:
             with _held_mutex:  # still there (a delete failed): this process knows they are dead
                 dead = {lock.lock_id for lock in _LEFT_BEHIND.get(self.repo, ())}
             stale = []
-            listed = self.list()
+            listed = self._list_settled()
             now = self._judging_now(own, listed)
             for other in listed:
                 if other.lock_id == own.lock_id:
