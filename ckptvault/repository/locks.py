@@ -456,7 +456,7 @@ class LockManager:
 
     def live_exclusive(self) -> LockInfo | None:
         """A live exclusive lock (a running prune), or an unreadable one, if one is listed."""
-        return next((lock for lock in self.list() if lock.exclusive and not self.is_stale(lock)), None)
+        return next((lock for lock in self._list_settled() if lock.exclusive and not self.is_stale(lock)), None)
 
     @property
     def held(self) -> tuple[HeldLock, ...]:
