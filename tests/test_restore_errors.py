@@ -148,6 +148,9 @@ def test_a_path_too_long_for_the_target_is_refused_before_writing(run, vault: Va
     assert not target.exists(), line
     assert run("restore", snap_id, str(target), "--include", "a.bin").returncode == 0
     assert (target / "a.bin").read_bytes() == b"near"
+    (src / "a.bin").unlink()  # back into the folder it came from: x is there, whole, and is not written
+    assert run("restore", snap_id, str(src)).returncode == 0
+    assert (src / "a.bin").read_bytes() == b"near"
 
 
 # ---- arguments ------------------------------------------------------------------------------

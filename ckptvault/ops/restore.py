@@ -180,8 +180,13 @@ class _Planner:
         )
 
     def check(self, entry: FileEntry) -> None:
-        if self._too_long(entry):
+        if self._too_long(entry, self.dest(entry)):
             return
+        self._check_in_place(entry)
+        if entry.type == "file" and entry.path not in self.skip:  # written under a temporary name first
+            self._too_long(entry, os.path.join(os.path.dirname(self.dest(entry)), "x" * _TEMP_NAME_BYTES))
+
+    def _check_in_place(self, entry: FileEntry) -> None:
         self._check_ancestors(entry)
         if entry.type == "file":
             self._check_chunks(entry)
@@ -207,16 +212,12 @@ class _Planner:
         else:
             self._conflict(entry, "exists and differs")
 
-    def _too_long(self, entry: FileEntry) -> bool:
-        """A path over PATH_MAX here, or one whose temporary name (a file is written under one beside
-        it first) would be: found now, not as a write error once other files are in place."""
-        dest = os.fsencode(self.dest(entry))
-        longest = len(dest)
-        if entry.type == "file":
-            longest = max(longest, len(os.path.dirname(dest)) + 1 + _TEMP_NAME_BYTES)
-        if longest < PATH_MAX:
+    def _too_long(self, entry: FileEntry, path: str) -> bool:
+        """A path over PATH_MAX, found now, not as a write error once other files are in place."""
+        length = len(os.fsencode(path))
+        if length < PATH_MAX:
             return False
-        self.too_long.append(f"{entry.path} would need a path of {longest:,} bytes")
+        self.too_long.append(f"{entry.path} would need a path of {length:,} bytes")
         return True
 
     def _conflict(self, entry: FileEntry, why: str) -> None:
@@ -401,7 +402,8 @@ def run_restore(
         raise RestoreConflictError(
             f"cannot restore into {target}: {planner.too_long[0]}{more}, over the {PATH_MAX - 1:,} the system "
             f"allows (a file is written under a {_TEMP_NAME_BYTES}-byte temporary name first); restore into a "
-            f"folder with a shorter path, or leave such paths out with {spelled('--include', 'include')}"
+            f"folder with a shorter path (a drill: {spelled('--tmp-dir', 'workdir=')}), or leave such paths out "
+            f"with {spelled('--include', 'include')}"
         )
     if planner.clashes:
         clashes = list(planner.clashes.values())
