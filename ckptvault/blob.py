@@ -72,6 +72,12 @@ class ChecksumSealer:
         return inner
 
 
+DOWNGRADED = (
+    "the vault's config says it is not encrypted, but its objects are: the config was altered or replaced; nothing "
+    "was written; put back the config with its encryption section (from a copy) and give the keyfile"
+)
+
+
 class BlobCodec:
     """Encodes and decodes blobs for one repository (its compression and sealing)."""
 
@@ -79,7 +85,10 @@ class BlobCodec:
         self.compressor = compressor
         self.sealer = sealer
         self._header = bytes([ENVELOPE_VERSION, sealer.mode])
-        self._downgraded = False  # an encrypted object was read under a config that says "none"
+        # An encrypted object read under a config that says "none", and a plain one (not a lock, which any
+        # client writes, this one too) that verified: only the first means the config was altered.
+        self._encrypted_seen = False
+        self._plain_seen = False
 
     def _aad(self, kind: Kind, object_id: bytes) -> bytes:
         return self._header + bytes([kind]) + object_id
@@ -91,15 +100,17 @@ class BlobCodec:
             return False
         return True
 
+    @property
+    def downgraded(self) -> bool:
+        """Whether objects read so far say the vault is encrypted though its config says not: encrypted
+        ones, and not one plain one but locks (one stray encrypted pack in a plain vault is damage)."""
+        return self._encrypted_seen and not self._plain_seen
+
     def refuse_if_downgraded(self) -> None:
-        """Once one encrypted object was seen, nothing more is written in the clear, whoever caught the
-        first error (a reader that reads around damaged objects takes it for one)."""
-        if self._downgraded:
-            raise ConfigDowngradedError(
-                "the vault's config says it is not encrypted, but its objects are: the config was altered or "
-                "replaced; nothing was written; put back the config with its encryption section (from a copy) "
-                "and give the keyfile"
-            )
+        """Nothing more is written in the clear once ``downgraded``, whoever caught the first error (a
+        reader that reads around damaged objects takes it for one)."""
+        if self.downgraded:
+            raise ConfigDowngradedError(DOWNGRADED)
 
     def encode(self, kind: Kind, object_id: bytes, data: bytes | memoryview, runs: Sequence[ElementRun] = ()) -> bytes:
         """``runs``: where whole tensor elements lie in ``data`` (chunks only), for codec 2."""
@@ -176,10 +187,12 @@ class BlobCodec:
             # an encrypted object where the config says "none" (and not a plain object whose mode byte
             # flipped: that one still verifies as what it is)
             if self.sealer.mode == SEAL_NONE and view[1] == SEAL_AES256GCM and not self._unseals(kind, object_id, view):
-                self._downgraded = True
-                self.refuse_if_downgraded()
+                self._encrypted_seen = True
+                raise ConfigDowngradedError(DOWNGRADED)
             raise IntegrityError(f"blob seal mode {view[1]} does not match the repository's ({self.sealer.mode})")
         inner = self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
+        if kind != Kind.LOCK:
+            self._plain_seen = True  # (or sealed: then never downgraded)
         if len(inner) < 1:
             raise MalformedObjectError("blob has no codec byte")
         return self.compressor.decompress(inner[0], inner[1:], raw_size, base)

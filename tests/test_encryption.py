@@ -347,3 +347,24 @@ def test_settings_rewritten_by_the_storage_are_refused_by_a_key_holder(
     with pytest.raises(IntegrityError, match="config was altered or replaced"):
         Vault.open(url, keyfile=keyfile.path, passphrase=PASS)
     assert sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file()) == before
+
+
+def test_a_stray_encrypted_pack_in_a_plain_vault_is_damage_not_a_downgrade(
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, cli
+):
+    """An encrypted pack among plain objects (copied in by mistake) made every backup of the plain vault
+    stop with "the config was altered" once the downgrade guard stopped at any encrypted object."""
+    secret = tmp_path / "secret"
+    with Vault.init(str(secret), keyfile=keyfile.path, passphrase=PASS) as vault:
+        vault.backup(marked_tree)
+    plain = tmp_path / "plain"
+    with Vault.init(str(plain)) as vault:
+        vault.backup(marked_tree)
+    (stray,) = [p for p in (secret / "packs").rglob("*") if p.is_file()]
+    (plain / "packs" / stray.parent.name).mkdir(exist_ok=True)
+    shutil.copy(stray, plain / "packs" / stray.parent.name / stray.name)
+    (marked_tree / "new.bin").write_bytes(os.urandom(10_000))
+    proc = cli("backup", str(marked_tree), "--repo", str(plain), check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
+    checked = cli("check", "--repo", str(plain), check=False)
+    assert "not encrypted, but its objects are" not in checked.stderr.decode()

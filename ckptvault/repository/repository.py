@@ -346,7 +346,9 @@ class Repository:
             try:
                 described[pack_id] = self.read_pack_header(pack_id, size)
             except ConfigDowngradedError:
-                raise  # not one damaged pack: the whole vault is misread
+                if self.codec.downgraded:
+                    raise  # not one damaged pack: the whole vault is misread
+                unreadable.append(pack_id)  # a stray one among plain objects: damage
             except CkptVaultError:
                 unreadable.append(pack_id)
         return described, unreadable
