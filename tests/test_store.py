@@ -143,6 +143,19 @@ class TestLocalStore(StoreConformance):
         assert [o.key for o in store.list("packs/ab/x")] == ["packs/ab/x"]  # an object's own key
         assert store.list("nothing/") == []
 
+    def test_a_temp_file_renamed_into_place_while_swept_is_no_error(self, store, tmp_path, monkeypatch):
+        """prune's sweep of killed writers' temp files ended in an internal error when another process's
+        temp file (its lock's, its pack's) was renamed between the sweep's listing and its look at it."""
+        store.put("locks/x", b"data")
+        walk = os.walk
+
+        def listing_a_renamed_temp(top):
+            for dirpath, dirnames, filenames in walk(top):
+                yield dirpath, dirnames, [*filenames, ".tmp-renamed-meanwhile"]
+
+        monkeypatch.setattr(os, "walk", listing_a_renamed_temp)
+        assert store.remove_stale_temp_files(older_than_s=0) == 0
+
 
 class TestLocalFsspecStore(StoreConformance):
     """file:// goes through fsspec's local filesystem, with LocalStore's puts and range reads."""

@@ -161,8 +161,8 @@ class LocalStore:
         for dirpath, _, filenames in os.walk(self.root):
             for name in filenames:
                 path = os.path.join(dirpath, name)
-                if name.startswith(TEMP_PREFIX) and os.lstat(path).st_mtime < cutoff:
-                    with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError):  # renamed into place by its writer meanwhile
+                    if name.startswith(TEMP_PREFIX) and os.lstat(path).st_mtime < cutoff:
                         os.unlink(path)
                         removed += 1
         return removed
