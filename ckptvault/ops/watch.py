@@ -986,19 +986,29 @@ def _temporary_activity(pin: pins.Pin) -> pins.Signature:
     those in what the exclude patterns leave out."""
     if not os.path.isdir(pin.source) or not pins.source_alive(pin):
         return ()
-    try:
-        found = pins.signature(pin.source, pin.excluded)
-    except FileNotFoundError:
-        return ()  # rotated away meanwhile: the pin holds what was seen
     out = []
-    for rel, *_ in found:
-        if is_unfinished(rel.rpartition("/")[2]):
+    folders = [(pin.source, "")]  # a list, not recursion: a checkpoint may nest deeper than Python's limit
+    while folders:
+        directory, prefix = folders.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError:
+            continue  # gone meanwhile: the pin holds what was seen
+        for entry in entries:
+            rel = prefix + entry.name
             try:
-                st = os.lstat(os.path.join(pin.source, rel))  # a folder's too: its files come and go
+                is_dir = entry.is_dir(follow_symlinks=False)  # from the listing: no stat per file
+                if pin.excluded is not None and pin.excluded(rel, is_dir):
+                    continue
+                if is_unfinished(entry.name):  # a folder's too: its files come and go
+                    st = entry.stat(follow_symlinks=False)
+                    out.append(("~" + rel, str(st.st_size), str(st.st_mtime_ns)))
             except FileNotFoundError:
                 continue
-            out.append(("~" + rel, str(st.st_size), str(st.st_mtime_ns)))
-    return tuple(out)
+            if is_dir:
+                folders.append((entry.path, rel + "/"))
+    return tuple(sorted(out))
 
 
 class _exclusive:
