@@ -56,7 +56,7 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
             ["snapshots", "--repo", repo, "-k", key, "--passphrase-file", f"{tmp_path}/no-pw.txt"],
             {},
             2,
-            "no-pw.txt: no such",
+            "no-pw.txt: No such file",
         ),
     ]
     for args, extra, code, fragment in cases:
@@ -64,8 +64,9 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         assert proc.returncode == code, (args, proc.stderr)
         assert fragment in one_line_error(proc), args
     # the passphrase itself given by mistake: not written to the terminal (and so to CI logs)
-    mistaken = cli("snapshots", "--repo", repo, "-k", key, "--passphrase-file", "second passphrase", check=False)
-    assert mistaken.returncode == 2 and "second passphrase" not in one_line_error(mistaken)
+    for secret in ("second passphrase", "base64/with+slash=", "long" * 100):
+        mistaken = cli("snapshots", "--repo", repo, "-k", key, "--passphrase-file", secret, check=False)
+        assert mistaken.returncode == 2 and secret not in one_line_error(mistaken), secret
 
 
 def test_a_passphrase_piped_on_standard_input(cli, tmp_path: Path):

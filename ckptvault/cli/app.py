@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import getpass
 import inspect
@@ -181,14 +182,18 @@ def passphrase_source(
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
                     passphrase = f.read()
-            except FileNotFoundError:
-                if os.sep in passphrase_file:
-                    raise UsageError(f"{option} {passphrase_file}: no such file") from None
-                raise UsageError(  # a bare word: perhaps the passphrase itself, which must not reach a log
-                    f"{option}: no file by the name given (not shown, in case it is the passphrase itself); "
-                    "give the path of a file holding the passphrase, or '-' for standard input"
-                ) from None
             except OSError as exc:
+                # a bare word, or a "path" under no folder there is, or one too long to be a name: perhaps
+                # the passphrase itself given by mistake, which must not reach a terminal log
+                path = os.path.expanduser(passphrase_file)
+                missing = isinstance(exc, (FileNotFoundError, NotADirectoryError))
+                if exc.errno == errno.ENAMETOOLONG or (
+                    missing and (os.sep not in path or not os.path.isdir(os.path.dirname(path)))
+                ):
+                    raise UsageError(
+                        f"{option}: no file by the name given (not shown, in case it is the passphrase itself); "
+                        "give the path of a file holding the passphrase, or '-' for standard input"
+                    ) from None
                 raise UsageError(f"{option} {passphrase_file}: {exc.strerror}") from None
             if not passphrase.rstrip("\r\n"):  # a file not written yet: not a wrong passphrase
                 raise UsageError(f"{option} {passphrase_file} is empty; write the passphrase into it")
