@@ -65,6 +65,7 @@ class ChunkerParams:
             )
 
     def to_dict(self) -> dict[str, int | str]:
+        # frozen: an encrypted vault of format 3 authenticates this form of its config (docs/format.md)
         return {"algorithm": "fastcdc", "min_size": self.min_size, "avg_size": self.avg_size, "max_size": self.max_size}
 
     @classmethod

@@ -65,6 +65,7 @@ class CompressionSettings:
                 raise UsageError(f"CompressionSettings {flag} must be True or False; got {getattr(self, flag)!r}")
 
     def to_dict(self) -> dict[str, str | int | bool]:
+        # frozen: an encrypted vault of format 3 authenticates this form of its config (docs/format.md)
         out: dict[str, str | int | bool] = {"codec": self.codec, "level": self.level, "bytegroup": self.bytegroup}
         if self.delta:  # only format-2 configs carry the key: a format-1 config stays byte-for-byte as before
             out["delta"] = True

@@ -127,3 +127,23 @@ def test_a_new_passphrase_of_spaces_is_refused(cli, tmp_path: Path):
     )
     assert proc.returncode == 2 and "shorter than 8 characters, not counting spaces" in proc.stderr.decode()
     assert not (tmp_path / "k.key").exists()
+
+
+def test_a_new_keyfile_refuses_a_config_rolled_back_below_format_3(cli, tmp_path: Path):
+    """With a key that also has an older vault, the storage could roll a format-3 config back to format 2
+    with that vault's ID and verifier (which bind no settings), then set any chunker (a review's
+    reproduction). A keyfile made since format 3 never had an older vault: it refuses them."""
+    env = {"CKPTVAULT_PASSPHRASE": "first passphrase"}
+    key = str(tmp_path / "k.key")
+    cli("key", "generate", "-k", key, "--kdf-cost", "14", **env)
+    assert json.loads(Path(key).read_text())["min_vault_format"] == 3
+    repo = tmp_path / "vault"
+    cli("init", str(repo), "--encrypt", "-k", key, **env)
+    config = json.loads((repo / "config").read_text())
+    other_id = "ab" * 16  # (the other vault's verifier would verify for its ID: not even read)
+    tiny = {"algorithm": "fastcdc", "min_size": 64, "avg_size": 256, "max_size": 1024}
+    (repo / "config").write_text(json.dumps({**config, "version": 2, "id": other_id, "chunker": tiny}))
+    proc = cli("snapshots", "--repo", str(repo), "-k", key, **env, check=False)
+    assert proc.returncode == 30 and "rolled back" in one_line_error(proc)
+    cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
+    assert json.loads(Path(key).read_text())["min_vault_format"] == 3  # kept

@@ -11,6 +11,7 @@ import typer
 
 from ..crypto.keyfile import DEFAULT_SCRYPT_N, Keyfile
 from ..errors import PassphraseRequiredError, UsageError
+from ..repository.format import SETTINGS_FORMAT_VERSION
 from .app import JsonOpt, PassphraseFileOpt, QuietOpt, app, command, passphrase_source, require_nonempty
 from .cmd_init import LOSS_WARNING
 from .output import Output
@@ -65,7 +66,7 @@ def generate_cmd(
     require_nonempty("--keyfile", keyfile)
     _check_kdf_cost(kdf_cost)
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
-    key, _ = Keyfile.create(passphrase, scrypt_n=2**kdf_cost)
+    key, _ = Keyfile.create(passphrase, scrypt_n=2**kdf_cost, min_vault_format=SETTINGS_FORMAT_VERSION)
     key = key.save(keyfile)
     out.warn(LOSS_WARNING)
     out.result(_describe(key), f"created keyfile {key.path} (fingerprint {key.fingerprint}, mode 0600)")

@@ -156,6 +156,10 @@ class Keyfile:
     fingerprint: str
     created: str
     path: str = ""
+    # The lowest repository format a vault of this key may have: 1 for keyfiles made before format 3,
+    # 3 for those made since (`key generate`), which no vault of an older format ever used, so a config
+    # rolled back to one (with the ID and verifier of another vault of the key) is refused.
+    min_vault_format: int = 1
 
     # ---- creating and unlocking ------------------------------------------------------
 
@@ -171,6 +175,7 @@ class Keyfile:
         salt: bytes | None = None,
         nonce: bytes | None = None,
         created: str | None = None,
+        min_vault_format: int = 1,
     ) -> tuple[Keyfile, MasterKey]:
         """A new keyfile for ``master`` (a fresh random key by default). ``salt``, ``nonce``
         and ``created`` exist for known-answer tests; leave them unset."""
@@ -184,7 +189,14 @@ class Keyfile:
         nonce = nonce or secrets.token_bytes(NONCE_SIZE)
         wrapped = nonce + AESGCM(kdf.derive(secret)).encrypt(nonce, master.material, WRAP_AAD)
         created = created or datetime.now(timezone.utc).isoformat(timespec="seconds")
-        return cls(kdf=kdf, wrapped_key=wrapped, fingerprint=master.fingerprint, created=created), master
+        keyfile = cls(
+            kdf=kdf,
+            wrapped_key=wrapped,
+            fingerprint=master.fingerprint,
+            created=created,
+            min_vault_format=min_vault_format,
+        )
+        return keyfile, master
 
     def unlock(self, passphrase: str) -> MasterKey:
         secret = passphrase_secret(passphrase)
@@ -219,6 +231,7 @@ class Keyfile:
             scrypt_r=self.kdf.r,
             scrypt_p=self.kdf.p,
             created=self.created,
+            min_vault_format=self.min_vault_format,
         )
         return replace(fresh, path=self.path)
 
@@ -239,6 +252,8 @@ class Keyfile:
             "wrapped_key": base64.b64encode(self.wrapped_key).decode(),
             "fingerprint": self.fingerprint,
         }
+        if self.min_vault_format > 1:  # keyfiles made before it stay as they were
+            doc["min_vault_format"] = self.min_vault_format
         return json.dumps(doc, indent=2).encode() + b"\n"
 
     @classmethod
@@ -263,12 +278,16 @@ class Keyfile:
             salt = base64.b64decode(kdf["salt"], validate=True)
             if len(salt) != SALT_SIZE:
                 raise ValueError(f"its salt has {len(salt)} bytes, not {SALT_SIZE}")
+            min_vault_format = doc.get("min_vault_format", 1)
+            if type(min_vault_format) is not int or min_vault_format < 1:
+                raise ValueError(f"its min_vault_format {min_vault_format!r} is not a format number")
             return cls(
                 kdf=KdfParams(n=n, r=r, p=p, salt=salt),
                 wrapped_key=wrapped,
                 fingerprint=str(doc["fingerprint"]),
                 created=str(doc["created"]),
                 path=path,
+                min_vault_format=min_vault_format,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise KeyfileCorruptError(path, str(exc) or type(exc).__name__) from exc

@@ -277,10 +277,6 @@ class LockManager:
     def exists(self, lock: LockInfo) -> bool:
         return self.repo.store.exists(lock_key(lock.lock_id))
 
-    def list(self) -> list[LockInfo]:
-        """Every lock object; one that cannot be read is listed with its ``problem`` (never raises for it)."""
-        return self._list()[0]
-
     def _list(self) -> tuple[list[LockInfo], set[bytes]]:
         """``list``, and the listed objects that were gone when read: released, or refreshed (a holder
         writes its new lock object, then deletes the old one)."""
@@ -326,6 +322,10 @@ class LockManager:
             f"the locks of vault {self.repo.store.url} kept changing while they were read ({LISTINGS} listings); "
             "other processes are starting and ending: run the command again"
         )
+
+    def list(self) -> list[LockInfo]:
+        """Every lock object; one that cannot be read is listed with its ``problem`` (never raises for it)."""
+        return self._list()[0]
 
     def _decode(self, lock_id: bytes, blob: bytes) -> LockInfo:
         doc = json.loads(self.repo.codec.decode(Kind.LOCK, lock_id, blob))

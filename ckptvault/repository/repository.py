@@ -228,6 +228,13 @@ class Repository:
                 )
             if keyfile.fingerprint != config.key_fingerprint:
                 raise KeyfileMismatchError(keyfile.path, store.url)
+            if config.version < keyfile.min_vault_format:
+                raise IntegrityError(
+                    f"the config of {store.url} says repository format {config.version}, but keyfile {keyfile.path} "
+                    f"was made for vaults of format {keyfile.min_vault_format} and later: the config was rolled "
+                    "back (altered), or the vault was made by a ckptvault older than the keyfile; put the config "
+                    "back from a copy"
+                )
             master = keyfile.unlock(resolve_passphrase(passphrase))
             if not check_verifier(master, _verified_part(config), config.key_verifier or ""):
                 if master.fingerprint != config.key_fingerprint:
