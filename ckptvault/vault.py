@@ -542,10 +542,7 @@ class Vault:
             raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
         except ObjectNotFoundError:
             if snap.id not in {s.id for s in self.snapshots()}:
-                raise SnapshotNotFoundError(
-                    f"snapshot {snap.short_id} is not in {self.url}: another process removed it meanwhile, "
-                    "or it is a Snapshot of another vault"
-                ) from None
+                raise _removed_meanwhile(snap, self.url) from None
             raise IntegrityError(
                 f"tree object {snap.tree_id[:12]} of snapshot {snap.short_id} is missing from {self.url}; "
                 f"run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
@@ -718,7 +715,7 @@ class Vault:
             self._repo.load_index()
             return run_restore(
                 self._repo,
-                self.files(snapshot),
+                self._files_still_stored(snapshot),
                 target,
                 include=include,
                 overwrite=overwrite,
@@ -726,6 +723,15 @@ class Vault:
                 workers=self._repo.download_concurrency,
                 vault_folder=self.local_folder,
             )
+
+    def _files_still_stored(self, snapshot: str | Snapshot) -> list[FileEntry]:
+        """``files``, under a lock taken after ``snapshot`` was chosen: a prune may have removed it in
+        between, and a tree kept in this host's metadata cache would still be read (its chunks then
+        missing, as if the vault were damaged)."""
+        snap = self.snapshot(snapshot)
+        if not self._repo.has_snapshot(bytes.fromhex(snap.id)):
+            raise _removed_meanwhile(snap, self.url)
+        return self.files(snap)
 
     @_open_only
     def read_file(self, snapshot: str | Snapshot, path: PathLike) -> Iterator[bytes]:
@@ -1178,12 +1184,22 @@ class Vault:
         """The tensors of a safetensors, .npy/.npz or torch zip file in the snapshot, from its header
         alone; with ``stats``, min/max/mean/std/NaN count per tensor (reads each tensor once)."""
         wanted = path_arg("path", path)
-        snap = self.snapshot(snapshot)
-        return show_file(self._repo, find_file(self.files(snap), wanted, snap.id), stats=stats)
+        with self._repo.locks.acquire_to_read():  # a prune waits (or is refused) while the chunks are read
+            snap = self.snapshot(snapshot)
+            return show_file(self._repo, find_file(self._files_still_stored(snap), wanted, snap.id), stats=stats)
 
     @_open_only
     def diff(self, a: str | Snapshot, b: str | Snapshot, *, tensors: bool = False) -> SnapshotDiff:
         """Files added, removed and changed from ``a`` to ``b`` and the bytes new in ``b``; with
         ``tensors``, which tensors of each changed tensor file were added, removed or changed."""
-        snap_a, snap_b = self.snapshot(a), self.snapshot(b)
-        return diff_trees(self._repo, snap_a.id, self.files(snap_a), snap_b.id, self.files(snap_b), tensors=tensors)
+        with self._repo.locks.acquire_to_read():  # a prune waits (or is refused) while the chunks are read
+            snap_a, snap_b = self.snapshot(a), self.snapshot(b)
+            files_a, files_b = self._files_still_stored(snap_a), self._files_still_stored(snap_b)
+            return diff_trees(self._repo, snap_a.id, files_a, snap_b.id, files_b, tensors=tensors)
+
+
+def _removed_meanwhile(snap: Snapshot, url: str) -> SnapshotNotFoundError:
+    return SnapshotNotFoundError(
+        f"snapshot {snap.short_id} is not in {url}: another process removed it meanwhile, "
+        "or it is a Snapshot of another vault"
+    )

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
+from ckptvault.repository.cache import MetadataCache
 
 DEADLINE_S = 600  # a bound on a hang, not on speed: 2 loaded cores start ~20 interpreters here
 
@@ -182,3 +183,70 @@ def test_concurrent_backups_of_two_runs_and_the_same_paths(tmp_path: Path):
         print(
             f"duplicated chunks before prune: {duplicates}; stored after prune {after.stored_bytes} / unique {unique}"
         )
+
+
+def _two_hosts(tmp_path: Path) -> tuple[Vault, Vault, str]:
+    """One remote vault (memory://, metadata cached) opened from two hosts, each with its own cache."""
+    import uuid
+
+    url = f"memory://two-hosts-{uuid.uuid4().hex}"
+    src = tmp_path / "src"
+    src.mkdir()
+    for step in (1, 2):
+        (src / "w.bin").write_bytes(os.urandom(200_000))
+        with Vault.open(url, create=True) as vault:
+            vault.backup(src, tags={"step": str(step)})
+    here, there = Vault.open(url), Vault.open(url)
+    for vault, cache in ((here, "cache-a"), (there, "cache-b")):  # memory:// is not cached on its own
+        vault._repo.cache = MetadataCache.open(tmp_path / cache, vault._repo.config.repo_id)
+    return here, there, url
+
+
+@pytest.mark.parametrize("reader", ["restore", "show", "diff"])
+def test_a_snapshot_pruned_by_another_host_after_it_was_chosen_is_gone_not_damage(tmp_path: Path, reader: str):
+    """A restore kept reading the tree from this host's metadata cache and called the pruned chunks
+    damage (exit 30, "run check"); show and diff --tensors read chunks with no lock at all, so a prune ran
+    beside them (a multi-writer audit, on SeaweedFS)."""
+    from ckptvault.errors import SnapshotNotFoundError
+
+    here, there, _ = _two_hosts(tmp_path)
+    old, new = sorted(here.snapshots(), key=lambda s: s.time)
+    here.files(old)  # its tree now in this host's cache
+    there.forget([old.id], prune=True)
+    with pytest.raises(SnapshotNotFoundError, match="removed it meanwhile"):
+        if reader == "restore":
+            here.restore(old, tmp_path / "out")
+        elif reader == "show":
+            here.show(old, "w.bin")
+        else:
+            here.diff(old, new, tensors=True)
+    here.close()
+    there.close()
+
+
+def test_show_and_diff_hold_a_shared_lock_while_they_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """They read chunks with no lock: a prune ran beside them and they called its deletions damage."""
+    from ckptvault import vault as vault_module
+    from ckptvault.errors import FileFormatError, VaultLockedError
+
+    here, there, _ = _two_hosts(tmp_path)
+    old, new = sorted(here.snapshots(), key=lambda s: s.time)
+    refused = []
+
+    def read_while_a_prune_tries(real):
+        def reading(*args, **kwargs):
+            with pytest.raises(VaultLockedError):
+                there.forget([old.id], prune=True)
+            refused.append(real.__name__)
+            return real(*args, **kwargs)
+
+        return reading
+
+    monkeypatch.setattr(vault_module, "show_file", read_while_a_prune_tries(vault_module.show_file))
+    monkeypatch.setattr(vault_module, "diff_trees", read_while_a_prune_tries(vault_module.diff_trees))
+    with pytest.raises(FileFormatError):  # random bytes: no tensors to show, once read
+        here.show(old, "w.bin")
+    here.diff(old, new, tensors=True)
+    assert refused == ["show_file", "diff_trees"]
+    here.close()
+    there.close()
