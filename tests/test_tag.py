@@ -170,3 +170,23 @@ def test_a_snapshot_forgotten_while_it_is_tagged_does_not_come_back(
     monkeypatch.undo()
     assert vault.snapshots() == [second]
     assert vault.check().ok and len(list((tmp_path / "repo" / "trees").iterdir())) == 1
+
+
+def test_a_snapshot_forgotten_while_its_tree_is_read_is_gone_not_damage(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """forget deleting the snapshot and its tree just before tag read the tree: exit 20, "object
+    trees/... is missing; run check", for what is only forgotten (a multi-writer audit)."""
+    two_saves(vault, tmp_path)
+    first, second = vault.snapshots()
+    load = Repository.load_tree
+
+    def forgotten_first(self: Repository, tree_id: bytes) -> bytes:
+        self.delete_snapshot(bytes.fromhex(first.id), bytes.fromhex(first.tree_id))
+        return load(self, tree_id)
+
+    monkeypatch.setattr(Repository, "load_tree", forgotten_first)
+    with pytest.raises(SnapshotNotFoundError, match="forgotten or retagged by another process meanwhile"):
+        vault.tag(first, add={"keep": "best"})
+    monkeypatch.undo()
+    assert vault.snapshots() == [second]

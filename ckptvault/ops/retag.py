@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..errors import SnapshotNotFoundError
+from ..errors import ObjectNotFoundError, SnapshotNotFoundError
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot
 from ..snapshot.model import Snapshot
@@ -34,7 +34,13 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     """``snapshot`` under a new ID carrying ``tags`` (the same snapshot when they are its tags)."""
     if tags == snapshot.tags:
         return snapshot
-    tree_id = repo.save_tree(repo.load_tree(bytes.fromhex(snapshot.tree_id)))
+    try:
+        tree = repo.load_tree(bytes.fromhex(snapshot.tree_id))
+    except ObjectNotFoundError:
+        if repo.has_snapshot(bytes.fromhex(snapshot.id)):
+            raise  # its tree alone is missing: damage, which check names
+        raise _gone(snapshot) from None
+    tree_id = repo.save_tree(tree)
     renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
     before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
     repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed))
@@ -42,9 +48,13 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
         # forgotten or retagged by another process meanwhile (both take a shared lock, like backups):
         # the copy would bring it back, or split it in two
         repo.delete_snapshot(bytes.fromhex(renewed.id), tree_id)
-        raise SnapshotNotFoundError(
-            f"snapshot {snapshot.short_id} was forgotten or retagged by another process meanwhile; nothing "
-            "changed: list the snapshots and try again"
-        )
+        raise _gone(snapshot)
     repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
     return renewed
+
+
+def _gone(snapshot: Snapshot) -> SnapshotNotFoundError:
+    return SnapshotNotFoundError(
+        f"snapshot {snapshot.short_id} was forgotten or retagged by another process meanwhile; nothing "
+        "changed: list the snapshots and try again"
+    )
