@@ -449,21 +449,8 @@ def run_restore(
             if entry.type == "file" and entry.path in planner.skip:
                 _set_mode_and_mtime(planner.dest(entry), entry)
     for entry in entries:
-        if entry.type == "symlink" and entry.path in planner.skip:  # as folders: a killed restore's link
-            if os.lstat(planner.dest(entry)).st_mtime_ns != entry.mtime_ns:  # made, its mtime not yet set
-                os.utime(planner.dest(entry), ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
-        elif entry.type == "symlink":
-            dest = planner.dest(entry)
-            if os.path.lexists(dest):
-                _remove(dest)
-            try:
-                os.symlink(entry.target or "", dest)  # validate_tree ensured a target
-            except FileExistsError:  # made meanwhile by a restore into the same folder: fine if the same
-                if not (os.path.islink(dest) and os.readlink(dest) == entry.target):
-                    raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dest) from None
-            except OSError as exc:  # named by the link's target, a path the restore never writes
-                raise OSError(exc.errno, exc.strerror, dest) from None
-            os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+        if entry.type == "symlink":
+            _put_link(planner.dest(entry), entry)
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
         _set_mode_and_mtime(planner.dest(entry), entry)
     progress.finish()
@@ -479,6 +466,35 @@ def run_restore(
     if failures:
         raise RestoreIncompleteError(failures, result)
     return result
+
+
+def _put_link(dest: str, entry: FileEntry) -> None:
+    """The snapshot's symlink at ``dest``, with its mtime. Restores into one folder at once each make
+    it: one that finds it already made (by another, or by a killed run before its mtime was set)
+    leaves it, never removes it from under the other."""
+    target = entry.target or ""  # validate_tree ensured a target
+    if not _is_link_to(dest, target):
+        if os.path.lexists(dest):
+            _remove(dest)
+        try:
+            os.symlink(target, dest)
+        except FileExistsError:  # made meanwhile by a restore into the same folder: fine if the same
+            if not _is_link_to(dest, target):
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dest) from None
+        except OSError as exc:  # named by the link's target, a path the restore never writes
+            raise OSError(exc.errno, exc.strerror, dest) from None
+    try:
+        if os.lstat(dest).st_mtime_ns != entry.mtime_ns:
+            os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+    except FileNotFoundError:
+        pass  # replaced meanwhile by a restore into the same folder, which sets it
+
+
+def _is_link_to(path: str, target: str) -> bool:
+    try:
+        return os.readlink(path) == target
+    except OSError:  # none there, or not a link
+        return False
 
 
 def temp_stem(name: str) -> str:
