@@ -1171,7 +1171,9 @@ class Vault:
         cache_chunks = int_arg("cache_chunks", cache_chunks)
         snap = self.snapshot(snapshot)
         return SnapshotFile(
-            ChunkedFile(self._repo, find_file(self.files(snap), wanted, snap.id), cache_chunks=cache_chunks)
+            ChunkedFile(
+                self._repo, find_file(self.files(snap), wanted, snap.id), cache_chunks=cache_chunks, snapshot=snap
+            )
         )
 
     @_open_only

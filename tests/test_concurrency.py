@@ -193,7 +193,7 @@ def _two_hosts(tmp_path: Path) -> tuple[Vault, Vault, str]:
     src = tmp_path / "src"
     src.mkdir()
     for step in (1, 2):
-        (src / "w.bin").write_bytes(os.urandom(200_000))
+        (src / "w.bin").write_bytes(os.urandom(3 << 20))  # chunks of 256 KiB..4 MiB: several
         with Vault.open(url, create=True) as vault:
             vault.backup(src, tags={"step": str(step)})
     here, there = Vault.open(url), Vault.open(url)
@@ -248,5 +248,22 @@ def test_show_and_diff_hold_a_shared_lock_while_they_read(tmp_path: Path, monkey
         here.show(old, "w.bin")
     here.diff(old, new, tensors=True)
     assert refused == ["show_file", "diff_trees"]
+    here.close()
+    there.close()
+
+
+def test_an_open_file_of_a_snapshot_pruned_meanwhile_says_so_not_damage(tmp_path: Path):
+    """An open_file handle holds no lock: a prune beside it removed its chunks, and the next read said
+    the vault was damaged (exit 30, "run check")."""
+    from ckptvault.errors import SnapshotNotFoundError
+
+    here, there, _ = _two_hosts(tmp_path)
+    old, _new = sorted(here.snapshots(), key=lambda s: s.time)
+    with here.open_file(old, "w.bin", cache_chunks=1) as f:
+        f.read(10)
+        there.forget([old.id], prune=True)
+        f.seek(3 << 19)  # a chunk not read yet
+        with pytest.raises(SnapshotNotFoundError, match="removed by another process"):
+            f.read(1)
     here.close()
     there.close()

@@ -16,9 +16,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, PathNotInSnapshotError
+from ..errors import IntegrityError, ObjectNotFoundError, PathNotInSnapshotError, SnapshotNotFoundError
 from ..repository import Repository
-from ..snapshot.model import FileEntry
+from ..snapshot.model import FileEntry, Snapshot
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks are at most 4 MiB: at most 32 MiB per open file, about 8 MiB on average
 
@@ -45,9 +45,19 @@ def find_file(tree: list[FileEntry], path: str, snapshot_id: str) -> FileEntry:
 class ChunkedFile:
     """Thread-safe random reads of one snapshot file."""
 
-    def __init__(self, repo: Repository, entry: FileEntry, *, cache_chunks: int = DEFAULT_CACHE_CHUNKS) -> None:
+    def __init__(
+        self,
+        repo: Repository,
+        entry: FileEntry,
+        *,
+        cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        snapshot: Snapshot | None = None,
+    ) -> None:
+        """``snapshot``: the one ``entry`` is of, for a file kept open without a lock: a chunk that a
+        forget or prune removed meanwhile is then named as such, not as damage."""
         self.repo = repo
         self.entry = entry
+        self.snapshot = snapshot
         self.starts = [0]
         for chunk_id in entry.chunks:
             self.starts.append(self.starts[-1] + repo.locate(chunk_id).raw_len)
@@ -79,7 +89,16 @@ class ChunkedFile:
             if data is not None:
                 self._cache.move_to_end(index)
                 return data
-        data = self.repo.read_chunk(self.entry.chunks[index])
+        try:
+            data = self.repo.read_chunk(self.entry.chunks[index])
+        except (IntegrityError, ObjectNotFoundError) as exc:
+            snap = self.snapshot
+            if snap is not None and not self.repo.has_snapshot(bytes.fromhex(snap.id)):
+                raise SnapshotNotFoundError(
+                    f"snapshot {snap.short_id} was removed by another process (a forget or prune) while "
+                    f"{self.entry.path} was open; open it from a snapshot still stored"
+                ) from exc
+            raise
         with self._lock:
             self.fetched_chunks += 1
             self.fetched_bytes += len(data)
