@@ -29,7 +29,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..localtree import remove_tree
@@ -59,7 +59,20 @@ def signature(path: str, excluded: Excluded | None = None) -> Signature:
     if not stat.S_ISDIR(st.st_mode):
         return (_describe("", path, st),)
     out: list[tuple[str, ...]] = []
-    folders = [(path, "")]  # a stack, not recursion: a checkpoint may nest deeper than Python's limit
+    for rel, entry in walk(path, excluded):
+        try:
+            out.append(_describe(rel, entry.path, entry.stat(follow_symlinks=False)))
+        except FileNotFoundError:
+            continue  # deleted while we looked: the next look sees the rest
+    return tuple(sorted(out))
+
+
+def walk(path: str, excluded: Excluded | None = None) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """Every entry below the folder ``path`` but those ``excluded`` (and what lies in them), with its
+    path relative to ``path``; links are not followed. Folders are kept in a list, not walked by
+    recursion: a checkpoint may nest deeper than Python's limit. What is deleted while it is walked is
+    left out; ``path`` itself gone raises FileNotFoundError."""
+    folders = [(path, "")]
     while folders:
         directory, prefix = folders.pop()
         try:
@@ -68,19 +81,18 @@ def signature(path: str, excluded: Excluded | None = None) -> Signature:
         except FileNotFoundError:
             if not prefix:
                 raise
-            continue  # deleted while we looked: the next look sees the rest
+            continue
         for entry in entries:
-            rel = f"{prefix}/{entry.name}" if prefix else entry.name
+            rel = prefix + entry.name
             try:
-                st = entry.stat(follow_symlinks=False)
-                if excluded is not None and excluded(rel, stat.S_ISDIR(st.st_mode)):
-                    continue
-                out.append(_describe(rel, entry.path, st))
+                is_dir = entry.is_dir(follow_symlinks=False)  # from the listing where it says: no stat
             except FileNotFoundError:
                 continue
-            if stat.S_ISDIR(st.st_mode):
-                folders.append((entry.path, rel))
-    return tuple(sorted(out))
+            if excluded is not None and excluded(rel, is_dir):
+                continue
+            yield rel, entry
+            if is_dir:
+                folders.append((entry.path, rel + "/"))
 
 
 def _describe(rel: str, path: str, st: os.stat_result) -> tuple[str, ...]:

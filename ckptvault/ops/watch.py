@@ -987,27 +987,14 @@ def _temporary_activity(pin: pins.Pin) -> pins.Signature:
     if not os.path.isdir(pin.source) or not pins.source_alive(pin):
         return ()
     out = []
-    folders = [(pin.source, "")]  # a list, not recursion: a checkpoint may nest deeper than Python's limit
-    while folders:
-        directory, prefix = folders.pop()
-        try:
-            with os.scandir(directory) as it:
-                entries = list(it)
-        except OSError:
-            continue  # gone meanwhile: the pin holds what was seen
-        for entry in entries:
-            rel = prefix + entry.name
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)  # from the listing: no stat per file
-                if pin.excluded is not None and pin.excluded(rel, is_dir):
-                    continue
-                if is_unfinished(entry.name):  # a folder's too: its files come and go
+    try:
+        for rel, entry in pins.walk(pin.source, pin.excluded):
+            if is_unfinished(entry.name):  # a folder's too: its files come and go
+                with contextlib.suppress(FileNotFoundError):
                     st = entry.stat(follow_symlinks=False)
                     out.append(("~" + rel, str(st.st_size), str(st.st_mtime_ns)))
-            except FileNotFoundError:
-                continue
-            if is_dir:
-                folders.append((entry.path, rel + "/"))
+    except OSError:
+        return ()  # gone meanwhile: the pin holds what was seen
     return tuple(sorted(out))
 
 
