@@ -193,7 +193,7 @@ def _two_hosts(tmp_path: Path) -> tuple[Vault, Vault, str]:
     src = tmp_path / "src"
     src.mkdir()
     for step in (1, 2):
-        (src / "w.bin").write_bytes(os.urandom(3 << 20))  # chunks of 256 KiB..4 MiB: several
+        (src / "w.bin").write_bytes(os.urandom(6 << 20))  # chunks of at most 4 MiB: at least two
         with Vault.open(url, create=True) as vault:
             vault.backup(src, tags={"step": str(step)})
     here, there = Vault.open(url), Vault.open(url)
@@ -262,7 +262,7 @@ def test_an_open_file_of_a_snapshot_pruned_meanwhile_says_so_not_damage(tmp_path
     with here.open_file(old, "w.bin", cache_chunks=1) as f:
         f.read(10)
         there.forget([old.id], prune=True)
-        f.seek(3 << 19)  # a chunk not read yet
+        f.seek((6 << 20) - 1)  # in another chunk than the first bytes
         with pytest.raises(SnapshotNotFoundError, match="removed by another process"):
             f.read(1)
     here.close()
