@@ -8,6 +8,7 @@ nothing; forget("bc") would forget snapshots "b" and "c").
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -212,6 +213,14 @@ def seconds_arg(name: str, value: float | None) -> float | None:
     if not _real(value) or not value >= 0:  # NaN too: "waiting up to nan s" waited without a bound
         raise wrong_arg(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
     return float(value)
+
+
+def retry_lock_arg(value: float | timedelta) -> float:
+    """How long to wait for a lock: seconds (0 or more) or a non-negative timedelta."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not _real(seconds) or not 0 <= seconds < math.inf:  # NaN fails both
+        raise wrong_arg("retry_lock", value, "a number of seconds (0 or more) or a timedelta, e.g. 300")
+    return float(seconds)
 
 
 def before_arg(before: datetime | timedelta | None, now: datetime | None) -> datetime | None:

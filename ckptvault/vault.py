@@ -39,6 +39,7 @@ from .arguments import (
     path_arg,
     paths_arg,
     progress_arg,
+    retry_lock_arg,
     seconds_arg,
     snapshot_arg,
     snapshot_list_arg,
@@ -353,6 +354,7 @@ class Vault:
         create: bool = False,
         limit_upload: RateArg = None,
         limit_download: RateArg = None,
+        retry_lock: float | timedelta = 0,
     ) -> Vault:
         """Open the repository at ``url`` (a path or URL; None: the default vault); with
         ``create=True`` make it when it does not exist. Several processes may do that at once (the
@@ -361,7 +363,27 @@ class Vault:
         ``limit_upload`` and ``limit_download`` cap the bytes per second this Vault moves to and
         from the storage, all threads together: a number of bytes per second or text such as
         ``"50MB"``, ``"20MiB"``, ``"400Mbit"``; 0 for none; None (the default) takes
-        ``CKPTVAULT_LIMIT_UPLOAD`` / ``CKPTVAULT_LIMIT_DOWNLOAD`` from the environment."""
+        ``CKPTVAULT_LIMIT_UPLOAD`` / ``CKPTVAULT_LIMIT_DOWNLOAD`` from the environment.
+
+        ``retry_lock`` (seconds, or a timedelta): how long each operation keeps trying when another
+        process holds a conflicting lock (a prune, or a backup while pruning), retrying after 1, 2,
+        4 ... up to 30 s; 0 (the default) fails at once with VaultLockedError."""
+        wait = retry_lock_arg(retry_lock)
+        vault = cls._open(url, storage_options, keyfile, passphrase, create, limit_upload, limit_download)
+        vault._repo.lock_retry_s = wait
+        return vault
+
+    @classmethod
+    def _open(
+        cls,
+        url: str | os.PathLike[str] | None,
+        storage_options: dict[str, Any] | None,
+        keyfile: KeyfileArg,
+        passphrase: PassphraseSource,
+        create: bool,
+        limit_upload: RateArg,
+        limit_download: RateArg,
+    ) -> Vault:
         url = url_arg(url) or default_repo_url()
         create = flag_arg("create", create)
         limits = RateLimits.resolve(limit_upload, limit_download)

@@ -46,6 +46,7 @@ CKPTVAULT_ENV = (
     "CKPTVAULT_NEW_PASSPHRASE",
     "CKPTVAULT_LIMIT_UPLOAD",
     "CKPTVAULT_LIMIT_DOWNLOAD",
+    "CKPTVAULT_RETRY_LOCK",
 )
 SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees
 

@@ -22,7 +22,7 @@ from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultN
 from ..vault import Vault, default_repo_url
 from ..version import __version__
 from .output import Output, discard_stdout
-from .params import parse_storage_options
+from .params import parse_duration, parse_storage_options
 
 EXIT_PIPE_CLOSED = 141  # what a shell reports for a program that SIGPIPE ended (128 + 13)
 
@@ -81,6 +81,16 @@ LimitDownloadOpt = Annotated[
         "--limit-download",
         metavar="RATE",
         help="Download at most this much per second, on average (as --limit-upload; else CKPTVAULT_LIMIT_DOWNLOAD).",
+    ),
+]
+RetryLockOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--retry-lock",
+        metavar="DURATION",
+        envvar="CKPTVAULT_RETRY_LOCK",
+        help="When another process holds the vault (a prune), keep trying this long, e.g. 30s, 5m, 2h"
+        " (default: fail at once).",
     ),
 ]
 TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
@@ -217,6 +227,7 @@ class VaultArgs:
     passphrase_file: str | None = None
     limit_upload: str | None = None
     limit_download: str | None = None
+    retry_lock: str | None = None
 
     def open(self, out: Output, *, writing: bool = False) -> Vault:
         return open_vault(
@@ -228,6 +239,7 @@ class VaultArgs:
             writing=writing,
             limit_upload=self.limit_upload,
             limit_download=self.limit_download,
+            retry_lock=self.retry_lock,
         )
 
 
@@ -239,12 +251,13 @@ _VAULT_OPTIONS = {
     "passphrase_file": PassphraseFileOpt,
     "limit_upload": LimitUploadOpt,
     "limit_download": LimitDownloadOpt,
+    "retry_lock": RetryLockOpt,
 }
 
 
 def vault_options(func: F) -> F:
-    """Give a command --repo, -o, --keyfile, --passphrase-file and the bandwidth limits; it receives them as
-    ``vault_args: VaultArgs``. typer reads parameters from the signature, so the wrapper publishes the
+    """Give a command --repo, -o, --keyfile, --passphrase-file, the bandwidth limits and --retry-lock; it
+    receives them as ``vault_args: VaultArgs``. typer reads parameters from the signature, so the wrapper publishes the
     command's own parameters (minus ``vault_args``) followed by the shared ones."""
     own = [p for p in inspect.signature(func, eval_str=True).parameters.values() if p.name != "vault_args"]
     shared = [
@@ -313,6 +326,7 @@ def open_vault(
     writing: bool = False,
     limit_upload: str | None = None,
     limit_download: str | None = None,
+    retry_lock: str | None = None,
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind)."""
@@ -324,6 +338,7 @@ def open_vault(
         "passphrase": passphrase_source(passphrase_file),
         "limit_upload": limit_upload,
         "limit_download": limit_download,
+        "retry_lock": parse_duration(retry_lock, "--retry-lock") if retry_lock is not None else 0,
     }
     if repo is not None:
         require_nonempty("--repo", repo)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta, timezone
 
 from ..arguments import TAG_TEXT_MAX, control_char
@@ -92,6 +93,26 @@ def parse_before(value: str | None, now: datetime) -> datetime | None:
     except ValueError:
         raise UsageError(f"--before: {_quoted(value)} is not a date or a duration; {_BEFORE_FORMATS}") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+DURATION_MAX_S = 366 * 86400
+
+
+def parse_duration(value: str, option: str) -> float:
+    """Seconds from '30s', '5m', '1h30m', '2d' (0 alone is allowed: none)."""
+    text = value.strip().lower()
+    example = f"use e.g. {option} 30s, 5m, 1h30m or 2h"
+    if text == "0":
+        return 0.0
+    parts = _DURATION.findall(text)
+    if not text or "".join(number + unit for number, unit in parts) != text:
+        raise UsageError(f"{option}: {_quoted(value)} is not a duration; {example}")
+    seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    if seconds > DURATION_MAX_S:
+        raise UsageError(f"{option}: {_quoted(value)} is more than a year; {example}")
+    return seconds
 
 
 def parse_fraction(value: str, option: str) -> float:

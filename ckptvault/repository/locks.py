@@ -73,6 +73,13 @@ live holder writes a fresh, readable lock every ``refresh_every``, so such an ob
 holder is known for long. An empty lock object is stale at once: a sealed lock is
 never empty, but a PUT abandoned at its deadline (a hung server) can land as an empty object
 (SeaweedFS), and its writer, whose write failed, never counted it as held.
+
+Waiting for a lock (restic's ``--retry-lock``). By default a conflict fails at once. With
+``retry_for`` seconds, a command that finds the vault locked (a prune running, a backup beside a
+prune, the locks changing while listed) says so once, removes its own lock object and tries again
+after 1 s, 2 s, 4 s ... (at most 30 s between tries) until it gets the lock or ``retry_for`` has
+passed; then the last conflict is raised, saying how long it waited. A lock of a newer ckptvault is
+not waited for (exit 17: that ckptvault is needed).
 """
 
 from __future__ import annotations
@@ -91,7 +98,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..blob import Kind
 from ..errors import (
@@ -115,15 +122,18 @@ if TYPE_CHECKING:
     from .repository import Repository
 
 log = logging.getLogger("ckptvault")
-# a lock object left behind, which the user may have to remove: the CLI shows these as warnings
+# a lock object left behind, which the user may have to remove, or a wait for a lock: the CLI shows these
 left_behind = logging.getLogger("ckptvault.locks")
 STALE_AFTER = timedelta(minutes=30)
 REFRESH_EVERY = timedelta(minutes=5)
 SAFETY_MARGIN = 0.25  # share of stale_after a holder keeps in hand: its lock is lost after 3/4 of it
 LOCK_VERSION = 1
 LISTINGS = 10  # tries at a listing of the locks in which none vanished before it was read
+RETRY_FIRST_S = 1.0  # with retry_for: the first wait after a conflict, doubled after each
+RETRY_MAX_S = 30.0
 
 Clock = Callable[[], datetime]
+_Taken = TypeVar("_Taken")
 
 
 def utc_now() -> datetime:
@@ -197,6 +207,15 @@ _HELD: weakref.WeakKeyDictionary[Repository, list[HeldLock]] = weakref.WeakKeyDi
 _LEFT_BEHIND: weakref.WeakKeyDictionary[Repository, list[LockInfo]] = weakref.WeakKeyDictionary()
 
 
+def _duration(seconds: float) -> str:
+    """``90`` -> "1m30s", as the user would write it for --retry-lock."""
+    whole = round(seconds)
+    if whole < 1:
+        return f"{seconds:g}s"
+    parts = [(whole // 86400, "d"), (whole % 86400 // 3600, "h"), (whole % 3600 // 60, "m"), (whole % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n)
+
+
 def _leave_behind(repo: Repository, locks: Sequence[LockInfo]) -> None:
     with _held_mutex:
         _LEFT_BEHIND.setdefault(repo, []).extend(locks)
@@ -212,11 +231,14 @@ class LockManager:
         clock: Clock = utc_now,
         stale_after: timedelta = STALE_AFTER,
         refresh_every: timedelta = REFRESH_EVERY,
+        retry_for: float = 0.0,
     ) -> None:
+        """``retry_for``: seconds to keep trying when the vault is locked (module docstring)."""
         self.repo = repo
         self.clock = clock
         self.stale_after = stale_after
         self.refresh_every = refresh_every
+        self.retry_for = retry_for
         self._said_lockless = False  # the warning of acquire_to_read, once (an API reading file after file)
 
     @property
@@ -381,7 +403,33 @@ class LockManager:
         ahead = own.time - mine.modified
         return now - ahead if ahead > timedelta(0) else now
 
+    def _retrying(self, take: Callable[[], _Taken]) -> _Taken:
+        """``take()``, tried again while it finds the vault locked, for up to ``retry_for`` seconds."""
+        deadline = None
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return take()
+            except LockLostError:
+                raise
+            except VaultLockedError as exc:
+                if self.retry_for <= 0:
+                    raise
+                now = time.monotonic()
+                waiting = f"{spelled('--retry-lock', 'retry_lock')} {_duration(self.retry_for)}"
+                if deadline is None:
+                    deadline = now + self.retry_for
+                    what = str(exc).split("; ", 1)[0]  # "vault X is locked: <holder>", without the advice
+                    left_behind.warning("%s; waiting for it (%s)", what, waiting)
+                elif now >= deadline:
+                    raise VaultLockedError(f"{exc}; gave up waiting ({waiting})") from None
+                time.sleep(min(delay, max(deadline - now, 0.0)))
+                delay = min(delay * 2, RETRY_MAX_S)
+
     def acquire(self, exclusive: bool) -> HeldLock:
+        return self._retrying(lambda: self._acquire(exclusive))
+
+    def _acquire(self, exclusive: bool) -> HeldLock:
         started = ticks()
         try:
             own = self.write(exclusive)
@@ -436,8 +484,11 @@ class LockManager:
         store refuses to write it (read-only credentials or mount: a node given read access to
         resume from), the command reads without one once no live exclusive lock (a prune) is
         listed, and a warning says so (``LocklessRead``)."""
+        return self._retrying(self._acquire_to_read)
+
+    def _acquire_to_read(self) -> HeldLock | LocklessRead:
         try:
-            return self.acquire(exclusive=False)
+            return self._acquire(exclusive=False)
         except StorageError as exc:
             if not _write_refused(exc):
                 raise

@@ -171,6 +171,7 @@ class Repository:
         remote = getattr(store, "remote", False)
         self.cache = MetadataCache.open(cache_root if remote else None, config.repo_id)
         self._bypass_cache = False
+        self.lock_retry_s = 0.0  # how long a command waits for a conflicting lock (locks.py, "Waiting")
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -888,4 +889,4 @@ class Repository:
 
     @property
     def locks(self) -> LockManager:
-        return LockManager(self)
+        return LockManager(self, retry_for=self.lock_retry_s)
