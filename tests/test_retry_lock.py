@@ -4,6 +4,7 @@ test process (alive, on this host: never stale); the waiters are real CLI proces
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -62,6 +63,7 @@ def test_backup_waits_for_a_prune_and_then_runs(vault: Vault, source: Path, env,
         assert proc.poll() is None
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.read_text()
+    assert json.loads(out)["id"] == vault.snapshots()[0].id
     said = err.read_text()
     assert "warning: vault" in said and "is locked: exclusive lock by" in said
     assert "waiting for it (--retry-lock 2m)" in said
