@@ -1064,3 +1064,43 @@ def test_a_copy_of_a_shipped_checkpoint_ships_under_its_own_name(tmp_path, repo,
     assert cli(*args).stdout.decode() == "", "each shipped once"
     with Vault.open(repo) as vault:
         assert sorted(s.tags["checkpoint"] for s in vault.snapshots({"run": "c"})) == ["best", "checkpoint-100"]
+
+
+def test_shipped_folders_are_looked_into_within_a_share_of_the_time(tmp_path, monkeypatch):
+    """A shipped folder is looked into again (a file rewritten in place changes no folder mtime), but
+    all of them together at most LOOK_INSIDE_SHARE of the time: many shipped checkpoints of many files
+    must not keep a core of the training machine busy."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    for n in range(20):
+        (ckpts / f"ck-{n}").mkdir(parents=True)
+        (ckpts / f"ck-{n}" / "model.pt").write_bytes(b"x")
+    watcher = watching.Watcher(
+        str(ckpts),
+        tags={"run": "r"},
+        ship=lambda job: pytest.fail("nothing changed: nothing ships"),
+        shipped_digests=lambda: (),
+        options=watching.WatchOptions(),
+    )
+    for n in range(20):
+        path = str(ckpts / f"ck-{n}")
+        st = os.stat(path)
+        watcher._done[f"ck-{n}"] = watching._Done(st.st_ino, st.st_size, st.st_mtime_ns, pins.signature(path))
+    real_signature = pins.signature
+    looks: list[float] = []
+
+    def costly_signature(path, excluded=None):  # 20 ms a look: 0.4 s for all 20 folders
+        looks.append(now)
+        time.sleep(0.02)
+        return real_signature(path, excluded)
+
+    monkeypatch.setattr(pins, "signature", costly_signature)
+    for now in range(2, 30):  # a poll each second of a made-up clock
+        watcher._scan(float(now))
+    assert looks[:20] == [2.0] * 20  # the first look finds what they cost
+    every = 0.4 / watching.LOOK_INSIDE_SHARE  # then 8 s apart (20 ms x 20 is 5 % of 8 s)
+    assert len(looks) <= 4 * 20  # at most at 2, 10, 18 and 26 (every second: 28 looks each)
+    assert all(b - a >= every or b == a for a, b in zip(sorted(set(looks)), sorted(set(looks))[1:], strict=False))
+    assert not watcher._candidates
