@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+from ckptvault import Vault
 from ckptvault.crypto.keyfile import Keyfile
 
 from .test_cli import one_line_error
@@ -147,3 +148,59 @@ def test_a_new_keyfile_refuses_a_config_rolled_back_below_format_3(cli, tmp_path
     assert proc.returncode == 30 and "rolled back" in one_line_error(proc)
     cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
     assert json.loads(Path(key).read_text())["min_vault_format"] == 3  # kept
+
+
+def _at_a_terminal(args: list[str], env: dict[str, str], typed: list[bytes]) -> tuple[int, str]:
+    """Run the CLI with a real terminal (a pty) as its controlling terminal; each of ``typed`` is sent
+    once the output so far ends with a prompt (": "). Returns the exit status and what it printed."""
+    import pty
+    import select
+    import sys
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its terminal, stdin, stdout and stderr
+        os.execve(sys.executable, [sys.executable, "-m", "ckptvault", *args], env)
+    seen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # EIO: the child closed the terminal (exited)
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+                if typed and seen.rstrip(b" ").endswith(b":"):
+                    os.write(fd, typed.pop(0))
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
+
+
+def test_ctrl_d_at_a_passphrase_prompt_is_no_passphrase_not_a_crash(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    key = str(tmp_path / "team.key")
+    Keyfile.create("a passphrase!", scrypt_n=2**14)[0].save(key)
+    Vault.init(tmp_path / "vault", keyfile=key, passphrase="a passphrase!").close()
+    for args in (
+        ["key", "generate", "--keyfile", str(tmp_path / "new.key")],
+        ["key", "passwd", "--keyfile", key],
+        ["snapshots", "--repo", str(tmp_path / "vault"), "--keyfile", key],
+    ):
+        code, printed = _at_a_terminal(args, env, [b"\x04"])
+        assert code == 16, (args, printed)
+        assert "no passphrase was typed (the prompt got end of input, Ctrl-D)" in printed, printed
+        assert "internal error" not in printed and "Traceback" not in printed
+    assert not (tmp_path / "new.key").exists()
+    code, printed = _at_a_terminal(
+        ["key", "generate", "--keyfile", str(tmp_path / "new.key"), "--kdf-cost", "14"],
+        env,
+        [b"long enough passphrase\n", b"\x04"],  # Ctrl-D at the repeat prompt
+    )
+    assert code == 16 and "Ctrl-D" in printed and not (tmp_path / "new.key").exists()

@@ -166,6 +166,18 @@ def command(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def ask_passphrase(prompt: str) -> str:
+    """The passphrase typed at a terminal prompt; Ctrl-D (end of input) there is no passphrase, not a crash."""
+    try:
+        return getpass.getpass(f"{prompt}: ")
+    except EOFError:
+        sys.stderr.write("\n")  # the prompt's line was left open
+        raise PassphraseRequiredError(
+            message="no passphrase was typed (the prompt got end of input, Ctrl-D); type it at the prompt, or give "
+            "--passphrase-file FILE or CKPTVAULT_PASSPHRASE"
+        ) from None
+
+
 def passphrase_source(
     passphrase_file: str | None,
     *,
@@ -187,7 +199,7 @@ def passphrase_source(
                 raise UsageError(f"{option} -: standard input is empty; pipe the passphrase into it")
             return piped[0]
         if passphrase_file == "-":  # a terminal: asked, as without the option
-            return getpass.getpass(f"{prompt}: ")
+            return ask_passphrase(prompt)
         if passphrase_file:
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
@@ -211,7 +223,7 @@ def passphrase_source(
         if env in os.environ:
             return passphrase_from_env(env)
         if sys.stdin.isatty():
-            return getpass.getpass(f"{prompt}: ")
+            return ask_passphrase(prompt)
         raise PassphraseRequiredError()
 
     return resolve

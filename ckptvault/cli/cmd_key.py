@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
 from typing import Annotated
@@ -12,7 +11,16 @@ import typer
 from ..crypto.keyfile import DEFAULT_SCRYPT_N, Keyfile
 from ..errors import PassphraseRequiredError, UsageError
 from ..repository.format import SETTINGS_FORMAT_VERSION
-from .app import JsonOpt, PassphraseFileOpt, QuietOpt, app, command, passphrase_source, require_nonempty
+from .app import (
+    JsonOpt,
+    PassphraseFileOpt,
+    QuietOpt,
+    app,
+    ask_passphrase,
+    command,
+    passphrase_source,
+    require_nonempty,
+)
 from .cmd_init import LOSS_WARNING
 from .output import Output
 
@@ -38,8 +46,8 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     if (passphrase_file or env in os.environ) and not from_terminal:
         new = passphrase_source(passphrase_file, env=env, option=option)()
     elif sys.stdin.isatty():
-        new = getpass.getpass("new passphrase: ")
-        if getpass.getpass("repeat the new passphrase: ") != new:
+        new = ask_passphrase("new passphrase")
+        if ask_passphrase("repeat the new passphrase") != new:
             raise UsageError("the two passphrases differ; nothing was written")
     else:
         raise PassphraseRequiredError(env=env, option=option)
