@@ -181,6 +181,17 @@ def test_huge_before_age_is_a_usage_error(cli, repo: str, value: str):
     assert "2026-11-16" in line and "14d" in line  # names the accepted formats
 
 
+def test_a_before_age_in_m_is_ambiguous_not_minutes(cli, repo: str):
+    """restic's --keep-within 6m is 6 months: read as 6 minutes, a prune removed nearly everything."""
+    line = refused_prune(cli, repo, "--before", "6m")
+    assert line == (
+        "error: --before: '6m' is ambiguous (restic reads 'm' as months): write 6min for minutes, or days, "
+        "e.g. 180d for 6 months"
+    )
+    kept = cli("prune", "--repo", repo, "--keep-latest", "1", "--before", "30min", "--dry-run", "--json")
+    assert json.loads(kept.stdout)["forget"] == []  # the snapshots are seconds old
+
+
 # ---- 4. tag keys and values that break tables and one-line messages ---------------------------
 
 BAD_TAGS = [

@@ -342,7 +342,7 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_lock(cli, tmp_path: Path, com
     [
         ["--keep-latest", "3", "--keep-latest", "1"],
         ["--keep-latest", "1", "--group-by", "run", "--group-by=host"],
-        ["--keep-latest", "1", "--before", "1d", "--before", "0m"],
+        ["--keep-latest", "1", "--before", "1d", "--before", "0min"],
     ],
 )
 def test_an_option_given_twice_is_refused_not_resolved_to_the_last(cli, tmp_path: Path, repeated: list[str]):

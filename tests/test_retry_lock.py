@@ -95,7 +95,8 @@ def test_it_gives_up_after_the_duration_and_leaves_no_lock(vault: Vault, source:
         assert [lock.lock_id for lock in vault.locks()] == [held.info.lock_id]  # its own lock object went
     assert proc.returncode == 11
     lines = err.read_text().strip().splitlines()
-    assert lines[-1].startswith("error: vault") and lines[-1].endswith("; gave up waiting (--retry-lock 3s)")
+    assert lines[-1].startswith("error: vault")
+    assert lines[-1].endswith("; gave up waiting (--retry-lock 3s): a longer one waits it out")
     assert "ckptvault unlock" in lines[-1]  # the usual advice stays
     assert waited >= 3
     assert vault.snapshots() == []
@@ -131,12 +132,14 @@ def test_ctrl_c_while_waiting_leaves_no_lock(vault: Vault, source: Path, env, tm
     assert vault.snapshots() == []
 
 
-@pytest.mark.parametrize("value", ["5", "5x", "m", "1h 30m", "-5m", "", "400d", "1.5.2h"])
-def test_a_bad_duration_is_refused_before_anything_runs(cli, tmp_path: Path, source: Path, value: str):
-    proc = cli("backup", str(source), "-r", str(tmp_path / "v"), "--retry-lock", value, check=False)
+@pytest.mark.parametrize("value", ["5", "5x", "m", "1h 30m", "-5m", "", "400d", "1.5.2h", "5M"])
+@pytest.mark.parametrize("given", ["--retry-lock", "CKPTVAULT_RETRY_LOCK"])
+def test_a_bad_duration_is_refused_before_anything_runs(cli, tmp_path: Path, source: Path, value: str, given: str):
+    args, env = (("--retry-lock", value), {}) if given.startswith("--") else ((), {given: value})
+    proc = cli("backup", str(source), "-r", str(tmp_path / "v"), *args, check=False, **env)
     assert proc.returncode == 2
     message = proc.stderr.decode().strip()
-    assert message.startswith("error: --retry-lock:") and "e.g. --retry-lock 30s" in message
+    assert message.startswith(f"error: {given}") and ("e.g. 30s" in message or "is empty" in message)
     assert len(message.splitlines()) == 1
     assert not (tmp_path / "v").exists()
 
@@ -147,7 +150,8 @@ def test_durations_are_read_like_restic_ones():
     assert parse_duration("5m", "--retry-lock") == 300
     assert parse_duration("1h30m", "--retry-lock") == 5400
     assert parse_duration("1.5h", "--retry-lock") == 5400
-    assert parse_duration(" 2D ", "--retry-lock") == 2 * 86400
+    assert parse_duration(" 2d ", "--retry-lock") == 2 * 86400
+    assert parse_duration("1w", "--retry-lock") == 7 * 86400
     with pytest.raises(UsageError, match="more than a year"):
         parse_duration("367d", "--retry-lock")
 

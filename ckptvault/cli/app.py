@@ -88,9 +88,8 @@ RetryLockOpt = Annotated[
     typer.Option(
         "--retry-lock",
         metavar="DURATION",
-        envvar="CKPTVAULT_RETRY_LOCK",
         help="When another process holds the vault (a prune), keep trying this long, e.g. 30s, 5m, 2h"
-        " (default: fail at once).",
+        " (else CKPTVAULT_RETRY_LOCK; default: fail at once).",
     ),
 ]
 TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
@@ -328,6 +327,14 @@ def require_lasting_url(url: str) -> None:
         )
 
 
+def retry_lock_setting(value: str | None) -> float:
+    """--retry-lock, else CKPTVAULT_RETRY_LOCK (an empty one refused: it is usually meant to be unset)."""
+    if value is not None:
+        return parse_duration(value, "--retry-lock")
+    env = os.environ.get("CKPTVAULT_RETRY_LOCK")
+    return 0.0 if env is None else parse_duration(env, "CKPTVAULT_RETRY_LOCK")
+
+
 def open_vault(
     repo: str | None,
     storage_option: list[str] | None,
@@ -350,7 +357,7 @@ def open_vault(
         "passphrase": passphrase_source(passphrase_file),
         "limit_upload": limit_upload,
         "limit_download": limit_download,
-        "retry_lock": parse_duration(retry_lock, "--retry-lock") if retry_lock is not None else 0,
+        "retry_lock": retry_lock_setting(retry_lock),
     }
     if repo is not None:
         require_nonempty("--repo", repo)

@@ -72,21 +72,28 @@ def parse_storage_options(values: list[str] | None) -> dict[str, str]:
     return parse_tags(values, "-o", limit=None, show_values=False)  # values may be long secrets (tokens)
 
 
-_UNITS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
-
-
-_BEFORE_FORMATS = "use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h"
+_AGE_UNITS = {"min": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
+_AGE = re.compile(r"([0-9]+)([a-z]+)")
+_BEFORE_FORMATS = "use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h, 30min"
 
 
 def parse_before(value: str | None, now: datetime) -> datetime | None:
-    """An ISO date or time (UTC unless it says otherwise), or an age: 30m, 36h, 14d, 2w."""
+    """An ISO date or time (UTC unless it says otherwise), or an age: 30min, 36h, 14d, 2w. A bare
+    ``m`` is refused: restic's ``--keep-within 6m`` means 6 months, and a prune that read it as
+    minutes would remove nearly everything."""
     if value is None:
         return None
     text = value.strip()
-    if len(text) >= 2 and text[-1] in _UNITS and text[:-1].isascii() and text[:-1].isdigit():
+    age = _AGE.fullmatch(text)
+    if age and age[2] == "m":
+        raise UsageError(
+            f"--before: {_quoted(value)} is ambiguous (restic reads 'm' as months): write {age[1]}min for minutes, "
+            f"or days, e.g. {int(age[1]) * 30}d for {age[1]} months"
+        )
+    if age and age[2] in _AGE_UNITS:
         try:
-            return now - int(text[:-1]) * _UNITS[text[-1]]
-        except (OverflowError, ValueError):  # further back than year 1, or digits int() refuses
+            return now - int(age[1]) * _AGE_UNITS[age[2]]
+        except OverflowError:  # further back than year 1
             raise UsageError(f"--before: {_quoted(value)} is too far back to be a date; {_BEFORE_FORMATS}") from None
     try:
         when = datetime.fromisoformat(text)
@@ -95,19 +102,22 @@ def parse_before(value: str | None, now: datetime) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 DURATION_MAX_S = 366 * 86400
 
 
 def parse_duration(value: str, option: str) -> float:
-    """Seconds from '30s', '5m', '1h30m', '2d' (0 alone is allowed: none)."""
-    text = value.strip().lower()
-    example = f"use e.g. {option} 30s, 5m, 1h30m or 2h"
+    """Seconds from '30s', '5m', '1h30m', '2d', '1w', as restic's --retry-lock reads them (m: minutes);
+    0 alone is allowed: none. ``option`` names where the value came from (a flag or a variable)."""
+    text = value.strip()
+    example = "use e.g. 30s, 5m, 1h30m or 2h"
     if text == "0":
         return 0.0
+    if not text:
+        raise UsageError(f"{option} is empty; give a duration ({example}), or 0 for none")
     parts = _DURATION.findall(text)
-    if not text or "".join(number + unit for number, unit in parts) != text:
+    if "".join(number + unit for number, unit in parts) != text:
         raise UsageError(f"{option}: {_quoted(value)} is not a duration; {example}")
     seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
     if seconds > DURATION_MAX_S:

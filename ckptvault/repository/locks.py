@@ -422,7 +422,7 @@ class LockManager:
                     what = str(exc).split("; ", 1)[0]  # "vault X is locked: <holder>", without the advice
                     left_behind.warning("%s; waiting for it (%s)", what, waiting)
                 elif now >= deadline:
-                    raise VaultLockedError(f"{exc}; gave up waiting ({waiting})") from None
+                    raise VaultLockedError(f"{exc}; gave up waiting ({waiting}): a longer one waits it out") from None
                 time.sleep(min(delay, max(deadline - now, 0.0)))
                 delay = min(delay * 2, RETRY_MAX_S)
 
