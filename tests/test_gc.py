@@ -11,7 +11,7 @@ from ckptvault import Snapshot, Vault
 from ckptvault.chunking import ChunkerParams
 from ckptvault.errors import StorageFullError, UsageError
 
-from .conftest import tree_digest
+from .conftest import tree_digest, write_file
 from .support.tmpfs import mounted_tmpfs
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
@@ -139,8 +139,10 @@ def test_orphan_packs_of_a_killed_backup_are_removed(tmp_path: Path):
 
 
 def test_prune_api_validation(vault: Vault):
-    with pytest.raises(UsageError):
-        vault.prune()
+    with pytest.raises(UsageError, match="tags, keep_tags and group_by shape a rule, and none was given"):
+        vault.prune(group_by="run")
+    with pytest.raises(UsageError, match="shape a rule"):
+        vault.prune(tags={"run": "x"})
     with pytest.raises(UsageError):
         vault.prune(keep_latest=1, repack_threshold=2.0)
 
@@ -306,3 +308,29 @@ def test_deletes_not_yet_started_are_dropped_at_an_error_or_ctrl_c(stop: str):
         each(delete, range(400))
     time.sleep(0.2)  # anything still queued would go on starting
     assert len(started) < 4 * DELETERS, f"{len(started)} of 400 deletes ran after the {stop}"
+
+
+def test_after_forget_a_prune_with_no_rule_reclaims_the_space_and_removes_no_snapshot(cli, tmp_path: Path):
+    """restic's prune: forget first (by ID), then collect the garbage. A rule-less prune was refused, and
+    forget's hint named a retention rule (which removes snapshots) as the way to reclaim the space."""
+    repo, src = str(tmp_path / "repo"), tmp_path / "src"
+    cli("init", repo)
+    for run in ("x", "y", "z"):
+        write_file(src / f"{run}.bin", os.urandom(400_000))
+        cli("backup", str(src), "--repo", repo, "--tag", f"run={run}")
+    ids = [s["id"] for s in json.loads(cli("snapshots", "--repo", repo, "--json").stdout)]
+    stored = sum(p.stat().st_size for p in (Path(repo) / "packs").rglob("*") if p.is_file())
+    forgot = cli("forget", ids[2][:8], "--repo", repo)
+    assert forgot.stdout.decode().strip().splitlines()[-1] == (
+        "forgot 1 snapshot(s), kept 2; their data stays until: ckptvault prune"
+    )
+    src.joinpath("z.bin").unlink()  # its bytes are in the forgotten snapshot only
+    dry = cli("prune", "--repo", repo, "--dry-run", "--json")
+    assert json.loads(dry.stdout)["forget"] == [] and json.loads(dry.stdout)["reclaim_bytes"] > 300_000
+    cli("prune", "--repo", repo)
+    assert [s["id"] for s in json.loads(cli("snapshots", "--repo", repo, "--json").stdout)] == ids[:2]
+    assert sum(p.stat().st_size for p in (Path(repo) / "packs").rglob("*") if p.is_file()) < stored - 300_000
+    cli("check", "--repo", repo, "--read-data")
+    refused = cli("prune", "--repo", repo, "--group-by", "run", check=False)
+    assert refused.returncode == 2
+    assert "--tag, --keep-tag and --group-by shape a rule, and none was given" in refused.stderr.decode()

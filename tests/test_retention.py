@@ -124,10 +124,17 @@ def test_newest_of_a_group_survives_any_date():
     assert [s.id for s in plan.keep] == [snaps[-1].id]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"keep_latest": 0}, {"before": datetime(2026, 1, 1)}])
+@pytest.mark.parametrize(
+    "kwargs", [{"group_by": "run"}, {"keep_tags": ("k",)}, {"keep_latest": 0}, {"before": datetime(2026, 1, 1)}]
+)
 def test_bad_policies(kwargs):
     with pytest.raises(UsageError):
         RetentionPolicy(**kwargs)
+
+
+def test_no_rule_keeps_every_snapshot():
+    snaps = [make(i, i, {"run": "x"}) for i in range(3)]
+    assert plan_retention(snaps, RetentionPolicy()).forget == []
 
 
 def test_steps_of_another_run_never_push_out_the_snapshots_saved_last():

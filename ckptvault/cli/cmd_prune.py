@@ -52,7 +52,8 @@ def note_unprotecting(out: Output, result: PruneResult, keep_tags: tuple[str, ..
         out.warn(f"--keep-tag {spec} is on no snapshot (tag keys in use: {keys}); it protected nothing")
 
 
-def report(out: Output, result: PruneResult) -> None:
+def report(out: Output, result: PruneResult, summary: str | None = None) -> None:
+    """The removed snapshots and ``summary`` (default: what prune removed and reclaimed)."""
     gone = result.forgotten
     grouped = any(d.group is not None for d in result.retention.decisions)
     table = out.table("id", "time (UTC)", "tags", "size", *(["group"] if grouped else []), "why")
@@ -64,19 +65,6 @@ def report(out: Output, result: PruneResult) -> None:
             group = [d.group or ""] if grouped else []
             table.add_row(s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, size, *group, d.reason)
     gc = result.gc
-    if result.dry_run:  # the plan counts pack bytes; a real run measures the whole repository after
-        summary = (
-            f"would remove {len(gone)} snapshot(s), keep {len(result.retention.keep)}; "
-            f"would remove {len(gc.delete_packs)} pack(s), repack {len(gc.repack)} "
-            f"({format_bytes(gc.repack_bytes)} to copy); would reclaim about {format_bytes(gc.reclaim_bytes)}"
-        )
-    else:
-        summary = (
-            f"removed {len(gone)} snapshot(s), kept {len(result.retention.keep)}; "
-            f"removed {len(gc.delete_packs)} pack(s), repacked {len(gc.repack)} "
-            f"({format_bytes(gc.repack_bytes)} copied); "
-            f"reclaimed {format_bytes(result.stored_before - result.stored_after)}"
-        )
     data = {
         "dry_run": result.dry_run,
         "forget": [_decision(d) for d in result.retention.decisions if not d.keep],
@@ -92,7 +80,23 @@ def report(out: Output, result: PruneResult) -> None:
         return
     if gone:
         out.result(data, table)
-    out.result(data, summary)
+    out.result(data, summary or _pruned(result))
+
+
+def _pruned(result: PruneResult) -> str:
+    gone, kept, gc = len(result.forgotten), len(result.retention.keep), result.gc
+    if result.dry_run:  # the plan counts pack bytes; a real run measures the whole repository after
+        return (
+            f"would remove {gone} snapshot(s), keep {kept}; "
+            f"would remove {len(gc.delete_packs)} pack(s), repack {len(gc.repack)} "
+            f"({format_bytes(gc.repack_bytes)} to copy); would reclaim about {format_bytes(gc.reclaim_bytes)}"
+        )
+    return (
+        f"removed {gone} snapshot(s), kept {kept}; "
+        f"removed {len(gc.delete_packs)} pack(s), repacked {len(gc.repack)} "
+        f"({format_bytes(gc.repack_bytes)} copied); "
+        f"reclaimed {format_bytes(result.stored_before - result.stored_after)}"
+    )
 
 
 @app.command("prune")
@@ -116,7 +120,8 @@ def prune_cmd(
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Remove snapshots outside the newest N AND older than --before, then reclaim their space."""
+    """Remove snapshots outside the newest N AND older than --before, then reclaim their space (with no rule:
+    only the space of snapshots already forgotten)."""
     out = Output(json_mode=json_out, quiet=quiet)
     now = datetime.now(timezone.utc)
     tags = parse_tags(tag)
@@ -152,6 +157,13 @@ def forget_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         result = vault.forget(snapshots, prune=prune, dry_run=dry_run)
-    report(out, result)
-    if not prune and not dry_run:
-        out.info("run 'ckptvault prune --keep-latest N' or 'forget --prune' to reclaim their space")
+    if prune:
+        report(out, result)
+        return
+    gone = len(result.forgotten)
+    would = "would forget" if dry_run else "forgot"
+    report(
+        out,
+        result,
+        f"{would} {gone} snapshot(s), kept {len(result.retention.keep)}; their data stays until: ckptvault prune",
+    )

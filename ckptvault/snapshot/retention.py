@@ -47,10 +47,12 @@ class RetentionPolicy:
                 raise UsageError(
                     f"{spelled('--keep-tag', 'keep_tags')}: {spec!r} has no key; give key or key=value, e.g. milestone"
                 )
-        if self.keep_latest is None and self.before is None:
+        if self.keep_latest is None and self.before is None and (self.tags or self.keep_tags or self.group_by):
+            given = spelled("--tag, --keep-tag and --group-by", "tags, keep_tags and group_by")
             raise UsageError(
-                "prune needs a rule: give "
+                f"{given} shape a rule, and none was given: add "
                 + spelled("--keep-latest N and/or --before DATE", "keep_latest and/or before")
+                + " (a prune with no rule at all removes no snapshot, only the data no snapshot needs)"
             )
         if self.keep_latest is not None and self.keep_latest < 1:
             raise UsageError(
@@ -185,6 +187,8 @@ def _check_keep_tags(snapshots: list[Snapshot], policy: RetentionPolicy) -> None
 def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> RetentionPlan:
     """Decide every snapshot. Raises UsageError, before deciding anything, when ``group_by``
     is a tag key that none of the selected snapshots carries (see the module docstring)."""
+    if policy.keep_latest is None and policy.before is None:  # garbage collection only, as restic's prune
+        return RetentionPlan([Decision(s, True, "no rule given") for s in snapshots])
     decisions: dict[str, Decision] = {}
     groups: dict[tuple[bool, str], list[Snapshot]] = {}
     selected: list[Snapshot] = []
