@@ -244,6 +244,9 @@ def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_i
     flip(Path(repo_url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
     proc = cli("check", "--repo", repo_url, "--read-data", check=False)
     assert proc.returncode == 30 and "repair-index --read-data drops it" in proc.stdout.decode(), proc.stdout
+    last = proc.stderr.decode().strip()  # healing comes before forgetting
+    assert "where the files named are still on disk, ckptvault repair-index --read-data and a new backup" in last
+    assert last.index("repair-index") < last.index("ckptvault forget")
     dry = cli("repair-index", "--repo", repo_url, "--read-data", "--dry-run").stdout.decode()
     assert "would drop 1 damaged chunk(s)" in dry
     assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()

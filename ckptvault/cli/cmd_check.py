@@ -74,19 +74,24 @@ def check_cmd(
             "; run ckptvault repair-index first (it indexes again what the damaged index object(s) named, where "
             "the packs still say or verify it), then check again before forgetting anything"
         )
-    elif report.affected:  # what cannot be repaired: the snapshots go (prune refuses while they need missing data)
-        salvage = (
-            ""
-            if all(files == ["*"] for files in report.affected.values())
-            else ("restore the files not named (restore --include), then ")
+    elif report.affected:
+        # Healing first: the same bytes backed up again make every snapshot that needs them whole. Only
+        # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
+        whole = all(files == ["*"] for files in report.affected.values())  # a tree lost: nothing brings it back
+        heal = (
+            "; "
+            if whole
+            else "; where the files named are still on disk, ckptvault repair-index --read-data and a new backup of "
+            "them store those chunks again and the snapshots restore again; otherwise "
         )
+        salvage = "" if whole else "restore the files not named (restore --include), then "
         if len(report.affected) <= LISTED_IN_REMEDY:  # every one: the remedy is a command
             ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)
-            remedy = f"; {salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
+            remedy = f"{heal}{salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
         else:  # hundreds of IDs make an unreadable line, and a command that forgets history unread
             remedy = (
-                f"; {salvage}remove the damaged snapshots named above ('affects snapshot'; `check --json` lists them "
-                'under "affected") with ckptvault forget, after reading which they are'
+                f"{heal}{salvage}remove the damaged snapshots named above ('affects snapshot'; `check --json` lists "
+                'them under "affected") with ckptvault forget, after reading which they are'
             )
     elif report.problems:
         remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
