@@ -756,6 +756,30 @@ def test_watching_one_checkpoint_instead_of_its_folder_is_warned_about(tmp_path,
     assert "shipped checkpoint-1200 step 1200" in right.stdout.decode()
 
 
+def test_watching_a_folder_saved_as_one_checkpoint_is_warned_about(tmp_path, repo, cli):
+    """README's own example once backed up ./checkpoints as one checkpoint and then watched it: model/,
+    optimizer.pt and wandb/ each shipped as a snapshot of the run, and `restore latest` gave wandb/."""
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "model.safetensors").write_bytes(b"w" * 4096)
+    (ckpt / "optimizer.pt").write_bytes(b"o" * 4096)
+    (ckpt / "wandb").mkdir()
+    args = ("--once", "--settle", "0.2", "--repo", repo)
+    wrong = cli("watch", str(ckpt), *args).stderr.decode()
+    assert (
+        f"{ckpt} looks like one checkpoint (it holds optimizer.pt, and nothing in it is named by a step), and watch "
+        "ships each entry of the folder it watches as a checkpoint of its own"
+    ) in wrong, wrong
+    assert f"ckptvault backup {ckpt}" in wrong
+    # a folder of step-named checkpoints, each with its optimizer.pt inside: no warning
+    out = tmp_path / "out"
+    for step in (100, 200):
+        (out / f"step-{step}").mkdir(parents=True)
+        (out / f"step-{step}" / "optimizer.pt").write_bytes(b"o")
+    (out / "optimizer.pt").write_bytes(b"o")  # even one left at the top
+    assert "looks like one checkpoint" not in cli("watch", str(out), *args).stderr.decode()
+
+
 def test_a_trainer_output_folder_ships_its_checkpoints_only_and_latest_resumes_from_the_last(tmp_path, repo, cli):
     """A Hugging Face Trainer's output folder also holds runs/ (TensorBoard logs) and, at the end, the
     final model's files: each shipped as a stepless snapshot, and `latest` of the run then went by

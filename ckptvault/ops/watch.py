@@ -159,6 +159,10 @@ LOOK_INSIDE_S = 1.0
 LOOK_INSIDE_SHARE = 0.05
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
 TENSORBOARD_EVENTS = "events.out.tfevents."
+# Files saved beside the weights of one checkpoint, never checkpoints by themselves (Hugging Face, PyTorch)
+CHECKPOINT_PARTS = frozenset(
+    {"optimizer.pt", "optimizer.bin", "scheduler.pt", "rng_state.pth", "training_args.bin", TRAINER_STATE}
+)
 
 
 def _tag_text(name: str) -> str:
@@ -388,24 +392,38 @@ class Watcher:
     def _warn_if_one_checkpoint(self) -> None:
         """Watching one checkpoint instead of the folder it was saved into ships each of its files as
         a checkpoint of its own. Said once, not refused: only a folder whose name gives the step its
-        own ``trainer_state.json`` records, or a step-named torch.distributed.checkpoint folder, is
-        taken for one (a run's output folder holds a trainer_state.json of another step at the end)."""
+        own ``trainer_state.json`` records, a step-named torch.distributed.checkpoint folder, or one
+        holding a part of a checkpoint (``_part_of_one_checkpoint``) is taken for one (a run's output
+        folder holds a trainer_state.json of another step at the end, beside its step folders)."""
         name = os.path.basename(self.directory)
         step = step_from_name(name)
-        if step is None:
-            return
-        if step_from_trainer_state(self.directory) == step:
-            holds = TRAINER_STATE
-        elif os.path.isfile(os.path.join(self.directory, ".metadata")):
-            holds = ".metadata"
+        if step is not None and step_from_trainer_state(self.directory) == step:
+            holds = f"step {step}, it holds {TRAINER_STATE}"
+        elif step is not None and os.path.isfile(os.path.join(self.directory, ".metadata")):
+            holds = f"step {step}, it holds .metadata"
+        elif part := self._part_of_one_checkpoint():
+            holds = f"it holds {part}, and nothing in it is named by a step"
         else:
             return
         self._on_warning(
-            f"{self.directory} looks like one checkpoint (step {step}, it holds {holds}), and watch ships each "
+            f"{self.directory} looks like one checkpoint ({holds}), and watch ships each "
             f"entry of the folder it watches as a checkpoint of its own: watch the folder the trainer saves "
             f"checkpoints into ({os.path.dirname(self.directory)}), or back this one up with: "
             f"{spelled('ckptvault backup', 'Vault.backup')} {self.directory}"
         )
+
+    def _part_of_one_checkpoint(self) -> str | None:
+        """A file at the top of the watched folder that is a part of one checkpoint, not one of its own
+        (an optimizer's state, a sharded model's index), when no entry there is named by a step: each
+        entry would ship as a snapshot of its own, and ``latest`` of the run would then be any one part
+        (a log folder, shipped last)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return None
+        if any(step_from_name(n) is not None for n in names):
+            return None
+        return next((n for n in sorted(names) if n in CHECKPOINT_PARTS or n.endswith(".index.json")), None)
 
     def _excluded_checkpoint(self, name: str, st: os.stat_result) -> bool:
         """A folder is the root of its snapshot: only a name pattern leaves it out; a file checkpoint
