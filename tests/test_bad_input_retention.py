@@ -250,3 +250,20 @@ def test_the_before_reason_keeps_the_seconds(repo: str):
         result = vault.prune(keep_latest=1, before=cutoff, dry_run=True)
     reasons = [d.reason for d in result.retention.decisions if not d.keep]
     assert reasons and all(f"older than {cutoff:%Y-%m-%d %H:%M:%S} UTC" in r for r in reasons), reasons
+
+
+def test_a_run_left_with_no_snapshot_by_an_ungrouped_prune_is_named(cli, tmp_path: Path):
+    """--keep-latest counts every run together unless --group-by: an earlier run lost all its snapshots
+    to a later run's newer ones, without a word."""
+    url = str(tmp_path / "vault")
+    make_snapshots(url, tmp_path / "src", [{"run": "a"}, {"run": "a"}, {"run": "b"}, {"run": "c"}])
+    dry = cli("prune", "--repo", url, "--keep-latest", "2", "--dry-run")
+    assert (
+        "warning: run=a would have no snapshot left: --keep-latest counts the snapshots of all 3 runs together; "
+        "--group-by run keeps the newest N of each"
+    ) in dry.stderr.decode(), dry.stderr
+    grouped = cli("prune", "--repo", url, "--keep-latest", "2", "--group-by", "run", "--dry-run")
+    assert "no snapshot left" not in grouped.stderr.decode()
+    real = cli("prune", "--repo", url, "--keep-latest", "2")
+    assert "warning: run=a has no snapshot left" in real.stderr.decode()
+    assert {s["tags"]["run"] for s in json.loads(cli("snapshots", "--json", "--repo", url).stdout)} == {"b", "c"}

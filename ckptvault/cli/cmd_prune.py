@@ -36,6 +36,23 @@ def note_ungrouped(out: Output, result: PruneResult, group_by: str | None) -> No
         )
 
 
+def note_runs_emptied(out: Output, result: PruneResult, group_by: str | None) -> None:
+    """Without --group-by the newest N are counted over every run together, so a run that saved
+    earlier can lose all its snapshots to another's newer ones: name each run left with none."""
+    if group_by is not None:
+        return
+    decisions = result.retention.decisions
+    runs = {d.snapshot.tags["run"] for d in decisions if "run" in d.snapshot.tags}
+    kept = {d.snapshot.tags["run"] for d in decisions if d.keep and "run" in d.snapshot.tags}
+    emptied = sorted(runs - kept)
+    if emptied:
+        has = "would have" if result.dry_run else "has"
+        out.warn(
+            f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: --keep-latest counts the snapshots "
+            f"of all {len(runs)} runs together; --group-by run keeps the newest N of each"
+        )
+
+
 def note_unselected(out: Output, result: PruneResult, tags: dict[str, str] | None) -> None:
     """A mistyped --tag selects nothing and so removes nothing: say so, with the values in use."""
     snapshots = [d.snapshot for d in result.retention.decisions]
@@ -139,6 +156,7 @@ def prune_cmd(
     note_unselected(out, result, tags)
     note_unprotecting(out, result, keep_tags)
     note_ungrouped(out, result, group_by)
+    note_runs_emptied(out, result, group_by)
     report(out, result)
 
 
