@@ -714,12 +714,28 @@ class Vault:
     ) -> RestoreResult:
         """Restore into ``target``, verifying every chunk and every file hash; ``include`` (a list of
         globs) restores only the paths matching one. A target that cannot be written (disk full,
-        read-only, no permission) raises a StorageError naming the path (StorageFullError when full)."""
+        read-only, no permission) raises a StorageError naming the path (StorageFullError when full).
+        What the target held that the snapshot does not is left as it was, and named in the result's
+        ``not_in_snapshot``."""
+        return self._checked_restore(snapshot, target, include, overwrite, on_progress)
+
+    def _checked_restore(
+        self,
+        snapshot: str | Snapshot,
+        target: PathLike,
+        include: Sequence[str] | None,
+        overwrite: bool,
+        on_progress: Progress | None,
+        *,
+        alone: bool = False,
+    ) -> RestoreResult:
         snapshot = snapshot_arg(snapshot)
         where = path_arg("target", target)
         globs = None if include is None else str_list_arg("include", include, "['model/*']")
         try:
-            return self._restore(snapshot, where, include=globs, overwrite=overwrite, on_progress=on_progress)
+            return self._restore(
+                snapshot, where, include=globs, overwrite=overwrite, on_progress=on_progress, alone=alone
+            )
         except OSError as exc:  # the store's failures are StorageErrors already: this is the target
             raise target_error(exc, where) from exc
 
@@ -731,6 +747,7 @@ class Vault:
         include: list[str] | None = None,
         overwrite: bool = False,
         on_progress: Progress | None = None,
+        alone: bool = False,
     ) -> RestoreResult:
         """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py)."""
         with self._repo.locks.acquire_to_read():
@@ -744,6 +761,7 @@ class Vault:
                 progress=on_progress,
                 workers=self._repo.download_concurrency,
                 vault_folder=self.local_folder,
+                alone=alone,
             )
 
     def _files_still_stored(self, snapshot: str | Snapshot) -> list[FileEntry]:
@@ -1171,7 +1189,9 @@ class Vault:
         overwrite: bool = False,
         on_progress: Progress | None = None,
     ) -> RestoreResult:
-        """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``."""
+        """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``, which
+        must hold nothing the snapshot does not (RestoreConflictError before anything is written: a
+        folder mixing two saves, e.g. two ``*.ckpt`` files, could resume from the wrong one)."""
         path_arg("target", target)  # before looking for the snapshot
         wanted = tags_arg(tags)
         if run is not None:
@@ -1179,7 +1199,7 @@ class Vault:
             if wanted.get("run", run) != run:
                 raise UsageError(f"run={run!r} and tags={{'run': {wanted['run']!r}}} name two runs; give one")
             wanted["run"] = run
-        return self.restore(self.latest(wanted), target, include=include, overwrite=overwrite, on_progress=on_progress)
+        return self._checked_restore(self.latest(wanted), target, include, overwrite, on_progress, alone=True)
 
     # ---- browsing and comparing without restoring (docs/checkpoints.md) -----------------
 

@@ -2,6 +2,7 @@
 
 import errno
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -496,3 +497,43 @@ def test_nothing_is_restored_into_the_vaults_own_folder(vault: Vault, repo_url: 
     assert (Path(repo_url) / "config").read_bytes() == config_before
     assert not (Path(repo_url) / "new-folder").exists()
     vault.restore(snap, tmp_path / "elsewhere")  # anywhere else is fine
+
+
+def test_what_the_target_holds_beside_the_snapshot_is_named_and_refused_on_the_resume_path(
+    vault: Vault, tmp_path: Path, cli
+):
+    """A restore leaves what the target held; resuming from such a folder mixed two saves (a Lightning
+    resume globbing *.ckpt found two files the second time it resumed into the same folder)."""
+    run = tmp_path / "run"
+    (run / "sub").mkdir(parents=True)
+    (run / "epoch=0-step=6.ckpt").write_bytes(b"six")
+    (run / "sub" / "w.bin").write_bytes(b"w")
+    vault.backup(run, tags={"run": "r", "step": "6"})
+    (run / "epoch=0-step=6.ckpt").unlink()
+    (run / "epoch=0-step=8.ckpt").write_bytes(b"eight")
+    vault.backup(run, tags={"run": "r", "step": "8"})
+
+    resume = tmp_path / "resume"
+    first = vault.restore_latest(resume, run="r")  # an empty (new) folder: fine
+    assert first.not_in_snapshot == () and (resume / "epoch=0-step=8.ckpt").read_bytes() == b"eight"
+    assert vault.restore_latest(resume, run="r").skipped_files == 2  # again: nothing beside it
+    older = vault.snapshots()[0]
+    mixed = tmp_path / "mixed"
+    vault.restore(older, mixed)
+    (mixed / "sub" / "stale").mkdir()
+    (mixed / "sub" / "stale" / "x").write_bytes(b"x")
+    (mixed / ".ckptvault-tmp-0123456789abcdef-01234567").write_bytes(b"")  # a killed restore's: not counted
+    with pytest.raises(
+        RestoreConflictError, match=r"mixed holds what this snapshot does not: epoch=0-step=6.ckpt, sub/stale; resuming"
+    ):
+        vault.restore_latest(mixed, run="r")
+    assert not (mixed / "epoch=0-step=8.ckpt").exists()  # refused before anything was written
+
+    proc = cli("restore", "latest", str(mixed), "--tag", "run=r", "--repo", vault.url, "--json")
+    assert json.loads(proc.stdout)["not_in_snapshot"] == ["epoch=0-step=6.ckpt", "sub/stale"]
+    assert proc.stderr.decode().strip() == (
+        f"warning: {mixed} also holds 2 entries that snapshot {vault.snapshots()[-1].short_id} does not "
+        "(epoch=0-step=6.ckpt, sub/stale), left as they were: restore into a new or empty folder for the snapshot alone"
+    )
+    assert (mixed / "epoch=0-step=8.ckpt").read_bytes() == b"eight"
+    assert cli("restore", "latest", str(tmp_path / "new"), "--repo", vault.url).stderr == b""

@@ -4,6 +4,7 @@ from typing import Annotated
 
 import typer
 
+from ..ops.restore import OTHERS_LISTED
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_tags
@@ -37,6 +38,17 @@ def restore_cmd(
             result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
     if result.unmatched_globs:
         out.warn(f"--include {', '.join(map(repr, result.unmatched_globs))} matched no path in the snapshot")
+    if others := result.not_in_snapshot:
+        count = (
+            f"{len(others)} or more entries"
+            if len(others) >= OTHERS_LISTED
+            else f"{len(others)} entr" + ("y" if len(others) == 1 else "ies")
+        )
+        more = ", ..." if len(others) > 3 else ""
+        out.warn(
+            f"{target} also holds {count} that snapshot {snap.short_id} does not ({', '.join(others[:3])}{more}), "
+            "left as they were: restore into a new or empty folder for the snapshot alone"
+        )
     rate = result.bytes_written / result.duration_s / 1e6 if result.duration_s > 0 else 0.0
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
     out.result(

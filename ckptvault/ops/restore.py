@@ -69,6 +69,36 @@ class RestoreResult:
     skipped_files: int  # already present with the right content
     duration_s: float
     unmatched_globs: tuple[str, ...] = ()  # --include globs that matched no path (others did)
+    # What the target held that the snapshot does not (a folder named once, not what is in it), left as it
+    # was: files of another save beside the restored ones. At most OTHERS_LISTED are named.
+    not_in_snapshot: tuple[str, ...] = ()
+
+
+OTHERS_LISTED = 100
+
+
+def entries_not_in(target: str, tree: list[FileEntry]) -> tuple[str, ...]:
+    """The paths below ``target`` that ``tree`` does not hold (a folder it lacks is named, not entered;
+    links are not followed; a killed restore's temporary files are not counted), at most OTHERS_LISTED,
+    in a stable order. Only the snapshot's own folders are walked, so the cost follows the snapshot."""
+    folders = {e.path for e in tree if e.type == "dir"}
+    known = {e.path for e in tree}
+    found: list[str] = []
+    pending = [""]
+    while pending and len(found) < OTHERS_LISTED:
+        prefix = pending.pop()
+        try:
+            with os.scandir(os.path.join(target, *prefix.split("/")) if prefix else target) as it:
+                names = sorted(entry.name for entry in it)
+        except (FileNotFoundError, NotADirectoryError):  # no target yet, or a file where the snapshot has a folder
+            continue
+        for name in names:
+            rel = f"{prefix}/{name}" if prefix else name
+            if rel in folders:
+                pending.append(rel)
+            elif rel not in known and not _LEFTOVER_NAME.match(name):
+                found.append(rel)
+    return tuple(sorted(found)[:OTHERS_LISTED])
 
 
 def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[list[FileEntry], tuple[str, ...]]:
@@ -377,12 +407,14 @@ def run_restore(
     progress: Progress | None = None,
     workers: int = 8,
     vault_folder: str | None = None,
+    alone: bool = False,
 ) -> RestoreResult:
     """Plan, then write (see the module docstring). Everything that can be found before writing is
     raised before the target is even created: an empty target (UsageError), an --include glob that
     matches nothing (UsageError), a target that is or lies under a file, and a folder in the target
     where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``).
-    ``vault_folder``: the vault's own local folder, which nothing may be restored into."""
+    ``vault_folder``: the vault's own local folder, which nothing may be restored into. ``alone``: refuse
+    a target that holds anything the snapshot does not (the resume path: a folder mixing two saves)."""
     progress = progress or NullProgress()
     started = time.monotonic()
     if not target.strip():
@@ -418,6 +450,13 @@ def run_restore(
         raise RestoreConflictError(
             f"target {target} already holds differing data: {'; '.join(planner.conflicts[:3])}{more}; "
             f"rerun with {spelled('--overwrite', 'overwrite=True')} to replace it, or restore elsewhere"
+        )
+    others = entries_not_in(target, tree)
+    if alone and others:
+        more = f" (and {len(others) - 3} more)" if len(others) > 3 else ""
+        raise RestoreConflictError(
+            f"{target} holds what this snapshot does not: {', '.join(others[:3])}{more}; resuming from a folder "
+            "that mixes two saves could load the wrong one: restore into a new or empty folder, or remove them"
         )
     os.makedirs(target, exist_ok=True)
 
@@ -462,6 +501,7 @@ def run_restore(
         skipped_files=sum(1 for e in entries if e.type == "file" and e.path in planner.skip),
         duration_s=round(time.monotonic() - started, 3),
         unmatched_globs=unmatched_globs,
+        not_in_snapshot=others,
     )
     if failures:
         raise RestoreIncompleteError(failures, result)
