@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -138,6 +139,26 @@ def test_cli_unlock_says_when_it_is_safe(cli, tmp_path: Path):
         held.release()
     out = proc.stdout.decode()
     assert "removed 1 lock(s)" in out and "--remove-all only when no ckptvault process" in out
+
+
+def test_cli_unlock_remove_all_says_when_it_took_the_lock_of_a_running_process(cli, tmp_path: Path):
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    with Vault.open(repo) as vault:
+        LockManager(vault._repo, clock=old_clock).write(exclusive=True)  # stale: removed without a word
+        held = vault._repo.locks.acquire(exclusive=False)  # this test's process: running, on this host
+        proc = cli("unlock", "--repo", repo, "--remove-all")
+        with pytest.raises(LockLostError):
+            held.verify()  # what the warning says happens to it
+        held.release()
+    err = proc.stderr.decode().strip().splitlines()
+    warned = [n for n, line in enumerate(err) if line.startswith("warning:")]
+    assert [err[n] for n in warned] == [
+        f"warning: pid {os.getpid()} on this host is running and held that lock: it now stops before committing or "
+        "deleting anything more (it lost its lock), and what it was doing must be run again"
+    ]
+    assert err[warned[0] - 1].startswith(f"removed shared lock by {socket.gethostname()} pid {os.getpid()} ")
+    assert "removed 2 lock(s)" in proc.stdout.decode()
 
 
 def test_garbage_collection_without_the_exclusive_lock_refuses(vault: Vault, tmp_path: Path):

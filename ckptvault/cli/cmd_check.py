@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import IntegrityError, StorageError, UnsupportedFormatError, UsageError
+from ..repository.locks import running_here
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
@@ -211,6 +212,11 @@ def unlock_cmd(
         left = vault.locks()
     for lock in removed:
         out.info(f"removed {lock.describe()}")
+        if remove_all and running_here(lock):
+            out.warn(
+                f"pid {lock.pid} on this host is running and held that lock: it now stops before committing or "
+                "deleting anything more (it lost its lock), and what it was doing must be run again"
+            )
     text = f"removed {len(removed)} lock(s)"
     if left:
         text += (

@@ -189,6 +189,16 @@ def process_table() -> str:
         return ""
 
 
+def running_here(lock: LockInfo) -> bool:
+    """Whether ``lock``'s holder is a process running now in this process table (this host)."""
+    return (
+        not lock.unreadable
+        and lock.hostname == socket.gethostname()
+        and lock.pid_table == process_table()
+        and pid_alive(lock.pid)
+    )
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
