@@ -145,7 +145,8 @@ def test_cli_unlock_remove_all_says_when_it_took_the_lock_of_a_running_process(c
     repo = str(tmp_path / "v")
     cli("init", repo)
     with Vault.open(repo) as vault:
-        LockManager(vault._repo, clock=old_clock).write(exclusive=True)  # stale: removed without a word
+        old = LockManager(vault._repo, clock=old_clock)
+        old.put(replace(old.new_info(exclusive=True), pid=_dead_pid()))  # a dead process's: no word about it
         held = vault._repo.locks.acquire(exclusive=False)  # this test's process: running, on this host
         proc = cli("unlock", "--repo", repo, "--remove-all")
         with pytest.raises(LockLostError):
