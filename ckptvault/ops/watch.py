@@ -203,9 +203,10 @@ def check_watch_args(
                 f"{spelled('--tag', 'tags:')} {key}=... is set by watch itself for each checkpoint; leave it out"
             )
     if not 0 < interval <= MAX_INTERVAL_S:  # NaN and infinity too (inf crashed the clock's arithmetic)
+        why = " (a poll that rare would miss checkpoints a trainer rotates away)" if interval > MAX_INTERVAL_S else ""
         raise UsageError(
             f"{spelled('--interval', 'interval')} {interval:g} must be a number of seconds above 0 and at most "
-            f"{MAX_INTERVAL_S:g} (a poll that rare would miss checkpoints a trainer rotates away)"
+            f"{MAX_INTERVAL_S:g}{why}"
         )
     if not 0 <= settle <= MAX_SETTLE_S:
         raise UsageError(

@@ -60,7 +60,10 @@ class RetentionPolicy:
                 f"(to remove given snapshots use: {spelled('ckptvault forget ID', 'Vault.forget([...])')})"
             )
         if self.before is not None and self.before.tzinfo is None:
-            raise UsageError(f"the {spelled('--before', 'before')} time needs a time zone")
+            raise UsageError(
+                f"the {spelled('--before', 'before')} time needs a time zone, e.g. "
+                + spelled("2026-11-16T12:00Z", "datetime(2026, 11, 16, tzinfo=timezone.utc)")
+            )
         if self.before is not None:
             try:  # kept in UTC: a time at the very ends of the calendar has no UTC equivalent
                 object.__setattr__(self, "before", self.before.astimezone(timezone.utc))
