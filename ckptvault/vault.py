@@ -752,9 +752,10 @@ class Vault:
         """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py)."""
         with self._repo.locks.acquire_to_read():
             self._repo.load_index()
+            snap = self.snapshot(snapshot)
             return run_restore(
                 self._repo,
-                self._files_still_stored(snapshot),
+                self._files_still_stored(snap),
                 target,
                 include=include,
                 overwrite=overwrite,
@@ -762,6 +763,7 @@ class Vault:
                 workers=self._repo.download_concurrency,
                 vault_folder=self.local_folder,
                 alone=alone,
+                snapshot_id=snap.short_id,
             )
 
     def _files_still_stored(self, snapshot: str | Snapshot) -> list[FileEntry]:

@@ -167,7 +167,8 @@ def test_an_empty_target_is_a_usage_error(run, snap, tmp_path: Path, monkeypatch
 
 def test_an_include_glob_that_matches_nothing_is_a_usage_error(run, snap, tmp_path: Path):
     target = tmp_path / "target"
-    one_line_error(run("restore", snap, str(target), "--include", "nomatch*"), 2, "--include 'nomatch*'")
+    line = one_line_error(run("restore", snap, str(target), "--include", "nomatch*"), 2, "--include 'nomatch*'")
+    assert line.endswith(f"list them with: ckptvault ls {snap[:8]}")  # the snapshot's ID, not a placeholder
     assert not target.exists(), "nothing may be created before the globs are checked"
 
 

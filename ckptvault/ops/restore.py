@@ -101,7 +101,9 @@ def entries_not_in(target: str, tree: list[FileEntry]) -> tuple[str, ...]:
     return tuple(sorted(found)[:OTHERS_LISTED])
 
 
-def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[list[FileEntry], tuple[str, ...]]:
+def select_entries(
+    tree: list[FileEntry], include: list[str] | None, snapshot_id: str = "SNAPSHOT"
+) -> tuple[list[FileEntry], tuple[str, ...]]:
     """Entries matching any glob (an entry matches when it or a parent directory does), plus the
     directories above them; and the globs that matched nothing.
 
@@ -128,7 +130,7 @@ def select_entries(tree: list[FileEntry], include: list[str] | None) -> tuple[li
         raise UsageError(
             f"{spelled('--include', 'include')} {globs} matched no path in the snapshot, so nothing was restored; "
             "globs match paths from the snapshot's root (e.g. 'model/*.bin'): list them with: "
-            + spelled("ckptvault ls SNAPSHOT", "Vault.files(snapshot)")
+            + spelled(f"ckptvault ls {snapshot_id}", "Vault.files(snapshot)")
         )
     return [e for e in tree if e.path in chosen], tuple(unmatched)
 
@@ -408,19 +410,21 @@ def run_restore(
     workers: int = 8,
     vault_folder: str | None = None,
     alone: bool = False,
+    snapshot_id: str = "SNAPSHOT",
 ) -> RestoreResult:
     """Plan, then write (see the module docstring). Everything that can be found before writing is
     raised before the target is even created: an empty target (UsageError), an --include glob that
     matches nothing (UsageError), a target that is or lies under a file, and a folder in the target
     where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``).
     ``vault_folder``: the vault's own local folder, which nothing may be restored into. ``alone``: refuse
-    a target that holds anything the snapshot does not (the resume path: a folder mixing two saves)."""
+    a target that holds anything the snapshot does not (the resume path: a folder mixing two saves).
+    ``snapshot_id``: how messages name the snapshot."""
     progress = progress or NullProgress()
     started = time.monotonic()
     if not target.strip():
         raise UsageError("the restore target is empty; give the folder to restore into")
     validate_tree(tree)
-    entries, unmatched_globs = select_entries(tree, include)
+    entries, unmatched_globs = select_entries(tree, include, snapshot_id)
     target = os.path.abspath(target)
 
     planner = _Planner(repo, target, overwrite)
