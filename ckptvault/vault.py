@@ -645,14 +645,17 @@ class Vault:
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,
         before_commit: Callable[[], None] | None = None,
+        wait_for_lock: bool = True,
     ) -> Snapshot:
-        """``backup`` with its exclude rules parsed: the watch's in-place jobs add a rule no pattern spells."""
+        """``backup`` with its exclude rules parsed: the watch's in-place jobs add a rule no pattern spells.
+        ``wait_for_lock=False``: no ``retry_lock`` wait (the async shipper waits for the vault itself, in a
+        way its close and SIGTERM can end)."""
         sources = paths_arg(paths)
         tags = tags_arg(tags, stored=True)
         description = text_arg("description", description, optional=True) or ""
         hostname = hostname_arg(hostname) or socket.gethostname()
         abs_paths = sorted(check_sources(sources))
-        with self._backup_mutex, self._repo.locks.acquire(exclusive=False) as lock:
+        with self._backup_mutex, self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
             self._repo.load_index()  # under the lock: what a prune removed before is not reused
             self._repo.reconcile_with_stored_packs()  # reuse what a killed backup uploaded; not what is gone
             every = self.snapshots()
@@ -1086,6 +1089,7 @@ class Vault:
             skip_if_unchanged=job.skip_if_unchanged,
             on_warning=job.warnings.append,
             before_commit=functools.partial(check_sources_unchanged, job),
+            wait_for_lock=False,
         )
 
     @_open_only

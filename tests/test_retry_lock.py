@@ -187,3 +187,76 @@ def test_api_gives_up(vault: Vault, repo_url: str, source: Path):
 def test_api_refuses_a_bad_retry_lock(repo_url: str, vault: Vault, value):
     with pytest.raises(UsageError, match="retry_lock"):
         Vault.open(repo_url, retry_lock=value)
+
+
+def test_a_waiting_prune_makes_no_other_command_fail_meanwhile(vault: Vault, repo_url: str, source: Path):
+    """Each try used to write its exclusive lock object and list the others (slow on an object store)
+    before removing it again: a backup or check starting in that window failed as if a prune ran."""
+    vault.backup(source)
+    pruner = Vault.open(repo_url, retry_lock=60)
+    store = pruner._repo.store
+    real_list = store.list
+
+    def slow_list(prefix: str):  # an object store's listing latency
+        time.sleep(0.3)
+        return real_list(prefix)
+
+    store.list = slow_list
+    held = vault._repo.locks.acquire(exclusive=False)  # a backup running
+    pruned: list[object] = []
+    prune = threading.Thread(target=lambda: pruned.append(pruner.prune(keep_latest=1)))
+    prune.start()
+    failures, checks = [], 0
+    other = Vault.open(repo_url)
+    try:
+        time.sleep(0.8)  # past its first try
+        until = time.monotonic() + 4  # its tries at about 1 and 3 s later
+        while time.monotonic() < until:
+            try:
+                other.check()
+            except VaultLockedError as exc:
+                failures.append(str(exc))
+            checks += 1
+            time.sleep(0.02)
+    finally:
+        held.release()
+        prune.join(60)
+        other.close()
+        pruner.close()
+    assert checks > 20 and failures == []
+    assert len(pruned) == 1  # and the prune ran once the backup was done
+
+
+def test_a_lock_of_this_very_process_is_not_waited_for(vault: Vault, repo_url: str, source: Path):
+    waiter = Vault.open(repo_url, retry_lock=60)
+    try:
+        waiter.backup(source)
+        reading = waiter.read_file("latest", "model.bin")
+        next(reading)  # a file read part way holds a shared lock
+        started = time.monotonic()
+        with pytest.raises(VaultLockedError, match="is locked by this process itself"):
+            waiter.prune(keep_latest=1)
+        assert time.monotonic() - started < 30
+        reading.close()
+        waiter.prune(keep_latest=1)
+    finally:
+        waiter.close()
+
+
+def test_watch_with_a_retry_lock_still_stops_at_sigterm(vault: Vault, env, tmp_path: Path):
+    """The sidecar waits for a prune in its own way, which SIGTERM ends; a retry_lock wait inside its
+    backups could not be ended (it went on for the whole duration)."""
+    ckpts = tmp_path / "ckpts"
+    write_file(ckpts / "step-1" / "model.pt", os.urandom(10_000))
+    err = tmp_path / "err"
+    with vault._repo.locks.acquire(exclusive=True):  # a prune running
+        proc = _start(
+            {**env, "CKPTVAULT_RETRY_LOCK": "10m"}, err, "watch", str(ckpts), "-r", vault.url, "--settle", "0.2"
+        )
+        _wait_for_text(err, "is locked", proc)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode != 0 and "SIGTERM" in err.read_text(), err.read_text()

@@ -381,8 +381,16 @@ class LockManager:
             pid_table=pid_table if isinstance(pid_table, str) else None,
         )
 
-    def _conflict(self, other: LockInfo) -> CkptVaultError:
+    def _own_lock_ids(self) -> set[bytes]:
+        return {held.info.lock_id for held in self.held}
+
+    def _conflict(self, other: LockInfo, *, own_locks: set[bytes] | None = None) -> CkptVaultError:
         url = self.repo.store.url
+        if own_locks and other.lock_id in own_locks:  # this very process: waiting for it could wait for itself
+            return _HeldHere(
+                f"vault {url} is locked by this process itself ({other.describe()}): a file still being read "
+                "(close it, or close the Vault that reads it) or a backup on another thread; let it finish first"
+            )
         if not other.unreadable:
             minutes = round(self.stale_after.total_seconds() / 60)
             return VaultLockedError(
@@ -413,14 +421,17 @@ class LockManager:
         ahead = own.time - mine.modified
         return now - ahead if ahead > timedelta(0) else now
 
-    def _retrying(self, take: Callable[[], _Taken]) -> _Taken:
-        """``take()``, tried again while it finds the vault locked, for up to ``retry_for`` seconds."""
+    def _retrying(self, take: Callable[[bool], _Taken]) -> _Taken:
+        """``take(probe)``, tried again while it finds the vault locked, for up to ``retry_for`` seconds.
+        A try after the first probes first (``probe=True``: looks for a conflict without writing a lock
+        object), so that a waiter's own lock object, written and removed at every try, does not make other
+        commands fail meanwhile as if it held the vault."""
         deadline = None
         delay = RETRY_FIRST_S
         while True:
             try:
-                return take()
-            except LockLostError:
+                return take(deadline is not None)
+            except (LockLostError, _HeldHere):
                 raise
             except VaultLockedError as exc:
                 if self.retry_for <= 0:
@@ -436,10 +447,22 @@ class LockManager:
                 time.sleep(min(delay, max(deadline - now, 0.0)))
                 delay = min(delay * 2, RETRY_MAX_S)
 
-    def acquire(self, exclusive: bool) -> HeldLock:
-        return self._retrying(lambda: self._acquire(exclusive))
+    def acquire(self, exclusive: bool, *, retry: bool = True) -> HeldLock:
+        """Take a lock; with ``retry`` (and ``retry_for``) wait for a conflicting one to go. Code that
+        waits for the vault in its own, cancellable way (the async shipper) passes ``retry=False``."""
+        if not retry:
+            return self._acquire(exclusive)
+        return self._retrying(lambda probe: self._acquire(exclusive, probe=probe))
 
-    def _acquire(self, exclusive: bool) -> HeldLock:
+    def _refuse_conflicts(self, exclusive: bool) -> None:
+        """Raise the conflict a lock taken now would meet, without writing one."""
+        for other in self._list_settled():
+            if (exclusive or other.exclusive) and not self.is_stale(other):
+                raise self._conflict(other, own_locks=self._own_lock_ids())
+
+    def _acquire(self, exclusive: bool, *, probe: bool = False) -> HeldLock:
+        if probe:
+            self._refuse_conflicts(exclusive)
         started = ticks()
         try:
             own = self.write(exclusive)
@@ -468,7 +491,7 @@ class LockManager:
                 if other.lock_id in dead or self.is_stale(other, now=now):
                     stale.append(other)
                 elif exclusive or other.exclusive:  # an unreadable lock counts as exclusive
-                    raise self._conflict(other)
+                    raise self._conflict(other, own_locks=self._own_lock_ids())
             if exclusive:  # an exclusive holder may delete data: make frozen holders notice
                 for lock in stale:
                     self.remove(lock)
@@ -496,9 +519,9 @@ class LockManager:
         listed, and a warning says so (``LocklessRead``)."""
         return self._retrying(self._acquire_to_read)
 
-    def _acquire_to_read(self) -> HeldLock | LocklessRead:
+    def _acquire_to_read(self, probe: bool) -> HeldLock | LocklessRead:
         try:
-            return self._acquire(exclusive=False)
+            return self._acquire(exclusive=False, probe=probe)
         except StorageError as exc:
             if not _write_refused(exc):
                 raise
@@ -568,6 +591,10 @@ class LocklessRead:
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, (IntegrityError, StorageError)) and (instead := self.prune_started()) is not None:
             raise instead from exc
+
+
+class _HeldHere(VaultLockedError):
+    """A conflict with a lock this process holds itself: never waited for."""
 
 
 class _NewerLock(Exception):
