@@ -537,3 +537,17 @@ def test_what_the_target_holds_beside_the_snapshot_is_named_and_refused_on_the_r
     )
     assert (mixed / "epoch=0-step=8.ckpt").read_bytes() == b"eight"
     assert cli("restore", "latest", str(tmp_path / "new"), "--repo", vault.url).stderr == b""
+
+    mount = tmp_path / "mount"  # a fresh volume mounted to resume onto, used from a desktop
+    for litter in ("lost+found", ".ipynb_checkpoints"):
+        (mount / litter).mkdir(parents=True)
+    (mount / ".DS_Store").write_bytes(b"")
+    (mount / ".nfs000000000123").write_bytes(b"")
+    assert vault.restore_latest(mount, run="r").not_in_snapshot == ()
+
+    linked = tmp_path / "linked"  # where the snapshot has a folder, a link to another is not looked into
+    linked.mkdir()
+    (linked / "sub").symlink_to(run / "sub")
+    (run / "sub" / "elsewhere.bin").write_bytes(b"e")
+    result = vault.restore(vault.snapshots()[-1], linked, include=["epoch=0-step=8.ckpt"])
+    assert result.not_in_snapshot == ()

@@ -1128,3 +1128,9 @@ def test_shipped_folders_are_looked_into_within_a_share_of_the_time(tmp_path, mo
     assert len(looks) <= 4 * 20  # at most at 2, 10, 18 and 26 (every second: 28 looks each)
     assert all(b - a >= every or b == a for a, b in zip(sorted(set(looks)), sorted(set(looks))[1:], strict=False))
     assert not watcher._candidates
+    for n in range(1, 20):  # the trainer's rotation: one is left, and only it costs a look now
+        shutil.rmtree(ckpts / f"ck-{n}")
+    looks.clear()
+    for now in range(30, 36):
+        watcher._scan(float(now))
+    assert len(looks) >= 4  # every second again (20 ms is 5 % of 0.4 s), not every 8 s

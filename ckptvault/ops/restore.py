@@ -75,29 +75,39 @@ class RestoreResult:
 
 
 OTHERS_LISTED = 100
+# Names that never hold a save: a fresh filesystem's lost+found (a volume mounted to resume onto), what
+# desktops, notebooks and NFS leave beside files
+NEVER_A_SAVE = frozenset({"lost+found", ".DS_Store", "Thumbs.db", "desktop.ini", ".ipynb_checkpoints", ".snapshot"})
+
+
+def _never_a_save(name: str) -> bool:
+    return name in NEVER_A_SAVE or name.startswith(".nfs") or bool(_LEFTOVER_NAME.match(name))
 
 
 def entries_not_in(target: str, tree: list[FileEntry]) -> tuple[str, ...]:
     """The paths below ``target`` that ``tree`` does not hold (a folder it lacks is named, not entered;
-    links are not followed; a killed restore's temporary files are not counted), at most OTHERS_LISTED,
-    in a stable order. Only the snapshot's own folders are walked, so the cost follows the snapshot."""
+    a link is never followed, where the snapshot has a folder too), but names that never hold a save
+    (``NEVER_A_SAVE``, ``.nfs*``, a killed restore's temporary files): the first OTHERS_LISTED by name.
+    Only the snapshot's own folders are walked, so the cost follows the snapshot."""
     folders = {e.path for e in tree if e.type == "dir"}
     known = {e.path for e in tree}
     found: list[str] = []
     pending = [""]
-    while pending and len(found) < OTHERS_LISTED:
+    while pending:
         prefix = pending.pop()
         try:
             with os.scandir(os.path.join(target, *prefix.split("/")) if prefix else target) as it:
-                names = sorted(entry.name for entry in it)
+                entries = sorted(it, key=lambda entry: entry.name)
         except (FileNotFoundError, NotADirectoryError):  # no target yet, or a file where the snapshot has a folder
             continue
-        for name in names:
-            rel = f"{prefix}/{name}" if prefix else name
-            if rel in folders:
+        for entry in entries:
+            rel = f"{prefix}/{entry.name}" if prefix else entry.name
+            if rel in folders and entry.is_dir(follow_symlinks=False):
                 pending.append(rel)
-            elif rel not in known and not _LEFTOVER_NAME.match(name):
+            elif rel not in known and not _never_a_save(entry.name):
                 found.append(rel)
+        if len(found) >= OTHERS_LISTED:
+            break
     return tuple(sorted(found)[:OTHERS_LISTED])
 
 

@@ -450,9 +450,9 @@ class Watcher:
             self._warn_once(("list", self.directory), f"cannot list {self.directory}: {exc}; trying again")
             return
         self._warned.discard(("list", self.directory))
-        look_every = max(
-            LOOK_INSIDE_S, self.options.interval, sum(d.look_s for d in self._done.values()) / LOOK_INSIDE_SHARE
-        )
+        listed = {entry.name for entry in entries}  # a checkpoint rotated away costs no look any more
+        looks_s = sum(done.look_s for name, done in self._done.items() if name in listed)
+        look_every = max(LOOK_INSIDE_S, self.options.interval, looks_s / LOOK_INSIDE_SHARE)
         for entry in entries:
             try:
                 st = entry.stat(follow_symlinks=False)
