@@ -204,3 +204,20 @@ def test_a_damaged_tree_is_named_by_its_snapshot_everywhere_and_stops_only_what_
     assert cli("status", str(a), "--repo", repo).returncode == 0  # the intact snapshot still answers
     proc = cli("status", str(b), "--repo", repo, check=False)
     assert proc.returncode == 40 and f"the tree of snapshot(s) {second} is damaged" in proc.stdout.decode()
+
+
+def test_a_missing_pack_is_healed_by_repair_index_without_reading_the_whole_vault(tmp_path: Path, cli):
+    repo = str(tmp_path / "repo")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(50_000))
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    for pack in (Path(repo) / "packs").rglob("*"):
+        if pack.is_file():
+            pack.unlink()
+    last = cli("check", "--repo", repo, check=False).stderr.decode().strip()
+    assert "ckptvault repair-index and a new backup of them store those chunks again" in last, last
+    cli("repair-index", "--repo", repo)  # as it says, and no --read-data
+    cli("backup", str(src), "--repo", repo)
+    assert cli("check", "--repo", repo, "--read-data").stdout.decode().startswith("no problems found")

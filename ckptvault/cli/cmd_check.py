@@ -79,10 +79,11 @@ def check_cmd(
         # Healing first: the same bytes backed up again make every snapshot that needs them whole. Only
         # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
         whole = all(files == ["*"] for files in report.affected.values())  # a tree lost: nothing brings it back
+        read = " --read-data" if report.damaged_chunks else ""  # a missing pack needs no vault-wide read
         heal = (
             "; "
             if whole
-            else "; where the files named are still on disk, ckptvault repair-index --read-data and a new backup of "
+            else f"; where the files named are still on disk, ckptvault repair-index{read} and a new backup of "
             "them store those chunks again and the snapshots restore again; otherwise "
         )
         salvage = "" if whole else "restore the files not named (restore --include), then "

@@ -54,6 +54,7 @@ class CheckReport:
     chunks: int = 0
     packs_read: int = 0
     chunks_read: int = 0
+    damaged_chunks: int = 0  # chunks that read back damaged (repair-index --read-data finds them)
 
     @property
     def ok(self) -> bool:
@@ -274,6 +275,8 @@ class _Checker:
                             f"in {name} {exc}; while it stays indexed, backups reuse it: ckptvault repair-index "
                             "--read-data drops it, and the next backup of its file stores it again",
                         )
+                    if e.chunk_id not in self.reported:
+                        self.report.damaged_chunks += 1
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)
                 self.report.chunks_read += 1
