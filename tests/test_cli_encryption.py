@@ -204,3 +204,8 @@ def test_ctrl_d_at_a_passphrase_prompt_is_no_passphrase_not_a_crash(tmp_path: Pa
         [b"long enough passphrase\n", b"\x04"],  # Ctrl-D at the repeat prompt
     )
     assert code == 16 and "Ctrl-D" in printed and not (tmp_path / "new.key").exists()
+    before = Path(key).read_bytes()
+    code, printed = _at_a_terminal(["key", "passwd", "--keyfile", key], env, [b"a passphrase!\n", b"\x04"])
+    assert code == 16, printed  # Ctrl-D at the new passphrase: its own option and variable are named
+    assert "give --new-passphrase-file FILE or CKPTVAULT_NEW_PASSPHRASE" in printed, printed
+    assert Path(key).read_bytes() == before

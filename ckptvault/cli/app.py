@@ -165,15 +165,16 @@ def command(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def ask_passphrase(prompt: str) -> str:
-    """The passphrase typed at a terminal prompt; Ctrl-D (end of input) there is no passphrase, not a crash."""
+def ask_passphrase(prompt: str, *, env: str = "CKPTVAULT_PASSPHRASE", option: str = "--passphrase-file") -> str:
+    """The passphrase typed at a terminal prompt; Ctrl-D (end of input) there is no passphrase, not a crash.
+    ``env`` and ``option``: the other ways to give this passphrase, for the message."""
     try:
         return getpass.getpass(f"{prompt}: ")
     except EOFError:
         sys.stderr.write("\n")  # the prompt's line was left open
         raise PassphraseRequiredError(
             message="no passphrase was typed (the prompt got end of input, Ctrl-D); type it at the prompt, or give "
-            "--passphrase-file FILE or CKPTVAULT_PASSPHRASE"
+            f"{option} FILE or {env}"
         ) from None
 
 
@@ -198,7 +199,7 @@ def passphrase_source(
                 raise UsageError(f"{option} -: standard input is empty; pipe the passphrase into it")
             return piped[0]
         if passphrase_file == "-":  # a terminal: asked, as without the option
-            return ask_passphrase(prompt)
+            return ask_passphrase(prompt, env=env, option=option)
         if passphrase_file:
             try:
                 with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
@@ -222,8 +223,8 @@ def passphrase_source(
         if env in os.environ:
             return passphrase_from_env(env)
         if sys.stdin.isatty():
-            return ask_passphrase(prompt)
-        raise PassphraseRequiredError()
+            return ask_passphrase(prompt, env=env, option=option)
+        raise PassphraseRequiredError(env=env, option=option)
 
     return resolve
 

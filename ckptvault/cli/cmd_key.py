@@ -46,8 +46,8 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     if (passphrase_file or env in os.environ) and not from_terminal:
         new = passphrase_source(passphrase_file, env=env, option=option)()
     elif sys.stdin.isatty():
-        new = ask_passphrase("new passphrase")
-        if ask_passphrase("repeat the new passphrase") != new:
+        new = ask_passphrase("new passphrase", env=env, option=option)
+        if ask_passphrase("repeat the new passphrase", env=env, option=option) != new:
             raise UsageError("the two passphrases differ; nothing was written")
     else:
         raise PassphraseRequiredError(env=env, option=option)
