@@ -824,8 +824,9 @@ class Vault:
 
         A snapshot goes only when it is outside the newest ``keep_latest`` of its group AND
         older than ``before`` (a time, or an age like ``timedelta(days=14)``); either rule alone
-        applies alone. ``keep_tags`` is a list: ``["milestone"]``. ``dry_run`` changes nothing and
-        returns exactly what a real run would do."""
+        applies alone; with neither, no snapshot goes and only the space of forgotten ones is reclaimed.
+        ``keep_tags`` is a list: ``["milestone"]``. ``dry_run`` changes nothing and returns exactly
+        what a real run would do."""
         policy = RetentionPolicy(
             keep_latest=int_arg("keep_latest", keep_latest, optional=True),
             before=before_arg(before, now),

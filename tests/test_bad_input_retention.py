@@ -264,6 +264,11 @@ def test_a_run_left_with_no_snapshot_by_an_ungrouped_prune_is_named(cli, tmp_pat
     ) in dry.stderr.decode(), dry.stderr
     grouped = cli("prune", "--repo", url, "--keep-latest", "2", "--group-by", "run", "--dry-run")
     assert "no snapshot left" not in grouped.stderr.decode()
+    dated = cli("prune", "--repo", url, "--before", "0min", "--dry-run").stderr.decode()
+    assert (
+        "run=a, run=b would have no snapshot left: only the newest snapshot is kept of all 3 runs together; "
+        "--group-by run keeps the newest one of each"
+    ) in dated, dated
     real = cli("prune", "--repo", url, "--keep-latest", "2")
     assert "warning: run=a has no snapshot left" in real.stderr.decode()
     assert {s["tags"]["run"] for s in json.loads(cli("snapshots", "--json", "--repo", url).stdout)} == {"b", "c"}

@@ -155,8 +155,8 @@ def test_cli_unlock_remove_all_says_when_it_took_the_lock_of_a_running_process(c
     err = proc.stderr.decode().strip().splitlines()
     warned = [n for n, line in enumerate(err) if line.startswith("warning:")]
     assert [err[n] for n in warned] == [
-        f"warning: pid {os.getpid()} on this host is running and held that lock: it now stops before committing or "
-        "deleting anything more (it lost its lock), and what it was doing must be run again"
+        f"warning: pid {os.getpid()} on this host is running and held that lock: a backup or prune there now stops "
+        "before committing or deleting anything more (it lost its lock) and must be run again"
     ]
     assert err[warned[0] - 1].startswith(f"removed shared lock by {socket.gethostname()} pid {os.getpid()} ")
     assert "removed 2 lock(s)" in proc.stdout.decode()

@@ -152,6 +152,7 @@ def test_durations_are_read_like_restic_ones():
     assert parse_duration("1.5h", "--retry-lock") == 5400
     assert parse_duration(" 2d ", "--retry-lock") == 2 * 86400
     assert parse_duration("1w", "--retry-lock") == 7 * 86400
+    assert parse_duration("30min", "--retry-lock") == parse_duration("30m", "--retry-lock") == 1800
     with pytest.raises(UsageError, match="more than a year"):
         parse_duration("367d", "--retry-lock")
 

@@ -215,8 +215,8 @@ def unlock_cmd(
         out.info(f"removed {lock.describe()}")
         if remove_all and running_here(lock):
             out.warn(
-                f"pid {lock.pid} on this host is running and held that lock: it now stops before committing or "
-                "deleting anything more (it lost its lock), and what it was doing must be run again"
+                f"pid {lock.pid} on this host is running and held that lock: a backup or prune there now stops "
+                "before committing or deleting anything more (it lost its lock) and must be run again"
             )
     text = f"removed {len(removed)} lock(s)"
     if left:

@@ -36,9 +36,10 @@ def note_ungrouped(out: Output, result: PruneResult, group_by: str | None) -> No
         )
 
 
-def note_runs_emptied(out: Output, result: PruneResult, group_by: str | None) -> None:
-    """Without --group-by the newest N are counted over every run together, so a run that saved
-    earlier can lose all its snapshots to another's newer ones: name each run left with none."""
+def note_runs_emptied(out: Output, result: PruneResult, group_by: str | None, keep_latest: int | None) -> None:
+    """Without --group-by the newest N (or with --before alone, the newest one) are counted over every
+    run together, so a run that saved earlier can lose all its snapshots to another's newer ones: name
+    each run left with none."""
     if group_by is not None:
         return
     decisions = result.retention.decisions
@@ -47,9 +48,10 @@ def note_runs_emptied(out: Output, result: PruneResult, group_by: str | None) ->
     emptied = sorted(runs - kept)
     if emptied:
         has = "would have" if result.dry_run else "has"
+        kept = "--keep-latest counts the snapshots" if keep_latest else "only the newest snapshot is kept"
         out.warn(
-            f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: --keep-latest counts the snapshots "
-            f"of all {len(runs)} runs together; --group-by run keeps the newest N of each"
+            f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {kept} of all {len(runs)} runs "
+            f"together; --group-by run keeps the newest {'N' if keep_latest else 'one'} of each"
         )
 
 
@@ -156,7 +158,7 @@ def prune_cmd(
     note_unselected(out, result, tags)
     note_unprotecting(out, result, keep_tags)
     note_ungrouped(out, result, group_by)
-    note_runs_emptied(out, result, group_by)
+    note_runs_emptied(out, result, group_by, keep_latest)
     report(out, result)
 
 
@@ -178,10 +180,6 @@ def forget_cmd(
     if prune:
         report(out, result)
         return
-    gone = len(result.forgotten)
-    would = "would forget" if dry_run else "forgot"
-    report(
-        out,
-        result,
-        f"{would} {gone} snapshot(s), kept {len(result.retention.keep)}; their data stays until: ckptvault prune",
-    )
+    gone, kept = len(result.forgotten), len(result.retention.keep)
+    done = f"would forget {gone} snapshot(s), keep {kept}" if dry_run else f"forgot {gone} snapshot(s), kept {kept}"
+    report(out, result, f"{done}; their data stays until: ckptvault prune")

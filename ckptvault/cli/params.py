@@ -102,13 +102,14 @@ def parse_before(value: str | None, now: datetime) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(min|[smhdw])")
 DURATION_MAX_S = 366 * 86400
 
 
 def parse_duration(value: str, option: str) -> float:
-    """Seconds from '30s', '5m', '1h30m', '2d', '1w', as restic's --retry-lock reads them (m: minutes);
+    """Seconds from '30s', '5m', '1h30m', '2d', '1w', as restic's --retry-lock reads them (m: minutes; min too,
+    as --before writes minutes);
     0 alone is allowed: none. ``option`` names where the value came from (a flag or a variable)."""
     text = value.strip()
     example = "use e.g. 30s, 5m, 1h30m or 2h"

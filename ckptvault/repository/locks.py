@@ -276,7 +276,7 @@ class LockManager:
             return True
         if lock.unreadable or lock.hostname != socket.gethostname() or lock.pid_table != process_table():
             return False  # its process cannot be looked up from here (None: a lock that does not say)
-        return not pid_alive(lock.pid)
+        return not running_here(lock)
 
     def new_info(self, exclusive: bool) -> LockInfo:
         return LockInfo(
