@@ -48,9 +48,9 @@ def note_runs_emptied(out: Output, result: PruneResult, group_by: str | None, ke
     emptied = sorted(runs - kept)
     if emptied:
         has = "would have" if result.dry_run else "has"
-        kept = "--keep-latest counts the snapshots" if keep_latest else "only the newest snapshot is kept"
+        rule = "--keep-latest counts the snapshots" if keep_latest else "only the newest snapshot is kept"
         out.warn(
-            f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {kept} of all {len(runs)} runs "
+            f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {rule} of all {len(runs)} runs "
             f"together; --group-by run keeps the newest {'N' if keep_latest else 'one'} of each"
         )
 
