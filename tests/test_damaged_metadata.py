@@ -128,7 +128,7 @@ def test_forget_removes_an_unreadable_snapshot_by_id_prefix(two_snapshots, cli: 
     repo, bad, good, src = two_snapshots
     damage(repo, bad, "junk")
     proc = cli("forget", "--repo", repo, bad[:12])
-    assert "removed 1 snapshot(s)" in proc.stdout.decode()
+    assert "forgot 1 snapshot(s)" in proc.stdout.decode()
     assert not (Path(repo) / "snapshots" / bad).exists()
     listed = cli("snapshots", "--repo", repo)
     assert stderr_lines(listed) == [] and good[:8] in listed.stdout.decode()

@@ -444,3 +444,25 @@ def test_prune_never_leaves_a_kept_pack_indexing_a_delta_whose_base_it_deleted(t
         assert vault.check(read_data=1.0).ok
         vault.restore(fourth, tmp_path / "out")
     assert contents(tmp_path / "out") == contents(again)
+
+
+def test_a_dead_delta_whose_base_lost_its_index_object_is_a_leftover_not_damage(delta_vault: Vault, tmp_path: Path):
+    """What a prune killed while it deletes the old index objects leaves (in no fixed order): one that
+    names a dead delta outlives the one naming its dead base's pack. check said damage (exit 30, "run
+    repair-index") although no snapshot needs either."""
+    index_dir = Path(delta_vault.url) / "index"
+    run = Training()
+    snaps = backup_steps(delta_vault, run, tmp_path, range(1, 2))
+    keyframes_index = set(index_dir.iterdir())
+    run.step()
+    snaps += backup_steps(delta_vault, run, tmp_path, range(2, 3))
+    delta_vault.forget([s.id for s, _ in snaps])  # both saves dead, their packs not yet collected
+    for path in keyframes_index:
+        path.unlink()
+    with Vault.open(delta_vault.url) as vault:
+        report = vault.check()
+        assert report.ok, report.problems
+        assert any("holds the bases of" in w and "no snapshot needs it" in w for w in report.warnings), report.warnings
+        vault.prune()  # the next prune removes it
+        report = vault.check(read_data=1.0)
+        assert report.ok and not report.warnings, (report.problems, report.warnings)

@@ -87,6 +87,10 @@ class _Checker:
         self.header_only: dict[bytes, bytes] = {}  # chunk -> the pack in no index whose header names it
         self.unreadable_index = False  # an index object could not be read: packs may be in no index
         self.damaged_index = False  # ... because it is damaged (not newer than this ckptvault)
+        # deltas whose base is in no index: (object, detail, deltas), judged once the snapshots' chunks are
+        # known (``judge_lost_bases``): what no snapshot needs is a leftover, not damage
+        self.lost_bases: list[tuple[str, str, list[bytes]]] = []
+        self.lost_bases_at = 0  # where in the problems they go
 
     def problem(
         self, obj: str, detail: str, *, newer: bool = False, unreadable: bool = False, failing: bool = False
@@ -130,6 +134,7 @@ class _Checker:
         """Every delta's base must be somewhere: in the index, or in a pack read by its header."""
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         self.report.chunks = len(chunk_ids)
+        self.lost_bases_at = len(self.report.problems)
         based_in: dict[bytes, list[bytes]] = {}  # pack in no index -> deltas whose base it holds
         for entries in self.indexed.values():
             for e in entries:
@@ -139,20 +144,56 @@ class _Checker:
                 if e.base_id not in chunk_ids and e.base_id in self.header_only:
                     based_in.setdefault(self.header_only[e.base_id], []).append(e.chunk_id)
                 elif e.base_id not in chunk_ids:
-                    self.problem(
-                        f"chunk {_short(e.chunk_id)}",
-                        f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index; the next prune "
-                        "drops it from the index (a snapshot that needs it is named below; a backup of its file "
-                        "stores it again)",
+                    self.lost_bases.append(
+                        (
+                            f"chunk {_short(e.chunk_id)}",
+                            f"is stored as a delta against chunk {_short(e.base_id)}, which is in no index; the next "
+                            "prune drops it from the index",
+                            [e.chunk_id],
+                        )
                     )
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)
         for pack_id, deltas in based_in.items():  # one line per pack: a lost index object names thousands
-            self.problem(
-                f"pack {_short(pack_id)}",
-                f"is in no index and holds the bases of {len(deltas)} delta chunk(s) (e.g. {_short(deltas[0])}; "
-                "readers find them there); run: ckptvault repair-index",
+            self.lost_bases.append(
+                (
+                    f"pack {_short(pack_id)}",
+                    f"is in no index and holds the bases of {len(deltas)} delta chunk(s) (e.g. {_short(deltas[0])}; "
+                    "readers find them there)",
+                    deltas,
+                )
             )
+
+    def _with_bases(self, chunks: set[bytes]) -> set[bytes]:
+        """``chunks`` and every chunk they are stored as deltas against, at any depth."""
+        needed, todo = set(chunks), list(chunks)
+        while todo:
+            for base in self.bases.get(todo.pop(), ()):
+                if base not in needed:
+                    needed.add(base)
+                    todo.append(base)
+        return needed
+
+    def judge_lost_bases(self, needed: set[bytes] | None) -> None:
+        """``needed``: every chunk the checked snapshots read, deltas' bases included (None: a snapshot
+        could not be read, so that is not known). A delta no snapshot needs whose base is in no index is
+        what a prune killed while it removed index objects or packs leaves (the dead delta's old index
+        object outlived its base's): a warning, which the next prune clears, not damage."""
+        damage = []
+        for obj, detail, deltas in self.lost_bases:
+            if needed is None or needed.intersection(deltas):
+                fix = (
+                    "run: ckptvault repair-index"
+                    if obj.startswith("pack")
+                    else "a snapshot that needs it is named here; a backup of its file stores it again"
+                )
+                damage.append(Problem(obj, f"{detail}; {fix}"))
+            else:
+                self.report.warnings.append(
+                    f"{obj} {detail}; no snapshot needs it (what an interrupted prune leaves): the next prune "
+                    "removes it"
+                )
+        self.report.problems[self.lost_bases_at : self.lost_bases_at] = damage  # where they were found
 
     def check_packs(self) -> None:
         stored = self.repo.list_packs()
@@ -314,6 +355,7 @@ class _Checker:
         self.spread_to_deltas()
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         taken: dict[str, datetime] = {}  # the affected are listed oldest first, as `snapshots` lists them
+        needed: set[bytes] | None = set()  # every chunk a snapshot reads (None once a tree could not be read)
         for snapshot_id in snapshot_ids:
             name = f"snapshot {_short(snapshot_id)}"
             try:
@@ -323,6 +365,7 @@ class _Checker:
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
                 self.report.snapshots += 1
+                needed = None
                 if isinstance(exc, UnsupportedFormatError):  # not damage: it may be readable by a newer ckptvault
                     self.problem(name, str(exc), newer=True)
                     continue
@@ -335,6 +378,8 @@ class _Checker:
                 continue
             self.report.snapshots += 1
             taken[snap.id] = snap.time
+            if needed is not None:
+                needed.update(c for entry in tree for c in entry.chunks)
             for entry in tree:
                 missing = [c for c in entry.chunks if c not in chunk_ids]
                 lost = [c for c in missing if c not in self.header_only]
@@ -350,6 +395,7 @@ class _Checker:
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
                 elif any(c in self.unread_chunks for c in entry.chunks):
                     self.report.unavailable.setdefault(snap.id, []).append(entry.path)
+        self.judge_lost_bases(None if needed is None else self._with_bases(needed))
         for listing in (self.report.affected, self.report.unavailable):  # those that could not be read last
             ordered = sorted(listing.items(), key=lambda item: (item[0] not in taken, taken.get(item[0]), item[0]))
             listing.clear()
