@@ -126,13 +126,19 @@ def test_many_damaged_snapshots_are_named_above_not_in_one_forget_command(tmp_pa
     assert named == oldest_first
 
 
-def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_any(tmp_path: Path, cli):
+def one_file_backed_up(tmp_path: Path, cli) -> tuple[str, Path]:
+    """A vault (path) holding one snapshot of a folder (path) with one 50 KB random file."""
     repo = str(tmp_path / "repo")
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.bin").write_bytes(os.urandom(50_000))
     cli("init", repo)
     cli("backup", str(src), "--repo", repo)
+    return repo, src
+
+
+def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_any(tmp_path: Path, cli):
+    repo, _ = one_file_backed_up(tmp_path, cli)
     (tree,) = (Path(repo) / "trees").iterdir()
     tree.write_bytes(tree.read_bytes()[:-1] + bytes([tree.read_bytes()[-1] ^ 1]))  # the whole snapshot is lost
     proc = cli("check", "--repo", repo, check=False)
@@ -207,12 +213,7 @@ def test_a_damaged_tree_is_named_by_its_snapshot_everywhere_and_stops_only_what_
 
 
 def test_a_missing_pack_is_healed_by_repair_index_without_reading_the_whole_vault(tmp_path: Path, cli):
-    repo = str(tmp_path / "repo")
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.bin").write_bytes(os.urandom(50_000))
-    cli("init", repo)
-    cli("backup", str(src), "--repo", repo)
+    repo, src = one_file_backed_up(tmp_path, cli)
     for pack in (Path(repo) / "packs").rglob("*"):
         if pack.is_file():
             pack.unlink()
