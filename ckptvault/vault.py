@@ -367,7 +367,8 @@ class Vault:
 
         ``retry_lock`` (seconds, or a timedelta): how long each operation keeps trying when another
         process holds a conflicting lock (a prune, or a backup while pruning), retrying after 1, 2,
-        4 ... up to 30 s; 0 (the default) fails at once with VaultLockedError."""
+        4 ... up to 30 s; 0 (the default) fails at once with VaultLockedError. ``backup_async``, the
+        callbacks and ``watch`` wait for a prune in their own way (up to an hour), which ``close`` ends."""
         wait = retry_lock_arg(retry_lock)
         vault = cls._open(url, storage_options, keyfile, passphrase, create, limit_upload, limit_download)
         vault._repo.lock_retry_s = wait

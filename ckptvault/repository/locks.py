@@ -78,8 +78,11 @@ Waiting for a lock (restic's ``--retry-lock``). By default a conflict fails at o
 ``retry_for`` seconds, a command that finds the vault locked (a prune running, a backup beside a
 prune, the locks changing while listed) says so once, removes its own lock object and tries again
 after 1 s, 2 s, 4 s ... (at most 30 s between tries) until it gets the lock or ``retry_for`` has
-passed; then the last conflict is raised, saying how long it waited. A lock of a newer ckptvault is
-not waited for (exit 17: that ckptvault is needed).
+passed; then the last conflict is raised, saying how long it waited. Each later try first lists the
+locks without writing one, so that the waiter's lock object does not turn other commands away while it
+only waits. Not waited for: a lock of a newer ckptvault (exit 17: that ckptvault is needed), and one
+this very process holds (a file read part way: it would wait for itself). The async shipper keeps its
+own wait, which its close and SIGTERM can end (``acquire(retry=False)``).
 """
 
 from __future__ import annotations
