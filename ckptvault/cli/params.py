@@ -73,7 +73,7 @@ def parse_storage_options(values: list[str] | None) -> dict[str, str]:
 
 
 _AGE_UNITS = {"min": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
-_AGE = re.compile(r"([0-9]+)([a-z]+)")
+_AGE = re.compile(r"([0-9]{1,4000})([a-z]+)")  # int() refuses over 4,300 digits
 _BEFORE_FORMATS = "use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h, 30min"
 
 
@@ -108,9 +108,8 @@ DURATION_MAX_S = 366 * 86400
 
 
 def parse_duration(value: str, option: str) -> float:
-    """Seconds from '30s', '5m', '1h30m', '2d', '1w', as restic's --retry-lock reads them (m: minutes; min too,
-    as --before writes minutes);
-    0 alone is allowed: none. ``option`` names where the value came from (a flag or a variable)."""
+    """Seconds from '30s', '5m', '1h30m', '2d', '1w', as restic's --retry-lock reads them (m: minutes; 'min'
+    too, as --before writes them); 0 alone is none. ``option``: where the value came from (flag or variable)."""
     text = value.strip()
     example = "use e.g. 30s, 5m, 1h30m or 2h"
     if text == "0":
