@@ -286,6 +286,9 @@ def exclude_arg(value: Sequence[str] | None) -> Excludes:
     return Excludes.parse(str_list_arg("exclude", value, "['*.tmp', 'wandb']"))
 
 
+FORGET_PREFIX_MIN = 4  # characters of a snapshot ID prefix that forget takes
+
+
 class Vault:
     def __init__(self, repo: Repository, url: str) -> None:
         self._repo = repo
@@ -870,8 +873,17 @@ class Vault:
         with ``prune``, reclaim their space too.
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
-        is left for the next prune). ``prune`` refuses while another such object exists."""
+        is left for the next prune). ``prune`` refuses while another such object exists. An ID prefix
+        must have at least FORGET_PREFIX_MIN characters: ``forget 3`` meant "three snapshots" as often as
+        "the one whose ID starts with 3"."""
         snapshots = snapshot_list_arg(snapshots)
+        for spec in snapshots:
+            if isinstance(spec, str) and spec != "latest" and len(spec.strip()) < FORGET_PREFIX_MIN:
+                listing = spelled("ckptvault snapshots", "Vault.snapshots()")
+                raise UsageError(
+                    f"{spec!r} is too short an ID prefix to forget a snapshot by: give at least "
+                    f"{FORGET_PREFIX_MIN} characters of its ID (as {listing} shows them)"
+                )
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
             every, unreadable_now = self._listing()

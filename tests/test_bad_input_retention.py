@@ -272,3 +272,17 @@ def test_a_run_left_with_no_snapshot_by_an_ungrouped_prune_is_named(cli, tmp_pat
     real = cli("prune", "--repo", url, "--keep-latest", "2")
     assert "warning: run=a has no snapshot left" in real.stderr.decode()
     assert {s["tags"]["run"] for s in json.loads(cli("snapshots", "--json", "--repo", url).stdout)} == {"b", "c"}
+
+
+@pytest.mark.parametrize("spec", ["3", "ab", "abc", " 1a "])
+def test_forget_refuses_an_id_prefix_too_short_to_be_meant(cli, repo: str, spec: str):
+    """`forget 3` (three snapshots?) forgot the one snapshot whose ID starts with 3."""
+    before = snapshot_ids(cli, repo)
+    proc = cli("forget", "--repo", repo, spec, check=False)
+    assert proc.returncode == 2
+    assert one_line_error(proc) == (
+        f"error: {spec!r} is too short an ID prefix to forget a snapshot by: give at least 4 characters of its ID "
+        "(as ckptvault snapshots shows them)"
+    )
+    assert snapshot_ids(cli, repo) == before
+    cli("forget", "--repo", repo, before[0][:8])  # as `snapshots` shows it
