@@ -161,7 +161,7 @@ def _at_a_terminal(args: list[str], env: dict[str, str], typed: list[bytes]) -> 
     pid, fd = pty.fork()
     if pid == 0:  # the child: the pty is its terminal, stdin, stdout and stderr
         os.execve(sys.executable, [sys.executable, "-m", "ckptvault", *args], env)
-    seen = b""
+    printed, seen = b"", b""
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
@@ -176,10 +176,11 @@ def _at_a_terminal(args: list[str], env: dict[str, str], typed: list[bytes]) -> 
                 seen += chunk
                 if typed and seen.rstrip(b" ").endswith(b":"):
                     os.write(fd, typed.pop(0))
+                    printed, seen = printed + seen, b""  # the next input waits for the next prompt
     finally:
         os.close(fd)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
+    return os.waitstatus_to_exitcode(status), (printed + seen).decode(errors="replace")
 
 
 def test_ctrl_d_at_a_passphrase_prompt_is_no_passphrase_not_a_crash(tmp_path: Path):
