@@ -192,14 +192,14 @@ def process_table() -> str:
         return ""
 
 
+def _in_this_process_table(lock: LockInfo) -> bool:
+    """Whether ``lock``'s holder can be looked up from here (None: a lock that does not say)."""
+    return not lock.unreadable and lock.hostname == socket.gethostname() and lock.pid_table == process_table()
+
+
 def running_here(lock: LockInfo) -> bool:
     """Whether ``lock``'s holder is a process running now in this process table (this host)."""
-    return (
-        not lock.unreadable
-        and lock.hostname == socket.gethostname()
-        and lock.pid_table == process_table()
-        and pid_alive(lock.pid)
-    )
+    return _in_this_process_table(lock) and pid_alive(lock.pid)
 
 
 def pid_alive(pid: int) -> bool:
@@ -277,9 +277,7 @@ class LockManager:
             return True
         if lock.unreadable and when - now > self.stale_after:  # "written" in the future: of unknown age too
             return True
-        if lock.unreadable or lock.hostname != socket.gethostname() or lock.pid_table != process_table():
-            return False  # its process cannot be looked up from here (None: a lock that does not say)
-        return not running_here(lock)
+        return _in_this_process_table(lock) and not pid_alive(lock.pid)
 
     def new_info(self, exclusive: bool) -> LockInfo:
         return LockInfo(
