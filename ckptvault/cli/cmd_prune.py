@@ -166,7 +166,9 @@ def prune_cmd(
 @command
 @vault_options
 def forget_cmd(
-    snapshots: Annotated[list[str], typer.Argument(help="Snapshot IDs (unique prefixes of 4 or more characters), or latest.")],
+    snapshots: Annotated[
+        list[str], typer.Argument(help="Snapshot IDs (unique prefixes of 4 or more characters), or latest.")
+    ],
     prune: Annotated[bool, typer.Option("--prune", help="Also reclaim the space they held.")] = False,
     dry_run: DryRunOpt = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
