@@ -76,6 +76,7 @@ from .ops.async_backup import (
 )
 from .ops.backup import run_backup, twin_snapshot
 from .ops.check import CheckReport, run_check
+from .ops.copy import CopyResult, run_copy
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.gc import GcPlan
@@ -803,6 +804,56 @@ class Vault:
                 yield data if isinstance(data, bytes) else bytes(data)
             if hasher.hexdigest() != entry.blake3:
                 raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
+
+    @_open_only
+    def copy_from(
+        self,
+        source: Vault,
+        snapshots: Sequence[str | Snapshot] | None = None,
+        *,
+        tags: dict[str, str] | None = None,
+        dry_run: bool = False,
+        on_progress: Progress | None = None,
+    ) -> CopyResult:
+        """Copy snapshots of ``source`` into this vault (restic's ``copy``): all of them, those
+        carrying ``tags``, or the given ones (IDs or prefixes, ``"latest"``, Snapshots). A snapshot
+        keeps its ID, time, host, paths and tags, so one this vault holds already is not copied
+        again (``already_there``); a retagged one has a new ID and is copied again. Every chunk read
+        is verified; the chunks are coded by this vault's settings and encrypted under its key."""
+        if not isinstance(source, Vault):
+            raise UsageError(f"source must be an open Vault (Vault.open(url)), not {type(source).__name__}")
+        specs = None if snapshots is None else snapshot_list_arg(snapshots)
+        tags = tags_arg(tags)
+        if source.config.repo_id == self.config.repo_id:
+            raise UsageError(
+                f"{source.url} and {self.url} are the same vault; copy into another one "
+                f"(create it with: {spelled('ckptvault init URL', 'Vault.init(url)')})"
+            )
+        if source._closed:
+            raise UsageError(f"the source vault: {CLOSED_MESSAGE}")
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(source._repo.locks.acquire_to_read())
+            lock = None
+            if not dry_run:  # a dry run writes nothing: it only reads which snapshots are in both vaults
+                locks.enter_context(self._backup_mutex)
+                lock = locks.enter_context(self._repo.locks.acquire(exclusive=False))
+                self._repo.load_index()  # under the lock: what a prune removed before is not reused
+                self._repo.reconcile_with_stored_packs()
+            source._repo.load_index()
+            every = source.snapshots()
+            if specs is None:
+                chosen = [s for s in every if s.matches(tags)]
+            else:
+                picked = (selection.select(every, s.id if isinstance(s, Snapshot) else s, tags) for s in specs)
+                chosen = list({s.id: s for s in picked}.values())
+            return run_copy(
+                source._repo,
+                self._repo,
+                chosen,
+                progress=on_progress,
+                before_commit=None if lock is None else functools.partial(_before_commit, lock, None),
+                dry_run=dry_run,
+            )
 
     @_open_only
     def stats(self) -> VaultStats:

@@ -93,7 +93,9 @@ def _unchanged(item: SourceItem, old: FileEntry, repo: Repository) -> bool:
     )
 
 
-class _Pipeline:
+class ChunkPipeline:
+    """Chunks coded on a pool and added to the repository in the order they were submitted."""
+
     def __init__(self, repo: Repository, progress: Progress, workers: int, planner: DeltaPlanner | None) -> None:
         self.repo = repo
         self.progress = progress
@@ -117,6 +119,13 @@ class _Pipeline:
         self.inflight_bytes += len(data)
         while len(self.inflight) > self.window or self.inflight_bytes > INFLIGHT_BYTES:
             self._drain_one()
+
+    def add_stored(self, entry: FileEntry, chunk_id: bytes, size: int) -> None:
+        """A chunk the repository holds already, in its place among those submitted (copy)."""
+        done: Future[_Prepared] = Future()
+        done.set_result(_Prepared(chunk_id, None))
+        self.inflight.append((entry, done, 0))
+        self.progress.advance(size)
 
     def _drain_one(self) -> None:
         entry, future, size = self.inflight.popleft()
@@ -186,7 +195,7 @@ def run_backup(
         entries: list[FileEntry] = []
         read_bytes = 0
         planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
-        pipeline = _Pipeline(repo, progress, workers or os.cpu_count() or 2, planner)
+        pipeline = ChunkPipeline(repo, progress, workers or os.cpu_count() or 2, planner)
         try:
             for item in scan.items:
                 entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
@@ -301,7 +310,12 @@ def same_contents(a: list[FileEntry], b: list[FileEntry]) -> bool:
 
 
 def _read_file(
-    item: SourceItem, base: FileEntry, pipeline: _Pipeline, warnings: list[str], skip_unreadable: bool, on_change: str
+    item: SourceItem,
+    base: FileEntry,
+    pipeline: ChunkPipeline,
+    warnings: list[str],
+    skip_unreadable: bool,
+    on_change: str,
 ) -> FileEntry | None:
     """Chunk one file into the pipeline; returns its entry, or None when it is left out.
 
@@ -424,7 +438,7 @@ def _open_source(item: SourceItem) -> io.FileIO:
         os.close(fd)
 
 
-def _read_once(item: SourceItem, entry: FileEntry, pipeline: _Pipeline) -> bool:
+def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0

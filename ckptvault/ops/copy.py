@@ -1,0 +1,202 @@
+"""Copy: snapshots of one vault into another (restic's ``copy``), e.g. a second location for the
+same checkpoints, or a vault moved to new storage, to encryption, or to the newest format.
+
+A copy keeps the snapshot's ID, time, host, paths, tags and description, so ``latest --tag run=x``
+finds the same save in both vaults and a snapshot already in the destination is not copied again.
+Its chunks keep their boundaries. Each is read (and verified) from the source only when the
+destination may lack it: two vaults whose chunk IDs are computed alike (both unencrypted, or
+encrypted under one key) name a chunk the same way, so one already in the destination is not even
+downloaded; otherwise every chunk is read, since its ID in the destination is a keyed hash of its
+bytes. Chunks are coded by the destination's own settings (compression, the tensor-aware byte
+grouping, encryption), never copied as stored blobs; delta coding is not applied to copied chunks.
+
+Memory is bounded as in a backup: a window of chunks being read (``INFLIGHT_BYTES``) and the
+destination's pipeline of chunks being coded and packed. A copy stopped part way writes no
+snapshot for the one it was copying (the chunks already stored are reused by the next run).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from ..errors import IntegrityError
+from ..hashing import new_file_hasher
+from ..repository import Repository
+from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
+from ..snapshot.model import FileEntry, Snapshot
+from .backup import ChunkPipeline
+from .elements import ElementMap, element_map
+from .memory import INFLIGHT_BYTES, releasing_freed_memory
+from .progress import NullProgress, Progress
+from .reader import ChunkedFile
+
+MAX_AHEAD = 256  # chunks read ahead, when most are skipped (the bytes are capped too)
+_PROBE = b"ckptvault: are chunk IDs computed alike in both vaults?"
+
+
+@dataclass
+class CopyResult:
+    copied: list[Snapshot] = field(default_factory=list)  # as written to the destination
+    already_there: list[Snapshot] = field(default_factory=list)  # in both vaults before the copy
+    read_bytes: int = 0  # chunk bytes read from the source
+    new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
+    stored_bytes: int = 0  # bytes written to the destination (packs, index, trees)
+
+
+def same_chunk_ids(source: Repository, dest: Repository) -> bool:
+    """Whether a chunk has one ID in both vaults (then the destination's index says what it lacks)."""
+    return source.chunk_id(_PROBE) == dest.chunk_id(_PROBE)
+
+
+@releasing_freed_memory
+def run_copy(
+    source: Repository,
+    dest: Repository,
+    snapshots: list[Snapshot],
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    before_commit: Callable[[], None] | None = None,
+    dry_run: bool = False,
+) -> CopyResult:
+    """Copy ``snapshots`` (oldest first) that the destination does not hold yet. Both vaults must be
+    locked by the caller (the source to read, the destination as a backup locks it); ``before_commit``
+    runs before each snapshot object is written."""
+    progress = progress or NullProgress()
+    result = CopyResult()
+    todo = []
+    for snap in sorted(snapshots, key=lambda s: s.time):
+        (result.already_there if dest.has_snapshot(bytes.fromhex(snap.id)) else todo).append(snap)
+    if dry_run:
+        result.copied = todo
+        return result
+    progress.start(sum(snap.summary.logical_bytes for snap in todo), len(todo))
+    shared_ids = same_chunk_ids(source, dest)
+    readers = ThreadPoolExecutor(source.download_concurrency, thread_name_prefix="ckptvault-copy")
+    try:
+        for snap in todo:
+            result.copied.append(
+                _copy_snapshot(source, dest, snap, readers, shared_ids, result, progress, workers, before_commit)
+            )
+    finally:
+        readers.shutdown(wait=True, cancel_futures=True)
+        progress.finish()
+    return result
+
+
+def _copy_snapshot(
+    source: Repository,
+    dest: Repository,
+    snap: Snapshot,
+    readers: ThreadPoolExecutor,
+    shared_ids: bool,
+    result: CopyResult,
+    progress: Progress,
+    workers: int | None,
+    before_commit: Callable[[], None] | None,
+) -> Snapshot:
+    tree = decode_tree(source.load_tree(bytes.fromhex(snap.tree_id)))
+    written_before = dest.bytes_written
+    with dest.aborting_writes_on_error():
+        pipeline = ChunkPipeline(dest, progress, workers or os.cpu_count() or 2, None)
+        try:
+            entries = [
+                _copy_file(source, dest, entry, pipeline, readers, shared_ids, result)
+                if entry.type == "file"
+                else entry
+                for entry in tree
+            ]
+            pipeline.drain()
+            dest.flush()
+        finally:
+            pipeline.close()
+        tree_id = dest.save_tree(encode_tree(entries))
+        stored = dest.bytes_written - written_before
+        copied = replace(
+            snap,
+            tree_id=tree_id.hex(),
+            # what the copy added to this vault; the rest describes the backup as it was made
+            summary=replace(
+                snap.summary,
+                new_bytes=pipeline.new_bytes,
+                new_chunks=pipeline.new_chunks,
+                stored_bytes=stored,
+                delta_chunks=0,
+                delta_bytes=0,
+                delta_stored_bytes=0,
+                delta_saved_bytes=0,
+            ),
+        )
+        if before_commit:
+            before_commit()
+        dest.save_snapshot(bytes.fromhex(copied.id), encode_snapshot(copied))
+    result.new_bytes += pipeline.new_bytes
+    result.stored_bytes += stored
+    return copied
+
+
+def _copy_file(
+    source: Repository,
+    dest: Repository,
+    entry: FileEntry,
+    pipeline: ChunkPipeline,
+    readers: ThreadPoolExecutor,
+    shared_ids: bool,
+    result: CopyResult,
+) -> FileEntry:
+    """The file's entry in the destination, its chunks stored there. Chunks are read ahead on the
+    source's download threads and handed to the pipeline in file order; the whole-file hash is
+    checked when every chunk was read (each is also verified against its ID as it is read)."""
+    copy = replace(entry, chunks=[])
+    emap: ElementMap | bool | None = dest.codec.compressor.groups  # True: not read yet
+    hasher = new_file_hasher()
+    read_all = True
+    offset = 0
+    for chunk_id, length, data in _chunks_in_order(source, dest, entry, readers, shared_ids):
+        if data is None:  # the destination holds it under the same ID: nothing to read or store
+            read_all = False
+            pipeline.add_stored(copy, chunk_id, length)
+        else:
+            hasher.update(data)
+            result.read_bytes += len(data)
+            if emap is True:  # the file's tensor layout, for the destination's byte grouping
+                emap = element_map(
+                    ChunkedFile(source, entry, cache_chunks=2).read_at, entry.size, entry.path, dest.codec.compressor
+                )
+            pipeline.submit(copy, memoryview(data), emap.runs(offset, len(data)) if emap else ())
+        offset += length
+    if read_all and hasher.hexdigest() != entry.blake3:
+        raise IntegrityError(f"{entry.path}: the bytes read from the source do not match its file hash")
+    return copy
+
+
+def _chunks_in_order(
+    source: Repository, dest: Repository, entry: FileEntry, readers: ThreadPoolExecutor, shared_ids: bool
+) -> Iterator[tuple[bytes, int, bytes | memoryview | None]]:
+    """(chunk ID, length, bytes or None when the destination holds it already), in file order."""
+    ahead: deque[tuple[bytes, int, Future[bytes | memoryview] | None]] = deque()
+    ahead_bytes = 0
+    try:
+        for chunk_id in entry.chunks:
+            length = source.locate(chunk_id).raw_len
+            if shared_ids and dest.has_chunk(chunk_id):
+                ahead.append((chunk_id, length, None))
+            else:
+                ahead.append((chunk_id, length, readers.submit(source.read_chunk, chunk_id)))
+                ahead_bytes += length
+            while ahead_bytes > INFLIGHT_BYTES or len(ahead) > MAX_AHEAD:
+                done_id, done_len, future = ahead.popleft()
+                if future is not None:
+                    ahead_bytes -= done_len
+                yield done_id, done_len, None if future is None else future.result()
+        while ahead:
+            done_id, done_len, future = ahead.popleft()
+            yield done_id, done_len, None if future is None else future.result()
+    finally:  # stopped part way (a damaged chunk, Ctrl-C): read no further
+        for _, _, future in ahead:
+            if future is not None:
+                future.cancel()

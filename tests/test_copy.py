@@ -1,0 +1,234 @@
+"""Copying snapshots between vaults (``Vault.copy_from``, ``ckptvault copy``): plain to encrypted and
+back, what is skipped, what is verified, and what a copy stopped part way leaves."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from ckptvault import Vault
+from ckptvault.crypto.keyfile import Keyfile
+from ckptvault.errors import IntegrityError, SnapshotNotFoundError, UsageError
+
+from .conftest import tree_digest, write_file
+
+PASS = "copy test passphrase"
+
+
+@pytest.fixture
+def keyfile(tmp_path: Path) -> Keyfile:
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    return key.save(tmp_path / "dest.key")
+
+
+def save_checkpoint(folder: Path, step: int, *, frozen_mb: int = 3, trained_mb: int = 3) -> Path:
+    """A fine-tuning save: frozen fp32 weights (the same bytes every step) and trained ones."""
+    frozen = np.random.default_rng(0).standard_normal(frozen_mb << 18).astype(np.float32)
+    trained = np.random.default_rng(step).standard_normal(trained_mb << 18).astype(np.float32)
+    folder.mkdir(parents=True)
+    save_file({"frozen": frozen, "trained": trained}, str(folder / "model.safetensors"))
+    write_file(folder / "trainer_state.json", json.dumps({"global_step": step}).encode())
+    os.symlink("model.safetensors", folder / "latest.safetensors")
+    return folder
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Vault:
+    vault = Vault.init(str(tmp_path / "source"), pack_size=2 << 20)
+    for step in (100, 200):
+        vault.backup(save_checkpoint(tmp_path / f"ckpt-{step}", step), tags={"run": "a", "step": str(step)})
+    vault.backup(save_checkpoint(tmp_path / "other-1", 1), tags={"run": "b", "step": "1"})
+    yield vault
+    vault.close()
+
+
+def restored(vault: Vault, spec: str, out: Path) -> dict:
+    vault.restore(spec, out)
+    return tree_digest(out)
+
+
+def test_copy_into_an_encrypted_vault_keeps_snapshots_and_restores_them(
+    tmp_path: Path, source: Vault, keyfile: Keyfile
+):
+    with Vault.init(str(tmp_path / "dest"), keyfile=keyfile.path, passphrase=PASS) as dest:
+        result = dest.copy_from(source)
+        assert [s.id for s in result.copied] == [s.id for s in source.snapshots()]
+        assert result.already_there == []
+        # every chunk was read: the destination's chunk IDs are keyed, the source's are not
+        assert result.read_bytes == sum(s.summary.logical_bytes for s in source.snapshots())
+        # the trained tensors differ per step; the frozen ones are stored once
+        assert result.new_bytes < result.read_bytes * 0.8
+        for theirs, ours in zip(source.snapshots(), dest.snapshots(), strict=True):
+            assert (ours.id, ours.time, ours.tags, ours.paths, ours.hostname) == (
+                theirs.id,
+                theirs.time,
+                theirs.tags,
+                theirs.paths,
+                theirs.hostname,
+            )
+            assert ours.tree_id != theirs.tree_id  # a tree of this vault's chunk IDs
+        assert dest.latest({"run": "a"}).tags["step"] == "200"
+        assert restored(dest, "latest", tmp_path / "d") == restored(source, "latest", tmp_path / "s")
+        for snap in source.snapshots():
+            assert restored(dest, snap.id, tmp_path / f"d-{snap.id}") == restored(
+                source, snap.id, tmp_path / f"s-{snap.id}"
+            )
+        assert dest.check(read_data=1.0).ok
+    # nothing in the destination's packs is readable without the key
+    packs = b"".join(p.read_bytes() for p in (tmp_path / "dest").rglob("*") if p.is_file())
+    assert b"global_step" not in packs
+
+
+def test_a_second_copy_copies_only_new_snapshots(tmp_path: Path, source: Vault):
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        first = dest.copy_from(source, tags={"run": "a"})
+        assert len(first.copied) == 2
+        source.backup(save_checkpoint(tmp_path / "ckpt-300", 300), tags={"run": "a", "step": "300"})
+        second = dest.copy_from(source, tags={"run": "a"})
+        assert [s.tags["step"] for s in second.copied] == ["300"]
+        assert len(second.already_there) == 2
+        # unencrypted both: chunk IDs agree, so what the destination holds is not even read
+        frozen_bytes = 3 << 20
+        assert second.read_bytes <= second.copied[0].summary.logical_bytes - frozen_bytes
+        assert dest.copy_from(source, tags={"run": "a"}).copied == []
+        assert restored(dest, "latest", tmp_path / "d") == restored(source, "latest", tmp_path / "s")
+
+
+def test_copy_from_an_encrypted_vault_and_by_id(tmp_path: Path, keyfile: Keyfile):
+    with Vault.init(str(tmp_path / "enc"), keyfile=keyfile.path, passphrase=PASS) as enc:
+        one = enc.backup(save_checkpoint(tmp_path / "c1", 1), tags={"step": "1"})
+        enc.backup(save_checkpoint(tmp_path / "c2", 2), tags={"step": "2"})
+        with Vault.init(str(tmp_path / "plain")) as plain:
+            result = plain.copy_from(enc, [one.id[:8]])
+            assert [s.id for s in result.copied] == [one.id]
+            assert [s.id for s in plain.snapshots()] == [one.id]
+            assert restored(plain, one.id, tmp_path / "p") == restored(enc, one.id, tmp_path / "e")
+            assert plain.copy_from(enc, ["latest"]).copied[0].tags == {"step": "2"}
+            assert plain.check(read_data=1.0).ok
+
+
+def test_dry_run_names_what_would_be_copied_and_writes_nothing(tmp_path: Path, source: Vault):
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        dest.copy_from(source, ["latest"], tags={"run": "a"})
+        before = sorted(p.relative_to(tmp_path / "dest") for p in (tmp_path / "dest").rglob("*"))
+        plan = dest.copy_from(source, dry_run=True)
+        assert {s.tags["step"] for s in plan.copied} == {"100", "1"}
+        assert [s.tags["step"] for s in plan.already_there] == ["200"]
+        assert sorted(p.relative_to(tmp_path / "dest") for p in (tmp_path / "dest").rglob("*")) == before
+
+
+def test_copying_a_vault_into_itself_is_refused(tmp_path: Path, source: Vault):
+    with Vault.open(str(tmp_path / "source")) as again, pytest.raises(UsageError, match="same vault"):
+        again.copy_from(source)
+
+
+def test_unknown_snapshot_is_refused_before_anything_is_written(tmp_path: Path, source: Vault):
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        with pytest.raises(SnapshotNotFoundError):
+            dest.copy_from(source, ["latest"], tags={"run": "nope"})
+        assert dest.snapshots() == []
+
+
+def test_damaged_source_chunk_fails_loudly_and_writes_no_snapshot(tmp_path: Path, source: Vault):
+    """Flip a byte in every pack of the source: the copy must not store the damage as good data."""
+    for pack in (tmp_path / "source" / "packs").rglob("*"):
+        if pack.is_file():
+            raw = bytearray(pack.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            pack.write_bytes(bytes(raw))
+    with Vault.open(str(tmp_path / "source")) as damaged, Vault.init(str(tmp_path / "dest")) as dest:
+        with pytest.raises(IntegrityError):
+            dest.copy_from(damaged)
+        assert dest.snapshots() == []
+        assert dest.check().ok
+
+
+def test_copy_of_a_file_whose_bytes_differ_from_its_hash_is_refused(tmp_path: Path, source: Vault, monkeypatch):
+    """Chunks each intact but not the file the tree describes (a tree that names the wrong chunk):
+    the whole-file hash catches it, as it does on restore."""
+    from ckptvault.ops import copy as copy_module
+
+    real = copy_module.decode_tree
+
+    def swapped(raw: bytes):
+        tree = real(raw)
+        files = [e for e in tree if e.type == "file" and len(e.chunks) > 1]
+        files[0].chunks[0], files[0].chunks[1] = files[0].chunks[1], files[0].chunks[0]
+        return tree
+
+    monkeypatch.setattr(copy_module, "decode_tree", swapped)
+    with Vault.init(str(tmp_path / "dest")) as dest, pytest.raises(IntegrityError, match="file hash"):
+        dest.copy_from(source, ["latest"], tags={"run": "a"})
+
+
+def test_cli_copy_plain_to_encrypted_then_nothing_left(tmp_path: Path, source: Vault, keyfile: Keyfile, cli):
+    dest = str(tmp_path / "dest")
+    cli("init", dest, "--encrypt", "--keyfile", str(tmp_path / "new.key"), CKPTVAULT_PASSPHRASE=PASS)
+    env = {"CKPTVAULT_KEYFILE": str(tmp_path / "new.key"), "CKPTVAULT_PASSPHRASE": PASS}
+    proc = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", dest, "--tag", "run=a", **env)
+    out = proc.stdout.decode() + proc.stderr.decode()
+    assert "copied 2 snapshot(s)" in out, out
+    proc = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", dest, "--json", **env)
+    summary = json.loads(proc.stdout)
+    assert len(summary["copied"]) == 1 and len(summary["already_there"]) == 2
+    assert (
+        cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", dest, **env)
+        .stdout.decode()
+        .count("nothing to copy")
+        == 1
+    )
+    cli("restore", "latest", str(tmp_path / "out"), "--repo", dest, "--tag", "run=a", **env)
+    assert tree_digest(tmp_path / "out") == restored(source, "latest", tmp_path / "s")
+
+
+def test_cli_copy_errors_are_one_line(tmp_path: Path, source: Vault, cli):
+    dest = str(tmp_path / "dest")
+    cli("init", dest)
+    missing = cli("copy", "--repo", dest, check=False)
+    assert missing.returncode == 2 and b"--from-repo" in missing.stderr
+    same = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", str(tmp_path / "source"), check=False)
+    assert same.returncode == 2 and b"same vault" in same.stderr and b"Traceback" not in same.stderr
+    gone = cli("copy", "--from-repo", str(tmp_path / "nowhere"), "--repo", dest, check=False)
+    assert gone.returncode != 0 and b"nowhere" in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.slow
+def test_a_copy_killed_part_way_leaves_both_vaults_whole_and_the_rerun_finishes(tmp_path: Path, cli):
+    """SIGKILL a real copy while it stores chunks: the destination has no half snapshot, check is
+    clean, and the next copy completes and restores bit for bit."""
+    src = tmp_path / "source"
+    with Vault.init(str(src)) as vault:
+        for step in range(1, 4):
+            vault.backup(save_checkpoint(tmp_path / f"c{step}", step, trained_mb=16), tags={"step": str(step)})
+    dest = str(tmp_path / "dest")
+    cli("init", dest)
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"), "CKPTVAULT_LIMIT_UPLOAD": "20MB"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptvault", "copy", "--from-repo", str(src), "--repo", dest, "-q"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((tmp_path / "dest" / "packs").rglob("*")):
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    with Vault.open(dest) as vault:
+        assert len(vault.snapshots()) < 3  # killed part way
+    cli("unlock", "--repo", dest)
+    cli("copy", "--from-repo", str(src), "--repo", dest)
+    cli("check", "--read-data", "--repo", dest)
+    with Vault.open(str(src)) as a, Vault.open(dest) as b:
+        assert [s.id for s in b.snapshots()] == [s.id for s in a.snapshots()]
+        for snap in a.snapshots():
+            assert restored(b, snap.id, tmp_path / f"b{snap.id}") == restored(a, snap.id, tmp_path / f"a{snap.id}")
