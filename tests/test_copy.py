@@ -170,8 +170,8 @@ def test_copy_of_a_file_whose_bytes_differ_from_its_hash_is_refused(tmp_path: Pa
 
 def test_cli_copy_plain_to_encrypted_then_nothing_left(tmp_path: Path, source: Vault, keyfile: Keyfile, cli):
     dest = str(tmp_path / "dest")
-    cli("init", dest, "--encrypt", "--keyfile", str(tmp_path / "new.key"), CKPTVAULT_PASSPHRASE=PASS)
-    env = {"CKPTVAULT_KEYFILE": str(tmp_path / "new.key"), "CKPTVAULT_PASSPHRASE": PASS}
+    env = {"CKPTVAULT_KEYFILE": str(keyfile.path), "CKPTVAULT_PASSPHRASE": PASS}
+    cli("init", dest, "--encrypt", **env)
     proc = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", dest, "--tag", "run=a", **env)
     out = proc.stdout.decode() + proc.stderr.decode()
     assert "copied 2 snapshot(s)" in out, out
@@ -185,7 +185,7 @@ def test_cli_copy_plain_to_encrypted_then_nothing_left(tmp_path: Path, source: V
         == 1
     )
     cli("restore", "latest", str(tmp_path / "out"), "--repo", dest, "--tag", "run=a", **env)
-    assert tree_digest(tmp_path / "out") == restored(source, "latest", tmp_path / "s")
+    assert tree_digest(tmp_path / "out") == restored(source, source.latest({"run": "a"}).id, tmp_path / "s")
 
 
 def test_cli_copy_errors_are_one_line(tmp_path: Path, source: Vault, cli):

@@ -294,27 +294,47 @@ def require_nonempty(option: str, value: str) -> None:
         raise UsageError(f"{option} is empty; give a path or URL, or leave the option out for the default")
 
 
-def refuse_blank_vault_settings(repo: str | None, keyfile: str | None) -> None:
+@dataclass(frozen=True)
+class VaultOptionNames:
+    """How the options naming one vault are spelled, for messages: a command's own vault, or the
+    other vault of ``copy`` (``--from-repo``...)."""
+
+    repo: str = "--repo"
+    repo_env: str = "CKPTVAULT_REPO"
+    keyfile: str = "--keyfile"
+    keyfile_env: str = "CKPTVAULT_KEYFILE"
+    passphrase_file: str = "--passphrase-file"
+    passphrase_env: str = "CKPTVAULT_PASSPHRASE"
+    prompt: str = "passphrase"
+
+
+THIS_VAULT = VaultOptionNames()
+
+
+def refuse_blank_vault_settings(repo: str | None, keyfile: str | None, names: VaultOptionNames = THIS_VAULT) -> None:
     """typer takes an environment variable that is set but blank (an unset CI secret or shell
     variable) for an option left out: refused, rather than falling back to a default the user did
     not choose (the default vault; no encryption for the vault a backup creates)."""
     for value, env, what in (
-        (repo, "CKPTVAULT_REPO", "the vault's path or URL"),
-        (keyfile, "CKPTVAULT_KEYFILE", "the keyfile's path"),
+        (repo, names.repo_env, "the vault's path or URL"),
+        (keyfile, names.keyfile_env, "the keyfile's path"),
     ):
         if not (value or "").strip() and env in os.environ and not os.environ[env].strip():
             raise UsageError(f"{env} is set but empty; set it to {what}, or unset it")
     if keyfile is not None:
-        require_nonempty("--keyfile", keyfile)
+        require_nonempty(names.keyfile, keyfile)
 
 
-def refuse_passphrase_without_keyfile(passphrase_file: str | None, keyfile: str | None) -> None:
+def refuse_passphrase_without_keyfile(
+    passphrase_file: str | None, keyfile: str | None, names: VaultOptionNames = THIS_VAULT
+) -> None:
     """A passphrase unlocks a keyfile: given alone, nothing would be encrypted (a backup would even
     create the default vault unencrypted), and the user plainly meant something to be."""
     if passphrase_file is not None and not keyfile:
         raise UsageError(
-            "--passphrase-file was given without --keyfile (or CKPTVAULT_KEYFILE): the passphrase unlocks a "
-            "keyfile, and nothing would be encrypted; add --keyfile PATH (ckptvault key generate makes one)"
+            f"{names.passphrase_file} was given without {names.keyfile} (or {names.keyfile_env}): the passphrase "
+            f"unlocks a keyfile, and nothing would be encrypted; add {names.keyfile} PATH (ckptvault key generate "
+            "makes one)"
         )
 
 
@@ -347,21 +367,25 @@ def open_vault(
     limit_upload: str | None = None,
     limit_download: str | None = None,
     retry_lock: str | None = None,
+    names: VaultOptionNames = THIS_VAULT,
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
-    writing command creates (reading commands do not leave an empty one behind)."""
-    refuse_blank_vault_settings(repo, keyfile)
-    refuse_passphrase_without_keyfile(passphrase_file, keyfile)
+    writing command creates (reading commands do not leave an empty one behind).
+    ``names``: how this vault's options are spelled, for messages."""
+    refuse_blank_vault_settings(repo, keyfile, names)
+    refuse_passphrase_without_keyfile(passphrase_file, keyfile, names)
     options = parse_storage_options(storage_option)
     settings = {
         "keyfile": keyfile,
-        "passphrase": passphrase_source(passphrase_file),
+        "passphrase": passphrase_source(
+            passphrase_file, env=names.passphrase_env, prompt=names.prompt, option=names.passphrase_file
+        ),
         "limit_upload": limit_upload,
         "limit_download": limit_download,
         "retry_lock": retry_lock_setting(retry_lock),
     }
     if repo is not None:
-        require_nonempty("--repo", repo)
+        require_nonempty(names.repo, repo)
         require_lasting_url(repo)
         vault = Vault.open(repo, storage_options=options, **settings)
     else:

@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     cmd_backup,
     cmd_check,
+    cmd_copy,
     cmd_demo,
     cmd_diff,
     cmd_drill,

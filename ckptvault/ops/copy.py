@@ -75,128 +75,112 @@ def run_copy(
         result.copied = todo
         return result
     progress.start(sum(snap.summary.logical_bytes for snap in todo), len(todo))
-    shared_ids = same_chunk_ids(source, dest)
-    readers = ThreadPoolExecutor(source.download_concurrency, thread_name_prefix="ckptvault-copy")
+    copier = _Copier(source, dest, result, progress, workers or os.cpu_count() or 2)
     try:
         for snap in todo:
-            result.copied.append(
-                _copy_snapshot(source, dest, snap, readers, shared_ids, result, progress, workers, before_commit)
-            )
+            result.copied.append(copier.snapshot(snap, before_commit))
     finally:
-        readers.shutdown(wait=True, cancel_futures=True)
+        copier.close()
         progress.finish()
     return result
 
 
-def _copy_snapshot(
-    source: Repository,
-    dest: Repository,
-    snap: Snapshot,
-    readers: ThreadPoolExecutor,
-    shared_ids: bool,
-    result: CopyResult,
-    progress: Progress,
-    workers: int | None,
-    before_commit: Callable[[], None] | None,
-) -> Snapshot:
-    tree = decode_tree(source.load_tree(bytes.fromhex(snap.tree_id)))
-    written_before = dest.bytes_written
-    with dest.aborting_writes_on_error():
-        pipeline = ChunkPipeline(dest, progress, workers or os.cpu_count() or 2, None)
-        try:
-            entries = [
-                _copy_file(source, dest, entry, pipeline, readers, shared_ids, result)
-                if entry.type == "file"
-                else entry
-                for entry in tree
-            ]
-            pipeline.drain()
-            dest.flush()
-        finally:
-            pipeline.close()
-        tree_id = dest.save_tree(encode_tree(entries))
-        stored = dest.bytes_written - written_before
-        copied = replace(
-            snap,
-            tree_id=tree_id.hex(),
-            # what the copy added to this vault; the rest describes the backup as it was made
-            summary=replace(
-                snap.summary,
-                new_bytes=pipeline.new_bytes,
-                new_chunks=pipeline.new_chunks,
-                stored_bytes=stored,
-                delta_chunks=0,
-                delta_bytes=0,
-                delta_stored_bytes=0,
-                delta_saved_bytes=0,
-            ),
-        )
-        if before_commit:
-            before_commit()
-        dest.save_snapshot(bytes.fromhex(copied.id), encode_snapshot(copied))
-    result.new_bytes += pipeline.new_bytes
-    result.stored_bytes += stored
-    return copied
+class _Copier:
+    def __init__(self, source: Repository, dest: Repository, result: CopyResult, progress: Progress, workers: int):
+        self.source = source
+        self.dest = dest
+        self.result = result
+        self.progress = progress
+        self.workers = workers
+        self.shared_ids = same_chunk_ids(source, dest)
+        self.readers = ThreadPoolExecutor(source.download_concurrency, thread_name_prefix="ckptvault-copy")
 
+    def close(self) -> None:
+        self.readers.shutdown(wait=True, cancel_futures=True)
 
-def _copy_file(
-    source: Repository,
-    dest: Repository,
-    entry: FileEntry,
-    pipeline: ChunkPipeline,
-    readers: ThreadPoolExecutor,
-    shared_ids: bool,
-    result: CopyResult,
-) -> FileEntry:
-    """The file's entry in the destination, its chunks stored there. Chunks are read ahead on the
-    source's download threads and handed to the pipeline in file order; the whole-file hash is
-    checked when every chunk was read (each is also verified against its ID as it is read)."""
-    copy = replace(entry, chunks=[])
-    emap: ElementMap | bool | None = dest.codec.compressor.groups  # True: not read yet
-    hasher = new_file_hasher()
-    read_all = True
-    offset = 0
-    for chunk_id, length, data in _chunks_in_order(source, dest, entry, readers, shared_ids):
-        if data is None:  # the destination holds it under the same ID: nothing to read or store
-            read_all = False
-            pipeline.add_stored(copy, chunk_id, length)
-        else:
-            hasher.update(data)
-            result.read_bytes += len(data)
-            if emap is True:  # the file's tensor layout, for the destination's byte grouping
-                emap = element_map(
-                    ChunkedFile(source, entry, cache_chunks=2).read_at, entry.size, entry.path, dest.codec.compressor
-                )
-            pipeline.submit(copy, memoryview(data), emap.runs(offset, len(data)) if emap else ())
-        offset += length
-    if read_all and hasher.hexdigest() != entry.blake3:
-        raise IntegrityError(f"{entry.path}: the bytes read from the source do not match its file hash")
-    return copy
+    def snapshot(self, snap: Snapshot, before_commit: Callable[[], None] | None) -> Snapshot:
+        """``snap`` as written to the destination, after its tree and every chunk it names."""
+        dest = self.dest
+        tree = decode_tree(self.source.load_tree(bytes.fromhex(snap.tree_id)))
+        written_before = dest.bytes_written
+        with dest.aborting_writes_on_error():
+            pipeline = ChunkPipeline(dest, self.progress, self.workers, None)
+            try:
+                entries = [self._file(entry, pipeline) if entry.type == "file" else entry for entry in tree]
+                pipeline.drain()
+                dest.flush()
+            finally:
+                pipeline.close()
+            tree_id = dest.save_tree(encode_tree(entries))
+            stored = dest.bytes_written - written_before
+            copied = replace(
+                snap,
+                tree_id=tree_id.hex(),
+                # what the copy added to this vault; the rest describes the backup as it was made
+                summary=replace(
+                    snap.summary,
+                    new_bytes=pipeline.new_bytes,
+                    new_chunks=pipeline.new_chunks,
+                    stored_bytes=stored,
+                    delta_chunks=0,
+                    delta_bytes=0,
+                    delta_stored_bytes=0,
+                    delta_saved_bytes=0,
+                ),
+            )
+            if before_commit:
+                before_commit()
+            dest.save_snapshot(bytes.fromhex(copied.id), encode_snapshot(copied))
+        self.result.new_bytes += pipeline.new_bytes
+        self.result.stored_bytes += stored
+        return copied
 
-
-def _chunks_in_order(
-    source: Repository, dest: Repository, entry: FileEntry, readers: ThreadPoolExecutor, shared_ids: bool
-) -> Iterator[tuple[bytes, int, bytes | memoryview | None]]:
-    """(chunk ID, length, bytes or None when the destination holds it already), in file order."""
-    ahead: deque[tuple[bytes, int, Future[bytes | memoryview] | None]] = deque()
-    ahead_bytes = 0
-    try:
-        for chunk_id in entry.chunks:
-            length = source.locate(chunk_id).raw_len
-            if shared_ids and dest.has_chunk(chunk_id):
-                ahead.append((chunk_id, length, None))
+    def _file(self, entry: FileEntry, pipeline: ChunkPipeline) -> FileEntry:
+        """The file's entry in the destination, its chunks stored there. Chunks are read ahead on the
+        source's download threads and handed to the pipeline in file order; the whole-file hash is
+        checked when every chunk was read (each is also verified against its ID as it is read)."""
+        copy = replace(entry, chunks=[])
+        emap: ElementMap | bool | None = self.dest.codec.compressor.groups  # True: not read yet
+        hasher = new_file_hasher()
+        read_all = True
+        offset = 0
+        for chunk_id, length, data in self._chunks_in_order(entry):
+            if data is None:  # the destination holds it under the same ID: nothing to read or store
+                read_all = False
+                pipeline.add_stored(copy, chunk_id, length)
             else:
-                ahead.append((chunk_id, length, readers.submit(source.read_chunk, chunk_id)))
-                ahead_bytes += length
-            while ahead_bytes > INFLIGHT_BYTES or len(ahead) > MAX_AHEAD:
+                hasher.update(data)
+                self.result.read_bytes += len(data)
+                if emap is True:  # the file's tensor layout, for the destination's byte grouping
+                    header = ChunkedFile(self.source, entry, cache_chunks=2).read_at
+                    emap = element_map(header, entry.size, entry.path, self.dest.codec.compressor)
+                pipeline.submit(copy, memoryview(data), emap.runs(offset, len(data)) if emap else ())
+            offset += length
+        if read_all and hasher.hexdigest() != entry.blake3:
+            raise IntegrityError(f"{entry.path}: the bytes read from the source do not match its file hash")
+        return copy
+
+    def _chunks_in_order(self, entry: FileEntry) -> Iterator[tuple[bytes, int, bytes | memoryview | None]]:
+        """(chunk ID, length, bytes or None when the destination holds it already), in file order."""
+        ahead: deque[tuple[bytes, int, Future[bytes | memoryview] | None]] = deque()
+        ahead_bytes = 0
+        try:
+            for chunk_id in entry.chunks:
+                length = self.source.locate(chunk_id).raw_len
+                if self.shared_ids and self.dest.has_chunk(chunk_id):
+                    ahead.append((chunk_id, length, None))
+                else:
+                    ahead.append((chunk_id, length, self.readers.submit(self.source.read_chunk, chunk_id)))
+                    ahead_bytes += length
+                while ahead_bytes > INFLIGHT_BYTES or len(ahead) > MAX_AHEAD:
+                    done_id, done_len, future = ahead.popleft()
+                    if future is not None:
+                        ahead_bytes -= done_len
+                    yield done_id, done_len, None if future is None else future.result()
+            while ahead:
                 done_id, done_len, future = ahead.popleft()
-                if future is not None:
-                    ahead_bytes -= done_len
                 yield done_id, done_len, None if future is None else future.result()
-        while ahead:
-            done_id, done_len, future = ahead.popleft()
-            yield done_id, done_len, None if future is None else future.result()
-    finally:  # stopped part way (a damaged chunk, Ctrl-C): read no further
-        for _, _, future in ahead:
-            if future is not None:
-                future.cancel()
+        finally:  # stopped part way (a damaged chunk, Ctrl-C): read no further
+            for _, _, future in ahead:
+                if future is not None:
+                    future.cancel()

@@ -1,0 +1,112 @@
+"""copy: snapshots of another vault into this one (restic's copy: --from-repo is read, --repo written)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..errors import UsageError
+from .app import (
+    NO_VAULT_ARGS,
+    JsonOpt,
+    QuietOpt,
+    VaultArgs,
+    VaultOptionNames,
+    app,
+    command,
+    open_vault,
+    vault_options,
+)
+from .output import Output, format_bytes
+from .params import parse_tags
+
+SOURCE_VAULT = VaultOptionNames(
+    repo="--from-repo",
+    repo_env="CKPTVAULT_FROM_REPO",
+    keyfile="--from-keyfile",
+    keyfile_env="CKPTVAULT_FROM_KEYFILE",
+    passphrase_file="--from-passphrase-file",
+    passphrase_env="CKPTVAULT_FROM_PASSPHRASE",
+    prompt="passphrase of the source vault's keyfile",
+)
+
+
+@app.command("copy")
+@command
+@vault_options
+def copy_cmd(
+    snapshots: Annotated[
+        list[str] | None,
+        typer.Argument(help="Snapshot IDs (unique prefixes) or 'latest' of the source; default: all of them."),
+    ] = None,
+    from_repo: Annotated[
+        str | None,
+        typer.Option("--from-repo", envvar="CKPTVAULT_FROM_REPO", help="The vault to copy from (read only). Required."),
+    ] = None,
+    from_keyfile: Annotated[
+        str | None,
+        typer.Option("--from-keyfile", envvar="CKPTVAULT_FROM_KEYFILE", help="Keyfile of the source, if encrypted."),
+    ] = None,
+    from_passphrase_file: Annotated[
+        str | None,
+        typer.Option(
+            "--from-passphrase-file",
+            help="Read the source keyfile's passphrase from this file, '-' for standard input "
+            "(else CKPTVAULT_FROM_PASSPHRASE, else asked).",
+        ),
+    ] = None,
+    from_storage_option: Annotated[
+        list[str] | None,
+        typer.Option("--from-storage-option", help="fsspec storage option key=value for the source (repeatable)."),
+    ] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", "-t", help="Copy only snapshots with this tag key=value (repeatable).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Only say what would be copied.")] = False,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Copy snapshots of another vault (--from-repo) into this one (--repo): all of them, those with
+    --tag, or the given ones. A snapshot keeps its ID and tags, so those already copied are skipped;
+    each chunk read is verified, then coded and encrypted by this vault's own settings."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    tags = parse_tags(tag)
+    if from_repo is None:
+        raise UsageError("give the vault to copy from: --from-repo URL (or CKPTVAULT_FROM_REPO)")
+    with (
+        open_vault(
+            from_repo,
+            from_storage_option,
+            out,
+            from_keyfile,
+            from_passphrase_file,
+            limit_download=vault_args.limit_download,  # the source is the vault read
+            retry_lock=vault_args.retry_lock,
+            names=SOURCE_VAULT,
+        ) as source,
+        vault_args.open(out) as dest,
+        out.progress("copying") as progress,
+    ):
+        result = dest.copy_from(source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress)
+    data = {
+        "copied": result.copied,
+        "already_there": [s.id for s in result.already_there],
+        "read_bytes": result.read_bytes,
+        "new_bytes": result.new_bytes,
+        "stored_bytes": result.stored_bytes,
+        "dry_run": dry_run,
+    }
+    there = f"; {len(result.already_there)} already in {dest.url}" if result.already_there else ""
+    if not result.copied:
+        out.result(data, f"nothing to copy{there}")
+    elif dry_run:
+        ids = ", ".join(s.short_id for s in result.copied)
+        out.result(data, f"would copy {len(result.copied)} snapshot(s) ({ids}){there}; nothing was written")
+    else:
+        out.result(
+            data,
+            f"copied {len(result.copied)} snapshot(s) to {dest.url}{there}: {format_bytes(result.read_bytes)} read, "
+            f"{format_bytes(result.new_bytes)} new, {format_bytes(result.stored_bytes)} stored",
+        )
