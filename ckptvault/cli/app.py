@@ -112,6 +112,7 @@ _CANCELLED = {
     "watch_cmd": _UNCOMMITTED,
     "demo_cmd": _UNCOMMITTED,
     "restore_cmd": "cancelled; the files restored so far are whole and verified, and a rerun restores the rest",
+    "copy_cmd": "cancelled; the snapshots copied so far stay, and a rerun copies the rest",
 }
 
 

@@ -354,3 +354,36 @@ def test_bandwidth_limits_on_s3(server, tmp_path: Path):
     assert took >= 6 / 4 * 0.98, f"6 MB restored in {took:.2f} s at a 4 MB/s limit"
     assert tree_digest(tmp_path / "out") == tree_digest(src)
     vault.close()
+
+
+def test_copy_a_local_vault_to_s3_and_back(server, remote_cli, tmp_path: Path):
+    """The second location: a local vault copied to SeaweedFS-backed S3 (the CLI, -o for --repo), one
+    more save copied alone, then the S3 vault copied into a new local vault (--from-storage-option):
+    every snapshot restores bit for bit from each."""
+    backend = server("s3-seaweedfs").backend
+    local, back, remote = str(tmp_path / "local"), str(tmp_path / "back"), backend.new_url("copy")
+    src = make_checkpoint(tmp_path / "ckpt", step=1)
+    remote_cli(None, "init", local)
+    remote_cli(None, "backup", str(src), "--repo", local, "--tag", "run=x", "--tag", "step=1", "-q")
+    remote_cli(backend, "init", remote)
+    remote_cli(backend, "copy", "--from-repo", local, "--repo", remote, "-q")
+    make_checkpoint(src, step=2)
+    remote_cli(None, "backup", str(src), "--repo", local, "--tag", "run=x", "--tag", "step=2", "-q")
+    again = json.loads(remote_cli(backend, "copy", "--from-repo", local, "--repo", remote, "--json").stdout)
+    assert len(again["copied"]) == 1 and len(again["already_there"]) == 1
+    assert 0 < again["read_bytes"] < again["copied"][0]["summary"]["logical_bytes"]  # the frozen part is not read
+
+    remote_cli(None, "init", back)
+    options = [arg for arg in backend.cli_options if arg != "-o"]
+    from_options = [x for opt in options for x in ("--from-storage-option", opt)]
+    remote_cli(None, "copy", "--from-repo", remote, *from_options, "--repo", back, "-q", **backend.env)
+    remote_cli(backend, "check", "--read-data", "--repo", remote)
+    listed = json.loads(remote_cli(None, "snapshots", "--repo", local, "--json").stdout)
+    copied = json.loads(remote_cli(None, "snapshots", "--repo", back, "--json").stdout)
+    assert [s["id"] for s in copied] == [s["id"] for s in listed]
+    for snap in listed:
+        for name, repo, backend_of in (("local", local, None), ("remote", remote, backend), ("back", back, None)):
+            out = tmp_path / f"{name}-{snap['id']}"
+            remote_cli(backend_of, "restore", snap["id"], str(out), "--repo", repo, "-q")
+        assert tree_digest(tmp_path / f"remote-{snap['id']}") == tree_digest(tmp_path / f"local-{snap['id']}")
+        assert tree_digest(tmp_path / f"back-{snap['id']}") == tree_digest(tmp_path / f"local-{snap['id']}")
