@@ -831,6 +831,13 @@ class Vault:
             )
         if source._closed:
             raise UsageError(f"the source vault: {CLOSED_MESSAGE}")
+        if source.config.encrypted and not self.config.encrypted and not dry_run:
+            log.warning(
+                "%s is encrypted and %s is not: the copies are stored unencrypted there "
+                "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)",
+                source.url,
+                self.url,
+            )
         with contextlib.ExitStack() as locks:
             locks.enter_context(source._repo.locks.acquire_to_read())
             lock = None

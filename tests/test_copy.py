@@ -3,6 +3,7 @@ back, what is skipped, what is verified, and what a copy stopped part way leaves
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,12 +102,13 @@ def test_a_second_copy_copies_only_new_snapshots(tmp_path: Path, source: Vault):
         assert restored(dest, "latest", tmp_path / "d") == restored(source, "latest", tmp_path / "s")
 
 
-def test_copy_from_an_encrypted_vault_and_by_id(tmp_path: Path, keyfile: Keyfile):
+def test_copy_from_an_encrypted_vault_and_by_id(tmp_path: Path, keyfile: Keyfile, caplog):
     with Vault.init(str(tmp_path / "enc"), keyfile=keyfile.path, passphrase=PASS) as enc:
         one = enc.backup(save_checkpoint(tmp_path / "c1", 1), tags={"step": "1"})
         enc.backup(save_checkpoint(tmp_path / "c2", 2), tags={"step": "2"})
         with Vault.init(str(tmp_path / "plain")) as plain:
             result = plain.copy_from(enc, [one.id[:8]])
+            assert "the copies are stored unencrypted" in caplog.text
             assert [s.id for s in result.copied] == [one.id]
             assert [s.id for s in plain.snapshots()] == [one.id]
             assert restored(plain, one.id, tmp_path / "p") == restored(enc, one.id, tmp_path / "e")
@@ -232,3 +234,70 @@ def test_a_copy_killed_part_way_leaves_both_vaults_whole_and_the_rerun_finishes(
         assert [s.id for s in b.snapshots()] == [s.id for s in a.snapshots()]
         for snap in a.snapshots():
             assert restored(b, snap.id, tmp_path / f"b{snap.id}") == restored(a, snap.id, tmp_path / f"a{snap.id}")
+
+
+def test_delta_coded_vaults_copy_both_ways(tmp_path: Path):
+    """A source whose second save is stored as deltas against the first is copied into a plain
+    vault, and that one into a delta-coded vault (copied chunks are stored whole there): each
+    snapshot restores bit for bit from all three, and check reads every chunk of each."""
+    from .test_delta import DELTA, SMALL, Training
+
+    with Vault.init(str(tmp_path / "delta"), chunker=SMALL, compression=DELTA, pack_size=2 << 20) as source:
+        training = Training()
+        for step in (1, 2):
+            training.step()
+            training.save(tmp_path / "ckpt")
+            source.backup(tmp_path / "ckpt", tags={"run": "d", "step": str(step)})
+        assert source.latest().summary.delta_chunks > 0
+        with (
+            Vault.init(str(tmp_path / "plain")) as plain,
+            Vault.init(str(tmp_path / "again"), compression=DELTA) as again,
+        ):
+            assert len(plain.copy_from(source).copied) == 2
+            assert len(again.copy_from(plain).copied) == 2
+            for snap in source.snapshots():
+                want = restored(source, snap.id, tmp_path / f"s-{snap.id}")
+                assert restored(plain, snap.id, tmp_path / f"p-{snap.id}") == want
+                assert restored(again, snap.id, tmp_path / f"a-{snap.id}") == want
+            assert plain.check(read_data=1.0).ok and again.check(read_data=1.0).ok
+
+
+COPY_CHILD = r"""
+import json, sys
+from ckptvault import Vault
+from ckptvault.cli import _keep_freed_memory
+_keep_freed_memory()
+with Vault.open(sys.argv[1]) as source, Vault.open(sys.argv[2]) as dest:
+    dest.copy_from(source)
+with open("/proc/self/status") as f:
+    print(json.dumps(int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) // 1024))
+"""
+
+
+@pytest.mark.slow
+def test_copy_memory_does_not_grow_with_file_size(tmp_path: Path):
+    from .support.disk import need_free_disk
+    from .test_memory import BOUND_MB, make_sparse_ish
+
+    peaks = {}
+    for size in (256 << 20, 1 << 30):
+        need_free_disk(tmp_path, size // 2)
+        work = tmp_path / str(size)
+        (work / "src").mkdir(parents=True)
+        make_sparse_ish(work / "src" / "model.bin", size)
+        with Vault.init(str(work / "a")) as source:
+            source.backup(work / "src")
+        Vault.init(str(work / "b")).close()
+        proc = subprocess.run(
+            [sys.executable, "-c", COPY_CHILD, str(work / "a"), str(work / "b")],
+            capture_output=True,
+            check=True,
+            timeout=600,
+        )
+        peaks[size] = json.loads(proc.stdout)
+        with Vault.open(str(work / "b")) as dest:
+            assert dest.latest().summary.logical_bytes == size
+        shutil.rmtree(work)
+    print(f"copy peak RSS MB by file size: {peaks}")
+    assert peaks[1 << 30] < BOUND_MB, peaks
+    assert peaks[1 << 30] < peaks[256 << 20] * 1.25 + 16, peaks
