@@ -831,13 +831,6 @@ class Vault:
             )
         if source._closed:
             raise UsageError(f"the source vault: {CLOSED_MESSAGE}")
-        if source.config.encrypted and not self.config.encrypted and not dry_run:
-            log.warning(
-                "%s is encrypted and %s is not: the copies are stored unencrypted there "
-                "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)",
-                source.url,
-                self.url,
-            )
         with contextlib.ExitStack() as locks:
             locks.enter_context(source._repo.locks.acquire_to_read())
             lock = None
@@ -853,6 +846,13 @@ class Vault:
             else:
                 picked = (selection.select(every, s.id if isinstance(s, Snapshot) else s, tags) for s in specs)
                 chosen = list({s.id: s for s in picked}.values())
+            if chosen and source.config.encrypted and not self.config.encrypted and not dry_run:
+                log.warning(
+                    "%s is encrypted and %s is not: the copies are stored unencrypted there "
+                    "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)",
+                    source.url,
+                    self.url,
+                )
             return run_copy(
                 source._repo,
                 self._repo,

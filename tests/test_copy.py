@@ -302,3 +302,29 @@ def test_copy_memory_does_not_grow_with_file_size(tmp_path: Path):
     print(f"copy peak RSS MB by file size: {peaks}")
     assert peaks[1 << 30] < BOUND_MB, peaks
     assert peaks[1 << 30] < peaks[256 << 20] * 1.25 + 16, peaks
+
+
+def test_cli_encrypted_source_from_its_own_options(tmp_path: Path, keyfile: Keyfile, cli):
+    """The source's keyfile and passphrase come from --from-* options or CKPTVAULT_FROM_* variables,
+    never from the destination's; a wrong one, or a passphrase file without a keyfile, is one line."""
+    src = str(tmp_path / "enc")
+    with Vault.init(src, keyfile=keyfile.path, passphrase=PASS) as enc:
+        enc.backup(save_checkpoint(tmp_path / "c1", 1), tags={"step": "1"})
+    dest = str(tmp_path / "plain")
+    cli("init", dest)
+    (tmp_path / "pass.txt").write_text(PASS + "\n")
+    wrong = cli(
+        "copy", "--repo", dest, CKPTVAULT_FROM_REPO=src, CKPTVAULT_FROM_KEYFILE=str(keyfile.path),
+        CKPTVAULT_FROM_PASSPHRASE="not it", CKPTVAULT_PASSPHRASE=PASS, check=False,
+    )  # fmt: skip
+    assert wrong.returncode == 12 and len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+    alone = cli("copy", "--from-repo", src, "--from-passphrase-file", str(tmp_path / "pass.txt"), "--repo", dest,
+                check=False)  # fmt: skip
+    assert alone.returncode == 2 and b"--from-keyfile" in alone.stderr, alone.stderr
+    blank = cli("copy", "--repo", dest, CKPTVAULT_FROM_REPO=" ", check=False)
+    assert blank.returncode == 2 and b"CKPTVAULT_FROM_REPO" in blank.stderr, blank.stderr
+    done = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--from-passphrase-file",
+               str(tmp_path / "pass.txt"), "--repo", dest)  # fmt: skip
+    assert b"copied 1 snapshot(s)" in done.stderr + done.stdout
+    with Vault.open(dest) as plain:
+        assert restored(plain, "latest", tmp_path / "out") == tree_digest(tmp_path / "c1")

@@ -74,7 +74,7 @@ def run_copy(
     if dry_run:
         result.copied = todo
         return result
-    progress.start(sum(snap.summary.logical_bytes for snap in todo), len(todo))
+    progress.start(sum(s.summary.logical_bytes for s in todo), sum(s.summary.files for s in todo))
     copier = _Copier(source, dest, result, progress, workers or os.cpu_count() or 2)
     try:
         for snap in todo:
