@@ -814,12 +814,21 @@ class Vault:
         tags: dict[str, str] | None = None,
         dry_run: bool = False,
         on_progress: Progress | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> CopyResult:
         """Copy snapshots of ``source`` into this vault (restic's ``copy``): all of them, those
         carrying ``tags``, or the given ones (IDs or prefixes, ``"latest"``, Snapshots). A snapshot
         keeps its ID, time, host, paths and tags, so one this vault holds already is not copied
         again (``already_there``); a retagged one has a new ID and is copied again. Every chunk read
-        is verified; the chunks are coded by this vault's settings and encrypted under its key."""
+        is verified; the chunks are coded by this vault's settings and encrypted under its key.
+        ``on_warning`` gets each warning (also logged): copies stored unencrypted out of an encrypted
+        vault, and snapshots the source forgot or retagged while they waited to be copied (``gone``)."""
+
+        def warn(message: str) -> None:
+            log.warning(message)
+            if on_warning:
+                on_warning(message)
+
         if not isinstance(source, Vault):
             raise UsageError(f"source must be an open Vault (Vault.open(url)), not {type(source).__name__}")
         specs = None if snapshots is None else snapshot_list_arg(snapshots)
@@ -847,13 +856,11 @@ class Vault:
                 picked = (selection.select(every, s.id if isinstance(s, Snapshot) else s, tags) for s in specs)
                 chosen = list({s.id: s for s in picked}.values())
             if chosen and source.config.encrypted and not self.config.encrypted and not dry_run:
-                log.warning(
-                    "%s is encrypted and %s is not: the copies are stored unencrypted there "
-                    "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)",
-                    source.url,
-                    self.url,
+                warn(
+                    f"{source.url} is encrypted and {self.url} is not: the copies are stored unencrypted there "
+                    "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)"
                 )
-            return run_copy(
+            result = run_copy(
                 source._repo,
                 self._repo,
                 chosen,
@@ -861,6 +868,12 @@ class Vault:
                 before_commit=None if lock is None else functools.partial(_before_commit, lock, None),
                 dry_run=dry_run,
             )
+        for snap in result.gone:
+            warn(
+                f"snapshot {snap.short_id} was forgotten or retagged in {source.url} while the copy ran, and was "
+                "not copied (a retagged one has a new ID: the next copy takes it)"
+            )
+        return result
 
     @_open_only
     def stats(self) -> VaultStats:

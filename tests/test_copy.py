@@ -326,5 +326,84 @@ def test_cli_encrypted_source_from_its_own_options(tmp_path: Path, keyfile: Keyf
     done = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--from-passphrase-file",
                str(tmp_path / "pass.txt"), "--repo", dest)  # fmt: skip
     assert b"copied 1 snapshot(s)" in done.stderr + done.stdout
+    assert b"warning:" in done.stderr and b"stored unencrypted" in done.stderr, done.stderr
     with Vault.open(dest) as plain:
         assert restored(plain, "latest", tmp_path / "out") == tree_digest(tmp_path / "c1")
+
+
+def test_a_snapshot_copied_again_is_the_same_object_so_no_host_cache_goes_stale(
+    tmp_path: Path, source: Vault, monkeypatch
+):
+    """The destination forgets a copied snapshot (its own retention) and the next copy brings it back
+    under the same name. Metadata caches keep objects by name as immutable: a host that cached the
+    first copy and then prunes must not take the second copy's tree for garbage (it did, when each
+    copy wrote its tree under a new random ID: the snapshot could no longer be restored)."""
+    from ckptvault.store import local as local_store
+
+    monkeypatch.setattr(local_store.LocalStore, "remote", True)  # the folder stands in for a store: cached
+
+    def host(name: str) -> Vault:
+        monkeypatch.setenv("CKPTVAULT_CACHE_DIR", str(tmp_path / f"cache-{name}"))
+        return Vault.open(str(tmp_path / "dest"))
+
+    Vault.init(str(tmp_path / "dest")).close()
+    first = source.snapshots()[0]
+    with host("a") as a:
+        copied = a.copy_from(source, [first.id]).copied[0]
+        with host("b") as b:
+            assert b.files(first.id)  # cached on host b, tree and all
+        a.forget([first.id], prune=True)
+        again = a.copy_from(source).copied[0]
+    assert again == copied  # the same tree ID, the same summary: the same object
+    with host("b") as b:
+        b.prune()
+    with host("c") as c:
+        assert restored(c, first.id, tmp_path / "c") == restored(source, first.id, tmp_path / "s")
+        assert c.check(read_data=1.0).ok
+
+
+def test_a_snapshot_forgotten_in_the_source_while_the_copy_runs_is_skipped(tmp_path: Path, source: Vault):
+    """A forget (or a retag) in the source takes a shared lock, as the copy does: it may remove a
+    listed snapshot before the copy reaches it. That one is named, the others are copied."""
+    from ckptvault.ops import copy as copy_module
+
+    first, second, third = source.snapshots()
+    real = copy_module._Copier.snapshot
+
+    def forget_second_first(self, snap, before_commit):
+        if snap.id == second.id:
+            with Vault.open(str(tmp_path / "source")) as other:
+                other.forget([second.id])
+        return real(self, snap, before_commit)
+
+    warnings: list[str] = []
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        copy_module._Copier.snapshot = forget_second_first
+        try:
+            result = dest.copy_from(source, on_warning=warnings.append)
+        finally:
+            copy_module._Copier.snapshot = real
+        assert [s.id for s in result.copied] == [first.id, third.id]
+        assert [s.id for s in result.gone] == [second.id]
+        assert len(warnings) == 1 and second.short_id in warnings[0] and "forgotten or retagged" in warnings[0]
+        assert dest.check().ok
+
+
+def test_chunks_the_destination_holds_do_not_pile_up_in_the_pipeline(tmp_path: Path):
+    """Chunks already stored are queued in their place among those coded; the queue is drained as it
+    goes, or a long run of them (a copy of a vault sharing chunk IDs) would grow it without bound."""
+    from ckptvault.ops.backup import ChunkPipeline
+    from ckptvault.ops.progress import NullProgress
+    from ckptvault.snapshot.model import FileEntry
+
+    with Vault.init(str(tmp_path / "v")) as vault:
+        pipeline = ChunkPipeline(vault._repo, NullProgress(), 2, None)
+        entry = FileEntry("f", "file", 0o644, 0)
+        try:
+            for i in range(10_000):
+                pipeline.add_stored(entry, i.to_bytes(32, "little"), 1 << 20)
+                assert len(pipeline.inflight) <= pipeline.window + 1
+            pipeline.drain()
+        finally:
+            pipeline.close()
+        assert entry.chunks == [i.to_bytes(32, "little") for i in range(10_000)]

@@ -89,10 +89,13 @@ def copy_cmd(
         vault_args.open(out) as dest,
         out.progress("copying") as progress,
     ):
-        result = dest.copy_from(source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress)
+        result = dest.copy_from(
+            source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress, on_warning=out.warn
+        )
     data = {
         "copied": result.copied,
         "already_there": [s.id for s in result.already_there],
+        "gone": [s.id for s in result.gone],
         "read_bytes": result.read_bytes,
         "new_bytes": result.new_bytes,
         "stored_bytes": result.stored_bytes,

@@ -126,6 +126,8 @@ class ChunkPipeline:
         done.set_result(_Prepared(chunk_id, None))
         self.inflight.append((entry, done, 0))
         self.progress.advance(size)
+        while len(self.inflight) > self.window:
+            self._drain_one()
 
     def _drain_one(self) -> None:
         entry, future, size = self.inflight.popleft()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, ObjectNotFoundError
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
@@ -36,12 +36,14 @@ from .reader import ChunkedFile
 
 MAX_AHEAD = 256  # chunks read ahead, when most are skipped (the bytes are capped too)
 _PROBE = b"ckptvault: are chunk IDs computed alike in both vaults?"
+_TREE_ID_DOMAIN = b"ckptvault copy: tree of snapshot\0"
 
 
 @dataclass
 class CopyResult:
     copied: list[Snapshot] = field(default_factory=list)  # as written to the destination
     already_there: list[Snapshot] = field(default_factory=list)  # in both vaults before the copy
+    gone: list[Snapshot] = field(default_factory=list)  # forgotten or retagged in the source while copying
     read_bytes: int = 0  # chunk bytes read from the source
     new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
     stored_bytes: int = 0  # bytes written to the destination (packs, index, trees)
@@ -78,7 +80,8 @@ def run_copy(
     copier = _Copier(source, dest, result, progress, workers or os.cpu_count() or 2)
     try:
         for snap in todo:
-            result.copied.append(copier.snapshot(snap, before_commit))
+            copied = copier.snapshot(snap, before_commit)
+            (result.copied if copied is not None else result.gone).append(copied or snap)
     finally:
         copier.close()
         progress.finish()
@@ -98,10 +101,16 @@ class _Copier:
     def close(self) -> None:
         self.readers.shutdown(wait=True, cancel_futures=True)
 
-    def snapshot(self, snap: Snapshot, before_commit: Callable[[], None] | None) -> Snapshot:
-        """``snap`` as written to the destination, after its tree and every chunk it names."""
+    def snapshot(self, snap: Snapshot, before_commit: Callable[[], None] | None) -> Snapshot | None:
+        """``snap`` as written to the destination, after its tree and every chunk it names; None when
+        the source no longer holds it (a forget or a retag there since it was listed)."""
         dest = self.dest
-        tree = decode_tree(self.source.load_tree(bytes.fromhex(snap.tree_id)))
+        try:
+            tree = decode_tree(self.source.load_tree(bytes.fromhex(snap.tree_id)))
+        except ObjectNotFoundError:
+            if self.source.has_snapshot(bytes.fromhex(snap.id)):
+                raise
+            return None
         written_before = dest.bytes_written
         with dest.aborting_writes_on_error():
             pipeline = ChunkPipeline(dest, self.progress, self.workers, None)
@@ -111,28 +120,23 @@ class _Copier:
                 dest.flush()
             finally:
                 pipeline.close()
-            tree_id = dest.save_tree(encode_tree(entries))
-            stored = dest.bytes_written - written_before
+            # Everything the copy writes under a name is fixed by the source snapshot, so that writing
+            # it again (a copy after the destination forgot it, two copies at once) writes the same
+            # object: every host's metadata cache keeps objects by name, as immutable. Hence a tree ID
+            # derived from the tree (keyed in an encrypted vault, like chunk IDs) and the summary of the
+            # backup as it was made (the delta figures left out: copied chunks are stored whole).
+            raw = encode_tree(entries)
+            tree_id = dest.save_tree(raw, dest.chunk_id(_TREE_ID_DOMAIN + bytes.fromhex(snap.id) + raw))
             copied = replace(
                 snap,
                 tree_id=tree_id.hex(),
-                # what the copy added to this vault; the rest describes the backup as it was made
-                summary=replace(
-                    snap.summary,
-                    new_bytes=pipeline.new_bytes,
-                    new_chunks=pipeline.new_chunks,
-                    stored_bytes=stored,
-                    delta_chunks=0,
-                    delta_bytes=0,
-                    delta_stored_bytes=0,
-                    delta_saved_bytes=0,
-                ),
+                summary=replace(snap.summary, delta_chunks=0, delta_bytes=0, delta_stored_bytes=0, delta_saved_bytes=0),
             )
             if before_commit:
                 before_commit()
             dest.save_snapshot(bytes.fromhex(copied.id), encode_snapshot(copied))
         self.result.new_bytes += pipeline.new_bytes
-        self.result.stored_bytes += stored
+        self.result.stored_bytes += dest.bytes_written - written_before
         return copied
 
     def _file(self, entry: FileEntry, pipeline: ChunkPipeline) -> FileEntry:

@@ -752,8 +752,10 @@ class Repository:
 
     # ---- trees and snapshots -----------------------------------------------------------
 
-    def save_tree(self, raw: bytes) -> bytes:
-        tree_id = new_object_id()
+    def save_tree(self, raw: bytes, tree_id: bytes | None = None) -> bytes:
+        """Store a tree under a new random ID, or under ``tree_id`` (copy: an ID derived from what the
+        tree holds, so that writing it again writes the same object)."""
+        tree_id = tree_id or new_object_id()
         self._put(tree_key(tree_id), self.codec.encode(Kind.TREE, tree_id, raw))
         return tree_id
 
