@@ -47,6 +47,7 @@ _HOMES = {
     "CheckReport": ".ops.check",
     "DrillReport": ".ops.drill",
     "FileChange": ".ops.inspect",
+    "CopyResult": ".ops.copy",
     "FileContents": ".ops.inspect",
     "FileUsage": ".ops.inspect",
     "PruneResult": ".ops.prune",
@@ -104,6 +105,7 @@ if TYPE_CHECKING:
     )
     from .ops.async_backup import BackupHandle
     from .ops.check import CheckReport
+    from .ops.copy import CopyResult
     from .ops.drill import DrillReport
     from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
     from .ops.prune import PruneResult
@@ -140,6 +142,7 @@ __all__ = [
     "CkptVaultError",
     "CompressionSettings",
     "ConfigDowngradedError",
+    "CopyResult",
     "DrillFailedError",
     "DrillReport",
     "FileChange",

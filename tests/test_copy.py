@@ -321,6 +321,9 @@ def test_cli_encrypted_source_from_its_own_options(tmp_path: Path, keyfile: Keyf
     alone = cli("copy", "--from-repo", src, "--from-passphrase-file", str(tmp_path / "pass.txt"), "--repo", dest,
                 check=False)  # fmt: skip
     assert alone.returncode == 2 and b"--from-keyfile" in alone.stderr, alone.stderr
+    both = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--from-passphrase-file", "-",
+               "--repo", dest, "--passphrase-file", "-", input=b"x", check=False)  # fmt: skip
+    assert both.returncode == 2 and b"standard input holds one passphrase" in both.stderr, both.stderr
     blank = cli("copy", "--repo", dest, CKPTVAULT_FROM_REPO=" ", check=False)
     assert blank.returncode == 2 and b"CKPTVAULT_FROM_REPO" in blank.stderr, blank.stderr
     done = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--from-passphrase-file",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
 
-from ..errors import UsageError
+from ..errors import CkptVaultError, UsageError
 from .app import (
     NO_VAULT_ARGS,
     JsonOpt,
@@ -16,6 +17,7 @@ from .app import (
     app,
     command,
     open_vault,
+    refuse_blank_vault_settings,
     vault_options,
 )
 from .output import Output, format_bytes
@@ -30,6 +32,28 @@ SOURCE_VAULT = VaultOptionNames(
     passphrase_env="CKPTVAULT_FROM_PASSPHRASE",
     prompt="passphrase of the source vault's keyfile",
 )
+
+
+# Opening a vault names the options of a command's own vault in its errors (a keyfile missing: "give
+# it with --keyfile"); for the source, the user types these instead.
+_SOURCE_WORDS = [
+    (re.compile(rf"(?<![\w-]){re.escape(ours)}(?![\w-])"), theirs)
+    for ours, theirs in (
+        ("--keyfile", SOURCE_VAULT.keyfile),
+        ("CKPTVAULT_KEYFILE", SOURCE_VAULT.keyfile_env),
+        ("--passphrase-file", SOURCE_VAULT.passphrase_file),
+        ("CKPTVAULT_PASSPHRASE", SOURCE_VAULT.passphrase_env),
+        ("-o", "--from-storage-option"),
+    )
+]
+
+
+def _in_source_terms(exc: CkptVaultError) -> CkptVaultError:
+    message = str(exc)
+    for pattern, theirs in _SOURCE_WORDS:
+        message = pattern.sub(theirs, message)
+    exc.args = (f"the vault to copy from: {message}",)
+    return exc
 
 
 @app.command("copy")
@@ -73,10 +97,16 @@ def copy_cmd(
     each chunk read is verified, then coded and encrypted by this vault's own settings."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
+    refuse_blank_vault_settings(from_repo, from_keyfile, SOURCE_VAULT)
     if from_repo is None:
         raise UsageError("give the vault to copy from: --from-repo URL (or CKPTVAULT_FROM_REPO)")
-    with (
-        open_vault(
+    if from_passphrase_file == "-" and vault_args.passphrase_file == "-":
+        raise UsageError(
+            "--from-passphrase-file - and --passphrase-file -: standard input holds one passphrase; "
+            "give one of them a file (or CKPTVAULT_FROM_PASSPHRASE / CKPTVAULT_PASSPHRASE)"
+        )
+    try:
+        source = open_vault(
             from_repo,
             from_storage_option,
             out,
@@ -85,7 +115,11 @@ def copy_cmd(
             limit_download=vault_args.limit_download,  # the source is the vault read
             retry_lock=vault_args.retry_lock,
             names=SOURCE_VAULT,
-        ) as source,
+        )
+    except CkptVaultError as exc:
+        raise _in_source_terms(exc) from None
+    with (
+        source,
         vault_args.open(out) as dest,
         out.progress("copying") as progress,
     ):

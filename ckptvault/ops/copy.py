@@ -144,6 +144,14 @@ class _Copier:
         source's download threads and handed to the pipeline in file order; the whole-file hash is
         checked when every chunk was read (each is also verified against its ID as it is read)."""
         copy = replace(entry, chunks=[])
+        try:
+            self._copy_chunks(entry, copy, pipeline)
+        except (IntegrityError, ObjectNotFoundError) as exc:  # say which of the two vaults is damaged
+            exc.args = (f"{entry.path} in {self.source.store.url}: {exc}",)
+            raise
+        return copy
+
+    def _copy_chunks(self, entry: FileEntry, copy: FileEntry, pipeline: ChunkPipeline) -> None:
         emap: ElementMap | bool | None = self.dest.codec.compressor.groups  # True: not read yet
         hasher = new_file_hasher()
         read_all = True
@@ -161,8 +169,7 @@ class _Copier:
                 pipeline.submit(copy, memoryview(data), emap.runs(offset, len(data)) if emap else ())
             offset += length
         if read_all and hasher.hexdigest() != entry.blake3:
-            raise IntegrityError(f"{entry.path}: the bytes read from the source do not match its file hash")
-        return copy
+            raise IntegrityError("the bytes read do not match its file hash")
 
     def _chunks_in_order(self, entry: FileEntry) -> Iterator[tuple[bytes, int, bytes | memoryview | None]]:
         """(chunk ID, length, bytes or None when the destination holds it already), in file order."""
