@@ -63,7 +63,8 @@ def test_copy_into_an_encrypted_vault_keeps_snapshots_and_restores_them(
         assert [s.id for s in result.copied] == [s.id for s in source.snapshots()]
         assert result.already_there == []
         # every chunk was read: the destination's chunk IDs are keyed, the source's are not
-        assert result.read_bytes == sum(s.summary.logical_bytes for s in source.snapshots())
+        total = sum(s.summary.logical_bytes for s in source.snapshots())
+        assert total <= result.read_bytes <= total + 4096  # and each file's header chunk twice
         # the trained tensors differ per step; the frozen ones are stored once
         assert result.new_bytes < result.read_bytes * 0.8
         for theirs, ours in zip(source.snapshots(), dest.snapshots(), strict=True):
@@ -97,7 +98,7 @@ def test_a_second_copy_copies_only_new_snapshots(tmp_path: Path, source: Vault):
         assert len(second.already_there) == 2
         # unencrypted both: chunk IDs agree, so what the destination holds is not even read
         frozen_bytes = 3 << 20
-        assert second.read_bytes <= second.copied[0].summary.logical_bytes - frozen_bytes
+        assert second.read_bytes <= second.copied[0].summary.logical_bytes - frozen_bytes + 4096  # + headers
         assert dest.copy_from(source, tags={"run": "a"}).copied == []
         assert restored(dest, "latest", tmp_path / "d") == restored(source, "latest", tmp_path / "s")
 
