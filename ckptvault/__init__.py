@@ -66,6 +66,7 @@ _HOMES = {
     "SnapshotSummary": ".snapshot.model",
     "Vault": ".vault",
     "default_repo_url": ".vault",
+    "keep_freed_memory": ".ops.memory",
 }
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
     from .ops.copy import CopyResult
     from .ops.drill import DrillReport
     from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
+    from .ops.memory import keep_freed_memory
     from .ops.prune import PruneResult
     from .ops.repair import IndexRepair
     from .ops.restore import RestoreResult
@@ -190,4 +192,5 @@ __all__ = [
     "WrongPassphraseError",
     "__version__",
     "default_repo_url",
+    "keep_freed_memory",
 ]

@@ -267,8 +267,8 @@ def test_delta_coded_vaults_copy_both_ways(tmp_path: Path):
 COPY_CHILD = r"""
 import json, sys
 from ckptvault import Vault
-from ckptvault.cli import _keep_freed_memory
-_keep_freed_memory()
+from ckptvault import keep_freed_memory
+keep_freed_memory()
 with Vault.open(sys.argv[1]) as source, Vault.open(sys.argv[2]) as dest:
     dest.copy_from(source)
 with open("/proc/self/status") as f:

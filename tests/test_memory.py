@@ -93,3 +93,44 @@ def test_peak_rss_does_not_grow_with_the_number_of_cores(tmp_path: Path):
     print(f"peak RSS MB: 2 cores {few}, 32 cores {many}")
     assert many["backup_and_restore"] < BOUND_MB, many
     assert many["backup_and_restore"] < few["backup_and_restore"] * 1.25 + 16, (few, many)
+
+
+FAULTS_CHILD = r"""
+import json, resource, sys
+import ckptvault
+if sys.argv[3] == "keep":
+    assert ckptvault.keep_freed_memory()
+with ckptvault.Vault.open(sys.argv[1]) as vault:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    vault.restore("latest", sys.argv[2])
+    print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
+"""
+
+
+@pytest.mark.slow
+def test_keep_freed_memory_spares_a_restore_most_of_its_page_faults(tmp_path: Path):
+    """``ckptvault.keep_freed_memory()`` (what the CLI does for itself): glibc then reuses freed chunk
+    buffers instead of handing them back and faulting fresh zeroed pages in for the next chunk
+    (page faults counted, not time: 1.06 GB took 310-330k faults without it, ~6k with it)."""
+    from ckptvault import Vault
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    weights = np.random.default_rng(1).standard_normal(64 << 20, dtype=np.float32)  # 256 MiB of fp32
+    save_file({"w": weights}, str(src / "model.safetensors"))  # byte-grouped, its exponents compressed
+    with Vault.init(str(tmp_path / "repo")) as vault:
+        vault.backup(src)
+    faults = {}
+    for mode in ("default", "keep"):
+        proc = subprocess.run(
+            [sys.executable, "-c", FAULTS_CHILD, str(tmp_path / "repo"), str(tmp_path / mode), mode],
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
+        faults[mode] = json.loads(proc.stdout)
+    print(f"page faults of a 256 MiB restore: {faults}")
+    assert faults["keep"] * 3 < faults["default"], faults

@@ -6,7 +6,6 @@ and the rest of ckptvault: a CLI run is short, so what happens before the first 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import io
 import itertools
@@ -15,6 +14,8 @@ import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
+
+from ..ops.memory import keep_freed_memory
 
 if TYPE_CHECKING:
     import typer
@@ -50,25 +51,6 @@ def _derive_key_ahead(argv: list[str]) -> None:
         Keyfile.load(keyfile).kdf.derive_ahead(passphrase_secret(passphrase))
     except Exception:  # missing, damaged or unreadable: the command reports it itself
         return
-
-
-def _keep_freed_memory() -> None:
-    """glibc's malloc hands chunk-sized buffers (1-4 MiB) back to the kernel on free and faults
-    fresh zeroed pages in on the next allocation; per-thread arenas make it worse. A fixed mmap
-    threshold of 32 MiB and a trim threshold of 128 MiB keep them for reuse: a restore spends half
-    the system time (perf: page faults and unmaps were ~10% of its CPU), for ~30 MB more peak RSS.
-    One arena for all threads: a buffer is often freed by another thread than the one that made
-    it (a restore hashes each chunk in file order on the main thread), and per-thread arenas then
-    fragment: a 10 GB restore crept from 110 to 118 MB, and stays at 95-99 MB with one arena, with
-    no measurable cost in speed (the big buffers are few; small objects go through pymalloc)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc-like (macOS, musl, Windows): nothing to tune
-        return
-    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
-    mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    mallopt(m_trim_threshold, 128 * 1024 * 1024)
-    mallopt(m_arena_max, 1)
 
 
 class _OneLineHandler(logging.Handler):
@@ -119,7 +101,8 @@ def main() -> None:
     # the cores that hashing and compression need (a few % of a backup's CPU, measured with perf).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
-        _keep_freed_memory()  # before the key derivation's thread: a thread that has allocated keeps its arena
+        # before the key derivation's thread: a thread that has allocated keeps its arena
+        keep_freed_memory(one_arena=True)
     _derive_key_ahead(sys.argv[1:])
     from .commands import app
 
