@@ -112,10 +112,10 @@ def test_keep_freed_memory_spares_a_restore_most_of_its_page_faults(tmp_path: Pa
     """``ckptvault.keep_freed_memory()`` (what the CLI does for itself): glibc then reuses freed chunk
     buffers instead of handing them back and faulting fresh zeroed pages in for the next chunk
     (page faults counted, not time: 1.06 GB took 310-330k faults without it, ~6k with it)."""
-    from ckptvault import Vault
-
     import numpy as np
     from safetensors.numpy import save_file
+
+    from ckptvault import Vault
 
     src = tmp_path / "src"
     src.mkdir()
