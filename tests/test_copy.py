@@ -411,3 +411,26 @@ def test_chunks_the_destination_holds_do_not_pile_up_in_the_pipeline(tmp_path: P
         finally:
             pipeline.close()
         assert entry.chunks == [i.to_bytes(32, "little") for i in range(10_000)]
+
+
+def test_copy_moves_a_format_1_encrypted_vault_to_format_3_under_a_new_key(tmp_path: Path, keyfile: Keyfile):
+    """The way docs/security.md gives to the authenticated settings of format 3 for a vault made before
+    0.2.0: a new vault with a new keyfile, and the snapshots copied into it."""
+    from .fixtures.make_fixtures import KAT_PASSPHRASE
+
+    fixtures = Path(__file__).parent / "fixtures"
+    old = tmp_path / "old"
+    shutil.copytree(fixtures / "repo-v1-encrypted", old)
+    with (
+        Vault.open(str(old), keyfile=fixtures / "keyfile-v1.json", passphrase=KAT_PASSPHRASE) as source,
+        Vault.init(str(tmp_path / "new"), keyfile=keyfile.path, passphrase=PASS) as dest,
+    ):
+        assert source.config.version == 1
+        result = dest.copy_from(source)
+        assert dest.config.version == 3 and dest.config.key_fingerprint != source.config.key_fingerprint
+        assert [s.id for s in result.copied] == [s.id for s in source.snapshots()]
+        dest.restore_latest(tmp_path / "out", run="fixture")
+        assert dest.check(read_data=1.0).ok
+    for rel in ("model/weights.bin", "config.json"):
+        assert (tmp_path / "out" / rel).read_bytes() == (fixtures / "source" / rel).read_bytes()
+    assert os.readlink(tmp_path / "out" / "link") == "config.json"
