@@ -44,7 +44,7 @@ class CopyResult:
     copied: list[Snapshot] = field(default_factory=list)  # as written to the destination
     already_there: list[Snapshot] = field(default_factory=list)  # in both vaults before the copy
     gone: list[Snapshot] = field(default_factory=list)  # forgotten or retagged in the source while copying
-    read_bytes: int = 0  # chunk bytes read from the source (a file's first ones twice: its tensor header)
+    read_bytes: int = 0  # chunk bytes read from the source (a few twice: a file's tensor header)
     new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
     stored_bytes: int = 0  # bytes written to the destination (packs, index, trees)
 
@@ -156,7 +156,7 @@ class _Copier:
         hasher = new_file_hasher()
         read_all = True
         offset = 0
-        for chunk_id, length, data in self._chunks_in_order(entry):
+        for index, (chunk_id, length, data) in enumerate(self._chunks_in_order(entry)):
             if data is None:  # the destination holds it under the same ID: nothing to read or store
                 read_all = False
                 pipeline.add_stored(copy, chunk_id, length)
@@ -164,7 +164,7 @@ class _Copier:
                 hasher.update(data)
                 self.result.read_bytes += len(data)
                 if emap is True:  # the file's tensor layout, for the destination's byte grouping
-                    header = ChunkedFile(self.source, entry, cache_chunks=2)
+                    header = ChunkedFile(self.source, entry, cache_chunks=2, known={index: data})
                     emap = element_map(header.read_at, entry.size, entry.path, self.dest.codec.compressor)
                     self.result.read_bytes += header.fetched_bytes
                 pipeline.submit(copy, memoryview(data), emap.runs(offset, len(data)) if emap else ())

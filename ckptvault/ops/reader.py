@@ -52,9 +52,11 @@ class ChunkedFile:
         *,
         cache_chunks: int = DEFAULT_CACHE_CHUNKS,
         snapshot: Snapshot | None = None,
+        known: dict[int, bytes | memoryview] | None = None,
     ) -> None:
         """``snapshot``: the one ``entry`` is of, for a file kept open without a lock: a chunk that a
-        forget or prune removed meanwhile is then named as such, not as damage."""
+        forget or prune removed meanwhile is then named as such, not as damage. ``known``: chunks the
+        caller has read already (verified), by index, so that they are not fetched again."""
         self.repo = repo
         self.entry = entry
         self.snapshot = snapshot
@@ -64,7 +66,7 @@ class ChunkedFile:
         if self.starts[-1] != entry.size:
             raise IntegrityError(f"{entry.path}: its chunks hold {self.starts[-1]} bytes, the tree says {entry.size}")
         self.size = entry.size
-        self._cache: OrderedDict[int, bytes | memoryview] = OrderedDict()
+        self._cache: OrderedDict[int, bytes | memoryview] = OrderedDict(known or {})
         self._cache_chunks = max(1, cache_chunks)
         self._lock = threading.Lock()
         self.fetched_chunks = 0  # chunk fetches so far (cache misses): what a read cost
