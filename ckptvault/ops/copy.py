@@ -70,7 +70,7 @@ def run_copy(
     runs before each snapshot object is written."""
     progress = progress or NullProgress()
     result = CopyResult()
-    todo = []
+    todo: list[Snapshot] = []
     for snap in sorted(snapshots, key=lambda s: s.time):
         (result.already_there if dest.has_snapshot(bytes.fromhex(snap.id)) else todo).append(snap)
     if dry_run:
