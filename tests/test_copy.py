@@ -268,7 +268,7 @@ COPY_CHILD = r"""
 import json, sys
 from ckptvault import Vault
 from ckptvault import keep_freed_memory
-keep_freed_memory()
+keep_freed_memory(one_arena=True)  # as the CLI, which runs copies
 with Vault.open(sys.argv[1]) as source, Vault.open(sys.argv[2]) as dest:
     dest.copy_from(source)
 with open("/proc/self/status") as f:
