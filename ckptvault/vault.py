@@ -856,8 +856,8 @@ class Vault:
                 try:
                     picked = [selection.select(every, s.id if isinstance(s, Snapshot) else s, tags) for s in specs]
                 except SnapshotNotFoundError as exc:  # say which of the two vaults has none
-                    listing = spelled("ckptvault snapshots", "Vault.snapshots()")
-                    exc.args = (f"in {source.url}: {exc}".replace(listing, f"{listing} --repo {source.url}"),)
+                    of_source = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")
+                    exc.args = (f"in {source.url}: {exc}".replace("ckptvault snapshots", of_source),)
                     raise
                 chosen = list({s.id: s for s in picked}.values())
             if chosen and source.config.encrypted and not self.config.encrypted and not dry_run:

@@ -434,3 +434,9 @@ def test_copy_moves_a_format_1_encrypted_vault_to_format_3_under_a_new_key(tmp_p
     for rel in ("model/weights.bin", "config.json"):
         assert (tmp_path / "out" / rel).read_bytes() == (fixtures / "source" / rel).read_bytes()
     assert os.readlink(tmp_path / "out" / "link") == "config.json"
+
+
+def test_an_unknown_source_snapshot_is_named_in_the_source(tmp_path: Path, source: Vault):
+    with Vault.init(str(tmp_path / "dest")) as dest, pytest.raises(SnapshotNotFoundError) as caught:
+        dest.copy_from(source, ["deadbeef"])
+    assert str(tmp_path / "source") in str(caught.value) and "source.snapshots()" in str(caught.value)
