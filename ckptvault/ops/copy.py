@@ -41,7 +41,7 @@ _TREE_ID_DOMAIN = b"ckptvault copy: tree of snapshot\0"
 
 @dataclass
 class CopyResult:
-    copied: list[Snapshot] = field(default_factory=list)  # as written to the destination
+    copied: list[Snapshot] = field(default_factory=list)  # as written to the destination (dry run: to copy)
     already_there: list[Snapshot] = field(default_factory=list)  # in both vaults before the copy
     gone: list[Snapshot] = field(default_factory=list)  # forgotten or retagged in the source while copying
     read_bytes: int = 0  # chunk bytes read from the source (a few twice: a file's tensor header)
