@@ -304,6 +304,10 @@ class Vault:
         # written by a newer ckptvault): full ID -> the error, which names the object.
         self.unreadable_snapshots: dict[str, CkptVaultError] = {}
         self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
+        # Snapshot objects are immutable (a new ID for new tags): each is read once per Vault, not at
+        # every backup of a training job's long-lived Vault (its 1,000th read 1,000 objects). By ID and
+        # listed size, as the metadata cache keeps them (docs/backends.md).
+        self._snapshots_read: dict[tuple[bytes, int | None], Snapshot] = {}
         self._closing = False  # close() has begun: no new async backups
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
         self._file_readers: weakref.WeakSet[Generator[bytes, None, None]] = weakref.WeakSet()
@@ -508,9 +512,14 @@ class Vault:
                 return exc
 
         ids = self._repo.list_snapshot_ids()
+        listed = [(i, self._repo.listed_snapshot_size(i)) for i in ids]
+        known = self._snapshots_read
+        unread = [i for i, size in listed if (i, size) not in known]
         with ThreadPoolExecutor(METADATA_READERS) as pool:
-            loaded = list(zip(ids, pool.map(load, ids), strict=True))
-        snaps = [s for _, s in loaded if isinstance(s, Snapshot)]
+            loaded = list(zip(unread, pool.map(load, unread), strict=True))
+        fresh = {i: s for i, s in loaded if isinstance(s, Snapshot)}
+        self._snapshots_read = {k: s for k in listed if (s := known.get(k) or fresh.get(k[0])) is not None}
+        snaps = list(self._snapshots_read.values())
         unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
         self.unreadable_snapshots = unreadable
         for snapshot_id, error in sorted(unreadable.items()):
@@ -661,7 +670,7 @@ class Vault:
         hostname = hostname_arg(hostname) or socket.gethostname()
         abs_paths = sorted(check_sources(sources))
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
-            self._repo.load_index()  # under the lock: what a prune removed before is not reused
+            self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
             self._repo.reconcile_with_stored_packs()  # reuse what a killed backup uploaded; not what is gone
             every = self.snapshots()
             same_source = [s for s in every if s.hostname == hostname and sorted(s.paths) == abs_paths]
@@ -759,7 +768,7 @@ class Vault:
     ) -> RestoreResult:
         """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py)."""
         with self._repo.locks.acquire_to_read():
-            self._repo.load_index()
+            self._repo.load_index_as_stored()
             snap = self.snapshot(snapshot)
             return run_restore(
                 self._repo,
@@ -846,9 +855,9 @@ class Vault:
             if not dry_run:  # a dry run writes nothing: it only reads which snapshots are in both vaults
                 locks.enter_context(self._backup_mutex)
                 lock = locks.enter_context(self._repo.locks.acquire(exclusive=False))
-                self._repo.load_index()  # under the lock: what a prune removed before is not reused
+                self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
                 self._repo.reconcile_with_stored_packs()
-            source._repo.load_index()
+            source._repo.load_index_as_stored()
             every = source.snapshots()
             if specs is None:
                 chosen = [s for s in every if s.matches(tags)]

@@ -310,6 +310,25 @@ class Repository:
         self.damaged_index = damaged
         self._unindexed_read = bool(damaged)  # their packs were just read by their headers
 
+    def load_index_as_stored(self) -> None:
+        """The index as the store holds it now, for a command that writes or restores: the loaded one
+        brought up to date when that gives the same (what other processes indexed since is added,
+        the packs of the objects a prune or repair-index replaced are left out), else loaded whole. A
+        long-lived Vault (a training job's shipper) otherwise read every index object at every backup:
+        its 1,000th backup of an unpruned vault read 1,000 objects."""
+        with self._unindexed_mutex:
+            index = self._index
+            if index is None or self.damaged_index or self._unindexed_read or not self._all_packs_named(index):
+                self.load_index()
+            else:
+                self._merge_new_index_objects()
+
+    def _all_packs_named(self, index: ChunkIndex) -> bool:
+        """Whether every pack in ``index`` came from an index object this Repository tracks (one read
+        by its header instead, say, would never be left out when a prune deletes it)."""
+        named: set[bytes] = set().union(*self._packs_by_object.values())
+        return index.packs <= named
+
     def _merge_new_index_objects(self) -> bool:
         """Add index objects written by other processes since the index was loaded (one that is
         damaged is left out, named in a warning), and leave out the packs of those deleted since (a
@@ -318,11 +337,13 @@ class Repository:
         land (not in any object yet, so never left out here)."""
         listed = set(self.list_index_ids())
         new = listed - self._seen_index_ids
+        vanished = False
         for index_id in new:
             try:
                 with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
                     packs = self._read_metadata(index_key(index_id), self._index_decoder(index_id))
-            except ObjectNotFoundError:  # replaced by a prune meanwhile: not needed
+            except ObjectNotFoundError:  # replaced by a prune meanwhile: what replaced it is listed now
+                vanished = True
                 continue
             except IntegrityError as exc:
                 damage_log.warning("%s; left out", exc)
@@ -340,6 +361,8 @@ class Repository:
             dropped = set().union(*(self._packs_by_object.pop(i, ()) for i in gone)) - named
             self.index.forget_packs(dropped)
             self._seen_index_ids -= gone
+        if vanished:
+            self._merge_new_index_objects()
         return bool(new or gone)
 
     def headers_of_unindexed_packs(
@@ -409,7 +432,9 @@ class Repository:
             self.index.forget_packs(gone | short)
         adopted, _ = self.headers_of_unindexed_packs(self.index.packs | short, stored)
         if adopted:
-            self.write_index(adopted)
+            index_id = self.write_index(adopted)
+            self._seen_index_ids.add(index_id)
+            self._packs_by_object[index_id] = set(adopted)
             for pack_id, entries in adopted.items():
                 self.index.add_pack(pack_id, entries)
             self.index.readmit_deltas()  # deltas whose base was in one: deduplicated against again
@@ -776,6 +801,10 @@ class Repository:
         self.cache.retain(SNAPSHOTS_PREFIX, (o.key for o in listing))
         self._listed_sizes.update((o.key, o.size) for o in listing)
         return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
+
+    def listed_snapshot_size(self, snapshot_id: bytes) -> int | None:
+        """The size of the snapshot object as the last listing gave it (None: not listed)."""
+        return self._listed_sizes.get(snapshot_key(snapshot_id))
 
     def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
         """The verified plaintext of a whole-object blob. Errors name the object: IntegrityError (or
