@@ -76,6 +76,7 @@ from .ops.async_backup import (
 )
 from .ops.backup import run_backup, twin_snapshot
 from .ops.check import CheckReport, run_check
+from .ops.compact import compact_index
 from .ops.copy import CopyResult, run_copy
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
@@ -699,12 +700,22 @@ class Vault:
                 vault_folder=self.local_folder,
                 exclude=excludes,
             )
+            result.warnings.extend(self._compact_index())
         result.warnings[:0] = unreadable
         for warning in result.warnings:
             log.warning(warning)
             if on_warning:
                 on_warning(warning)
         return result.snapshot
+
+    def _compact_index(self) -> list[str]:
+        """After a backup or copy, under its lock: its snapshots are stored, so a failure to compact
+        the index objects is a warning (the next backup tries again), not the command's failure."""
+        try:
+            compact_index(self._repo)
+        except CkptVaultError as exc:
+            return [f"could not compact the vault's index objects ({exc}); the next backup tries again"]
+        return []
 
     def _trees_if_readable(self, snapshots: list[Snapshot | None]) -> tuple[dict[str, list[FileEntry]], list[str]]:
         """The trees of ``snapshots`` by snapshot ID, and a warning for each that cannot be read: a
@@ -882,6 +893,8 @@ class Vault:
                 before_commit=None if lock is None else functools.partial(_before_commit, lock, None),
                 dry_run=dry_run,
             )
+            for warning in [] if dry_run else self._compact_index():
+                warn(warning)
         for snap in result.gone:
             warn(
                 f"snapshot {snap.short_id} was forgotten or retagged in {source.url} while the copy ran, and was "

@@ -212,7 +212,7 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     # 2. one consolidated index of every surviving pack
     surviving = {**plan.keep_packs, **new_packs}
     old_index_ids = set(repo.list_index_ids())
-    kept_index_ids = {repo.write_index(batch) for batch in _batches(surviving)}
+    kept_index_ids = {repo.write_index(batch) for batch in index_batches(surviving)}
     # 3. drop every other index object, 4. then the packs and trees nothing refers to
     _check_no_other_writer(repo, plan, deleted="no index object or pack")
     each(repo.delete_index, old_index_ids - kept_index_ids)
@@ -259,7 +259,8 @@ def _check_no_other_writer(repo: Repository, plan: GcPlan, *, deleted: str) -> N
 STALE_TEMP_AGE_S = 3600.0  # temp files of a writer this long dead: it cannot be an active upload
 
 
-def _batches(packs: dict[bytes, list[PackEntry]]) -> list[dict[bytes, list[PackEntry]]]:
+def index_batches(packs: dict[bytes, list[PackEntry]]) -> list[dict[bytes, list[PackEntry]]]:
+    """``packs`` split into index objects of at most ``INDEX_ENTRIES_PER_OBJECT`` entries (a pack whole)."""
     batches: list[dict[bytes, list[PackEntry]]] = [{}]
     count = 0
     for pack_id, entries in packs.items():

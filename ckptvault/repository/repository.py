@@ -340,8 +340,7 @@ class Repository:
         vanished = False
         for index_id in new:
             try:
-                with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
-                    packs = self._read_metadata(index_key(index_id), self._index_decoder(index_id))
+                packs = self.read_index_object(index_id)
             except ObjectNotFoundError:  # replaced by a prune meanwhile: what replaced it is listed now
                 vanished = True
                 continue
@@ -836,7 +835,17 @@ class Repository:
         return self.store.get(pack_key(pack_id))
 
     def list_index_ids(self) -> list[bytes]:
-        return [i for i in (id_from_key(o.key) for o in self.store.list(INDEX_PREFIX)) if i is not None]
+        return list(self.list_index_sizes())
+
+    def list_index_sizes(self) -> dict[bytes, int]:
+        """Index ID -> size in bytes, for every index object in the store."""
+        listing = self.store.list(INDEX_PREFIX)
+        return {i: o.size for o in listing if (i := id_from_key(o.key)) is not None}
+
+    def read_index_object(self, index_id: bytes) -> dict[bytes, list[PackEntry]]:
+        """One index object: pack ID -> entries. Errors name it."""
+        with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
+            return self._read_metadata(index_key(index_id), self._index_decoder(index_id))
 
     def decode_chunk(
         self, chunk_id: bytes, blob: bytes, raw_len: int, base_id: bytes | None = None
