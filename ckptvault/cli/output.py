@@ -13,6 +13,7 @@ from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -173,6 +174,10 @@ class Output:
             with writing_stdout():
                 if isinstance(text, str):
                     self.out.print(text, markup=False)
+                elif isinstance(text, _PlainTable) and (lines := text.aligned(self.out.width)) is not None:
+                    self.out.print(Text(lines[0], style="bold"))
+                    if len(lines) > 1:
+                        self.out.print("\n".join(lines[1:]), markup=False)
                 else:
                     self.out.print(text)
 
@@ -202,5 +207,36 @@ class _PlainTable(Table):
     a tensor named ``x[/]``), and one line each (a description with a newline, escape characters in a
     checkpoint's tensor names)."""
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._plain_rows: list[list[str]] | None = []
+
     def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*(Text(one_line(c)) if isinstance(c, str) else c for c in cells), **kwargs)
+        lines = [one_line(c) if isinstance(c, str) else c for c in cells]
+        if self._plain_rows is not None and all(isinstance(c, str) for c in lines) and not kwargs:
+            self._plain_rows.append(lines)
+        else:
+            self._plain_rows = None
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in lines), **kwargs)
+
+    def aligned(self, width: int) -> list[str] | None:
+        """The header and the rows as lines of text, laid out as rich lays this table out, when every
+        cell is plain text and the table fits in ``width``; else None (rich wraps it). Rich took ~0.5 s to
+        lay out the 1,000 rows of a vault's snapshots; this takes milliseconds."""
+        if self._plain_rows is None:
+            return None
+        header = [str(c.header) for c in self.columns]
+        rows = [header, *self._plain_rows]
+        widths = [max(cell_len(row[i]) for row in rows) for i in range(len(header))]
+        if sum(widths) + 2 * (len(widths) - 1) > width:
+            return None
+        right = [c.justify == "right" for c in self.columns]
+
+        def line(row: list[str]) -> str:
+            cells = (
+                " " * (w - cell_len(c)) + c if r else c + " " * (w - cell_len(c))
+                for c, w, r in zip(row, widths, right, strict=True)
+            )
+            return "  ".join(cells).rstrip()
+
+        return [line(row) for row in rows]
