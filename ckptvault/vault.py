@@ -18,7 +18,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -98,7 +97,6 @@ from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import CONFIG_KEY, LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
-from .repository.repository import METADATA_READERS
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
@@ -516,8 +514,7 @@ class Vault:
         listed = [(i, self._repo.listed_snapshot_size(i)) for i in ids]
         known = self._snapshots_read
         unread = [i for i, size in listed if (i, size) not in known]
-        with ThreadPoolExecutor(METADATA_READERS) as pool:
-            loaded = list(zip(unread, pool.map(load, unread), strict=True))
+        loaded = list(zip(unread, self._repo.read_each(load, unread), strict=True))
         fresh = {i: s for i, s in loaded if isinstance(s, Snapshot)}
         self._snapshots_read = {k: s for k in listed if (s := known.get(k) or fresh.get(k[0])) is not None}
         snaps = list(self._snapshots_read.values())

@@ -13,7 +13,7 @@ import logging
 import mmap
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -84,6 +84,7 @@ CATCH_UP_EVERY_S = 1.0  # chunks in no index look for index objects written sinc
 log = logging.getLogger("ckptvault")
 damage_log = logging.getLogger("ckptvault.damage")  # damaged metadata read around: the CLI shows these
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @contextlib.contextmanager
@@ -168,8 +169,8 @@ class Repository:
         self._upload_concurrency = upload_concurrency
         self._stats_lock = threading.Lock()
         self.bytes_written = 0  # everything this Repository object has put
-        remote = getattr(store, "remote", False)
-        self.cache = MetadataCache.open(cache_root if remote else None, config.repo_id)
+        self._remote = bool(getattr(store, "remote", False))
+        self.cache = MetadataCache.open(cache_root if self._remote else None, config.repo_id)
         self._bypass_cache = False
         self.lock_retry_s = 0.0  # how long a command waits for a conflicting lock (locks.py, "Waiting")
 
@@ -574,6 +575,16 @@ class Repository:
                 damaged.update(found)
             return out
 
+    def read_each(self, read: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``read`` of every item, in order. On remote storage several at a time: one round trip after
+        another, a vault of 1,000 unpruned backups (an index object each) kept a fresh machine's first
+        command waiting ~40 s on a 20 ms link. On a local disk one after another, where a thread
+        hand-off costs more than the read: 1,000 snapshot objects in 30 ms, against 80-110 ms on 8 threads."""
+        if not self._remote or len(items) < 2:
+            return [read(item) for item in items]
+        with ThreadPoolExecutor(METADATA_READERS) as pool:
+            return list(pool.map(read, items))
+
     def _index_decoder(self, index_id: bytes) -> Callable[[bytes], dict[bytes, list[PackEntry]]]:
         return lambda raw: decode_index(self.codec.decode(Kind.INDEX, index_id, raw))
 
@@ -590,10 +601,7 @@ class Repository:
             except IntegrityError as exc:
                 return exc
 
-        # Several at a time: one round trip after another, a vault of 1,000 unpruned backups (an index
-        # object each) kept a fresh machine's first command waiting ~40 s on a 20 ms link.
-        with ThreadPoolExecutor(METADATA_READERS) as pool:
-            results = list(pool.map(read, wanted))
+        results = self.read_each(read, wanted)
         out = {}
         for (index_id, _), result in zip(wanted, results, strict=True):
             if isinstance(result, IntegrityError):
