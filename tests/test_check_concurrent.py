@@ -69,6 +69,32 @@ def test_a_backup_that_commits_after_check_listed_the_index_is_not_damage(tmp_pa
     assert again.snapshots == 2
 
 
+@pytest.mark.parametrize("read_data", [0.0, 1.0])
+def test_a_backup_that_compacts_the_index_objects_check_listed_is_not_damage(
+    tmp_path: Path, repo: str, read_data: float, monkeypatch: pytest.MonkeyPatch
+):
+    """The compaction deletes the objects check listed, after writing what replaces them: check lists
+    again (review25 F2: three "index ... is missing" problems and exit 30 on a sound vault)."""
+    from ckptvault.ops import compact
+
+    monkeypatch.setattr(compact, "COMPACT_AT", 3)
+    with Vault.open(repo) as writer:
+        for seed in range(3):
+            writer.backup(make_source(tmp_path / "a", seed))
+        listed = writer._repo.list_index_ids()
+    checker = Vault.open(repo)
+
+    def compacting_backup() -> None:
+        with Vault.open(repo) as other:
+            other.backup(make_source(tmp_path / "b", 9), tags={"late": "1"})
+            assert not set(listed) & set(other._repo.list_index_ids())  # every listed object replaced
+
+    fired = hook_after(checker, "list", lambda prefix: prefix.startswith(INDEX_PREFIX), compacting_backup)
+    report = checker.check(read_data=read_data)
+    assert fired and report.ok, report.problems
+    assert report.snapshots == 3
+
+
 def two_snapshots_one_to_forget(tmp_path: Path, repo: str) -> tuple[str, Callable[[], None]]:
     """Two snapshots; the second's ID, and an action that forgets it through another Vault."""
     with Vault.open(repo) as writer:

@@ -75,3 +75,62 @@ def test_a_long_lived_vault_stores_again_what_another_process_pruned_since(
         assert fresh.check(read_data=1.0).ok
         fresh.restore(again, tmp_path / "out")
     assert (tmp_path / "out" / "optimizer.bin").read_bytes() == dropped
+
+
+def test_a_long_lived_vault_stores_again_a_chunk_repair_index_dropped(tmp_path: Path, vault: Vault):
+    """repair-index --read-data keeps the pack and drops the damaged chunk's entry: a Vault that merged
+    only whole packs kept the entry and deduplicated against the damaged chunk (review25 F1)."""
+    source = tmp_path / "src"
+    write_file(source / "a.bin", os.urandom(200_000))
+    write_file(source / "b.bin", os.urandom(200_000))
+    first = vault.backup(source, tags={"step": "1"})
+    chunk = next(e for e in vault.files(first) if e.path == "a.bin").chunks[0]
+    loc = vault._repo.index.get(chunk)
+    pack = next(Path(vault.url).rglob(loc.pack_id.hex()))
+    data = bytearray(pack.read_bytes())
+    data[loc.offset + loc.stored_len // 2] ^= 0xFF
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+    with Vault.open(vault.url) as admin:  # another process
+        assert [c[:12] for c in admin.repair_index(read_data=True).damaged_chunks] == [chunk.hex()[:12]]
+
+    second = vault.backup(source, tags={"step": "2"})
+    assert second.summary.new_chunks == 1 and second.summary.new_bytes > 0, second.summary
+    with Vault.open(vault.url) as fresh:
+        fresh.restore(second, tmp_path / "out")
+    assert (tmp_path / "out" / "a.bin").read_bytes() == (source / "a.bin").read_bytes()
+
+
+def test_a_long_lived_vault_stores_again_deltas_a_prune_dropped(tmp_path: Path):
+    """Prune drops the entries of dead deltas from a pack it keeps; once their base is stored again
+    (another process), a Vault that merged only whole packs deduplicated against them: the backup
+    said it succeeded, its snapshot did not restore, and every later prune refused (review25 F1)."""
+    from tests.test_delta import DELTA, SMALL, Training, contents
+
+    url = str(tmp_path / "vault")
+    run, source, other = Training(), tmp_path / "src", tmp_path / "other"
+    with Vault.init(url, chunker=SMALL, compression=DELTA) as vault:  # the long-lived writer
+        run.save(source)
+        first = vault.backup(source, tags={"run": "t", "step": "1"})
+        run.step()
+        run.save(source)
+        write_file(source / "big.bin", os.urandom(12_000_000))  # shares the pack of the second save's deltas
+        second = vault.backup(source, tags={"run": "t", "step": "2"})
+        assert second.summary.delta_chunks > 0
+        write_file(other / "big.bin", (source / "big.bin").read_bytes())
+        vault.backup(other)  # keeps that pack mostly alive
+        with Vault.open(url) as admin:  # another process: forget --prune
+            admin.forget([first.id, second.id], prune=True)
+        with Vault.open(url) as again:  # another process stores the first save's tensors, the bases, again
+            Training().save(tmp_path / "bases")
+            again.backup(tmp_path / "bases", tags={"run": "q"})
+
+        run.save(tmp_path / "third")  # the second save's tensors once more
+        third = vault.backup(tmp_path / "third", tags={"run": "t", "step": "3"})
+        assert third.summary.new_chunks >= second.summary.delta_chunks, third.summary
+
+    with Vault.open(url) as fresh:
+        assert fresh.check(read_data=1.0).ok
+        fresh.restore(third, tmp_path / "out")
+        assert contents(tmp_path / "out") == contents(tmp_path / "third")
+        fresh.prune(keep_latest=5)

@@ -28,6 +28,7 @@ from ..repository import Repository
 from ..repository.format import INDEX_PREFIX, id_from_key
 from ..repository.index import decode_index
 from ..repository.pack import PackEntry, lies_whole_in, read_pack_header
+from ..repository.repository import INDEX_RELISTS
 from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import Snapshot
 from ..store.failures import object_fault
@@ -110,13 +111,9 @@ class _Checker:
         self.problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True)
 
     def check_index(self) -> None:
-        for info in self.repo.store.list(INDEX_PREFIX):
-            index_id = id_from_key(info.key)
-            if index_id is None:
-                continue
-            try:
-                packs = decode_index(self.repo.codec.decode(Kind.INDEX, index_id, self.repo.store.get(info.key)))
-            except (IntegrityError, UnsupportedFormatError, ObjectNotFoundError) as exc:
+        for packs_or_error in self._read_index_objects():
+            index_id, packs, exc = packs_or_error
+            if exc is not None:
                 damaged = isinstance(exc, IntegrityError)
                 self.problem(
                     f"index {_short(index_id)}",
@@ -129,6 +126,33 @@ class _Checker:
                 continue
             for pack_id, entries in packs.items():
                 self.indexed.setdefault(pack_id, entries)
+
+    def _read_index_objects(self) -> list[tuple[bytes, dict[bytes, list[PackEntry]], CkptVaultError | None]]:
+        """Every listed index object, read from the store: (ID, packs, None), or (ID, {}, the error).
+        A backup's compaction (or a prune seen by a lockless check) replaces objects while check reads:
+        a listed object that is gone and no longer listed means listing again (what replaced it was
+        written first), not damage."""
+        relists = INDEX_RELISTS
+        while True:
+            out: list[tuple[bytes, dict[bytes, list[PackEntry]], CkptVaultError | None]] = []
+            replaced = False
+            for info in self.repo.store.list(INDEX_PREFIX):
+                index_id = id_from_key(info.key)
+                if index_id is None:
+                    continue
+                try:
+                    raw = self.repo.store.get(info.key)
+                    out.append((index_id, decode_index(self.repo.codec.decode(Kind.INDEX, index_id, raw)), None))
+                except ObjectNotFoundError as exc:
+                    if relists and index_id not in self.repo.list_index_sizes():
+                        replaced = True
+                        break
+                    out.append((index_id, {}, exc))
+                except (IntegrityError, UnsupportedFormatError) as exc:
+                    out.append((index_id, {}, exc))
+            if not replaced:
+                return out
+            relists -= 1
 
     def check_delta_bases(self) -> None:
         """Every delta's base must be somewhere: in the index, or in a pack read by its header."""

@@ -78,6 +78,9 @@ PACK_SLACK = 1 << 20  # room past the target size for the last blob and the head
 # Readers follow chains of delta bases this deep; writers make depth 1 (ops/deltabase.py), so a
 # deeper chain can only come from racing writers, and one this deep is a loop.
 MAX_DELTA_DEPTH = 16
+# A listed index object that is gone when read was replaced (by prune, repair-index or a backup's
+# compaction, which write what replaces it first): list again, this many times at most.
+INDEX_RELISTS = 4
 METADATA_READERS = 8  # index, snapshot objects read at once: each a round trip on remote storage
 CATCH_UP_EVERY_S = 1.0  # chunks in no index look for index objects written since at most this often
 
@@ -313,16 +316,26 @@ class Repository:
 
     def load_index_as_stored(self) -> None:
         """The index as the store holds it now, for a command that writes or restores: the loaded one
-        brought up to date when that gives the same (what other processes indexed since is added,
-        the packs of the objects a prune or repair-index replaced are left out), else loaded whole. A
-        long-lived Vault (a training job's shipper) otherwise read every index object at every backup:
-        its 1,000th backup of an unpruned vault read 1,000 objects."""
+        with the index objects written since added, when only objects were added since it was loaded;
+        else loaded whole. A long-lived Vault (a training job's shipper) otherwise read every index
+        object at every backup: its 1,000th backup of an unpruned vault read 1,000 objects.
+
+        An object gone since means a prune, a repair-index or a compaction replaced it, and the first
+        two may have left entries out of a pack they kept (a damaged chunk, a dead delta): merging keeps
+        a pack's entries from every object that named it, so only a reload drops those."""
         with self._unindexed_mutex:
             index = self._index
-            if index is None or self.damaged_index or self._unindexed_read or not self._all_packs_named(index):
+            listed = set(self.list_index_ids())
+            if (
+                index is None
+                or self.damaged_index
+                or self._unindexed_read
+                or not self._seen_index_ids <= listed
+                or not self._all_packs_named(index)
+            ):
                 self.load_index()
             else:
-                self._merge_new_index_objects()
+                self._merge_new_index_objects(listed)
 
     def _all_packs_named(self, index: ChunkIndex) -> bool:
         """Whether every pack in ``index`` came from an index object this Repository tracks (one read
@@ -330,13 +343,14 @@ class Repository:
         named: set[bytes] = set().union(*self._packs_by_object.values())
         return index.packs <= named
 
-    def _merge_new_index_objects(self) -> bool:
+    def _merge_new_index_objects(self, listed: set[bytes] | None = None, relists: int = INDEX_RELISTS) -> bool:
         """Add index objects written by other processes since the index was loaded (one that is
         damaged is left out, named in a warning), and leave out the packs of those deleted since (a
         prune replaced them) that no other object names; whether anything changed. Never a reload,
         so safe beside a backup on another thread of this process, whose packs are indexed as they
-        land (not in any object yet, so never left out here)."""
-        listed = set(self.list_index_ids())
+        land (not in any object yet, so never left out here). ``listed``: a listing just made."""
+        if listed is None:
+            listed = set(self.list_index_ids())
         new = listed - self._seen_index_ids
         vanished = False
         for index_id in new:
@@ -361,8 +375,8 @@ class Repository:
             dropped = set().union(*(self._packs_by_object.pop(i, ()) for i in gone)) - named
             self.index.forget_packs(dropped)
             self._seen_index_ids -= gone
-        if vanished:
-            self._merge_new_index_objects()
+        if vanished and relists:
+            self._merge_new_index_objects(relists=relists - 1)
         return bool(new or gone)
 
     def headers_of_unindexed_packs(
@@ -561,7 +575,7 @@ class Repository:
 
         A prune replaces index objects by writing the consolidated one before deleting the old
         ones, so when a listed object has vanished, listing again gives a complete index."""
-        retries = 4
+        retries = INDEX_RELISTS
         while True:
             found: dict[bytes, str] = {}
             try:

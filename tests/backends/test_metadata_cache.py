@@ -56,8 +56,13 @@ def test_second_listing_downloads_no_snapshot_object(moto, repo: str, tmp_path: 
     assert [key for key, _, _ in counting.reads if key.startswith("snapshots/")] == []
     again.files("latest")  # lists again: the snapshots come from the Vault's memory, the tree is new
     assert (again._repo.cache.hits, again._repo.cache.misses) == (3, 1)
-    again._repo.load_index()
+    again._repo.load_index()  # nobody read the index objects yet: fetched and cached
+    indexed = len(again._repo.list_index_ids())
+    assert (again._repo.cache.hits, again._repo.cache.misses) == (3, 1 + indexed)
     again.close()
+    with open_vault(moto, repo) as third:
+        third._repo.load_index()
+        assert (third._repo.cache.hits, third._repo.cache.misses) == (indexed, 0)
 
     # what is cached is the stored object byte for byte (still sealed), never anything else
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **moto.backend.storage_options)
