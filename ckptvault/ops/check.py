@@ -111,8 +111,7 @@ class _Checker:
         self.problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True)
 
     def check_index(self) -> None:
-        for packs_or_error in self._read_index_objects():
-            index_id, packs, exc = packs_or_error
+        for index_id, packs, exc in self._read_index_objects():
             if exc is not None:
                 damaged = isinstance(exc, IntegrityError)
                 self.problem(
