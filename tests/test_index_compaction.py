@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -77,13 +78,15 @@ def test_a_compaction_that_fails_is_a_warning_and_loses_nothing(
     for step in range(COMPACT_AT):
         save(source, step)
         vault.backup(source, tags={"step": str(step)})
-    deleted = []
+    deleted: list[bytes] = []
     real_delete = vault._repo.delete_index
+    one_at_a_time = threading.Lock()  # the deletes run on several threads
 
     def failing_delete(index_id: bytes) -> None:
-        if deleted:
-            raise StorageError("delete", "index/x", vault.url, "the network is down")
-        deleted.append(index_id)
+        with one_at_a_time:
+            if deleted:
+                raise StorageError("delete", "index/x", vault.url, "the network is down")
+            deleted.append(index_id)
         real_delete(index_id)
 
     monkeypatch.setattr(vault._repo, "delete_index", failing_delete)
