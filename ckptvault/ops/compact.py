@@ -33,6 +33,8 @@ SMALL_INDEX_BYTES = 1 << 20  # ~20,000 entries: an object this big is left as it
 def compact_index(repo: Repository) -> int:
     """Replace the small index objects by one when there are more than ``COMPACT_AT``; how many were
     replaced (0: too few, or one was damaged or gone meanwhile, left for a later backup or a prune)."""
+    if repo.known_index_objects <= COMPACT_AT:
+        return 0  # as of this backup's last look (no listing on every backup); others' are seen by a later one
     small = [index_id for index_id, size in repo.list_index_sizes().items() if size < SMALL_INDEX_BYTES]
     if len(small) <= COMPACT_AT:
         return 0

@@ -337,6 +337,11 @@ class Repository:
             else:
                 self._merge_new_index_objects(listed)
 
+    @property
+    def known_index_objects(self) -> int:
+        """How many index objects the store held at this Repository's last look (a load, a merge)."""
+        return len(self._seen_index_ids)
+
     def _all_packs_named(self, index: ChunkIndex) -> bool:
         """Whether every pack in ``index`` came from an index object this Repository tracks (one read
         by its header instead, say, would never be left out when a prune deletes it)."""
