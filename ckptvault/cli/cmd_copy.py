@@ -132,6 +132,7 @@ def copy_cmd(
         "gone": [s.id for s in result.gone],
         "read_bytes": result.read_bytes,
         "new_bytes": result.new_bytes,
+        "delta_chunks": result.delta_chunks,
         "stored_bytes": result.stored_bytes,
         "dry_run": dry_run,
     }
@@ -142,8 +143,9 @@ def copy_cmd(
         ids = ", ".join(s.short_id for s in result.copied)
         out.result(data, f"would copy {len(result.copied)} snapshot(s) ({ids}){there}; nothing was written")
     else:
+        deltas = f" ({result.delta_chunks} chunks as deltas)" if result.delta_chunks else ""
         out.result(
             data,
             f"copied {len(result.copied)} snapshot(s) to {dest.url}{there}: {format_bytes(result.read_bytes)} read, "
-            f"{format_bytes(result.new_bytes)} new, {format_bytes(result.stored_bytes)} stored",
+            f"{format_bytes(result.new_bytes)} new, {format_bytes(result.stored_bytes)} stored{deltas}",
         )

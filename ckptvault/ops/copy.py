@@ -8,7 +8,11 @@ destination may lack it: two vaults whose chunk IDs are computed alike (both une
 encrypted under one key) name a chunk the same way, so one already in the destination is not even
 downloaded; otherwise every chunk is read, since its ID in the destination is a keyed hash of its
 bytes. Chunks are coded by the destination's own settings (compression, the tensor-aware byte
-grouping, encryption), never copied as stored blobs; delta coding is not applied to copied chunks.
+grouping, encryption, delta coding), never copied as stored blobs. A chunk the source stores as a
+delta is coded against the destination's copy of its base, when the destination codes deltas and
+holds that base as a keyframe (copied before it, oldest snapshot first), and the delta still pays
+there: the base was read from the source anyway, to decode the chunk. So a copy of a delta-coded
+series stays about as small as its source.
 
 Memory is bounded as in a backup: a window of chunks being read (``INFLIGHT_BYTES``) and the
 destination's pipeline of chunks being coded and packed. A copy stopped part way writes no
@@ -29,6 +33,7 @@ from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot
 from .backup import ChunkPipeline
+from .deltabase import KEYFRAME_INTERVAL, BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .progress import NullProgress, Progress
@@ -38,6 +43,9 @@ MAX_AHEAD = 256  # chunks read ahead, when most are skipped (the bytes are cappe
 _PROBE = b"ckptvault: are chunk IDs computed alike in both vaults?"
 _TREE_ID_DOMAIN = b"ckptvault copy: tree of snapshot\0"
 
+Base = tuple[bytes, bytes | memoryview]  # a delta base: its ID in the destination, its bytes
+Read = tuple[bytes | memoryview, Base | None]  # a chunk's bytes, and its base when the source stores a delta
+
 
 @dataclass
 class CopyResult:
@@ -46,6 +54,7 @@ class CopyResult:
     gone: list[Snapshot] = field(default_factory=list)  # forgotten or retagged in the source while copying
     read_bytes: int = 0  # chunk bytes read from the source (a few twice: a file's tensor header)
     new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
+    delta_chunks: int = 0  # of those chunks, how many were stored as deltas
     stored_bytes: int = 0  # bytes written to the destination (packs, index, trees)
 
 
@@ -96,6 +105,7 @@ class _Copier:
         self.progress = progress
         self.workers = workers
         self.shared_ids = same_chunk_ids(source, dest)
+        self.planner = DeltaPlanner(dest, None, None) if dest.codec.compressor.deltas else None
         self.readers = ThreadPoolExecutor(source.download_concurrency, thread_name_prefix="ckptvault-copy")
 
     def close(self) -> None:
@@ -113,7 +123,7 @@ class _Copier:
             return None
         written_before = dest.bytes_written
         with dest.aborting_writes_on_error():
-            pipeline = ChunkPipeline(dest, self.progress, self.workers, None)
+            pipeline = ChunkPipeline(dest, self.progress, self.workers, self.planner)
             try:
                 entries = [self._file(entry, pipeline) if entry.type == "file" else entry for entry in tree]
                 pipeline.drain()
@@ -124,7 +134,7 @@ class _Copier:
             # it again (a copy after the destination forgot it, two copies at once) writes the same
             # object: every host's metadata cache keeps objects by name, as immutable. Hence a tree ID
             # derived from the tree (keyed in an encrypted vault, like chunk IDs) and the summary of the
-            # backup as it was made (the delta figures left out: copied chunks are stored whole).
+            # backup as it was made (the delta figures left out: they depend on what the destination held).
             raw = encode_tree(entries)
             tree_id = dest.save_tree(raw, dest.chunk_id(_TREE_ID_DOMAIN + bytes.fromhex(snap.id) + raw))
             copied = replace(
@@ -136,6 +146,7 @@ class _Copier:
                 before_commit()
             dest.save_snapshot(bytes.fromhex(copied.id), encode_snapshot(copied))
         self.result.new_bytes += pipeline.new_bytes
+        self.result.delta_chunks += pipeline.delta_chunks
         self.result.stored_bytes += dest.bytes_written - written_before
         return copied
 
@@ -156,43 +167,68 @@ class _Copier:
         hasher = new_file_hasher()
         read_all = True
         offset = 0
-        for index, (chunk_id, length, data) in enumerate(self._chunks_in_order(entry)):
-            if data is None:  # the destination holds it under the same ID: nothing to read or store
+        for index, (chunk_id, length, read) in enumerate(self._chunks_in_order(entry)):
+            if read is None:  # the destination holds it under the same ID: nothing to read or store
                 read_all = False
                 pipeline.add_stored(copy, chunk_id, length)
             else:
+                data, base = read
                 hasher.update(data)
                 self.result.read_bytes += len(data)
                 if emap is True:  # the file's tensor layout, for the destination's byte grouping
                     header = ChunkedFile(self.source, entry, cache_chunks=2, known={index: data})
                     emap = element_map(header.read_at, entry.size, entry.path, self.dest.codec.compressor)
                     self.result.read_bytes += header.fetched_bytes
-                pipeline.submit(copy, memoryview(data), emap.runs(offset, len(data)) if emap else ())
+                runs = emap.runs(offset, len(data)) if emap else ()
+                pipeline.submit(copy, memoryview(data), runs, self._base_candidate(base, entry.path) if base else None)
             offset += length
         if read_all and hasher.hexdigest() != entry.blake3:
             raise IntegrityError("the bytes read do not match its file hash")
 
-    def _chunks_in_order(self, entry: FileEntry) -> Iterator[tuple[bytes, int, bytes | memoryview | None]]:
-        """(chunk ID, length, bytes or None when the destination holds it already), in file order."""
-        ahead: deque[tuple[bytes, int, Future[bytes | memoryview] | None]] = deque()
+    def _base_candidate(self, base: Base, path: str) -> BaseCandidate | None:
+        """The destination's keyframe to code a chunk against, which the source stores as a delta
+        against the same bytes; None when the destination lacks it (its snapshot not copied), holds
+        it as a delta itself, or it has served its deltas (chains stay as short as a backup's)."""
+        assert self.planner is not None
+        base_id, data = base
+        loc = self.dest.index.get(base_id)
+        if loc is None or loc.base_id is not None or self.planner.uses[base_id] >= KEYFRAME_INTERVAL - 1:
+            return None
+        self.planner.uses[base_id] += 1
+        return BaseCandidate(base_id, None, path, data)
+
+    def _read(self, chunk_id: bytes) -> Read:
+        """On a download thread: the chunk's bytes (verified), and its delta base when there is one
+        the destination may code it against."""
+        if self.planner is None:
+            return self.source.read_chunk(chunk_id), None
+        data, base_id, base = self.source.read_chunk_and_base(chunk_id)
+        if base_id is None or base is None:
+            return data, None
+        return data, (base_id if self.shared_ids else self.dest.chunk_id(base), base)
+
+    def _chunks_in_order(self, entry: FileEntry) -> Iterator[tuple[bytes, int, Read | None]]:
+        """(chunk ID, length, what was read or None when the destination holds it already), in file
+        order. The bytes read ahead are capped, a delta's base counted with it."""
+        ahead: deque[tuple[bytes, int, int, Future[Read] | None]] = deque()  # ID, length, bytes held, read
         ahead_bytes = 0
         try:
             for chunk_id in entry.chunks:
-                length = self.source.locate(chunk_id).raw_len
+                loc = self.source.locate(chunk_id)
                 if self.shared_ids and self.dest.has_chunk(chunk_id):
-                    ahead.append((chunk_id, length, None))
+                    ahead.append((chunk_id, loc.raw_len, 0, None))
                 else:
-                    ahead.append((chunk_id, length, self.readers.submit(self.source.read_chunk, chunk_id)))
-                    ahead_bytes += length
+                    held = loc.raw_len * (2 if self.planner and loc.base_id else 1)
+                    ahead.append((chunk_id, loc.raw_len, held, self.readers.submit(self._read, chunk_id)))
+                    ahead_bytes += held
                 while ahead_bytes > INFLIGHT_BYTES or len(ahead) > MAX_AHEAD:
-                    done_id, done_len, future = ahead.popleft()
-                    if future is not None:
-                        ahead_bytes -= done_len
+                    done_id, done_len, done_held, future = ahead.popleft()
+                    ahead_bytes -= done_held
                     yield done_id, done_len, None if future is None else future.result()
             while ahead:
-                done_id, done_len, future = ahead.popleft()
+                done_id, done_len, _, future = ahead.popleft()
                 yield done_id, done_len, None if future is None else future.result()
         finally:  # stopped part way (a damaged chunk, Ctrl-C): read no further
-            for _, _, future in ahead:
+            for _, _, _, future in ahead:
                 if future is not None:
                     future.cancel()

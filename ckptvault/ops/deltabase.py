@@ -90,11 +90,13 @@ def source_path(snapshot_paths: Sequence[str], tree_path: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class BaseCandidate:
-    """The keyframe a piece may be coded against; ``local`` = (fd, offset) of a local copy of its bytes."""
+    """The keyframe a piece may be coded against; ``local`` = (fd, offset) of a local copy of its
+    bytes; ``given``: its bytes, already read and verified (a copy reads them from the source vault)."""
 
     base_id: bytes
     local: tuple[int, int] | None
     tensor: str  # "<path>:<tensor name>", for the per-tensor votes
+    given: bytes | memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +253,8 @@ class DeltaPlanner:
         """(the base's bytes [lo, hi), the whole base when it was read whole). A local copy gives the
         sample alone (the rest is read once a delta is chosen); the repository gives the whole base.
         (None, None) when it cannot be had: then no delta."""
+        if cand.given is not None:
+            return cand.given[lo:hi], cand.given
         if cand.local is not None:
             fd, offset = cand.local
             with contextlib.suppress(OSError):  # then the repository's copy

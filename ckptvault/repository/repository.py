@@ -102,6 +102,10 @@ def _naming_errors(what: str, hint: str = "") -> Iterator[None]:
         raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
 
 
+# a chunk's plaintext, and the ID and plaintext of the delta base it was decoded against (None, None: none)
+ChunkRead = tuple[bytes | memoryview, bytes | None, bytes | memoryview | None]
+
+
 def _verified_part(config: RepoConfig) -> bytes:
     """What the config's key verifier authenticates: its settings (format 3), else its ID."""
     return config.signed_settings() if config.settings_authenticated else config.repo_id.encode()
@@ -749,9 +753,7 @@ class Repository:
                 len(described),
             )
 
-    def read_chunk(
-        self, chunk_id: bytes, *, verify_id: bool = True, _depth: int = 0, _stale: frozenset[bytes] | None = None
-    ) -> bytes | memoryview:
+    def read_chunk(self, chunk_id: bytes, *, verify_id: bool = True) -> bytes | memoryview:
         """Fetch, decode and verify one chunk (a delta's base first).
 
         The blob's envelope (AEAD tag or checksum, both bound to the chunk ID) and its length are
@@ -761,32 +763,40 @@ class Repository:
 
         A chunk stored more than once (two backups that raced, or stored again because its pack was
         gone) is read from its next copy when one is missing or damaged, with one warning per pack."""
+        return self._read_chunk(chunk_id, verify_id, 0, None)[0]
+
+    def read_chunk_and_base(self, chunk_id: bytes) -> ChunkRead:
+        """``read_chunk`` (verified against its ID), with the delta base the copy read was decoded
+        against: (plaintext, base ID, base plaintext), the last two None for a chunk stored whole.
+        A delta's base is read anyway to decode it; copy codes the chunk against it again."""
+        return self._read_chunk(chunk_id, True, 0, None)
+
+    def _read_chunk(self, chunk_id: bytes, verify_id: bool, depth: int, stale: frozenset[bytes] | None) -> ChunkRead:
         copies = self.index.locations(chunk_id) or [self.locate(chunk_id)]  # locate raises, naming it
         for loc, fallback in itertools.pairwise(copies):
             try:
-                return self._read_copy(chunk_id, loc, verify_id, _depth)
+                return self._read_copy(chunk_id, loc, verify_id, depth)
             except IntegrityError as exc:
-                if loc.pack_id not in self._passed_over and loc.pack_id not in (_stale or ()):
+                if loc.pack_id not in self._passed_over and loc.pack_id not in (stale or ()):
                     self._passed_over.add(loc.pack_id)
                     damage_log.warning("%s; reading its copy in pack %s instead", exc, fallback.pack_id.hex()[:12])
         try:
-            return self._read_copy(chunk_id, copies[-1], verify_id, _depth)
+            return self._read_copy(chunk_id, copies[-1], verify_id, depth)
         except IntegrityError:
             # a long-lived reader whose index predates a prune that moved the chunk (its old pack is
             # gone): the index objects written since say where it is now; the copies that failed
             # are the stale ones, read around without a warning
-            if _stale is not None:
+            if stale is not None:
                 raise
             with self._unindexed_mutex:
                 moved = self._catch_up_with_index() and self.index.locations(chunk_id) != copies
             if not moved:
                 raise
-        stale = frozenset(loc.pack_id for loc in copies)
-        return self.read_chunk(chunk_id, verify_id=verify_id, _depth=_depth, _stale=stale)
+        return self._read_chunk(chunk_id, verify_id, depth, frozenset(loc.pack_id for loc in copies))
 
-    def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, _depth: int) -> bytes | memoryview:
+    def _read_copy(self, chunk_id: bytes, loc: ChunkLocation, verify_id: bool, depth: int) -> ChunkRead:
         where = f"chunk {chunk_id.hex()[:12]} in pack {loc.pack_id.hex()[:12]}"
-        base = self._delta_base(chunk_id, loc.base_id, _depth, verify_id)  # outside the try: its error names both
+        base = self._delta_base(chunk_id, loc.base_id, depth, verify_id)  # outside the try: its error names both
 
         def fetch() -> bytes:
             try:
@@ -797,9 +807,10 @@ class Repository:
                 raise IntegrityError("the pack ends before the chunk (truncated); run: ckptvault check") from None
 
         with _naming_errors(where):
-            return _verified(
+            data = _verified(
                 fetch, lambda blob: self._decode_chunk(chunk_id, blob, loc.raw_len, loc.base_id, base, verify_id)
             )
+        return data, loc.base_id, base
 
     # ---- trees and snapshots -----------------------------------------------------------
 
@@ -919,7 +930,7 @@ class Repository:
                 "run: ckptvault check"
             )
         try:
-            return self.read_chunk(base_id, verify_id=verify_id, _depth=depth + 1)
+            return self._read_chunk(base_id, verify_id, depth + 1, None)[0]
         except IntegrityError as exc:
             raise IntegrityError(
                 f"chunk {chunk_id.hex()[:12]} is stored as a delta against chunk {base_id.hex()[:12]}, "
