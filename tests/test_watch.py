@@ -6,6 +6,7 @@ SIGTERM, SIGKILL and restarts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -957,13 +958,20 @@ def test_a_live_trainer_output_folder_never_ships_its_logs(tmp_path, repo, cli):
 
 
 def test_a_trainer_checkpoint_deleted_before_its_last_file_was_seen_is_not_shipped(tmp_path, repo):
-    """A Hugging Face Trainer writes trainer_state.json last: a checkpoint-N deleted before it settled
-    whose pin never got that file was seen in part only, and shipped it would be the run's newest step
-    (restore latest would give a torn checkpoint). One deleted as quickly but seen whole still ships."""
+    """A Hugging Face Trainer writes trainer_state.json last: in its output folder, a checkpoint-N
+    deleted before it settled whose pin never got that file was seen in part only, and shipped it
+    would be the run's newest step (restore latest would give a torn checkpoint). One deleted as
+    quickly but seen whole still ships."""
     ckpts = tmp_path / "ckpts"
     pins_dir = ckpts / ".ckptvault-watch" / "pins"
     ckpts.mkdir()
+    (ckpts / "checkpoint-0").mkdir()  # the run's earlier save, complete: this is a Trainer's output folder
+    (ckpts / "checkpoint-0" / "model.safetensors").write_bytes(os.urandom(1000))
+    (ckpts / "checkpoint-0" / "trainer_state.json").write_text(json.dumps({"global_step": 0}))
     watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=hf", "--settle", "1", "--json")
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="checkpoint-0 to ship")
+    shutil.rmtree(ckpts / "checkpoint-0")
+    watch.wait_for(lambda: not os.listdir(pins_dir), what="checkpoint-0's pin to go")
     for step, last_files_seen in ((1, False), (2, True)):
         folder = ckpts / f"checkpoint-{step}"
         folder.mkdir()
@@ -979,12 +987,84 @@ def test_a_trainer_checkpoint_deleted_before_its_last_file_was_seen_is_not_shipp
         shutil.rmtree(folder)
         watch.proc.send_signal(signal.SIGCONT)
         watch.wait_for(lambda: not os.listdir(pins_dir), what=f"checkpoint-{step}'s pin to go")
-    watch.wait_for(lambda: len(watch.shipped()) == 1, what="checkpoint-2 to ship")
+    watch.wait_for(lambda: len(watch.shipped()) == 2, what="checkpoint-2 to ship")
     assert watch.finish() == 0, watch.err
-    assert [e["step"] for e in watch.shipped()] == [2]
+    assert [e["step"] for e in watch.shipped()] == [0, 2]
     assert any("checkpoint-1 was deleted before it was complete" in line for line in watch.err), watch.err
     with Vault.open(repo) as vault:
-        assert [s.tags["step"] for s in vault.snapshots({"run": "hf"})] == ["2"]
+        assert [s.tags["step"] for s in vault.snapshots({"run": "hf"})] == ["0", "2"]
+
+
+def pinned_names(pins_dir: Path) -> set[str]:
+    names = set()
+    for meta in pins_dir.glob("*/pin.json"):
+        with contextlib.suppress(OSError, ValueError):  # being written or removed
+            names.add(json.loads(meta.read_text())["name"])
+    return names
+
+
+def publish_checkpoint(ckpts: Path, name: str, step: int) -> dict[str, bytes]:
+    """A save published whole by a rename (as most trainers do), without a trainer_state.json."""
+    files = {"model.pt": os.urandom(200_000), "meta.json": json.dumps({"step": step}).encode()}
+    tmp = ckpts / f"tmp-{name}"
+    tmp.mkdir()
+    for file, data in files.items():
+        (tmp / file).write_bytes(data)
+    os.rename(tmp, ckpts / name)
+    return files
+
+
+def test_checkpoint_n_folders_of_other_trainers_deleted_before_they_settle_still_ship(tmp_path, repo):
+    """``checkpoint-N`` is a common name outside Hugging Face (custom loops, accelerate): without a
+    trainer_state.json anywhere, a save deleted by a keep-last-1 rotation before --settle ran out
+    ships as it was pinned, like a ``step_N`` folder."""
+    ckpts = tmp_path / "ckpts"
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=c", "--settle", "2", "--json")
+    written = {}
+    for step in (1, 2, 3):
+        written[step] = publish_checkpoint(ckpts, f"checkpoint-{step}", step)
+        name = f"checkpoint-{step}"
+        watch.wait_for(lambda name=name: name in pinned_names(pins_dir), what=f"{name}'s pin")
+        time.sleep(0.3)  # a few polls: the pin holds its files
+        shutil.rmtree(ckpts / f"checkpoint-{step}")  # the rotation, well before it settled
+    watch.wait_for(lambda: len(watch.shipped()) == 3, what="every checkpoint to ship")
+    assert watch.finish() == 0, watch.err
+    assert not any("deleted before it was complete" in line for line in watch.err), watch.err
+    with Vault.open(repo) as vault:
+        snaps = vault.snapshots({"run": "c"})
+        assert sorted(int(s.tags["step"]) for s in snaps) == [1, 2, 3]
+        for snap in snaps:
+            for file, data in written[int(snap.tags["step"])].items():
+                assert b"".join(vault.read_file(snap, file)) == data
+
+
+def test_pins_of_checkpoint_n_folders_deleted_while_no_watcher_ran_ship_after_a_restart(tmp_path, repo):
+    """A watcher killed while it held pins of two ``checkpoint-N`` saves (not a Hugging Face Trainer's);
+    the trainer's rotation deletes both folders before the watcher is back: the pins are the only
+    copies left, and the restarted watcher ships them."""
+    ckpts = tmp_path / "ckpts"
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=r", "--settle", "30", "--json")
+    written = {step: publish_checkpoint(ckpts, f"checkpoint-{step}", step) for step in (10, 20)}
+    watch.wait_for(lambda: pins_dir.exists() and len(os.listdir(pins_dir)) == 2, what="both pins")
+    time.sleep(0.3)  # a few polls: each pin holds its folder's files
+    watch.proc.kill()
+    watch.proc.wait(30)
+    for step in written:
+        shutil.rmtree(ckpts / f"checkpoint-{step}")
+    again = watch_once(ckpts, repo, "r")
+    assert again.returncode == 0, again.stderr
+    assert "deleted before it was complete" not in again.stderr, again.stderr
+    assert not os.listdir(pins_dir)
+    with Vault.open(repo) as vault:
+        snaps = vault.snapshots({"run": "r"})
+        assert sorted(int(s.tags["step"]) for s in snaps) == [10, 20]
+        for snap in snaps:
+            for file, data in written[int(snap.tags["step"])].items():
+                assert b"".join(vault.read_file(snap, file)) == data
 
 
 def test_a_folder_made_before_its_files_ships_once_they_are_written(tmp_path, repo):

@@ -769,13 +769,17 @@ class Watcher:
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
 
     def _deleted_unfinished(self, cand: _Candidate, now: float) -> bool:
-        """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: one
+        """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: in
+        its output folder (one of its ``checkpoint-N`` folders was seen holding that file), one
         deleted before it settled whose pin never got that file was seen only in part (its last files
         came and went within one poll, or its pin was made while it was being deleted), and shipped it
-        would be the run's newest step. Dropped, and said so. (In place nothing held it: whether it was
-        complete or not, it is lost, which ``_in_place_gone`` says.)"""
+        would be the run's newest step. Dropped, and said so. Other trainers name folders
+        ``checkpoint-N`` too, without that file: theirs ship as they were pinned, like any other
+        folder. (In place nothing held it: whether it was complete or not, it is lost, which
+        ``_in_place_gone`` says.)"""
         if (
             cand.pin.in_place
+            or not self._trainer_output
             or not TRAINER_CHECKPOINT.fullmatch(cand.pin.name)
             or now - cand.last_change >= self.options.settle
             or os.path.lexists(cand.pin.source)
