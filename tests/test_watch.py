@@ -1108,8 +1108,10 @@ def test_a_file_rewritten_in_place_or_added_below_a_shipped_folder_ships_a_new_v
         assert b"".join(vault.read_file(snap, "global_step1/optim_states.pt")) == b"3" * 1000
 
 
-def test_a_file_rewritten_in_place_during_its_upload_ships_again(tmp_path, repo):
-    """The pin is a hard link: the rewrite shows in it too, and must not count as shipped."""
+def test_a_file_rewritten_in_place_during_its_upload_is_not_committed_and_ships_again(tmp_path, repo):
+    """The pin is a hard link: the rewrite (the next save copied into the old file) shows in it too.
+    That backup is not committed (it could hold a torn file under the older save's tags) and does not
+    count as shipped; the new bytes settle and ship."""
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     last = ckpts / "last.pt"
@@ -1119,10 +1121,11 @@ def test_a_file_rewritten_in_place_during_its_upload_ships_again(tmp_path, repo)
     new = os.urandom(6_000_000)
     with open(last, "r+b") as f:
         f.write(new)
-    watch.wait_for(lambda: len([x for x in watch.lines if x.startswith("shipped")]) == 2, what="the new save")
+    watch.wait_for(lambda: any(x.startswith("shipped") for x in watch.lines), what="the new save")
     assert watch.finish() == 0, watch.err
+    assert any("rewritten in place while it shipped" in line for line in watch.err), watch.err
     with Vault.open(repo) as vault:
-        assert b"".join(vault.read_file(vault.latest({"run": "u"}), "last.pt")) == new
+        assert [restored_files(vault, s) for s in vault.snapshots({"run": "u"})] == [{"last.pt": new}]
 
 
 def test_a_trainer_checkpoint_without_its_trainer_state_waits_for_it(tmp_path, repo, cli):
@@ -1214,3 +1217,61 @@ def test_shipped_folders_are_looked_into_within_a_share_of_the_time(tmp_path, mo
     for now in range(30, 36):
         watcher._scan(float(now))
     assert len(looks) >= 2  # every second again (20 ms is 5 % of 0.4 s), not every 8 s: at most once
+
+
+def replace_folder(folder: Path, files: dict[str, bytes]) -> int:
+    """A trainer that replaces its ``best/`` folder: rmtree, then makedirs (ext4 hands the new folder
+    the freed inode number at once). Its inode number."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder.stat().st_ino
+
+
+def restored_files(vault: Vault, snap) -> dict[str, bytes]:
+    return {e.path: b"".join(vault.read_file(snap, e.path)) for e in vault.files(snap) if e.type == "file"}
+
+
+def test_a_folder_replaced_under_its_name_while_its_pin_settles_ships_both_saves_unmixed(tmp_path, repo):
+    """The new folder may get the old one's inode number: it must not pass for the pinned checkpoint
+    (whose pin would then take its files beside the old ones): each save ships as it was written."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=b", "--settle", "1.5", "--json")
+    a = {"model.bin": os.urandom(100_000), "optimizer_a.bin": os.urandom(50_000), "step.txt": b"100"}
+    b = {"model.bin": os.urandom(100_000), "step.txt": b"200"}
+    replace_folder(ckpts / "best", a)
+    watch.wait_for(lambda: "best" in pinned_names(ckpts / ".ckptvault-watch" / "pins"), what="best's pin")
+    time.sleep(0.3)  # a few polls: the pin holds A's files, and A is still settling
+    replace_folder(ckpts / "best", b)
+    watch.wait_for(lambda: len(watch.shipped()) == 2, what="both saves to ship")
+    assert watch.finish() == 0, watch.err
+    with Vault.open(repo) as vault:
+        got = [restored_files(vault, s) for s in vault.snapshots({"run": "b"})]
+    assert got == [a, b]
+
+
+def test_a_pinned_folder_replaced_while_no_watcher_ran_ships_from_its_pin_and_the_new_one_too(tmp_path, repo):
+    """The pin's folder was deleted and a new one made under its name, with its inode number, while
+    no watcher held it: none of the pin's files is a file of the new folder, so it is another save."""
+    ckpts = tmp_path / "ckpts"
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    ckpts.mkdir()
+    a = {"model.bin": os.urandom(100_000), "optimizer_a.bin": os.urandom(50_000)}
+    b = {"model.bin": os.urandom(100_000)}
+    replace_folder(ckpts / "best", a)
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=b", "--settle", "30", "--json")
+    watch.wait_for(lambda: "best" in pinned_names(pins_dir), what="best's pin")
+    time.sleep(0.3)
+    watch.proc.kill()
+    watch.proc.wait(30)
+    new_ino = replace_folder(ckpts / "best", b)  # while no watcher runs
+    for meta in pins_dir.glob("*/pin.json"):  # as when the new folder gets the old one's inode number
+        doc = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**doc, "source_ino": new_ino}))
+    again = watch_once(ckpts, repo, "b")
+    assert again.returncode == 0, again.stderr
+    with Vault.open(repo) as vault:
+        got = [restored_files(vault, s) for s in vault.snapshots({"run": "b"})]
+    assert got == [a, b]

@@ -52,6 +52,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..errors import (
+    BackupSupersededError,
     CheckpointLostError,
     CkptVaultError,
     SourceError,
@@ -130,6 +131,10 @@ class _Candidate:
     error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
     unpinned: str = ""  # shipping in place: why no pin could be made
     pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
+    # An open descriptor of a folder source: while the candidate lives, the folder's inode number
+    # cannot be handed to a new folder of the same name (ext4 reuses it at once after an rmtree),
+    # which would pass for the pinned checkpoint and be synced into its pin.
+    source_fd: int = -1
 
 
 @dataclass
@@ -263,7 +268,7 @@ class Watcher:
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
         self._digests_retry_at: float | None = None  # when to load them again after an outage
-        self._finished: queue.SimpleQueue[tuple[_Candidate, Future[Snapshot]]] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[tuple[_Candidate, BackupJob]] = queue.SimpleQueue()
         self.result = WatchResult()
 
     # ---- the loop ----------------------------------------------------------------------
@@ -304,6 +309,8 @@ class Watcher:
                 for job in shipper.close(cancel_pending=True):
                     self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
                 self._collect()
+                for cand in self._candidates.values():  # kept for the next run, which holds them again
+                    _let_go(cand)
             self.result.left = sum(1 for c in self._candidates.values() if not c.pin.in_place)
             # failures that a later retry fixed are not errors of the run
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
@@ -609,7 +616,7 @@ class Watcher:
             return
         if pin.copied:
             self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
-        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now, source_fd=_hold_folder(pin))
 
     def _ship_in_place(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> None:
         """No room for a pin (the checkpoints' disk is full, which is when shipping them matters most):
@@ -633,7 +640,12 @@ class Watcher:
             "another disk, where pins are copies)",
         )
         self._candidates[pin.pin_id] = _Candidate(
-            pin=pin, seen=now, last_change=now, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
+            pin=pin,
+            seen=now,
+            last_change=now,
+            unpinned=reason,
+            pin_retry_at=now + RETRY_AFTER[0],
+            source_fd=_hold_folder(pin),
         )
 
     def _pin_after_all(self, cand: _Candidate, now: float) -> None:
@@ -715,6 +727,22 @@ class Watcher:
                 "it ships again once it settles, if it is still there",
             )
 
+    def _verify_pinned(self, pin: pins.Pin, sig: pins.Signature) -> None:
+        """Just before a backup commits (on the shipping thread): the pin's files as they were when it
+        was queued. A hard link pins a file's inode, not its bytes: a trainer that rewrites a file in
+        place (Lightning's ``last.ckpt`` when its temporary folder is on another filesystem) changes
+        the pin too, and the snapshot would hold a torn file, or the next save, under this one's tags."""
+        try:
+            same = self._signature(pin) == sig
+        except OSError:
+            same = False
+        if not same:
+            raise BackupSupersededError(
+                f"{pin.name} was rewritten in place while it shipped (a pin holds its files, not their bytes): "
+                "this backup is not stored; what was written ships once it settles",
+                rewritten=(pin.source,),
+            )
+
     def _adopt_pins(self) -> int:
         """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
         now = time.monotonic()
@@ -728,7 +756,9 @@ class Watcher:
                 continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
             pin.excluded = self._excluded  # and what this run's patterns leave out
-            self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+            if _replaced_while_away(pin):
+                pin.source_ino = -1  # it ships from its pin; the new folder is a checkpoint of its own
+            self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now, source_fd=_hold_folder(pin))
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
 
@@ -868,7 +898,9 @@ class Watcher:
                 # commits only if every file is still as it was queued
                 job.leave_unfinished = True
                 job.verify = functools.partial(self._verify_in_place, cand.pin, sig)
-            job.future.add_done_callback(functools.partial(self._on_done, cand))
+            else:
+                job.verify = functools.partial(self._verify_pinned, cand.pin, sig)
+            job.future.add_done_callback(functools.partial(self._on_done, cand, job))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
 
@@ -895,8 +927,8 @@ class Watcher:
             self._warned.add(key)
             self._on_warning(message)
 
-    def _on_done(self, cand: _Candidate, future: Future[Snapshot]) -> None:
-        self._finished.put((cand, future))  # on the worker thread: hand over, touch nothing
+    def _on_done(self, cand: _Candidate, job: BackupJob, future: Future[Snapshot]) -> None:
+        self._finished.put((cand, job))  # on the worker thread: hand over, touch nothing
 
     def _ship_job(self, job: BackupJob) -> Snapshot:
         return self._ship(job)
@@ -905,13 +937,19 @@ class Watcher:
         """Handle finished backups on the polling thread (the only one that touches state)."""
         while True:
             try:
-                cand, future = self._finished.get_nowait()
+                cand, job = self._finished.get_nowait()
             except queue.Empty:
                 return
+            future = job.future
             if cand.pin.pin_id not in self._candidates or future.cancelled():
                 continue  # a cancelled backup (watch stopping) keeps its pin for the next run
+            for warning in job.warnings:  # e.g. a file that changed while it was read
+                self._on_warning(f"{cand.pin.name}: {warning}")
             outcome = future.exception()
-            if outcome is None:
+            if isinstance(outcome, BackupSupersededError):  # rewritten in place while it shipped
+                self._on_warning(str(outcome))
+                cand.state, cand.last_change = "settling", time.monotonic()
+            elif outcome is None:
                 snapshot = future.result()
                 self._digests.add((_tag_text(cand.pin.name), cand.digest))
                 # what was shipped, not the pin now: a file rewritten in place during the upload
@@ -959,12 +997,52 @@ class Watcher:
 
     def _release(self, cand: _Candidate) -> None:
         self._candidates.pop(cand.pin.pin_id, None)
+        _let_go(cand)
         cand.pin.release()
         with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
 
     def _drop(self, cand: _Candidate) -> None:
         self._release(cand)
+
+
+def _hold_folder(pin: pins.Pin) -> int:
+    """An open descriptor of the pin's source when it is a folder that is still the pinned one, else -1."""
+    try:
+        fd = os.open(pin.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1  # gone, or a file (a pin's hard link keeps a file's inode allocated already)
+    if os.fstat(fd).st_ino != pin.source_ino:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _let_go(cand: _Candidate) -> None:
+    if cand.source_fd >= 0:
+        os.close(cand.source_fd)
+        cand.source_fd = -1
+
+
+def _replaced_while_away(pin: pins.Pin) -> bool:
+    """Whether a folder pinned by an earlier run was deleted, and a new one made under its name got
+    its inode number, while no watcher held it: then not one of the pin's files is the file of that
+    name in the folder (a pin hard-links them), where the same folder shares at least the files it
+    has not replaced since. Pins that copied their files cannot tell, and are taken as the same."""
+    if pin.in_place or pin.copied or not pins.source_alive(pin) or not os.path.isdir(pin.source):
+        return False
+    pinned_any = False
+    for folder, _, files in os.walk(pin.data):
+        for file in files:
+            path = os.path.join(folder, file)
+            pinned_any = True
+            in_source = os.path.join(pin.source, os.path.relpath(path, pin.data))
+            try:
+                if os.path.samestat(os.lstat(path), os.lstat(in_source)):
+                    return False
+            except OSError:
+                continue
+    return pinned_any
 
 
 def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
