@@ -650,3 +650,27 @@ def test_folders_keep_their_mode_and_mtime_as_a_plain_backup_stores_them(tmp_pat
         == {e.path: (e.mode, e.mtime_ns) for e in vault.files(plain) if e.type == "dir"}
         == {"private": (0o700, 1_700_000_000 * 10**9)}
     )
+
+
+def test_a_pin_that_cannot_be_removed_is_warned_about_and_the_queue_goes_on(tmp_path, vault, monkeypatch, caplog):
+    """Removing a committed backup's pin fails (EIO, a read-only remount): the handle still gets its
+    snapshot, the backup queued after it still runs, and the pin is named in a warning."""
+    import errno
+
+    from ckptvault.ops import pin as pins
+
+    release = pins.Pin.release
+    failed: list[str] = []
+
+    def release_failing_once(self: pins.Pin) -> None:
+        if not failed:
+            failed.append(self.root)
+            raise OSError(errno.EIO, "Input/output error", self.root)
+        release(self)
+
+    monkeypatch.setattr(pins.Pin, "release", release_failing_once)
+    handles = [vault.backup_async(make_checkpoint(tmp_path / f"step_{s}", s), tags={"step": str(s)}) for s in (1, 2)]
+    vault.flush(timeout=60)
+    assert [h.result(timeout=1).tags["step"] for h in handles] == ["1", "2"]
+    assert f"the pin {failed[0]}" in caplog.text and "could not be removed" in caplog.text
+    assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2"]

@@ -751,6 +751,17 @@ class AsyncShipper:
 
     @staticmethod
     def _release(job: BackupJob) -> None:
+        """Remove the job's pins. One that cannot be removed (EACCES, a read-only remount, EIO) is
+        warned about and left: the worker must go on to the job's result and the jobs queued after it."""
         for pin in job.pins:
-            pin.release()
+            try:
+                pin.release()
+            except OSError as exc:
+                log.warning(
+                    "ckptvault: the pin %s of %s could not be removed (%s); delete it once it can be "
+                    "(the next run ships it again if no snapshot of it is found)",
+                    pin.root,
+                    pin.source,
+                    exc.strerror or exc,
+                )
         job.pins = []

@@ -998,7 +998,10 @@ class Watcher:
     def _release(self, cand: _Candidate) -> None:
         self._candidates.pop(cand.pin.pin_id, None)
         _let_go(cand)
-        cand.pin.release()
+        try:
+            cand.pin.release()
+        except OSError as exc:  # EACCES, a read-only remount: the watcher goes on; a restart finds it shipped
+            self._on_warning(f"{cand.pin.name}: its pin {cand.pin.root} could not be removed: {exc}; delete it")
         with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
 
