@@ -1275,3 +1275,24 @@ def test_a_pinned_folder_replaced_while_no_watcher_ran_ships_from_its_pin_and_th
     with Vault.open(repo) as vault:
         got = [restored_files(vault, s) for s in vault.snapshots({"run": "b"})]
     assert got == [a, b]
+
+
+def test_the_first_checkpoint_of_a_trainer_run_waits_for_its_trainer_state(tmp_path, repo):
+    """A fresh Trainer output folder: no checkpoint-N holds trainer_state.json yet, but the first one
+    holds the training_args.bin the Trainer writes with the model; a pause longer than --settle before
+    trainer_state.json (gathering the optimizer state) must not ship it without that file."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=hf", "--settle", "0.3", "--json")
+    folder = ckpts / "checkpoint-10"
+    folder.mkdir()
+    for name in ("model.safetensors", "training_args.bin", "optimizer.pt"):
+        (folder / name).write_bytes(os.urandom(20_000))
+    time.sleep(1.5)  # settled several times over
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    watch.wait_for(lambda: len(watch.shipped()) == 1, what="checkpoint-10 to ship")
+    time.sleep(0.5)
+    assert watch.finish() == 0, watch.err
+    with Vault.open(repo) as vault:
+        snaps = vault.snapshots({"run": "hf"})
+        assert len(snaps) == 1 and "trainer_state.json" in {e.path for e in vault.files(snaps[0])}

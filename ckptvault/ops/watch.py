@@ -163,10 +163,13 @@ LOOK_INSIDE_S = 1.0
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
 LOOK_INSIDE_SHARE = 0.05
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
+# Written by a Hugging Face Trainer into each checkpoint-N with the model, before trainer_state.json: the
+# first save of a run is told apart by it, before any checkpoint-N of the folder holds trainer_state.json
+TRAINER_ARGS = "training_args.bin"
 TENSORBOARD_EVENTS = "events.out.tfevents."
 # Files saved beside the weights of one checkpoint, never checkpoints by themselves (Hugging Face, PyTorch)
 CHECKPOINT_PARTS = frozenset(
-    {"optimizer.pt", "optimizer.bin", "scheduler.pt", "rng_state.pth", "training_args.bin", TRAINER_STATE}
+    {"optimizer.pt", "optimizer.bin", "scheduler.pt", "rng_state.pth", TRAINER_ARGS, TRAINER_STATE}
 )
 
 
@@ -809,8 +812,7 @@ class Watcher:
         ``_in_place_gone`` says.)"""
         if (
             cand.pin.in_place
-            or not self._trainer_output
-            or not TRAINER_CHECKPOINT.fullmatch(cand.pin.name)
+            or not self._trainer_checkpoint(cand.pin)
             or now - cand.last_change >= self.options.settle
             or os.path.lexists(cand.pin.source)
             or os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE))
@@ -824,6 +826,14 @@ class Watcher:
         self._drop(cand)
         return True
 
+    def _trainer_checkpoint(self, pin: pins.Pin) -> bool:
+        """A Hugging Face Trainer's ``checkpoint-N``, which is complete once it holds ``trainer_state.json``:
+        in the Trainer's output folder, or holding the ``training_args.bin`` the Trainer writes into each
+        (its run's first save, before the folder is known). Other trainers name folders so too."""
+        if not TRAINER_CHECKPOINT.fullmatch(pin.name):
+            return False
+        return self._trainer_output or os.path.exists(os.path.join(pin.data, TRAINER_ARGS))
+
     def _not_complete(self, cand: _Candidate, sig: pins.Signature, now: float) -> bool:
         """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
         are written), or a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
@@ -832,7 +842,7 @@ class Watcher:
         lacks (a Trainer still saving is said to wait only after ``INCOMPLETE_WARN_S``: its ranks may
         meet at a barrier first); once its source is gone it is dropped, and said so."""
         if any(item[1] == "f" for item in sig):
-            if not (self._trainer_output and TRAINER_CHECKPOINT.fullmatch(cand.pin.name)):
+            if not self._trainer_checkpoint(cand.pin):
                 return False
             if os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):
                 return False
