@@ -191,6 +191,22 @@ def test_real_torch_save_when_torch_is_installed(tmp_path: Path) -> None:
     assert {(t.name, t.dtype, t.shape) for t in layout.tensors} == {("w", "BF16", (2, 3)), ("n", "F32", (4,))}
 
 
+def test_a_module_state_dict_saved_by_torch_lists_its_tensors(tmp_path: Path) -> None:
+    """``torch.save(model.state_dict())``, the most common checkpoint, and a Lightning-style dict
+    holding one: an OrderedDict with a ``_metadata`` attribute, which the pickle sets after building it."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    want = {("0.weight", "F32", (4, 8)), ("0.bias", "F32", (4,)), ("1.weight", "F32", (2, 4)), ("1.bias", "F32", (2,))}
+    for name, obj, prefix in (
+        ("model.bin", model.state_dict(), ""),
+        ("x.ckpt", {"state_dict": model.state_dict()}, "state_dict."),
+    ):
+        torch.save(obj, tmp_path / name)
+        layout = layout_of((tmp_path / name).read_bytes())
+        assert layout is not None
+        assert {(t.name, t.dtype, t.shape) for t in layout.tensors} == {(prefix + n, d, s) for n, d, s in want}
+
+
 def test_a_header_that_does_not_parse_only_costs_the_tensor_coding(tmp_path: Path, vault, cli, repo_url) -> None:
     """A backup stores a file whose header is malformed like any other file (and the files beside it);
     ``show`` says what is wrong in one line, exit 23."""

@@ -63,12 +63,17 @@ def _first_arg(data: Any = None, *_rest: Any) -> Any:
     return data
 
 
+class _OrderedDict(dict):
+    """An OrderedDict in a pickle. ``Module.state_dict()`` gives it a ``_metadata`` attribute, which the
+    pickle sets once it is built (a plain ``dict`` has no attributes, and the whole pickle would fail)."""
+
+
 _KNOWN = {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_parameter"): _first_arg,
     ("torch._utils", "_rebuild_parameter_with_state"): _first_arg,
-    ("collections", "OrderedDict"): dict,
+    ("collections", "OrderedDict"): _OrderedDict,
     ("_codecs", "encode"): lambda text, enc="latin1": str(text).encode(enc),  # protocol-2 bytes
 }
 
