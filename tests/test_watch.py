@@ -1296,3 +1296,33 @@ def test_the_first_checkpoint_of_a_trainer_run_waits_for_its_trainer_state(tmp_p
     with Vault.open(repo) as vault:
         snaps = vault.snapshots({"run": "hf"})
         assert len(snaps) == 1 and "trainer_state.json" in {e.path for e in vault.files(snaps[0])}
+
+
+def test_a_long_watch_keeps_no_record_of_checkpoints_rotated_away(tmp_path, vault, monkeypatch):
+    """A sidecar beside a weeks-long run: what it remembers of shipped checkpoints (their files, to
+    notice a new version) stays with those still in the folder, not with every one ever shipped."""
+    from ckptvault.ops import watch as watch_module
+
+    watchers = []
+    run = watch_module.Watcher.run
+    monkeypatch.setattr(watch_module.Watcher, "run", lambda self: (watchers.append(self), run(self))[1])
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: vault.watch(ckpts, settle=0.05, interval=0.05, stop=stop))
+    worker.start()
+    for step in range(12):
+        tmp = ckpts / f"tmp-{step}"
+        tmp.mkdir()
+        (tmp / "model.bin").write_bytes(b"%d" % step)
+        os.rename(tmp, ckpts / f"step_{step}")
+        if step >= 2:
+            shutil.rmtree(ckpts / f"step_{step - 2}")  # keep the last two
+        deadline = time.monotonic() + 30
+        while len(vault.snapshots()) < step + 1:
+            assert time.monotonic() < deadline, "step did not ship"
+            time.sleep(0.05)
+    time.sleep(0.3)  # a few polls after the last rotation
+    stop.set()
+    worker.join(30)
+    assert sorted(watchers[0]._done) == ["step_10", "step_11"]

@@ -50,7 +50,7 @@ class Shipping:
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
         self.raise_on_error = flag_arg("raise_on_error", raise_on_error)
         self.vault: Vault | str = vault if isinstance(vault, Vault) else _open_by_url(vault)
-        self.handles: list[BackupHandle] = []
+        self.handles: list[BackupHandle] = []  # those not done yet, and the last
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
         self._shipped: set[tuple[str, int, int, int]] = set()
         if self.ship_on_sigterm:
@@ -65,6 +65,7 @@ class Shipping:
         handle = self.vault.backup_async(
             path, tags=tags, on_full=self.on_full, skip_if_unchanged=True, exclude=self.exclude
         )
+        self.handles = [h for h in self.handles if not h.done()]  # the shipped ones are not kept all run
         self.handles.append(handle)
 
     def refuse_checkpoints_in_the_vault(self, folder: str | None) -> None:

@@ -460,8 +460,12 @@ class Watcher:
             self._warn_once(("list", self.directory), f"cannot list {self.directory}: {exc}; trying again")
             return
         self._warned.discard(("list", self.directory))
-        listed = {entry.name for entry in entries}  # a checkpoint rotated away costs no look any more
-        looks_s = sum(done.look_s for name, done in self._done.items() if name in listed)
+        listed = {entry.name for entry in entries}
+        for name in [name for name in self._done if name not in listed]:
+            # rotated away: no record kept (a long run would keep thousands); if the name comes back,
+            # what it holds is found shipped, or not, by its digest, as after a restart
+            del self._done[name]
+        looks_s = sum(done.look_s for done in self._done.values())
         look_every = max(LOOK_INSIDE_S, self.options.interval, looks_s / LOOK_INSIDE_SHARE)
         for entry in entries:
             try:
