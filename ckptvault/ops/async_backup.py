@@ -681,7 +681,8 @@ class AsyncShipper:
             try:
                 snapshot = self._run_with_retries(job)
             except BackupSupersededError as exc:  # a later save holds its content: as when coalesced
-                log.warning("async backup of %s: %s", job.describe(), exc)
+                if self._log_failures:  # else the owner (watch) says it, with what happens next
+                    log.warning("async backup of %s: %s", job.describe(), exc)
                 self._starving(exc.rewritten)
                 with self._cond:  # its backup is usually queued once that save is written; if none comes, lost
                     queued = {pin.source for later in self._pending for pin in later.pins}

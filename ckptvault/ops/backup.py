@@ -102,7 +102,7 @@ class ChunkPipeline:
         self.planner = planner  # None: delta coding is off (content-defined chunks, as before codec 3)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-chunk")
         self.window = workers * 4
-        self.inflight: deque[tuple[FileEntry, Future[_Prepared], int]] = deque()
+        self.inflight: deque[tuple[FileEntry, Future[_Prepared], int, int]] = deque()  # ..., length, bytes held
         self.inflight_bytes = 0
         self.new_bytes = 0
         self.new_chunks = 0
@@ -115,8 +115,9 @@ class ChunkPipeline:
         self, entry: FileEntry, data: memoryview, runs: tuple[ElementRun, ...] = (), cand: BaseCandidate | None = None
     ) -> None:
         future = self.pool.submit(_prepare_chunk, self.repo, data, runs, self.planner, cand)
-        self.inflight.append((entry, future, len(data)))
-        self.inflight_bytes += len(data)
+        held = len(data) + (len(cand.given) if cand is not None and cand.given is not None else 0)
+        self.inflight.append((entry, future, len(data), held))
+        self.inflight_bytes += held
         while len(self.inflight) > self.window or self.inflight_bytes > INFLIGHT_BYTES:
             self._drain_one()
 
@@ -124,20 +125,22 @@ class ChunkPipeline:
         """A chunk the repository holds already, in its place among those submitted (copy)."""
         done: Future[_Prepared] = Future()
         done.set_result(_Prepared(chunk_id, None))
-        self.inflight.append((entry, done, 0))
+        self.inflight.append((entry, done, 0, 0))
         self.progress.advance(size)
         while len(self.inflight) > self.window:
             self._drain_one()
 
     def _drain_one(self) -> None:
-        entry, future, size = self.inflight.popleft()
-        self.inflight_bytes -= size
+        entry, future, size, held = self.inflight.popleft()
+        self.inflight_bytes -= held
         done = future.result()
         entry.chunks.append(done.chunk_id)
         if done.blob is not None and self.repo.add_chunk(done.chunk_id, done.blob, size, done.base_id):
             self.new_bytes += size
             self.new_chunks += 1
             if done.base_id is not None:
+                if self.planner is not None:  # the keyframe serves one more delta (copy codes many saves)
+                    self.planner.uses[done.base_id] += 1
                 self.delta_chunks += 1
                 self.delta_bytes += size
                 self.delta_stored += blob_size(done.blob)

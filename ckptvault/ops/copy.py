@@ -194,7 +194,6 @@ class _Copier:
         loc = self.dest.index.get(base_id)
         if loc is None or loc.base_id is not None or self.planner.uses[base_id] >= KEYFRAME_INTERVAL - 1:
             return None
-        self.planner.uses[base_id] += 1
         return BaseCandidate(base_id, None, path, data)
 
     def _read(self, chunk_id: bytes) -> Read:

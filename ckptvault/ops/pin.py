@@ -249,6 +249,41 @@ def source_alive(pin: Pin) -> bool:
         return False
 
 
+def shares_a_file(pin: Pin) -> bool | None:
+    """Whether the pinned folder still holds one of the pin's files (the same inode, a hard link)
+    under the same path: False when it holds none of them, which the folder it was pinned from always
+    does until every file of it is replaced between two syncs, as when the folder was replaced; None
+    when that cannot tell (the pin holds no file yet, or copies: another filesystem, links refused)."""
+    if pin.in_place or pin.copied:
+        return None
+    pinned = False
+    stack = [""]  # relative folders (a stack, not os.walk's recursion: checkpoints can nest deep)
+    while stack:
+        rel = stack.pop()
+        try:
+            with os.scandir(os.path.join(pin.data, rel)) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(rel, entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(path)
+                continue
+            try:
+                mine = entry.stat(follow_symlinks=False)
+                theirs = os.lstat(os.path.join(pin.source, path))
+            except OSError:
+                continue  # deleted since in the source (its pin keeps it): says nothing
+            if mine.st_dev != theirs.st_dev:
+                return None
+            if stat.S_ISREG(mine.st_mode):
+                if os.path.samestat(mine, theirs):
+                    return True
+                pinned = True
+    return False if pinned else None
+
+
 def sync(pin: Pin, *, link_only: bool = False) -> None:
     """Bring the pin up to date with its source: link (or copy) new files, relink files that
     were replaced by a rename. Files gone from the source stay pinned. A source that vanished
@@ -261,6 +296,7 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         return
     if st.st_ino != pin.source_ino:
         return  # the name now holds another checkpoint; this pin keeps the old one
+    copied = pin.copied
     if stat.S_ISDIR(st.st_mode):
         os.makedirs(pin.data, exist_ok=True)
         _sync_tree(pin, pin.source, st, link_only)
@@ -271,6 +307,21 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
             _replace_with(pin.data, lambda tmp: open(tmp, "xb").close())
     else:
         _sync_file(pin, pin.source, pin.data, link_only)
+    if pin.copied and not copied:
+        _note_copied(pin)
+
+
+def _note_copied(pin: Pin) -> None:
+    """Record in its metadata that a pin made of links now holds copies (a folder pinned empty whose
+    files came from another filesystem): a restart must not take copies for a replaced folder."""
+    path = os.path.join(pin.root, META)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return  # not written yet: ``create`` writes it, with the flag, once the files are pinned
+    if isinstance(doc, dict) and not doc.get("copied"):
+        write_json(path, {**doc, "copied": True})
 
 
 def _sync_tree(pin: Pin, source: str, source_st: os.stat_result, link_only: bool) -> None:

@@ -131,10 +131,6 @@ class _Candidate:
     error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
     unpinned: str = ""  # shipping in place: why no pin could be made
     pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
-    # An open descriptor of a folder source: while the candidate lives, the folder's inode number
-    # cannot be handed to a new folder of the same name (ext4 reuses it at once after an rmtree),
-    # which would pass for the pinned checkpoint and be synced into its pin.
-    source_fd: int = -1
 
 
 @dataclass
@@ -312,8 +308,6 @@ class Watcher:
                 for job in shipper.close(cancel_pending=True):
                     self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
                 self._collect()
-                for cand in self._candidates.values():  # kept for the next run, which holds them again
-                    _let_go(cand)
             self.result.left = sum(1 for c in self._candidates.values() if not c.pin.in_place)
             # failures that a later retry fixed are not errors of the run
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
@@ -623,7 +617,7 @@ class Watcher:
             return
         if pin.copied:
             self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
-        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now, source_fd=_hold_folder(pin))
+        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
 
     def _ship_in_place(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> None:
         """No room for a pin (the checkpoints' disk is full, which is when shipping them matters most):
@@ -652,7 +646,6 @@ class Watcher:
             last_change=now,
             unpinned=reason,
             pin_retry_at=now + RETRY_AFTER[0],
-            source_fd=_hold_folder(pin),
         )
 
     def _pin_after_all(self, cand: _Candidate, now: float) -> None:
@@ -744,10 +737,9 @@ class Watcher:
         except OSError:
             same = False
         if not same:
-            raise BackupSupersededError(
+            raise BackupSupersededError(  # no ``rewritten``: the watcher ships what was written, not the shipper
                 f"{pin.name} was rewritten in place while it shipped (a pin holds its files, not their bytes): "
-                "this backup is not stored; what was written ships once it settles",
-                rewritten=(pin.source,),
+                "this backup is not stored; what was written ships once it settles"
             )
 
     def _adopt_pins(self) -> int:
@@ -763,9 +755,8 @@ class Watcher:
                 continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
             pin.excluded = self._excluded  # and what this run's patterns leave out
-            if _replaced_while_away(pin):
-                pin.source_ino = -1  # it ships from its pin; the new folder is a checkpoint of its own
-            self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now, source_fd=_hold_folder(pin))
+            _stat_if_same(pin)  # before the first look: a folder replaced while no watcher ran is a new one
+            self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
 
@@ -1011,7 +1002,6 @@ class Watcher:
 
     def _release(self, cand: _Candidate) -> None:
         self._candidates.pop(cand.pin.pin_id, None)
-        _let_go(cand)
         try:
             cand.pin.release()
         except OSError as exc:  # EACCES, a read-only remount: the watcher goes on; a restart finds it shipped
@@ -1023,52 +1013,23 @@ class Watcher:
         self._release(cand)
 
 
-def _hold_folder(pin: pins.Pin) -> int:
-    """An open descriptor of the pin's source when it is a folder that is still the pinned one, else -1."""
-    try:
-        fd = os.open(pin.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return -1  # gone, or a file (a pin's hard link keeps a file's inode allocated already)
-    if os.fstat(fd).st_ino != pin.source_ino:
-        os.close(fd)
-        return -1
-    return fd
-
-
-def _let_go(cand: _Candidate) -> None:
-    if cand.source_fd >= 0:
-        os.close(cand.source_fd)
-        cand.source_fd = -1
-
-
-def _replaced_while_away(pin: pins.Pin) -> bool:
-    """Whether a folder pinned by an earlier run was deleted, and a new one made under its name got
-    its inode number, while no watcher held it: then not one of the pin's files is the file of that
-    name in the folder (a pin hard-links them), where the same folder shares at least the files it
-    has not replaced since. Pins that copied their files cannot tell, and are taken as the same."""
-    if pin.in_place or pin.copied or not pins.source_alive(pin) or not os.path.isdir(pin.source):
-        return False
-    pinned_any = False
-    for folder, _, files in os.walk(pin.data):
-        for file in files:
-            path = os.path.join(folder, file)
-            pinned_any = True
-            in_source = os.path.join(pin.source, os.path.relpath(path, pin.data))
-            try:
-                if os.path.samestat(os.lstat(path), os.lstat(in_source)):
-                    return False
-            except OSError:
-                continue
-    return pinned_any
-
-
 def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
-    """The source's stat, taken before a sync, while the name still holds the pinned checkpoint."""
+    """The source's stat, taken before a sync, while the name still holds the pinned checkpoint.
+
+    A folder replaced under its name (``rmtree``, then a new folder) may get the old one's inode
+    number (ext4 hands it out again at once): it is told apart by its files, none of which is one of
+    the pin's hard links. Then the pin keeps what it holds, for good (it ships as it is), and the new
+    folder is a checkpoint of its own."""
     try:
         st = os.stat(pin.source)
     except OSError:
         return None
-    return st if st.st_ino == pin.source_ino else None
+    if st.st_ino != pin.source_ino:
+        return None
+    if stat.S_ISDIR(st.st_mode) and pins.shares_a_file(pin) is False:
+        pin.source_ino = -1  # in memory only: a restart tells it apart again
+        return None
+    return st
 
 
 POINTER_FILES = {"latest": "DeepSpeed", "latest_checkpointed_iteration.txt": "Megatron-LM"}
