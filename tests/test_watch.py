@@ -1234,14 +1234,18 @@ def restored_files(vault: Vault, snap) -> dict[str, bytes]:
     return {e.path: b"".join(vault.read_file(snap, e.path)) for e in vault.files(snap) if e.type == "file"}
 
 
-def test_a_folder_replaced_under_its_name_while_its_pin_settles_ships_both_saves_unmixed(tmp_path, repo):
+@pytest.mark.parametrize("names", ["same", "other"])
+def test_a_folder_replaced_under_its_name_while_its_pin_settles_ships_both_saves_unmixed(tmp_path, repo, names):
     """The new folder may get the old one's inode number: it must not pass for the pinned checkpoint
-    (whose pin would then take its files beside the old ones): each save ships as it was written."""
+    (whose pin would then take its files beside the old ones): each save ships as it was written,
+    whether the new save's files have the old names or others."""
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=b", "--settle", "1.5", "--json")
     a = {"model.bin": os.urandom(100_000), "optimizer_a.bin": os.urandom(50_000), "step.txt": b"100"}
     b = {"model.bin": os.urandom(100_000), "step.txt": b"200"}
+    if names == "other":
+        b = {"model-200.bin": os.urandom(100_000)}
     replace_folder(ckpts / "best", a)
     watch.wait_for(lambda: "best" in pinned_names(ckpts / ".ckptvault-watch" / "pins"), what="best's pin")
     time.sleep(0.3)  # a few polls: the pin holds A's files, and A is still settling

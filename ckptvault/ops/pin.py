@@ -251,12 +251,13 @@ def source_alive(pin: Pin) -> bool:
 
 def shares_a_file(pin: Pin) -> bool | None:
     """Whether the pinned folder still holds one of the pin's files (the same inode, a hard link)
-    under the same path: False when it holds none of them, which the folder it was pinned from always
-    does until every file of it is replaced between two syncs, as when the folder was replaced; None
-    when that cannot tell (the pin holds no file yet, or copies: another filesystem, links refused)."""
+    under the same path. False when it holds files but none of the pin's: the folder it was pinned
+    from keeps sharing them until all its files are replaced (or deleted) between two syncs, as when
+    the folder itself was replaced. None when that cannot tell: the pin or the folder holds no file,
+    or the pin holds copies (another filesystem, links refused)."""
     if pin.in_place or pin.copied:
         return None
-    pinned = False
+    differs = False
     stack = [""]  # relative folders (a stack, not os.walk's recursion: checkpoints can nest deep)
     while stack:
         rel = stack.pop()
@@ -272,16 +273,27 @@ def shares_a_file(pin: Pin) -> bool | None:
                 continue
             try:
                 mine = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(mine.st_mode):
+                continue
+            try:
                 theirs = os.lstat(os.path.join(pin.source, path))
             except OSError:
-                continue  # deleted since in the source (its pin keeps it): says nothing
+                differs = True  # gone from the folder (the pin keeps it)
+                continue
             if mine.st_dev != theirs.st_dev:
                 return None
-            if stat.S_ISREG(mine.st_mode):
-                if os.path.samestat(mine, theirs):
-                    return True
-                pinned = True
-    return False if pinned else None
+            if os.path.samestat(mine, theirs):
+                return True
+            differs = True
+    if not differs:
+        return None
+    try:
+        with os.scandir(pin.source) as it:
+            return False if any(True for _ in it) else None  # an emptied folder: nothing to tell by yet
+    except OSError:
+        return None
 
 
 def sync(pin: Pin, *, link_only: bool = False) -> None:
