@@ -19,6 +19,7 @@ import typer
 
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError, name_command_line_options
+from ..store.retrying import stop_retrying
 from ..vault import Vault, default_repo_url
 from ..version import __version__
 from .output import Output, discard_stdout
@@ -127,9 +128,15 @@ class Terminated(KeyboardInterrupt):
     def install() -> None:
         def raise_terminated(signum: int, frame: object) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+            stop_retrying()
             raise Terminated
 
+        def raise_interrupted(signum: int, frame: object) -> None:
+            stop_retrying()  # the storage calls in flight end with their current attempt
+            raise KeyboardInterrupt
+
         signal.signal(signal.SIGTERM, raise_terminated)
+        signal.signal(signal.SIGINT, raise_interrupted)
 
 
 def command(func: F) -> F:

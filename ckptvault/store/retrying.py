@@ -41,6 +41,17 @@ from .failures import unreachable
 T = TypeVar("T")
 log = logging.getLogger("ckptvault.store")
 
+# Set when the command was interrupted (Ctrl-C, SIGTERM: the CLI's handlers): a storage call that
+# fails is not tried again, so that the calls in flight end with their current attempt (on a dead
+# network path each retry waits out a whole deadline: a Ctrl-C took 11 minutes to end).
+_interrupted = threading.Event()
+
+
+def stop_retrying() -> None:
+    """From now on, in this process, a failed storage call is not tried again (the command is ending)."""
+    _interrupted.set()
+
+
 # The default deadline of a call that moves a known number of bytes: a base for the round trips,
 # plus a second per 256 KiB (a 16 MiB pack: 124 s; four such uploads at once need ~0.5 MB/s). A
 # call of unknown size (a whole object's GET, a listing) gets UNSIZED_DEADLINE_S.
@@ -216,20 +227,23 @@ class RetryingStore:
                     # the storage answers again (a 503 while it recovers): an ordinary call from now on
                     self._breaker.settle(probe, exc)
                     probe, retries = 0, self.policy.retries
-                if not exc.retryable or attempt >= retries:
+                if not exc.retryable or attempt >= retries or _interrupted.is_set():
                     self._breaker.settle(probe, exc)
                     if attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
                 delay = self.policy.delay(attempt)
                 log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1)
+                failure = exc
             except BaseException as exc:
                 self._breaker.settle(probe, exc)
                 raise
             else:
                 self._breaker.settle(probe, None)
                 return result
-            time.sleep(delay)
+            if _interrupted.wait(delay):  # interrupted while waiting to try again: the failure stands
+                self._breaker.settle(probe, failure)
+                raise failure
             attempt += 1
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:

@@ -10,6 +10,10 @@ that points at missing data (check --read-data passes, the earlier snapshot rest
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +27,7 @@ from ckptvault.store import FsspecStore
 
 from ..conftest import tree_digest
 from ..support.faultproxy import FaultProxy
-from ..support.servers import Backend, RunningServer
+from ..support.servers import CLIENT_ENV, Backend, RunningServer
 from .conftest import make_checkpoint, one_line_error
 
 SMALL_CHUNKS = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
@@ -236,3 +240,40 @@ def test_a_restore_from_a_server_that_stopped_answering_makes_few_attempts(moto,
     # (queued reads, read-ahead fallbacks, the lock's release) are not tried
     assert proxy.stalled <= 4 * 2 + 1, proxy.stalled
     vault.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_backup_interrupted_while_the_network_is_dead_ends_with_the_attempts_in_flight(
+    moto, proxy, src, tmp_path, sig
+):
+    """Mid-upload the path to the storage goes dead (nothing answers, nothing is reset: a vanished NAT
+    entry), then Ctrl-C or a preemption's SIGTERM: the calls in flight are not tried again, so the
+    backup ends after one deadline (3 s here), not after every retry of every upload (6 x 3 s each)."""
+    url = moto.backend.new_url("interrupted")
+    Vault.init(url, storage_options=moto.backend.storage_options, chunker=SMALL_CHUNKS, pack_size=PACK).close()
+    env = {**os.environ, **CLIENT_ENV, **moto.backend.env, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    endpoint = f"endpoint_url=http://127.0.0.1:{proxy.port}"
+    args = ["backup", str(src), "--repo", url, "-q", "-o", endpoint, "--limit-upload", "1MB"]  # ~4 s of packs
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ckptvault", *args],
+            cwd=Path(__file__).resolve().parents[2],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        deadline = time.monotonic() + 30
+        while "retrying" not in (tmp_path / "stderr").read_text():
+            if proxy.connections >= 4 and not proxy.stall:  # its uploads have begun: the path goes dead
+                proxy.stall = True
+                proxy.drop_all()
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        started = time.monotonic()
+        rc = proc.wait(120)
+    took = time.monotonic() - started
+    stderr = (tmp_path / "stderr").read_text()
+    assert rc == (130 if sig == signal.SIGINT else 143), stderr
+    assert took < 9, f"took {took:.1f} s to end: {stderr}"
