@@ -562,7 +562,14 @@ class Vault:
         if named is not None:
             error = unreadable[named]
             raise type(error)(f"{error}; {_unreadable_hint(named)}")
-        return selection.select(sorted(snaps, key=lambda s: s.time), spec, tags)
+        chosen = selection.select(sorted(snaps, key=lambda s: s.time), spec, tags)
+        if spec == "latest" and unreadable:  # its tags and time are unknown: it may be the newer save
+            ids = ", ".join(i[:12] for i in sorted(unreadable))
+            self._warn(
+                f"'latest' is {chosen.short_id} among the snapshots that can be read; {len(unreadable)} cannot be "
+                f"({ids}) and may be newer: restore by ID to be sure (ckptvault snapshots)"
+            )
+        return chosen
 
     @_open_only
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:

@@ -97,7 +97,9 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
     assert "a.bin" in cli("ls", "--repo", repo, good[:8]).stdout.decode()
     cli("restore", "--repo", repo, good[:8], str(tmp_path / "out"))
     assert tree_digest(tmp_path / "out") == tree_digest(src)
-    cli("restore", "--repo", repo, "latest", str(tmp_path / "out2"))  # latest among the readable ones
+    latest = cli("restore", "--repo", repo, "latest", str(tmp_path / "out2"))  # latest among the readable ones
+    assert f"'latest' is {good[:8]} among the snapshots that can be read" in latest.stderr.decode()
+    assert f"({bad[:12]}) and may be newer" in latest.stderr.decode()
 
     proc = cli("restore", "--repo", repo, bad[:10], str(tmp_path / "out3"), check=False)
     assert proc.returncode == code
