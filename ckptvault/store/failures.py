@@ -237,6 +237,17 @@ def _describe(exc: BaseException) -> str:
     return f"{name}: {message}"
 
 
+def _bucket_asked_for(chain: list[BaseException]) -> str:
+    """The bucket an S3 error says was asked for (botocore's parsed ``BucketName``), else ''."""
+    for node in chain:
+        response = getattr(node, "response", None)
+        if isinstance(response, dict):
+            name = response.get("Error", {}).get("BucketName")
+            if isinstance(name, str) and name:
+                return name
+    return ""
+
+
 def classify(exc: BaseException, bucket: str = "") -> Failure:
     chain = _chain(exc)
     status, code = status_in_chain(exc)
@@ -251,6 +262,13 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
     if isinstance(exc, OSError) and exc.errno == errno.EINVAL and _PRECONDITION_TEXT.search(text):
         return Failure(Kind.EXISTS, "the object already exists")  # s3fs's 412 without the condition named
     if code in NO_BUCKET_CODES or ((isinstance(exc, FileNotFoundError) or status == 404) and _BUCKET_TEXT.search(text)):
+        asked = _bucket_asked_for(chain)
+        if bucket and asked and asked != bucket:  # e.g. an endpoint_url with a path: its first part was taken
+            return Failure(
+                Kind.NO_BUCKET,
+                f"the storage was asked for bucket {asked!r}, not {bucket!r}: an endpoint_url takes no path "
+                "(give the bucket in the repository URL)",
+            )
         where = f"bucket {bucket!r}" if bucket else "the bucket (or container)"
         return Failure(Kind.NO_BUCKET, f"{where} does not exist; create it first or check the URL")
     if isinstance(exc, FileNotFoundError) or code in NOT_FOUND_CODES or status == 404:

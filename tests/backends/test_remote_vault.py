@@ -5,6 +5,7 @@ reach the repository; bad URLs, missing buckets, bad credentials and dead endpoi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import http.server
 import json
@@ -389,3 +390,23 @@ def test_copy_a_local_vault_to_s3_and_back(server, remote_cli, tmp_path: Path):
             remote_cli(backend_of, "restore", snap["id"], str(out), "--repo", repo, "-q")
         assert tree_digest(tmp_path / f"remote-{snap['id']}") == tree_digest(tmp_path / f"local-{snap['id']}")
         assert tree_digest(tmp_path / f"back-{snap['id']}") == tree_digest(tmp_path / f"local-{snap['id']}")
+
+
+def test_an_endpoint_url_with_a_path_is_named_not_the_bucket_blamed(server, remote_cli):
+    """A console URL pasted as endpoint_url (``http://host:port/extra/path``): the storage takes the
+    path's first part for the bucket. The vault's bucket exists; the message says what was asked."""
+    b = server("s3-seaweedfs").backend
+    url = b.new_url("pathy")
+    remote_cli(b, "init", url)
+    endpoint = next(o for o in b.cli_options if o.startswith("endpoint_url=")).removeprefix("endpoint_url=")
+    proc = remote_cli(
+        dataclasses.replace(b, cli_options=["-o", f"endpoint_url={endpoint}/extra/path"]),
+        "snapshots",
+        "--repo",
+        url,
+        check=False,
+        CKPTVAULT_RETRIES="0",
+    )
+    line = one_line_error(proc)
+    assert proc.returncode == 20 and "an endpoint_url takes no path" in line, line
+    assert "create it first" not in line, line
