@@ -255,3 +255,27 @@ def test_a_file_read_part_way_holds_a_shared_lock_until_the_vault_closes(tmp_pat
     with Vault.open(str(tmp_path / "repo")) as again:
         assert again.locks() == []
         again.prune(keep_latest=1)
+
+
+def test_an_acquire_interrupted_while_the_storage_fails_raises_the_interrupt_and_leaves_its_lock(vault, monkeypatch):
+    """Ctrl-C (or SIGTERM) while a lock is being taken, with the storage not answering: removing the
+    lock just written fails too; the interrupt is what the command reports (exit 130/143, not a
+    storage error), and the lock is left behind for a later command or `unlock` to remove."""
+    from ckptvault.errors import StorageError
+
+    manager = vault._repo.locks
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def not_answering(self, lock):
+        raise StorageError("DELETE", "locks/x", vault.url, "no answer after 3 s")
+
+    monkeypatch.setattr(LockManager, "_list_settled", interrupted)
+    monkeypatch.setattr(LockManager, "remove", not_answering)
+    with pytest.raises(KeyboardInterrupt):
+        manager.acquire(exclusive=False, retry=False)
+    monkeypatch.undo()
+    assert len(manager.list()) == 1  # left behind: the next acquire removes it, as its own
+    with manager.acquire(exclusive=True, retry=False):
+        assert len(manager.list()) == 1

@@ -641,11 +641,7 @@ class Watcher:
             "another disk, where pins are copies)",
         )
         self._candidates[pin.pin_id] = _Candidate(
-            pin=pin,
-            seen=now,
-            last_change=now,
-            unpinned=reason,
-            pin_retry_at=now + RETRY_AFTER[0],
+            pin=pin, seen=now, last_change=now, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
         )
 
     def _pin_after_all(self, cand: _Candidate, now: float) -> None:

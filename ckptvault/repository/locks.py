@@ -497,7 +497,11 @@ class LockManager:
                 for lock in stale:
                     self.remove(lock)
         except BaseException:
-            self.remove(own)
+            try:
+                self.remove(own)
+            except CkptVaultError as error:  # the storage that stopped it (or Ctrl-C) is what to report
+                _leave_behind(self.repo, [own])
+                left_behind.warning("could not remove the lock after a failure: %s", error)
             raise
         return HeldLock(self, own, refreshed=started)
 
