@@ -302,7 +302,7 @@ class Vault:
         # Snapshot objects the latest listing skipped because they cannot be decoded (damaged, or
         # written by a newer ckptvault): full ID -> the error, which names the object.
         self.unreadable_snapshots: dict[str, CkptVaultError] = {}
-        self._warned: set[str] = set()  # each unreadable snapshot is warned about once per Vault
+        self._warned: set[str] = set()  # each unreadable snapshot (and 'latest' without it) is warned about once
         # Snapshot objects are immutable (a new ID for new tags): each is read once per Vault, not at
         # every backup of a training job's long-lived Vault (its 1,000th read 1,000 objects). By ID and
         # listed size, as the metadata cache keeps them (docs/backends.md).
@@ -563,12 +563,15 @@ class Vault:
             error = unreadable[named]
             raise type(error)(f"{error}; {_unreadable_hint(named)}")
         chosen = selection.select(sorted(snaps, key=lambda s: s.time), spec, tags)
-        if spec == "latest" and unreadable:  # its tags and time are unknown: it may be the newer save
-            ids = ", ".join(i[:12] for i in sorted(unreadable))
-            self._warn(
-                f"'latest' is {chosen.short_id} among the snapshots that can be read; {len(unreadable)} cannot be "
-                f"({ids}) and may be newer: restore by ID to be sure (ckptvault snapshots)"
-            )
+        if spec == "latest" and unreadable:  # their tags and times are unknown: one may be the newer save
+            said = f"latest {chosen.id} without {sorted(unreadable)}"
+            if said not in self._warned:
+                self._warned.add(said)
+                ids = ", ".join(i[:12] for i in sorted(unreadable))
+                self._warn(
+                    f"'latest' is {chosen.short_id} among the snapshots that can be read; {len(unreadable)} cannot "
+                    f"be ({ids}) and may be newer: restore by ID to be sure (ckptvault snapshots)"
+                )
         return chosen
 
     @_open_only

@@ -123,7 +123,8 @@ def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
         other = next(c for c in "0123456789abcdef" if c != bad[0])
         with pytest.raises(SnapshotNotFoundError):  # a prefix that names nothing still says so
             vault.snapshot(other + bad[1:])
-        assert vault.latest().id == good
+        assert vault.latest().id == good and vault.latest().id == good
+        assert len(warnings) == 2 and f"'latest' is {good[:8]}" in warnings[1]  # said once, not per call
 
 
 def test_forget_removes_an_unreadable_snapshot_by_id_prefix(two_snapshots, cli: Callable, tmp_path: Path):

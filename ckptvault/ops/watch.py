@@ -709,14 +709,17 @@ class Watcher:
         written), so that both give one digest for one checkpoint."""
         return pins.signature(pin.data, self._as_pinned if pin.in_place else self._excluded)
 
+    def _still(self, pin: pins.Pin, sig: pins.Signature) -> bool:
+        """Whether the pin's files (in place: the source's) are as ``sig`` recorded them."""
+        try:
+            return self._signature(pin) == sig
+        except OSError:
+            return False
+
     def _verify_in_place(self, pin: pins.Pin, sig: pins.Signature) -> None:
         """Just before an in-place backup commits (on the shipping thread): every file still as it was
         when it was queued, or the snapshot could hold parts of two saves."""
-        try:
-            same = _stat_if_same(pin) is not None and self._signature(pin) == sig
-        except OSError:
-            same = False
-        if not same:
+        if _stat_if_same(pin) is None or not self._still(pin, sig):
             raise SourceError(
                 pin.source,
                 "it changed or went while it shipped in place (it could not be pinned); this backup is not stored",
@@ -728,11 +731,7 @@ class Watcher:
         was queued. A hard link pins a file's inode, not its bytes: a trainer that rewrites a file in
         place (Lightning's ``last.ckpt`` when its temporary folder is on another filesystem) changes
         the pin too, and the snapshot would hold a torn file, or the next save, under this one's tags."""
-        try:
-            same = self._signature(pin) == sig
-        except OSError:
-            same = False
-        if not same:
+        if not self._still(pin, sig):
             raise BackupSupersededError(  # no ``rewritten``: the watcher ships what was written, not the shipper
                 f"{pin.name} was rewritten in place while it shipped (a pin holds its files, not their bytes): "
                 "this backup is not stored; what was written ships once it settles"
