@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,72 @@ def test_a_checkpoint_deeper_than_pythons_recursion_is_pinned_and_released(tmp_p
         assert len(sig) == DEEP + 1 and pins.signature(p.data) == sig
         p.release()
         assert not os.path.exists(p.root)
+
+
+def _save(folder: Path, step: int, parts: int = 6) -> None:
+    folder.mkdir()
+    (folder / "sub").mkdir()
+    for i in range(parts):
+        (folder / f"part_{i}.bin").write_text(f"step {step} part {i}\n")
+    (folder / "sub" / "meta.json").write_text(f"step {step}\n")
+
+
+def _steps_in(pin: pins.Pin) -> set[str]:
+    return {p.read_text().split()[1] for p in Path(pin.data).rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("old_one", ["deleted", "kept"])
+def test_a_folder_renamed_over_while_its_pin_syncs_leaves_the_pin_one_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old_one: str
+):
+    """A trainer publishing ``latest/`` by renaming a new folder over the name while the watcher's
+    sync walks it: the walk followed the path, so the rest of the old save's pin was linked from the
+    new save (a snapshot holding files of both, shipped as complete)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    _save(ckpts / "latest", 10)
+    pin = pins.create(str(ckpts / "latest"), str(tmp_path / "staging"))
+    (ckpts / "latest" / "part_9.bin").write_text("step 10 part 9\n")  # written since: the sync links it
+    _save(ckpts / "latest.tmp", 20, parts=10)
+    real, calls = pins._sync_file, []
+
+    def swapped_on_the_third_file(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 3:
+            os.rename(ckpts / "latest", ckpts / "latest.old")
+            os.rename(ckpts / "latest.tmp", ckpts / "latest")
+            if old_one == "deleted":
+                shutil.rmtree(ckpts / "latest.old")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pins, "_sync_file", swapped_on_the_third_file)
+    whole = pins.sync(pin)
+    monkeypatch.undo()
+    assert len(calls) >= 3
+    assert _steps_in(pin) == {"10"}
+    names = {p.name for p in Path(pin.data).rglob("*") if p.is_file()}
+    written_since = {"part_9.bin"} if old_one == "kept" else set()
+    assert names == {f"part_{i}.bin" for i in range(6)} | {"meta.json"} | written_since
+    assert whole is (old_one == "kept")  # the deleted one's later files went before they were linked
+
+
+def test_a_folder_deleted_while_it_is_first_pinned_gives_no_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A pin made while its folder was being deleted holds part of it: it is refused (as a folder
+    deleted before the pin), not kept to ship as the checkpoint."""
+    _save(tmp_path / "latest", 10)
+    real, calls = pins._sync_file, []
+
+    def deleted_on_the_third_file(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 3:
+            shutil.rmtree(tmp_path / "latest")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pins, "_sync_file", deleted_on_the_third_file)
+    with pytest.raises(FileNotFoundError, match="deleted while it was being pinned"):
+        pins.create(str(tmp_path / "latest"), str(tmp_path / "staging"))
+    monkeypatch.undo()
+    assert not os.listdir(tmp_path / "staging")
+    _save(tmp_path / "latest", 20)  # a folder whole at its pin is pinned whole
+    pin = pins.create(str(tmp_path / "latest"), str(tmp_path / "staging"))
+    assert _steps_in(pin) == {"20"} and pins.signature(pin.data) == pins.signature(str(tmp_path / "latest"))

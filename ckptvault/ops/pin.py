@@ -39,6 +39,7 @@ log = logging.getLogger("ckptvault")
 
 # link(2) failures that mean "no hard links here", as opposed to a real error
 NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 META = "pin.json"
 DATA = "data"
 
@@ -201,7 +202,10 @@ def create(
     root = new_pin_root(staging)
     pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino, skip_dir=skip_dir, excluded=excluded)
     try:
-        sync(pin, link_only=link_only)
+        if not sync(pin, link_only=link_only) and not source_alive(pin):
+            # files listed went before they were linked, and the folder went too: it was being
+            # deleted (or replaced and deleted) while it was pinned, so the pin holds part of it
+            raise FileNotFoundError(errno.ENOENT, "deleted while it was being pinned", source)
         pin.save_meta(**(meta(pin) if meta else {}))
     except BaseException:
         remove_tree(root)
@@ -296,22 +300,38 @@ def shares_a_file(pin: Pin) -> bool | None:
         return None
 
 
-def sync(pin: Pin, *, link_only: bool = False) -> None:
+def sync(pin: Pin, *, link_only: bool = False) -> bool:
     """Bring the pin up to date with its source: link (or copy) new files, relink files that
     were replaced by a rename. Files gone from the source stay pinned. A source that vanished
-    meanwhile leaves the pin as it is."""
+    meanwhile leaves the pin as it is. False when entries listed in the source went before they
+    were pinned (the folder, or part of it, was being deleted).
+
+    A folder is walked through a descriptor of the folder pinned, not by its path: a trainer that
+    publishes a save by renaming a new folder over the name (``latest/``) while the walk runs must
+    not get the new save's files linked into the old one's pin."""
     if pin.in_place:
-        return
+        return True
     try:
         st = os.stat(pin.source)
     except FileNotFoundError:
-        return
+        return True
     if st.st_ino != pin.source_ino:
-        return  # the name now holds another checkpoint; this pin keeps the old one
+        return True  # the name now holds another checkpoint; this pin keeps the old one
     copied = pin.copied
+    whole = True
     if stat.S_ISDIR(st.st_mode):
-        os.makedirs(pin.data, exist_ok=True)
-        _sync_tree(pin, pin.source, st, link_only)
+        try:
+            top = os.open(pin.source, FOLDER_FLAGS)
+        except FileNotFoundError:
+            return True
+        try:
+            st = os.fstat(top)
+            if st.st_ino != pin.source_ino:
+                return True  # replaced since the stat above
+            os.makedirs(pin.data, exist_ok=True)
+            whole = _sync_tree(pin, top, st, link_only)
+        finally:
+            os.close(top)
     elif pin.excluded is not None and pin.excluded("", False):
         # a file source the backup leaves out (one of several): an empty stand-in keeps the job's
         # sources, and so the snapshot's paths, as given, and its changes count for nothing
@@ -321,6 +341,7 @@ def sync(pin: Pin, *, link_only: bool = False) -> None:
         _sync_file(pin, pin.source, pin.data, link_only)
     if pin.copied and not copied:
         _note_copied(pin)
+    return whole
 
 
 def _note_copied(pin: Pin) -> None:
@@ -336,39 +357,59 @@ def _note_copied(pin: Pin) -> None:
         write_json(path, {**doc, "copied": True})
 
 
-def _sync_tree(pin: Pin, source: str, source_st: os.stat_result, link_only: bool) -> None:
-    """Bring the pin's folder tree up to date with a source folder (a stack, not recursion: a
-    checkpoint may nest deeper than Python's limit)."""
-    folders = [(source, source_st, pin.data, "")]
-    synced: list[tuple[str, os.stat_result]] = []
+@dataclass
+class _Folder:
+    """A folder of the source being synced: opened by its path relative to the pinned folder's
+    descriptor (so inside the folder pinned, wherever it is renamed), and its pin's counterpart."""
+
+    rel: str  # "" for the pinned folder itself
+    st: os.stat_result
+    dst: str
+
+
+def _sync_tree(pin: Pin, top: int, top_st: os.stat_result, link_only: bool) -> bool:
+    """Bring the pin's folder tree up to date with the source folder open as ``top`` (a stack, not
+    recursion: a checkpoint may nest deeper than Python's limit). False when something listed went
+    before it was pinned."""
+    folders = [_Folder("", top_st, pin.data)]
+    synced: list[_Folder] = []
+    whole = True
     while folders:
-        src_dir, src_st, dst_dir, prefix = folders.pop()
+        folder = folders.pop()
         try:
-            with os.scandir(src_dir) as it:
-                entries = list(it)
+            fd = top if not folder.rel else os.open(folder.rel, FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=top)
         except FileNotFoundError:
+            whole = False
             continue
-        synced.append((dst_dir, src_st))
-        folders.extend(_sync_entries(pin, entries, dst_dir, prefix, link_only))
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+            synced.append(folder)
+            whole &= _sync_entries(pin, fd, entries, folder, folders, link_only)
+        finally:
+            if fd != top:
+                os.close(fd)
     # the backup of the pin stores its folders' mode and mtime: the source's (the owner keeps rwx:
     # this process links into the pin and removes it); set last, inner folders first, as each link
     # or folder made moves the mtime
-    for dst_dir, src_st in reversed(synced):
-        os.chmod(dst_dir, stat.S_IMODE(src_st.st_mode) | stat.S_IRWXU)
-        os.utime(dst_dir, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
+    for folder in reversed(synced):
+        os.chmod(folder.dst, stat.S_IMODE(folder.st.st_mode) | stat.S_IRWXU)
+        os.utime(folder.dst, ns=(folder.st.st_atime_ns, folder.st.st_mtime_ns))
+    return whole
 
 
 def _sync_entries(
-    pin: Pin, entries: list[os.DirEntry[str]], dst_dir: str, prefix: str, link_only: bool
-) -> list[tuple[str, os.stat_result, str, str]]:
-    """Link or copy the files and links among ``entries``; the folders, made in the pin, are returned
-    for the caller to fill."""
-    folders = []
+    pin: Pin, fd: int, entries: list[os.DirEntry[str]], folder: _Folder, folders: list[_Folder], link_only: bool
+) -> bool:
+    """Link or copy the files and links among ``entries`` (listed from the folder open as ``fd``);
+    its subfolders, made in the pin, go on ``folders`` for the caller to fill. False when an entry
+    went before it was pinned."""
+    whole = True
     for entry in entries:
         if is_unfinished(entry.name):
             continue  # still being written: it is pinned under its final name once renamed
-        dst = os.path.join(dst_dir, entry.name)
-        rel = f"{prefix}/{entry.name}" if prefix else entry.name
+        dst = os.path.join(folder.dst, entry.name)
+        rel = f"{folder.rel}/{entry.name}" if folder.rel else entry.name
         try:
             st = entry.stat(follow_symlinks=False)
             if pin.excluded is not None and pin.excluded(rel, stat.S_ISDIR(st.st_mode)):
@@ -377,19 +418,22 @@ def _sync_entries(
                 if (st.st_dev, st.st_ino) == pin.skip_dir:
                     continue
                 os.makedirs(dst, exist_ok=True)
-                folders.append((entry.path, st, dst, rel))
+                folders.append(_Folder(rel, st, dst))
             elif stat.S_ISLNK(st.st_mode):
-                target = os.readlink(entry.path)
+                target = os.readlink(entry.name, dir_fd=fd)
                 if not os.path.islink(dst) or os.readlink(dst) != target:
                     _replace_with(dst, functools.partial(_symlink_to, target))
             elif stat.S_ISREG(st.st_mode):
-                _sync_file(pin, entry.path, dst, link_only, st)
+                _sync_file(pin, entry.name, dst, link_only, st, fd)
         except FileNotFoundError:
-            continue  # deleted while we looked
-    return folders
+            whole = False  # deleted while we looked
+    return whole
 
 
-def _sync_file(pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result | None = None) -> None:
+def _sync_file(
+    pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result | None = None, dir_fd: int | None = None
+) -> None:
+    """``src`` is a path, or with ``dir_fd`` a name in the folder open as ``dir_fd``."""
     st = st or os.stat(src)
     try:
         have = os.lstat(dst)
@@ -402,10 +446,13 @@ def _sync_file(pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result
             return  # our own copy of this version
     if not pin.copied:
         try:
-            # a source that is a link (Lightning's save_last="link") pins what it points at: Linux
-            # link() hard-links the symlink itself, whatever os.link's follow_symlinks says
-            target = os.path.realpath(src) if os.path.islink(src) else src
-            _replace_with(dst, lambda tmp: os.link(target, tmp))
+            if dir_fd is not None:
+                _replace_with(dst, lambda tmp: os.link(src, tmp, src_dir_fd=dir_fd, follow_symlinks=False))
+            else:
+                # a source that is a link (Lightning's save_last="link") pins what it points at: Linux
+                # link() hard-links the symlink itself, whatever os.link's follow_symlinks says
+                target = os.path.realpath(src) if os.path.islink(src) else src
+                _replace_with(dst, lambda tmp: os.link(target, tmp))
             return
         except OSError as exc:
             if exc.errno not in NO_LINK_ERRNOS:
@@ -414,7 +461,17 @@ def _sync_file(pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result
                 raise NoHardLinks(exc.errno, f"cannot hard-link {src} into {pin.root}: {exc.strerror}") from exc
             log.info("hard links are impossible from %s into %s (%s); copying instead", src, pin.root, exc.strerror)
             pin.copied = True
-    _replace_with(dst, lambda tmp: shutil.copy2(src, tmp))
+    _replace_with(dst, functools.partial(_copy_file, src, dir_fd))
+
+
+def _copy_file(src: str, dir_fd: int | None, dst: str) -> None:
+    """``shutil.copy2`` of ``src`` (a name in ``dir_fd`` when given): content, then mode and times."""
+    flags = os.O_RDONLY | (os.O_NOFOLLOW if dir_fd is not None else 0)
+    with open(os.open(src, flags, dir_fd=dir_fd), "rb") as fin, open(dst, "xb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+        st = os.fstat(fin.fileno())
+    os.chmod(dst, stat.S_IMODE(st.st_mode))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _symlink_to(target: str, path: str) -> None:
