@@ -1405,3 +1405,167 @@ def test_a_pin_whose_files_were_copied_after_it_was_made_is_not_taken_for_a_repl
         assert got == [{"model.bin": model, "optimizer.bin": optimizer}]
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def _watcher_thread(vault: Vault, ckpts: Path, ship=None, **options):
+    """``Vault.watch``'s Watcher on a thread, shipping through ``ship`` (default: the vault's own),
+    its warnings collected."""
+    from ckptvault.ops import watch as watching
+
+    warnings: list[str] = []
+    stop = threading.Event()
+    watcher = watching.Watcher(
+        str(ckpts),
+        tags={"run": "r"},
+        ship=ship or vault._run_job,
+        shipped_digests=lambda: (),
+        options=watching.WatchOptions(**options),
+        stop=stop,
+        on_warning=warnings.append,
+    )
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    return watcher, stop, thread, warnings
+
+
+def _wait(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _head(vault: Vault, snapshot, path: str) -> bytes:
+    return b"".join(vault.read_file(snapshot, path))[:6]
+
+
+def test_saves_of_one_name_commit_in_the_order_they_were_saved_after_an_outage(tmp_path, vault, monkeypatch):
+    """``ckpt.pt`` saved again and again (no step in its name: 'latest' goes by snapshot time) while
+    the storage was down: the saves that failed were retried on their own delays and committed after
+    a save made once the storage was back, so `restore latest` gave an old one."""
+    from ckptvault.errors import StorageError
+    from ckptvault.ops import watch as watching
+
+    monkeypatch.setattr(watching, "RETRY_AFTER", (1.5, 3.0, 6.0, 6.0))
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    down = threading.Event()
+    down.set()
+    tried: list[bytes] = []
+
+    def ship(job):
+        tried.append((Path(job.sources[0])).read_bytes()[:6])
+        if down.is_set():
+            raise StorageError("the storage is down (a test's outage)")
+        return vault._run_job(job)
+
+    def save(step: int) -> None:
+        (ckpts / "ckpt.pt.tmp").write_bytes(b"step%02d" % step + os.urandom(1000))
+        os.replace(ckpts / "ckpt.pt.tmp", ckpts / "ckpt.pt")
+
+    _, stop, thread, _ = _watcher_thread(vault, ckpts, ship=ship, interval=0.02, settle=0.2)
+    try:
+        save(1)
+        _wait(lambda: tried, "save 1 tried")  # and failed: tried again in 1.5 s
+        save(2)
+        time.sleep(0.5)  # settled: it waits for save 1 (it was tried, and failed, before)
+        down.clear()
+        save(3)  # the storage is back: 3 is ready long before save 1 is tried again
+        _wait(lambda: len(vault.snapshots()) == 3, "three snapshots")
+    finally:
+        stop.set()
+        thread.join(30)
+    by_time = [_head(vault, s, "ckpt.pt") for s in sorted(vault.snapshots(), key=lambda s: s.time)]
+    assert by_time == [b"step01", b"step02", b"step03"]
+    assert _head(vault, vault.latest({"run": "r"}), "ckpt.pt") == b"step03"
+    assert tried == [b"step01", b"step01", b"step02", b"step03"]  # 2 waited for 1, then went at once
+
+
+def test_a_file_saved_in_place_more_often_than_settle_is_said_never_to_ship(tmp_path, vault):
+    """``torch.save`` over the same ``last.ckpt`` (or a copy into it) every 0.2 s with --settle 1: it
+    never stays unchanged for --settle, so it never shipped, and nothing said so."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    _, stop, thread, warnings = _watcher_thread(vault, ckpts, interval=0.02, settle=1.0)
+    try:
+        for step in range(12):
+            with open(ckpts / "last.ckpt", "wb") as f:  # in place: the same inode
+                f.write(b"step%02d" % step + os.urandom(100_000))
+            time.sleep(0.2)
+        _wait(lambda: any("saved again in place" in w for w in warnings), "the warning")
+        growing = ckpts / "growing.bin"  # a slow writer only adds: never taken for a save in place
+        for _ in range(8):
+            with open(growing, "ab") as f:
+                f.write(os.urandom(10_000))
+            time.sleep(0.2)
+        _wait(lambda: len(vault.snapshots()) == 2, "both shipped once they settled")
+    finally:
+        stop.set()
+        thread.join(30)
+    told = [w for w in warnings if "saved again in place" in w]
+    assert len(told) == 1 and told[0].startswith("last.ckpt was saved again in place"), warnings
+    assert "lower --settle" in told[0]
+
+
+def test_new_checkpoints_are_seen_while_slow_pins_are_looked_at(tmp_path, monkeypatch):
+    """Each look at a settling pin walks it (a sync, a signature): with pins of thousands of files the
+    loop took 1.4 s against --interval 0.1, and a checkpoint that lived 0.7 s was never seen. New names
+    are now looked for between pins; and a pin whose folder went is not walked again."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    for n in range(3):
+        (ckpts / f"step_{n}").mkdir(parents=True)
+        (ckpts / f"step_{n}" / "model.pt").write_bytes(b"x")
+    watcher = watching.Watcher(
+        str(ckpts),
+        tags={"run": "r"},
+        ship=lambda job: pytest.fail("nothing settles here"),
+        shipped_digests=lambda: (),
+        options=watching.WatchOptions(interval=0.1, settle=60),
+    )
+    os.makedirs(watcher.pins_dir)
+    watcher._scan(time.monotonic())
+    assert len(watcher._candidates) == 3
+    real_sync, synced = pins.sync, []
+
+    def slow_sync(pin, **kwargs):  # a pin of thousands of files
+        synced.append(pin.name)
+        time.sleep(0.15)
+        return real_sync(pin, **kwargs)
+
+    monkeypatch.setattr(pins, "sync", slow_sync)
+    (ckpts / "step_3").mkdir()
+    (ckpts / "step_3" / "model.pt").write_bytes(b"y")
+    watcher._settle(time.monotonic())
+    assert "step_3" in {c.pin.name for c in watcher._candidates.values()}, "seen during the slow look"
+    shutil.rmtree(ckpts / "step_0")
+    synced.clear()
+    for _ in range(3):
+        watcher._settle(time.monotonic())
+    assert synced.count("step_0") == 1 and synced.count("step_1") == 3  # one last look at the pin, then none
+    assert "step_0" in {c.pin.name for c in watcher._candidates.values()}  # still to ship
+
+
+def test_pinning_by_copying_is_said_once(tmp_path, vault):
+    """Hard links refused (the state folder on another filesystem): said once per run, not per
+    checkpoint."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second filesystem (/dev/shm) for the staging folder")
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    state = shm / f"ckptvault-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        watcher, stop, thread, warnings = _watcher_thread(vault, ckpts, interval=0.02, settle=0.2, state_dir=str(state))
+        try:
+            for n, step in enumerate((100, 200, 300), start=1):
+                publish(str(ckpts), step, 4096)
+                _wait(lambda n=n: len(watcher.result.shipped) == n, f"step {step} shipped")
+        finally:
+            stop.set()
+            thread.join(30)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    assert sum("pinned by copying" in w for w in warnings) == 1, warnings

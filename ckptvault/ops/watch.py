@@ -131,6 +131,10 @@ class _Candidate:
     error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
     unpinned: str = ""  # shipping in place: why no pin could be made
     pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
+    frozen: bool = False  # its source went or was replaced: the pin can change no more, nor is looked at
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)  # at the last look: path -> (size, mtime)
+    steady: frozenset[str] = frozenset()  # files unchanged between the last two looks
+    rewrites: int = 0  # looks that found a steady file changed without growing (saved again in place)
 
 
 @dataclass
@@ -158,6 +162,7 @@ LOOK_INSIDE_S = 1.0
 # DeepSpeed checkpoints of 130 files each spent 0.14 s of every second on them (14 % of a core the trainer's
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
 LOOK_INSIDE_SHARE = 0.05
+REWRITES_TOLD = 3  # in-place saves of a checkpoint that never settled, before that is said
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
 # Written by a Hugging Face Trainer into each checkpoint-N with the model, before trainer_state.json: the
 # first save of a run is told apart by it, before any checkpoint-N of the folder holds trainer_state.json
@@ -267,6 +272,7 @@ class Watcher:
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
         self._digests_retry_at: float | None = None  # when to load them again after an outage
+        self._scanned_at = 0.0
         self._finished: queue.SimpleQueue[tuple[_Candidate, BackupJob]] = queue.SimpleQueue()
         self.result = WatchResult()
 
@@ -441,6 +447,7 @@ class Watcher:
         return pins.digest(sig + self._sig_extra)
 
     def _scan(self, now: float) -> None:
+        self._scanned_at = time.monotonic()
         tracked = {(c.pin.name, c.pin.source_ino) for c in self._candidates.values()}
         try:
             with os.scandir(self.directory) as it:
@@ -615,9 +622,16 @@ class Watcher:
         if pin.source_ino != st.st_ino:  # replaced between the look and the pin: pin what is there now
             pin.release()
             return
-        if pin.copied:
-            self._on_warning(f"{name}: hard links into {self.pins_dir} are impossible; pinned by copying")
+        self._warn_if_copied(pin)
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+
+    def _warn_if_copied(self, pin: pins.Pin) -> None:
+        if pin.copied:
+            self._warn_once(
+                ("copied", self.pins_dir),
+                f"{pin.name}: hard links into {self.pins_dir} are impossible; checkpoints are pinned by copying "
+                f"(it costs time and disk: give {spelled('--state-dir', 'state_dir')} on the checkpoints' filesystem)",
+            )
 
     def _ship_in_place(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> None:
         """No room for a pin (the checkpoints' disk is full, which is when shipping them matters most):
@@ -761,10 +775,16 @@ class Watcher:
         for cand in list(self._candidates.values()):
             if cand.state == "queued":
                 continue  # its backup reads the pin
+            if not self.options.once and time.monotonic() - self._scanned_at >= self.options.interval:
+                self._scan(time.monotonic())  # pins of many files take long to look at: new names first
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
                 if cand.source_stat is None and self._deleted_unfinished(cand, now):
                     continue
+                if cand.frozen:
+                    continue
+                if cand.source_stat is None and not cand.pin.in_place and _gone_or_replaced(cand.pin):
+                    cand.frozen = True  # one last look at the pin, below: nothing can add to it now
                 if cand.pin.in_place:
                     if self._in_place_gone(cand):
                         continue
@@ -774,6 +794,7 @@ class Watcher:
                     self._pin_after_all(cand, now)
                 if not cand.pin.in_place:  # pinned, maybe just now
                     pins.sync(cand.pin)
+                    self._warn_if_copied(cand.pin)
                     sig = self._signature(cand.pin)
                 sig += _temporary_activity(cand.pin)
             except FileNotFoundError:
@@ -786,10 +807,34 @@ class Watcher:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
             self._warned.discard(("pin", cand.pin.name))
+            self._count_rewrites(cand, sig)
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
+
+    def _count_rewrites(self, cand: _Candidate, sig: pins.Signature) -> None:
+        """A file that stayed the same for a look, then changed without growing, was saved again in
+        place (a file being written only grows; ``torch.save`` over an existing file, or a copy into
+        it, starts it over). A checkpoint saved in place more often than ``settle`` never settles, so
+        never ships: said once, after a few such saves."""
+        files = {item[0]: (int(item[2]), int(item[3])) for item in sig if item[1] == "f"}
+        before = cand.files
+        rewritten = any(
+            rel in files and files[rel] != before[rel] and files[rel][0] <= before[rel][0]  # changed, not grown
+            for rel in cand.steady
+        )
+        cand.steady = frozenset(rel for rel, state in files.items() if before.get(rel) == state)
+        cand.files = files
+        cand.rewrites += rewritten
+        if cand.rewrites >= REWRITES_TOLD:
+            self._warn_once(
+                ("rewritten", cand.pin.pin_id),
+                f"{cand.pin.name} was saved again in place {cand.rewrites} times before it stayed unchanged for "
+                f"{spelled('--settle', 'settle')} ({self.options.settle:g} s): it ships once it does, so a trainer "
+                "that saves it in place more often never gets it shipped; lower --settle, or save each checkpoint "
+                "under a new name (or write a temporary file and rename it over)",
+            )
 
     def _deleted_unfinished(self, cand: _Candidate, now: float) -> bool:
         """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: in
@@ -860,7 +905,7 @@ class Watcher:
         for cand in sorted(self._candidates.values(), key=_shipping_order):
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
             retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
-            if not (ready or retry):
+            if not (ready or retry) or self._older_save_waits(cand):
                 continue
             try:
                 sig = self._signature(cand.pin)  # a pin from a run with other patterns too
@@ -903,6 +948,16 @@ class Watcher:
             job.future.add_done_callback(functools.partial(self._on_done, cand, job))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
+
+    def _older_save_waits(self, cand: _Candidate) -> bool:
+        """Whether a save of the same name pinned earlier (``ckpt.pt``, ``last.ckpt``, ``latest/`` saved
+        again) has not shipped yet (it failed, or is settling): it ships first. Without a step in the
+        name, 'latest' is the newest snapshot by time, so an older save retried after a storage outage
+        and committed after a newer one would become what a resume restores."""
+        return any(
+            other.pin.name == cand.pin.name and other.pin.pin_id < cand.pin.pin_id and other.state != "queued"
+            for other in self._candidates.values()
+        )
 
     def _warn_left_out(self, name: str, message: str) -> None:
         """An entry left out is named once for the folder, not at every run: ``--once`` from cron would
@@ -967,6 +1022,9 @@ class Watcher:
                 )
                 self.result.shipped.append(shipped)
                 self._on_shipped(shipped)
+                for other in self._candidates.values():  # the storage works again: no waiting out the delay
+                    if other.state == "failed":
+                        other.retry_at = min(other.retry_at, time.monotonic())
             else:
                 cand.failures += 1
                 cand.state = "failed"
@@ -1025,6 +1083,16 @@ def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
         pin.source_ino = -1  # in memory only: a restart tells it apart again
         return None
     return st
+
+
+def _gone_or_replaced(pin: pins.Pin) -> bool:
+    """The pinned source was deleted, or its name holds another checkpoint (not: unreadable for now)."""
+    try:
+        return os.stat(pin.source).st_ino != pin.source_ino
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 POINTER_FILES = {"latest": "DeepSpeed", "latest_checkpointed_iteration.txt": "Megatron-LM"}
