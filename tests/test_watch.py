@@ -1569,3 +1569,36 @@ def test_pinning_by_copying_is_said_once(tmp_path, vault):
     finally:
         shutil.rmtree(state, ignore_errors=True)
     assert sum("pinned by copying" in w for w in warnings) == 1, warnings
+
+
+def test_a_backlog_of_pins_filling_the_disk_is_said(tmp_path, vault):
+    """Uploads slower than saves: every checkpoint waits, pinned, holding the files the trainer's
+    rotation deleted, until the disk is full and the trainer's next save fails. Nothing said so."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the backlog disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        release = threading.Event()
+
+        def slow_ship(job):
+            release.wait(60)
+            return vault._run_job(job)
+
+        _, stop, thread, warnings = _watcher_thread(vault, ckpts, ship=slow_ship, interval=0.02, settle=0.1)
+        try:
+            step = 0
+            while os.statvfs(mount).f_bavail > 0.08 * os.statvfs(mount).f_blocks:  # the next save would fail soon
+                step += 1  # 0.25 MB each, the one before deleted: the pins keep them all
+                (ckpts / "next.tmp").write_bytes(os.urandom(250_000))
+                os.replace(ckpts / "next.tmp", ckpts / f"step_{step}.pt")
+                with contextlib.suppress(FileNotFoundError):
+                    (ckpts / f"step_{step - 1}.pt").unlink()
+                time.sleep(0.15)
+            _wait(lambda: any("wait to ship" in w for w in warnings), "the warning")
+            release.set()
+            _wait(lambda: len(vault.snapshots()) == step, "every save shipped")
+        finally:
+            release.set()
+            stop.set()
+            thread.join(60)
+    told = [w for w in warnings if "wait to ship" in w]
+    assert len(told) == 1 and "full and" in told[0] and "state_dir" in told[0], warnings

@@ -162,6 +162,7 @@ LOOK_INSIDE_S = 1.0
 # DeepSpeed checkpoints of 130 files each spent 0.14 s of every second on them (14 % of a core the trainer's
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
 LOOK_INSIDE_SHARE = 0.05
+LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
 REWRITES_TOLD = 3  # in-place saves of a checkpoint that never settled, before that is said
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
 # Written by a Hugging Face Trainer into each checkpoint-N with the model, before trainer_state.json: the
@@ -366,6 +367,7 @@ class Watcher:
             self._settle(now)
             self._promote(shipper, now)
             self._collect()
+            self._warn_if_disk_low()
             self._stop.wait(self.options.interval)
 
     def _run_once(self, shipper: AsyncShipper) -> None:
@@ -624,6 +626,28 @@ class Watcher:
             return
         self._warn_if_copied(pin)
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+
+    def _warn_if_disk_low(self) -> None:
+        """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
+        them up until the disk is full and the trainer's next save fails. Said once the disk is
+        nearly full with checkpoints waiting (and again if it fills again after it had room)."""
+        waiting = sum(1 for c in self._candidates.values() if not c.pin.in_place)
+        try:
+            disk = os.statvfs(self.pins_dir)
+        except OSError:
+            return
+        free = disk.f_bavail / disk.f_blocks if disk.f_blocks else 1.0
+        key = ("disk", self.pins_dir)
+        if free >= 2 * LOW_DISK or not waiting:
+            self._warned.discard(key)
+        elif free < LOW_DISK and waiting >= 2:
+            self._warn_once(
+                key,
+                f"the disk of {self.pins_dir} is {1 - free:.0%} full and {waiting} checkpoints wait to ship, "
+                "pinned (a pin keeps the files the trainer deleted until it ships): uploads are slower than saves, "
+                "and a full disk fails the trainer's next save; save less often, raise the upload rate, or give "
+                f"{spelled('--state-dir', 'state_dir')} on another disk (pins are copies there)",
+            )
 
     def _warn_if_copied(self, pin: pins.Pin) -> None:
         if pin.copied:
