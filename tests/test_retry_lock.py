@@ -162,9 +162,9 @@ def test_api_waits_for_the_lock(vault: Vault, repo_url: str, source: Path):
     waiter = Vault.open(repo_url, retry_lock=timedelta(minutes=1))
     held = vault._repo.locks.acquire(exclusive=True)
     releaser = threading.Timer(1.5, held.release)
+    started = time.monotonic()  # before the timer starts: the lock goes no sooner than 1.5 s after this
     releaser.start()
     try:
-        started = time.monotonic()
         snapshot = waiter.backup(source)
         assert time.monotonic() - started >= 1.4
     finally:

@@ -665,6 +665,8 @@ class Watcher:
         committed (``_verify_in_place``), and ships once it settles again."""
         try:
             pin = pins.stand_in(path, self.pins_dir, excluded=self._excluded)
+            # what it holds, before the user is told not to delete it: a file deleted after that is a loss
+            sig = self._signature(pin) + _temporary_activity(pin)
         except FileNotFoundError:
             return  # deleted between the look and now
         if pin.source_ino != st.st_ino:
@@ -679,7 +681,7 @@ class Watcher:
             "another disk, where pins are copies)",
         )
         self._candidates[pin.pin_id] = _Candidate(
-            pin=pin, seen=now, last_change=now, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
+            pin=pin, seen=now, last_change=now, sig=sig, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
         )
 
     def _pin_after_all(self, cand: _Candidate, now: float) -> None:
@@ -694,8 +696,10 @@ class Watcher:
         if pin.source_ino != cand.pin.source_ino:
             pin.release()  # replaced meanwhile: the next look says so
             return
-        if self._cut_down(cand, self._signature(pin)):  # files went while it was being pinned
-            pin.release()
+        sig = self._signature(pin)
+        if _files(cand.sig) - _files(sig):  # files went while it was being pinned
+            pin.release()  # before _cut_down's release, which makes the staging folder again
+            self._cut_down(cand, sig)
             return
         del self._candidates[cand.pin.pin_id]
         cand.pin = pin

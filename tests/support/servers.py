@@ -81,9 +81,18 @@ class RunningServer:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    (port,) = free_ports(1)
+    return port
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket is held until all are picked (one closed before the
+    next is bound may be handed out again, and a server given one port twice dies)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def _die_with_parent() -> None:
@@ -229,7 +238,10 @@ def start_seaweedfs(workdir: Path, *, more_identities: tuple[dict[str, Any], ...
     s3_config = workdir / "s3.json"
     admin = s3_identity("admin", S3_KEY, S3_SECRET, ("Admin", "Read", "List", "Tagging", "Write"))
     s3_config.write_text(json.dumps({"identities": [admin, *more_identities]}))
-    ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
+    names = ("master", "volume", "filer", "s3")
+    picked = free_ports(2 * len(names))
+    ports = dict(zip(names, picked, strict=False))
+    grpc_ports = dict(zip(names, picked[len(names) :], strict=False))
     args = [
         binary,
         "server",
@@ -247,7 +259,7 @@ def start_seaweedfs(workdir: Path, *, more_identities: tuple[dict[str, Any], ...
         "-volume.minFreeSpace=64MiB",
     ]
     for name, port in ports.items():
-        args += [f"-{name}.port={port}", f"-{name}.port.grpc={free_port()}"]
+        args += [f"-{name}.port={port}", f"-{name}.port.grpc={grpc_ports[name]}"]
     log = workdir / "weed.log"
     no_aws_credentials: dict[str, str | None] = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
     proc = spawn(args, log, env=no_aws_credentials, cwd=data)  # the identities are s3_config's alone
