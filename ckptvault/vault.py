@@ -1223,6 +1223,7 @@ class Vault:
         exclude: Sequence[str] = (),
         state_dir: PathLike | None = None,
         once: bool = False,
+        grace: float = 0.0,
         stop: threading.Event | None = None,
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
@@ -1232,7 +1233,9 @@ class Vault:
         (or, with ``once``, what is there now), pinning each first (docs/training.md).
         ``include``: globs on the names of the checkpoints to ship; ``exclude``: what to leave out of
         each, as for ``backup`` (a pattern without ``/`` also skips checkpoints of that name).
-        ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run."""
+        ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run.
+        ``grace``: once ``stop`` is set, go on shipping what is pinned, and what appears meanwhile (a
+        trainer's save on preemption), for up to this many seconds; 0 stops after the upload in flight."""
         directory = path_arg("directory", directory)
         options = WatchOptions(
             interval=interval_arg("interval", interval),
@@ -1241,6 +1244,7 @@ class Vault:
             exclude=exclude_arg(exclude),
             state_dir=optional_path_arg("state_dir", state_dir) or None,
             once=once,
+            grace=interval_arg("grace", grace),
         )
         user_tags = tags_arg(tags, stored=True)
         if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):

@@ -177,6 +177,45 @@ def test_sigterm_finishes_the_upload_in_flight_and_a_restart_ships_the_rest(tmp_
     assert_each_shipped_once(repo, steps, "t")
 
 
+def test_with_a_grace_sigterm_ships_what_is_pinned_and_the_save_made_after_it(tmp_path, repo):
+    """A preemption: the trainer and the sidecar get SIGTERM together, and the trainer writes one last
+    save. Without a grace the watcher ships only the upload in flight and leaves the rest pinned on a
+    disk that may never come back; with --grace it goes on until all of it, that save too, is shipped."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    slow = f"slowfile://{repo}"
+    args = ["--repo", slow, "-o", "delay=0.3", "--tag", "run=g", "--settle", "0.2", "--grace", "60", "--json"]
+    watch = WatchProcess(str(ckpts), *args)
+    steps = [int(s) for s in run_writer(ckpts, 3).stdout.split()]
+    locks = Path(repo) / "locks"
+    watch.wait_for(lambda: locks.exists() and any(locks.iterdir()), what="the first upload to start")
+    watch.proc.send_signal(signal.SIGTERM)
+    watch.wait_for(lambda: any("SIGTERM: shipping what is pinned" in line for line in watch.err), what="the stop")
+    written = publish_checkpoint(ckpts, "step_999", 999)  # the trainer's save on preemption, after the signal
+    assert watch.proc.wait(90) == 0, watch.err
+    assert sorted(e["step"] for e in watch.shipped()) == [*steps, 999], watch.err
+    assert not pin_count(ckpts / ".ckptvault-watch" / "pins")
+    with Vault.open(repo) as vault:
+        latest = vault.latest({"run": "g"})
+        assert latest.tags["step"] == "999"
+        assert restored_files(vault, latest) == written
+        assert sorted(int(s.tags["step"]) for s in vault.snapshots({"run": "g"})) == [*steps, 999]
+        for snap in vault.snapshots({"run": "g"}):
+            if snap.tags["step"] != "999":
+                assert restored_files(vault, snap) == expected_files(int(snap.tags["step"]))
+
+
+def test_grace_is_refused_with_once_and_out_of_range(tmp_path, repo, cli):
+    refused = [
+        (["--once", "--grace", "5"], "--grace is for a watch that is stopped"),
+        (["--grace", "-1"], "--grace -1 must be"),
+    ]
+    for extra, says in refused:
+        proc = cli("watch", str(tmp_path), "--repo", repo, *extra, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert says in proc.stderr.decode()
+
+
 def test_one_sigterm_delivered_twice_stops_the_watcher_as_one(tmp_path, repo):
     # `timeout` signals its child, then the child's process group: the second copy is no "abort"
     (tmp_path / "ckpts").mkdir()

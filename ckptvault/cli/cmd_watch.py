@@ -55,6 +55,14 @@ def watch_cmd(
     settle: Annotated[
         float, typer.Option("--settle", help="Seconds a checkpoint must stay unchanged to count as complete.")
     ] = 2.0,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            help="Once stopped (SIGTERM, Ctrl-C), go on shipping what is pinned and what the trainer still saves "
+            "(its save on preemption) for up to this many seconds. Default 0: stop after the upload in flight.",
+        ),
+    ] = 0.0,
     include: Annotated[
         list[str] | None,
         typer.Option(
@@ -80,7 +88,7 @@ def watch_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     # before the default vault may be made
-    path = check_watch_args(directory, tags, interval, settle, once=once, include=include or ())
+    path = check_watch_args(directory, tags, interval, settle, once=once, include=include or (), grace=grace)
     exclude_arg(exclude)
     missing = not os.path.exists(path)
     if state_dir is not None:
@@ -98,7 +106,11 @@ def watch_cmd(
             return
         first.append((signum, time.monotonic()))
         stop.set()
-        info(f"{signal.Signals(signum).name}: stopping after the upload in flight (again to abort it)")
+        name = signal.Signals(signum).name
+        if grace:
+            info(f"{name}: shipping what is pinned and what is saved meanwhile for up to {grace:g} s (again to abort)")
+        else:
+            info(f"{name}: stopping after the upload in flight (again to abort it)")
 
     output_failed: list[Exception] = []
 
@@ -161,6 +173,7 @@ def watch_cmd(
                 exclude=exclude or (),
                 state_dir=state_dir,
                 once=once,
+                grace=grace,
                 stop=stop,
                 on_shipped=on_shipped,
                 on_warning=warn,

@@ -94,6 +94,7 @@ class WatchOptions:
     exclude: Excludes = NO_EXCLUDES  # left out of each checkpoint; a name pattern skips checkpoints too
     state_dir: str | None = None  # default: <folder>/.ckptvault-watch (same filesystem)
     once: bool = False
+    grace: float = 0.0  # once stopped: seconds to go on shipping what is pinned and what the trainer still saves
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def check_watch_args(
     *,
     once: bool = False,
     include: Sequence[str] = (),
+    grace: float = 0.0,
 ) -> str:
     """The watched folder's absolute path; fails on arguments watch cannot run with (the CLI calls
     this before it opens, and maybe creates, the default vault). A sidecar is often started before
@@ -222,6 +224,15 @@ def check_watch_args(
         raise UsageError(
             f"{spelled('--settle', 'settle')} {settle:g} must be a number of seconds from 0 to {MAX_SETTLE_S:g}"
         )
+    if not 0 <= grace <= MAX_SETTLE_S:
+        raise UsageError(
+            f"{spelled('--grace', 'grace')} {grace:g} must be a number of seconds from 0 to {MAX_SETTLE_S:g}"
+        )
+    if grace and once:
+        raise UsageError(
+            f"{spelled('--grace', 'grace')} is for a watch that is stopped; {spelled('--once', 'once')} ships what "
+            "is there and waits for it by itself: leave one out"
+        )
     return path
 
 
@@ -241,7 +252,13 @@ class Watcher:
         vault_folder: str | None = None,
     ) -> None:
         self.directory = check_watch_args(
-            directory, tags, options.interval, options.settle, once=options.once, include=options.include
+            directory,
+            tags,
+            options.interval,
+            options.settle,
+            once=options.once,
+            include=options.include,
+            grace=options.grace,
         )
         self._vault = refuse_sources_in_vault([self.directory], vault_folder)  # a vault inside is no checkpoint
         self.tags = dict(tags)
@@ -311,6 +328,7 @@ class Watcher:
                     self._run_once(shipper)
                 else:
                     self._run_forever(shipper)
+                    self._drain(shipper)
             finally:
                 for job in shipper.close(cancel_pending=True):
                     self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
@@ -369,6 +387,24 @@ class Watcher:
             self._collect()
             self._warn_if_disk_low()
             self._stop.wait(self.options.interval)
+
+    def _drain(self, shipper: AsyncShipper) -> None:
+        """Stopped with a grace (a preemption: the trainer got the same SIGTERM, and may be writing its
+        last save now): go on looking and shipping until nothing is pinned or shipping and nothing new
+        came for ``settle`` seconds, or the grace runs out. The newest checkpoint is the one a resume
+        needs, and the machine may not come back for the pins."""
+        deadline = time.monotonic() + self.options.grace
+        quiet_since = time.monotonic()
+        while (now := time.monotonic()) < deadline:
+            self._scan(now)
+            self._settle(now)
+            self._promote(shipper, now)
+            self._collect()
+            if self._candidates:  # pinned, shipping in place, or shipping
+                quiet_since = now
+            elif now - quiet_since >= self.options.settle:
+                return
+            time.sleep(min(self.options.interval, max(0.0, deadline - time.monotonic())))
 
     def _run_once(self, shipper: AsyncShipper) -> None:
         """One pass for cron: what is there now and stays unchanged for ``settle`` seconds ships;
