@@ -668,6 +668,7 @@ class Vault:
         on_warning: Callable[[str], None] | None = None,
         before_commit: Callable[[], None] | None = None,
         wait_for_lock: bool = True,
+        taken_at: datetime | None = None,
     ) -> Snapshot:
         """``backup`` with its exclude rules parsed: the watch's in-place jobs add a rule no pattern spells.
         ``wait_for_lock=False``: no ``retry_lock`` wait (the async shipper waits for the vault itself, in a
@@ -706,6 +707,7 @@ class Vault:
                 unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
                 vault_folder=self.local_folder,
                 exclude=excludes,
+                taken_at=taken_at,
             )
             result.warnings.extend(self._compact_index())
         result.warnings[:0] = unreadable
@@ -1209,6 +1211,7 @@ class Vault:
             on_warning=job.warnings.append,
             before_commit=functools.partial(check_sources_unchanged, job),
             wait_for_lock=False,
+            taken_at=job.taken_at,
         )
 
     @_open_only
@@ -1235,7 +1238,7 @@ class Vault:
         each, as for ``backup`` (a pattern without ``/`` also skips checkpoints of that name).
         ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run.
         ``grace``: once ``stop`` is set, go on shipping what is pinned, and what appears meanwhile (a
-        trainer's save on preemption), for up to this many seconds; 0 stops after the upload in flight."""
+        trainer's save on preemption), for this many seconds; 0 stops after the upload in flight."""
         directory = path_arg("directory", directory)
         options = WatchOptions(
             interval=interval_arg("interval", interval),

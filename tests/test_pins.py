@@ -143,3 +143,29 @@ def test_a_folder_deleted_while_it_is_first_pinned_gives_no_pin(tmp_path: Path, 
     _save(tmp_path / "latest", 20)  # a folder whole at its pin is pinned whole
     pin = pins.create(str(tmp_path / "latest"), str(tmp_path / "staging"))
     assert _steps_in(pin) == {"20"} and pins.signature(pin.data) == pins.signature(str(tmp_path / "latest"))
+
+
+def test_a_subfolder_swapped_for_a_link_during_a_sync_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Subfolders are opened by their path from the pinned folder's descriptor: one replaced by a link
+    after it was listed (to a folder outside the checkpoint) must not have its target pinned."""
+    outside = tmp_path / "outside" / "b"
+    outside.mkdir(parents=True)
+    (outside / "secret.key").write_text("not part of the checkpoint\n")
+    ckpt = tmp_path / "latest"
+    (ckpt / "a" / "b").mkdir(parents=True)
+    (ckpt / "model.bin").write_text("step 10\n")
+    real, swapped = pins._sync_entries, []
+
+    def swap_a_once_it_is_listed(pin, fd, entries, folder, folders, link_only):
+        whole = real(pin, fd, entries, folder, folders, link_only)
+        if folder.rel == "a":  # "a/b" is listed and queued: now "a" becomes a link to a folder elsewhere
+            swapped.append(True)
+            shutil.rmtree(ckpt / "a")
+            os.symlink(tmp_path / "outside", ckpt / "a")
+        return whole
+
+    monkeypatch.setattr(pins, "_sync_entries", swap_a_once_it_is_listed)
+    pin = pins.create(str(ckpt), str(tmp_path / "staging"))
+    monkeypatch.undo()
+    pinned = sorted(str(p.relative_to(pin.data)) for p in Path(pin.data).rglob("*") if p.is_file())
+    assert swapped and pinned == ["model.bin"]

@@ -60,7 +60,7 @@ def watch_cmd(
         typer.Option(
             "--grace",
             help="Once stopped (SIGTERM, Ctrl-C), go on shipping what is pinned and what the trainer still saves "
-            "(its save on preemption) for up to this many seconds. Default 0: stop after the upload in flight.",
+            "(its save on preemption) for this many seconds. Default 0: stop after the upload in flight.",
         ),
     ] = 0.0,
     include: Annotated[
@@ -83,8 +83,8 @@ def watch_cmd(
     """Watch a checkpoint folder: pin each complete checkpoint at once, back it up tagged with its step.
 
     Prints one line per shipped checkpoint (one JSON object per line with --json). SIGTERM or
-    Ctrl-C stops it after the upload in flight (a second one abandons that upload, exit 130);
-    pinned checkpoints wait for the next start."""
+    Ctrl-C stops it after the upload in flight, or with --grace after that many more seconds of
+    shipping (a second one abandons the upload, exit 130); pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     # before the default vault may be made
@@ -108,7 +108,7 @@ def watch_cmd(
         stop.set()
         name = signal.Signals(signum).name
         if grace:
-            info(f"{name}: shipping what is pinned and what is saved meanwhile for up to {grace:g} s (again to abort)")
+            info(f"{name}: shipping what is pinned and what is saved meanwhile for {grace:g} s (again to abort)")
         else:
             info(f"{name}: stopping after the upload in flight (again to abort it)")
 

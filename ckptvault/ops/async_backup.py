@@ -36,6 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from ..errors import (
@@ -85,6 +86,7 @@ class BackupJob:
     verify: Callable[[], None] | None = None  # raises, just before the commit, when the sources moved on
     warnings: list[str] = field(default_factory=list)
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
+    taken_at: datetime | None = None  # the snapshot's time, when not the backup's (watch: when pinned)
     future: Future[Snapshot] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 

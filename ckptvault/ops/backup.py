@@ -176,17 +176,19 @@ def run_backup(
     unless_same_as: tuple[Snapshot, list[FileEntry]] | None = None,
     vault_folder: str | None = None,
     exclude: Excludes = NO_EXCLUDES,
+    taken_at: datetime | None = None,
 ) -> BackupResult:
     """``before_commit`` runs just before the snapshot object is written (the lock check).
     ``reference``: the snapshot whose files give delta bases (ops/deltabase.py), when the
     repository codes deltas. ``unless_same_as``: a snapshot and its tree; when the sources hold
     what it holds (``same_contents``), no snapshot is written and that one is returned.
     ``vault_folder``: the repository's local folder, never backed up into itself, and ``exclude``:
-    what to leave out (``scan_sources``)."""
+    what to leave out (``scan_sources``). ``taken_at``: the snapshot's time when not now (a pin's: when
+    the checkpoint was pinned, however long it waited to ship)."""
     check_on_change(on_change)
     progress = progress or NullProgress()
     started = time.monotonic()
-    when = datetime.now(timezone.utc)
+    when = taken_at or datetime.now(timezone.utc)
     scan = scan_sources(sources, skip_unreadable=skip_unreadable, vault_folder=vault_folder, exclude=exclude)
     warnings = list(scan.warnings)
     old_files = {e.path: e for e in (parent_tree or []) if e.type == "file"}

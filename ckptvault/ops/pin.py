@@ -31,6 +31,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from ..localtree import remove_tree
 from .names import is_unfinished
@@ -148,6 +149,13 @@ class Pin:
     @property
     def pin_id(self) -> str:
         return os.path.basename(self.root)
+
+    @property
+    def made_at(self) -> datetime | None:
+        """When the pin was made (its name starts with the time, in ns), so when its checkpoint was
+        captured; None for a name not made by ``new_pin_root``."""
+        stamp = self.pin_id.partition("-")[0]
+        return datetime.fromtimestamp(int(stamp) / 1e9, timezone.utc) if stamp.isdigit() else None
 
     def save_meta(self, **extra: object) -> None:
         if self.in_place:
@@ -328,7 +336,8 @@ def sync(pin: Pin, *, link_only: bool = False) -> bool:
             st = os.fstat(top)
             if st.st_ino != pin.source_ino:
                 return True  # replaced since the stat above
-            os.makedirs(pin.data, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(pin.data)  # not makedirs: a pin released meanwhile (FileNotFoundError) is not made again
             whole = _sync_tree(pin, top, st, link_only)
         finally:
             os.close(top)
@@ -378,7 +387,13 @@ def _sync_tree(pin: Pin, top: int, top_st: os.stat_result, link_only: bool) -> b
         folder = folders.pop()
         try:
             fd = top if not folder.rel else os.open(folder.rel, FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=top)
-        except FileNotFoundError:
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+            whole = False  # deleted, or replaced by a file or a link, since it was listed
+            continue
+        if fd != top and not os.path.samestat(os.fstat(fd), folder.st):
+            os.close(fd)  # a folder above it became a link since the listing: not the checkpoint's
             whole = False
             continue
         try:
@@ -424,16 +439,24 @@ def _sync_entries(
                 if not os.path.islink(dst) or os.readlink(dst) != target:
                     _replace_with(dst, functools.partial(_symlink_to, target))
             elif stat.S_ISREG(st.st_mode):
-                _sync_file(pin, entry.name, dst, link_only, st, fd)
+                _sync_file(pin, entry.name, dst, link_only, st, fd, shown=os.path.join(pin.source, rel))
         except FileNotFoundError:
             whole = False  # deleted while we looked
     return whole
 
 
 def _sync_file(
-    pin: Pin, src: str, dst: str, link_only: bool, st: os.stat_result | None = None, dir_fd: int | None = None
+    pin: Pin,
+    src: str,
+    dst: str,
+    link_only: bool,
+    st: os.stat_result | None = None,
+    dir_fd: int | None = None,
+    shown: str | None = None,
 ) -> None:
-    """``src`` is a path, or with ``dir_fd`` a name in the folder open as ``dir_fd``."""
+    """``src`` is a path, or with ``dir_fd`` a name in the folder open as ``dir_fd`` (``shown``: its path,
+    for messages)."""
+    shown = shown or src
     st = st or os.stat(src)
     try:
         have = os.lstat(dst)
@@ -458,8 +481,8 @@ def _sync_file(
             if exc.errno not in NO_LINK_ERRNOS:
                 raise
             if link_only:
-                raise NoHardLinks(exc.errno, f"cannot hard-link {src} into {pin.root}: {exc.strerror}") from exc
-            log.info("hard links are impossible from %s into %s (%s); copying instead", src, pin.root, exc.strerror)
+                raise NoHardLinks(exc.errno, f"cannot hard-link {shown} into {pin.root}: {exc.strerror}") from exc
+            log.info("hard links are impossible from %s into %s (%s); copying instead", shown, pin.root, exc.strerror)
             pin.copied = True
     _replace_with(dst, functools.partial(_copy_file, src, dir_fd))
 

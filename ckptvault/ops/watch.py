@@ -132,10 +132,11 @@ class _Candidate:
     error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
     unpinned: str = ""  # shipping in place: why no pin could be made
     pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
-    frozen: bool = False  # its source went or was replaced: the pin can change no more, nor is looked at
+    frozen: bool = False  # its source is gone or replaced: the pin is not looked at (until the source is back)
     files: dict[str, tuple[int, int]] = field(default_factory=dict)  # at the last look: path -> (size, mtime)
-    steady: frozenset[str] = frozenset()  # files unchanged between the last two looks
-    rewrites: int = 0  # looks that found a steady file changed without growing (saved again in place)
+    steady: bool = False  # unchanged at the last look
+    rewrites: int = 0  # saves in place seen since it last settled
+    rewrites_since: float = 0.0  # when the first of them was seen
 
 
 @dataclass
@@ -164,7 +165,10 @@ LOOK_INSIDE_S = 1.0
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
 LOOK_INSIDE_SHARE = 0.05
 LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
-REWRITES_TOLD = 3  # in-place saves of a checkpoint that never settled, before that is said
+# A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
+# is said never to ship
+REWRITES_TOLD = 3
+REWRITES_TOLD_AFTER_S = 5.0
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
 # Written by a Hugging Face Trainer into each checkpoint-N with the model, before trainer_state.json: the
 # first save of a run is told apart by it, before any checkpoint-N of the folder holds trainer_state.json
@@ -380,31 +384,26 @@ class Watcher:
 
     def _run_forever(self, shipper: AsyncShipper) -> None:
         while not self._stop.is_set():
-            now = time.monotonic()
-            self._scan(now)
-            self._settle(now)
-            self._promote(shipper, now)
-            self._collect()
-            self._warn_if_disk_low()
+            self._look(shipper)
             self._stop.wait(self.options.interval)
 
     def _drain(self, shipper: AsyncShipper) -> None:
-        """Stopped with a grace (a preemption: the trainer got the same SIGTERM, and may be writing its
-        last save now): go on looking and shipping until nothing is pinned or shipping and nothing new
-        came for ``settle`` seconds, or the grace runs out. The newest checkpoint is the one a resume
-        needs, and the machine may not come back for the pins."""
+        """Stopped with a grace (a preemption: the trainer got the same signal, and may be gathering and
+        writing its last save now, which a resume needs, while the machine may not come back for the
+        pins): go on looking and shipping until the grace runs out. The sidecar cannot know whether a
+        save is still coming, so it waits the whole grace; an upload started before the end finishes."""
         deadline = time.monotonic() + self.options.grace
-        quiet_since = time.monotonic()
-        while (now := time.monotonic()) < deadline:
-            self._scan(now)
-            self._settle(now)
-            self._promote(shipper, now)
-            self._collect()
-            if self._candidates:  # pinned, shipping in place, or shipping
-                quiet_since = now
-            elif now - quiet_since >= self.options.settle:
-                return
+        while time.monotonic() < deadline:
+            self._look(shipper)
             time.sleep(min(self.options.interval, max(0.0, deadline - time.monotonic())))
+
+    def _look(self, shipper: AsyncShipper) -> None:
+        now = time.monotonic()
+        self._scan(now)
+        self._settle(now)
+        self._promote(shipper, now)
+        self._collect()
+        self._warn_if_disk_low()
 
     def _run_once(self, shipper: AsyncShipper) -> None:
         """One pass for cron: what is there now and stays unchanged for ``settle`` seconds ships;
@@ -666,7 +665,8 @@ class Watcher:
     def _warn_if_disk_low(self) -> None:
         """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
         them up until the disk is full and the trainer's next save fails. Said once the disk is
-        nearly full with checkpoints waiting (and again if it fills again after it had room)."""
+        nearly full with checkpoints waiting (again only once it had room: a disk that stays nearly full
+        is said to be once)."""
         waiting = sum(1 for c in self._candidates.values() if not c.pin.in_place)
         try:
             disk = os.statvfs(self.pins_dir)
@@ -674,7 +674,7 @@ class Watcher:
             return
         free = disk.f_bavail / disk.f_blocks if disk.f_blocks else 1.0
         key = ("disk", self.pins_dir)
-        if free >= 2 * LOW_DISK or not waiting:
+        if free >= 2 * LOW_DISK:
             self._warned.discard(key)
         elif free < LOW_DISK and waiting >= 2:
             self._warn_once(
@@ -703,8 +703,8 @@ class Watcher:
             pin = pins.stand_in(path, self.pins_dir, excluded=self._excluded)
             # what it holds, before the user is told not to delete it: a file deleted after that is a loss
             sig = self._signature(pin) + _temporary_activity(pin)
-        except FileNotFoundError:
-            return  # deleted between the look and now
+        except OSError:
+            return  # deleted or changed between the look and now: the next poll looks again
         if pin.source_ino != st.st_ino:
             return  # replaced meanwhile: the next poll sees what is there now
         self._unpinned.pop(name, None)
@@ -841,14 +841,18 @@ class Watcher:
                 continue  # its backup reads the pin
             if not self.options.once and time.monotonic() - self._scanned_at >= self.options.interval:
                 self._scan(time.monotonic())  # pins of many files take long to look at: new names first
+                if cand.pin.pin_id not in self._candidates:
+                    continue  # dropped by that look (logs, a trainer's output folder found)
             try:
                 cand.source_stat = _stat_if_same(cand.pin)
                 if cand.source_stat is None and self._deleted_unfinished(cand, now):
                     continue
-                if cand.frozen:
-                    continue
-                if cand.source_stat is None and not cand.pin.in_place and _gone_or_replaced(cand.pin):
-                    cand.frozen = True  # one last look at the pin, below: nothing can add to it now
+                if cand.source_stat is not None or cand.pin.in_place:
+                    cand.frozen = False
+                elif cand.frozen:
+                    continue  # its folder is gone or replaced: nothing can be added to the pin
+                else:
+                    cand.frozen = True  # one last look at the pin, below; again if its folder comes back
                 if cand.pin.in_place:
                     if self._in_place_gone(cand):
                         continue
@@ -871,33 +875,41 @@ class Watcher:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
             self._warned.discard(("pin", cand.pin.name))
-            self._count_rewrites(cand, sig)
+            self._count_rewrites(cand, sig, now)
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
 
-    def _count_rewrites(self, cand: _Candidate, sig: pins.Signature) -> None:
-        """A file that stayed the same for a look, then changed without growing, was saved again in
-        place (a file being written only grows; ``torch.save`` over an existing file, or a copy into
-        it, starts it over). A checkpoint saved in place more often than ``settle`` never settles, so
-        never ships: said once, after a few such saves."""
+    def _count_rewrites(self, cand: _Candidate, sig: pins.Signature, now: float) -> None:
+        """A checkpoint saved again in place (``torch.save`` over the same file, a copy into it) more
+        often than ``settle`` never settles, so never ships: said once it was seen saved in place a few
+        times over a while without settling. A save in place is a look that finds a file changed
+        without growing (a file being written only grows) after a look that found nothing changed (the
+        files of one save, written one after another, count once)."""
         files = {item[0]: (int(item[2]), int(item[3])) for item in sig if item[1] == "f"}
-        before = cand.files
-        rewritten = any(
-            rel in files and files[rel] != before[rel] and files[rel][0] <= before[rel][0]  # changed, not grown
-            for rel in cand.steady
-        )
-        cand.steady = frozenset(rel for rel, state in files.items() if before.get(rel) == state)
+        if sig == cand.sig:
+            if now - cand.last_change >= self.options.settle:
+                cand.rewrites = 0  # settled: it ships (or shipped) as it is
+            cand.steady = True
+        else:
+            before = cand.files
+            if cand.steady and any(
+                rel in before and state != before[rel] and state[0] <= before[rel][0] for rel, state in files.items()
+            ):
+                cand.rewrites_since = cand.rewrites_since if cand.rewrites else now
+                cand.rewrites += 1
+            cand.steady = False
         cand.files = files
-        cand.rewrites += rewritten
-        if cand.rewrites >= REWRITES_TOLD:
+        waited = now - cand.rewrites_since
+        if cand.rewrites >= REWRITES_TOLD and waited >= max(REWRITES_TOLD_AFTER_S, 10 * self.options.settle):
+            rename = " (or to a temporary name, renamed over it)" if set(files) == {""} else ""
             self._warn_once(
                 ("rewritten", cand.pin.pin_id),
-                f"{cand.pin.name} was saved again in place {cand.rewrites} times before it stayed unchanged for "
-                f"{spelled('--settle', 'settle')} ({self.options.settle:g} s): it ships once it does, so a trainer "
-                "that saves it in place more often never gets it shipped; lower --settle, or save each checkpoint "
-                "under a new name (or write a temporary file and rename it over)",
+                f"{cand.pin.name} was saved again in place {cand.rewrites} times in {waited:.0f} s without staying "
+                f"unchanged for {spelled('--settle', 'settle')} ({self.options.settle:g} s): it ships once it does, "
+                f"so saved in place this often it never ships; lower {spelled('--settle', 'settle')}, or save each "
+                f"checkpoint under a new name{rename}",
             )
 
     def _deleted_unfinished(self, cand: _Candidate, now: float) -> bool:
@@ -969,7 +981,7 @@ class Watcher:
         for cand in sorted(self._candidates.values(), key=_shipping_order):
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
             retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
-            if not (ready or retry) or self._older_save_waits(cand):
+            if not (ready or retry):
                 continue
             try:
                 sig = self._signature(cand.pin)  # a pin from a run with other patterns too
@@ -1002,6 +1014,9 @@ class Watcher:
                 description=f"ckptvault watch: {cand.pin.source}",
                 exclude=self.options.exclude.patterns,
                 label=cand.pin.name,
+                # when it was pinned, not when it ships: a save retried after an outage, committed after a
+                # newer save of the same name, must not become 'latest' of a name without a step
+                taken_at=cand.pin.made_at,
             )
             if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
                 # commits only if every file is still as it was queued
@@ -1012,16 +1027,6 @@ class Watcher:
             job.future.add_done_callback(functools.partial(self._on_done, cand, job))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
-
-    def _older_save_waits(self, cand: _Candidate) -> bool:
-        """Whether a save of the same name pinned earlier (``ckpt.pt``, ``last.ckpt``, ``latest/`` saved
-        again) has not shipped yet (it failed, or is settling): it ships first. Without a step in the
-        name, 'latest' is the newest snapshot by time, so an older save retried after a storage outage
-        and committed after a newer one would become what a resume restores."""
-        return any(
-            other.pin.name == cand.pin.name and other.pin.pin_id < cand.pin.pin_id and other.state != "queued"
-            for other in self._candidates.values()
-        )
 
     def _warn_left_out(self, name: str, message: str) -> None:
         """An entry left out is named once for the folder, not at every run: ``--once`` from cron would
@@ -1086,9 +1091,6 @@ class Watcher:
                 )
                 self.result.shipped.append(shipped)
                 self._on_shipped(shipped)
-                for other in self._candidates.values():  # the storage works again: no waiting out the delay
-                    if other.state == "failed":
-                        other.retry_at = min(other.retry_at, time.monotonic())
             else:
                 cand.failures += 1
                 cand.state = "failed"
@@ -1147,16 +1149,6 @@ def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
         pin.source_ino = -1  # in memory only: a restart tells it apart again
         return None
     return st
-
-
-def _gone_or_replaced(pin: pins.Pin) -> bool:
-    """The pinned source was deleted, or its name holds another checkpoint (not: unreadable for now)."""
-    try:
-        return os.stat(pin.source).st_ino != pin.source_ino
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
 
 
 POINTER_FILES = {"latest": "DeepSpeed", "latest_checkpointed_iteration.txt": "Megatron-LM"}
