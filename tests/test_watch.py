@@ -943,6 +943,9 @@ def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_shi
     proc = cli(*args)
     shipped = [line.split()[1] for line in proc.stdout.decode().splitlines()]
     assert shipped == [f"ckpt_{step}.pt" for step in sorted(steps)], proc.stdout.decode()
+    with Vault.open(repo) as vault:  # a snapshot's time is its pin's: pinned in step order too
+        by_time = [int(s.tags["step"]) for s in sorted(vault.snapshots(), key=lambda s: s.time)]
+    assert by_time == sorted(steps)
     for name in ("config.yaml", "train.log"):
         assert f"{name}: left out: a log, config, script or image by its name" in proc.stderr.decode()
     cli("restore", "latest", "--tag", "run=p", str(tmp_path / "resume"), "--repo", repo, "-q")

@@ -505,7 +505,8 @@ class Watcher:
             del self._done[name]
         looks_s = sum(done.look_s for done in self._done.values())
         look_every = max(LOOK_INSIDE_S, self.options.interval, looks_s / LOOK_INSIDE_SHARE)
-        for entry in entries:
+        # pinned in step order: a pin's time is its snapshot's
+        for entry in sorted(entries, key=lambda e: _step_order(e.name)):
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -1178,11 +1179,15 @@ def _files(sig: pins.Signature) -> set[str]:
     return {item[0] for item in sig if item[1] == "f"}
 
 
+def _step_order(name: str) -> tuple[bool, int]:
+    """Checkpoints found at one look are pinned, and ship, in step order (not the folder's): a snapshot's
+    time is its pin's, so snapshot times follow the steps."""
+    step = step_from_name(name)
+    return step is None, step or 0
+
+
 def _shipping_order(cand: _Candidate) -> tuple[bool, int, str]:
-    """Checkpoints ready at one look ship in step order (not the folder's), so that snapshot times
-    follow the steps."""
-    step = step_from_name(cand.pin.name)
-    return step is None, step or 0, cand.pin.pin_id
+    return (*_step_order(cand.pin.name), cand.pin.pin_id)
 
 
 def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:
