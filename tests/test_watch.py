@@ -1481,6 +1481,22 @@ def test_a_pin_whose_files_were_copied_after_it_was_made_is_not_taken_for_a_repl
         shutil.rmtree(state, ignore_errors=True)
 
 
+def _looking_watcher(ckpts: Path):
+    """A Watcher driven by hand (``_scan``, ``_settle``), after its first look; nothing settles (60 s)."""
+    from ckptvault.ops import watch as watching
+
+    watcher = watching.Watcher(
+        str(ckpts),
+        tags={"run": "r"},
+        ship=lambda job: pytest.fail("nothing settles here"),
+        shipped_digests=lambda: (),
+        options=watching.WatchOptions(interval=0.1, settle=60),
+    )
+    os.makedirs(watcher.pins_dir)
+    watcher._scan(time.monotonic())
+    return watcher
+
+
 def _watcher_thread(vault: Vault, ckpts: Path, ship=None, **options):
     """``Vault.watch``'s Watcher on a thread, shipping through ``ship`` (default: the vault's own),
     its warnings collected."""
@@ -1587,21 +1603,12 @@ def test_new_checkpoints_are_seen_while_slow_pins_are_looked_at(tmp_path, monkey
     loop took 1.4 s against --interval 0.1, and a checkpoint that lived 0.7 s was never seen. New names
     are now looked for between pins; and a pin whose folder went is not walked again."""
     from ckptvault.ops import pin as pins
-    from ckptvault.ops import watch as watching
 
     ckpts = tmp_path / "ckpts"
     for n in range(3):
         (ckpts / f"step_{n}").mkdir(parents=True)
         (ckpts / f"step_{n}" / "model.pt").write_bytes(b"x")
-    watcher = watching.Watcher(
-        str(ckpts),
-        tags={"run": "r"},
-        ship=lambda job: pytest.fail("nothing settles here"),
-        shipped_digests=lambda: (),
-        options=watching.WatchOptions(interval=0.1, settle=60),
-    )
-    os.makedirs(watcher.pins_dir)
-    watcher._scan(time.monotonic())
+    watcher = _looking_watcher(ckpts)
     assert len(watcher._candidates) == 3
     real_sync, synced = pins.sync, []
 
@@ -1683,22 +1690,13 @@ def test_a_candidate_dropped_by_a_look_between_pins_is_not_pinned_again(tmp_path
     """The look for new names between slow pins may drop a candidate (a Hugging Face Trainer's output
     folder found: its `runs/` logs are not a checkpoint); the settling went on with it, and the sync
     made its released pin again, without metadata, holding the logs' files until a restart."""
-    from ckptvault.ops import watch as watching
 
     ckpts = tmp_path / "out"
     (ckpts / "runs").mkdir(parents=True)
     (ckpts / "runs" / "events.out.tfevents.1").write_bytes(b"x" * 1000)
     (ckpts / "checkpoint-10").mkdir()
     (ckpts / "checkpoint-10" / "model.safetensors").write_bytes(b"m" * 1000)
-    watcher = watching.Watcher(
-        str(ckpts),
-        tags={"run": "r"},
-        ship=lambda job: pytest.fail("nothing settles here"),
-        shipped_digests=lambda: (),
-        options=watching.WatchOptions(interval=0.1, settle=60),
-    )
-    os.makedirs(watcher.pins_dir)
-    watcher._scan(time.monotonic())
+    watcher = _looking_watcher(ckpts)
     assert sorted(c.pin.name for c in watcher._candidates.values()) == ["checkpoint-10", "runs"]
     (ckpts / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')  # the Trainer's last file
     time.sleep(0.15)  # an interval since the last look: the settling looks for new names first
@@ -1711,20 +1709,11 @@ def test_a_candidate_dropped_by_a_look_between_pins_is_not_pinned_again(tmp_path
 def test_a_pin_is_synced_again_when_its_folder_comes_back(tmp_path):
     """A folder moved aside and back while it is written (same inode): its pin stops being looked at
     while it is away, and is synced again once it is back, not shipped without the files written after."""
-    from ckptvault.ops import watch as watching
 
     ckpts = tmp_path / "ckpts"
     (ckpts / "step_1").mkdir(parents=True)
     (ckpts / "step_1" / "model.pt").write_bytes(b"m" * 1000)
-    watcher = watching.Watcher(
-        str(ckpts),
-        tags={"run": "r"},
-        ship=lambda job: pytest.fail("nothing settles here"),
-        shipped_digests=lambda: (),
-        options=watching.WatchOptions(interval=0.1, settle=60),
-    )
-    os.makedirs(watcher.pins_dir)
-    watcher._scan(time.monotonic())
+    watcher = _looking_watcher(ckpts)
     (cand,) = watcher._candidates.values()
     os.rename(ckpts / "step_1", tmp_path / "aside")
     watcher._settle(time.monotonic())
