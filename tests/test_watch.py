@@ -1722,3 +1722,40 @@ def test_a_pin_is_synced_again_when_its_folder_comes_back(tmp_path):
     (ckpts / "step_1" / "optimizer.pt").write_bytes(b"o" * 1000)
     watcher._settle(time.monotonic())
     assert not cand.frozen and sorted(os.listdir(cand.pin.data)) == ["model.pt", "optimizer.pt"]
+
+
+def test_a_checkpoint_deleted_while_it_is_pinned_is_said_to_be_lost(tmp_path, monkeypatch):
+    """A rotation that deletes a checkpoint while its pin is being made (many files, a slow machine):
+    the part-made pin is refused, and that was silent: a checkpoint lost, exit 0, nothing said."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "global_step10").mkdir(parents=True)
+    for i in range(6):
+        (ckpts / "global_step10" / f"part_{i}.pt").write_bytes(b"x" * 100)
+    warnings: list[str] = []
+    watcher = watching.Watcher(
+        str(ckpts),
+        tags={"run": "r"},
+        ship=lambda job: pytest.fail("nothing to ship"),
+        shipped_digests=lambda: (),
+        options=watching.WatchOptions(interval=0.1, settle=60),
+        on_warning=warnings.append,
+    )
+    os.makedirs(watcher.pins_dir)
+    real, calls = pins._sync_file, []
+
+    def deleted_on_the_third_file(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 3:
+            shutil.rmtree(ckpts / "global_step10")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pins, "_sync_file", deleted_on_the_third_file)
+    watcher._scan(time.monotonic())
+    assert not watcher._candidates and not os.listdir(watcher.pins_dir)
+    assert [w for w in warnings if "deleted while it was being pinned" in w] == [
+        "global_step10 was deleted while it was being pinned: part of it was gone, so it is not shipped (a "
+        "checkpoint must stay at least one interval after it is written, and pinning one of many files takes longer)"
+    ]

@@ -41,6 +41,7 @@ log = logging.getLogger("ckptvault")
 # link(2) failures that mean "no hard links here", as opposed to a real error
 NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY
+DELETED_WHILE_PINNED = "deleted while it was being pinned"
 META = "pin.json"
 DATA = "data"
 
@@ -213,7 +214,7 @@ def create(
         if not sync(pin, link_only=link_only) and not source_alive(pin):
             # files listed went before they were linked, and the folder went too: it was being
             # deleted (or replaced and deleted) while it was pinned, so the pin holds part of it
-            raise FileNotFoundError(errno.ENOENT, "deleted while it was being pinned", source)
+            raise FileNotFoundError(errno.ENOENT, DELETED_WHILE_PINNED, source)
         pin.save_meta(**(meta(pin) if meta else {}))
     except BaseException:
         remove_tree(root)

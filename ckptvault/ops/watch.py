@@ -645,7 +645,13 @@ class Watcher:
                 self._unpinned.pop(name, None)
                 return  # shipped before (by an earlier run of the watcher)
             pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if exc.strerror == pins.DELETED_WHILE_PINNED:  # seen whole, yet lost: said (else deleted before)
+                self._on_warning(
+                    f"{name} was deleted while it was being pinned: part of it was gone, so it is not shipped (a "
+                    f"checkpoint must stay at least one {spelled('--interval', 'interval')} after it is written, "
+                    "and pinning one of many files takes longer)"
+                )
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # EIO, EACCES, a full disk: create left nothing
             # the next poll tries again; the run's error unless that passes
