@@ -11,6 +11,7 @@ import pytest
 
 from ckptvault.ops import pin as pins
 from tests.conftest import DEEP, deep_tree
+from tests.support.races import at_file_linked
 
 
 def test_a_release_killed_half_way_is_discarded_not_shipped_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -101,18 +102,14 @@ def test_a_folder_renamed_over_while_its_pin_syncs_leaves_the_pin_one_save(
     pin = pins.create(str(ckpts / "latest"), str(tmp_path / "staging"))
     (ckpts / "latest" / "part_9.bin").write_text("step 10 part 9\n")  # written since: the sync links it
     _save(ckpts / "latest.tmp", 20, parts=10)
-    real, calls = pins._sync_file, []
 
-    def swapped_on_the_third_file(*args, **kwargs):
-        calls.append(args[1])
-        if len(calls) == 3:
-            os.rename(ckpts / "latest", ckpts / "latest.old")
-            os.rename(ckpts / "latest.tmp", ckpts / "latest")
-            if old_one == "deleted":
-                shutil.rmtree(ckpts / "latest.old")
-        return real(*args, **kwargs)
+    def swap() -> None:
+        os.rename(ckpts / "latest", ckpts / "latest.old")
+        os.rename(ckpts / "latest.tmp", ckpts / "latest")
+        if old_one == "deleted":
+            shutil.rmtree(ckpts / "latest.old")
 
-    monkeypatch.setattr(pins, "_sync_file", swapped_on_the_third_file)
+    calls = at_file_linked(monkeypatch, 3, swap)
     whole = pins.sync(pin)
     monkeypatch.undo()
     assert len(calls) >= 3
@@ -127,15 +124,7 @@ def test_a_folder_deleted_while_it_is_first_pinned_gives_no_pin(tmp_path: Path, 
     """A pin made while its folder was being deleted holds part of it: it is refused (as a folder
     deleted before the pin), not kept to ship as the checkpoint."""
     _save(tmp_path / "latest", 10)
-    real, calls = pins._sync_file, []
-
-    def deleted_on_the_third_file(*args, **kwargs):
-        calls.append(args[1])
-        if len(calls) == 3:
-            shutil.rmtree(tmp_path / "latest")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pins, "_sync_file", deleted_on_the_third_file)
+    at_file_linked(monkeypatch, 3, lambda: shutil.rmtree(tmp_path / "latest"))
     with pytest.raises(FileNotFoundError, match="deleted while it was being pinned"):
         pins.create(str(tmp_path / "latest"), str(tmp_path / "staging"))
     monkeypatch.undo()

@@ -24,6 +24,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.cli.cmd_watch import SAME_SIGNAL_S
 from tests.conftest import DEEP, deep_tree
+from tests.support.races import at_file_linked
 from tests.support.rotating_writer import expected_files, publish
 from tests.support.tmpfs import mounted_tmpfs
 
@@ -1481,7 +1482,7 @@ def test_a_pin_whose_files_were_copied_after_it_was_made_is_not_taken_for_a_repl
         shutil.rmtree(state, ignore_errors=True)
 
 
-def _looking_watcher(ckpts: Path):
+def _looking_watcher(ckpts: Path, on_warning=None):
     """A Watcher driven by hand (``_scan``, ``_settle``), after its first look; nothing settles (60 s)."""
     from ckptvault.ops import watch as watching
 
@@ -1491,6 +1492,7 @@ def _looking_watcher(ckpts: Path):
         ship=lambda job: pytest.fail("nothing settles here"),
         shipped_digests=lambda: (),
         options=watching.WatchOptions(interval=0.1, settle=60),
+        on_warning=on_warning,
     )
     os.makedirs(watcher.pins_dir)
     watcher._scan(time.monotonic())
@@ -1727,33 +1729,13 @@ def test_a_pin_is_synced_again_when_its_folder_comes_back(tmp_path):
 def test_a_checkpoint_deleted_while_it_is_pinned_is_said_to_be_lost(tmp_path, monkeypatch):
     """A rotation that deletes a checkpoint while its pin is being made (many files, a slow machine):
     the part-made pin is refused, and that was silent: a checkpoint lost, exit 0, nothing said."""
-    from ckptvault.ops import pin as pins
-    from ckptvault.ops import watch as watching
-
     ckpts = tmp_path / "ckpts"
     (ckpts / "global_step10").mkdir(parents=True)
     for i in range(6):
         (ckpts / "global_step10" / f"part_{i}.pt").write_bytes(b"x" * 100)
+    at_file_linked(monkeypatch, 3, lambda: shutil.rmtree(ckpts / "global_step10"))
     warnings: list[str] = []
-    watcher = watching.Watcher(
-        str(ckpts),
-        tags={"run": "r"},
-        ship=lambda job: pytest.fail("nothing to ship"),
-        shipped_digests=lambda: (),
-        options=watching.WatchOptions(interval=0.1, settle=60),
-        on_warning=warnings.append,
-    )
-    os.makedirs(watcher.pins_dir)
-    real, calls = pins._sync_file, []
-
-    def deleted_on_the_third_file(*args, **kwargs):
-        calls.append(args[1])
-        if len(calls) == 3:
-            shutil.rmtree(ckpts / "global_step10")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pins, "_sync_file", deleted_on_the_third_file)
-    watcher._scan(time.monotonic())
+    watcher = _looking_watcher(ckpts, warnings.append)  # its first look pins it, and it goes meanwhile
     assert not watcher._candidates and not os.listdir(watcher.pins_dir)
     assert [w for w in warnings if "deleted while it was being pinned" in w] == [
         "global_step10 was deleted while it was being pinned: part of it was gone, so it is not shipped (a "
