@@ -924,11 +924,12 @@ def test_a_save_folder_with_a_pointer_file_ships_its_step_folders_only(
     assert "shipped latest" in shipped and "shipped step_300 step 300" in shipped, shipped
 
 
-def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_in_step_order(tmp_path, repo, cli):
+def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_newest_first(tmp_path, repo, cli):
     """A hand-written loop's folder: checkpoints named by step, and a config and a log beside them. The
     config and the log shipped as snapshots without a step (in the folder's order, the log again at every
     change), so `restore latest` went by time and restored config.yaml, and `prune --keep-latest 1` would
-    have removed every checkpoint."""
+    have removed every checkpoint. The checkpoints ship newest first (a run killed half way has shipped
+    what a resume needs), and their snapshot times follow the steps."""
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     steps = list(range(100, 900, 100))
@@ -943,7 +944,7 @@ def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_shi
     args = ("watch", str(ckpts), "--once", "--settle", "0", "--tag", "run=p", "--repo", repo)
     proc = cli(*args)
     shipped = [line.split()[1] for line in proc.stdout.decode().splitlines()]
-    assert shipped == [f"ckpt_{step}.pt" for step in sorted(steps)], proc.stdout.decode()
+    assert shipped == [f"ckpt_{step}.pt" for step in sorted(steps, reverse=True)], proc.stdout.decode()
     with Vault.open(repo) as vault:  # a snapshot's time is its pin's: pinned in step order too
         by_time = [int(s.tags["step"]) for s in sorted(vault.snapshots(), key=lambda s: s.time)]
     assert by_time == sorted(steps)
@@ -1741,3 +1742,47 @@ def test_a_checkpoint_deleted_while_it_is_pinned_is_said_to_be_lost(tmp_path, mo
         "global_step10 was deleted while it was being pinned: part of it was gone, so it is not shipped (a "
         "checkpoint must stay at least one interval after it is written, and pinning one of many files takes longer)"
     ]
+
+
+def test_a_backlog_of_checkpoints_ships_the_newest_next(tmp_path, vault):
+    """Uploads slower than saves: the checkpoints waiting were all queued, oldest first, so the newest
+    (a preemption's last save) waited behind the whole backlog and went with the machine. The newest
+    ready one now ships as soon as the running upload ends, then the others, newest first; snapshot
+    times still follow the steps."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    slow = threading.Event()
+    started: list[str] = []
+
+    def ship(job):
+        started.append(job.label)
+        if len(started) == 1:
+            assert slow.wait(60), "never let go"
+        return vault._run_job(job)
+
+    watcher, stop, thread, _ = _watcher_thread(vault, ckpts, ship=ship, interval=0.02, settle=0.2)
+
+    def all_ready() -> bool:
+        now = time.monotonic()
+        pinned = list(watcher._candidates.values())
+        return len(pinned) == 4 and all(c.state == "queued" or now - c.last_change >= 0.2 for c in pinned)
+
+    try:
+        for step in (100, 200, 300, 400):
+            (ckpts / f"step_{step}").mkdir()
+            (ckpts / f"step_{step}" / "model.pt").write_bytes(b"%d" % step + os.urandom(1000))
+            if step == 100:
+                _wait(lambda: started, "the first upload")
+        _wait(all_ready, "three checkpoints ready behind the upload")
+        assert started == ["step_100"]
+        slow.set()
+        _wait(lambda: len(vault.snapshots()) == 4, "all four shipped")
+    finally:
+        slow.set()
+        stop.set()
+        thread.join(30)
+    assert started == ["step_100", "step_400", "step_300", "step_200"]
+    by_time = [s.tags["step"] for s in sorted(vault.snapshots(), key=lambda s: s.time)]
+    assert by_time == ["100", "200", "300", "400"]
+    assert vault.latest({"run": "r"}).tags["step"] == "400"
+    assert pin_count(ckpts / ".ckptvault-watch" / "pins") == 0

@@ -20,7 +20,9 @@ The life of a checkpoint:
 3. **shipping**: a backup of the pin, tagged with the user's tags, ``step`` (names.py),
    ``checkpoint=<name>`` and ``watch-sig=<signature digest>``. Backups run one at a time on a
    worker thread while polling goes on, so a long upload never makes the watcher miss a
-   checkpoint.
+   checkpoint. Each is chosen when the last one ends: the newest ready checkpoint, since a resume
+   needs the newest, and uploads slower than saves would otherwise keep it waiting behind the
+   whole backlog (a preemption's last save among them).
 4. **shipped**: the snapshot is durable (committed); the pin is deleted.
 
 Where no pin can be made (the checkpoints' disk is full) a checkpoint ships in place: a stand-in
@@ -157,6 +159,7 @@ Ship = Callable[[BackupJob], Snapshot]
 MAX_INTERVAL_S = 3600.0
 MAX_SETTLE_S = 86400.0
 ONCE_POLL_S = 0.1  # how often --once looks whether its uploads are done, whatever --interval says
+STOP_POLL_S = 0.1  # how often a wait for the next look, or an upload's end, looks whether the watcher stopped
 # How often a shipped folder that is still there has its files compared with what was shipped: a file
 # rewritten in place, or added to a subfolder, changes no mtime of the folder itself.
 LOOK_INSIDE_S = 1.0
@@ -296,6 +299,7 @@ class Watcher:
         self._digests_retry_at: float | None = None  # when to load them again after an outage
         self._scanned_at = 0.0
         self._finished: queue.SimpleQueue[tuple[_Candidate, BackupJob]] = queue.SimpleQueue()
+        self._upload_ended = threading.Event()  # set by the worker: the next upload can start
         self.result = WatchResult()
 
     # ---- the loop ----------------------------------------------------------------------
@@ -385,7 +389,16 @@ class Watcher:
     def _run_forever(self, shipper: AsyncShipper) -> None:
         while not self._stop.is_set():
             self._look(shipper)
-            self._stop.wait(self.options.interval)
+            self._pause(self.options.interval)
+
+    def _pause(self, seconds: float, *, stoppable: bool = True) -> None:
+        """Until the next look: ``seconds``, or less when an upload ends (the next one starts then, not a
+        whole ``--interval`` later) or, when ``stoppable``, when the watcher is stopped."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not (stoppable and self._stop.is_set()):
+            if self._upload_ended.wait(min(left, STOP_POLL_S)):
+                break
+        self._upload_ended.clear()
 
     def _drain(self, shipper: AsyncShipper) -> None:
         """Stopped with a grace (a preemption: the trainer got the same signal, and may be gathering and
@@ -395,7 +408,7 @@ class Watcher:
         deadline = time.monotonic() + self.options.grace
         while time.monotonic() < deadline:
             self._look(shipper)
-            time.sleep(min(self.options.interval, max(0.0, deadline - time.monotonic())))
+            self._pause(min(self.options.interval, deadline - time.monotonic()), stoppable=False)
 
     def _look(self, shipper: AsyncShipper) -> None:
         now = time.monotonic()
@@ -423,12 +436,18 @@ class Watcher:
                 cand.last_change = 0.0  # settled
         while not self._stop.is_set() and not self._shipped_known():
             self._digests_loaded.wait(ONCE_POLL_S)
-        if not self._stop.is_set():  # stopped: nothing more starts
+        while not self._stop.is_set():  # stopped: nothing more starts
             self._promote(shipper, time.monotonic())
-        while not self._stop.is_set() and any(c.state == "queued" for c in self._candidates.values()):
-            self._collect()
-            self._stop.wait(ONCE_POLL_S)
+            if not self._shipping():
+                break  # nothing more is ready
+            while not self._stop.is_set() and self._shipping():
+                self._upload_ended.wait(ONCE_POLL_S)
+                self._upload_ended.clear()
+                self._collect()
         self._collect()
+
+    def _shipping(self) -> bool:
+        return any(c.state == "queued" for c in self._candidates.values())
 
     # ---- finding and pinning -----------------------------------------------------------
 
@@ -983,9 +1002,11 @@ class Watcher:
         return True
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
-        if not self._shipped_known():
+        """Start the next backup when none runs: the newest ready checkpoint's (by pin time, which
+        follows the steps). The others wait, pinned and still looked at, for the upload to end."""
+        if self._shipping() or not self._shipped_known():
             return
-        for cand in sorted(self._candidates.values(), key=_shipping_order):
+        for cand in sorted(self._candidates.values(), key=lambda c: c.pin.pin_id, reverse=True):
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
             retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
             if not (ready or retry):
@@ -1034,6 +1055,7 @@ class Watcher:
             job.future.add_done_callback(functools.partial(self._on_done, cand, job))
             cand.state = "queued"
             shipper.submit(job, on_full="block")
+            return
 
     def _warn_left_out(self, name: str, message: str) -> None:
         """An entry left out is named once for the folder, not at every run: ``--once`` from cron would
@@ -1060,6 +1082,7 @@ class Watcher:
 
     def _on_done(self, cand: _Candidate, job: BackupJob, future: Future[Snapshot]) -> None:
         self._finished.put((cand, job))  # on the worker thread: hand over, touch nothing
+        self._upload_ended.set()
 
     def _ship_job(self, job: BackupJob) -> Snapshot:
         return self._ship(job)
@@ -1186,14 +1209,10 @@ def _files(sig: pins.Signature) -> set[str]:
 
 
 def _step_order(name: str) -> tuple[bool, int]:
-    """Checkpoints found at one look are pinned, and ship, in step order (not the folder's): a snapshot's
-    time is its pin's, so snapshot times follow the steps."""
+    """Checkpoints found at one look are pinned in step order (not the folder's): a snapshot's time is
+    its pin's, so snapshot times follow the steps, and so does the order in which ready ones ship."""
     step = step_from_name(name)
     return step is None, step or 0
-
-
-def _shipping_order(cand: _Candidate) -> tuple[bool, int, str]:
-    return (*_step_order(cand.pin.name), cand.pin.pin_id)
 
 
 def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:
