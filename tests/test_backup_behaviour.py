@@ -1,6 +1,7 @@
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,7 +13,8 @@ from ckptvault.ops.names import WATCH_STATE_FOLDER
 from tests.conftest import DEEP, deep_tree
 
 
-def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path):
+def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(backup_module, "RACY_NS", 0)  # written just before: trusted all the same (below)
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_bytes(os.urandom(500_000))
@@ -24,6 +26,39 @@ def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path):
     assert second.parent is not None
     third = vault.backup(src, force_read=True)
     assert third.summary.read_bytes == 501_000
+
+
+def test_a_file_changed_just_before_it_was_read_is_read_again_at_the_next_backup(vault: Vault, tmp_path: Path, monkeypatch):
+    """Before Linux 6.13 (and on NFS, FUSE, FAT) a file's stamps come from a clock ticking every few ms
+    or whole seconds: a file saved again in place within the tick in which it was read keeps its size,
+    mtime and ctime, and the next backup skipped it, keeping the old bytes. A file changed that recently
+    is now read again by the next backup. (The stamps cannot be held still here: the clock is moved.)"""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ckpt.pt").write_bytes(os.urandom(100_000))
+    (src / "config.json").write_bytes(b"{}")
+    os.utime(src / "config.json", ns=(1, 1))
+    stamped = os.stat(src / "ckpt.pt")
+    real = backup_module.time.time_ns
+    # ckpt.pt read in the tick it was written in: its stamps still say now
+    monkeypatch.setattr(backup_module.time, "time_ns", lambda: max(stamped.st_mtime_ns, stamped.st_ctime_ns) + 1)
+    first = vault.backup(src)
+    monkeypatch.setattr(backup_module.time, "time_ns", lambda: real() + 1_000_000_000)  # read a second later
+    second = vault.backup(src)
+    assert second.summary.read_bytes == 100_000 + 2  # every file, config.json too: its ctime is from now
+    third = vault.backup(src)
+    assert third.summary.read_bytes == 0  # once read long enough after its change, it is trusted
+    assert first.parent is None and second.parent == first.id
+
+
+def test_racy_stamps_by_the_filesystem_granularity():
+    second = 1_000_000_000
+    fine = SimpleNamespace(st_mtime_ns=10 * second + 100, st_ctime_ns=10 * second + 123)
+    whole = SimpleNamespace(st_mtime_ns=10 * second, st_ctime_ns=10 * second)
+    assert backup_module.changed_too_recently(fine, 10 * second + 123 + backup_module.RACY_NS - 1)
+    assert not backup_module.changed_too_recently(fine, 10 * second + 123 + backup_module.RACY_NS)
+    assert backup_module.changed_too_recently(whole, 11 * second)  # FAT stamps even seconds
+    assert not backup_module.changed_too_recently(whole, 12 * second)
 
 
 def test_parent_is_per_host_and_paths(vault: Vault, tmp_path: Path):

@@ -43,6 +43,12 @@ from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hi
 
 ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
+# A file changed this recently when it was read may change again without its mtime or ctime moving: the
+# kernel stamps files from a clock that ticks every 1-10 ms (before Linux 6.13, and on filesystems
+# without fine-grained stamps), and some filesystems keep whole seconds (FAT: two). Such a file's
+# entry gets no inode and ctime, so the next backup reads it again instead of trusting its stat.
+RACY_NS = 20_000_000
+RACY_WHOLE_SECONDS_NS = 2_000_000_000
 
 
 def check_on_change(on_change: str) -> None:
@@ -445,6 +451,14 @@ def _open_source(item: SourceItem) -> io.FileIO:
         os.close(fd)
 
 
+def changed_too_recently(st: os.stat_result, now_ns: int) -> bool:
+    """Whether a change made now could leave the file's stat as it is (``RACY_NS``): a file's stamps
+    are at most one tick of the kernel's coarse clock behind ``time.time_ns()``, or whole seconds."""
+    last = max(st.st_mtime_ns, st.st_ctime_ns)
+    whole_seconds = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
+    return now_ns - last < (RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS)
+
+
 def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
@@ -480,7 +494,9 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> b
         after = os.fstat(fd)
     entry.size = size
     entry.blake3 = hasher.hexdigest()
-    entry.mtime_ns, entry.inode, entry.ctime_ns = before.st_mtime_ns, before.st_ino, before.st_ctime_ns
+    entry.mtime_ns = before.st_mtime_ns
+    if not changed_too_recently(after, time.time_ns()):
+        entry.inode, entry.ctime_ns = before.st_ino, before.st_ctime_ns
     moved = (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
     # A ctime of its own changes with no byte written when the name is taken by a newer save (a rename
     # over it: its last link goes): the bytes read are then one whole save, not a torn one.
