@@ -28,7 +28,7 @@ def test_unchanged_files_are_not_read_again(vault: Vault, tmp_path: Path, monkey
     assert third.summary.read_bytes == 501_000
 
 
-def test_a_file_changed_just_before_it_was_read_is_read_again_at_the_next_backup(vault: Vault, tmp_path: Path, monkeypatch):
+def test_a_file_changed_just_before_it_was_read_is_read_again_next_time(vault: Vault, tmp_path: Path, monkeypatch):
     """Before Linux 6.13 (and on NFS, FUSE, FAT) a file's stamps come from a clock ticking every few ms
     or whole seconds: a file saved again in place within the tick in which it was read keeps its size,
     mtime and ctime, and the next backup skipped it, keeping the old bytes. A file changed that recently
