@@ -1786,3 +1786,49 @@ def test_a_backlog_of_checkpoints_ships_the_newest_next(tmp_path, vault):
     assert by_time == ["100", "200", "300", "400"]
     assert vault.latest({"run": "r"}).tags["step"] == "400"
     assert pin_count(ckpts / ".ckptvault-watch" / "pins") == 0
+
+
+def test_checkpoints_waiting_behind_an_upload_are_looked_at_once_a_second(tmp_path, vault, monkeypatch):
+    """Ready checkpoints waiting for the running upload are walked once a second, not at every look: with
+    a backlog of pins of many files, walking each one every --interval took a core from the trainer."""
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    slow = threading.Event()
+    started: list[str] = []
+    walked: list[str] = []
+    real_sync = watching.pins.sync
+
+    def sync(pin, **kwargs):
+        walked.append(pin.name)
+        return real_sync(pin, **kwargs)
+
+    def ship(job):
+        started.append(job.label)
+        if len(started) == 1:
+            assert slow.wait(60), "never let go"
+        return vault._run_job(job)
+
+    monkeypatch.setattr(watching.pins, "sync", sync)
+    _, stop, thread, _ = _watcher_thread(vault, ckpts, ship=ship, interval=0.02, settle=0.2)
+    try:
+        for step in (100, 200, 300):
+            (ckpts / f"step_{step}").mkdir()
+            (ckpts / f"step_{step}" / "model.pt").write_bytes(b"%d" % step + os.urandom(1000))
+            if step == 100:
+                _wait(lambda: started, "the first upload")
+        _wait(lambda: walked.count("step_300") >= 3, "step_300 walked while it settles")
+        time.sleep(0.5)  # settled by now (--settle 0.2)
+        walked.clear()
+        time.sleep(2.0)  # ~100 looks
+        counts = {name: walked.count(name) for name in ("step_200", "step_300")}
+        assert all(1 <= n <= 4 for n in counts.values()), counts
+        assert started == ["step_100"]
+        slow.set()
+        _wait(lambda: len(vault.snapshots()) == 3, "all three shipped")
+    finally:
+        slow.set()
+        stop.set()
+        thread.join(30)
+    assert started == ["step_100", "step_300", "step_200"]
