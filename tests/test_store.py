@@ -355,6 +355,18 @@ def test_a_local_put_makes_the_folders_it_creates_durable(tmp_path, monkeypatch)
         ("az://container/vault", {"account_nme": "a"}, "az:// takes no storage option 'account_nme'"),
         ("sftp://u@127.0.0.1:9/vault", {"key_file": "k"}, "sftp:// takes no storage option 'key_file'"),
         ("memory://vault", {"zz": 1}, "memory:// takes no storage option 'zz'"),
+        # botocore refused these with a TypeError inside the first call: a storage failure, exit 20
+        (
+            "s3://bucket/vault",
+            {"client_kwargs.endpoint_urll": "http://127.0.0.1:9"},
+            "'client_kwargs.endpoint_urll' (did you mean client_kwargs.endpoint_url?)",
+        ),
+        (
+            "s3://bucket/vault?config_kwargs.read_timout=5",
+            {},
+            "'config_kwargs.read_timout' (did you mean config_kwargs.read_timeout?)",
+        ),
+        ("s3://bucket/vault", {"client_kwargs": {"zz": 1}}, "s3:// takes no storage option 'client_kwargs.zz';"),
     ],
 )
 def test_a_storage_option_the_backend_does_not_take_is_refused(url, options, fragment):
@@ -376,6 +388,8 @@ def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyP
             "secret": "s",
             "config_kwargs.read_timeout": 5,
             "client_kwargs.region_name": "x",
+            "client_kwargs.verify": False,
+            "config_kwargs.s3.addressing_style": "path",
             "use_listings_cache": False,
             "max_concurrency": 4,
         },

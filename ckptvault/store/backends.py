@@ -153,6 +153,31 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
     return None
 
 
+def nested_option_error(protocol: str, options: dict[str, Any], explicit: set[str]) -> str | None:
+    """What is wrong with the names inside s3fs's ``client_kwargs`` (botocore's ``create_client``) and
+    ``config_kwargs`` (botocore's ``Config``), given by the URL or the call, or None. Both refuse a name
+    they do not take with a TypeError inside the first call, which was a storage failure (exit 20)."""
+    if protocol not in S3:
+        return None
+    for group in sorted({"client_kwargs", "config_kwargs"} & explicit):
+        given = options.get(group)
+        if not isinstance(given, dict):
+            continue  # the backend's to judge
+        if group == "client_kwargs":
+            import botocore.session  # type: ignore[import-untyped]
+
+            known = _named(botocore.session.Session.create_client) - {"service_name", "config"}
+        else:
+            import botocore.config  # type: ignore[import-untyped]
+
+            known = set(botocore.config.Config.OPTION_DEFAULTS)
+        for name in sorted(set(given) - known):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            suggestion = f" (did you mean {group}.{close[0]}?)" if close else ""
+            return f"s3:// takes no storage option '{group}.{name}'{suggestion}; the options are in docs/backends.md"
+    return None
+
+
 # options whose value must be a number (in any backend that takes them, at any depth: botocore's
 # ``config_kwargs.read_timeout``), and any ``*_timeout``: a typo found at once, not as a network failure
 # retried (SFTP's port) or a TypeError inside the first call (s3fs's max_concurrency). Only what typing

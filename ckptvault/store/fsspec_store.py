@@ -41,6 +41,7 @@ from .backends import (
     bucket_of,
     default_options,
     install_hint,
+    nested_option_error,
     option_error,
     option_value_error,
     profile_for,
@@ -90,7 +91,11 @@ class FsspecStore:
                 raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
             except ValueError:
                 raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
-            problem = option_error(cls, protocol, explicit) or option_value_error(options)
+            problem = (
+                option_error(cls, protocol, explicit)
+                or nested_option_error(protocol, options, explicit)
+                or option_value_error(options)
+            )
             if problem:
                 raise UsageError(f"repository {self.url}: {problem}")
             try:
