@@ -139,7 +139,6 @@ class _Candidate:
     steady: bool = False  # unchanged at the last look
     rewrites: int = 0  # saves in place seen since it last settled
     rewrites_since: float = 0.0  # when the first of them was seen
-    looked: float = 0.0  # when its pin was last brought up to date with its source
 
 
 @dataclass
@@ -866,9 +865,6 @@ class Watcher:
         for cand in list(self._candidates.values()):
             if cand.state == "queued":
                 continue  # its backup reads the pin
-            if now - cand.last_change >= self.options.settle and now - cand.looked < LOOK_INSIDE_S:
-                continue  # settled, waiting behind an upload: a backlog of pins walked at every look cost a core
-            cand.looked = now
             if not self.options.once and time.monotonic() - self._scanned_at >= self.options.interval:
                 self._scan(time.monotonic())  # pins of many files take long to look at: new names first
                 if cand.pin.pin_id not in self._candidates:
