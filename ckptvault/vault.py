@@ -686,7 +686,7 @@ class Vault:
             parent = max(same_source, key=lambda s: s.time) if same_source else None
             # Delta coding's bases come from the previous save of the same run (ops/deltabase.py).
             deltas = self._repo.codec.compressor.deltas
-            reference = reference_snapshot(every, hostname, tags, parent) if deltas else None
+            reference = reference_snapshot(every, hostname, tags, parent, taken_at) if deltas else None
             twin = twin_snapshot(every, hostname, tags, abs_paths, excludes) if skip_if_unchanged else None
             trees, unreadable = self._trees_if_readable([parent, reference, twin])
             result = run_backup(

@@ -186,6 +186,23 @@ def test_rotating_checkpoint_gets_bases_from_the_repository(delta_vault: Vault, 
         assert contents(tmp_path / f"out-{i}") == expected
 
 
+def test_a_backlog_shipped_newest_first_is_coded_against_each_previous_save(delta_vault: Vault, tmp_path: Path):
+    """``watch`` ships a backlog newest first, each snapshot timed when its checkpoint was pinned. Every
+    older save was coded against the newest snapshot stored (the first one shipped), whose keyframe
+    served its 7 deltas, and the other 8 of 16 saves were stored whole (+26 %). The reference is now the
+    previous save by time."""
+    run = Training(0)
+    ckpts = tmp_path / "ckpts"
+    for step in range(1, 17):
+        if step > 1:
+            run.step()
+        run.save(ckpts / f"step-{step}")
+    result = delta_vault.watch(ckpts, tags={"run": "t"}, once=True, settle=0.2, interval=0.05)
+    assert [s.step for s in result.shipped] == list(range(16, 0, -1))
+    whole = [s.step for s in result.shipped if s.snapshot.summary.delta_chunks == 0]
+    assert len(whole) <= 16 // KEYFRAME_INTERVAL + 1, whole  # a keyframe every 8 saves, one more at the start
+
+
 def test_a_snapshot_tagged_afterwards_still_gives_the_next_save_its_bases(delta_vault: Vault, tmp_path: Path):
     # `ckptvault tag latest --add keep=best` between two saves: the tagged snapshot is still of the run
     run = Training()

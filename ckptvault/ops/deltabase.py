@@ -34,6 +34,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun, xor
@@ -55,11 +56,18 @@ PLAIN_VOTES = 2  # pieces of a tensor that chose the plain coding before the res
 
 
 def reference_snapshot(
-    snapshots: Sequence[Snapshot], hostname: str, tags: dict[str, str], parent: Snapshot | None
+    snapshots: Sequence[Snapshot],
+    hostname: str,
+    tags: dict[str, str],
+    parent: Snapshot | None,
+    taken_at: datetime | None = None,
 ) -> Snapshot | None:
-    """The snapshot whose files give this backup's delta bases: the parent, else the newest snapshot
-    of the same host and the same run: its tags, apart from the per-checkpoint ones, equal this
-    backup's, or hold them all and more (a ``keep=best`` added afterwards by ``ckptvault tag``)."""
+    """The snapshot whose files give this backup's delta bases: the parent, else the previous save of
+    the same host and the same run: its tags, apart from the per-checkpoint ones, equal this
+    backup's, or hold them all and more (a ``keep=best`` added afterwards by ``ckptvault tag``).
+    The previous save is the newest one up to ``taken_at`` (a watch snapshot's pin time), else the
+    oldest after it: a backlog shipped newest first was all coded against the newest save, whose
+    keyframe then served its 7 deltas and left the rest stored whole."""
     if parent is not None:
         return parent
 
@@ -73,7 +81,12 @@ def reference_snapshot(
         return theirs == run or (bool(run) and run.items() <= theirs.items())
 
     same_run_snapshots = [s for s in snapshots if s.hostname == hostname and same_run(s)]
-    return max(same_run_snapshots, key=lambda s: s.time) if same_run_snapshots else None
+    if not same_run_snapshots:
+        return None
+    earlier = [s for s in same_run_snapshots if taken_at is None or s.time <= taken_at]
+    if earlier:
+        return max(earlier, key=lambda s: s.time)
+    return min(same_run_snapshots, key=lambda s: s.time)
 
 
 def source_path(snapshot_paths: Sequence[str], tree_path: str) -> str | None:
