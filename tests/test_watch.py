@@ -1791,3 +1791,29 @@ def test_a_backlog_of_checkpoints_ships_the_newest_next(tmp_path, vault):
     assert by_time == ["100", "200", "300", "400"]
     assert vault.latest({"run": "r"}).tags["step"] == "400"
     assert pin_count(ckpts / ".ckptvault-watch" / "pins") == 0
+
+
+def test_once_tries_a_checkpoint_saved_in_place_during_its_upload_once(tmp_path, vault, monkeypatch):
+    """`watch --once --settle 0` on a file saved again in place during each upload: each superseded
+    backup was promoted again in the same run, so the cron job never ended while the saves went on.
+    It is left for the next run, as before one backup at a time."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "last.ckpt").write_bytes(b"0" * 10_000)
+    stop = threading.Event()
+    tries: list[int] = []
+    real = vault._run_job
+
+    def run_job(job):
+        tries.append(1)
+        if len(tries) >= 5:
+            stop.set()  # what a user's Ctrl-C would do
+        with open(ckpts / "last.ckpt", "r+b") as f:  # the trainer saves in place meanwhile
+            f.write(b"%d" % len(tries))
+        return real(job)
+
+    monkeypatch.setattr(vault, "_run_job", run_job)
+    warnings: list[str] = []
+    result = vault.watch(ckpts, once=True, settle=0, stop=stop, on_warning=warnings.append)
+    assert len(tries) == 1 and not result.shipped, (tries, warnings)
+    assert any("last.ckpt" in w for w in warnings), warnings

@@ -179,7 +179,7 @@ class Pin:
 
 
 def new_pin_root(staging: str) -> str:
-    """A fresh pin folder; names sort in creation order, so a restart ships oldest first."""
+    """A fresh pin folder; names sort in creation order (the watcher ships the newest first)."""
     os.makedirs(staging, exist_ok=True)
     root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}")
     try:

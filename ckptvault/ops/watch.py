@@ -300,6 +300,7 @@ class Watcher:
         self._scanned_at = 0.0
         self._finished: queue.SimpleQueue[tuple[_Candidate, BackupJob]] = queue.SimpleQueue()
         self._upload_ended = threading.Event()  # set by the worker: the next upload can start
+        self._submitted: set[str] = set()  # --once: pin ids whose backup started (each is tried once)
         self.result = WatchResult()
 
     # ---- the loop ----------------------------------------------------------------------
@@ -1003,10 +1004,13 @@ class Watcher:
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         """Start the next backup when none runs: the newest ready checkpoint's (by pin time, which
-        follows the steps). The others wait, pinned and still looked at, for the upload to end."""
+        follows the steps). The others wait, pinned and still looked at, for the upload to end. With
+        --once each is tried once: one saved again in place during its upload is left for the next run."""
         if self._shipping() or not self._shipped_known():
             return
         for cand in sorted(self._candidates.values(), key=lambda c: c.pin.pin_id, reverse=True):
+            if self.options.once and cand.pin.pin_id in self._submitted:
+                continue
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
             retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
             if not (ready or retry):
@@ -1054,6 +1058,8 @@ class Watcher:
                 job.verify = functools.partial(self._verify_pinned, cand.pin, sig)
             job.future.add_done_callback(functools.partial(self._on_done, cand, job))
             cand.state = "queued"
+            if self.options.once:
+                self._submitted.add(cand.pin.pin_id)
             shipper.submit(job, on_full="block")
             return
 
