@@ -40,12 +40,24 @@ def test_a_file_changed_just_before_it_was_read_is_read_again_next_time(vault: V
     os.utime(src / "config.json", ns=(1, 1))
     stamped = os.stat(src / "ckpt.pt")
     real = backup_module.time.time_ns
-    # ckpt.pt read in the tick it was written in: its stamps still say now
-    monkeypatch.setattr(backup_module.time, "time_ns", lambda: max(stamped.st_mtime_ns, stamped.st_ctime_ns) + 1)
+    # ckpt.pt's read began in the tick it was written in (its stamps still say now), and took a second
+    read: list[int] = []
+    real_chunks = backup_module.iter_chunks
+
+    def chunks(f, params):
+        yield from real_chunks(f, params)
+        read.append(1)
+
+    def clock() -> int:
+        return real() + 1_000_000_000 if read else max(stamped.st_mtime_ns, stamped.st_ctime_ns) + 1
+
+    monkeypatch.setattr(backup_module, "iter_chunks", chunks)
+    monkeypatch.setattr(backup_module.time, "time_ns", clock)
     first = vault.backup(src)
+    assert read, "ckpt.pt was not cut by iter_chunks"
     monkeypatch.setattr(backup_module.time, "time_ns", lambda: real() + 1_000_000_000)  # read a second later
     second = vault.backup(src)
-    assert second.summary.read_bytes == 100_000 + 2  # every file, config.json too: its ctime is from now
+    assert second.summary.read_bytes == 100_000  # config.json was read a second after its change
     third = vault.backup(src)
     assert third.summary.read_bytes == 0  # once read long enough after its change, it is trusted
     assert first.parent is None and second.parent == first.id

@@ -43,9 +43,10 @@ from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hi
 
 ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
-# A file changed this recently when it was read may change again without its mtime or ctime moving: the
+# A file changed this recently when its read began may change again without its mtime or ctime moving: the
 # kernel stamps files from a clock that ticks every 1-10 ms (before Linux 6.13, and on filesystems
-# without fine-grained stamps), and some filesystems keep whole seconds (FAT: two). Such a file's
+# without fine-grained stamps), and some filesystems keep whole seconds (FAT: two; a network filesystem
+# stamps by its server's clock, which this cannot judge). Such a file's
 # entry gets no inode and ctime, so the next backup reads it again instead of trusting its stat.
 RACY_NS = 20_000_000
 RACY_WHOLE_SECONDS_NS = 2_000_000_000
@@ -466,6 +467,7 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> b
     repo = pipeline.repo
     with _open_source(item) as f:
         fd = f.fileno()
+        started_ns = time.time_ns()  # a change made since, in the tick of the file's stamps, leaves them as they are
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             raise _NotAFileAnyMore
@@ -495,7 +497,7 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> b
     entry.size = size
     entry.blake3 = hasher.hexdigest()
     entry.mtime_ns = before.st_mtime_ns
-    if not changed_too_recently(after, time.time_ns()):
+    if not changed_too_recently(before, started_ns):
         entry.inode, entry.ctime_ns = before.st_ino, before.st_ctime_ns
     moved = (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns)
     # A ctime of its own changes with no byte written when the name is taken by a newer save (a rename
