@@ -304,8 +304,17 @@ def test_deletes_not_yet_started_are_dropped_at_an_error_or_ctrl_c(stop: str):
                 raise OSError("the store refused")
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-    with pytest.raises(OSError if stop == "error" else KeyboardInterrupt):
-        each(delete, range(400))
+    for _attempt in range(3):
+        started.clear()
+        try:
+            each(delete, range(400))
+        except OSError if stop == "error" else KeyboardInterrupt:
+            break
+        # the SIGINT's KeyboardInterrupt can be raised inside a weakref callback the interpreter runs at that
+        # moment, which prints it as ignored and goes on (seen once in CI's quick run): send it again
+        assert stop == "ctrl-c", "a delete failed and each() went on"
+    else:
+        pytest.fail(f"each() never raised at the {stop}")
     time.sleep(0.2)  # anything still queued would go on starting
     assert len(started) < 4 * DELETERS, f"{len(started)} of 400 deletes ran after the {stop}"
 
