@@ -304,11 +304,12 @@ def test_deletes_not_yet_started_are_dropped_at_an_error_or_ctrl_c(stop: str):
                 raise OSError("the store refused")
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
+    expected = OSError if stop == "error" else KeyboardInterrupt
     for _attempt in range(3):
         started.clear()
         try:
             each(delete, range(400))
-        except OSError if stop == "error" else KeyboardInterrupt:
+        except expected:
             break
         # the SIGINT's KeyboardInterrupt can be raised inside a weakref callback the interpreter runs at that
         # moment, which prints it as ignored and goes on (seen once in CI's quick run): send it again
