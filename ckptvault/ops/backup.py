@@ -44,10 +44,10 @@ from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hi
 ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
 # A file changed this recently when its read began may change again without its mtime or ctime moving: the
-# kernel stamps files from a clock that ticks every 1-10 ms (before Linux 6.13, and on filesystems
-# without fine-grained stamps), and some filesystems keep whole seconds (FAT: two; a network filesystem
-# stamps by its server's clock, which this cannot judge). Such a file's
-# entry gets no inode and ctime, so the next backup reads it again instead of trusting its stat.
+# kernel stamps files from a clock that ticks every 1-10 ms (before Linux 6.13, and on filesystems without
+# fine-grained stamps), and some filesystems keep whole seconds (FAT: two; a network filesystem stamps by its
+# server's clock, which this cannot judge). Such a file's entry gets no inode and ctime, so the next backup
+# reads it again instead of trusting its stat.
 RACY_NS = 20_000_000
 RACY_WHOLE_SECONDS_NS = 2_000_000_000
 

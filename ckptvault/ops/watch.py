@@ -1216,7 +1216,7 @@ def _files(sig: pins.Signature) -> set[str]:
 
 def _step_order(name: str) -> tuple[bool, int]:
     """Checkpoints found at one look are pinned in step order (not the folder's): a snapshot's time is
-    its pin's, so snapshot times follow the steps, and so does the order in which ready ones ship."""
+    its pin's, so snapshot times follow the steps (and ready ones ship newest pin first)."""
     step = step_from_name(name)
     return step is None, step or 0
 
