@@ -1817,3 +1817,38 @@ def test_once_tries_a_checkpoint_saved_in_place_during_its_upload_once(tmp_path,
     result = vault.watch(ckpts, once=True, settle=0, stop=stop, on_warning=warnings.append)
     assert len(tries) == 1 and not result.shipped, (tries, warnings)
     assert any("last.ckpt" in w for w in warnings), warnings
+
+
+def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
+    """On a full disk a checkpoint ships in place: nothing pins it, so the trainer's rotation (oldest
+    first) may delete it at any moment, while pinned ones wait safely. Newest first made it wait behind
+    every newer pinned checkpoint (more of them lost); it now goes first."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    for step in (100, 200):
+        (ckpts / f"step_{step}").mkdir(parents=True)
+        (ckpts / f"step_{step}" / "model.pt").write_bytes(b"%d" % step)
+    watcher = watching.Watcher(
+        str(ckpts),
+        tags={"run": "r"},
+        ship=lambda job: pytest.fail("driven by hand"),
+        shipped_digests=lambda: (),
+        options=watching.WatchOptions(interval=0.1, settle=0),
+    )
+    os.makedirs(watcher.pins_dir)
+    watcher._digests_loaded.set()
+    in_place = pins.stand_in(str(ckpts / "step_100"), watcher.pins_dir)  # its disk was full then
+    pinned = pins.create(str(ckpts / "step_200"), watcher.pins_dir)  # room again for the newer one
+    for pin in (in_place, pinned):
+        watcher._candidates[pin.pin_id] = watching._Candidate(pin=pin, seen=0.0, last_change=0.0)
+    submitted: list[str] = []
+
+    class Shipper:
+        def submit(self, job, on_full):
+            submitted.append(job.label)
+
+    watcher._promote(Shipper(), time.monotonic())
+    assert submitted == ["step_100"]
+    pinned.release()

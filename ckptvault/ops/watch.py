@@ -1004,11 +1004,12 @@ class Watcher:
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         """Start the next backup when none runs: the newest ready checkpoint's (by pin time, which
-        follows the steps). The others wait, pinned and still looked at, for the upload to end. With
-        --once each is tried once: one saved again in place during its upload is left for the next run."""
+        follows the steps), one shipping in place first: nothing pins it against the trainer's rotation.
+        The others wait, pinned and still looked at, for the upload to end. With --once each is tried
+        once: one saved again in place during its upload is left for the next run."""
         if self._shipping() or not self._shipped_known():
             return
-        for cand in sorted(self._candidates.values(), key=lambda c: c.pin.pin_id, reverse=True):
+        for cand in sorted(self._candidates.values(), key=lambda c: (c.pin.in_place, c.pin.pin_id), reverse=True):
             if self.options.once and cand.pin.pin_id in self._submitted:
                 continue
             ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
