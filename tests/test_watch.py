@@ -1488,19 +1488,25 @@ def test_a_pin_whose_files_were_copied_after_it_was_made_is_not_taken_for_a_repl
         shutil.rmtree(state, ignore_errors=True)
 
 
-def _looking_watcher(ckpts: Path, on_warning=None):
-    """A Watcher driven by hand (``_scan``, ``_settle``), after its first look; nothing settles (60 s)."""
+def _hand_driven_watcher(ckpts: Path, settle: float, on_warning=None):
+    """A Watcher driven by hand (``_scan``, ``_settle``, ``_promote``): it ships nothing by itself."""
     from ckptvault.ops import watch as watching
 
     watcher = watching.Watcher(
         str(ckpts),
         tags={"run": "r"},
-        ship=lambda job: pytest.fail("nothing settles here"),
+        ship=lambda job: pytest.fail("driven by hand"),
         shipped_digests=lambda: (),
-        options=watching.WatchOptions(interval=0.1, settle=60),
+        options=watching.WatchOptions(interval=0.1, settle=settle),
         on_warning=on_warning,
     )
     os.makedirs(watcher.pins_dir)
+    return watcher
+
+
+def _looking_watcher(ckpts: Path, on_warning=None):
+    """A hand-driven Watcher after its first look; nothing settles (60 s)."""
+    watcher = _hand_driven_watcher(ckpts, 60, on_warning)
     watcher._scan(time.monotonic())
     return watcher
 
@@ -1830,14 +1836,7 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
     for step in (100, 200):
         (ckpts / f"step_{step}").mkdir(parents=True)
         (ckpts / f"step_{step}" / "model.pt").write_bytes(b"%d" % step)
-    watcher = watching.Watcher(
-        str(ckpts),
-        tags={"run": "r"},
-        ship=lambda job: pytest.fail("driven by hand"),
-        shipped_digests=lambda: (),
-        options=watching.WatchOptions(interval=0.1, settle=0),
-    )
-    os.makedirs(watcher.pins_dir)
+    watcher = _hand_driven_watcher(ckpts, 0)
     watcher._digests_loaded.set()
     in_place = pins.stand_in(str(ckpts / "step_100"), watcher.pins_dir)  # its disk was full then
     pinned = pins.create(str(ckpts / "step_200"), watcher.pins_dir)  # room again for the newer one

@@ -158,8 +158,7 @@ Ship = Callable[[BackupJob], Snapshot]
 
 MAX_INTERVAL_S = 3600.0
 MAX_SETTLE_S = 86400.0
-ONCE_POLL_S = 0.1  # how often --once looks whether its uploads are done, whatever --interval says
-STOP_POLL_S = 0.1  # how often a wait for the next look, or an upload's end, looks whether the watcher stopped
+POLL_S = 0.1  # how often a wait looks whether it may end (stopped, uploads done, list loaded), whatever --interval says
 # How often a shipped folder that is still there has its files compared with what was shipped: a file
 # rewritten in place, or added to a subfolder, changes no mtime of the folder itself.
 LOOK_INSIDE_S = 1.0
@@ -320,7 +319,7 @@ class Watcher:
             resumed = self._adopt_pins()
             self._start_loading_digests()
             if self.options.once:  # its one look must know what was shipped (a full disk ships in place)
-                while not self._stop.is_set() and not self._digests_loaded.wait(ONCE_POLL_S):
+                while not self._stop.is_set() and not self._digests_loaded.wait(POLL_S):
                     pass  # a slow or retrying store must not make Ctrl-C wait for the list
             now = time.monotonic()
             if not self._stop.is_set():  # stopped while the list loaded: nothing is pinned blind
@@ -397,7 +396,7 @@ class Watcher:
         whole ``--interval`` later) or, when ``stoppable``, when the watcher is stopped."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0 and not (stoppable and self._stop.is_set()):
-            if self._upload_ended.wait(min(left, STOP_POLL_S)):
+            if self._upload_ended.wait(min(left, POLL_S)):
                 break
         self._upload_ended.clear()
 
@@ -436,13 +435,13 @@ class Watcher:
             else:
                 cand.last_change = 0.0  # settled
         while not self._stop.is_set() and not self._shipped_known():
-            self._digests_loaded.wait(ONCE_POLL_S)
+            self._digests_loaded.wait(POLL_S)
         while not self._stop.is_set():  # stopped: nothing more starts
             self._promote(shipper, time.monotonic())
             if not self._shipping():
                 break  # nothing more is ready
             while not self._stop.is_set() and self._shipping():
-                self._upload_ended.wait(ONCE_POLL_S)
+                self._upload_ended.wait(POLL_S)
                 self._upload_ended.clear()
                 self._collect()
         self._collect()
