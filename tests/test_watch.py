@@ -1758,8 +1758,8 @@ def test_a_checkpoint_deleted_while_it_is_pinned_is_said_to_be_lost(tmp_path, mo
 def test_a_backlog_of_checkpoints_ships_the_newest_next(tmp_path, vault):
     """Uploads slower than saves: the checkpoints waiting were all queued, oldest first, so the newest
     (a preemption's last save) waited behind the whole backlog and went with the machine. The newest
-    ready one now ships as soon as the running upload ends, then the others, newest first; snapshot
-    times still follow the steps."""
+    ready one now ships as soon as the running upload ends, then the others (every other one the oldest:
+    see the next test); snapshot times still follow the steps."""
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     slow = threading.Event()
@@ -1792,11 +1792,48 @@ def test_a_backlog_of_checkpoints_ships_the_newest_next(tmp_path, vault):
         slow.set()
         stop.set()
         thread.join(30)
-    assert started == ["step_100", "step_400", "step_300", "step_200"]
+    assert started == ["step_100", "step_400", "step_200", "step_300"]  # then every other one the oldest
     by_time = [s.tags["step"] for s in sorted(vault.snapshots(), key=lambda s: s.time)]
     assert by_time == ["100", "200", "300", "400"]
     assert vault.latest({"run": "r"}).tags["step"] == "400"
     assert pin_count(ckpts / ".ckptvault-watch" / "pins") == 0
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_backlog_behind_a_save_made_again_and_again_still_ships(tmp_path, stopping):
+    """Uploads slower than saves, and `last.ckpt` saved again every epoch: it is always the newest ready
+    checkpoint, so with newest first alone the step-named ones (and the disk their pins hold) waited for
+    as long as training ran. Every other upload now goes to the oldest waiting; once stopped (the grace
+    after a preemption) the newest goes first, always."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watcher = _hand_driven_watcher(ckpts, 0)
+    watcher._digests_loaded.set()
+    if stopping:
+        watcher._stop.set()
+    submitted: list[str] = []
+
+    class Shipper:
+        def submit(self, job, on_full):
+            submitted.append(job.label)
+
+    def save(name: str) -> None:
+        (ckpts / name).write_bytes(os.urandom(100))
+        pin = pins.create(str(ckpts / name), watcher.pins_dir)
+        watcher._candidates[pin.pin_id] = watching._Candidate(pin=pin, seen=0.0, last_change=0.0)
+
+    save("step_100.ckpt")
+    for _epoch in range(4):
+        save("last.ckpt")  # each upload takes longer than an epoch: a new save is pinned meanwhile
+        watcher._promote(Shipper(), time.monotonic())
+        watcher._release(next(c for c in watcher._candidates.values() if c.state == "queued"))
+    if stopping:
+        assert submitted == ["last.ckpt"] * 4
+    else:
+        assert submitted == ["last.ckpt", "step_100.ckpt", "last.ckpt", "last.ckpt"]
 
 
 def test_once_tries_a_checkpoint_saved_in_place_during_its_upload_once(tmp_path, vault, monkeypatch):

@@ -300,6 +300,7 @@ class Watcher:
         self._finished: queue.SimpleQueue[tuple[_Candidate, BackupJob]] = queue.SimpleQueue()
         self._upload_ended = threading.Event()  # set by the worker: the next upload can start
         self._submitted: set[str] = set()  # --once: pin ids whose backup started (each is tried once)
+        self._oldest_turn = False  # the next upload with a choice goes to the oldest waiting (see _promote)
         self.result = WatchResult()
 
     # ---- the loop ----------------------------------------------------------------------
@@ -1004,17 +1005,21 @@ class Watcher:
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         """Start the next backup when none runs: the newest ready checkpoint's (by pin time, which
         follows the steps), one shipping in place first: nothing pins it against the trainer's rotation.
-        The others wait, pinned and still looked at, for the upload to end. With --once each is tried
-        once: one saved again in place during its upload is left for the next run."""
+        The others wait, pinned and still looked at, for the upload to end. While watching goes on, every
+        other upload that has a choice goes to the oldest instead: with uploads slower than saves, the
+        newest first alone would leave older ones (and their disk space) waiting for as long as training
+        runs when the newest is always a new save (``last.ckpt`` saved every epoch). Stopping (the grace)
+        and --once go newest first only: what is left is for the save a resume needs. With --once each
+        is tried once: one saved again in place during its upload is left for the next run."""
         if self._shipping() or not self._shipped_known():
             return
-        for cand in sorted(self._candidates.values(), key=lambda c: (c.pin.in_place, c.pin.pin_id), reverse=True):
-            if self.options.once and cand.pin.pin_id in self._submitted:
-                continue
-            ready = cand.state == "settling" and now - cand.last_change >= self.options.settle
-            retry = cand.state == "failed" and now >= cand.retry_at and not self.options.once
-            if not (ready or retry):
-                continue
+        due = [c for c in self._candidates.values() if self._due(c, now)]
+        alternate = len(due) > 1 and not self.options.once and not self._stop.is_set()
+        if alternate and self._oldest_turn:
+            due.sort(key=lambda c: (not c.pin.in_place, c.pin.pin_id))
+        else:
+            due.sort(key=lambda c: (c.pin.in_place, c.pin.pin_id), reverse=True)
+        for cand in due:
             try:
                 sig = self._signature(cand.pin)  # a pin from a run with other patterns too
                 if cand.pin.in_place and self._cut_down(cand, sig):  # since the last look
@@ -1060,8 +1065,18 @@ class Watcher:
             cand.state = "queued"
             if self.options.once:
                 self._submitted.add(cand.pin.pin_id)
+            if alternate and not cand.pin.in_place:
+                self._oldest_turn = not self._oldest_turn
             shipper.submit(job, on_full="block")
             return
+
+    def _due(self, cand: _Candidate, now: float) -> bool:
+        """Whether a backup of it may start now: settled, or failed and its retry delay over."""
+        if self.options.once and cand.pin.pin_id in self._submitted:
+            return False
+        if cand.state == "failed":
+            return now >= cand.retry_at and not self.options.once
+        return cand.state == "settling" and now - cand.last_change >= self.options.settle
 
     def _warn_left_out(self, name: str, message: str) -> None:
         """An entry left out is named once for the folder, not at every run: ``--once`` from cron would
