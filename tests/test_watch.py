@@ -1667,22 +1667,24 @@ def test_pinning_by_copying_is_said_once(tmp_path, vault):
     assert sum("pinned by copying" in w for w in warnings) == 1, warnings
 
 
-def test_a_backlog_of_pins_filling_the_disk_is_said(tmp_path, vault):
-    """Uploads slower than saves: every checkpoint waits, pinned, holding the files the trainer's
-    rotation deleted, until the disk is full and the trainer's next save fails. Nothing said so."""
+def test_a_backlog_of_pins_on_another_disk_filling_it_is_said(tmp_path, vault):
+    """Uploads slower than saves: every checkpoint waits, pinned (copies on the --state-dir disk), until
+    that disk is full and pins fail. Nothing said so; nothing is dropped there (no save needs that room)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
     with mounted_tmpfs(tmp_path / "mnt", "4m", "the backlog disk test") as mount:
-        ckpts = mount / "ckpts"
-        ckpts.mkdir()
         release = threading.Event()
 
         def slow_ship(job):
             release.wait(60)
             return vault._run_job(job)
 
-        _, stop, thread, warnings = _watcher_thread(vault, ckpts, ship=slow_ship, interval=0.02, settle=0.1)
+        _, stop, thread, warnings = _watcher_thread(
+            vault, ckpts, ship=slow_ship, interval=0.02, settle=0.1, state_dir=str(mount / "state")
+        )
         try:
             step = 0
-            while os.statvfs(mount).f_bavail > 0.08 * os.statvfs(mount).f_blocks:  # the next save would fail soon
+            while os.statvfs(mount).f_bavail > 0.08 * os.statvfs(mount).f_blocks:  # pins would fail soon
                 step += 1  # 0.25 MB each, the one before deleted: the pins keep them all
                 (ckpts / "next.tmp").write_bytes(os.urandom(250_000))
                 os.replace(ckpts / "next.tmp", ckpts / f"step_{step}.pt")
@@ -1698,6 +1700,43 @@ def test_a_backlog_of_pins_filling_the_disk_is_said(tmp_path, vault):
             thread.join(60)
     told = [w for w in warnings if "wait to ship" in w]
     assert len(told) == 1 and "full and" in told[0] and "state_dir" in told[0], warnings
+    assert not [w for w in warnings if "dropped" in w]
+
+
+def test_a_backlog_of_pins_never_fills_the_trainers_disk(tmp_path, vault):
+    """Uploads slower than saves, pins beside the checkpoints: they kept every file the trainer's rotation
+    deleted until the disk was full and the trainer's next save failed (ENOSPC ends training). The oldest
+    waiting ones are dropped, unshipped, to keep room for a save; the newest and the one shipping ship."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the backlog disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        release = threading.Event()
+
+        def slow_ship(job):
+            release.wait(60)
+            return vault._run_job(job)
+
+        watcher, stop, thread, warnings = _watcher_thread(vault, ckpts, ship=slow_ship, interval=0.02, settle=0.1)
+        try:
+            for step in range(1, 41):  # 10 MB of saves through a 4 MiB disk, 0.25 MB each
+                (ckpts / "next.tmp").write_bytes(os.urandom(250_000))  # ENOSPC here fails the test
+                os.replace(ckpts / "next.tmp", ckpts / f"step_{step}.pt")
+                with contextlib.suppress(FileNotFoundError):
+                    (ckpts / f"step_{step - 1}.pt").unlink()
+                time.sleep(0.15)
+            _wait(lambda: any("step_40.pt" in c.pin.name for c in watcher._candidates.values()), "the last pin")
+            release.set()
+            _wait(lambda: not watcher._candidates, "what is left shipped")
+        finally:
+            release.set()
+            stop.set()
+            thread.join(60)
+    dropped = [w for w in warnings if "dropped without shipping it" in w]
+    shipped = {s.tags["checkpoint"] for s in vault.snapshots()}
+    assert dropped and "state_dir" in dropped[0], warnings
+    assert {"step_1.pt", "step_40.pt"} <= shipped  # the one shipping when the disk filled, and the newest
+    assert len(shipped) + len(dropped) == 40 and len(watcher.result.dropped) == len(dropped)
+    assert vault.latest({"run": "r"}).tags["step"] == "40"
 
 
 def test_a_candidate_dropped_by_a_look_between_pins_is_not_pinned_again(tmp_path):

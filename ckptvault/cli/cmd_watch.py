@@ -185,7 +185,8 @@ def watch_cmd(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     left = f"; {result.left} pinned checkpoint(s) wait for the next run" if result.left else ""
-    info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}")
+    dropped = f"; {len(result.dropped)} dropped unshipped to leave the trainer room" if result.dropped else ""
+    info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}{dropped}")
     if result.errors:
         raise result.errors[0]
     if output_failed:

@@ -262,6 +262,22 @@ def source_alive(pin: Pin) -> bool:
         return False
 
 
+def bytes_held(pin: Pin) -> int:
+    """The disk space that releasing the pin would free: its files no other name links to."""
+    if pin.in_place:
+        return 0
+    try:
+        if not os.path.isdir(pin.data):
+            return _held(os.lstat(pin.data))
+        return sum(_held(entry.stat(follow_symlinks=False)) for _rel, entry in walk(pin.data))
+    except FileNotFoundError:  # released meanwhile, or a file of it (a pin is only ever cut by hand)
+        return 0
+
+
+def _held(st: os.stat_result) -> int:
+    return st.st_blocks * 512 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
+
+
 def shares_a_file(pin: Pin) -> bool | None:
     """Whether the pinned folder still holds one of the pin's files (the same inode, a hard link)
     under the same path. False when it holds files but none of the pin's: the folder it was pinned

@@ -114,6 +114,7 @@ class ShippedCheckpoint:
 class WatchResult:
     shipped: list[ShippedCheckpoint] = field(default_factory=list)
     left: int = 0  # pinned checkpoints left for the next run (not those shipping in place)
+    dropped: list[str] = field(default_factory=list)  # checkpoints dropped unshipped to leave the trainer room
     errors: list[CkptVaultError] = field(default_factory=list)
 
 
@@ -167,6 +168,7 @@ LOOK_INSIDE_S = 1.0
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
 LOOK_INSIDE_SHARE = 0.05
 LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
+ROOM_FOR_A_SAVE = 1.1  # free room kept on the checkpoints' disk: this many times the largest checkpoint's size
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
 # is said never to ship
 REWRITES_TOLD = 3
@@ -302,6 +304,7 @@ class Watcher:
         self._submitted: set[str] = set()  # --once: pin ids whose backup started (each is tried once)
         self._oldest_turn = False  # the next upload with a choice goes to the oldest waiting (see _promote)
         self.result = WatchResult()
+        self._pins_beside_checkpoints = False  # the pins take room the trainer's saves need (see _make_room)
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -317,6 +320,7 @@ class Watcher:
                 f"({spelled('--state-dir', 'state_dir')})"
             ) from None
         with lock:
+            self._pins_beside_checkpoints = _same_disk(self.pins_dir, self.directory)
             resumed = self._adopt_pins()
             self._start_loading_digests()
             if self.options.once:  # its one look must know what was shipped (a full disk ships in place)
@@ -417,6 +421,7 @@ class Watcher:
         self._settle(now)
         self._promote(shipper, now)
         self._collect()
+        self._make_room()
         self._warn_if_disk_low()
 
     def _run_once(self, shipper: AsyncShipper) -> None:
@@ -688,6 +693,42 @@ class Watcher:
             return
         self._warn_if_copied(pin)
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+
+    def _make_room(self) -> None:
+        """A pin keeps the files the trainer's rotation deleted until it ships, so uploads slower than
+        saves pile them up until the trainer's next save fails for want of room, which ends training
+        and every save after it. When the checkpoints' disk holds the pins and has less room than the
+        largest checkpoint waiting takes (x ``ROOM_FOR_A_SAVE``) or ``LOW_DISK`` of it, the oldest waiting
+        checkpoints the trainer already deleted are dropped, unshipped, until it has: as
+        ``backup_async`` coalesces a full queue. Never the newest waiting one (what a resume needs),
+        the one shipping, or one still in the folder (its pin frees nothing, and it would never ship).
+        Pins elsewhere (``--state-dir``) compete with no save: nothing is dropped there."""
+        waiting = sorted(
+            (c for c in self._candidates.values() if c.state != "queued" and not c.pin.in_place),
+            key=lambda c: c.pin.pin_id,
+        )
+        if len(waiting) < 2 or not self._pins_beside_checkpoints:
+            return
+        largest = max(sum(int(item[2]) for item in c.sig if item[1] == "f") for c in self._candidates.values())
+        for cand in waiting[:-1]:
+            try:
+                disk = os.statvfs(self.pins_dir)
+            except OSError:
+                return
+            need = max(LOW_DISK * disk.f_blocks * disk.f_frsize, ROOM_FOR_A_SAVE * largest)
+            if disk.f_bavail * disk.f_frsize >= need:
+                return
+            if pins.source_alive(cand.pin) or not (held := pins.bytes_held(cand.pin)):
+                continue
+            self._release(cand)
+            self.result.dropped.append(cand.pin.name)
+            self._on_warning(
+                f"{cand.pin.name}: dropped without shipping it, to leave the trainer room for its next save: "
+                f"the disk of {self.directory} has {disk.f_bavail * disk.f_frsize / 1e6:.0f} MB free and its pin "
+                f"kept {held / 1e6:.0f} MB the trainer had deleted; uploads are slower than saves (newer checkpoints "
+                f"still ship); save less often, raise the upload rate, or pin on another disk with "
+                f"{spelled('--state-dir', 'state_dir')} (copies there; nothing is dropped)"
+            )
 
     def _warn_if_disk_low(self) -> None:
         """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
@@ -1222,6 +1263,13 @@ def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]
     steps = {step_from_name(e.name) for e in entries if _is_step_folder(e.name, e.path)}
     named = int(text) if text.isdigit() else step_from_name(text)
     return named is not None and named in steps
+
+
+def _same_disk(a: str, b: str) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:  # the watched folder does not exist yet: it is made where the state is
+        return True
 
 
 def _files(sig: pins.Signature) -> set[str]:
