@@ -8,6 +8,7 @@ import ckptvault
 LAYERS = {
     "errors": 0,
     "version": 0,
+    "units": 0,
     "chunking": 1,
     "hashing": 1,
     "codec": 1,

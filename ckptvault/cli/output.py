@@ -28,16 +28,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
+from ..units import format_bytes as format_bytes  # the CLI's commands take it from here
 
 PIPED_WIDTH = 1 << 16  # tables size to their content: box=None, not expanded
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n} B"  # pragma: no cover
 
 
 def one_line(message: str) -> str:

@@ -64,6 +64,7 @@ from ..errors import (
     spelled,
 )
 from ..snapshot.model import TAG_TEXT_MAX, Snapshot
+from ..units import format_bytes
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
 from .names import (
@@ -724,8 +725,8 @@ class Watcher:
             self.result.dropped.append(cand.pin.name)
             self._on_warning(
                 f"{cand.pin.name}: dropped without shipping it, to leave the trainer room for its next save: "
-                f"the disk of {self.directory} has {disk.f_bavail * disk.f_frsize / 1e6:.0f} MB free and its pin "
-                f"kept {held / 1e6:.0f} MB the trainer had deleted; uploads are slower than saves (newer checkpoints "
+                f"the disk of {self.directory} has {format_bytes(disk.f_bavail * disk.f_frsize)} free and its pin "
+                f"kept {format_bytes(held)} the trainer had deleted; uploads are slower than saves (newer checkpoints "
                 f"still ship); save less often, raise the upload rate, or pin on another disk with "
                 f"{spelled('--state-dir', 'state_dir')} (copies there; nothing is dropped)"
             )

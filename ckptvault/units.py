@@ -1,0 +1,11 @@
+"""How sizes are shown to people: in messages of every layer, and in the CLI's tables."""
+
+from __future__ import annotations
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"  # pragma: no cover
