@@ -334,6 +334,9 @@ def test_a_config_with_impossible_values_is_damage_naming_the_config(two_snapsho
         ({"version": True}, "its version True is not a whole number"),
         ({"version": "1"}, "its version '1' is not a whole number"),
         ({"created": None}, "its created time is not text"),
+        ({"chunker": []}, "chunker, compression and encryption fields must be objects"),  # was an internal error
+        ({"pack_size": "big"}, "its pack_size 'big' is not a whole number"),  # was "lacks field '<=' not supported"
+        ({"pack_size": True}, "its pack_size True is not a whole number"),
         ({"compression": {"codec": "zstd", "level": 3, "bytegroup": "no"}}, "compression.bytegroup 'no' is not true"),
         ({"encryption": {"mode": "aes-256-gcm", "key_verifier": "x"}}, "has no valid encryption.key_fingerprint"),
     ],

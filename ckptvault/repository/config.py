@@ -128,13 +128,12 @@ class RepoConfig:
                 created=doc["created"],
                 version=version,
             )
-        except (KeyError, TypeError) as exc:
+        except KeyError as exc:
             raise MalformedObjectError(f"the config of {url} lacks field {exc}") from exc
-        except (
-            UsageError,
-            ValueError,
-        ) as exc:  # a value init would refuse (a chunk or pack size out of range): damage here
+        except (UsageError, ValueError) as exc:  # a value init would refuse (a size out of range): damage here
             raise MalformedObjectError(f"the config of {url} is damaged: {exc}") from exc
+        except (TypeError, AttributeError) as exc:  # a field of a shape _check_fields does not know yet
+            raise MalformedObjectError(f"the config of {url} is damaged: a field has the wrong type ({exc})") from exc
 
 
 def _check_fields(doc: dict) -> None:
@@ -145,8 +144,10 @@ def _check_fields(doc: dict) -> None:
     if not isinstance(doc.get("created"), str):
         raise ValueError("its created time is not text")
     compression, encryption = doc.get("compression"), doc.get("encryption")
-    if not isinstance(compression, dict) or not isinstance(encryption, dict):
-        raise ValueError("its compression and encryption fields must be objects")
+    if not all(isinstance(doc.get(name), dict) for name in ("chunker", "compression", "encryption")):
+        raise ValueError("its chunker, compression and encryption fields must be objects")
+    if "pack_size" in doc and type(doc["pack_size"]) is not int:  # missing: "lacks field", below
+        raise ValueError(f"its pack_size {doc.get('pack_size')!r} is not a whole number")
     for flag in ("bytegroup", "delta"):
         if not isinstance(compression.get(flag, False), bool):
             raise ValueError(f"compression.{flag} {compression[flag]!r} is not true or false")
