@@ -47,23 +47,21 @@ class Kind(IntEnum):
 
 class Sealer(Protocol):
     mode: int
-    overhead: int
 
-    def seal(self, kind: Kind, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]: ...
+    def seal(self, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]: ...
 
-    def unseal(self, kind: Kind, aad: bytes, sealed: memoryview) -> memoryview: ...
+    def unseal(self, aad: bytes, sealed: memoryview) -> memoryview: ...
 
 
 class ChecksumSealer:
     """No confidentiality; integrity through a BLAKE3 checksum over aad and inner."""
 
     mode = SEAL_NONE
-    overhead = CHECKSUM_SIZE
 
-    def seal(self, kind: Kind, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    def seal(self, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]:
         return [*inner, checksum(aad, *inner, size=CHECKSUM_SIZE)]
 
-    def unseal(self, kind: Kind, aad: bytes, sealed: memoryview) -> memoryview:
+    def unseal(self, aad: bytes, sealed: memoryview) -> memoryview:
         if len(sealed) < 1 + CHECKSUM_SIZE:
             raise IntegrityError("blob is truncated")
         inner, tag = sealed[:-CHECKSUM_SIZE], sealed[-CHECKSUM_SIZE:]
@@ -95,7 +93,7 @@ class BlobCodec:
 
     def _unseals(self, kind: Kind, object_id: bytes, view: memoryview) -> bool:
         try:
-            self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
+            self.sealer.unseal(self._aad(kind, object_id), view[2:])
         except IntegrityError:
             return False
         return True
@@ -121,7 +119,7 @@ class BlobCodec:
     ) -> BlobParts:
         self.refuse_if_downgraded()
         codec, payload = self.compressor.compress(data, runs)
-        return [self._header, *self.sealer.seal(kind, self._aad(kind, object_id), [bytes([codec]), payload])]
+        return [self._header, *self.sealer.seal(self._aad(kind, object_id), [bytes([codec]), payload])]
 
     def encode_delta(
         self,
@@ -137,7 +135,7 @@ class BlobCodec:
         payload = self.compressor.compress_delta(data, base, base_id, runs)
         return [
             self._header,
-            *self.sealer.seal(Kind.CHUNK, self._aad(Kind.CHUNK, chunk_id), [bytes([CODEC_DELTA]), *payload]),
+            *self.sealer.seal(self._aad(Kind.CHUNK, chunk_id), [bytes([CODEC_DELTA]), *payload]),
         ]
 
     def decode(self, kind: Kind, object_id: bytes, blob: bytes | memoryview) -> bytes:
@@ -190,7 +188,7 @@ class BlobCodec:
                 self._encrypted_seen = True
                 raise ConfigDowngradedError(DOWNGRADED)
             raise IntegrityError(f"blob seal mode {view[1]} does not match the repository's ({self.sealer.mode})")
-        inner = self.sealer.unseal(kind, self._aad(kind, object_id), view[2:])
+        inner = self.sealer.unseal(self._aad(kind, object_id), view[2:])
         if kind != Kind.LOCK:
             self._plain_seen = True  # (or sealed: then never downgraded)
         if len(inner) < 1:

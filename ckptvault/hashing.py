@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from blake3 import blake3
 
-ID_SIZE = 32
-
 
 class ChunkIdFunction:
     """Maps chunk plaintext to its 32-byte ID: BLAKE3, keyed when ``key`` is given so that

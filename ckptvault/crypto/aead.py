@@ -14,7 +14,7 @@ from collections.abc import Callable
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..blob import SEAL_AES256GCM, Kind
+from ..blob import SEAL_AES256GCM
 from ..errors import IntegrityError
 
 NONCE_SIZE = 12
@@ -23,17 +23,16 @@ TAG_SIZE = 16
 
 class AesGcmSealer:
     mode = SEAL_AES256GCM
-    overhead = NONCE_SIZE + TAG_SIZE
 
     def __init__(self, key: bytes, nonce_source: Callable[[int], bytes] = os.urandom) -> None:
         self._aead = AESGCM(key)
         self._nonce = nonce_source  # injectable for known-answer tests only
 
-    def seal(self, kind: Kind, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    def seal(self, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]:
         nonce = self._nonce(NONCE_SIZE)
         return [nonce, self._aead.encrypt(nonce, b"".join(inner), aad)]
 
-    def unseal(self, kind: Kind, aad: bytes, sealed: memoryview) -> memoryview:
+    def unseal(self, aad: bytes, sealed: memoryview) -> memoryview:
         if len(sealed) < NONCE_SIZE + TAG_SIZE:
             raise IntegrityError("blob is truncated")
         try:

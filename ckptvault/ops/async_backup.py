@@ -88,7 +88,6 @@ class BackupJob:
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
     taken_at: datetime | None = None  # the snapshot's time, when not the backup's (watch: when pinned)
     future: Future[Snapshot] = field(default_factory=Future)
-    submitted: float = field(default_factory=time.monotonic)
 
     def describe(self) -> str:
         step = f" (step {self.tags['step']})" if "step" in self.tags else ""

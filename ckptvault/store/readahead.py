@@ -48,7 +48,6 @@ class ReadAheadStore:
         self._lock = threading.Lock()
         self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
         self._last_end: dict[str, int] = {}  # key -> end of the latest read (sequential detection)
-        self.window_reads = 0  # GETs of whole windows (for tests and reports)
 
     def __getattr__(self, name: str) -> Any:  # remote, transfers, supports_if_absent, retried, ...
         return getattr(self.inner, name)
@@ -101,8 +100,6 @@ class ReadAheadStore:
             if not isinstance(exc, StorageError):
                 raise
             return
-        with self._lock:
-            self.window_reads += 1
         window.data.set_result(data)
 
     # ---- everything else goes straight through -------------------------------------------
