@@ -6,9 +6,11 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     CkptVaultError                      1
     ├── UsageError                      2   bad argument value
     ├── SourceError                     3   a backup input cannot be read
+    │   └── CheckpointLostError         3   watch: a checkpoint shipping in place went before it shipped
     ├── VaultNotFoundError             10   no repository at the URL
     ├── VaultExistsError               10   init on a URL that already holds one
     ├── VaultLockedError               11   a conflicting lock is held
+    │   ├── LockLostError              11   a lock holder found its lock gone or expired before committing
     │   └── WatchLockedError           11   another watch runs on the same folder
     ├── WrongPassphraseError           12   the passphrase does not unlock the keyfile
     ├── KeyfileMismatchError           13   the keyfile belongs to another repository
@@ -21,11 +23,14 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── StorageError                   20   the backend failed (op + key named)
     │   ├── ObjectNotFoundError        20   a stored object is missing
     │   ├── ShortReadError             20   an object ends before the range read (truncated)
+    │   ├── ObjectExistsError          20   a create-if-absent write found the object there
     │   └── StorageFullError           21   no space left / quota
     ├── RestoreConflictError           22   target holds differing files
     ├── FileFormatError                23   a file header show/diff cannot parse
     ├── IntegrityError                 30   hash / checksum / decode mismatch
-    │   └── MalformedObjectError       30   a stored object cannot be parsed
+    │   ├── MalformedObjectError       30   a stored object cannot be parsed
+    │   └── RestoreIncompleteError     30   restore: files that failed verification were not written
+    ├── ConfigDowngradedError          30   the config says unencrypted, the objects are encrypted
     ├── UnsafePathError                31   a manifest entry would escape the target
     ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot
     ├── DrillFailedError               41   drill: a restored file could not be loaded

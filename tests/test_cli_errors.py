@@ -362,3 +362,20 @@ def test_an_option_given_twice_is_refused_not_resolved_to_the_last(cli, tmp_path
     cli("backup", str(src), "--repo", repo, "-d", "--host", "--host", "h1")  # a value that looks like an option
     proc = cli("snapshots", f"-r{repo}", "-r/nonexistent", check=False)  # a short option with its value attached
     assert proc.returncode == 2 and "--repo is given more than once" in proc.stderr.decode()
+
+
+def test_the_error_tree_in_the_docs_names_every_error_and_its_exit_code():
+    """The tree in ckptvault/errors.py is how a user (and a script) learns the exit codes; five classes
+    added after it was drawn were missing from it."""
+    import inspect
+    import re
+
+    from ckptvault import errors
+
+    drawn = {m[1]: int(m[2]) for m in re.finditer(r"(?m)^\s*[│ ]*[├└]?─* ?(\w+Error)\s+(\d+)\s", errors.__doc__)}
+    defined = {
+        name: cls.exit_code
+        for name, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.CkptVaultError)
+    }
+    assert drawn == defined
