@@ -379,3 +379,31 @@ def test_the_error_tree_in_the_docs_names_every_error_and_its_exit_code():
         if issubclass(cls, errors.CkptVaultError)
     }
     assert drawn == defined
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"CKPTVAULT_RETRIES": "1.5"}, "CKPTVAULT_RETRIES='1.5' is not a whole number"),  # was 1 retry
+        ({"CKPTVAULT_RETRIES": "-1"}, "CKPTVAULT_RETRIES='-1' must be"),
+        ({"CKPTVAULT_RETRY_DELAY": "nan"}, "CKPTVAULT_RETRY_DELAY='nan' must be a finite number"),  # was taken
+        ({"CKPTVAULT_OP_TIMEOUT": "inf"}, "CKPTVAULT_OP_TIMEOUT='inf' must be a finite number"),
+        ({"CKPTVAULT_UPLOADS": "0"}, "CKPTVAULT_UPLOADS='0' must be between 1 and 256"),
+        ({"CKPTVAULT_READAHEAD_MIB": "x"}, "CKPTVAULT_READAHEAD_MIB='x' is not a number"),
+    ],
+)
+def test_a_bad_number_setting_in_the_environment_is_refused_naming_it(cli, setting, said):
+    proc = cli("snapshots", "--repo", "s3://bucket/v", "-o", "endpoint_url=http://127.0.0.1:9", check=False, **setting)
+    assert proc.returncode == 2 and said in one_line_error(proc), proc.stderr
+
+
+def test_a_blank_number_setting_is_the_default(monkeypatch):
+    """`CKPTVAULT_RETRIES=` (set, empty) failed as "'' is not a number", while a blank
+    CKPTVAULT_UPLOADS meant its default."""
+    from ckptvault.store.retrying import RetryPolicy
+
+    for name in ("CKPTVAULT_RETRIES", "CKPTVAULT_RETRY_DELAY", "CKPTVAULT_OP_TIMEOUT"):
+        monkeypatch.setenv(name, " ")
+    assert RetryPolicy.from_env() == RetryPolicy()
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "0")  # deadlines off (docs/backends.md)
+    assert RetryPolicy.from_env().op_timeout == 0

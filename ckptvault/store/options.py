@@ -16,6 +16,7 @@ keys that name credentials or identities (``key``, ``secret``, ``token``, ``pass
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -229,29 +230,34 @@ class TransferLimits:
         )
 
 
-def _env_count(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name)
+def env_number(
+    name: str,
+    default: float,
+    *,
+    lo: float = 0,
+    hi: float = math.inf,
+    whole: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> float:
+    """A number setting from the environment: unset or blank is ``default``; anything but a finite
+    number in lo..hi (a whole one when ``whole``) is refused, naming the variable."""
+    raw = (os.environ if environ is None else environ).get(name)
     if raw is None or not raw.strip():
         return default
     try:
-        value = int(raw)
+        value = int(raw) if whole else float(raw)
     except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a whole number") from None
-    if not 1 <= value <= 256:
-        raise UsageError(f"{name}={raw!r} must be between 1 and 256")
+        raise UsageError(f"{name}={raw!r} is not a {'whole ' if whole else ''}number") from None
+    if not (math.isfinite(value) and lo <= value <= hi):
+        bounds = f"between {lo:g} and {hi:g}" if math.isfinite(hi) else f"a finite number of at least {lo:g}"
+        raise UsageError(f"{name}={raw!r} must be {bounds}")
     return value
+
+
+def _env_count(environ: Mapping[str, str], name: str, default: int) -> int:
+    return int(env_number(name, default, lo=1, hi=256, whole=True, environ=environ))
 
 
 def read_ahead_bytes(environ: Mapping[str, str] | None = None) -> int:
     """The read-ahead window for sequential range reads on remote stores (readahead.py); 0 = off."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(ENV_READAHEAD)
-    if raw is None or not raw.strip():
-        return 8 * 1024 * 1024
-    try:
-        mib = float(raw)
-    except ValueError:
-        raise UsageError(f"{ENV_READAHEAD}={raw!r} is not a number") from None
-    if not 0 <= mib <= 1024:
-        raise UsageError(f"{ENV_READAHEAD}={raw!r} must be between 0 and 1024 (MiB)")
-    return int(mib * 1024 * 1024)
+    return int(env_number(ENV_READAHEAD, 8, hi=1024, environ=environ) * 1024 * 1024)

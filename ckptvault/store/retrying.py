@@ -26,7 +26,6 @@ to 30 s), CKPTVAULT_OP_TIMEOUT (seconds per storage call, every call alike; defa
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -34,9 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import ObjectExistsError, StorageError, UsageError
+from ..errors import ObjectExistsError, StorageError
 from .base import ObjectInfo, Store
 from .failures import unreachable
+from .options import env_number
 
 T = TypeVar("T")
 log = logging.getLogger("ckptvault.store")
@@ -70,19 +70,6 @@ def call_deadline(op_timeout: float | None, nbytes: int | None) -> float:
     return BASE_DEADLINE_S + nbytes / SLOWEST_RATE
 
 
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a number") from None
-    if value < 0:
-        raise UsageError(f"{name}={raw!r} must not be negative")
-    return value
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
     retries: int = 5
@@ -92,11 +79,11 @@ class RetryPolicy:
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        timeout = os.environ.get("CKPTVAULT_OP_TIMEOUT")
+        timeout = env_number("CKPTVAULT_OP_TIMEOUT", -1)  # unset: by size
         return cls(
-            retries=int(_env_number("CKPTVAULT_RETRIES", cls.retries)),
-            base_delay=_env_number("CKPTVAULT_RETRY_DELAY", cls.base_delay),
-            op_timeout=None if timeout is None else _env_number("CKPTVAULT_OP_TIMEOUT", 0),
+            retries=int(env_number("CKPTVAULT_RETRIES", cls.retries, whole=True)),
+            base_delay=env_number("CKPTVAULT_RETRY_DELAY", cls.base_delay),
+            op_timeout=None if timeout < 0 else timeout,
         )
 
     def delay(self, attempt: int) -> float:
