@@ -17,7 +17,6 @@ from ckptvault.crypto import keyfile as keyfile_module
 from ckptvault.crypto.keyfile import NONCE_SIZE, WRAP_AAD, KdfParams, Keyfile
 from ckptvault.crypto.keys import MasterKey
 from ckptvault.errors import UsageError
-from ckptvault.store import localwrite
 
 from .support.tmpfs import mounted_tmpfs
 from .test_cli import one_line_error
@@ -123,7 +122,7 @@ def test_a_keyfile_in_place_is_not_reported_as_a_failure_when_only_the_folder_sy
     def fail(path: str) -> None:
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(localwrite, "fsync_dir", fail)
+    monkeypatch.setattr(keyfile_module, "fsync_dir", fail)
     key, master = Keyfile.create(PASS, scrypt_n=2**14)
     saved = key.save(tmp_path / "k.key")
     assert Keyfile.load(saved.path).unlock(PASS).material == master.material

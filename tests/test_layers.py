@@ -15,6 +15,7 @@ LAYERS = {
     "bytegroup": 1,
     "memcopy": 1,
     "localtree": 1,
+    "durable": 1,
     "formats": 1,
     "blob": 2,
     "crypto": 3,

@@ -39,6 +39,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from ..durable import fsync_dir
 from ..errors import (
     KeyfileCorruptError,
     KeyfileNotFoundError,
@@ -352,11 +353,7 @@ class Keyfile:
                     hint="free space and run the command again; nothing was changed",
                 ) from None
             raise UsageError(f"cannot write keyfile {shown}: {exc.strerror or exc}; nothing was changed") from None
-        # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place.
-        # Imported here: loading the store package takes ~45 ms (fsspec), and the CLI's scrypt head
-        # start imports this module first thing (cli/__init__.py): every ms there delays the data.
-        from ..store.localwrite import fsync_dir
-
+        # the new name survives a power loss, like the bytes; if that fails, the keyfile is still in place
         with contextlib.suppress(OSError):
             fsync_dir(directory)
         return replace(self, path=shown)

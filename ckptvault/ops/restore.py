@@ -30,6 +30,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..durable import pwrite_all
 from ..errors import (
     CkptVaultError,
     IntegrityError,
@@ -47,7 +48,6 @@ from ..repository import Repository
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry
 from ..store.failures import Kind, classify
-from ..store.localwrite import pwrite_all
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
 from .progress import NullProgress, Progress

@@ -19,10 +19,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..durable import fsync_dir
 from ..errors import CkptVaultError, ShortReadError
 from .base import TEMP_PREFIX, ObjectInfo
 from .failures import storage_error
-from .localwrite import LocalWriter, fsync_dir
+from .localwrite import LocalWriter
 from .options import TransferLimits
 
 

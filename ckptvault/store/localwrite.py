@@ -16,6 +16,7 @@ import mmap
 import os
 import threading
 
+from ..durable import pwrite_all
 from ..memcopy import copy_into
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux and a few others; elsewhere never used
@@ -23,26 +24,6 @@ ALIGN = 4096  # offsets, lengths and addresses of O_DIRECT writes; a multiple of
 DIRECT_MIN = 4 * 1024 * 1024  # smaller files (index, tree, snapshot objects) go through the page cache
 STAGE_SIZE = 4 * 1024 * 1024
 _PAD = bytes(ALIGN)
-
-
-def fsync_dir(path: str) -> None:
-    """Make the names in a folder durable (a rename or a new entry survives a power loss)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def pwrite_all(fd: int, data: bytes | memoryview, offset: int, what: str) -> None:
-    """Write all of ``data`` at ``offset``: a short write is continued, one that makes no progress
-    fails (a stalled device must not spin a thread forever)."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, f"write of {what} made no progress")
-        view, offset = view[n:], offset + n
 
 
 class LocalWriter:

@@ -1,0 +1,28 @@
+"""Local writes that must be whole and survive a power loss: the few calls every layer that writes a
+local file (keyfiles, packs, restored files) shares. It imports nothing of ckptvault's, so a module
+loaded first thing by the CLI (the keyfile's) pays nothing for it."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+def fsync_dir(path: str) -> None:
+    """Make the names in a folder durable (a rename or a new entry survives a power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int, what: str) -> None:
+    """Write all of ``data`` at ``offset``: a short write is continued, one that makes no progress
+    fails (a stalled device must not spin a thread forever)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write of {what} made no progress")
+        view, offset = view[n:], offset + n
