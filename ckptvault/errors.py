@@ -42,6 +42,7 @@ A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 _command_line = False  # set by the CLI: messages name its options, not the API's parameters
@@ -57,6 +58,12 @@ def spelled(command_line: str, python: str) -> str:
     """A setting as the user gives it, for a message: on the command line (``--keep-latest``) in
     the CLI, else as the Python API's parameter (``keep_latest``)."""
     return command_line if _command_line else python
+
+
+def first_few(items: Sequence[str], shown: int, sep: str = "; ") -> str:
+    """The first ``shown`` of ``items`` and how many more: a one-line message names a few, not thousands."""
+    more = f" (and {len(items) - shown} more)" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
 
 
 class CkptVaultError(Exception):

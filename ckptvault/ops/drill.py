@@ -38,7 +38,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, spelled
+from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, first_few, spelled
 from ..localtree import remove_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
@@ -109,8 +109,7 @@ def run_drill(
         problems = verify_tree(target, tree)
         t2 = time.monotonic()
         if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise IntegrityError(f"drill of snapshot {snapshot.short_id}: {problems[0]}{more}")
+            raise IntegrityError(f"drill of snapshot {snapshot.short_id}: {first_few(problems, 1)}")
         loads: list[LoadCheck] = []
         skipped: list[str] = []
         if load:

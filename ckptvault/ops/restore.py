@@ -41,6 +41,7 @@ from ..errors import (
     StorageFullError,
     UnsafePathError,
     UsageError,
+    first_few,
     spelled,
 )
 from ..hashing import checksum, new_file_hasher
@@ -444,32 +445,27 @@ def run_restore(
     for entry in entries:
         planner.check(entry)
     if planner.too_long:
-        more = f" (and {len(planner.too_long) - 1} more)" if len(planner.too_long) > 1 else ""
         raise RestoreConflictError(
-            f"cannot restore into {target}: {planner.too_long[0]}{more}, over the {PATH_MAX - 1:,} the system "
+            f"cannot restore into {target}: {first_few(planner.too_long, 1)}, over the {PATH_MAX - 1:,} the system "
             f"allows (a file is written under a {_TEMP_NAME_BYTES}-byte temporary name first); restore into a "
             f"folder with a shorter path (a drill: {spelled('--tmp-dir', 'workdir=')}), or leave such paths out "
             f"with {spelled('--include', 'include')}"
         )
     if planner.clashes:
-        clashes = list(planner.clashes.values())
-        more = f" (and {len(clashes) - 3} more)" if len(clashes) > 3 else ""
         raise RestoreConflictError(
-            f"cannot restore into {target}: {'; '.join(clashes[:3])}{more}; "
+            f"cannot restore into {target}: {first_few(list(planner.clashes.values()), 3)}; "
             f"{spelled('--overwrite', 'overwrite')} never deletes a folder or puts one in place of a file: "
             "move them away, or restore elsewhere"
         )
     if planner.conflicts:
-        more = f" (and {len(planner.conflicts) - 3} more)" if len(planner.conflicts) > 3 else ""
         raise RestoreConflictError(
-            f"target {target} already holds differing data: {'; '.join(planner.conflicts[:3])}{more}; "
+            f"target {target} already holds differing data: {first_few(planner.conflicts, 3)}; "
             f"rerun with {spelled('--overwrite', 'overwrite=True')} to replace it, or restore elsewhere"
         )
     others = entries_not_in(target, tree)
     if alone and others:
-        more = f" (and {len(others) - 3} more)" if len(others) > 3 else ""
         raise RestoreConflictError(
-            f"{target} holds what this snapshot does not: {', '.join(others[:3])}{more}; resuming from a folder "
+            f"{target} holds what this snapshot does not: {first_few(others, 3, ', ')}; resuming from a folder "
             "that mixes two saves could load the wrong one: restore into a new or empty folder, or remove them"
         )
     os.makedirs(target, exist_ok=True)
