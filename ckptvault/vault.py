@@ -954,7 +954,10 @@ class Vault:
             every.sort(key=lambda s: s.time)
             self._refuse_gc_with_unreadable(unreadable)
             with self._repo.aborting_writes_on_error():  # a failed repack leaves nothing behind the lock
-                return run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
+                result = run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
+        for warning in result.warnings:
+            self._warn(warning)
+        return result
 
     @staticmethod
     def _refuse_gc_with_unreadable(

@@ -286,3 +286,24 @@ def test_forget_refuses_an_id_prefix_too_short_to_be_meant(cli, repo: str, spec:
     )
     assert snapshot_ids(cli, repo) == before
     cli("forget", "--repo", repo, before[0][:8])  # as `snapshots` shows it
+
+
+def test_the_api_gets_the_warnings_the_cli_prints(tmp_path: Path):
+    """A prune from a training script (Vault.prune) was told nothing of a run left with no snapshot, or of
+    a tag rule that selected or protected nothing: those warnings were made by the CLI alone."""
+    url = str(tmp_path / "vault")
+    make_snapshots(url, tmp_path / "src", [{"run": "a"}, {"run": "a"}, {"run": "b"}, {"run": "c"}])
+    with Vault.open(url) as vault:
+        told: list[str] = []
+        vault.on_warning = told.append
+        result = vault.prune(keep_latest=2, dry_run=True)
+        assert result.warnings == told == [
+            "run=a would have no snapshot left: keep_latest counts the snapshots of all 3 runs together; "
+            'group_by="run" keeps the newest N of each'
+        ]
+        result = vault.prune(keep_latest=1, tags={"run": "d"}, keep_tags=["nosuch"], dry_run=True)
+        assert result.warnings[:2] == [
+            "tags={'run': 'd'} selects no snapshot (no snapshot has run=d; run is one of: a, b, c); none removed",
+            "keep_tags entry 'nosuch' is on no snapshot (tag keys in use: run); it protected nothing",
+        ], result.warnings
+        assert not vault.prune(keep_latest=2, group_by="run", dry_run=True).warnings

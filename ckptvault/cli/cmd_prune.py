@@ -9,8 +9,7 @@ import typer
 
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.model import format_tags
-from ..snapshot.retention import Decision, missing_group_label, unused_keep_tags
-from ..snapshot.selection import tag_options, unmatched_tags
+from ..snapshot.retention import Decision
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes
 from .params import parse_before, parse_keep_tags, parse_tags
@@ -20,55 +19,6 @@ DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing
 
 def _decision(d: Decision) -> dict[str, str]:
     return {"id": d.snapshot.id, "reason": d.reason, **({"group": d.group} if d.group is not None else {})}
-
-
-def note_ungrouped(out: Output, result: PruneResult, group_by: str | None) -> None:
-    """Say so when some snapshots lack the --group-by tag: they are pruned as a group of their own."""
-    if group_by is None or group_by == "host":
-        return
-    label = missing_group_label(group_by)
-    lacking = [d for d in result.retention.decisions if d.group == label]
-    if lacking:
-        grouped = sum(d.group is not None for d in result.retention.decisions)
-        out.info(
-            f"note: {len(lacking)} of {grouped} snapshot(s) have no tag {group_by!r}; "
-            f"they are pruned as one group, {label!r}, whose newest is kept"
-        )
-
-
-def note_runs_emptied(out: Output, result: PruneResult, group_by: str | None, keep_latest: int | None) -> None:
-    """Without --group-by the newest N (or with --before alone, the newest one) are counted over every
-    run together, so a run that saved earlier can lose all its snapshots to another's newer ones: name
-    each run left with none."""
-    if group_by is not None:
-        return
-    decisions = result.retention.decisions
-    runs = {d.snapshot.tags["run"] for d in decisions if "run" in d.snapshot.tags}
-    kept = {d.snapshot.tags["run"] for d in decisions if d.keep and "run" in d.snapshot.tags}
-    emptied = sorted(runs - kept)
-    if emptied:
-        has = "would have" if result.dry_run else "has"
-        rule = "--keep-latest counts the snapshots" if keep_latest else "only the newest snapshot is kept"
-        out.warn(
-            f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {rule} of all {len(runs)} runs "
-            f"together; --group-by run keeps the newest {'N' if keep_latest else 'one'} of each"
-        )
-
-
-def note_unselected(out: Output, result: PruneResult, tags: dict[str, str] | None) -> None:
-    """A mistyped --tag selects nothing and so removes nothing: say so, with the values in use."""
-    snapshots = [d.snapshot for d in result.retention.decisions]
-    if tags and snapshots and not any(s.matches(tags) for s in snapshots):
-        out.warn(f"{tag_options(tags).strip()} selects no snapshot{unmatched_tags(snapshots, tags)}; none removed")
-
-
-def note_unprotecting(out: Output, result: PruneResult, keep_tags: tuple[str, ...]) -> None:
-    """A --keep-tag that no snapshot carries protects nothing (one a typo away from a tag in use
-    was refused before anything was removed): say so."""
-    snapshots = [d.snapshot for d in result.retention.decisions]
-    for spec in unused_keep_tags(snapshots, keep_tags):
-        keys = ", ".join(sorted({k for s in snapshots for k in s.tags})) or "none"
-        out.warn(f"--keep-tag {spec} is on no snapshot (tag keys in use: {keys}); it protected nothing")
 
 
 def report(out: Output, result: PruneResult, summary: str | None = None) -> None:
@@ -143,23 +93,17 @@ def prune_cmd(
     only the space of snapshots already forgotten)."""
     out = Output(json_mode=json_out, quiet=quiet)
     now = datetime.now(timezone.utc)
-    tags = parse_tags(tag)
-    keep_tags = parse_keep_tags(keep_tag)
     with vault_args.open(out) as vault:
         result = vault.prune(
             keep_latest=keep_latest,
             before=parse_before(before, now),
-            tags=tags,
-            keep_tags=keep_tags,
+            tags=parse_tags(tag),
+            keep_tags=parse_keep_tags(keep_tag),
             group_by=group_by,
             dry_run=dry_run,
             repack_threshold=repack_threshold,
         )
-    note_unselected(out, result, tags)
-    note_unprotecting(out, result, keep_tags)
-    note_ungrouped(out, result, group_by)
-    note_runs_emptied(out, result, group_by, keep_latest)
-    report(out, result)
+    report(out, result)  # its warnings were said by the vault (on_warning)
 
 
 @app.command("forget")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..errors import IntegrityError, ObjectNotFoundError, StorageFullError, spelled
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import FileEntry, Snapshot
-from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention
+from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
@@ -21,6 +21,7 @@ class PruneResult:
     dry_run: bool
     stored_before: int
     stored_after: int  # on a dry run, stored_before less what the plan reclaims (packs; an estimate)
+    warnings: list[str] = field(default_factory=list)  # a rule that did nothing, a run left with no snapshot
 
     @property
     def forgotten(self) -> list[Snapshot]:
@@ -47,7 +48,8 @@ def run_prune(
     The caller holds the exclusive lock (RuntimeError otherwise); it is verified before each deleting
     step (ops/gc.py)."""
     retention = plan_retention(snapshots, policy)
-    return collect(repo, retention, dry_run=dry_run, repack_threshold=repack_threshold)
+    result = collect(repo, retention, dry_run=dry_run, repack_threshold=repack_threshold)
+    return replace(result, warnings=retention_warnings(retention, policy, dry_run=dry_run))
 
 
 def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack_threshold: float) -> PruneResult:

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 
 from ..errors import UsageError, spelled
 from .model import Snapshot
-from .selection import by_step
+from .selection import by_step, tag_options, unmatched_tags
 
 
 @dataclass(frozen=True)
@@ -237,3 +237,44 @@ def _decide(snap: Snapshot, rank: int, policy: RetentionPolicy) -> Decision:
     outside = f"outside the newest {policy.keep_latest}" if policy.keep_latest is not None else ""
     older = f"older than {_utc(policy.before)}" if policy.before is not None else ""
     return Decision(snap, False, " and ".join(p for p in (outside, older) if p))
+
+
+def retention_warnings(plan: RetentionPlan, policy: RetentionPolicy, *, dry_run: bool) -> list[str]:
+    """What whoever asked for a prune by ``policy`` should be told: a tag rule that selected or protected
+    nothing (a typo), snapshots grouped together for want of the group-by tag, and runs left with no
+    snapshot because the newest N were counted over every run together."""
+    snapshots = [d.snapshot for d in plan.decisions]
+    said: list[str] = []
+    if policy.tags and snapshots and not any(s.matches(policy.tags) for s in snapshots):
+        given = spelled(tag_options(policy.tags).strip(), f"tags={policy.tags}")
+        said.append(f"{given} selects no snapshot{unmatched_tags(snapshots, policy.tags)}; none removed")
+    for spec in unused_keep_tags(snapshots, policy.keep_tags):
+        keys = ", ".join(sorted({k for s in snapshots for k in s.tags})) or "none"
+        given = spelled(f"--keep-tag {spec}", f"keep_tags entry {spec!r}")
+        said.append(f"{given} is on no snapshot (tag keys in use: {keys}); it protected nothing")
+    group_by = policy.group_by
+    if group_by is not None and group_by != "host":
+        label = missing_group_label(group_by)
+        lacking = sum(d.group == label for d in plan.decisions)
+        if lacking:
+            grouped = sum(d.group is not None for d in plan.decisions)
+            said.append(
+                f"{lacking} of {grouped} snapshot(s) have no tag {group_by!r}; "
+                f"they are pruned as one group, {label!r}, whose newest is kept"
+            )
+    if group_by is None:
+        runs = {s.tags["run"] for s in snapshots if "run" in s.tags}
+        kept = {s.tags["run"] for s in plan.keep if "run" in s.tags}
+        if emptied := sorted(runs - kept):
+            has = "would have" if dry_run else "has"
+            rule = (
+                f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots"
+                if policy.keep_latest
+                else "only the newest snapshot is kept"
+            )
+            by_run = spelled("--group-by run", 'group_by="run"')
+            said.append(
+                f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {rule} of all {len(runs)} runs "
+                f"together; {by_run} keeps the newest {'N' if policy.keep_latest else 'one'} of each"
+            )
+    return said
