@@ -297,10 +297,14 @@ def test_the_api_gets_the_warnings_the_cli_prints(tmp_path: Path):
         told: list[str] = []
         vault.on_warning = told.append
         result = vault.prune(keep_latest=2, dry_run=True)
-        assert result.warnings == told == [
-            "run=a would have no snapshot left: keep_latest counts the snapshots of all 3 runs together; "
-            'group_by="run" keeps the newest N of each'
-        ]
+        assert (
+            result.warnings
+            == told
+            == [
+                "run=a would have no snapshot left: keep_latest counts the snapshots of all 3 runs together; "
+                'group_by="run" keeps the newest N of each'
+            ]
+        )
         result = vault.prune(keep_latest=1, tags={"run": "d"}, keep_tags=["nosuch"], dry_run=True)
         assert result.warnings[:2] == [
             "tags={'run': 'd'} selects no snapshot (no snapshot has run=d; run is one of: a, b, c); none removed",

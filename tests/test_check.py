@@ -10,6 +10,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import IntegrityError
 from ckptvault.repository.format import pack_key
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
@@ -50,6 +51,16 @@ def test_deleted_pack(damaged):
     report = Vault.open(vault.url).check()
     assert any(p.object == f"pack {name}" and "missing" in p.detail for p in report.problems)
     assert_names_b(report, vault.latest().id)
+
+
+def test_the_report_gives_the_api_the_error_and_remedy_the_cli_raises(damaged):
+    """What to do about damage (heal, then forget which snapshots) was worked out by the CLI alone."""
+    vault, pack, _ = damaged
+    assert vault.check().error(vault.url) is None
+    pack.unlink()
+    error = Vault.open(vault.url).check().error(vault.url)
+    assert isinstance(error, IntegrityError) and error.exit_code == 30
+    assert f"ckptvault forget {vault.latest().id[:8]}" in str(error) and "repair-index" in str(error), error
 
 
 def test_truncated_pack(damaged):

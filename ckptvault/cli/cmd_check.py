@@ -6,13 +6,11 @@ from typing import Annotated
 
 import typer
 
-from ..errors import IntegrityError, StorageError, UnsupportedFormatError, UsageError
+from ..errors import StorageError, UsageError
 from ..repository.locks import running_here
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
-
-LISTED_IN_REMEDY = 10  # more damaged snapshots than this are named in the lines above, not in the error
 
 
 @app.command("check")
@@ -36,8 +34,7 @@ def check_cmd(
         report = vault.check(read_data=fraction)
     for warning in report.warnings:
         out.warn(warning)
-    read = f", read {report.chunks_read} chunks in {report.packs_read} packs" if fraction else ""
-    counts = f"{report.snapshots} snapshots, {report.packs} packs, {report.chunks} chunks{read}"
+    counts = report.counts()
     data = {"ok": report.ok, **report.__dict__}
     if report.ok:
         out.result(data, f"no problems found: {counts}")
@@ -48,59 +45,9 @@ def check_cmd(
     for snapshot_id, files in report.unavailable.items():
         lines.append(f"cannot check or restore snapshot {snapshot_id[:8]} until it can be read: {_files(files)}")
     out.result(data, "\n".join(lines), asked=True)
-    if all(p.newer for p in report.problems):
-        raise UnsupportedFormatError(
-            f"check found {len(report.problems)} object(s) written by a newer ckptvault, which this one cannot "
-            f"read or check ({counts}); upgrade ckptvault, then check again"
-        )
-    unreadable = sum(p.unreadable for p in report.problems)
-    failing = sum(p.failing for p in report.problems)
-    refused = (
-        f"{unreadable - failing} object(s) could not be read (access denied, an I/O error, an archived storage class: "
-        "not damage; fix the access)"
-    )
-    fails = (
-        f"{failing} pack(s) the storage fails on every attempt (a server error, a body cut short: damaged where "
-        "stored, or a fault that passes; if it persists, ckptvault repair-index --drop-failing-packs drops them, so "
-        "that the next backup stores their chunks again)"
-    )
-    unread = ", ".join(([refused] if unreadable > failing else []) + ([fails] if failing else [])) + (
-        f", which leaves {len(report.unavailable)} snapshot(s) unchecked; check again once they can be read"
-    )
-    if unreadable == len(report.problems):  # nothing found damaged: forgetting anything would be wrong
-        raise StorageError("CHECK", "", vault.url, "unreadable objects", message=f"check: {unread} ({counts})")
-    remedy = ""
-    if report.affected and report.damaged_index:  # what looks lost may be named by the damaged object
-        remedy = (
-            "; run ckptvault repair-index first (it indexes again what the damaged index object(s) named, where "
-            "the packs still say or verify it), then check again before forgetting anything"
-        )
-    elif report.affected:
-        # Healing first: the same bytes backed up again make every snapshot that needs them whole. Only
-        # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
-        whole = all(files == ["*"] for files in report.affected.values())  # a tree lost: nothing brings it back
-        read = " --read-data" if report.damaged_chunks else ""  # a missing pack needs no vault-wide read
-        heal = (
-            "; "
-            if whole
-            else f"; where the files named are still on disk, ckptvault repair-index{read} and a new backup of "
-            "them store those chunks again and the snapshots restore again; otherwise "
-        )
-        salvage = "" if whole else "restore the files not named (restore --include), then "
-        if len(report.affected) <= LISTED_IN_REMEDY:  # every one: the remedy is a command
-            ids = " ".join(snapshot_id[:8] for snapshot_id in report.affected)
-            remedy = f"{heal}{salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
-        else:  # hundreds of IDs make an unreadable line, and a command that forgets history unread
-            remedy = (
-                f"{heal}{salvage}remove the damaged snapshots named above ('affects snapshot'; `check --json` lists "
-                'them under "affected") with ckptvault forget, after reading which they are'
-            )
-    elif report.problems:
-        remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
-    raise IntegrityError(
-        f"check found {len(report.problems) - unreadable} problem(s) affecting {len(report.affected)} snapshot(s) "
-        f"({counts}){remedy}" + (f"; {unread}" if unreadable else "")
-    )
+    error = report.error(vault.url)
+    if error is not None:
+        raise error
 
 
 def _files(files: list[str]) -> str:

@@ -61,6 +61,73 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.problems
 
+    def counts(self) -> str:
+        read = f", read {self.chunks_read} chunks in {self.packs_read} packs" if self.packs_read else ""
+        return f"{self.snapshots} snapshots, {self.packs} packs, {self.chunks} chunks{read}"
+
+    def error(self, url: str) -> CkptVaultError | None:
+        """The one error that sums up what was found (None: nothing), with what to do first: a
+        ``check`` that found problems raises it; in Python, ``raise report.error(vault.url)``."""
+        if self.ok:
+            return None
+        counts = self.counts()
+        if all(p.newer for p in self.problems):
+            return UnsupportedFormatError(
+                f"check found {len(self.problems)} object(s) written by a newer ckptvault, which this one cannot "
+                f"read or check ({counts}); upgrade ckptvault, then check again"
+            )
+        unreadable = sum(p.unreadable for p in self.problems)
+        failing = sum(p.failing for p in self.problems)
+        refused = (
+            f"{unreadable - failing} object(s) could not be read (access denied, an I/O error, an archived storage "
+            "class: not damage; fix the access)"
+        )
+        fails = (
+            f"{failing} pack(s) the storage fails on every attempt (a server error, a body cut short: damaged "
+            "where stored, or a fault that passes; if it persists, ckptvault repair-index --drop-failing-packs drops "
+            "them, so that the next backup stores their chunks again)"
+        )
+        unread = ", ".join(([refused] if unreadable > failing else []) + ([fails] if failing else [])) + (
+            f", which leaves {len(self.unavailable)} snapshot(s) unchecked; check again once they can be read"
+        )
+        if unreadable == len(self.problems):  # nothing found damaged: forgetting anything would be wrong
+            return StorageError("CHECK", "", url, "unreadable objects", message=f"check: {unread} ({counts})")
+        remedy = ""
+        if self.affected and self.damaged_index:  # what looks lost may be named by the damaged object
+            remedy = (
+                "; run ckptvault repair-index first (it indexes again what the damaged index object(s) named, where "
+                "the packs still say or verify it), then check again before forgetting anything"
+            )
+        elif self.affected:
+            # Healing first: the same bytes backed up again make every snapshot that needs them whole. Only
+            # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
+            whole = all(files == ["*"] for files in self.affected.values())  # a tree lost: nothing brings it back
+            read = " --read-data" if self.damaged_chunks else ""  # a missing pack needs no vault-wide read
+            heal = (
+                "; "
+                if whole
+                else f"; where the files named are still on disk, ckptvault repair-index{read} and a new backup of "
+                "them store those chunks again and the snapshots restore again; otherwise "
+            )
+            salvage = "" if whole else "restore the files not named (restore --include), then "
+            if len(self.affected) <= LISTED_IN_REMEDY:  # every one: the remedy is a command
+                ids = " ".join(snapshot_id[:8] for snapshot_id in self.affected)
+                remedy = f"{heal}{salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
+            else:  # hundreds of IDs make an unreadable line, and a command that forgets history unread
+                remedy = (
+                    f"{heal}{salvage}remove the damaged snapshots named above ('affects snapshot'; `check --json` "
+                    'lists them under "affected") with ckptvault forget, after reading which they are'
+                )
+        elif self.problems:
+            remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
+        return IntegrityError(
+            f"check found {len(self.problems) - unreadable} problem(s) affecting {len(self.affected)} snapshot(s) "
+            f"({counts}){remedy}" + (f"; {unread}" if unreadable else "")
+        )
+
+
+LISTED_IN_REMEDY = 10  # more damaged snapshots than this are named in a check's lines, not in its error
+
 
 def _short(b: bytes) -> str:
     return b.hex()[:12]
