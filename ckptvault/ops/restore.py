@@ -444,6 +444,31 @@ def run_restore(
         _refuse_vault_folder(entries, vault_folder, target)
     for entry in entries:
         planner.check(entry)
+    others = _refuse_what_the_plan_found(planner, target, tree, alone)
+    os.makedirs(target, exist_ok=True)
+
+    files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
+    progress.start(sum(e.size for e in files), len(files))
+    written, failures = _write(repo, planner, tree, entries, files, progress, workers, overwrite)
+    progress.finish()
+    result = RestoreResult(
+        files=sum(e.type == "file" for e in entries) - len(failures),
+        dirs=sum(e.type == "dir" for e in entries),
+        symlinks=sum(e.type == "symlink" for e in entries),
+        bytes_written=written,
+        skipped_files=sum(1 for e in entries if e.type == "file" and e.path in planner.skip),
+        duration_s=round(time.monotonic() - started, 3),
+        unmatched_globs=unmatched_globs,
+        not_in_snapshot=others,
+    )
+    if failures:
+        raise RestoreIncompleteError(failures, result)
+    return result
+
+
+def _refuse_what_the_plan_found(planner: _Planner, target: str, tree: list[FileEntry], alone: bool) -> tuple[str, ...]:
+    """Raise what the plan found before anything is written; returns what the target holds that the
+    snapshot does not (named in the result; refused when ``alone``)."""
     if planner.too_long:
         raise RestoreConflictError(
             f"cannot restore into {target}: {first_few(planner.too_long, 1)}, over the {PATH_MAX - 1:,} the system "
@@ -468,10 +493,22 @@ def run_restore(
             f"{target} holds what this snapshot does not: {first_few(others, 3, ', ')}; resuming from a folder "
             "that mixes two saves could load the wrong one: restore into a new or empty folder, or remove them"
         )
-    os.makedirs(target, exist_ok=True)
+    return others
 
-    files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
-    progress.start(sum(e.size for e in files), len(files))
+
+def _write(
+    repo: Repository,
+    planner: _Planner,
+    tree: list[FileEntry],
+    entries: list[FileEntry],
+    files: list[FileEntry],
+    progress: Progress,
+    workers: int,
+    overwrite: bool,
+) -> tuple[int, dict[str, str]]:
+    """Make the folders, write the files (each chunk verified by its envelope, each file by its hash),
+    then the links and the folders' modes and mtimes. Returns the bytes written and the files that
+    failed verification (path -> why), which were not written."""
     failures: dict[str, str] = {}
     written = 0
     writes = files or any(e.type == "symlink" and e.path not in planner.skip for e in entries)
@@ -502,20 +539,7 @@ def run_restore(
             _put_link(planner.dest(entry), entry)
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
         _set_mode_and_mtime(planner.dest(entry), entry)
-    progress.finish()
-    result = RestoreResult(
-        files=sum(e.type == "file" for e in entries) - len(failures),
-        dirs=sum(e.type == "dir" for e in entries),
-        symlinks=sum(e.type == "symlink" for e in entries),
-        bytes_written=written,
-        skipped_files=sum(1 for e in entries if e.type == "file" and e.path in planner.skip),
-        duration_s=round(time.monotonic() - started, 3),
-        unmatched_globs=unmatched_globs,
-        not_in_snapshot=others,
-    )
-    if failures:
-        raise RestoreIncompleteError(failures, result)
-    return result
+    return written, failures
 
 
 def _put_link(dest: str, entry: FileEntry) -> None:
