@@ -138,7 +138,7 @@ def test_cli_unlock_says_when_it_is_safe(cli, tmp_path: Path):
         proc = cli("unlock", "--repo", repo)
         held.release()
     out = proc.stdout.decode()
-    assert "removed 1 lock(s)" in out and "--remove-all only when no ckptvault process" in out
+    assert "removed 1 lock(s)" in out and "--remove-all removes them now; use it only when no ckptvault process" in out
 
 
 def test_cli_unlock_remove_all_says_when_it_took_the_lock_of_a_running_process(cli, tmp_path: Path):
@@ -279,3 +279,27 @@ def test_an_acquire_interrupted_while_the_storage_fails_raises_the_interrupt_and
     assert len(manager.list()) == 1  # left behind: the next acquire removes it, as its own
     with manager.acquire(exclusive=True, retry=False):
         assert len(manager.list()) == 1
+
+
+def test_a_lock_left_by_a_machine_that_is_gone_names_when_it_goes_stale_and_the_way_out(cli, tmp_path: Path):
+    """A spot instance reclaimed mid-prune: its replacement could not restore for 30 minutes, told only to
+    wait for the lock to finish, with no time and no word of `unlock --remove-all`; `unlock` called it live."""
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.pt").write_bytes(b"weights")
+    cli("backup", str(tmp_path / "ckpt"), "--repo", repo)
+    with Vault.open(repo) as vault:
+        manager = vault._repo.locks
+        gone = replace(manager.new_info(exclusive=True), hostname="reclaimed-box", pid_table="gone-boot/1")
+        manager.put(gone)
+    stale_at = f"{gone.time + timedelta(minutes=30):%Y-%m-%d %H:%M:%S} UTC"
+    restore = cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, check=False)
+    said = restore.stderr.decode()
+    assert restore.returncode == 11 and f"(at {stale_at})" in said, said
+    assert "machine is gone for good (a reclaimed instance), ckptvault unlock --remove-all removes it now" in said
+    unlock = cli("unlock", "--repo", repo).stdout.decode()
+    assert "live" not in unlock and "not stale yet remain (exclusive lock by reclaimed-box" in unlock, unlock
+    assert f"(the first at {stale_at})" in unlock and "--remove-all removes them now" in unlock, unlock
+    cli("unlock", "--repo", repo, "--remove-all")
+    assert cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, check=False).returncode != 11

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import StorageError, UsageError
-from ..repository.locks import running_here
+from ..repository.locks import STALE_AFTER, running_here
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
 from .params import parse_fraction
@@ -167,8 +167,12 @@ def unlock_cmd(
             )
     text = f"removed {len(removed)} lock(s)"
     if left:
+        first = left[0]
+        until = f" (the first at {first.time + STALE_AFTER:%Y-%m-%d %H:%M:%S} UTC)" if first.time else ""
         text += (
-            f"; {len(left)} live lock(s) remain ({left[0].describe()}); they expire 30 minutes after their holder "
-            "stops refreshing them. Use --remove-all only when no ckptvault process on any host uses this vault"
+            f"; {len(left)} lock(s) not stale yet remain ({first.describe()}); each goes stale "
+            f"{round(STALE_AFTER.total_seconds() / 60)} minutes after its holder last refreshed it{until}. If their "
+            "machines are gone for good (reclaimed instances), --remove-all removes them now; use it only when no "
+            "ckptvault process on any host uses this vault"
         )
     out.result({"removed": [lk.describe() for lk in removed], "remaining": [lk.describe() for lk in left]}, text)

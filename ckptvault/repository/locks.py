@@ -392,20 +392,22 @@ class LockManager:
                 f"vault {url} is locked by this process itself ({other.describe()}): a file still being read "
                 "(close it, or close the Vault that reads it) or a backup on another thread; let it finish first"
             )
-        if not other.unreadable:
-            minutes = round(self.stale_after.total_seconds() / 60)
-            return VaultLockedError(
-                f"vault {url} is locked: {other.describe()}; wait for it to finish. If that process is gone, "
-                f"its lock goes stale {minutes} minutes after its last refresh (at once if it ran on this host, "
-                "outside any container of its own) "
-                "and ckptvault unlock removes it then"
-            )
         minutes = round(self.stale_after.total_seconds() / 60)
         until = f" (at {other.time + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if other.time else ""
+        remove_all = spelled("ckptvault unlock --remove-all", "Vault.unlock(remove_all=True)")
+        if not other.unreadable:
+            # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
+            return VaultLockedError(
+                f"vault {url} is locked: {other.describe()}; wait for it to finish. If that process is gone, "
+                f"its lock goes stale {minutes} minutes after its last refresh{until} (at once if it ran on this "
+                f"host, outside any container of its own) and {spelled('ckptvault unlock', 'Vault.unlock()')} "
+                f"removes it then; if its machine is gone for good (a reclaimed instance), {remove_all} removes "
+                "it now, when no ckptvault process on any host uses this vault"
+            )
         then = (
             f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it once it is stale, {minutes} minutes after "
-            f"it was written{until}, or {spelled('ckptvault unlock --remove-all', 'Vault.unlock(remove_all=True)')} "
-            "removes it now when no ckptvault process on any host uses this vault"
+            f"it was written{until}, or {remove_all} removes it now when no ckptvault process on any host uses "
+            "this vault"
         )
         if other.newer:
             return UnsupportedFormatError(
