@@ -150,3 +150,13 @@ def test_no_cache_when_switched_off(moto, repo: str, tmp_path: Path, monkeypatch
     assert not vault._repo.cache.enabled
     assert not (tmp_path / "cache").exists()
     vault.close()
+
+
+def test_a_fresh_machine_reads_each_snapshot_object_with_one_request(moto, repo: str, caplog):
+    """s3fs asked for the size (HEAD) before every whole read: 2 requests per snapshot on a fresh box's
+    first listing (925 HEAD + 925 GET for 924 snapshots)."""
+    with caplog.at_level(logging.DEBUG, logger="s3fs"), open_vault(moto, repo) as vault:
+        assert len(vault.snapshots()) == 3
+    calls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CALL: ")]
+    assert sum("get_object" in c for c in calls) >= 3
+    assert not [c for c in calls if "head_object" in c], calls
