@@ -557,6 +557,8 @@ class Vault:
         tags = tags_arg(tags)
         if isinstance(spec, Snapshot):
             return spec
+        if spec != "latest" and (alone := self._read_alone(spec)) is not None:
+            return selection.select([alone], spec, tags)
         snaps, unreadable = self._listing()
         named = self._unreadable_named(spec, snaps, unreadable)
         if named is not None:
@@ -573,6 +575,25 @@ class Vault:
                     f"be ({ids}) and may be newer: restore by ID to be sure (ckptvault snapshots)"
                 )
         return chosen
+
+    def _read_alone(self, spec: str) -> Snapshot | None:
+        """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
+        exactly one match: a fresh machine's ``restore <id>`` read every snapshot object of the vault.
+        None leaves it to the whole listing: no match or several, not an ID, or an object that cannot
+        be read (the listing says why, as it always did)."""
+        prefix = spec.lower()
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+            return None
+        matches = [i for i in self._repo.list_snapshot_ids() if i.hex().startswith(prefix)]
+        if len(matches) != 1:
+            return None
+        known = self._snapshots_read.get((matches[0], self._repo.listed_snapshot_size(matches[0])))
+        if known is not None:
+            return known
+        try:
+            return self._load_snapshot(matches[0])
+        except (ObjectNotFoundError, IntegrityError, UnsupportedFormatError):
+            return None
 
     @_open_only
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:

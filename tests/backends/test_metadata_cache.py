@@ -160,3 +160,19 @@ def test_a_fresh_machine_reads_each_snapshot_object_with_one_request(moto, repo:
     calls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CALL: ")]
     assert sum("get_object" in c for c in calls) >= 3
     assert not [c for c in calls if "head_object" in c], calls
+
+
+def test_a_restore_by_id_on_a_fresh_machine_reads_that_snapshot_object_alone(moto, repo: str, tmp_path: Path):
+    """`restore <id>` (and `ls <id>`) on a fresh machine read every snapshot object of the vault (316 GETs
+    at 300 snapshots) to find the one whose ID is the object's name."""
+    with open_vault(moto, repo) as vault:
+        first, *_ = vault.snapshots()
+    shutil.rmtree(tmp_path / "cache")  # a fresh machine
+    with open_vault(moto, repo) as vault:
+        counting = CountingStore(vault._repo.store)
+        vault._repo.store = counting
+        vault.restore(first.id[:10], tmp_path / "out")
+        assert [k for k, _, _ in counting.reads if k.startswith("snapshots/")] == [f"snapshots/{first.id}"]
+        assert vault.snapshot(first.id[:10], tags={"step": "1"}).id == first.id
+        with pytest.raises(Exception, match="does not carry step=2"):
+            vault.snapshot(first.id, tags={"step": "2"})
