@@ -275,6 +275,12 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.NOT_FOUND, "object not found")
     if any(_ssh_login_cut(node) for node in chain):
         return Failure(Kind.TRANSIENT, detail)
+    if "NoCredentialsError" in names:  # botocore found none: nothing was sent, so no server said "denied"
+        return Failure(
+            Kind.DENIED,
+            "no credentials found (NoCredentialsError); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE), give -o key=... -o secret=..., or -o anon=true for a public bucket",
+        )
     if names & SSH_AUTH_NAMES or isinstance(exc, PermissionError) or code in DENIED_CODES or status in (401, 403):
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -126,6 +126,7 @@ def test_credentials_are_never_written_to_the_repository_or_the_cache(server, re
     [
         "missing bucket",
         "unreachable endpoint",
+        "no credentials",
         "https to an http port",
         "unknown protocol",
         "gcs missing bucket",
@@ -146,6 +147,10 @@ def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str)
     elif what == "unreachable endpoint":
         args, expect = ["--repo", "s3://bucket/vault", "-o", f"endpoint_url={dead}"], "Could not connect"
         env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
+    elif what == "no credentials":  # a new machine without its AWS settings: said as what to set
+        args, expect = ["--repo", "s3://bucket/vault", "-o", f"endpoint_url={dead}"], "set AWS_ACCESS_KEY_ID"
+        env.update(AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="", AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+                   AWS_CONFIG_FILE="/nonexistent", AWS_EC2_METADATA_DISABLED="true")  # fmt: skip
     elif what == "https to an http port":  # cannot pass by retrying: fails at once
         moto = server("s3-moto")
         args, expect = (
