@@ -701,7 +701,7 @@ class Vault:
         abs_paths = sorted(check_sources(sources))
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
             self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
-            self._repo.reconcile_with_stored_packs()  # reuse what a killed backup uploaded; not what is gone
+            self._repo.reconcile_when_due()  # reuse what a killed backup uploaded; not what is gone
             every = self.snapshots()
             same_source = [s for s in every if s.hostname == hostname and sorted(s.paths) == abs_paths]
             parent = max(same_source, key=lambda s: s.time) if same_source else None
@@ -710,26 +710,30 @@ class Vault:
             reference = reference_snapshot(every, hostname, tags, parent, taken_at) if deltas else None
             twin = twin_snapshot(every, hostname, tags, abs_paths, excludes) if skip_if_unchanged else None
             trees, unreadable = self._trees_if_readable([parent, reference, twin])
-            result = run_backup(
-                self._repo,
-                sources,
-                tags=tags,
-                description=description,
-                hostname=hostname,
-                parent=parent,
-                parent_tree=trees.get(parent.id) if parent else None,
-                force_read=force_read,
-                skip_unreadable=skip_unreadable,
-                on_change=on_change,
-                progress=on_progress,
-                before_commit=functools.partial(_before_commit, lock, before_commit),
-                reference=reference if reference and reference.id in trees else None,
-                reference_tree=trees.get(reference.id) if reference else None,
-                unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
-                vault_folder=self.local_folder,
-                exclude=excludes,
-                taken_at=taken_at,
-            )
+            try:
+                result = run_backup(
+                    self._repo,
+                    sources,
+                    tags=tags,
+                    description=description,
+                    hostname=hostname,
+                    parent=parent,
+                    parent_tree=trees.get(parent.id) if parent else None,
+                    force_read=force_read,
+                    skip_unreadable=skip_unreadable,
+                    on_change=on_change,
+                    progress=on_progress,
+                    before_commit=functools.partial(_before_commit, lock, before_commit),
+                    reference=reference if reference and reference.id in trees else None,
+                    reference_tree=trees.get(reference.id) if reference else None,
+                    unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
+                    vault_folder=self.local_folder,
+                    exclude=excludes,
+                    taken_at=taken_at,
+                )
+            except BaseException:
+                self._repo.reconcile_next_time()  # what it uploaded is adopted, not sent again
+                raise
             result.warnings.extend(self._compact_index())
         result.warnings[:0] = unreadable
         for warning in result.warnings:

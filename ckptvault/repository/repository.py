@@ -82,6 +82,8 @@ MAX_DELTA_DEPTH = 16
 # compaction, which write what replaces it first): list again, this many times at most.
 INDEX_RELISTS = 4
 METADATA_READERS = 8  # index, snapshot objects read at once: each a round trip on remote storage
+# How often a long-lived Repository's backups list every pack (reconcile_when_due) when nothing says to
+RECONCILE_EVERY_S = 600.0
 CATCH_UP_EVERY_S = 1.0  # chunks in no index look for index objects written since at most this often
 
 log = logging.getLogger("ckptvault")
@@ -167,6 +169,7 @@ class Repository:
         self._unindexed: dict[bytes, list[PackEntry]] = {}
         self.uploaded_packs: dict[bytes, list[PackEntry]] = {}  # every pack this object wrote
         self.written_index_ids: set[bytes] = set()  # every index object this object wrote
+        self._reconciled: tuple[float, set[bytes]] | None = None  # when, and the others' index objects then
         transfers = getattr(store, "transfers", None)
         if upload_concurrency is None:
             upload_concurrency = transfers.uploads if transfers is not None else 2
@@ -426,6 +429,26 @@ class Repository:
                     continue
                 out.setdefault(pack_id, []).append(entry)
         return out
+
+    def reconcile_when_due(self) -> None:
+        """``reconcile_with_stored_packs``, which lists every pack, when it may find something: at this
+        Repository's first backup, after one that failed, once an index object written by another
+        process has appeared since the last time (a writer that lost its lock to a prune may name packs
+        the prune deleted), and every ``RECONCILE_EVERY_S`` (packs a killed writer uploaded without an
+        index object; packs deleted or cut short by hand). At every backup, a long-lived Vault's backups
+        on S3 grew slower with the vault (63 of 162 ms listing 900 packs; 64 more packs per new GB)."""
+        others = self._seen_index_ids - self.written_index_ids
+        if self._reconciled is not None:
+            when, known = self._reconciled
+            if others <= known and time.monotonic() - when < RECONCILE_EVERY_S:
+                return
+        self._reconciled = None  # until it has succeeded
+        self.reconcile_with_stored_packs()
+        self._reconciled = (time.monotonic(), self._seen_index_ids - self.written_index_ids)
+
+    def reconcile_next_time(self) -> None:
+        """After a failed backup: what it uploaded and never indexed is adopted by the next one."""
+        self._reconciled = None
 
     def reconcile_with_stored_packs(self) -> int:
         """Before a backup, under its lock, after ``load_index``: make the index say what the store
