@@ -40,7 +40,7 @@ def report(out: Output, result: PruneResult, summary: str | None = None) -> None
         "keep": [_decision(d) for d in result.retention.decisions if d.keep],
         "packs_deleted": len(gc.delete_packs),
         "packs_repacked": len(gc.repack),
-        "reclaim_bytes": gc.reclaim_bytes,
+        "reclaim_bytes": result.reclaim_bytes,
         "stored_before": result.stored_before,
         "stored_after": result.stored_after,
     }
@@ -58,13 +58,13 @@ def _pruned(result: PruneResult) -> str:
         return (
             f"would remove {gone} snapshot(s), keep {kept}; "
             f"would remove {len(gc.delete_packs)} pack(s), repack {len(gc.repack)} "
-            f"({format_bytes(gc.repack_bytes)} to copy); would reclaim about {format_bytes(gc.reclaim_bytes)}"
+            f"({format_bytes(gc.repack_bytes)} to copy); would reclaim about {format_bytes(result.reclaim_bytes)}"
         )
     return (
         f"removed {gone} snapshot(s), kept {kept}; "
         f"removed {len(gc.delete_packs)} pack(s), repacked {len(gc.repack)} "
         f"({format_bytes(gc.repack_bytes)} copied); "
-        f"reclaimed {format_bytes(result.stored_before - result.stored_after)}"
+        f"reclaimed {format_bytes(result.reclaim_bytes)}"
     )
 
 

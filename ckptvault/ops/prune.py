@@ -20,7 +20,7 @@ class PruneResult:
     gc: GcPlan
     dry_run: bool
     stored_before: int
-    stored_after: int  # on a dry run, stored_before less what the plan reclaims (packs; an estimate)
+    stored_after: int  # on a dry run, stored_before less what the plan would free (an estimate)
     warnings: list[str] = field(default_factory=list)  # a rule that did nothing, a run left with no snapshot
 
     @property
@@ -29,7 +29,8 @@ class PruneResult:
 
     @property
     def reclaim_bytes(self) -> int:
-        return self.gc.reclaim_bytes
+        """Freed (a dry run: would be): packs, and the objects of the snapshots and trees that go."""
+        return max(0, self.stored_before - self.stored_after)
 
 
 def stored_bytes(repo: Repository) -> int:
@@ -58,8 +59,11 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     gc = plan_gc(repo, trees, {bytes.fromhex(s.tree_id) for s in keep}, repack_threshold)
     gc.snapshot_ids = {bytes.fromhex(s.id) for s in keep}  # a snapshot committed meanwhile stops the GC
     before = stored_bytes(repo)
-    if dry_run:
-        return PruneResult(retention, gc, True, before, max(0, before - gc.reclaim_bytes))
+    if dry_run:  # the snapshot and tree objects that go too: most of it where saves are small
+        snapshot_bytes = sum(repo.listed_snapshot_size(bytes.fromhex(s.id)) or 0 for s in retention.forget)
+        tree_bytes = sum(repo.listed_tree_size(tree_id) or 0 for tree_id in gc.dead_trees)
+        after = before - gc.reclaim_bytes - snapshot_bytes - tree_bytes
+        return PruneResult(retention, gc, True, before, max(0, after))
     verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
     forgotten = [(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id)) for snap in retention.forget]
     each(lambda ids: repo.delete_snapshot(*ids), forgotten)

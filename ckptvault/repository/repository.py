@@ -866,6 +866,10 @@ class Repository:
         """The size of the snapshot object as the last listing gave it (None: not listed)."""
         return self._listed_sizes.get(snapshot_key(snapshot_id))
 
+    def listed_tree_size(self, tree_id: bytes) -> int | None:
+        """The size of the tree object as the last listing of trees gave it (None: not listed)."""
+        return self._listed_sizes.get(tree_key(tree_id))
+
     def _load_object(self, kind: Kind, object_id: bytes, key: str, what: str) -> bytes:
         """The verified plaintext of a whole-object blob. Errors name the object: IntegrityError (or
         MalformedObjectError) when it is damaged, UnsupportedFormatError when this ckptvault cannot
