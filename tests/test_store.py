@@ -451,3 +451,16 @@ def test_hiding_credentials_leaves_the_rest_of_a_message_readable():
     assert hide_credentials(text, secrets) == (
         "anonymous access to ~/.ssh/id denied; sftp://bob:***@host/x; ;AccountKey=***;EndpointSuffix=net"
     )
+
+
+def test_whole_reads_are_told_one_request_only_where_the_filesystem_takes_it():
+    """s3fs before 2026.3 has no ``max_concurrency`` (and makes no HEAD): passing it failed every GET."""
+    import s3fs
+
+    from ckptvault.store.fsspec_store import _sizes_whole_reads
+
+    class OlderS3:
+        async def _cat_file(self, path, version_id=None, start=None, end=None): ...
+
+    assert _sizes_whole_reads(s3fs.S3FileSystem.__new__(s3fs.S3FileSystem))
+    assert not _sizes_whole_reads(OlderS3())

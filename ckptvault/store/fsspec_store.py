@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import inspect
 import os
 import secrets
 import threading
@@ -320,7 +322,8 @@ class FsspecStore:
             end = None if start is None or length is None else start + length
             # s3fs asks for the size (a HEAD) before a whole read, to split a big one into parts: metadata
             # objects are small, so that doubled the requests of a fresh machine's listing of every snapshot
-            whole_in_one = {"max_concurrency": 1} if start is None and self.profile.protocol in S3 else {}
+            sized = start is None and self.profile.protocol in S3 and _sizes_whole_reads(fs)
+            whole_in_one = {"max_concurrency": 1} if sized else {}
             return bytes(fs.cat_file(path, start=start, end=end, **whole_in_one, **self._deadline(length)))
         # paramiko reads 32 KiB per round trip unless asked to pipeline: 30x faster on 20 MiB
         with ftp.open(path, "rb") as f:
@@ -487,3 +490,15 @@ def _local_setting_error(exc: Exception) -> str | None:
     if isinstance(exc, (TypeError, ValueError)):
         return f"a storage option has a value of the wrong kind ({one_line(str(exc))}); check the -o options"
     return None
+
+
+@functools.cache
+def _whole_reads_sized(cat_file: Any) -> bool:
+    return "max_concurrency" in inspect.signature(cat_file).parameters
+
+
+def _sizes_whole_reads(fs: Any) -> bool:
+    """Whether the filesystem asks for an object's size before reading it whole, and can be told not to
+    (s3fs from 2026.3, whose ``_cat_file`` takes ``max_concurrency``; earlier ones make no HEAD)."""
+    cat_file = getattr(type(fs), "_cat_file", None)
+    return cat_file is not None and _whole_reads_sized(cat_file)
