@@ -191,3 +191,36 @@ def test_a_long_lived_vault_adopts_what_its_failed_backup_uploaded(
     listings = _count_pack_listings(vault, monkeypatch)
     snap = vault.backup(source, tags={"step": "1"})
     assert len(listings) == 1 and snap.summary.new_bytes < 100_000, snap.summary  # adopted, not sent again
+
+
+def test_an_index_object_absorbed_by_this_vaults_compaction_still_makes_it_list_the_packs(
+    tmp_path: Path, vault: Vault, monkeypatch: pytest.MonkeyPatch
+):
+    """A writer that lost its lock to a prune indexes a pack the prune deleted. Its index object appeared
+    during this Vault's backup and went into the object this Vault's compaction wrote, so no foreign object
+    was left to make the next backup list the packs: it deduplicated against the deleted pack and committed
+    a snapshot that could not be restored (review of this change)."""
+    from ckptvault.ops import compact
+    from ckptvault.repository.format import pack_key
+
+    shared = os.urandom(300_000)  # what the lost writer stored, and this vault saves later
+    for step in range(3):
+        write_file(tmp_path / "a" / "f.bin", os.urandom(20_000))
+        vault.backup(tmp_path / "a", tags={"step": str(step)})
+
+    def lost_lock_writer() -> None:
+        monkeypatch.setattr(compact, "COMPACT_AT", 1000)  # the other process does not compact
+        with Vault.open(vault.url) as other:
+            write_file(tmp_path / "w" / "f.bin", shared)
+            other.backup(tmp_path / "w")
+            for pack_id in other._repo.uploaded_packs:  # what the prune deleted
+                os.unlink(os.path.join(vault.url, pack_key(pack_id)))
+        monkeypatch.setattr(compact, "COMPACT_AT", 1)
+
+    monkeypatch.setattr(compact, "COMPACT_AT", 1)  # compacts at the end of the next backup
+    write_file(tmp_path / "a" / "f.bin", os.urandom(20_000))
+    vault.backup(tmp_path / "a", tags={"step": "3"}, before_commit=lost_lock_writer)
+    write_file(tmp_path / "b" / "f.bin", shared)
+    snap = vault.backup(tmp_path / "b", tags={"step": "4"})
+    assert snap.summary.new_bytes >= 300_000  # stored again, not deduplicated against the deleted pack
+    vault.restore(snap, tmp_path / "out")

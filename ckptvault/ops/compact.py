@@ -49,5 +49,6 @@ def compact_index(repo: Repository) -> int:
     for batch in index_batches({pack_id: list(entries) for pack_id, entries in merged.items()}):
         repo.write_index(batch)  # checks the lock: one lost to a prune writes nothing
     repo.locks.check_held_age(exclusive=False)
+    repo.index_objects_absorbed(small)
     each(repo.delete_index, small)
     return len(small)
