@@ -1736,6 +1736,7 @@ def test_a_backlog_of_pins_never_fills_the_trainers_disk(tmp_path, vault):
     assert dropped and "state_dir" in dropped[0], warnings
     assert {"step_1.pt", "step_40.pt"} <= shipped  # the one shipping when the disk filled, and the newest
     assert len(shipped) + len(dropped) == 40 and len(watcher.result.dropped) == len(dropped)
+    assert len(watcher.result.errors) == len(dropped)  # each an error of the run (exit 3)
     assert vault.latest({"run": "r"}).tags["step"] == "40"
 
 
@@ -1927,3 +1928,46 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
     watcher._promote(Shipper(), time.monotonic())
     assert submitted == ["step_100"]
     pinned.release()
+
+
+@pytest.mark.parametrize("case", ["plenty_free", "freed_late", "newest_being_written"])
+def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
+    """Review of the first version: a 10 % floor dropped every deleted checkpoint on a big volume 91 % full of
+    other data with hundreds of GB free; re-reading statvfs after each drop dropped them all where space is
+    freed late (Lustre, ZFS, btrfs); and the newest waiting one, a save still being written, was kept while
+    the complete save before it went."""
+    import collections
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watcher = _hand_driven_watcher(ckpts, 0.5)
+    watcher._pins_beside_checkpoints = True
+    for step in (1, 2, 3, 4):
+        (ckpts / f"step_{step}.pt").write_bytes(os.urandom(1_000_000))
+        watcher._scan(time.monotonic())
+        time.sleep(0.01)
+    for step in (1, 2, 3):
+        (ckpts / f"step_{step}.pt").unlink()  # the trainer's rotation
+    watcher._settle(time.monotonic())
+    now = time.monotonic() + 60  # all settled
+    if case == "newest_being_written":  # step_4 grows to 3 MB: a save needs 4.5 MB of room
+        with open(ckpts / "step_4.pt", "ab") as f:
+            f.write(os.urandom(2_000_000))
+        watcher._settle(time.monotonic())
+        max(watcher._candidates.values(), key=lambda c: c.pin.pin_id).last_change = now  # still growing
+    vfs = collections.namedtuple("vfs", "f_frsize f_blocks f_bavail")
+    free_blocks = {"plenty_free": 90_000_000, "freed_late": 244, "newest_being_written": 0}[case]
+    real = os.statvfs
+    monkeypatch.setattr(
+        os, "statvfs", lambda p: vfs(4096, 1_000_000_000, free_blocks) if str(ckpts) in str(p) else real(p)
+    )
+    watcher._make_room(now)
+    dropped = watcher.result.dropped
+    if case == "plenty_free":
+        assert dropped == []  # 368 GB free: room for any save of 1 MB
+    elif case == "freed_late":
+        assert dropped == ["step_1.pt"]  # 1 MB freed (counted at once) + 1 MB free >= 1.5 MB
+    else:
+        assert dropped == ["step_1.pt", "step_2.pt"], dropped  # step_3, the newest complete save, is kept
+    for cand in list(watcher._candidates.values()):
+        cand.pin.release()

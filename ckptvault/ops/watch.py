@@ -169,7 +169,7 @@ LOOK_INSIDE_S = 1.0
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
 LOOK_INSIDE_SHARE = 0.05
 LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
-ROOM_FOR_A_SAVE = 1.1  # free room kept on the checkpoints' disk: this many times the largest checkpoint's size
+ROOM_FOR_A_SAVE = 1.5  # free room kept on the checkpoints' disk: this many times the largest checkpoint's size
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
 # is said never to ship
 REWRITES_TOLD = 3
@@ -291,7 +291,7 @@ class Watcher:
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
         self._told: set[str] | None = None  # the entries named as left out, in this or an earlier run
         self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
-        self._lost: list[CkptVaultError] = []  # checkpoints shipping in place that went before they shipped
+        self._lost: list[CkptVaultError] = []  # checkpoints gone unshipped (shipping in place; dropped for room)
         self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
         self._pointer_file: str | None = None  # the file naming the newest step folder (DeepSpeed, Megatron-LM)
         self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
@@ -422,7 +422,7 @@ class Watcher:
         self._settle(now)
         self._promote(shipper, now)
         self._collect()
-        self._make_room()
+        self._make_room(now)
         self._warn_if_disk_low()
 
     def _run_once(self, shipper: AsyncShipper) -> None:
@@ -695,41 +695,55 @@ class Watcher:
         self._warn_if_copied(pin)
         self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
 
-    def _make_room(self) -> None:
+    def _make_room(self, now: float) -> None:
         """A pin keeps the files the trainer's rotation deleted until it ships, so uploads slower than
         saves pile them up until the trainer's next save fails for want of room, which ends training
         and every save after it. When the checkpoints' disk holds the pins and has less room than the
-        largest checkpoint waiting takes (x ``ROOM_FOR_A_SAVE``) or ``LOW_DISK`` of it, the oldest waiting
-        checkpoints the trainer already deleted are dropped, unshipped, until it has: as
-        ``backup_async`` coalesces a full queue. Never the newest waiting one (what a resume needs),
-        the one shipping, or one still in the folder (its pin frees nothing, and it would never ship).
-        Pins elsewhere (``--state-dir``) compete with no save: nothing is dropped there."""
+        largest checkpoint waiting takes (x ``ROOM_FOR_A_SAVE``), the oldest waiting checkpoints the
+        trainer already deleted are dropped, unshipped, until it has (what their pins held counts as
+        freed at once: some filesystems free space late): as ``backup_async`` coalesces a full queue.
+        Never the newest waiting one, nor the newest complete one (a save being written may be the
+        newest), the one shipping, or one still in the folder (its pin frees nothing, and it would never
+        ship). Each dropped one is an error of the run. Pins elsewhere (``--state-dir``) compete with no
+        save: nothing is dropped there."""
         waiting = sorted(
             (c for c in self._candidates.values() if c.state != "queued" and not c.pin.in_place),
             key=lambda c: c.pin.pin_id,
         )
-        if len(waiting) < 2 or not self._pins_beside_checkpoints:
-            return
+        if len(waiting) < 3 or not self._pins_beside_checkpoints:
+            return  # the newest, and the newest complete one, are never dropped
         largest = max(sum(int(item[2]) for item in c.sig if item[1] == "f") for c in self._candidates.values())
-        for cand in waiting[:-1]:
-            try:
-                disk = os.statvfs(self.pins_dir)
-            except OSError:
+        try:
+            disk = os.statvfs(self.pins_dir)
+        except OSError:
+            return
+        free = disk.f_bavail * disk.f_frsize
+        complete = [c for c in waiting if c.state == "failed" or now - c.last_change >= self.options.settle]
+        kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:])}
+        for cand in waiting:
+            if free >= ROOM_FOR_A_SAVE * largest:
                 return
-            need = max(LOW_DISK * disk.f_blocks * disk.f_frsize, ROOM_FOR_A_SAVE * largest)
-            if disk.f_bavail * disk.f_frsize >= need:
-                return
-            if pins.source_alive(cand.pin) or not (held := pins.bytes_held(cand.pin)):
+            if cand.pin.pin_id in kept or pins.source_alive(cand.pin) or not (held := pins.bytes_held(cand.pin)):
                 continue
-            self._release(cand)
-            self.result.dropped.append(cand.pin.name)
-            self._on_warning(
-                f"{cand.pin.name}: dropped without shipping it, to leave the trainer room for its next save: "
-                f"the disk of {self.directory} has {format_bytes(disk.f_bavail * disk.f_frsize)} free and its pin "
-                f"kept {format_bytes(held)} the trainer had deleted; uploads are slower than saves (newer checkpoints "
-                f"still ship); save less often, raise the upload rate, or pin on another disk with "
-                f"{spelled('--state-dir', 'state_dir')} (copies there; nothing is dropped)"
-            )
+            if (_tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests:
+                self._release(cand)  # adopted from an earlier run that shipped it: nothing is lost
+            else:
+                self._drop_for_room(cand, free, held)
+            free += held
+
+    def _drop_for_room(self, cand: _Candidate, free: int, held: int) -> None:
+        error = CheckpointLostError(
+            cand.pin.source,
+            f"dropped without shipping it, to leave the trainer room for its next save: the disk of "
+            f"{self.directory} had {format_bytes(free)} free and its pin kept {format_bytes(held)} the trainer "
+            "had deleted; uploads are slower than saves (newer checkpoints still ship)",
+            "save less often, raise the upload rate, or pin on another disk with "
+            f"{spelled('--state-dir', 'state_dir')} (copies there; nothing is dropped)",
+        )
+        self._release(cand)
+        self.result.dropped.append(cand.pin.name)
+        self._lost.append(error)
+        self._on_warning(str(error))
 
     def _warn_if_disk_low(self) -> None:
         """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
