@@ -167,12 +167,10 @@ def unlock_cmd(
             )
     text = f"removed {len(removed)} lock(s)"
     if left:
-        first = left[0]
-        until = f" (the first at {first.time + STALE_AFTER:%Y-%m-%d %H:%M:%S} UTC)" if first.time else ""
         text += (
-            f"; {len(left)} lock(s) not stale yet remain ({first.describe()}); each goes stale "
-            f"{round(STALE_AFTER.total_seconds() / 60)} minutes after its holder last refreshed it{until}. If their "
-            "machines are gone for good (reclaimed instances), --remove-all removes them now; use it only when no "
+            f"; {len(left)} lock(s) not stale yet remain ({left[0].describe()}); one whose holder is gone goes "
+            f"stale {round(STALE_AFTER.total_seconds() / 60)} minutes after its last refresh. If their machines "
+            "are gone for good (reclaimed instances), --remove-all removes them now; use it only when no "
             "ckptvault process on any host uses this vault"
         )
     out.result({"removed": [lk.describe() for lk in removed], "remaining": [lk.describe() for lk in left]}, text)

@@ -22,7 +22,9 @@ The life of a checkpoint:
    worker thread while polling goes on, so a long upload never makes the watcher miss a
    checkpoint. Each is chosen when the last one ends: the newest ready checkpoint, since a resume
    needs the newest, and uploads slower than saves would otherwise keep it waiting behind the
-   whole backlog (a preemption's last save among them).
+   whole backlog (a preemption's last save among them); while watching goes on, every other one
+   the oldest, so that the backlog is not starved (``_promote``). When the pins leave the trainer
+   too little room for its next save, the oldest deleted checkpoints are dropped (``_make_room``).
 4. **shipped**: the snapshot is durable (committed); the pin is deleted.
 
 Where no pin can be made (the checkpoints' disk is full) a checkpoint ships in place: a stand-in
@@ -1283,8 +1285,8 @@ def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]
 def _same_disk(a: str, b: str) -> bool:
     try:
         return os.stat(a).st_dev == os.stat(b).st_dev
-    except OSError:  # the watched folder does not exist yet: it is made where the state is
-        return True
+    except OSError:  # cannot tell: nothing is dropped to make room
+        return False
 
 
 def _files(sig: pins.Signature) -> set[str]:

@@ -144,7 +144,8 @@ def _check_fields(doc: dict) -> None:
     if not isinstance(doc.get("created"), str):
         raise ValueError("its created time is not text")
     compression, encryption = doc.get("compression"), doc.get("encryption")
-    if not (isinstance(doc.get("chunker"), dict) and isinstance(compression, dict) and isinstance(encryption, dict)):
+    chunker = doc.get("chunker", {})  # missing: "lacks field 'chunker'", where it is read
+    if not (isinstance(chunker, dict) and isinstance(compression, dict) and isinstance(encryption, dict)):
         raise ValueError("its chunker, compression and encryption fields must be objects")
     if "pack_size" in doc and type(doc["pack_size"]) is not int:  # missing: "lacks field", below
         raise ValueError(f"its pack_size {doc.get('pack_size')!r} is not a whole number")

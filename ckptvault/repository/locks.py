@@ -393,7 +393,8 @@ class LockManager:
                 "(close it, or close the Vault that reads it) or a backup on another thread; let it finish first"
             )
         minutes = round(self.stale_after.total_seconds() / 60)
-        until = f" (at {other.time + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if other.time else ""
+        refreshed = self.lock_time(other)  # the storage's time where the holder's clock is behind
+        until = f" (at {refreshed + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if refreshed else ""
         remove_all = spelled("ckptvault unlock --remove-all", "Vault.unlock(remove_all=True)")
         if not other.unreadable:
             # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
