@@ -539,7 +539,7 @@ class Vault:
     def _unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[str]) -> str | None:
         """The ID of the unreadable snapshot object that ``spec`` (an ID prefix) names, if any."""
         prefix = spec.lower()
-        if spec == "latest" or not prefix or any(c not in "0123456789abcdef" for c in prefix):
+        if spec == "latest" or not selection.is_id_prefix(prefix):
             return None  # selection.select reports what is wrong with it
         unreadable = [i for i in unreadable_ids if i.startswith(prefix)]
         if not unreadable:
@@ -582,7 +582,7 @@ class Vault:
         None leaves it to the whole listing: no match or several, not an ID, or an object that cannot
         be read (the listing says why, as it always did)."""
         prefix = spec.lower()
-        if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+        if not selection.is_id_prefix(prefix):
             return None
         matches = [i for i in self._repo.list_snapshot_ids() if i.hex().startswith(prefix)]
         if len(matches) != 1:

@@ -58,6 +58,11 @@ def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     return ""
 
 
+def is_id_prefix(spec: str) -> bool:
+    """Whether ``spec`` can start a snapshot ID (lower or upper case hex digits)."""
+    return bool(spec) and all(c in "0123456789abcdef" for c in spec.lower())
+
+
 def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = None) -> Snapshot:
     candidates = filter_by_tags(snapshots, tags)
     if spec == "latest":
@@ -68,7 +73,7 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
             )
         return newest(candidates)
     prefix = spec.lower()
-    if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+    if not is_id_prefix(prefix):
         raise UsageError(f"{spec!r} is not a snapshot ID; give a hex ID prefix or 'latest'")
     found = [s for s in candidates if s.id.startswith(prefix)]
     if not found:
