@@ -74,7 +74,12 @@ def watch_cmd(
     exclude: ExcludeOpt = None,
     state_dir: Annotated[
         str | None,
-        typer.Option("--state-dir", help="Staging folder for pins (default DIR/.ckptvault-watch; same filesystem)."),
+        typer.Option(
+            "--state-dir",
+            help="Staging folder for pins (default DIR/.ckptvault-watch). On the checkpoints' disk pins are links, "
+            "and the oldest deleted ones are dropped unshipped when the trainer needs room; on another disk they "
+            "are copies, never dropped.",
+        ),
     ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
