@@ -1961,3 +1961,38 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
         assert dropped == ["step_1.pt", "step_2.pt"], dropped  # step_3, the newest complete save, is kept
     for cand in list(watcher._candidates.values()):
         cand.pin.release()
+
+
+def test_the_cli_says_what_it_dropped_to_make_room_and_exits_3(tmp_path):
+    """The real CLI, slow storage, a trainer saving 0.25 MB every 0.15 s on a 4 MiB disk and deleting the
+    save before: every save of the trainer succeeds; the drops are said, counted at the end, and exit 3."""
+    repo = str(tmp_path / "repo")
+    Vault.init(repo).close()
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the dropping CLI test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        args = ["watch", str(ckpts), "--repo", f"slowfile://{repo}", "-o", "delay=0.3", "--tag", "run=t"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.slowfs", *args, "--settle", "0.1", "--interval", "0.05"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _wait(lambda: (ckpts / ".ckptvault-watch" / "lock").exists(), "the watcher")
+            for step in range(1, 31):
+                (ckpts / "next.tmp").write_bytes(os.urandom(250_000))  # ENOSPC here fails the test
+                os.replace(ckpts / "next.tmp", ckpts / f"step_{step}.pt")
+                with contextlib.suppress(FileNotFoundError):
+                    (ckpts / f"step_{step - 1}.pt").unlink()
+                time.sleep(0.15)
+            time.sleep(2)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    dropped = len([line for line in err.splitlines() if line.startswith("warning:") and "dropped without" in line])
+    assert "((" not in err and "))" not in err
+    assert dropped and f"{dropped} dropped unshipped to leave the trainer room" in err, err
+    assert proc.returncode == 3, err

@@ -740,7 +740,7 @@ class Watcher:
             f"{self.directory} had {format_bytes(free)} free and its pin kept {format_bytes(held)} the trainer "
             "had deleted; uploads are slower than saves (newer checkpoints still ship)",
             "save less often, raise the upload rate, or pin on another disk with "
-            f"{spelled('--state-dir', 'state_dir')} (copies there; nothing is dropped)",
+            f"{spelled('--state-dir', 'state_dir')}, where pins are copies and nothing is dropped",
         )
         self._release(cand)
         self.result.dropped.append(cand.pin.name)
