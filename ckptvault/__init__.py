@@ -58,6 +58,7 @@ _HOMES = {
     "SnapshotStats": ".ops.stats",
     "VaultStats": ".ops.stats",
     "BackupStatus": ".ops.status",
+    "LostCheckpoint": ".ops.watch",
     "ShippedCheckpoint": ".ops.watch",
     "WatchResult": ".ops.watch",
     "LockInfo": ".repository.locks",
@@ -115,7 +116,7 @@ if TYPE_CHECKING:
     from .ops.restore import RestoreResult
     from .ops.stats import SnapshotStats, VaultStats
     from .ops.status import BackupStatus
-    from .ops.watch import ShippedCheckpoint, WatchResult
+    from .ops.watch import LostCheckpoint, ShippedCheckpoint, WatchResult
     from .repository.locks import LockInfo
     from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
     from .vault import Vault, default_repo_url
@@ -160,6 +161,7 @@ __all__ = [
     "KeyfileNotFoundError",
     "LockInfo",
     "LockLostError",
+    "LostCheckpoint",
     "MalformedObjectError",
     "NotBackedUpError",
     "PassphraseRequiredError",

@@ -91,7 +91,7 @@ from .ops.retag import changed_tags, retag
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_stats
 from .ops.status import BackupStatus, backup_status
-from .ops.watch import ShippedCheckpoint, Watcher, WatchOptions, WatchResult
+from .ops.watch import LostCheckpoint, ShippedCheckpoint, Watcher, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
 from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
@@ -1259,12 +1259,15 @@ class Vault:
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
         on_start: Callable[[int], None] | None = None,
+        on_lost: Callable[[LostCheckpoint], None] | None = None,
     ) -> WatchResult:
         """Ship every complete checkpoint that appears in ``directory`` until ``stop`` is set
         (or, with ``once``, what is there now), pinning each first (docs/training.md).
         ``include``: globs on the names of the checkpoints to ship; ``exclude``: what to leave out of
         each, as for ``backup`` (a pattern without ``/`` also skips checkpoints of that name).
-        ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run.
+        ``on_start(n)`` runs after the first look, ``n`` being the pins resumed from a previous run;
+        ``on_lost`` for each checkpoint that will never ship (dropped for room, or deleted while it
+        shipped in place), besides its warning.
         ``grace``: once ``stop`` is set, go on shipping what is pinned, and what appears meanwhile (a
         trainer's save on preemption), for this many seconds; 0 stops after the upload in flight."""
         directory = path_arg("directory", directory)
@@ -1295,6 +1298,7 @@ class Vault:
             on_shipped=on_shipped,
             on_warning=on_warning,
             on_start=on_start,
+            on_lost=on_lost,
             vault_folder=self.local_folder,
         )
         return watcher.run()

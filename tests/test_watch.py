@@ -74,8 +74,11 @@ class WatchProcess:
         for line in stream:
             sink.append(line.rstrip("\n"))
 
-    def shipped(self) -> list[dict]:
+    def events(self) -> list[dict]:
         return [json.loads(line) for line in self.lines if line.startswith("{")]
+
+    def shipped(self) -> list[dict]:
+        return [event for event in self.events() if event["event"] == "shipped"]
 
     def wait_for(self, predicate, timeout: float = 90.0, what: str = "it") -> None:
         deadline = time.monotonic() + timeout
@@ -480,7 +483,9 @@ def test_a_checkpoint_shipping_in_place_from_a_full_disk_deleted_first_is_an_err
         assert watch.finish() == 3, watch.err
     what = "it was deleted" if rotation == "folder" else "files of it were deleted"
     assert f"step_100: {what} before it shipped; it was shipping in place" in "\n".join(watch.err), watch.err
-    assert watch.shipped() == []
+    (lost,) = watch.events()
+    assert (lost["event"], lost["checkpoint"], lost["step"], lost["reason"]) == ("lost", "step_100", 100, "deleted")
+    assert what in lost["message"], lost
     with Vault.open(repo) as vault:
         assert vault.snapshots() == []
 
@@ -1965,13 +1970,14 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
 
 def test_the_cli_says_what_it_dropped_to_make_room_and_exits_3(tmp_path):
     """The real CLI, slow storage, a trainer saving 0.25 MB every 0.15 s on a 4 MiB disk and deleting the
-    save before: every save of the trainer succeeds; the drops are said, counted at the end, and exit 3."""
+    save before: every save of the trainer succeeds; the drops are said, counted at the end, and exit 3.
+    With --json each drop is an event on stdout too, beside the shipped ones."""
     repo = str(tmp_path / "repo")
     Vault.init(repo).close()
     with mounted_tmpfs(tmp_path / "mnt", "4m", "the dropping CLI test") as mount:
         ckpts = mount / "ckpts"
         ckpts.mkdir()
-        args = ["watch", str(ckpts), "--repo", f"slowfile://{repo}", "-o", "delay=0.3", "--tag", "run=t"]
+        args = ["watch", str(ckpts), "--repo", f"slowfile://{repo}", "-o", "delay=0.3", "--tag", "run=t", "--json"]
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.slowfs", *args, "--settle", "0.1", "--interval", "0.05"],
             cwd=ROOT,
@@ -1989,10 +1995,16 @@ def test_the_cli_says_what_it_dropped_to_make_room_and_exits_3(tmp_path):
                 time.sleep(0.15)
             time.sleep(2)
             proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
+            out, err = proc.communicate(timeout=120)
         finally:
             proc.kill()
-    dropped = len([line for line in err.splitlines() if line.startswith("warning:") and "dropped without" in line])
+    dropped = [line for line in err.splitlines() if line.startswith("warning:") and "dropped without" in line]
     assert "((" not in err and "))" not in err
-    assert dropped and f"{dropped} dropped unshipped to leave the trainer room" in err, err
+    assert dropped and f"{len(dropped)} dropped unshipped to leave the trainer room" in err, err
     assert proc.returncode == 3, err
+    events = [json.loads(line) for line in out.splitlines()]
+    lost = [e for e in events if e["event"] == "lost"]
+    shipped = {e["checkpoint"] for e in events if e["event"] == "shipped"}
+    assert len(lost) == len(dropped) and {e["reason"] for e in lost} == {"dropped"}, events
+    assert all(e["step"] == int(e["checkpoint"][5:-3]) and "dropped without" in e["message"] for e in lost), lost
+    assert shipped and not shipped & {e["checkpoint"] for e in lost}, events

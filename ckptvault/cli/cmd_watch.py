@@ -17,7 +17,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from ..errors import CkptVaultError
-from ..ops.watch import ShippedCheckpoint, check_watch_args
+from ..ops.watch import LostCheckpoint, ShippedCheckpoint, check_watch_args
 from ..vault import exclude_arg
 from .app import (
     NO_VAULT_ARGS,
@@ -138,6 +138,7 @@ def watch_cmd(
         s = item.snapshot.summary
         if json_out:
             event = {
+                "event": "shipped",
                 "checkpoint": item.name,
                 "step": item.step,
                 "snapshot": item.snapshot.id,
@@ -156,6 +157,12 @@ def watch_cmd(
                 f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {s.files} files, "
                 f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s"
             )
+
+    def on_lost(item: LostCheckpoint) -> None:
+        """Its warning is on stderr already; a --json reader also gets it as an event."""
+        if json_out:
+            event = {"event": "lost", "checkpoint": item.name, "step": item.step, "reason": item.reason}
+            emit(json.dumps({**event, "message": str(item.error)}))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
@@ -183,6 +190,7 @@ def watch_cmd(
                 on_shipped=on_shipped,
                 on_warning=warn,
                 on_start=on_start,
+                on_lost=on_lost,
             )
         )
     # The watch is over: a late copy of the stop signal (`timeout` signals the process group too)

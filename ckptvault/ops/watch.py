@@ -113,6 +113,18 @@ class ShippedCheckpoint:
     in_place: bool = False  # no pin could be made (a full disk): read where it was
 
 
+@dataclass(frozen=True)
+class LostCheckpoint:
+    """A checkpoint that will never ship: ``reason`` is "dropped" (to leave the trainer room for its
+    next save) or "deleted" (by the trainer while it shipped in place, unpinned)."""
+
+    name: str
+    source: str
+    step: int | None
+    reason: str
+    error: CheckpointLostError
+
+
 @dataclass
 class WatchResult:
     shipped: list[ShippedCheckpoint] = field(default_factory=list)
@@ -260,6 +272,7 @@ class Watcher:
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
         on_start: Callable[[int], None] | None = None,
+        on_lost: Callable[[LostCheckpoint], None] | None = None,
         vault_folder: str | None = None,
     ) -> None:
         self.directory = check_watch_args(
@@ -287,6 +300,7 @@ class Watcher:
         self._stop = stop or threading.Event()
         self._on_shipped = on_shipped or (lambda _s: None)
         self._on_warning = on_warning or (lambda _m: None)
+        self._on_lost = on_lost or (lambda _l: None)
         self._candidates: dict[str, _Candidate] = {}  # by pin id
         self._done: dict[str, _Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
@@ -742,10 +756,10 @@ class Watcher:
             "save less often, raise the upload rate, or pin on another disk with "
             f"{spelled('--state-dir', 'state_dir')}, where pins are copies and nothing is dropped",
         )
+        step = self._step_of(cand)
         self._release(cand)
         self.result.dropped.append(cand.pin.name)
-        self._lost.append(error)
-        self._on_warning(str(error))
+        self._report_lost(cand, step, "dropped", error)
 
     def _warn_if_disk_low(self) -> None:
         """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
@@ -835,13 +849,21 @@ class Watcher:
             f"give {spelled('--state-dir', 'state_dir')} on another disk, or free space, so that checkpoints are "
             "pinned",
         )
-        self._lost.append(error)
-        self._on_warning(str(error))
+        self._report_lost(cand, self._step_of(cand), "deleted", error)
         with contextlib.suppress(OSError):
             st = os.lstat(cand.pin.source)
             if st.st_ino == cand.pin.source_ino:
                 self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
         self._drop(cand)
+
+    @staticmethod
+    def _step_of(cand: _Candidate) -> int | None:
+        return cand.step if cand.step is not None else checkpoint_step(cand.pin.data)
+
+    def _report_lost(self, cand: _Candidate, step: int | None, reason: str, error: CheckpointLostError) -> None:
+        self._lost.append(error)
+        self._on_warning(str(error))
+        self._on_lost(LostCheckpoint(cand.pin.name, cand.pin.source, step, reason, error))
 
     def _cut_down(self, cand: _Candidate, sig: pins.Signature) -> bool:
         """Files of a checkpoint shipping in place are gone since its last look (a rotation under way):
