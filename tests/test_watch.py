@@ -1925,6 +1925,49 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
     pinned.release()
 
 
+def test_a_settled_pin_waiting_behind_an_upload_is_looked_at_once_a_second(tmp_path, monkeypatch):
+    """Every settled pin waiting behind an upload was walked at every look (--interval 0.1 s): a backlog of
+    four DeepSpeed-like pins of 1,000 files each kept a quarter of a core busy, beside the trainer. It is now
+    looked at once a second while an upload runs; a file added meanwhile still unsettles it."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    for step in (100, 200):
+        (ckpts / f"step_{step}").mkdir(parents=True)
+        for i in range(20):
+            (ckpts / f"step_{step}" / f"shard_{i}.pt").write_bytes(b"%d" % step)
+    watcher = _hand_driven_watcher(ckpts, 0)
+    watcher._scan(time.monotonic())
+    by_name = {c.pin.name: c for c in watcher._candidates.values()}
+    uploading, waiting = by_name["step_100"], by_name["step_200"]
+    walks: list[str] = []
+    real = pins.signature
+    monkeypatch.setattr(pins, "signature", lambda path, *a, **k: walks.append(path) or real(path, *a, **k))
+
+    def looks(seconds: float) -> int:
+        walks.clear()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            watcher._settle(time.monotonic())
+            time.sleep(0.02)
+        return sum(1 for path in walks if path.startswith(waiting.pin.root))
+
+    assert looks(0.3) >= 5  # nothing uploading: every look
+    assert waiting.steady and waiting.state == "settling"
+    uploading.state = "queued"
+    assert looks(0.5) <= 1  # settled, behind an upload: at most once a second
+    assert 1 <= looks(0.8) <= 2
+    (ckpts / "step_200" / "late.pt").write_bytes(b"written after it settled")
+    written = time.monotonic()
+    time.sleep(watching.LOOK_INSIDE_S)
+    looks(0.1)
+    assert "late.pt" in os.listdir(waiting.pin.data)  # pinned
+    assert "late.pt" in watching._files(waiting.sig) and waiting.last_change > written  # it settled again
+    for cand in list(watcher._candidates.values()):
+        cand.pin.release()
+
+
 @pytest.mark.parametrize("case", ["plenty_free", "freed_late", "newest_being_written"])
 def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
     """Review of the first version: a 10 % floor dropped every deleted checkpoint on a big volume 91 % full of
