@@ -1925,6 +1925,20 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
     pinned.release()
 
 
+def test_looks_for_new_checkpoints_later_than_the_interval_are_said_once(tmp_path):
+    """A checkpoint must exist for one look's gap to be seen: looks far later than --interval (a busy
+    machine, a slow folder) silently widened that window; the first such gap is now said, with its length."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    warnings: list[str] = []
+    watcher = _hand_driven_watcher(ckpts, 0, warnings.append)
+    for pause in (0, 0.3, 0.6, 1.3, 1.3, 0):
+        time.sleep(pause)
+        watcher._scan(time.monotonic())
+    (told,) = warnings
+    assert float(told.split()[0]) >= 1.3 and " s passed between two looks" in told and "interval is 0.1 s" in told
+
+
 def test_a_settled_pin_waiting_behind_an_upload_is_looked_at_once_a_second(tmp_path, monkeypatch):
     """Every settled pin waiting behind an upload was walked at every look (--interval 0.1 s): a backlog of
     four DeepSpeed-like pins of 1,000 files each kept a quarter of a core busy, beside the trainer. It is now

@@ -187,6 +187,7 @@ LOOK_INSIDE_SHARE = 0.05
 # The same cadence for a settled checkpoint waiting behind an upload: looking at its pin every --interval only
 # finds what a look a second later would (it would have shipped as it was had the shipper been free); a backlog
 # of four pins of 1,000 files each kept a quarter of a core busy.
+LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
 LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
 ROOM_FOR_A_SAVE = 1.5  # free room kept on the checkpoints' disk: this many times the largest checkpoint's size
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
@@ -507,6 +508,18 @@ class Watcher:
             f"{spelled('ckptvault backup', 'Vault.backup')} {self.directory}"
         )
 
+    def _say_if_looks_are_late(self, gap: float) -> None:
+        """A checkpoint must exist for one look's gap to be seen: --interval, unless the looks take
+        longer (a busy machine, a folder slow to list, pins of many files). Said once, with the gap."""
+        if gap - self.options.interval > max(LATE_LOOK_S, self.options.interval):
+            self._warn_once(
+                ("late look", ""),
+                f"{gap:.1f} s passed between two looks for new checkpoints in {self.directory} "
+                f"({spelled('--interval', 'interval')} is {self.options.interval:g} s): a checkpoint saved and "
+                "deleted within that long is never seen (the machine is busy, the folder is slow to list, or pins "
+                "of many files take long to walk); let the trainer keep at least two checkpoints (said once)",
+            )
+
     def _part_of_one_checkpoint(self) -> str | None:
         """A file at the top of the watched folder that is a part of one checkpoint, not one of its own
         (an optimizer's state, a sharded model's index), when no entry there is named by a step: each
@@ -531,7 +544,10 @@ class Watcher:
         return pins.digest(sig + self._sig_extra)
 
     def _scan(self, now: float) -> None:
-        self._scanned_at = time.monotonic()
+        started = time.monotonic()
+        if self._scanned_at and not self.options.once:
+            self._say_if_looks_are_late(started - self._scanned_at)
+        self._scanned_at = started
         tracked = {(c.pin.name, c.pin.source_ino) for c in self._candidates.values()}
         try:
             with os.scandir(self.directory) as it:
