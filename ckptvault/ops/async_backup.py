@@ -245,6 +245,7 @@ def make_job(
     pinned_as: list[pins_module.Signature] = []
 
     def metadata(made: Pin) -> dict[str, object]:
+        made.hold_owner_lock()  # before the metadata names this process: leftover_pins.py
         pinned_as.append(pins_module.signature(made.data))
         digest = pins_module.digest(pinned_as[-1])
         record = JobRecord(job_id, vault_id, job.tags, description, hostname, folders, digest, list(exclude.patterns))

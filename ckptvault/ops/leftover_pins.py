@@ -8,8 +8,12 @@ description, the hostname) and its owner (host, process table, PID and the PID's
 the next ``backup_async`` that pins into the same folder, in this process or a later one, ships
 the pins whose owner is gone, oldest first, before its own checkpoint.
 
-An owner this process cannot check (another host sharing the folder, another PID namespace) is
-taken for gone only a day after it got the pin; a pin folder without metadata (a crash while
+An owner in another PID namespace of this machine (a container restarted after the OOM killer, with
+the same volume) cannot be looked up by its PID, so the owner holds a POSIX lock on a file in each of
+its pins (``Pin.hold_owner_lock``), which the kernel drops when it dies: a lock nobody holds means
+the owner is gone. An owner this process cannot check at all (another host sharing the folder, a pin
+of a version without the lock, a filesystem without locks) is taken for gone only a day after it got
+the pin, and each such pin is named in a warning once; a pin folder without metadata (a crash while
 pinning or releasing) is removed after ten minutes.
 """
 
@@ -22,6 +26,7 @@ import functools
 import os
 import re
 import secrets
+import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -136,9 +141,9 @@ def _boot_time_ns() -> int | None:
     return None
 
 
-def owner_state(owner: object, pinned_ns: int) -> OwnerState:
+def owner_state(owner: object, pinned_ns: int, root: str) -> OwnerState:
     """Whether the process an owner record names still runs, as far as this process can tell;
-    ``pinned_ns``: when the pin got that owner."""
+    ``pinned_ns``: when the pin at ``root`` got that owner."""
     if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
         return "unknown"
     table, here = owner.get("table"), process_table()
@@ -147,9 +152,13 @@ def owner_state(owner: object, pinned_ns: int) -> OwnerState:
         return "unknown"
     if table != here:
         booted = _boot_time_ns()
-        if table.split("/")[0] != here.split("/")[0] and booted is not None and pinned_ns < booted:
-            return "gone"  # pinned before this machine booted: every process of then has ended
-        return "unknown"  # another PID namespace (a container sharing the folder), or another machine
+        if table.split("/")[0] != here.split("/")[0]:
+            if booted is not None and pinned_ns < booted:
+                return "gone"  # pinned before this machine booted: every process of then has ended
+            return "unknown"  # another machine of the same name
+        # another PID namespace of this boot: a container sharing the folder, or this one restarted
+        held = pins.owner_lock_held(root)
+        return "unknown" if held is None else "alive" if held else "gone"
     if pid == os.getpid():
         return "this process"
     if not pid_alive(pid):
@@ -244,12 +253,13 @@ def _take_over_locked(
             continue
         if not locked.issuperset(f for f in job.folders if os.path.isdir(f)):
             continue  # made after the folders were chosen, in one not locked: left for the next call
-        state = owner_state(owner, pinned_ns)
+        state = owner_state(owner, pinned_ns, root)
         if state == "this process" and root in _given_up:
             state = "gone"
         if state in ("this process", "alive"):
             continue
         if state == "unknown" and now_ns - pinned_ns < UNCHECKABLE_OWNER_AFTER_S * 1e9:
+            _say_deferred(pin, job, owner, pinned_ns, on_warning)
             continue
         try:
             _claim(pin, job)
@@ -261,10 +271,31 @@ def _take_over_locked(
     return taken
 
 
+def _say_deferred(pin: Pin, job: JobRecord, owner: object, pinned_ns: int, on_warning: Callable[[str], object]) -> None:
+    """Once per pin and process: a pin whose owner cannot be checked waits a day, and the user may
+    know better (the owner's machine is gone for good)."""
+    if pin.root in _deferred_told:
+        return
+    _deferred_told.add(pin.root)
+    host = (owner.get("host") if isinstance(owner, dict) else None) or "an unknown host"
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(pinned_ns / 1e9 + UNCHECKABLE_OWNER_AFTER_S))
+    tags = "".join(f" --tag {shlex.quote(f'{k}={v}')}" for k, v in sorted(job.tags.items()))
+    on_warning(
+        f"{pin.source} is pinned in {pin.root} by a process this one cannot check (on {host}), so it ships "
+        f"from {when} if still there; if that process is gone, ship it now with: "
+        f"ckptvault backup --repo <the vault> {shlex.quote(pin.data)}{tags}"
+    )
+
+
+_deferred_told: set[str] = set()
+
+
 def _claim(pin: Pin, job: JobRecord) -> None:
     """Record this process as the pin's owner, under a new name that says when (the day an owner
     that cannot be checked is given runs from then). The metadata is written first: a crash in
-    between leaves the pin under its old name, ready to be taken over again."""
+    between leaves the pin under its old name, ready to be taken over again. Its owner lock is
+    taken before that, so that no other process takes it for one whose owner is gone."""
+    pin.hold_owner_lock()
     pin.save_meta(**pin_metadata(job))
     new_root = os.path.join(os.path.dirname(pin.root), f"{time.time_ns():020d}-{secrets.token_hex(3)}")
     os.rename(pin.root, new_root)

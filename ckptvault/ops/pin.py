@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import json
@@ -30,7 +31,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..localtree import remove_tree
@@ -44,6 +45,7 @@ FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 DELETED_WHILE_PINNED = "deleted while it was being pinned"
 META = "pin.json"
 DATA = "data"
+OWNER_LOCK = "owner.lock"  # a POSIX lock on it is held by the process that owns the pin, while it lives
 
 Signature = tuple[tuple[str, ...], ...]
 Excluded = Callable[[str, bool], bool]  # (path relative to the pinned source, is a folder) -> left out
@@ -142,6 +144,7 @@ class Pin:
     skip_dir: tuple[int, int] | None = None  # (device, inode) of a folder never pinned: the vault
     excluded: Excluded | None = None  # what is never pinned inside: what the backup leaves out
     in_place: bool = False  # no pin could be made (``stand_in``): ``data`` is the source, nothing on disk
+    owner_lock: int | None = field(default=None, repr=False, compare=False)  # the descriptor holding OWNER_LOCK
 
     @property
     def data(self) -> str:
@@ -164,6 +167,25 @@ class Pin:
         doc = {"name": self.name, "source": self.source, "source_ino": self.source_ino, "copied": self.copied, **extra}
         write_json(os.path.join(self.root, META), doc)
 
+    def hold_owner_lock(self) -> None:
+        """Lock ``OWNER_LOCK`` in the pin for as long as this process lives or until ``release``: the
+        kernel drops a dead process's POSIX locks, so a process that cannot look the owner up (another
+        PID namespace: a container restarted) still tells a live owner from a dead one. POSIX locks,
+        not flock: a forked child (a data loader's worker) does not inherit them. Where the filesystem
+        has no locks, nothing is held and the owner is judged as before."""
+        if self.owner_lock is not None or self.in_place:
+            return
+        try:
+            fd = os.open(os.path.join(self.root, OWNER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        self.owner_lock = fd
+
     def release(self) -> None:
         """Delete the pin (its snapshot is durable, or it is no longer wanted). The metadata goes
         first: a release killed half way leaves a pin without it, which ``load`` discards, never a
@@ -173,9 +195,30 @@ class Pin:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.root, META))
         remove_tree(self.root)
+        if self.owner_lock is not None:
+            os.close(self.owner_lock)
+            self.owner_lock = None
         parent = os.path.dirname(self.root)
         with contextlib.suppress(OSError):
             os.rmdir(parent)  # the staging folder goes when its last pin does
+
+
+def owner_lock_held(root: str) -> bool | None:
+    """Whether a live process holds the pin's ``OWNER_LOCK`` (``Pin.hold_owner_lock``); None when the
+    pin has none (made by a version without it, or on a filesystem without locks). Only for a pin
+    this process does not own: closing any descriptor of a file drops this process's POSIX locks
+    on it."""
+    try:
+        fd = os.open(os.path.join(root, OWNER_LOCK), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return True if exc.errno in (errno.EACCES, errno.EAGAIN) else None
+    finally:
+        os.close(fd)  # a lock it got goes with it
+    return False
 
 
 def new_pin_root(staging: str) -> str:
