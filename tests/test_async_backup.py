@@ -22,6 +22,7 @@ from ckptvault.errors import BackupSupersededError, FlushTimeoutError, SourceErr
 from ckptvault.ops import async_backup
 from ckptvault.repository import Repository
 from tests.conftest import tree_digest, write_file
+from tests.support.tmpfs import mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,6 +105,41 @@ def test_coalesce_drops_the_oldest_waiting_backup_and_says_so(tmp_path, caplog):
     assert sum("dropped for the newer" in r.getMessage() for r in caplog.records) == 2
     assert sorted(s.tags["step"] for s in vault.snapshots()) == ["0", "3", "4"]
     assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists(), "dropped backups release their pins"
+    vault.close()
+
+
+@pytest.mark.parametrize("on_full", ["coalesce", "block"])
+def test_pins_never_take_the_room_of_the_trainers_next_save(tmp_path, caplog, on_full):
+    """A keep-1 trainer saving 1.1 MB checkpoints faster than they ship, on a 4 MiB disk: the pins of the
+    running backup and of the waiting one the trainer deleted right after queuing it kept 2.2 MB until the
+    next save failed for want of room, ending training, with nothing from ckptvault to say why (audit 30 #2).
+    Waiting backups of deleted checkpoints are now dropped to leave the room a save needs (1.5 times the
+    newest), and said; "block" drops nothing but says that the next save may fail."""
+    vault = slow_vault(tmp_path, delay=0.3)
+    handles = []
+    disk = mounted_tmpfs(tmp_path / "mnt", "4m", "the trainer's full disk test")
+    with disk as mount, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        for step in range(1, 11):
+            try:
+                ckpt = make_checkpoint(mount / f"step_{step}", step, 1_100_000)
+            except OSError as exc:
+                assert on_full == "block", f"the trainer's save of step {step} failed: {exc}"
+                break
+            handles.append(vault.backup_async(ckpt, tags={"step": str(step)}, on_full=on_full))
+            if step > 1:
+                shutil.rmtree(mount / f"step_{step - 1}")
+            time.sleep(2 * async_backup.ROOM_LOOK_S)  # a training step
+        if on_full == "block":
+            vault.close()
+            told = [r.getMessage() for r in caplog.records if "its next save may fail" in r.getMessage()]
+            assert told and "keep fewer checkpoints" in told[0], caplog.text
+            return
+        vault.flush(timeout=300)
+    dropped = [h for h in handles if h.exception() is not None]
+    assert all(isinstance(h.exception(), BackupSupersededError) for h in dropped)  # for room, or for a newer one
+    assert any("to leave the trainer room for its next save" in str(h.exception()) for h in dropped), caplog.text
+    shipped = sorted(int(s.tags["step"]) for s in vault.snapshots())
+    assert shipped[-1] == 10 and len(shipped) == len(handles) - len(dropped), shipped
     vault.close()
 
 

@@ -20,7 +20,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.ops import leftover_pins
 from ckptvault.ops.async_backup import make_job
-from ckptvault.ops.pin import META, OWNER_LOCK
+from ckptvault.ops.pin import META, OWNER_LOCK, owner_lock_held
 from tests.conftest import tree_digest, write_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +121,10 @@ def test_a_pin_of_a_trainer_killed_in_a_container_is_shipped_by_the_restarted_on
     (pin,) = pin_roots(tmp_path / "out")
     assert json.loads((pin / META).read_text())["owner"]["table"] != leftover_pins.process_table()
     shutil.rmtree(first)  # the trainer's rotation: the pin is now the only copy
+    deadline = time.monotonic() + 30
+    while owner_lock_held(str(pin)):  # the trainer, killed with unshare, may still be exiting
+        assert time.monotonic() < deadline, "the killed trainer's owner lock is still held"
+        time.sleep(0.01)
     second = make_checkpoint(tmp_path / "out" / "checkpoint-2", 2)
     with caplog.at_level(logging.WARNING, logger="ckptvault"), Vault.open(str(tmp_path / "repo")) as vault:
         vault.backup_async(second, tags={"run": "r", "step": "2"})

@@ -50,6 +50,7 @@ from ..errors import (
 from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
+from ..units import format_bytes
 from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER, is_unfinished
@@ -66,6 +67,8 @@ DEFAULT_MAX_PENDING = 2
 DEFAULT_EXIT_TIMEOUT = 600.0
 STARVED_AFTER = 3  # saves of one file in a row rewritten in place before they shipped: an ERROR says so
 SHIPPING_NICENESS = 10  # how much lower than the training thread's the shipping threads' CPU priority is
+ROOM_FOR_A_SAVE = 1.5  # free room kept on the checkpoints' disk: this many times the newest checkpoint's size
+ROOM_LOOK_S = 0.5  # how often the free room is looked at while pinned backups wait
 
 
 @dataclass
@@ -86,6 +89,7 @@ class BackupJob:
     verify: Callable[[], None] | None = None  # raises, just before the commit, when the sources moved on
     warnings: list[str] = field(default_factory=list)
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
+    on_full: OnFull = "coalesce"  # as submitted: "block" jobs are never dropped, not even to make room
     taken_at: datetime | None = None  # the snapshot's time, when not the backup's (watch: when pinned)
     future: Future[Snapshot] = field(default_factory=Future)
 
@@ -457,6 +461,9 @@ class AsyncShipper:
         # source -> a job superseded by an in-place rewrite when no later backup of it was queued yet: the
         # save that rewrote it is usually queued once written; what is still here at a flush is lost
         self._orphans: dict[str, tuple[BackupJob, BackupSupersededError]] = {}
+        self._low_room_told = False  # the disk has too little room for the trainer's next save: said once
+        self._room: tuple[str, int] | None = None  # the newest pinned checkpoint's staging folder and size
+        self._room_keeper: threading.Thread | None = None
         self._closed = False
         self._stopping = threading.Event()  # close(cancel_pending=True) or abandon: stop waiting on locks
         self._thread: threading.Thread | None = None
@@ -469,6 +476,7 @@ class AsyncShipper:
     def submit(self, job: BackupJob, *, on_full: OnFull = "coalesce") -> BackupHandle:
         """Queue ``job``; a job refused (bad ``on_full``, closed queue) has its pins released, but
         for a leftover's: they may hold the only copy of a save, for a later process to ship."""
+        job.on_full = on_full
         try:
             dropped = self._enqueue(job, on_full)
         except BaseException:
@@ -478,8 +486,84 @@ class AsyncShipper:
                 self._release(job)
             raise
         if dropped is not None:
-            self._supersede(dropped, job)
+            self._supersede(
+                dropped,
+                f"backup of {dropped.describe()} was dropped for the newer {job.describe()}: "
+                f"{self.max_pending} backups were already waiting (on_full='coalesce')",
+            )
+        if job.pins and not job.leftover:
+            size = sum(int(entry[2]) for sig in job.pinned_as for entry in sig if entry[1] == "f")
+            with self._cond:
+                self._room = (os.path.dirname(job.pins[0].root), size)
+                if self._room_keeper is None:
+                    self._room_keeper = threading.Thread(target=self._keep_room, name=f"{self._name}-room", daemon=True)
+                    self._room_keeper.start()
+            self._make_room()
         return BackupHandle(job, self._cancel)
+
+    def _keep_room(self) -> None:
+        """Looks at the room left while pinned backups wait: the trainer's rotation, right after a
+        ``backup_async`` returns, deletes the checkpoint before, whose pin then keeps its bytes."""
+        while not self._stopping.wait(ROOM_LOOK_S):
+            with self._cond:
+                if not any(j.pins for j in self._waiting()):
+                    self._room_keeper = None  # the next pinned submit starts another
+                    return
+            self._make_room()
+        with self._cond:
+            self._room_keeper = None
+
+    def _make_room(self) -> None:
+        """A pin keeps the files the trainer's rotation deleted until it ships, so with uploads slower
+        than saves the waiting pins take the room the trainer's next save needs, and that save fails,
+        ending training. When the checkpoints' disk has less free room than the newest checkpoint takes
+        (x ``ROOM_FOR_A_SAVE``), waiting jobs whose checkpoints the trainer already deleted are dropped,
+        oldest first, until it has (what their pins held counts as freed at once: some filesystems free
+        space late), as "coalesce" drops one for a newer save: never the running one, the newest waiting
+        one, one submitted with "block", nor a dead process's (leftover). What is still short is said
+        once (again once the disk had room)."""
+        with self._cond:
+            if self._room is None:
+                return
+            folder, size = self._room
+            waiting = [j for j in self._waiting() if j.pins]
+        try:
+            disk = os.statvfs(folder)
+        except OSError:
+            return
+        free = disk.f_bavail * disk.f_frsize
+        if free >= ROOM_FOR_A_SAVE * size:
+            self._low_room_told = False
+            return
+        for old in waiting[:-1]:
+            if free >= ROOM_FOR_A_SAVE * size:
+                return
+            if old.on_full != "coalesce" or any(pins_module.source_alive(p) for p in old.pins):
+                continue  # its pins free nothing
+            held = sum(pins_module.bytes_held(p) for p in old.pins)
+            with self._cond:
+                if not held or old not in self._waiting():
+                    continue  # started meanwhile
+                self._pending.remove(old)
+                self._cond.notify_all()
+            self._supersede(
+                old,
+                f"backup of {old.describe()} was dropped to leave the trainer room for its next save: the disk of "
+                f"{folder} had {format_bytes(free)} free and its pins kept {format_bytes(held)} of deleted "
+                "checkpoints; uploads are slower than saves (newer checkpoints still ship)",
+            )
+            free += held
+        if free < ROOM_FOR_A_SAVE * size and not self._low_room_told:
+            self._low_room_told = True
+            log.warning(
+                "the disk of %s has %s free, less than %g times the newest checkpoint (%s), and the pins of queued "
+                "backups keep what the trainer deletes until they ship: its next save may fail for want of room; "
+                "keep fewer checkpoints, save less often, lower max_pending, or raise the upload rate",
+                folder,
+                format_bytes(free),
+                ROOM_FOR_A_SAVE,
+                format_bytes(size),
+            )
 
     def _cancel(self, job: BackupJob) -> bool:
         with self._cond:  # the worker takes a job and marks it running under this lock
@@ -529,11 +613,7 @@ class AsyncShipper:
         about_to_run = self._pending[0] if self._running is None and self._pending else None
         return [j for j in self._pending if j is not about_to_run and not j.leftover]
 
-    def _supersede(self, old: BackupJob, new: BackupJob) -> None:
-        message = (
-            f"backup of {old.describe()} was dropped for the newer {new.describe()}: "
-            f"{self.max_pending} backups were already waiting (on_full='coalesce')"
-        )
+    def _supersede(self, old: BackupJob, message: str) -> None:
         log.warning(message)
         if old.future.set_running_or_notify_cancel():
             old.future.set_exception(BackupSupersededError(message))

@@ -68,7 +68,7 @@ from ..errors import (
 from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from ..units import format_bytes
 from . import pin as pins
-from .async_backup import AsyncShipper, BackupJob
+from .async_backup import ROOM_FOR_A_SAVE, AsyncShipper, BackupJob
 from .names import (
     TRAINER_CHECKPOINT,
     TRAINER_STATE,
@@ -189,7 +189,6 @@ LOOK_INSIDE_SHARE = 0.05
 # of four pins of 1,000 files each kept a quarter of a core busy.
 LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
 LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
-ROOM_FOR_A_SAVE = 1.5  # free room kept on the checkpoints' disk: this many times the largest checkpoint's size
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
 # is said never to ship
 REWRITES_TOLD = 3
