@@ -141,13 +141,28 @@ def test_weights_linked_from_outside_the_snapshot_fail_the_drill_and_links_insid
     assert "which is no file of the snapshot: its bytes are not in the vault" in proc.stderr.decode()
 
 
-def test_a_legacy_torch_file_holding_pickled_objects_is_skipped_not_failed(tmp_path, vault):
+def test_a_legacy_torch_file_holding_pickled_objects_is_checked_whole_without_unpickling_it(tmp_path, vault):
+    """A legacy (not zip) torch file that a weights-only load refuses (numpy's RNG state) was skipped, so
+    one cut short by a killed save passed the drill (audit 30 #3): its storages are now checked to be
+    there whole, walking its pickles with nothing imported or called."""
+    import numpy as np
+
     ckpt = tmp_path / "checkpoint-5"
     ckpt.mkdir()
-    torch.save({"custom": ValueError("pickled")}, ckpt / "legacy.pt", _use_new_zipfile_serialization=False)
+    state = {"w": torch.randn(64, 64), "np_rng": np.random.get_state(), "custom": ValueError("pickled")}
+    torch.save(state, ckpt / "legacy.pt", _use_new_zipfile_serialization=False)
     torch.save({"w": torch.ones(2)}, ckpt / "legacy_weights.pt", _use_new_zipfile_serialization=False)
+    whole = (ckpt / "legacy.pt").read_bytes()
     vault.backup(ckpt, tags={"step": "5"})
     report = vault.drill("latest", load=True)
-    assert report.ok, report
-    assert [c.path for c in report.loads] == ["legacy_weights.pt"]
-    assert report.skipped == ["legacy.pt: a legacy (not zip) torch file holding pickled objects: not unpickled"]
+    assert report.ok and not report.skipped, report
+    checks = {c.path: c for c in report.loads}
+    assert checks["legacy_weights.pt"].loader == "torch"
+    assert checks["legacy.pt"].loader == "torch-legacy" and checks["legacy.pt"].ok, checks["legacy.pt"]
+    (ckpt / "legacy.pt").write_bytes(whole[: len(whole) * 2 // 3])  # a save killed mid-write, then shipped
+    with pytest.raises(RuntimeError):
+        torch.load(ckpt / "legacy.pt", weights_only=False)  # what a resume would meet
+    vault.backup(ckpt, tags={"step": "6"})
+    report = vault.drill("latest", load=True)
+    (cut,) = [c for c in report.loads if not c.ok]
+    assert not report.ok and cut.path == "legacy.pt" and "cut short" in cut.detail, report

@@ -42,6 +42,7 @@ from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullEr
 from ..localtree import remove_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
+from .legacy_torch import legacy_torch_problem
 from .restore import file_hash, give_owner, target_error
 
 DRILL_PREFIX = "ckptvault-drill-"
@@ -53,7 +54,7 @@ TORCH = (".pt", ".pth", ".ckpt", ".bin")
 @dataclass(frozen=True)
 class LoadCheck:
     path: str
-    loader: str  # "safetensors" | "torch" | "torch-archive" | "link"
+    loader: str  # "safetensors" | "torch" | "torch-archive" | "torch-legacy" | "link"
     ok: bool
     detail: str
     seconds: float
@@ -352,8 +353,11 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # Not weights-only: check the archive without executing its pickled code.
-        if _is_legacy_torch(path):
-            return "a legacy (not zip) torch file holding pickled objects: not unpickled"
+        if _is_legacy_torch(path):  # its storages are checked for a cut instead (legacy_torch.py)
+            with open(path, "rb") as f:
+                problem = legacy_torch_problem(f)
+            detail = problem or "every storage whole (a legacy torch file holding pickled objects: not unpickled)"
+            return LoadCheck(name, "torch-legacy", problem is None, detail, _since(started))
         try:
             with zipfile.ZipFile(path) as archive:
                 bad = archive.testzip()
