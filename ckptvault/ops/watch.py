@@ -183,10 +183,10 @@ LOOK_INSIDE_S = 1.0
 # ... or less often, so that those looks take at most this share of the time: a sidecar keeping 200 shipped
 # DeepSpeed checkpoints of 130 files each spent 0.14 s of every second on them (14 % of a core the trainer's
 # data loaders could use); a file rewritten in a shipped checkpoint then ships a little later.
+# A settled checkpoint waiting behind an upload is looked at on the same terms: looking at its pin every
+# --interval only finds what a look a second later would (it would have shipped as it was had the shipper been
+# free); a backlog of four pins of 1,000 files each kept a quarter of a core busy.
 LOOK_INSIDE_SHARE = 0.05
-# The same cadence for a settled checkpoint waiting behind an upload: looking at its pin every --interval only
-# finds what a look a second later would (it would have shipped as it was had the shipper been free); a backlog
-# of four pins of 1,000 files each kept a quarter of a core busy.
 LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
 LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
