@@ -215,9 +215,8 @@ class ShortReadError(StorageError):
 class StorageFullError(StorageError):
     exit_code = 21
 
-    def __init__(
-        self, op: str, key: str, url: str, reason: str, *, hint: str = "free space and run the command again"
-    ) -> None:
+    def __init__(self, op: str, key: str, url: str, reason: str, *, hint: str = "") -> None:
+        hint = hint or spelled("free space and run the command again", "free space and try again")
         super().__init__(op, key, url, reason, message=f"no space left writing {key} on {url}: {reason}; {hint}")
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import StorageFullError
 
 from .conftest import tree_digest
 from .support.tmpfs import mounted_tmpfs
@@ -173,6 +174,10 @@ def test_disk_full_is_a_clear_error_and_corrupts_nothing(tmp_path: Path, cli):
         assert proc.returncode == 21, proc.stderr
         err = proc.stderr.decode()
         assert err.startswith("error: no space left writing") and "Traceback" not in err
+        assert "free space and run the command again" in err
+        with Vault.open(str(repo)) as vault, pytest.raises(StorageFullError) as caught:  # the API says its own
+            vault.backup(src, tags={"n": "3"})
+        assert str(caught.value).endswith("free space and try again"), caught.value
         with Vault.open(str(repo)) as vault:
             assert [s.tags for s in vault.snapshots()] == [{"n": "1"}]  # no snapshot of the failed run
             assert vault.check(read_data=1.0).ok
