@@ -184,7 +184,9 @@ def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
             code = getattr(code, "value", code)  # azure-core gives an enum member
             return value, (str(code) if code else None)
     code = getattr(exc, "code", None)  # gcsfs HttpError
-    if isinstance(code, int) and 100 <= code < 600:
+    # but not aiohttp's HttpProcessingError (ContentLengthError: a connection cut mid-body), whose code is
+    # always 400: no server said so, and a cut download is retried
+    if isinstance(code, int) and 100 <= code < 600 and not type(exc).__module__.startswith("aiohttp"):
         return code, None
     return None, None
 

@@ -3,13 +3,16 @@
     proxy = FaultProxy(upstream_port).start()       # listens on 127.0.0.1:proxy.port, in a thread
     proxy.cut_after_bytes = 3 << 20; proxy.max_cuts = 2  # reset a connection once the client sent
                                                      # 3 MiB on it (mid-upload), twice
+    proxy.cut_download_after_bytes = 300_000; proxy.max_download_cuts = 3  # ... once the server sent
+                                                     # 300 KB on it (mid-download), 3 times
     proxy.reset_next = 2                             # the next 2 connections are reset on accept
     proxy.stall = True                               # accept, read nothing, answer nothing
     proxy.reply = b"HTTP/1.1 403 Forbidden..."      # answer every request with this, then close
     proxy.stop()
 
 Resets are real RSTs (SO_LINGER 0), what a dropped NAT entry or a crashed load balancer sends.
-Counters (``connections``, ``cuts``, ``resets``, ``stalled``) let tests assert that a fault fired.
+Counters (``connections``, ``cuts``, ``download_cuts``, ``resets``, ``stalled``) let tests assert that a
+fault fired.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Callable
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
@@ -36,6 +40,8 @@ class FaultProxy:
         # knobs, read when a connection is accepted
         self.cut_after_bytes: int | None = None  # reset a connection after this many client->server bytes
         self.max_cuts: int | None = None  # ... this many times in all (None: every time)
+        self.cut_download_after_bytes: int | None = None  # reset a connection after this many server->client bytes
+        self.max_download_cuts: int | None = None  # ... this many times in all (None: every time)
         self.reset_next = 0  # reset this many new connections at once
         self.stall = False  # accept and never answer
         self.stall_connections: int | None = None  # ... for this many connections (None: all)
@@ -43,6 +49,7 @@ class FaultProxy:
         # what happened
         self.connections = 0
         self.cuts = 0
+        self.download_cuts = 0
         self.resets = 0
         self.stalled = 0
         self.replied = 0
@@ -71,6 +78,8 @@ class FaultProxy:
         """No more faults for new connections."""
         self.cut_after_bytes = None
         self.max_cuts = None
+        self.cut_download_after_bytes = None
+        self.max_download_cuts = None
         self.reset_next = 0
         self.stall = False
         self.stall_connections = None
@@ -104,24 +113,22 @@ class FaultProxy:
         self._loop.close()
         self._loop = None
 
-    def _decide(self) -> tuple[str, int | None]:
+    def _decide(self) -> tuple[str, int | None, int | None]:
         with self._lock:
             self.connections += 1
             if self.reset_next > 0:
                 self.reset_next -= 1
                 self.resets += 1
-                return "reset", None
+                return "reset", None, None
             if self.stall and (self.stall_connections is None or self.stall_connections > 0):
                 if self.stall_connections is not None:
                     self.stall_connections -= 1
                 self.stalled += 1
-                return "stall", None
+                return "stall", None, None
             if self.reply is not None:
                 self.replied += 1
-                return "reply", None
-            if self.cut_after_bytes is not None:
-                return "cut", self.cut_after_bytes
-            return "pass", None
+                return "reply", None, None
+            return "pass", self.cut_after_bytes, self.cut_download_after_bytes
 
     def _take_cut(self) -> bool:
         with self._lock:
@@ -130,9 +137,18 @@ class FaultProxy:
             self.cuts += 1
             return True
 
+    def _take_download_cut(self) -> bool:
+        with self._lock:
+            if self.cut_download_after_bytes is None or (
+                self.max_download_cuts is not None and self.download_cuts >= self.max_download_cuts
+            ):
+                return False
+            self.download_cuts += 1
+            return True
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        action, budget = self._decide()
+        action, budget, download_budget = self._decide()
         try:
             if action == "reset":
                 _abort(writer)
@@ -157,7 +173,8 @@ class FaultProxy:
             self._writers.add(up_writer)
             try:
                 await asyncio.gather(
-                    self._pipe(reader, up_writer, writer, budget), self._pipe(up_reader, writer, up_writer, None)
+                    self._pipe(reader, up_writer, writer, budget, self._take_cut),
+                    self._pipe(up_reader, writer, up_writer, download_budget, self._take_download_cut),
                 )
             finally:
                 self._writers.discard(up_writer)
@@ -173,8 +190,10 @@ class FaultProxy:
         dst: asyncio.StreamWriter,
         src_writer: asyncio.StreamWriter,
         budget: int | None,
+        take_cut: Callable[[], bool],
     ) -> None:
-        """Copy src to dst; with a budget, reset both connections once it is spent (mid-request)."""
+        """Copy src to dst; with a budget, reset both connections once it is spent (mid-request or
+        mid-response), when ``take_cut`` says this one is still to be cut."""
         try:
             while True:
                 data = await src.read(65536)
@@ -183,7 +202,7 @@ class FaultProxy:
                         dst.write_eof()
                     return
                 if budget is not None:
-                    if len(data) >= budget and self._take_cut():
+                    if len(data) >= budget and take_cut():
                         dst.write(data[:budget])
                         _abort(src_writer)
                         _abort(dst)
