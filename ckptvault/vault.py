@@ -257,6 +257,27 @@ def _holds_vault_config(folder: str) -> bool:
         return False
 
 
+def _latest_unknown(readable: Snapshot, unreadable: dict[str, CkptVaultError]) -> CkptVaultError:
+    """'latest' when snapshot objects cannot be read: their tags and steps are unknown, so any of them
+    may be the save a resume needs, and the newest readable one would silently be an older step (a
+    resume losing progress, a drill saying all is well). The error of the first one, said so."""
+    first = min(unreadable)
+    error = unreadable[first]
+    step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
+    what = (
+        f"{error}, and it may"
+        if len(unreadable) == 1
+        else (
+            f"{len(unreadable)} snapshot objects cannot be read ({', '.join(i[:12] for i in sorted(unreadable))}; "
+            f"{error}), and they may"
+        )
+    )
+    return type(error)(
+        f"'latest' cannot be told: {what} hold the newest save; the newest that can be read is "
+        f"{readable.short_id}{step}: restore it by ID to take it, or {_unreadable_hint(first)}"
+    )
+
+
 def _unreadable_hint(snapshot_id: str) -> str:
     return f"run: ckptvault check; if it is damaged, remove it with: ckptvault forget {snapshot_id[:12]}"
 
@@ -565,15 +586,8 @@ class Vault:
             error = unreadable[named]
             raise type(error)(f"{error}; {_unreadable_hint(named)}")
         chosen = selection.select(sorted(snaps, key=lambda s: s.time), spec, tags)
-        if spec == "latest" and unreadable:  # their tags and times are unknown: one may be the newer save
-            said = f"latest {chosen.id} without {sorted(unreadable)}"
-            if said not in self._warned:
-                self._warned.add(said)
-                ids = ", ".join(i[:12] for i in sorted(unreadable))
-                self._warn(
-                    f"'latest' is {chosen.short_id} among the snapshots that can be read; {len(unreadable)} cannot "
-                    f"be ({ids}) and may be newer: restore by ID to be sure (ckptvault snapshots)"
-                )
+        if spec == "latest" and unreadable:
+            raise _latest_unknown(chosen, unreadable)
         return chosen
 
     def _read_alone(self, spec: str) -> Snapshot | None:

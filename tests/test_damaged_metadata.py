@@ -97,9 +97,15 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
     assert "a.bin" in cli("ls", "--repo", repo, good[:8]).stdout.decode()
     cli("restore", "--repo", repo, good[:8], str(tmp_path / "out"))
     assert tree_digest(tmp_path / "out") == tree_digest(src)
-    latest = cli("restore", "--repo", repo, "latest", str(tmp_path / "out2"))  # latest among the readable ones
-    assert f"'latest' is {good[:8]} among the snapshots that can be read" in latest.stderr.decode()
-    assert f"({bad[:12]}) and may be newer" in latest.stderr.decode()
+    # the unreadable one may hold the newest save: 'latest' restored the older step, exit 0 (audit 30b F2)
+    for command in (("restore", "--repo", repo, "latest", str(tmp_path / "out2")), ("drill", "--repo", repo)):
+        latest = cli(*command, check=False)
+        assert latest.returncode == code, latest.stderr
+        error = error_line(latest)
+        assert error.startswith(f"error: 'latest' cannot be told: snapshot object {bad[:12]} is damaged"), error
+        assert f"and it may hold the newest save; the newest that can be read is {good[:8]} (step 2)" in error
+        assert f"ckptvault forget {bad[:12]}" in error
+    assert not (tmp_path / "out2").exists()
 
     proc = cli("restore", "--repo", repo, bad[:10], str(tmp_path / "out3"), check=False)
     assert proc.returncode == code
@@ -123,8 +129,9 @@ def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
         other = next(c for c in "0123456789abcdef" if c != bad[0])
         with pytest.raises(SnapshotNotFoundError):  # a prefix that names nothing still says so
             vault.snapshot(other + bad[1:])
-        assert vault.latest().id == good and vault.latest().id == good
-        assert len(warnings) == 2 and f"'latest' is {good[:8]}" in warnings[1]  # said once, not per call
+        with pytest.raises(IntegrityError, match=f"'latest' cannot be told.*newest that can be read is {good[:8]}"):
+            vault.latest()
+        assert len(warnings) == 1
 
 
 def test_forget_removes_an_unreadable_snapshot_by_id_prefix(two_snapshots, cli: Callable, tmp_path: Path):
