@@ -195,6 +195,7 @@ class FsspecStore:
         self, op: str, key: str, *, if_absent: bool = False, nbytes: int | None = None
     ) -> Iterator[None]:
         """The one place where backend exceptions become ckptvault errors."""
+        started = time.monotonic()
         try:
             yield
         except CkptVaultError:  # already one (a StorageError, a bad local setting found opening a session)
@@ -207,7 +208,11 @@ class FsspecStore:
                 failure = self._bucket_missing() or failure
             deadline = self._deadline(nbytes).get("timeout")
             if type(exc).__name__ == "FSTimeoutError" and deadline:
-                failure = Failure(failure.kind, f"no answer after {deadline:g} s")
+                # the call's deadline, or the client's own read timeout (60 s without a byte), which ends
+                # a stalled download first: the time waited then, not the deadline that did not pass
+                waited = time.monotonic() - started
+                said = deadline if waited >= 0.9 * deadline else waited
+                failure = Failure(failure.kind, f"no answer after {said:.3g} s")
             failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
             raise storage_error(op, key, self.url, exc, if_absent=if_absent, failure=failure) from exc
 

@@ -107,7 +107,7 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise StorageError(op, key, url, f"no answer after {timeout:g} s", retryable=True) from TimeoutError()
+        raise StorageError(op, key, url, f"no answer after {timeout:.3g} s", retryable=True) from TimeoutError()
     if error:
         raise error[0]
     return result[0]

@@ -157,6 +157,26 @@ def test_a_download_cut_midway_is_retried_and_the_restore_is_exact(moto, proxy, 
     assert any("retrying" in r.getMessage() and "ClientPayloadError" in r.getMessage() for r in caplog.records)
 
 
+def test_a_stalled_read_says_how_long_it_waited(moto, proxy, src, tmp_path: Path, monkeypatch):
+    """The client's own read timeout (60 s by default) ends a stalled download before the call's deadline
+    (longer for a big object): the message said the deadline, "no answer after 92 s", after 60 s, so a
+    user raised CKPTVAULT_OP_TIMEOUT to no effect (audit 30b F3). It says the time waited."""
+    opts = {**via(moto.backend, proxy), "config_kwargs": {"read_timeout": 1}}
+    url = moto.backend.new_url("stalled-read")
+    with Vault.init(url, storage_options=opts, chunker=SMALL_CHUNKS, pack_size=PACK) as vault:
+        vault.backup(src)
+    monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "20")
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    vault = Vault.open(url, storage_options=opts)
+    proxy.drop_all()
+    proxy.cut_download_after_bytes, proxy.stall_downloads = 300_000, True  # mid-body of a 1 MiB pack GET
+    with pytest.raises(StorageError, match=r"GET packs/.*no answer after 1(\.\d+)? s") as info:
+        vault.restore("latest", tmp_path / "out")
+    assert "20 s" not in str(info.value), info.value
+    proxy.heal()
+    vault.close()
+
+
 def test_a_stalled_put_ends_at_its_deadline(moto, proxy):
     """aiobotocore waits for "100 Continue" with no timeout of its own; the per-call deadline ends it."""
     store = FsspecStore(moto.backend.new_url("stall"), via(moto.backend, proxy), op_timeout=1.5)

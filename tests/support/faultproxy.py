@@ -5,6 +5,7 @@
                                                      # 3 MiB on it (mid-upload), twice
     proxy.cut_download_after_bytes = 300_000; proxy.max_download_cuts = 3  # ... once the server sent
                                                      # 300 KB on it (mid-download), 3 times
+    proxy.stall_downloads = True                     # ... or hold it there instead, sending nothing more
     proxy.reset_next = 2                             # the next 2 connections are reset on accept
     proxy.stall = True                               # accept, read nothing, answer nothing
     proxy.reply = b"HTTP/1.1 403 Forbidden..."      # answer every request with this, then close
@@ -42,6 +43,7 @@ class FaultProxy:
         self.max_cuts: int | None = None  # ... this many times in all (None: every time)
         self.cut_download_after_bytes: int | None = None  # reset a connection after this many server->client bytes
         self.max_download_cuts: int | None = None  # ... this many times in all (None: every time)
+        self.stall_downloads = False  # hold those connections open, silent, instead of resetting them
         self.reset_next = 0  # reset this many new connections at once
         self.stall = False  # accept and never answer
         self.stall_connections: int | None = None  # ... for this many connections (None: all)
@@ -174,7 +176,9 @@ class FaultProxy:
             try:
                 await asyncio.gather(
                     self._pipe(reader, up_writer, writer, budget, self._take_cut),
-                    self._pipe(up_reader, writer, up_writer, download_budget, self._take_download_cut),
+                    self._pipe(
+                        up_reader, writer, up_writer, download_budget, self._take_download_cut, self.stall_downloads
+                    ),
                 )
             finally:
                 self._writers.discard(up_writer)
@@ -191,9 +195,11 @@ class FaultProxy:
         src_writer: asyncio.StreamWriter,
         budget: int | None,
         take_cut: Callable[[], bool],
+        stall: bool = False,
     ) -> None:
         """Copy src to dst; with a budget, reset both connections once it is spent (mid-request or
-        mid-response), when ``take_cut`` says this one is still to be cut."""
+        mid-response), when ``take_cut`` says this one is still to be cut; with ``stall``, send nothing
+        more instead and hold both open until the proxy stops."""
         try:
             while True:
                 data = await src.read(65536)
@@ -204,6 +210,8 @@ class FaultProxy:
                 if budget is not None:
                     if len(data) >= budget and take_cut():
                         dst.write(data[:budget])
+                        while stall and not dst.transport.is_closing():
+                            await asyncio.sleep(0.2)
                         _abort(src_writer)
                         _abort(dst)
                         return
