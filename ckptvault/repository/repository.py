@@ -33,6 +33,7 @@ from ..errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ShortReadError,
+    StorageError,
     UnsupportedFormatError,
     UsageError,
     VaultExistsError,
@@ -42,6 +43,7 @@ from ..errors import (
 from ..hashing import ChunkIdFunction
 from ..store import Store
 from ..store.base import ObjectInfo
+from ..store.failures import unreachable
 from .cache import MetadataCache
 from .config import RepoConfig
 from .format import (
@@ -835,6 +837,22 @@ class Repository:
                 raise IntegrityError("the pack is missing; run: ckptvault check") from None
             except ShortReadError:
                 raise IntegrityError("the pack ends before the chunk (truncated); run: ckptvault check") from None
+            except StorageError as exc:
+                if type(exc) is not StorageError or unreachable(exc):
+                    raise
+                # the storage answered every try with an error: a server that cannot serve this pack (a
+                # damaged volume) fails it for good, and the user needs a way on, not only "try again"
+                raise StorageError(
+                    exc.op,
+                    exc.key,
+                    exc.url,
+                    exc.reason,
+                    retryable=exc.retryable,
+                    message=(
+                        f"{exc}; if every read of this pack fails: ckptvault check names the packs the storage cannot "
+                        "serve, and ckptvault repair-index --drop-failing-packs sets their chunks aside"
+                    ),
+                ) from exc
 
         with _naming_errors(where):
             data = _verified(

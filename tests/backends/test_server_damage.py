@@ -60,6 +60,14 @@ def test_a_pack_the_server_finds_damaged_is_dropped_on_request_and_stored_again(
     remote_cli(backend, "backup", str(src), "--repo", url, "-t", "n=1")
     flip_stored_byte(seaweed, weights[1_000_000:1_000_064])
 
+    # a restore said only "storage failed ... (after N attempts)": now how to go on too (audit 30b F4)
+    out = str(tmp_path / "out-0")
+    failed = remote_cli(backend, "restore", "latest", out, "--repo", url, check=False, **ONE_ATTEMPT)
+    assert failed.returncode == 20
+    error = one_line_error(failed)
+    assert error.startswith("error: storage failed: GET packs/"), error
+    assert "ckptvault check names the packs" in error and "repair-index --drop-failing-packs" in error
+
     check = remote_cli(backend, "check", "--read-data", "--repo", url, check=False, **ONE_ATTEMPT)
     assert check.returncode == 20
     error = one_line_error(check)
