@@ -48,6 +48,12 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         (["snapshots", "--repo", repo, "-k", key], {"CKPTVAULT_PASSPHRASE": "wrong"}, 12, "wrong passphrase"),
         (["snapshots", "--repo", repo, "-k", str(tmp_path / "other.key")], env, 13, "does not belong"),
         (["snapshots", "--repo", repo, "-k", str(tmp_path / "missing.key")], env, 14, "does not exist"),
+        (  # given by the environment: the message names it too
+            ["snapshots", "--repo", repo],
+            {**env, "CKPTVAULT_KEYFILE": str(tmp_path / "missing.key")},
+            14,
+            "give the right path with --keyfile (or CKPTVAULT_KEYFILE)",
+        ),
         (["snapshots", "--repo", repo], env, 14, "is encrypted; give its keyfile with --keyfile or CKPTVAULT_KEYFILE"),
         (["snapshots", "--repo", repo, "-k", str(tmp_path / "corrupt.key")], env, 15, "is corrupt"),
         (["snapshots", "--repo", repo, "-k", key], {}, 16, "CKPTVAULT_PASSPHRASE, pass --passphrase-file"),

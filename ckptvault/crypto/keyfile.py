@@ -300,9 +300,8 @@ class Keyfile:
             with open(path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            raise KeyfileNotFoundError(
-                f"keyfile {path} does not exist; give the right path with {spelled('--keyfile', 'keyfile=')}"
-            ) from None
+            given = spelled("--keyfile (or CKPTVAULT_KEYFILE)", "keyfile=")
+            raise KeyfileNotFoundError(f"keyfile {path} does not exist; give the right path with {given}") from None
         except IsADirectoryError:
             raise KeyfileNotFoundError(f"keyfile {path} is a directory; give the keyfile's path") from None
         except PermissionError:
