@@ -1,4 +1,4 @@
-"""How sizes are shown to people: in messages of every layer, and in the CLI's tables."""
+"""How sizes and durations are shown to people: in messages of every layer, and in the CLI's tables."""
 
 from __future__ import annotations
 
@@ -9,3 +9,8 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
     return f"{n} B"  # pragma: no cover
+
+
+def format_seconds(s: float) -> str:
+    """A duration for a message: "1", "1.5", "62.5", "1090" (not "62.4579" nor "1.09e+03")."""
+    return f"{s:.1f}".removesuffix(".0") if s < 100 else f"{s:.0f}"

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -257,13 +257,21 @@ def _holds_vault_config(folder: str) -> bool:
         return False
 
 
-def _latest_unknown(readable: Snapshot, unreadable: dict[str, CkptVaultError]) -> CkptVaultError:
-    """'latest' when snapshot objects cannot be read: their tags and steps are unknown, so any of them
-    may be the save a resume needs, and the newest readable one would silently be an older step (a
-    resume losing progress, a drill saying all is well). The error of the first one, said so."""
+def _select(
+    snaps: list[Snapshot], spec: str, tags: dict[str, str] | None, unreadable: Mapping[str, CkptVaultError]
+) -> Snapshot:
+    """``selection.select``, but 'latest' while snapshot objects cannot be read raises: their tags and
+    steps are unknown, so any of them may be the save a resume needs, and the newest readable one would
+    silently be an older step (a resume losing progress, a drill saying all is well, ``forget latest``
+    removing the save before). The error of the first one, said so, naming the newest readable one."""
+    if spec != "latest" or not unreadable:
+        return selection.select(snaps, spec, tags)
+    try:
+        readable: Snapshot | None = selection.select(snaps, spec, tags)
+    except SnapshotNotFoundError:
+        readable = None
     first = min(unreadable)
     error = unreadable[first]
-    step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
     what = (
         f"{error}, and it may"
         if len(unreadable) == 1
@@ -272,10 +280,12 @@ def _latest_unknown(readable: Snapshot, unreadable: dict[str, CkptVaultError]) -
             f"{error}), and they may"
         )
     )
-    return type(error)(
-        f"'latest' cannot be told: {what} hold the newest save; the newest that can be read is "
-        f"{readable.short_id}{step}: restore it by ID to take it, or {_unreadable_hint(first)}"
-    )
+    if readable is None:
+        instead = "no snapshot that can be read has those tags"
+    else:
+        step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
+        instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it"
+    raise type(error)(f"'latest' cannot be told: {what} hold the newest save; {instead}, or {_unreadable_hint(first)}")
 
 
 def _unreadable_hint(snapshot_id: str) -> str:
@@ -323,7 +333,7 @@ class Vault:
         # Snapshot objects the latest listing skipped because they cannot be decoded (damaged, or
         # written by a newer ckptvault): full ID -> the error, which names the object.
         self.unreadable_snapshots: dict[str, CkptVaultError] = {}
-        self._warned: set[str] = set()  # each unreadable snapshot (and 'latest' without it) is warned about once
+        self._warned: set[str] = set()  # each unreadable snapshot is warned about once
         # Snapshot objects are immutable (a new ID for new tags): each is read once per Vault, not at
         # every backup of a training job's long-lived Vault (its 1,000th read 1,000 objects). By ID and
         # listed size, as the metadata cache keeps them (docs/backends.md).
@@ -585,10 +595,7 @@ class Vault:
         if named is not None:
             error = unreadable[named]
             raise type(error)(f"{error}; {_unreadable_hint(named)}")
-        chosen = selection.select(sorted(snaps, key=lambda s: s.time), spec, tags)
-        if spec == "latest" and unreadable:
-            raise _latest_unknown(chosen, unreadable)
-        return chosen
+        return _select(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
 
     def _read_alone(self, spec: str) -> Snapshot | None:
         """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
@@ -922,7 +929,8 @@ class Vault:
                 chosen = [s for s in every if s.matches(tags)]
             else:
                 try:
-                    picked = [selection.select(every, s.id if isinstance(s, Snapshot) else s, tags) for s in specs]
+                    unreadable = source.unreadable_snapshots
+                    picked = [_select(every, s.id if isinstance(s, Snapshot) else s, tags, unreadable) for s in specs]
                 except SnapshotNotFoundError as exc:  # say which of the two vaults has none
                     of_source = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")
                     exc.args = (f"in {source.url}: {exc}".replace("ckptvault snapshots", of_source),)
@@ -1051,7 +1059,7 @@ class Vault:
                 elif (bad := self._unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:
-                    chosen.add(selection.select(every, spec).id)
+                    chosen.add(_select(every, spec, None, unreadable_now).id)
             if prune:
                 self._refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
             plan = RetentionPlan(

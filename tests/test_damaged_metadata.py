@@ -98,7 +98,9 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
     cli("restore", "--repo", repo, good[:8], str(tmp_path / "out"))
     assert tree_digest(tmp_path / "out") == tree_digest(src)
     # the unreadable one may hold the newest save: 'latest' restored the older step, exit 0 (audit 30b F2)
-    for command in (("restore", "--repo", repo, "latest", str(tmp_path / "out2")), ("drill", "--repo", repo)):
+    # and `forget latest` forgot the save before it (review 30 #4)
+    commands = [("restore", "--repo", repo, "latest", str(tmp_path / "out2")), ("drill", "--repo", repo)]
+    for command in [*commands, ("forget", "--repo", repo, "latest")]:
         latest = cli(*command, check=False)
         assert latest.returncode == code, latest.stderr
         error = error_line(latest)
@@ -106,6 +108,7 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
         assert f"and it may hold the newest save; the newest that can be read is {good[:8]} (step 2)" in error
         assert f"ckptvault forget {bad[:12]}" in error
     assert not (tmp_path / "out2").exists()
+    assert good[:8] in cli("snapshots", "--repo", repo).stdout.decode()
 
     proc = cli("restore", "--repo", repo, bad[:10], str(tmp_path / "out3"), check=False)
     assert proc.returncode == code
@@ -131,6 +134,8 @@ def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
             vault.snapshot(other + bad[1:])
         with pytest.raises(IntegrityError, match=f"'latest' cannot be told.*newest that can be read is {good[:8]}"):
             vault.latest()
+        with pytest.raises(IntegrityError, match="'latest' cannot be told.*no snapshot that can be read has those"):
+            vault.latest({"no": "such"})  # not "no snapshot has no=such": the unreadable one may have it
         assert len(warnings) == 1
 
 

@@ -166,3 +166,22 @@ def test_a_legacy_torch_file_holding_pickled_objects_is_checked_whole_without_un
     report = vault.drill("latest", load=True)
     (cut,) = [c for c in report.loads if not c.ok]
     assert not report.ok and cut.path == "legacy.pt" and "cut short" in cut.detail, report
+
+
+def test_a_damaged_legacy_torch_file_fails_its_check_within_bounds():
+    """Review 30: the C unpickler grew its memo array to a flipped memo index (gigabytes from 9 bytes), a
+    key nested deep raised RecursionError out of the drill, a negative element count passed."""
+    import io
+    import resource
+    import struct
+
+    from ckptvault.ops.drill import _LEGACY_TORCH_MAGIC
+    from ckptvault.ops.legacy_torch import legacy_torch_problem
+
+    head = b"\x80\x02" + _LEGACY_TORCH_MAGIC + b"."
+    memo_bomb = head + b"\x80\x02K\x01r" + struct.pack("<I", 0xFFFFFFF0) + b"."
+    nested = head * 3 + b"\x80\x02" + b"]" * 100_000 + b"."
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for damaged in (memo_bomb, nested, head):
+        assert legacy_torch_problem(io.BytesIO(damaged)) is not None
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB: not the 64 GiB asked

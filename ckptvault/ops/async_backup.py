@@ -464,6 +464,7 @@ class AsyncShipper:
         self._low_room_told = False  # the disk has too little room for the trainer's next save: said once
         self._room: tuple[str, int] | None = None  # the newest pinned checkpoint's staging folder and size
         self._room_keeper: threading.Thread | None = None
+        self._room_mutex = threading.Lock()  # one _make_room at a time: the caller's thread and the keeper's
         self._closed = False
         self._stopping = threading.Event()  # close(cancel_pending=True) or abandon: stop waiting on locks
         self._thread: threading.Thread | None = None
@@ -521,9 +522,13 @@ class AsyncShipper:
         oldest first, until it has (what their pins held counts as freed at once: some filesystems free
         space late), as "coalesce" drops one for a newer save: never the running one, the newest waiting
         one, one submitted with "block", nor a dead process's (leftover). What is still short is said
-        once (again once the disk had room)."""
+        once (again once the disk had room). Not once the queue is closed: no save follows."""
+        with self._room_mutex:
+            self._make_room_alone()
+
+    def _make_room_alone(self) -> None:
         with self._cond:
-            if self._room is None:
+            if self._room is None or self._closed:
                 return
             folder, size = self._room
             waiting = [j for j in self._waiting() if j.pins]
@@ -614,10 +619,11 @@ class AsyncShipper:
         return [j for j in self._pending if j is not about_to_run and not j.leftover]
 
     def _supersede(self, old: BackupJob, message: str) -> None:
-        log.warning(message)
+        """Fail a job taken out of the queue; one its caller cancelled meanwhile was released by ``_cancel``."""
         if old.future.set_running_or_notify_cancel():
+            log.warning(message)
             old.future.set_exception(BackupSupersededError(message))
-        self._release(old)
+            self._release(old)
 
     def pending(self) -> int:
         """Jobs waiting or running."""

@@ -354,8 +354,11 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
     except pickle.UnpicklingError:
         # Not weights-only: check the archive without executing its pickled code.
         if _is_legacy_torch(path):  # its storages are checked for a cut instead (legacy_torch.py)
-            with open(path, "rb") as f:
-                problem = legacy_torch_problem(f)
+            try:
+                with open(path, "rb") as f:
+                    problem = legacy_torch_problem(f)
+            except (OSError, MemoryError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
             detail = problem or "every storage whole (a legacy torch file holding pickled objects: not unpickled)"
             return LoadCheck(name, "torch-legacy", problem is None, detail, _since(started))
         try:

@@ -296,7 +296,11 @@ def _claim(pin: Pin, job: JobRecord) -> None:
     between leaves the pin under its old name, ready to be taken over again. Its owner lock is
     taken before that, so that no other process takes it for one whose owner is gone."""
     pin.hold_owner_lock()
-    pin.save_meta(**pin_metadata(job))
-    new_root = os.path.join(os.path.dirname(pin.root), f"{time.time_ns():020d}-{secrets.token_hex(3)}")
-    os.rename(pin.root, new_root)
+    try:
+        pin.save_meta(**pin_metadata(job))
+        new_root = os.path.join(os.path.dirname(pin.root), f"{time.time_ns():020d}-{secrets.token_hex(3)}")
+        os.rename(pin.root, new_root)
+    except BaseException:
+        pin.drop_owner_lock()
+        raise
     pin.root = new_root

@@ -7,7 +7,9 @@ each storage in that order: its element count as a little-endian int64 and its r
 short (a save killed mid-write) ends before its last storage; ``torch.load`` then fails, while a
 weights-only load of one holding other objects (numpy's RNG state) stops at the first global it does
 not allow, before it reaches the cut. The pickles are walked by an unpickler whose every global is an
-inert stand-in, so nothing the file names is imported or called.
+inert stand-in, so nothing the file names is imported or called: Python's own implementation, whose memo
+is a dict (the C one grows an array to the largest memo index, which a flipped bit makes gigabytes), with
+at most ``MAX_GLOBALS`` distinct globals (each is a class).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ _ELEMENT_SIZES = {
     "UntypedStorage": 1,
 }
 _PICKLES_BEFORE_THE_OBJECT = 3  # magic number, protocol version, system info
+MAX_GLOBALS = 10_000  # distinct classes a checkpoint names: a few dozen in practice
 
 
 class _StandIn:
@@ -65,13 +68,19 @@ class _StandIn:
         pass
 
 
-class _InertUnpickler(pickle.Unpickler):
-    def __init__(self, f: BinaryIO, storages: dict[str, tuple[str, int]]) -> None:
+class _InertUnpickler(pickle._Unpickler):  # the Python one: see the module docstring
+    def __init__(self, f: BinaryIO, storages: dict[str, tuple[str, int]], classes: dict[str, type]) -> None:
         super().__init__(f)
         self._storages = storages
+        self._classes = classes
 
     def find_class(self, module: str, name: str) -> type:
-        return type(name, (_StandIn,), {"qualname": f"{module}.{name}"})
+        qualname = f"{module}.{name}"
+        if qualname not in self._classes:
+            if len(self._classes) >= MAX_GLOBALS:
+                raise pickle.UnpicklingError(f"more than {MAX_GLOBALS} distinct classes named")
+            self._classes[qualname] = type("StandIn", (_StandIn,), {"qualname": qualname})
+        return self._classes[qualname]
 
     def persistent_load(self, pid: Any) -> _StandIn:
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":  # then a view's, in older files
@@ -83,12 +92,20 @@ class _InertUnpickler(pickle.Unpickler):
 def legacy_torch_problem(f: BinaryIO) -> str | None:
     """What makes the legacy torch file ``f`` unloadable (cut short, a storage of another length than
     its tensors say), or None when every storage it names is there whole."""
+    try:
+        return _problem(f)
+    except (Exception, RecursionError) as exc:  # whatever damage makes of its structures (a key nested deep)
+        return f"it is damaged ({type(exc).__name__})"
+
+
+def _problem(f: BinaryIO) -> str | None:
     storages: dict[str, tuple[str, int]] = {}
+    classes: dict[str, type] = {}
     try:
         for _ in range(_PICKLES_BEFORE_THE_OBJECT + 1):
-            _InertUnpickler(f, storages).load()
-        keys = _InertUnpickler(f, storages).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
+            _InertUnpickler(f, storages, classes).load()
+        keys = _InertUnpickler(f, storages, classes).load()
+    except (Exception, RecursionError) as exc:  # whatever damage makes of the opcodes: the file does not load
         return f"its pickled part is damaged or cut short ({type(exc).__name__}: {exc})"
     if not isinstance(keys, list) or sorted(map(str, keys)) != sorted(storages):
         return "its list of storages does not match the tensors it holds"
@@ -101,7 +118,7 @@ def legacy_torch_problem(f: BinaryIO) -> str | None:
         (stored_numel,) = struct.unpack("<q", head)
         if size is None:
             return f"storage {key} is of a kind this check does not know ({storage_class})"
-        if stored_numel != numel:
+        if stored_numel < 0 or stored_numel != numel:
             return f"storage {key} holds {stored_numel} elements, its tensors say {numel}"
         if _skip(f, stored_numel * size) < stored_numel * size:
             return f"cut short: storage {key} of {len(keys)} ends past the end of the file"

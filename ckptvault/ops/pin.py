@@ -186,18 +186,23 @@ class Pin:
             return
         self.owner_lock = fd
 
+    def drop_owner_lock(self) -> None:
+        fd, self.owner_lock = self.owner_lock, None
+        if fd is not None:
+            os.close(fd)
+
     def release(self) -> None:
         """Delete the pin (its snapshot is durable, or it is no longer wanted). The metadata goes
         first: a release killed half way leaves a pin without it, which ``load`` discards, never a
         pin whose data is partly deleted that a restart would ship as the checkpoint."""
         if self.in_place:
             return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.root, META))
-        remove_tree(self.root)
-        if self.owner_lock is not None:
-            os.close(self.owner_lock)
-            self.owner_lock = None
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.root, META))
+            remove_tree(self.root)
+        finally:
+            self.drop_owner_lock()
         parent = os.path.dirname(self.root)
         with contextlib.suppress(OSError):
             os.rmdir(parent)  # the staging folder goes when its last pin does
@@ -261,6 +266,7 @@ def create(
         pin.save_meta(**(meta(pin) if meta else {}))
     except BaseException:
         remove_tree(root)
+        pin.drop_owner_lock()
         raise
     return pin
 

@@ -43,7 +43,7 @@ from ..errors import (
 from ..hashing import ChunkIdFunction
 from ..store import Store
 from ..store.base import ObjectInfo
-from ..store.failures import unreachable
+from ..store.failures import object_fault
 from .cache import MetadataCache
 from .config import RepoConfig
 from .format import (
@@ -838,7 +838,7 @@ class Repository:
             except ShortReadError:
                 raise IntegrityError("the pack ends before the chunk (truncated); run: ckptvault check") from None
             except StorageError as exc:
-                if type(exc) is not StorageError or unreachable(exc):
+                if type(exc) is not StorageError or not object_fault(exc):
                     raise
                 # the storage answered every try with an error: a server that cannot serve this pack (a
                 # damaged volume) fails it for good, and the user needs a way on, not only "try again"

@@ -37,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import CkptVaultError, ObjectNotFoundError, ShortReadError, StorageError, UsageError
+from ..units import format_seconds
 from .backends import (
     S3,
     Profile,
@@ -211,8 +212,8 @@ class FsspecStore:
                 # the call's deadline, or the client's own read timeout (60 s without a byte), which ends
                 # a stalled download first: the time waited then, not the deadline that did not pass
                 waited = time.monotonic() - started
-                said = deadline if waited >= 0.9 * deadline else waited
-                failure = Failure(failure.kind, f"no answer after {said:.3g} s")
+                said = deadline if waited >= deadline - 1 else waited
+                failure = Failure(failure.kind, f"no answer after {format_seconds(said)} s")
             failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
             raise storage_error(op, key, self.url, exc, if_absent=if_absent, failure=failure) from exc
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import ObjectExistsError, StorageError
+from ..units import format_seconds
 from .base import ObjectInfo, Store
 from .failures import unreachable
 from .options import env_number
@@ -107,7 +108,8 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise StorageError(op, key, url, f"no answer after {timeout:.3g} s", retryable=True) from TimeoutError()
+        reason = f"no answer after {format_seconds(timeout)} s"
+        raise StorageError(op, key, url, reason, retryable=True) from TimeoutError()
     if error:
         raise error[0]
     return result[0]
