@@ -523,7 +523,7 @@ class Vault:
         A snapshot object that cannot be decoded (damaged, or written by a newer ckptvault) is left
         out with a warning naming it (once per Vault: the "ckptvault" logger and ``on_warning``);
         ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
-        ID, and ``prune`` refuses to run while one exists."""
+        ID, and ``prune`` and ``"latest"`` refuse while one exists (it may hold the newest save)."""
         tags = tags_arg(tags)
         snaps, _ = self._listing()
         return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
@@ -924,12 +924,12 @@ class Vault:
                 self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
                 self._repo.reconcile_with_stored_packs()
             source._repo.load_index_as_stored()
-            every = source.snapshots()
+            listed, unreadable = source._listing()  # the pair of one listing: another thread's may follow
+            every = sorted(listed, key=lambda s: s.time)
             if specs is None:
                 chosen = [s for s in every if s.matches(tags)]
             else:
                 try:
-                    unreadable = source.unreadable_snapshots
                     picked = [_select(every, s.id if isinstance(s, Snapshot) else s, tags, unreadable) for s in specs]
                 except SnapshotNotFoundError as exc:  # say which of the two vaults has none
                     of_source = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")

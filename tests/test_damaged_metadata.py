@@ -134,7 +134,7 @@ def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
             vault.snapshot(other + bad[1:])
         with pytest.raises(IntegrityError, match=f"'latest' cannot be told.*newest that can be read is {good[:8]}"):
             vault.latest()
-        with pytest.raises(IntegrityError, match="'latest' cannot be told.*no snapshot that can be read has those"):
+        with pytest.raises(IntegrityError, match=r"'latest' cannot be told.*no snapshot that can be read has those"):
             vault.latest({"no": "such"})  # not "no snapshot has no=such": the unreadable one may have it
         assert len(warnings) == 1
 

@@ -180,7 +180,7 @@ def test_a_damaged_legacy_torch_file_fails_its_check_within_bounds():
 
     head = b"\x80\x02" + _LEGACY_TORCH_MAGIC + b"."
     memo_bomb = head + b"\x80\x02K\x01r" + struct.pack("<I", 0xFFFFFFF0) + b"."
-    nested = head * 3 + b"\x80\x02" + b"]" * 100_000 + b"."
+    nested = head * 4 + b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."  # storage keys nested 100,000 deep
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for damaged in (memo_bomb, nested, head):
         assert legacy_torch_problem(io.BytesIO(damaged)) is not None

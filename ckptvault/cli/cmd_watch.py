@@ -87,7 +87,8 @@ def watch_cmd(
 ) -> None:
     """Watch a checkpoint folder: pin each complete checkpoint at once, back it up tagged with its step.
 
-    Prints one line per shipped checkpoint (one JSON object per line with --json). SIGTERM or
+    Prints one line per shipped checkpoint (one JSON object per line with --json, where a checkpoint
+    dropped or deleted unshipped is one too, "event": "lost"). SIGTERM or
     Ctrl-C stops it after the upload in flight, or with --grace after that many more seconds of
     shipping (a second one abandons the upload, exit 130); pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)

@@ -522,53 +522,51 @@ class AsyncShipper:
         oldest first, until it has (what their pins held counts as freed at once: some filesystems free
         space late), as "coalesce" drops one for a newer save: never the running one, the newest waiting
         one, one submitted with "block", nor a dead process's (leftover). What is still short is said
-        once (again once the disk had room). Not once the queue is closed: no save follows."""
+        once (again once the disk had room). Not once the queue is closed: no save follows. One call at
+        a time: the caller's thread and the keeper's."""
         with self._room_mutex:
-            self._make_room_alone()
-
-    def _make_room_alone(self) -> None:
-        with self._cond:
-            if self._room is None or self._closed:
-                return
-            folder, size = self._room
-            waiting = [j for j in self._waiting() if j.pins]
-        try:
-            disk = os.statvfs(folder)
-        except OSError:
-            return
-        free = disk.f_bavail * disk.f_frsize
-        if free >= ROOM_FOR_A_SAVE * size:
-            self._low_room_told = False
-            return
-        for old in waiting[:-1]:
-            if free >= ROOM_FOR_A_SAVE * size:
-                return
-            if old.on_full != "coalesce" or any(pins_module.source_alive(p) for p in old.pins):
-                continue  # its pins free nothing
-            held = sum(pins_module.bytes_held(p) for p in old.pins)
             with self._cond:
-                if not held or old not in self._waiting():
-                    continue  # started meanwhile
-                self._pending.remove(old)
-                self._cond.notify_all()
-            self._supersede(
-                old,
-                f"backup of {old.describe()} was dropped to leave the trainer room for its next save: the disk of "
-                f"{folder} had {format_bytes(free)} free and its pins kept {format_bytes(held)} of deleted "
-                "checkpoints; uploads are slower than saves (newer checkpoints still ship)",
-            )
-            free += held
-        if free < ROOM_FOR_A_SAVE * size and not self._low_room_told:
-            self._low_room_told = True
-            log.warning(
-                "the disk of %s has %s free, less than %g times the newest checkpoint (%s), and the pins of queued "
-                "backups keep what the trainer deletes until they ship: its next save may fail for want of room; "
-                "keep fewer checkpoints, save less often, lower max_pending, or raise the upload rate",
-                folder,
-                format_bytes(free),
-                ROOM_FOR_A_SAVE,
-                format_bytes(size),
-            )
+                if self._room is None or self._closed:
+                    return
+                folder, size = self._room
+                waiting = [j for j in self._waiting() if j.pins]
+            try:
+                disk = os.statvfs(folder)
+            except OSError:
+                return
+            free = disk.f_bavail * disk.f_frsize
+            if free >= ROOM_FOR_A_SAVE * size:
+                self._low_room_told = False
+                return
+            for old in waiting[:-1]:
+                if free >= ROOM_FOR_A_SAVE * size:
+                    return
+                if old.on_full != "coalesce" or any(pins_module.source_alive(p) for p in old.pins):
+                    continue  # its pins free nothing
+                held = sum(pins_module.bytes_held(p) for p in old.pins)
+                with self._cond:
+                    if not held or old not in self._waiting():
+                        continue  # started meanwhile
+                    self._pending.remove(old)
+                    self._cond.notify_all()
+                self._supersede(
+                    old,
+                    f"backup of {old.describe()} was dropped to leave the trainer room for its next save: the disk "
+                    f"of {folder} had {format_bytes(free)} free and its pins kept {format_bytes(held)} of deleted "
+                    "checkpoints; uploads are slower than saves (newer checkpoints still ship)",
+                )
+                free += held
+            if free < ROOM_FOR_A_SAVE * size and not self._low_room_told:
+                self._low_room_told = True
+                log.warning(
+                    "the disk of %s has %s free, less than %g times the newest checkpoint (%s), and the pins of "
+                    "queued backups keep what the trainer deletes until they ship: its next save may fail for want "
+                    "of room; keep fewer checkpoints, save less often, lower max_pending, or raise the upload rate",
+                    folder,
+                    format_bytes(free),
+                    ROOM_FOR_A_SAVE,
+                    format_bytes(size),
+                )
 
     def _cancel(self, job: BackupJob) -> bool:
         with self._cond:  # the worker takes a job and marks it running under this lock

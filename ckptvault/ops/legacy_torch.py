@@ -90,23 +90,20 @@ class _InertUnpickler(pickle._Unpickler):  # the Python one: see the module docs
 
 
 def legacy_torch_problem(f: BinaryIO) -> str | None:
-    """What makes the legacy torch file ``f`` unloadable (cut short, a storage of another length than
-    its tensors say), or None when every storage it names is there whole."""
+    """What makes the legacy torch file ``f`` (seekable) unloadable (cut short, a storage of another
+    length than its tensors say), or None when every storage it names is there whole."""
     try:
         return _problem(f)
-    except (Exception, RecursionError) as exc:  # whatever damage makes of its structures (a key nested deep)
-        return f"it is damaged ({type(exc).__name__})"
+    except (Exception, RecursionError) as exc:  # whatever damage makes of the opcodes: the file does not load
+        return f"its pickled part is damaged or cut short ({type(exc).__name__}: {exc})"
 
 
 def _problem(f: BinaryIO) -> str | None:
     storages: dict[str, tuple[str, int]] = {}
     classes: dict[str, type] = {}
-    try:
-        for _ in range(_PICKLES_BEFORE_THE_OBJECT + 1):
-            _InertUnpickler(f, storages, classes).load()
-        keys = _InertUnpickler(f, storages, classes).load()
-    except (Exception, RecursionError) as exc:  # whatever damage makes of the opcodes: the file does not load
-        return f"its pickled part is damaged or cut short ({type(exc).__name__}: {exc})"
+    for _ in range(_PICKLES_BEFORE_THE_OBJECT + 1):
+        _InertUnpickler(f, storages, classes).load()
+    keys = _InertUnpickler(f, storages, classes).load()
     if not isinstance(keys, list) or sorted(map(str, keys)) != sorted(storages):
         return "its list of storages does not match the tensors it holds"
     for key in map(str, keys):
@@ -126,11 +123,8 @@ def _problem(f: BinaryIO) -> str | None:
 
 
 def _skip(f: BinaryIO, n: int) -> int:
-    """Move ``n`` bytes on, without reading them when ``f`` can seek; returns how many were there."""
-    try:
-        here = f.tell()
-        end = f.seek(0, io.SEEK_END)
-    except (OSError, io.UnsupportedOperation):
-        return len(f.read(n))
+    """Move ``n`` bytes on without reading them; returns how many were there."""
+    here = f.tell()
+    end = f.seek(0, io.SEEK_END)
     f.seek(min(here + n, end))
     return min(n, end - here)
