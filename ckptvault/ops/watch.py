@@ -3,10 +3,8 @@
 Every entry at the top of the watched folder is a checkpoint (a folder such as
 ``checkpoint-1200/`` or a file such as ``latest.pt``), except names still being written
 (``*.tmp``, ``tmp-*``, ``.*``: see names.py), the watcher's own staging folder, and what no
-checkpoint of a run should be, as each would be a snapshot without a step that ``latest`` then
-goes by time for: logs and configs at the top (``_files_not_checkpoints``), TensorBoard log
-folders (``_holds_only_logs``), and the other entries of a Hugging Face Trainer's output folder
-or of a DeepSpeed or Megatron-LM save folder (``_trainer_checkpoints_only``, ``_step_folders_only``).
+checkpoint of a run should be (logs, configs, the other entries of a Trainer's output folder:
+watch_folder.py).
 
 The life of a checkpoint:
 
@@ -69,20 +67,9 @@ from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from ..units import format_bytes
 from . import pin as pins
 from .async_backup import ROOM_FOR_A_SAVE, AsyncShipper, BackupJob
-from .names import (
-    TRAINER_CHECKPOINT,
-    TRAINER_STATE,
-    WATCH_SIG_TAG,
-    WATCH_STATE_FOLDER,
-    checkpoint_step,
-    is_log,
-    is_not_a_checkpoint,
-    is_temporary,
-    is_unfinished,
-    step_from_name,
-    step_from_trainer_state,
-)
+from .names import TRAINER_STATE, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary, is_unfinished
 from .scan import NO_EXCLUDES, Excludes, refuse_sources_in_vault
+from .watch_folder import CheckpointFolder, Keep, step_order
 
 log = logging.getLogger("ckptvault")
 
@@ -194,14 +181,6 @@ LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is
 REWRITES_TOLD = 3
 REWRITES_TOLD_AFTER_S = 5.0
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
-# Written by a Hugging Face Trainer into each checkpoint-N with the model, before trainer_state.json: the
-# first save of a run is told apart by it, before any checkpoint-N of the folder holds trainer_state.json
-TRAINER_ARGS = "training_args.bin"
-TENSORBOARD_EVENTS = "events.out.tfevents."
-# Files saved beside the weights of one checkpoint, never checkpoints by themselves (Hugging Face, PyTorch)
-CHECKPOINT_PARTS = frozenset(
-    {"optimizer.pt", "optimizer.bin", "scheduler.pt", "rng_state.pth", TRAINER_ARGS, TRAINER_STATE}
-)
 
 
 def _tag_text(name: str) -> str:
@@ -313,9 +292,13 @@ class Watcher:
         self._told: set[str] | None = None  # the entries named as left out, in this or an earlier run
         self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
         self._lost: list[CkptVaultError] = []  # checkpoints gone unshipped (shipping in place; dropped for room)
-        self._trainer_output = False  # a Hugging Face Trainer's output folder: only checkpoint-N ships
-        self._pointer_file: str | None = None  # the file naming the newest step folder (DeepSpeed, Megatron-LM)
-        self._log_folders: set[tuple[str, int]] = set()  # (name, inode) of folders of TensorBoard logs
+        self._folder = CheckpointFolder(
+            self.directory,
+            include=options.include,
+            warn_left_out=self._warn_left_out,
+            warn_once=self._warn_once,
+            forget_others=self._forget_others,
+        )
         self._digests: set[tuple[str, str]] = set()  # (checkpoint tag, watch-sig) of every shipped snapshot
         self._digests_loaded = threading.Event()
         self._digests_error: BaseException | None = None
@@ -353,7 +336,8 @@ class Watcher:
                 self._scan(now)
                 self._settle(now)
             self._on_start(resumed)
-            self._warn_if_one_checkpoint()
+            if warning := self._folder.one_checkpoint():
+                self._on_warning(warning)
             # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
             shipper = AsyncShipper(
                 self._ship_job, max_pending=None, exit_timeout=0.0, name="ckptvault-watch", log_failures=False
@@ -484,29 +468,6 @@ class Watcher:
             return False
         return not self.options.include or any(fnmatch.fnmatchcase(name, g) for g in self.options.include)
 
-    def _warn_if_one_checkpoint(self) -> None:
-        """Watching one checkpoint instead of the folder it was saved into ships each of its files as
-        a checkpoint of its own. Said once, not refused: only a folder whose name gives the step its
-        own ``trainer_state.json`` records, a step-named torch.distributed.checkpoint folder, or one
-        holding a part of a checkpoint (``_part_of_one_checkpoint``) is taken for one (a run's output
-        folder holds a trainer_state.json of another step at the end, beside its step folders)."""
-        name = os.path.basename(self.directory)
-        step = step_from_name(name)
-        if step is not None and step_from_trainer_state(self.directory) == step:
-            holds = f"step {step}, it holds {TRAINER_STATE}"
-        elif step is not None and os.path.isfile(os.path.join(self.directory, ".metadata")):
-            holds = f"step {step}, it holds .metadata"
-        elif part := self._part_of_one_checkpoint():
-            holds = f"it holds {part}, and nothing in it is named by a step"
-        else:
-            return
-        self._on_warning(
-            f"{self.directory} looks like one checkpoint ({holds}), and watch ships each "
-            f"entry of the folder it watches as a checkpoint of its own: watch the folder the trainer saves "
-            f"checkpoints into ({os.path.dirname(self.directory)}), or back this one up with: "
-            f"{spelled('ckptvault backup', 'Vault.backup')} {self.directory}"
-        )
-
     def _say_if_looks_are_late(self, gap: float) -> None:
         """A checkpoint must exist for one look's gap to be seen: --interval, unless the looks take
         longer (a busy machine, a folder slow to list, pins of many files). Said once, with the gap."""
@@ -518,19 +479,6 @@ class Watcher:
                 "deleted within that long is never seen (the machine is busy, the folder is slow to list, or pins "
                 "of many files take long to walk); let the trainer keep at least two checkpoints (said once)",
             )
-
-    def _part_of_one_checkpoint(self) -> str | None:
-        """A file at the top of the watched folder that is a part of one checkpoint, not one of its own
-        (an optimizer's state, a sharded model's index), when no entry there is named by a step: each
-        entry would ship as a snapshot of its own, and ``latest`` of the run would then be any one part
-        (a log folder, shipped last)."""
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return None
-        if any(step_from_name(n) is not None for n in names):
-            return None
-        return next((n for n in sorted(names) if n in CHECKPOINT_PARTS or n.endswith(".index.json")), None)
 
     def _excluded_checkpoint(self, name: str, st: os.stat_result) -> bool:
         """A folder is the root of its snapshot: only a name pattern leaves it out; a file checkpoint
@@ -551,9 +499,7 @@ class Watcher:
         try:
             with os.scandir(self.directory) as it:
                 entries = [e for e in it if self._wanted(e.name)]
-            if not self.options.include:
-                entries = self._step_folders_only(self._trainer_checkpoints_only(entries))
-                entries = self._files_not_checkpoints(entries)
+            entries = self._folder.checkpoints(entries)
         except FileNotFoundError:
             return
         except OSError as exc:  # EIO, EACCES: the folder may come back; the sidecar must not die
@@ -568,14 +514,14 @@ class Watcher:
         looks_s = sum(done.look_s for done in self._done.values())
         look_every = max(LOOK_INSIDE_S, self.options.interval, looks_s / LOOK_INSIDE_SHARE)
         # pinned in step order: a pin's time is its snapshot's
-        for entry in sorted(entries, key=lambda e: _step_order(e.name)):
+        for entry in sorted(entries, key=lambda e: step_order(e.name)):
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # deleted while we looked, or unreadable: the next poll looks again
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # a link names a checkpoint that is watched under its own name
-            if self._excluded_checkpoint(entry.name, st) or (entry.name, st.st_ino) in self._log_folders:
+            if self._excluded_checkpoint(entry.name, st) or self._folder.is_log_folder(entry.name, st.st_ino):
                 continue
             if (
                 entry.path == self.state_dir
@@ -593,97 +539,6 @@ class Watcher:
                 if not self._changed_since_shipped(entry.path, done, st):
                     continue
             self._start(entry.name, entry.path, st, now)
-
-    def _trainer_checkpoints_only(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
-        """In a Hugging Face Trainer's output folder (a ``checkpoint-N`` folder in it holds
-        ``trainer_state.json``) only the ``checkpoint-N`` folders are checkpoints: ``runs/``
-        (TensorBoard logs, appended all along) and the final model's files at the top would each
-        ship as a snapshot without a step, and ``latest`` of the run would then go by time and
-        restore one of them. What is left out is named once; ``--include`` takes it back."""
-        if not self._trainer_output:
-            self._trainer_output = any(
-                TRAINER_CHECKPOINT.fullmatch(e.name) and os.path.isfile(os.path.join(e.path, TRAINER_STATE))
-                for e in entries
-            )
-            if not self._trainer_output:
-                return entries
-            for cand in list(self._candidates.values()):  # pinned before the folder was told apart
-                if cand.state == "settling" and not TRAINER_CHECKPOINT.fullmatch(cand.pin.name):
-                    self._drop(cand)
-        kept = [e for e in entries if TRAINER_CHECKPOINT.fullmatch(e.name)]
-        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
-            self._warn_left_out(
-                name,
-                f"{name}: left out from now on: {self.directory} is a Hugging Face Trainer's output folder, where "
-                f"only checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} "
-                f"with a pattern for it and 'checkpoint-*'; a final model: "
-                f"{spelled('ckptvault backup', 'Vault.backup')})",
-            )
-        return kept
-
-    def _step_folders_only(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
-        """DeepSpeed saves each step into a folder (``global_step1200/``) and then names it in a
-        ``latest`` file beside it; Megatron-LM does the same with ``iter_0001200/`` and
-        ``latest_checkpointed_iteration.txt``. In such a folder only the step folders are checkpoints:
-        the pointer file (rewritten at every save) and the scripts beside it (``zero_to_fp32.py``)
-        would each ship as a snapshot without a step, and ``latest`` of the run would then go by time
-        and restore one of them. What is left out is named once; ``--include`` takes it back."""
-        if self._pointer_file is None:
-            self._pointer_file = next((e.name for e in entries if _names_a_step_folder(e, entries)), None)
-            if self._pointer_file is None:
-                return entries
-            for cand in list(self._candidates.values()):  # pinned before the folder was told apart
-                if cand.state == "settling" and not _is_step_folder(cand.pin.name, cand.pin.data):
-                    self._drop(cand)
-        kept = [e for e in entries if _is_step_folder(e.name, e.path)]
-        framework = POINTER_FILES[self._pointer_file]
-        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
-            self._warn_left_out(
-                name,
-                f"{name}: left out from now on: {self.directory} is {framework}'s save folder, where only the step "
-                f"folders are checkpoints (to resume: restore the newest into {self.directory}/<its name>, and write "
-                f"{self._pointer_file} as {framework} does; to ship {name} too: "
-                f"{spelled('--include', 'include=')} with a pattern for it and one for the step folders)",
-            )
-        return kept
-
-    def _files_not_checkpoints(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
-        """Files at the top that are no checkpoint by their name (names.is_not_a_checkpoint): logs always,
-        configs, metrics, scripts and images without a step in their name once something beside them
-        ships (a folder holding only LightGBM's ``model.txt`` ships it). Each would ship as a snapshot
-        without a step, and with one of those in the run ``restore latest`` goes by time (a log
-        appended to all along would be the newest), and ``prune --keep-latest`` with it. Named once;
-        ``--include`` takes it back."""
-        named = {e.name for e in entries if is_not_a_checkpoint(e.name) and e.is_file(follow_symlinks=False)}
-        if len(named) == len(entries):  # nothing else here: only the logs stay out
-            named = {name for name in named if is_log(name)}
-        for name in sorted(named):
-            self._warn_left_out(
-                name,
-                f"{name}: left out: a log, config, script or image by its name, not a checkpoint (shipped, it "
-                "would be a snapshot without a step, which `latest` and prune's newest-N then go by time for; "
-                f"to ship it too: {spelled('--include', 'include=')} with a pattern for it and one for the "
-                "checkpoints)",
-            )
-        return [e for e in entries if e.name not in named]
-
-    def _holds_only_logs(self, cand: _Candidate, sig: pins.Signature) -> bool:
-        """A folder without a step in its name that holds TensorBoard event files (``runs/`` of a
-        Hugging Face Trainer, ``lightning_logs/``) is logs, not a checkpoint: shipped, it would be a
-        snapshot without a step, and ``latest`` of the run would go by time. Left out (and not looked
-        at again) unless ``--include`` names what to ship."""
-        if self.options.include or step_from_name(cand.pin.name) is not None:
-            return False
-        if not any(item[0].rpartition("/")[2].startswith(TENSORBOARD_EVENTS) for item in sig if item[1] == "f"):
-            return False
-        self._log_folders.add((cand.pin.name, cand.pin.source_ino))
-        self._warn_once(
-            ("logs", cand.pin.name),
-            f"{cand.pin.name}: not shipped: it holds TensorBoard logs ({TENSORBOARD_EVENTS}*), not a checkpoint "
-            f"(to ship it: {spelled('--include', 'include=')} with a pattern for it and one for the checkpoints)",
-        )
-        self._drop(cand)
-        return True
 
     def _changed_since_shipped(self, path: str, done: _Done, st: os.stat_result) -> bool:
         """A shipped checkpoint whose own mtime moved, or a shipped folder looked into again: new or
@@ -1068,7 +923,7 @@ class Watcher:
         ``_in_place_gone`` says.)"""
         if (
             cand.pin.in_place
-            or not self._trainer_checkpoint(cand.pin)
+            or not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data)
             or now - cand.last_change >= self.options.settle
             or os.path.lexists(cand.pin.source)
             or os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE))
@@ -1082,14 +937,6 @@ class Watcher:
         self._drop(cand)
         return True
 
-    def _trainer_checkpoint(self, pin: pins.Pin) -> bool:
-        """A Hugging Face Trainer's ``checkpoint-N``, which is complete once it holds ``trainer_state.json``:
-        in the Trainer's output folder, or holding the ``training_args.bin`` the Trainer writes into each
-        (its run's first save, before the folder is known). Other trainers name folders so too."""
-        if not TRAINER_CHECKPOINT.fullmatch(pin.name):
-            return False
-        return self._trainer_output or os.path.exists(os.path.join(pin.data, TRAINER_ARGS))
-
     def _not_complete(self, cand: _Candidate, sig: pins.Signature, now: float) -> bool:
         """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
         are written), or a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
@@ -1098,7 +945,7 @@ class Watcher:
         lacks (a Trainer still saving is said to wait only after ``INCOMPLETE_WARN_S``: its ranks may
         meet at a barrier first); once its source is gone it is dropped, and said so."""
         if any(item[1] == "f" for item in sig):
-            if not self._trainer_checkpoint(cand.pin):
+            if not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data):
                 return False
             if os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):
                 return False
@@ -1187,6 +1034,18 @@ class Watcher:
                 self._oldest_turn = not self._oldest_turn
             shipper.submit(job, on_full="block")
             return
+
+    def _holds_only_logs(self, cand: _Candidate, sig: pins.Signature) -> bool:
+        if not self._folder.holds_only_logs(cand.pin.name, cand.pin.source_ino, sig):
+            return False
+        self._drop(cand)
+        return True
+
+    def _forget_others(self, keep: Keep) -> None:
+        """The folder's kind was just found: what was pinned before that and is no checkpoint there goes."""
+        for cand in list(self._candidates.values()):
+            if cand.state == "settling" and not keep(cand.pin.name, cand.pin.data):
+                self._drop(cand)
 
     def _due(self, cand: _Candidate, now: float) -> bool:
         """Whether a backup of it may start now: settled, or failed and its retry delay over."""
@@ -1320,28 +1179,6 @@ def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
     return st
 
 
-POINTER_FILES = {"latest": "DeepSpeed", "latest_checkpointed_iteration.txt": "Megatron-LM"}
-
-
-def _is_step_folder(name: str, path: str) -> bool:
-    return step_from_name(name) is not None and os.path.isdir(path) and not os.path.islink(path)
-
-
-def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]]) -> bool:
-    """``entry`` is DeepSpeed's ``latest`` or Megatron-LM's tracker file, beside step folders: a small
-    file whose text names one of them (DeepSpeed: its name; Megatron-LM: its iteration number)."""
-    if entry.name not in POINTER_FILES or not entry.is_file(follow_symlinks=False):
-        return False
-    try:
-        with open(entry.path, "rb") as f:
-            text = f.read(256).decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return False
-    steps = {step_from_name(e.name) for e in entries if _is_step_folder(e.name, e.path)}
-    named = int(text) if text.isdigit() else step_from_name(text)
-    return named is not None and named in steps
-
-
 def _same_disk(a: str, b: str) -> bool:
     try:
         return os.stat(a).st_dev == os.stat(b).st_dev
@@ -1352,13 +1189,6 @@ def _same_disk(a: str, b: str) -> bool:
 def _files(sig: pins.Signature) -> set[str]:
     """The paths of a signature's files (a file checkpoint's own is "")."""
     return {item[0] for item in sig if item[1] == "f"}
-
-
-def _step_order(name: str) -> tuple[bool, int]:
-    """Checkpoints found at one look are pinned in step order (not the folder's): a snapshot's time is
-    its pin's, so snapshot times follow the steps (and ready ones ship newest pin first)."""
-    step = step_from_name(name)
-    return step is None, step or 0
 
 
 def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:
