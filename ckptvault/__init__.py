@@ -58,15 +58,15 @@ _HOMES = {
     "SnapshotStats": ".ops.stats",
     "VaultStats": ".ops.stats",
     "BackupStatus": ".ops.status",
-    "LostCheckpoint": ".ops.watch",
-    "ShippedCheckpoint": ".ops.watch",
-    "WatchResult": ".ops.watch",
+    "LostCheckpoint": ".ops.watch_options",
+    "ShippedCheckpoint": ".ops.watch_options",
+    "WatchResult": ".ops.watch_options",
     "LockInfo": ".repository.locks",
     "FileEntry": ".snapshot.model",
     "Snapshot": ".snapshot.model",
     "SnapshotSummary": ".snapshot.model",
     "Vault": ".vault",
-    "default_repo_url": ".vault",
+    "default_repo_url": ".location",
     "keep_freed_memory": ".ops.memory",
 }
 
@@ -105,6 +105,7 @@ if TYPE_CHECKING:
         WatchLockedError,
         WrongPassphraseError,
     )
+    from .location import default_repo_url
     from .ops.async_backup import BackupHandle
     from .ops.check import CheckReport
     from .ops.copy import CopyResult
@@ -116,10 +117,10 @@ if TYPE_CHECKING:
     from .ops.restore import RestoreResult
     from .ops.stats import SnapshotStats, VaultStats
     from .ops.status import BackupStatus
-    from .ops.watch import LostCheckpoint, ShippedCheckpoint, WatchResult
+    from .ops.watch_options import LostCheckpoint, ShippedCheckpoint, WatchResult
     from .repository.locks import LockInfo
     from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
-    from .vault import Vault, default_repo_url
+    from .vault import Vault
 
 
 def __getattr__(name: str) -> Any:

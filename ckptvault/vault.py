@@ -20,10 +20,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
-
-import platformdirs
 
 from .arguments import (
     PathLike,
@@ -63,6 +60,14 @@ from .errors import (
     spelled,
 )
 from .hashing import new_file_hasher
+from .location import (
+    default_repo_url,
+    file_in_the_way,
+    local_folder,
+    metadata_cache_root,
+    refuse_local_non_vault_folder,
+    why_no_vault,
+)
 from .ops.async_backup import (
     AsyncShipper,
     BackupHandle,
@@ -91,18 +96,17 @@ from .ops.retag import changed_tags, retag
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_stats
 from .ops.status import BackupStatus, backup_status
-from .ops.watch import LostCheckpoint, ShippedCheckpoint, Watcher, WatchOptions, WatchResult
+from .ops.watch import Watcher
+from .ops.watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
-from .repository.cache import cache_root
 from .repository.config import DEFAULT_PACK_SIZE
-from .repository.format import CONFIG_KEY, LOCKS_PREFIX
+from .repository.format import LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_snapshot, decode_tree
 from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
 from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
 from .store import RateArg, RateLimits, open_store
-from .store.base import TEMP_PREFIX
 
 log = logging.getLogger("ckptvault")
 
@@ -165,11 +169,6 @@ def _workdir_arg(workdir: PathLike | None) -> str | None:
     return path
 
 
-def default_repo_url() -> str:
-    """``$CKPTVAULT_REPO``, else a folder in the user's data directory."""
-    return os.environ.get("CKPTVAULT_REPO") or os.path.join(platformdirs.user_data_dir("ckptvault"), "repo")
-
-
 def _decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
     """``decode(raw)``, with a failure's message naming the object (``what``) it came from."""
     try:
@@ -184,77 +183,6 @@ def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
     lock.verify()  # first: a lock that was lost means nothing more may be written
     if then is not None:
         then()
-
-
-def _refuse_local_non_vault_folder(url: str) -> None:
-    """A new vault in a local folder that already holds other files (a checkpoint folder named by
-    mistake), or inside another vault's folder, would mix with them: refused (like kopia)."""
-    path = local_folder(url)
-    if path is None:
-        return
-    in_the_way = _file_in_the_way(path)
-    if in_the_way is not None:
-        raise UsageError(f"{in_the_way} is a file, not a folder; create the vault in a new or empty folder")
-    # One listing decides: a racing init (Vault.open(create=True) on every rank) writes its config
-    # first, so a listing that shows any other name shows the config too.
-    names = os.listdir(path) if os.path.isdir(path) else []
-    if CONFIG_KEY in names:
-        return  # a vault already: init says so itself
-    if any(not name.startswith(TEMP_PREFIX) for name in names):
-        raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
-    parent = _enclosing_vault(path)
-    if parent is not None:
-        raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
-
-
-def _file_in_the_way(path: str) -> str | None:
-    """``path``, or the nearest folder above it that exists, when that is not a folder."""
-    while not os.path.exists(path) and path != os.path.dirname(path):
-        path = os.path.dirname(path)
-    return None if os.path.isdir(path) else path
-
-
-def _enclosing_vault(path: str) -> str | None:
-    """The folder above ``path`` that holds a vault, if any."""
-    parent = os.path.dirname(path)
-    while parent != os.path.dirname(parent):
-        if _holds_vault_config(parent):
-            return parent
-        parent = os.path.dirname(parent)
-    return None
-
-
-def _why_no_vault(url: str) -> str:
-    """For a local path that is no vault, why: the hint "create one with init" would only fail
-    there (a folder of other files, a folder inside a vault)."""
-    path = local_folder(url)
-    if path is None:
-        return ""
-    in_the_way = _file_in_the_way(path)
-    if in_the_way is not None:
-        return f"{in_the_way} is a file, not a folder; give the vault's folder"
-    parent = _enclosing_vault(path)
-    if parent is not None:
-        return f"it is inside the vault at {parent}; name that folder instead"
-    with contextlib.suppress(OSError):
-        if any(not name.startswith(TEMP_PREFIX) for name in os.listdir(path)):
-            return "that folder holds other files, not a vault; check the path"
-    return ""
-
-
-def local_folder(url: str) -> str | None:
-    """The absolute path of a vault in a local folder; None for any other store."""
-    if "://" in url and not url.startswith("file://"):
-        return None
-    return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
-
-
-def _holds_vault_config(folder: str) -> bool:
-    try:
-        with open(os.path.join(folder, CONFIG_KEY), "rb") as f:
-            return b'"ckptvault"' in f.read(4096)
-    except OSError:
-        return False
 
 
 def _select(
@@ -305,11 +233,6 @@ def _unreadable_stand_in(snapshot_id: str) -> Snapshot:
         tree_id="",
         summary=SnapshotSummary(),
     )
-
-
-def _metadata_cache_root() -> Path | None:
-    """Where remote repositories' metadata is cached (repository/cache.py): the user's cache folder."""
-    return cache_root(platformdirs.user_cache_dir("ckptvault"))
 
 
 def exclude_arg(value: Sequence[str] | None) -> Excludes:
@@ -372,14 +295,14 @@ class Vault:
         per second this Vault moves to and from the storage (as in ``Vault.open``)."""
         url = url_arg(url) or default_repo_url()
         limits = RateLimits.resolve(limit_upload, limit_download)
-        _refuse_local_non_vault_folder(url)
+        refuse_local_non_vault_folder(url)
         config = RepoConfig(
             chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
         )
         store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
         key = _load_keyfile(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
-        return cls(Repository.init(store, config, key, master, cache_root=_metadata_cache_root()), store.url)
+        return cls(Repository.init(store, config, key, master, cache_root=metadata_cache_root()), store.url)
 
     @classmethod
     def open(
@@ -429,15 +352,15 @@ class Vault:
         key = _load_keyfile(keyfile)
         store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
         local = local_folder(url)
-        if local is not None and _file_in_the_way(local) is not None:  # the store would say "Not a directory"
+        if local is not None and file_in_the_way(local) is not None:  # the store would say "Not a directory"
             if create:
-                _refuse_local_non_vault_folder(url)
-            raise VaultNotFoundError(store.url, hint=_why_no_vault(url))
+                refuse_local_non_vault_folder(url)
+            raise VaultNotFoundError(store.url, hint=why_no_vault(url))
         try:
-            return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
+            return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
         except VaultNotFoundError as exc:
             if not create:
-                hint = _why_no_vault(url)
+                hint = why_no_vault(url)
                 if hint:
                     raise VaultNotFoundError(exc.url, hint=hint) from None
                 raise
@@ -453,7 +376,7 @@ class Vault:
         except VaultExistsError:  # another process created it since we looked: open theirs
             for attempt in range(OPEN_RACE_RETRIES):
                 try:
-                    return cls(Repository.open(store, key, passphrase, cache_root=_metadata_cache_root()), store.url)
+                    return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
                 except VaultNotFoundError:  # a store that shows a new object late
                     if attempt == OPEN_RACE_RETRIES - 1:
                         raise

@@ -19,8 +19,9 @@ import typer
 
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError, name_command_line_options
+from ..location import default_repo_url
 from ..store.retrying import stop_retrying
-from ..vault import Vault, default_repo_url
+from ..vault import Vault
 from ..version import __version__
 from .output import Output, discard_stdout
 from .params import parse_duration, parse_storage_options

@@ -7,8 +7,9 @@ import typer
 
 from ..codec import CompressionSettings
 from ..errors import KeyfileNotFoundError, UsageError
+from ..location import local_folder
 from ..repository.config import DEFAULT_PACK_SIZE, MAX_PACK_SIZE
-from ..vault import Vault, local_folder
+from ..vault import Vault
 from .app import (
     JsonOpt,
     KeyfileOpt,

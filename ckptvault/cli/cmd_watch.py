@@ -17,7 +17,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from ..errors import CkptVaultError
-from ..ops.watch import LostCheckpoint, ShippedCheckpoint, check_watch_args
+from ..ops.watch_options import LostCheckpoint, ShippedCheckpoint, check_watch_args
 from ..vault import exclude_arg
 from .app import (
     NO_VAULT_ARGS,

@@ -1,0 +1,95 @@
+"""Where a vault is: the default one, a vault in a local folder, and why a local folder is no vault."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import platformdirs
+
+from .errors import UsageError
+from .repository.cache import cache_root
+from .repository.format import CONFIG_KEY
+from .store.base import TEMP_PREFIX
+
+
+def default_repo_url() -> str:
+    """``$CKPTVAULT_REPO``, else a folder in the user's data directory."""
+    return os.environ.get("CKPTVAULT_REPO") or os.path.join(platformdirs.user_data_dir("ckptvault"), "repo")
+
+
+def refuse_local_non_vault_folder(url: str) -> None:
+    """A new vault in a local folder that already holds other files (a checkpoint folder named by
+    mistake), or inside another vault's folder, would mix with them: refused (like kopia)."""
+    path = local_folder(url)
+    if path is None:
+        return
+    in_the_way = file_in_the_way(path)
+    if in_the_way is not None:
+        raise UsageError(f"{in_the_way} is a file, not a folder; create the vault in a new or empty folder")
+    # One listing decides: a racing init (Vault.open(create=True) on every rank) writes its config
+    # first, so a listing that shows any other name shows the config too.
+    names = os.listdir(path) if os.path.isdir(path) else []
+    if CONFIG_KEY in names:
+        return  # a vault already: init says so itself
+    if any(not name.startswith(TEMP_PREFIX) for name in names):
+        raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
+    parent = _enclosing_vault(path)
+    if parent is not None:
+        raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
+
+
+def file_in_the_way(path: str) -> str | None:
+    """``path``, or the nearest folder above it that exists, when that is not a folder."""
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else path
+
+
+def _enclosing_vault(path: str) -> str | None:
+    """The folder above ``path`` that holds a vault, if any."""
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        if _holds_vault_config(parent):
+            return parent
+        parent = os.path.dirname(parent)
+    return None
+
+
+def why_no_vault(url: str) -> str:
+    """For a local path that is no vault, why: the hint "create one with init" would only fail
+    there (a folder of other files, a folder inside a vault)."""
+    path = local_folder(url)
+    if path is None:
+        return ""
+    in_the_way = file_in_the_way(path)
+    if in_the_way is not None:
+        return f"{in_the_way} is a file, not a folder; give the vault's folder"
+    parent = _enclosing_vault(path)
+    if parent is not None:
+        return f"it is inside the vault at {parent}; name that folder instead"
+    with contextlib.suppress(OSError):
+        if any(not name.startswith(TEMP_PREFIX) for name in os.listdir(path)):
+            return "that folder holds other files, not a vault; check the path"
+    return ""
+
+
+def local_folder(url: str) -> str | None:
+    """The absolute path of a vault in a local folder; None for any other store."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
+
+
+def _holds_vault_config(folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, CONFIG_KEY), "rb") as f:
+            return b'"ckptvault"' in f.read(4096)
+    except OSError:
+        return False
+
+
+def metadata_cache_root() -> Path | None:
+    """Where remote repositories' metadata is cached (repository/cache.py): the user's cache folder."""
+    return cache_root(platformdirs.user_cache_dir("ckptvault"))
