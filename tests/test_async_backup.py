@@ -114,8 +114,10 @@ def test_pins_never_take_the_room_of_the_trainers_next_save(tmp_path, caplog, on
     running backup and of the waiting one the trainer deleted right after queuing it kept 2.2 MB until the
     next save failed for want of room, ending training, with nothing from ckptvault to say why (audit 30 #2).
     Waiting backups of deleted checkpoints are now dropped to leave the room a save needs (1.5 times the
-    newest), and said; "block" drops nothing but says that the next save may fail."""
-    vault = slow_vault(tmp_path, delay=0.3)
+    newest), and said; "block" drops nothing but says that the next save may fail. Each storage read takes
+    1 s, so that every upload outlasts a training step whatever the machine's speed (0.3 s let uploads keep
+    up with saves now and then, and nothing waited to be dropped)."""
+    vault = slow_vault(tmp_path, delay=1.0)
     handles = []
     disk = mounted_tmpfs(tmp_path / "mnt", "4m", "the trainer's full disk test")
     with disk as mount, caplog.at_level(logging.WARNING, logger="ckptvault"):
