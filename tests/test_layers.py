@@ -23,6 +23,7 @@ LAYERS = {
     "repository": 4,
     "snapshot": 5,
     "ops": 6,
+    "location": 6,
     "vault": 7,
     "arguments": 7,
     "fs": 7,
