@@ -77,9 +77,10 @@ def why_no_vault(url: str) -> str:
 
 def local_folder(url: str) -> str | None:
     """The absolute path of a vault in a local folder; None for any other store."""
-    if "://" in url and not url.startswith("file://"):
-        return None
-    return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
+    for local in ("file://", "local://"):
+        if url.startswith(local):
+            return os.path.abspath(url.removeprefix(local))
+    return None if "://" in url else os.path.abspath(os.path.expanduser(url))
 
 
 def _holds_vault_config(folder: str) -> bool:

@@ -11,6 +11,12 @@ def format_bytes(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def format_rate(nbytes: float, seconds: float) -> str:
+    """A transfer rate: "412 MB/s"; under 1 MB/s in smaller units ("864.26 KB/s", not "0 MB/s")."""
+    rate = nbytes / seconds if seconds > 0 else 0.0
+    return f"{rate / 1e6:.0f} MB/s" if rate >= 1e6 else f"{format_bytes(rate)}/s"
+
+
 def format_seconds(s: float) -> str:
     """A duration for a message: "1", "1.5", "62.5", "1090" (not "62.4579" nor "1.09e+03")."""
     return f"{s:.1f}".removesuffix(".0") if s < 100 else f"{s:.0f}"

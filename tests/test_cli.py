@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -289,6 +290,39 @@ def test_demo_command_from_the_readme(cli):
     err = proc.stderr.decode()
     assert "byte-identical to the source" in err
     assert "created a new vault" in err
+    # its snapshots land in the default vault, where an untagged `restore latest` takes them: how to remove them
+    ids = re.search(r"remove it with: ckptvault forget ([0-9a-f]{8}) ([0-9a-f]{8}) --prune", err)
+    assert ids, err
+    cli("forget", *ids.groups(), "--prune")
+    assert "demo" not in cli("snapshots").stdout.decode()
+
+
+def test_a_local_url_is_shown_as_one_that_opens_the_vault_again(cli, tmp_path: Path):
+    """``local:///x`` was shown as ``local:/x``, which --repo reads as a folder named ``local:`` (audit 31b L1)."""
+    url = f"local://{tmp_path}/v"
+    created = json.loads(cli("init", url, "--json").stdout)
+    assert created["url"] == url
+    assert cli("snapshots", "--repo", created["url"]).returncode == 0
+
+
+def test_a_restore_into_a_special_file_says_what_it_is(cli, tmp_path: Path):
+    repo, src = str(tmp_path / "v"), tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    proc = cli("restore", "latest", "/dev/null", "--repo", repo, check=False)
+    assert proc.returncode == 22
+    assert "restore target /dev/null is a device, FIFO or socket, not a folder;" in one_line_error(proc)
+
+
+def test_small_rates_are_not_zero():
+    """A small checkpoint moved in well under a second at under 1 MB/s read "(0 MB/s)" (audit 31b L5)."""
+    from ckptvault.units import format_rate
+
+    assert format_rate(864_260, 1.0) == "864.26 KB/s"
+    assert format_rate(412e6, 1.0) == "412 MB/s"
+    assert format_rate(10, 0.0) == "0 B/s"
 
 
 def test_json_output_of_a_name_that_is_not_utf8_is_strict_json(cli, tmp_path: Path):

@@ -71,6 +71,11 @@ from .test_cli import one_line_error
         # a URL with a typo would be a local folder, and the checkpoints would never leave the machine
         (["init", "s3:/ckptvault-test/x"], 2, "'s3:/ckptvault-test/x' is not a URL (it lacks the '//' of s3://)"),
         (["backup", "{tmp}/src", "--repo", "gs:bucket/v"], 2, "write gs://bucket/v, or ./gs:bucket/v for a local"),
+        # a local folder's URL: its path starts after a third '/' (file://tmp/x is ./tmp/x to fsspec)
+        (["init", "file:{tmp}/v2"], 2, "write file://{tmp}/v2, or ./file:"),
+        (["init", "local:{tmp}/v2"], 2, "write local://{tmp}/v2, or ./local:"),
+        (["init", "file:/{tmp}/v2"], 2, "names no absolute folder (the path of a file:// URL starts after a third"),
+        (["snapshots", "--repo", "file:/{tmp}/v"], 2, "write file://{tmp}/v for {tmp}/v, or the folder's plain"),
         # a mistyped key file would be sent to Google as an access token
         (["snapshots", "--repo", "gs://b/v", "-o", "token={tmp}/key.json"], 2, "key.json: no such file on this"),
         # a storage option the backend does not take: refused, not silently dropped

@@ -421,3 +421,31 @@ def test_a_pack_the_storage_fails_on_every_read_is_dropped_only_on_request(tmp_p
     assert after.ok and not after.warnings, (after.problems, after.warnings)
     vault.prune(keep_latest=2)
     assert pack not in {p.hex() for p in vault._repo.list_packs()}
+
+
+def test_a_local_folder_denied_names_its_permissions_not_credentials(tmp_path):
+    """``init /proc/x`` said "check the credentials and permissions" (audit 31b L8): a local folder has none."""
+    from ckptvault.store.failures import storage_error
+
+    denied = PermissionError(13, "Permission denied", "/proc/x")
+    for url in ("/proc/x", "file:///proc/x"):
+        message = str(storage_error("PUT", "config", url, denied))
+        assert "check the permissions of its folder" in message and "credentials" not in message, message
+    assert "check the credentials" in str(storage_error("PUT", "config", "s3://b/v", denied))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "init", "/proc/ckptvault-test"], capture_output=True, check=False
+    )
+    if proc.returncode == 20:  # the kernel refuses a folder in /proc (EACCES for root, ENOENT elsewhere)
+        assert "credentials" not in proc.stderr.decode(), proc.stderr
+
+
+def test_a_storage_option_the_backend_refuses_on_its_first_call_is_named_as_one():
+    """s3fs gives its options to the SDK's session on the first call: a misspelt one in
+    CKPTVAULT_STORAGE_OPTIONS (not checked: it may be meant for another store) ended as "storage failed:
+    TypeError: AioSession.__init__() got an unexpected keyword argument" (audit 31b L7)."""
+    from ckptvault.store.failures import Kind, classify
+
+    exc = TypeError("AioSession.__init__() got an unexpected keyword argument 'endpoint_ur'")
+    failure = classify(exc)
+    assert failure.kind is Kind.PERMANENT and not failure.retryable
+    assert "'endpoint_ur'" in failure.reason and "CKPTVAULT_STORAGE_OPTIONS" in failure.reason

@@ -72,3 +72,28 @@ def test_status_cli_exit_codes_for_scripts(tmp_path, repo_url, vault, cli):
     assert len(err) == 1 and "not backed up" in err[0]
     missing = cli("status", str(tmp_path / "nope"), "--repo", repo_url, check=False)
     assert missing.returncode == 3 and "Traceback" not in missing.stderr.decode()
+
+
+def test_quiet_status_names_every_path_to_keep(tmp_path, repo_url, cli):
+    """With -q only the error line is left, and a cleanup script's user reads it: it named the first
+    path that is not backed up only (audit 31b L2)."""
+    first = checkpoint(tmp_path / "ck" / "checkpoint-1")
+    second = checkpoint(tmp_path / "ck" / "checkpoint-2")
+    cli("init", repo_url, check=False)
+    proc = cli("status", str(first), str(second), "--repo", repo_url, "-q", check=False)
+    assert proc.returncode == 40
+    assert f"keep them: {first}, {second}" in proc.stderr.decode()
+
+
+def test_a_file_still_being_written_is_named_when_a_pinned_backup_left_it_out(tmp_path, vault):
+    """backup_async (and watch) pin no name still being written (``*.tmp``): the checkpoint is not
+    backed up as a whole, and the detail said only "no snapshot holds its files"; it names the
+    snapshot that holds the rest now, and what it left out, as for --exclude patterns (audit 31b L3)."""
+    ckpt = checkpoint(tmp_path / "ck" / "checkpoint-3")
+    write_file(ckpt / "state.tmp", b"half written")
+    snap = vault.backup_async(ckpt, tags={"step": "3"}).result(timeout=60)
+    status = vault.backup_status(ckpt)
+    assert not status.backed_up
+    assert f"snapshot {snap.short_id} holds all but the 1 file(s) named as still being written" in status.detail
+    assert "state.tmp" in status.detail, status.detail
+    assert vault.backup_status(ckpt, exclude=["*.tmp"]).backed_up

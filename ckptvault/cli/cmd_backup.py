@@ -10,7 +10,7 @@ from ..ops.backup import check_on_change
 from ..ops.scan import check_sources
 from ..vault import exclude_arg
 from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, format_rate
 from .params import parse_tags
 
 
@@ -77,12 +77,12 @@ def backup_cmd(
         )
         return
     s = snap.summary
-    rate = s.read_bytes / s.duration_s / 1e6 if s.duration_s > 0 else 0.0
+    rate = format_rate(s.read_bytes, s.duration_s)
     ratio = s.logical_bytes / max(s.stored_bytes, 1)
     delta = f", delta coding saved ~{format_bytes(s.delta_saved_bytes)}" if s.delta_chunks else ""
     out.result(
         snap,
         f"snapshot {snap.short_id} saved: {s.files} files, {format_bytes(s.logical_bytes)}, "
         f"{format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored{delta}, "
-        f"dedup+compression {ratio:.2f}x, {s.duration_s:.1f} s ({rate:.0f} MB/s read)",
+        f"dedup+compression {ratio:.2f}x, {s.duration_s:.1f} s ({rate} read)",
     )

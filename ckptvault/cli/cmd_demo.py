@@ -47,5 +47,9 @@ def demo_cmd(
             f"restored latest --tag run=demo (snapshot {latest.short_id}, step {latest.step}): "
             f"{result.files} files, {format_bytes(result.bytes_written)}, byte-identical to the source"
         )
-        out.info(f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo)")
+        out.info(
+            f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo; a `restore latest` "
+            "without --tag would take the demo's save: remove it with: ckptvault forget "
+            f"{' '.join(s.short_id for s in snapshots)} --prune)"
+        )
         out.result({"vault": vault.url, "snapshots": snapshots, "restored": result, "verified": True})

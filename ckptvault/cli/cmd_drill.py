@@ -8,7 +8,7 @@ import typer
 
 from ..errors import DrillFailedError, IntegrityError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
-from .output import Output, format_bytes, one_line
+from .output import Output, format_bytes, format_rate, one_line
 from .params import parse_tags
 
 
@@ -44,8 +44,8 @@ def drill_cmd(
         except IntegrityError as exc:  # damaged bytes: CI reading --json gets a verdict too (exit 30)
             out.result({"ok": False, "error": str(exc)})
             raise
-    rate = report.bytes / report.fetch_s / 1e6 if report.fetch_s > 0 else 0.0
     step = f" (step {report.step})" if report.step is not None else ""
+    rate = format_rate(report.bytes, report.fetch_s)
     lines = [f"drill of snapshot {report.snapshot_id[:8]}{step}: {report.files} files, {format_bytes(report.bytes)}"]
     if report.swept:
         lines.append(
@@ -53,7 +53,7 @@ def drill_cmd(
             + ", ".join(one_line(path) for path in report.swept)
         )
     lines += [
-        f"  fetch   {report.fetch_s:8.2f} s  restored, every chunk and file hash verified ({rate:.0f} MB/s)",
+        f"  fetch   {report.fetch_s:8.2f} s  restored, every chunk and file hash verified ({rate})",
         f"  verify  {report.verify_s:8.2f} s  every file re-read and checked against the snapshot",
     ]
     if report.load_s is not None:

@@ -6,7 +6,7 @@ import typer
 
 from ..ops.restore import OTHERS_LISTED
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, format_rate
 from .params import parse_tags
 
 
@@ -49,10 +49,10 @@ def restore_cmd(
             f"{target} also holds {count} that snapshot {snap.short_id} does not ({', '.join(others[:3])}{more}), "
             "left as they were: restore into a new or empty folder for the snapshot alone"
         )
-    rate = result.bytes_written / result.duration_s / 1e6 if result.duration_s > 0 else 0.0
+    rate = format_rate(result.bytes_written, result.duration_s)
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
     out.result(
         {"snapshot": snap.id, "target": target, **result.__dict__},
         f"restored snapshot {snap.short_id} to {target}: {result.files} files{skipped}, "
-        f"{format_bytes(result.bytes_written)} written and verified in {result.duration_s:.1f} s ({rate:.0f} MB/s)",
+        f"{format_bytes(result.bytes_written)} written and verified in {result.duration_s:.1f} s ({rate})",
     )

@@ -52,4 +52,5 @@ def status_cmd(
     )
     missing = [given for given, r in zip(paths, results, strict=True) if not r.backed_up]
     if missing:
-        raise NotBackedUpError(f"{len(missing)} of {len(paths)} path(s) are not backed up; keep them: {missing[0]}")
+        named = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise NotBackedUpError(f"{len(missing)} of {len(paths)} path(s) are not backed up; keep them: {named}")

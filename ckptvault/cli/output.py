@@ -29,6 +29,7 @@ from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
 from ..units import format_bytes as format_bytes  # the CLI's commands take it from here
+from ..units import format_rate as format_rate
 
 PIPED_WIDTH = 1 << 16  # tables size to their content: box=None, not expanded
 

@@ -211,7 +211,7 @@ class _Planner:
                     return
                 probe = parent
         if not stat.S_ISDIR(st.st_mode):
-            self._refuse_target(probe, "a file" if stat.S_ISREG(st.st_mode) else "not a folder")
+            self._refuse_target(probe, "a file" if stat.S_ISREG(st.st_mode) else "a device, FIFO or socket")
 
     def _refuse_target(self, path: str, what: str) -> None:
         if path == self.target:

@@ -11,15 +11,18 @@ a read of the local files, and each local file is hashed at most once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError, UsageError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
+from .names import is_unfinished
 from .restore import file_hash
 from .scan import NO_EXCLUDES, Excludes, scan_sources, unreadable_hint
 
+LeftOut = Callable[[str], bool]  # a path in a snapshot -> whether its backup left that file out
 # Every file is compared by content: one that cannot be read leaves the answer unknown.
 UNREADABLE_HINT = "status compares every file with the vault: make it readable, or ask about a folder without it"
 
@@ -84,11 +87,11 @@ def backup_status(
             damaged.append(snap.short_id)
             return None
 
-    def holding(tree: dict[str, FileEntry], left_out: Excludes | None) -> tuple[str, list[FileEntry], int] | None:
+    def holding(tree: dict[str, FileEntry], left_out: LeftOut | None) -> tuple[str, list[FileEntry], int] | None:
         """(prefix, entries, files left out) where ``tree`` holds every local file but those its
-        snapshot's patterns ``left_out``, with the same content."""
+        backup ``left_out``, with the same content."""
         for prefix in _prefixes(tree, local):
-            wanted = [rel for rel in local if not (left_out and _left_out(left_out, prefix + rel))]
+            wanted = [rel for rel in local if not (left_out and left_out(prefix + rel))]
             entries = [e for rel in wanted if (e := tree.get(prefix + rel)) and e.size == local[rel].st.st_size]
             if not wanted or len(entries) < len(wanted):  # sizes first: hashes are read for plausible matches only
                 continue
@@ -97,18 +100,31 @@ def backup_status(
         return None
 
     newest_first = sorted(snapshots, key=lambda s: s.time, reverse=True)
-    partly = ""  # the newest snapshot that holds all but what its own --exclude patterns left out
+    partly = ""  # the newest snapshot that holds all but what its backup left out
+    # files named as still being written (*.tmp): pinned backups (watch, backup_async) leave them out
+    unfinished = [rel for rel in local if _being_written(rel)]
+    least_files = len(local) - len(unfinished)
+    least_bytes = total - sum(local[rel].st.st_size for rel in unfinished)
     for snap in newest_first:
         patterns = None if exclude or partly else _recorded_excludes(snap)
-        if patterns is None and (snap.summary.files < len(local) or snap.summary.logical_bytes < total):
+        if patterns is None and (snap.summary.files < least_files or snap.summary.logical_bytes < least_bytes):
             continue  # too small to hold every file
         tree = files_of(snap)
         found = holding(tree, None) if tree is not None else None
         if found is None:
-            if tree is not None and patterns and (partial := holding(tree, patterns)) is not None:
+            if tree is None or partly:
+                continue
+            if patterns and (partial := holding(tree, functools.partial(_left_out, patterns))) is not None:
                 partly = (
                     f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) its --exclude patterns "
                     f"({', '.join(snap.excludes)}) left out: give status the same patterns to accept that"
+                )
+            elif unfinished and (partial := holding(tree, _being_written)) is not None:
+                names = ", ".join(unfinished[:3]) + (" ..." if len(unfinished) > 3 else "")
+                partly = (
+                    f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) named as still being written "
+                    f"({names}), which watch and backup_async leave out: give status --exclude patterns for them "
+                    "to accept that"
                 )
             continue
         prefix, entries, _ = found
@@ -133,6 +149,12 @@ def _left_out(excludes: Excludes, path: str) -> bool:
     """Whether a backup with ``excludes`` left out the file at snapshot ``path``, or a folder above it."""
     parts = path.split("/")
     return excludes.match(path, False) or any(excludes.match("/".join(parts[:i]), True) for i in range(1, len(parts)))
+
+
+def _being_written(path: str) -> bool:
+    """Whether a pin leaves the file at ``path`` out: its name, or a folder's on its way, is one a writer
+    renames when done (names.is_unfinished)."""
+    return any(is_unfinished(part) for part in path.split("/"))
 
 
 def _prefixes(tree: dict[str, FileEntry], local: Container[str]) -> list[str]:

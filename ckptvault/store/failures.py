@@ -259,6 +259,13 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
     if code and code not in str(exc):
         detail = f"{code}: {detail}"
 
+    if any(isinstance(node, TypeError) and "unexpected keyword argument" in str(node) for node in chain):
+        # s3fs hands its options to the SDK's session on the first call, which refuses a misspelt one
+        return Failure(
+            Kind.PERMANENT,
+            f"{detail}: a storage option the backend does not take (from -o, the URL's query string or "
+            "CKPTVAULT_STORAGE_OPTIONS); check its name in docs/backends.md",
+        )
     if isinstance(exc, FileExistsError) or code in EXISTS_CODES or status == 412:
         return Failure(Kind.EXISTS, "the object already exists")
     if isinstance(exc, OSError) and exc.errno == errno.EINVAL and _PRECONDITION_TEXT.search(text):
@@ -323,6 +330,8 @@ def storage_error(
     """The ckptvault error that reports ``exc``, raised by the ``op`` call on ``key``. ``failure``:
     what ``exc`` means, where the caller knows better than ``classify`` alone (a missing bucket)."""
     failure = failure or classify(exc)
+    if failure.kind is Kind.DENIED and isinstance(exc, PermissionError) and _is_local(url):  # no credentials here
+        failure = Failure(Kind.DENIED, f"permission denied ({_describe(exc)}); check the permissions of its folder")
     if failure.kind is Kind.NOT_FOUND:
         return ObjectNotFoundError(op, key, url)
     if failure.kind is Kind.EXISTS and if_absent:
@@ -368,6 +377,10 @@ def unreachable(exc: BaseException) -> bool:
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
         for node in _chain(exc)
     )
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith(("file://", "local://"))
 
 
 def _out_of_inodes(exc: BaseException, url: str) -> bool:

@@ -32,6 +32,7 @@ def open_store(
     if plain_path:
         _refuse_mistyped_url(url)
         url = os.path.abspath(os.path.expanduser(url))
+    _refuse_relative_file_url(url)
     if plain_path and not storage_options:
         inner = LocalStore(url)
     else:
@@ -49,8 +50,9 @@ def open_store(
 # typo, and taken as a local path it would keep every checkpoint on the machine it is meant to leave.
 _REMOTE_PROTOCOLS = frozenset({
     "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "sftp", "ssh", "ftp", "http", "https", "webdav",
-    "hf", "oci", "oss", "r2", "file", "memory",
+    "hf", "oci", "oss", "r2", "file", "local", "memory",
 })  # fmt: skip
+_LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _PROTOCOL_TYPO = re.compile(r"([A-Za-z][\w+.-]*):/?(?!/)(.*)", re.S)
 
 
@@ -58,7 +60,21 @@ def _refuse_mistyped_url(path: str) -> None:
     match = _PROTOCOL_TYPO.fullmatch(path)
     if match and match[1].lower() in _REMOTE_PROTOCOLS:
         proto, rest = match[1], match[2]
+        # a local folder's URL holds its absolute path after the '//': file:///tmp/x (file://tmp/x is ./tmp/x)
+        url = f"{proto}:///{rest}" if proto.lower() in _LOCAL_PROTOCOLS else f"{proto}://{rest}"
         raise UsageError(
             f"{path!r} is not a URL (it lacks the '//' of {proto}://) and would be a local folder: write "
-            f"{proto}://{rest}, or ./{path} for a local folder of that name"
+            f"{url}, or ./{path} for a local folder of that name"
+        )
+
+
+def _refuse_relative_file_url(url: str) -> None:
+    """``file://tmp/x`` is the folder ./tmp/x to fsspec, not /tmp/x, which is what its writer meant (a URL's
+    path starts after a third '/'): refused rather than made where nobody will look for it."""
+    proto, sep, rest = url.partition("://")
+    if sep and proto.lower() in _LOCAL_PROTOCOLS and not rest.startswith("/"):
+        raise UsageError(
+            f"{url!r} names no absolute folder (the path of a {proto}:// URL starts after a third '/'): write "
+            f"{proto}:///{rest.removeprefix('localhost/')} for /{rest.removeprefix('localhost/')}, or the "
+            "folder's plain path"
         )

@@ -203,7 +203,7 @@ def display_url(url: str) -> str:
     if "@" in netloc:
         userinfo, _, hostport = netloc.rpartition("@")
         netloc = f"{userinfo.split(':', 1)[0]}@{hostport}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return f"{parts.scheme}://{netloc}{parts.path}"  # urlunsplit writes local:/x for local:///x
 
 
 @dataclass(frozen=True)
