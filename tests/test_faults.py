@@ -226,7 +226,9 @@ def test_a_backup_whose_uploads_got_no_answer_starts_no_more_and_leaves_its_lock
     faultyfs.FAULTS["delete"] = list("." * 20)
     with pytest.raises(StorageError, match=r"PUT packs/.*no answer after 0\.5 s"):
         vault.backup(src)
-    assert len(faultyfs.FAULTS["put:/packs/"]) == 20  # the two uploads that hung, and no other
+    # no upload started after one got no answer: only hanging ones were taken (the second slot may not have
+    # been filled yet when the first one's deadline passed: 1 failure in 6 runs here)
+    assert faultyfs.FAULTS["put:/packs/"][-20:] == ["."] * 20
     assert len(faultyfs.FAULTS["delete"]) == 20  # its lock is not removed from a storage that is not answering
     assert len(vault.locks()) == 1
     vault.unlock(remove_all=True)
