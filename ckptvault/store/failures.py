@@ -331,7 +331,7 @@ def storage_error(
     what ``exc`` means, where the caller knows better than ``classify`` alone (a missing bucket)."""
     failure = failure or classify(exc)
     if failure.kind is Kind.DENIED and isinstance(exc, PermissionError) and _is_local(url):  # no credentials here
-        failure = Failure(Kind.DENIED, f"permission denied ({_describe(exc)}); check the permissions of its folder")
+        failure = Failure(Kind.DENIED, f"access denied ({_describe(exc)}); check the permissions of its folder")
     if failure.kind is Kind.NOT_FOUND:
         return ObjectNotFoundError(op, key, url)
     if failure.kind is Kind.EXISTS and if_absent:
