@@ -23,6 +23,7 @@ from .restore import file_hash
 from .scan import NO_EXCLUDES, Excludes, scan_sources, unreadable_hint
 
 LeftOut = Callable[[str], bool]  # a path in a snapshot -> whether its backup left that file out
+
 # Every file is compared by content: one that cannot be read leaves the answer unknown.
 UNREADABLE_HINT = "status compares every file with the vault: make it readable, or ask about a folder without it"
 
