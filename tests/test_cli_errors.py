@@ -393,6 +393,7 @@ def test_the_error_tree_in_the_docs_names_every_error_and_its_exit_code():
         ({"CKPTVAULT_RETRIES": "-1"}, "CKPTVAULT_RETRIES='-1' must be"),
         ({"CKPTVAULT_RETRY_DELAY": "nan"}, "CKPTVAULT_RETRY_DELAY='nan' must be a finite number"),  # was taken
         ({"CKPTVAULT_OP_TIMEOUT": "inf"}, "CKPTVAULT_OP_TIMEOUT='inf' must be a finite number"),
+        ({"CKPTVAULT_RETRY_FOR": "-5"}, "CKPTVAULT_RETRY_FOR='-5' must be"),
         ({"CKPTVAULT_UPLOADS": "0"}, "CKPTVAULT_UPLOADS='0' must be between 1 and 256"),
         ({"CKPTVAULT_READAHEAD_MIB": "x"}, "CKPTVAULT_READAHEAD_MIB='x' is not a number"),
     ],
@@ -405,10 +406,22 @@ def test_a_bad_number_setting_in_the_environment_is_refused_naming_it(cli, setti
 def test_a_blank_number_setting_is_the_default(monkeypatch):
     """`CKPTVAULT_RETRIES=` (set, empty) failed as "'' is not a number", while a blank
     CKPTVAULT_UPLOADS meant its default."""
-    from ckptvault.store.retrying import RetryPolicy
+    from ckptvault.store.retrying import RETRY_FOR_S, RetryPolicy
 
-    for name in ("CKPTVAULT_RETRIES", "CKPTVAULT_RETRY_DELAY", "CKPTVAULT_OP_TIMEOUT"):
+    for name in ("CKPTVAULT_RETRIES", "CKPTVAULT_RETRY_DELAY", "CKPTVAULT_OP_TIMEOUT", "CKPTVAULT_RETRY_FOR"):
         monkeypatch.setenv(name, " ")
-    assert RetryPolicy.from_env() == RetryPolicy()
+    assert RetryPolicy.from_env() == RetryPolicy(retry_for=RETRY_FOR_S)
     monkeypatch.setenv("CKPTVAULT_OP_TIMEOUT", "0")  # deadlines off (docs/backends.md)
     assert RetryPolicy.from_env().op_timeout == 0
+
+
+def test_a_retry_count_given_is_the_whole_budget(monkeypatch):
+    """An outage is retried for CKPTVAULT_RETRY_FOR seconds past the attempts (audit 31a F1), unless a count
+    of retries is given: CKPTVAULT_RETRIES=0 means one attempt, as it did."""
+    from ckptvault.store.retrying import RETRY_FOR_S, RetryPolicy
+
+    assert RetryPolicy.from_env().retry_for == RETRY_FOR_S == 120
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "2")
+    assert RetryPolicy.from_env() == RetryPolicy(retries=2, retry_for=0)
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "600")
+    assert RetryPolicy.from_env().retry_for == 600

@@ -383,6 +383,28 @@ def _is_local(url: str) -> bool:
     return "://" not in url or url.startswith(("file://", "local://"))
 
 
+# Answers that the storage as a whole is busy or unavailable for now (throttling, a 503 window while it
+# scales or recovers), as opposed to failing one object
+BUSY_STATUS = frozenset({429, 503})
+BUSY_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded", "ServiceUnavailable",
+     "ServerBusy"}
+)  # fmt: skip
+
+
+def down_or_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage cannot serve anything now: it does not answer (``unreachable``), or
+    answers that it is busy or unavailable (429, 503, throttling; s3fs's EBUSY). That passes by itself, and
+    may last longer than a call's retries (retrying.py retries it for a time); an error one object gets
+    (a 500 on a damaged volume, a body cut short) does not."""
+    if unreachable(exc):
+        return True
+    status, code = status_in_chain(exc)
+    if status in BUSY_STATUS or code in BUSY_CODES:
+        return True
+    return status is None and any(isinstance(node, OSError) and node.errno == errno.EBUSY for node in _chain(exc))
+
+
 def _out_of_inodes(exc: BaseException, url: str) -> bool:
     """ENOSPC also means "no inode left" (many small files on a disk formatted for few big ones): told
     apart where the vault is a local folder, so that freeing space is not the advice."""

@@ -18,14 +18,22 @@ reading blocks in the socket, where the backends' read timeouts do not look, so 
 pack is given up after 124 s, not after a fixed 10 minutes; each retry is logged as a warning
 (logger ``ckptvault.store``), so a stalled transfer is not silent.
 
+A storage that is down or busy as a whole (no answer, 503, throttling: ``failures.down_or_busy``) is
+retried past those attempts for ``retry_for`` seconds from the call's first failure (backoff up to
+30 s), as restic rides out an outage: a restore on a fresh machine must not end for a 20-second 503
+window and download its multi-GB file again from the start.
+
 Settings come from the environment unless given: CKPTVAULT_RETRIES (attempts after the
-first, default 5), CKPTVAULT_RETRY_DELAY (first backoff in seconds, default 0.5, doubling up
-to 30 s), CKPTVAULT_OP_TIMEOUT (seconds per storage call, every call alike; default: by size).
+first, default 5; set, it is the whole budget), CKPTVAULT_RETRY_FOR (seconds an outage is retried
+for, default 120; 0: by attempts only), CKPTVAULT_RETRY_DELAY (first backoff in seconds, default
+0.5, doubling up to 30 s), CKPTVAULT_OP_TIMEOUT (seconds per storage call, every call alike;
+default: by size).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -36,7 +44,7 @@ from typing import TypeVar
 from ..errors import ObjectExistsError, StorageError
 from ..units import format_seconds
 from .base import ObjectInfo, Store
-from .failures import unreachable
+from .failures import down_or_busy, unreachable
 from .options import env_number
 
 T = TypeVar("T")
@@ -71,20 +79,26 @@ def call_deadline(op_timeout: float | None, nbytes: int | None) -> float:
     return BASE_DEADLINE_S + nbytes / SLOWEST_RATE
 
 
+RETRY_FOR_S = 120.0  # how long an outage is retried by default (CKPTVAULT_RETRY_FOR)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     retries: int = 5
     base_delay: float = 0.5
     max_delay: float = 30.0
     op_timeout: float | None = None  # None: by the call's size (call_deadline)
+    retry_for: float = 0.0  # seconds a storage down or busy is retried past ``retries`` (never with retries=0)
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
         timeout = env_number("CKPTVAULT_OP_TIMEOUT", -1)  # unset: by size
+        counted = bool(os.environ.get("CKPTVAULT_RETRIES", "").strip())  # a count given is the whole budget
         return cls(
             retries=int(env_number("CKPTVAULT_RETRIES", cls.retries, whole=True)),
             base_delay=env_number("CKPTVAULT_RETRY_DELAY", cls.base_delay),
             op_timeout=None if timeout < 0 else timeout,
+            retry_for=env_number("CKPTVAULT_RETRY_FOR", 0.0 if counted else RETRY_FOR_S),
         )
 
     def delay(self, attempt: int) -> float:
@@ -208,6 +222,7 @@ class RetryingStore:
         probe = self._breaker.admit(op, key, self.url, patience=deadline + self._grace if deadline else 0)
         retries = 0 if probe else self.policy.retries
         attempt = 0
+        first_failed = 0.0
         while True:
             try:
                 result = call_with_timeout(fn, deadline + self._grace, op, key, self.url) if deadline else fn()
@@ -216,13 +231,32 @@ class RetryingStore:
                     # the storage answers again (a 503 while it recovers): an ordinary call from now on
                     self._breaker.settle(probe, exc)
                     probe, retries = 0, self.policy.retries
-                if not exc.retryable or attempt >= retries or _interrupted.is_set():
+                now = time.monotonic()
+                first_failed = first_failed or now
+                delay = self.policy.delay(attempt)
+                outlasting = attempt >= retries and self._outlasting(exc, retries, now - first_failed + delay)
+                if not exc.retryable or (attempt >= retries and not outlasting) or _interrupted.is_set():
                     self._breaker.settle(probe, exc)
-                    if attempt:
+                    if attempt > retries:  # an outage retried for a time: how long, and what sets it
+                        waited = format_seconds(now - first_failed)
+                        exc.args = (
+                            f"{exc.args[0]} (after {attempt + 1} attempts in {waited} s; CKPTVAULT_RETRY_FOR sets how "
+                            "long an outage is retried)",
+                        )
+                    elif attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
-                delay = self.policy.delay(attempt)
-                log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1)
+                if outlasting:
+                    log.warning(
+                        "%s; the storage is down or busy: retrying in %.1f s (attempt %d; for up to %s s in all, "
+                        "CKPTVAULT_RETRY_FOR)",
+                        exc,
+                        delay,
+                        attempt + 2,
+                        format_seconds(self.policy.retry_for),
+                    )
+                else:
+                    log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1)
                 failure = exc
             except BaseException as exc:
                 self._breaker.settle(probe, exc)
@@ -234,6 +268,11 @@ class RetryingStore:
                 self._breaker.settle(probe, failure)
                 raise failure
             attempt += 1
+
+    def _outlasting(self, exc: StorageError, retries: int, waited: float) -> bool:
+        """Whether a call out of attempts goes on: the storage is down or busy, and has been for less than
+        ``retry_for`` seconds by the end of the next wait. A probe (retries 0) gets one attempt."""
+        return bool(retries) and waited <= self.policy.retry_for and exc.retryable and down_or_busy(exc)
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         if not if_absent:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,48 @@ def test_a_download_cut_midway_is_retried_and_the_restore_is_exact(moto, proxy, 
     assert proxy.download_cuts == 3, f"the fault fired {proxy.download_cuts} times"
     assert tree_digest(tmp_path / "out") == tree_digest(src)
     assert any("retrying" in r.getMessage() and "ClientPayloadError" in r.getMessage() for r in caplog.records)
+
+
+_SLOW_DOWN_XML = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_SLOW_DOWN_XML)}\r\n\r\n".encode()
+    + _SLOW_DOWN_XML
+)
+
+
+@pytest.mark.parametrize("retry_for", ["30", "0"])
+def test_a_503_window_longer_than_the_retries_is_ridden_out(
+    moto, proxy, src, tmp_path: Path, monkeypatch, caplog, retry_for
+):
+    """A restore on a fresh machine ended with exit 20 on a 20 s SlowDown window (or refused connections),
+    though the storage answered again while it ran: a call's 6 attempts wait 8-15 s in all (audit 31a F1).
+    A storage down or busy is retried for CKPTVAULT_RETRY_FOR seconds (default 120) past those attempts.
+    Here the attempts wait 1.55 s at most (CKPTVAULT_RETRY_DELAY 0.05) and the window lasts 4 s."""
+    url = moto.backend.new_url(f"slow-down-{retry_for}")
+    opts = via(moto.backend, proxy)
+    with Vault.init(url, storage_options=opts, chunker=SMALL_CHUNKS, pack_size=PACK) as vault:
+        vault.backup(src)
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", retry_for)
+    vault = Vault.open(url, storage_options=opts)
+    proxy.drop_all()
+    proxy.reply = SLOW_DOWN
+    healing = threading.Timer(4.0, proxy.heal)
+    healing.start()
+    try:
+        with caplog.at_level("WARNING", logger="ckptvault"):
+            if retry_for == "0":  # by attempts alone, as before
+                with pytest.raises(StorageError, match=r"SlowDown|reduce your request rate"):
+                    vault.restore("latest", tmp_path / "out")
+                return
+            vault.restore("latest", tmp_path / "out")
+    finally:
+        healing.join()
+        vault.close()
+    assert proxy.replied > 6, proxy.replied  # the window was hit, past one call's attempts
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    assert any("the storage is down or busy: retrying" in r.getMessage() for r in caplog.records)
 
 
 def test_a_stalled_read_says_how_long_it_waited(moto, proxy, src, tmp_path: Path, monkeypatch):
