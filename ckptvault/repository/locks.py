@@ -399,7 +399,9 @@ class LockManager:
         if not other.unreadable:
             # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
             return VaultLockedError(
-                f"vault {url} is locked: {other.describe()}; wait for it to finish. If that process is gone, "
+                f"vault {url} is locked: {other.describe()}; wait for it to finish (with "
+                f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
+                "If that process is gone, "
                 f"its lock goes stale {minutes} minutes after its last refresh{until} (at once if it ran on this "
                 f"host, outside any container of its own) and {spelled('ckptvault unlock', 'Vault.unlock()')} "
                 f"removes it then; if its machine is gone for good (a reclaimed instance), {remove_all} removes "
