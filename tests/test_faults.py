@@ -451,3 +451,14 @@ def test_a_storage_option_the_backend_refuses_on_its_first_call_is_named_as_one(
     failure = classify(exc)
     assert failure.kind is Kind.PERMANENT and not failure.retryable
     assert "'endpoint_ur'" in failure.reason and "CKPTVAULT_STORAGE_OPTIONS" in failure.reason
+
+
+def test_a_bare_oserror_of_the_sdk_is_said_without_its_errno_number():
+    """s3fs answers a 503 SlowDown with OSError(EBUSY, ...): "[Errno 16] Please reduce your request rate."
+    said nothing the user can use (audit 31a F5)."""
+    import errno
+
+    from ckptvault.store.failures import classify
+
+    failure = classify(OSError(errno.EBUSY, "Please reduce your request rate."))
+    assert failure.retryable and failure.reason == "Please reduce your request rate."

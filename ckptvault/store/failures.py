@@ -235,7 +235,8 @@ def _describe(exc: BaseException) -> str:
     if not message:
         return name
     if isinstance(exc, OSError) and type(exc) in (OSError, IOError):
-        return message
+        # s3fs's bare OSError(EBUSY, "Please reduce your request rate."): the errno number means nothing here
+        return re.sub(r"^\[Errno -?\d+\] ", "", message)
     return f"{name}: {message}"
 
 
