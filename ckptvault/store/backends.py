@@ -112,10 +112,23 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+AZURE = frozenset({"az", "abfs", "abfss"})
+AZURE_RETRY_COUNTS = ("total_retries", "connect_retries", "read_retries", "status_retries")
+
+
 def tune(fs: Any, protocol: str, options: dict[str, Any]) -> None:
     """Settings that are class attributes rather than constructor options."""
     if protocol in S3 and "retries" not in options:
         fs.retries = 1  # S3FileSystem(retries=...) is rejected by its session; it is an attribute
+    if protocol in AZURE:
+        # adlfs passes no retry settings to azure-storage-blob, whose ExponentialRetry (15 s, then x3, 3 times)
+        # ran inside each of ckptvault's attempts: an outage was first said after ~64 s, a busy 503 ended as
+        # "no answer" at the call's deadline, a restore gave up after ~15 minutes. Its policy object is shared
+        # by every client made from the service client: one try each, ckptvault's retries the only ones.
+        policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)
+        for name in AZURE_RETRY_COUNTS:
+            if isinstance(getattr(policy, name, None), int):
+                setattr(policy, name, 0)
 
 
 def bucket_of(protocol: str, root: str) -> str:
