@@ -43,6 +43,7 @@ A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import ClassVar
 
 _command_line = False  # set by the CLI: messages name its options, not the API's parameters
@@ -113,6 +114,7 @@ class VaultExistsError(CkptVaultError):
 
 class VaultLockedError(CkptVaultError):
     exit_code = 11
+    held_since: datetime | None = None  # when the conflicting lock was last refreshed, where known
 
 
 class LockLostError(VaultLockedError):

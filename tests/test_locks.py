@@ -304,3 +304,34 @@ def test_a_lock_left_by_a_machine_that_is_gone_names_when_it_goes_stale_and_the_
     assert "--remove-all removes them now" in unlock, unlock
     cli("unlock", "--repo", repo, "--remove-all")
     assert cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, check=False).returncode != 11
+
+
+def test_a_lock_met_moments_after_it_was_written_is_looked_at_again(tmp_path: Path, monkeypatch):
+    """A restore and a prune from another host started at one instant: each wrote its lock, saw the other's,
+    backed off, and both were refused in 4 of 12 rounds, the restore told to wait for a prune that had
+    already given up (audit 31a F3). A lock seconds old gets one more look after a random wait of up to a
+    second (here the other side backs off during it); an older one is refused at once."""
+    from ckptvault.repository import locks
+
+    repo = tmp_path / "v"
+    with Vault.init(str(repo)) as vault:
+        manager = vault._repo.locks
+        newcomer = replace(manager.new_info(exclusive=True), hostname="cron-host", pid_table="other-boot/1")
+        manager.put(newcomer)
+        waits = []
+        monkeypatch.setattr(
+            locks.random, "uniform", lambda lo, hi: (waits.append(hi), manager.remove(newcomer), 0.0)[2]
+        )
+        with manager.acquire(exclusive=False):
+            pass
+        assert waits == [locks.NEWCOMER_WAIT_S]
+        old = replace(manager.new_info(exclusive=True), hostname="cron-host", pid_table="other-boot/1")
+        old = replace(old, time=old.time - timedelta(seconds=60))
+        manager.put(old)
+        a_minute_ago = datetime.now().timestamp() - 60
+        for path in (repo / "locks").rglob("*"):
+            os.utime(path, (a_minute_ago, a_minute_ago))  # the storage wrote it a minute ago too
+        with pytest.raises(VaultLockedError, match="cron-host"):
+            manager.acquire(exclusive=False)
+        assert waits == [locks.NEWCOMER_WAIT_S], "no second look at a lock a minute old"
+        manager.remove(old)

@@ -94,6 +94,7 @@ import functools
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -134,6 +135,11 @@ LOCK_VERSION = 1
 LISTINGS = 10  # tries at a listing of the locks in which none vanished before it was read
 RETRY_FIRST_S = 1.0  # with retry_for: the first wait after a conflict, doubled after each
 RETRY_MAX_S = 30.0
+# A conflicting lock this young may be a newcomer that meets this one's lock and backs off too (a restore and
+# a prune started at one instant: each sees the other's new lock, and both were refused): without retry_for,
+# one more try follows a random wait of up to NEWCOMER_WAIT_S
+NEWCOMER_S = 10.0
+NEWCOMER_WAIT_S = 1.0
 
 Clock = Callable[[], datetime]
 _Taken = TypeVar("_Taken")
@@ -398,14 +404,17 @@ class LockManager:
         remove_all = spelled("ckptvault unlock --remove-all", "Vault.unlock(remove_all=True)")
         if not other.unreadable:
             # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
-            return VaultLockedError(
-                f"vault {url} is locked: {other.describe()}; wait for it to finish (with "
-                f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
-                "If that process is gone, "
-                f"its lock goes stale {minutes} minutes after its last refresh{until} (at once if it ran on this "
-                f"host, outside any container of its own) and {spelled('ckptvault unlock', 'Vault.unlock()')} "
-                f"removes it then; if its machine is gone for good (a reclaimed instance), {remove_all} removes "
-                "it now, when no ckptvault process on any host uses this vault"
+            return _held_since(
+                refreshed,
+                VaultLockedError(
+                    f"vault {url} is locked: {other.describe()}; wait for it to finish (with "
+                    f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
+                    "If that process is gone, "
+                    f"its lock goes stale {minutes} minutes after its last refresh{until} (at once if it ran on this "
+                    f"host, outside any container of its own) and {spelled('ckptvault unlock', 'Vault.unlock()')} "
+                    f"removes it then; if its machine is gone for good (a reclaimed instance), {remove_all} removes "
+                    "it now, when no ckptvault process on any host uses this vault"
+                ),
             )
         then = (
             f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it once it is stale, {minutes} minutes after "
@@ -434,6 +443,7 @@ class LockManager:
         commands fail meanwhile as if it held the vault."""
         deadline = None
         delay = RETRY_FIRST_S
+        looked_again = False
         while True:
             try:
                 return take(deadline is not None)
@@ -441,7 +451,11 @@ class LockManager:
                 raise
             except VaultLockedError as exc:
                 if self.retry_for <= 0:
-                    raise
+                    if looked_again or not self._newcomer(exc):
+                        raise
+                    looked_again = True
+                    time.sleep(random.uniform(0.1, NEWCOMER_WAIT_S))
+                    continue
                 now = time.monotonic()
                 waiting = f"{spelled('--retry-lock', 'retry_lock')} {_duration(self.retry_for)}"
                 if deadline is None:
@@ -452,6 +466,11 @@ class LockManager:
                     raise VaultLockedError(f"{exc}; gave up waiting ({waiting}): a longer one waits it out") from None
                 time.sleep(min(delay, max(deadline - now, 0.0)))
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    def _newcomer(self, exc: VaultLockedError) -> bool:
+        """Whether the lock ``exc`` met was written moments ago (it may be backing off from this one's)."""
+        since = exc.held_since
+        return since is not None and abs((self.clock() - since).total_seconds()) < NEWCOMER_S
 
     def acquire(self, exclusive: bool, *, retry: bool = True) -> HeldLock:
         """Take a lock; with ``retry`` (and ``retry_for``) wait for a conflicting one to go. Code that
@@ -863,3 +882,8 @@ def _write_refused(exc: StorageError) -> bool:
     if isinstance(cause, OSError) and cause.errno == errno.EROFS:
         return True
     return cause is not None and classify(cause).kind is FailureKind.DENIED
+
+
+def _held_since(when: datetime | None, error: VaultLockedError) -> VaultLockedError:
+    error.held_since = when
+    return error
