@@ -462,3 +462,30 @@ def test_a_bare_oserror_of_the_sdk_is_said_without_its_errno_number():
 
     failure = classify(OSError(errno.EBUSY, "Please reduce your request rate."))
     assert failure.retryable and failure.reason == "Please reduce your request rate."
+
+
+def test_an_outage_is_retried_for_a_time_and_said_once_in_a_while(caplog):
+    """A storage answering 503 is retried past a call's attempts for ``retry_for`` seconds (audit 31a F1), and
+    those retries are one warning line per OUTAGE_SAID_EVERY_S for every call, not one each (F5: 61 lines for
+    one window). A 500 (one object's fault) keeps the count alone."""
+    inner = _AnsweringStore(failures=12)
+    store = RetryingStore(inner, RetryPolicy(retries=1, base_delay=0.001, max_delay=0.01, retry_for=30))
+    with caplog.at_level(logging.DEBUG, logger="ckptvault.store"):
+        assert store.get("obj") == b"1"
+    assert inner.calls == 13
+    told = [r for r in caplog.records if "the storage is down or busy" in r.getMessage()]
+    assert len(told) == 11 and [r.levelno for r in told].count(logging.WARNING) == 1
+    assert "(attempt 3; for up to 30 s in all, CKPTVAULT_RETRY_FOR)" in told[0].getMessage()
+
+    class _InternalError(Exception):
+        status_code = 500
+
+    class _FaultyObject(_AnsweringStore):
+        def get(self, key: str) -> bytes:
+            self.calls += 1
+            raise StorageError("GET", key, self.url, "500", retryable=True) from _InternalError()
+
+    faulty = _FaultyObject(failures=0)
+    with pytest.raises(StorageError, match="after 2 attempts"):
+        RetryingStore(faulty, RetryPolicy(retries=1, base_delay=0.001, max_delay=0.01, retry_for=30)).get("obj")
+    assert faulty.calls == 2

@@ -80,6 +80,9 @@ def call_deadline(op_timeout: float | None, nbytes: int | None) -> float:
 
 
 RETRY_FOR_S = 120.0  # how long an outage is retried by default (CKPTVAULT_RETRY_FOR)
+# While an outage is retried past the attempts, every call in flight retries (16 reads of a restore): one
+# warning line in this many seconds says it for all of them (one 503 window printed 61 lines of ~230 characters)
+OUTAGE_SAID_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ class RetryingStore:
         self._grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._deadlines = getattr(inner, "needs_deadline", True)
         self._breaker = Breaker()
+        self._outage_said = -OUTAGE_SAID_EVERY_S  # when an outage's retry was last said (time.monotonic)
 
     @property
     def unanswered(self) -> bool:
@@ -247,7 +251,10 @@ class RetryingStore:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
                 if outlasting:
-                    log.warning(
+                    quiet = now - self._outage_said < OUTAGE_SAID_EVERY_S  # said lately, for this call or another
+                    if not quiet:
+                        self._outage_said = now
+                    (log.debug if quiet else log.warning)(
                         "%s; the storage is down or busy: retrying in %.1f s (attempt %d; for up to %s s in all, "
                         "CKPTVAULT_RETRY_FOR)",
                         exc,
