@@ -122,15 +122,16 @@ class CheckpointFolder:
                 return entries
             self._forget_others(lambda name, _path: TRAINER_CHECKPOINT.fullmatch(name) is not None)
         kept = [e for e in entries if TRAINER_CHECKPOINT.fullmatch(e.name)]
-        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
-            self._warn_left_out(
-                name,
+        return self._said_left_out(
+            entries,
+            kept,
+            lambda name: (
                 f"{name}: left out from now on: {self.directory} is a Hugging Face Trainer's output folder, where "
                 f"only checkpoint-N folders are checkpoints (to ship it too: {spelled('--include', 'include=')} "
                 f"with a pattern for it and 'checkpoint-*'; a final model: "
-                f"{spelled('ckptvault backup', 'Vault.backup')})",
-            )
-        return kept
+                f"{spelled('ckptvault backup', 'Vault.backup')})"
+            ),
+        )
 
     def _step_folders_only(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
         """DeepSpeed saves each step into a folder (``global_step1200/``) and then names it in a
@@ -145,15 +146,24 @@ class CheckpointFolder:
                 return entries
             self._forget_others(_is_step_folder)
         kept = [e for e in entries if _is_step_folder(e.name, e.path)]
-        framework = POINTER_FILES[self._pointer_file]
-        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
-            self._warn_left_out(
-                name,
+        framework, pointer = POINTER_FILES[self._pointer_file], self._pointer_file
+        return self._said_left_out(
+            entries,
+            kept,
+            lambda name: (
                 f"{name}: left out from now on: {self.directory} is {framework}'s save folder, where only the step "
                 f"folders are checkpoints (to resume: restore the newest into {self.directory}/<its name>, and write "
-                f"{self._pointer_file} as {framework} does; to ship {name} too: "
-                f"{spelled('--include', 'include=')} with a pattern for it and one for the step folders)",
-            )
+                f"{pointer} as {framework} does; to ship {name} too: "
+                f"{spelled('--include', 'include=')} with a pattern for it and one for the step folders)"
+            ),
+        )
+
+    def _said_left_out(
+        self, entries: list[os.DirEntry[str]], kept: list[os.DirEntry[str]], why: Callable[[str], str]
+    ) -> list[os.DirEntry[str]]:
+        """``kept``, once each entry it leaves out is named (``why(name)``: the message)."""
+        for name in sorted({e.name for e in entries} - {e.name for e in kept}):
+            self._warn_left_out(name, why(name))
         return kept
 
     def _files_not_checkpoints(self, entries: list[os.DirEntry[str]]) -> list[os.DirEntry[str]]:
