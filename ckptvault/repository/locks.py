@@ -404,18 +404,17 @@ class LockManager:
         remove_all = spelled("ckptvault unlock --remove-all", "Vault.unlock(remove_all=True)")
         if not other.unreadable:
             # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
-            return _held_since(
-                refreshed,
-                VaultLockedError(
-                    f"vault {url} is locked: {other.describe()}; wait for it to finish (with "
-                    f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
-                    "If that process is gone, "
-                    f"its lock goes stale {minutes} minutes after its last refresh{until} (at once if it ran on this "
-                    f"host, outside any container of its own) and {spelled('ckptvault unlock', 'Vault.unlock()')} "
-                    f"removes it then; if its machine is gone for good (a reclaimed instance), {remove_all} removes "
-                    "it now, when no ckptvault process on any host uses this vault"
-                ),
+            locked = VaultLockedError(
+                f"vault {url} is locked: {other.describe()}; wait for it to finish (with "
+                f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
+                f"If that process is gone, its lock goes stale {minutes} minutes after its last refresh{until} (at "
+                f"once if it ran on this host, outside any container of its own) and "
+                f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it then; if its machine is gone for good "
+                f"(a reclaimed instance), {remove_all} removes it now, when no ckptvault process on any host uses "
+                "this vault"
             )
+            locked.held_since = refreshed
+            return locked
         then = (
             f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it once it is stale, {minutes} minutes after "
             f"it was written{until}, or {remove_all} removes it now when no ckptvault process on any host uses "
@@ -882,8 +881,3 @@ def _write_refused(exc: StorageError) -> bool:
     if isinstance(cause, OSError) and cause.errno == errno.EROFS:
         return True
     return cause is not None and classify(cause).kind is FailureKind.DENIED
-
-
-def _held_since(when: datetime | None, error: VaultLockedError) -> VaultLockedError:
-    error.held_since = when
-    return error
