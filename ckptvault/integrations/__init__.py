@@ -2,6 +2,6 @@
 
 Each is an optional extra with its own import: ``ckptvault.integrations.hf`` needs
 ``transformers`` (``pip install ckptvault[hf]``), ``ckptvault.integrations.lightning`` needs
-``pytorch-lightning`` (``pip install ckptvault[lightning]``). Importing this package imports
-neither.
+``pytorch-lightning`` (``pip install ckptvault[lightning]``) or the unified ``lightning`` package.
+Importing this package imports neither.
 """

@@ -4,6 +4,10 @@
 
     trainer = pl.Trainer(callbacks=[ModelCheckpoint(...), CkptVaultCallback("s3://bucket/vault", run="exp-7")])
 
+Lightning comes as two packages holding separate copies of the same classes: ``pytorch_lightning``
+and the unified ``lightning`` (``lightning.pytorch``). The callback is a ``Callback`` of each one
+installed, so it goes into either one's Trainer.
+
 Lightning has no hook after a checkpoint file is written (``on_save_checkpoint`` runs before),
 but checkpoint callbacks write only inside their own hooks (batch, epoch and validation end, the
 end of training, an exception), and Lightning runs them after all other callbacks in each hook.
@@ -20,16 +24,31 @@ one of the same name, tags and contents exists (``skip_if_unchanged``).
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
-
-from pytorch_lightning import Callback
 
 from ..ops.names import step_from_name
 from .shipping import Shipping, log
 
 
-class CkptVaultCallback(Shipping, Callback):  # type: ignore[misc]
+def _callback_classes() -> tuple[type, ...]:
+    """``Callback`` of each Lightning package installed (the Trainers check ``isinstance``)."""
+    classes = []
+    for package in ("pytorch_lightning", "lightning.pytorch"):
+        try:
+            classes.append(importlib.import_module(package).Callback)
+        except ImportError:
+            continue
+    if not classes:
+        raise ImportError(
+            "ckptvault's Lightning callback needs PyTorch Lightning: pip install 'ckptvault[lightning]'"
+            " (or the unified package: pip install lightning)"
+        )
+    return tuple(classes)
+
+
+class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
     """Arguments: see ``Shipping``; ``step`` comes from the checkpoint's file name or the save."""
 
     ship_on_sigterm = False  # Lightning's own SIGTERM handling ends fit, and the exit hook ships
