@@ -238,6 +238,39 @@ def test_finish_shipping_without_raising_logs_a_flush_timeout(vault, caplog, mon
         Shipping(vault, flush_timeout=5).finish_shipping()
 
 
+@pytest.mark.parametrize("failing", ["older", "newest"])
+def test_finish_shipping_raises_only_when_the_newest_checkpoint_is_not_in_the_vault(
+    vault, tmp_path, monkeypatch, caplog, failing
+):
+    """A storage blip early in a run failed the script at its end (after training, before the code
+    after train() ran), though the newest checkpoint, the one a resume takes, had shipped."""
+    from ckptvault.errors import StorageError
+    from ckptvault.integrations.shipping import Shipping
+
+    run_job, failing_step = vault._run_job, {"older": "1", "newest": "2"}[failing]
+
+    def run_failing(job):
+        if job.tags["step"] == failing_step:
+            raise StorageError("PUT", "locks/x", vault.url, "the vault's folder is gone (simulated)")
+        return run_job(job)
+
+    monkeypatch.setattr(vault, "_run_job", run_failing)
+    shipping = Shipping(vault, run="r")
+    for step in (1, 2):
+        shipping.ship(str(write_file(tmp_path / f"checkpoint-{step}" / "w.bin", os.urandom(1000)).parent), step)
+    if failing == "newest":
+        with pytest.raises(StorageError, match="simulated"):
+            shipping.finish_shipping()
+        return
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        shipping.finish_shipping()  # does not raise
+    assert [s.tags["step"] for s in vault.snapshots()] == ["2"]
+    assert any(
+        "the newest checkpoint (" in r.getMessage() and "checkpoint-2) is in the vault" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
+
+
 # ---- 5. a closed Vault ------------------------------------------------------------------------
 
 

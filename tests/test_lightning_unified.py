@@ -102,6 +102,5 @@ def test_without_any_lightning_the_import_says_what_to_install():
         timeout=120,
     )
     assert proc.returncode == 1
-    assert "ImportError: ckptvault's Lightning callback needs PyTorch Lightning: pip install 'ckptvault[lightning]'" in (
-        proc.stderr
-    )
+    needs = "ImportError: ckptvault's Lightning callback needs PyTorch Lightning: pip install 'ckptvault[lightning]'"
+    assert needs in proc.stderr

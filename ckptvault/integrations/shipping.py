@@ -82,8 +82,9 @@ class Shipping:
                 ) from None
 
     def finish_shipping(self) -> None:
-        """Wait for the queued uploads; the first failure is raised unless ``raise_on_error`` is off:
-        then it is only logged (training's result stands)."""
+        """Wait for the queued uploads. The first failure is raised when the newest checkpoint
+        handed over is not in the vault, unless ``raise_on_error`` is off; else it is only logged
+        (training's result stands): a resume takes the newest, as when a full queue drops older ones."""
         if not isinstance(self.vault, Vault):
             return  # a copy that shipped nothing in this process
         try:
@@ -93,10 +94,19 @@ class Shipping:
                 raise
             log.error("ckptvault: %s at the end of training; they go on in the background until exit", exc)
         except Exception as exc:
-            if self.raise_on_error:
-                raise
             # each failed upload was logged at ERROR when it failed; this says training went on anyway
-            log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)
+            newest = self.handles[-1] if self.handles else None
+            if newest is not None and newest.done() and newest.exception(timeout=0) is None:
+                log.warning(
+                    "ckptvault: a checkpoint upload failed (%s); the newest checkpoint (%s) is in the vault, so "
+                    "training's result stands",
+                    exc,
+                    newest.paths,
+                )
+            elif self.raise_on_error:
+                raise
+            else:
+                log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)
 
     def __getstate__(self) -> dict[str, object]:
         """A copy for another process (Lightning's ``ddp_spawn`` pickles its callbacks): the open

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..durable import fsync_dir
-from ..errors import CkptVaultError, ShortReadError
+from ..errors import CkptVaultError, ShortReadError, StorageError
 from .base import TEMP_PREFIX, ObjectInfo
 from .failures import storage_error
 from .localwrite import LocalWriter
@@ -44,6 +44,7 @@ class LocalStore:
         self.transfers = TransferLimits.from_env(remote=False)
         self._writer = LocalWriter()
         self._made_dirs: set[str] = set()
+        self._seen = False  # whether an object was read or written here: the vault's folder existed
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -60,11 +61,35 @@ class LocalStore:
     # ---- the Store contract ------------------------------------------------------------
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
+        path = self._path(key)
         with self._translate_errors("PUT", key, if_absent=if_absent):
-            self.put_file(self._path(key), data, if_absent)
+            try:
+                self.put_file(path, data, if_absent)
+            except FileNotFoundError:  # its folder was made or seen by an earlier put, and is gone since
+                self._made_dirs.discard(os.path.dirname(path))
+                if self._gone():
+                    raise self._gone_error("PUT", key) from None
+                self.put_file(path, data, if_absent)  # only a folder inside the vault was removed: made again
+
+    def _gone(self) -> bool:
+        """Whether the vault's folder, seen here before, is missing or empty now (a vault always holds
+        its config, written first): moved or deleted, or its disk unmounted, leaving the mount point."""
+        if not self._seen:
+            return False
+        try:
+            with os.scandir(self.root) as entries:
+                return next(entries, None) is None
+        except FileNotFoundError:
+            return True
+
+    def _gone_error(self, op: str, key: str) -> StorageError:
+        # retryable: a network mount that drops for a moment comes back; nothing is made in its place
+        reason = "the vault's folder is gone or empty (moved, deleted, or its disk unmounted?)"
+        return StorageError(op, key, self.url, reason, retryable=True)
 
     def put_file(self, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
-        """Create or replace the file at ``path`` atomically and durably (OSErrors as they come)."""
+        """Create or replace the file at ``path`` atomically and durably (OSErrors as they come). A
+        vault that went away (``_gone``) is not made again, half, by a write into one of its folders."""
         directory = os.path.dirname(path)
         if directory not in self._made_dirs:
             missing = []  # folders this put creates: their own names must be made durable too
@@ -72,6 +97,8 @@ class LocalStore:
             while parent and not os.path.isdir(parent) and parent != os.path.dirname(parent):
                 missing.append(parent)
                 parent = os.path.dirname(parent)
+            if missing and self._gone():
+                raise FileNotFoundError(errno.ENOENT, "the vault's folder is gone or empty", self.root)
             try:
                 os.makedirs(directory, exist_ok=True)
             # neither is about the object (if_absent's "exists", a reader's "missing"): report the folder
@@ -97,9 +124,11 @@ class LocalStore:
         else:
             os.replace(tmp, path)
         fsync_dir(directory)
+        self._seen = True
 
     def get(self, key: str) -> bytes:
         with self._translate_errors("GET", key), open(self._path(key), "rb") as f:
+            self._seen = True
             return f.read()
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -147,6 +176,8 @@ class LocalStore:
                 if key.rsplit("/", 1)[-1].startswith(TEMP_PREFIX) or (prefix and not key.startswith(prefix)):
                     continue
                 out.append(ObjectInfo(key, size, mtime))
+        if not out and self._gone():  # not "no snapshots" (or packs) where the whole vault went away
+            raise self._gone_error("LIST", prefix)
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:
