@@ -40,6 +40,7 @@ def test_drill_restores_verifies_loads_times_each_phase_and_cleans_up(tmp_path, 
         "optimizer.pt": ("torch", True),
         "extra_state.pt": ("torch", True),
         "pickled.pt": ("torch-archive", True),  # checked record by record, its pickle not run
+        "config.json": ("json", True),
     }
     assert not (tmp_path / "scratch").exists(), "the drill leaves nothing behind, not even the folders it made"
     kept = tmp_path / "kept"
@@ -185,3 +186,109 @@ def test_a_damaged_legacy_torch_file_fails_its_check_within_bounds():
     for damaged in (memo_bomb, nested, head):
         assert legacy_torch_problem(io.BytesIO(damaged)) is not None
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB: not the 64 GiB asked
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def drill_loads(vault, folder: Path, tmp_path: Path) -> dict[str, tuple[str, bool, str]]:
+    """Back ``folder`` up, drill it with --load: each file's (loader, ok, detail)."""
+    vault.backup(folder, tags={"case": folder.name})
+    report = vault.drill("latest", tags={"case": folder.name}, load=True, workdir=tmp_path / "drills")
+    return {c.path: (c.loader, c.ok, c.detail) for c in report.loads}
+
+
+def test_a_bit_flipped_in_a_torch_file_that_loads_fails_its_crc(tmp_path, vault):
+    """torch.load checks no CRC: a bit flipped on the trainer's disk before the backup loaded as
+    "ok" from a weights-only file, while the same flip failed a file holding pickled objects."""
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    torch.save({"w": torch.randn(128, 128)}, ckpt / "model.pt")
+    flip_byte(ckpt / "model.pt", (ckpt / "model.pt").stat().st_size // 2)  # inside the tensor's record
+    assert torch.load(ckpt / "model.pt", weights_only=True)["w"].shape == (128, 128), "it still loads"
+    loader, ok, detail = drill_loads(vault, ckpt, tmp_path)["model.pt"]
+    assert (loader, ok) == ("torch", False) and detail == "record model/data/0 fails its CRC"
+
+
+def test_the_files_around_the_weights_are_checked_too(tmp_path, vault):
+    """A resume fails on a torn trainer_state.json or a sharded checkpoint missing a shard, which
+    the drill said were "recovery OK"."""
+    torch.manual_seed(0)
+    tensors = {"a": torch.randn(8, 8), "b": torch.randn(8), "c": torch.randn(4, 4)}
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    safetensors_torch.save_file({"a": tensors["a"], "b": tensors["b"]}, str(whole / "model-1-of-2.safetensors"))
+    safetensors_torch.save_file({"c": tensors["c"]}, str(whole / "model-2-of-2.safetensors"))
+    index = {"metadata": {}, "weight_map": {"a": "model-1-of-2.safetensors", "b": "model-1-of-2.safetensors"}}
+    index["weight_map"]["c"] = "model-2-of-2.safetensors"
+    write_file(whole / "model.safetensors.index.json", json.dumps(index).encode())
+    write_file(whole / "trainer_state.json", b'{"global_step": 40, "log_history": [{"loss": 1.5}]}')
+    assert drill_loads(vault, whole, tmp_path) == {
+        "model-1-of-2.safetensors": ("safetensors", True, "2 tensors"),
+        "model-2-of-2.safetensors": ("safetensors", True, "1 tensors"),
+        "model.safetensors.index.json": ("shard-index", True, "2 shard(s) present, 3 tensors mapped"),
+        "trainer_state.json": ("json", True, "parsed"),
+    }
+
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    write_file(torn / "trainer_state.json", b'{"global_step": 40, "log_history": [{"loss": 1.')
+    loader, ok, detail = drill_loads(vault, torn, tmp_path)["trainer_state.json"]
+    assert (loader, ok) == ("json", False) and detail.startswith("not valid JSON (Expecting")
+
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    (missing / "model-1-of-2.safetensors").hardlink_to(whole / "model-1-of-2.safetensors")
+    (missing / "model.safetensors.index.json").hardlink_to(whole / "model.safetensors.index.json")
+    loader, ok, detail = drill_loads(vault, missing, tmp_path)["model.safetensors.index.json"]
+    assert (loader, ok) == ("shard-index", False)
+    assert detail == "names the shard model-2-of-2.safetensors, which the snapshot does not hold beside it"
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    safetensors_torch.save_file({"a": tensors["a"]}, str(wrong / "model-1-of-2.safetensors"))  # lacks "b"
+    (wrong / "model-2-of-2.safetensors").hardlink_to(whole / "model-2-of-2.safetensors")
+    (wrong / "model.safetensors.index.json").hardlink_to(whole / "model.safetensors.index.json")
+    loader, ok, detail = drill_loads(vault, wrong, tmp_path)["model.safetensors.index.json"]
+    assert (loader, ok, detail) == (
+        "shard-index", False, "maps 1 tensor(s) to model-1-of-2.safetensors, which lacks them (e.g. 'b')"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", [None, "cut", "flipped"])
+def test_a_torch_distributed_checkpoint_folder_is_checked_without_unpickling_it(tmp_path, vault, cli, repo_url, damage):
+    """A DCP folder (.metadata beside .distcp files) had nothing the drill loaded: "0 of 0 file(s)
+    loaded", "recovery OK", even with its shard cut short."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 16))
+    folder = tmp_path / f"dcp-{damage}"
+    dcp.save({"model": model.state_dict(), "step": 100}, checkpoint_id=str(folder))
+    (shard,) = folder.glob("*.distcp")
+    if damage == "cut":
+        os.truncate(shard, shard.stat().st_size // 3)
+    elif damage == "flipped":  # inside the first tensor's data: its 512 KiB are most of the file
+        flip_byte(shard, shard.stat().st_size // 4)
+    loader, ok, detail = drill_loads(vault, folder, tmp_path)[".metadata"]
+    assert loader == "dcp"
+    if damage is None:
+        assert ok and detail == "5 items in 1 file(s), each whole (bounds, CRC-32 of its archive)"
+        return
+    assert not ok
+    if damage == "cut":
+        assert detail.startswith(f"cut short: {shard.name} has {shard.stat().st_size} bytes, 'model.")
+    else:
+        assert detail.startswith("'model.0.weight' in __0_0.distcp: record ") and detail.endswith("fails its CRC")
+    proc = cli("drill", "latest", "--tag", f"case={folder.name}", "--load", "--repo", repo_url, check=False)
+    assert proc.returncode == 41 and "FAIL .metadata: dcp," in proc.stdout.decode()
+
+
+def test_a_snapshot_with_nothing_to_load_says_only_its_bytes_were_verified(tmp_path, vault, cli, repo_url):
+    write_file(tmp_path / "run" / "weights.raw", os.urandom(1000))
+    vault.backup(tmp_path / "run")
+    text = cli("drill", "latest", "--load", "--repo", repo_url).stdout.decode()
+    assert "no file of a kind it loads: only the bytes were verified" in text and "recovery OK" in text

@@ -21,7 +21,9 @@ def drill_cmd(
     load: Annotated[
         bool,
         typer.Option(
-            "--load", help="Also load each .safetensors/.pt/.pth/.ckpt file and zip .bin (safetensors, torch)."
+            "--load",
+            help="Also load each .safetensors/.pt/.pth/.ckpt file and zip .bin (safetensors, torch), parse each"
+            " .json, and check shard indexes and torch.distributed.checkpoint folders.",
         ),
     ] = False,
     tmp_dir: Annotated[
@@ -58,7 +60,10 @@ def drill_cmd(
     ]
     if report.load_s is not None:
         loaded = sum(c.ok for c in report.loads)
-        lines.append(f"  load    {report.load_s:8.2f} s  {loaded} of {len(report.loads)} file(s) loaded")
+        if report.loads:
+            lines.append(f"  load    {report.load_s:8.2f} s  {loaded} of {len(report.loads)} file(s) loaded")
+        else:
+            lines.append(f"  load    {report.load_s:8.2f} s  no file of a kind it loads: only the bytes were verified")
     for check in report.loads:
         lines.append(f"    {'ok  ' if check.ok else 'FAIL'} {check.path}: {check.loader}, {check.detail}")
     for skipped in report.skipped:

@@ -27,7 +27,7 @@ class ZipMember:
     stored: bool  # True when not compressed (ZIP_STORED): the bytes are the member's content
 
 
-class _ReadAtFile(io.RawIOBase):
+class ReadAtFile(io.RawIOBase):
     """A read-only, seekable file object over ``read_at``, for ``zipfile``."""
 
     def __init__(self, read_at: ReadAt, size: int) -> None:
@@ -64,7 +64,7 @@ def looks_like(head: bytes) -> bool:
 def members(read_at: ReadAt, size: int, name: str = "file") -> list[ZipMember]:
     """Every member of the archive, in central-directory order."""
     try:
-        with zipfile.ZipFile(io.BufferedReader(_ReadAtFile(read_at, size), 64 * 1024)) as archive:
+        with zipfile.ZipFile(io.BufferedReader(ReadAtFile(read_at, size), 64 * 1024)) as archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, struct.error, NotImplementedError, EOFError) as exc:
         raise FileFormatError(name, f"is not a readable zip archive ({exc})") from None

@@ -44,19 +44,21 @@ _PICKLES_BEFORE_THE_OBJECT = 3  # magic number, protocol version, system info
 MAX_GLOBALS = 10_000  # distinct classes a checkpoint names: a few dozen in practice
 
 
-class _StandIn:
-    """What every global of the file unpickles to: takes any arguments and any state, runs nothing."""
+class StandIn:
+    """What every global of the file unpickles to: takes any arguments and any state (kept as
+    ``state``, for a reader of the object's fields), runs nothing."""
 
     qualname = ""
+    state: Any = None
 
-    def __new__(cls, *_args: Any, **_kwargs: Any) -> _StandIn:
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> StandIn:
         return super().__new__(cls)
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         pass
 
-    def __setstate__(self, _state: Any) -> None:
-        pass
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
 
     def __setitem__(self, _key: Any, _value: Any) -> None:
         pass
@@ -68,25 +70,27 @@ class _StandIn:
         pass
 
 
-class _InertUnpickler(pickle._Unpickler):  # the Python one: see the module docstring
-    def __init__(self, f: BinaryIO, storages: dict[str, tuple[str, int]], classes: dict[str, type]) -> None:
+class InertUnpickler(pickle._Unpickler):  # the Python one: see the module docstring
+    def __init__(
+        self, f: BinaryIO, storages: dict[str, tuple[str, int]] | None = None, classes: dict[str, type] | None = None
+    ) -> None:
         super().__init__(f)
-        self._storages = storages
-        self._classes = classes
+        self._storages = {} if storages is None else storages
+        self._classes = {} if classes is None else classes
 
     def find_class(self, module: str, name: str) -> type:
         qualname = f"{module}.{name}"
         if qualname not in self._classes:
             if len(self._classes) >= MAX_GLOBALS:
                 raise pickle.UnpicklingError(f"more than {MAX_GLOBALS} distinct classes named")
-            self._classes[qualname] = type("StandIn", (_StandIn,), {"qualname": qualname})
+            self._classes[qualname] = type("StandIn", (StandIn,), {"qualname": qualname})
         return self._classes[qualname]
 
-    def persistent_load(self, pid: Any) -> _StandIn:
+    def persistent_load(self, pid: Any) -> StandIn:
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":  # then a view's, in older files
             storage_class, key, numel = pid[1], pid[2], pid[4]
             self._storages[str(key)] = (getattr(storage_class, "qualname", ""), numel)
-        return _StandIn()
+        return StandIn()
 
 
 def legacy_torch_problem(f: BinaryIO) -> str | None:
@@ -102,8 +106,8 @@ def _problem(f: BinaryIO) -> str | None:
     storages: dict[str, tuple[str, int]] = {}
     classes: dict[str, type] = {}
     for _ in range(_PICKLES_BEFORE_THE_OBJECT + 1):
-        _InertUnpickler(f, storages, classes).load()
-    keys = _InertUnpickler(f, storages, classes).load()
+        InertUnpickler(f, storages, classes).load()
+    keys = InertUnpickler(f, storages, classes).load()
     if not isinstance(keys, list) or sorted(map(str, keys)) != sorted(storages):
         return "its list of storages does not match the tensors it holds"
     for key in map(str, keys):
