@@ -385,3 +385,29 @@ def test_a_damaged_index_object_still_maps_a_pack_whose_header_is_damaged_too(re
     assert (tmp_path / "out" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
     cli("repair-index", "--read-data", "--repo", repo_url)  # and the header is made sound again
     cli("check", "--read-data", "--repo", repo_url)
+
+
+def test_a_dropped_pack_that_reads_whole_again_is_indexed_again(repo_url: str, tmp_path: Path, cli):
+    """--drop-failing-packs takes a storage fault that passes for a damaged pack (a link cutting every
+    download, a 500 window): once it passed, nothing brought the snapshot back, and check advised forget
+    (audit 32a F2). A repair-index before the prune indexes again the chunks that read and verify."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(200_000))  # one chunk, one pack
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+        (chunk,) = vault.files(snap)[0].chunks
+        loc = vault._repo.index.get(chunk)
+    pack = Path(repo_url) / pack_key(loc.pack_id)
+    flip(pack, loc.offset + loc.stored_len // 2)  # what reading it gives while the fault lasts
+    assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
+    assert cli("restore", "latest", str(tmp_path / "lost"), "--repo", repo_url, check=False).returncode == 30
+    flip(pack, loc.offset + loc.stored_len // 2)  # the fault passed: the pack reads whole again
+    out = cli("repair-index", "--repo", repo_url).stdout.decode()
+    assert "indexed the chunks of 1 dropped pack(s) that read and verify now again" in out, out
+    cli("restore", "latest", str(tmp_path / "back"), "--repo", repo_url)
+    assert tree(tmp_path / "back") == tree(src)
+    with Vault.open(repo_url) as vault:
+        assert vault.check(read_data=1.0).ok
+        vault.prune(keep_latest=1)
+        assert pack.exists() and vault.check(read_data=1.0).ok  # not taken for a pack no chunk needs

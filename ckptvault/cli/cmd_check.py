@@ -100,7 +100,8 @@ def repair_index_cmd(
         + (f"; {drop} {len(result.missing_packs)} missing pack(s) from the index" if result.missing_packs else "")
         + (
             f"; {drop} the chunks of {len(result.failing_packs)} pack(s) the storage fails to serve from the index "
-            "(prune removes the packs): the next backup of the files holding them stores them again"
+            "(prune removes the packs; a repair-index before then indexes them again if they read by then): the "
+            "next backup of the files holding them stores them again"
             if drop_failing and result.failing_packs
             else ""
         )
@@ -120,6 +121,11 @@ def repair_index_cmd(
             f"; {'would copy' if dry_run else 'copied'} the chunks of {len(result.rewritten_packs)} pack(s) whose "
             f"header is damaged into new packs, and {'remove' if dry_run else 'removed'} them"
             if result.rewritten_packs
+            else ""
+        )
+        + (
+            f"; {index} the chunks of {len(result.revived_packs)} dropped pack(s) that read and verify now again"
+            if result.revived_packs
             else ""
         ),
     )

@@ -83,7 +83,7 @@ class CheckReport:
             "class: not damage; fix the access)"
         )
         fails = (
-            f"{failing} pack(s) the storage fails on every attempt (a server error, a body cut short: damaged "
+            f"{failing} pack(s) the storage fails on every attempt (a server error: damaged "
             "where stored, or a fault that passes; if it persists, ckptvault repair-index --drop-failing-packs drops "
             "them, so that the next backup stores their chunks again)"
         )

@@ -33,6 +33,8 @@ class IndexRepair:
     salvaged_packs: list[str] = field(default_factory=list)  # header damaged: indexed from a damaged index object
     rewritten_packs: list[str] = field(default_factory=list)  # read_data: indexed packs whose header was damaged,
     # copied into new packs (their chunks that verify) and removed
+    revived_packs: list[str] = field(default_factory=list)  # indexed without chunks (dropped), read whole now:
+    # their chunks that verify indexed again
 
 
 def repair_index(
@@ -47,14 +49,17 @@ def repair_index(
     again once one has (a chunk is named by its content).
 
     ``drop_failing`` (implies ``read_data``): every chunk of a pack the storage answers for but fails on
-    every attempt (a server error, a body cut short: ``store.failures.object_fault``) is dropped too.
-    Only on request: a storage fault that passes answers the same. The pack stays, indexed without
-    chunks, so nothing reads it again; prune removes it."""
+    every attempt (a server error: ``store.failures.object_fault``) is dropped too. Only on request: a
+    storage fault that passes answers the same. The pack stays, indexed without chunks, so nothing reads
+    it again; prune removes it. Until then, a later repair indexes again the chunks of such a pack that
+    read and verify by then (the fault passed): dropping is undone, not final."""
     read_data = read_data or drop_failing  # they are found by reading every pack
     damaged: dict[bytes, str] = {}
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
+    with_chunks = {pack_id for packs in objects.values() for pack_id, entries in packs.items() if entries}
+    chunkless = {pack_id for packs in objects.values() for pack_id in packs} - with_chunks - gone
     unread: list[bytes] = []
     failing: list[bytes] = []  # in unread too
     headless: set[bytes] = set()  # indexed packs whose own header is damaged
@@ -63,7 +68,8 @@ def repair_index(
     if drop_failing:
         for packs in objects.values():
             dropped.update({p: {e.chunk_id for e in entries} for p, entries in packs.items() if p in failing})
-    stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys()) & packs.keys()]
+    revived = _chunks_that_verify_now(repo, chunkless - dropped.keys())
+    stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys() | revived.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
     # A pack whose header is damaged, in no readable index: a damaged index object may still be its only
@@ -82,7 +88,7 @@ def repair_index(
     if not dry_run:
         verify_exclusive_lock(repo)
         if described or rewritten:
-            repo.write_index({**rewritten, **described})  # before removing the objects it replaces
+            repo.write_index({**rewritten, **described, **revived})  # before removing the objects it replaces
         for index_id in [*damaged, *stale]:
             repo.delete_index(index_id)
         if headless:
@@ -98,7 +104,30 @@ def repair_index(
         failing_packs=sorted(p.hex() for p in failing),
         salvaged_packs=salvaged,
         rewritten_packs=sorted(p.hex() for p in headless),
+        revived_packs=sorted(p.hex() for p in revived),
     )
+
+
+def _chunks_that_verify_now(repo: Repository, chunkless: set[bytes]) -> dict[bytes, list[PackEntry]]:
+    """Pack ID -> its chunks that read and verify, for each pack indexed without chunks (dropped by
+    --drop-failing-packs, or every chunk found damaged) that reads whole now, with a sound header."""
+    revived: dict[bytes, list[PackEntry]] = {}
+    for pack_id in sorted(chunkless):
+        try:
+            data = repo.read_pack(pack_id)
+            entries = read_pack_header(repo.codec, pack_id, data)
+        except CkptVaultError:
+            continue  # still failing, or damaged: it stays dropped
+        good = []
+        for e in entries:
+            try:
+                repo.decode_chunk(e.chunk_id, data[e.offset : e.offset + e.stored_len], e.raw_len, e.base_id)
+            except CkptVaultError:
+                continue
+            good.append(e)
+        if good:
+            revived[pack_id] = good
+    return revived
 
 
 def _rewrite_headless_packs(repo: Repository, headless: set[bytes], bad_chunks: dict[bytes, set[bytes]]) -> None:

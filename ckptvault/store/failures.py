@@ -350,10 +350,14 @@ def storage_error(
     return StorageError(op, key, url, failure.reason, retryable=failure.retryable)
 
 
-# Answers that say the storage cannot serve this one object, rather than that it is busy or out of
-# reach: an internal error (HTTP 500; SeaweedFS answers so for every read of an object whose stored
-# CRC no longer matches its bytes), or a body that ends before the length it announced.
+# Answers that say the storage cannot serve this one object, rather than that it is out of reach: an
+# internal error (HTTP 500; SeaweedFS answers so for every read of an object whose stored CRC no longer
+# matches its bytes). Cloud stores answer so for a while too (Azure's and S3's InternalError), so a 500
+# is retried as an outage first (down_or_busy); only one that outlasts the retries points at the object.
 OBJECT_FAULT_CODES = frozenset({"InternalError", "InternalServerError"})
+# A body that ends before the length it announced: the server answered, and a connection reset or a
+# middlebox cut the transfer. Nothing says the object is damaged (a damaged stored object is answered
+# with an error, or in full and then fails its checksum): not an object fault, not "no answer".
 CUT_SHORT_NAMES = frozenset(
     {"ClientPayloadError", "ContentLengthError", "IncompleteRead", "IncompleteReadError", "ChunkedEncodingError"}
 )
@@ -363,16 +367,19 @@ def object_fault(exc: BaseException) -> bool:
     """Whether ``exc``, the last of a call's attempts, says the storage answers but fails this object:
     after every retry that points at the object as stored, not at the storage as a whole."""
     status, code = status_in_chain(exc)
-    if status is not None or code is not None:
-        return status == 500 or code in OBJECT_FAULT_CODES
+    return status == 500 or code in OBJECT_FAULT_CODES
+
+
+def cut_short(exc: BaseException) -> bool:
+    """Whether ``exc`` is a transfer cut mid-body (see CUT_SHORT_NAMES)."""
     return any(type(node).__name__ in CUT_SHORT_NAMES for node in _chain(exc))
 
 
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the storage did not answer at all (a timeout, a refused or dropped
-    connection), as opposed to answering with an error (a 5xx, a short object): then the storage
-    itself is down, not one object."""
-    if status_in_chain(exc) != (None, None):
+    connection), as opposed to answering with an error (a 5xx) or in part (a body cut short): then the
+    storage itself is down, not one object or one transfer."""
+    if status_in_chain(exc) != (None, None) or cut_short(exc):
         return False
     return any(
         isinstance(node, (ConnectionError, TimeoutError))
@@ -397,14 +404,15 @@ BUSY_CODES = frozenset(
 
 
 def down_or_busy(exc: BaseException) -> bool:
-    """Whether ``exc`` says the storage cannot serve anything now: it does not answer (``unreachable``), or
-    answers that it is busy or unavailable (429, 503, throttling; s3fs's EBUSY). That passes by itself, and
-    may last longer than a call's retries (retrying.py retries it for a time); an error one object gets
-    (a 500 on a damaged volume, a body cut short) does not."""
-    if unreachable(exc):
+    """Whether ``exc`` may say the storage cannot serve anything now: it does not answer (``unreachable``),
+    answers that it is busy or unavailable (429, 503, throttling; s3fs's EBUSY) or failing (500: Azure and
+    S3 answer so for tens of seconds at times), or its transfers are cut mid-body (a flaky link). That
+    passes by itself, and may last longer than a call's retries (retrying.py retries it for a time); a
+    500 that outlasts them is then taken for a fault of the object (``object_fault``)."""
+    if unreachable(exc) or cut_short(exc):
         return True
     status, code = status_in_chain(exc)
-    if status in BUSY_STATUS or code in BUSY_CODES:
+    if status in BUSY_STATUS or code in BUSY_CODES or object_fault(exc):
         return True
     return status is None and any(isinstance(node, OSError) and node.errno == errno.EBUSY for node in _chain(exc))
 

@@ -357,3 +357,30 @@ def test_a_backup_interrupted_while_the_network_is_dead_ends_with_the_attempts_i
     stderr = (tmp_path / "stderr").read_text()
     assert rc == (130 if sig == signal.SIGINT else 143), stderr
     assert took < 9, f"took {took:.1f} s to end: {stderr}"
+
+
+def test_downloads_cut_for_good_are_a_network_fault_not_pack_damage(moto, proxy, src, tmp_path, monkeypatch):
+    """A link that resets every long download (a middlebox, a flaky VPN): the storage answered, nothing
+    stored is damaged. It was called pack damage ("damaged where it is stored"), repair-index
+    --drop-failing-packs then dropped intact packs, and the restore's shared lock was left behind as
+    "the storage is not answering", refusing other hosts' prunes for 30 minutes (audit 32a F2, F3)."""
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "1")
+    url = moto.backend.new_url("cut-for-good")
+    with Vault.init(url, storage_options=via(moto.backend, proxy), pack_size=PACK) as vault:  # chunks of ~1 MiB
+        vault.backup(src)
+    proxy.drop_all()
+    proxy.cut_download_after_bytes = 300_000  # every pack GET, for good
+    with Vault.open(url, storage_options=via(moto.backend, proxy)) as vault:
+        with pytest.raises(StorageError, match="ClientPayloadError") as caught:
+            vault.restore("latest", tmp_path / "out")
+        assert "drop-failing-packs" not in str(caught.value)
+        assert vault.locks() == [], "the restore's shared lock is removed: the storage answers"
+        report = vault.check(read_data=1.0)
+        assert report.problems and not any(p.failing for p in report.problems)
+        assert all(p.unreadable for p in report.problems)
+        assert vault.repair_index(drop_failing=True).failing_packs == []
+    proxy.heal()
+    with Vault.open(url, storage_options=moto.backend.storage_options) as vault:
+        vault.restore("latest", tmp_path / "out")
+        assert vault.check(read_data=1.0).ok
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
