@@ -465,9 +465,22 @@ def test_a_bare_oserror_of_the_sdk_is_said_without_its_errno_number():
     assert failure.retryable and failure.reason == "Please reduce your request rate."
 
 
+def test_the_retries_of_calls_failing_alike_are_said_once_in_a_while(caplog):
+    """Each retry of each call in flight was a warning line of ~300 characters: 21-75 lines for one
+    15-25 s window on Azure or SFTP (audit 32a F5). One line per RETRY_SAID_EVERY_S says them all."""
+    inner = _AnsweringStore(failures=0)
+    store = RetryingStore(inner, RetryPolicy(retries=5, base_delay=0.001, max_delay=0.01))
+    with caplog.at_level(logging.DEBUG, logger="ckptvault.store"):
+        for _ in range(4):  # four calls, each failing twice, then answered
+            inner.failures, inner.calls = 2, 0
+            assert store.get("obj") == b"1"
+    told = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(told) == 8 and [r.levelno for r in told].count(logging.WARNING) == 1
+
+
 def test_an_outage_is_retried_for_a_time_and_said_once_in_a_while(caplog):
     """A storage answering 503 is retried past a call's attempts for ``retry_for`` seconds (audit 31a F1), and
-    those retries are one warning line per OUTAGE_SAID_EVERY_S for every call, not one each (F5: 61 lines for
+    those retries are one warning line per RETRY_SAID_EVERY_S for every call, not one each (F5: 61 lines for
     one window). A 500 is retried so too (Azure and S3 answer so for tens of seconds at times: a 25 s window
     failed backup and restore, audit 32a F4), and taken for the object's own fault once the time is up."""
     inner = _AnsweringStore(failures=12)

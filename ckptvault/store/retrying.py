@@ -80,9 +80,9 @@ def call_deadline(op_timeout: float | None, nbytes: int | None) -> float:
 
 
 RETRY_FOR_S = 120.0  # how long an outage is retried by default (CKPTVAULT_RETRY_FOR)
-# While an outage is retried past the attempts, every call in flight retries (16 reads of a restore): one
-# warning line in this many seconds says it for all of them (one 503 window printed 61 lines of ~230 characters)
-OUTAGE_SAID_EVERY_S = 10.0
+# While the storage fails, every call in flight retries (16 reads of a restore): one warning line in this
+# many seconds says it for all of them (one 503 window printed 61 lines of ~230 characters)
+RETRY_SAID_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,8 @@ class RetryingStore:
         self._grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._deadlines = getattr(inner, "needs_deadline", True)
         self._breaker = Breaker()
-        self._outage_said = -OUTAGE_SAID_EVERY_S  # when an outage's retry was last said (time.monotonic)
+        self._retry_said = -RETRY_SAID_EVERY_S  # when a retry was last said (time.monotonic)
+        self._outage_said = -RETRY_SAID_EVERY_S  # when a retry past the attempts was last said
 
     @property
     def unanswered(self) -> bool:
@@ -250,10 +251,16 @@ class RetryingStore:
                     elif attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
-                if outlasting:
-                    quiet = now - self._outage_said < OUTAGE_SAID_EVERY_S  # said lately, for this call or another
-                    if not quiet:
+                # said lately, for this call or another: every call in flight fails alike (21-75 lines of
+                # ~300 characters for one 15-25 s window, audit 32a F5); the one that gives up says so in full
+                # (that the retries go on for CKPTVAULT_RETRY_FOR is said once in a while too)
+                said = self._outage_said if outlasting else self._retry_said
+                quiet = now - said < RETRY_SAID_EVERY_S
+                if not quiet:
+                    self._retry_said = now
+                    if outlasting:
                         self._outage_said = now
+                if outlasting:
                     (log.debug if quiet else log.warning)(
                         "%s; the storage is down or busy: retrying in %.1f s (attempt %d; for up to %s s in all, "
                         "CKPTVAULT_RETRY_FOR)",
@@ -263,7 +270,9 @@ class RetryingStore:
                         format_seconds(self.policy.retry_for),
                     )
                 else:
-                    log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1)
+                    (log.debug if quiet else log.warning)(
+                        "%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 2, retries + 1
+                    )
                 failure = exc
             except BaseException as exc:
                 self._breaker.settle(probe, exc)
