@@ -292,3 +292,49 @@ def test_a_snapshot_with_nothing_to_load_says_only_its_bytes_were_verified(tmp_p
     vault.backup(tmp_path / "run")
     text = cli("drill", "latest", "--load", "--repo", repo_url).stdout.decode()
     assert "no file of a kind it loads: only the bytes were verified" in text and "recovery OK" in text
+
+
+class _Odd:
+    """Pickles with the state given: what a damaged or crafted .metadata may hold."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __reduce__(self):
+        return (_Odd, (None,), self.state)
+
+
+def test_odd_files_fail_their_own_check_never_the_drill(tmp_path):
+    """A deeply nested .json, a .metadata whose objects' state is no dict, or one whose names are shared
+    references (a repr of them doubles with each level) ended the drill with an internal error, or made
+    it run for minutes; another tool's .metadata, beside no .distcp file, was taken for a DCP folder."""
+    import pickle
+    import time
+
+    from ckptvault.ops.drill import load_files
+    from ckptvault.snapshot.model import FileEntry
+
+    write_file(tmp_path / "deep" / "trainer_state.json", b"[" * 100_000 + b"]" * 100_000)
+    write_file(tmp_path / "odd" / ".metadata", pickle.dumps(_Odd((1, 2))))
+    write_file(tmp_path / "odd" / "__0_0.distcp", b"")
+    bomb: list = []
+    for _ in range(40):
+        bomb = [bomb, bomb]
+    storage = {_Odd({"fqn": bomb}): _Odd({"relative_path": bomb, "offset": 0, "length": 1})}
+    write_file(tmp_path / "bomb" / ".metadata", pickle.dumps(_Odd({"storage_data": storage})))
+    write_file(tmp_path / "bomb" / "__0_0.distcp", b"")
+    write_file(tmp_path / "other" / ".metadata", b"some other tool's metadata")
+    tree = [
+        FileEntry(path=str(p.relative_to(tmp_path)), type="file", size=p.stat().st_size, mode=0o644, mtime_ns=0)
+        for p in sorted(tmp_path.rglob("*"))
+        if p.is_file()
+    ]
+    started = time.monotonic()
+    loads, skipped = load_files(str(tmp_path), tree)
+    assert time.monotonic() - started < 10
+    assert {c.path: (c.loader, c.ok, c.detail) for c in loads} == {
+        "deep/trainer_state.json": ("json", False, "not loadable JSON (nested too deep)"),
+        "odd/.metadata": ("dcp", False, "its .metadata holds no storage_data (not a torch.distributed.checkpoint?)"),
+        "bomb/.metadata": ("dcp", False, "its .metadata gives 'an item' no valid relative_path"),
+    }
+    assert skipped == []

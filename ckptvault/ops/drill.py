@@ -45,7 +45,7 @@ from ..localtree import remove_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
 from .legacy_torch import legacy_torch_problem
-from .load_checks import DCP_METADATA, LoadCheck, archive_crc_problem, check_dcp, check_json, seconds_since
+from .load_checks import LoadCheck, archive_crc_problem, check_dcp, check_json, is_dcp_metadata, seconds_since
 from .restore import file_hash, give_owner, target_error
 
 DRILL_PREFIX = "ckptvault-drill-"
@@ -289,9 +289,11 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
 def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], list[str]]:
     loads: list[LoadCheck] = []
     skipped: list[str] = []
+    names = {e.path for e in tree if e.type != "dir"}
     for entry in tree:
         lower = entry.path.lower()
-        if entry.type == "dir" or not (lower.endswith(LOADED) or lower.rpartition("/")[2] == DCP_METADATA):
+        dcp = is_dcp_metadata(entry.path, names)
+        if entry.type == "dir" or not (lower.endswith(LOADED) or dcp):
             continue
         path = os.path.join(target, *entry.path.split("/"))
         if entry.type == "symlink" and not _inside(target, path):
@@ -303,17 +305,20 @@ def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], lis
             loads.append(LoadCheck(entry.path, "link", False, why, 0.0))
             continue
         check: LoadCheck | str
-        if lower.endswith(SAFETENSORS):
-            check = _load_safetensors(entry.path, path)
-        elif lower.endswith(".json"):
-            check = check_json(entry.path, path)
-        elif lower.rpartition("/")[2] == DCP_METADATA:
-            check = check_dcp(entry.path, path)
-        else:
-            if lower.endswith(".bin") and not zipfile.is_zipfile(path):
-                skipped.append(f"{entry.path}: not a torch zip archive")
-                continue
-            check = _load_torch(entry.path, path)
+        started = time.monotonic()
+        try:
+            if lower.endswith(SAFETENSORS):
+                check = _load_safetensors(entry.path, path)
+            elif lower.endswith(".json"):
+                check = check_json(entry.path, path)
+            elif dcp:
+                check = check_dcp(entry.path, path)
+            elif lower.endswith(".bin") and not zipfile.is_zipfile(path):
+                check = "not a torch zip archive"
+            else:
+                check = _load_torch(entry.path, path)
+        except Exception as exc:  # one odd file is that file's failure, never the drill's end
+            check = LoadCheck(entry.path, "error", False, f"{type(exc).__name__}: {exc}"[:300], seconds_since(started))
         if isinstance(check, str):
             skipped.append(f"{entry.path}: {check}")
         else:

@@ -31,7 +31,9 @@ from ..formats.zipmembers import ReadAtFile
 from .legacy_torch import InertUnpickler, StandIn
 
 MAX_JSON = 64 * 1024 * 1024  # trainer_state.json of a long run is a few MB; a tokenizer.json tens
+MAX_DCP_METADATA = 256 * 1024 * 1024  # walked in pure Python: a few MB for a model of thousands of tensors
 DCP_METADATA = ".metadata"
+DCP_SHARD = ".distcp"
 _ZIP_HEAD = b"PK\x03\x04"
 
 
@@ -65,6 +67,8 @@ def check_json(name: str, path: str) -> LoadCheck | str:
             data = json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
         return LoadCheck(name, "json", False, f"not valid JSON ({exc})", seconds_since(started))
+    except RecursionError:
+        return LoadCheck(name, "json", False, "not loadable JSON (nested too deep)", seconds_since(started))
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if isinstance(weight_map, dict):
         problem, detail = _shard_index_problem(os.path.dirname(path), weight_map)
@@ -95,9 +99,23 @@ def _shard_index_problem(folder: str, weight_map: dict[Any, Any]) -> tuple[str |
     return None, f"{len(by_shard)} shard(s) present, {len(weight_map)} tensors mapped"
 
 
-def check_dcp(name: str, path: str) -> LoadCheck:
-    """``path``: the ``.metadata`` file of a torch.distributed.checkpoint folder."""
+def is_dcp_metadata(path: str, names: set[str]) -> bool:
+    """Whether ``path`` (a file of a snapshot whose files are ``names``) is the ``.metadata`` of a
+    torch.distributed.checkpoint folder: so named, a pickle, beside a ``.distcp`` file (another tool's
+    ``.metadata`` is not loaded)."""
+    folder, _, base = path.rpartition("/")
+    prefix = f"{folder}/" if folder else ""
+    return base == DCP_METADATA and any(
+        n.startswith(prefix) and "/" not in n[len(prefix) :] and n.endswith(DCP_SHARD) for n in names
+    )
+
+
+def check_dcp(name: str, path: str) -> LoadCheck | str:
+    """``path``: the ``.metadata`` file of a torch.distributed.checkpoint folder. A LoadCheck, or why
+    the folder is skipped (a str)."""
     started = time.monotonic()
+    if os.path.getsize(path) > MAX_DCP_METADATA:
+        return f"larger than {MAX_DCP_METADATA // 2**20} MiB: not walked"
     problem, detail = _dcp_problem(os.path.dirname(path), path)
     return LoadCheck(name, "dcp", problem is None, problem or detail, seconds_since(started))
 
@@ -106,17 +124,23 @@ def _dcp_problem(folder: str, path: str) -> tuple[str | None, str]:
     try:
         with open(path, "rb") as f:
             metadata = InertUnpickler(f).load()
-    except (Exception, RecursionError) as exc:  # whatever damage makes of the opcodes
-        return f"its .metadata does not unpickle ({type(exc).__name__}: {exc})", ""
+    except Exception as exc:  # whatever damage makes of the opcodes (RecursionError, MemoryError too)
+        return f"its .metadata does not unpickle ({type(exc).__name__}: {str(exc)[:200]})", ""
     storage = _fields(metadata).get("storage_data")
     if not isinstance(storage, dict):
         return "its .metadata holds no storage_data (not a torch.distributed.checkpoint?)", ""
     items_by_file: dict[str, list[tuple[str, int, int, bool]]] = {}
     for index, info in storage.items():
-        fields, item = _fields(info), str(_fields(index).get("fqn", "?"))
+        # nothing out of the pickle is shown but checked strings: shared references make a repr exponential
+        fqn = _fields(index).get("fqn")
+        item = fqn[:200] if isinstance(fqn, str) else "an item"
+        fields = _fields(info)
         relative, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
         if not isinstance(relative, str) or not _count(offset) or not _count(length):
-            return f"its .metadata places {item!r} nowhere readable ({fields!r:.200})", ""
+            lacks = [n for n, ok in (("relative_path", isinstance(relative, str)), ("offset", _count(offset)),
+                                     ("length", _count(length))) if not ok]  # fmt: skip
+            return f"its .metadata gives {item!r} no valid {' or '.join(lacks)}", ""
+        relative = relative[:1000]
         if os.path.isabs(relative) or ".." in relative.split("/"):
             return f"its .metadata places {item!r} in {relative!r}, outside its folder", ""
         items_by_file.setdefault(relative, []).append((item, offset, length, not fields.get("transform_descriptors")))
@@ -130,7 +154,7 @@ def _dcp_problem(folder: str, path: str) -> tuple[str | None, str]:
             for item, offset, length, plain in items:
                 if offset + length > size:
                     return f"cut short: {relative} has {size} bytes, {item!r} lies at {offset}..{offset + length}", ""
-                if plain and read_at(offset, 4) == _ZIP_HEAD:  # a tensor, torch.save'd; bytes items are raw
+                if plain and read_at(offset, 4) == _ZIP_HEAD:  # torch.save'd (tensors, pickled objects)
                     window = _window(read_at, offset, length)
                     problem = archive_crc_problem(lambda: zipfile.ZipFile(window))  # noqa: B023 - called at once
                     if problem:
@@ -142,8 +166,8 @@ def _dcp_problem(folder: str, path: str) -> tuple[str | None, str]:
 def _fields(obj: object) -> dict[str, Any]:
     """The fields an inert stand-in was given (a dataclass's ``__dict__``), else none."""
     state = obj.state if isinstance(obj, StandIn) else None
-    if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) of a class with __slots__
-        state = {**(state[0] or {}), **(state[1] or {})}
+    if isinstance(state, tuple) and len(state) == 2 and all(isinstance(p, dict | None) for p in state):
+        state = {**(state[0] or {}), **(state[1] or {})}  # (dict, slots) of a class with __slots__
     return state if isinstance(state, dict) else {}
 
 
