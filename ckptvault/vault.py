@@ -1077,8 +1077,8 @@ class Vault:
         describes, drop the packs that are gone, then remove the index objects this replaces
         (``ckptvault.ops.repair``); with ``read_data``, also read every pack and drop the chunks that
         do not verify, so the next backup of their files stores them again; ``drop_failing`` (which reads
-        every pack too) also drops the packs the storage fails to serve on every attempt (a server error,
-        a body cut short).
+        every pack too) also drops the packs the storage fails to serve on every attempt (a server error
+        that outlasts the retries; a later ``read_data`` repair indexes their chunks again if they read).
         Takes the exclusive lock; ``dry_run`` (a shared lock) changes nothing and returns what a real
         run would do."""
         read_data = flag_arg("read_data", read_data)

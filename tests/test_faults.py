@@ -465,6 +465,33 @@ def test_a_bare_oserror_of_the_sdk_is_said_without_its_errno_number():
     assert failure.retryable and failure.reason == "Please reduce your request rate."
 
 
+def test_a_server_error_one_object_gets_while_others_read_is_not_retried_as_an_outage():
+    """A 500 is retried for CKPTVAULT_RETRY_FOR as a storage-wide failure may be (an Azure window); but a
+    damaged SeaweedFS volume answers 500 for one object while every other reads: each read of it then
+    waited ~120 s, reported as "the storage is down or busy" (review 32 M4)."""
+
+    class _InternalError(Exception):
+        status_code = 500
+
+    class _OneBadObject(_AnsweringStore):
+        def get(self, key: str) -> bytes:
+            self.calls += 1
+            if key == "good":
+                return b"1"
+            if self.calls == 2:  # another call is answered meanwhile: the storage is up
+                assert store.get("good") == b"1"
+            raise StorageError("GET", key, self.url, "500", retryable=True) from _InternalError()
+
+    inner = _OneBadObject(failures=0)
+    store = RetryingStore(inner, RetryPolicy(retries=2, base_delay=0.001, max_delay=0.01, retry_for=30))
+    with pytest.raises(StorageError, match=r"\(after 3 attempts\)$") as caught:
+        store.get("bad")
+    assert object_fault(caught.value)
+    inner.calls = 10  # no answer for the next call: its object failed every attempt before, it gets no more
+    with pytest.raises(StorageError, match=r"\(after 3 attempts\)$"):
+        store.get("bad")
+
+
 def test_the_retries_of_calls_failing_alike_are_said_once_in_a_while(caplog):
     """Each retry of each call in flight was a warning line of ~300 characters: 21-75 lines for one
     15-25 s window on Azure or SFTP (audit 32a F5). One line per RETRY_SAID_EVERY_S says them all."""

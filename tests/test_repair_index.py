@@ -403,7 +403,8 @@ def test_a_dropped_pack_that_reads_whole_again_is_indexed_again(repo_url: str, t
     assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
     assert cli("restore", "latest", str(tmp_path / "lost"), "--repo", repo_url, check=False).returncode == 30
     flip(pack, loc.offset + loc.stored_len // 2)  # the fault passed: the pack reads whole again
-    out = cli("repair-index", "--repo", repo_url).stdout.decode()
+    assert "dropped pack" not in cli("repair-index", "--repo", repo_url).stdout.decode()  # reads no pack
+    out = cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
     assert "indexed the chunks of 1 dropped pack(s) that read and verify now again" in out, out
     cli("restore", "latest", str(tmp_path / "back"), "--repo", repo_url)
     assert tree(tmp_path / "back") == tree(src)
@@ -411,3 +412,26 @@ def test_a_dropped_pack_that_reads_whole_again_is_indexed_again(repo_url: str, t
         assert vault.check(read_data=1.0).ok
         vault.prune(keep_latest=1)
         assert pack.exists() and vault.check(read_data=1.0).ok  # not taken for a pack no chunk needs
+
+
+def test_a_dropped_chunk_stored_again_since_is_not_indexed_twice(repo_url: str, tmp_path: Path, cli):
+    """Reviving a dropped pack whose chunks a later backup stored again (as --drop-failing-packs advises)
+    indexed them twice, and prune then kept the once failing copy about half the time."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(200_000))
+    with Vault.init(repo_url) as vault:
+        snap = vault.backup(src)
+        loc = vault._repo.index.get(vault.files(snap)[0].chunks[0])
+    old_pack = Path(repo_url) / pack_key(loc.pack_id)
+    flip(old_pack, loc.offset + loc.stored_len // 2)
+    cli("repair-index", "--repo", repo_url, "--read-data")
+    with Vault.open(repo_url) as vault:
+        assert vault.backup(src, force_read=True).summary.new_chunks == 1  # stored again, in a new pack
+    flip(old_pack, loc.offset + loc.stored_len // 2)
+    out = cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
+    assert "dropped pack" not in out, out
+    with Vault.open(repo_url) as vault:
+        vault.prune(keep_latest=2)
+        assert not old_pack.exists(), "the pack no index names a chunk of is removed, the new copy kept"
+        assert vault.check(read_data=1.0).ok

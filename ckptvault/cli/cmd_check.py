@@ -71,8 +71,8 @@ def repair_index_cmd(
         bool,
         typer.Option(
             "--drop-failing-packs",
-            help="Also drop from the index the packs the storage fails to serve on every attempt (a server error,"
-            " a body cut short), so the next backup stores their chunks again. Implies --read-data.",
+            help="Also drop from the index the packs the storage fails to serve on every attempt (a server error"
+            " that outlasts CKPTVAULT_RETRY_FOR), so the next backup stores their chunks again. Implies --read-data.",
         ),
     ] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
@@ -100,8 +100,8 @@ def repair_index_cmd(
         + (f"; {drop} {len(result.missing_packs)} missing pack(s) from the index" if result.missing_packs else "")
         + (
             f"; {drop} the chunks of {len(result.failing_packs)} pack(s) the storage fails to serve from the index "
-            "(prune removes the packs; a repair-index before then indexes them again if they read by then): the "
-            "next backup of the files holding them stores them again"
+            "(prune removes the packs; a repair-index --read-data before then indexes them again if they read by "
+            "then): the next backup of the files holding them stores them again"
             if drop_failing and result.failing_packs
             else ""
         )
@@ -141,7 +141,7 @@ def repair_index_cmd(
             "repair-index --read-data again"
             + (
                 f"; the storage fails {len(failing)} of them on every attempt (e.g. {failing[0][:12]}; a server "
-                "error, a body cut short): if that persists, add --drop-failing-packs"
+                "error): if that persists, add --drop-failing-packs"
                 if failing
                 else ""
             ),

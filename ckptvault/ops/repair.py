@@ -51,8 +51,9 @@ def repair_index(
     ``drop_failing`` (implies ``read_data``): every chunk of a pack the storage answers for but fails on
     every attempt (a server error: ``store.failures.object_fault``) is dropped too. Only on request: a
     storage fault that passes answers the same. The pack stays, indexed without chunks, so nothing reads
-    it again; prune removes it. Until then, a later repair indexes again the chunks of such a pack that
-    read and verify by then (the fault passed): dropping is undone, not final."""
+    it again; prune removes it. Until then, a later ``read_data`` repair indexes again the chunks of such
+    a pack that read and verify by then (the fault passed) and are stored nowhere else: dropping is
+    undone, not final."""
     read_data = read_data or drop_failing  # they are found by reading every pack
     damaged: dict[bytes, str] = {}
     objects = repo.read_index_objects(damaged=damaged)
@@ -68,7 +69,8 @@ def repair_index(
     if drop_failing:
         for packs in objects.values():
             dropped.update({p: {e.chunk_id for e in entries} for p, entries in packs.items() if p in failing})
-    revived = _chunks_that_verify_now(repo, chunkless - dropped.keys())
+    # read by _chunks_that_do_not_verify too, with read_data: one that failed there stays dropped
+    revived = _chunks_that_verify_now(repo, chunkless - dropped.keys() - set(unread)) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys() | revived.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
@@ -109,8 +111,10 @@ def repair_index(
 
 
 def _chunks_that_verify_now(repo: Repository, chunkless: set[bytes]) -> dict[bytes, list[PackEntry]]:
-    """Pack ID -> its chunks that read and verify, for each pack indexed without chunks (dropped by
-    --drop-failing-packs, or every chunk found damaged) that reads whole now, with a sound header."""
+    """Pack ID -> its chunks that read and verify and are in no other indexed pack, for each pack indexed
+    without chunks (dropped by --drop-failing-packs, or every chunk found damaged) that reads whole now,
+    with a sound header. A chunk a later backup stored again is not indexed twice: prune would keep one
+    copy, the once failing one as likely as the new."""
     revived: dict[bytes, list[PackEntry]] = {}
     for pack_id in sorted(chunkless):
         try:
@@ -120,6 +124,8 @@ def _chunks_that_verify_now(repo: Repository, chunkless: set[bytes]) -> dict[byt
             continue  # still failing, or damaged: it stays dropped
         good = []
         for e in entries:
+            if repo.index.get(e.chunk_id) is not None:
+                continue
             try:
                 repo.decode_chunk(e.chunk_id, data[e.offset : e.offset + e.stored_len], e.raw_len, e.base_id)
             except CkptVaultError:

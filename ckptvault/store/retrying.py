@@ -15,10 +15,11 @@ reply was lost, not the write): it then reads the object back, and identical byt
 
 Deadlines follow the size of the call (``call_deadline``): a write to a server that stopped
 reading blocks in the socket, where the backends' read timeouts do not look, so a PUT of a 16 MiB
-pack is given up after 124 s, not after a fixed 10 minutes; each retry is logged as a warning
-(logger ``ckptvault.store``), so a stalled transfer is not silent.
+pack is given up after 124 s, not after a fixed 10 minutes; retries are logged as warnings (logger
+``ckptvault.store``; one per RETRY_SAID_EVERY_S for all calls), so a stalled transfer is not silent.
 
-A storage that is down or busy as a whole (no answer, 503, throttling: ``failures.down_or_busy``) is
+A storage that is down or busy as a whole (no answer, 503, 500, throttling, transfers cut mid-body:
+``failures.down_or_busy``) is
 retried past those attempts for ``retry_for`` seconds from the call's first failure (backoff up to
 30 s), as restic rides out an outage: a restore on a fresh machine must not end for a 20-second 503
 window and download its multi-GB file again from the start.
@@ -44,7 +45,7 @@ from typing import TypeVar
 from ..errors import ObjectExistsError, StorageError
 from ..units import format_seconds
 from .base import ObjectInfo, Store
-from .failures import down_or_busy, unreachable
+from .failures import down_or_busy, object_fault, unreachable
 from .options import env_number
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ RETRY_FOR_S = 120.0  # how long an outage is retried by default (CKPTVAULT_RETRY
 # While the storage fails, every call in flight retries (16 reads of a restore): one warning line in this
 # many seconds says it for all of them (one 503 window printed 61 lines of ~230 characters)
 RETRY_SAID_EVERY_S = 10.0
+MAX_FAILING_KEYS = 10_000  # objects remembered as failing with a server error (a few bytes each)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,9 @@ class RetryPolicy:
         )
 
     def delay(self, attempt: int) -> float:
-        """Exponential backoff with jitter, so many clients do not retry in step."""
-        return min(self.max_delay, self.base_delay * 2**attempt) * random.uniform(0.5, 1.0)
+        """Exponential backoff with jitter, so many clients do not retry in step (the exponent bounded: an
+        outage retried for long with short delays reaches attempts whose 2**n no float holds)."""
+        return min(self.max_delay, self.base_delay * 2 ** min(attempt, 64)) * random.uniform(0.5, 1.0)
 
 
 def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, url: str) -> T:
@@ -214,6 +217,8 @@ class RetryingStore:
         self._breaker = Breaker()
         self._retry_said = -RETRY_SAID_EVERY_S  # when a retry was last said (time.monotonic)
         self._outage_said = -RETRY_SAID_EVERY_S  # when a retry past the attempts was last said
+        self._answered_at = 0.0  # when a call last succeeded (time.monotonic)
+        self._failing_keys: set[str] = set()  # objects a server error failed through every attempt
 
     @property
     def unanswered(self) -> bool:
@@ -239,9 +244,11 @@ class RetryingStore:
                 now = time.monotonic()
                 first_failed = first_failed or now
                 delay = self.policy.delay(attempt)
-                outlasting = attempt >= retries and self._outlasting(exc, retries, now - first_failed + delay)
+                outlasting = attempt >= retries and self._outlasting(exc, key, retries, first_failed, now + delay)
                 if not exc.retryable or (attempt >= retries and not outlasting) or _interrupted.is_set():
                     self._breaker.settle(probe, exc)
+                    if attempt >= retries and object_fault(exc) and len(self._failing_keys) < MAX_FAILING_KEYS:
+                        self._failing_keys.add(key)  # its next calls (a restore's other chunks of it) try less
                     if attempt > retries:  # an outage retried for a time: how long, and what sets it
                         waited = format_seconds(now - first_failed)
                         exc.args = (
@@ -251,9 +258,9 @@ class RetryingStore:
                     elif attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
                     raise
-                # said lately, for this call or another: every call in flight fails alike (21-75 lines of
-                # ~300 characters for one 15-25 s window, audit 32a F5); the one that gives up says so in full
-                # (that the retries go on for CKPTVAULT_RETRY_FOR is said once in a while too)
+                # a retry of this store is said at most once in RETRY_SAID_EVERY_S: a failing storage fails every
+                # call in flight alike (21-75 lines of ~300 characters for one 15-25 s window, audit 32a F5); the
+                # call that gives up says so in full (and that retries go on for CKPTVAULT_RETRY_FOR is said apart)
                 said = self._outage_said if outlasting else self._retry_said
                 quiet = now - said < RETRY_SAID_EVERY_S
                 if not quiet:
@@ -262,9 +269,10 @@ class RetryingStore:
                         self._outage_said = now
                 if outlasting:
                     (log.debug if quiet else log.warning)(
-                        "%s; the storage is down or busy: retrying in %.1f s (attempt %d; for up to %s s in all, "
+                        "%s; the storage is %s: retrying in %.1f s (attempt %d; for up to %s s in all, "
                         "CKPTVAULT_RETRY_FOR)",
                         exc,
+                        "failing (a server error)" if object_fault(exc) else "down or busy",
                         delay,
                         attempt + 2,
                         format_seconds(self.policy.retry_for),
@@ -279,16 +287,24 @@ class RetryingStore:
                 raise
             else:
                 self._breaker.settle(probe, None)
+                self._answered_at = time.monotonic()
                 return result
             if _interrupted.wait(delay):  # interrupted while waiting to try again: the failure stands
                 self._breaker.settle(probe, failure)
                 raise failure
             attempt += 1
 
-    def _outlasting(self, exc: StorageError, retries: int, waited: float) -> bool:
+    def _outlasting(self, exc: StorageError, key: str, retries: int, first_failed: float, next_try: float) -> bool:
         """Whether a call out of attempts goes on: the storage is down or busy, and has been for less than
-        ``retry_for`` seconds by the end of the next wait. A probe (retries 0) gets one attempt."""
-        return bool(retries) and waited <= self.policy.retry_for and exc.retryable and down_or_busy(exc)
+        ``retry_for`` seconds by the next try. A probe (retries 0) gets one attempt. A server error (500)
+        goes on only while it may be the storage's, not the object's: no call was answered since this one
+        first failed, and this object did not fail all its attempts with one before (a damaged SeaweedFS
+        volume answers so for one object for good, while every other one reads)."""
+        if not (retries and next_try - first_failed <= self.policy.retry_for and exc.retryable and down_or_busy(exc)):
+            return False
+        if object_fault(exc):
+            return key not in self._failing_keys and self._answered_at < first_failed
+        return True
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         if not if_absent:
