@@ -259,8 +259,9 @@ def test_finish_shipping_raises_only_when_the_newest_checkpoint_is_not_in_the_va
     for step in (1, 2):
         shipping.ship(str(write_file(tmp_path / f"checkpoint-{step}" / "w.bin", os.urandom(1000)).parent), step)
     if failing == "newest":
-        with pytest.raises(StorageError, match="simulated"):
+        with pytest.raises(StorageError, match="simulated") as caught:
             shipping.finish_shipping()
+        assert caught.value is shipping.handles[-1].exception(timeout=0)  # its own, not the first failure
         return
     with caplog.at_level(logging.WARNING, logger="ckptvault"):
         shipping.finish_shipping()  # does not raise

@@ -1,6 +1,7 @@
 """The Lightning callback in the unified ``lightning`` package's Trainer (``lightning.pytorch``), with
-``pytorch_lightning`` installed beside it and without it; a real Trainer in a child process (one
-that cannot import ``pytorch_lightning`` stands for a machine without it), a tiny model on the CPU."""
+``pytorch_lightning`` installed beside it and without it, and in ``pytorch_lightning``'s without the
+unified package; a real Trainer in a child process (one that cannot import a package stands for a
+machine without it), a tiny model on the CPU."""
 
 from __future__ import annotations
 
@@ -24,10 +25,16 @@ TRAIN = textwrap.dedent(
     repo, ckpts, packages = sys.argv[1:]
     if packages == "unified only":
         sys.modules["pytorch_lightning"] = None  # import pytorch_lightning raises ImportError
+    if packages == "classic only":
+        sys.modules["lightning"] = None
 
     import torch
-    import lightning.pytorch as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    if packages == "classic only":
+        import pytorch_lightning as L
+        from pytorch_lightning.callbacks import ModelCheckpoint
+    else:
+        import lightning.pytorch as L
+        from lightning.pytorch.callbacks import ModelCheckpoint
     from ckptvault.integrations.lightning import CkptVaultCallback
 
     class Tiny(L.LightningModule):
@@ -60,8 +67,8 @@ TRAIN = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("packages", ["both", "unified only"])
-def test_the_unified_packages_trainer_ships_every_checkpoint(tmp_path, repo_url, vault, packages):
+@pytest.mark.parametrize("packages", ["both", "unified only", "classic only"])
+def test_either_packages_trainer_ships_every_checkpoint(tmp_path, repo_url, vault, packages):
     ckpts = tmp_path / "ckpts"
     proc = subprocess.run(
         [sys.executable, "-c", TRAIN, repo_url, str(ckpts), packages],
@@ -71,9 +78,11 @@ def test_the_unified_packages_trainer_ships_every_checkpoint(tmp_path, repo_url,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    expected = ["lightning.pytorch.callbacks.callback"]
-    if packages == "both":
-        expected.insert(0, "pytorch_lightning.callbacks.callback")
+    expected = {
+        "both": ["pytorch_lightning.callbacks.callback", "lightning.pytorch.callbacks.callback"],
+        "unified only": ["lightning.pytorch.callbacks.callback"],
+        "classic only": ["pytorch_lightning.callbacks.callback"],
+    }[packages]
     assert f"bases: {expected}" in proc.stdout
 
     # save_top_k=1 deleted the saves of steps 2 and 4: each was pinned and shipped before that

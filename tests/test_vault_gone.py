@@ -77,10 +77,13 @@ def test_a_folder_removed_inside_the_vault_is_made_again(tmp_path, few_retries, 
         assert [s.tags["step"] for s in vault.snapshots()] == ["1", "2"]
 
 
-def test_a_write_that_finds_no_folder_is_an_outage_not_a_missing_object():
-    # SFTP and fsspec's local folders raise FileNotFoundError for a write whose folder is gone
+def test_a_write_that_finds_no_folder_is_classified_as_an_outage_not_a_missing_object():
+    # SFTP and fsspec's local folders raise FileNotFoundError for a write whose folder is gone; an object
+    # store has no folders (a bucket gone is told apart before)
     missing = FileNotFoundError(2, "No such file", "/vault/locks/x")
-    put = storage_error("PUT", "locks/x", "sftp://host/vault", missing)
-    assert type(put) is StorageError and put.retryable
-    assert "the folder it goes into is missing (the vault moved, deleted, or its disk unmounted?)" in str(put)
-    assert isinstance(storage_error("GET", "locks/x", "sftp://host/vault", missing), ObjectNotFoundError)
+    for url in ("sftp://host/vault", "file:///vault"):
+        put = storage_error("PUT", "locks/x", url, missing)
+        assert type(put) is StorageError and put.retryable
+        assert "the folder it goes into is missing (the vault moved, deleted, or its disk unmounted?)" in str(put)
+        assert isinstance(storage_error("GET", "locks/x", url, missing), ObjectNotFoundError)
+    assert isinstance(storage_error("PUT", "locks/x", "gs://bucket/vault", missing), ObjectNotFoundError)

@@ -40,6 +40,8 @@ def _callback_classes() -> tuple[type, ...]:
             classes.append(importlib.import_module(package).Callback)
         except ImportError:
             continue
+        except Exception as exc:  # installed but broken (built for another torch): the other one may serve
+            log.debug("ckptvault: %s cannot be imported (%s); its Trainer will not take the callback", package, exc)
     if not classes:
         raise ImportError(
             "ckptvault's Lightning callback needs PyTorch Lightning: pip install 'ckptvault[lightning]'"

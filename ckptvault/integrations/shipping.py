@@ -82,8 +82,8 @@ class Shipping:
                 ) from None
 
     def finish_shipping(self) -> None:
-        """Wait for the queued uploads. The first failure is raised when the newest checkpoint
-        handed over is not in the vault, unless ``raise_on_error`` is off; else it is only logged
+        """Wait for the queued uploads. When the newest checkpoint handed over is not in the vault,
+        its failure is raised, unless ``raise_on_error`` is off; other failures are only logged
         (training's result stands): a resume takes the newest, as when a full queue drops older ones."""
         if not isinstance(self.vault, Vault):
             return  # a copy that shipped nothing in this process
@@ -96,17 +96,21 @@ class Shipping:
         except Exception as exc:
             # each failed upload was logged at ERROR when it failed; this says training went on anyway
             newest = self.handles[-1] if self.handles else None
-            if newest is not None and newest.done() and newest.exception(timeout=0) is None:
+            if newest is None or newest.cancelled() or not newest.done():
+                failure: BaseException | None = exc
+            else:  # the newest's own failure, if any, is the one to name
+                failure = newest.exception(timeout=0)
+            if failure is None:
                 log.warning(
                     "ckptvault: a checkpoint upload failed (%s); the newest checkpoint (%s) is in the vault, so "
                     "training's result stands",
                     exc,
-                    newest.paths,
+                    newest.paths if newest is not None else "?",
                 )
             elif self.raise_on_error:
-                raise
+                raise failure from failure.__cause__  # its own cause kept, not the flush's
             else:
-                log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", exc)
+                log.warning("ckptvault: a checkpoint upload failed (%s); training's result stands", failure)
 
     def __getstate__(self) -> dict[str, object]:
         """A copy for another process (Lightning's ``ddp_spawn`` pickles its callbacks): the open

@@ -334,7 +334,8 @@ def storage_error(
     if failure.kind is Kind.DENIED and isinstance(exc, PermissionError) and _is_local(url):  # no credentials here
         failure = Failure(Kind.DENIED, f"access denied ({_describe(exc)}); check the permissions of its folder")
     if failure.kind is Kind.NOT_FOUND:
-        if op == "PUT":  # a write misses no object: the folder it goes into is gone (it was there before)
+        if op == "PUT" and (_is_local(url) or url.startswith(("sftp://", "ssh://"))):
+            # a write misses no object: the folder it goes into is gone (it was there before)
             reason = "the folder it goes into is missing (the vault moved, deleted, or its disk unmounted?)"
             return StorageError(op, key, url, reason, retryable=True)
         return ObjectNotFoundError(op, key, url)
