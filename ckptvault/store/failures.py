@@ -354,7 +354,7 @@ def storage_error(
 # Answers that say the storage cannot serve this one object, rather than that it is out of reach: an
 # internal error (HTTP 500; SeaweedFS answers so for every read of an object whose stored CRC no longer
 # matches its bytes). Cloud stores answer so for a while too (Azure's and S3's InternalError), so a 500
-# is retried as an outage first (down_or_busy); only one that outlasts the retries points at the object.
+# may be retried as an outage (down_or_busy; retrying.py says when), and points at the object after that.
 OBJECT_FAULT_CODES = frozenset({"InternalError", "InternalServerError"})
 # A body that ends before the length it announced: the server answered, and a connection reset or a
 # middlebox cut the transfer. Nothing says the object is damaged (a damaged stored object is answered
