@@ -387,22 +387,29 @@ def test_a_damaged_index_object_still_maps_a_pack_whose_header_is_damaged_too(re
     cli("check", "--read-data", "--repo", repo_url)
 
 
-def test_a_dropped_pack_that_reads_whole_again_is_indexed_again(repo_url: str, tmp_path: Path, cli):
-    """--drop-failing-packs takes a storage fault that passes for a damaged pack (a link cutting every
-    download, a 500 window): once it passed, nothing brought the snapshot back, and check advised forget
-    (audit 32a F2). A repair-index before the prune indexes again the chunks that read and verify."""
+def dropped_pack(repo_url: str, tmp_path: Path, cli) -> tuple[Path, Path, int]:
+    """A vault holding one file of one chunk in one pack, read damaged (a byte flipped in the chunk) when
+    repair-index --read-data dropped it: (the source, the pack, the byte's offset: flip it to heal)."""
     src = tmp_path / "src"
     src.mkdir()
-    (src / "weights.bin").write_bytes(os.urandom(200_000))  # one chunk, one pack
+    (src / "weights.bin").write_bytes(os.urandom(200_000))
     with Vault.init(repo_url) as vault:
         snap = vault.backup(src)
         (chunk,) = vault.files(snap)[0].chunks
         loc = vault._repo.index.get(chunk)
-    pack = Path(repo_url) / pack_key(loc.pack_id)
-    flip(pack, loc.offset + loc.stored_len // 2)  # what reading it gives while the fault lasts
+    pack, at = Path(repo_url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2
+    flip(pack, at)  # what reading it gives while the fault lasts
     assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
+    return src, pack, at
+
+
+def test_a_dropped_pack_that_reads_whole_again_is_indexed_again(repo_url: str, tmp_path: Path, cli):
+    """--drop-failing-packs takes a storage fault that passes for a damaged pack (a link cutting every
+    download, a 500 window): once it passed, nothing brought the snapshot back, and check advised forget
+    (audit 32a F2). A repair-index --read-data before the prune indexes again the chunks that verify."""
+    src, pack, at = dropped_pack(repo_url, tmp_path, cli)
     assert cli("restore", "latest", str(tmp_path / "lost"), "--repo", repo_url, check=False).returncode == 30
-    flip(pack, loc.offset + loc.stored_len // 2)  # the fault passed: the pack reads whole again
+    flip(pack, at)  # the fault passed: the pack reads whole again
     assert "dropped pack" not in cli("repair-index", "--repo", repo_url).stdout.decode()  # reads no pack
     out = cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
     assert "indexed the chunks of 1 dropped pack(s) that read and verify now again" in out, out
@@ -417,18 +424,10 @@ def test_a_dropped_pack_that_reads_whole_again_is_indexed_again(repo_url: str, t
 def test_a_dropped_chunk_stored_again_since_is_not_indexed_twice(repo_url: str, tmp_path: Path, cli):
     """Reviving a dropped pack whose chunks a later backup stored again (as --drop-failing-packs advises)
     indexed them twice, and prune then kept the once failing copy about half the time."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "weights.bin").write_bytes(os.urandom(200_000))
-    with Vault.init(repo_url) as vault:
-        snap = vault.backup(src)
-        loc = vault._repo.index.get(vault.files(snap)[0].chunks[0])
-    old_pack = Path(repo_url) / pack_key(loc.pack_id)
-    flip(old_pack, loc.offset + loc.stored_len // 2)
-    cli("repair-index", "--repo", repo_url, "--read-data")
+    src, old_pack, at = dropped_pack(repo_url, tmp_path, cli)
     with Vault.open(repo_url) as vault:
         assert vault.backup(src, force_read=True).summary.new_chunks == 1  # stored again, in a new pack
-    flip(old_pack, loc.offset + loc.stored_len // 2)
+    flip(old_pack, at)
     out = cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
     assert "dropped pack" not in out, out
     with Vault.open(repo_url) as vault:

@@ -18,6 +18,7 @@ import pytest
 
 from ..conftest import CKPTVAULT_ENV
 from ..support import servers
+from ..support.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 UNAVAILABLE: dict[str, str] = {}
@@ -124,3 +125,18 @@ def make_checkpoint(root: Path, step: int, seed: int = 0, mb: float = 3.0) -> Pa
     (root / "trainer_state.json").write_text(f'{{"step": {step}, "seed": {seed}}}')
     (root / "empty.txt").write_bytes(b"")
     return root
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[servers.RunningServer], FaultProxy]]:
+    """``fault_proxy(srv)``: a FaultProxy started in front of the running server ``srv`` (clients reach
+    it at ``proxy.port``), stopped after the test."""
+    started: list[FaultProxy] = []
+
+    def start(srv: servers.RunningServer) -> FaultProxy:
+        started.append(FaultProxy(srv.port).start())
+        return started[-1]
+
+    yield start
+    for proxy in started:
+        proxy.stop()

@@ -4,7 +4,6 @@ retries are the only ones, as on S3 (docs/backends.md, "One retry layer")."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,10 +28,8 @@ def azurite(server) -> RunningServer:
 
 
 @pytest.fixture
-def proxy(azurite: RunningServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(azurite.port).start()
-    yield p
-    p.stop()
+def proxy(azurite: RunningServer, fault_proxy) -> FaultProxy:
+    return fault_proxy(azurite)
 
 
 def test_a_busy_answer_is_one_request_per_attempt(azurite, proxy):

@@ -4,7 +4,6 @@ CKPTVAULT_RETRY_FOR bounds how long a failing call goes on, and each retry is sa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,8 @@ def gcs(server) -> RunningServer:
 
 
 @pytest.fixture
-def proxy(gcs: RunningServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(gcs.port).start()
-    yield p
-    p.stop()
+def proxy(gcs: RunningServer, fault_proxy) -> FaultProxy:
+    return fault_proxy(gcs)
 
 
 def test_a_failing_call_is_bounded_by_ckptvaults_retries_and_said(gcs, proxy, tmp_path: Path, monkeypatch, caplog):

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,10 +68,8 @@ def moto(server) -> RunningServer:
 
 
 @pytest.fixture
-def proxy(moto: RunningServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(moto.port).start()
-    yield p
-    p.stop()
+def proxy(moto: RunningServer, fault_proxy) -> FaultProxy:
+    return fault_proxy(moto)
 
 
 @pytest.fixture(autouse=True)

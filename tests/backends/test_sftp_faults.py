@@ -3,7 +3,6 @@ a word: a NAT entry, a VPN) must not hold its pooled session for good."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,8 @@ def sshd(server) -> RunningServer:
 
 
 @pytest.fixture
-def proxy(sshd: RunningServer) -> Iterator[FaultProxy]:
-    p = FaultProxy(sshd.port).start()
-    yield p
-    p.stop()
+def proxy(sshd: RunningServer, fault_proxy) -> FaultProxy:
+    return fault_proxy(sshd)
 
 
 def test_stalled_downloads_give_their_sessions_back(sshd, proxy, tmp_path: Path, monkeypatch):
