@@ -59,8 +59,6 @@ def repair_index(
     objects = repo.read_index_objects(damaged=damaged)
     stored = repo.list_packs()
     gone = {pack_id for packs in objects.values() for pack_id in packs if pack_id not in stored}
-    with_chunks = {pack_id for packs in objects.values() for pack_id, entries in packs.items() if entries}
-    chunkless = {pack_id for packs in objects.values() for pack_id in packs} - with_chunks - gone
     unread: list[bytes] = []
     failing: list[bytes] = []  # in unread too
     headless: set[bytes] = set()  # indexed packs whose own header is damaged
@@ -69,8 +67,7 @@ def repair_index(
     if drop_failing:
         for packs in objects.values():
             dropped.update({p: {e.chunk_id for e in entries} for p, entries in packs.items() if p in failing})
-    # read by _chunks_that_do_not_verify too, with read_data: one that failed there stays dropped
-    revived = _chunks_that_verify_now(repo, chunkless - dropped.keys() - set(unread)) if read_data else {}
+    revived = _chunks_that_verify_now(repo, objects, gone | dropped.keys() | set(unread)) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys() | revived.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
@@ -110,11 +107,16 @@ def repair_index(
     )
 
 
-def _chunks_that_verify_now(repo: Repository, chunkless: set[bytes]) -> dict[bytes, list[PackEntry]]:
+def _chunks_that_verify_now(
+    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes]
+) -> dict[bytes, list[PackEntry]]:
     """Pack ID -> its chunks that read and verify and are in no other indexed pack, for each pack indexed
     without chunks (dropped by --drop-failing-packs, or every chunk found damaged) that reads whole now,
-    with a sound header. A chunk a later backup stored again is not indexed twice: prune would keep one
-    copy, the once failing one as likely as the new."""
+    with a sound header (``skip``: packs gone, dropped now, or that failed to read in this repair). A chunk
+    a later backup stored again is not indexed twice: prune would keep one copy, the once failing one as
+    likely as the new."""
+    with_chunks = {pack_id for packs in objects.values() for pack_id, entries in packs.items() if entries}
+    chunkless = {pack_id for packs in objects.values() for pack_id in packs} - with_chunks - skip
     revived: dict[bytes, list[PackEntry]] = {}
     for pack_id in sorted(chunkless):
         try:
