@@ -61,9 +61,14 @@ def test_a_tree_deeper_than_pythons_recursion_drills_and_leaves_nothing(tmp_path
     assert not scratch.exists()
 
 
-def test_a_file_that_restores_intact_but_does_not_load_fails_the_drill(tmp_path, repo_url, vault, cli):
+@pytest.mark.parametrize(
+    "data",
+    [bytes(range(256)) * 16, b"\x80\x05" + bytes(range(256)) * 16],  # the second starts like a pickle: torch warns
+    ids=["not-a-pickle", "pickle-protocol-5"],
+)
+def test_a_file_that_restores_intact_but_does_not_load_fails_the_drill(tmp_path, repo_url, vault, cli, data):
     ckpt = tmp_path / "checkpoint-3"
-    write_file(ckpt / "model.pt", os.urandom(4096))  # named like a torch file, but is not one
+    write_file(ckpt / "model.pt", data)  # named like a torch file, but is not one
     vault.backup(ckpt, tags={"step": "3"})
     proc = cli("drill", "latest", "--load", "--repo", repo_url, check=False)
     assert proc.returncode == 41

@@ -36,6 +36,7 @@ import pickle
 import stat
 import tempfile
 import time
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -355,7 +356,9 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
         return "torch is not installed"
     started = time.monotonic()
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # the check's line says what went wrong; torch's warnings add noise
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # Not weights-only: check the archive without executing its pickled code.
         if _is_legacy_torch(path):  # its storages are checked for a cut instead (legacy_torch.py)
