@@ -18,6 +18,7 @@ Why each default (see docs/backends.md):
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import inspect
 import os
@@ -135,10 +136,42 @@ def tune(fs: Any, protocol: str, options: dict[str, Any]) -> None:
         # gcsfs retries every request itself, 6 tries up to 32 s apart (~35 s), a count fixed when the
         # library is imported, inside each of ckptvault's attempts and out of its sight: a failing call
         # took ~220 s whatever CKPTVAULT_RETRY_FOR said, and no outage was ever said. Its retry decorator
-        # keeps the plain method as ``__wrapped__``: this filesystem calls that, one try each.
+        # keeps the plain method as ``__wrapped__``: this filesystem calls that, one try each, but for
+        # what the decorator also did that is not an outage (_gcs_request).
         plain = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
         if callable(plain):
-            fs._request = types.MethodType(plain, fs)
+            fs._request = types.MethodType(_gcs_request(plain), fs)
+
+
+GCS_AUTH_TRIES = 3  # a token refused as it expires, or its refresh failing once, passes on the next try
+GCS_AUTH_PAUSE_S = 0.5
+
+
+def _gcs_request(plain: Any) -> Any:
+    """gcsfs's ``_request`` without its retries of outages (ckptvault's own), keeping two things its
+    retry decorator did: a 401 "Invalid Credentials" or a failed token refresh (google-auth's
+    RefreshError) is tried again at once, up to GCS_AUTH_TRIES in all, since a token that expired
+    between the check and the call is refreshed by the next one; and a requester-pays bucket is named."""
+
+    async def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tries = 1
+        while True:
+            try:
+                return await plain(self, *args, **kwargs)
+            except Exception as exc:
+                code, message = getattr(exc, "code", None), str(getattr(exc, "message", ""))
+                if code == 400 and "requester pays" in message:
+                    raise ValueError(
+                        "the bucket is requester pays: give -o requester_pays=true (storage_options) to be billed "
+                        "for its requests"
+                    ) from exc
+                auth_blip = (code == 401 and "Invalid Credentials" in message) or type(exc).__name__ == "RefreshError"
+                if not auth_blip or tries == GCS_AUTH_TRIES:
+                    raise
+            tries += 1
+            await asyncio.sleep(GCS_AUTH_PAUSE_S)
+
+    return request
 
 
 def bucket_of(protocol: str, root: str) -> str:

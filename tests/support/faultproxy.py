@@ -48,6 +48,7 @@ class FaultProxy:
         self.stall = False  # accept and never answer
         self.stall_connections: int | None = None  # ... for this many connections (None: all)
         self.reply: bytes | None = None  # answer each request on new connections with these bytes
+        self.max_replies: int | None = None  # ... this many times in all (None: every time)
         # what happened
         self.connections = 0
         self.cuts = 0
@@ -86,6 +87,7 @@ class FaultProxy:
         self.stall = False
         self.stall_connections = None
         self.reply = None
+        self.max_replies = None
 
     def drop_all(self) -> None:
         """Reset every open connection (stalled ones included)."""
@@ -127,7 +129,7 @@ class FaultProxy:
                     self.stall_connections -= 1
                 self.stalled += 1
                 return "stall", None, None
-            if self.reply is not None:
+            if self.reply is not None and (self.max_replies is None or self.replied < self.max_replies):
                 self.replied += 1
                 return "reply", None, None
             return "pass", self.cut_after_bytes, self.cut_download_after_bytes
