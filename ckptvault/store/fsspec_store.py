@@ -52,7 +52,7 @@ from .backends import (
 )
 from .base import TEMP_PREFIX, ObjectInfo
 from .failures import Failure, Kind, classify, hide_credentials, one_line, status_in_chain, storage_error
-from .local import LocalStore
+from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
 from .retrying import BASE_DEADLINE_S, call_deadline
 
@@ -78,6 +78,7 @@ class FsspecStore:
         self._idle: dict[int, list[Any]] = {}
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         self._made_dirs: set[str] = set()
+        self._seen = False  # whether an object was read or written here: the vault's folder existed
         self._options = options
         self._secrets = credential_values(options)  # never shown in a message
         if "::" in target:  # a chained URL (e.g. simplecache::s3://...): let fsspec build the chain
@@ -260,9 +261,14 @@ class FsspecStore:
             if if_absent and not self.supports_if_absent and fs.exists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path)  # best effort: this backend cannot enforce it
             if not self.profile.object_store:
-                self._make_parent(fs, path)
-            if self.profile.rename_put:
-                self._put_renamed(fs, path, data, if_absent)
+                try:
+                    self._put_in_folder(fs, path, data, if_absent)
+                except FileNotFoundError:  # its folder, made here before, was removed since
+                    directory = path.rsplit("/", 1)[0]
+                    if directory not in self._made_dirs:
+                        raise
+                    self._made_dirs.discard(directory)
+                    self._put_in_folder(fs, path, data, if_absent)  # made again, unless the whole vault went
             elif if_absent and self.profile.conditional_put:
                 if self.profile.remote:
                     fs.pipe_file(path, bytes(data), mode="create", **self._deadline(len(data)))
@@ -272,11 +278,50 @@ class FsspecStore:
             else:
                 fs.pipe_file(path, bytes(data), **self._deadline(len(data)))
 
-    def _make_parent(self, fs: Any, path: str) -> None:
+    def _put_in_folder(self, fs: Any, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         directory = path.rsplit("/", 1)[0]
         if directory and directory not in self._made_dirs:
-            fs.makedirs(directory, exist_ok=True)
+            self._make_folder(fs, directory)
             self._made_dirs.add(directory)
+        if self.profile.rename_put:
+            self._put_renamed(fs, path, data, if_absent)
+        else:
+            fs.pipe_file(path, bytes(data), **self._deadline(len(data)))
+        self._seen = True
+
+    def _make_folder(self, fs: Any, directory: str) -> None:
+        """Make ``directory`` and the folders above it that are missing, but never the vault's own folder
+        once the vault was seen here: one that is gone or empty (moved, deleted, the server's disk
+        unmounted) is not made again, half, by a write into one of its folders; that write fails as
+        FileNotFoundError ("the folder it goes into is missing", retried as an outage)."""
+        if not self._seen:  # a vault being made
+            fs.makedirs(directory, exist_ok=True)
+            return
+        pending = [directory]
+        while pending:
+            folder = pending[-1]
+            parent = folder.rsplit("/", 1)[0]
+            in_vault = len(parent) > len(self.root)
+            # only where a folder right inside the vault (locks/, packs/) is missing
+            if not in_vault and not self._holds_anything(fs):
+                raise FileNotFoundError(errno.ENOENT, "the vault's folder is gone or empty", self.root)
+            try:
+                fs.mkdir(folder, create_parents=False)
+            except FileNotFoundError:  # its parent is missing too
+                if not in_vault:
+                    raise
+                pending.append(parent)
+                continue
+            except OSError:  # made meanwhile by another writer (SFTP says only "Failure"), else a real error
+                if not fs.isdir(folder):
+                    raise
+            pending.pop()
+
+    def _holds_anything(self, fs: Any) -> bool:
+        try:
+            return bool(fs.ls(self.root, detail=False, **self._deadline()))  # a vault always holds its config
+        except FileNotFoundError:
+            return False
 
     def _put_renamed(self, fs: Any, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         """Temp name, then rename. SFTP's plain rename never replaces an existing file, which makes it
@@ -332,9 +377,12 @@ class FsspecStore:
             # objects are small, so that doubled the requests of a fresh machine's listing of every snapshot
             sized = start is None and self.profile.protocol in S3 and _sizes_whole_reads(fs)
             whole_in_one = {"max_concurrency": 1} if sized else {}
-            return bytes(fs.cat_file(path, start=start, end=end, **whole_in_one, **self._deadline(length)))
+            data = bytes(fs.cat_file(path, start=start, end=end, **whole_in_one, **self._deadline(length)))
+            self._seen = True
+            return data
         # paramiko reads 32 KiB per round trip unless asked to pipeline: 30x faster on 20 MiB
         with ftp.open(path, "rb") as f:
+            self._seen = True
             if start is None or length is None:
                 f.prefetch()
                 return bytes(f.read())
@@ -360,6 +408,9 @@ class FsspecStore:
                         found = {name: fs.info(name) for name in found}
                 else:
                     found = self._find_in_folders(fs, base)
+                    # not "no snapshots" (or packs) where the whole vault went away
+                    if not found and self._seen and not self._holds_anything(fs):
+                        raise vault_gone_error("LIST", prefix, self.url)
         except ObjectNotFoundError:
             return []  # nothing under the prefix (a missing bucket is an error, not this)
         cut = len(self.root) + 1

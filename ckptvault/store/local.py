@@ -27,6 +27,12 @@ from .localwrite import LocalWriter
 from .options import TransferLimits
 
 
+def vault_gone_error(op: str, key: str, url: str) -> StorageError:
+    # retryable: a network mount that drops for a moment comes back; nothing is made in its place
+    reason = "the vault's folder is gone or empty (moved, deleted, or its disk unmounted?)"
+    return StorageError(op, key, url, reason, retryable=True)
+
+
 class LocalStore:
     remote = False
     supports_if_absent = True
@@ -68,7 +74,7 @@ class LocalStore:
             except FileNotFoundError:  # its folder was made or seen by an earlier put, and is gone since
                 self._made_dirs.discard(os.path.dirname(path))
                 if self._gone():
-                    raise self._gone_error("PUT", key) from None
+                    raise vault_gone_error("PUT", key, self.url) from None
                 self.put_file(path, data, if_absent)  # only a folder inside the vault was removed: made again
 
     def _gone(self) -> bool:
@@ -81,11 +87,6 @@ class LocalStore:
                 return next(entries, None) is None
         except FileNotFoundError:
             return True
-
-    def _gone_error(self, op: str, key: str) -> StorageError:
-        # retryable: a network mount that drops for a moment comes back; nothing is made in its place
-        reason = "the vault's folder is gone or empty (moved, deleted, or its disk unmounted?)"
-        return StorageError(op, key, self.url, reason, retryable=True)
 
     def put_file(self, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         """Create or replace the file at ``path`` atomically and durably (OSErrors as they come). A
@@ -177,7 +178,7 @@ class LocalStore:
                     continue
                 out.append(ObjectInfo(key, size, mtime))
         if not out and self._gone():  # not "no snapshots" (or packs) where the whole vault went away
-            raise self._gone_error("LIST", prefix)
+            raise vault_gone_error("LIST", prefix, self.url)
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:

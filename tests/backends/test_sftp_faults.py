@@ -1,13 +1,17 @@
-"""SFTP through a fault-injecting proxy: a download that stalls mid-body (a connection dropped without
-a word: a NAT entry, a VPN) must not hold its pooled session for good."""
+"""SFTP faults: through a fault-injecting proxy, a download that stalls mid-body (a connection dropped
+without a word: a NAT entry, a VPN) must not hold its pooled session for good; on the server, a folder
+removed inside a live vault is made again, and a vault's folder gone away is not."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from ckptvault import Vault
+from ckptvault.errors import StorageError
 
 from ..conftest import tree_digest
 from ..support.faultproxy import FaultProxy
@@ -46,3 +50,49 @@ def test_stalled_downloads_give_their_sessions_back(sshd, proxy, tmp_path: Path,
         vault.backup(src)  # the same Vault, long after: its sessions were given back
         vault.restore("latest", tmp_path / "out2")
     assert tree_digest(tmp_path / "out2") == tree_digest(src)
+
+
+@pytest.fixture
+def sftp_vault(sshd, tmp_path: Path, monkeypatch):
+    """A vault on the SFTP server with one backup, the folder it is in on this machine, and the source."""
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "2")
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "1")
+    url = sshd.backend.new_url("gone")
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=1)
+    vault = Vault.init(url, storage_options=sshd.backend.storage_options)
+    vault.backup(src, tags={"step": "1"})  # its folders (locks/, data/..) are known to exist now
+    yield vault, Path(urlsplit(url).path), src
+    vault.close()
+
+
+def test_a_folder_removed_inside_a_live_sftp_vault_is_made_again(sftp_vault):
+    vault, folder, src = sftp_vault
+    (folder / "locks").rmdir()  # emptied by the backup's unlock; removed by hand
+    vault.backup(src, tags={"step": "2"})
+    assert [s.tags["step"] for s in vault.snapshots()] == ["1", "2"]
+    assert (folder / "locks").is_dir()
+
+
+@pytest.mark.parametrize("how", ["moved", "unmounted"])
+def test_an_sftp_vault_gone_away_is_not_made_again_by_a_write(sftp_vault, how):
+    """The vault's folder on the server moved, or its disk unmounted (an empty mount point): a backup
+    fails as an outage (retried), a listing does not read as "no snapshots", and nothing is made in its
+    place; put back, the same Vault goes on."""
+    vault, folder, src = sftp_vault
+    away = folder.with_name(folder.name + "-away")
+    folder.rename(away)
+    if how == "unmounted":
+        folder.mkdir()
+    with pytest.raises(StorageError, match=re.escape("the folder it goes into is missing")) as caught:
+        vault.backup(src, tags={"step": "2"})
+    assert caught.value.retryable
+    with pytest.raises(StorageError, match=re.escape("the vault's folder is gone or empty")):
+        vault.snapshots()
+    assert (list(folder.iterdir()) == []) if how == "unmounted" else not folder.exists()
+    if how == "unmounted":
+        folder.rmdir()
+    away.rename(folder)
+    vault.backup(src, tags={"step": "3"})
+    assert [s.tags["step"] for s in vault.snapshots()] == ["1", "3"]
+    assert vault.check().ok
