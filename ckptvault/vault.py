@@ -17,9 +17,9 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .arguments import (
@@ -53,7 +53,6 @@ from .errors import (
     IntegrityError,
     ObjectNotFoundError,
     SnapshotNotFoundError,
-    UnsupportedFormatError,
     UsageError,
     VaultExistsError,
     VaultNotFoundError,
@@ -79,6 +78,14 @@ from .ops.async_backup import (
     make_job,
 )
 from .ops.backup import run_backup, twin_snapshot
+from .ops.catalog import (
+    SnapshotCatalog,
+    decode_naming,
+    refuse_gc_with_unreadable,
+    select,
+    unreadable_named,
+    unreadable_stand_in,
+)
 from .ops.check import CheckReport, run_check
 from .ops.compact import compact_index
 from .ops.copy import CopyResult, run_copy
@@ -103,8 +110,8 @@ from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
-from .snapshot.manifest import decode_snapshot, decode_tree
-from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
+from .snapshot.manifest import decode_tree
+from .snapshot.model import FileEntry, Snapshot
 from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
 from .store import RateArg, RateLimits, open_store
 
@@ -169,70 +176,10 @@ def _workdir_arg(workdir: PathLike | None) -> str | None:
     return path
 
 
-def _decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
-    """``decode(raw)``, with a failure's message naming the object (``what``) it came from."""
-    try:
-        return decode(raw)
-    except IntegrityError as exc:
-        raise type(exc)(f"{what} is damaged: {exc}") from exc
-    except UnsupportedFormatError as exc:
-        raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
-
-
 def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
     lock.verify()  # first: a lock that was lost means nothing more may be written
     if then is not None:
         then()
-
-
-def _select(
-    snaps: list[Snapshot], spec: str, tags: dict[str, str] | None, unreadable: Mapping[str, CkptVaultError]
-) -> Snapshot:
-    """``selection.select``, but 'latest' while snapshot objects cannot be read raises: their tags and
-    steps are unknown, so any of them may be the save a resume needs, and the newest readable one would
-    silently be an older step (a resume losing progress, a drill saying all is well, ``forget latest``
-    removing the save before). The error of the first one, said so, naming the newest readable one."""
-    if spec != "latest" or not unreadable:
-        return selection.select(snaps, spec, tags)
-    try:
-        readable: Snapshot | None = selection.select(snaps, spec, tags)
-    except SnapshotNotFoundError:
-        readable = None
-    first = min(unreadable)
-    error = unreadable[first]
-    what = (
-        f"{error}, and it may"
-        if len(unreadable) == 1
-        else (
-            f"{len(unreadable)} snapshot objects cannot be read ({', '.join(i[:12] for i in sorted(unreadable))}; "
-            f"{error}), and they may"
-        )
-    )
-    if readable is None:
-        instead = "no snapshot that can be read has those tags"
-    else:
-        step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
-        instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it"
-    raise type(error)(f"'latest' cannot be told: {what} hold the newest save; {instead}, or {_unreadable_hint(first)}")
-
-
-def _unreadable_hint(snapshot_id: str) -> str:
-    return f"run: ckptvault check; if it is damaged, remove it with: ckptvault forget {snapshot_id[:12]}"
-
-
-def _unreadable_stand_in(snapshot_id: str) -> Snapshot:
-    """What ``forget`` reports for a snapshot object it removed without decoding it."""
-    return Snapshot(
-        id=snapshot_id,
-        time=datetime.fromtimestamp(0, timezone.utc),  # unknown
-        hostname="?",
-        paths=[],
-        tags={},
-        description="(unreadable snapshot object)",
-        parent=None,
-        tree_id="",
-        summary=SnapshotSummary(),
-    )
 
 
 def exclude_arg(value: Sequence[str] | None) -> Excludes:
@@ -253,18 +200,17 @@ class Vault:
         self._close_mutex = threading.Lock()
         # Where warnings go besides the "ckptvault" logger (the CLI passes its stderr printer).
         self.on_warning: Callable[[str], None] | None = None
-        # Snapshot objects the latest listing skipped because they cannot be decoded (damaged, or
-        # written by a newer ckptvault): full ID -> the error, which names the object.
-        self.unreadable_snapshots: dict[str, CkptVaultError] = {}
-        self._warned: set[str] = set()  # each unreadable snapshot is warned about once
-        # Snapshot objects are immutable (a new ID for new tags): each is read once per Vault, not at
-        # every backup of a training job's long-lived Vault (its 1,000th read 1,000 objects). By ID and
-        # listed size, as the metadata cache keeps them (docs/backends.md).
-        self._snapshots_read: dict[tuple[bytes, int | None], Snapshot] = {}
+        self._catalog = SnapshotCatalog(repo, self._warn)
         self._closing = False  # close() has begun: no new async backups
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
         self._file_readers: weakref.WeakSet[Generator[bytes, None, None]] = weakref.WeakSet()
         self._closed = False  # close() has ended: every public method refuses
+
+    @property
+    def unreadable_snapshots(self) -> dict[str, CkptVaultError]:
+        """Snapshot objects the latest listing left out because they cannot be decoded (damaged, or
+        written by a newer ckptvault): full ID -> the error, which names the object."""
+        return self._catalog.unreadable
 
     @property
     def local_folder(self) -> str | None:
@@ -448,60 +394,13 @@ class Vault:
         ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
         ID, and ``prune`` and ``"latest"`` refuse while one exists (it may hold the newest save)."""
         tags = tags_arg(tags)
-        snaps, _ = self._listing()
+        snaps, _ = self._catalog.listing()
         return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
-
-    def _listing(self) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
-        """Every readable snapshot, and the unreadable ones by full ID with their errors (also kept as
-        ``unreadable_snapshots``, for the caller of the API; code here uses what is returned, which
-        another thread's listing cannot replace meanwhile)."""
-
-        def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
-            try:
-                return self._load_snapshot(snapshot_id)
-            except ObjectNotFoundError:
-                return None  # forgotten by another process since the listing
-            except (IntegrityError, UnsupportedFormatError) as exc:
-                return exc
-
-        ids = self._repo.list_snapshot_ids()
-        listed = [(i, self._repo.listed_snapshot_size(i)) for i in ids]
-        known = self._snapshots_read
-        unread = [i for i, size in listed if (i, size) not in known]
-        loaded = list(zip(unread, self._repo.read_each(load, unread), strict=True))
-        fresh = {i: s for i, s in loaded if isinstance(s, Snapshot)}
-        self._snapshots_read = {k: s for k in listed if (s := known.get(k) or fresh.get(k[0])) is not None}
-        snaps = list(self._snapshots_read.values())
-        unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
-        self.unreadable_snapshots = unreadable
-        for snapshot_id, error in sorted(unreadable.items()):
-            if snapshot_id not in self._warned:
-                self._warned.add(snapshot_id)
-                self._warn(f"{error}; left out of the snapshots ({_unreadable_hint(snapshot_id)})")
-        return snaps, unreadable
-
-    def _load_snapshot(self, snapshot_id: bytes) -> Snapshot:
-        raw = self._repo.load_snapshot(snapshot_id)  # its errors name the object
-        return _decode_naming(f"snapshot object {snapshot_id.hex()[:12]}", decode_snapshot, raw)
 
     def _warn(self, message: str) -> None:
         log.warning(message)
         if self.on_warning is not None:
             self.on_warning(message)
-
-    @staticmethod
-    def _unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[str]) -> str | None:
-        """The ID of the unreadable snapshot object that ``spec`` (an ID prefix) names, if any."""
-        prefix = spec.lower()
-        if spec == "latest" or not selection.is_id_prefix(prefix):
-            return None  # selection.select reports what is wrong with it
-        unreadable = [i for i in unreadable_ids if i.startswith(prefix)]
-        if not unreadable:
-            return None
-        matches = len(unreadable) + sum(s.id.startswith(prefix) for s in snaps)
-        if matches > 1:
-            raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({matches} match); give more digits")
-        return unreadable[0]
 
     @_open_only
     def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
@@ -509,35 +408,7 @@ class Vault:
         An ID naming a snapshot object that cannot be decoded raises that object's error."""
         spec = snapshot_arg(spec)
         tags = tags_arg(tags)
-        if isinstance(spec, Snapshot):
-            return spec
-        if spec != "latest" and (alone := self._read_alone(spec)) is not None:
-            return selection.select([alone], spec, tags)
-        snaps, unreadable = self._listing()
-        named = self._unreadable_named(spec, snaps, unreadable)
-        if named is not None:
-            error = unreadable[named]
-            raise type(error)(f"{error}; {_unreadable_hint(named)}")
-        return _select(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
-
-    def _read_alone(self, spec: str) -> Snapshot | None:
-        """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
-        exactly one match: a fresh machine's ``restore <id>`` read every snapshot object of the vault.
-        None leaves it to the whole listing: no match or several, not an ID, or an object that cannot
-        be read (the listing says why, as it always did)."""
-        prefix = spec.lower()
-        if not selection.is_id_prefix(prefix):
-            return None
-        matches = [i for i in self._repo.list_snapshot_ids() if i.hex().startswith(prefix)]
-        if len(matches) != 1:
-            return None
-        known = self._snapshots_read.get((matches[0], self._repo.listed_snapshot_size(matches[0])))
-        if known is not None:
-            return known
-        try:
-            return self._load_snapshot(matches[0])
-        except (ObjectNotFoundError, IntegrityError, UnsupportedFormatError):
-            return None
+        return spec if isinstance(spec, Snapshot) else self._catalog.find(spec, tags)
 
     @_open_only
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:
@@ -561,7 +432,7 @@ class Vault:
                 f"{exc} (the tree of snapshot {snap.short_id}); run: ckptvault check, then remove the snapshot "
                 f"with: ckptvault forget {snap.short_id}"
             ) from None
-        return _decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
+        return decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
     # ---- backup and restore ------------------------------------------------------------
 
@@ -847,13 +718,13 @@ class Vault:
                 self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
                 self._repo.reconcile_with_stored_packs()
             source._repo.load_index_as_stored()
-            listed, unreadable = source._listing()  # the pair of one listing: another thread's may follow
+            listed, unreadable = source._catalog.listing()  # the pair of one listing: another thread's may follow
             every = sorted(listed, key=lambda s: s.time)
             if specs is None:
                 chosen = [s for s in every if s.matches(tags)]
             else:
                 try:
-                    picked = [_select(every, s.id if isinstance(s, Snapshot) else s, tags, unreadable) for s in specs]
+                    picked = [select(every, s.id if isinstance(s, Snapshot) else s, tags, unreadable) for s in specs]
                 except SnapshotNotFoundError as exc:  # say which of the two vaults has none
                     of_source = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")
                     exc.args = (f"in {source.url}: {exc}".replace("ckptvault snapshots", of_source),)
@@ -920,32 +791,14 @@ class Vault:
         # count a running backup's packs, not yet indexed, as leftovers; the real run cannot)
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
             self._repo.load_index()
-            every, unreadable = self._listing()
+            every, unreadable = self._catalog.listing()
             every.sort(key=lambda s: s.time)
-            self._refuse_gc_with_unreadable(unreadable)
+            refuse_gc_with_unreadable(unreadable)
             with self._repo.aborting_writes_on_error():  # a failed repack leaves nothing behind the lock
                 result = run_prune(self._repo, every, policy, dry_run=dry_run, repack_threshold=repack_threshold)
         for warning in result.warnings:
             self._warn(warning)
         return result
-
-    @staticmethod
-    def _refuse_gc_with_unreadable(
-        unreadable: dict[str, CkptVaultError], forgotten: frozenset[str] = frozenset()
-    ) -> None:
-        """Garbage collection needs every snapshot's tree: a snapshot object that cannot be decoded
-        (it may be repaired, or read by a newer ckptvault) would have its data deleted as unused.
-        So prune refuses until such objects are forgotten (``forget ID``) or readable again."""
-        left = sorted((i, e) for i, e in unreadable.items() if i not in forgotten)
-        if not left:
-            return
-        snapshot_id, error = left[0]
-        more = f" (and {len(left) - 1} more unreadable snapshot(s))" if len(left) > 1 else ""
-        damaged = any(isinstance(e, IntegrityError) for _, e in left)
-        raise (IntegrityError if damaged else UnsupportedFormatError)(
-            f"prune refused: {error}{more}; pruning now could delete the data it refers to. "
-            f"Run: ckptvault check, then remove it with: ckptvault forget {snapshot_id[:12]} if it is damaged"
-        )
 
     @_open_only
     def forget(self, snapshots: Sequence[str | Snapshot], *, prune: bool = False, dry_run: bool = False) -> PruneResult:
@@ -966,7 +819,7 @@ class Vault:
                 )
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
-            every, unreadable_now = self._listing()
+            every, unreadable_now = self._catalog.listing()
             every.sort(key=lambda s: s.time)
             chosen: set[str] = set()
             unreadable: set[str] = set()
@@ -979,12 +832,12 @@ class Vault:
                             f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
                         )
                     chosen.add(spec.id)
-                elif (bad := self._unreadable_named(spec, every, unreadable_now)) is not None:
+                elif (bad := unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:
-                    chosen.add(_select(every, spec, None, unreadable_now).id)
+                    chosen.add(select(every, spec, None, unreadable_now).id)
             if prune:
-                self._refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
+                refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
             plan = RetentionPlan(
                 [Decision(s, s.id not in chosen, "given to forget" if s.id in chosen else "not given") for s in every]
             )
@@ -1003,7 +856,7 @@ class Vault:
             if not unreadable:
                 return result
             removed = [
-                Decision(_unreadable_stand_in(i), False, "unreadable snapshot object, given to forget")
+                Decision(unreadable_stand_in(i), False, "unreadable snapshot object, given to forget")
                 for i in sorted(unreadable)
             ]
             return replace(result, retention=RetentionPlan([*plan.decisions, *removed]))

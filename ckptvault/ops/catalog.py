@@ -1,0 +1,189 @@
+"""Which snapshots a vault holds, and which one a spec (an ID prefix, ``"latest"``) names.
+
+A snapshot object that cannot be decoded (damaged, or written by a newer ckptvault) is left out of
+the listing with a warning, once per catalog, and kept as ``unreadable`` with its error: its tags and
+step are unknown, so ``"latest"`` refuses while one exists (it may hold the newest save), and so does
+garbage collection (it would delete the data the object refers to).
+
+Snapshot objects are immutable (a new ID for new tags): each is read once per catalog, not at every
+backup of a training job's long-lived Vault (its 1,000th read 1,000 objects). By ID and listed size,
+as the metadata cache keeps them (docs/backends.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from typing import TypeVar
+
+from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, UnsupportedFormatError
+from ..repository import Repository
+from ..snapshot import selection
+from ..snapshot.manifest import decode_snapshot
+from ..snapshot.model import Snapshot, SnapshotSummary
+
+T = TypeVar("T")
+
+
+class SnapshotCatalog:
+    def __init__(self, repo: Repository, warn: Callable[[str], None]) -> None:
+        self._repo = repo
+        self._warn = warn
+        # the latest listing's snapshot objects that cannot be decoded: full ID -> the error, which names it
+        self.unreadable: dict[str, CkptVaultError] = {}
+        self._warned: set[str] = set()  # each unreadable snapshot is warned about once
+        self._read: dict[tuple[bytes, int | None], Snapshot] = {}
+
+    def listing(self) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
+        """Every readable snapshot, and the unreadable ones by full ID with their errors (also kept as
+        ``unreadable``, for the caller of the API; code uses what is returned, which another thread's
+        listing cannot replace meanwhile)."""
+
+        def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
+            try:
+                return self.load(snapshot_id)
+            except ObjectNotFoundError:
+                return None  # forgotten by another process since the listing
+            except (IntegrityError, UnsupportedFormatError) as exc:
+                return exc
+
+        ids = self._repo.list_snapshot_ids()
+        listed = [(i, self._repo.listed_snapshot_size(i)) for i in ids]
+        known = self._read
+        unread = [i for i, size in listed if (i, size) not in known]
+        loaded = list(zip(unread, self._repo.read_each(load, unread), strict=True))
+        fresh = {i: s for i, s in loaded if isinstance(s, Snapshot)}
+        self._read = {k: s for k in listed if (s := known.get(k) or fresh.get(k[0])) is not None}
+        snaps = list(self._read.values())
+        unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
+        self.unreadable = unreadable
+        for snapshot_id, error in sorted(unreadable.items()):
+            if snapshot_id not in self._warned:
+                self._warned.add(snapshot_id)
+                self._warn(f"{error}; left out of the snapshots ({unreadable_hint(snapshot_id)})")
+        return snaps, unreadable
+
+    def load(self, snapshot_id: bytes) -> Snapshot:
+        raw = self._repo.load_snapshot(snapshot_id)  # its errors name the object
+        return decode_naming(f"snapshot object {snapshot_id.hex()[:12]}", decode_snapshot, raw)
+
+    def find(self, spec: str, tags: dict[str, str] | None) -> Snapshot:
+        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
+        An ID naming a snapshot object that cannot be decoded raises that object's error."""
+        if spec != "latest" and (alone := self._read_alone(spec)) is not None:
+            return selection.select([alone], spec, tags)
+        snaps, unreadable = self.listing()
+        named = unreadable_named(spec, snaps, unreadable)
+        if named is not None:
+            error = unreadable[named]
+            raise type(error)(f"{error}; {unreadable_hint(named)}")
+        return select(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
+
+    def _read_alone(self, spec: str) -> Snapshot | None:
+        """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
+        exactly one match: a fresh machine's ``restore <id>`` read every snapshot object of the vault.
+        None leaves it to the whole listing: no match or several, not an ID, or an object that cannot
+        be read (the listing says why, as it always did)."""
+        prefix = spec.lower()
+        if not selection.is_id_prefix(prefix):
+            return None
+        matches = [i for i in self._repo.list_snapshot_ids() if i.hex().startswith(prefix)]
+        if len(matches) != 1:
+            return None
+        known = self._read.get((matches[0], self._repo.listed_snapshot_size(matches[0])))
+        if known is not None:
+            return known
+        try:
+            return self.load(matches[0])
+        except (ObjectNotFoundError, IntegrityError, UnsupportedFormatError):
+            return None
+
+
+def unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[str]) -> str | None:
+    """The ID of the unreadable snapshot object that ``spec`` (an ID prefix) names, if any."""
+    prefix = spec.lower()
+    if spec == "latest" or not selection.is_id_prefix(prefix):
+        return None  # selection.select reports what is wrong with it
+    unreadable = [i for i in unreadable_ids if i.startswith(prefix)]
+    if not unreadable:
+        return None
+    matches = len(unreadable) + sum(s.id.startswith(prefix) for s in snaps)
+    if matches > 1:
+        raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({matches} match); give more digits")
+    return unreadable[0]
+
+
+def select(
+    snaps: list[Snapshot], spec: str, tags: dict[str, str] | None, unreadable: Mapping[str, CkptVaultError]
+) -> Snapshot:
+    """``selection.select``, but 'latest' while snapshot objects cannot be read raises: their tags and
+    steps are unknown, so any of them may be the save a resume needs, and the newest readable one would
+    silently be an older step (a resume losing progress, a drill saying all is well, ``forget latest``
+    removing the save before). The error of the first one, said so, naming the newest readable one."""
+    if spec != "latest" or not unreadable:
+        return selection.select(snaps, spec, tags)
+    try:
+        readable: Snapshot | None = selection.select(snaps, spec, tags)
+    except SnapshotNotFoundError:
+        readable = None
+    first = min(unreadable)
+    error = unreadable[first]
+    what = (
+        f"{error}, and it may"
+        if len(unreadable) == 1
+        else (
+            f"{len(unreadable)} snapshot objects cannot be read ({', '.join(i[:12] for i in sorted(unreadable))}; "
+            f"{error}), and they may"
+        )
+    )
+    if readable is None:
+        instead = "no snapshot that can be read has those tags"
+    else:
+        step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
+        instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it"
+    raise type(error)(f"'latest' cannot be told: {what} hold the newest save; {instead}, or {unreadable_hint(first)}")
+
+
+def unreadable_hint(snapshot_id: str) -> str:
+    return f"run: ckptvault check; if it is damaged, remove it with: ckptvault forget {snapshot_id[:12]}"
+
+
+def unreadable_stand_in(snapshot_id: str) -> Snapshot:
+    """What ``forget`` reports for a snapshot object it removed without decoding it."""
+    return Snapshot(
+        id=snapshot_id,
+        time=datetime.fromtimestamp(0, timezone.utc),  # unknown
+        hostname="?",
+        paths=[],
+        tags={},
+        description="(unreadable snapshot object)",
+        parent=None,
+        tree_id="",
+        summary=SnapshotSummary(),
+    )
+
+
+def refuse_gc_with_unreadable(unreadable: dict[str, CkptVaultError], forgotten: frozenset[str] = frozenset()) -> None:
+    """Garbage collection needs every snapshot's tree: a snapshot object that cannot be decoded
+    (it may be repaired, or read by a newer ckptvault) would have its data deleted as unused.
+    So prune refuses until such objects are forgotten (``forget ID``) or readable again."""
+    left = sorted((i, e) for i, e in unreadable.items() if i not in forgotten)
+    if not left:
+        return
+    snapshot_id, error = left[0]
+    more = f" (and {len(left) - 1} more unreadable snapshot(s))" if len(left) > 1 else ""
+    damaged = any(isinstance(e, IntegrityError) for _, e in left)
+    raise (IntegrityError if damaged else UnsupportedFormatError)(
+        f"prune refused: {error}{more}; pruning now could delete the data it refers to. "
+        f"Run: ckptvault check, then remove it with: ckptvault forget {snapshot_id[:12]} if it is damaged"
+    )
+
+
+def decode_naming(what: str, decode: Callable[[bytes], T], raw: bytes) -> T:
+    """``decode(raw)``, with a failure's message naming the object (``what``) it came from."""
+    try:
+        return decode(raw)
+    except IntegrityError as exc:
+        raise type(exc)(f"{what} is damaged: {exc}") from exc
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
