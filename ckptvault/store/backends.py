@@ -12,8 +12,8 @@ Why each default (see docs/backends.md):
   hidden attempts multiply the wait. Connect and read timeouts bound a silent server on reads; a
   PUT can still wait forever for "100 Continue", which the per-call deadline ends.
 - GCS against an emulator (``endpoint_url`` or ``STORAGE_EMULATOR_HOST``): gcsfs's experimental
-  bucket-type probe (gRPC) hangs for a minute per bucket there, so it is switched off before gcsfs
-  is imported, unless the user set ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` themselves.
+  filesystem probes each bucket's type over gRPC, which hangs for a minute per bucket there, so
+  gcsfs's plain filesystem is used (``filesystem_class``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import asyncio
 import difflib
 import inspect
 import os
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -108,10 +107,17 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
                 f"-o token={token}: no such file on this machine; give the path of a service-account JSON key "
                 "(~ is expanded), or leave token out to use the environment's credentials"
             )
-    emulator = out.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
-    if protocol in ("gs", "gcs") and emulator and "gcsfs" not in sys.modules:
-        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     return out
+
+
+def filesystem_class(cls: type, protocol: str, options: dict[str, Any]) -> type:
+    """``cls``, but gcsfs's plain filesystem against an emulator (``endpoint_url`` or
+    ``STORAGE_EMULATOR_HOST``): the experimental one that gcsfs registers (unless
+    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set before it was imported) probes each bucket's
+    type over gRPC, which an emulator does not serve: a minute per bucket."""
+    if protocol in GCS and (options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")):
+        return next((c for c in cls.__mro__ if c.__module__ == "gcsfs.core" and c.__name__ == "GCSFileSystem"), cls)
+    return cls
 
 
 AZURE = frozenset({"az", "abfs", "abfss"})

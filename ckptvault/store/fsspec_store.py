@@ -43,6 +43,7 @@ from .backends import (
     Profile,
     bucket_of,
     default_options,
+    filesystem_class,
     install_hint,
     nested_option_error,
     option_error,
@@ -89,7 +90,7 @@ class FsspecStore:
         else:
             protocol = fsspec.core.split_protocol(target)[0] or "file"
             try:
-                cls = fsspec.get_filesystem_class(protocol)
+                cls = filesystem_class(fsspec.get_filesystem_class(protocol), protocol, options)
             except ImportError as exc:
                 hint = install_hint(protocol)
                 raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None

@@ -4,7 +4,10 @@ CKPTVAULT_RETRY_FOR bounds how long a failing call goes on, and each retry is sa
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,3 +106,25 @@ def test_a_requester_pays_bucket_is_named_with_the_option_to_give(gcs, proxy, tm
         proxy.reply = _gcs_error("400 Bad Request", "Bucket is a requester pays bucket but no user project provided.")
         with pytest.raises(StorageError, match=re.escape("give -o requester_pays=true")):
             vault.snapshots()
+
+
+def test_an_emulator_gets_gcsfs_plain_filesystem_even_when_gcsfs_was_imported_first(gcs, tmp_path: Path):
+    """gcsfs registers its experimental filesystem unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set
+    before it was imported; that one probes each bucket's type over gRPC, which an emulator does not serve:
+    a minute per bucket. A program that imported gcsfs first (its own code, another library) got it."""
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=1)
+    script = (
+        "import sys, gcsfs, json\n"
+        "from ckptvault import Vault\n"
+        "url, options, src = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]\n"
+        "with Vault.init(url, storage_options=options) as vault:\n"
+        "    vault.backup(src)\n"
+        "    print(len(vault.snapshots()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
+    args = [gcs.backend.new_url("imported-first"), json.dumps(gcs.backend.storage_options), str(src)]
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr
+    assert "bucket type" not in proc.stderr, proc.stderr
+    assert time.monotonic() - started < 40
