@@ -1132,8 +1132,11 @@ def test_pins_of_checkpoint_n_folders_deleted_while_no_watcher_ran_ship_after_a_
     ckpts.mkdir()
     watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=r", "--settle", "30", "--json")
     written = {step: publish_checkpoint(ckpts, f"checkpoint-{step}", step) for step in (10, 20)}
-    for step, files in written.items():
-        watch.wait_for(lambda s=step, f=files: set(f) <= pinned_files(pins_dir, f"checkpoint-{s}"), what="both pins")
+    for step, files in written.items():  # pinned: its files linked, and its pin.json (written last) there
+        watch.wait_for(
+            lambda n=f"checkpoint-{step}", f=files: set(f) <= pinned_files(pins_dir, n) and n in pinned_names(pins_dir),
+            what="both pins",
+        )
     watch.proc.kill()
     watch.proc.wait(30)
     for step in written:
