@@ -357,7 +357,7 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
     started = time.monotonic()
     try:
         with warnings.catch_warnings():  # the check's line says what went wrong; torch's warnings add noise
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore", module=r"torch\.")
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # Not weights-only: check the archive without executing its pickled code.

@@ -155,9 +155,9 @@ GCS_AUTH_PAUSE_S = 0.5
 
 def _gcs_request(plain: Any) -> Any:
     """gcsfs's ``_request`` without its retries of outages (ckptvault's own), keeping two things its
-    retry decorator did: a 401 "Invalid Credentials" or a failed token refresh (google-auth's
-    RefreshError) is tried again at once, up to GCS_AUTH_TRIES in all, since a token that expired
-    between the check and the call is refreshed by the next one; and a requester-pays bucket is named."""
+    retry decorator did: a 401 "Invalid Credentials" is tried again at once, up to GCS_AUTH_TRIES in
+    all, since a token that expired between the check and the call is refreshed by the next one; and a
+    requester-pays bucket is named."""
 
     async def request(self: Any, *args: Any, **kwargs: Any) -> Any:
         tries = 1
@@ -171,8 +171,8 @@ def _gcs_request(plain: Any) -> Any:
                         "the bucket is requester pays: give -o requester_pays=true (storage_options) to be billed "
                         "for its requests"
                     ) from exc
-                auth_blip = (code == 401 and "Invalid Credentials" in message) or type(exc).__name__ == "RefreshError"
-                if not auth_blip or tries == GCS_AUTH_TRIES:
+                # (gcsfs turns a token refresh that failed into this 401 too)
+                if code != 401 or "Invalid Credentials" not in message or tries == GCS_AUTH_TRIES:
                     raise
             tries += 1
             await asyncio.sleep(GCS_AUTH_PAUSE_S)

@@ -308,19 +308,17 @@ class FsspecStore:
                 raise FileNotFoundError(errno.ENOENT, "the vault's folder is gone or empty", self.root)
             try:
                 fs.mkdir(folder, create_parents=False)
-            except FileNotFoundError:  # its parent is missing too
-                if not in_vault:
-                    raise
-                pending.append(parent)
-                continue
-            except OSError:  # made meanwhile by another writer (SFTP says only "Failure"), else a real error
+            except OSError:  # made meanwhile by another writer, or its parent is missing (SFTP may say "Failure")
                 if not fs.isdir(folder):
-                    raise
+                    if not in_vault or fs.isdir(parent):
+                        raise
+                    pending.append(parent)
+                    continue
             pending.pop()
 
     def _holds_anything(self, fs: Any) -> bool:
-        try:
-            return bool(fs.ls(self.root, detail=False, **self._deadline()))  # a vault always holds its config
+        try:  # a vault always holds its config; one at the server's root is "" here, which SFTP cannot list
+            return bool(fs.ls(self.root or "/", detail=False, **self._deadline()))
         except FileNotFoundError:
             return False
 
@@ -408,9 +406,9 @@ class FsspecStore:
                     if isinstance(found, list):  # adlfs answers find(<one object>, detail=True) with names
                         found = {name: fs.info(name) for name in found}
                 else:
-                    found = self._find_in_folders(fs, base)
+                    found, base_missing = self._find_in_folders(fs, base)
                     # not "no snapshots" (or packs) where the whole vault went away
-                    if not found and self._seen and not self._holds_anything(fs):
+                    if base_missing and self._seen and not self._holds_anything(fs):
                         raise vault_gone_error("LIST", prefix, self.url)
         except ObjectNotFoundError:
             return []  # nothing under the prefix (a missing bucket is an error, not this)
@@ -427,18 +425,20 @@ class FsspecStore:
             out.append(ObjectInfo(key, int(info.get("size") or 0), when))
         return sorted(out, key=lambda o: o.key)
 
-    def _find_in_folders(self, fs: Any, base: str) -> dict[str, dict[str, Any]]:
+    def _find_in_folders(self, fs: Any, base: str) -> tuple[dict[str, dict[str, Any]], bool]:
         """``fs.find`` for filesystems of folders (local, SFTP), except that a folder that cannot be
         read raises instead of listing as empty: fsspec's walk omits it (its ``on_error`` does not
         reach subfolders), and an unreadable snapshots/ folder then made prune delete every pack.
-        A folder deleted meanwhile, or never made, is empty."""
+        A folder deleted meanwhile, or never made, is empty. Also whether ``base`` itself is missing."""
         found: dict[str, dict[str, Any]] = {}
         folders = [base]
+        base_missing = False
         while folders:
             folder = folders.pop()
             try:
                 entries = fs.ls(folder, detail=True, **self._deadline())
             except FileNotFoundError:
+                base_missing = base_missing or folder == base
                 continue
             for info in entries:
                 name = info["name"].rstrip("/")
@@ -446,7 +446,7 @@ class FsspecStore:
                     found[name] = info
                 elif name != folder:
                     folders.append(name)
-        return found
+        return found, base_missing
 
     def delete(self, key: str) -> None:
         with self._session("DELETE", key, 0) as fs:
