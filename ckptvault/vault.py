@@ -82,7 +82,7 @@ from .ops.catalog import (
     SnapshotCatalog,
     decode_naming,
     refuse_gc_with_unreadable,
-    select,
+    select_snapshot,
     unreadable_named,
     unreadable_stand_in,
 )
@@ -724,7 +724,8 @@ class Vault:
                 chosen = [s for s in every if s.matches(tags)]
             else:
                 try:
-                    picked = [select(every, s.id if isinstance(s, Snapshot) else s, tags, unreadable) for s in specs]
+                    names = [s.id if isinstance(s, Snapshot) else s for s in specs]
+                    picked = [select_snapshot(every, name, tags, unreadable) for name in names]
                 except SnapshotNotFoundError as exc:  # say which of the two vaults has none
                     of_source = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")
                     exc.args = (f"in {source.url}: {exc}".replace("ckptvault snapshots", of_source),)
@@ -835,7 +836,7 @@ class Vault:
                 elif (bad := unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:
-                    chosen.add(select(every, spec, None, unreadable_now).id)
+                    chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
             if prune:
                 refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
             plan = RetentionPlan(

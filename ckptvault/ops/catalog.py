@@ -77,7 +77,7 @@ class SnapshotCatalog:
         if named is not None:
             error = unreadable[named]
             raise type(error)(f"{error}; {unreadable_hint(named)}")
-        return select(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
+        return select_snapshot(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
 
     def _read_alone(self, spec: str) -> Snapshot | None:
         """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
@@ -113,7 +113,7 @@ def unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[
     return unreadable[0]
 
 
-def select(
+def select_snapshot(
     snaps: list[Snapshot], spec: str, tags: dict[str, str] | None, unreadable: Mapping[str, CkptVaultError]
 ) -> Snapshot:
     """``selection.select``, but 'latest' while snapshot objects cannot be read raises: their tags and
