@@ -33,14 +33,21 @@ def proxy(gcs: RunningServer, fault_proxy) -> FaultProxy:
     return fault_proxy(gcs)
 
 
-def test_a_failing_call_is_bounded_by_ckptvaults_retries_and_said(gcs, proxy, tmp_path: Path, monkeypatch, caplog):
+@pytest.fixture
+def options(gcs: RunningServer, proxy: FaultProxy) -> dict:
+    """Storage options that reach the server through the proxy."""
+    return {**gcs.backend.storage_options, "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+
+
+def test_a_failing_call_is_bounded_by_ckptvaults_retries_and_said(
+    gcs, proxy, options, tmp_path: Path, monkeypatch, caplog
+):
     """gcsfs retried every request 6 times itself (~35 s) inside each of ckptvault's attempts: a restore
     over a link cutting every download gave up after ~220 s whether CKPTVAULT_RETRY_FOR was 20 or 120,
     and a 30 s outage was never said (audit 32a F5, F6)."""
     monkeypatch.setenv("CKPTVAULT_RETRIES", "2")
     monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
     monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "2")
-    options = {**gcs.backend.storage_options, "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
     url = gcs.backend.new_url("cut-for-good")
     src = make_checkpoint(tmp_path / "ckpt", step=1, mb=4)
     with Vault.init(url, storage_options=options, pack_size=1 << 20) as vault:
@@ -68,11 +75,10 @@ UNAUTHORIZED = _gcs_error("401 Unauthorized", "Invalid Credentials")
 
 
 @pytest.mark.parametrize("refusals", [1, 2])
-def test_a_token_refused_as_it_expires_is_tried_again(gcs, proxy, tmp_path: Path, refusals: int):
+def test_a_token_refused_as_it_expires_is_tried_again(gcs, proxy, options, tmp_path: Path, refusals: int):
     """gcsfs's retry decorator, bypassed for outages, also tried a 401 "Invalid Credentials" again (a token
     that expired between its check and the call; the next call refreshes it): so does ckptvault, up to
     GCS_AUTH_TRIES, instead of failing a backup as access denied (review 32 L5)."""
-    options = {**gcs.backend.storage_options, "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
     url = gcs.backend.new_url("token-expired")
     src = make_checkpoint(tmp_path / "ckpt", step=1, mb=1)
     with Vault.init(url, storage_options=options) as vault:
@@ -84,8 +90,7 @@ def test_a_token_refused_as_it_expires_is_tried_again(gcs, proxy, tmp_path: Path
     assert tree_digest(tmp_path / "out") == tree_digest(src)
 
 
-def test_credentials_refused_for_good_fail_at_once_as_denied(gcs, proxy, tmp_path: Path):
-    options = {**gcs.backend.storage_options, "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+def test_credentials_refused_for_good_fail_at_once_as_denied(gcs, proxy, options, tmp_path: Path):
     url = gcs.backend.new_url("token-bad")
     with Vault.init(url, storage_options=options) as vault:
         proxy.drop_all()
@@ -98,8 +103,7 @@ def test_credentials_refused_for_good_fail_at_once_as_denied(gcs, proxy, tmp_pat
         assert time.monotonic() - started < 10
 
 
-def test_a_requester_pays_bucket_is_named_with_the_option_to_give(gcs, proxy, tmp_path: Path):
-    options = {**gcs.backend.storage_options, "endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+def test_a_requester_pays_bucket_is_named_with_the_option_to_give(gcs, proxy, options, tmp_path: Path):
     url = gcs.backend.new_url("requester-pays")
     with Vault.init(url, storage_options=options) as vault:
         proxy.drop_all()
