@@ -112,3 +112,9 @@ def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = 8 * M
             yield data[start:end]
             last_start = end
         carry = bytes(data[last_start:filled])
+
+
+def first_cut(window: memoryview, params: ChunkerParams) -> int:
+    """Length of the chunk that starts ``window``, given ``max_size`` bytes of it or all that is left
+    of the stream: the cut ``iter_chunks`` makes there (it looks no further than ``max_size``)."""
+    return next(_fastcdc(window, params.min_size, params.avg_size, params.max_size)).length

@@ -41,6 +41,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 CKPTVAULT_ENV = (
     "CKPTVAULT_REPO",
+    "CKPTVAULT_CHUNK_PROCESSES",
     "CKPTVAULT_KEYFILE",
     "CKPTVAULT_PASSPHRASE",
     "CKPTVAULT_NEW_PASSPHRASE",

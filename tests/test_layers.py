@@ -18,6 +18,7 @@ LAYERS = {
     "durable": 1,
     "formats": 1,
     "blob": 2,
+    "parallel_chunking": 2,
     "crypto": 3,
     "store": 3,
     "repository": 4,

@@ -27,13 +27,14 @@ from datetime import datetime, timezone
 
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun
-from ..chunking import iter_chunks
 from ..errors import FileFormatError, SourceError, UsageError, spelled
 from ..formats import FileLayout, read_layout
 from ..hashing import new_file_hasher
+from ..parallel_chunking import ChunkHelpers
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
+from ..store.options import env_number
 from .deltabase import BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
@@ -50,6 +51,15 @@ MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delt
 # reads it again instead of trusting its stat.
 RACY_NS = 20_000_000
 RACY_WHOLE_SECONDS_NS = 2_000_000_000
+ENV_CHUNK_PROCESSES = "CKPTVAULT_CHUNK_PROCESSES"
+
+
+def chunk_processes() -> int:
+    """Helper processes that cut big files by content (parallel_chunking.py): none on one core, else
+    one, and two beyond four cores, where they keep ahead of the reading thread."""
+    cores = len(os.sched_getaffinity(0))
+    default = 0 if cores < 2 else 1 if cores <= 4 else 2
+    return int(env_number(ENV_CHUNK_PROCESSES, default, hi=64, whole=True))
 
 
 def check_on_change(on_change: str) -> None:
@@ -210,6 +220,7 @@ def run_backup(
         read_bytes = 0
         planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
         pipeline = ChunkPipeline(repo, progress, workers or os.cpu_count() or 2, planner)
+        helpers = ChunkHelpers(repo.config.chunker, chunk_processes())
         try:
             for item in scan.items:
                 entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
@@ -222,7 +233,7 @@ def run_backup(
                         entry.inode, entry.ctime_ns = old.inode, old.ctime_ns
                         progress.advance(entry.size)
                     else:
-                        read = _read_file(item, entry, pipeline, warnings, skip_unreadable, on_change)
+                        read = _read_file(item, entry, pipeline, helpers, warnings, skip_unreadable, on_change)
                         if read is None:
                             continue
                         entry = read
@@ -234,6 +245,7 @@ def run_backup(
             pipeline.drain()
             repo.flush()
         finally:
+            helpers.close()
             pipeline.close()
             if planner is not None:
                 planner.close()
@@ -327,6 +339,7 @@ def _read_file(
     item: SourceItem,
     base: FileEntry,
     pipeline: ChunkPipeline,
+    helpers: ChunkHelpers,
     warnings: list[str],
     skip_unreadable: bool,
     on_change: str,
@@ -338,7 +351,7 @@ def _read_file(
     for _attempt in (1, 2):
         entry = FileEntry(base.path, base.type, base.mode, base.mtime_ns)
         try:
-            changed = _read_once(item, entry, pipeline)
+            changed = _read_once(item, entry, pipeline, helpers)
         except _NotTheSource as wrapped:  # fails the backup whatever skip_unreadable says, as before
             exc = wrapped.error
             raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
@@ -460,7 +473,7 @@ def changed_too_recently(st: os.stat_result, now_ns: int) -> bool:
     return now_ns - last < (RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS)
 
 
-def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> bool:
+def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline, helpers: ChunkHelpers) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0
@@ -478,7 +491,7 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline) -> b
         segments = plan_segments(layout, before.st_size, repo.config.chunker) if layout else []
         if pipeline.planner is None or not any(s.tensor for s in segments):
             emap = _element_map(fd, before.st_size, item.path, repo)
-            for data in iter_chunks(f, repo.config.chunker):
+            for data in helpers.chunks(f, fd, before.st_size):
                 hasher.update(data)
                 with _not_the_source():
                     pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())

@@ -1,0 +1,264 @@
+"""Big files cut by content on helper processes (ckptvault/parallel_chunking.py): the very chunks of
+one thread's chunking, whatever the data, the helpers' fate or the file's changes while it is read."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams, iter_chunks
+from ckptvault.ops import backup as backup_module
+from ckptvault.parallel_chunking import ChunkHelpers, region_cuts
+
+PARAMS = ChunkerParams(min_size=4096, avg_size=16384, max_size=65536)
+REGION = 4 * PARAMS.max_size  # 256 KiB: a few dozen chunks per region
+
+
+def _pieces(rng: random.Random, size: int, kinds: tuple[str, ...]) -> bytes:
+    """``size`` bytes of runs of random bytes, zeros (cut only at max_size: the chains never meet)
+    and a repeated block (cuts at the same place of every repeat)."""
+    pattern = rng.randbytes(20_000)
+    out = bytearray()
+    while len(out) < size:
+        n = rng.randrange(1, 400_000)
+        kind = rng.choice(kinds)
+        if kind == "random":
+            out += rng.randbytes(n)
+        elif kind == "zeros":
+            out += bytes(n)
+        else:
+            out += (pattern * (n // len(pattern) + 1))[:n]
+    return bytes(out[:size])
+
+
+def _serial(path: Path) -> list[bytes]:
+    with open(path, "rb", buffering=0) as f:
+        return [bytes(c) for c in iter_chunks(f, PARAMS)]
+
+
+def _parallel(helpers: ChunkHelpers, path: Path) -> list[bytes]:
+    with open(path, "rb", buffering=0) as f:
+        return [bytes(c) for c in helpers.chunks(f, f.fileno(), os.fstat(f.fileno()).st_size)]
+
+
+@pytest.fixture
+def helpers():
+    h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=0)
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("kinds", [("random",), ("zeros",), ("repeat",), ("random", "zeros", "repeat")])
+@pytest.mark.parametrize("size", [2 * REGION, 2 * REGION + 1, 7 * REGION - 1, 9 * REGION + 12_345])
+def test_the_chunks_are_those_of_one_thread(tmp_path: Path, helpers: ChunkHelpers, kinds, size):
+    path = tmp_path / "data"
+    path.write_bytes(_pieces(random.Random(size), size, kinds))
+    assert _parallel(helpers, path) == _serial(path)
+    if kinds == ("random",):  # the helpers did the work; the reading thread only bridged region starts
+        assert helpers.helper_chunks > 4 * helpers.local_chunks
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32), size=st.integers(0, 12 * REGION))
+def test_any_data_any_size(tmp_path: Path, helpers: ChunkHelpers, seed: int, size: int):
+    path = tmp_path / "data"
+    path.write_bytes(_pieces(random.Random(seed), size, ("random", "zeros", "repeat")))
+    assert _parallel(helpers, path) == _serial(path)
+
+
+def test_a_small_file_starts_no_helper(tmp_path: Path):
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(3 * REGION))
+    h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=4 * REGION)
+    try:
+        assert _parallel(h, path) == _serial(path)
+        assert h._helpers == [] and h.helper_chunks == 0
+    finally:
+        h.close()
+
+
+def _helper_pids(h: ChunkHelpers) -> list[int]:
+    return [helper.process.pid for helper in h._helpers if helper.process is not None]
+
+
+def test_helpers_killed_mid_file_cost_time_not_chunks(tmp_path: Path, helpers: ChunkHelpers):
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(20 * REGION))
+    with open(path, "rb", buffering=0) as f:
+        it = helpers.chunks(f, f.fileno(), 20 * REGION)
+        got = [bytes(next(it))]
+        for pid in _helper_pids(helpers):
+            os.kill(pid, signal.SIGKILL)
+        got += [bytes(c) for c in it]
+    assert got == _serial(path)
+    assert helpers.local_chunks > len(got) // 2  # the rest was cut here, none lost
+    assert _parallel(helpers, path) == _serial(path)  # and the next file goes on without them
+
+
+def test_a_helper_stopped_mid_file_is_given_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from ckptvault import parallel_chunking
+
+    monkeypatch.setattr(parallel_chunking, "HELPER_WAIT_S", 0.5)
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(20 * REGION))
+    h = ChunkHelpers(PARAMS, 1, region=REGION, min_file=0)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            it = h.chunks(f, f.fileno(), 20 * REGION)
+            got = [bytes(next(it))]
+            (pid,) = _helper_pids(h)
+            os.kill(pid, signal.SIGSTOP)
+            started = time.monotonic()
+            got += [bytes(c) for c in it]
+        assert got == _serial(path)
+        assert time.monotonic() - started < 30  # one wait, not one per region
+        assert h._helpers[0].process is None  # given up and reaped (a stopped process is killed)
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("executable", ["/nonexistent/python", "/bin/false"])
+def test_helpers_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executable: str):
+    monkeypatch.setattr(sys, "executable", executable)
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(6 * REGION))
+    h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=0)
+    try:
+        assert _parallel(h, path) == _serial(path)
+        assert h.helper_chunks == 0
+    finally:
+        h.close()
+
+
+def test_a_cut_where_the_file_ended_is_not_listed():
+    """A helper that reached the end of the file leaves the last chunk to the reading thread: the
+    file may have grown since, and the chunk end there would then be no cut of the longer file."""
+    data = random.Random(3).randbytes(5 * REGION)
+    with tempfile.TemporaryFile() as f:
+        f.write(data[: 3 * REGION + 1000])
+        f.flush()
+        short = region_cuts(f.fileno(), 2 * REGION, 4 * REGION, PARAMS)
+        f.write(data[3 * REGION + 1000 :])
+        f.flush()
+        whole = region_cuts(f.fileno(), 2 * REGION, 4 * REGION, PARAMS)
+    assert 2 * REGION < short[-1] < 3 * REGION + 1000  # the end of the short file is not listed
+    assert whole[: len(short)] == short  # and every cut that is listed holds in the longer file
+    assert whole[-1] >= 4 * REGION
+
+
+@pytest.mark.parametrize("change", ["grown", "shrunk", "rewritten"])
+def test_a_file_that_changed_after_the_helpers_read_it(tmp_path: Path, helpers: ChunkHelpers, change: str):
+    """The helpers chunk one version of the file (their fd) and the reading thread reads another (the
+    stream): the chunks hold exactly the bytes read, and a file that only grew or shrank is cut as
+    one thread cuts what was read (a helper's cut where its file ended is never trusted)."""
+    old = os.urandom(9 * REGION + 777)
+    new = {
+        "grown": old + os.urandom(3 * REGION),
+        "shrunk": old[: 6 * REGION + 999],
+        "rewritten": old[: 4 * REGION] + os.urandom(REGION) + old[5 * REGION :],
+    }[change]
+    (tmp_path / "old").write_bytes(old)
+    (tmp_path / "new").write_bytes(new)
+    with open(tmp_path / "old", "rb") as helpers_file, open(tmp_path / "new", "rb", buffering=0) as read:
+        got = [bytes(c) for c in helpers.chunks(read, helpers_file.fileno(), len(old))]
+    assert b"".join(got) == new
+    assert all(0 < len(c) <= PARAMS.max_size for c in got)
+    if change != "rewritten":  # a rewrite is read again by the backup (its stat moved): no claim on its cuts
+        assert got == _serial(tmp_path / "new")
+
+
+def test_a_backup_with_helpers_stores_the_chunks_of_one_without(
+    tmp_path: Path, vault: Vault, monkeypatch: pytest.MonkeyPatch
+):
+    made: list[ChunkHelpers] = []
+
+    def small_regions(params: ChunkerParams, processes: int) -> ChunkHelpers:
+        made.append(ChunkHelpers(params, processes, region=1 << 20, min_file=0))
+        return made[-1]
+
+    monkeypatch.setattr(backup_module, "ChunkHelpers", small_regions)
+    src = tmp_path / "src"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "weights.bin").write_bytes(_pieces(random.Random(7), 24 << 20, ("random", "zeros")))
+    (src / "small.txt").write_text("a small file")
+    monkeypatch.setenv("CKPTVAULT_CHUNK_PROCESSES", "0")
+    serial = vault.backup(str(src))
+    monkeypatch.setenv("CKPTVAULT_CHUNK_PROCESSES", "2")
+    os.utime(src / "model" / "weights.bin")  # read again
+    parallel = vault.backup(str(src))
+    assert made[-1].helper_chunks > 0
+    assert parallel.summary.new_bytes == 0
+    assert {e.path: e.chunks for e in vault.files(parallel)} == {e.path: e.chunks for e in vault.files(serial)}
+    vault.restore(parallel.id, str(tmp_path / "out"))
+    assert (tmp_path / "out" / "model" / "weights.bin").read_bytes() == (src / "model" / "weights.bin").read_bytes()
+    assert all(h._helpers == [] for h in made)  # closed with the backup
+
+
+def test_helpers_end_with_a_killed_backup(tmp_path: Path):
+    """A backup process killed mid-file leaves no helper behind: its socket closes, the helper exits."""
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(40 * REGION))
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from ckptvault.chunking import ChunkerParams
+        from ckptvault.parallel_chunking import ChunkHelpers
+        h = ChunkHelpers(ChunkerParams({PARAMS.min_size}, {PARAMS.avg_size}, {PARAMS.max_size}), 2,
+                         region={REGION}, min_file=0)
+        f = open({str(path)!r}, "rb", buffering=0)
+        next(h.chunks(f, f.fileno(), {40 * REGION}))
+        print(*[x.process.pid for x in h._helpers], flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_number_of_helpers_is_checked(tmp_path: Path, cli):
+    (tmp_path / "f").write_bytes(b"x")
+    cli("init", "--repo", str(tmp_path / "repo"))
+    proc = cli(
+        "backup", str(tmp_path / "f"), "--repo", str(tmp_path / "repo"), check=False, CKPTVAULT_CHUNK_PROCESSES="many"
+    )
+    assert proc.returncode != 0
+    message = "error: CKPTVAULT_CHUNK_PROCESSES='many' is not a whole number"
+    assert proc.stderr.decode().strip().splitlines() == [message]
+
+
+def test_a_big_file_through_the_cli(tmp_path: Path, cli):
+    """At the default sizes (64 MiB regions, files of 128 MiB and more), helpers on and off store the
+    same chunks: a second backup with the other setting adds nothing."""
+    src = tmp_path / "big.bin"
+    with open(src, "wb") as f:
+        for _ in range(140):
+            f.write(os.urandom(1 << 20))
+    repo = str(tmp_path / "repo")
+    cli("init", "--repo", repo)
+    cli("backup", str(src), "--repo", repo, CKPTVAULT_CHUNK_PROCESSES="0")
+    os.utime(src)
+    out = cli("backup", str(src), "--repo", repo, "--json", CKPTVAULT_CHUNK_PROCESSES="2")
+    assert '"new_bytes": 0' in out.stdout.decode()
