@@ -42,19 +42,19 @@ def test_a_file_changed_just_before_it_was_read_is_read_again_next_time(vault: V
     real = backup_module.time.time_ns
     # ckpt.pt's read began in the tick it was written in (its stamps still say now), and took a second
     read: list[int] = []
-    real_chunks = backup_module.iter_chunks
+    real_chunks = backup_module.ChunkHelpers.chunks
 
-    def chunks(f, params):
-        yield from real_chunks(f, params)
+    def chunks(self, f, fd, size):
+        yield from real_chunks(self, f, fd, size)
         read.append(1)
 
     def clock() -> int:
         return real() + 1_000_000_000 if read else max(stamped.st_mtime_ns, stamped.st_ctime_ns) + 1
 
-    monkeypatch.setattr(backup_module, "iter_chunks", chunks)
+    monkeypatch.setattr(backup_module.ChunkHelpers, "chunks", chunks)
     monkeypatch.setattr(backup_module.time, "time_ns", clock)
     first = vault.backup(src)
-    assert read, "ckpt.pt was not cut by iter_chunks"
+    assert read, "ckpt.pt was not cut by content"
     monkeypatch.setattr(backup_module.time, "time_ns", lambda: real() + 1_000_000_000)  # read a second later
     second = vault.backup(src)
     assert second.summary.read_bytes == 100_000  # config.json was read a second after its change
@@ -195,18 +195,18 @@ def test_snapshot_records_metadata(vault: Vault, tmp_path: Path):
 
 def _changing_reads(monkeypatch: pytest.MonkeyPatch, path: Path, times: int) -> list[int]:
     """Rewrite ``path`` while backup reads it (after its first chunk), ``times`` times."""
-    real = backup_module.iter_chunks
+    real = backup_module.ChunkHelpers.chunks
     reads: list[int] = []
 
-    def iter_and_touch(stream, params, *args, **kwargs):
-        for i, chunk in enumerate(real(stream, params, *args, **kwargs)):
+    def iter_and_touch(self, stream, fd, size):
+        for i, chunk in enumerate(real(self, stream, fd, size)):
             yield chunk
             if i == 0 and len(reads) < times and stream.name == str(path):
                 reads.append(1)
                 with open(path, "ab") as f:  # a writer appends while we read
                     f.write(b"more")
 
-    monkeypatch.setattr(backup_module, "iter_chunks", iter_and_touch)
+    monkeypatch.setattr(backup_module.ChunkHelpers, "chunks", iter_and_touch)
     return reads
 
 
@@ -245,16 +245,16 @@ def test_a_file_saved_again_by_a_rename_while_it_is_read_is_one_whole_save_not_a
     src.mkdir()
     old = os.urandom(300_000)
     (src / "model.pt").write_bytes(old)
-    real = backup_module.iter_chunks
+    real = backup_module.ChunkHelpers.chunks
 
-    def saved_again_meanwhile(stream, params, *args, **kwargs):
-        for i, chunk in enumerate(real(stream, params, *args, **kwargs)):
+    def saved_again_meanwhile(self, stream, fd, size):
+        for i, chunk in enumerate(real(self, stream, fd, size)):
             yield chunk
             if i == 0:
                 (src / "model.pt.tmp").write_bytes(b"the next save")
                 os.replace(src / "model.pt.tmp", src / "model.pt")
 
-    monkeypatch.setattr(backup_module, "iter_chunks", saved_again_meanwhile)
+    monkeypatch.setattr(backup_module.ChunkHelpers, "chunks", saved_again_meanwhile)
     warnings: list[str] = []
     snap = vault.backup(src, on_change="fail", on_warning=warnings.append)
     assert b"".join(vault.read_file(snap, "model.pt")) == old and warnings == []
