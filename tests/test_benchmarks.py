@@ -44,3 +44,14 @@ def test_shipping_contention_runs_end_to_end(tmp_path: Path):
     alone, shipping, kept = (cell.strip() for cell in row.split("|")[2:5])
     assert float(alone) > 0 and float(shipping) > 0 and kept.endswith("x")
     assert not list(tmp_path.glob("vault-*")), "its vaults are removed"
+
+
+@pytest.mark.slow
+def test_chunk_processes_runs_end_to_end(tmp_path: Path):
+    script = BENCH.parent / "chunk_processes.py"
+    tiny = ["--size-gb", "0.2", "--processes", "0,1", "--rounds", "1", "--no-restic"]
+    proc = subprocess.run(
+        [sys.executable, str(script), "--work", str(tmp_path), *tiny], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "| 1 | processes=0 |" in proc.stdout and "| 1 | processes=1 |" in proc.stdout
