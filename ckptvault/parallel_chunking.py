@@ -8,8 +8,6 @@ byte) land on a cut of a region's list, every later cut of that list is true as 
 chunks before that meeting point are cut by the reading thread itself, and so is every chunk of a
 region whose helper failed, stalled or died: the chunks are exactly those of ``iter_chunks`` (dedup
 against saves chunked on one core is kept), and a helper can cost time, never a backup.
-
-Run as ``python -m ckptvault.parallel_chunking FD``, this module is a helper serving the socket FD.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ MiB = 1024 * 1024
 REGION = 64 * MiB  # bytes a helper chunks per request: ~64 chunks, of which the first one or two are redone
 MIN_FILE = 2 * REGION  # a smaller file is chunked by the reading thread alone
 HELPER_WAIT_S = 30.0  # a helper silent this long (stopped, swapping) is given up; its regions are cut here
-_REQUEST = struct.Struct("<8Q")  # request id, start, stop, end, min, avg, max, unused
+_REQUEST = struct.Struct("<6Q")  # request id, start, stop, min, avg, max
 _REPLY = struct.Struct("<QQ")  # request id, number of cuts (FAILED: the region could not be read)
 FAILED = 2**64 - 1
 
@@ -72,42 +70,33 @@ class _Helper:
     """One helper process and the socket it serves; ``None`` replies once it has failed."""
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            # The package's folder goes first on the path: the helper imports this very code, however
-            # the parent found it. A failed start or import ends in EOF on the socket: local cuts.
-            package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-            env = dict(os.environ, PYTHONPATH=path)
-            self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-            )
-        except OSError:
-            ours.close()
-            self.process = None
-        finally:
-            theirs.close()
-        self.sock: socket.socket | None = ours if self.process is not None else None
-        if self.sock is not None:
-            self.sock.settimeout(HELPER_WAIT_S)
-
-    @property
-    def alive(self) -> bool:
-        return self.sock is not None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        if os.path.basename(sys.executable).startswith(("python", "pypy")):  # not an embedding binary (uWSGI)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-c", _START, str(theirs.fileno()), os.path.abspath(__file__)],
+                    pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                self.sock = ours
+                self.sock.settimeout(HELPER_WAIT_S)
+            except OSError:  # no process left to start, no such interpreter: the cuts are made here
+                ours.close()
+            finally:
+                theirs.close()
 
     def ask(self, request_id: int, fd: int, start: int, stop: int, params: ChunkerParams) -> bool:
         if self.sock is None:
             return False
-        head = _REQUEST.pack(request_id, start, stop, 0, params.min_size, params.avg_size, params.max_size, 0)
+        head = _REQUEST.pack(request_id, start, stop, params.min_size, params.avg_size, params.max_size)
         try:
             socket.send_fds(self.sock, [head], [fd])
         except OSError:
-            self.close()
+            self.close(kill=True)
             return False
         return True
 
@@ -118,8 +107,8 @@ class _Helper:
             try:
                 got_id, count = _REPLY.unpack(self._receive(_REPLY.size))
                 cuts = array.array("Q", self._receive(8 * count)) if count != FAILED else None
-            except (OSError, ValueError):  # EOF, a timeout, a reply that is not one
-                self.close()
+            except (OSError, ValueError):  # EOF (it died, or could not start), a timeout
+                self.close(kill=True)
                 return None
             if got_id == request_id:
                 return cuts.tolist() if cuts is not None else None
@@ -136,11 +125,15 @@ class _Helper:
             view = view[got:]
         return bytes(buffer)
 
-    def close(self) -> None:
+    def close(self, *, kill: bool = False) -> None:
+        """Ends the helper: at its next request (it reads EOF), or at once when it has failed (it may
+        be stopped or stuck)."""
         if self.sock is not None:
-            self.sock.close()  # the helper sees EOF and exits
+            self.sock.close()
             self.sock = None
         if self.process is not None:
+            if kill:
+                self.process.kill()
             try:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -255,6 +248,25 @@ class _Regions:
             del self.asked[region]
 
 
+# The helper's start: this very file, wherever the parent found it (a path the parent added at run
+# time is appended, never put before the interpreter's own), and not a module of the same name from
+# the working directory ("-c" puts it first). Any other module, or none: the helper ends at once.
+_START = (
+    "import os, sys; sys.path = [p for p in sys.path if p]; "
+    "sys.path.append(os.path.dirname(os.path.dirname(sys.argv[2]))); "
+    "import ckptvault.parallel_chunking as m; m.serve(int(sys.argv[1]), sys.argv[2])"
+)
+
+
+def serve(fd: int, expected_file: str) -> None:
+    """The helper's loop on the socket ``fd``: one request at a time, until the parent closes it."""
+    sock = socket.socket(fileno=fd)
+    if not os.path.samefile(__file__, expected_file):
+        return
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, ConnectionResetError):
+        _serve(sock)
+
+
 def _serve(sock: socket.socket) -> None:
     """The helper's loop: one request at a time, until the parent closes the socket."""
     while True:
@@ -266,7 +278,7 @@ def _serve(sock: socket.socket) -> None:
             if not more:
                 return
             head += more
-        request_id, start, stop, _end, min_size, avg_size, max_size, _ = _REQUEST.unpack(head)
+        request_id, start, stop, min_size, avg_size, max_size = _REQUEST.unpack(head)
         try:
             cuts: list[int] | None = region_cuts(fds[0], start, stop, ChunkerParams(min_size, avg_size, max_size))
         except OSError:
@@ -278,8 +290,3 @@ def _serve(sock: socket.socket) -> None:
             sock.sendall(_REPLY.pack(request_id, FAILED))
         else:
             sock.sendall(_REPLY.pack(request_id, len(cuts)) + array.array("Q", cuts).tobytes())
-
-
-if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, ConnectionResetError):
-        _serve(socket.socket(fileno=int(sys.argv[1])))

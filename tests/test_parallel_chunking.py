@@ -129,8 +129,14 @@ def test_a_helper_stopped_mid_file_is_given_up(tmp_path: Path, monkeypatch: pyte
         h.close()
 
 
-@pytest.mark.parametrize("executable", ["/nonexistent/python", "/bin/false"])
+@pytest.mark.parametrize("executable", ["/nonexistent/python3", "python3-that-exits", "/bin/false"])
 def test_helpers_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executable: str):
+    """No interpreter there, one that exits at once, a program that is no Python (an embedding server's
+    binary, which is never started): the file is cut by the backup's thread alone."""
+    if executable == "python3-that-exits":
+        executable = str(tmp_path / executable)
+        Path(executable).write_text("#!/bin/sh\nexit 1\n")
+        Path(executable).chmod(0o755)
     monkeypatch.setattr(sys, "executable", executable)
     path = tmp_path / "data"
     path.write_bytes(os.urandom(6 * REGION))
@@ -140,6 +146,21 @@ def test_helpers_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert h.helper_chunks == 0
     finally:
         h.close()
+
+
+def test_a_helper_never_runs_another_ckptvault_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers: ChunkHelpers
+):
+    other = tmp_path / "cwd" / "ckptvault"
+    other.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (other / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (other / "parallel_chunking.py").write_text("")
+    monkeypatch.chdir(tmp_path / "cwd")
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(6 * REGION))
+    assert _parallel(helpers, path) == _serial(path)
+    assert helpers.helper_chunks > 0 and not marker.exists()
 
 
 def test_a_cut_where_the_file_ended_is_not_listed():
