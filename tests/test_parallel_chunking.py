@@ -66,8 +66,8 @@ def test_the_chunks_are_those_of_one_thread(tmp_path: Path, helpers: ChunkHelper
     path = tmp_path / "data"
     path.write_bytes(_pieces(random.Random(size), size, kinds))
     assert _parallel(helpers, path) == _serial(path)
-    if kinds == ("random",):  # the helpers did the work; the reading thread only bridged region starts
-        assert helpers.helper_chunks > 4 * helpers.local_chunks
+    if kinds == ("random",) and size > 5 * REGION:  # the helpers did most of the work: the reading thread
+        assert helpers.helper_chunks > 2 * helpers.local_chunks  # cut the first region and bridged the others
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
