@@ -26,8 +26,11 @@ from .chunking import ChunkerParams, Readable, first_cut, iter_chunks
 from .memcopy import empty
 
 MiB = 1024 * 1024
-REGION = 64 * MiB  # bytes a helper chunks per request: ~64 chunks, of which the first one or two are redone
-MIN_FILE = 2 * REGION  # a smaller file is chunked by the reading thread alone
+# Bytes a helper chunks per request: ~64 chunks of the average size (of which the reading thread redoes one
+# or two), within 4-64 MiB (a repository of tiny chunks would otherwise get replies of megabytes of cuts).
+REGION_CHUNKS = 64
+REGION_BOUNDS = (4 * MiB, 64 * MiB)
+MIN_FILE = 128 * MiB  # a smaller file is chunked by the reading thread alone
 HELPER_WAIT_S = 30.0  # a helper silent this long (stopped, swapping) is given up; its regions are cut here
 _REQUEST = struct.Struct("<6Q")  # request id, start, stop, min, avg, max
 _REPLY = struct.Struct("<QQ")  # request id, number of cuts (FAILED: the region could not be read)
@@ -147,10 +150,12 @@ class ChunkHelpers:
     """Helper processes for the big files of one backup, started on the first such file."""
 
     def __init__(
-        self, params: ChunkerParams, processes: int, *, region: int = REGION, min_file: int = MIN_FILE
+        self, params: ChunkerParams, processes: int, *, region: int | None = None, min_file: int = MIN_FILE
     ) -> None:
         self.params = params
         self.processes = processes
+        if region is None:
+            region = min(max(REGION_CHUNKS * params.avg_size, REGION_BOUNDS[0]), REGION_BOUNDS[1])
         self.region = max(region, 2 * params.max_size)
         self.min_file = max(min_file, 2 * self.region)
         self._helpers: list[_Helper] = []
