@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - depends on the installed wheel
 
 KiB = 1024
 MiB = 1024 * KiB
+READ_BLOCK = 8 * MiB  # bytes read at a time (at least two chunks of the maximum size)
 
 # fastcdc's own accepted ranges; it only asserts on them, so they are checked here.
 _MIN_RANGE = (64, 64 * MiB)
@@ -79,14 +80,18 @@ class Readable(Protocol):
     def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
-def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = 8 * MiB) -> Iterator[memoryview]:
+def read_block(params: ChunkerParams, block_size: int = READ_BLOCK) -> int:
+    return max(block_size, 2 * params.max_size)
+
+
+def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = READ_BLOCK) -> Iterator[memoryview]:
     """Yield the chunks of ``stream`` as memoryviews.
 
     Each block is a fresh buffer, so a yielded view stays valid after the generator moves
     on (worker threads may still hold it); peak memory is what the caller keeps alive
     plus one block.
     """
-    block_size = max(block_size, 2 * params.max_size)
+    block_size = read_block(params, block_size)
     carry = b""
     eof = False
     while not eof:
@@ -114,7 +119,15 @@ def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = 8 * M
         carry = bytes(data[last_start:filled])
 
 
+def chunk_lengths(data: memoryview, params: ChunkerParams) -> Iterator[int]:
+    """The lengths of the chunks ``data`` is cut into as a whole stream. A cut depends on at most
+    ``max_size`` bytes from the cut before it, and one found before the end of ``data`` is one that
+    any longer stream with the same bytes there gets too."""
+    for chunk in _fastcdc(data, params.min_size, params.avg_size, params.max_size):
+        yield chunk.length
+
+
 def first_cut(window: memoryview, params: ChunkerParams) -> int:
     """Length of the chunk that starts ``window``, given ``max_size`` bytes of it or all that is left
-    of the stream: the cut ``iter_chunks`` makes there (it looks no further than ``max_size``)."""
-    return next(_fastcdc(window, params.min_size, params.avg_size, params.max_size)).length
+    of the stream: the cut ``iter_chunks`` makes there."""
+    return next(chunk_lengths(window, params))

@@ -3,9 +3,12 @@ one thread's chunking, whatever the data, the helpers' fate or the file's change
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,8 +30,8 @@ REGION = 4 * PARAMS.max_size  # 256 KiB: a few dozen chunks per region
 
 
 def _pieces(rng: random.Random, size: int, kinds: tuple[str, ...]) -> bytes:
-    """``size`` bytes of runs of random bytes, zeros (cut only at max_size: the chains never meet)
-    and a repeated block (cuts at the same place of every repeat)."""
+    """``size`` bytes of runs of random bytes, zeros (cut only at max_size) and a repeated block (cuts
+    at the same place of every repeat)."""
     pattern = rng.randbytes(20_000)
     out = bytearray()
     while len(out) < size:
@@ -78,6 +81,27 @@ def test_any_data_any_size(tmp_path: Path, helpers: ChunkHelpers, seed: int, siz
     assert _parallel(helpers, path) == _serial(path)
 
 
+def test_a_file_longer_than_a_read_block(tmp_path: Path, helpers: ChunkHelpers):
+    path = tmp_path / "data"
+    path.write_bytes(_pieces(random.Random(11), 20 << 20, ("random", "zeros", "repeat")))  # 8 MiB blocks
+    assert _parallel(helpers, path) == _serial(path)
+
+
+def test_a_file_left_early_does_not_lend_its_cuts_to_the_next(tmp_path: Path, helpers: ChunkHelpers):
+    """Replies to the regions asked for a file whose reading stopped (an error, a change) are dropped."""
+    a = random.Random(1).randbytes(12 * REGION)
+    b = bytearray(a)
+    b[REGION + REGION // 2 : REGION + REGION // 2] = random.Random(2).randbytes(1000)  # inserted in region 1
+    (tmp_path / "a").write_bytes(a)
+    (tmp_path / "b").write_bytes(bytes(b))
+    with open(tmp_path / "a", "rb", buffering=0) as f:
+        it = helpers.chunks(f, f.fileno(), len(a))
+        next(it)
+        it.close()  # its requests stay in flight
+    assert _parallel(helpers, tmp_path / "b") == _serial(tmp_path / "b")
+    assert helpers.helper_chunks > 0
+
+
 def test_a_small_file_starts_no_helper(tmp_path: Path):
     path = tmp_path / "data"
     path.write_bytes(os.urandom(3 * REGION))
@@ -123,7 +147,7 @@ def test_a_helper_stopped_mid_file_is_given_up(tmp_path: Path, monkeypatch: pyte
             started = time.monotonic()
             got += [bytes(c) for c in it]
         assert got == _serial(path)
-        assert time.monotonic() - started < 30  # one wait, not one per region
+        assert time.monotonic() - started < 5  # one wait of 0.5 s, not one per region (19 of them)
         assert h._helpers[0].process is None  # given up and reaped (a stopped process is killed)
     finally:
         h.close()
@@ -138,6 +162,21 @@ def test_helpers_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         Path(executable).write_text("#!/bin/sh\nexit 1\n")
         Path(executable).chmod(0o755)
     monkeypatch.setattr(sys, "executable", executable)
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(6 * REGION))
+    h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=0)
+    try:
+        assert _parallel(h, path) == _serial(path)
+        assert h.helper_chunks == 0
+    finally:
+        h.close()
+
+
+def test_no_file_descriptor_left_for_a_helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def out_of_descriptors(*args: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(socket, "socketpair", out_of_descriptors)
     path = tmp_path / "data"
     path.write_bytes(os.urandom(6 * REGION))
     h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=0)
@@ -227,33 +266,105 @@ def test_a_backup_with_helpers_stores_the_chunks_of_one_without(
     assert all(h._helpers == [] for h in made)  # closed with the backup
 
 
-def test_helpers_end_with_a_killed_backup(tmp_path: Path):
-    """A backup process killed mid-file leaves no helper behind: its socket closes, the helper exits."""
+def _gone(pid: int) -> bool:
+    """Exited: no process, or a zombie that nobody reaps (PID 1 of some containers does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _run_until_helpers_started(tmp_path: Path, extra: str = "") -> tuple[subprocess.Popen, list[int]]:
     path = tmp_path / "data"
     path.write_bytes(os.urandom(40 * REGION))
-    script = textwrap.dedent(
-        f"""
-        import sys, time
+    script = (
+        textwrap.dedent(
+            f"""
+        import os, signal, sys, time
         from ckptvault.chunking import ChunkerParams
         from ckptvault.parallel_chunking import ChunkHelpers
         h = ChunkHelpers(ChunkerParams({PARAMS.min_size}, {PARAMS.avg_size}, {PARAMS.max_size}), 2,
                          region={REGION}, min_file=0)
         f = open({str(path)!r}, "rb", buffering=0)
-        next(h.chunks(f, f.fileno(), {40 * REGION}))
+        it = h.chunks(f, f.fileno(), {40 * REGION})
+        for _ in range(30):  # past the first region, cut here: the helpers have answered
+            next(it)
         print(*[x.process.pid for x in h._helpers], flush=True)
-        time.sleep(600)
         """
+        )
+        + textwrap.dedent(extra)
+        + "time.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    return proc, pids
+
+
+FORK_A_CHILD = """
+    child = os.fork()
+    if child == 0:  # a data loader's worker, forked meanwhile: it holds a copy of every socket
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+"""
+
+
+@pytest.mark.parametrize("forked", [False, True])
+def test_helpers_end_with_a_killed_backup(tmp_path: Path, forked: bool):
+    """A backup process killed mid-file leaves no helper behind: its socket closes, or, while a child it
+    forked holds the socket open, the helper sees that its parent is gone."""
+    proc, pids = _run_until_helpers_started(tmp_path, FORK_A_CHILD if forked else "")
+    child = int(proc.stdout.readline()) if forked else None
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 30
-        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+        assert all(_gone(pid) for pid in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+
+
+def test_closing_does_not_wait_on_a_forked_child(tmp_path: Path, helpers: ChunkHelpers):
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(6 * REGION))
+    assert _parallel(helpers, path) == _serial(path)
+    pids = _helper_pids(helpers)
+    child = os.fork()
+    if child == 0:  # a data loader's worker forked by the trainer meanwhile
+        time.sleep(60)
+        os._exit(0)
+    try:
+        started = time.monotonic()
+        helpers.close()
+        assert time.monotonic() - started < 4  # the helpers saw EOF: not 5 s each of waiting, then a kill
+        assert all(_gone(pid) for pid in pids)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_a_dead_helper_never_kills_a_process_with_default_sigpipe(tmp_path: Path):
+    """A program may restore SIGPIPE's default (to end quietly in a pipe): asking a helper that died
+    must not kill it."""
+    proc, _ = _run_until_helpers_started(
+        tmp_path,
+        """
+        for x in h._helpers:
+            os.kill(x.process.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        f.seek(0)
+        print(sum(len(c) for c in h.chunks(f, f.fileno(), os.fstat(f.fileno()).st_size)), flush=True)
+        """,
+    )
+    try:
+        assert proc.stdout.readline().strip() == str(40 * REGION)
     finally:
         proc.kill()
         proc.wait()
@@ -281,5 +392,7 @@ def test_a_big_file_through_the_cli(tmp_path: Path, cli):
     cli("init", "--repo", repo)
     cli("backup", str(src), "--repo", repo, CKPTVAULT_CHUNK_PROCESSES="0")
     os.utime(src)
-    out = cli("backup", str(src), "--repo", repo, "--json", CKPTVAULT_CHUNK_PROCESSES="2")
+    out = cli("backup", str(src), "--repo", repo, "--json", CKPTVAULT_CHUNK_PROCESSES="2", CKPTVAULT_DEBUG="1")
     assert '"new_bytes": 0' in out.stdout.decode()
+    helped = re.search(r"big.bin: (\d+) chunks cut by helper processes", out.stderr.decode())
+    assert helped and int(helped.group(1)) > 0  # the first 64 MiB are cut by the reading thread

@@ -57,7 +57,7 @@ ENV_CHUNK_PROCESSES = "CKPTVAULT_CHUNK_PROCESSES"
 def chunk_processes() -> int:
     """Helper processes that cut big files by content (parallel_chunking.py): none on one core, else
     one, and two beyond four cores, where they keep ahead of the reading thread."""
-    cores = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     default = 0 if cores < 2 else 1 if cores <= 4 else 2
     return int(env_number(ENV_CHUNK_PROCESSES, default, hi=64, whole=True))
 
@@ -203,6 +203,7 @@ def run_backup(
     what to leave out (``scan_sources``). ``taken_at``: the snapshot's time when not now (a pin's: when
     the checkpoint was pinned, however long it waited to ship)."""
     check_on_change(on_change)
+    helpers = ChunkHelpers(repo.config.chunker, chunk_processes())  # starts nothing until a big file comes
     progress = progress or NullProgress()
     started = time.monotonic()
     when = taken_at or datetime.now(timezone.utc)
@@ -220,7 +221,6 @@ def run_backup(
         read_bytes = 0
         planner = DeltaPlanner(repo, reference, reference_tree) if repo.codec.compressor.deltas else None
         pipeline = ChunkPipeline(repo, progress, workers or os.cpu_count() or 2, planner)
-        helpers = ChunkHelpers(repo.config.chunker, chunk_processes())
         try:
             for item in scan.items:
                 entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
