@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -396,3 +397,29 @@ def test_a_big_file_through_the_cli(tmp_path: Path, cli):
     assert '"new_bytes": 0' in out.stdout.decode()
     helped = re.search(r"big.bin: (\d+) chunks cut by helper processes", out.stderr.decode())
     assert helped and int(helped.group(1)) > 0  # the first 64 MiB are cut by the reading thread
+
+
+def test_helpers_started_by_the_shipping_thread_inherit_its_lower_priority(tmp_path: Path):
+    """backup_async ships at nice +10 (docs/training.md): the helpers it starts must not compete with
+    the trainer at its own priority."""
+    from ckptvault.ops.async_backup import lower_this_threads_priority
+
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(6 * REGION))
+    seen: list[tuple[int, int]] = []
+
+    def ship() -> None:
+        lower_this_threads_priority(10)
+        h = ChunkHelpers(PARAMS, 1, region=REGION, min_file=0)
+        try:
+            assert _parallel(h, path) == _serial(path)
+            (pid,) = _helper_pids(h)
+            seen.append((os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, pid)))
+        finally:
+            h.close()
+
+    thread = threading.Thread(target=ship)
+    thread.start()
+    thread.join()
+    (mine, helpers), main = seen[0], os.getpriority(os.PRIO_PROCESS, 0)
+    assert helpers == mine == min(19, main + 10)
