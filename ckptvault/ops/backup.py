@@ -401,7 +401,8 @@ def _element_map(fd: int, size: int, path: str, repo: Repository) -> ElementMap 
     """Tensor element widths from the file's header, for the dtype-aware codec (chunks only)."""
     if not repo.codec.compressor.groups:
         return None
-    return element_map(lambda offset, length: os.pread(fd, length, offset), size, path, repo.codec.compressor)
+    read_at = lambda offset, length: os.pread(fd, length, offset)  # noqa: E731
+    return element_map(read_at, size, path, repo.codec.compressor, sample_unknown=True)
 
 
 def _layout(fd: int, size: int, path: str) -> FileLayout | None:

@@ -3,8 +3,10 @@
 The file's header (safetensors, .npy/.npz, torch zip) gives each tensor's byte range and dtype.
 Where it gives no dtype (a torch zip whose pickle we cannot follow) the width is measured: a
 64 KiB sample from the middle of the record is grouped at widths 1, 2, 4 and 8 and the smallest
-wins. Chunks are cut by content, so a chunk may start mid-element or straddle tensors: runs are
-clipped to whole elements inside the chunk, and the rest is coded ungrouped.
+wins. A big file of no known format (a raw dump of an array, a framework's data file) is measured
+the same way as a whole, on three samples that must agree. Chunks are cut by content, so a chunk
+may start mid-element or straddle tensors: runs are clipped to whole elements inside the chunk, and
+the rest is coded ungrouped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ log = logging.getLogger(__name__)
 
 PROBE_SAMPLE = 64 * 1024
 PROBE_MIN = 256 * 1024  # records smaller than this are not worth a probe
+WHOLE_FILE_MIN = 4 * 1024 * 1024  # files of no known format smaller than this are coded ungrouped
 
 
 class ElementMap:
@@ -53,14 +56,37 @@ class ElementMap:
         return tuple(out)
 
 
-def element_map(read_at: ReadAt, size: int, name: str, compressor: Compressor) -> ElementMap | None:
-    """The file's element map, or None when it is not a tensor file ckptvault recognises."""
+def element_map(
+    read_at: ReadAt, size: int, name: str, compressor: Compressor, *, sample_unknown: bool = False
+) -> ElementMap | None:
+    """The file's element map, or None when it has no elements of a known width. ``sample_unknown``:
+    a file of no known format is measured on three samples (three more reads of 64 KiB)."""
     try:
         layout = read_layout(read_at, size, name)
     except FileFormatError as exc:  # a damaged header only costs the better compression
         log.debug("no element map for %s: %s", name, exc)
         return None
+    if layout is None:
+        return _measured_whole(read_at, size, name, compressor) if sample_unknown else None
     return map_from_layout(layout, read_at, compressor)
+
+
+def _measured_whole(read_at: ReadAt, size: int, name: str, compressor: Compressor) -> ElementMap | None:
+    """One width for the whole file, when samples at a quarter, a half and three quarters of it all
+    group best at it: a file of fixed-width numbers throughout (on raw float32, zstd then stores 1.2x
+    instead of 1.08x, and runs ~1.4x faster). Anything else (text, compressed data, a mix) is coded
+    ungrouped, as before."""
+    if size < WHOLE_FILE_MIN:
+        return None
+    widths = set()
+    for quarter in (1, 2, 3):
+        at = size * quarter // 4
+        widths.add(compressor.best_width(read_at(at - at % 8, PROBE_SAMPLE)))
+    if len(widths) != 1:
+        return None
+    (width,) = widths
+    log.debug("%s: no known format; coded in elements of %d bytes (sampled)", name, width)
+    return ElementMap([(0, size, width)]) or None
 
 
 def map_from_layout(layout: FileLayout | None, read_at: ReadAt, compressor: Compressor) -> ElementMap | None:
