@@ -95,18 +95,10 @@ def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = READ_
     carry = b""
     eof = False
     while not eof:
-        view = empty(len(carry) + block_size)
-        view[: len(carry)] = carry
-        filled = len(carry)
-        while filled < len(view):
-            n = stream.readinto(view[filled:])
-            if not n:
-                eof = True
-                break
-            filled += n
+        data, eof = next_block(stream, carry, block_size)
+        filled = len(data)
         if filled == 0:
             return
-        data = view[:filled]
         last_start = 0
         for chunk in _fastcdc(data, params.min_size, params.avg_size, params.max_size):
             start, end = chunk.offset, chunk.offset + chunk.length
@@ -117,6 +109,20 @@ def iter_chunks(stream: Readable, params: ChunkerParams, block_size: int = READ_
             yield data[start:end]
             last_start = end
         carry = bytes(data[last_start:filled])
+
+
+def next_block(stream: Readable, carry: bytes | memoryview, size: int) -> tuple[memoryview, bool]:
+    """``carry`` and then up to ``size`` bytes of ``stream``, in a fresh buffer; and whether the stream
+    ended."""
+    view = empty(len(carry) + size)
+    view[: len(carry)] = carry
+    filled = len(carry)
+    while filled < len(view):
+        n = stream.readinto(view[filled:])
+        if not n:
+            return view[:filled], True
+        filled += n
+    return view, False
 
 
 def chunk_lengths(data: memoryview, params: ChunkerParams) -> Iterator[int]:

@@ -23,8 +23,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from .chunking import ChunkerParams, Readable, chunk_lengths, first_cut, iter_chunks, read_block
-from .memcopy import empty
+from .chunking import ChunkerParams, Readable, chunk_lengths, first_cut, iter_chunks, next_block, read_block
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -207,16 +206,8 @@ class ChunkHelpers:
         base = 0  # file offset of data[0]
         eof = False
         while not eof:
-            view = empty(len(carry) + read_block(params))
-            view[: len(carry)] = carry
-            filled = len(carry)
-            while filled < len(view):
-                n = stream.readinto(view[filled:])
-                if not n:
-                    eof = True
-                    break
-                filled += n
-            data = view[:filled]
+            data, eof = next_block(stream, carry, read_block(params))
+            filled = len(data)
             off = 0  # the last cut, in data
             while off < filled:
                 known = regions.next_cut(base + off)

@@ -154,30 +154,23 @@ def test_a_helper_stopped_mid_file_is_given_up(tmp_path: Path, monkeypatch: pyte
         h.close()
 
 
-@pytest.mark.parametrize("executable", ["/nonexistent/python3", "python3-that-exits", "/bin/false"])
+@pytest.mark.parametrize("executable", ["/nonexistent/python3", "python3-that-exits", "/bin/false", "no fds"])
 def test_helpers_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executable: str):
     """No interpreter there, one that exits at once, a program that is no Python (an embedding server's
-    binary, which is never started): the file is cut by the backup's thread alone."""
+    binary, which is never started), no file descriptor left for a socket: the file is cut by the
+    backup's thread alone."""
     if executable == "python3-that-exits":
         executable = str(tmp_path / executable)
         Path(executable).write_text("#!/bin/sh\nexit 1\n")
         Path(executable).chmod(0o755)
-    monkeypatch.setattr(sys, "executable", executable)
-    path = tmp_path / "data"
-    path.write_bytes(os.urandom(6 * REGION))
-    h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=0)
-    try:
-        assert _parallel(h, path) == _serial(path)
-        assert h.helper_chunks == 0
-    finally:
-        h.close()
+    if executable == "no fds":
 
+        def out_of_descriptors(*args: object) -> None:
+            raise OSError(errno.EMFILE, "Too many open files")
 
-def test_no_file_descriptor_left_for_a_helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    def out_of_descriptors(*args: object) -> None:
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    monkeypatch.setattr(socket, "socketpair", out_of_descriptors)
+        monkeypatch.setattr(socket, "socketpair", out_of_descriptors)
+    else:
+        monkeypatch.setattr(sys, "executable", executable)
     path = tmp_path / "data"
     path.write_bytes(os.urandom(6 * REGION))
     h = ChunkHelpers(PARAMS, 2, region=REGION, min_file=0)
