@@ -107,7 +107,7 @@ class _Helper:
         fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
         try:  # MSG_NOSIGNAL: a host process that restored SIGPIPE's default must not die of a dead helper
             # (socket.send_fds drops its flags before Python 3.12)
-            sent = self.sock.sendmsg([head], fds, socket.MSG_NOSIGNAL)
+            sent = self.sock.sendmsg([head], fds, getattr(socket, "MSG_NOSIGNAL", 0))
         except OSError:
             sent = 0
         if sent != len(head):

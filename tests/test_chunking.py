@@ -1,5 +1,6 @@
 import io
 import os
+import random
 
 import pytest
 from hypothesis import given
@@ -25,6 +26,28 @@ def test_streaming_cuts_equal_whole_buffer_cuts(data: bytes, block: int):
         assert list(iter_chunks(io.BytesIO(data), SMALL, block_size=block)) == []
         return
     streamed = [bytes(c) for c in iter_chunks(io.BytesIO(data), SMALL, block_size=block)]
+    assert streamed == whole_buffer_cuts(data, SMALL)
+
+
+class _ShortReads:
+    """A stream that hands out at most ``step`` bytes per read, as a pipe or a network mount may."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.step, self.pos = data, step, 0
+
+    def readinto(self, buffer: memoryview) -> int:
+        n = min(len(buffer), self.step, len(self.data) - self.pos)
+        buffer[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+@pytest.mark.parametrize("block", [2 * SMALL.max_size, 10_000, 50_001])
+@pytest.mark.parametrize("step", [3, 4095, 1 << 20])
+def test_streaming_across_many_blocks_with_short_reads(block: int, step: int):
+    rng = random.Random(block * step)
+    data = rng.randbytes(150_000) + bytes(30_000) + rng.randbytes(20_000) * 3 + rng.randbytes(1)
+    streamed = [bytes(c) for c in iter_chunks(_ShortReads(data, step), SMALL, block_size=block)]
     assert streamed == whole_buffer_cuts(data, SMALL)
 
 

@@ -15,7 +15,7 @@ from ckptvault import CompressionSettings, Vault, bytegroup
 from ckptvault.bytegroup import ElementRun, join, segments, split
 from ckptvault.codec import CODEC_BYTEGROUP, CODEC_RAW, CODEC_ZSTD, Compressor
 from ckptvault.errors import IntegrityError
-from ckptvault.ops.elements import ElementMap, element_map
+from ckptvault.ops.elements import WHOLE_FILE_MIN, ElementMap, element_map
 
 COMP = Compressor(CompressionSettings())
 
@@ -186,9 +186,13 @@ def _read_at(data: bytes):
     return lambda offset, length: data[offset : offset + length]
 
 
+MIB = 1024 * 1024
+BIG = 65 * MIB  # just over WHOLE_FILE_MIN
+
+
 @pytest.mark.parametrize("dtype,width", [("f32", 4), ("bf16", 2), ("f64", 8)])
 def test_a_big_file_of_no_known_format_is_measured_as_a_whole(dtype: str, width: int) -> None:
-    data = floats(6 * 1024 * 1024 // {"f32": 4, "bf16": 2, "f64": 8}[dtype], dtype)
+    data = floats(BIG // {"f32": 4, "bf16": 2, "f64": 8}[dtype], dtype)
     emap = element_map(_read_at(data), len(data), "weights.bin", COMP, sample_unknown=True)
     assert emap is not None and emap.regions == [(0, len(data), width)]
     assert element_map(_read_at(data), len(data), "weights.bin", COMP) is None  # copy: each chunk read once
@@ -196,18 +200,20 @@ def test_a_big_file_of_no_known_format_is_measured_as_a_whole(dtype: str, width:
 
 def test_a_file_of_no_known_format_is_left_ungrouped_unless_every_sample_agrees() -> None:
     rng = np.random.default_rng(0)
-    f32 = floats(2 * 1024 * 1024, "f32")
-    for data in (
-        rng.bytes(8 * 1024 * 1024),  # compressed or encrypted data: width 1
-        b"step,loss\n" * 800_000,  # text
-        rng.bytes(4 * 1024 * 1024) + f32,  # a quarter in: random bytes; a half and three quarters in: floats
-        f32[: 3 * 1024 * 1024],  # under WHOLE_FILE_MIN
+    frame = floats(64 * 1024, "f32")  # 256 KiB, repeated: plain zstd finds the repeats, grouped it stores 0.8
+    for name, data in (
+        ("compressed or encrypted", rng.bytes(BIG)),
+        ("text", b"step,loss\n" * (BIG // 10)),
+        ("text, then floats", b"step,loss\n" * (MIB // 2) + floats(15 * MIB, "f32")),  # 1/16 in: text
+        ("repeating floats", frame * (BIG // len(frame))),
+        ("floats under the size", floats(WHOLE_FILE_MIN // 4 - 1024, "f32")),
     ):
-        assert element_map(_read_at(data), len(data), "data.bin", COMP, sample_unknown=True) is None
+        emap = element_map(_read_at(data), len(data), "data.bin", COMP, sample_unknown=True)
+        assert emap is None, name
 
 
 def test_backup_groups_a_raw_float_dump(tmp_path, repo_url) -> None:
-    data = floats(3 * 1024 * 1024, "f32")  # 12 MiB of float32 with no header
+    data = floats(BIG // 4, "f32")  # float32 with no header
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "weights.bin").write_bytes(data)
     with Vault.init(repo_url) as vault:

@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 
 PROBE_SAMPLE = 64 * 1024
 PROBE_MIN = 256 * 1024  # records smaller than this are not worth a probe
-WHOLE_FILE_MIN = 4 * 1024 * 1024  # files of no known format smaller than this are coded ungrouped
+# A file of no known format is sampled only from this size on: sampling costs the reading thread ~8 ms
+# on a file of numbers (repaid: its grouped coding saves the pool ~35 ms of zstd per 64 MiB) and 1-2 ms
+# on one that groups no better at its first sample (~2 % of reading 64 MiB).
+WHOLE_FILE_MIN = 64 * 1024 * 1024
+WHOLE_FILE_CONFIRM = 1024 * 1024  # the middle sample: as long as zstd's reach in a chunk (its window: 512 KiB)
+WHOLE_FILE_PROBES = 8  # and short samples spread over the file, near its start and end too
 
 
 class ElementMap:
@@ -72,21 +77,25 @@ def element_map(
 
 
 def _measured_whole(read_at: ReadAt, size: int, name: str, compressor: Compressor) -> ElementMap | None:
-    """One width for the whole file, when samples at a quarter, a half and three quarters of it all
-    group best at it: a file of fixed-width numbers throughout (on raw float32, zstd then stores 1.2x
-    instead of 1.08x, and runs ~1.4x faster). Anything else (text, compressed data, a mix) is coded
-    ungrouped, as before."""
+    """One width for the whole file, when a 1 MiB sample from its middle and short samples at 1/16,
+    3/16, ..., 15/16 of it all group best at it: a file of fixed-width numbers throughout (raw float32:
+    zstd then stores 1.2x instead of 1.08x, and runs ~1.4x faster). Anything else is coded ungrouped,
+    as before: text, compressed data, a mix whose samples disagree, and numbers that repeat within a
+    chunk (stacked frames of a replay buffer), where plain zstd wins on the long sample (grouped, such
+    data stored 0.8 of its size instead of 0.37, and the codec does not try plain zstd once grouping
+    saves 10 %)."""
     if size < WHOLE_FILE_MIN:
         return None
-    widths = set()
-    for quarter in (1, 2, 3):
-        at = size * quarter // 4
-        widths.add(compressor.best_width(read_at(at - at % 8, PROBE_SAMPLE)))
-    if len(widths) != 1:
-        return None
-    (width,) = widths
+    middle = size // 2
+    width = compressor.best_width(read_at(middle - middle % 8, WHOLE_FILE_CONFIRM))
+    for k in range(WHOLE_FILE_PROBES):
+        if width == 1:
+            return None
+        at = size * (2 * k + 1) // (2 * WHOLE_FILE_PROBES)
+        if compressor.best_width(read_at(at - at % 8, PROBE_SAMPLE)) != width:
+            return None
     log.debug("%s: no known format; coded in elements of %d bytes (sampled)", name, width)
-    return ElementMap([(0, size, width)]) or None
+    return ElementMap([(0, size, width)])
 
 
 def map_from_layout(layout: FileLayout | None, read_at: ReadAt, compressor: Compressor) -> ElementMap | None:
