@@ -23,10 +23,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from .chunking import ChunkerParams, Readable, chunk_lengths, first_cut, iter_chunks, next_block, read_block
+from .chunking import ChunkerParams, MiB, Readable, chunk_lengths, first_cut, iter_chunks, next_block, read_block
 
 log = logging.getLogger(__name__)
-MiB = 1024 * 1024
 # Bytes a helper chunks per request: ~64 chunks of the average size (the reading thread redoes one or two
 # of them), within 4-64 MiB: a repository of tiny chunks would otherwise get replies of megabytes of cuts.
 REGION_CHUNKS = 64

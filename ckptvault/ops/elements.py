@@ -88,9 +88,9 @@ def _measured_whole(read_at: ReadAt, size: int, name: str, compressor: Compresso
         return None
     middle = size // 2
     width = compressor.best_width(read_at(middle - middle % 8, WHOLE_FILE_CONFIRM))
+    if width == 1:
+        return None
     for k in range(WHOLE_FILE_PROBES):
-        if width == 1:
-            return None
         at = size * (2 * k + 1) // (2 * WHOLE_FILE_PROBES)
         if compressor.best_width(read_at(at - at % 8, PROBE_SAMPLE)) != width:
             return None
