@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -253,7 +255,7 @@ def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monke
     path = str(tmp_path / "k.key")
     keyfile = keyfile.save(path)
     monkeypatch.setenv("CKPTVAULT_PASSPHRASE", "right passphrase")
-    cli._derive_key_ahead(["backup", "src", "--keyfile", path])
+    assert cli._derive_key_ahead(["backup", "src", "--keyfile", path])
     assert len(keyfile_module._AHEAD) == 1
     assert keyfile.unlock("right passphrase").material == master.material
     assert keyfile_module._AHEAD == {}  # consumed
@@ -262,11 +264,44 @@ def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monke
     with pytest.raises(WrongPassphraseError):
         keyfile.unlock("another passphrase")  # ... does not unlock with another one
     keyfile_module._AHEAD.clear()
-    cli._derive_key_ahead(["key", "generate", "-k", path])  # not a command that opens a vault
-    cli._derive_key_ahead(["restore", "latest", "out", "-k", path, "--passphrase-file", "pw"])  # that file wins
+    assert not cli._derive_key_ahead(["key", "generate", "-k", path])  # not a command that opens a vault
+    assert not cli._derive_key_ahead(["restore", "latest", "out", "-k", path, "--passphrase-file", "pw"])  # it wins
     assert keyfile_module._AHEAD == {}
     cli._derive_key_ahead(["snapshots", f"--keyfile={path}"])
     assert keyfile.unlock("right passphrase").material == master.material and keyfile_module._AHEAD == {}
+
+
+_NUMPY_AT_UNLOCK = """
+import sys
+from ckptvault import cli
+from ckptvault.crypto.keyfile import KdfParams
+
+derive = KdfParams.derive
+
+def spy(self, secret):
+    print("numpy loaded at unlock:", "numpy" in sys.modules, flush=True)
+    return derive(self, secret)
+
+KdfParams.derive = spy
+sys.argv = ["ckptvault", *sys.argv[1:]]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize(("command", "loaded"), [("restore", True), ("snapshots", False)])
+def test_a_data_command_loads_numpy_while_scrypt_runs(
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, command: str, loaded: bool
+):
+    """With the key derived ahead, the CLI loads numpy (which a backup or restore needs) while its
+    main thread would otherwise wait for scrypt; a command that moves no data stays without it."""
+    url = str(tmp_path / "vault")
+    with Vault.init(url, keyfile=keyfile.path, passphrase=PASS) as vault:
+        vault.backup(marked_tree)
+    args = ["restore", "latest", str(tmp_path / "out")] if command == "restore" else ["snapshots"]
+    env = {**os.environ, "CKPTVAULT_REPO": url, "CKPTVAULT_KEYFILE": keyfile.path, "CKPTVAULT_PASSPHRASE": PASS}
+    done = subprocess.run([sys.executable, "-c", _NUMPY_AT_UNLOCK, *args], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"numpy loaded at unlock: {loaded}" in done.stdout
 
 
 @pytest.mark.parametrize("withheld", [(), ("index", "snapshots")], ids=["all-there", "index-and-snapshots-withheld"])

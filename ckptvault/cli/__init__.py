@@ -22,16 +22,19 @@ if TYPE_CHECKING:
 
 # Commands that never unlock a vault's keyfile (every other command opens a vault).
 _NO_VAULT_COMMANDS = frozenset({"key"})
+# Commands whose data path uses numpy (byte grouping, copies that release the GIL).
+_DATA_COMMANDS = frozenset({"backup", "restore", "copy", "drill"})
 
 
-def _derive_key_ahead(argv: list[str]) -> None:
+def _derive_key_ahead(argv: list[str]) -> bool:
     """An encrypted vault's command spends ~0.2 s in scrypt, after ~0.2 s of loading ckptvault. When
     the keyfile and passphrase are known up front (--keyfile or CKPTVAULT_KEYFILE, and
     CKPTVAULT_PASSPHRASE: how training jobs run the CLI), scrypt starts now, on another core, while
-    the rest loads. Only a head start: the command unlocks the key as always and finds it derived."""
+    the rest loads. Only a head start: the command unlocks the key as always and finds it derived.
+    Returns whether the derivation started."""
     passphrase = os.environ.get("CKPTVAULT_PASSPHRASE")
     if not argv or argv[0].startswith("-") or argv[0] in _NO_VAULT_COMMANDS or not passphrase:
-        return
+        return False
     keyfile = os.environ.get("CKPTVAULT_KEYFILE")
     for flag, value in itertools.pairwise(argv):
         if flag in ("--keyfile", "-k"):
@@ -40,17 +43,18 @@ def _derive_key_ahead(argv: list[str]) -> None:
         if arg.startswith("--keyfile="):
             keyfile = arg.partition("=")[2]
         elif arg.startswith("--passphrase-file"):  # that passphrase wins over the environment's
-            return
+            return False
     if not keyfile:
-        return
+        return False
     if not os.path.isfile(os.path.expanduser(keyfile)):
-        return  # a pipe (--keyfile <(...)) can be read once only: by the command itself
+        return False  # a pipe (--keyfile <(...)) can be read once only: by the command itself
     from ..crypto.keyfile import Keyfile, passphrase_secret
 
     try:
         Keyfile.load(keyfile).kdf.derive_ahead(passphrase_secret(passphrase))
     except Exception:  # missing, damaged or unreadable: the command reports it itself
-        return
+        return False
+    return True
 
 
 class _OneLineHandler(logging.Handler):
@@ -103,8 +107,13 @@ def main() -> None:
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
         # before the key derivation's thread: a thread that has allocated keeps its arena
         keep_freed_memory(one_arena=True)
-    _derive_key_ahead(sys.argv[1:])
+    deriving = _derive_key_ahead(sys.argv[1:])
     from .commands import app
+
+    if deriving and sys.argv[1] in _DATA_COMMANDS:
+        # The imports above end before scrypt does, and this thread would only wait for the key:
+        # numpy, which the data path loads anyway, loads meanwhile (~0.05 s sooner to the first byte).
+        import numpy  # noqa: F401
 
     _configure_logging()
     _whole_writes_to_stdout()
