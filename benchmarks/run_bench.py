@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import platform
@@ -66,6 +67,8 @@ class ToolResult:
     repo_bytes: dict[str, int] = field(default_factory=dict)  # du -sb after each backup phase
     verified: bool | None = None
     verify_detail: str = ""
+    key: str = ""  # how the tool derives its key from the passphrase (its parameters are set at init)
+    unlock_s: float | None = None  # fastest of three runs of unlock_cmd: start-up plus key derivation
     error: str | None = None  # phase failure or "skipped: ..."
 
 
@@ -80,6 +83,8 @@ class Tool:
     backup_cmd: Callable[[str, str, int], list[str]]  # (src, phase name, step) -> argv
     restore_cmd: Callable[[str], tuple[list[str], str | None]]  # dest -> (argv, cwd)
     restored_root: Callable[[str, str], str]  # (dest, src) -> where the src tree ends up
+    unlock_cmd: list[str]  # opens the repository (derives the key) and reads next to nothing
+    key: Callable[[], str]  # after init: the key derivation's parameters, read from the key file
 
 
 # ------------------------------------------------------------------ tools
@@ -103,8 +108,8 @@ def ckptvault_tool(repo: str, state: str, encrypted: bool = False, delta: bool =
     # point every default location into the work dir so no user repo is touched
     env = dict(os.environ, CKPTVAULT_REPO=repo, XDG_DATA_HOME=state, XDG_CACHE_HOME=state)
     init = [exe, "init", repo] + ([] if delta else ["--no-delta"])
+    keyfile = os.path.join(state, "bench.key")
     if encrypted:  # AES-256-GCM under a keyfile with the default scrypt cost, like a real user's
-        keyfile = os.path.join(state, "bench.key")
         env.update(CKPTVAULT_PASSPHRASE=PASSWORD, CKPTVAULT_KEYFILE=keyfile)
         sh([exe, "key", "generate", "--keyfile", keyfile], env=env, check=True)
         init += ["--encrypt"]
@@ -127,6 +132,8 @@ def ckptvault_tool(repo: str, state: str, encrypted: bool = False, delta: bool =
         ],
         lambda dest: ([exe, "restore", "latest", dest, "--repo", repo, "--tag", "run=bench", "--quiet"], None),
         lambda dest, src: dest,  # restores the directory's contents into dest
+        [exe, "snapshots", "--repo", repo, "--quiet"],
+        lambda: scrypt_params(json.load(open(keyfile))["kdf"]) if encrypted else "none (unencrypted)",
     )
 
 
@@ -141,6 +148,10 @@ def restic_tool(repo: str, state: str) -> Tool:
         lambda src, name, step: ["restic", "--repo", repo, "backup", "--host", "bench", "--tag", "run=bench", src],
         lambda dest: (["restic", "--repo", repo, "restore", "latest", "--target", dest], None),
         lambda dest, src: os.path.join(dest, os.path.abspath(src).lstrip("/")),  # absolute path under target
+        ["restic", "--repo", repo, "cat", "config"],
+        # restic calibrates scrypt on each `init` (~0.5 s on the machine as busy as it is then), so its
+        # key, and with it every phase's fixed cost, differs between runs
+        lambda: scrypt_params(json.load(open(next(iter(glob.glob(os.path.join(repo, "keys", "*"))))))),
     )
 
 
@@ -176,6 +187,8 @@ def borg_tool(repo: str, state: str) -> Tool:
         lambda src, name, step: ["borg", "create", "--compression", "zstd,3", f"{repo}::{name}", src],
         restore,
         lambda dest, src: os.path.join(dest, os.path.abspath(src).lstrip("/")),
+        ["borg", "list", "--last", "1", "--short", repo],
+        lambda: "PBKDF2-HMAC-SHA256, 100,000 rounds (borg 1.x repokey)",
     )
 
 
@@ -190,6 +203,12 @@ TOOLS = {
 
 
 # ------------------------------------------------------------------ helpers
+def scrypt_params(kdf: dict) -> str:
+    """restic's key files and ckptvault's keyfiles both keep scrypt's N, r and p (any key case)."""
+    low = {k.lower(): v for k, v in kdf.items()}
+    return f"scrypt N=2^{int(low['n']).bit_length() - 1} r={low['r']} p={low['p']}"
+
+
 def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, **kw)
 
@@ -309,6 +328,9 @@ def bench_tool(name: str, work: str, saves: list[tuple[str, int]], keep: bool) -
         if p.returncode != 0:
             res.error = f"init failed: {p.stderr.strip()[-300:]}"
             return res
+        res.key = tool.key()
+        unlocks = [run_timed(tool.unlock_cmd, tool.env, os.path.join(logs, f"{name}-unlock.log"), 0) for _ in range(3)]
+        res.unlock_s = min(u.wall_s for u in unlocks) if all(u.rc == 0 for u in unlocks) else None
         (src1, step1), (src2, step2) = saves[0], saves[1]
         for phase, src, step in (
             ("backup1_first", src1, step1),
@@ -497,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.tool}: {r.version or '-'}"
             + (f"  [{r.error}]" if r.error else "")
             + (f"  verify: {r.verify_detail}" if r.verify_detail else "")
+            + (f"  key: {r.key}, unlock {r.unlock_s:.2f} s" if r.unlock_s is not None else "")
         )
     print()
     print(table(results))
