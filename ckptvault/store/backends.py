@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from .failures import BackendAdvice
 from .options import names_a_file
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"})
@@ -167,7 +168,7 @@ def _gcs_request(plain: Any) -> Any:
             except Exception as exc:
                 code, message = getattr(exc, "code", None), str(getattr(exc, "message", ""))
                 if code == 400 and "requester pays" in message:
-                    raise ValueError(
+                    raise BackendAdvice(
                         "the bucket is requester pays: give -o requester_pays=true (storage_options) to be billed "
                         "for its requests"
                     ) from exc

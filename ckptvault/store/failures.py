@@ -251,7 +251,14 @@ def _bucket_asked_for(chain: list[BaseException]) -> str:
     return ""
 
 
+class BackendAdvice(Exception):
+    """Raised by ckptvault's own adapter of a backend (backends.py) for a refusal it understands: its
+    message says what to do and is reported as it is, never retried."""
+
+
 def classify(exc: BaseException, bucket: str = "") -> Failure:
+    if isinstance(exc, BackendAdvice):
+        return Failure(Kind.PERMANENT, str(exc))
     chain = _chain(exc)
     status, code = status_in_chain(exc)
     names = {type(node).__name__ for node in chain}

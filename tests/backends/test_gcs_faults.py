@@ -108,8 +108,9 @@ def test_a_requester_pays_bucket_is_named_with_the_option_to_give(gcs, proxy, op
     with Vault.init(url, storage_options=options) as vault:
         proxy.drop_all()
         proxy.reply = _gcs_error("400 Bad Request", "Bucket is a requester pays bucket but no user project provided.")
-        with pytest.raises(StorageError, match=re.escape("give -o requester_pays=true")):
+        with pytest.raises(StorageError, match=re.escape("give -o requester_pays=true")) as caught:
             vault.snapshots()
+        assert "Error" not in str(caught.value) and not caught.value.retryable  # advice, not an exception's name
 
 
 def test_an_emulator_gets_gcsfs_plain_filesystem_even_when_gcsfs_was_imported_first(gcs, tmp_path: Path):
