@@ -47,7 +47,7 @@ from .arguments import (
 )
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
-from .crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
+from .crypto.keyfile import Keyfile, PassphraseSource, passphrase_secret, resolve_passphrase
 from .errors import (
     CkptVaultError,
     IntegrityError,
@@ -167,6 +167,15 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
     if keyfile is None or isinstance(keyfile, Keyfile):
         return keyfile
     return Keyfile.load(keyfile)
+
+
+def _deriving_ahead(key: Keyfile | None, passphrase: PassphraseSource) -> contextlib.AbstractContextManager[None]:
+    """The keyfile's scrypt, started before the vault's config is read (on remote storage the first
+    request, which sets up the client, takes about as long), when the passphrase is given as text:
+    a passphrase function is called only once the keyfile is known to be the vault's."""
+    if key is None or not isinstance(passphrase, str):
+        return contextlib.nullcontext()
+    return key.kdf.deriving_ahead(passphrase_secret(passphrase))
 
 
 def _workdir_arg(workdir: PathLike | None) -> str | None:
@@ -296,46 +305,47 @@ class Vault:
         create = flag_arg("create", create)
         limits = RateLimits.resolve(limit_upload, limit_download)
         key = _load_keyfile(keyfile)
-        store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
-        local = local_folder(url)
-        if local is not None and file_in_the_way(local) is not None:  # the store would say "Not a directory"
-            if create:
-                refuse_local_non_vault_folder(url)
-            raise VaultNotFoundError(store.url, hint=why_no_vault(url))
-        try:
-            return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
-        except VaultNotFoundError as exc:
-            if not create:
-                hint = why_no_vault(url)
-                if hint:
-                    raise VaultNotFoundError(exc.url, hint=hint) from None
-                raise
-        try:
-            vault = cls.init(
-                url,
-                storage_options=storage_options,
-                keyfile=key,
-                passphrase=passphrase,
-                limit_upload=limits.upload or 0,
-                limit_download=limits.download or 0,
-            )
-        except VaultExistsError:  # another process created it since we looked: open theirs
-            for attempt in range(OPEN_RACE_RETRIES):
-                try:
-                    return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
-                except VaultNotFoundError:  # a store that shows a new object late
-                    if attempt == OPEN_RACE_RETRIES - 1:
-                        raise
-                    time.sleep(0.05 * 2**attempt)
-            raise  # pragma: no cover - the loop returns or raises
-        vault.created = True
-        if key is None and os.environ.get("CKPTVAULT_KEYFILE"):  # the CLI and the callbacks would have used it
-            log.warning(
-                "ckptvault: created %s unencrypted: CKPTVAULT_KEYFILE is set, but Vault.open reads no environment "
-                "for its key; pass keyfile= (and passphrase=) to encrypt a new vault",
-                vault.url,
-            )
-        return vault
+        with _deriving_ahead(key, passphrase):  # scrypt on another core while the config is read
+            store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
+            local = local_folder(url)
+            if local is not None and file_in_the_way(local) is not None:  # the store would say "Not a directory"
+                if create:
+                    refuse_local_non_vault_folder(url)
+                raise VaultNotFoundError(store.url, hint=why_no_vault(url))
+            try:
+                return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
+            except VaultNotFoundError as exc:
+                if not create:
+                    hint = why_no_vault(url)
+                    if hint:
+                        raise VaultNotFoundError(exc.url, hint=hint) from None
+                    raise
+            try:
+                vault = cls.init(
+                    url,
+                    storage_options=storage_options,
+                    keyfile=key,
+                    passphrase=passphrase,
+                    limit_upload=limits.upload or 0,
+                    limit_download=limits.download or 0,
+                )
+            except VaultExistsError:  # another process created it since we looked: open theirs
+                for attempt in range(OPEN_RACE_RETRIES):
+                    try:
+                        return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
+                    except VaultNotFoundError:  # a store that shows a new object late
+                        if attempt == OPEN_RACE_RETRIES - 1:
+                            raise
+                        time.sleep(0.05 * 2**attempt)
+                raise  # pragma: no cover - the loop returns or raises
+            vault.created = True
+            if key is None and os.environ.get("CKPTVAULT_KEYFILE"):  # the CLI and the callbacks would have used it
+                log.warning(
+                    "ckptvault: created %s unencrypted: CKPTVAULT_KEYFILE is set, but Vault.open reads no environment "
+                    "for its key; pass keyfile= (and passphrase=) to encrypt a new vault",
+                    vault.url,
+                )
+            return vault
 
     def close(self) -> None:
         """Wait for every queued async backup, however long they take (as ``flush()`` does;

@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -269,6 +271,59 @@ def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monke
     assert keyfile_module._AHEAD == {}
     cli._derive_key_ahead(["snapshots", f"--keyfile={path}"])
     assert keyfile.unlock("right passphrase").material == master.material and keyfile_module._AHEAD == {}
+
+
+@pytest.fixture
+def scrypt_runs(monkeypatch: pytest.MonkeyPatch) -> list[threading.Event]:
+    """Each scrypt run of the test, as an event set when it starts."""
+    from ckptvault.crypto.keyfile import KdfParams
+
+    runs: list[threading.Event] = []
+    real = KdfParams._scrypt
+
+    def spy(self, secret):
+        runs.append(threading.Event())
+        runs[-1].set()
+        return real(self, secret)
+
+    monkeypatch.setattr(KdfParams, "_scrypt", spy)
+    return runs
+
+
+def test_vault_open_derives_the_key_while_the_config_is_read(
+    tmp_path: Path, keyfile: Keyfile, monkeypatch: pytest.MonkeyPatch, scrypt_runs: list[threading.Event]
+):
+    """On remote storage the config's request (which also sets the client up) takes about as long as
+    scrypt: Vault.open runs them at once when the passphrase is given as text."""
+    from ckptvault.crypto import keyfile as keyfile_module
+    from ckptvault.repository import Repository
+
+    url = str(tmp_path / "vault")
+    Vault.init(url, keyfile=keyfile.path, passphrase=PASS).close()
+    scrypt_runs.clear()
+    real_read = Repository.read_config
+    during_read: list[bool] = []
+
+    def slow_read(store):
+        deadline = time.monotonic() + 10
+        while not scrypt_runs and time.monotonic() < deadline:  # a slow link: scrypt starts meanwhile
+            time.sleep(0.01)
+        during_read.append(bool(scrypt_runs))
+        return real_read(store)
+
+    monkeypatch.setattr(Repository, "read_config", staticmethod(slow_read))
+    with Vault.open(url, keyfile=keyfile.path, passphrase=PASS) as vault:
+        assert vault.snapshots() == []
+    assert during_read == [True] and len(scrypt_runs) == 1 and keyfile_module._AHEAD == {}
+
+    keyfile_module.Keyfile.load(keyfile.path).kdf.derive_ahead(keyfile_module.passphrase_secret(PASS))  # the CLI's
+    Vault.open(url, keyfile=keyfile.path, passphrase=PASS).close()
+    assert len(scrypt_runs) == 2 and keyfile_module._AHEAD == {}  # taken, not run a second time
+
+    other, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    with pytest.raises(KeyfileMismatchError):
+        Vault.open(url, keyfile=other.save(tmp_path / "other.key"), passphrase=PASS)
+    assert keyfile_module._AHEAD == {}  # a key derived for nothing is not kept
 
 
 _NUMPY_AT_UNLOCK = """

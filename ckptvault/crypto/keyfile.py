@@ -30,7 +30,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -113,9 +113,10 @@ class KdfParams:
     def _scrypt(self, secret: bytes) -> bytes:
         return Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(secret)
 
-    def derive_ahead(self, secret: bytes) -> None:
+    def derive_ahead(self, secret: bytes) -> bool:
         """Start ``derive`` on another thread (scrypt releases the GIL, so it runs on another core);
-        the next ``derive`` with these parameters and this passphrase takes its result."""
+        the next ``derive`` with these parameters and this passphrase takes its result. Returns
+        False, starting nothing, when such a derivation is under way already (the CLI's, say)."""
         future: Future[bytes] = Future()
 
         def run() -> None:
@@ -125,8 +126,22 @@ class KdfParams:
                 future.set_exception(exc)
 
         with _AHEAD_LOCK:
-            _AHEAD[(self, hashlib.sha256(secret).digest())] = future
+            if _AHEAD.setdefault((self, hashlib.sha256(secret).digest()), future) is not future:
+                return False
         threading.Thread(target=run, name="ckptvault-kdf", daemon=True).start()
+        return True
+
+    @contextlib.contextmanager
+    def deriving_ahead(self, secret: bytes) -> Iterator[None]:
+        """``derive_ahead`` for the length of the block: a result that no ``derive`` took by its end
+        (the vault was not found, the keyfile is not its key) is dropped, not kept in memory."""
+        started = self.derive_ahead(secret)
+        try:
+            yield
+        finally:
+            if started:
+                with _AHEAD_LOCK:
+                    _AHEAD.pop((self, hashlib.sha256(secret).digest()), None)
 
 
 def _publish(tmp: str, path: str, overwrite: bool) -> None:
