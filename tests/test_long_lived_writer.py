@@ -29,6 +29,24 @@ def _count_reads(vault: Vault, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return reads
 
 
+@pytest.mark.parametrize("first", ["restore", "backup"])
+def test_a_vault_lists_its_index_objects_once_for_its_first_restore_or_backup(
+    tmp_path: Path, vault: Vault, monkeypatch: pytest.MonkeyPatch, first: str
+):
+    """Each listing is a round trip on remote storage, before the first byte of data moves."""
+    write_file(tmp_path / "ckpt" / "state.bin", os.urandom(20_000))
+    vault.backup(tmp_path / "ckpt")
+    with Vault.open(vault.url) as fresh:
+        listings: Counter[str] = Counter()
+        store, real_list = fresh._repo.store, fresh._repo.store.list
+        monkeypatch.setattr(store, "list", lambda prefix: listings.update([prefix]) or real_list(prefix))
+        if first == "restore":
+            fresh.restore("latest", tmp_path / "out")
+        else:
+            fresh.backup(tmp_path / "ckpt")
+    assert listings["index/"] == 1, listings
+
+
 def test_the_nth_backup_of_a_long_lived_vault_reads_only_the_new_metadata(
     tmp_path: Path, vault: Vault, monkeypatch: pytest.MonkeyPatch
 ):

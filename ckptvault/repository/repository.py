@@ -334,14 +334,11 @@ class Repository:
         a pack's entries from every object that named it, so only a reload drops those."""
         with self._unindexed_mutex:
             index = self._index
+            if index is None or self.damaged_index or self._unindexed_read:
+                self.load_index()  # which lists the index objects itself: one round trip, not two
+                return
             listed = set(self.list_index_ids())
-            if (
-                index is None
-                or self.damaged_index
-                or self._unindexed_read
-                or not self._seen_index_ids <= listed
-                or not self._all_packs_named(index)
-            ):
+            if not self._seen_index_ids <= listed or not self._all_packs_named(index):
                 self.load_index()
             else:
                 self._merge_new_index_objects(listed)
