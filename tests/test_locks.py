@@ -32,6 +32,20 @@ def test_exclusive_and_shared_conflict(vault: Vault):
     assert vault.locks() == []  # every lock was released, also by the failed attempts
 
 
+def test_a_lock_taken_reads_back_only_the_other_locks(vault: Vault, monkeypatch: pytest.MonkeyPatch):
+    """Its own lock object was just written: reading it back was a round trip on remote storage
+    before every command, while the storage's time for it comes with the listing."""
+    manager = vault._repo.locks
+    store, real_get = vault._repo.store, vault._repo.store.get
+    read: list[str] = []
+    monkeypatch.setattr(store, "get", lambda key: read.append(key) or real_get(key))
+    with manager.acquire(exclusive=False) as first:
+        assert read == []
+        with manager.acquire(exclusive=False):
+            assert read == [f"locks/{first.info.lock_id.hex()}"]
+    assert vault.locks() == []
+
+
 def test_stale_lock_is_ignored_removed_by_prune_and_by_unlock(vault: Vault, tmp_path: Path):
     src = tmp_path / "src"
     src.mkdir()

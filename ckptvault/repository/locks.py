@@ -316,14 +316,18 @@ class LockManager:
     def exists(self, lock: LockInfo) -> bool:
         return self.repo.store.exists(lock_key(lock.lock_id))
 
-    def _list(self) -> tuple[list[LockInfo], set[bytes]]:
+    def _list(self, own: LockInfo | None = None) -> tuple[list[LockInfo], set[bytes]]:
         """``list``, and the listed objects that were gone when read: released, or refreshed (a holder
-        writes its new lock object, then deletes the old one)."""
+        writes its new lock object, then deletes the old one). ``own``, the lock this process just
+        wrote, is not read back (a round trip on remote storage): only its listing's time is taken."""
         locks = []
         vanished: set[bytes] = set()
         for obj in self.repo.store.list(LOCKS_PREFIX):
             lock_id = id_from_key(obj.key)
             if lock_id is None:
+                continue
+            if own is not None and lock_id == own.lock_id:
+                locks.append(dataclasses.replace(own, modified=obj.modified))
                 continue
             try:
                 blob = self.repo.store.get(obj.key)
@@ -344,7 +348,7 @@ class LockManager:
                 locks.append(LockInfo(lock_id, "?", 0, True, obj.modified, problem, modified=obj.modified))
         return locks, vanished
 
-    def _list_settled(self) -> list[LockInfo]:
+    def _list_settled(self, own: LockInfo | None = None) -> list[LockInfo]:
         """The locks, from a listing in which no object vanished before it was read that had not
         vanished from the one before. A lock object gone between the listing and its read may be a
         live holder's that was just refreshed, whose new object that listing missed: taking it as
@@ -353,7 +357,7 @@ class LockManager:
         listed while it cannot be read is a listing that lags the deletes: not waited for.)"""
         before: set[bytes] = set()
         for _ in range(LISTINGS):
-            locks, vanished = self._list()
+            locks, vanished = self._list(own)
             if vanished <= before:
                 return locks
             before = vanished
@@ -507,7 +511,7 @@ class LockManager:
             with _held_mutex:  # still there (a delete failed): this process knows they are dead
                 dead = {lock.lock_id for lock in _LEFT_BEHIND.get(self.repo, ())}
             stale = []
-            listed = self._list_settled()
+            listed = self._list_settled(own)
             now = self._judging_now(own, listed)
             for other in listed:
                 if other.lock_id == own.lock_id:
