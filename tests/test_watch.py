@@ -1153,6 +1153,24 @@ def test_pins_of_checkpoint_n_folders_deleted_while_no_watcher_ran_ship_after_a_
                 assert b"".join(vault.read_file(snap, file)) == data
 
 
+def test_an_unfinished_pin_left_by_a_killed_watcher_is_removed_with_a_warning(tmp_path, repo):
+    """A watcher killed while it pinned a checkpoint (or released one) leaves a pin without pin.json,
+    written last: never complete, never promised. The next watcher removes it and says so, naming the
+    checkpoint: if the trainer deleted it meanwhile, it was never backed up."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish_checkpoint(ckpts, "checkpoint-10", 10)
+    unfinished = ckpts / ".ckptvault-watch" / "pins" / f"{time.time_ns():020d}-abcdef" / "data" / "checkpoint-5"
+    unfinished.mkdir(parents=True)
+    (unfinished / "model.pt").write_bytes(b"linked before the kill")
+    again = watch_once(ckpts, repo, "r")
+    assert again.returncode == 0, again.stderr
+    assert "stopped while pinning or releasing checkpoint-5: its unfinished pin was removed" in again.stderr
+    assert not pin_count(ckpts / ".ckptvault-watch" / "pins")
+    with Vault.open(repo) as vault:
+        assert [s.tags["step"] for s in vault.snapshots({"run": "r"})] == ["10"]
+
+
 def test_a_folder_made_before_its_files_ships_once_they_are_written(tmp_path, repo):
     """A trainer that makes its checkpoint folder, then gathers state from its GPUs for longer than
     --settle: the empty folder is no checkpoint yet; the pin follows it until the files are there."""

@@ -708,8 +708,16 @@ class Watcher:
             root = os.path.join(self.pins_dir, pin_id)
             if not os.path.isdir(root):
                 continue
+            held: list[str] = []
+            with contextlib.suppress(OSError):
+                held = os.listdir(os.path.join(root, pins.DATA))  # before load removes an unfinished pin
             pin = pins.load(root)
             if pin is None:
+                for name in held:  # killed while pinning (its checkpoint never promised) or releasing it
+                    self._on_warning(
+                        f"an earlier watcher stopped while pinning or releasing {name}: its unfinished pin was "
+                        f"removed; {name} ships from its folder if it is still there and has not shipped"
+                    )
                 continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
             pin.excluded = self._excluded  # and what this run's patterns leave out
