@@ -82,6 +82,9 @@ from .test_cli import one_line_error
         (["init", "{tmp}/v2", "-o", "foo=bar"], 2, "a local folder takes no storage option 'foo'"),
         (["backup", "{tmp}/src", "--repo", "{tmp}/v", "-o", "auto_mkdr=1"], 2, "(did you mean auto_mkdir?)"),
         (["snapshots", "--repo", "sftp://u@127.0.0.1:1/x", "-o", "look_for_key=no"], 2, "did you mean look_for_keys?"),
+        # fsspec's chains hide the storage whose retries, time limits and folder rules ckptvault sets
+        (["init", "simplecache::{tmp}/v2"], 2, "chains fsspec filesystems (simplecache::...), which ckptvault does"),
+        (["snapshots", "--repo", "filecache::s3://b/v"], 2, "give the storage's own URL: s3://b/v"),
     ],
 )
 def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, code, fragment):
@@ -105,6 +108,19 @@ def test_mistakes_are_one_line_and_create_nothing(cli, tmp_path: Path, args, cod
     assert (tmp_path / "afile").read_bytes() == b"not a vault"
     assert not (tmp_path / "v2").exists()
     assert not [p for p in (tmp_path / "v").rglob("*") if "snapshots" in p.parts and p.is_file()]
+
+
+@pytest.mark.parametrize("form", ["{tmp}/run::1/vault", "file://{tmp}/run::1/vault"])
+def test_a_folder_name_with_two_colons_is_that_folder(cli, tmp_path: Path, form: str):
+    """fsspec reads "a::b" as a chain of filesystems: /data/run::1/vault was made in /data/run."""
+    url = form.replace("{tmp}", str(tmp_path))
+    cli("init", url)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    cli("backup", str(tmp_path / "src"), "--repo", url)
+    assert (tmp_path / "run::1" / "vault" / "config").is_file() and not (tmp_path / "run").exists()
+    cli("restore", "latest", str(tmp_path / "out"), "--repo", url)
+    assert (tmp_path / "out" / "f").read_bytes() == b"data"
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])

@@ -82,32 +82,26 @@ class FsspecStore:
         self._seen = False  # whether an object was read or written here: the vault's folder existed
         self._options = options
         self._secrets = credential_values(options)  # never shown in a message
-        if "::" in target:  # a chained URL (e.g. simplecache::s3://...): let fsspec build the chain
-            with self._translate_errors("OPEN", "(filesystem)"):
-                self._fs, root = fsspec.core.url_to_fs(target, skip_instance_cache=True, **options)
-            cls: Any = type(self._fs)
-            self._kwargs: dict[str, Any] = {}
-        else:
-            protocol = fsspec.core.split_protocol(target)[0] or "file"
-            try:
-                cls = filesystem_class(fsspec.get_filesystem_class(protocol), protocol, options)
-            except ImportError as exc:
-                hint = install_hint(protocol)
-                raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
-            except ValueError:
-                raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
-            problem = (
-                option_error(cls, protocol, explicit)
-                or nested_option_error(protocol, options, explicit)
-                or option_value_error(options)
-            )
-            if problem:
-                raise UsageError(f"repository {self.url}: {problem}")
-            try:
-                root = cls._strip_protocol(target)
-                self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
-            except ValueError as exc:  # a port that is no number, an unclosed [IPv6 address
-                raise _invalid_url(self.url, exc) from None
+        protocol = fsspec.core.split_protocol(target)[0] or "file"
+        try:
+            cls: Any = filesystem_class(fsspec.get_filesystem_class(protocol), protocol, options)
+        except ImportError as exc:
+            hint = install_hint(protocol)
+            raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
+        except ValueError:
+            raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
+        problem = (
+            option_error(cls, protocol, explicit)
+            or nested_option_error(protocol, options, explicit)
+            or option_value_error(options)
+        )
+        if problem:
+            raise UsageError(f"repository {self.url}: {problem}")
+        try:
+            root = cls._strip_protocol(target)
+            self._kwargs = {**cls._get_kwargs_from_urls(target), **default_options(protocol, options)}
+        except ValueError as exc:  # a port that is no number, an unclosed [IPv6 address
+            raise _invalid_url(self.url, exc) from None
         protocols = cls.protocol if isinstance(cls.protocol, tuple) else (cls.protocol,)
         self.profile: Profile = profile_for(
             protocols, local_disk=issubclass(cls, LocalFileSystem), in_memory=issubclass(cls, MemoryFileSystem)

@@ -28,7 +28,8 @@ def open_store(
     (LocalStore); options given for one are checked by fsspec's local filesystem, as for file://."""
     policy = retry or RetryPolicy.from_env()
     inner: Store
-    plain_path = "://" not in url and "::" not in url
+    _refuse_chained_url(url)
+    plain_path = "://" not in url  # "::" inside a path is part of a folder's name
     if plain_path:
         _refuse_mistyped_url(url)
         url = os.path.abspath(os.path.expanduser(url))
@@ -54,6 +55,7 @@ _REMOTE_PROTOCOLS = frozenset({
 })  # fmt: skip
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _PROTOCOL_TYPO = re.compile(r"([A-Za-z][\w+.-]*):/?(?!/)(.*)", re.S)
+_CHAINED = re.compile(r"([A-Za-z][\w+.-]*)::")  # a protocol, then "::": not "/data/run::1/vault"
 
 
 def _refuse_mistyped_url(path: str) -> None:
@@ -65,6 +67,19 @@ def _refuse_mistyped_url(path: str) -> None:
         raise UsageError(
             f"{path!r} is not a URL (it lacks the '//' of {proto}://) and would be a local folder: write "
             f"{url}, or ./{path} for a local folder of that name"
+        )
+
+
+def _refuse_chained_url(url: str) -> None:
+    """fsspec chains filesystems with "::" (``simplecache::s3://bucket/vault``). ckptvault sets its
+    retries, time limits and folder rules by the storage a URL names, which a chain hides behind its
+    first layer; and a caching layer has nothing to add (ckptvault keeps the vault's metadata on this
+    machine itself)."""
+    match = _CHAINED.match(url)
+    if match:
+        raise UsageError(
+            f"{url!r} chains fsspec filesystems ({match[1]}::...), which ckptvault does not open; give the "
+            f"storage's own URL: {url.rsplit('::', 1)[1]}"
         )
 
 
