@@ -111,6 +111,51 @@ def test_passwd_through_a_link_changes_the_shared_keyfile_and_keeps_its_mode(cli
     assert not [p for p in shared.parent.iterdir() if p.name != "team.key"], "a temporary file was left"
 
 
+_SAVE_AND_HANG_BEFORE_THE_RENAME = """
+import sys, time
+from ckptvault.crypto import keyfile
+
+def hang(tmp, path, overwrite):  # the new keyfile is written and synced under its temporary name
+    print("written", flush=True)
+    time.sleep(120)
+
+keyfile._publish = hang
+keyfile.Keyfile.create("the passphrase being set", scrypt_n=2**10)[0].save(sys.argv[1], overwrite=True)
+"""
+
+
+def test_a_keyfile_left_by_a_killed_writer_is_removed_by_the_next_one_and_a_live_ones_is_not(cli, tmp_path: Path):
+    """A `key passwd` killed between writing the new keyfile and renaming it left `.team.key.tmp-*`: the
+    master key under the passphrase being set, which a later rotation away from it never revoked."""
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    target = tmp_path / "team.key"
+    key.save(target)
+
+    def writer() -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SAVE_AND_HANG_BEFORE_THE_RENAME, str(target)], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "written\n"
+        return proc
+
+    def temps() -> list[str]:
+        return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".team.key.tmp-"))
+
+    killed, live = writer(), writer()
+    try:
+        killed.kill()
+        killed.wait(30)
+        assert len(temps()) == 2
+        cli("key", "passwd", "-k", str(target), CKPTVAULT_PASSPHRASE=PASS, CKPTVAULT_NEW_PASSPHRASE="a new passphrase")
+        assert len(temps()) == 1, "the killed writer's copy stays, or the live writer's went"
+    finally:
+        live.kill()
+        live.wait(30)
+    key.save(target, overwrite=True)
+    assert temps() == []
+    assert Keyfile.load(target).unlock(PASS).material == key.unlock(PASS).material
+
+
 def test_a_keyfile_that_cannot_be_written_is_a_one_line_error(cli, tmp_path: Path):
     (tmp_path / "afile").write_text("x")
     proc = cli("key", "generate", "-k", str(tmp_path / "afile" / "k.key"), check=False, CKPTVAULT_PASSPHRASE=PASS)

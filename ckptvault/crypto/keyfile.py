@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from ..durable import fsync_dir
+from ..durable import fsync_dir, pwrite_all
 from ..errors import (
     KeyfileCorruptError,
     KeyfileNotFoundError,
@@ -142,6 +143,42 @@ class KdfParams:
             if started:
                 with _AHEAD_LOCK:
                     _AHEAD.pop((self, hashlib.sha256(secret).digest()), None)
+
+
+# A keyfile is written under ``.<name>.tmp-<random>`` first, then renamed. A writer killed in between
+# (SIGKILL, a power loss) leaves that file: a whole keyfile, under the passphrase that was being set.
+TEMP_MARK = ".tmp-"
+
+
+def _lock_while_written(fd: int) -> None:
+    """flock the temporary file for as long as its writer lives (the kernel drops the lock of a
+    dead process): how the next writer tells a leftover from a file being written."""
+    with contextlib.suppress(OSError):  # no locks here (some network filesystems): never swept then
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _remove_dead_writers_temps(directory: str, temp_prefix: str) -> None:
+    """Remove what killed writers of this keyfile left: each a copy of the master key under a
+    passphrase that a later rotation was meant to retire. One whose lock cannot be taken is a live
+    writer's (or on a filesystem without locks) and stays."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(temp_prefix)]
+    except OSError:
+        return
+    for name in names:
+        leftover = os.path.join(directory, name)
+        try:
+            fd = os.open(leftover, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.lstat(leftover)):
+                os.unlink(leftover)
+        except OSError:
+            pass  # held by a live writer, renamed or removed meanwhile, or no locks here
+        finally:
+            os.close(fd)
 
 
 def _publish(tmp: str, path: str, overwrite: bool) -> None:
@@ -335,16 +372,17 @@ class Keyfile:
         path = os.path.realpath(shown) if overwrite else shown
         directory = os.path.dirname(os.path.abspath(path))
         exists = UsageError(f"{shown} already exists; a keyfile is never overwritten (pick another path)")
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
+        temp_prefix = f".{os.path.basename(path)}{TEMP_MARK}"
+        tmp = os.path.join(directory, temp_prefix + secrets.token_hex(4))
         try:
             old = os.stat(path) if overwrite and os.path.exists(path) else None
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            _remove_dead_writers_temps(directory, temp_prefix)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self.to_json())
-                    f.flush()
-                    os.fsync(f.fileno())
+                _lock_while_written(fd)
+                pwrite_all(fd, self.to_json(), 0, tmp)
+                os.fsync(fd)
                 if old is not None:
                     os.chmod(tmp, stat.S_IMODE(old.st_mode) & 0o770)  # a team's group keeps it; others never
                     if os.geteuid() == 0:  # root rewriting another user's keyfile gives it back to them
@@ -357,6 +395,7 @@ class Keyfile:
             finally:
                 if os.path.lexists(tmp):
                     os.unlink(tmp)
+                os.close(fd)  # its lock with it
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not the argument: exit 21 as elsewhere
                 raise StorageFullError(
