@@ -814,7 +814,9 @@ class Vault:
     @_open_only
     def forget(self, snapshots: Sequence[str | Snapshot], *, prune: bool = False, dry_run: bool = False) -> PruneResult:
         """Remove the given snapshots (a list of IDs or unique prefixes, ``"latest"``, or Snapshots);
-        with ``prune``, reclaim their space too.
+        with ``prune``, reclaim their space too. Those no longer in the vault (a rerun of a forget that
+        was stopped half way) are named in a warning and skipped, unless none of them is there and no
+        ``prune`` was asked for: SnapshotNotFoundError then.
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists. An ID prefix
@@ -834,19 +836,34 @@ class Vault:
             every.sort(key=lambda s: s.time)
             chosen: set[str] = set()
             unreadable: set[str] = set()
+            # Given, but in the vault no longer: a rerun of a forget that was stopped half way goes on
+            # with the rest (and its prune) instead of failing on what the first run removed.
+            gone: list[SnapshotNotFoundError] = []
             for spec in snapshots:
                 if isinstance(spec, Snapshot):  # by its full ID: one forgotten or retagged since is not there
                     if spec.id not in {s.id for s in every}:
-                        raise SnapshotNotFoundError(
-                            f"snapshot {spec.short_id} is no longer in {self.url}: another process forgot it "
-                            "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
-                            f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
+                        gone.append(
+                            SnapshotNotFoundError(
+                                f"snapshot {spec.short_id} is no longer in {self.url}: another process forgot it "
+                                "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
+                                f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
+                            )
                         )
-                    chosen.add(spec.id)
+                    else:
+                        chosen.add(spec.id)
                 elif (bad := unreadable_named(spec, every, unreadable_now)) is not None:
                     unreadable.add(bad)
                 else:
-                    chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
+                    try:
+                        chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
+                    except SnapshotNotFoundError as exc:
+                        if spec == "latest" or any(s.id.startswith(spec.strip().lower()) for s in every):
+                            raise  # ambiguous, or no snapshot at all
+                        gone.append(exc)
+            if gone and not (chosen or unreadable or prune):
+                raise gone[0]  # nothing else to do: a mistyped ID fails as before
+            for missing in gone:
+                self._warn(f"{missing} (forgotten already, by an interrupted run or another process?); skipped")
             if prune:
                 refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
             plan = RetentionPlan(

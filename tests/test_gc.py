@@ -360,3 +360,25 @@ def test_a_dry_run_counts_the_snapshot_and_tree_objects_that_go(tmp_path: Path):
     freed, said = result.stored_before - result.stored_after, preview.reclaim_bytes
     assert freed > 0 and abs(said - freed) <= 0.2 * freed, (said, freed)
     assert result.reclaim_bytes == freed
+
+
+def test_a_rerun_of_an_interrupted_forget_skips_what_the_first_run_removed_and_finishes(cli, tmp_path: Path):
+    """A `forget A B C --prune` killed after it removed A (and B, C...) failed at every rerun with "no
+    snapshot A", so the rest stayed and the space was never reclaimed."""
+    repo, src = str(tmp_path / "repo"), tmp_path / "src"
+    cli("init", repo)
+    for run in ("x", "y", "z"):
+        write_file(src / "state.bin", os.urandom(400_000))  # each snapshot holds its own bytes only
+        cli("backup", str(src), "--repo", repo, "--tag", f"run={run}")
+    ids = [s["id"][:8] for s in json.loads(cli("snapshots", "--repo", repo, "--json").stdout)]
+    cli("forget", ids[0], "--repo", repo)  # what the interrupted run got done
+    stored = sum(p.stat().st_size for p in (Path(repo) / "packs").rglob("*") if p.is_file())
+    alone = cli("forget", ids[0], "--repo", repo, check=False)  # nothing else asked: a mistyped ID is an error
+    assert alone.returncode == 18 and f"no snapshot {ids[0]}" in alone.stderr.decode()
+    rerun = cli("forget", ids[0], ids[1], "--prune", "--repo", repo)
+    assert f"no snapshot {ids[0]}" in rerun.stderr.decode() and "skipped" in rerun.stderr.decode()
+    assert [s["id"][:8] for s in json.loads(cli("snapshots", "--repo", repo, "--json").stdout)] == ids[2:]
+    assert sum(p.stat().st_size for p in (Path(repo) / "packs").rglob("*") if p.is_file()) < stored - 300_000
+    again = cli("forget", ids[0], ids[1], "--prune", "--repo", repo)  # all gone: the prune still runs
+    assert again.returncode == 0 and "skipped" in again.stderr.decode()
+    cli("check", "--repo", repo, "--read-data")

@@ -16,6 +16,7 @@ LAYERS = {
     "memcopy": 1,
     "localtree": 1,
     "durable": 1,
+    "interruptions": 1,
     "formats": 1,
     "blob": 2,
     "parallel_chunking": 2,

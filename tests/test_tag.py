@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,59 @@ def test_a_snapshot_forgotten_while_its_tree_is_read_is_gone_not_damage(
         vault.tag(first, add={"keep": "best"})
     monkeypatch.undo()
     assert vault.snapshots() == [second]
+
+
+_TAG_SLOWLY = """
+import sys, time
+from ckptvault import cli
+from ckptvault.repository import Repository
+
+delete = Repository.delete_snapshot
+
+def slow_delete(self, *args):  # the new snapshot is written; the old one not yet removed
+    print("deleting", flush=True)
+    time.sleep(1.0)
+    return delete(self, *args)
+
+Repository.delete_snapshot = slow_delete
+sys.argv = ["ckptvault", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_sigterm_while_tag_replaces_the_snapshot_waits_for_the_old_one_to_go(vault: Vault, tmp_path: Path):
+    """Stopped between writing the snapshot with its new tags and deleting the old one, ``tag`` left
+    both: a rerun tagged whichever "latest" picked, and ``prune --keep-latest`` counted the save twice."""
+    two_saves(vault, tmp_path)
+    before = {s.id for s in vault.snapshots()}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TAG_SLOWLY, "tag", "latest", "--repo", vault.url, "--add", "keep=best"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "deleting\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "has its old tags or its new ones, not both" in err
+    with Vault.open(vault.url) as fresh:
+        after = fresh.snapshots()
+    assert len(after) == len(before) and sum(s.tags.get("keep") == "best" for s in after) == 1
+
+
+def test_an_interruption_is_held_back_once_and_raised_when_the_step_ends():
+    from ckptvault.interruptions import hold_back, uninterrupted
+
+    assert not hold_back(KeyboardInterrupt)  # no step running: raised at once by the handler
+    steps = []
+    with pytest.raises(KeyboardInterrupt), uninterrupted():
+        assert hold_back(KeyboardInterrupt)
+        assert not hold_back(KeyboardInterrupt)  # a second one is not held: a stuck step can be left
+        steps.append("finished")
+    assert steps == ["finished"]
+    with pytest.raises(ValueError), uninterrupted():  # a step that fails on its own says so, dropping what it held
+        hold_back(KeyboardInterrupt)
+        raise ValueError
+    with uninterrupted():
+        pass  # nothing held any more

@@ -19,6 +19,7 @@ import typer
 
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError, name_command_line_options
+from ..interruptions import hold_back
 from ..location import default_repo_url
 from ..store.retrying import stop_retrying
 from ..vault import Vault
@@ -115,6 +116,12 @@ _CANCELLED = {
     "demo_cmd": _UNCOMMITTED,
     "restore_cmd": "cancelled; the files restored so far are whole and verified, and a rerun restores the rest",
     "copy_cmd": "cancelled; the snapshots copied so far stay, and a rerun copies the rest",
+    "prune_cmd": "cancelled; the snapshots it removed stay removed, nothing kept was lost, and a rerun reclaims "
+    "the space",
+    "forget_cmd": "cancelled; the snapshots removed so far stay removed (a rerun skips them and goes on), nothing "
+    "else was lost",
+    "repair_index_cmd": "cancelled; the index stays readable as it was, and a rerun repairs it",
+    "tag_cmd": "cancelled; the snapshot has its old tags or its new ones, not both (see: ckptvault snapshots)",
 }
 
 
@@ -129,10 +136,14 @@ class Terminated(KeyboardInterrupt):
     def install() -> None:
         def raise_terminated(signum: int, frame: object) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+            if hold_back(Terminated):  # a step that must not stop half way (interruptions.py) ends first
+                return
             stop_retrying()
             raise Terminated
 
         def raise_interrupted(signum: int, frame: object) -> None:
+            if hold_back(KeyboardInterrupt):
+                return
             stop_retrying()  # the storage calls in flight end with their current attempt
             raise KeyboardInterrupt
 

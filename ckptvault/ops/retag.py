@@ -5,10 +5,11 @@ Snapshot objects are immutable (every host caches them by name), so new tags mak
 snapshot object, with the same time, paths, description and summary, and a copy of the tree
 (trees belong to one snapshot each: ``forget`` deletes a snapshot's tree with it). The new pair
 is written before the old pair is deleted: a process killed in between leaves both snapshots,
-each whole, never a snapshot without its tree. Like ``forget``, it takes a shared lock (so it can
-run beside backups): when the old snapshot is gone by the time the new one is written (another
-``tag`` or a ``forget``), the new pair is taken back and the call fails; two tags of one snapshot
-racing through that last check both stay (``forget`` one).
+each whole, never a snapshot without its tree (SIGTERM and Ctrl-C wait for the old pair to go).
+Like ``forget``, it takes a shared lock (so it can run beside backups): when the old snapshot is
+gone by the time the new one is written (another ``tag`` or a ``forget``), the new pair is taken
+back and the call fails; two tags of one snapshot racing through that last check both stay
+(``forget`` one).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..errors import ObjectNotFoundError, SnapshotNotFoundError
+from ..interruptions import uninterrupted
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot
 from ..snapshot.model import Snapshot
@@ -43,13 +45,14 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     tree_id = repo.save_tree(tree)
     renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
     before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
-    repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed))
-    if not repo.has_snapshot(bytes.fromhex(snapshot.id)):
-        # forgotten or retagged by another process meanwhile (both take a shared lock, like backups):
-        # the copy would bring it back, or split it in two
-        repo.delete_snapshot(bytes.fromhex(renewed.id), tree_id)
-        raise _gone(snapshot)
-    repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
+    with uninterrupted():  # SIGTERM or Ctrl-C between the new snapshot and the old one's removal left both
+        repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed))
+        if not repo.has_snapshot(bytes.fromhex(snapshot.id)):
+            # forgotten or retagged by another process meanwhile (both take a shared lock, like backups):
+            # the copy would bring it back, or split it in two
+            repo.delete_snapshot(bytes.fromhex(renewed.id), tree_id)
+            raise _gone(snapshot)
+        repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
     return renewed
 
 

@@ -1,0 +1,48 @@
+"""Steps that a signal must not cut in two.
+
+The CLI turns SIGTERM and Ctrl-C into exceptions raised wherever the main thread is. Most steps
+are safe to stop anywhere (what they wrote is whole, or swept later), but a few write one object
+and then remove another, and stopped between the two they leave both: ``tag`` wrote the snapshot
+with its new tags and had not yet deleted the old one (a rerun then tagged the wrong twin, and
+``prune --keep-latest`` counted the checkpoint twice). Such a step runs ``uninterrupted()``: the
+CLI's handlers ask ``hold_back`` first, and the interruption is raised when the step ends. A second
+signal meanwhile is not held back (a step stuck on a storage that does not answer can still be left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+_depth = 0
+_held: list[type[BaseException]] = []
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Run the block to its end even when SIGTERM or Ctrl-C comes meanwhile; the interruption is
+    raised as it ends. (Signal handlers run on the main thread: elsewhere this holds nothing back.)"""
+    global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    except BaseException:
+        _held.clear()  # the block failed on its own: that is what the command reports
+        raise
+    finally:
+        _depth -= 1
+    if not _depth and _held:
+        raise _held.pop()
+
+
+def hold_back(interruption: type[BaseException]) -> bool:
+    """For a signal handler: True when ``interruption`` is to be raised once the running
+    ``uninterrupted`` block ends; False when none runs, or one was held back already."""
+    if not _depth or _held:
+        return False
+    _held.append(interruption)
+    return True
