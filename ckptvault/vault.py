@@ -99,7 +99,7 @@ from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, run_restore, target_error
-from .ops.retag import changed_tags, retag
+from .ops.retag import changed_tags, retag, retag_gone
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_stats
 from .ops.status import BackupStatus, backup_status
@@ -918,7 +918,12 @@ class Vault:
             )
         with self._repo.locks.acquire(exclusive=False) as lock:
             # a Snapshot given is looked up again: another process may have retagged or forgotten it
-            chosen = self.snapshot(snapshot.id if isinstance(snapshot, Snapshot) else snapshot, tags)
+            if isinstance(snapshot, Snapshot):
+                if snapshot.id not in {s.id for s in self.snapshots()}:
+                    raise retag_gone(snapshot)
+                chosen = snapshot
+            else:
+                chosen = self.snapshot(snapshot, tags)
             return retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
 
     @_open_only

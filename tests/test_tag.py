@@ -249,3 +249,14 @@ def test_an_interruption_is_held_back_once_and_raised_when_the_step_ends():
         raise ValueError
     with uninterrupted():
         pass  # nothing held any more
+
+
+def test_tagging_a_snapshot_retagged_meanwhile_says_so_by_its_short_id(vault: Vault, tmp_path: Path):
+    """The CLI picks the snapshot, then tags it: a `tag` of another process in between made the loser say
+    "no snapshot <all 64 hex digits>", which named neither the ID typed nor what happened."""
+    two_saves(vault, tmp_path)
+    chosen = vault.latest()
+    vault.tag(chosen, add={"keep": "best"})  # the other process
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        vault.tag(chosen, add={"note": "x"})
+    assert str(caught.value).startswith(f"snapshot {chosen.short_id} was forgotten or retagged by another process")

@@ -41,7 +41,7 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     except ObjectNotFoundError:
         if repo.has_snapshot(bytes.fromhex(snapshot.id)):
             raise  # its tree alone is missing: damage, which check names
-        raise _gone(snapshot) from None
+        raise retag_gone(snapshot) from None
     tree_id = repo.save_tree(tree)
     renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
     before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
@@ -51,12 +51,12 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
             # forgotten or retagged by another process meanwhile (both take a shared lock, like backups):
             # the copy would bring it back, or split it in two
             repo.delete_snapshot(bytes.fromhex(renewed.id), tree_id)
-            raise _gone(snapshot)
+            raise retag_gone(snapshot)
         repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
     return renewed
 
 
-def _gone(snapshot: Snapshot) -> SnapshotNotFoundError:
+def retag_gone(snapshot: Snapshot) -> SnapshotNotFoundError:
     return SnapshotNotFoundError(
         f"snapshot {snapshot.short_id} was forgotten or retagged by another process meanwhile; nothing "
         "changed: list the snapshots and try again"
