@@ -246,8 +246,19 @@ def test_one_sigterm_delivered_twice_stops_the_watcher_as_one(tmp_path, repo):
 def test_a_second_signal_abandons_the_upload_at_once_and_a_restart_ships_everything(tmp_path, repo):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
+    # a slow link (16 KB/s for a 64 KiB save) keeps the upload in flight through both signals: the lock is
+    # taken before it, and what follows it no longer waits on slow reads (its own lock is not read back)
     watch = WatchProcess(
-        str(ckpts), "--repo", f"slowfile://{repo}", "-o", "delay=1.0", "--tag", "run=t", "--settle", "0.2"
+        str(ckpts),
+        "--repo",
+        f"slowfile://{repo}",
+        "-o",
+        "delay=1.0",
+        "--tag",
+        "run=t",
+        "--settle",
+        "0.2",
+        env={"CKPTVAULT_LIMIT_UPLOAD": "16KB"},
     )
     steps = [int(s) for s in run_writer(ckpts, 2, "--period", "0.5").stdout.split()]
     locks = Path(repo) / "locks"
