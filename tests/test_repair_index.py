@@ -354,6 +354,29 @@ def test_a_pack_whose_header_is_damaged_is_rewritten_by_repair_index_read_data(r
     assert (tmp_path / "out" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
 
 
+def test_a_damaged_header_pack_holding_bytes_no_index_entry_covers_is_kept_by_repair_index_read_data(
+    repo_url: str, tmp_path: Path, cli
+):
+    """A damaged index object can lose an entry (its bytes garbled) while the pack's header is damaged
+    too: rewriting the pack from the entries left deleted the one intact copy of that chunk."""
+    _, _, pack = one_pack(repo_url, tmp_path, 3_000_000)
+    with Vault.open(repo_url) as vault:
+        repo = vault._repo
+        ((index_id, packs),) = repo.read_index_objects().items()
+        ((pack_id, entries),) = packs.items()
+        assert len(entries) >= 2
+        with repo.locks.acquire(exclusive=True):
+            repo.write_index({pack_id: entries[:-1]})  # what is left of the damaged object: the last chunk lost
+            repo.delete_index(index_id)
+    damage_header(pack)
+    kept = pack.read_bytes()
+    done = cli("repair-index", "--read-data", "--repo", repo_url)
+    assert "hold bytes no index entry accounts for" in done.stderr.decode(), done.stderr
+    assert pack.read_bytes() == kept, "the pack holding the lost entry's chunk was rewritten"
+    with Vault.open(repo_url) as vault:
+        assert vault.repair_index(read_data=True, dry_run=True).kept_packs == [pack_id.hex()]
+
+
 def test_a_pack_whose_only_chunk_was_dropped_is_not_called_unindexed_by_stats(repo_url: str, tmp_path: Path):
     """Its index object still names it, with no entries: repair-index cannot index it "again"."""
     src = tmp_path / "src"

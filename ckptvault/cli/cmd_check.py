@@ -83,6 +83,12 @@ def repair_index_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         result = vault.repair_index(dry_run=dry_run, read_data=read_data, drop_failing=drop_failing)
+    if result.kept_packs:
+        out.warn(
+            f"{len(result.kept_packs)} pack(s) whose header is damaged hold bytes no index entry accounts for "
+            f"(e.g. {result.kept_packs[0][:12]}): a chunk a snapshot needs may be there, so they are kept, not "
+            "rewritten; ckptvault check names the snapshots and files whose chunks are in no index"
+        )
     if result.unreadable_packs:
         out.warn(
             f"{len(result.unreadable_packs)} pack(s) in no readable index have a damaged header too "

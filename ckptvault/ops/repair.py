@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
-from ..repository.pack import PackEntry, read_pack_header
+from ..repository.pack import TRAILER, PackEntry, header_range, read_pack_header
 from ..store.failures import object_fault
 from .gc import GcPlan, execute_gc, verify_exclusive_lock
 
@@ -35,6 +35,8 @@ class IndexRepair:
     # copied into new packs (their chunks that verify) and removed
     revived_packs: list[str] = field(default_factory=list)  # indexed without chunks (dropped), read whole now:
     # their chunks that verify indexed again
+    kept_packs: list[str] = field(default_factory=list)  # read_data: header damaged, and bytes of them that no
+    # index entry accounts for (a chunk a damaged index object no longer describes may be there): not rewritten
 
 
 def repair_index(
@@ -62,7 +64,8 @@ def repair_index(
     unread: list[bytes] = []
     failing: list[bytes] = []  # in unread too
     headless: set[bytes] = set()  # indexed packs whose own header is damaged
-    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread, failing, headless) if read_data else {}
+    kept: set[bytes] = set()  # of those, packs holding bytes no index entry accounts for
+    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread, failing, headless, kept) if read_data else {}
     dropped = dict(bad_chunks)
     if drop_failing:
         for packs in objects.values():
@@ -104,6 +107,7 @@ def repair_index(
         salvaged_packs=salvaged,
         rewritten_packs=sorted(p.hex() for p in headless),
         revived_packs=sorted(p.hex() for p in revived),
+        kept_packs=sorted(p.hex() for p in kept),
     )
 
 
@@ -165,11 +169,14 @@ def _chunks_that_do_not_verify(
     unread: list[bytes],
     failing: list[bytes],
     headless: set[bytes],
+    kept: set[bytes],
 ) -> dict[bytes, set[bytes]]:
     """Pack ID -> the chunks in it that do not decode and verify, reading each indexed pack once,
     whole (a pack is at most 1 GiB; 16 MiB by default). Packs that cannot be read go to ``unread``,
     and also to ``failing`` where the storage answered for them with a fault of the object; those
-    whose own header is damaged go to ``headless``."""
+    whose own header is damaged go to ``headless`` (to be rewritten), or to ``kept`` when bytes of
+    theirs are in no index entry: a chunk that only the damaged header and a damaged index object
+    described may be there, and rewriting the pack would delete it."""
     packs: dict[bytes, list[PackEntry]] = {}
     for index in objects.values():
         for pack_id, entries in index.items():
@@ -186,7 +193,7 @@ def _chunks_that_do_not_verify(
         try:
             read_pack_header(repo.codec, pack_id, data)
         except IntegrityError:
-            headless.add(pack_id)
+            (kept if _unaccounted_bytes(data, packs[pack_id]) else headless).add(pack_id)
         except UnsupportedFormatError:
             pass  # written by a newer ckptvault: not damage
         for e in packs[pack_id]:
@@ -204,3 +211,18 @@ def _chunks_that_do_not_verify(
         if e.base_id is None or e.base_id not in bad_keyframes:
             bad.setdefault(pack_id, set()).add(e.chunk_id)
     return bad
+
+
+def _unaccounted_bytes(pack: bytes, entries: list[PackEntry]) -> bool:
+    """Whether the data region of ``pack`` (before its header, where the trailer still says where that
+    is; else the whole pack) has bytes that no entry covers."""
+    try:
+        data_end, _ = header_range(pack[len(pack) - TRAILER.size :], len(pack))
+    except IntegrityError:
+        data_end = len(pack)
+    covered = 0
+    for start, end in sorted((e.offset, e.offset + e.stored_len) for e in entries):
+        if start > covered:
+            return True
+        covered = max(covered, end)
+    return covered < data_end
