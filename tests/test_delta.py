@@ -6,6 +6,7 @@ chunks became deltas is read from the index (format 2 names each delta's base)."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import struct
@@ -21,6 +22,8 @@ from ckptvault.errors import IntegrityError
 from ckptvault.formats import read_layout
 from ckptvault.ops.deltabase import KEYFRAME_INTERVAL
 from ckptvault.repository.format import pack_key
+
+from .test_corruption import flip
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)  # 64 KiB pieces
 DELTA = CompressionSettings(delta=True)
@@ -273,6 +276,25 @@ def test_corrupt_base_fails_restore_and_check_naming_both_chunks_and_the_file(de
     assert any(p.object == f"chunk {dependent.hex()[:12]}" and base.hex()[:12] in p.detail for p in report.problems)
     assert "model.safetensors" in report.affected[snaps[1][0].id]
     assert "model.safetensors" in report.affected[snaps[0][0].id]  # the base's own file
+
+
+def test_a_backup_that_finds_a_base_damaged_says_so_and_stores_the_piece_whole(
+    delta_vault: Vault, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The first to find the damage is often a backup reading a base back from the vault (a rotating
+    folder): it stored the piece whole, as it should, but said so only on a logger the CLI hides."""
+    run = Training()
+    ((first, _),) = backup_steps(delta_vault, run, tmp_path, range(1, 2), rotating=True)
+    damaged = tensor_chunks(delta_vault, first, "model.safetensors", tmp_path / "latest")["w.f32"][0]
+    loc = delta_vault._repo.index.get(damaged)
+    flip(Path(delta_vault.url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
+    run.step()
+    run.save(tmp_path / "latest")
+    with caplog.at_level(logging.WARNING, logger="ckptvault.damage"):
+        snap = delta_vault.backup(tmp_path / "latest", tags={"run": "t", "step": "2"})
+    assert any(f"delta base {damaged.hex()[:12]} is damaged" in r.getMessage() for r in caplog.records), caplog.text
+    delta_vault.restore(snap, tmp_path / "out")
+    assert contents(tmp_path / "out") == contents(tmp_path / "latest")
 
 
 def test_missing_base_pack_is_named_by_restore_and_check(delta_vault: Vault, tmp_path: Path):

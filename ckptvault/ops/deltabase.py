@@ -38,7 +38,7 @@ from datetime import datetime
 
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun, xor
-from ..errors import CkptVaultError
+from ..errors import CkptVaultError, IntegrityError
 from ..formats import FileLayout, ReadAt, TensorInfo, read_layout
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
@@ -47,6 +47,8 @@ from .pieces import Segment, clip_runs
 from .reader import ChunkedFile
 
 log = logging.getLogger(__name__)
+damage_log = logging.getLogger("ckptvault.damage")  # shown by the CLI
+DAMAGED_BASES_NAMED = 3  # a backup names this many damaged bases; check --read-data names them all
 
 PER_CHECKPOINT_TAGS = ("step", "checkpoint", WATCH_SIG_TAG)
 KEYFRAME_INTERVAL = 8  # a keyframe serves at most 7 deltas; then the piece is stored whole again
@@ -129,6 +131,7 @@ class DeltaPlanner:
         # How many deltas each keyframe already serves: the index names every delta's base.
         self.uses = Counter(loc.base_id for _, loc in repo.index.items() if loc.base_id is not None)
         self.votes: dict[str, list[int]] = {}  # tensor -> [plain choices, delta choices]
+        self.damaged_bases = 0
         self._fds: list[int] = []
 
     @property
@@ -293,7 +296,19 @@ class DeltaPlanner:
     def _repo_base(self, cand: BaseCandidate) -> bytes | memoryview | None:
         try:
             return self.repo.read_chunk(cand.base_id)
-        except CkptVaultError as exc:  # a damaged base must not fail the backup: store the piece whole
+        except IntegrityError as exc:  # damage this backup is the first to see: the CLI shows it
+            self.damaged_bases += 1
+            if self.damaged_bases <= DAMAGED_BASES_NAMED:
+                more = " (further ones are not named)" if self.damaged_bases == DAMAGED_BASES_NAMED else ""
+                damage_log.warning(
+                    "delta base %s is damaged (%s): the new piece is stored whole, but older snapshots that hold "
+                    "this chunk cannot restore it; run: ckptvault check --read-data%s",
+                    cand.base_id.hex()[:12],
+                    exc,
+                    more,
+                )
+            return None
+        except CkptVaultError as exc:  # a base that cannot be read must not fail the backup: stored whole
             log.warning("delta base %s cannot be read (%s); storing the piece whole", cand.base_id.hex()[:12], exc)
             return None
 
