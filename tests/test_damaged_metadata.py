@@ -399,3 +399,22 @@ def test_an_index_object_of_a_newer_ckptvault_is_not_called_damage(two_snapshots
     assert "upgrade ckptvault" in err and "repair-index" not in out + err
     repair = cli("repair-index", "--repo", repo, check=False)
     assert repair.returncode == 17 and os.path.exists(index_dir / index_id)  # nothing removed
+
+
+@pytest.mark.parametrize("how", ["cut", "empty"])
+def test_a_damaged_config_is_called_damaged_where_the_vault_is_there(two_snapshots, tmp_path: Path, cli, how: str):
+    """A vault's config cut short or emptied was reported as "is this a ckptvault repository?"."""
+    repo = two_snapshots[0]
+    config = Path(repo) / "config"
+    data = config.read_bytes()
+    config.write_bytes(data[: len(data) // 2] if how == "cut" else b"")
+    proc = cli("snapshots", "--repo", repo, check=False)
+    assert proc.returncode == 30, proc.stderr
+    assert "is damaged: it is not valid JSON" in proc.stderr.decode() and "put the config back from a copy" in (
+        proc.stderr.decode()
+    )
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "config").write_text("[section]\nkey = value\n")  # some other program's folder
+    proc = cli("snapshots", "--repo", str(stray), check=False)
+    assert proc.returncode == 30 and "is this a ckptvault repository?" in proc.stderr.decode()

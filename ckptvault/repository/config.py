@@ -21,6 +21,10 @@ ENCRYPTION_MODES = ("none", "aes-256-gcm")
 _REPO_ID = re.compile("[0-9a-f]{32}")
 
 
+class ConfigNotJsonError(MalformedObjectError):
+    """Said so when the folder holds nothing else; ``Repository.read_config`` words it otherwise."""
+
+
 @dataclass(frozen=True)
 class RepoConfig:
     chunker: ChunkerParams = field(default_factory=ChunkerParams)
@@ -99,7 +103,7 @@ class RepoConfig:
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedObjectError(
+            raise ConfigNotJsonError(
                 f"the config of {url} is not valid JSON ({exc}); is this a ckptvault repository?"
             ) from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:

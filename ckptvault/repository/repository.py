@@ -30,6 +30,7 @@ from ..errors import (
     IntegrityError,
     KeyfileMismatchError,
     KeyfileNotFoundError,
+    MalformedObjectError,
     ObjectExistsError,
     ObjectNotFoundError,
     ShortReadError,
@@ -45,7 +46,7 @@ from ..store import Store
 from ..store.base import ObjectInfo
 from ..store.failures import object_fault
 from .cache import MetadataCache
-from .config import RepoConfig
+from .config import ConfigNotJsonError, RepoConfig
 from .format import (
     CONFIG_KEY,
     INDEX_PREFIX,
@@ -219,7 +220,17 @@ class Repository:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
             raise VaultNotFoundError(store.url) from None
-        return RepoConfig.from_json(raw, store.url)
+        try:
+            return RepoConfig.from_json(raw, store.url)
+        except ConfigNotJsonError as exc:
+            if not any(store.list(prefix) for prefix in (SNAPSHOTS_PREFIX, INDEX_PREFIX)):
+                raise
+            # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
+            raise MalformedObjectError(
+                f"the config of {store.url} is damaged: it is not valid JSON ({exc.__cause__}), and the vault's "
+                "snapshots and index are there; put the config back from a copy (ckptvault check --read-data "
+                "then tells whether anything else was hit)"
+            ) from None
 
     @classmethod
     def open(
