@@ -22,7 +22,9 @@ _held: list[type[BaseException]] = []
 @contextlib.contextmanager
 def uninterrupted() -> Iterator[None]:
     """Run the block to its end even when SIGTERM or Ctrl-C comes meanwhile; the interruption is
-    raised as it ends. (Signal handlers run on the main thread: elsewhere this holds nothing back.)"""
+    raised as it ends, also when the block failed on its own (chained to that error: the signal's
+    exit code is what the command ends with). Signal handlers run on the main thread: elsewhere this
+    holds nothing back."""
     global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -30,13 +32,25 @@ def uninterrupted() -> Iterator[None]:
     _depth += 1
     try:
         yield
-    except BaseException:
-        _held.clear()  # the block failed on its own: that is what the command reports
+    except BaseException as exc:
+        held = _leave()
+        if held is not None:
+            raise held from exc
         raise
-    finally:
-        _depth -= 1
-    if not _depth and _held:
-        raise _held.pop()
+    held = _leave()
+    if held is not None:
+        raise held
+
+
+def _leave() -> type[BaseException] | None:
+    """End a block; the outermost one takes what was held back (nothing is left for a later block)."""
+    global _depth
+    _depth -= 1
+    if _depth:
+        return None
+    held = _held[0] if _held else None
+    _held.clear()
+    return held
 
 
 def hold_back(interruption: type[BaseException]) -> bool:

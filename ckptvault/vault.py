@@ -918,12 +918,12 @@ class Vault:
             )
         with self._repo.locks.acquire(exclusive=False) as lock:
             # a Snapshot given is looked up again: another process may have retagged or forgotten it
-            if isinstance(snapshot, Snapshot):
-                if snapshot.id not in {s.id for s in self.snapshots()}:
-                    raise retag_gone(snapshot)
-                chosen = snapshot
-            else:
-                chosen = self.snapshot(snapshot, tags)
+            try:
+                chosen = self.snapshot(snapshot.id if isinstance(snapshot, Snapshot) else snapshot, tags)
+            except SnapshotNotFoundError:
+                if isinstance(snapshot, Snapshot) and snapshot.id not in {s.id for s in self.snapshots()}:
+                    raise retag_gone(snapshot) from None  # not "no snapshot <its 64 hex digits>"
+                raise
             return retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
 
     @_open_only

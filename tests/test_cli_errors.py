@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from ckptvault.errors import UsageError
 
 from .test_cli import one_line_error
 
@@ -441,3 +444,11 @@ def test_a_retry_count_given_is_the_whole_budget(monkeypatch):
     assert RetryPolicy.from_env() == RetryPolicy(retries=2, retry_for=0)
     monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "600")
     assert RetryPolicy.from_env().retry_for == 600
+
+
+def test_only_a_known_protocol_before_two_colons_makes_a_chain():
+    from ckptvault.store.opening import _refuse_chained_url
+
+    _refuse_chained_url("run::1/vault")  # a relative folder named run::1
+    with pytest.raises(UsageError, match=re.escape("give the storage's own URL: s3://b/run::1")):
+        _refuse_chained_url("simplecache::s3://b/run::1")

@@ -377,6 +377,17 @@ def test_a_damaged_header_pack_holding_bytes_no_index_entry_covers_is_kept_by_re
         assert vault.repair_index(read_data=True, dry_run=True).kept_packs == [pack_id.hex()]
 
 
+def test_a_pack_whose_trailer_is_damaged_is_still_rewritten(repo_url: str, tmp_path: Path):
+    """Its header still decodes right after the last entry: nothing in it is unaccounted for."""
+    src, snap, pack = one_pack(repo_url, tmp_path, 2_000_000)
+    flip(pack, pack.stat().st_size - 1)  # the trailer's magic
+    with Vault.open(repo_url) as vault:
+        result = vault.repair_index(read_data=True)
+        assert result.kept_packs == [] and len(result.rewritten_packs) == 1 and not pack.exists()
+        vault.restore(snap, tmp_path / "out")
+    assert (tmp_path / "out" / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
+
+
 def test_a_pack_whose_only_chunk_was_dropped_is_not_called_unindexed_by_stats(repo_url: str, tmp_path: Path):
     """Its index object still names it, with no entries: repair-index cannot index it "again"."""
     src = tmp_path / "src"

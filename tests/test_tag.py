@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -244,9 +245,10 @@ def test_an_interruption_is_held_back_once_and_raised_when_the_step_ends():
         assert not hold_back(KeyboardInterrupt)  # a second one is not held: a stuck step can be left
         steps.append("finished")
     assert steps == ["finished"]
-    with pytest.raises(ValueError), uninterrupted():  # a step that fails on its own says so, dropping what it held
-        hold_back(KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt) as caught, uninterrupted():  # a step that fails on its own: the
+        hold_back(KeyboardInterrupt)  # signal still ends the command, its exit code, chained to the failure
         raise ValueError
+    assert isinstance(caught.value.__cause__, ValueError)
     with uninterrupted():
         pass  # nothing held any more
 
@@ -260,3 +262,16 @@ def test_tagging_a_snapshot_retagged_meanwhile_says_so_by_its_short_id(vault: Va
     with pytest.raises(SnapshotNotFoundError) as caught:
         vault.tag(chosen, add={"note": "x"})
     assert str(caught.value).startswith(f"snapshot {chosen.short_id} was forgotten or retagged by another process")
+
+
+def test_a_snapshot_object_given_to_tag_is_taken_as_stored(vault: Vault, tmp_path: Path):
+    """Its tree, time and paths come from the vault, not from the object in hand (an edited or stale one
+    named another snapshot's tree, which the tag then deleted with the old pair)."""
+    two_saves(vault, tmp_path)
+    first, second = vault.snapshots()
+    first_files, second_files = vault.files(first), vault.files(second)
+    renewed = vault.tag(replace(first, tree_id=second.tree_id), add={"keep": "best"})
+    assert vault.files(renewed) == first_files
+    assert vault.files(second) == second_files  # its tree was not deleted with the old pair
+    with Vault.open(vault.url) as fresh:
+        assert fresh.check(read_data=1.0).ok

@@ -118,8 +118,8 @@ _CANCELLED = {
     "copy_cmd": "cancelled; the snapshots copied so far stay, and a rerun copies the rest",
     "prune_cmd": "cancelled; the snapshots it removed stay removed, nothing kept was lost, and a rerun reclaims "
     "the space",
-    "forget_cmd": "cancelled; the snapshots removed so far stay removed (a rerun skips them and goes on), nothing "
-    "else was lost",
+    "forget_cmd": "cancelled; the snapshots removed so far stay removed, nothing else was lost: a rerun with the "
+    "same IDs skips them and goes on (not with 'latest', which names the next one now)",
     "repair_index_cmd": "cancelled; the index stays readable as it was, and a rerun repairs it",
     "tag_cmd": "cancelled; the snapshot has its old tags or its new ones, not both (see: ckptvault snapshots)",
 }

@@ -173,7 +173,9 @@ def _remove_dead_writers_temps(directory: str, temp_prefix: str) -> None:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.lstat(leftover)):
+            held = os.fstat(fd)
+            # empty: a writer that made it a moment ago and has not locked it yet (a killed one left no key)
+            if held.st_size and os.path.samestat(held, os.lstat(leftover)):
                 os.unlink(leftover)
         except OSError:
             pass  # held by a live writer, renamed or removed meanwhile, or no locks here
@@ -393,9 +395,11 @@ class Keyfile:
                 except FileExistsError:
                     raise exists from None
             finally:
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-                os.close(fd)  # its lock with it
+                try:
+                    if os.path.lexists(tmp):
+                        os.unlink(tmp)
+                finally:
+                    os.close(fd)  # its lock with it
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk, not the argument: exit 21 as elsewhere
                 raise StorageFullError(

@@ -299,7 +299,7 @@ class DeltaPlanner:
         except IntegrityError as exc:  # damage this backup is the first to see: the CLI shows it
             self.damaged_bases += 1
             if self.damaged_bases <= DAMAGED_BASES_NAMED:
-                more = " (further ones are not named)" if self.damaged_bases == DAMAGED_BASES_NAMED else ""
+                more = " (further ones, if any, are not named)" if self.damaged_bases == DAMAGED_BASES_NAMED else ""
                 damage_log.warning(
                     "delta base %s is damaged (%s): the new piece is stored whole, but older snapshots that hold "
                     "this chunk cannot restore it; run: ckptvault check --read-data%s",

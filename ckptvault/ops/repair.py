@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..blob import Kind
 from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
 from ..repository.pack import TRAILER, PackEntry, header_range, read_pack_header
@@ -193,7 +194,7 @@ def _chunks_that_do_not_verify(
         try:
             read_pack_header(repo.codec, pack_id, data)
         except IntegrityError:
-            (kept if _unaccounted_bytes(data, packs[pack_id]) else headless).add(pack_id)
+            (kept if _unaccounted_bytes(repo, pack_id, data, packs[pack_id]) else headless).add(pack_id)
         except UnsupportedFormatError:
             pass  # written by a newer ckptvault: not damage
         for e in packs[pack_id]:
@@ -213,16 +214,21 @@ def _chunks_that_do_not_verify(
     return bad
 
 
-def _unaccounted_bytes(pack: bytes, entries: list[PackEntry]) -> bool:
-    """Whether the data region of ``pack`` (before its header, where the trailer still says where that
-    is; else the whole pack) has bytes that no entry covers."""
-    try:
-        data_end, _ = header_range(pack[len(pack) - TRAILER.size :], len(pack))
-    except IntegrityError:
-        data_end = len(pack)
+def _unaccounted_bytes(repo: Repository, pack_id: bytes, pack: bytes, entries: list[PackEntry]) -> bool:
+    """Whether the data region of ``pack`` has bytes that no entry covers. Where the region ends: the
+    trailer says (the header's start); when the trailer is damaged, the header is what follows the last
+    entry, if it decodes there; else the whole pack counts (what lies there is not known)."""
     covered = 0
     for start, end in sorted((e.offset, e.offset + e.stored_len) for e in entries):
         if start > covered:
             return True
         covered = max(covered, end)
+    try:
+        data_end, _ = header_range(pack[len(pack) - TRAILER.size :], len(pack))
+    except IntegrityError:
+        try:
+            repo.codec.decode(Kind.PACK_HEADER, pack_id, pack[covered : len(pack) - TRAILER.size])
+        except CkptVaultError:
+            return True
+        return False
     return covered < data_end

@@ -55,7 +55,7 @@ _REMOTE_PROTOCOLS = frozenset({
 })  # fmt: skip
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _PROTOCOL_TYPO = re.compile(r"([A-Za-z][\w+.-]*):/?(?!/)(.*)", re.S)
-_CHAINED = re.compile(r"([A-Za-z][\w+.-]*)::")  # a protocol, then "::": not "/data/run::1/vault"
+_CHAINED = re.compile(r"([A-Za-z][\w+.-]*)::")  # a protocol, then "::" (not /data/run::1/vault)
 
 
 def _refuse_mistyped_url(path: str) -> None:
@@ -76,10 +76,14 @@ def _refuse_chained_url(url: str) -> None:
     first layer; and a caching layer has nothing to add (ckptvault keeps the vault's metadata on this
     machine itself)."""
     match = _CHAINED.match(url)
-    if match:
+    if not match:
+        return
+    import fsspec  # only here: a plain path loads no fsspec
+
+    if match[1].lower() in fsspec.available_protocols():  # not a folder named run::1
         raise UsageError(
             f"{url!r} chains fsspec filesystems ({match[1]}::...), which ckptvault does not open; give the "
-            f"storage's own URL: {url.rsplit('::', 1)[1]}"
+            f"storage's own URL: {url.split('::', 1)[1]}"
         )
 
 
