@@ -608,7 +608,8 @@ REOPEN_AFTER_CTRL_C_SCRIPT = textwrap.dedent(
     import os, signal, sys, threading
     import tests.support.slowfs
     from ckptvault import Vault
-    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"})
+    # 64 KB/s: each 200 KB save uploads for seconds, so the first is still running at the Ctrl-C
+    vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "1.0"}, limit_upload="64KB")
     handles = [vault.backup_async(path, tags={"step": path[-1]}, on_full="block") for path in sys.argv[2:5]]
     threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # inside close()'s wait
     try:

@@ -464,3 +464,22 @@ def test_whole_reads_are_told_one_request_only_where_the_filesystem_takes_it():
 
     assert _sizes_whole_reads(s3fs.S3FileSystem.__new__(s3fs.S3FileSystem))
     assert not _sizes_whole_reads(OlderS3())
+
+
+def test_a_folder_listing_that_raced_with_a_rename_is_read_again(tmp_path, monkeypatch):
+    """paramiko fails with TypeError on an SFTP entry renamed or removed while the folder was read (a
+    lock refreshed meanwhile): a CI run's `check` failed on it as a permanent storage error."""
+    from ckptvault.store.fsspec_store import FsspecStore
+
+    store = FsspecStore(f"file://{tmp_path}", None)
+    store.put("locks/a", b"lock")
+    real_ls, calls = store.fs.ls, []
+
+    def racing(path, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            raise TypeError("an integer is required")
+        return real_ls(path, **kwargs)
+
+    monkeypatch.setattr(store.fs, "ls", racing)
+    assert [o.key for o in store.list("locks/")] == ["locks/a"] and len(calls) == 2

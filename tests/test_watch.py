@@ -191,7 +191,8 @@ def test_with_a_grace_sigterm_ships_what_is_pinned_and_the_save_made_after_it(tm
     ckpts.mkdir()
     slow = f"slowfile://{repo}"
     args = ["--repo", slow, "-o", "delay=0.3", "--tag", "run=g", "--settle", "0.2", "--grace", "20", "--json"]
-    watch = WatchProcess(str(ckpts), *args)
+    # 32 KB/s for 64 KiB saves: the first upload is still in flight when the last save is written
+    watch = WatchProcess(str(ckpts), *args, env={"CKPTVAULT_LIMIT_UPLOAD": "32KB"})
     steps = [int(s) for s in run_writer(ckpts, 3, "--period", "0.25").stdout.split()]
     locks = Path(repo) / "locks"
     watch.wait_for(lambda: locks.exists() and any(locks.iterdir()), what="the first upload to start")

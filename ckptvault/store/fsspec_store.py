@@ -57,6 +57,7 @@ from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
 from .retrying import BASE_DEADLINE_S, call_deadline
 
+LISTING_TRIES = 3  # a folder listing that raced with a rename in it is read again
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
 POOL_SIZE = 8  # SFTP sessions at most, per store
 _IN_PROCESS_CREATE = threading.Lock()  # memory filesystems check-then-create; make that atomic
@@ -430,7 +431,7 @@ class FsspecStore:
         while folders:
             folder = folders.pop()
             try:
-                entries = fs.ls(folder, detail=True, **self._deadline())
+                entries = self._ls(fs, folder)
             except FileNotFoundError:
                 base_missing = base_missing or folder == base
                 continue
@@ -441,6 +442,17 @@ class FsspecStore:
                 elif name != folder:
                     folders.append(name)
         return found, base_missing
+
+    def _ls(self, fs: Any, folder: str) -> Any:
+        """``fs.ls``, tried again when an entry came back without its attributes: paramiko fails
+        (TypeError) on an SFTP entry renamed or removed while the folder was read (a lock refreshed)."""
+        for attempt in range(LISTING_TRIES):
+            try:
+                return fs.ls(folder, detail=True, **self._deadline())
+            except TypeError:
+                if attempt == LISTING_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def delete(self, key: str) -> None:
         with self._session("DELETE", key, 0) as fs:
