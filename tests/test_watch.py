@@ -554,7 +554,10 @@ def test_a_once_run_stops_at_sigterm_while_the_shipped_list_loads(tmp_path, repo
             waited = time.monotonic() - stopped
         finally:
             proc.kill()
-        if late < delay:
+        # a loaded machine stalled this test past the list, or the watcher read the list before the signal
+        # (it then ships, and the stop waits for that upload): a round that tells nothing; a watcher that
+        # never stops while the list loads fails all three
+        if late < delay and "watch ended: 0 checkpoint(s) shipped" in err:
             break
     assert "Traceback" not in err, err
     # the read in flight ends first (the interpreter's exit joins its thread); the rest of the list does not
