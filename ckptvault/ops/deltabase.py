@@ -41,13 +41,13 @@ from ..bytegroup import ElementRun, xor
 from ..errors import CkptVaultError, IntegrityError
 from ..formats import FileLayout, ReadAt, TensorInfo, read_layout
 from ..repository import Repository
+from ..repository.repository import damage_log
 from ..snapshot.model import FileEntry, Snapshot
 from .names import WATCH_SIG_TAG
 from .pieces import Segment, clip_runs
 from .reader import ChunkedFile
 
 log = logging.getLogger(__name__)
-damage_log = logging.getLogger("ckptvault.damage")  # shown by the CLI
 DAMAGED_BASES_NAMED = 3  # a backup names this many damaged bases; check --read-data names them all
 
 PER_CHECKPOINT_TAGS = ("step", "checkpoint", WATCH_SIG_TAG)

@@ -4,9 +4,9 @@ The file's header (safetensors, .npy/.npz, torch zip) gives each tensor's byte r
 Where it gives no dtype (a torch zip whose pickle we cannot follow) the width is measured: a
 64 KiB sample from the middle of the record is grouped at widths 1, 2, 4 and 8 and the smallest
 wins. A big file of no known format (a raw dump of an array, a framework's data file) is measured
-the same way as a whole, on three samples that must agree. Chunks are cut by content, so a chunk
-may start mid-element or straddle tensors: runs are clipped to whole elements inside the chunk, and
-the rest is coded ungrouped.
+the same way as a whole, on a 1 MiB sample from its middle and eight short ones spread over it,
+which must all agree. Chunks are cut by content, so a chunk may start mid-element or straddle
+tensors: runs are clipped to whole elements inside the chunk, and the rest is coded ungrouped.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def element_map(
     read_at: ReadAt, size: int, name: str, compressor: Compressor, *, sample_unknown: bool = False
 ) -> ElementMap | None:
     """The file's element map, or None when it has no elements of a known width. ``sample_unknown``:
-    a file of no known format is measured on three samples (three more reads of 64 KiB)."""
+    a file of no known format of 64 MiB or more is measured as a whole (``_measured_whole``: up to a
+    1 MiB read and eight of 64 KiB)."""
     try:
         layout = read_layout(read_at, size, name)
     except FileFormatError as exc:  # a damaged header only costs the better compression
