@@ -446,13 +446,10 @@ class FsspecStore:
     def _ls(self, fs: Any, folder: str) -> Any:
         """``fs.ls``, tried again when an entry came back without its attributes: paramiko fails
         (TypeError) on an SFTP entry renamed or removed while the folder was read (a lock refreshed)."""
-        for attempt in range(LISTING_TRIES):
-            try:
+        for _ in range(LISTING_TRIES - 1):
+            with contextlib.suppress(TypeError):
                 return fs.ls(folder, detail=True, **self._deadline())
-            except TypeError:
-                if attempt == LISTING_TRIES - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        return fs.ls(folder, detail=True, **self._deadline())
 
     def delete(self, key: str) -> None:
         with self._session("DELETE", key, 0) as fs:
