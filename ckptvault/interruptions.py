@@ -7,6 +7,8 @@ with its new tags and had not yet deleted the old one (a rerun then tagged the w
 ``prune --keep-latest`` counted the checkpoint twice). Such a step runs ``uninterrupted()``: the
 CLI's handlers ask ``hold_back`` first, and the interruption is raised when the step ends. A second
 signal meanwhile is not held back (a step stuck on a storage that does not answer can still be left).
+
+``Terminated`` is SIGTERM as an exception, raised as Ctrl-C's KeyboardInterrupt is.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from collections.abc import Iterator
 
 _depth = 0
 _held: list[type[BaseException]] = []
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping the job, a spot instance's preemption notice), unwound as Ctrl-C
+    is, so that a command gives up its writes and its lock (a lock left behind keeps other hosts out
+    of a shared vault for 30 minutes); the process then ends with 143, as a terminated one does."""
+
+    exit_code = 143
 
 
 @contextlib.contextmanager

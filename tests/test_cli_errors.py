@@ -361,6 +361,31 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_lock(cli, tmp_path: Path, com
     cli("check", "--repo", repo)  # nothing damaged: what was cut short is only unindexed packs
 
 
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_cli_loads_ends_it_with_one_line(tmp_path: Path, signal_name: str):
+    """A scheduler's SIGTERM in the first ~0.3 s (imports) ended the process by the default action, with
+    no word (status -15), and Ctrl-C then printed the traceback of an import. The signal is sent by the
+    process itself as it starts importing the commands, so it lands there every time."""
+    start = (
+        "import os, signal, sys\n"
+        "class Signal:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ckptvault.cli.commands':\n"
+        f"            os.kill(os.getpid(), signal.{signal_name})\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Signal())\n"
+        "sys.argv = ['ckptvault', 'snapshots', '--repo', sys.argv[1]]\n"
+        "from ckptvault.cli import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", start, str(tmp_path / "v")], capture_output=True, text=True, timeout=60
+    )
+    said = "terminated (SIGTERM)" if signal_name == "SIGTERM" else "cancelled"
+    assert (proc.returncode, proc.stderr) == (143 if signal_name == "SIGTERM" else 130, f"error: {said}\n")
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.parametrize(
     "repeated",
     [

@@ -11,10 +11,12 @@ import io
 import itertools
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ..interruptions import Terminated
 from ..ops.memory import keep_freed_memory
 
 if TYPE_CHECKING:
@@ -101,6 +103,23 @@ def _configure_logging() -> None:
 
 
 def main() -> None:
+    # SIGTERM while ckptvault loads (~0.3 s; nothing is written yet) ended the process with no word,
+    # and Ctrl-C with the traceback of an import: both end as they do later, one line and 143 or 130.
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        _main()
+    except KeyboardInterrupt as exc:  # before the command's own handlers took over
+        terminated = isinstance(exc, Terminated)
+        sys.stderr.write("error: terminated (SIGTERM)\n" if terminated else "error: cancelled\n")
+        sys.exit(Terminated.exit_code if terminated else 130)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+    raise Terminated
+
+
+def _main() -> None:
     # Before numpy loads: the CLI does no linear algebra, and OpenBLAS's idle worker threads spin on
     # the cores that hashing and compression need (a few % of a backup's CPU, measured with perf).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -169,7 +188,7 @@ def _run(app: typer.Typer) -> int:
     missing argument) printed as one line like every other error instead of click's framed box."""
     import typer
 
-    from .app import Terminated
+    from .app import install_signal_handlers
     from .output import Output
 
     # click's exceptions, wherever this typer takes click from (newer releases carry their own copy)
@@ -181,7 +200,7 @@ def _run(app: typer.Typer) -> int:
         Output().error(f"{option} is given more than once; give it once (see: ckptvault {command} --help)")
         return 2
     try:
-        Terminated.install()  # from here on SIGTERM unwinds (watch replaces it: it finishes its upload first)
+        install_signal_handlers()  # they stop retries too (watch replaces them: it finishes its upload first)
         code = cli(standalone_mode=False)
     except Terminated:  # before click took over
         Output().error("terminated (SIGTERM)")

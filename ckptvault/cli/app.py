@@ -19,7 +19,7 @@ import typer
 
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError, name_command_line_options
-from ..interruptions import hold_back
+from ..interruptions import Terminated, hold_back
 from ..location import default_repo_url
 from ..store.retrying import stop_retrying
 from ..vault import Vault
@@ -125,30 +125,25 @@ _CANCELLED = {
 }
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping the job, a spot instance's preemption notice), unwound as Ctrl-C
-    is, so that a command gives up its writes and its lock (a lock left behind keeps other hosts out
-    of a shared vault for 30 minutes); the process then ends with 143, as a terminated one does."""
+def install_signal_handlers() -> None:
+    """SIGTERM and Ctrl-C unwind as exceptions (``Terminated``, KeyboardInterrupt) that also stop the
+    storage calls' retries, unless a step that must not stop half way runs (interruptions.py)."""
 
-    exit_code = 143
+    def raise_terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+        if hold_back(Terminated):  # a step that must not stop half way (interruptions.py) ends first
+            return
+        stop_retrying()
+        raise Terminated
 
-    @staticmethod
-    def install() -> None:
-        def raise_terminated(signum: int, frame: object) -> None:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
-            if hold_back(Terminated):  # a step that must not stop half way (interruptions.py) ends first
-                return
-            stop_retrying()
-            raise Terminated
+    def raise_interrupted(signum: int, frame: object) -> None:
+        if hold_back(KeyboardInterrupt):
+            return
+        stop_retrying()  # the storage calls in flight end with their current attempt
+        raise KeyboardInterrupt
 
-        def raise_interrupted(signum: int, frame: object) -> None:
-            if hold_back(KeyboardInterrupt):
-                return
-            stop_retrying()  # the storage calls in flight end with their current attempt
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, raise_terminated)
-        signal.signal(signal.SIGINT, raise_interrupted)
+    signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signal.SIGINT, raise_interrupted)
 
 
 def command(func: F) -> F:
