@@ -4,6 +4,7 @@
 import json
 import logging
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -222,9 +223,35 @@ def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(rep
         report = vault.check()
         assert report.affected == {snap.id: ["weights.bin"]}
         assert "a backup of the files holding them stores them again" in str(report.problems)
-        with pytest.raises(IntegrityError, match="in no indexed pack"):
+        with pytest.raises(IntegrityError) as refused:
             vault.prune(keep_latest=1)
     assert pack.exists()
+    # it said "in no indexed pack" and, with a stray pack beside it, "run ckptvault repair-index"
+    assert re.search(
+        rf"1 indexed pack\(s\) holding them are cut short \(truncated; e.g. {pack.name[:12]}, [\d,]+ bytes stored\); "
+        r"nothing was deleted; run: ckptvault check, which names the files and snapshots that need them; back those "
+        r"files up again, or forget those snapshots, then prune again$",
+        str(refused.value),
+    ), refused.value
+
+
+def test_prune_names_a_pack_gone_from_the_storage_and_sends_no_one_to_repair_index(repo_url: str, tmp_path: Path):
+    src, snap, pack = one_pack(repo_url, tmp_path, 300_000)
+    stray = Path(repo_url) / "packs" / "ab" / ("ab" * 32)  # a killed backup's leftover, which holds nothing needed
+    stray.parent.mkdir(exist_ok=True)
+    with Vault.open(repo_url) as vault:  # a pack of other data, in no index
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "x.bin").write_bytes(os.urandom(200_000))
+        vault.backup(other)
+    (newer,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file() and p != pack]
+    stray.write_bytes(newer.read_bytes())
+    pack.unlink()
+    with Vault.open(repo_url) as vault, pytest.raises(IntegrityError) as refused:
+        vault.prune(keep_latest=2)
+    assert f"1 indexed pack(s) holding them are missing from the storage (e.g. {pack.name[:12]})" in str(refused.value)
+    assert "repair-index" not in str(refused.value) and "run: ckptvault check" in str(refused.value)
+    assert stray.exists()
 
 
 def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_it_again(
@@ -329,12 +356,30 @@ def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_pat
     with Vault.open(repo_url) as vault:
         assert vault.stats().unindexed_packs == 1  # stats said "0 B in 0 chunks" and nothing else
         with pytest.raises(
-            IntegrityError, match=r"1 pack\(s\) are in no index, which may hold them: run ckptvault repair-index"
+            IntegrityError, match=r"1 pack\(s\) in no index hold it: run ckptvault repair-index, then prune again$"
         ):
             vault.prune(keep_latest=1)
         vault.repair_index()
         assert vault.stats().unindexed_packs == 0
         assert vault.prune(keep_latest=1).gc.delete_packs == {}
+
+
+def test_prune_does_not_send_back_to_repair_index_when_the_stray_pack_cannot_be_read(repo_url: str, tmp_path: Path):
+    """Index object and pack header both damaged: repair-index said the pack's chunks cannot be located,
+    and prune then said to run repair-index (audit 35a F7: advice that loops)."""
+    _, snap, pack = one_pack(repo_url, tmp_path, 300_000)
+    for index in (Path(repo_url) / "index").iterdir():
+        index.unlink()
+    damage_header(pack)
+    with Vault.open(repo_url) as vault:
+        assert vault.repair_index().unreadable_packs == [pack.name]
+        with pytest.raises(IntegrityError) as refused:
+            vault.prune(keep_latest=1)
+    assert f"1 pack(s) in no index have a damaged header, which nothing can read (e.g. {pack.name[:12]})" in str(
+        refused.value
+    )
+    assert "repair-index" not in str(refused.value) and "forget those snapshots" in str(refused.value)
+    assert pack.exists()
 
 
 def test_a_pack_whose_header_is_damaged_is_rewritten_by_repair_index_read_data(repo_url: str, tmp_path: Path, cli):

@@ -79,7 +79,8 @@ def plan_gc(
     for packs in index_objects.values():
         indexed.update(packs)
     stored = repo.list_packs()
-    live = _with_bases(live, indexed, unindexed=sum(pack_id not in indexed for pack_id in stored))
+    unplaced = _UnplacedChunks(repo, indexed, stored)
+    live = _with_bases(live, indexed, unplaced)
     known = {e.chunk_id for entries in indexed.values() for e in entries}
     plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects), index_ids=set(index_objects))
 
@@ -116,17 +117,7 @@ def plan_gc(
     _drop_deltas_losing_their_base(plan, homed)
     missing = live - homed
     if missing:
-        unindexed = sum(pack_id not in indexed for pack_id in stored)
-        then = (
-            f"{unindexed} pack(s) are in no index, which may hold them: run ckptvault repair-index, then prune again"
-            if unindexed
-            else "run: ckptvault check"
-        )
-        example = next(iter(missing)).hex()[:12]
-        raise IntegrityError(
-            f"{len(missing)} chunk(s) of kept snapshots are in no indexed pack (e.g. {example}); nothing was "
-            f"deleted; {then}"
-        )
+        raise unplaced.error(missing)
     plan.dead_trees = [t for t in repo.list_tree_ids() if t not in live_tree_ids]
     return plan
 
@@ -148,11 +139,10 @@ def _drop_deltas_losing_their_base(plan: GcPlan, homed: set[bytes]) -> None:
         surviving = homed | {e.chunk_id for entries in plan.keep_packs.values() for e in entries}
 
 
-def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]], *, unindexed: int) -> set[bytes]:
+def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]], unplaced: _UnplacedChunks) -> set[bytes]:
     """``live`` plus every delta base a live chunk needs, at any depth. A chunk stored twice may have
     been coded differently in each copy: the bases of every readable copy count, whichever copy is
-    kept. A live chunk whose every copy is a delta against a chunk in no index cannot be read (while
-    ``unindexed`` stored packs are in no index, the base may be in one)."""
+    kept. A live chunk whose every copy is a delta against a chunk in no index cannot be read."""
     copies: dict[bytes, list[bytes | None]] = {}
     for entries in indexed.values():
         for e in entries:
@@ -170,13 +160,66 @@ def _with_bases(live: set[bytes], indexed: dict[bytes, list[PackEntry]], *, unin
         raise IntegrityError(
             f"chunk {broken[0].hex()[:12]} of a kept snapshot is stored as a delta against chunk "
             f"{lost_base.hex()[:12]}, which is in no index ({len(broken)} such chunk(s)); nothing was deleted; "
-            + (
-                f"{unindexed} pack(s) are in no index, which may hold it: run ckptvault repair-index, then prune again"
-                if unindexed
-                else "run: ckptvault check"
-            )
+            + unplaced.way_out({lost_base})
         )
     return out
+
+
+class _UnplacedChunks:
+    """Why chunks that kept snapshots need have no readable home, and what to do, for prune's refusal.
+    Only a pack in no index whose header names one of them makes repair-index the way out; chunks in a
+    pack cut short, gone from the storage, or in a stray pack whose header is damaged too are lost: the
+    files holding them are backed up again, or the snapshots that need them forgotten (``check`` names
+    both). The stray packs' headers are read only here, on the way to the refusal."""
+
+    def __init__(self, repo: Repository, indexed: dict[bytes, list[PackEntry]], stored: dict[bytes, int]) -> None:
+        self._repo, self._indexed, self._stored = repo, indexed, stored
+        self._headers: tuple[dict[bytes, list[PackEntry]], list[bytes]] | None = None
+
+    def _stray_headers(self) -> tuple[dict[bytes, list[PackEntry]], list[bytes]]:
+        if self._headers is None:
+            self._headers = self._repo.headers_of_unindexed_packs(self._indexed, self._stored)
+        return self._headers
+
+    def way_out(self, chunks: set[bytes]) -> str:
+        described, _ = self._stray_headers()
+        holding = [p for p, entries in described.items() if any(e.chunk_id in chunks for e in entries)]
+        if holding:
+            them = "it" if len(chunks) == 1 else "them"
+            return f"{len(holding)} pack(s) in no index hold {them}: run ckptvault repair-index, then prune again"
+        return (
+            "run: ckptvault check, which names the files and snapshots that need them; back those files up "
+            "again, or forget those snapshots, then prune again"
+        )
+
+    def error(self, missing: set[bytes]) -> IntegrityError:
+        stored = self._stored
+        holding = {p: [e for e in entries if e.chunk_id in missing] for p, entries in self._indexed.items()}
+        cut = sorted(
+            p
+            for p, entries in holding.items()
+            if p in stored and any(not lies_whole_in(e.offset, e.stored_len, stored[p]) for e in entries)
+        )
+        gone = sorted(p for p, entries in holding.items() if entries and p not in stored)
+        _, headless = self._stray_headers()
+        found = [
+            f"{len(cut)} indexed pack(s) holding them are cut short (truncated; e.g. {cut[0].hex()[:12]}, "
+            f"{stored[cut[0]]:,} bytes stored)"
+            if cut
+            else "",
+            f"{len(gone)} indexed pack(s) holding them are missing from the storage (e.g. {gone[0].hex()[:12]})"
+            if gone
+            else "",
+            f"{len(headless)} pack(s) in no index have a damaged header, which nothing can read (e.g. "
+            f"{min(headless).hex()[:12]})"
+            if headless
+            else "",
+        ]
+        where = "; ".join(f for f in found if f) or "they are in no indexed pack"
+        return IntegrityError(
+            f"{len(missing)} chunk(s) of kept snapshots (e.g. {min(missing).hex()[:12]}) cannot be read: {where}; "
+            f"nothing was deleted; {self.way_out(missing)}"
+        )
 
 
 def verify_exclusive_lock(repo: Repository) -> None:
