@@ -236,7 +236,7 @@ def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(rep
 
 
 def test_prune_names_a_pack_gone_from_the_storage_and_sends_no_one_to_repair_index(repo_url: str, tmp_path: Path):
-    src, snap, pack = one_pack(repo_url, tmp_path, 300_000)
+    _, _, pack = one_pack(repo_url, tmp_path, 300_000)
     stray = Path(repo_url) / "packs" / "ab" / ("ab" * 32)  # a killed backup's leftover, which holds nothing needed
     stray.parent.mkdir(exist_ok=True)
     with Vault.open(repo_url) as vault:  # a pack of other data, in no index
@@ -367,7 +367,7 @@ def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_pat
 def test_prune_does_not_send_back_to_repair_index_when_the_stray_pack_cannot_be_read(repo_url: str, tmp_path: Path):
     """Index object and pack header both damaged: repair-index said the pack's chunks cannot be located,
     and prune then said to run repair-index (audit 35a F7: advice that loops)."""
-    _, snap, pack = one_pack(repo_url, tmp_path, 300_000)
+    _, _, pack = one_pack(repo_url, tmp_path, 300_000)
     for index in (Path(repo_url) / "index").iterdir():
         index.unlink()
     damage_header(pack)
