@@ -235,6 +235,20 @@ def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(rep
     ), refused.value
 
 
+def test_plain_repair_index_names_a_pack_cut_short(repo_url: str, tmp_path: Path, cli):
+    """It said only "damaged index objects: none; indexed 0 pack(s) again", exit 0 (audit 35a F9)."""
+    _, _, pack = one_pack(repo_url, tmp_path, 300_000)
+    os.truncate(pack, pack.stat().st_size // 2)
+    proc = cli("repair-index", "--repo", repo_url)
+    err = proc.stderr.decode()
+    assert f"1 indexed pack(s) end before chunks the index places in them (cut short; e.g. {pack.name[:12]})" in err
+    assert "check names the snapshots and files that need them" in err, err
+    assert json.loads(cli("repair-index", "--json", "--repo", repo_url).stdout)["cut_short_packs"] == [pack.name]
+    proc = cli("repair-index", "--read-data", "--repo", repo_url)  # it drops the cut chunks, and says that instead
+    assert "cut short" not in proc.stderr.decode() and "damaged chunk(s) from the index" in proc.stdout.decode()
+    assert json.loads(cli("repair-index", "--json", "--repo", repo_url).stdout)["cut_short_packs"] == []
+
+
 def test_prune_names_a_pack_gone_from_the_storage_and_sends_no_one_to_repair_index(repo_url: str, tmp_path: Path):
     _, _, pack = one_pack(repo_url, tmp_path, 300_000)
     stray = Path(repo_url) / "packs" / "ab" / ("ab" * 32)  # a killed backup's leftover, which holds nothing needed

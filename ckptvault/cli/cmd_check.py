@@ -89,6 +89,13 @@ def repair_index_cmd(
             f"(e.g. {result.kept_packs[0][:12]}): a chunk a snapshot needs may be there, so they are kept, not "
             "rewritten; ckptvault check names the snapshots and files whose chunks are in no index"
         )
+    if result.cut_short_packs and not read_data:  # --read-data drops their cut chunks, and says so
+        out.warn(
+            f"{len(result.cut_short_packs)} indexed pack(s) end before chunks the index places in them (cut short; "
+            f"e.g. {result.cut_short_packs[0][:12]}): this repair reads no pack data and keeps their entries; the "
+            "next backup of the files holding those chunks stores them again, prune salvages the pack's whole "
+            "chunks and removes it, and ckptvault check names the snapshots and files that need them"
+        )
     if result.unreadable_packs:
         out.warn(
             f"{len(result.unreadable_packs)} pack(s) in no readable index have a damaged header too "

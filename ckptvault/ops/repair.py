@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..blob import Kind
 from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
 from ..repository import Repository
-from ..repository.pack import TRAILER, PackEntry, header_range, read_pack_header
+from ..repository.pack import TRAILER, PackEntry, header_range, lies_whole_in, read_pack_header
 from ..store.failures import object_fault
 from .gc import GcPlan, execute_gc, verify_exclusive_lock
 
@@ -38,6 +38,8 @@ class IndexRepair:
     # their chunks that verify indexed again
     kept_packs: list[str] = field(default_factory=list)  # read_data: header damaged, and bytes of them that no
     # index entry accounts for (a chunk a damaged index object no longer describes may be there): not rewritten
+    cut_short_packs: list[str] = field(default_factory=list)  # indexed packs that end before a chunk the index
+    # places in them (from the listing's sizes; --read-data drops those chunks, a plain repair keeps their entries)
 
 
 def repair_index(
@@ -74,6 +76,12 @@ def repair_index(
     revived = _chunks_that_verify_now(repo, objects, gone | dropped.keys() | set(unread)) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys() | revived.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
+    cut_short = {
+        pack_id
+        for packs in objects.values()
+        for pack_id, entries in packs.items()
+        if pack_id in stored and any(not lies_whole_in(e.offset, e.stored_len, stored[pack_id]) for e in entries)
+    }
     described, unreadable = repo.headers_of_unindexed_packs(indexed, stored)
     # A pack whose header is damaged, in no readable index: a damaged index object may still be its only
     # map. What it says of the pack is taken where each chunk verifies (deleting it lost the pack).
@@ -109,6 +117,7 @@ def repair_index(
         rewritten_packs=sorted(p.hex() for p in headless),
         revived_packs=sorted(p.hex() for p in revived),
         kept_packs=sorted(p.hex() for p in kept),
+        cut_short_packs=sorted(p.hex() for p in cut_short),
     )
 
 
