@@ -83,19 +83,16 @@ from .ops.catalog import (
     decode_naming,
     refuse_gc_with_unreadable,
     select_snapshot,
-    unreadable_named,
-    unreadable_stand_in,
 )
 from .ops.check import CheckReport, run_check
 from .ops.compact import compact_index
 from .ops.copy import CopyResult, run_copy
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
-from .ops.gc import GcPlan
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
 from .ops.names import WATCH_SIG_TAG
 from .ops.progress import Progress
-from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, collect, run_prune, stored_bytes
+from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, run_restore, target_error
@@ -112,7 +109,7 @@ from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_tree
 from .snapshot.model import FileEntry, Snapshot
-from .snapshot.retention import Decision, RetentionPlan, RetentionPolicy
+from .snapshot.retention import RetentionPolicy
 from .store import RateArg, RateLimits, open_store
 
 log = logging.getLogger("ckptvault")
@@ -834,60 +831,9 @@ class Vault:
             self._repo.load_index()
             every, unreadable_now = self._catalog.listing()
             every.sort(key=lambda s: s.time)
-            chosen: set[str] = set()
-            unreadable: set[str] = set()
-            # Given, but in the vault no longer: a rerun of a forget that was stopped half way goes on
-            # with the rest (and its prune) instead of failing on what the first run removed.
-            gone: list[SnapshotNotFoundError] = []
-            for spec in snapshots:
-                if isinstance(spec, Snapshot):  # by its full ID: one forgotten or retagged since is not there
-                    if spec.id not in {s.id for s in every}:
-                        gone.append(
-                            SnapshotNotFoundError(
-                                f"snapshot {spec.short_id} is no longer in {self.url}: another process forgot it "
-                                "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
-                                f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
-                            )
-                        )
-                    else:
-                        chosen.add(spec.id)
-                elif (bad := unreadable_named(spec, every, unreadable_now)) is not None:
-                    unreadable.add(bad)
-                else:
-                    try:
-                        chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
-                    except SnapshotNotFoundError as exc:
-                        if spec == "latest" or any(s.id.startswith(spec.strip().lower()) for s in every):
-                            raise  # ambiguous, or no snapshot at all
-                        gone.append(exc)
-            if gone and not (chosen or unreadable or prune):
-                raise gone[0]  # nothing else to do: a mistyped ID fails as before
-            for missing in gone:
-                self._warn(f"{missing} (forgotten already, by an interrupted run or another process?); skipped")
-            if prune:
-                refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
-            plan = RetentionPlan(
-                [Decision(s, s.id not in chosen, "given to forget" if s.id in chosen else "not given") for s in every]
+            return run_forget(
+                self._repo, every, unreadable_now, snapshots, prune=prune, dry_run=dry_run, warn=self._warn
             )
-            if not dry_run:
-                for snapshot_id in sorted(unreadable):
-                    self._repo.delete_snapshot(bytes.fromhex(snapshot_id), None)
-            if prune:
-                with self._repo.aborting_writes_on_error():
-                    result = collect(self._repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
-            else:
-                if not dry_run:
-                    for snap in plan.forget:
-                        self._repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
-                size = stored_bytes(self._repo)
-                result = PruneResult(plan, GcPlan(), dry_run, size, size)
-            if not unreadable:
-                return result
-            removed = [
-                Decision(unreadable_stand_in(i), False, "unreadable snapshot object, given to forget")
-                for i in sorted(unreadable)
-            ]
-            return replace(result, retention=RetentionPlan([*plan.decisions, *removed]))
 
     @_open_only
     def tag(

@@ -163,7 +163,9 @@ def unreadable_stand_in(snapshot_id: str) -> Snapshot:
     )
 
 
-def refuse_gc_with_unreadable(unreadable: dict[str, CkptVaultError], forgotten: frozenset[str] = frozenset()) -> None:
+def refuse_gc_with_unreadable(
+    unreadable: Mapping[str, CkptVaultError], forgotten: frozenset[str] = frozenset()
+) -> None:
     """Garbage collection needs every snapshot's tree: a snapshot object that cannot be decoded
     (it may be repaired, or read by a newer ckptvault) would have its data deleted as unused.
     So prune refuses until such objects are forgotten (``forget ID``) or readable again."""

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..errors import IntegrityError, ObjectNotFoundError, StorageFullError, spelled
+from ..errors import (
+    CkptVaultError,
+    IntegrityError,
+    ObjectNotFoundError,
+    SnapshotNotFoundError,
+    StorageFullError,
+    spelled,
+)
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import FileEntry, Snapshot
-from ..snapshot.retention import RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
+from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
+from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
@@ -98,3 +107,72 @@ def _kept_tree(repo: Repository, snap: Snapshot) -> list[FileEntry]:
             f"prune refused: the tree object {snap.tree_id[:12]} of snapshot {snap.short_id}, which it would keep, is "
             f"{state}; run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
         ) from None
+
+
+def run_forget(
+    repo: Repository,
+    every: list[Snapshot],
+    unreadable_now: Mapping[str, CkptVaultError],
+    snapshots: Sequence[str | Snapshot],
+    *,
+    prune: bool,
+    dry_run: bool,
+    warn: Callable[[str], None],
+) -> PruneResult:
+    """Remove ``snapshots`` (specs as ``Vault.forget`` takes them) of ``every`` (the vault's readable
+    snapshots, oldest first; ``unreadable_now``: the objects that cannot be decoded, by full ID), and
+    with ``prune`` reclaim their space. The caller holds the lock (exclusive with ``prune``)."""
+    chosen: set[str] = set()
+    unreadable: set[str] = set()
+    # Given, but in the vault no longer: a rerun of a forget that was stopped half way goes on
+    # with the rest (and its prune) instead of failing on what the first run removed.
+    gone: list[SnapshotNotFoundError] = []
+    for spec in snapshots:
+        if isinstance(spec, Snapshot):  # by its full ID: one forgotten or retagged since is not there
+            if spec.id not in {s.id for s in every}:
+                gone.append(
+                    SnapshotNotFoundError(
+                        f"snapshot {spec.short_id} is no longer in {repo.store.url}: another process forgot it "
+                        "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
+                        f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
+                    )
+                )
+            else:
+                chosen.add(spec.id)
+        elif (bad := unreadable_named(spec, every, unreadable_now)) is not None:
+            unreadable.add(bad)
+        else:
+            try:
+                chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
+            except SnapshotNotFoundError as exc:
+                if spec == "latest" or any(s.id.startswith(spec.strip().lower()) for s in every):
+                    raise  # ambiguous, or no snapshot at all
+                gone.append(exc)
+    if gone and not (chosen or unreadable or prune):
+        raise gone[0]  # nothing else to do: a mistyped ID fails as before
+    for missing in gone:
+        warn(f"{missing} (forgotten already, by an interrupted run or another process?); skipped")
+    if prune:
+        refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
+    plan = RetentionPlan(
+        [Decision(s, s.id not in chosen, "given to forget" if s.id in chosen else "not given") for s in every]
+    )
+    if not dry_run:
+        for snapshot_id in sorted(unreadable):
+            repo.delete_snapshot(bytes.fromhex(snapshot_id), None)
+    if prune:
+        with repo.aborting_writes_on_error():
+            result = collect(repo, plan, dry_run=dry_run, repack_threshold=DEFAULT_REPACK_THRESHOLD)
+    else:
+        if not dry_run:
+            for snap in plan.forget:
+                repo.delete_snapshot(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id))
+        size = stored_bytes(repo)
+        result = PruneResult(plan, GcPlan(), dry_run, size, size)
+    if not unreadable:
+        return result
+    removed = [
+        Decision(unreadable_stand_in(i), False, "unreadable snapshot object, given to forget")
+        for i in sorted(unreadable)
+    ]
+    return replace(result, retention=RetentionPlan([*plan.decisions, *removed]))
