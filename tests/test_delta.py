@@ -316,6 +316,28 @@ def test_missing_base_pack_is_named_by_restore_and_check(delta_vault: Vault, tmp
     assert "model.safetensors" in report.affected[snaps[1][0].id]
 
 
+def test_status_says_not_backed_up_when_only_a_delta_base_is_missing(delta_vault: Vault, tmp_path: Path):
+    """status, the gate a script deletes the local copy by, said "backed up" while every piece of the
+    save was a delta against keyframes in a pack that was gone (audit 36a F1)."""
+    rng = np.random.default_rng(3)
+    weights = rng.normal(0, 0.02, (300, 256)).astype(np.float32)
+    for step in (1, 2):  # the step tensor (its name, its value) makes every other piece new
+        weights += rng.normal(0, 1e-4, weights.shape).astype(np.float32)
+        tensors = {"w": ("F32", weights), f"step{step}": ("I8", np.full(8, step, np.int8))}
+        write_safetensors(tmp_path / f"step-{step}" / "model.safetensors", tensors)
+        delta_vault.backup(tmp_path / f"step-{step}", tags={"run": "t", "step": str(step)})
+    second = delta_vault.files(delta_vault.latest())[0]
+    deltas = [c for c in second.chunks if base_of(delta_vault, c) is not None]
+    base_pack = delta_vault._repo.index.get(base_of(delta_vault, deltas[0])).pack_id
+    own_packs = {delta_vault._repo.index.get(c).pack_id for c in second.chunks}
+    assert deltas and base_pack not in own_packs, "the test needs a save of new pieces, deltas among them"
+    (Path(delta_vault.url) / pack_key(base_pack)).unlink()
+    status = Vault.open(delta_vault.url).backup_status(tmp_path / "step-2")
+    assert not status.backed_up, status.detail
+    assert f"which is in pack {base_pack.hex()[:12]}, which is missing" in status.detail, status.detail
+    assert "is a delta against chunk" in status.detail
+
+
 def test_repository_without_delta_stays_format_1(tmp_path: Path):
     url = str(tmp_path / "vault")
     with Vault.init(url, chunker=SMALL, compression=CompressionSettings(delta=False)) as vault:

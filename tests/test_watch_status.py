@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from tests.conftest import write_file
+from tests.test_corruption import flip
 
 
 def checkpoint(path: Path) -> Path:
@@ -57,6 +58,31 @@ def test_a_snapshot_whose_pack_is_gone_is_not_durable(tmp_path, repo_url, vault)
             pack.unlink()
     status = vault.backup_status(ckpt)
     assert not status.backed_up and "missing" in status.detail
+
+
+def test_a_snapshot_whose_pack_is_cut_short_is_not_durable(tmp_path, repo_url, vault):
+    """It said "backed up" while restore failed on the truncated pack (audit 36a F2)."""
+    ckpt = checkpoint(tmp_path / "checkpoint-9")
+    vault.backup(ckpt)
+    (pack,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file()]
+    os.truncate(pack, pack.stat().st_size // 2)
+    status = vault.backup_status(ckpt)
+    assert not status.backed_up
+    assert "which is cut short (truncated); run: ckptvault check" in status.detail, status.detail
+    assert pack.name[:12] in status.detail
+
+
+def test_status_of_several_paths_warns_once_of_a_damaged_index_object(tmp_path, repo_url, vault, cli):
+    """Each path reloaded the index and said the same warning again (audit 36a F8)."""
+    ckpts = [checkpoint(tmp_path / f"checkpoint-{i}") for i in range(3)]
+    for ckpt in ckpts:
+        vault.backup(ckpt)
+    vault.close()
+    index = next(p for p in (Path(repo_url) / "index").iterdir())
+    flip(index, index.stat().st_size // 2)
+    proc = cli("status", *map(str, ckpts), "--repo", repo_url)
+    assert proc.stderr.decode().count("index object(s)") == 1, proc.stderr.decode()
+    assert proc.stdout.decode().count(": backed up") == 3
 
 
 def test_status_cli_exit_codes_for_scripts(tmp_path, repo_url, vault, cli):

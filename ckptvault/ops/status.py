@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError, UsageError
 from ..repository import Repository
+from ..repository.pack import lies_whole_in
 from ..snapshot.model import FileEntry, Snapshot
 from .names import is_unfinished
 from .restore import file_hash
@@ -173,11 +174,32 @@ def _prefixes(tree: dict[str, FileEntry], local: Container[str]) -> list[str]:
 
 
 def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[bytes, int]) -> str:
+    """Why a chunk of ``entries`` cannot be read from the vault as listed (``packs``: pack ID -> size),
+    or "": some copy of each lies whole in a stored pack, and so does the delta base it needs, at any
+    depth. Its bytes are not read (``check --read-data`` does that)."""
+    why: dict[bytes, str] = {}  # chunk -> why none of its copies reads ("" when one does)
+
+    def unreadable(chunk_id: bytes) -> str:
+        if chunk_id in why:
+            return why[chunk_id]
+        why[chunk_id] = "is a delta in a loop of delta bases"  # until a copy proves readable
+        reason = "is in no index"
+        for loc in repo.index.locations(chunk_id):
+            pack = loc.pack_id.hex()[:12]
+            if loc.pack_id not in packs:
+                reason = f"is in pack {pack}, which is missing"
+            elif not lies_whole_in(loc.offset, loc.stored_len, packs[loc.pack_id]):
+                reason = f"is in pack {pack}, which is cut short (truncated)"
+            elif loc.base_id is not None and (base := unreadable(loc.base_id)):
+                reason = f"is a delta against chunk {loc.base_id.hex()[:12]}, which {base}"
+            else:
+                reason = ""
+                break
+        why[chunk_id] = reason
+        return reason
+
     for entry in entries:
         for chunk_id in entry.chunks:
-            loc = repo.index.get(chunk_id)
-            if loc is None:
-                return f"chunk {chunk_id.hex()[:12]} of {entry.path} is in no index"
-            if loc.pack_id not in packs:
-                return f"pack {loc.pack_id.hex()[:12]} of {entry.path} is missing"
+            if reason := unreadable(chunk_id):
+                return f"chunk {chunk_id.hex()[:12]} of {entry.path} {reason}"
     return ""

@@ -318,13 +318,14 @@ class Repository:
             described, unreadable = self.headers_of_unindexed_packs(index.packs)
             for pack_id, entries in described.items():
                 index.add_pack(pack_id, entries)
-            damage_log.warning(
-                "index object(s) %s damaged; read %d pack(s) in no other index from their own headers instead%s; "
-                "run: ckptvault repair-index",
-                ", ".join(i.hex()[:12] for i in damaged),
-                len(described),
-                f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
-            )
+            if damaged.keys() != self.damaged_index.keys():  # said once, not at every reload (status A B C)
+                damage_log.warning(
+                    "index object(s) %s damaged; read %d pack(s) in no other index from their own headers instead"
+                    "%s; run: ckptvault repair-index",
+                    ", ".join(i.hex()[:12] for i in damaged),
+                    len(described),
+                    f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
+                )
         # A delta whose base is in no readable pack (damaged, or dropped by repair-index with its
         # header unreadable) cannot be read back: never deduplicate against it, nor call it stored.
         index.drop_deltas_without_base()
