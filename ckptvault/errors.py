@@ -256,6 +256,27 @@ class RestoreIncompleteError(IntegrityError):
         )
 
 
+class CopyIncompleteError(IntegrityError):
+    """Snapshots that could not be read in the source vault (damaged data, a damaged snapshot or tree
+    object) were not copied; the others were. ``failed``: each such snapshot's ID and why;
+    ``result``: what was copied (a CopyResult)."""
+
+    SHOWN = 3  # snapshots named in the message beyond the first one's reason; all are in ``failed``
+
+    def __init__(self, source_url: str, failed: dict[str, str], copied: int, result: object = None) -> None:
+        self.failed = failed
+        self.result = result
+        (first, reason), *rest = failed.items()
+        others = [snapshot_id[:8] for snapshot_id, _ in rest[: self.SHOWN]]
+        more = len(rest) - len(others)
+        also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
+        super().__init__(
+            f"copy incomplete: {len(failed)} snapshot(s) could not be read in {source_url} and were not copied: "
+            f"snapshot {first[:8]}: {reason}{also}; {copied} other snapshot(s) were copied; to see what is damaged "
+            f"there and how to heal it, run: ckptvault check --read-data --repo {source_url}"
+        )
+
+
 class ConfigDowngradedError(CkptVaultError):
     """The config says unencrypted, the stored objects are encrypted: the config was altered or
     replaced. Not an IntegrityError: no object is damaged, and every command must stop at once

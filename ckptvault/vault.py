@@ -50,6 +50,7 @@ from .codec import CompressionSettings
 from .crypto.keyfile import Keyfile, PassphraseSource, passphrase_secret, resolve_passphrase
 from .errors import (
     CkptVaultError,
+    CopyIncompleteError,
     IntegrityError,
     ObjectNotFoundError,
     SnapshotNotFoundError,
@@ -698,7 +699,10 @@ class Vault:
         again (``already_there``); a retagged one has a new ID and is copied again. Every chunk read
         is verified; the chunks are coded by this vault's settings and encrypted under its key.
         ``on_warning`` gets each warning (also logged): copies stored unencrypted out of an encrypted
-        vault, and snapshots the source forgot or retagged while they waited to be copied (``gone``)."""
+        vault, and snapshots the source forgot or retagged while they waited to be copied (``gone``).
+        A snapshot that cannot be read in the source (a damaged chunk, tree or snapshot object; the
+        latter only counts when copying all of them) does not stop the others: once they are copied,
+        CopyIncompleteError names each, with what was copied as its ``result``."""
 
         def warn(message: str) -> None:
             log.warning(message)
@@ -758,6 +762,10 @@ class Vault:
                 f"snapshot {snap.short_id} was forgotten or retagged in {source.url} while the copy ran, and was "
                 "not copied (a retagged one has a new ID: the next copy takes it)"
             )
+        if specs is None and not tags and not dry_run:  # all of them: a mirror, whose job must hear of a gap
+            result.failed.update((i, str(e)) for i, e in sorted(unreadable.items()))
+        if result.failed:
+            raise CopyIncompleteError(source.url, result.failed, len(result.copied), result)
         return result
 
     @_open_only

@@ -154,6 +154,55 @@ def test_damaged_source_chunk_fails_loudly_and_writes_no_snapshot(tmp_path: Path
         assert dest.check().ok
 
 
+def damage_oldest(vault_dir: Path, source: Vault, what: str) -> str:
+    """Damage the oldest snapshot's tree object, snapshot object, or a pack only it uses; its ID."""
+    oldest = source.snapshots()[0]
+    if what == "tree":
+        path = next(p for p in (vault_dir / "trees").rglob("*") if p.name == oldest.tree_id)
+        path.write_bytes(b"")
+    elif what == "snapshot":
+        path = next(p for p in (vault_dir / "snapshots").rglob("*") if p.name == oldest.id)
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    else:  # the pack of trained weights that only step 100 holds
+        trained = next(e for e in source.files(oldest) if e.path == "model.safetensors").chunks[-1]
+        pack = source._repo.index.get(trained).pack_id.hex()
+        path = next(p for p in (vault_dir / "packs").rglob("*") if p.name == pack)
+        raw = bytearray(path.read_bytes())
+        raw[source._repo.index.get(trained).offset + 100] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    return oldest.id
+
+
+@pytest.mark.parametrize("what", ["tree", "chunk", "snapshot"])
+def test_a_damaged_snapshot_in_the_source_does_not_stop_the_others(tmp_path: Path, source: Vault, what: str, cli):
+    """The copy went oldest first and stopped at the first damaged snapshot: a mirror kept nothing
+    newer until someone forgot the old one, and the error named no snapshot and sent to `check`,
+    which in a copy checks the destination (audit 36a F3). A damaged snapshot object was skipped
+    with exit 0, so the mirror's job never heard of the gap."""
+    damaged = damage_oldest(tmp_path / "source", source, what)
+    intact = [s for s in source.snapshots() if s.id != damaged]
+    cli("init", str(tmp_path / "dest"))
+    proc = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", str(tmp_path / "dest"), check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 30, err
+    assert err.count("error: ") == 1 and "Traceback" not in err
+    assert f"copy incomplete: 1 snapshot(s) could not be read in {tmp_path / 'source'} and were not copied: " in err
+    assert f"snapshot {damaged[:8]}: " in err and "2 other snapshot(s) were copied" in err, err
+    assert f"run: ckptvault check --read-data --repo {tmp_path / 'source'}" in err
+    assert "; run: ckptvault check;" not in err and not err.rstrip().endswith("run: ckptvault check")
+    with Vault.open(str(tmp_path / "dest")) as dest:
+        assert {s.id for s in dest.snapshots()} == {s.id for s in intact}
+        assert dest.check(read_data=1.0).ok
+        for snap in intact:
+            assert restored(dest, snap.id, tmp_path / f"d-{snap.id}") == restored(source, snap.id, tmp_path / snap.id)
+    if what == "snapshot":  # a copy chosen by tags leaves out what it cannot read, as a warning
+        with Vault.open(str(tmp_path / "source")) as fresh, Vault.init(str(tmp_path / "by-tag")) as dest:
+            assert len(dest.copy_from(fresh, tags={"run": "b"}).copied) == 1
+            assert damaged in fresh.unreadable_snapshots
+
+
 def test_copy_of_a_file_whose_bytes_differ_from_its_hash_is_refused(tmp_path: Path, source: Vault, monkeypatch):
     """Chunks each intact but not the file the tree describes (a tree that names the wrong chunk):
     the whole-file hash catches it, as it does on restore."""

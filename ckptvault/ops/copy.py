@@ -33,6 +33,7 @@ from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot
 from .backup import ChunkPipeline
+from .catalog import decode_naming
 from .deltabase import KEYFRAME_INTERVAL, BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
@@ -52,6 +53,7 @@ class CopyResult:
     copied: list[Snapshot] = field(default_factory=list)  # as written to the destination (dry run: to copy)
     already_there: list[Snapshot] = field(default_factory=list)  # in both vaults before the copy
     gone: list[Snapshot] = field(default_factory=list)  # forgotten or retagged in the source while copying
+    failed: dict[str, str] = field(default_factory=dict)  # snapshot ID -> why it could not be read in the source
     read_bytes: int = 0  # chunk bytes read from the source (a few twice: a file's tensor header)
     new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
     delta_chunks: int = 0  # of those chunks, how many were stored as deltas
@@ -89,7 +91,11 @@ def run_copy(
     copier = _Copier(source, dest, result, progress, workers or os.cpu_count() or 2)
     try:
         for snap in todo:
-            copied = copier.snapshot(snap, before_commit)
+            try:
+                copied = copier.snapshot(snap, before_commit)
+            except (IntegrityError, ObjectNotFoundError) as exc:  # damaged in the source: the others still go
+                result.failed[snap.id] = str(exc).removesuffix("; run: ckptvault check")  # that checks the destination
+                continue
             (result.copied if copied is not None else result.gone).append(copied or snap)
     finally:
         copier.close()
@@ -116,11 +122,12 @@ class _Copier:
         the source no longer holds it (a forget or a retag there since it was listed)."""
         dest = self.dest
         try:
-            tree = decode_tree(self.source.load_tree(bytes.fromhex(snap.tree_id)))
+            raw_tree = self.source.load_tree(bytes.fromhex(snap.tree_id))  # its errors name the object
         except ObjectNotFoundError:
             if self.source.has_snapshot(bytes.fromhex(snap.id)):
                 raise
             return None
+        tree = decode_naming(f"tree object {snap.tree_id[:12]}", decode_tree, raw_tree)
         written_before = dest.bytes_written
         with dest.aborting_writes_on_error():
             pipeline = ChunkPipeline(dest, self.progress, self.workers, self.planner)
