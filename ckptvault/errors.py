@@ -236,6 +236,9 @@ class MalformedObjectError(IntegrityError):
     exit_code = 30
 
 
+READ_DATA_HINT = "; run: ckptvault check --read-data (it says what to do)"  # for damage a plain check misses
+
+
 class RestoreIncompleteError(IntegrityError):
     """Files whose stored bytes failed verification were not written; the rest were restored.
     ``failed``: each such file's path in the snapshot and why; ``result``: what was restored."""
@@ -249,7 +252,7 @@ class RestoreIncompleteError(IntegrityError):
         others = list(failed)[1 : 1 + self.SHOWN]
         more = len(failed) - 1 - len(others)
         also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
-        hint = "" if "ckptvault check" in reasons[0] else "; run: ckptvault check --read-data (it says what to do)"
+        hint = "" if "ckptvault check" in reasons[0] else READ_DATA_HINT
         super().__init__(
             f"restore incomplete: {len(failed)} file(s) failed verification and were not written: {reasons[0]}{also}"
             f"{hint}"

@@ -97,5 +97,9 @@ def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path):
     vault.backup(tmp_path / "src")
     (pack,) = packs_of(vault)
     flip(Path(repo_url) / pack, 50)
-    with pytest.raises(IntegrityError):
+    with pytest.raises(IntegrityError) as damaged:
         b"".join(vault.read_file("latest", "f.bin"))
+    # it said only "checksum mismatch", and a plain check finds nothing (audit 36a F4)
+    assert str(damaged.value).endswith(
+        "is damaged: checksum mismatch; run: ckptvault check --read-data (it says what to do)"
+    )

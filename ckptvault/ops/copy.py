@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..errors import IntegrityError, ObjectNotFoundError
+from ..errors import READ_DATA_HINT, IntegrityError, ObjectNotFoundError
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
@@ -94,7 +94,8 @@ def run_copy(
             try:
                 copied = copier.snapshot(snap, before_commit)
             except (IntegrityError, ObjectNotFoundError) as exc:  # damaged in the source: the others still go
-                result.failed[snap.id] = str(exc).removesuffix("; run: ckptvault check")  # that checks the destination
+                # the advice to check names no vault: in a copy that would be the destination
+                result.failed[snap.id] = str(exc).removesuffix(READ_DATA_HINT).removesuffix("; run: ckptvault check")
                 continue
             (result.copied if copied is not None else result.gone).append(copied or snap)
     finally:
