@@ -84,6 +84,7 @@ from .ops.catalog import (
     decode_naming,
     refuse_gc_with_unreadable,
     select_snapshot,
+    tree_error,
 )
 from .ops.check import CheckReport, run_check
 from .ops.compact import compact_index
@@ -428,18 +429,12 @@ class Vault:
         snap = self.snapshot(snapshot)
         try:
             raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
-        except ObjectNotFoundError:
+        except ObjectNotFoundError as exc:
             if snap.id not in {s.id for s in self.snapshots()}:
                 raise _removed_meanwhile(snap, self.url) from None
-            raise IntegrityError(
-                f"tree object {snap.tree_id[:12]} of snapshot {snap.short_id} is missing from {self.url}; "
-                f"run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
-            ) from None
-        except IntegrityError as exc:  # damaged: it named only the tree, which nothing else shows a user
-            raise IntegrityError(
-                f"{exc} (the tree of snapshot {snap.short_id}); run: ckptvault check, then remove the snapshot "
-                f"with: ckptvault forget {snap.short_id}"
-            ) from None
+            raise tree_error(snap, self.url, exc) from None
+        except IntegrityError as exc:
+            raise tree_error(snap, self.url, exc) from None
         return decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
     # ---- backup and restore ------------------------------------------------------------

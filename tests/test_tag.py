@@ -14,7 +14,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.crypto.keyfile import Keyfile
-from ckptvault.errors import LockLostError, SnapshotNotFoundError, UsageError
+from ckptvault.errors import IntegrityError, LockLostError, SnapshotNotFoundError, UsageError
 from ckptvault.repository import Repository, locks
 
 from .conftest import tree_digest
@@ -194,6 +194,32 @@ def test_a_snapshot_forgotten_while_its_tree_is_read_is_gone_not_damage(
         vault.tag(first, add={"keep": "best"})
     monkeypatch.undo()
     assert vault.snapshots() == [second]
+
+
+@pytest.mark.parametrize("damage", ["flipped", "removed"])
+def test_tagging_a_snapshot_whose_tree_is_damaged_names_the_snapshot_and_what_to_do(
+    vault: Vault, tmp_path: Path, damage: str
+):
+    """It said only "tree object X is damaged: checksum mismatch", or "object trees/... is missing"
+    with a storage error's exit code, where ls names the snapshot and says what to do (audit 36a F5)."""
+    two_saves(vault, tmp_path)
+    first, second = vault.snapshots()
+    (tree,) = [p for p in (Path(vault.url) / "trees").rglob("*") if p.name == first.tree_id]
+    if damage == "flipped":
+        raw = bytearray(tree.read_bytes())
+        raw[len(raw) // 2] ^= 0x40
+        tree.write_bytes(bytes(raw))
+    else:
+        tree.unlink()
+    with Vault.open(vault.url) as fresh, pytest.raises(IntegrityError) as refused:
+        fresh.tag(first.id, add={"keep": "best"})
+    assert f"(the tree of snapshot {first.short_id})" in str(refused.value) or (
+        f"tree object {first.tree_id[:12]} of snapshot {first.short_id} is missing" in str(refused.value)
+    )
+    assert str(refused.value).endswith(
+        f"run: ckptvault check, then remove the snapshot with: ckptvault forget {first.short_id}"
+    )
+    assert [s.id for s in vault.snapshots()] == [first.id, second.id]
 
 
 _TAG_SLOWLY = """

@@ -148,6 +148,19 @@ def unreadable_hint(snapshot_id: str) -> str:
     return f"run: ckptvault check; if it is damaged, remove it with: ckptvault forget {snapshot_id[:12]}"
 
 
+def tree_error(snap: Snapshot, url: str, error: IntegrityError | ObjectNotFoundError) -> IntegrityError:
+    """The snapshot's tree object is damaged or missing, said so that a user can act on it (the
+    error named only the tree, which nothing else shows a user)."""
+    what = (
+        f"tree object {snap.tree_id[:12]} of snapshot {snap.short_id} is missing from {url}"
+        if isinstance(error, ObjectNotFoundError)
+        else f"{error} (the tree of snapshot {snap.short_id})"
+    )
+    return IntegrityError(
+        f"{what}; run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
+    )
+
+
 def unreadable_stand_in(snapshot_id: str) -> Snapshot:
     """What ``forget`` reports for a snapshot object it removed without decoding it."""
     return Snapshot(

@@ -18,11 +18,12 @@ import secrets
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..errors import ObjectNotFoundError, SnapshotNotFoundError
+from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError
 from ..interruptions import uninterrupted
 from ..repository import Repository
 from ..snapshot.manifest import encode_snapshot
 from ..snapshot.model import Snapshot
+from .catalog import tree_error
 
 
 def changed_tags(tags: dict[str, str], add: dict[str, str], remove: list[str]) -> dict[str, str]:
@@ -38,10 +39,12 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
         return snapshot
     try:
         tree = repo.load_tree(bytes.fromhex(snapshot.tree_id))
-    except ObjectNotFoundError:
+    except ObjectNotFoundError as exc:
         if repo.has_snapshot(bytes.fromhex(snapshot.id)):
-            raise  # its tree alone is missing: damage, which check names
+            raise tree_error(snapshot, repo.store.url, exc) from None  # its tree alone is missing: damage
         raise retag_gone(snapshot) from None
+    except IntegrityError as exc:
+        raise tree_error(snapshot, repo.store.url, exc) from None
     tree_id = repo.save_tree(tree)
     renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
     before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
