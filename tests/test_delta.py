@@ -153,6 +153,23 @@ def test_chains_of_every_allowed_depth_round_trip_for_each_dtype(delta_vault: Va
     assert stats.delta_chunks > 0 and stats.delta_saved_bytes > 0
 
 
+def test_the_delta_saving_is_an_estimate_no_larger_than_the_pieces(tmp_path: Path):
+    """A 1 MiB piece whose change lies outside the 64 KiB sample taken from its middle: the sample's
+    delta compressed to almost nothing, and the saving, scaled by that ratio, came out at 27.8 MB for
+    2 MiB of pieces (audit 36a F6), in the backup's summary line, `snapshots` and `stats`."""
+    weights = np.random.default_rng(5).standard_normal((1024, 1024)).astype(np.float32)  # 4 pieces of 1 MiB
+    with Vault.init(str(tmp_path / "vault"), compression=DELTA) as vault:
+        for step in (1, 2):
+            if step == 2:
+                for piece in range(4):  # the first 64 KiB of each piece
+                    weights[piece * 256 : piece * 256 + 16] += 0.5
+            write_safetensors(tmp_path / "ckpt" / "model.safetensors", {"w": ("F32", weights)})
+            snap = vault.backup(tmp_path / "ckpt", tags={"run": "t", "step": str(step)})
+    s = snap.summary
+    assert s.delta_chunks == 4, s
+    assert 0 < s.delta_saved_bytes <= s.delta_bytes - s.delta_stored_bytes, s
+
+
 def test_npy_arrays_get_aligned_pieces_and_deltas(delta_vault: Vault, tmp_path: Path):
     run = Training()
     snaps = backup_steps(delta_vault, run, tmp_path, range(1, 3))

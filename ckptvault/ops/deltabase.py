@@ -257,8 +257,10 @@ class DeltaPlanner:
                     if base is not None:
                         votes[1] += 1
                         blob = codec.encode_delta(chunk_id, data, cand.base_id, base, runs)
-                        saved = round(blob_size(blob) * (plain / max(delta, 1) - 1))
-                        return PieceBlob(blob, cand.base_id, saved)
+                        # the plain coding's size scaled from its sample: the delta's sample may miss
+                        # where the piece changed, and scaling the blob by it "saved" 25x the piece
+                        whole_plain = min(len(data), round(plain * len(data) / (hi - lo)))
+                        return PieceBlob(blob, cand.base_id, max(0, whole_plain - blob_size(blob)))
                 else:
                     votes[0] += 1
         return PieceBlob(codec.encode_parts(Kind.CHUNK, chunk_id, data, runs), None, 0)
