@@ -766,7 +766,8 @@ class Vault:
     @_open_only
     def stats(self) -> VaultStats:
         self._repo.refresh_index()  # as stored now, not as when this Vault first read it
-        return compute_stats(self._repo, self.snapshots())
+        snapshots, unreadable = self._catalog.listing()
+        return compute_stats(self._repo, sorted(snapshots, key=lambda s: s.time), len(unreadable))
 
     # ---- retention and maintenance -----------------------------------------------------
 

@@ -91,6 +91,26 @@ def test_stats_of_a_vault_without_data_shows_no_ratio(cli, tmp_path: Path):
     assert "dedup ratio: none yet" in text and "0.00x" not in text
 
 
+def test_stats_tells_no_ratio_while_a_snapshot_object_cannot_be_read(cli, tmp_path: Path):
+    """Its files left the logical bytes, its chunks stayed in the unique bytes: "dedup ratio: 0.97x",
+    dedup making the data bigger (audit 36a F7)."""
+    repo, src = str(tmp_path / "vault"), tmp_path / "src"
+    src.mkdir()
+    cli("init", repo)
+    for _ in range(2):
+        (src / "w.bin").write_bytes(os.urandom(200_000))
+        cli("backup", str(src), "--repo", repo)
+    damaged = sorted((tmp_path / "vault" / "snapshots").rglob("*"), key=lambda p: p.stat().st_mtime)[-1]
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    damaged.write_bytes(bytes(raw))
+    text = cli("stats", "--repo", repo).stdout.decode()
+    assert "logical bytes: 200.00 KB (the readable snapshots)" in text, text
+    assert "dedup ratio: not told while 1 snapshot object(s) cannot be read" in text and "x, with" not in text
+    data = json.loads(cli("stats", "--json", "--repo", repo).stdout)
+    assert (data["unreadable_snapshots"], data["dedup_ratio"], data["total_ratio"]) == (1, None, None)
+
+
 def test_init_and_explicit_repo(cli, tmp_path: Path):
     repo = str(tmp_path / "vault")
     made = json.loads(cli("init", repo, "--json").stdout)

@@ -31,11 +31,15 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         )
     head = (
         f"snapshots: {stats.snapshots}\n"
-        f"logical bytes: {format_bytes(stats.logical_bytes)} (all snapshots)\n"
+        f"logical bytes: {format_bytes(stats.logical_bytes)} "
+        f"({'the readable snapshots' if stats.unreadable_snapshots else 'all snapshots'})\n"
         f"unique bytes: {format_bytes(stats.unique_bytes)} in {stats.chunks} chunks\n"
         f"stored bytes: {format_bytes(stats.stored_bytes)} in {stats.packs} packs and metadata\n"
         + (
-            f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
+            f"dedup ratio: not told while {stats.unreadable_snapshots} snapshot object(s) cannot be read (their "
+            "files are left out of the logical bytes, their chunks are not)"
+            if stats.dedup_ratio is None or stats.total_ratio is None
+            else f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
             if stats.logical_bytes
             else "dedup ratio: none yet (no file data stored)"
         )

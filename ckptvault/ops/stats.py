@@ -34,19 +34,26 @@ class VaultStats:
     delta_stored_bytes: int = 0  # their stored bytes
     delta_saved_bytes: int = 0  # estimated bytes saved by delta coding (sum over the snapshots' backups)
     unindexed_packs: int = 0  # packs no index object names: their chunks are not counted in unique bytes
+    # snapshot objects that cannot be read: their files are not in logical_bytes, their chunks are in
+    # unique_bytes, so the ratios are not told (None) while there are any
+    unreadable_snapshots: int = 0
 
     @property
-    def dedup_ratio(self) -> float:
-        """Logical bytes per unique byte: what deduplication saved."""
+    def dedup_ratio(self) -> float | None:
+        """Logical bytes per unique byte: what deduplication saved (None: not told, see above)."""
+        if self.unreadable_snapshots:
+            return None
         return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
 
     @property
-    def total_ratio(self) -> float:
-        """Logical bytes per stored byte: deduplication and compression together."""
+    def total_ratio(self) -> float | None:
+        """Logical bytes per stored byte: deduplication and compression together (None: not told)."""
+        if self.unreadable_snapshots:
+            return None
         return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
 
 
-def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
+def compute_stats(repo: Repository, snapshots: list[Snapshot], unreadable: int = 0) -> VaultStats:
     objects = repo.store.list("")
     deltas = [loc for _, loc in repo.index.items() if loc.base_id is not None]
     packs = {id_from_key(o.key) for o in objects if o.key.startswith(PACKS_PREFIX)} - {None}
@@ -74,4 +81,5 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot]) -> VaultStats:
         delta_stored_bytes=sum(loc.stored_len for loc in deltas),
         delta_saved_bytes=sum(s.summary.delta_saved_bytes for s in snapshots),
         unindexed_packs=len(packs - repo.index.packs),
+        unreadable_snapshots=unreadable,
     )
