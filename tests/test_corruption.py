@@ -89,6 +89,11 @@ def test_a_truncated_pack_fails_its_files_and_the_others_still_restore(cli, tmp_
     assert "truncated" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
     assert (tmp_path / "out" / "keep.txt").read_bytes() == b"intact" and not (tmp_path / "out" / "big.bin").exists()
     assert cli("cat", "latest", "big.bin", "--repo", str(repo), check=False).returncode == 30
+    for emptied in (False, True):  # check said also "header is damaged: ... repair-index --read-data copies them"
+        if emptied:
+            os.truncate(biggest, 0)
+        report = cli("check", "--repo", str(repo), check=False).stdout.decode()
+        assert "is shorter than the index says" in report and "header is damaged" not in report, report
 
 
 def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path):

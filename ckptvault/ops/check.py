@@ -303,6 +303,7 @@ class _Checker:
                 self.problem(name, "is missing (listed in the index); ckptvault repair-index drops it from the index")
                 self.bad_chunks.update(e.chunk_id for e in entries if e.chunk_id not in held)
                 continue
+            cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
             try:
                 header = self.repo.read_pack_header(pack_id, size)
             except CkptVaultError as exc:
@@ -310,13 +311,13 @@ class _Checker:
                 if _unreadable(exc):
                     self.unreadable_pack(pack_id, exc)
                     continue
-                self.problem(
-                    name,
-                    f"header is damaged: {exc}; its chunks are found through the index while it names them: "
-                    "ckptvault repair-index --read-data copies them into a new pack and removes this one",
-                )
                 self.bad_headers.add(pack_id)
-            cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
+                if not cut:  # a pack cut short lost its header with its end: the advice below is the one that helps
+                    self.problem(
+                        name,
+                        f"header is damaged: {exc}; its chunks are found through the index while it names them: "
+                        "ckptvault repair-index --read-data copies them into a new pack and removes this one",
+                    )
             if cut:
                 lost = [c for c in cut if c not in held]
                 then = (
