@@ -1,5 +1,6 @@
 """Client-side encryption: round trips, no plaintext at rest, tampering, key handling, frozen vectors."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -359,9 +360,13 @@ def test_a_data_command_loads_numpy_while_scrypt_runs(
     assert f"numpy loaded at unlock: {loaded}" in done.stdout
 
 
-@pytest.mark.parametrize("withheld", [(), ("index", "snapshots")], ids=["all-there", "index-and-snapshots-withheld"])
+@pytest.mark.parametrize(
+    ("withheld", "plain_lock"),
+    [((), False), (("index", "snapshots"), False), (("index", "snapshots"), True)],
+    ids=["all-there", "index-and-snapshots-withheld", "withheld-beside-a-plain-lock"],
+)
 def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
-    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, cli, withheld: tuple[str, ...]
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path, cli, withheld: tuple[str, ...], plain_lock: bool
 ):
     # someone with write access to the storage sets "mode": "none": a backup without a keyfile wrote
     # a snapshot in the clear, and check called every real snapshot damaged and advised forgetting them
@@ -378,6 +383,11 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
     for folder in withheld:  # moved aside: with nothing listed but the packs, the backup read only their
         (Path(url) / folder).rename(tmp_path / folder)  # headers, took them for damaged and wrote in the clear
     before = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
+    holder = contextlib.ExitStack()
+    if plain_lock:  # another client of the altered config holds a lock, written in the clear as the config
+        # says: a lock is no evidence that the vault's objects are plain (any client writes them)
+        plain = holder.enter_context(Vault.open(url))
+        holder.enter_context(plain._repo.locks.acquire(exclusive=False))
     commands = [["backup", str(marked_tree)], ["check"]]
     if not withheld:  # (with no snapshot objects, these read nothing encrypted: "no snapshots")
         commands += [["snapshots"], ["restore", "latest", str(tmp_path / "o")]]
@@ -386,6 +396,7 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
         err = proc.stderr.decode()
         assert proc.returncode == 30 and "config says it is not encrypted, but its objects are" in err, (args, err)
         assert err.count("\n") == 1 and "forget" not in err
+    holder.close()
     after = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
     assert after == before and MARKER.encode() not in b"".join(
         p.read_bytes() for p in Path(url).rglob("*") if p.is_file()
