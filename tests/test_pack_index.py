@@ -8,11 +8,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptvault.blob import BlobCodec, ChecksumSealer
+from ckptvault.blob import BlobCodec, ChecksumSealer, Kind
 from ckptvault.codec import CompressionSettings, Compressor
 from ckptvault.errors import IntegrityError, MalformedObjectError
+from ckptvault.repository.format import PACK_MAGIC
 from ckptvault.repository.index import ChunkIndex, decode_index, encode_index
-from ckptvault.repository.pack import PackEntry, PackWriter, buffer_in_use, new_pack_buffer, read_pack_header
+from ckptvault.repository.pack import (
+    ENTRY,
+    TRAILER,
+    PackEntry,
+    PackWriter,
+    buffer_in_use,
+    decode_entries,
+    decode_header,
+    encode_entries,
+    header_range,
+    new_pack_buffer,
+    read_pack_header,
+)
 
 codec = BlobCodec(Compressor(CompressionSettings()), ChecksumSealer())
 
@@ -185,3 +198,16 @@ def test_a_fresh_machine_reads_the_index_objects_several_at_a_time(tmp_path, mon
             vault.restore("latest", out)
         assert (out / "model.bin").read_bytes() == (src / "model.bin").read_bytes()
         assert (most[0] > 1) == remote, (remote, most[0])
+
+
+def test_pack_layouts_that_do_not_add_up_are_malformed_not_misread():
+    """A header is checksummed, so these come from a writer's bug, not the disk; each is still refused
+    by name instead of being read as something else (a partial entry escaped as struct.error)."""
+    with pytest.raises(MalformedObjectError, match="partial entry"):
+        decode_entries(bytes(ENTRY.size + 1))
+    with pytest.raises(MalformedObjectError, match="points before the start of the pack"):
+        header_range(TRAILER.pack(1_000, PACK_MAGIC), 100)
+    runs_past = [PackEntry(b"\x01" * 32, offset=90, stored_len=20, raw_len=20)]  # starts inside the data
+    blob = codec.encode(Kind.PACK_HEADER, b"\x02" * 32, encode_entries(runs_past))
+    with pytest.raises(MalformedObjectError, match="points past the data"):
+        decode_header(codec, b"\x02" * 32, blob, data_end=100)
