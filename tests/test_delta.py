@@ -408,6 +408,22 @@ def test_an_index_entry_naming_a_base_for_a_chunk_that_is_no_delta_is_damage(del
         repo.read_chunk(plain_id)
 
 
+def test_a_delta_whose_index_entry_names_another_base_is_damage(delta_vault: Vault):
+    """The other direction: a delta blob decoded against the base its entry names, not the one it was
+    coded against, would give wrong bytes; it is refused, naming both bases."""
+    repo = delta_vault._repo
+    base, other, piece = os.urandom(16384), os.urandom(16384), os.urandom(16384)
+    base_id, other_id, piece_id = repo.chunk_id(base), repo.chunk_id(other), repo.chunk_id(piece)
+    for chunk_id, data in ((base_id, base), (other_id, other)):
+        repo.add_chunk(chunk_id, repo.codec.encode(Kind.CHUNK, chunk_id, data), len(data))
+    repo.add_chunk(piece_id, repo.codec.encode_delta(piece_id, piece, base_id, base, ()), len(piece), other_id)
+    repo.flush()
+    repo.load_index()
+    message = f"is a delta against chunk {base_id.hex()[:12]}, but its index entry names {other_id.hex()[:12]}"
+    with pytest.raises(IntegrityError, match=message):
+        repo.read_chunk(piece_id)
+
+
 def test_torch_checkpoints_get_deltas_for_their_float_records(delta_vault: Vault, tmp_path: Path):
     torch = pytest.importorskip("torch")
     gen = torch.Generator().manual_seed(0)
