@@ -161,7 +161,7 @@ def test_a_keep_tag_one_typo_from_a_tag_in_use_is_refused(cli, repo: str, value:
         vault.prune(keep_latest=1, keep_tags=[value], dry_run=True)
 
 
-@pytest.mark.parametrize("value", ["step=5", "step=40", "best", "milestone=yes", "keep=better"])
+@pytest.mark.parametrize("value", ["step=5", "step=40", "best", "milestone=yes", "keep=better", "keep2"])
 def test_a_keep_tag_that_differs_on_purpose_is_taken(cli, repo: str, value: str):
     """Steps, versions and dates differ from those in use by one character on purpose (a prune protecting
     the step a run will reach); so do other words: only one slip in a word of four letters counts as one."""
