@@ -259,7 +259,14 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     # 3. drop every other index object, 4. then the packs and trees nothing refers to
     _check_no_other_writer(repo, plan, deleted="no index object or pack")
     each(repo.delete_index, old_index_ids - kept_index_ids)
-    _check_no_other_writer(repo, plan, deleted="no pack")
+    # the old index objects are gone: the packs planned away are in no index now (readers find them by
+    # their headers; the new writer may need them), and prune refuses until they are indexed again
+    _check_no_other_writer(
+        repo,
+        plan,
+        deleted="no pack",
+        then="the packs it meant to delete are in no index now: run ckptvault repair-index, then prune again",
+    )
     each(repo.delete_pack, [*plan.delete_packs, *plan.repack])
     verify_exclusive_lock(repo)
     each(repo.delete_tree, plan.dead_trees)
@@ -279,10 +286,11 @@ def each(delete: Callable[[T], None], items: Iterable[T]) -> None:
         pool.shutdown(cancel_futures=True)
 
 
-def _check_no_other_writer(repo: Repository, plan: GcPlan, *, deleted: str) -> None:
+def _check_no_other_writer(repo: Repository, plan: GcPlan, *, deleted: str, then: str = "run prune again") -> None:
     """Before a deleting step: the exclusive lock is still ours, and nobody added index objects or
     snapshots since the plan was made (module docstring). Raises LockLostError or VaultLockedError.
-    ``deleted``: what the message says was not deleted since (what this prune deleted so far is safe)."""
+    ``deleted``: what the message says was not deleted since (what this prune deleted so far is safe);
+    ``then``: what to run."""
     verify_exclusive_lock(repo)
     # this Repository's own index objects: the repack step's and the consolidated ones
     appeared = set(repo.list_index_ids()) - plan.index_ids - repo.written_index_ids
@@ -295,7 +303,7 @@ def _check_no_other_writer(repo: Repository, plan: GcPlan, *, deleted: str) -> N
         )
         raise VaultLockedError(
             f"prune stopped: another writer added data to {repo.store.url} while this prune ran ({what} "
-            f"it did not plan with); {deleted} was deleted since; run prune again"
+            f"it did not plan with); {deleted} was deleted since; {then}"
         )
 
 
