@@ -96,15 +96,21 @@ def test_a_truncated_pack_fails_its_files_and_the_others_still_restore(cli, tmp_
         assert "is shorter than the index says" in report and "header is damaged" not in report, report
 
 
-def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path):
+def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path, cli):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f.bin").write_bytes(os.urandom(100_000))
     vault.backup(tmp_path / "src")
     (pack,) = packs_of(vault)
     flip(Path(repo_url) / pack, 50)
-    with pytest.raises(IntegrityError) as damaged:
+    with pytest.raises(IntegrityError):
         b"".join(vault.read_file("latest", "f.bin"))
     # it said only "checksum mismatch", and a plain check finds nothing (audit 36a F4)
-    assert str(damaged.value).endswith(
-        "is damaged: checksum mismatch; run: ckptvault check --read-data (it says what to do)"
-    )
+    proc = cli("cat", "latest", "f.bin", "--repo", repo_url, check=False)
+    assert proc.returncode == 30 and not proc.stdout
+    assert proc.stderr.decode().endswith(
+        "is damaged: checksum mismatch; run: ckptvault check --read-data (it says what to do)\n"
+    ), proc.stderr
+    # check --read-data, which finds it, does not send the user to itself
+    report = cli("check", "--read-data", "--repo", repo_url, check=False)
+    said = report.stdout.decode() + report.stderr.decode()
+    assert report.returncode == 30 and "check --read-data (it says" not in said, said

@@ -18,7 +18,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ..crypto.keyfile import passphrase_from_env
-from ..errors import CkptVaultError, PassphraseRequiredError, UsageError, VaultNotFoundError, name_command_line_options
+from ..errors import (
+    READ_DATA_HINT,
+    CkptVaultError,
+    IntegrityError,
+    PassphraseRequiredError,
+    UsageError,
+    VaultNotFoundError,
+    name_command_line_options,
+)
 from ..interruptions import Terminated, hold_back
 from ..location import default_repo_url
 from ..store.retrying import stop_retrying
@@ -155,7 +163,12 @@ def command(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except CkptVaultError as exc:
-            out.error(str(exc))
+            message = str(exc)
+            if isinstance(exc, IntegrityError) and "ckptvault " not in message:
+                # damage named without a way on (a chunk's checksum in cat, show, diff): a plain check
+                # does not read chunks, so it would find nothing
+                message += READ_DATA_HINT
+            out.error(message)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt as exc:
             said = _CANCELLED.get(func.__name__, "cancelled")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..errors import READ_DATA_HINT, IntegrityError, ObjectNotFoundError
+from ..errors import IntegrityError, ObjectNotFoundError
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
@@ -95,7 +95,8 @@ def run_copy(
                 copied = copier.snapshot(snap, before_commit)
             except (IntegrityError, ObjectNotFoundError) as exc:  # damaged in the source: the others still go
                 # the advice to check names no vault: in a copy that would be the destination
-                result.failed[snap.id] = str(exc).removesuffix(READ_DATA_HINT).removesuffix("; run: ckptvault check")
+                result.failed[snap.id] = str(exc).removesuffix("; run: ckptvault check")
+                copier.start_again()
                 continue
             (result.copied if copied is not None else result.gone).append(copied or snap)
     finally:
@@ -117,6 +118,15 @@ class _Copier:
 
     def close(self) -> None:
         self.readers.shutdown(wait=True, cancel_futures=True)
+
+    def start_again(self) -> None:
+        """After a snapshot failed (its writes aborted): the destination's index as stored, less what is
+        gone or cut short there, as the copy began with (a plain reload brought such chunks back, and
+        the next snapshot deduplicated against them), and a planner that counts no aborted delta."""
+        self.dest.load_index_as_stored()
+        self.dest.reconcile_with_stored_packs()
+        if self.planner is not None:
+            self.planner = DeltaPlanner(self.dest, None, None)
 
     def snapshot(self, snap: Snapshot, before_commit: Callable[[], None] | None) -> Snapshot | None:
         """``snap`` as written to the destination, after its tree and every chunk it names; None when

@@ -25,7 +25,6 @@ from ..crypto.aead import AesGcmSealer
 from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
-    READ_DATA_HINT,
     CkptVaultError,
     ConfigDowngradedError,
     IntegrityError,
@@ -98,13 +97,12 @@ R = TypeVar("R")
 
 @contextlib.contextmanager
 def _naming_errors(what: str, hint: str = "") -> Iterator[None]:
-    """Errors decoding ``what`` (an object, a chunk) name it: "<what> is damaged: ...<hint>" (the same
-    IntegrityError subclass, so the exit code stays; the hint unless the error says what to run) or
-    "<what> cannot be read: ..." (too new)."""
+    """Errors decoding ``what`` (an object, a chunk) name it: "<what> is damaged: ..." (the same
+    IntegrityError subclass, so the exit code stays) or "<what> cannot be read: ..." (too new)."""
     try:
         yield
     except IntegrityError as exc:
-        raise type(exc)(f"{what} is damaged: {exc}{'' if 'ckptvault ' in str(exc) else hint}") from exc
+        raise type(exc)(f"{what} is damaged: {exc}{hint}") from exc
     except UnsupportedFormatError as exc:
         raise UnsupportedFormatError(f"{what} cannot be read: {exc}") from exc
 
@@ -865,7 +863,7 @@ class Repository:
                     ),
                 ) from exc
 
-        with _naming_errors(where, READ_DATA_HINT):  # a plain check does not read chunks: it finds no such damage
+        with _naming_errors(where):
             data = _verified(
                 fetch, lambda blob: self._decode_chunk(chunk_id, blob, loc.raw_len, loc.base_id, base, verify_id)
             )
