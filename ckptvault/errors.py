@@ -262,21 +262,24 @@ class RestoreIncompleteError(IntegrityError):
 class CopyIncompleteError(IntegrityError):
     """Snapshots that could not be read in the source vault (damaged data, a damaged snapshot or tree
     object) were not copied; the others were. ``failed``: each such snapshot's ID and why;
-    ``result``: what was copied (a CopyResult)."""
+    ``result``: what was copied (the CopyResult, whose ``failed`` this is)."""
 
     SHOWN = 3  # snapshots named in the message beyond the first one's reason; all are in ``failed``
 
-    def __init__(self, source_url: str, failed: dict[str, str], copied: int, result: object = None) -> None:
+    def __init__(
+        self, source_url: str, dest_url: str, failed: dict[str, str], copied: int, already: int, result: object
+    ) -> None:
         self.failed = failed
         self.result = result
         (first, reason), *rest = failed.items()
         others = [snapshot_id[:8] for snapshot_id, _ in rest[: self.SHOWN]]
         more = len(rest) - len(others)
         also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
+        there = f", {already} were there already" if already else ""
         super().__init__(
             f"copy incomplete: {len(failed)} snapshot(s) could not be read in {source_url} and were not copied: "
-            f"snapshot {first[:8]}: {reason}{also}; {copied} other snapshot(s) were copied; to see what is damaged "
-            f"there and how to heal it, run: ckptvault check --read-data --repo {source_url}"
+            f"snapshot {first[:8]}: {reason}{also}; {copied} other(s) were copied to {dest_url}{there}; "
+            f"to see what is damaged there and how to heal it, run: ckptvault check --read-data --repo {source_url}"
         )
 
 

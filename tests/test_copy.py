@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ckptvault import Vault
+from ckptvault.blob import Kind
 from ckptvault.codec import CompressionSettings
 from ckptvault.crypto.keyfile import Keyfile
 from ckptvault.errors import CopyIncompleteError, IntegrityError, SnapshotNotFoundError, UsageError
@@ -189,18 +190,53 @@ def test_a_damaged_snapshot_in_the_source_does_not_stop_the_others(tmp_path: Pat
     assert proc.returncode == 30, err
     assert err.count("error: ") == 1 and "Traceback" not in err
     assert f"copy incomplete: 1 snapshot(s) could not be read in {tmp_path / 'source'} and were not copied: " in err
-    assert f"snapshot {damaged[:8]}: " in err and "2 other snapshot(s) were copied" in err, err
+    assert f"snapshot {damaged[:8]}: " in err and f"2 other(s) were copied to {tmp_path / 'dest'}; " in err, err
     assert f"run: ckptvault check --read-data --repo {tmp_path / 'source'}" in err
     assert "; run: ckptvault check;" not in err and not err.rstrip().endswith("run: ckptvault check")
+    assert proc.stdout.decode().startswith("copied 2 snapshot(s)"), proc.stdout  # what was copied is said too
     with Vault.open(str(tmp_path / "dest")) as dest:
         assert {s.id for s in dest.snapshots()} == {s.id for s in intact}
         assert dest.check(read_data=1.0).ok
         for snap in intact:
             assert restored(dest, snap.id, tmp_path / f"d-{snap.id}") == restored(source, snap.id, tmp_path / snap.id)
-    if what == "snapshot":  # a copy chosen by tags leaves out what it cannot read, as a warning
+    both = ["--from-repo", str(tmp_path / "source"), "--repo", str(tmp_path / "dest")]
+    rerun = cli("copy", "--json", *both, check=False)
+    assert rerun.returncode == 30 and list(json.loads(rerun.stdout)["failed"]) == [damaged]
+    assert "0 other(s) were copied" in rerun.stderr.decode() and "2 were there already" in rerun.stderr.decode()
+    if what == "snapshot":  # a copy chosen by tags leaves out what it cannot read, with the listing's warning
         with Vault.open(str(tmp_path / "source")) as fresh, Vault.init(str(tmp_path / "by-tag")) as dest:
+            warnings: list[str] = []
+            fresh.on_warning = warnings.append
             assert len(dest.copy_from(fresh, tags={"run": "b"}).copied) == 1
-            assert damaged in fresh.unreadable_snapshots
+            assert any(f"snapshot object {damaged[:12]} is damaged" in w for w in warnings), warnings
+            with pytest.raises(IntegrityError, match=f"in {tmp_path / 'source'}: snapshot object {damaged[:12]} is"):
+                dest.copy_from(fresh, [damaged[:8]])  # by its ID: its own error, not "no snapshot"
+
+
+def test_a_mirror_that_holds_a_snapshot_damaged_in_the_source_since_is_complete(tmp_path: Path, source: Vault):
+    """A snapshot copied before its object was damaged in the source is there: a copy of all of them
+    failed at every run on it (a review of the copy that goes on)."""
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        dest.copy_from(source)
+    damage_oldest(tmp_path / "source", source, "snapshot")
+    with Vault.open(str(tmp_path / "source")) as fresh, Vault.open(str(tmp_path / "dest")) as dest:
+        result = dest.copy_from(fresh)
+    assert (result.copied, len(result.already_there), result.failed) == ([], 2, {})
+
+
+def test_a_snapshot_object_of_a_newer_ckptvault_is_a_warning_not_damage(tmp_path: Path, source: Vault, cli):
+    """It made a copy of all of them exit 30 with "to see what is damaged there and how to heal it",
+    where check says "upgrade ckptvault" (a review of the copy that goes on)."""
+    newest = source.snapshots()[-1]
+    raw = source._repo.load_snapshot(bytes.fromhex(newest.id)).replace(b'"version":1', b'"version":2', 1)
+    assert b'"version":2' in raw
+    path = next(p for p in (tmp_path / "source" / "snapshots").rglob("*") if p.name == newest.id)
+    path.write_bytes(source._repo.codec.encode(Kind.SNAPSHOT, bytes.fromhex(newest.id), raw))
+    cli("init", str(tmp_path / "dest"))
+    proc = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", str(tmp_path / "dest"), check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "a newer ckptvault is needed" in err and "error" not in err, err
+    assert proc.stdout.decode().startswith("copied 2 snapshot(s)")
 
 
 def test_after_a_damaged_snapshot_the_next_is_not_copied_against_chunks_gone_from_the_destination(

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ..errors import CkptVaultError, UsageError
+from ..errors import CkptVaultError, CopyIncompleteError, UsageError
+from ..ops.copy import CopyResult
 from .app import (
     NO_VAULT_ARGS,
     JsonOpt,
@@ -123,9 +124,14 @@ def copy_cmd(
         vault_args.open(out) as dest,
         out.progress("copying") as progress,
     ):
-        result = dest.copy_from(
-            source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress, on_warning=out.warn
-        )
+        try:
+            result = dest.copy_from(
+                source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress, on_warning=out.warn
+            )
+            incomplete = None
+        except CopyIncompleteError as exc:  # what was copied is said (and given as JSON) before the error
+            assert isinstance(exc.result, CopyResult)
+            result, incomplete = exc.result, exc
     data = {
         "copied": result.copied,
         "already_there": [s.id for s in result.already_there],
@@ -134,10 +140,11 @@ def copy_cmd(
         "new_bytes": result.new_bytes,
         "delta_chunks": result.delta_chunks,
         "stored_bytes": result.stored_bytes,
+        "failed": result.failed,
         "dry_run": dry_run,
     }
     there = f"; {len(result.already_there)} already in {dest.url}" if result.already_there else ""
-    if not result.copied:
+    if not result.copied and incomplete is None:
         out.result(data, f"nothing to copy{there}")
     elif dry_run:
         ids = ", ".join(s.short_id for s in result.copied)
@@ -149,3 +156,5 @@ def copy_cmd(
             f"copied {len(result.copied)} snapshot(s) to {dest.url}{there}: {format_bytes(result.read_bytes)} read, "
             f"{format_bytes(result.new_bytes)} new, {format_bytes(result.stored_bytes)} stored{deltas}",
         )
+    if incomplete is not None:
+        raise incomplete
