@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
+from ckptvault.ops.status import _missing_chunks
+from ckptvault.repository.index import ChunkLocation
 from tests.conftest import write_file
 from tests.test_corruption import flip
 
@@ -123,3 +126,22 @@ def test_a_file_still_being_written_is_named_when_a_pinned_backup_left_it_out(tm
     assert f"snapshot {snap.short_id} holds all but the 1 file(s) named as still being written" in status.detail
     assert "state.tmp" in status.detail, status.detail
     assert vault.backup_status(ckpt, exclude=["*.tmp"]).backed_up
+
+
+def test_a_chunk_read_through_a_later_copy_is_stored_whichever_chunk_is_looked_at_first():
+    """Two backups that raced coded A and B against each other's copies; A also has a whole copy. A
+    failure found for B while A was still being resolved (a loop) was kept, so a file holding A then B
+    was "not backed up" while B alone was, and a restore reads both (a review of status's rule)."""
+    a, b = b"A" * 32, b"B" * 32
+    gone, a_delta, a_whole, b_delta = (bytes([i]) * 32 for i in range(1, 5))
+    copies = {
+        a: [ChunkLocation(gone, 0, 10, 10), ChunkLocation(a_delta, 0, 10, 10, b), ChunkLocation(a_whole, 0, 10, 10)],
+        b: [ChunkLocation(b_delta, 0, 10, 10, a)],
+    }
+    repo = SimpleNamespace(index=SimpleNamespace(locations=lambda c: copies.get(c, [])))
+    listed = {a_delta: 1000, a_whole: 1000, b_delta: 1000}
+    for order in ([a, b], [b, a], [b]):
+        assert _missing_chunks([SimpleNamespace(path="f", chunks=order)], repo, listed) == "", order
+    del listed[a_whole]  # now A's only copies are gone or a delta against B, itself a delta against A
+    for order in ([a], [b]):
+        assert _missing_chunks([SimpleNamespace(path="f", chunks=order)], repo, listed), order

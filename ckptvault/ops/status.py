@@ -177,12 +177,17 @@ def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[byte
     """Why a chunk of ``entries`` cannot be read from the vault as listed (``packs``: pack ID -> size),
     or "": some copy of each lies whole in a stored pack, and so does the delta base it needs, at any
     depth. Its bytes are not read (``check --read-data`` does that)."""
-    why: dict[bytes, str] = {}  # chunk -> why none of its copies reads ("" when one does)
+    readable: set[bytes] = set()  # only successes are kept: a failure found while a base was still being
+    # resolved (a loop) may not hold once that base proves readable through another copy
+    resolving: set[bytes] = set()
 
     def unreadable(chunk_id: bytes) -> str:
-        if chunk_id in why:
-            return why[chunk_id]
-        why[chunk_id] = "is a delta in a loop of delta bases"  # until a copy proves readable
+        """Why none of the chunk's copies reads, or "" when one does."""
+        if chunk_id in readable:
+            return ""
+        if chunk_id in resolving:
+            return "is a delta in a loop of delta bases"
+        resolving.add(chunk_id)
         reason = "is in no index"
         for loc in repo.index.locations(chunk_id):
             pack = loc.pack_id.hex()[:12]
@@ -194,12 +199,13 @@ def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[byte
                 reason = f"is a delta against chunk {loc.base_id.hex()[:12]}, which {base}"
             else:
                 reason = ""
+                readable.add(chunk_id)
                 break
-        why[chunk_id] = reason
+        resolving.discard(chunk_id)
         return reason
 
     for entry in entries:
         for chunk_id in entry.chunks:
-            if reason := unreadable(chunk_id):
+            if reason := unreadable(chunk_id):  # the first failure ends the look: nothing to keep of it
                 return f"chunk {chunk_id.hex()[:12]} of {entry.path} {reason}"
     return ""
