@@ -430,11 +430,9 @@ class Vault:
         snap = self.snapshot(snapshot)
         try:
             raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
-        except ObjectNotFoundError as exc:
-            if snap.id not in {s.id for s in self.snapshots()}:
+        except (ObjectNotFoundError, IntegrityError) as exc:
+            if isinstance(exc, ObjectNotFoundError) and snap.id not in {s.id for s in self.snapshots()}:
                 raise _removed_meanwhile(snap, self.url) from None
-            raise tree_error(snap, self.url, exc) from None
-        except IntegrityError as exc:
             raise tree_error(snap, self.url, exc) from None
         return decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 

@@ -244,27 +244,31 @@ def test_plain_repair_index_names_a_pack_cut_short(repo_url: str, tmp_path: Path
     assert f"1 indexed pack(s) end before chunks the index places in them (cut short; e.g. {pack.name[:12]})" in err
     assert "check names the snapshots and files that need them" in err, err
     assert json.loads(cli("repair-index", "--json", "--repo", repo_url).stdout)["cut_short_packs"] == [pack.name]
-    proc = cli("repair-index", "--read-data", "--repo", repo_url)  # it drops the cut chunks, and says that instead
-    assert "cut short" not in proc.stderr.decode() and "damaged chunk(s) from the index" in proc.stdout.decode()
+    proc = cli("repair-index", "--read-data", "--json", "--repo", repo_url)  # it drops the cut chunks instead
+    assert "cut short" not in proc.stderr.decode()
+    repaired = json.loads(proc.stdout)
+    assert repaired["damaged_chunks"] and repaired["cut_short_packs"] == []
     assert json.loads(cli("repair-index", "--json", "--repo", repo_url).stdout)["cut_short_packs"] == []
 
 
 def test_prune_names_a_pack_gone_from_the_storage_and_sends_no_one_to_repair_index(repo_url: str, tmp_path: Path):
     _, _, pack = one_pack(repo_url, tmp_path, 300_000)
-    stray = Path(repo_url) / "packs" / "ab" / ("ab" * 32)  # a killed backup's leftover, which holds nothing needed
-    stray.parent.mkdir(exist_ok=True)
-    with Vault.open(repo_url) as vault:  # a pack of other data, in no index
+    index_before = set((Path(repo_url) / "index").iterdir())
+    with Vault.open(repo_url) as vault:  # a killed backup's leftover: a pack of other data whose header reads
         other = tmp_path / "other"
         other.mkdir()
         (other / "x.bin").write_bytes(os.urandom(200_000))
-        vault.backup(other)
-    (newer,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file() and p != pack]
-    stray.write_bytes(newer.read_bytes())
+        leftover = vault.backup(other)
+    for index in set((Path(repo_url) / "index").iterdir()) - index_before:
+        index.unlink()
+    (Path(repo_url) / "snapshots" / leftover.id).unlink()
+    (stray,) = [p for p in (Path(repo_url) / "packs").rglob("*") if p.is_file() and p != pack]
     pack.unlink()
     with Vault.open(repo_url) as vault, pytest.raises(IntegrityError) as refused:
         vault.prune(keep_latest=2)
-    assert f"1 indexed pack(s) holding them are missing from the storage (e.g. {pack.name[:12]})" in str(refused.value)
-    assert "repair-index" not in str(refused.value) and "run: ckptvault check" in str(refused.value)
+    said = str(refused.value)
+    assert f"1 indexed pack(s) holding them are missing from the storage (e.g. {pack.name[:12]})" in said, said
+    assert "repair-index" not in said and "damaged header" not in said and "run: ckptvault check" in said
     assert stray.exists()
 
 

@@ -38,8 +38,8 @@ class IndexRepair:
     # their chunks that verify indexed again
     kept_packs: list[str] = field(default_factory=list)  # read_data: header damaged, and bytes of them that no
     # index entry accounts for (a chunk a damaged index object no longer describes may be there): not rewritten
-    cut_short_packs: list[str] = field(default_factory=list)  # indexed packs that end before a chunk the index
-    # places in them (from the listing's sizes; --read-data drops those chunks, a plain repair keeps their entries)
+    cut_short_packs: list[str] = field(default_factory=list)  # not read_data: indexed packs that end before a
+    # chunk the index places in them (from the listing's sizes), whose entries it keeps (read_data drops them)
 
 
 def repair_index(
@@ -117,7 +117,7 @@ def repair_index(
         rewritten_packs=sorted(p.hex() for p in headless),
         revived_packs=sorted(p.hex() for p in revived),
         kept_packs=sorted(p.hex() for p in kept),
-        cut_short_packs=sorted(p.hex() for p in cut_short),
+        cut_short_packs=[] if read_data else sorted(p.hex() for p in cut_short),  # read_data: in damaged_chunks
     )
 
 
