@@ -29,7 +29,8 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── FileFormatError                23   a file header show/diff cannot parse
     ├── IntegrityError                 30   hash / checksum / decode mismatch
     │   ├── MalformedObjectError       30   a stored object cannot be parsed
-    │   └── RestoreIncompleteError     30   restore: files that failed verification were not written
+    │   ├── RestoreIncompleteError     30   restore: files that failed verification were not written
+    │   └── CopyIncompleteError        30   copy: snapshots that could not be read in the source were not copied
     ├── ConfigDowngradedError          30   the config says unencrypted, the objects are encrypted
     ├── UnsafePathError                31   a manifest entry would escape the target
     ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot

@@ -83,13 +83,11 @@ from .ops.catalog import (
     SnapshotCatalog,
     decode_naming,
     refuse_gc_with_unreadable,
-    select_snapshot,
     tree_error,
-    unreadable_named,
 )
 from .ops.check import CheckReport, run_check
 from .ops.compact import compact_index
-from .ops.copy import CopyResult, run_copy
+from .ops.copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
@@ -724,22 +722,7 @@ class Vault:
                 self._repo.reconcile_with_stored_packs()
             source._repo.load_index_as_stored()
             listed, unreadable = source._catalog.listing()  # the pair of one listing: another thread's may follow
-            every = sorted(listed, key=lambda s: s.time)
-            if specs is None:
-                chosen = [s for s in every if s.matches(tags)]
-            else:
-                names = [s.id if isinstance(s, Snapshot) else s for s in specs]
-                for name in names:  # one that names an object which cannot be read: its error, not "no snapshot"
-                    if (bad := unreadable_named(name, every, unreadable)) is not None:
-                        error = unreadable[bad]
-                        raise type(error)(f"in {source.url}: {error}; see: ckptvault check --repo {source.url}")
-                try:
-                    picked = [select_snapshot(every, name, tags, unreadable) for name in names]
-                except SnapshotNotFoundError as exc:  # say which of the two vaults has none
-                    of_source = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")
-                    exc.args = (f"in {source.url}: {exc}".replace("ckptvault snapshots", of_source),)
-                    raise
-                chosen = list({s.id: s for s in picked}.values())
+            chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source.url)
             if chosen and source.config.encrypted and not self.config.encrypted and not dry_run:
                 warn(
                     f"{source.url} is encrypted and {self.url} is not: the copies are stored unencrypted there "
@@ -761,10 +744,7 @@ class Vault:
                 "not copied (a retagged one has a new ID: the next copy takes it)"
             )
         if specs is None and not tags and not dry_run:  # all of them: a mirror, whose job must hear of a gap
-            # (damage; an object of a newer ckptvault was warned about, and an upgrade copies it)
-            damaged = {i: e for i, e in unreadable.items() if isinstance(e, IntegrityError)}
-            held = {i for i in damaged if self._repo.has_snapshot(bytes.fromhex(i))}  # copied before the damage
-            result.failed.update((i, str(e)) for i, e in sorted(damaged.items()) if i not in held)
+            result.failed.update(mirror_gaps(unreadable, self._repo))
         if result.failed:
             copied, already = len(result.copied), len(result.already_there)
             raise CopyIncompleteError(source.url, self.url, result.failed, copied, already, result)

@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..errors import IntegrityError, ObjectNotFoundError
+from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, spelled
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
 from ..snapshot.model import FileEntry, Snapshot
 from .backup import ChunkPipeline
-from .catalog import decode_naming
+from .catalog import decode_naming, select_snapshot, unreadable_named
 from .deltabase import KEYFRAME_INTERVAL, BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
@@ -58,6 +58,43 @@ class CopyResult:
     new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
     delta_chunks: int = 0  # of those chunks, how many were stored as deltas
     stored_bytes: int = 0  # bytes written to the destination (packs, index, trees)
+
+
+def choose_snapshots(
+    every: list[Snapshot],
+    unreadable: Mapping[str, CkptVaultError],
+    specs: Sequence[str | Snapshot] | None,
+    tags: dict[str, str] | None,
+    source_url: str,
+) -> list[Snapshot]:
+    """The snapshots of the source (``every``, oldest first) a copy takes: all (those with ``tags``),
+    or the given ones. One given that names an object which cannot be read raises its error, not "no
+    snapshot"; errors say that they are of the source vault."""
+    if specs is None:
+        return [s for s in every if s.matches(tags)]
+    names = [s.id if isinstance(s, Snapshot) else s for s in specs]
+    for name in names:
+        if (bad := unreadable_named(name, every, unreadable)) is not None:
+            error = unreadable[bad]
+            raise type(error)(f"in {source_url}: {error}; see: ckptvault check --repo {source_url}")
+    try:
+        picked = [select_snapshot(every, name, tags, unreadable) for name in names]
+    except SnapshotNotFoundError as exc:  # say which of the two vaults has none
+        of_source = spelled(f"ckptvault snapshots --repo {source_url}", "source.snapshots()")
+        exc.args = (f"in {source_url}: {exc}".replace("ckptvault snapshots", of_source),)
+        raise
+    return list({s.id: s for s in picked}.values())
+
+
+def mirror_gaps(unreadable: Mapping[str, CkptVaultError], dest: Repository) -> dict[str, str]:
+    """For a copy of all snapshots: the source's damaged snapshot objects the destination lacks, with
+    why (one it holds was copied before the damage; one of a newer ckptvault was warned about, and an
+    upgrade copies it)."""
+    return {
+        snapshot_id: str(error)
+        for snapshot_id, error in sorted(unreadable.items())
+        if isinstance(error, IntegrityError) and not dest.has_snapshot(bytes.fromhex(snapshot_id))
+    }
 
 
 def same_chunk_ids(source: Repository, dest: Repository) -> bool:
