@@ -153,6 +153,21 @@ def test_a_path_too_long_for_the_target_is_refused_before_writing(run, vault: Va
     assert (src / "a.bin").read_bytes() == b"near"
 
 
+def test_a_path_of_exactly_path_max_bytes_is_refused_too(run, vault: Vault, tmp_path: Path):
+    """PATH_MAX counts the closing NUL: a path of 4,096 bytes fails in the kernel as one over it does."""
+    src = tmp_path / "s"
+    deep = src
+    while len(os.fsencode(deep)) < 4057 - 201:
+        deep /= "p" * 200
+    deep /= "q" * (4057 - len(os.fsencode(deep)) - 3)
+    deep.mkdir(parents=True)
+    (deep / "x").write_bytes(b"far")  # 4,057 bytes of path; its temporary name's path is 4,096 bytes
+    snap_id = vault.backup(src).id
+    target = tmp_path / "t"
+    one_line_error(run("restore", snap_id, str(target)), 22, "would need a path of 4,096 bytes", "shorter path")
+    assert not target.exists()
+
+
 # ---- arguments ------------------------------------------------------------------------------
 
 

@@ -294,6 +294,14 @@ def test_a_leftover_is_removed_where_flock_needs_a_file_open_for_writing(
     assert not leftover.exists() and (target / "a").read_bytes() == b"real file"
 
 
+def test_overwrite_skips_files_already_in_place(backed_up, tmp_path: Path):
+    """--overwrite replaces what differs; a file already whole and alone is left as it is, not written again."""
+    vault, _, snap = backed_up
+    vault.restore(snap, tmp_path / "target")
+    again = vault.restore(snap, tmp_path / "target", overwrite=True)
+    assert (again.skipped_files, again.bytes_written) == (3, 0), again
+
+
 def test_overwrite_gives_a_hard_linked_twin_a_file_of_its_own(backed_up, tmp_path: Path):
     vault, src, snap = backed_up
     target = tmp_path / "target"
