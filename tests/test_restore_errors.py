@@ -131,16 +131,22 @@ def test_a_folder_where_the_snapshot_has_a_file_is_refused_even_with_overwrite(r
     assert (target / "big.bin" / "user-data").read_bytes() == b"keep me"
 
 
+def file_at_path_length(src: Path, length: int) -> Path:
+    """A file "x" (b"far") deep under ``src`` whose path is ``length`` bytes, in folders of 200 bytes."""
+    deep = src
+    while len(os.fsencode(deep)) < length - 201:
+        deep /= "p" * 200
+    deep /= "q" * (length - len(os.fsencode(deep)) - 3)
+    deep.mkdir(parents=True)
+    (deep / "x").write_bytes(b"far")
+    return deep / "x"
+
+
 def test_a_path_too_long_for_the_target_is_refused_before_writing(run, vault: Vault, tmp_path: Path):
     """A file whose path under the target leaves no room for its 40-byte temporary name below
     PATH_MAX failed as a write ("check that disk", exit 20) once earlier files were in place."""
     src = tmp_path / "s"
-    deep = src
-    while len(os.fsencode(deep)) < 4080 - 201:
-        deep /= "p" * 200
-    deep /= "q" * (4080 - len(os.fsencode(deep)) - 3)
-    deep.mkdir(parents=True)
-    (deep / "x").write_bytes(b"far")  # 4,080 bytes of path: legal, and backed up
+    file_at_path_length(src, 4080)  # legal, and backed up
     write_file(src / "a.bin", b"near")
     snap_id = vault.backup(src).id
     target = tmp_path / "t"  # as long as src: x's folder plus a temporary name is over 4,095 bytes
@@ -156,12 +162,7 @@ def test_a_path_too_long_for_the_target_is_refused_before_writing(run, vault: Va
 def test_a_path_of_exactly_path_max_bytes_is_refused_too(run, vault: Vault, tmp_path: Path):
     """PATH_MAX counts the closing NUL: a path of 4,096 bytes fails in the kernel as one over it does."""
     src = tmp_path / "s"
-    deep = src
-    while len(os.fsencode(deep)) < 4057 - 201:
-        deep /= "p" * 200
-    deep /= "q" * (4057 - len(os.fsencode(deep)) - 3)
-    deep.mkdir(parents=True)
-    (deep / "x").write_bytes(b"far")  # 4,057 bytes of path; its temporary name's path is 4,096 bytes
+    file_at_path_length(src, 4057)  # its temporary name's path is 4,096 bytes
     snap_id = vault.backup(src).id
     target = tmp_path / "t"
     one_line_error(run("restore", snap_id, str(target)), 22, "would need a path of 4,096 bytes", "shorter path")
