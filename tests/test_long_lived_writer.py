@@ -65,7 +65,8 @@ def test_the_nth_backup_of_a_long_lived_vault_reads_only_the_new_metadata(
     # listed); 13 index objects and 13 snapshots before
     assert reads["index"] == 1 and reads["snapshots"] == 2, reads
     assert len(vault.snapshots()) == 14 and reads["snapshots"] == 3
-    assert snap.summary.new_chunks == 1
+    # every chunk of the fresh random file is new (its 20 kB may be cut in one chunk or two: content-defined)
+    assert snap.summary.new_chunks == snap.summary.chunks >= 1
 
 
 def test_a_long_lived_vault_stores_again_what_another_process_pruned_since(
