@@ -4,7 +4,11 @@ removed inside a live vault is made again, and a vault's folder gone away is not
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,7 +19,7 @@ from ckptvault.errors import StorageError
 
 from ..conftest import tree_digest
 from ..support.faultproxy import FaultProxy
-from ..support.servers import RunningServer
+from ..support.servers import RunningServer, start_sshd
 from .conftest import make_checkpoint
 
 
@@ -96,3 +100,57 @@ def test_an_sftp_vault_gone_away_is_not_made_again_by_a_write(sftp_vault, how):
     vault.backup(src, tags={"step": "3"})
     assert [s.tags["step"] for s in vault.snapshots()] == ["1", "3"]
     assert vault.check().ok
+
+
+@pytest.fixture
+def sshd_at_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+    """An OpenSSH server whose SFTP clients see one empty folder as "/", and that folder on this machine.
+    sshd chroots only as root, into a folder no one else may write to at any level (not under /tmp)."""
+    if os.geteuid() != 0:
+        pytest.skip("NOT TESTED: an SFTP vault at the server's root needs sshd's ChrootDirectory, which needs root")
+    chroot = Path(tempfile.mkdtemp(prefix="ckptvault-sftp-root-", dir="/var/lib"))
+    srv = start_sshd(tmp_path_factory.mktemp("sshd-chroot"), chroot=chroot)
+    try:
+        yield srv, chroot
+    finally:
+        srv.stop()
+        shutil.rmtree(chroot, ignore_errors=True)
+
+
+def test_a_vault_at_the_sftp_servers_root_backs_up_restores_prunes_and_is_missed_when_gone(
+    sshd_at_root, tmp_path, monkeypatch
+):
+    """Root "" is the one vault folder SFTP cannot list by its own name: gone-detection lists "/" for it
+    (review 33 M1). The vault is reached as ``sftp://host:port/`` and as ``sftp://host:port``."""
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "2")
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "1")
+    srv, chroot = sshd_at_root
+    url, options = srv.backend.base_url, srv.backend.storage_options
+    src = make_checkpoint(tmp_path / "ckpt", step=1)
+    with Vault.init(url + "/", storage_options=options, pack_size=1 << 20) as vault:
+        vault.backup(src, tags={"step": "1"})
+    assert (chroot / "config").is_file() and any((chroot / "packs").iterdir())
+    with Vault.open(url, storage_options=options) as vault:
+        make_checkpoint(src, step=2)
+        vault.backup(src, tags={"step": "2"})
+        assert vault.prune(keep_latest=1).gc.reclaim_bytes > 0
+        assert [s.tags["step"] for s in vault.snapshots()] == ["2"]
+        vault.restore("latest", tmp_path / "out")
+        assert tree_digest(tmp_path / "out") == tree_digest(src)
+        assert vault.check(read_data=1.0).ok
+
+        away = tmp_path / "away"  # every entry of the vault moved off the server's root: the vault is gone
+        away.mkdir()
+        for entry in list(chroot.iterdir()):
+            shutil.move(entry, away / entry.name)
+        with pytest.raises(StorageError, match=re.escape("the vault's folder is gone or empty")):
+            vault.snapshots()
+        with pytest.raises(StorageError, match=re.escape("the folder it goes into is missing")):
+            vault.backup(src, tags={"step": "3"})
+        assert list(chroot.iterdir()) == []  # nothing made in its place
+
+        for entry in list(away.iterdir()):
+            shutil.move(entry, chroot / entry.name)
+        vault.backup(src, tags={"step": "3"})
+        assert [s.tags["step"] for s in vault.snapshots()] == ["2", "3"]

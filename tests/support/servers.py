@@ -350,7 +350,10 @@ def start_azurite(workdir: Path) -> RunningServer:
 # ---- SFTP: a throwaway OpenSSH server -----------------------------------------------------
 
 
-def start_sshd(workdir: Path) -> RunningServer:
+def start_sshd(workdir: Path, chroot: Path | None = None) -> RunningServer:
+    """An OpenSSH server whose SFTP clients see the whole file system, or only ``chroot`` as "/" (which
+    sshd accepts only from root, in a folder whose every component is root's and writable by no one
+    else)."""
     _require("paramiko", "sftp")
     sshd = find_binary("sshd", Path("/usr/sbin/sshd"))
     keygen = find_binary("ssh-keygen", Path("/usr/bin/ssh-keygen"))
@@ -378,6 +381,7 @@ def start_sshd(workdir: Path) -> RunningServer:
                 "LogLevel ERROR",
                 "MaxStartups 64",
                 "MaxSessions 64",
+                *([f"ChrootDirectory {chroot}"] if chroot else []),
                 "",
             ]
         )
@@ -391,7 +395,7 @@ def start_sshd(workdir: Path) -> RunningServer:
     key = str(d / "client_key")
     backend = Backend(
         name="sftp-openssh",
-        base_url=f"sftp://{user}@127.0.0.1:{port}{d / 'root'}",
+        base_url=f"sftp://{user}@127.0.0.1:{port}{'' if chroot else d / 'root'}",
         storage_options={"key_filename": key, "look_for_keys": False, "allow_agent": False},
         cli_options=["-o", f"key_filename={key}", "-o", "look_for_keys=false", "-o", "allow_agent=false"],
     )
