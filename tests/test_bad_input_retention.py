@@ -282,7 +282,7 @@ def test_forget_refuses_an_id_prefix_too_short_to_be_meant(cli, repo: str, spec:
     assert proc.returncode == 2
     assert one_line_error(proc) == (
         f"error: {spec!r} is too short an ID prefix to forget a snapshot by: give at least 4 characters of its ID "
-        "(as ckptvault snapshots shows them)"
+        f"(as ckptvault snapshots --repo {repo} shows them)"
     )
     assert snapshot_ids(cli, repo) == before
     cli("forget", "--repo", repo, before[0][:8])  # as `snapshots` shows it

@@ -108,7 +108,7 @@ def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path, cli
     proc = cli("cat", "latest", "f.bin", "--repo", repo_url, check=False)
     assert proc.returncode == 30 and not proc.stdout
     assert proc.stderr.decode().endswith(
-        "is damaged: checksum mismatch; run: ckptvault check --read-data (it says what to do)\n"
+        f"is damaged: checksum mismatch; run: ckptvault check --repo {repo_url} --read-data (it says what to do)\n"
     ), proc.stderr
     # check --read-data, which finds it, does not send the user to itself
     report = cli("check", "--read-data", "--repo", repo_url, check=False)

@@ -91,7 +91,7 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
     assert good[:8] in listed.stdout.decode() and bad[:8] not in listed.stdout.decode()
     (warning,) = stderr_lines(listed)  # one line, naming the object and what to do
     assert warning.startswith("warning: snapshot object " + bad[:12])
-    assert "ckptvault check" in warning and f"ckptvault forget {bad[:12]}" in warning
+    assert f"ckptvault check --repo {repo}" in warning and f"ckptvault forget --repo {repo} {bad[:12]}" in warning
     assert "damaged" in warning.split("; left out")[0]  # not only "upgrade": an unknown envelope may be damage
 
     assert "a.bin" in cli("ls", "--repo", repo, good[:8]).stdout.decode()
@@ -106,14 +106,15 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
         error = error_line(latest)
         assert error.startswith(f"error: 'latest' cannot be told: snapshot object {bad[:12]} is damaged"), error
         assert f"and it may hold the newest save; the newest that can be read is {good[:8]} (step 2)" in error
-        assert f"ckptvault forget {bad[:12]}" in error
+        assert f"ckptvault forget --repo {repo} {bad[:12]}" in error
     assert not (tmp_path / "out2").exists()
     assert good[:8] in cli("snapshots", "--repo", repo).stdout.decode()
 
     proc = cli("restore", "--repo", repo, bad[:10], str(tmp_path / "out3"), check=False)
     assert proc.returncode == code
     error = error_line(proc)
-    assert error.startswith(f"error: snapshot object {bad[:12]}") and f"ckptvault forget {bad[:12]}" in error
+    assert error.startswith(f"error: snapshot object {bad[:12]}")
+    assert f"ckptvault forget --repo {repo} {bad[:12]}" in error
 
 
 def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
@@ -167,7 +168,7 @@ def test_prune_refuses_while_a_snapshot_is_unreadable(two_snapshots, cli: Callab
         assert proc.returncode == code, proc.stderr
         error = error_line(proc)
         assert error.startswith(f"error: prune refused: snapshot object {bad[:12]}")
-        assert f"ckptvault forget {bad[:12]}" in error and "ckptvault check" in error
+        assert f"ckptvault forget --repo {repo} {bad[:12]}" in error and f"ckptvault check --repo {repo}" in error
     after = sorted(str(p.relative_to(repo)) for p in Path(repo).rglob("*") if p.is_file())
     assert after == before  # nothing deleted, not even the snapshot given to forget --prune
     cli("forget", "--prune", "--repo", repo, bad[:12])  # forgetting the unreadable one itself is allowed
@@ -322,7 +323,7 @@ def test_a_missing_tree_is_damage_exit_30_naming_it_and_the_remedy(two_snapshots
     proc = cli("restore", "--repo", repo, second[:8], str(tmp_path / "out"), check=False)
     error = error_line(proc)
     assert proc.returncode == 30 and f"tree object {tree_id[:12]}" in error and "missing" in error, error
-    assert f"ckptvault forget {second[:8]}" in error
+    assert f"ckptvault forget --repo {repo} {second[:8]}" in error
     cli("restore", "--repo", repo, first[:8], str(tmp_path / "first"))  # the other snapshot restores
 
 

@@ -332,7 +332,7 @@ def test_after_forget_a_prune_with_no_rule_reclaims_the_space_and_removes_no_sna
     stored = sum(p.stat().st_size for p in (Path(repo) / "packs").rglob("*") if p.is_file())
     forgot = cli("forget", ids[2][:8], "--repo", repo)
     assert forgot.stdout.decode().strip().splitlines()[-1] == (
-        "forgot 1 snapshot(s), kept 2; their data stays until: ckptvault prune"
+        f"forgot 1 snapshot(s), kept 2; their data stays until: ckptvault prune --repo {repo}"
     )
     src.joinpath("z.bin").unlink()  # its bytes are in the forgotten snapshot only
     dry = cli("prune", "--repo", repo, "--dry-run", "--json")

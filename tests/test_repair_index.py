@@ -208,7 +208,10 @@ def test_a_pack_cut_short_is_stored_again_by_the_next_backup_and_salvaged_by_pru
     proc = cli("check", "--repo", repo_url, check=False)
     err = proc.stderr.decode()
     assert proc.returncode == 30 and "forget" not in err and "no snapshot is affected" in err, err
-    assert "other packs hold them: ckptvault prune copies out its whole chunks and removes it" in proc.stdout.decode()
+    assert (
+        f"other packs hold them: ckptvault prune --repo {repo_url} copies out its whole chunks and removes it"
+        in proc.stdout.decode()
+    )
     with Vault.open(repo_url) as vault:
         vault.prune(keep_latest=2)  # small.bin's chunk is salvaged from the cut pack, which goes
         assert not pack.exists() and vault.check(read_data=1.0).ok
@@ -242,7 +245,7 @@ def test_plain_repair_index_names_a_pack_cut_short(repo_url: str, tmp_path: Path
     proc = cli("repair-index", "--repo", repo_url)
     err = proc.stderr.decode()
     assert f"1 indexed pack(s) end before chunks the index places in them (cut short; e.g. {pack.name[:12]})" in err
-    assert "check names the snapshots and files that need them" in err, err
+    assert f"check --repo {repo_url} names the snapshots and files that need them" in err, err
     assert json.loads(cli("repair-index", "--json", "--repo", repo_url).stdout)["cut_short_packs"] == [pack.name]
     proc = cli("repair-index", "--read-data", "--json", "--repo", repo_url)  # it drops the cut chunks instead
     assert "cut short" not in proc.stderr.decode()
@@ -288,9 +291,10 @@ def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_i
         loc = vault._repo.index.get(chunk)
     flip(Path(repo_url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
     proc = cli("check", "--repo", repo_url, "--read-data", check=False)
-    assert proc.returncode == 30 and "repair-index --read-data drops it" in proc.stdout.decode(), proc.stdout
+    said = proc.stdout.decode()
+    assert proc.returncode == 30 and f"repair-index --repo {repo_url} --read-data drops it" in said, said
     last = proc.stderr.decode().strip()  # healing comes before forgetting
-    assert "where the files named are still on disk, ckptvault repair-index --read-data and a new backup" in last
+    assert f"still on disk, ckptvault repair-index --repo {repo_url} --read-data and a new backup" in last
     assert last.index("repair-index") < last.index("ckptvault forget")
     dry = cli("repair-index", "--repo", repo_url, "--read-data", "--dry-run").stdout.decode()
     assert "would drop 1 damaged chunk(s)" in dry
@@ -406,7 +410,8 @@ def test_a_pack_whose_header_is_damaged_is_rewritten_by_repair_index_read_data(r
     src, snap, pack = one_pack(repo_url, tmp_path, 2_000_000)
     damage_header(pack)
     proc = cli("check", "--repo", repo_url, check=False)
-    assert proc.returncode == 30 and "repair-index --read-data copies them" in proc.stdout.decode()
+    said = proc.stdout.decode()
+    assert proc.returncode == 30 and f"repair-index --repo {repo_url} --read-data copies them" in said, said
     dry = cli("repair-index", "--read-data", "--dry-run", "--repo", repo_url).stdout.decode()
     assert "would copy the chunks of 1 pack(s) whose header is damaged" in dry and pack.exists()
     done = cli("repair-index", "--read-data", "--repo", repo_url).stdout.decode()
@@ -475,7 +480,8 @@ def test_a_damaged_index_object_still_maps_a_pack_whose_header_is_damaged_too(re
     flip(index, index.stat().st_size - 1)  # its checksum fails; the entries it holds are still whole
     proc = cli("check", "--repo", repo_url, check=False)
     err = proc.stderr.decode()
-    assert proc.returncode == 30 and "run ckptvault repair-index first" in err and "ckptvault forget" not in err, err
+    assert proc.returncode == 30 and f"run ckptvault repair-index --repo {repo_url} first" in err, err
+    assert "ckptvault forget" not in err, err
     done = cli("repair-index", "--repo", repo_url).stdout.decode()
     assert "indexed 1 pack(s) whose header is damaged from what the damaged index object(s) said" in done, done
     cli("restore", snap.id, str(tmp_path / "out"), "--repo", repo_url)

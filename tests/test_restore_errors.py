@@ -181,10 +181,11 @@ def test_an_empty_target_is_a_usage_error(run, snap, tmp_path: Path, monkeypatch
     assert list(cwd.iterdir()) == []
 
 
-def test_an_include_glob_that_matches_nothing_is_a_usage_error(run, snap, tmp_path: Path):
+def test_an_include_glob_that_matches_nothing_is_a_usage_error(run, snap, repo_url: str, tmp_path: Path):
     target = tmp_path / "target"
     line = one_line_error(run("restore", snap, str(target), "--include", "nomatch*"), 2, "--include 'nomatch*'")
-    assert line.endswith(f"list them with: ckptvault ls {snap[:8]}")  # the snapshot's ID, not a placeholder
+    # the snapshot's ID, not a placeholder
+    assert line.endswith(f"list them with: ckptvault ls --repo {repo_url} {snap[:8]}")
     assert not target.exists(), "nothing may be created before the globs are checked"
 
 

@@ -849,7 +849,7 @@ def test_watching_a_folder_saved_as_one_checkpoint_is_warned_about(tmp_path, rep
         f"{ckpt} looks like one checkpoint (it holds optimizer.pt, and nothing in it is named by a step), and watch "
         "ships each entry of the folder it watches as a checkpoint of its own"
     ) in wrong, wrong
-    assert f"ckptvault backup {ckpt}" in wrong
+    assert f"ckptvault backup --repo {repo} {ckpt}" in wrong
     # a folder of step-named checkpoints, each with its optimizer.pt inside: no warning
     out = tmp_path / "out"
     for step in (100, 200):

@@ -64,8 +64,11 @@ class _OneLineHandler(logging.Handler):
     sys.stderr of the moment, which a live progress bar redirects to above itself."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        from .output import with_vault_named  # loaded with the commands, before any record
+
         try:
-            sys.stderr.write(f"{record.levelname.lower()}: {' '.join(record.getMessage().split())}\n")
+            message = with_vault_named(record.getMessage())
+            sys.stderr.write(f"{record.levelname.lower()}: {' '.join(message.split())}\n")
         except Exception:
             self.handleError(record)
 

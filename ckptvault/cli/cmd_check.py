@@ -9,7 +9,7 @@ import typer
 from ..errors import StorageError, UsageError
 from ..repository.locks import STALE_AFTER, running_here
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output
+from .output import Output, with_vault_named
 from .params import parse_fraction
 
 
@@ -39,7 +39,7 @@ def check_cmd(
     if report.ok:
         out.result(data, f"no problems found: {counts}")
         return
-    lines = [f"{p.object}: {p.detail}" for p in report.problems]
+    lines = [with_vault_named(f"{p.object}: {p.detail}") for p in report.problems]
     for snapshot_id, files in report.affected.items():
         lines.append(f"affects snapshot {snapshot_id[:8]}: {_files(files)}")
     for snapshot_id, files in report.unavailable.items():

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import DrillFailedError, IntegrityError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
-from .output import Output, format_bytes, format_rate, one_line
+from .output import Output, format_bytes, format_rate, one_line, with_vault_named
 from .params import parse_tags
 
 
@@ -44,7 +44,7 @@ def drill_cmd(
         try:
             report = vault.drill(snapshot, tags=parse_tags(tag), load=load, workdir=tmp_dir, on_progress=progress)
         except IntegrityError as exc:  # damaged bytes: CI reading --json gets a verdict too (exit 30)
-            out.result({"ok": False, "error": str(exc)})
+            out.result({"ok": False, "error": with_vault_named(str(exc))})  # as the error line says it
             raise
     step = f" (step {report.step})" if report.step is not None else ""
     rate = format_rate(report.bytes, report.fetch_s)

@@ -6,6 +6,8 @@ import errno
 import json
 import math
 import os
+import re
+import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +42,38 @@ def one_line(message: str) -> str:
     if message.isprintable():
         return message
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+# The commands that act on a vault: one that a message suggests must name the vault the failing command
+# was given, or a pasted `ckptvault forget ID` acts on the default vault (a copy has the same IDs).
+VAULT_COMMANDS = (
+    "backup", "restore", "snapshots", "ls", "cat", "show", "diff", "stats", "tag", "forget", "prune", "check",
+    "repair-index", "unlock", "status", "drill", "watch", "copy",
+)  # fmt: skip
+_SUGGESTED = re.compile(rf"\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
+_vault_options = ""  # " --repo URL --keyfile PATH": this command's vault, as the user gave it
+_storage_note = ""
+
+
+def name_the_vault_in_advice(
+    repo: str | None, keyfile: str | None, passphrase_file: str | None, storage_options: list[str] | None
+) -> None:
+    """Make the commands that messages suggest name the vault this command was given (``--repo`` and
+    the rest); the -o options are only mentioned (they may hold secrets). Nothing is added where the
+    vault is the default or comes from CKPTVAULT_REPO: the suggestion then finds the same vault."""
+    global _vault_options, _storage_note
+    given = [("--repo", repo), ("--keyfile", keyfile), ("--passphrase-file", passphrase_file)]
+    _vault_options = "".join(f" {option} {shlex.quote(value)}" for option, value in given if value)
+    _storage_note = " (each with the same -o options)" if storage_options else ""
+
+
+def with_vault_named(message: str) -> str:
+    """``message`` with this command's vault options added to every ckptvault command it suggests,
+    unless it names a vault itself (copy's advice names the source's)."""
+    if not (_vault_options or _storage_note) or "--repo " in message or "--from-repo" in message:
+        return message
+    named, count = _SUGGESTED.subn(lambda m: m.group(0) + _vault_options, message)
+    return named + _storage_note if count else message
 
 
 def _jsonable(value: Any) -> Any:
@@ -148,13 +182,13 @@ class Output:
     def info(self, message: str) -> None:
         """A human message (stderr), hidden by --quiet."""
         if not self.quiet:
-            self.err.print(message, markup=False)
+            self.err.print(with_vault_named(message), markup=False)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"warning: {one_line(message)}", markup=False, style="yellow")
+        self.err.print(f"warning: {one_line(with_vault_named(message))}", markup=False, style="yellow")
 
     def error(self, message: str) -> None:
-        self.err.print(f"error: {one_line(message)}", markup=False, style="red")
+        self.err.print(f"error: {one_line(with_vault_named(message))}", markup=False, style="red")
 
     def result(self, data: Any, text: str | Table | None = None, *, asked: bool = False) -> None:
         """The command's result: JSON on stdout with --json, else the text. --quiet hides summaries
@@ -166,8 +200,8 @@ class Output:
                 sys.stdout.write(json.dumps(_jsonable(data), indent=2) + "\n")
         elif text is not None and (asked or not self.quiet):
             with writing_stdout():
-                if isinstance(text, str):
-                    self.out.print(text, markup=False)
+                if isinstance(text, str):  # a summary may suggest a command; a listing is left as it is
+                    self.out.print(text if asked else with_vault_named(text), markup=False)
                 elif isinstance(text, _PlainTable) and (lines := text.aligned(self.out.width)) is not None:
                     self.out.print(Text(lines[0], style="bold"))
                     if len(lines) > 1:

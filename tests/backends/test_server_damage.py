@@ -66,7 +66,8 @@ def test_a_pack_the_server_finds_damaged_is_dropped_on_request_and_stored_again(
     assert failed.returncode == 20
     error = one_line_error(failed)
     assert error.startswith("error: storage failed: GET packs/"), error
-    assert "ckptvault check names the packs" in error and "repair-index --drop-failing-packs" in error
+    assert f"ckptvault check --repo {url} names the packs" in error and "repair-index --repo" in error, error
+    assert error.endswith("--drop-failing-packs sets their chunks aside (each with the same -o options)"), error
 
     check = remote_cli(backend, "check", "--read-data", "--repo", url, check=False, **ONE_ATTEMPT)
     assert check.returncode == 20

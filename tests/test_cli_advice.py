@@ -1,0 +1,84 @@
+"""The commands a message suggests name the vault the failing command was given: pasted as printed,
+they act on that vault, not on the default one (walk 37 W1: a mirror's snapshots have the primary's IDs,
+so a pasted `ckptvault forget ID` forgot the primary's healthy snapshot)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ckptvault.cli import _OneLineHandler
+from ckptvault.cli.output import name_the_vault_in_advice, with_vault_named
+
+
+def _suggested(stderr: str, command: str) -> list[str]:
+    """The argv of the first ``ckptvault COMMAND ...`` the error line suggests, up to its first ')' or end."""
+    found = re.search(rf"ckptvault {command}\b[^()]*?(?= \(|$)", stderr.strip().splitlines()[-1])
+    assert found, stderr
+    return shlex.split(found.group(0))[1:]
+
+
+def test_a_pasted_suggestion_acts_on_the_vault_that_was_named_not_the_default(cli, tmp_path: Path):
+    primary, mirror = tmp_path / "primary", tmp_path / "the mirror"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(3 << 20))
+    default = {"CKPTVAULT_REPO": str(primary)}  # the user's default vault, in the environment
+    cli("init", str(primary), "-q", **default)
+    cli("backup", str(src), "-q", **default)
+    cli("init", str(mirror), "-q", **default)
+    cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "-q", **default)
+    pack = next((mirror / "packs").glob("*/*"))
+    data = bytearray(pack.read_bytes())
+    data[100] ^= 0x40
+    pack.write_bytes(data)
+
+    restore = cli("restore", "latest", str(tmp_path / "out"), "--repo", str(mirror), check=False, **default)
+    assert restore.returncode == 30
+    advised_check = cli(*_suggested(restore.stderr.decode(), "check"), check=False, **default)
+    assert advised_check.returncode == 30, advised_check.stderr  # it checked the mirror: not "no problems found"
+
+    error = advised_check.stderr.decode()
+    assert f"ckptvault repair-index --repo '{mirror}' --read-data" in error
+    cli(*_suggested(error, "forget"), **default)
+    assert cli("snapshots", "--repo", str(mirror), "--json").stdout.strip() == b"[]"
+    assert len(cli("snapshots", "--json", **default).stdout.splitlines()) > 1  # the primary's is still there
+
+
+def test_suggestions_repeat_the_vault_options_given_and_only_mention_storage_options():
+    message = "the pack is damaged; run: ckptvault check --read-data, then ckptvault forget ab12"
+    name_the_vault_in_advice("s3://b/my vault", "key file", "-", ["secret=xyz"])
+    try:
+        assert with_vault_named(message) == (
+            "the pack is damaged; run: ckptvault check --repo 's3://b/my vault' --keyfile 'key file' "
+            "--passphrase-file - --read-data, then ckptvault forget --repo 's3://b/my vault' --keyfile 'key file' "
+            "--passphrase-file - ab12 (each with the same -o options)"
+        )
+        assert "xyz" not in with_vault_named(message)
+        for unchanged in (
+            "run: ckptvault check --read-data --repo SOURCE",  # names its vault itself (copy's source)
+            "create one with: ckptvault init s3://b/x",  # not a command on this vault
+            "add --keyfile PATH (ckptvault key generate --keyfile PATH)",
+            "ckptvault checks each chunk",  # prose, not a command
+            "nothing to suggest",
+        ):
+            assert with_vault_named(unchanged) == unchanged
+    finally:
+        name_the_vault_in_advice(None, None, None, None)
+    assert with_vault_named(message) == message  # the default vault (or CKPTVAULT_REPO): nothing to add
+
+
+def test_the_librarys_warnings_name_the_vault_too(capsys: pytest.CaptureFixture[str]):
+    said = "run: ckptvault repair-index"
+    record = logging.LogRecord("ckptvault.damage", logging.WARNING, __file__, 1, said, (), None)
+    name_the_vault_in_advice("./v", None, None, None)
+    try:
+        _OneLineHandler().emit(record)
+    finally:
+        name_the_vault_in_advice(None, None, None, None)
+    assert capsys.readouterr().err == "warning: run: ckptvault repair-index --repo ./v\n"
