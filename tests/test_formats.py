@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import save as st_save
 
 from ckptvault.errors import FileFormatError
-from ckptvault.formats import read_layout
+from ckptvault.formats import not_whole, read_layout
 
 
 def layout_of(data: bytes, name: str = "file"):
@@ -220,3 +220,23 @@ def test_a_header_that_does_not_parse_only_costs_the_tensor_coding(tmp_path: Pat
     shown = cli("show", "latest", "odd.safetensors", "--repo", repo_url, check=False)
     assert shown.returncode == 23 and shown.stderr.decode().count("\n") == 1, shown.stderr
     assert "malformed dtype" in shown.stderr.decode()
+
+
+def test_a_zip_or_safetensors_file_cut_anywhere_is_not_whole_and_a_whole_one_or_other_file_is() -> None:
+    """What ``watch`` holds back (a trainer killed mid-save): every prefix of a torch-style zip, an .npz and
+    a safetensors file long enough to tell its format (9 bytes) is named not whole; the whole files, and
+    files of no such format, are not."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"w": 1}))
+        z.writestr("archive/data/0", bytes(range(256)) * 8)
+    npz = io.BytesIO()
+    np.savez(npz, a=np.arange(300, dtype=np.float32))
+    safe = st_save({"w": np.ones((8, 8), np.float32), "b": np.zeros(3, np.float16)})
+    for whole in (archive.getvalue(), npz.getvalue(), safe):
+        assert not_whole(lambda o, n, d=whole: d[o : o + n], len(whole)) is None
+        for cut in range(9, len(whole)):
+            part = whole[:cut]
+            assert not_whole(lambda o, n, d=part: d[o : o + n], cut) is not None, cut
+    for other in (b"", b"plain text, not a checkpoint\n", pickle.dumps(list(range(100))), b"\x00" * 4096):
+        assert not_whole(lambda o, n, d=other: d[o : o + n], len(other)) is None

@@ -1280,6 +1280,45 @@ def test_a_trainer_checkpoint_without_its_trainer_state_waits_for_it(tmp_path, r
         assert sorted(s.tags["step"] for s in vault.snapshots({"run": "t"})) == ["100", "200"]
 
 
+def test_a_file_checkpoint_cut_short_by_a_killed_trainer_waits_and_never_becomes_latest(tmp_path, repo, cli):
+    """``torch.save`` straight to ``step_N.pt``, killed mid-save: the cut file settled and shipped as the
+    run's newest step, and ``restore latest`` gave a checkpoint that does not load, exit 0 (train 37 T1).
+    A zip without its directory (torch.save writes it last) or a safetensors file shorter than its header
+    says waits, pinned; written whole it ships; deleted, it is dropped and said so."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    torch.save({"w": torch.randn(300, 300)}, ckpts / "step_00001.pt")
+    torch.save({"w": torch.randn(300, 300)}, tmp_path / "whole.pt")
+    whole = (tmp_path / "whole.pt").read_bytes()
+    (ckpts / "step_00002.pt").write_bytes(whole[: len(whole) // 2])
+    save_file({"w": torch.randn(100, 100)}, tmp_path / "whole.safetensors")
+    (ckpts / "step_00003.safetensors").write_bytes((tmp_path / "whole.safetensors").read_bytes()[:-1])
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=z", "--once", "--settle", "0.2")
+
+    first = cli(*args)
+    assert first.stdout.decode().splitlines() == [first.stdout.decode().splitlines()[0]], first.stdout
+    assert "shipped step_00001.pt step 1" in first.stdout.decode()
+    assert "2 pinned checkpoint(s)" in first.stderr.decode(), first.stderr
+    held = cli("restore", "latest", str(tmp_path / "resume"), "--repo", repo, "--tag", "run=z")
+    assert held.returncode == 0 and os.listdir(tmp_path / "resume") == ["step_00001.pt"]
+
+    (ckpts / "step_00002.pt").write_bytes(whole)  # saved again, whole (a resumed run, the same step)
+    (ckpts / "step_00003.safetensors").unlink()  # rotated away by the resumed run
+    second = cli(*args)
+    assert "shipped step_00002.pt step 2" in second.stdout.decode(), second.stdout
+    assert (
+        "step_00003.safetensors was deleted while it held a file that is not whole (tensor 'w' has data_offsets "
+        "0..40000 outside the file): it was never complete; not shipped"
+    ) in second.stderr.decode(), second.stderr
+    assert not os.listdir(ckpts / ".ckptvault-watch" / "pins")
+    with Vault.open(repo) as vault:
+        assert sorted(s.tags["step"] for s in vault.snapshots({"run": "z"})) == ["1", "2"]
+        assert restored_files(vault, vault.latest({"run": "z"})) == {"step_00002.pt": whole}
+
+
 def test_a_copy_of_a_shipped_checkpoint_ships_under_its_own_name(tmp_path, repo, cli):
     """``cp -a checkpoint-100 best`` keeps every name, size and mtime inside: the same signature, but
     another checkpoint (``restore latest --tag checkpoint=best``)."""

@@ -5,16 +5,18 @@ Nouns:
 - a *layout* (``FileLayout``) is what a file's header says: its format, where the header ends,
   and its tensors (for torch zip checkpoints: one per stored storage record);
 - ``read_at(offset, length) -> bytes`` is how a parser reads, so the same code reads a local
-  file during a backup and a file inside a snapshot (fetching only the chunks it touches).
+  file during a backup (``pread_at(fd)``) and a file inside a snapshot (fetching only the chunks it
+  touches).
 
 ``read_layout`` recognises safetensors, ``.npy``/``.npz`` and PyTorch zip checkpoints
-(``torch.save`` format) by their content, not their name.
+(``torch.save`` format) by their content, not their name; ``not_whole`` says when such a file ends
+before its format says it does.
 """
 
 from __future__ import annotations
 
 from .dtypes import DTYPES, element_width
-from .model import FileLayout, ReadAt, TensorInfo
-from .sniff import read_layout
+from .model import FileLayout, ReadAt, TensorInfo, pread_at
+from .sniff import not_whole, read_layout
 
-__all__ = ["DTYPES", "FileLayout", "ReadAt", "TensorInfo", "element_width", "read_layout"]
+__all__ = ["DTYPES", "FileLayout", "ReadAt", "TensorInfo", "element_width", "not_whole", "pread_at", "read_layout"]

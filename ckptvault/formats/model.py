@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .dtypes import element_width
 
 ReadAt = Callable[[int, int], bytes]  # (offset, length) -> exactly those bytes, or fewer at EOF
+
+
+def pread_at(fd: int) -> ReadAt:
+    """``ReadAt`` over an open file: positioned reads, so one descriptor serves every reader of it."""
+    return lambda offset, length: os.pread(fd, length, offset)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import struct
+import zipfile
 
 from ..errors import FileFormatError
 from . import npy, safetensors, torchzip
 from .model import FileLayout, ReadAt
-from .zipmembers import members
+from .zipmembers import ReadAtFile, members
+from .zipmembers import looks_like as looks_like_zip
 
 HEAD = 16
 
@@ -44,4 +46,25 @@ def _read_layout(read_at: ReadAt, size: int, name: str) -> FileLayout | None:
         return torchzip.parse(read_at, size, name, found)
     if names and all(n.endswith(".npy") for n in names):
         return npy.parse_npz(read_at, size, name, found)
+    return None
+
+
+def not_whole(read_at: ReadAt, size: int) -> str | None:
+    """Why a file whose format says where it ends (a zip archive, as ``torch.save`` and numpy's
+    ``savez`` write them, directory last; a safetensors file, its header first) is not whole, as a writer
+    killed while saving it leaves it; None for a whole one, and for every other kind of file."""
+    head = read_at(0, min(HEAD, size)) if size else b""
+    try:
+        if looks_like_zip(head):
+            if not zipfile.is_zipfile(ReadAtFile(read_at, size)):  # no end-of-directory record
+                return "it has no zip directory at its end, which torch.save and numpy write last"
+            members(read_at, size)
+        elif len(head) >= 9 and head[8:9] == b"{":
+            (n,) = struct.unpack_from("<Q", head)
+            if 2 <= n <= safetensors.MAX_HEADER:  # the length of a safetensors header, then its JSON
+                safetensors.parse(read_at, size)
+    except FileFormatError as exc:
+        return exc.reason
+    except _PARSE_ERRORS as exc:
+        return f"its header does not parse ({type(exc).__name__}: {exc})"
     return None

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun
 from ..errors import FileFormatError, SourceError, UsageError, spelled
-from ..formats import FileLayout, read_layout
+from ..formats import FileLayout, pread_at, read_layout
 from ..hashing import new_file_hasher
 from ..parallel_chunking import ChunkHelpers
 from ..repository import Repository
@@ -401,13 +401,12 @@ def _element_map(fd: int, size: int, path: str, repo: Repository) -> ElementMap 
     """Tensor element widths from the file's header, for the dtype-aware codec (chunks only)."""
     if not repo.codec.compressor.groups:
         return None
-    read_at = lambda offset, length: os.pread(fd, length, offset)  # noqa: E731
-    return element_map(read_at, size, path, repo.codec.compressor, sample_unknown=True)
+    return element_map(pread_at(fd), size, path, repo.codec.compressor, sample_unknown=True)
 
 
 def _layout(fd: int, size: int, path: str) -> FileLayout | None:
     try:
-        return read_layout(lambda offset, length: os.pread(fd, length, offset), size, path)
+        return read_layout(pread_at(fd), size, path)
     except FileFormatError:  # a damaged header only costs the tensor-aware coding
         return None
 
@@ -498,7 +497,7 @@ def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline, help
                     pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
                 size += len(data)
         else:
-            emap = tensor_widths(layout, lambda offset, length: os.pread(fd, length, offset), repo.codec.compressor)
+            emap = tensor_widths(layout, pread_at(fd), repo.codec.compressor)
             with _not_the_source():
                 bases = pipeline.planner.for_file(item.path, segments)
             for data, seg in iter_segments(f, segments, repo.config.chunker):

@@ -39,7 +39,7 @@ from datetime import datetime
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun, xor
 from ..errors import CkptVaultError, IntegrityError
-from ..formats import FileLayout, ReadAt, TensorInfo, read_layout
+from ..formats import FileLayout, ReadAt, TensorInfo, pread_at, read_layout
 from ..repository import Repository
 from ..repository.repository import damage_log
 from ..snapshot.model import FileEntry, Snapshot
@@ -176,7 +176,7 @@ class DeltaPlanner:
         if starts is None:
             return {}
         fd = self._local_copy(entry)
-        read_at: ReadAt = (lambda o, n: os.pread(fd, n, o)) if fd is not None else ChunkedFile(self.repo, entry).read_at
+        read_at: ReadAt = pread_at(fd) if fd is not None else ChunkedFile(self.repo, entry).read_at
         try:
             layout = read_layout(read_at, entry.size, path)
         except (CkptVaultError, OSError) as exc:  # an unreadable old header only costs the delta

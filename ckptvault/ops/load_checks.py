@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ..errors import FileFormatError
-from ..formats import safetensors
+from ..formats import pread_at, safetensors
 from ..formats.zipmembers import ReadAtFile
 from .legacy_torch import InertUnpickler, StandIn
 
@@ -89,7 +89,7 @@ def _shard_index_problem(folder: str, weight_map: dict[Any, Any]) -> tuple[str |
         if shard.endswith(".safetensors"):
             try:
                 with open(shard_path, "rb") as f:
-                    layout = safetensors.parse(_read_at(f), os.fstat(f.fileno()).st_size, shard)
+                    layout = safetensors.parse(pread_at(f.fileno()), os.fstat(f.fileno()).st_size, shard)
             except FileFormatError:
                 continue  # the shard's own load check says what is wrong with it
             held = {t.name for t in layout.tensors}
@@ -150,7 +150,7 @@ def _dcp_problem(folder: str, path: str) -> tuple[str | None, str]:
             return f"its .metadata places {items[0][0]!r} in {relative}, which the snapshot does not hold", ""
         with open(file_path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            read_at = _read_at(f)
+            read_at = pread_at(f.fileno())
             for item, offset, length, plain in items:
                 if offset + length > size:
                     return f"cut short: {relative} has {size} bytes, {item!r} lies at {offset}..{offset + length}", ""
@@ -173,11 +173,6 @@ def _fields(obj: object) -> dict[str, Any]:
 
 def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _read_at(f: io.BufferedReader) -> Callable[[int, int], bytes]:
-    fd = f.fileno()
-    return lambda offset, length: os.pread(fd, length, offset)
 
 
 def _window(read_at: Callable[[int, int], bytes], start: int, length: int) -> io.BufferedReader:

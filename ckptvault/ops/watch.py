@@ -63,6 +63,7 @@ from ..errors import (
     WatchLockedError,
     spelled,
 )
+from ..formats import not_whole, pread_at
 from ..snapshot.model import TAG_TEXT_MAX, Snapshot
 from ..units import format_bytes
 from . import pin as pins
@@ -102,6 +103,7 @@ class _Candidate:
     rewrites_since: float = 0.0  # when the first of them was seen
     looked: float = 0.0  # when its pin was last looked at, and how long that took
     look_s: float = 0.0
+    not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
 
 
 @dataclass
@@ -850,19 +852,24 @@ class Watcher:
 
     def _not_complete(self, cand: _Candidate, sig: pins.Signature, now: float) -> bool:
         """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
-        are written), or a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
-        which the Trainer writes last (a trainer killed while saving leaves such a folder, and shipped
-        it would be the run's newest step, which cannot resume). Each waits, pinned, for what it
-        lacks (a Trainer still saving is said to wait only after ``INCOMPLETE_WARN_S``: its ranks may
-        meet at a barrier first); once its source is gone it is dropped, and said so."""
+        are written), a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
+        which the Trainer writes last, or a file whose format says it ends later than it does (a
+        ``torch.save`` zip without its directory, a safetensors file shorter than its header says). A
+        trainer killed while saving leaves such a checkpoint, and shipped it would be the run's newest
+        step, which cannot resume. Each waits, pinned, for what it lacks (a Trainer still saving is said
+        to wait only after ``INCOMPLETE_WARN_S``: its ranks may meet at a barrier first); once its source
+        is gone it is dropped, and said so."""
         if any(item[1] == "f" for item in sig):
             if not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data):
+                lacks = self._file_not_whole(cand, sig)
+                if lacks is None:
+                    return False
+            elif os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):
                 return False
-            if os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):
-                return False
-            if self._excluded is not None and self._excluded(TRAINER_STATE, False):
+            elif self._excluded is not None and self._excluded(TRAINER_STATE, False):
                 return False  # left out by the user's patterns: never coming
-            lacks = f"no {TRAINER_STATE} (a Hugging Face Trainer writes it last)"
+            else:
+                lacks = f"no {TRAINER_STATE} (a Hugging Face Trainer writes it last)"
         else:
             lacks = "no file to ship (only folders or links, or files the exclude patterns leave out)"
         if not pins.source_alive(cand.pin):
@@ -877,6 +884,25 @@ class Watcher:
             f"it never will: delete it, or ship it as it is with {spelled('ckptvault backup', 'Vault.backup')})",
         )
         return True
+
+    @staticmethod
+    def _file_not_whole(cand: _Candidate, sig: pins.Signature) -> str | None:
+        """Which file of the checkpoint its own format calls cut short, and why (read again only when
+        its files change: a checkpoint held back is looked at on every poll)."""
+        if cand.not_whole is not None and cand.not_whole[0] == sig:
+            return cand.not_whole[1] or None
+        found = ""
+        for item in sig:
+            if item[1] != "f":
+                continue
+            path = os.path.join(cand.pin.data, item[0]) if item[0] else cand.pin.data
+            with open(path, "rb") as f:
+                reason = not_whole(pread_at(f.fileno()), os.fstat(f.fileno()).st_size)
+            if reason is not None:
+                found = f"a file that is not whole ({f'{item[0]}: ' if item[0] else ''}{reason})"
+                break
+        cand.not_whole = (sig, found)
+        return found or None
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         """Start the next backup when none runs: the newest ready checkpoint's (by pin time, which
