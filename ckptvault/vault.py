@@ -54,6 +54,7 @@ from .errors import (
     IntegrityError,
     ObjectNotFoundError,
     SnapshotNotFoundError,
+    SourceError,
     UsageError,
     VaultExistsError,
     VaultNotFoundError,
@@ -77,6 +78,7 @@ from .ops.async_backup import (
     check_sources_unchanged,
     leftover_jobs,
     make_job,
+    staging_folder,
 )
 from .ops.backup import run_backup, twin_snapshot
 from .ops.catalog import (
@@ -91,7 +93,7 @@ from .ops.copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
-from .ops.names import WATCH_SIG_TAG
+from .ops.names import PIN_FOLDER, WATCH_SIG_TAG
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
@@ -948,7 +950,8 @@ class Vault:
         check_on_full(on_full)
         shipper = self._async_shipper()
         vault_id = self.config.repo_id
-        for leftover in leftover_jobs(sources, vault_id):  # what a dead process pinned here goes first
+        # what a dead process pinned here goes first
+        for leftover in leftover_jobs([staging_folder(p) for p in sources], vault_id):
             shipper.submit(leftover)
         job = make_job(
             sources,
@@ -962,6 +965,26 @@ class Vault:
             vault_folder=self.local_folder,
         )
         return shipper.submit(job, on_full=on_full)
+
+    @_open_only
+    def ship_leftover_pins(self, folder: PathLike, *, timeout: float | None = None) -> list[Snapshot]:
+        """Ship what a process that died left pinned in ``folder`` (the folder its checkpoints were saved
+        in, which holds ``.ckptvault-pins``), and wait for it: on a restart on the same disk, call it before
+        ``restore_latest``, so that the newest save of the run that died is in the vault when the resume
+        picks one (else the first ``backup_async`` ships it later, and it becomes ``latest`` over the
+        resumed run's newer saves). Returns the snapshots, oldest first; raises the first failure, or
+        FlushTimeoutError after ``timeout`` seconds (what is queued goes on shipping)."""
+        folder = path_arg("folder", folder)
+        timeout = seconds_arg("timeout", timeout)
+        if not os.path.isdir(folder):  # a mistyped folder would ship nothing, and the resume pick an older save
+            raise SourceError(folder or '""', "no such directory", "give the folder the checkpoints were saved in")
+        shipper = self._async_shipper()
+        handles = [
+            shipper.submit(job)
+            for job in leftover_jobs([os.path.join(os.path.abspath(folder), PIN_FOLDER)], self.config.repo_id)
+        ]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return [h.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
 
     @_open_only
     def flush(self, timeout: float | None = None) -> None:

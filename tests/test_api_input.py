@@ -298,6 +298,7 @@ def test_a_closed_vault_refuses_every_call_and_closes_again_quietly(repo_url, tm
         lambda: v.unlock(),
         lambda: v.flush(),
         lambda: v.configure_async(max_pending=3),
+        lambda: v.ship_leftover_pins(tmp_path),
         lambda: v.is_backed_up(ckpt),
         lambda: v.restore_latest(tmp_path / "out"),
         lambda: v.diff(snap, snap),

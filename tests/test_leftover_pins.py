@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
+from ckptvault.errors import SourceError
 from ckptvault.ops import leftover_pins
 from ckptvault.ops.async_backup import make_job
 from ckptvault.ops.pin import META, OWNER_LOCK, owner_lock_held
@@ -41,7 +42,7 @@ DYING_SCRIPT = textwrap.dedent(
     else:  # the snapshot is written, the pin is not released yet
         async_backup.AsyncShipper._release = hold
     vault = Vault.open(sys.argv[1])
-    vault.backup_async(sys.argv[2], tags={"run": "r", "step": "1"})
+    vault.backup_async(sys.argv[2], tags={"run": "r", "step": sys.argv[4]})
     time.sleep(600)
     """
 )
@@ -53,12 +54,12 @@ def make_checkpoint(path: Path, step: int) -> Path:
     return path
 
 
-def kill_while_shipping(repo: Path, ckpt: Path, when: str, *, in_a_container: bool = False) -> None:
-    """Run a process that queues ``ckpt`` and is SIGKILLed at ``when`` of its backup; ``in_a_container``:
-    in a PID namespace of its own, as a container's trainer is."""
+def kill_while_shipping(repo: Path, ckpt: Path, when: str, *, in_a_container: bool = False, step: int = 1) -> None:
+    """Run a process that queues ``ckpt`` (tagged run=r and ``step``) and is SIGKILLed at ``when`` of its
+    backup; ``in_a_container``: in a PID namespace of its own, as a container's trainer is."""
     wrap = ["unshare", "--pid", "--fork", "--mount-proc"] if in_a_container else []
     proc = subprocess.Popen(
-        [*wrap, sys.executable, "-c", DYING_SCRIPT, str(repo), str(ckpt), when],
+        [*wrap, sys.executable, "-c", DYING_SCRIPT, str(repo), str(ckpt), when, str(step)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -107,6 +108,30 @@ def test_a_checkpoint_pinned_by_a_killed_process_is_shipped_by_the_next_one(tmp_
         for r in caplog.records
     )
     assert pin_roots(tmp_path / "out") == []
+
+
+def test_a_restart_ships_the_dead_runs_pins_before_it_picks_the_save_to_resume_from(tmp_path):
+    """The pins of a killed trainer shipped only at the restarted run's first save, after its resume had
+    restored an older step from the vault; they then became `latest` over the resumed run's newer saves,
+    mixing two histories (train 37 T2). ``ship_leftover_pins``, called before ``restore_latest``, ships them
+    first."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    with Vault.init(str(repo)) as vault:
+        vault.backup(make_checkpoint(out / "checkpoint-1", 1), tags={"run": "r", "step": "1"})
+    second = make_checkpoint(out / "checkpoint-2", 2)
+    expected = tree_digest(second)
+    kill_while_shipping(repo, second, "before-commit", step=2)
+    shutil.rmtree(second)  # the trainer's rotation: the pin is now the only copy
+    with Vault.open(str(repo)) as vault:
+        assert vault.latest({"run": "r"}).tags["step"] == "1"
+        shipped = vault.ship_leftover_pins(out, timeout=120)
+        assert [s.tags for s in shipped] == [{"run": "r", "step": "2"}]
+        vault.restore_latest(tmp_path / "resume", run="r")
+        assert vault.ship_leftover_pins(out) == []
+        with pytest.raises(SourceError, match=r"cannot read .*/no-such: no such directory \(give the folder"):
+            vault.ship_leftover_pins(tmp_path / "no-such")
+    assert tree_digest(tmp_path / "resume") == expected
+    assert pin_roots(out) == []
 
 
 @pytest.mark.skipif(not can_unshare(), reason="needs unshare(1) and the right to make PID namespaces (root)")
@@ -449,12 +474,12 @@ def test_of_two_processes_resuming_at_once_one_takes_a_job_over_whole(tmp_path, 
 
 def test_a_leftover_the_queue_refuses_keeps_its_pins(tmp_path, vault, ended_process):
     from ckptvault.errors import UsageError
-    from ckptvault.ops.async_backup import AsyncShipper, leftover_jobs
+    from ckptvault.ops.async_backup import AsyncShipper, leftover_jobs, staging_folder
 
     ckpt = make_checkpoint(tmp_path / "out" / "checkpoint-1", 1)
     (root,) = pin_for(vault, ckpt, 1)
     set_owner(root, **ended_process)
-    (job,) = leftover_jobs([str(ckpt)], vault.config.repo_id)
+    (job,) = leftover_jobs([staging_folder(str(ckpt))], vault.config.repo_id)
     shipper = AsyncShipper(lambda job: pytest.fail("nothing runs"))
     shipper.close()
     with pytest.raises(UsageError, match="closed"):

@@ -310,16 +310,16 @@ def _pin_excludes(exclude: Excludes, source: str, *, whole_root: bool) -> pins_m
     return lambda rel, is_dir: exclude.match(f"{name}/{rel}" if rel else name, is_dir)
 
 
-def leftover_jobs(paths: list[str], vault_id: str) -> list[BackupJob]:
-    """Jobs for the pins that dead processes left in the staging folders of ``paths`` (and in the
-    other folders their jobs pinned into), oldest first: one per job they were made for, which
+def leftover_jobs(staging: list[str], vault_id: str) -> list[BackupJob]:
+    """Jobs for the pins that dead processes left in the ``staging`` folders (and in the other
+    folders their jobs pinned into), oldest first: one per job they were made for, which
     the queue runs before newer jobs and never drops. A job is shipped only whole and unchanged:
     one with a pin missing (its process died while pinning) or changed since it was made (a file
     rewritten in place) no longer holds its checkpoint, and its pins are released, with a warning.
     Never raises for the filesystem (the caller is the training loop): what cannot be taken over
     is named in a warning and left for a later try."""
     found: dict[str, list[Leftover]] = {}
-    for left in take_over([staging_folder(p) for p in paths], vault_id, log.warning):
+    for left in take_over(staging, vault_id, log.warning):
         found.setdefault(left.job.job_id, []).append(left)
     jobs = []
     for lefts in found.values():
