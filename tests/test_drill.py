@@ -343,3 +343,40 @@ def test_odd_files_fail_their_own_check_never_the_drill(tmp_path):
         "bomb/.metadata": ("dcp", False, "its .metadata gives 'an item' no valid relative_path"),
     }
     assert skipped == []
+
+
+def test_without_torch_and_safetensors_the_drill_checks_what_it_can_and_says_what_it_skipped(
+    tmp_path, vault, cli, repo_url
+):
+    """With neither library importable, every weights file was skipped and the verdict read a plain
+    "recovery OK": a torn safetensors file or a flipped torch zip passed unseen."""
+    whole = tensor_checkpoint(tmp_path / "whole")
+    torch.save({"w": torch.randn(4)}, whole / "legacy.pt", _use_new_zipfile_serialization=False)
+    vault.backup(whole, tags={"case": "whole"})
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    safetensors_torch.save_file({"w": torch.randn(256)}, str(damaged / "model.safetensors"))
+    with open(damaged / "model.safetensors", "r+b") as f:
+        f.truncate(os.fstat(f.fileno()).st_size - 100)
+    torch.save({"w": torch.randn(128, 128)}, damaged / "optimizer.pt")
+    flip_byte(damaged / "optimizer.pt", (damaged / "optimizer.pt").stat().st_size // 2)
+    vault.backup(damaged, tags={"case": "damaged"})
+    no_libraries = tmp_path / "no-libraries"
+    for module in ("torch", "safetensors"):
+        write_file(no_libraries / f"{module}.py", b"raise ImportError('hidden by the test')\n")
+
+    def drill(case: str):
+        args = ("drill", "latest", "--tag", f"case={case}", "--load", "--repo", repo_url)
+        return cli(*args, check=False, PYTHONPATH=str(no_libraries))
+
+    passed = drill("whole")
+    text = passed.stdout.decode()
+    assert passed.returncode == 0, passed.stderr.decode()
+    assert "ok   model.safetensors: safetensors-header" in text and "ok   optimizer.pt: torch-archive" in text
+    assert "skip legacy.pt: torch is not installed" in text
+    assert "recovery OK (1 file(s) not loaded: see skip above)" in text
+    failed = drill("damaged")
+    text = failed.stdout.decode()
+    assert failed.returncode == 41, (text, failed.stderr.decode())
+    assert "FAIL model.safetensors: safetensors-header" in text and "FAIL optimizer.pt: torch-archive" in text
+    assert "recovery FAILED" in text

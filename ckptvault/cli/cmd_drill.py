@@ -69,6 +69,8 @@ def drill_cmd(
     for skipped in report.skipped:
         lines.append(f"    skip {skipped}")
     verdict = "recovery OK" if report.ok else "recovery FAILED"
+    if report.ok and report.skipped:  # "OK" must not read as "every file loaded"
+        verdict += f" ({len(report.skipped)} file(s) not loaded: see skip above)"
     lines.append(f"  total   {report.total_s:8.2f} s  {verdict}")
     out.result({"ok": report.ok, **report.__dict__}, "\n".join(lines))
     if not report.ok:
