@@ -11,7 +11,7 @@ from ..ops.scan import check_sources
 from ..vault import exclude_arg
 from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes, format_rate
-from .params import parse_tags
+from .params import parse_new_tags
 
 
 @app.command("backup")
@@ -48,7 +48,7 @@ def backup_cmd(
 ) -> None:
     """Back up files and directories as a new snapshot."""
     out = Output(json_mode=json_out, quiet=quiet)
-    tags = parse_tags(tag)
+    tags = parse_new_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
     check_on_change(on_change)
     exclude_arg(exclude)

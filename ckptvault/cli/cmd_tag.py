@@ -9,7 +9,7 @@ import typer
 from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
-from .params import parse_tags
+from .params import parse_new_tags, parse_tags
 
 
 @app.command("tag")
@@ -33,7 +33,7 @@ def tag_cmd(
     """Add or remove tags of a snapshot (e.g. --add keep=best, kept by prune --keep-tag keep).
     The snapshot gets a new ID when its tags change."""
     out = Output(json_mode=json_out, quiet=quiet)
-    changes = parse_tags(add, "--add")
+    changes = parse_new_tags(add, "--add")
     with vault_args.open(out) as vault:
         before = vault.snapshot(snapshot, parse_tags(tag))
         after = vault.tag(before, add=changes, remove=remove or [])

@@ -32,7 +32,7 @@ from .app import (
     vault_options,
 )
 from .output import Output, discard_stdout, format_bytes, writing_stdout
-from .params import parse_tags
+from .params import parse_new_tags
 
 T = TypeVar("T")
 SAME_SIGNAL_S = 0.5  # a repeat of the first stopping signal this soon is the same request, not "abort"
@@ -92,7 +92,7 @@ def watch_cmd(
     Ctrl-C stops it after the upload in flight, or with --grace after that many more seconds of
     shipping (a second one abandons the upload, exit 130); pinned checkpoints wait for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
-    tags = parse_tags(tag)
+    tags = parse_new_tags(tag)
     # before the default vault may be made
     path = check_watch_args(directory, tags, interval, settle, once=once, include=include or (), grace=grace)
     exclude_arg(exclude)

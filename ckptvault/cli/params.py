@@ -52,6 +52,18 @@ def parse_tags(
     return tags
 
 
+def parse_new_tags(values: list[str] | None, option: str = "--tag") -> dict[str, str]:
+    """Tags a snapshot will carry: as ``parse_tags``, and no empty value, which is what
+    ``--tag run=$RUN_ID`` gives with the variable unset."""
+    tags = parse_tags(values, option)
+    for key, val in tags.items():
+        if not val:
+            raise UsageError(
+                f"{option} {key}= has an empty value (is a shell variable unset?); give one, e.g. {option} {key}=x"
+            )
+    return tags
+
+
 def parse_keep_tags(values: list[str] | None) -> tuple[str, ...]:
     """``--keep-tag`` values: ``key`` or ``key=value``, checked like ``--tag``."""
     specs: list[str] = []
