@@ -28,6 +28,9 @@ from .test_cli import one_line_error
         (["frobnicate"], 2, "No such command 'frobnicate'"),
         (["snapshot"], 2, "Did you mean 'snapshots'"),
         (["snapshots", "--bogus"], 2, "No such option: --bogus"),
+        # a missing value names the command's help like every other usage error
+        (["backup", "{tmp}/src", "--tag"], 2, "Option '--tag' requires an argument. (see: ckptvault backup --help)"),
+        (["key", "passwd", "--keyfile"], 2, "requires an argument. (see: ckptvault key passwd --help)"),
         # an empty path must not fall back to the default vault or the current folder
         (["snapshots", "--repo", ""], 2, "--repo is empty"),
         (["init", ""], 2, "repository URL is empty"),

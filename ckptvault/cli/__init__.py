@@ -158,22 +158,30 @@ def _whole_writes_to_stdout() -> None:
         )
 
 
+def _named_command(group: Any, argv: list[str]) -> tuple[Any, list[str], list[str]] | None:
+    """The command argv names (``prune``, or ``key passwd``), its words, and the arguments after them."""
+    command, i, path = group, 0, []
+    while hasattr(command, "commands"):  # a group
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 1
+        if i == len(argv) or argv[i] not in command.commands:
+            return None
+        command, i = command.commands[argv[i]], i + 1
+        path.append(argv[i - 1])
+    return command, path, argv[i:]
+
+
 def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
     """An option that takes one value, given twice (click keeps the last): a wrapper script that
     appends its defaults to ``prune --keep-latest 3`` would otherwise delete what the user kept.
     Returns (option, command); click's own parser tells options from their values."""
-    command, i, path = group, 0, []
+    named = _named_command(group, argv)
+    if named is None:
+        return None  # help, or an unknown command: click says so
+    command, path, args = named
     # the group's settings (-h beside --help) reach the command's context through its parent: a command
     # keeps the help option it first makes, and the run that follows must find -h in it
     context = group.make_context("ckptvault", [], resilient_parsing=True)
-    while hasattr(command, "commands"):  # a group: the command named is `prune`, or `key passwd`
-        while i < len(argv) and argv[i].startswith("-"):
-            i += 1
-        if i == len(argv) or argv[i] not in command.commands:
-            return None  # help, or an unknown command: click says so
-        command, i = command.commands[argv[i]], i + 1
-        path.append(argv[i - 1])
-    args = argv[i:]
     try:
         context = command.make_context(path[-1], list(args), parent=context, resilient_parsing=True)
         _, _, order = command.make_parser(context).parse_args(list(args))
@@ -220,7 +228,13 @@ def _run(app: typer.Typer) -> int:
     except click_errors.ClickException as exc:
         message = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
-        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        named = _named_command(cli, sys.argv[1:]) if ctx is None else None  # "Option '--tag' requires an argument."
+        if ctx is not None:
+            hint = f" (see: {ctx.command_path} --help)"
+        elif named is not None:
+            hint = f" (see: ckptvault {' '.join(named[1])} --help)"
+        else:
+            hint = ""
         Output().error(f"{message}{hint}")
         return exc.exit_code
     except typer.Abort as exc:
