@@ -238,6 +238,10 @@ class MalformedObjectError(IntegrityError):
 
 
 READ_DATA_HINT = "; run: ckptvault check --read-data (it says what to do)"  # for damage a plain check misses
+# for a config altered or damaged: until it is put back no command gets past it, check included
+CONFIG_FROM_A_COPY = (
+    "put the config back from a copy (ckptvault check --read-data then tells whether anything else was hit)"
+)
 
 
 class RestoreIncompleteError(IntegrityError):

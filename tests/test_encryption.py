@@ -379,6 +379,10 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
     config_path.write_text(json.dumps({**config, "encryption": {"mode": "none"}}))
     altered = cli("snapshots", "--repo", url, check=False)
     assert altered.returncode == 30 and "format 3 is only ever made encrypted" in altered.stderr.decode()
+    # check cannot get past it either: the advice is to put the config back, then check (it sent users round)
+    said = altered.stderr.decode().rstrip()
+    assert "put the config back from a copy (ckptvault check" in said
+    assert said.endswith("--read-data then tells whether anything else was hit)")
     config_path.write_text(json.dumps({**config, "version": 2, "encryption": {"mode": "none"}}))  # as it would
     for folder in withheld:  # moved aside: with nothing listed but the packs, the backup read only their
         (Path(url) / folder).rename(tmp_path / folder)  # headers, took them for damaged and wrote in the clear

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from ..chunking import ChunkerParams
 from ..codec import CompressionSettings
-from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError
+from ..errors import CONFIG_FROM_A_COPY, MalformedObjectError, UnsupportedFormatError, UsageError
 from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SETTINGS_FORMAT_VERSION, SUPPORTED_VERSIONS
 
 # 16 MiB: a GB is ~64 objects (large enough for full object-store throughput), and the packs a
@@ -49,7 +49,7 @@ class RepoConfig:
         if self.version >= SETTINGS_FORMAT_VERSION and not self.encrypted:
             raise MalformedObjectError(
                 f"repository format {self.version} is only ever made encrypted, but the config says it is not: "
-                "the config was altered; put it back from a copy"
+                f"the config was altered; {CONFIG_FROM_A_COPY}"
             )
         if self.compression.delta and self.version < DELTA_FORMAT_VERSION:
             raise MalformedObjectError(

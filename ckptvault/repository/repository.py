@@ -25,6 +25,7 @@ from ..crypto.aead import AesGcmSealer
 from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
+    CONFIG_FROM_A_COPY,
     CkptVaultError,
     ConfigDowngradedError,
     IntegrityError,
@@ -228,8 +229,7 @@ class Repository:
             # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
             raise MalformedObjectError(
                 f"the config of {store.url} is damaged: it is not valid JSON ({exc.__cause__}), and the vault's "
-                "snapshots and index are there; put the config back from a copy (ckptvault check --read-data "
-                "then tells whether anything else was hit)"
+                f"snapshots and index are there; {CONFIG_FROM_A_COPY}"
             ) from None
 
     @classmethod
@@ -257,8 +257,7 @@ class Repository:
                 raise IntegrityError(
                     f"the config of {store.url} says repository format {config.version}, but keyfile {keyfile.path} "
                     f"was made for vaults of format {keyfile.min_vault_format} and later: the config was rolled "
-                    "back (altered), or the vault was made by a ckptvault older than the keyfile; put the config "
-                    "back from a copy"
+                    "back (altered), or the vault was made by a ckptvault older than the keyfile; " + CONFIG_FROM_A_COPY
                 )
             master = keyfile.unlock(resolve_passphrase(passphrase))
             if not check_verifier(master, _verified_part(config), config.key_verifier or ""):
@@ -267,7 +266,7 @@ class Repository:
                 raise IntegrityError(  # the right key: the config is what changed
                     f"the config of {store.url} does not verify under this keyfile's key, though its key fingerprint "
                     "is this key's: the config was altered or replaced (its settings, its ID or its format "
-                    "version); put it back from a copy"
+                    f"version); {CONFIG_FROM_A_COPY}"
                 )
         elif keyfile is not None:
             raise UsageError(
