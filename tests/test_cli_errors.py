@@ -46,6 +46,12 @@ from .test_cli import one_line_error
         (["watch", "{tmp}/src", "--settle", "inf", "--once"], 2, "--settle inf must be a number of seconds"),
         (["watch", "{tmp}/src", "--state-dir", ""], 2, "--state-dir is empty"),
         (["backup", "{tmp}/src", "--repo", "{tmp}/v", "--host", "  "], 2, "hostname '  ' is blank"),
+        # a key file that is not there, named at once, not after minutes of retrying a host that does not answer
+        (
+            ["snapshots", "--repo", "sftp://u@127.0.0.1:9/x", "-o", "key_filename={tmp}/no-key"],
+            2,
+            "-o key_filename={tmp}/no-key: cannot read {tmp}/no-key (No such file or directory); give the path",
+        ),
         # a file where the repository should be: refused at once, not retried for seconds
         (["snapshots", "--repo", "{tmp}/afile"], 10, "no vault at {tmp}/afile; {tmp}/afile is a file, not a folder"),
         (["snapshots", "--repo", "{tmp}/afile/v"], 10, "; {tmp}/afile is a file, not a folder; give the vault's"),

@@ -399,7 +399,7 @@ def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyP
     # extras the libraries hand to their SDKs: aiobotocore's profile, DefaultAzureCredential's keywords
     FsspecStore("s3://bucket/vault?profile=prod")
     FsspecStore("az://container/vault", {"managed_identity_client_id": "x", "exclude_environment_credential": True})
-    FsspecStore("sftp://u@127.0.0.1:9/vault", {"key_filename": "k", "look_for_keys": False, "timeout": 3})
+    FsspecStore("sftp://u@127.0.0.1:9/vault", {"key_filename": __file__, "look_for_keys": False, "timeout": 3})
     # numbers given as text (-o), whatever the name holds ("connection" alone keeps a value text), and
     # objects given through the API are not refused by the check of numeric options
     FsspecStore("az://container/vault", {"account_name": "a", "connection_timeout": "30"})

@@ -98,6 +98,10 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
             out["key_filename"] = os.path.expanduser(key)
         elif isinstance(key, list):
             out["key_filename"] = [os.path.expanduser(k) if isinstance(k, str) else k for k in key]
+        # named now, not once a server answers: with the host unreachable, it was retried for minutes
+        key = out.get("key_filename")
+        for path in [key] if isinstance(key, str) else key if isinstance(key, list) else []:
+            _check_readable(path)
     token = out.get("token")
     if protocol in ("gs", "gcs") and isinstance(token, str) and names_a_file(token):
         # gcsfs takes any other string for an access token: a mistyped key file path would be sent to
@@ -124,6 +128,19 @@ def filesystem_class(cls: type, protocol: str, options: dict[str, Any]) -> type:
 AZURE = frozenset({"az", "abfs", "abfss"})
 GCS = frozenset({"gs", "gcs"})
 AZURE_RETRY_COUNTS = ("total_retries", "connect_retries", "read_retries", "status_retries")
+
+
+def _check_readable(key_file: Any) -> None:
+    if not isinstance(key_file, str):
+        return
+    try:
+        with open(key_file, "rb"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"-o key_filename={key_file}: cannot read {key_file} ({exc.strerror or exc}); give the path of an SSH "
+            "private key on this machine (~ is expanded)"
+        ) from None
 
 
 def tune(fs: Any, protocol: str, options: dict[str, Any]) -> None:
