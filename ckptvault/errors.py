@@ -149,12 +149,18 @@ class KeyfileNotFoundError(CkptVaultError):
     exit_code = 14
 
 
+NOT_A_KEYFILE = "not a ckptvault keyfile"
+
+
 class KeyfileCorruptError(CkptVaultError):
     exit_code = 15
 
     def __init__(self, keyfile: str, reason: str) -> None:
         self.keyfile = keyfile
-        super().__init__(f"keyfile {keyfile} is corrupt ({reason}); use your backup copy of the keyfile")
+        if reason == NOT_A_KEYFILE:  # valid JSON of another kind: a file given in its place, not damage
+            super().__init__(f"keyfile {keyfile} is {reason} (the wrong file?); give this vault's keyfile")
+        else:
+            super().__init__(f"keyfile {keyfile} is corrupt ({reason}); use your backup copy of the keyfile")
 
 
 class PassphraseRequiredError(CkptVaultError):
@@ -312,7 +318,8 @@ class FileFormatError(CkptVaultError):
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}")
+        sep = " " if reason.startswith(("is ", "has ")) else ": "  # "x.json is not ...", "x.pt: zip member ..."
+        super().__init__(f"{path}{sep}{reason}")
 
 
 class WatchLockedError(VaultLockedError):

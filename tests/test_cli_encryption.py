@@ -56,6 +56,8 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         ),
         (["snapshots", "--repo", repo], env, 14, "is encrypted; give its keyfile with --keyfile or CKPTVAULT_KEYFILE"),
         (["snapshots", "--repo", repo, "-k", str(tmp_path / "corrupt.key")], env, 15, "is corrupt"),
+        # another JSON file given for the keyfile (the vault's config): not called damage
+        (["snapshots", "--repo", repo, "-k", f"{repo}/config"], env, 15, "is not a ckptvault keyfile (the wrong"),
         (["snapshots", "--repo", repo, "-k", key], {}, 16, "CKPTVAULT_PASSPHRASE, pass --passphrase-file"),
         (["init", str(tmp_path / "v2"), "--encrypt"], env, 2, "--encrypt needs --keyfile"),
         (["key", "generate", "-k", key], env, 2, "never overwritten"),

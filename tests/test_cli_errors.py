@@ -61,6 +61,7 @@ from .test_cli import one_line_error
         (["backup", "{tmp}/no\nsuch"], 3, "no\\nsuch"),
         # only special files named: no empty snapshot that looks like a backup
         (["backup", "{tmp}/fifo", "--repo", "{tmp}/v"], 3, "nothing left to back up"),
+        (["status", "{tmp}/fifo", "--repo", "{tmp}/v"], 3, "fifo: nothing left to compare"),  # status backs up nothing
         # nor of an empty folder (a wrong path, a checkpoint not written yet): it would become `latest`
         (["backup", "{tmp}/empty", "--repo", "{tmp}/v"], 3, "empty: it holds no files"),
         (["backup", "{tmp}/links", "--repo", "{tmp}/v"], 3, "links: it holds no files, only symlinks"),

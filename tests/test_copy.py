@@ -307,7 +307,10 @@ def test_cli_copy_errors_are_one_line(tmp_path: Path, source: Vault, cli):
     same = cli("copy", "--from-repo", str(tmp_path / "source"), "--repo", str(tmp_path / "source"), check=False)
     assert same.returncode == 2 and b"same vault" in same.stderr and b"Traceback" not in same.stderr
     gone = cli("copy", "--from-repo", str(tmp_path / "nowhere"), "--repo", dest, check=False)
-    assert gone.returncode != 0 and b"nowhere" in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
+    assert gone.returncode == 10 and len(gone.stderr.strip().splitlines()) == 1
+    nowhere = tmp_path / "nowhere"
+    assert f"no vault at {nowhere}; check --from-repo: a copy reads a vault that exists" in gone.stderr.decode()
+    assert "ckptvault init" not in gone.stderr.decode()  # making an empty source is never what a copy needs
     assert not (tmp_path / "nowhere").exists()
 
 

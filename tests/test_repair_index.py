@@ -299,9 +299,11 @@ def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_i
     dry = cli("repair-index", "--repo", repo_url, "--read-data", "--dry-run").stdout.decode()
     assert "would drop 1 damaged chunk(s)" in dry
     assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
-    assert cli("status", str(src), "--repo", repo_url, check=False).returncode == 40  # not called backed up
+    said = cli("status", str(src), "--repo", repo_url, check=False)
+    assert said.returncode == 40  # not called backed up, and what heals it is named
+    assert f"store those bytes anew: ckptvault backup --repo {repo_url} {src}" in said.stdout.decode()
     with Vault.open(repo_url) as vault:
-        second = vault.backup(src, force_read=True)
+        second = vault.backup(src)  # as status advised: the file whose chunk is gone is read again
         assert second.summary.new_chunks == 1
         assert vault.check(read_data=1.0).affected == {}  # the old snapshot restores through the new copy
         for snap in (first, second):

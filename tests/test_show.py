@@ -130,6 +130,7 @@ def test_ls_long_and_show_through_the_cli(cli, tmp_path: Path) -> None:
     assert "I32" in cli("show", "latest", "emb.npy", "--repo", repo).stdout.decode()
     bad = cli("show", "latest", "notes.txt", "--repo", repo, check=False)
     assert bad.returncode == FileFormatError.exit_code and bad.stderr.decode().count("\n") == 1
+    assert bad.stderr.decode().startswith("error: notes.txt is not a safetensors, .npy/.npz or torch zip file")
     missing = cli("show", "latest", "nope.safetensors", "--repo", repo, check=False)
     assert missing.returncode == PathNotInSnapshotError.exit_code and b"Traceback" not in missing.stderr
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import CkptVaultError, CopyIncompleteError, UsageError
+from ..errors import CkptVaultError, CopyIncompleteError, UsageError, VaultNotFoundError
 from ..ops.copy import CopyResult
 from .app import (
     NO_VAULT_ARGS,
@@ -50,6 +50,8 @@ _SOURCE_WORDS = [
 
 
 def _in_source_terms(exc: CkptVaultError) -> CkptVaultError:
+    if isinstance(exc, VaultNotFoundError) and str(exc).endswith(f"ckptvault init {exc.url}"):
+        exc = VaultNotFoundError(exc.url, "check --from-repo: a copy reads a vault that exists")  # never one to make
     message = str(exc)
     for pattern, theirs in _SOURCE_WORDS:
         message = pattern.sub(theirs, message)

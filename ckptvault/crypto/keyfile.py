@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ..durable import fsync_dir, pwrite_all
 from ..errors import (
+    NOT_A_KEYFILE,
     KeyfileCorruptError,
     KeyfileNotFoundError,
     PassphraseRequiredError,
@@ -316,7 +317,7 @@ class Keyfile:
         try:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT:
-                raise ValueError("not a ckptvault keyfile")
+                raise ValueError(NOT_A_KEYFILE)
             if doc.get("version") != VERSION:
                 raise ValueError(f"keyfile version {doc.get('version')!r} is not supported")
             kdf = doc["kdf"]

@@ -181,7 +181,7 @@ def scan_sources(
     if not any(item.kind == "file" for item in result.items):
         # an empty snapshot would look like a backup and become `latest`: a resume would restore nothing
         if result.excluded and not exclude.patterns:  # only names still being written (a backup in place)
-            raise SourceError(abs_sources[0], "nothing left to back up: its files are all still being written")
+            raise SourceError(abs_sources[0], f"nothing left to {purpose}: its files are all still being written")
         if result.excluded:
             patterns = ", ".join(repr(p) for p in exclude.patterns)
             raise UsageError(
@@ -189,7 +189,7 @@ def scan_sources(
                 "check the patterns (a name without '/' matches at any depth)"
             )
         if result.warnings:  # only special or unreadable files
-            raise SourceError(abs_sources[0], "nothing left to back up", "; ".join(result.warnings))
+            raise SourceError(abs_sources[0], f"nothing left to {purpose}", "; ".join(result.warnings))
         if any(item.kind == "symlink" for item in result.items):
             raise SourceError(
                 abs_sources[0],

@@ -12,6 +12,7 @@ a read of the local files, and each local file is hashed at most once.
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
@@ -132,7 +133,10 @@ def backup_status(
         prefix, entries, _ = found
         repo.load_index()
         missing = _missing_chunks(entries, repo, repo.list_packs())
-        if missing:
+        if missing.endswith("is in no index"):  # dropped as damaged: a backup reads the file and stores it anew
+            again = f"back it up again to store those bytes anew: ckptvault backup {shlex.quote(abs_path)}"
+            return status(False, f"snapshot {snap.short_id} holds it but {missing}; {again}", snap)
+        if missing:  # the index still lists the chunk: a backup would deduplicate against it
             return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
         where = f" under {prefix.rstrip('/')}/" if prefix else ""
         return status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
