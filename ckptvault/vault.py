@@ -301,7 +301,8 @@ class Vault:
         limit_upload: RateArg,
         limit_download: RateArg,
     ) -> Vault:
-        url = url_arg(url) or default_repo_url()
+        given_url = url_arg(url)
+        url = given_url or default_repo_url()
         create = flag_arg("create", create)
         limits = RateLimits.resolve(limit_upload, limit_download)
         key = _load_keyfile(keyfile)
@@ -339,6 +340,12 @@ class Vault:
                         time.sleep(0.05 * 2**attempt)
                 raise  # pragma: no cover - the loop returns or raises
             vault.created = True
+            if given_url is not None:  # not the default location: a typo there is a new, empty vault
+                log.warning(
+                    "ckptvault: created a new vault at %s (none was there, and create=True); if that URL is "
+                    "mistyped, fix it: the checkpoints are going to this new vault",
+                    vault.url,
+                )
             if key is None and os.environ.get("CKPTVAULT_KEYFILE"):  # the CLI and the callbacks would have used it
                 log.warning(
                     "ckptvault: created %s unencrypted: CKPTVAULT_KEYFILE is set, but Vault.open reads no environment "

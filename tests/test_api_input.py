@@ -315,7 +315,7 @@ def test_a_closed_vault_refuses_every_call_and_closes_again_quietly(repo_url, tm
 # ---- 6. wrong types ---------------------------------------------------------------------------
 
 
-def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(tmp_path):
+def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(tmp_path, caplog):
     np = pytest.importorskip("numpy")
     src = tmp_path / "src"
     write_file(src / "config.json", b'{"a": 1}')
@@ -328,8 +328,16 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         with v.open_file(snap, Path("config.json")) as f:
             assert f.read() == b'{"a": 1}'
         assert [t.name for t in v.show(snap, Path("w.npy")).tensors] != []
-    with Vault.open(tmp_path / "repo2", create=True) as v:
-        assert v.created
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        with Vault.open(tmp_path / "repo2", create=True) as v:
+            assert v.created
+        with Vault.open(tmp_path / "repo2", create=True) as v:  # there now: opened without a word
+            assert not v.created
+    # a callback's mistyped URL made a new vault silently; the checkpoints went there
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ckptvault: created a new vault at {tmp_path / 'repo2'} (none was there, and create=True); if that URL is "
+        "mistyped, fix it: the checkpoints are going to this new vault"
+    ]
 
 
 @pytest.mark.parametrize(
