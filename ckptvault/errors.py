@@ -189,7 +189,8 @@ class PathNotInSnapshotError(CkptVaultError, LookupError):
         self.snapshot_id = snapshot_id
         short = snapshot_id[:12]
         what = f"is a {'folder' if found == 'dir' else found} in snapshot {short}, not a file" if found else ""
-        super().__init__(f"{path!r} {what or f'is not in snapshot {short}'}; list its files with: ckptvault ls {short}")
+        listing = spelled(f"ckptvault ls {short}", "Vault.files(snapshot)")
+        super().__init__(f"{path!r} {what or f'is not in snapshot {short}'}; list its files with: {listing}")
 
 
 class StorageError(CkptVaultError):

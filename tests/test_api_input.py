@@ -610,3 +610,16 @@ def test_forgetting_a_snapshot_object_that_is_gone_says_so(vault: Vault, tmp_pat
     with pytest.raises(SnapshotNotFoundError):
         vault.forget([snap])
     assert len(vault.snapshots()) == 1
+
+
+def test_api_errors_name_api_calls_not_cli_commands(vault: Vault, tmp_path: Path):
+    """A Python caller was told to run `ckptvault snapshots` or `ckptvault ls ID`."""
+    snap = vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "r"})
+    for call, says in (
+        (lambda: vault.restore_latest(tmp_path / "out", run="nosuch"), "list them with: Vault.snapshots()"),
+        (lambda: vault.snapshot("abcdef12"), "no snapshot abcdef12; list them with: Vault.snapshots()"),
+        (lambda: vault.read_file(snap, "nope.bin"), "list its files with: Vault.files(snapshot)"),
+    ):
+        with pytest.raises(CkptVaultError) as caught:
+            call()
+        assert says in str(caught.value) and "ckptvault " not in str(caught.value), str(caught.value)

@@ -69,7 +69,7 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
         if not candidates:
             raise SnapshotNotFoundError(
                 f"no snapshot matches latest{_describe(tags)}{unmatched_tags(snapshots, tags or {})}; "
-                "list them with: ckptvault snapshots"
+                f"list them with: {spelled('ckptvault snapshots', 'Vault.snapshots()')}"
             )
         return newest(candidates)
     prefix = spec.lower()
@@ -85,7 +85,8 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
                 f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: "
                 + spelled(f"ckptvault snapshots{tag_options(tags)}", f"Vault.snapshots(tags={tags})")
             )
-        raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: ckptvault snapshots")
+        listing = spelled("ckptvault snapshots", "Vault.snapshots()")
+        raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: {listing}")
     if len(found) > 1:
         shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M})" for s in found[:5])
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
