@@ -139,6 +139,29 @@ def test_a_tag_value_with_a_comma_cannot_read_as_two_tags_in_tables(cli, tmp_pat
         assert 'note="lr=3e-4,warmup",run=a' in out, out
 
 
+def test_snapshots_latest_shows_the_snapshot_restore_latest_takes(cli, tmp_path: Path):
+    """A resume script that logs "resuming from step N" had to redo latest's rule over snapshots --json:
+    the highest step of a run, not the newest upload (step 5 shipped after step 7 here)."""
+    repo = str(tmp_path / "vault")
+    cli("init", repo)
+    for step in (7, 5):
+        (tmp_path / "src").mkdir(exist_ok=True)
+        (tmp_path / "src" / "f").write_bytes(b"step %d" % step)
+        cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", "run=a", "--tag", f"step={step}", "-q")
+    (tmp_path / "src" / "f").write_bytes(b"other run")
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", "run=b", "--tag", "step=1", "-q")
+    shown = json.loads(cli("snapshots", "latest", "--tag", "run=a", "--repo", repo, "--json").stdout)
+    assert [s["tags"] for s in shown] == [{"run": "a", "step": "7"}]
+    cli("restore", "latest", str(tmp_path / "out"), "--tag", "run=a", "--repo", repo, "-q")
+    assert (tmp_path / "out" / "f").read_bytes() == b"step 7"
+    by_id = json.loads(cli("snapshots", shown[0]["id"][:8], "--repo", repo, "--json").stdout)
+    assert [s["id"] for s in by_id] == [shown[0]["id"]]
+    table = cli("snapshots", "latest", "--tag", "run=a", "--repo", repo).stdout.decode()
+    assert "run=a,step=7" in table and "step=5" not in table
+    missing = cli("snapshots", "latest", "--tag", "run=c", "--repo", repo, check=False)
+    assert missing.returncode == 18 and "no snapshot matches latest --tag run=c" in one_line_error(missing)
+
+
 def test_tables_show_names_tags_and_paths_as_they_are(cli, tmp_path: Path):
     """Cells are never rich markup (``[/data]`` crashed the listing, ``[red]x`` lost its brackets),
     stay one line, and a long path is never cut with "…" in piped output (`ls > files.txt`)."""

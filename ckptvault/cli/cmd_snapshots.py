@@ -22,6 +22,10 @@ SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix i
 @command
 @vault_options
 def snapshots_cmd(
+    snapshot: Annotated[
+        str | None,
+        typer.Argument(help="Only this snapshot: an ID prefix, or 'latest' (with --tag: what restore latest takes)."),
+    ] = None,
     tag: TagOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
@@ -31,7 +35,8 @@ def snapshots_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     with vault_args.open(out) as vault:
-        snaps = vault.snapshots(tags)
+        # one snapshot: how a resume script learns which step `latest --tag run=x` is, by the same rule
+        snaps = [vault.snapshot(snapshot, tags)] if snapshot is not None else vault.snapshots(tags)
         every = vault.snapshots() if tags and not snaps else []
     if every:  # a mistyped --tag must not read as "this run was never backed up"
         out.warn(f"{tag_options(tags).strip()} selects no snapshot{unmatched_tags(every, tags)}")
