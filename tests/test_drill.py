@@ -380,3 +380,19 @@ def test_without_torch_and_safetensors_the_drill_checks_what_it_can_and_says_wha
     assert failed.returncode == 41, (text, failed.stderr.decode())
     assert "FAIL model.safetensors: safetensors-header" in text and "FAIL optimizer.pt: torch-archive" in text
     assert "recovery FAILED" in text
+
+
+def test_a_file_that_is_no_torch_checkpoint_fails_without_torchs_advice_to_load_it_unsafely(tmp_path):
+    """An all-zero .pt failed with torch's advice to re-run torch.load with weights_only=False: wrong
+    for a zeroed file, and unsafe for one of unknown origin."""
+    from ckptvault.ops.drill import load_files
+    from ckptvault.snapshot.model import FileEntry
+
+    write_file(tmp_path / "zeros.pt", bytes(4096))
+    write_file(tmp_path / "notes.pth", b"step 1200, loss 0.31\n")
+    tree = [FileEntry(path=name, type="file", size=1, mode=0o644, mtime_ns=0) for name in ("zeros.pt", "notes.pth")]
+    loads, skipped = load_files(str(tmp_path), tree)
+    assert skipped == []
+    for check in loads:
+        assert (check.loader, check.ok) == ("torch", False)
+        assert check.detail.startswith("not a torch checkpoint: neither a zip archive nor a pickle"), check.detail

@@ -364,6 +364,9 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
         problem = archive_crc_problem(lambda: zipfile.ZipFile(path))
         detail = problem or "every archive record's CRC-32 verified, not loaded (torch is not installed)"
         return LoadCheck(name, "torch-archive", problem is None, detail, seconds_since(started))
+    if not zipfile.is_zipfile(path) and not _starts_with(path, b"\x80"):  # torch's own error advises an unsafe load
+        detail = "not a torch checkpoint: neither a zip archive nor a pickle (zeroed, or another kind of file)"
+        return LoadCheck(name, "torch", False, detail, seconds_since(started))
     try:
         with warnings.catch_warnings():  # the check's line says what went wrong; torch's warnings add noise
             warnings.filterwarnings("ignore", module=r"torch\.")
@@ -397,6 +400,11 @@ def _is_legacy_torch(path: str) -> bool:
     with open(path, "rb") as f:
         head = f.read(32)
     return head.startswith(b"\x80") and _LEGACY_TORCH_MAGIC in head
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(magic)) == magic
 
 
 def _inside(target: str, path: str) -> bool:
