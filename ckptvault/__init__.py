@@ -43,6 +43,7 @@ _HOMES = {
     "BackupSupersededError": ".errors",
     "CheckpointLostError": ".errors",
     "FlushTimeoutError": ".errors",
+    "BackupTimeoutError": ".errors",
     "IndexRepair": ".ops.repair",
     "BackupHandle": ".ops.async_backup",
     "CheckReport": ".ops.check",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
     from .codec import CompressionSettings
     from .errors import (
         BackupSupersededError,
+        BackupTimeoutError,
         CheckpointLostError,
         CkptVaultError,
         ConfigDowngradedError,
@@ -142,6 +144,7 @@ __all__ = [
     "BackupHandle",
     "BackupStatus",
     "BackupSupersededError",
+    "BackupTimeoutError",
     "CheckReport",
     "CheckpointLostError",
     "ChunkerParams",

@@ -37,6 +37,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── DrillFailedError               41   drill: a restored file could not be loaded
     ├── BackupSupersededError           1   backup_async: dropped for a newer one (queue full)
     └── FlushTimeoutError               1   flush: queued backups still running at the timeout
+        └── BackupTimeoutError          1   a backup_async handle's result/exception: still running at the timeout
 
 A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs no class here.
 """
@@ -348,6 +349,11 @@ class BackupSupersededError(CkptVaultError):
 
 class FlushTimeoutError(CkptVaultError, TimeoutError):
     """``flush(timeout)`` returned with queued backups still unfinished."""
+
+
+class BackupTimeoutError(FlushTimeoutError):
+    """A ``backup_async`` handle's ``result(timeout)`` or ``exception(timeout)`` returned before its
+    backup ended. A FlushTimeoutError too, which handles raised before it existed."""
 
 
 class ObjectExistsError(StorageError):

@@ -41,6 +41,7 @@ from typing import Literal
 
 from ..errors import (
     BackupSupersededError,
+    BackupTimeoutError,
     FlushTimeoutError,
     SourceError,
     StorageError,
@@ -138,7 +139,7 @@ class BackupHandle:
         return self._job.future.cancelled()
 
     def result(self, timeout: float | None = None) -> Snapshot:
-        """The snapshot; raises the backup's error, or FlushTimeoutError (a TimeoutError) when not
+        """The snapshot; raises the backup's error, or BackupTimeoutError (a TimeoutError) when not
         done in time."""
         try:
             return self._job.future.result(timeout)
@@ -151,9 +152,9 @@ class BackupHandle:
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
 
-    def _timeout_error(self, timeout: float | None) -> FlushTimeoutError:
+    def _timeout_error(self, timeout: float | None) -> BackupTimeoutError:
         state = "running" if self._job.future.running() else "queued"
-        return FlushTimeoutError(
+        return BackupTimeoutError(
             f"the backup of {self._job.describe()} is still {state} after {timeout:g} s; "
             "wait longer (result(timeout=...)) or check done() later"
         )
