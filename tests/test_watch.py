@@ -1769,8 +1769,47 @@ def test_a_backlog_of_pins_on_another_disk_filling_it_is_said(tmp_path, vault):
             stop.set()
             thread.join(60)
     told = [w for w in warnings if "wait to ship" in w]
-    assert len(told) == 1 and "full and" in told[0] and "state_dir" in told[0], warnings
+    assert len(told) == 1 and "free, room for" in told[0] and "state_dir" in told[0], warnings
     assert not [w for w in warnings if "dropped" in w]
+
+
+def test_the_backlog_warning_counts_saves_the_disk_has_room_for_not_a_share_of_it(tmp_path, vault, monkeypatch):
+    """A 10 % floor warned "90% full" on a volume with 25 GB free for checkpoints of 650 MB (and its
+    share was not df's); a small disk with checkpoints larger than a tenth of it was never warned of."""
+    ckpts, state = tmp_path / "ckpts", tmp_path / "state"
+    ckpts.mkdir()
+    free = [50 << 30]  # of 1 TiB: 5 %, and room for 200,000 saves of 250 kB
+    real_statvfs = os.statvfs
+
+    def statvfs(path):
+        if not str(path).startswith(str(state)):
+            return real_statvfs(path)
+        return os.statvfs_result((4096, 4096, (1 << 40) // 4096, free[0] // 4096, free[0] // 4096, 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    release = threading.Event()
+
+    def slow_ship(job):
+        release.wait(60)
+        return vault._run_job(job)
+
+    watcher, stop, thread, warnings = _watcher_thread(
+        vault, ckpts, ship=slow_ship, interval=0.02, settle=0.1, state_dir=str(state)
+    )
+    try:
+        for step in (1, 2, 3):
+            (ckpts / f"step_{step}.pt").write_bytes(os.urandom(250_000))
+        _wait(lambda: len(watcher._candidates) == 3, "three checkpoints pinned")
+        time.sleep(0.5)  # many looks at the disk
+        assert not [w for w in warnings if "wait to ship" in w], warnings
+        free[0] = 245 * 4096  # 1 MB: room for 4 saves of 250 kB
+        _wait(lambda: any("wait to ship" in w for w in warnings), "the warning")
+    finally:
+        release.set()
+        stop.set()
+        thread.join(60)
+    told = [w for w in warnings if "wait to ship" in w]
+    assert len(told) == 1 and "has 1.00 MB free, room for 4 more save(s) of 250.00 KB" in told[0], told
 
 
 def test_a_backlog_of_pins_never_fills_the_trainers_disk(tmp_path, vault):

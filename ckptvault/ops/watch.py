@@ -133,7 +133,7 @@ LOOK_INSIDE_S = 1.0
 # free); a backlog of four pins of 1,000 files each kept a quarter of a core busy.
 LOOK_INSIDE_SHARE = 0.05
 LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
-LOW_DISK = 0.10  # free share of the pins' disk under which a backlog of pins is said to threaten saves
+LOW_DISK_SAVES = 8  # saves of the largest waiting checkpoint the pins' disk has room for, under which a backlog is said
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
 # is said never to ship
 REWRITES_TOLD = 3
@@ -508,7 +508,7 @@ class Watcher:
         )
         if len(waiting) < 3 or not self._pins_beside_checkpoints:
             return  # the newest, and the newest complete one, are never dropped
-        largest = max(sum(int(item[2]) for item in c.sig if item[1] == "f") for c in self._candidates.values())
+        largest = self._largest_checkpoint()
         try:
             disk = os.statvfs(self.pins_dir)
         except OSError:
@@ -527,6 +527,11 @@ class Watcher:
                 self._drop_for_room(cand, free, held)
             free += held
 
+    def _largest_checkpoint(self) -> int:
+        """Bytes of the largest checkpoint known: what the trainer's next save may need."""
+        sizes = (sum(int(item[2]) for item in c.sig if item[1] == "f") for c in self._candidates.values())
+        return max(sizes, default=0)
+
     def _drop_for_room(self, cand: _Candidate, free: int, held: int) -> None:
         error = CheckpointLostError(
             cand.pin.source,
@@ -543,22 +548,25 @@ class Watcher:
 
     def _warn_if_disk_low(self) -> None:
         """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
-        them up until the disk is full and the trainer's next save fails. Said once the disk is
-        nearly full with checkpoints waiting (again only once it had room: a disk that stays nearly full
-        is said to be once)."""
+        them up until the disk is full and the trainer's next save fails. Said once the disk has room
+        for fewer than ``LOW_DISK_SAVES`` saves of the largest waiting checkpoint with checkpoints
+        waiting (again only once it had twice that: a disk that stays nearly full is said to be once).
+        In bytes, not a share of the disk: 10 % of a big volume is many saves, of a small one none."""
         waiting = sum(1 for c in self._candidates.values() if not c.pin.in_place)
+        largest = self._largest_checkpoint()
         try:
             disk = os.statvfs(self.pins_dir)
         except OSError:
             return
-        free = disk.f_bavail / disk.f_blocks if disk.f_blocks else 1.0
+        free = disk.f_bavail * disk.f_frsize
         key = ("disk", self.pins_dir)
-        if free >= 2 * LOW_DISK:
+        if free >= 2 * LOW_DISK_SAVES * largest:
             self._warned.discard(key)
-        elif free < LOW_DISK and waiting >= 2:
+        elif free < LOW_DISK_SAVES * largest and waiting >= 2:
             self._warn_once(
                 key,
-                f"the disk of {self.pins_dir} is {1 - free:.0%} full and {waiting} checkpoints wait to ship, "
+                f"the disk of {self.pins_dir} has {format_bytes(free)} free, room for {free // max(largest, 1)} "
+                f"more save(s) of {format_bytes(largest)}, and {waiting} checkpoints wait to ship, "
                 "pinned (a pin keeps the files the trainer deleted until it ships): uploads are slower than saves, "
                 "and a full disk fails the trainer's next save; save less often, raise the upload rate, or give "
                 f"{spelled('--state-dir', 'state_dir')} on another disk (pins are copies there)",
