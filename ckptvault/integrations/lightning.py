@@ -90,6 +90,7 @@ class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
     def _ship_new(self, trainer: Any) -> None:
         if not trainer.is_global_zero:
             return
+        new: list[tuple[str, int | None, tuple[Any, ...], bool]] = []  # path, step, key, is a last.ckpt
         for callback in trainer.checkpoint_callbacks:
             # _last_checkpoint_saved is ModelCheckpoint's only record of its save_on_exception file;
             # ckpt_path is where OnExceptionCheckpoint writes (and, at teardown, deletes) its own
@@ -101,10 +102,15 @@ class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
                 except OSError:
                     continue
                 key = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
-                if key in self._shipped:
-                    continue
-                self.ship(path, self._step_of(path))
-                self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
+                if key not in self._shipped:
+                    new.append((path, self._step_of(path), key, path == getattr(callback, "last_model_path", None)))
+        # save_last writes last.ckpt beside the top-k file of the same step: the same save, and as a
+        # snapshot of its own it doubled the snapshots (prune --keep-latest 4 kept two saves)
+        saved_steps = {step for _, step, _, is_last in new if not is_last and step is not None}
+        for path, step, key, is_last in new:
+            if not (is_last and step in saved_steps):
+                self.ship(path, step)
+            self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
         self._ship_new(trainer)
