@@ -352,6 +352,8 @@ def test_without_torch_and_safetensors_the_drill_checks_what_it_can_and_says_wha
     "recovery OK": a torn safetensors file or a flipped torch zip passed unseen."""
     whole = tensor_checkpoint(tmp_path / "whole")
     torch.save({"w": torch.randn(4)}, whole / "legacy.pt", _use_new_zipfile_serialization=False)
+    # numpy has no bfloat16: safetensors without torch failed this healthy file
+    safetensors_torch.save_file({"w": torch.randn(8, dtype=torch.bfloat16)}, str(whole / "bf16.safetensors"))
     vault.backup(whole, tags={"case": "whole"})
     damaged = tmp_path / "damaged"
     damaged.mkdir()
@@ -360,25 +362,31 @@ def test_without_torch_and_safetensors_the_drill_checks_what_it_can_and_says_wha
         f.truncate(os.fstat(f.fileno()).st_size - 100)
     torch.save({"w": torch.randn(128, 128)}, damaged / "optimizer.pt")
     flip_byte(damaged / "optimizer.pt", (damaged / "optimizer.pt").stat().st_size // 2)
+    write_file(damaged / "zeros.safetensors", bytes(4096))  # no header at all: it passed as "checked"
     vault.backup(damaged, tags={"case": "damaged"})
-    no_libraries = tmp_path / "no-libraries"
-    for module in ("torch", "safetensors"):
-        write_file(no_libraries / f"{module}.py", b"raise ImportError('hidden by the test')\n")
+    no_libraries, no_torch = tmp_path / "no-libraries", tmp_path / "no-torch"
+    for folder, modules in ((no_libraries, ("torch", "safetensors")), (no_torch, ("torch",))):
+        for module in modules:
+            write_file(folder / f"{module}.py", b"raise ImportError('hidden by the test')\n")
 
-    def drill(case: str):
+    def drill(case: str, hidden: Path = no_libraries):
         args = ("drill", "latest", "--tag", f"case={case}", "--load", "--repo", repo_url)
-        return cli(*args, check=False, PYTHONPATH=str(no_libraries))
+        return cli(*args, check=False, PYTHONPATH=str(hidden))
 
-    passed = drill("whole")
-    text = passed.stdout.decode()
-    assert passed.returncode == 0, passed.stderr.decode()
-    assert "ok   model.safetensors: safetensors-header" in text and "ok   optimizer.pt: torch-archive" in text
-    assert "skip legacy.pt: torch is not installed" in text
-    assert "recovery OK (1 file(s) not loaded: see skip above)" in text
+    for hidden in (no_libraries, no_torch):
+        passed = drill("whole", hidden)
+        text = passed.stdout.decode()
+        assert passed.returncode == 0, (text, passed.stderr.decode())
+        assert "ok   model.safetensors: safetensors-header" in text and "ok   optimizer.pt: torch-archive" in text
+        assert "ok   bf16.safetensors: safetensors-header" in text
+        assert "skip legacy.pt: torch is not installed" in text
+        # legacy.pt skipped; two safetensors headers and three torch archives checked, none loaded
+        assert "recovery OK (6 file(s) not loaded, for want of a library: see above)" in text
     failed = drill("damaged")
     text = failed.stdout.decode()
     assert failed.returncode == 41, (text, failed.stderr.decode())
     assert "FAIL model.safetensors: safetensors-header" in text and "FAIL optimizer.pt: torch-archive" in text
+    assert "FAIL zeros.safetensors: safetensors-header, safetensors header length 0 does not fit" in text
     assert "recovery FAILED" in text
 
 

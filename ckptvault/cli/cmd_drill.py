@@ -61,7 +61,7 @@ def drill_cmd(
     if report.load_s is not None:
         loaded = sum(c.ok for c in report.loads)
         if report.loads:
-            lines.append(f"  load    {report.load_s:8.2f} s  {loaded} of {len(report.loads)} file(s) loaded")
+            lines.append(f"  load    {report.load_s:8.2f} s  {loaded} of {len(report.loads)} file(s) passed")
         else:
             lines.append(f"  load    {report.load_s:8.2f} s  no file of a kind it loads: only the bytes were verified")
     for check in report.loads:
@@ -69,8 +69,9 @@ def drill_cmd(
     for skipped in report.skipped:
         lines.append(f"    skip {skipped}")
     verdict = "recovery OK" if report.ok else "recovery FAILED"
-    if report.ok and report.skipped:  # "OK" must not read as "every file loaded"
-        verdict += f" ({len(report.skipped)} file(s) not loaded: see skip above)"
+    not_loaded = len(report.skipped) + sum(check.partial for check in report.loads)
+    if report.ok and not_loaded:  # "OK" must not read as "every file loaded"
+        verdict += f" ({not_loaded} file(s) not loaded, for want of a library: see above)"
     lines.append(f"  total   {report.total_s:8.2f} s  {verdict}")
     out.result({"ok": report.ok, **report.__dict__}, "\n".join(lines))
     if not report.ok:

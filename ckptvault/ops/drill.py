@@ -41,8 +41,18 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..errors import CkptVaultError, IntegrityError, StorageError, StorageFullError, UsageError, first_few, spelled
-from ..formats import not_whole, pread_at
+from ..errors import (
+    CkptVaultError,
+    FileFormatError,
+    IntegrityError,
+    StorageError,
+    StorageFullError,
+    UsageError,
+    first_few,
+    spelled,
+)
+from ..formats import pread_at
+from ..formats.safetensors import parse as parse_safetensors
 from ..localtree import remove_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
@@ -329,23 +339,20 @@ def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], lis
 
 
 def _load_safetensors(name: str, path: str) -> LoadCheck | str:
-    try:
-        from safetensors import safe_open  # optional: only the drill's --load needs it
-    except ImportError:  # what can be told without it: the header parses and every tensor lies in the file
-        started = time.monotonic()
-        with open(path, "rb") as f:
-            problem = not_whole(pread_at(f.fileno()), os.fstat(f.fileno()).st_size)
-        detail = problem or "header and tensor extents checked, not loaded (pip install 'ckptvault[load]' loads it)"
-        return LoadCheck(name, "safetensors-header", problem is None, detail, seconds_since(started))
-    try:
-        import torch  # noqa: F401  - "pt" reads every dtype, numpy lacks bfloat16
-
-        framework = "pt"
-    except ImportError:
-        framework = "numpy"
     started = time.monotonic()
+    try:  # optional: only the drill's --load needs them; torch, as numpy lacks bfloat16 and float8
+        import torch  # noqa: F401
+        from safetensors import safe_open
+    except ImportError:  # what can be told without them: the header parses and every tensor lies in the file
+        try:
+            with open(path, "rb") as f:
+                parse_safetensors(pread_at(f.fileno()), os.fstat(f.fileno()).st_size, name)
+        except FileFormatError as exc:
+            return LoadCheck(name, "safetensors-header", False, exc.reason, seconds_since(started), partial=True)
+        detail = "header and tensor extents checked, not loaded (loading needs safetensors and torch)"
+        return LoadCheck(name, "safetensors-header", True, detail, seconds_since(started), partial=True)
     try:
-        with safe_open(path, framework=framework) as f:
+        with safe_open(path, framework="pt") as f:
             keys = list(f.keys())
             for key in keys:
                 f.get_tensor(key)
@@ -363,7 +370,7 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
             return "torch is not installed, and it is no zip archive whose records could be checked without it"
         problem = archive_crc_problem(lambda: zipfile.ZipFile(path))
         detail = problem or "every archive record's CRC-32 verified, not loaded (torch is not installed)"
-        return LoadCheck(name, "torch-archive", problem is None, detail, seconds_since(started))
+        return LoadCheck(name, "torch-archive", problem is None, detail, seconds_since(started), partial=True)
     if not zipfile.is_zipfile(path) and not _starts_with(path, b"\x80"):  # torch's own error advises an unsafe load
         detail = "not a torch checkpoint: neither a zip archive nor a pickle (zeroed, or another kind of file)"
         return LoadCheck(name, "torch", False, detail, seconds_since(started))

@@ -44,6 +44,7 @@ class LoadCheck:
     ok: bool
     detail: str
     seconds: float
+    partial: bool = False  # a lesser check, for want of the library that loads the file
 
 
 def archive_crc_problem(read: Callable[[], zipfile.ZipFile]) -> str | None:
