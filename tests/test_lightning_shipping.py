@@ -163,6 +163,73 @@ def test_a_resumed_run_does_not_ship_again_what_the_first_run_shipped(tmp_path, 
     )
 
 
+def test_another_callbacks_last_ckpt_of_the_same_step_is_another_save_and_ships(tmp_path, vault):
+    """Weights-only top-k files beside a full, resumable last.ckpt of another ModelCheckpoint: the full one
+    was taken for the top-k file's copy and never shipped; restore latest gave weights without optimizer."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    weights = ModelCheckpoint(  # mode: Lightning refuses two callbacks of one state key
+        tmp_path / "weights", save_top_k=-1, every_n_train_steps=5, save_weights_only=True, mode="max"
+    )
+    full = ModelCheckpoint(tmp_path / "full", save_top_k=0, save_last=True, every_n_train_steps=5)
+    callback = CkptVaultCallback(vault, run="pl", on_full="block")
+    trainer = pl.Trainer(
+        max_steps=10,
+        callbacks=[weights, full, callback],
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Tiny(), loader)
+    files = sorted((s.tags["step"], f.path) for s in vault.snapshots() for f in vault.files(s))
+    assert files == [
+        ("10", "epoch=0-step=10.ckpt"),
+        ("10", "last.ckpt"),
+        ("5", "epoch=0-step=5.ckpt"),
+        ("5", "last.ckpt"),
+    ]
+
+
+def test_a_last_ckpt_is_not_marked_shipped_while_its_top_k_file_failed_to_ship(tmp_path, vault):
+    """last.ckpt sorted before step=5.ckpt was marked shipped (as that save's copy) before the top-k
+    file's ship raised: the step reached the vault under neither name."""
+    import types
+
+    from ckptvault.errors import SourceError
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for name in ("step=5.ckpt", "last.ckpt"):
+        (ckpts / name).write_bytes(b"save 5" * 100)
+    top_k, last = str(ckpts / "step=5.ckpt"), str(ckpts / "last.ckpt")
+    checkpointing = types.SimpleNamespace(last_model_path=last, best_model_path=top_k, best_k_models={top_k: 0.1})
+    trainer = types.SimpleNamespace(is_global_zero=True, checkpoint_callbacks=[checkpointing])
+    failing = [True]
+
+    class Failing(CkptVaultCallback):
+        def ship(self, path, step):
+            if failing[0] and path == top_k:
+                raise SourceError(path, "simulated failure of this ship")
+            return super().ship(path, step)
+
+    callback = Failing(vault, run="pl")
+    callback._saving_step = 5
+    with pytest.raises(SourceError):
+        callback._ship_new(trainer)
+    assert callback._shipped == set() and vault.snapshots() == []
+    failing[0] = False
+    callback._ship_new(trainer)  # the next hook offers both again: the top-k file ships, its copy does not
+    vault.flush(60)
+    assert shipped(vault) == {"5": "step=5.ckpt"}
+    assert {key[0] for key in callback._shipped} == {top_k, last}
+
+
 def test_the_checkpoint_a_run_resumes_from_is_shipped_with_its_step(tmp_path, vault):
     # the first run's last.ckpt never reached this vault (it shipped elsewhere); the resumed run
     # offers it before saving anything: its step is the one the resume loaded, not none

@@ -90,27 +90,30 @@ class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
     def _ship_new(self, trainer: Any) -> None:
         if not trainer.is_global_zero:
             return
-        new: list[tuple[str, int | None, tuple[Any, ...], bool]] = []  # path, step, key, is a last.ckpt
         for callback in trainer.checkpoint_callbacks:
             # _last_checkpoint_saved is ModelCheckpoint's only record of its save_on_exception file;
             # ckpt_path is where OnExceptionCheckpoint writes (and, at teardown, deletes) its own
             names = ("last_model_path", "best_model_path", "_last_checkpoint_saved", "ckpt_path")
             paths = {getattr(callback, name, None) for name in names} | set(getattr(callback, "best_k_models", ()))
-            for path in sorted(p for p in paths if p):
+            last = getattr(callback, "last_model_path", None)
+            saved_steps: set[int | None] = set()
+            # last.ckpt after the rest: a ModelCheckpoint's save_last writes it beside its own top-k file of
+            # the same step, the same save; as a snapshot of its own it doubled the snapshots (prune
+            # --keep-latest 4 kept two saves). Another callback's last.ckpt may be another save (weights
+            # only beside a full one): it ships. Not skipped before that top-k file was taken.
+            for path in sorted((p for p in paths if p), key=lambda p: (p == last, p)):
                 try:
                     st = os.stat(path)
                 except OSError:
                     continue
                 key = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
-                if key not in self._shipped:
-                    new.append((path, self._step_of(path), key, path == getattr(callback, "last_model_path", None)))
-        # save_last writes last.ckpt beside the top-k file of the same step: the same save, and as a
-        # snapshot of its own it doubled the snapshots (prune --keep-latest 4 kept two saves)
-        saved_steps = {step for _, step, _, is_last in new if not is_last and step is not None}
-        for path, step, key, is_last in new:
-            if not (is_last and step in saved_steps):
-                self.ship(path, step)
-            self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
+                if key in self._shipped:
+                    continue
+                step = self._step_of(path)
+                if path != last or step is None or step not in saved_steps:
+                    self.ship(path, step)
+                    saved_steps.add(step)
+                self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
         self._ship_new(trainer)
