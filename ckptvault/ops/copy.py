@@ -81,7 +81,8 @@ def choose_snapshots(
         picked = [select_snapshot(every, name, tags, unreadable) for name in names]
     except SnapshotNotFoundError as exc:  # say which of the two vaults has none
         of_source = spelled(f"ckptvault snapshots --repo {source_url}", "source.snapshots()")
-        exc.args = (f"in {source_url}: {exc}".replace("ckptvault snapshots", of_source),)
+        listing = spelled("ckptvault snapshots", "Vault.snapshots()")  # as selection spells it
+        exc.args = (f"in {source_url}: {exc}".replace(listing, of_source),)
         raise
     return list({s.id: s for s in picked}.values())
 

@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError, UsageError
+from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError, UsageError, spelled
 from ..repository import Repository
 from ..repository.pack import lies_whole_in
 from ..snapshot.model import FileEntry, Snapshot
@@ -134,7 +134,8 @@ def backup_status(
         repo.load_index()
         missing = _missing_chunks(entries, repo, repo.list_packs())
         if missing.endswith("is in no index"):  # dropped as damaged: a backup reads the file and stores it anew
-            again = f"back it up again to store those bytes anew: ckptvault backup {shlex.quote(abs_path)}"
+            backup = spelled(f"ckptvault backup {shlex.quote(abs_path)}", f"Vault.backup({abs_path!r})")
+            again = f"back it up again to store those bytes anew: {backup}"
             return status(False, f"snapshot {snap.short_id} holds it but {missing}; {again}", snap)
         if missing:  # the index still lists the chunk: a backup would deduplicate against it
             return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
