@@ -303,6 +303,7 @@ def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_i
     assert said.returncode == 40  # not called backed up, and what heals it is named
     assert f"store those bytes anew: ckptvault backup --repo {repo_url} {src}" in said.stdout.decode()
     with Vault.open(repo_url) as vault:
+        assert f"store those bytes anew: Vault.backup({str(src)!r})" in vault.backup_status(src).detail
         second = vault.backup(src)  # as status advised: the file whose chunk is gone is read again
         assert second.summary.new_chunks == 1
         assert vault.check(read_data=1.0).affected == {}  # the old snapshot restores through the new copy
