@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault.cli import _OneLineHandler
-from ckptvault.cli.output import name_the_vault_in_advice, with_vault_named
+from ckptvault.cli.output import VaultNaming, name_the_vault_in_advice, with_vault_named
 
 
 def _suggested(stderr: str, command: str) -> list[str]:
@@ -52,7 +52,7 @@ def test_a_pasted_suggestion_acts_on_the_vault_that_was_named_not_the_default(cl
 
 def test_suggestions_repeat_the_vault_options_given_and_only_mention_storage_options():
     message = "the pack is damaged; run: ckptvault check --read-data, then ckptvault forget ab12"
-    name_the_vault_in_advice("s3://b/my vault", "key file", "-", ["secret=xyz"])
+    name_the_vault_in_advice(VaultNaming.of("s3://b/my vault", "key file", "-", ["secret=xyz"]))
     try:
         assert with_vault_named(message) == (
             "the pack is damaged; run: ckptvault check --repo 's3://b/my vault' --keyfile 'key file' "
@@ -65,20 +65,49 @@ def test_suggestions_repeat_the_vault_options_given_and_only_mention_storage_opt
             "create one with: ckptvault init s3://b/x",  # not a command on this vault
             "add --keyfile PATH (ckptvault key generate --keyfile PATH)",
             "ckptvault checks each chunk",  # prose, not a command
+            "another ckptvault watch (pid 7) is already watching ./ckpts",  # another process's vault
             "nothing to suggest",
         ):
             assert with_vault_named(unchanged) == unchanged
     finally:
-        name_the_vault_in_advice(None, None, None, None)
-    assert with_vault_named(message) == message  # the default vault (or CKPTVAULT_REPO): nothing to add
+        name_the_vault_in_advice(VaultNaming())
+    assert with_vault_named(message) == message  # the default vault: nothing to add
+    # a URL's password and query string (options that may be secrets) are left out, and said to be
+    secret = VaultNaming.of("s3://u:pw@b/v?secret=xyz", None, None, None)
+    assert secret.named("run: ckptvault check") == (
+        "run: ckptvault check --repo s3://u@b/v (each with the --repo URL as you gave it, credentials and all)"
+    )
 
 
 def test_the_librarys_warnings_name_the_vault_too(capsys: pytest.CaptureFixture[str]):
     said = "run: ckptvault repair-index"
     record = logging.LogRecord("ckptvault.damage", logging.WARNING, __file__, 1, said, (), None)
-    name_the_vault_in_advice("./v", None, None, None)
+    name_the_vault_in_advice(VaultNaming.of("./v", None, None, None))
     try:
         _OneLineHandler().emit(record)
     finally:
-        name_the_vault_in_advice(None, None, None, None)
+        name_the_vault_in_advice(VaultNaming())
     assert capsys.readouterr().err == "warning: run: ckptvault repair-index --repo ./v\n"
+
+
+def test_copy_names_the_source_in_advice_about_it_never_the_destination(cli, tmp_path: Path):
+    """copy's --repo is the destination: a damaged snapshot object in the source was said with
+    'ckptvault forget --repo DEST ID', which forgets the destination's good copy of it."""
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(100_000))
+    cli("init", str(primary), "-q")
+    cli("backup", str(src), "--repo", str(primary), "-q")
+    cli("init", str(mirror), "-q")
+    cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "-q")
+    (snapshot_object,) = (primary / "snapshots").iterdir()
+    data = bytearray(snapshot_object.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    snapshot_object.write_bytes(data)
+    again = cli("copy", "--from-repo", str(primary), "--repo", str(mirror), check=False)
+    said = again.stderr.decode()
+    assert f"ckptvault forget --repo {primary} {snapshot_object.name[:12]}" in said, said
+    assert f"--repo {mirror}" not in said, said
+    gone = cli("copy", "--from-repo", str(tmp_path / "nowhere"), "--repo", str(mirror), check=False)
+    assert f"--repo {mirror}" not in gone.stderr.decode()

@@ -32,7 +32,7 @@ from ..location import default_repo_url
 from ..store.retrying import stop_retrying
 from ..vault import Vault
 from ..version import __version__
-from .output import Output, discard_stdout, name_the_vault_in_advice
+from .output import Output, VaultNaming, discard_stdout, name_the_vault_in_advice
 from .params import parse_duration, parse_storage_options
 
 EXIT_PIPE_CLOSED = 141  # what a shell reports for a program that SIGPIPE ended (128 + 13)
@@ -161,7 +161,9 @@ def command(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         out = Output(json_mode=kwargs.get("json_out", False), quiet=kwargs.get("quiet", False))
         name_the_vault_in_advice(
-            kwargs.get("repo"), kwargs.get("keyfile"), kwargs.get("passphrase_file"), kwargs.get("storage_option")
+            VaultNaming.of(
+                kwargs.get("repo"), kwargs.get("keyfile"), kwargs.get("passphrase_file"), kwargs.get("storage_option")
+            )
         )
         try:
             return func(*args, **kwargs)

@@ -21,7 +21,7 @@ from .app import (
     refuse_blank_vault_settings,
     vault_options,
 )
-from .output import Output, format_bytes
+from .output import Output, VaultNaming, format_bytes, name_the_vault_in_advice
 from .params import parse_tags
 
 SOURCE_VAULT = VaultOptionNames(
@@ -99,6 +99,11 @@ def copy_cmd(
     --tag, or the given ones. A snapshot keeps its ID and tags, so those already copied are skipped;
     each chunk read is verified, then coded and encrypted by this vault's own settings."""
     out = Output(json_mode=json_out, quiet=quiet)
+    # Advice here may be about either vault: --repo (the destination) is not added to all of it, or a
+    # pasted forget for a snapshot damaged in the source would forget the destination's good copy.
+    # The source's own messages name it; the rest name none.
+    name_the_vault_in_advice(VaultNaming())
+    source_naming = VaultNaming.of(from_repo, from_keyfile, from_passphrase_file, from_storage_option)
     tags = parse_tags(tag)
     refuse_blank_vault_settings(from_repo, from_keyfile, SOURCE_VAULT)
     if from_repo is None:
@@ -120,7 +125,10 @@ def copy_cmd(
             names=SOURCE_VAULT,
         )
     except CkptVaultError as exc:
-        raise _in_source_terms(exc) from None
+        exc = _in_source_terms(exc)
+        exc.args = (source_naming.named(str(exc)),)
+        raise exc from None
+    source.on_warning = lambda message: out.warn(source_naming.named(message))  # its damaged snapshot objects
     with (
         source,
         vault_args.open(out) as dest,

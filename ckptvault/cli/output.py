@@ -11,7 +11,7 @@ import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
+from ..store.options import display_url
 from ..units import format_bytes as format_bytes  # the CLI's commands take it from here
 from ..units import format_rate as format_rate
 
@@ -50,30 +51,51 @@ VAULT_COMMANDS = (
     "backup", "restore", "snapshots", "ls", "cat", "show", "diff", "stats", "tag", "forget", "prune", "check",
     "repair-index", "unlock", "status", "drill", "watch", "copy",
 )  # fmt: skip
-_SUGGESTED = re.compile(rf"\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
-_vault_options = ""  # " --repo URL --keyfile PATH": this command's vault, as the user gave it
-_storage_note = ""
+# not "another ckptvault watch (pid N) is already watching": a statement about another process
+_SUGGESTED = re.compile(rf"(?<!another )\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
 
 
-def name_the_vault_in_advice(
-    repo: str | None, keyfile: str | None, passphrase_file: str | None, storage_options: list[str] | None
-) -> None:
-    """Make the commands that messages suggest name the vault this command was given (``--repo`` and
-    the rest); the -o options are only mentioned (they may hold secrets). Nothing is added where the
-    vault is the default or comes from CKPTVAULT_REPO: the suggestion then finds the same vault."""
-    global _vault_options, _storage_note
-    given = [("--repo", repo), ("--keyfile", keyfile), ("--passphrase-file", passphrase_file)]
-    _vault_options = "".join(f" {option} {shlex.quote(value)}" for option, value in given if value)
-    _storage_note = " (each with the same -o options)" if storage_options else ""
+@dataclass(frozen=True)
+class VaultNaming:
+    """How suggested commands name a vault: ``options`` (" --repo URL --keyfile PATH", as the user gave
+    them, credentials left out) and ``note`` (what they must add that a message does not show)."""
+
+    options: str = ""
+    note: str = ""
+
+    @classmethod
+    def of(
+        cls, repo: str | None, keyfile: str | None, passphrase_file: str | None, storage_options: list[str] | None
+    ) -> VaultNaming:
+        shown = display_url(repo) if repo else None  # no password, no query string: they may be secrets
+        given = [("--repo", shown), ("--keyfile", keyfile), ("--passphrase-file", passphrase_file)]
+        left_out = ["the same -o options"] if storage_options else []
+        if shown != repo:
+            left_out.append("the --repo URL as you gave it, credentials and all")
+        note = f" (each with {' and '.join(left_out)})" if left_out else ""
+        return cls("".join(f" {option} {shlex.quote(value)}" for option, value in given if value), note)
+
+    def named(self, message: str) -> str:
+        """``message`` with these options added to every ckptvault command it suggests, unless it names
+        a vault itself (copy's advice names the source's)."""
+        if not (self.options or self.note) or "--repo " in message or "--from-repo" in message:
+            return message
+        named, count = _SUGGESTED.subn(lambda m: m.group(0) + self.options, message)
+        return named + self.note if count else message
+
+
+_naming = VaultNaming()  # this command's vault
+
+
+def name_the_vault_in_advice(naming: VaultNaming) -> None:
+    """Make the commands that messages suggest name the vault this command was given: a pasted
+    `ckptvault forget ID` would act on the default vault (a copy has the same IDs)."""
+    global _naming
+    _naming = naming
 
 
 def with_vault_named(message: str) -> str:
-    """``message`` with this command's vault options added to every ckptvault command it suggests,
-    unless it names a vault itself (copy's advice names the source's)."""
-    if not (_vault_options or _storage_note) or "--repo " in message or "--from-repo" in message:
-        return message
-    named, count = _SUGGESTED.subn(lambda m: m.group(0) + _vault_options, message)
-    return named + _storage_note if count else message
+    return _naming.named(message)
 
 
 def _jsonable(value: Any) -> Any:
