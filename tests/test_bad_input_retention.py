@@ -207,13 +207,14 @@ BAD_TAGS = [
     ("k" * 300 + "=v", "is 300 characters long; the limit is 256"),
     (" run=x", "--tag: the key ' run' has spaces around it"),  # stored, no --tag run=x would select it
     ("run=", "--tag run= has an empty value (is a shell variable unset?); give one, e.g. --tag run=x"),
+    ("run= ", "--tag run=  has an empty value"),  # blank: a quoting slip
 ]
 
 
 @pytest.mark.parametrize(
     "tag, fragment",
     BAD_TAGS,
-    ids=["blank", "nl-key", "nl-value", "esc", "tab", "100kb", "long", "spaced-key", "empty-value"],
+    ids=["blank", "nl-key", "nl-value", "esc", "tab", "100kb", "long", "spaced-key", "empty-value", "blank-value"],
 )
 def test_bad_tag_is_refused_by_backup(cli, repo: str, tmp_path: Path, tag: str, fragment: str):
     before = snapshot_ids(cli, repo)

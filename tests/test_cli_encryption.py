@@ -44,6 +44,8 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
 
     cli("key", "generate", "-k", str(tmp_path / "other.key"), "--kdf-cost", "14", **env)
     (tmp_path / "corrupt.key").write_text("{not json")
+    damaged = json.loads(Path(key).read_text())
+    (tmp_path / "damaged.key").write_text(json.dumps({**damaged, "format": "ckptvault-keyfilf"}))
     cases = [
         (["snapshots", "--repo", repo, "-k", key], {"CKPTVAULT_PASSPHRASE": "wrong"}, 12, "wrong passphrase"),
         (["snapshots", "--repo", repo, "-k", str(tmp_path / "other.key")], env, 13, "does not belong"),
@@ -56,6 +58,7 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         ),
         (["snapshots", "--repo", repo], env, 14, "is encrypted; give its keyfile with --keyfile or CKPTVAULT_KEYFILE"),
         (["snapshots", "--repo", repo, "-k", str(tmp_path / "corrupt.key")], env, 15, "is corrupt"),
+        (["snapshots", "--repo", repo, "-k", str(tmp_path / "damaged.key")], env, 15, "is corrupt (format 'ckptva"),
         # another JSON file given for the keyfile (the vault's config): not called damage
         (["snapshots", "--repo", repo, "-k", f"{repo}/config"], env, 15, "is not a ckptvault keyfile (the wrong"),
         (["snapshots", "--repo", repo, "-k", key], {}, 16, "CKPTVAULT_PASSPHRASE, pass --passphrase-file"),

@@ -403,4 +403,4 @@ def test_a_file_that_is_no_torch_checkpoint_fails_without_torchs_advice_to_load_
     assert skipped == []
     for check in loads:
         assert (check.loader, check.ok) == ("torch", False)
-        assert check.detail.startswith("not a torch checkpoint: neither a zip archive nor a pickle"), check.detail
+        assert check.detail.startswith("not a torch checkpoint: neither a zip archive nor a pickle of"), check.detail

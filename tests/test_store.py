@@ -10,6 +10,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -405,6 +406,24 @@ def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyP
     FsspecStore("az://container/vault", {"account_name": "a", "connection_timeout": "30"})
     FsspecStore("s3://bucket/vault", {"config_kwargs.connect_timeout": "5", "config_kwargs.retries.max_attempts": "3"})
     FsspecStore("gs://bucket/vault", {"token": "anon", "session_kwargs": {"timeout": object()}})
+
+
+def test_sftp_key_files_of_every_shape_are_expanded_and_checked_before_connecting(tmp_path, monkeypatch):
+    from ckptvault.store.backends import default_options
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "id").write_text("a key")
+    key_object = object()  # paramiko takes key objects beside paths: left as they are
+    for given, expanded in (
+        ("~/id", str(tmp_path / "id")),
+        (Path("~/id"), str(tmp_path / "id")),
+        (("~/id",), [str(tmp_path / "id")]),
+        (["~/id", key_object], [str(tmp_path / "id"), key_object]),
+    ):
+        assert default_options("sftp", {"key_filename": given})["key_filename"] == expanded
+    for missing in ("~/nope", Path("~/nope"), ("~/nope",), [key_object, "~/nope"]):
+        with pytest.raises(UsageError, match=f"cannot read {tmp_path / 'nope'}"):
+            default_options("sftp", {"key_filename": missing})
 
 
 def test_credentials_never_reach_a_message(monkeypatch):

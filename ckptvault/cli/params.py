@@ -57,9 +57,9 @@ def parse_new_tags(values: list[str] | None, option: str = "--tag") -> dict[str,
     ``--tag run=$RUN_ID`` gives with the variable unset."""
     tags = parse_tags(values, option)
     for key, val in tags.items():
-        if not val:
+        if not val.strip():
             raise UsageError(
-                f"{option} {key}= has an empty value (is a shell variable unset?); give one, e.g. {option} {key}=x"
+                f"{option} {key}={val} has an empty value (is a shell variable unset?); give one, e.g. {option} {key}=x"
             )
     return tags
 

@@ -316,8 +316,10 @@ class Keyfile:
     def from_json(cls, raw: bytes, path: str = "") -> Keyfile:
         try:
             doc = json.loads(raw)
-            if doc.get("format") != FORMAT:
-                raise ValueError(NOT_A_KEYFILE)
+            if doc.get("format") != FORMAT:  # a keyfile's other fields with it: its format field was damaged
+                raise ValueError(
+                    f"format {doc.get('format')!r}" if {"kdf", "wrapped_key"} <= doc.keys() else NOT_A_KEYFILE
+                )
             if doc.get("version") != VERSION:
                 raise ValueError(f"keyfile version {doc.get('version')!r} is not supported")
             kdf = doc["kdf"]

@@ -372,7 +372,7 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
         detail = problem or "every archive record's CRC-32 verified, not loaded (torch is not installed)"
         return LoadCheck(name, "torch-archive", problem is None, detail, seconds_since(started), partial=True)
     if not zipfile.is_zipfile(path) and not _starts_with(path, b"\x80"):  # torch's own error advises an unsafe load
-        detail = "not a torch checkpoint: neither a zip archive nor a pickle (zeroed, or another kind of file)"
+        detail = "not a torch checkpoint: neither a zip archive nor a pickle of protocol 2+ (zeroed, or another file)"
         return LoadCheck(name, "torch", False, detail, seconds_since(started))
     try:
         with warnings.catch_warnings():  # the check's line says what went wrong; torch's warnings add noise

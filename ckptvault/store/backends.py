@@ -94,13 +94,10 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         out["config_kwargs"] = config
     if protocol in ("sftp", "ssh"):  # a shell expands ~ only at the start of a word, not in -o key_filename=~/k
         key = out.get("key_filename")
-        if isinstance(key, str):
-            out["key_filename"] = os.path.expanduser(key)
-        elif isinstance(key, list):
-            out["key_filename"] = [os.path.expanduser(k) if isinstance(k, str) else k for k in key]
-        # named now, not once a server answers: with the host unreachable, it was retried for minutes
-        key = out.get("key_filename")
-        for path in [key] if isinstance(key, str) else key if isinstance(key, list) else []:
+        keys = [_expanded(k) for k in key] if isinstance(key, (list, tuple)) else [_expanded(key)]
+        if key is not None:
+            out["key_filename"] = keys if isinstance(key, (list, tuple)) else keys[0]
+        for path in keys:  # named now, not once a server answers: an unreachable host was retried for minutes
             _check_readable(path)
     token = out.get("token")
     if protocol in ("gs", "gcs") and isinstance(token, str) and names_a_file(token):
@@ -128,6 +125,11 @@ def filesystem_class(cls: type, protocol: str, options: dict[str, Any]) -> type:
 AZURE = frozenset({"az", "abfs", "abfss"})
 GCS = frozenset({"gs", "gcs"})
 AZURE_RETRY_COUNTS = ("total_retries", "connect_retries", "read_retries", "status_retries")
+
+
+def _expanded(key_file: Any) -> Any:
+    """A path with ~ expanded; anything else (None, a key object) as it is."""
+    return os.path.expanduser(os.fspath(key_file)) if isinstance(key_file, (str, os.PathLike)) else key_file
 
 
 def _check_readable(key_file: Any) -> None:
