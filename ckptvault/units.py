@@ -17,6 +17,11 @@ def format_rate(nbytes: float, seconds: float) -> str:
     return f"{rate / 1e6:.0f} MB/s" if rate >= 1e6 else f"{format_bytes(rate)}/s"
 
 
+def counted(n: int, noun: str) -> str:
+    """ "1 file", "2 files", "0 files"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_seconds(s: float) -> str:
     """A duration for a message: "1", "1.5", "62.5", "1090" (not "62.4579" nor "1.09e+03")."""
     return f"{s:.1f}".removesuffix(".0") if s < 100 else f"{s:.0f}"

@@ -162,6 +162,18 @@ def test_snapshots_latest_shows_the_snapshot_restore_latest_takes(cli, tmp_path:
     assert missing.returncode == 18 and "no snapshot matches latest --tag run=c" in one_line_error(missing)
 
 
+def test_one_of_a_thing_is_said_in_the_singular(cli, tmp_path: Path):
+    repo = str(tmp_path / "vault")
+    cli("init", repo, "-q")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x" * 1000)
+    assert ": 1 file, 1.00 KB" in cli("backup", str(tmp_path / "src"), "--repo", repo).stdout.decode()
+    restored = cli("restore", "latest", str(tmp_path / "out"), "--repo", repo).stdout.decode()
+    assert ": 1 file, 1.00 KB written" in restored
+    checked = cli("check", "--read-data", "--repo", repo).stdout.decode()
+    assert "1 snapshot, 1 pack, 1 chunk, read 1 chunk in 1 pack" in checked
+
+
 def test_tables_show_names_tags_and_paths_as_they_are(cli, tmp_path: Path):
     """Cells are never rich markup (``[/data]`` crashed the listing, ``[red]x`` lost its brackets),
     stay one line, and a long path is never cut with "…" in piped output (`ls > files.txt`)."""

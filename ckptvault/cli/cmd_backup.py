@@ -10,7 +10,7 @@ from ..ops.backup import check_on_change
 from ..ops.scan import check_sources
 from ..vault import exclude_arg
 from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, format_rate
+from .output import Output, counted, format_bytes, format_rate
 from .params import parse_new_tags
 
 
@@ -82,7 +82,7 @@ def backup_cmd(
     delta = f", delta coding saved ~{format_bytes(s.delta_saved_bytes)}" if s.delta_chunks else ""
     out.result(
         snap,
-        f"snapshot {snap.short_id} saved: {s.files} files, {format_bytes(s.logical_bytes)}, "
+        f"snapshot {snap.short_id} saved: {counted(s.files, 'file')}, {format_bytes(s.logical_bytes)}, "
         f"{format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored{delta}, "
         f"dedup+compression {ratio:.2f}x, {s.duration_s:.1f} s ({rate} read)",
     )

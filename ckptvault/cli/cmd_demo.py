@@ -7,7 +7,7 @@ import tempfile
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, counted, format_bytes
 
 
 @app.command("demo")
@@ -32,7 +32,7 @@ def demo_cmd(
             snapshots.append(snap)
             s = snap.summary
             out.info(
-                f"backup of {os.path.basename(src)}: snapshot {snap.short_id}, {s.files} files, "
+                f"backup of {os.path.basename(src)}: snapshot {snap.short_id}, {counted(s.files, 'file')}, "
                 f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, "
                 f"{format_bytes(s.stored_bytes)} stored"
             )
@@ -45,7 +45,7 @@ def demo_cmd(
             raise IntegrityError(f"demo restore differs from the source: {mismatch + errors}")
         out.info(
             f"restored latest --tag run=demo (snapshot {latest.short_id}, step {latest.step}): "
-            f"{result.files} files, {format_bytes(result.bytes_written)}, byte-identical to the source"
+            f"{counted(result.files, 'file')}, {format_bytes(result.bytes_written)}, byte-identical to the source"
         )
         out.info(
             f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo; a `restore latest` "

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, one_line
+from .output import Output, counted, format_bytes, one_line
 from .params import parse_tags
 
 
@@ -54,6 +54,6 @@ def diff_cmd(
     metadata = f", {count['metadata']} with new mode or mtime" if count["metadata"] else ""
     lines.append(
         f"{count['changed']} changed, {count['added']} added, {count['removed']} removed{metadata}, "
-        f"{result.unchanged_files} files unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
+        f"{counted(result.unchanged_files, 'file')} unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
     )
     out.result(result, "\n".join(lines), asked=True)

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import DrillFailedError, IntegrityError
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
-from .output import Output, format_bytes, format_rate, one_line, with_vault_named
+from .output import Output, counted, format_bytes, format_rate, one_line, with_vault_named
 from .params import parse_tags
 
 
@@ -48,7 +48,8 @@ def drill_cmd(
             raise
     step = f" (step {report.step})" if report.step is not None else ""
     rate = format_rate(report.bytes, report.fetch_s)
-    lines = [f"drill of snapshot {report.snapshot_id[:8]}{step}: {report.files} files, {format_bytes(report.bytes)}"]
+    size = f"{counted(report.files, 'file')}, {format_bytes(report.bytes)}"
+    lines = [f"drill of snapshot {report.snapshot_id[:8]}{step}: {size}"]
     if report.swept:
         lines.append(
             f"  removed {len(report.swept)} folder(s) left by killed drills ({format_bytes(report.swept_bytes)}): "

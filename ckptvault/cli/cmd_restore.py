@@ -6,7 +6,7 @@ import typer
 
 from ..ops.restore import OTHERS_LISTED
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, format_rate
+from .output import Output, counted, format_bytes, format_rate
 from .params import parse_tags
 
 
@@ -53,6 +53,6 @@ def restore_cmd(
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
     out.result(
         {"snapshot": snap.id, "target": target, **result.__dict__},
-        f"restored snapshot {snap.short_id} to {target}: {result.files} files{skipped}, "
+        f"restored snapshot {snap.short_id} to {target}: {counted(result.files, 'file')}{skipped}, "
         f"{format_bytes(result.bytes_written)} written and verified in {result.duration_s:.1f} s ({rate})",
     )

@@ -8,7 +8,7 @@ import typer
 
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .cmd_snapshots import SnapshotArg
-from .output import Output, format_bytes
+from .output import Output, counted, format_bytes
 from .params import parse_tags
 
 
@@ -47,6 +47,6 @@ def show_cmd(
         table.add_row(*row)
     out.info(
         f"{contents.path}: {contents.format}, {len(contents.tensors)} tensors, {format_bytes(contents.size)}; "
-        f"read {contents.fetched_chunks} chunks ({format_bytes(contents.fetched_bytes)})"
+        f"read {counted(contents.fetched_chunks, 'chunk')} ({format_bytes(contents.fetched_bytes)})"
     )
     out.result(contents, table, asked=True)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, counted, format_bytes
 
 
 @app.command("stats")
@@ -33,7 +33,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         f"snapshots: {stats.snapshots}\n"
         f"logical bytes: {format_bytes(stats.logical_bytes)} "
         f"({'the readable snapshots' if stats.unreadable_snapshots else 'all snapshots'})\n"
-        f"unique bytes: {format_bytes(stats.unique_bytes)} in {stats.chunks} chunks\n"
+        f"unique bytes: {format_bytes(stats.unique_bytes)} in {counted(stats.chunks, 'chunk')}\n"
         f"stored bytes: {format_bytes(stats.stored_bytes)} in {stats.packs} packs and metadata\n"
         + (
             f"dedup ratio: not told while {stats.unreadable_snapshots} snapshot object(s) cannot be read (their "

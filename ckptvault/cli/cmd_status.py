@@ -10,7 +10,7 @@ from ..errors import NotBackedUpError
 from ..ops.scan import check_sources
 from ..vault import exclude_arg
 from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, counted, format_bytes
 
 
 @app.command("status")
@@ -34,7 +34,7 @@ def status_cmd(
     lines = []
     for given, r in zip(paths, results, strict=True):
         state = "backed up" if r.backed_up else "NOT backed up"
-        lines.append(f"{given}: {state}: {r.files} files, {format_bytes(r.bytes)}; {r.detail}")
+        lines.append(f"{given}: {state}: {counted(r.files, 'file')}, {format_bytes(r.bytes)}; {r.detail}")
     out.result(
         [
             {

@@ -31,7 +31,7 @@ from .app import (
     require_nonempty,
     vault_options,
 )
-from .output import Output, discard_stdout, format_bytes, writing_stdout
+from .output import Output, counted, discard_stdout, format_bytes, writing_stdout
 from .params import parse_new_tags
 
 T = TypeVar("T")
@@ -155,7 +155,7 @@ def watch_cmd(
         elif not quiet:
             step = f" step {item.step}" if item.step is not None else ""
             emit(
-                f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {s.files} files, "
+                f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {counted(s.files, 'file')}, "
                 f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s"
             )
 

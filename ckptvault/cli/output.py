@@ -31,6 +31,7 @@ from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
 from ..store.options import display_url
+from ..units import counted as counted
 from ..units import format_bytes as format_bytes  # the CLI's commands take it from here
 from ..units import format_rate as format_rate
 

@@ -32,6 +32,7 @@ from ..repository.repository import INDEX_RELISTS
 from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import Snapshot
 from ..store.failures import object_fault
+from ..units import counted
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ class CheckReport:
         return not self.problems
 
     def counts(self) -> str:
-        read = f", read {self.chunks_read} chunks in {self.packs_read} packs" if self.packs_read else ""
-        return f"{self.snapshots} snapshots, {self.packs} packs, {self.chunks} chunks{read}"
+        read = f", read {counted(self.chunks_read, 'chunk')} in {counted(self.packs_read, 'pack')}"
+        counts = [counted(self.snapshots, "snapshot"), counted(self.packs, "pack"), counted(self.chunks, "chunk")]
+        return ", ".join(counts) + (read if self.packs_read else "")
 
     def error(self, url: str) -> CkptVaultError | None:
         """The one error that sums up what was found (None: nothing), with what to do first: a
