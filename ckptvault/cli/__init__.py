@@ -228,13 +228,13 @@ def _run(app: typer.Typer) -> int:
     except click_errors.ClickException as exc:
         message = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
-        named = _named_command(cli, sys.argv[1:]) if ctx is None else None  # "Option '--tag' requires an argument."
         if ctx is not None:
-            hint = f" (see: {ctx.command_path} --help)"
-        elif named is not None:
-            hint = f" (see: ckptvault {' '.join(named[1])} --help)"
+            command_path = ctx.command_path
+        elif named := _named_command(cli, sys.argv[1:]):  # "Option '--tag' requires an argument." has no ctx
+            command_path = " ".join(["ckptvault", *named[1]])
         else:
-            hint = ""
+            command_path = ""
+        hint = f" (see: {command_path} --help)" if command_path else ""
         Output().error(f"{message}{hint}")
         return exc.exit_code
     except typer.Abort as exc:
