@@ -77,6 +77,8 @@ def test_suggestions_repeat_the_vault_options_given_and_only_mention_storage_opt
     assert secret.named("run: ckptvault check") == (
         "run: ckptvault check --repo s3://u@b/v (each with the --repo URL as you gave it, credentials and all)"
     )
+    malformed = VaultNaming.of("sftp://u:pw@[::1/x?k=v", None, None, None)  # raised ValueError: a traceback
+    assert "pw" not in malformed.named("run: ckptvault check") and "k=v" not in malformed.options
 
 
 def test_the_librarys_warnings_name_the_vault_too(capsys: pytest.CaptureFixture[str]):

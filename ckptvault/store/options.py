@@ -198,7 +198,11 @@ def display_url(url: str) -> str:
     """The URL as messages show it: no query string (options may hold secrets), no password."""
     if "://" not in url:
         return url
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # malformed ("sftp://u:pw@[::1/x"): refused later, shown meanwhile with no query nor userinfo
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://{rest.split('?', 1)[0].rpartition('@')[2]}"
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, _, hostport = netloc.rpartition("@")
