@@ -230,6 +230,26 @@ def test_a_last_ckpt_is_not_marked_shipped_while_its_top_k_file_failed_to_ship(t
     assert {key[0] for key in callback._shipped} == {top_k, last}
 
 
+def test_a_run_resumed_from_a_top_k_file_does_not_ship_the_earlier_last_ckpt_without_a_step(tmp_path, vault):
+    """The earlier run's last.ckpt, a copy of its newest top-k file and so never shipped, was offered to the
+    resumed run with no step known (neither saved nor loaded by it): a snapshot without a step tag, after
+    which latest went by time for the whole run."""
+    from ckptvault.integrations.lightning import CkptVaultCallback
+
+    ckpts = tmp_path / "ckpts"
+    steps = {"every_n_train_steps": 4, "save_last": True, "batches_per_epoch": 4}
+    fit(Tiny(), ckpts, CkptVaultCallback(vault, run="pl", on_full="block"), max_steps=12, **steps)
+    resumed = CkptVaultCallback(vault, run="pl", on_full="block")
+    fit(Tiny(), ckpts, resumed, max_steps=16, ckpt_path=ckpts / "epoch=2-step=12.ckpt", **steps)
+    snapshots = sorted((int(s.tags["step"]), f.path) for s in vault.snapshots() for f in vault.files(s))
+    assert snapshots == [
+        (4, "epoch=0-step=4.ckpt"),
+        (8, "epoch=1-step=8.ckpt"),
+        (12, "epoch=2-step=12.ckpt"),
+        (16, "epoch=3-step=16.ckpt"),
+    ]
+
+
 def test_the_checkpoint_a_run_resumes_from_is_shipped_with_its_step(tmp_path, vault):
     # the first run's last.ckpt never reached this vault (it shipped elsewhere); the resumed run
     # offers it before saving anything: its step is the one the resume loaded, not none

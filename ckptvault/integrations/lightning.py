@@ -100,7 +100,9 @@ class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
             # last.ckpt after the rest: a ModelCheckpoint's save_last writes it beside its own top-k file of
             # the same step, the same save; as a snapshot of its own it doubled the snapshots (prune
             # --keep-latest 4 kept two saves). Another callback's last.ckpt may be another save (weights
-            # only beside a full one): it ships. Not skipped before that top-k file was taken.
+            # only beside a full one): it ships. Not skipped before that top-k file was taken. An earlier
+            # run's last.ckpt (no step known: this run neither saved nor loaded it) beside its top-k files
+            # is a copy of one of them too; shipped alone, it had no step, and latest went by time.
             for path in sorted((p for p in paths if p), key=lambda p: (p == last, p)):
                 try:
                     st = os.stat(path)
@@ -110,7 +112,8 @@ class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
                 if key in self._shipped:
                     continue
                 step = self._step_of(path)
-                if path != last or step is None or step not in saved_steps:
+                copy = step in saved_steps if step is not None else any(s is not None for s in saved_steps)
+                if path != last or not copy:
                     self.ship(path, step)
                     saved_steps.add(step)
                 self._shipped.add(key)  # only once taken: a file whose ship raised is offered again
