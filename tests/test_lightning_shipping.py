@@ -163,9 +163,11 @@ def test_a_resumed_run_does_not_ship_again_what_the_first_run_shipped(tmp_path, 
     )
 
 
-def test_another_callbacks_last_ckpt_of_the_same_step_is_another_save_and_ships(tmp_path, vault):
+@pytest.mark.parametrize("full_first", [False, True])
+def test_another_callbacks_last_ckpt_of_the_same_step_is_another_save_and_ships(tmp_path, vault, full_first):
     """Weights-only top-k files beside a full, resumable last.ckpt of another ModelCheckpoint: the full one
-    was taken for the top-k file's copy and never shipped; restore latest gave weights without optimizer."""
+    was taken for the top-k file's copy and never shipped; restore latest gave weights without optimizer
+    (with the full callback listed first, also before: the weights-only file was the later upload)."""
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     from ckptvault.integrations.lightning import CkptVaultCallback
@@ -179,7 +181,7 @@ def test_another_callbacks_last_ckpt_of_the_same_step_is_another_save_and_ships(
     callback = CkptVaultCallback(vault, run="pl", on_full="block")
     trainer = pl.Trainer(
         max_steps=10,
-        callbacks=[weights, full, callback],
+        callbacks=[full, weights, callback] if full_first else [weights, full, callback],
         accelerator="cpu",
         logger=False,
         enable_progress_bar=False,
@@ -193,6 +195,9 @@ def test_another_callbacks_last_ckpt_of_the_same_step_is_another_save_and_ships(
         ("5", "epoch=0-step=5.ckpt"),
         ("5", "last.ckpt"),
     ]
+    vault.restore_latest(tmp_path / "resume", run="pl")
+    assert [p.name for p in (tmp_path / "resume").iterdir()] == ["last.ckpt"]  # the full save, not weights
+    assert "optimizer_states" in torch.load(tmp_path / "resume" / "last.ckpt", weights_only=False)
 
 
 def test_a_last_ckpt_is_not_marked_shipped_while_its_top_k_file_failed_to_ship(tmp_path, vault):

@@ -90,7 +90,9 @@ class CkptVaultCallback(Shipping, *_callback_classes()):  # type: ignore[misc]
     def _ship_new(self, trainer: Any) -> None:
         if not trainer.is_global_zero:
             return
-        for callback in trainer.checkpoint_callbacks:
+        # weights-only saves first: a full save of the same step queued after them is the newer snapshot,
+        # the one latest takes (weights alone cannot resume training)
+        for callback in sorted(trainer.checkpoint_callbacks, key=lambda c: not getattr(c, "save_weights_only", False)):
             # _last_checkpoint_saved is ModelCheckpoint's only record of its save_on_exception file;
             # ckpt_path is where OnExceptionCheckpoint writes (and, at teardown, deletes) its own
             names = ("last_model_path", "best_model_path", "_last_checkpoint_saved", "ckpt_path")
