@@ -151,8 +151,12 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
                 f"{spelled('--tag', name)}: the key {key!r} has spaces around it; write it without, e.g. "
                 + spelled("--tag run=x", "{'run': 'x'}")
             )
-        if not val.strip():  # run=os.environ.get("RUN_ID", "") with the variable unset: no run tag would select it
-            raise UsageError(f"{name}: {key!r} has an empty value; give one, e.g. {{{key!r}: 'x'}}")
+        if not val.strip():  # run=$RUN_ID with the variable unset: no run tag would select it
+            option = "--add" if name == "add" else "--tag"
+            raise UsageError(
+                f"{spelled(f'{option} {key}={val}', f'{name}: {key!r}')} has an empty value (is a variable unset?); "
+                "give one, e.g. " + spelled(f"{option} {key}=x", "{" + repr(key) + ": 'x'}")
+            )
         for text in (key, val):
             bad = control_char(text)
             if bad:

@@ -206,7 +206,7 @@ BAD_TAGS = [
     ("x=" + "y" * 100_000, "--tag: the value of 'x' ('yyy"),
     ("k" * 300 + "=v", "is 300 characters long; the limit is 256"),
     (" run=x", "--tag: the key ' run' has spaces around it"),  # stored, no --tag run=x would select it
-    ("run=", "--tag run= has an empty value (is a shell variable unset?); give one, e.g. --tag run=x"),
+    ("run=", "--tag run= has an empty value (is a variable unset?); give one, e.g. --tag run=x"),
     ("run= ", "--tag run=  has an empty value"),  # blank: a quoting slip
 ]
 

@@ -145,7 +145,7 @@ def test_cli_tag(cli, tmp_path: Path):
         (["--add", "k=v", "--remove", "k"], "error: tag key 'k' is both added and removed; give it to one of --add"),
         ([], "error: nothing to change: give tags to --add or keys to --remove"),
         (["--add", "=v"], "error: --add: '=v' is not key=value"),
-        (["--add", "keep="], "error: --add keep= has an empty value (is a shell variable unset?)"),
+        (["--add", "keep="], "error: --add keep= has an empty value (is a variable unset?)"),
     ]:
         bad = cli("tag", "latest", "-r", repo, *args, check=False)
         assert bad.returncode == 2 and bad.stderr.decode().startswith(message), bad.stderr

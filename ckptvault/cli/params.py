@@ -6,7 +6,7 @@ import math
 import re
 from datetime import datetime, timedelta, timezone
 
-from ..arguments import TAG_TEXT_MAX, control_char
+from ..arguments import TAG_TEXT_MAX, control_char, tags_arg
 from ..errors import UsageError
 
 
@@ -53,15 +53,9 @@ def parse_tags(
 
 
 def parse_new_tags(values: list[str] | None, option: str = "--tag") -> dict[str, str]:
-    """Tags a snapshot will carry: as ``parse_tags``, and no empty value, which is what
-    ``--tag run=$RUN_ID`` gives with the variable unset."""
-    tags = parse_tags(values, option)
-    for key, val in tags.items():
-        if not val.strip():
-            raise UsageError(
-                f"{option} {key}={val} has an empty value (is a shell variable unset?); give one, e.g. {option} {key}=x"
-            )
-    return tags
+    """Tags a snapshot will carry, held to the API's rules for them (no empty value: what
+    ``--tag run=$RUN_ID`` gives with the variable unset) before any vault is opened or made."""
+    return tags_arg(parse_tags(values, option), "add" if option == "--add" else "tags", stored=True)
 
 
 def parse_keep_tags(values: list[str] | None) -> tuple[str, ...]:

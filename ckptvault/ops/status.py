@@ -133,7 +133,7 @@ def backup_status(
         prefix, entries, _ = found
         repo.load_index()
         missing = _missing_chunks(entries, repo, repo.list_packs())
-        if missing.endswith("is in no index"):  # dropped as damaged: a backup reads the file and stores it anew
+        if missing.endswith(IN_NO_INDEX):  # dropped as damaged: a backup reads the file and stores it anew
             backup = spelled(f"ckptvault backup {shlex.quote(abs_path)}", f"Vault.backup({abs_path!r})")
             again = f"back it up again to store those bytes anew: {backup}"
             return status(False, f"snapshot {snap.short_id} holds it but {missing}; {again}", snap)
@@ -178,6 +178,9 @@ def _prefixes(tree: dict[str, FileEntry], local: Container[str]) -> list[str]:
     return list(found)
 
 
+IN_NO_INDEX = "is in no index"  # what _missing_chunks says of a chunk no index lists
+
+
 def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[bytes, int]) -> str:
     """Why a chunk of ``entries`` cannot be read from the vault as listed (``packs``: pack ID -> size),
     or "": some copy of each lies whole in a stored pack, and so does the delta base it needs, at any
@@ -193,7 +196,7 @@ def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[byte
         if chunk_id in resolving:
             return "is a delta in a loop of delta bases"
         resolving.add(chunk_id)
-        reason = "is in no index"
+        reason = IN_NO_INDEX
         for loc in repo.index.locations(chunk_id):
             pack = loc.pack_id.hex()[:12]
             if loc.pack_id not in packs:

@@ -553,13 +553,15 @@ class Watcher:
         waiting (again only once it had twice that: a disk that stays nearly full is said to be once).
         In bytes, not a share of the disk: 10 % of a big volume is many saves, of a small one none."""
         waiting = sum(1 for c in self._candidates.values() if not c.pin.in_place)
+        key = ("disk", self.pins_dir)
+        if waiting < 2 and key not in self._warned:  # nothing to say nor to forget: no disk look at each poll
+            return
         largest = self._largest_checkpoint()
         try:
             disk = os.statvfs(self.pins_dir)
         except OSError:
             return
         free = disk.f_bavail * disk.f_frsize
-        key = ("disk", self.pins_dir)
         if free >= 2 * LOW_DISK_SAVES * largest:
             self._warned.discard(key)
         elif free < LOW_DISK_SAVES * largest and waiting >= 2:
