@@ -162,6 +162,29 @@ def test_snapshots_latest_shows_the_snapshot_restore_latest_takes(cli, tmp_path:
     assert missing.returncode == 18 and "no snapshot matches latest --tag run=c" in one_line_error(missing)
 
 
+def test_restore_latest_says_when_a_snapshot_without_a_step_made_it_pass_over_a_higher_step(cli, tmp_path: Path):
+    """One backup of a run without --tag step=N makes latest go by time: the resume took step 5, backed up
+    by hand last, over step 7, silently. It still does (the documented rule), and says so, naming step 7."""
+    repo = str(tmp_path / "vault")
+    cli("init", repo, "-q")
+    (tmp_path / "src").mkdir()
+    for step in (5, 7):
+        (tmp_path / "src" / "f").write_bytes(b"step %d" % step)
+        cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", "run=a", "--tag", f"step={step}", "-q")
+    restored = cli("restore", "latest", str(tmp_path / "out7"), "--tag", "run=a", "--repo", repo, "-q")
+    assert restored.stderr == b""
+    step7 = json.loads(cli("snapshots", "latest", "--tag", "run=a", "--repo", repo, "--json").stdout)[0]["id"]
+    (tmp_path / "src" / "f").write_bytes(b"step 5")
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "--tag", "run=a", "-q")
+    restored = cli("restore", "latest", str(tmp_path / "out"), "--tag", "run=a", "--repo", repo, "-q")
+    assert (tmp_path / "out" / "f").read_bytes() == b"step 5"
+    warning = restored.stderr.decode()
+    assert warning.count("\n") == 1 and warning.startswith("warning: latest is snapshot ")
+    assert f"the highest step is snapshot {step7[:8]} (step=7): give its ID instead of latest" in warning
+    shown = cli("snapshots", "latest", "--tag", "run=a", "--repo", repo, "--json")
+    assert "1 snapshot of the run has no step tag, so steps were not compared" in shown.stderr.decode()
+
+
 def test_one_of_a_thing_is_said_in_the_singular(cli, tmp_path: Path):
     repo = str(tmp_path / "vault")
     cli("init", repo, "-q")

@@ -13,7 +13,7 @@ from ckptvault.errors import (
 )
 from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
 from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary, format_tags
-from ckptvault.snapshot.selection import select
+from ckptvault.snapshot.selection import higher_step_passed_over, select
 
 
 def entry(path, type="file", **kw):
@@ -94,6 +94,30 @@ def test_latest_prefers_step_then_time():
         select(snaps, "latest", {"run": "z"})
     with pytest.raises(SnapshotNotFoundError, match=r"no snapshot has a tag 'rnu'; keys in use: run, step\)"):
         select(snaps, "latest", {"rnu": "x"})
+
+
+def test_latest_by_time_names_the_higher_step_it_passed_over():
+    stepped = [snap(1, step=200, t=1, run="x"), snap(2, step=100, t=5, run="x")]
+    assert higher_step_passed_over(stepped) is None  # steps decided
+    manual = snap(3, t=9, run="x")  # e.g. a backup without --tag step=N: the run now goes by time
+    assert select([*stepped, manual], "latest").id == manual.id
+    note = higher_step_passed_over([*stepped, manual])
+    assert note == (
+        f"latest is snapshot {manual.id[:8]} by time, not by step: 1 snapshot of the run has no step tag, so steps "
+        f"were not compared; the highest step is snapshot {stepped[0].id[:8]} (step=200): give its ID instead of "
+        "latest if that is the save to resume from"
+    )
+    # an old stepless snapshot lets a step uploaded late win by time: the note names the higher one
+    first = snap(4, t=0, run="x")
+    late = snap(5, step=150, t=10, run="x")
+    assert select([first, *stepped, late], "latest").id == late.id
+    assert "2 snapshots of the run have no step tag" in higher_step_passed_over([first, manual, *stepped, late])
+    assert f"is snapshot {stepped[0].id[:8]} (step=200)" in higher_step_passed_over([first, *stepped, late])
+    # nothing to say: the highest step is the newest anyway, no step at all, or two runs (steps do not compare)
+    assert higher_step_passed_over([first, snap(7, step=100, t=1, run="x"), snap(8, step=200, t=2, run="x")]) is None
+    assert higher_step_passed_over([first, manual]) is None
+    assert higher_step_passed_over([*stepped, snap(6, t=9, run="y")]) is None
+    assert higher_step_passed_over([]) is None
 
 
 def test_a_step_is_a_number_only_in_ascii_digits():

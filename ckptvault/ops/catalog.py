@@ -31,7 +31,7 @@ class SnapshotCatalog:
         self._warn = warn
         # the latest listing's snapshot objects that cannot be decoded: full ID -> the error, which names it
         self.unreadable: dict[str, CkptVaultError] = {}
-        self._warned: set[str] = set()  # each unreadable snapshot is warned about once
+        self._warned: set[str] = set()  # each unreadable snapshot, and each passed-over step, is warned about once
         self._read: dict[tuple[bytes, int | None], Snapshot] = {}
 
     def listing(self) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
@@ -77,7 +77,13 @@ class SnapshotCatalog:
         if named is not None:
             error = unreadable[named]
             raise type(error)(f"{error}; {unreadable_hint(named)}")
-        return select_snapshot(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
+        chosen = select_snapshot(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
+        if spec == "latest":
+            note = selection.higher_step_passed_over(selection.filter_by_tags(snaps, tags))
+            if note is not None and note not in self._warned:
+                self._warned.add(note)
+                self._warn(note)
+        return chosen
 
     def _read_alone(self, spec: str) -> Snapshot | None:
         """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
