@@ -183,6 +183,8 @@ def test_restore_latest_says_when_a_snapshot_without_a_step_made_it_pass_over_a_
     assert f"the highest step is snapshot {step7[:8]} (step=7): give its ID instead of latest" in warning
     shown = cli("snapshots", "latest", "--tag", "run=a", "--repo", repo, "--json")
     assert "1 snapshot of the run has no step tag, so steps were not compared" in shown.stderr.decode()
+    forgot = cli("forget", "latest", "--dry-run", "--repo", repo)
+    assert f"the highest step is snapshot {step7[:8]} (step=7)" in forgot.stderr.decode()
 
 
 def test_one_of_a_thing_is_said_in_the_singular(cli, tmp_path: Path):

@@ -17,6 +17,7 @@ from ..repository import Repository
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
+from ..snapshot.selection import higher_step_passed_over
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 
@@ -144,6 +145,8 @@ def run_forget(
         else:
             try:
                 chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
+                if spec == "latest" and (note := higher_step_passed_over(every)) is not None:
+                    warn(note)
             except SnapshotNotFoundError as exc:
                 if spec == "latest" or any(s.id.startswith(spec.strip().lower()) for s in every):
                     raise  # ambiguous, or no snapshot at all
