@@ -113,3 +113,25 @@ def test_copy_names_the_source_in_advice_about_it_never_the_destination(cli, tmp
     assert f"--repo {mirror}" not in said, said
     gone = cli("copy", "--from-repo", str(tmp_path / "nowhere"), "--repo", str(mirror), check=False)
     assert f"--repo {mirror}" not in gone.stderr.decode()
+
+
+def test_copy_names_the_locked_vault_in_its_unlock_advice(cli, tmp_path: Path):
+    """A copy into (or out of) a vault a prune holds said 'ckptvault unlock --remove-all removes it now':
+    pasted, it removed the default vault's locks, live ones included, and left the locked one as it was."""
+    from ckptvault import Vault
+
+    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(10_000))
+    cli("init", str(primary), "-q")
+    cli("backup", str(src), "--repo", str(primary), "-q")
+    cli("init", str(mirror), "-q")
+    for locked, other in ((mirror, primary), (primary, mirror)):
+        with Vault.open(str(locked)) as holder, holder._repo.locks.acquire(exclusive=True):
+            copy = cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "--retry-lock", "0", check=False)
+        said = copy.stderr.decode()
+        assert copy.returncode == 11 and f"vault {locked} is locked" in said, said
+        assert f"ckptvault unlock --repo {locked} removes it then" in said, said
+        assert f"ckptvault unlock --repo {locked} --remove-all removes it now" in said, said
+        assert f"--repo {other}" not in said, said

@@ -59,6 +59,14 @@ def _in_source_terms(exc: CkptVaultError) -> CkptVaultError:
     return exc
 
 
+def _named_for_its_vault(message: str, namings: dict[str, VaultNaming]) -> str:
+    """``message`` with the commands it suggests naming the one vault whose URL it names (a lock's
+    "vault URL is locked; ... ckptvault unlock --remove-all" would otherwise remove the default vault's
+    locks); as it was where it names both or neither."""
+    named = [naming for url, naming in namings.items() if url in message]
+    return named[0].named(message) if len(named) == 1 else message
+
+
 @app.command("copy")
 @command
 @vault_options
@@ -101,7 +109,7 @@ def copy_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     # Advice here may be about either vault: --repo (the destination) is not added to all of it, or a
     # pasted forget for a snapshot damaged in the source would forget the destination's good copy.
-    # The source's own messages name it; the rest name none.
+    # Each vault's own messages (opening it, its warnings, its locks) name it; the rest name none.
     name_the_vault_in_advice(VaultNaming())
     source_naming = VaultNaming.of(from_repo, from_keyfile, from_passphrase_file, from_storage_option)
     tags = parse_tags(tag)
@@ -129,19 +137,28 @@ def copy_cmd(
         exc.args = (source_naming.named(str(exc)),)
         raise exc from None
     source.on_warning = lambda message: out.warn(source_naming.named(message))  # its damaged snapshot objects
-    with (
-        source,
-        vault_args.open(out) as dest,
-        out.progress("copying") as progress,
-    ):
+    dest_naming = VaultNaming.of(
+        vault_args.repo, vault_args.keyfile, vault_args.passphrase_file, vault_args.storage_option
+    )
+    with source:
         try:
-            result = dest.copy_from(
-                source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress, on_warning=out.warn
-            )
-            incomplete = None
-        except CopyIncompleteError as exc:  # what was copied is said (and given as JSON) before the error
-            assert isinstance(exc.result, CopyResult)
-            result, incomplete = exc.result, exc
+            dest = vault_args.open(out)
+        except CkptVaultError as exc:
+            exc.args = (dest_naming.named(str(exc)),)
+            raise
+        dest.on_warning = lambda message: out.warn(dest_naming.named(message))
+        with dest, out.progress("copying") as progress:
+            try:
+                result = dest.copy_from(
+                    source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress, on_warning=out.warn
+                )
+                incomplete = None
+            except CopyIncompleteError as exc:  # what was copied is said (and given as JSON) before the error
+                assert isinstance(exc.result, CopyResult)
+                result, incomplete = exc.result, exc
+            except CkptVaultError as exc:  # a lock of either vault: its unlock must name it, as the message does
+                exc.args = (_named_for_its_vault(str(exc), {source.url: source_naming, dest.url: dest_naming}),)
+                raise
     data = {
         "copied": result.copied,
         "already_there": [s.id for s in result.already_there],
