@@ -92,9 +92,8 @@ def test_the_librarys_warnings_name_the_vault_too(capsys: pytest.CaptureFixture[
     assert capsys.readouterr().err == "warning: run: ckptvault repair-index --repo ./v\n"
 
 
-def test_copy_names_the_source_in_advice_about_it_never_the_destination(cli, tmp_path: Path):
-    """copy's --repo is the destination: a damaged snapshot object in the source was said with
-    'ckptvault forget --repo DEST ID', which forgets the destination's good copy of it."""
+def _primary_and_mirror(cli, tmp_path: Path) -> tuple[Path, Path]:
+    """A vault holding one snapshot, and an empty one to copy it into."""
     primary, mirror = tmp_path / "primary", tmp_path / "mirror"
     src = tmp_path / "src"
     src.mkdir()
@@ -102,6 +101,13 @@ def test_copy_names_the_source_in_advice_about_it_never_the_destination(cli, tmp
     cli("init", str(primary), "-q")
     cli("backup", str(src), "--repo", str(primary), "-q")
     cli("init", str(mirror), "-q")
+    return primary, mirror
+
+
+def test_copy_names_the_source_in_advice_about_it_never_the_destination(cli, tmp_path: Path):
+    """copy's --repo is the destination: a damaged snapshot object in the source was said with
+    'ckptvault forget --repo DEST ID', which forgets the destination's good copy of it."""
+    primary, mirror = _primary_and_mirror(cli, tmp_path)
     cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "-q")
     (snapshot_object,) = (primary / "snapshots").iterdir()
     data = bytearray(snapshot_object.read_bytes())
@@ -120,13 +126,7 @@ def test_copy_names_the_locked_vault_in_its_unlock_advice(cli, tmp_path: Path):
     pasted, it removed the default vault's locks, live ones included, and left the locked one as it was."""
     from ckptvault import Vault
 
-    primary, mirror = tmp_path / "primary", tmp_path / "mirror"
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "weights.bin").write_bytes(os.urandom(10_000))
-    cli("init", str(primary), "-q")
-    cli("backup", str(src), "--repo", str(primary), "-q")
-    cli("init", str(mirror), "-q")
+    primary, mirror = _primary_and_mirror(cli, tmp_path)
     for locked, other in ((mirror, primary), (primary, mirror)):
         with Vault.open(str(locked)) as holder, holder._repo.locks.acquire(exclusive=True):
             copy = cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "--retry-lock", "0", check=False)
