@@ -630,3 +630,28 @@ def test_api_errors_name_api_calls_not_cli_commands(vault: Vault, tmp_path: Path
         with pytest.raises(CkptVaultError) as caught:
             call()
         assert says in str(caught.value) and "ckptvault " not in str(caught.value), str(caught.value)
+
+
+def test_a_caller_editing_a_listed_snapshot_changes_nothing_the_vault_sees(tmp_path: Path):
+    """Snapshot is frozen, but its tags dict was the vault's own: display code that popped a bookkeeping tag
+    before printing made prune(keep_tags=["milestone"]) forget the snapshot whose stored tags said to keep it."""
+    src = make_checkpoint(tmp_path / "ckpt", 0)
+    with Vault.init(str(tmp_path / "vault")) as vault:
+        vault.backup(src, tags={"run": "x", "step": "0", "milestone": "yes"})
+        for step in (1, 2, 3):
+            vault.backup(src, tags={"run": "x", "step": str(step)})
+        for snap in vault.snapshots():
+            snap.tags.pop("milestone", None)
+            snap.paths.append("/elsewhere")
+        vault.stats().per_snapshot[0].tags["run"] = "other"
+        vault.snapshot(vault.snapshots()[0].id[:8]).tags.clear()
+        vault.latest({"run": "x"}).tags["step"] = "99"
+        (milestone,) = vault.snapshots({"milestone": "yes"})
+        assert milestone.paths == [str(src)] and vault.latest({"run": "x"}).tags["step"] == "3"
+        result = vault.prune(keep_latest=1, keep_tags=["milestone"])
+        assert [s.tags["step"] for s in result.forgotten] == ["1", "2"]
+    with Vault.open(str(tmp_path / "vault")) as again:
+        assert [s.tags for s in again.snapshots()] == [
+            {"run": "x", "step": "0", "milestone": "yes"},
+            {"run": "x", "step": "3"},
+        ]

@@ -13,6 +13,7 @@ as the metadata cache keeps them (docs/backends.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TypeVar
 
@@ -54,7 +55,7 @@ class SnapshotCatalog:
         loaded = list(zip(unread, self._repo.read_each(load, unread), strict=True))
         fresh = {i: s for i, s in loaded if isinstance(s, Snapshot)}
         self._read = {k: s for k in listed if (s := known.get(k) or fresh.get(k[0])) is not None}
-        snaps = list(self._read.values())
+        snaps = [handed_out(s) for s in self._read.values()]
         unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
         self.unreadable = unreadable
         for snapshot_id, error in sorted(unreadable.items()):
@@ -98,11 +99,18 @@ class SnapshotCatalog:
             return None
         known = self._read.get((matches[0], self._repo.listed_snapshot_size(matches[0])))
         if known is not None:
-            return known
+            return handed_out(known)
         try:
             return self.load(matches[0])
         except (ObjectNotFoundError, IntegrityError, UnsupportedFormatError):
             return None
+
+
+def handed_out(snapshot: Snapshot) -> Snapshot:
+    """A copy of a kept snapshot whose tags and lists are its own: the dataclass is frozen, but a caller that
+    edited a listed snapshot's tags (to hide some before printing) changed what every later listing, ``latest``
+    and ``prune --keep-tag`` saw, and a prune forgot a snapshot whose stored tags said to keep it."""
+    return replace(snapshot, tags=dict(snapshot.tags), paths=list(snapshot.paths), excludes=list(snapshot.excludes))
 
 
 def unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[str]) -> str | None:
