@@ -212,7 +212,7 @@ class Vault:
         self._catalog = SnapshotCatalog(repo, self._warn)
         self._closing = False  # close() has begun: no new async backups
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
-        self._file_readers: weakref.WeakSet[Generator[bytes, None, None]] = weakref.WeakSet()
+        self._file_readers: weakref.WeakSet[_FileChunks] = weakref.WeakSet()
         self._closed = False  # close() has ended: every public method refuses
 
     @property
@@ -385,7 +385,7 @@ class Vault:
             with self._backup_mutex:  # a synchronous backup on another thread finishes first
                 self._closed = True
                 for reader in list(self._file_readers):  # a file read part way holds its shared lock
-                    reader.close()
+                    reader.cut_by_close()
                 self._repo.close()
 
     def __enter__(self) -> Vault:
@@ -667,7 +667,7 @@ class Vault:
         hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
         snap = self.snapshot(snapshot_arg(snapshot))
         entry = find_file(self.files(snap), path_arg("path", path), snap.id)  # raised here, not at the first next()
-        reader = self._read_file(entry)
+        reader = _FileChunks(self._read_file(entry), entry.path)
         self._file_readers.add(reader)
         return reader
 
@@ -1202,6 +1202,39 @@ class Vault:
             snap_a, snap_b = self.snapshot(a), self.snapshot(b)
             files_a, files_b = self._files_still_stored(snap_a), self._files_still_stored(snap_b)
             return diff_trees(self._repo, snap_a.id, files_a, snap_b.id, files_b, tensors=tensors)
+
+
+class _FileChunks(Iterator[bytes]):
+    """``read_file``'s iterator. The Vault's ``close()`` ends it (a file read part way holds a shared lock);
+    a read after that raises instead of ending as if the file did: ``b"".join(chunks)`` outside the ``with``
+    block gave ``b""``, and one started inside it a cut-short file, with no error and no file hash checked."""
+
+    def __init__(self, chunks: Generator[bytes, None, None], path: str) -> None:
+        self._chunks = chunks
+        self._path = path
+        self._ended = False  # the whole file was read (its hash checked), or its reader closed it
+        self._cut = False  # the Vault closed first
+
+    def __next__(self) -> bytes:
+        if self._cut:
+            raise UsageError(
+                f"read_file({self._path!r}) was read after its Vault was closed, so the file was not read whole; "
+                "read it before close() (inside the with block)"
+            )
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            self._ended = True
+            raise
+
+    def close(self) -> None:
+        """Stop reading (as a generator's ``close``): the shared lock is released at once."""
+        self._ended = True
+        self._chunks.close()
+
+    def cut_by_close(self) -> None:
+        self._chunks.close()
+        self._cut = not self._ended
 
 
 def _removed_meanwhile(snap: Snapshot, url: str) -> SnapshotNotFoundError:

@@ -655,3 +655,23 @@ def test_a_caller_editing_a_listed_snapshot_changes_nothing_the_vault_sees(tmp_p
             {"run": "x", "step": "0", "milestone": "yes"},
             {"run": "x", "step": "3"},
         ]
+
+
+def test_a_file_read_after_its_vault_closed_raises_instead_of_ending_short(tmp_path: Path):
+    """close() ends read_file's iterators (their shared locks); reading one afterwards gave b"" (or the part
+    read before), no error and no file hash checked."""
+    src = make_checkpoint(tmp_path / "ckpt", 0)
+    write_file(src / "big.bin", os.urandom(3 << 20))
+    with Vault.init(str(tmp_path / "vault")) as vault:
+        snap = vault.backup(src)
+        unread = vault.read_file(snap, "big.bin")
+        part_read = vault.read_file(snap, "big.bin")
+        first = next(part_read)
+        whole = b"".join(vault.read_file(snap, "big.bin"))
+        whole_then_next = vault.read_file(snap, "config.json")
+        assert b"".join(whole_then_next) == b'{"step": 0}'
+    assert len(first) < len(whole) == 3 << 20
+    for reader in (unread, part_read):
+        with pytest.raises(UsageError, match=r"read_file\('big.bin'\) was read after its Vault was closed"):
+            b"".join(reader)
+    assert list(whole_then_next) == []  # read whole before: ended, as any iterator
