@@ -8,6 +8,7 @@ to chunking the whole file at once, with memory bounded by the block size.
 
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
 from collections.abc import Iterator
@@ -58,8 +59,11 @@ class ChunkerParams:
             ("avg_size", self.avg_size, _AVG_RANGE),
             ("max_size", self.max_size, _MAX_RANGE),
         ):
-            if not isinstance(value, int) or not lo <= value <= hi:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise UsageError(f"chunker {name} must be a whole number of bytes; got {value!r}")
+            if not lo <= value <= hi:
                 raise UsageError(f"chunker {name}={value!r} is out of range; use {lo}..{hi} bytes")
+            object.__setattr__(self, name, int(value))  # numpy's integers too, stored as JSON numbers
         if not self.min_size <= self.avg_size <= self.max_size:
             raise UsageError(
                 f"chunker sizes must satisfy min <= avg <= max, got {self.min_size}/{self.avg_size}/{self.max_size}"

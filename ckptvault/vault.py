@@ -166,6 +166,8 @@ def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatena
 def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
     if keyfile is None or isinstance(keyfile, Keyfile):
         return keyfile
+    if not isinstance(keyfile, str | os.PathLike):
+        raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), a Keyfile, or None")
     return Keyfile.load(keyfile)
 
 
@@ -250,9 +252,15 @@ class Vault:
         per second this Vault moves to and from the storage (as in ``Vault.open``)."""
         url = url_arg(url) or default_repo_url()
         limits = RateLimits.resolve(limit_upload, limit_download)
+        if not isinstance(chunker, ChunkerParams | None):
+            raise wrong_arg("chunker", chunker, "a ChunkerParams (from ckptvault.chunking) or None")
+        if not isinstance(compression, CompressionSettings | None):
+            raise wrong_arg("compression", compression, "a CompressionSettings (from ckptvault.codec) or None")
         refuse_local_non_vault_folder(url)
         config = RepoConfig(
-            chunker=chunker or ChunkerParams(), compression=compression or CompressionSettings(), pack_size=pack_size
+            chunker=chunker or ChunkerParams(),
+            compression=compression or CompressionSettings(),
+            pack_size=int_arg("pack_size", pack_size),
         )
         store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
         key = _load_keyfile(keyfile)

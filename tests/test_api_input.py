@@ -17,6 +17,7 @@ import pytest
 
 import ckptvault
 from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams
 from ckptvault.codec import CompressionSettings
 from ckptvault.errors import (
     BackupTimeoutError,
@@ -413,6 +414,15 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: Vault.open(v.url, create="no"), "create must be True or False"),
         # a path not in the snapshot is named when read_file is called, not at its first next()
         (lambda v, s, t: v.read_file(s, "nope.bin"), "'nope.bin' is not in snapshot"),
+        # api audit 39 M3/M10: each escaped as a TypeError or AttributeError, or made a vault no backup could use
+        (lambda v, s, t: Vault.init(t / "v2", pack_size=16e6), "pack_size must be an int; got float"),
+        (lambda v, s, t: Vault.init(t / "v2", pack_size="big"), "pack_size must be an int"),
+        (lambda v, s, t: Vault.init(t / "v2", chunker="fastcdc"), "chunker must be a ChunkerParams"),
+        (lambda v, s, t: Vault.init(t / "v2", compression="zstd"), "compression must be a CompressionSettings"),
+        (lambda v, s, t: CompressionSettings(level=2.0), "compression level must be a whole number; got 2.0"),
+        (lambda v, s, t: CompressionSettings(level="3"), "compression level must be a whole number"),
+        (lambda v, s, t: ChunkerParams(min_size=262144.0), "chunker min_size must be a whole number of bytes"),
+        (lambda v, s, t: Vault.open(v.url, keyfile=123), "keyfile must be a keyfile's path"),
     ],
 )
 def test_a_wrong_type_is_a_usage_error_saying_what_was_expected(vault, tmp_path, call, match):
@@ -675,3 +685,53 @@ def test_a_file_read_after_its_vault_closed_raises_instead_of_ending_short(tmp_p
         with pytest.raises(UsageError, match=r"read_file\('big.bin'\) was read after its Vault was closed"):
             b"".join(reader)
     assert list(whole_then_next) == []  # read whole before: ended, as any iterator
+
+
+def test_numpy_integers_make_a_vault_that_opens_and_backs_up(tmp_path: Path):
+    """A numpy int for the pack size or a compression level ended in a bare JSON TypeError; a float
+    one made a config every later open called damaged."""
+    import numpy as np
+
+    url = str(tmp_path / "vault")
+    settings = CompressionSettings(level=np.int64(3))
+    chunker = ChunkerParams(min_size=np.int64(128 << 10))
+    with Vault.init(url, pack_size=np.int64(8 << 20), compression=settings, chunker=chunker) as vault:
+        vault.backup(make_checkpoint(tmp_path / "src", 1))
+    with Vault.open(url) as vault:
+        assert (vault.config.pack_size, vault.config.compression.level, vault.config.chunker.min_size) == (
+            8 << 20,
+            3,
+            128 << 10,
+        )
+        assert len(vault.snapshots()) == 1
+
+
+@pytest.mark.parametrize(
+    ("passphrase", "match"),
+    [
+        (b"correct horse", r"the passphrase must be text \(a str\), not bytes; decode it first"),
+        (lambda: b"correct horse", "not a function that returned bytes; decode it first"),
+        (123, r"the passphrase must be text \(a str\), not int$"),
+    ],
+)
+def test_a_passphrase_that_is_not_text_is_a_usage_error_that_does_not_show_it(tmp_path: Path, passphrase, match):
+    from ckptvault.crypto.keyfile import Keyfile
+
+    keyfile = tmp_path / "key.json"
+    Keyfile.create("correct horse", scrypt_n=2**10)[0].save(str(keyfile))
+    Vault.init(str(tmp_path / "vault"), keyfile=str(keyfile), passphrase="correct horse").close()
+    with pytest.raises(UsageError, match=match) as caught:
+        Vault.open(str(tmp_path / "vault"), keyfile=str(keyfile), passphrase=passphrase)
+    assert "horse" not in str(caught.value)
+
+
+def test_a_backup_handle_refuses_a_wrong_timeout_or_callback_at_once(vault, tmp_path: Path):
+    """result(timeout="5") raised a bare TypeError while the backup ran; add_done_callback("x") was taken
+    and failed later on the worker thread."""
+    handle = vault.backup_async(make_checkpoint(tmp_path / "src", 1))
+    for call in (lambda: handle.result(timeout="5"), lambda: handle.exception(timeout=True)):
+        with pytest.raises(UsageError, match="timeout must be a number of seconds, or None"):
+            call()
+    with pytest.raises(UsageError, match="add_done_callback takes a function of the handle; got str"):
+        handle.add_done_callback("x")  # type: ignore[arg-type]
+    assert handle.result(timeout=60).tags == {}

@@ -71,6 +71,12 @@ def resolve_passphrase(source: PassphraseSource) -> str:
         raise PassphraseRequiredError(
             message="no passphrase for the keyfile: give passphrase= (the passphrase, or a function that returns it)"
         )
+    if not isinstance(passphrase, str):  # never shown: it may be the secret
+        given = "a function that returned " if callable(source) else ""
+        raise UsageError(
+            f"the passphrase must be text (a str), not {given}{type(passphrase).__name__}"
+            + ("; decode it first (passphrase.decode())" if isinstance(passphrase, bytes | bytearray) else "")
+        )
     return passphrase
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import numbers
 import os
 import secrets
 import signal
@@ -142,13 +143,13 @@ class BackupHandle:
         """The snapshot; raises the backup's error, or BackupTimeoutError (a TimeoutError) when not
         done in time."""
         try:
-            return self._job.future.result(timeout)
+            return self._job.future.result(_timeout_arg(timeout))
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
-            return self._job.future.exception(timeout)
+            return self._job.future.exception(_timeout_arg(timeout))
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
 
@@ -162,12 +163,20 @@ class BackupHandle:
     def add_done_callback(self, fn: Callable[[BackupHandle], object]) -> None:
         """``fn(handle)`` runs when the backup ends: on the worker thread, at its lower CPU
         priority (threads it starts keep that), or at once on the caller's if already done."""
+        if not callable(fn):  # it would fail later, on the worker thread
+            raise UsageError(f"add_done_callback takes a function of the handle; got {type(fn).__name__}")
         self._job.future.add_done_callback(lambda _f: fn(self))
 
     def __repr__(self) -> str:
         future = self._job.future
         state = "done" if future.done() else "running" if future.running() else "queued"
         return f"<BackupHandle {self._job.describe()} {state}>"
+
+
+def _timeout_arg(timeout: float | None) -> float | None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
+        raise UsageError(f"timeout must be a number of seconds, or None to wait for the end; got {timeout!r}")
+    return timeout
 
 
 def check_on_full(on_full: str) -> None:
