@@ -8,6 +8,7 @@ vault.restore(vault.latest(tags={"run": "x"}), "./resume")
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import inspect
@@ -53,6 +54,7 @@ from .errors import (
     CopyIncompleteError,
     IntegrityError,
     ObjectNotFoundError,
+    RestoreIncompleteError,
     SnapshotNotFoundError,
     SourceError,
     UsageError,
@@ -647,18 +649,24 @@ class Vault:
         with self._repo.locks.acquire_to_read():
             self._repo.load_index_as_stored()
             snap = self.snapshot(snapshot)
-            return run_restore(
-                self._repo,
-                self._files_still_stored(snap),
-                target,
-                include=include,
-                overwrite=overwrite,
-                progress=on_progress,
-                workers=self._repo.download_concurrency,
-                vault_folder=self.local_folder,
-                alone=alone,
-                snapshot_id=snap.short_id,
-            )
+            try:
+                result = run_restore(
+                    self._repo,
+                    self._files_still_stored(snap),
+                    target,
+                    include=include,
+                    overwrite=overwrite,
+                    progress=on_progress,
+                    workers=self._repo.download_concurrency,
+                    vault_folder=self.local_folder,
+                    alone=alone,
+                    snapshot_id=snap.short_id,
+                )
+            except RestoreIncompleteError as exc:
+                if isinstance(exc.result, RestoreResult):
+                    exc.result = dataclasses.replace(exc.result, snapshot=snap)
+                raise
+            return dataclasses.replace(result, snapshot=snap)
 
     def _files_still_stored(self, snapshot: str | Snapshot) -> list[FileEntry]:
         """``files``, under a lock taken after ``snapshot`` was chosen: a prune may have removed it in

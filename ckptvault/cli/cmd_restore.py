@@ -52,7 +52,7 @@ def restore_cmd(
     rate = format_rate(result.bytes_written, result.duration_s)
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
     out.result(
-        {"snapshot": snap.id, "target": target, **result.__dict__},
+        {"snapshot": snap.id, "target": target, **{k: v for k, v in result.__dict__.items() if k != "snapshot"}},
         f"restored snapshot {snap.short_id} to {target}: {counted(result.files, 'file')}{skipped}, "
         f"{format_bytes(result.bytes_written)} written and verified in {result.duration_s:.1f} s ({rate})",
     )

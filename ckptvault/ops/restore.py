@@ -47,7 +47,7 @@ from ..errors import (
 from ..hashing import checksum, new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import validate_tree
-from ..snapshot.model import FileEntry
+from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
@@ -73,6 +73,9 @@ class RestoreResult:
     # What the target held that the snapshot does not (a folder named once, not what is in it), left as it
     # was: files of another save beside the restored ones. At most OTHERS_LISTED are named.
     not_in_snapshot: tuple[str, ...] = ()
+    # The snapshot restored (its ID, tags, step): what restore_latest took, without asking latest() again,
+    # when a backup may have landed since. Set by the Vault.
+    snapshot: Snapshot | None = None
 
 
 OTHERS_LISTED = 100
