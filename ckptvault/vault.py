@@ -992,7 +992,7 @@ class Vault:
     @_open_only
     def ship_leftover_pins(self, folder: PathLike, *, timeout: float | None = None) -> list[Snapshot]:
         """Ship what a process that died left pinned in ``folder`` (the folder its checkpoints were saved
-        in, which holds ``.ckptvault-pins``), and wait for it: on a restart on the same disk, call it before
+        in, which holds ``.ckptvault-pins``, or that pins folder itself), and wait for it: on a restart on the same disk, call it before
         ``restore_latest``, so that the newest save of the run that died is in the vault when the resume
         picks one (else the first ``backup_async`` ships it later, and it becomes ``latest`` over the
         resumed run's newer saves). Returns the snapshots, oldest first; raises the first failure, or
@@ -1001,11 +1001,18 @@ class Vault:
         timeout = seconds_arg("timeout", timeout)
         if not os.path.isdir(folder):  # a mistyped folder would ship nothing, and the resume pick an older save
             raise SourceError(folder or '""', "no such directory", "give the folder the checkpoints were saved in")
+        folder = os.path.abspath(folder)
+        pins = folder if os.path.basename(folder) == PIN_FOLDER else os.path.join(folder, PIN_FOLDER)
+        beside = os.path.join(os.path.dirname(folder), PIN_FOLDER)
+        if not os.path.isdir(pins) and os.path.isdir(beside) and os.listdir(beside):
+            # a checkpoint's own folder given (pins lie beside each source): shipping nothing, the resume
+            # would pick an older save without a word
+            self._warn(
+                f"{folder} holds no {PIN_FOLDER}, but the folder above it does: backup_async pins beside each "
+                f"source, so a checkpoint folder's pins are there; to ship them: ship_leftover_pins({os.path.dirname(folder)!r})"
+            )
         shipper = self._async_shipper()
-        handles = [
-            shipper.submit(job)
-            for job in leftover_jobs([os.path.join(os.path.abspath(folder), PIN_FOLDER)], self.config.repo_id)
-        ]
+        handles = [shipper.submit(job) for job in leftover_jobs([pins], self.config.repo_id)]
         deadline = None if timeout is None else time.monotonic() + timeout
         return [h.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
 

@@ -134,6 +134,28 @@ def test_a_restart_ships_the_dead_runs_pins_before_it_picks_the_save_to_resume_f
     assert pin_roots(out) == []
 
 
+def test_leftover_pins_are_shipped_when_the_pins_folder_itself_is_given_and_named_when_a_checkpoint_is(
+    tmp_path, caplog
+):
+    """ship_leftover_pins("out/.ckptvault-pins") and ship_leftover_pins("out/checkpoint-3") shipped nothing
+    and said nothing while a dead run's pin waited in out/.ckptvault-pins: the resume picked an older step
+    (api audit 39 M5)."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    Vault.init(str(repo)).close()
+    second = make_checkpoint(out / "checkpoint-2", 2)
+    kill_while_shipping(repo, second, "before-commit", step=2)
+    third = make_checkpoint(out / "checkpoint-3", 3)  # the restarted run's own save, not yet shipped
+    with Vault.open(str(repo)) as vault, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        assert vault.ship_leftover_pins(third) == []
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{third} holds no .ckptvault-pins, but the folder above it does: backup_async pins beside each source, "
+            f"so a checkpoint folder's pins are there; to ship them: ship_leftover_pins({str(out)!r})"
+        ]
+        shipped = vault.ship_leftover_pins(out / ".ckptvault-pins", timeout=120)
+        assert [s.tags for s in shipped] == [{"run": "r", "step": "2"}]
+    assert pin_roots(out) == []
+
+
 @pytest.mark.skipif(not can_unshare(), reason="needs unshare(1) and the right to make PID namespaces (root)")
 def test_a_pin_of_a_trainer_killed_in_a_container_is_shipped_by_the_restarted_one_at_once(tmp_path, caplog):
     """The OOM killer ends a container's trainer; the container restarts with the same volume, in a new PID
