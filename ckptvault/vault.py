@@ -992,8 +992,8 @@ class Vault:
     @_open_only
     def ship_leftover_pins(self, folder: PathLike, *, timeout: float | None = None) -> list[Snapshot]:
         """Ship what a process that died left pinned in ``folder`` (the folder its checkpoints were saved
-        in, which holds ``.ckptvault-pins``, or that pins folder itself), and wait for it: on a restart on the same disk, call it before
-        ``restore_latest``, so that the newest save of the run that died is in the vault when the resume
+        in, which holds ``.ckptvault-pins``, or that pins folder itself), and wait for it: on a restart on
+        the same disk, call it before ``restore_latest``, so that the newest save of the run that died is in the vault when the resume
         picks one (else the first ``backup_async`` ships it later, and it becomes ``latest`` over the
         resumed run's newer saves). Returns the snapshots, oldest first; raises the first failure, or
         FlushTimeoutError after ``timeout`` seconds (what is queued goes on shipping)."""
@@ -1009,7 +1009,8 @@ class Vault:
             # would pick an older save without a word
             self._warn(
                 f"{folder} holds no {PIN_FOLDER}, but the folder above it does: backup_async pins beside each "
-                f"source, so a checkpoint folder's pins are there; to ship them: ship_leftover_pins({os.path.dirname(folder)!r})"
+                "source, so a checkpoint folder's pins are there; to ship them: "
+                f"ship_leftover_pins({os.path.dirname(folder)!r})"
             )
         shipper = self._async_shipper()
         handles = [shipper.submit(job) for job in leftover_jobs([pins], self.config.repo_id)]
