@@ -993,10 +993,11 @@ class Vault:
     def ship_leftover_pins(self, folder: PathLike, *, timeout: float | None = None) -> list[Snapshot]:
         """Ship what a process that died left pinned in ``folder`` (the folder its checkpoints were saved
         in, which holds ``.ckptvault-pins``, or that pins folder itself), and wait for it: on a restart on
-        the same disk, call it before ``restore_latest``, so that the newest save of the run that died is in the vault when the resume
-        picks one (else the first ``backup_async`` ships it later, and it becomes ``latest`` over the
-        resumed run's newer saves). Returns the snapshots, oldest first; raises the first failure, or
-        FlushTimeoutError after ``timeout`` seconds (what is queued goes on shipping)."""
+        the same disk, call it before ``restore_latest``, so that the newest save of the run that died is
+        in the vault when the resume picks one (else the first ``backup_async`` ships it later, and it
+        becomes ``latest`` over the resumed run's newer saves). Returns the snapshots, oldest first;
+        raises the first failure, or FlushTimeoutError after ``timeout`` seconds (what is queued goes on
+        shipping)."""
         folder = path_arg("folder", folder)
         timeout = seconds_arg("timeout", timeout)
         if not os.path.isdir(folder):  # a mistyped folder would ship nothing, and the resume pick an older save
