@@ -70,11 +70,25 @@ _HOMES = {
     "Vault": ".vault",
     "default_repo_url": ".location",
     "keep_freed_memory": ".ops.memory",
+    "Keyfile": ".crypto.keyfile",
+    "Progress": ".ops.progress",
+    "RepoConfig": ".repository.config",
+    "SnapshotFile": ".ops.reader",
+    "RetentionPlan": ".snapshot.retention",
+    "Decision": ".snapshot.retention",
+    "GcPlan": ".ops.gc",
+    "Problem": ".ops.check",
+    "TensorStats": ".ops.tensorstats",
+    "LoadCheck": ".ops.load_checks",
+    "ObjectNotFoundError": ".errors",
+    "ShortReadError": ".errors",
+    "ObjectExistsError": ".errors",
 }
 
 if TYPE_CHECKING:
     from .chunking import ChunkerParams
     from .codec import CompressionSettings
+    from .crypto.keyfile import Keyfile
     from .errors import (
         BackupSupersededError,
         BackupTimeoutError,
@@ -92,10 +106,13 @@ if TYPE_CHECKING:
         LockLostError,
         MalformedObjectError,
         NotBackedUpError,
+        ObjectExistsError,
+        ObjectNotFoundError,
         PassphraseRequiredError,
         PathNotInSnapshotError,
         RestoreConflictError,
         RestoreIncompleteError,
+        ShortReadError,
         SnapshotNotFoundError,
         SourceError,
         StorageError,
@@ -111,19 +128,26 @@ if TYPE_CHECKING:
     )
     from .location import default_repo_url
     from .ops.async_backup import BackupHandle
-    from .ops.check import CheckReport
+    from .ops.check import CheckReport, Problem
     from .ops.copy import CopyResult
     from .ops.drill import DrillReport
+    from .ops.gc import GcPlan
     from .ops.inspect import FileChange, FileContents, FileUsage, SnapshotDiff, TensorChanges, TensorRow
+    from .ops.load_checks import LoadCheck
     from .ops.memory import keep_freed_memory
+    from .ops.progress import Progress
     from .ops.prune import PruneResult
+    from .ops.reader import SnapshotFile
     from .ops.repair import IndexRepair
     from .ops.restore import RestoreResult
     from .ops.stats import SnapshotStats, VaultStats
     from .ops.status import BackupStatus
+    from .ops.tensorstats import TensorStats
     from .ops.watch_options import LostCheckpoint, ShippedCheckpoint, WatchResult
+    from .repository.config import RepoConfig
     from .repository.locks import LockInfo
     from .snapshot.model import FileEntry, Snapshot, SnapshotSummary
+    from .snapshot.retention import Decision, RetentionPlan
     from .vault import Vault
 
 
@@ -153,6 +177,7 @@ __all__ = [
     "ConfigDowngradedError",
     "CopyIncompleteError",
     "CopyResult",
+    "Decision",
     "DrillFailedError",
     "DrillReport",
     "FileChange",
@@ -161,25 +186,36 @@ __all__ = [
     "FileFormatError",
     "FileUsage",
     "FlushTimeoutError",
+    "GcPlan",
     "IndexRepair",
     "IntegrityError",
+    "Keyfile",
     "KeyfileCorruptError",
     "KeyfileMismatchError",
     "KeyfileNotFoundError",
+    "LoadCheck",
     "LockInfo",
     "LockLostError",
     "LostCheckpoint",
     "MalformedObjectError",
     "NotBackedUpError",
+    "ObjectExistsError",
+    "ObjectNotFoundError",
     "PassphraseRequiredError",
     "PathNotInSnapshotError",
+    "Problem",
+    "Progress",
     "PruneResult",
+    "RepoConfig",
     "RestoreConflictError",
     "RestoreIncompleteError",
     "RestoreResult",
+    "RetentionPlan",
     "ShippedCheckpoint",
+    "ShortReadError",
     "Snapshot",
     "SnapshotDiff",
+    "SnapshotFile",
     "SnapshotNotFoundError",
     "SnapshotStats",
     "SnapshotSummary",
@@ -188,6 +224,7 @@ __all__ = [
     "StorageFullError",
     "TensorChanges",
     "TensorRow",
+    "TensorStats",
     "UnsafePathError",
     "UnsupportedFormatError",
     "UsageError",
