@@ -13,6 +13,7 @@ import io
 import operator
 import posixpath
 import threading
+from typing import TYPE_CHECKING, BinaryIO
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -118,14 +119,26 @@ class ChunkedFile:
         return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
 
-class SnapshotFile(io.RawIOBase):
+if TYPE_CHECKING:  # typed as a binary file too, as typeshed types io.BufferedReader: torch.load(f) type-checks
+
+    class _BinaryFile(io.RawIOBase, BinaryIO):
+        pass
+
+else:
+    _BinaryFile = io.RawIOBase
+
+
+class SnapshotFile(_BinaryFile):
     """A seekable, read-only binary file over a ``ChunkedFile`` (what ``Vault.open_file`` returns)."""
 
     def __init__(self, chunked: ChunkedFile) -> None:
         super().__init__()
         self.chunked = chunked
-        self.name = chunked.entry.path
         self._pos = 0
+
+    @property
+    def name(self) -> str:  # the path in the snapshot, as a file object's name is its path
+        return self.chunked.entry.path
 
     @property
     def size(self) -> int:
