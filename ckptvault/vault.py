@@ -48,7 +48,16 @@ from .arguments import (
 )
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
-from .crypto.keyfile import Keyfile, PassphraseSource, passphrase_secret, resolve_passphrase
+from .crypto.keyfile import (
+    DEFAULT_KDF_COST,
+    MIN_NEW_PASSPHRASE,
+    Keyfile,
+    PassphraseSource,
+    check_kdf_cost,
+    passphrase_secret,
+    resolve_passphrase,
+    too_short,
+)
 from .errors import (
     CkptVaultError,
     CopyIncompleteError,
@@ -109,7 +118,7 @@ from .ops.watch import Watcher
 from .ops.watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
 from .repository.config import DEFAULT_PACK_SIZE
-from .repository.format import LOCKS_PREFIX
+from .repository.format import LOCKS_PREFIX, SETTINGS_FORMAT_VERSION
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_tree
@@ -173,6 +182,16 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
     return Keyfile.load(keyfile)
 
 
+def _new_passphrase(passphrase: str) -> str:
+    passphrase = resolve_passphrase(passphrase)
+    if too_short(passphrase):
+        raise UsageError(
+            f"the new passphrase is shorter than {MIN_NEW_PASSPHRASE} characters, not counting spaces at its ends; "
+            "choose a longer one"
+        )
+    return passphrase
+
+
 def _deriving_ahead(key: Keyfile | None, passphrase: PassphraseSource) -> contextlib.AbstractContextManager[None]:
     """The keyfile's scrypt, started before the vault's config is read (on remote storage the first
     request, which sets up the client, takes about as long), when the passphrase is given as text:
@@ -229,6 +248,38 @@ class Vault:
     def local_folder(self) -> str | None:
         """The vault's folder on this machine (None for remote storage): nothing is backed up into it."""
         return getattr(self._repo.store, "local_folder", None)
+
+    # ---- keyfiles (ckptvault key ...) -----------------------------------------------------
+
+    @staticmethod
+    def generate_keyfile(path: PathLike, passphrase: str, *, kdf_cost: int = DEFAULT_KDF_COST) -> Keyfile:
+        """Create a keyfile at ``path`` holding a new random key under ``passphrase`` (at least 8
+        characters, not counting spaces at its ends), as ``ckptvault key generate`` does: mode 0600,
+        never over an existing file, and bound to the vault settings it will authenticate (a config
+        rewritten to weaker ones is refused, docs/security.md). ``kdf_cost``: log2 of scrypt's N
+        (14..24; 17 takes ~0.3 s and 128 MiB). Keep a copy of it elsewhere: without it, and its
+        passphrase, an encrypted vault cannot be read by anyone."""
+        where = path_arg("path", path)
+        passphrase = _new_passphrase(passphrase)
+        key, _ = Keyfile.create(
+            passphrase, scrypt_n=2 ** check_kdf_cost(kdf_cost), min_vault_format=SETTINGS_FORMAT_VERSION
+        )
+        return key.save(where)
+
+    @staticmethod
+    def change_keyfile_passphrase(
+        keyfile: str | os.PathLike[str] | Keyfile, passphrase: str, new_passphrase: str, *, kdf_cost: int | None = None
+    ) -> Keyfile:
+        """Put the keyfile's key under ``new_passphrase`` (rules as ``generate_keyfile``), written over
+        the keyfile in one rename, as ``ckptvault key passwd`` does. The key, and so the vault's data,
+        stay the same. ``kdf_cost``: scrypt's new log2(N), else the keyfile's."""
+        key = _load_keyfile(keyfile)
+        if key is None:
+            raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), or a Keyfile")
+        master = key.unlock(resolve_passphrase(passphrase))
+        new = _new_passphrase(new_passphrase)
+        scrypt_n = None if kdf_cost is None else 2 ** check_kdf_cost(kdf_cost)
+        return key.with_passphrase(master, new, scrypt_n).save(key.path, overwrite=True)
 
     # ---- opening -----------------------------------------------------------------------
 

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from ..crypto.keyfile import DEFAULT_SCRYPT_N, Keyfile
+from ..crypto.keyfile import DEFAULT_KDF_COST, MIN_NEW_PASSPHRASE, Keyfile, check_kdf_cost, too_short
 from ..errors import PassphraseRequiredError, UsageError
-from ..repository.format import SETTINGS_FORMAT_VERSION
+from ..vault import Vault
 from .app import (
     JsonOpt,
     PassphraseFileOpt,
@@ -35,11 +35,6 @@ KeyfilePathOpt = Annotated[
 KDF_COST_HELP = "scrypt cost as log2(N): 17 takes ~0.3 s and 128 MiB; higher is slower to guess."
 
 
-def _check_kdf_cost(kdf_cost: int) -> None:
-    if not 14 <= kdf_cost <= 24:
-        raise UsageError(f"--kdf-cost {kdf_cost} is out of range; use 14..24")
-
-
 def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
     """A new passphrase: from the file or the environment as is, or asked twice on a terminal."""
     from_terminal = passphrase_file == "-" and sys.stdin.isatty()  # asked twice, as without the option
@@ -51,11 +46,11 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
             raise UsageError("the two passphrases differ; nothing was written")
     else:
         raise PassphraseRequiredError(env=env, option=option)
-    if len(new.strip()) < 8:  # spaces count only between other characters
+    if too_short(new):
         source = option if passphrase_file else env if env in os.environ else "the prompt"
         raise UsageError(
-            f"the new passphrase (from {source}) is shorter than 8 characters, not counting spaces at its ends; "
-            "choose a longer one"
+            f"the new passphrase (from {source}) is shorter than {MIN_NEW_PASSPHRASE} characters, not counting "
+            "spaces at its ends; choose a longer one"
         )
     return new
 
@@ -65,17 +60,16 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
 def generate_cmd(
     keyfile: KeyfilePathOpt,
     passphrase_file: PassphraseFileOpt = None,
-    kdf_cost: Annotated[int, typer.Option(help=KDF_COST_HELP)] = DEFAULT_SCRYPT_N.bit_length() - 1,
+    kdf_cost: Annotated[int, typer.Option(help=KDF_COST_HELP)] = DEFAULT_KDF_COST,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Create a keyfile holding a new random key, protected by a passphrase (asked twice)."""
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile)
-    _check_kdf_cost(kdf_cost)
+    check_kdf_cost(kdf_cost, "--kdf-cost")
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
-    key, _ = Keyfile.create(passphrase, scrypt_n=2**kdf_cost, min_vault_format=SETTINGS_FORMAT_VERSION)
-    key = key.save(keyfile)
+    key = Vault.generate_keyfile(keyfile, passphrase, kdf_cost=kdf_cost)
     out.warn(LOSS_WARNING)
     out.result(_describe(key), f"created keyfile {key.path} (fingerprint {key.fingerprint}, mode 0600)")
 
@@ -100,15 +94,15 @@ def passwd_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile)
     if kdf_cost is not None:
-        _check_kdf_cost(kdf_cost)
+        check_kdf_cost(kdf_cost, "--kdf-cost")
     if passphrase_file == "-" and new_passphrase_file == "-":
         raise UsageError("--passphrase-file and --new-passphrase-file cannot both be '-' (one standard input)")
     key = Keyfile.load(keyfile)
-    master = key.unlock(passphrase_source(passphrase_file, prompt="current passphrase")())
+    key.unlock(current := passphrase_source(passphrase_file, prompt="current passphrase")())  # before asking anew
     new = _new_passphrase(new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file")
     if kdf_cost is not None and 2**kdf_cost < key.kdf.n:
         out.warn(f"--kdf-cost {kdf_cost} is below the keyfile's {key.kdf.n.bit_length() - 1}: a guess gets cheaper")
-    key = key.with_passphrase(master, new, None if kdf_cost is None else 2**kdf_cost).save(key.path, overwrite=True)
+    key = Vault.change_keyfile_passphrase(key, current, new, kdf_cost=kdf_cost)
     out.result(_describe(key), f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged)")
 
 

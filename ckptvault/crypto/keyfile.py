@@ -58,6 +58,24 @@ VERSION = 1
 WRAP_AAD = b"ckptvault-keyfile v1"
 DEFAULT_SCRYPT_N = 2**17  # 128 MiB and ~0.3 s here; raise it, never lower it, for real keys
 MAX_SCRYPT_N = 2**24  # what `key generate --kdf-cost` allows at most (16 GiB of memory)
+KDF_COSTS = range(14, 25)  # log2 of scrypt's N that a new keyfile may take: 16 MiB .. 16 GiB of memory
+DEFAULT_KDF_COST = DEFAULT_SCRYPT_N.bit_length() - 1
+MIN_NEW_PASSPHRASE = 8  # characters of a new passphrase, not counting spaces at its ends
+
+
+def check_kdf_cost(kdf_cost: int, name: str = "kdf_cost") -> int:
+    if isinstance(kdf_cost, bool) or not isinstance(kdf_cost, int) or kdf_cost not in KDF_COSTS:
+        raise UsageError(
+            f"{name} {kdf_cost!r} is out of range; use {KDF_COSTS[0]}..{KDF_COSTS[-1]} (log2 of scrypt's N)"
+        )
+    return kdf_cost
+
+
+def too_short(new_passphrase: str) -> bool:
+    """Whether a new passphrase is under MIN_NEW_PASSPHRASE characters (spaces count only between others)."""
+    return len(new_passphrase.strip()) < MIN_NEW_PASSPHRASE
+
+
 SALT_SIZE = 16
 NONCE_SIZE = 12
 

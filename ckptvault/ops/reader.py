@@ -13,9 +13,9 @@ import io
 import operator
 import posixpath
 import threading
-from typing import TYPE_CHECKING, BinaryIO
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import IntegrityError, ObjectNotFoundError, PathNotInSnapshotError, SnapshotNotFoundError
 from ..repository import Repository
