@@ -486,7 +486,9 @@ class Vault:
         An ID naming a snapshot object that cannot be decoded raises that object's error."""
         spec = snapshot_arg(spec)
         tags = tags_arg(tags)
-        return spec if isinstance(spec, Snapshot) else self._catalog.find(spec, tags)
+        if isinstance(spec, Snapshot):  # the tags are checked all the same, as for its ID
+            return selection.select([spec], spec.id, tags) if tags else spec
+        return self._catalog.find(spec, tags)
 
     @_open_only
     def latest(self, tags: dict[str, str] | None = None) -> Snapshot:

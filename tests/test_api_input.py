@@ -739,3 +739,11 @@ def test_a_backup_handle_refuses_a_wrong_timeout_or_callback_at_once(vault, tmp_
     with pytest.raises(UsageError, match="add_done_callback takes a function of the handle; got str"):
         handle.add_done_callback("x")  # type: ignore[arg-type]
     assert handle.result(timeout=60).tags == {}
+
+
+def test_tags_given_with_a_snapshot_object_are_checked_as_with_its_id(vault: Vault, tmp_path: Path):
+    snap = vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "a"})
+    for spec in (snap.id[:8], snap):
+        with pytest.raises(SnapshotNotFoundError, match=r"does not carry run=other \(its tags: run=a\)"):
+            vault.snapshot(spec, tags={"run": "other"})
+        assert vault.snapshot(spec, tags={"run": "a"}).id == snap.id
