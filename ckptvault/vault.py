@@ -182,6 +182,15 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
     return Keyfile.load(keyfile)
 
 
+def _storage_options_arg(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    if options is not None and not isinstance(options, dict):  # its value is not shown: it may hold secrets
+        raise UsageError(
+            "storage_options must be a dict of fsspec options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}; "
+            f"got {type(options).__name__}"
+        )
+    return options
+
+
 def _new_passphrase(passphrase: str) -> str:
     passphrase = resolve_passphrase(passphrase)
     if too_short(passphrase):
@@ -315,7 +324,7 @@ class Vault:
             compression=compression or CompressionSettings(),
             pack_size=int_arg("pack_size", pack_size),
         )
-        store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
+        store = open_store(url, _storage_options_arg(storage_options), limits=limits, unlimited=UNTHROTTLED)
         key = _load_keyfile(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
         return cls(Repository.init(store, config, key, master, cache_root=metadata_cache_root()), store.url)
@@ -347,7 +356,9 @@ class Vault:
         4 ... up to 30 s; 0 (the default) fails at once with VaultLockedError. ``backup_async``, the
         callbacks and ``watch`` wait for a prune in their own way (up to an hour), which ``close`` ends."""
         wait = retry_lock_arg(retry_lock)
-        vault = cls._open(url, storage_options, keyfile, passphrase, create, limit_upload, limit_download)
+        vault = cls._open(
+            url, _storage_options_arg(storage_options), keyfile, passphrase, create, limit_upload, limit_download
+        )
         vault._repo.lock_retry_s = wait
         return vault
 
@@ -1251,6 +1262,8 @@ class Vault:
         read touches (each verified against its ID), keeping the last ``cache_chunks`` decoded."""
         wanted = path_arg("path", path)
         cache_chunks = int_arg("cache_chunks", cache_chunks)
+        if cache_chunks < 0:
+            raise UsageError(f"cache_chunks {cache_chunks} is negative; give the number of decoded chunks to keep")
         snap = self.snapshot(snapshot)
         return SnapshotFile(
             ChunkedFile(

@@ -423,6 +423,9 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: CompressionSettings(level="3"), "compression level must be a whole number"),
         (lambda v, s, t: ChunkerParams(min_size=262144.0), "chunker min_size must be a whole number of bytes"),
         (lambda v, s, t: Vault.open(v.url, keyfile=123), "keyfile must be a keyfile's path"),
+        (lambda v, s, t: Vault.open(v.url, storage_options="anon=true"), "storage_options must be a dict of fsspec"),
+        (lambda v, s, t: Vault.init(t / "v2", storage_options=["x"]), "storage_options must be a dict .*; got list$"),
+        (lambda v, s, t: v.open_file(s, "config.json", cache_chunks=-1), "cache_chunks -1 is negative"),
     ],
 )
 def test_a_wrong_type_is_a_usage_error_saying_what_was_expected(vault, tmp_path, call, match):
