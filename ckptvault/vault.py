@@ -210,10 +210,11 @@ def _deriving_ahead(key: Keyfile | None, passphrase: PassphraseSource) -> contex
     return key.kdf.deriving_ahead(passphrase_secret(passphrase))
 
 
-def _workdir_arg(workdir: PathLike | None) -> str | None:
-    path = optional_path_arg("workdir", workdir)
+def _folder_or_default(name: str, folder: PathLike | None, what: str) -> str | None:
+    """A folder argument where None means the default: an empty one is refused, not taken for None."""
+    path = optional_path_arg(name, folder)
     if path is not None and not path.strip():
-        raise UsageError("workdir is empty; give a folder for the drill's temporary copy, or None for the system's")
+        raise UsageError(f"{name} is empty; give a folder for {what}, or None for the default")
     return path
 
 
@@ -1163,7 +1164,7 @@ class Vault:
             settle=interval_arg("settle", settle),
             include=tuple(str_list_arg("include", include, "['step_*']")),
             exclude=exclude_arg(exclude),
-            state_dir=optional_path_arg("state_dir", state_dir) or None,
+            state_dir=_folder_or_default("state_dir", state_dir, "watch's state (pins, shipped list)"),
             once=once,
             grace=interval_arg("grace", grace),
         )
@@ -1226,7 +1227,7 @@ class Vault:
             self.files(snap),
             lambda target: self._restore(snap, target, on_progress=on_progress),
             load=load,
-            workdir=_workdir_arg(workdir),
+            workdir=_folder_or_default("workdir", workdir, "the drill's temporary copy"),
         )
 
     @_open_only

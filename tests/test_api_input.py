@@ -396,6 +396,7 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: v.flush(timeout=float("nan")), "timeout must be a number of seconds"),
         (lambda v, s, t: v.configure_async(exit_timeout=float("nan")), "exit_timeout must be a number of seconds"),
         (lambda v, s, t: v.drill(workdir=""), "workdir is empty"),
+        (lambda v, s, t: v.watch(t / "src", once=True, state_dir=""), "state_dir is empty; give a folder for watch"),
         (lambda v, s, t: v.drill(None), "snapshot must be"),
         (lambda v, s, t: v.diff(s, None), "snapshot must be"),
         (lambda v, s, t: v.restore(s, t / "out", on_progress=5), "on_progress must be None or an object with"),
