@@ -91,7 +91,7 @@ from .ops.async_backup import (
     make_job,
     staging_folder,
 )
-from .ops.backup import run_backup, twin_snapshot
+from .ops.backup import OnChange, run_backup, twin_snapshot
 from .ops.catalog import (
     SnapshotCatalog,
     decode_naming,
@@ -530,7 +530,7 @@ class Vault:
         hostname: str | None = None,
         force_read: bool = False,
         skip_unreadable: bool = False,
-        on_change: str = "warn",
+        on_change: OnChange = "warn",
         skip_if_unchanged: bool = False,
         exclude: Sequence[str] = (),
         on_progress: Progress | None = None,
@@ -582,7 +582,7 @@ class Vault:
         hostname: str | None = None,
         force_read: bool = False,
         skip_unreadable: bool = False,
-        on_change: str = "warn",
+        on_change: OnChange = "warn",
         skip_if_unchanged: bool = False,
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,

@@ -50,7 +50,7 @@ def backup_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_new_tags(tag)
     check_sources(paths)  # before the default repository is created for a command that cannot work
-    check_on_change(on_change)
+    when_changed = check_on_change(on_change)
     exclude_arg(exclude)
     started = datetime.now(timezone.utc)
     with (
@@ -64,7 +64,7 @@ def backup_cmd(
             hostname=host,
             force_read=force_read,
             skip_unreadable=skip_unreadable,
-            on_change=on_change,
+            on_change=when_changed,
             skip_if_unchanged=skip_if_unchanged,
             exclude=exclude or (),
             on_progress=progress,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Literal, get_args
 
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun
@@ -42,7 +43,8 @@ from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
 from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hint
 
-ON_CHANGE = ("warn", "skip", "fail")  # what to do with a file that changed while read, twice
+OnChange = Literal["warn", "skip", "fail"]  # what to do with a file that changed while read, twice
+ON_CHANGE: tuple[OnChange, ...] = get_args(OnChange)
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
 # A file changed this recently when its read began may change again without its mtime or ctime moving: the
 # kernel stamps files from a clock that ticks every 1-10 ms (before Linux 6.13, and on filesystems without
@@ -62,9 +64,11 @@ def chunk_processes() -> int:
     return int(env_number(ENV_CHUNK_PROCESSES, default, hi=64, whole=True))
 
 
-def check_on_change(on_change: str) -> None:
-    if on_change not in ON_CHANGE:
-        raise UsageError(f"{spelled('--on-change', 'on_change')} {on_change!r} is not one of {', '.join(ON_CHANGE)}")
+def check_on_change(on_change: str) -> OnChange:
+    for known in ON_CHANGE:
+        if on_change == known:
+            return known
+    raise UsageError(f"{spelled('--on-change', 'on_change')} {on_change!r} is not one of {', '.join(ON_CHANGE)}")
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def run_backup(
     parent_tree: list[FileEntry] | None,
     force_read: bool = False,
     skip_unreadable: bool = False,
-    on_change: str = "warn",
+    on_change: OnChange = "warn",
     progress: Progress | None = None,
     workers: int | None = None,
     before_commit: Callable[[], None] | None = None,
@@ -342,7 +346,7 @@ def _read_file(
     helpers: ChunkHelpers,
     warnings: list[str],
     skip_unreadable: bool,
-    on_change: str,
+    on_change: OnChange,
 ) -> FileEntry | None:
     """Chunk one file into the pipeline; returns its entry, or None when it is left out.
 
