@@ -363,6 +363,22 @@ def test_a_config_field_of_the_wrong_shape_is_damage_naming_it(two_snapshots, cl
     proc = cli("snapshots", "--repo", repo, check=False)
     error = error_line(proc)
     assert proc.returncode == 30 and f"the config of {repo} is damaged" in error and named in error, error
+    # the way on is the config from a copy: `check` fails on the same config (docs audit 39 M1: it was advised)
+    assert error.endswith(
+        "; put the config back from a copy (ckptvault check --repo " + repo + " --read-data then "
+        "tells whether anything else was hit)"
+    ), error
+    assert "(it says what to do)" not in error
+
+
+def test_a_config_that_lacks_a_field_says_to_put_it_back_from_a_copy(two_snapshots, cli: Callable):
+    repo, *_ = two_snapshots
+    config = Path(repo) / "config"
+    doc = json.loads(config.read_text())
+    del doc["chunker"]
+    config.write_text(json.dumps(doc))
+    error = error_line(cli("snapshots", "--repo", repo, check=False))
+    assert "lacks field 'chunker'; put the config back from a copy" in error, error
 
 
 def test_snapshot_of_a_newer_version_or_with_unknown_summary_fields_is_left_out(two_snapshots, cli: Callable):

@@ -110,7 +110,9 @@ class RepoConfig:
             raise MalformedObjectError(f"{url} holds a config that is not a ckptvault repository's")
         version = doc.get("version")
         if not isinstance(version, int) or isinstance(version, bool):
-            raise MalformedObjectError(f"the config of {url} is damaged: its version {version!r} is not a whole number")
+            raise MalformedObjectError(
+                f"the config of {url} is damaged: its version {version!r} is not a whole number; {CONFIG_FROM_A_COPY}"
+            )
         if version not in SUPPORTED_VERSIONS:
             newest = max(SUPPORTED_VERSIONS)
             if version > newest:
@@ -133,11 +135,13 @@ class RepoConfig:
                 version=version,
             )
         except KeyError as exc:
-            raise MalformedObjectError(f"the config of {url} lacks field {exc}") from exc
+            raise MalformedObjectError(f"the config of {url} lacks field {exc}; {CONFIG_FROM_A_COPY}") from exc
         except (UsageError, ValueError) as exc:  # a value init would refuse (a size out of range): damage here
-            raise MalformedObjectError(f"the config of {url} is damaged: {exc}") from exc
+            raise MalformedObjectError(f"the config of {url} is damaged: {exc}; {CONFIG_FROM_A_COPY}") from exc
         except (TypeError, AttributeError) as exc:  # a field of a shape _check_fields does not know yet
-            raise MalformedObjectError(f"the config of {url} is damaged: a field has the wrong type ({exc})") from exc
+            raise MalformedObjectError(
+                f"the config of {url} is damaged: a field has the wrong type ({exc}); {CONFIG_FROM_A_COPY}"
+            ) from exc
 
 
 def _check_fields(doc: dict) -> None:
