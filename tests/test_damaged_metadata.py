@@ -371,6 +371,23 @@ def test_a_config_field_of_the_wrong_shape_is_damage_naming_it(two_snapshots, cl
     assert "(it says what to do)" not in error
 
 
+def test_a_vault_whose_config_is_gone_is_named_damaged_not_missing(two_snapshots, cli: Callable):
+    """With its config deleted, the vault was "no vault: that folder holds other files, check the path", and
+    the default vault's advice, "created by the first backup", failed at once (docs audit 39 M2)."""
+    repo, _, _, src = two_snapshots
+    (Path(repo) / "config").unlink()
+    said = f"the config of {repo} is missing, but the vault's snapshots and index are there; put the config back"
+    for args, env in (
+        (["snapshots", "--repo", repo], {}),
+        (["backup", str(src), "--repo", repo], {}),
+        (["snapshots"], {"CKPTVAULT_REPO": repo}),
+        (["backup", str(src)], {"CKPTVAULT_REPO": repo}),
+    ):
+        proc = cli(*args, check=False, **env)
+        assert proc.returncode == 30 and said in error_line(proc), proc.stderr
+    assert len(list((Path(repo) / "snapshots").iterdir())) == 2 and not (Path(repo) / "config").exists()
+
+
 def test_a_config_that_lacks_a_field_says_to_put_it_back_from_a_copy(two_snapshots, cli: Callable):
     repo, *_ = two_snapshots
     config = Path(repo) / "config"

@@ -112,6 +112,11 @@ def _naming_errors(what: str, hint: str = "") -> Iterator[None]:
 ChunkRead = tuple[bytes | memoryview, bytes | None, bytes | memoryview | None]
 
 
+def _holds_vault_objects(store: Store) -> bool:
+    """Whether the store holds a vault's snapshots or index (asked only when its config cannot be read)."""
+    return any(store.list(prefix) for prefix in (SNAPSHOTS_PREFIX, INDEX_PREFIX))
+
+
 def _verified_part(config: RepoConfig) -> bytes:
     """What the config's key verifier authenticates: its settings (format 3), else its ID."""
     return config.signed_settings() if config.settings_authenticated else config.repo_id.encode()
@@ -220,11 +225,16 @@ class Repository:
         try:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
+            if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
+                raise MalformedObjectError(
+                    f"the config of {store.url} is missing, but the vault's snapshots and index are there; "
+                    f"{CONFIG_FROM_A_COPY}"
+                ) from None
             raise VaultNotFoundError(store.url) from None
         try:
             return RepoConfig.from_json(raw, store.url)
         except ConfigNotJsonError as exc:
-            if not any(store.list(prefix) for prefix in (SNAPSHOTS_PREFIX, INDEX_PREFIX)):
+            if not _holds_vault_objects(store):
                 raise
             # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
             raise MalformedObjectError(
