@@ -232,6 +232,17 @@ def test_quiet_drops_summaries_but_not_what_was_asked_for(cli, tmp_path: Path):
     assert "1.00 KB" in cli("snapshots", "--repo", repo, "-q").stdout.decode()
     assert "logical" in cli("stats", "--repo", repo, "-q").stdout.decode()
     assert cli("restore", "latest", str(tmp_path / "out"), "--repo", repo, "-q").stdout == b""
+    # a dry run's plan is what was asked for (docs audit 39 M3: all four printed nothing with -q)
+    (tmp_path / "src" / "weights.bin").write_bytes(b"y" * 1000)
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "-q")
+    planned = cli("prune", "--keep-latest", "1", "--dry-run", "--repo", repo, "-q").stdout.decode()
+    assert "outside the newest 1" in planned and "would remove 1 snapshot(s), keep 1" in planned
+    assert "would forget 1 snapshot(s)" in cli("forget", "latest", "--dry-run", "--repo", repo, "-q").stdout.decode()
+    assert "would index 0 pack(s)" in cli("repair-index", "--dry-run", "--repo", repo, "-q").stdout.decode()
+    cli("init", str(tmp_path / "mirror"), "-q")
+    copy = cli("copy", "--from-repo", repo, "--repo", str(tmp_path / "mirror"), "--dry-run", "-q")
+    assert "would copy 2 snapshot(s)" in copy.stdout.decode()
+    assert cli("prune", "--keep-latest", "1", "--repo", repo, "-q").stdout == b""  # done, not planned: a summary
 
 
 def test_a_memory_vault_is_refused_by_the_cli_where_it_would_vanish(cli, tmp_path: Path):

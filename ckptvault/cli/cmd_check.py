@@ -141,6 +141,7 @@ def repair_index_cmd(
             if result.revived_packs
             else ""
         ),
+        asked=dry_run,  # a dry run's plan is what was asked for: --quiet keeps it
     )
     if result.unread_packs:
         failing = [p for p in result.unread_packs if p in result.failing_packs]

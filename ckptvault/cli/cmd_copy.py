@@ -175,7 +175,7 @@ def copy_cmd(
         out.result(data, f"nothing to copy{there}")
     elif dry_run:
         ids = ", ".join(s.short_id for s in result.copied)
-        out.result(data, f"would copy {len(result.copied)} snapshot(s) ({ids}){there}; nothing was written")
+        out.result(data, f"would copy {len(result.copied)} snapshot(s) ({ids}){there}; nothing was written", asked=True)
     else:
         deltas = f" ({result.delta_chunks} chunks as deltas)" if result.delta_chunks else ""
         out.result(

@@ -47,9 +47,9 @@ def report(out: Output, result: PruneResult, summary: str | None = None) -> None
     if out.json_mode:
         out.result(data)
         return
-    if gone:
-        out.result(data, table)
-    out.result(data, summary or _pruned(result))
+    if gone:  # a dry run's plan is what was asked for: --quiet keeps it
+        out.result(data, table, asked=result.dry_run)
+    out.result(data, summary or _pruned(result), asked=result.dry_run)
 
 
 def _pruned(result: PruneResult) -> str:
