@@ -36,6 +36,7 @@ from .arguments import (
     path_arg,
     paths_arg,
     progress_arg,
+    refuse_short_id_prefix,
     retry_lock_arg,
     seconds_arg,
     snapshot_arg,
@@ -227,9 +228,6 @@ def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
 def exclude_arg(value: Sequence[str] | None) -> Excludes:
     """Exclude patterns of ``backup``, ``backup_async``, ``watch`` and ``backup_status``, checked."""
     return Excludes.parse(str_list_arg("exclude", value, "['*.tmp', 'wandb']"))
-
-
-FORGET_PREFIX_MIN = 4  # characters of a snapshot ID prefix that forget takes
 
 
 class Vault:
@@ -898,16 +896,10 @@ class Vault:
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists. An ID prefix
-        must have at least FORGET_PREFIX_MIN characters: ``forget 3`` meant "three snapshots" as often as
-        "the one whose ID starts with 3"."""
+        must have at least 4 characters (``arguments.FORGET_PREFIX_MIN``)."""
         snapshots = snapshot_list_arg(snapshots)
         for spec in snapshots:
-            if isinstance(spec, str) and spec != "latest" and len(spec.strip()) < FORGET_PREFIX_MIN:
-                listing = spelled("ckptvault snapshots", "Vault.snapshots()")
-                raise UsageError(
-                    f"{spec!r} is too short an ID prefix to forget a snapshot by: give at least "
-                    f"{FORGET_PREFIX_MIN} characters of its ID (as {listing} shows them)"
-                )
+            refuse_short_id_prefix(spec, "forget")
         with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=prune):
             self._repo.load_index()
             every, unreadable_now = self._catalog.listing()
@@ -930,6 +922,7 @@ class Vault:
         under a new ID when its tags changed (ops/retag.py says why), the same one when not.
         ``snapshot`` is an ID prefix, ``"latest"`` (among those with ``tags``) or a Snapshot."""
         snapshot = snapshot_arg(snapshot)
+        refuse_short_id_prefix(snapshot, "retag")  # a retag replaces the snapshot: as forget does
         add = tags_arg(add, "add", stored=True)
         remove = str_list_arg("remove", remove, "['note']")
         tags = tags_arg(tags)

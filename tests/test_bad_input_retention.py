@@ -303,6 +303,19 @@ def test_forget_refuses_an_id_prefix_too_short_to_be_meant(cli, repo: str, spec:
     cli("forget", "--repo", repo, before[0][:8])  # as `snapshots` shows it
 
 
+@pytest.mark.parametrize("spec", ["2", "ab"])
+def test_tag_refuses_an_id_prefix_too_short_to_be_meant(cli, repo: str, spec: str):
+    """`tag 2 --add keep=best` retagged whichever snapshot's ID began with 2: prune --keep-tag then kept it, and
+    could remove the one meant (docs audit 39 M4). A retag replaces a snapshot, as forget removes one."""
+    before = snapshot_ids(cli, repo)
+    proc = cli("tag", spec, "--add", "keep=best", "--repo", repo, check=False)
+    assert proc.returncode == 2
+    assert f"{spec!r} is too short an ID prefix to retag a snapshot by: give at least 4 characters" in one_line_error(
+        proc
+    )
+    assert snapshot_ids(cli, repo) == before
+
+
 def test_the_api_gets_the_warnings_the_cli_prints(tmp_path: Path):
     """A prune from a training script (Vault.prune) was told nothing of a run left with no snapshot, or of
     a tag rule that selected or protected nothing: those warnings were made by the CLI alone."""

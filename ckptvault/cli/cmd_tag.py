@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from ..arguments import refuse_short_id_prefix
 from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output
@@ -34,6 +35,7 @@ def tag_cmd(
     The snapshot gets a new ID when its tags change."""
     out = Output(json_mode=json_out, quiet=quiet)
     changes = parse_new_tags(add, "--add")
+    refuse_short_id_prefix(snapshot, "retag")  # before any lookup, as Vault.tag does
     with vault_args.open(out) as vault:
         before = vault.snapshot(snapshot, parse_tags(tag))
         after = vault.tag(before, add=changes, remove=remove or [])
