@@ -404,3 +404,30 @@ def test_a_file_that_is_no_torch_checkpoint_fails_without_torchs_advice_to_load_
     for check in loads:
         assert (check.loader, check.ok) == ("torch", False)
         assert check.detail.startswith("not a torch checkpoint: neither a zip archive nor a pickle of"), check.detail
+
+
+def test_a_plain_pickle_fails_as_no_torch_checkpoint_and_a_legacy_bin_loads(tmp_path, vault, cli, repo_url):
+    """A .pt written by pickle.dump failed with torch's "Invalid magic number; corrupt file?"; a legacy
+    torch.save named pytorch_model.bin was skipped as "not a torch zip archive", and the verdict blamed a
+    missing library while torch was installed (docs audit 39 L1, L2)."""
+    import pickle
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "scheduler.pt").write_bytes(pickle.dumps({"last_epoch": 3}))
+    torch.save({"w": torch.ones(3)}, folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    loads = drill_loads(vault, folder, tmp_path)
+    assert loads["scheduler.pt"] == (
+        "torch",
+        False,
+        "not a torch checkpoint: a pickle that torch.save did not write (pickle.dump's, say; not unpickled)",
+    )
+    assert loads["pytorch_model.bin"] == ("torch", True, "loaded dict")
+
+    skipped = tmp_path / "skipped"
+    skipped.mkdir()
+    (skipped / "training_args.bin").write_bytes(os.urandom(500))  # no torch file: skipped, not failed
+    vault.backup(skipped, tags={"case": "skipped"})
+    text = cli("drill", "latest", "--tag", "case=skipped", "--load", "--repo", repo_url).stdout.decode()
+    assert "skip training_args.bin: not a torch checkpoint (no zip archive, no legacy torch file)" in text
+    assert "recovery OK (1 file(s) not loaded: see above)" in text  # torch is installed: no library to blame

@@ -72,7 +72,11 @@ def drill_cmd(
     verdict = "recovery OK" if report.ok else "recovery FAILED"
     not_loaded = len(report.skipped) + sum(check.partial for check in report.loads)
     if report.ok and not_loaded:  # "OK" must not read as "every file loaded"
-        verdict += f" ({not_loaded} file(s) not loaded, for want of a library: see above)"
+        lacking = report.lacking_a_library
+        why = (
+            "for want of a library" if lacking == not_loaded else f"{lacking} for want of a library" if lacking else ""
+        )
+        verdict += f" ({not_loaded} file(s) not loaded{', ' if why else ''}{why}: see above)"
     lines.append(f"  total   {report.total_s:8.2f} s  {verdict}")
     out.result({"ok": report.ok, **report.__dict__}, "\n".join(lines))
     if not report.ok:

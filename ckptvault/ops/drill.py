@@ -67,6 +67,9 @@ TORCH = (".pt", ".pth", ".ckpt", ".bin")
 LOADED = (*SAFETENSORS, *TORCH, ".json")  # and a torch.distributed.checkpoint folder's .metadata
 
 
+NOT_INSTALLED = "is not installed"  # in the reason of a file skipped for want of a library
+
+
 @dataclass(frozen=True)
 class DrillReport:
     snapshot_id: str
@@ -85,6 +88,11 @@ class DrillReport:
     @property
     def ok(self) -> bool:
         return all(check.ok for check in self.loads)
+
+    @property
+    def lacking_a_library(self) -> int:
+        """Files checked less than loaded, or skipped, because torch or safetensors is not installed."""
+        return sum(check.partial for check in self.loads) + sum(NOT_INSTALLED in why for why in self.skipped)
 
 
 def run_drill(
@@ -325,8 +333,8 @@ def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], lis
                 check = check_json(entry.path, path)
             elif dcp:
                 check = check_dcp(entry.path, path)
-            elif lower.endswith(".bin") and not zipfile.is_zipfile(path):
-                check = "not a torch zip archive"
+            elif lower.endswith(".bin") and not zipfile.is_zipfile(path) and not _is_legacy_torch(path):
+                check = "not a torch checkpoint (no zip archive, no legacy torch file): not of a kind it loads"
             else:
                 check = _load_torch(entry.path, path)
         except Exception as exc:  # one odd file is that file's failure, never the drill's end
@@ -367,12 +375,15 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
         import torch  # optional: only the drill's --load needs it
     except ImportError:  # its records' CRC-32 still tell a torn or flipped file
         if not zipfile.is_zipfile(path):
-            return "torch is not installed, and it is no zip archive whose records could be checked without it"
+            return f"torch {NOT_INSTALLED}, and it is no zip archive whose records could be checked without it"
         problem = archive_crc_problem(lambda: zipfile.ZipFile(path))
-        detail = problem or "every archive record's CRC-32 verified, not loaded (torch is not installed)"
+        detail = problem or f"every archive record's CRC-32 verified, not loaded (torch {NOT_INSTALLED})"
         return LoadCheck(name, "torch-archive", problem is None, detail, seconds_since(started), partial=True)
     if not zipfile.is_zipfile(path) and not _starts_with(path, b"\x80"):  # torch's own error advises an unsafe load
         detail = "not a torch checkpoint: neither a zip archive nor a pickle of protocol 2+ (zeroed, or another file)"
+        return LoadCheck(name, "torch", False, detail, seconds_since(started))
+    if not zipfile.is_zipfile(path) and not _is_legacy_torch(path):  # torch says "Invalid magic number; corrupt file?"
+        detail = "not a torch checkpoint: a pickle that torch.save did not write (pickle.dump's, say; not unpickled)"
         return LoadCheck(name, "torch", False, detail, seconds_since(started))
     try:
         with warnings.catch_warnings():  # the check's line says what went wrong; torch's warnings add noise
