@@ -151,8 +151,8 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
                 f"{spelled('--tag', name)}: the key {key!r} has spaces around it; write it without, e.g. "
                 + spelled("--tag run=x", "{'run': 'x'}")
             )
+        option = "--add" if name == "add" else "--tag"
         if not val.strip():  # run=$RUN_ID with the variable unset: no run tag would select it
-            option = "--add" if name == "add" else "--tag"
             raise UsageError(
                 f"{spelled(f'{option} {key}={val}', f'{name}: {key!r}')} has an empty value (is a variable unset?); "
                 "give one, e.g. " + spelled(f"{option} {key}=x", "{" + repr(key) + ": 'x'}")
@@ -163,6 +163,13 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
                 raise UsageError(f"{name}: {key!r}: {text!r} contains a control character ({bad}); use printable text")
             if len(text) > TAG_TEXT_MAX:
                 raise UsageError(f"{name}: {key!r} holds {len(text)} characters; the limit is {TAG_TEXT_MAX}")
+        if val != val.strip():  # "run=x " from a shell line's quoting: no --tag run=x would select it
+            fixed = val.strip()
+            raise UsageError(
+                f"{spelled(f'{option} {key}={val}', f'{name}: {key!r}')}: the value {val!r} has spaces around it; "
+                "write it without, e.g. "
+                + spelled(f"{option} {key}={fixed}", "{" + repr(key) + ": " + repr(fixed) + "}")
+            )
     return dict(value)
 
 

@@ -615,6 +615,7 @@ def test_stored_tags_and_hostnames_are_held_to_the_clis_rules_at_call_time(vault
         ({"k": "x" * 1000}, "1000 characters; the limit is 256"),
         ({" ": "x"}, "is blank"),
         ({"run ": "x"}, "has spaces around it"),
+        ({"run": " x"}, r"tags: 'run': the value ' x' has spaces around it; write it without, e.g. \{'run': 'x'\}"),
         ({"run": ""}, r"tags: 'run' has an empty value \(is a variable unset\?\); give one, e.g. \{'run': 'x'\}"),
     ):
         for call in (vault.backup, vault.backup_async):
