@@ -145,6 +145,9 @@ def test_forget_removes_an_unreadable_snapshot_by_id_prefix(two_snapshots, cli: 
     damage(repo, bad, "junk")
     proc = cli("forget", "--repo", repo, bad[:12])
     assert "forgot 1 snapshot(s)" in proc.stdout.decode()
+    # its time, tags and size are unknown: said so, not 1970-01-01 and 0 B (docs audit 39 L7)
+    (row,) = [line for line in proc.stdout.decode().splitlines() if line.startswith(bad[:8])]
+    assert row.split()[1:4] == ["?", "?", "?"] and "1970" not in row, row
     assert not (Path(repo) / "snapshots" / bad).exists()
     listed = cli("snapshots", "--repo", repo)
     assert stderr_lines(listed) == [] and good[:8] in listed.stdout.decode()

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..ops.catalog import is_stand_in
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.model import format_tags
 from ..snapshot.retention import Decision
@@ -29,9 +30,12 @@ def report(out: Output, result: PruneResult, summary: str | None = None) -> None
     for d in result.retention.decisions:
         if not d.keep:
             s = d.snapshot
+            group = [d.group or ""] if grouped else []
+            if is_stand_in(s):  # an object forgotten unread: its time, tags and size are unknown, not 1970's
+                table.add_row(s.short_id, "?", "?", "?", *group, d.reason)
+                continue
             tags = format_tags(s.tags)
             size = format_bytes(s.summary.logical_bytes)
-            group = [d.group or ""] if grouped else []
             table.add_row(s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, size, *group, d.reason)
     gc = result.gc
     data = {

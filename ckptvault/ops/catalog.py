@@ -190,6 +190,11 @@ def unreadable_stand_in(snapshot_id: str) -> Snapshot:
     )
 
 
+def is_stand_in(snapshot: Snapshot) -> bool:
+    """Whether ``snapshot`` is an ``unreadable_stand_in`` (no tree: every snapshot read has one)."""
+    return not snapshot.tree_id
+
+
 def refuse_gc_with_unreadable(
     unreadable: Mapping[str, CkptVaultError], forgotten: frozenset[str] = frozenset()
 ) -> None:
