@@ -73,6 +73,9 @@ class CkptVaultError(Exception):
     """Base class: every ckptvault failure a user can act on."""
 
     exit_code: ClassVar[int] = 1
+    # False where the message already says the way on without naming a command (check's own summary):
+    # the CLI then adds no generic "run: ckptvault check --read-data" (check would send the user to itself)
+    wants_read_data_hint: bool = True
 
 
 class UsageError(CkptVaultError):

@@ -178,6 +178,9 @@ def test_a_deleted_index_object_is_recoverable_and_check_says_so(two_saves, repo
         assert all("holds it; run: ckptvault repair-index" in p.detail for p in report.problems), report.problems
     proc = cli("check", "--repo", repo_url, check=False)
     assert proc.returncode == 30 and "forget" not in proc.stderr.decode()
+    # the way on is each line's repair-index, not check once more (docs audit 39 L6: "run: ckptvault check
+    # --read-data (it says what to do)" closed check's own error)
+    assert proc.stderr.decode().rstrip().endswith("follow the hint on each line"), proc.stderr
     assert cli("repair-index", "--repo", repo_url).returncode == 0
     assert cli("check", "--repo", repo_url, "--read-data").stdout.decode().startswith("no problems found")
 

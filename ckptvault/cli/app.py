@@ -169,7 +169,7 @@ def command(func: F) -> F:
             return func(*args, **kwargs)
         except CkptVaultError as exc:
             message = str(exc)
-            if isinstance(exc, IntegrityError) and "ckptvault " not in message:
+            if isinstance(exc, IntegrityError) and exc.wants_read_data_hint and "ckptvault " not in message:
                 # damage named without a way on (a chunk's checksum in cat, show, diff): a plain check
                 # does not read chunks, so it would find nothing
                 message += READ_DATA_HINT

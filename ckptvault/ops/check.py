@@ -122,10 +122,12 @@ class CheckReport:
                 )
         elif self.problems:
             remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
-        return IntegrityError(
+        error = IntegrityError(
             f"check found {len(self.problems) - unreadable} problem(s) affecting {len(self.affected)} snapshot(s) "
             f"({counts}){remedy}" + (f"; {unread}" if unreadable else "")
         )
+        error.wants_read_data_hint = False  # the remedy above, or each line's hint, is the way on
+        return error
 
 
 LISTED_IN_REMEDY = 10  # more damaged snapshots than this are named in a check's lines, not in its error
