@@ -305,8 +305,17 @@ def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fr
         ({"CKPTVAULT_REPO": ""}, ["init"], "CKPTVAULT_REPO is set but empty"),
         # a backup set up for encryption must not create an unencrypted default vault
         ({"CKPTVAULT_KEYFILE": "", "CKPTVAULT_PASSPHRASE": "passphrase"}, ["backup", "{tmp}/src"], "CKPTVAULT_KEYFILE"),
-        ({}, ["backup", "{tmp}/src", "--keyfile", ""], "--keyfile is empty"),
+        ({}, ["backup", "{tmp}/src", "--keyfile", ""], "--keyfile is empty; give the keyfile's path, or leave"),
         ({}, ["init", "{tmp}/v", "--encrypt", "--keyfile", ""], "--keyfile is empty"),
+        # each empty option says what it takes and what leaving it out means (docs audit 39 L10)
+        (
+            {},
+            ["backup", "{tmp}/src", "--repo", ""],
+            "--repo is empty; give the vault's path or URL, or leave the option out for the default vault",
+        ),
+        ({}, ["copy", "--from-repo", "", "--repo", "{tmp}/v"], "--from-repo is empty; give the vault's path or URL"),
+        ({}, ["drill", "--tmp-dir", ""], "--tmp-dir is empty; give a folder, or leave the option out for the system's"),
+        ({}, ["key", "info", "--keyfile", ""], "--keyfile is empty; give the keyfile's path"),
         # a passphrase without a keyfile would leave the vault unencrypted (and create the default one so)
         ({}, ["backup", "{tmp}/src", "--passphrase-file", "{tmp}/src/f"], "--passphrase-file was given without"),
         ({}, ["init", "{tmp}/v", "--passphrase-file", "{tmp}/src/f"], "--passphrase-file was given without"),

@@ -320,11 +320,13 @@ def vault_options(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def require_nonempty(option: str, value: str) -> None:
+def require_nonempty(option: str, value: str, what: str = "a path or URL", *, default: str = "") -> None:
     """An explicitly empty path (an unset shell variable: ``-r "$VAULT"``) must not fall back to a
-    default location, where it would back up, restore or prune something the user did not name."""
+    default location, where it would back up, restore or prune something the user did not name.
+    ``what`` the option takes; ``default``: what leaving it out means, where it means something."""
     if not value.strip():
-        raise UsageError(f"{option} is empty; give a path or URL, or leave the option out for the default")
+        left_out = f", or leave the option out for {default}" if default else ""
+        raise UsageError(f"{option} is empty; give {what}{left_out}")
 
 
 @dataclass(frozen=True)
@@ -355,7 +357,7 @@ def refuse_blank_vault_settings(repo: str | None, keyfile: str | None, names: Va
         if not (value or "").strip() and env in os.environ and not os.environ[env].strip():
             raise UsageError(f"{env} is set but empty; set it to {what}, or unset it")
     if keyfile is not None:
-        require_nonempty(names.keyfile, keyfile)
+        require_nonempty(names.keyfile, keyfile, "the keyfile's path", default="an unencrypted vault")
 
 
 def refuse_passphrase_without_keyfile(
@@ -418,7 +420,8 @@ def open_vault(
         "retry_lock": retry_lock_setting(retry_lock),
     }
     if repo is not None:
-        require_nonempty(names.repo, repo)
+        default = "the default vault" if names is THIS_VAULT else ""  # copy cannot go without its source
+        require_nonempty(names.repo, repo, "the vault's path or URL", default=default)
         require_lasting_url(repo)
         vault = Vault.open(repo, storage_options=options, **settings)
     else:

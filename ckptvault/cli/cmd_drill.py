@@ -36,7 +36,9 @@ def drill_cmd(
     """Restore drill: fetch into a temporary folder, verify every file, optionally load, print each phase's time."""
     out = Output(json_mode=json_out, quiet=quiet)
     if tmp_dir is not None:
-        require_nonempty("--tmp-dir", tmp_dir)  # "" would fall back to the system's folder
+        require_nonempty(
+            "--tmp-dir", tmp_dir, "a folder", default="the system's temporary folder"
+        )  # "" would fall back to the system's folder
     with (
         vault_args.open(out) as vault,
         out.progress("drill: fetching") as progress,

@@ -79,7 +79,7 @@ def init_cmd(
         raise UsageError(f"--pack-size-mib {pack_size_mib} is out of range; use 1..{MAX_PACK_SIZE >> 20}")
     for option, value in (("the repository URL", url), ("--repo", repo)):
         if value is not None:
-            require_nonempty(option, value)
+            require_nonempty(option, value, "the vault's path or URL", default="the default vault")
             require_lasting_url(value)
     if url is not None and repo is not None and not _same_place(url, repo):
         raise UsageError(f"two repositories given ({url} and --repo {repo}); give the one to create once")

@@ -66,7 +66,7 @@ def generate_cmd(
 ) -> None:
     """Create a keyfile holding a new random key, protected by a passphrase (asked twice)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    require_nonempty("--keyfile", keyfile)
+    require_nonempty("--keyfile", keyfile, "the keyfile's path")
     check_kdf_cost(kdf_cost, "--kdf-cost")
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
     key = Vault.generate_keyfile(keyfile, passphrase, kdf_cost=kdf_cost)
@@ -92,7 +92,7 @@ def passwd_cmd(
 ) -> None:
     """Change a keyfile's passphrase. The key, and so the vault's data, stay the same."""
     out = Output(json_mode=json_out, quiet=quiet)
-    require_nonempty("--keyfile", keyfile)
+    require_nonempty("--keyfile", keyfile, "the keyfile's path")
     if kdf_cost is not None:
         check_kdf_cost(kdf_cost, "--kdf-cost")
     if passphrase_file == "-" and new_passphrase_file == "-":
@@ -111,7 +111,7 @@ def passwd_cmd(
 def info_cmd(keyfile: KeyfilePathOpt, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
     """Show a keyfile's fingerprint, KDF and creation time (no passphrase needed)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    require_nonempty("--keyfile", keyfile)
+    require_nonempty("--keyfile", keyfile, "the keyfile's path")
     key = Keyfile.load(keyfile)
     d = _describe(key)
     out.result(d, "\n".join(f"{k}: {v}" for k, v in d.items()), asked=True)

@@ -98,7 +98,7 @@ def watch_cmd(
     exclude_arg(exclude)
     missing = not os.path.exists(path)
     if state_dir is not None:
-        require_nonempty("--state-dir", state_dir)
+        require_nonempty("--state-dir", state_dir, "a folder", default="DIR/.ckptvault-watch")
     stop = threading.Event()
     info, warn = _never_failing(out.info), _never_failing(out.warn)
 
