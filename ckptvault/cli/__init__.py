@@ -158,6 +158,17 @@ def _whole_writes_to_stdout() -> None:
         )
 
 
+# restic's spellings, typed from habit: click's closest-match suggestion is no equivalent for them
+RESTIC_OPTIONS = {
+    "--keep-within": "restic's --keep-within AGE is --before AGE here, e.g. --before 14d, with --keep-latest N",
+    "--keep-last": "restic's --keep-last N is --keep-latest N here",
+    **{
+        f"--keep-{period}": "ckptvault keeps no calendar buckets: --keep-latest N, --before AGE and --keep-tag TAG"
+        for period in ("hourly", "daily", "weekly", "monthly", "yearly")
+    },
+}
+
+
 def _named_command(group: Any, argv: list[str]) -> tuple[Any, list[str], list[str]] | None:
     """The command argv names (``prune``, or ``key passwd``), its words, and the arguments after them."""
     command, i, path = group, 0, []
@@ -227,6 +238,8 @@ def _run(app: typer.Typer) -> int:
         return exc.exit_code
     except click_errors.ClickException as exc:
         message = " ".join(exc.format_message().split())
+        if isinstance(exc, click_errors.NoSuchOption) and exc.option_name in RESTIC_OPTIONS:
+            message = f"No such option: {exc.option_name} ({RESTIC_OPTIONS[exc.option_name]})"
         ctx = getattr(exc, "ctx", None)
         if ctx is not None:
             command_path = ctx.command_path
