@@ -320,7 +320,7 @@ def vault_options(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def require_nonempty(option: str, value: str, what: str = "a path or URL", *, default: str = "") -> None:
+def require_nonempty(option: str, value: str, what: str, *, default: str = "") -> None:
     """An explicitly empty path (an unset shell variable: ``-r "$VAULT"``) must not fall back to a
     default location, where it would back up, restore or prune something the user did not name.
     ``what`` the option takes; ``default``: what leaving it out means, where it means something."""

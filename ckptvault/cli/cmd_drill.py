@@ -36,9 +36,7 @@ def drill_cmd(
     """Restore drill: fetch into a temporary folder, verify every file, optionally load, print each phase's time."""
     out = Output(json_mode=json_out, quiet=quiet)
     if tmp_dir is not None:
-        require_nonempty(
-            "--tmp-dir", tmp_dir, "a folder", default="the system's temporary folder"
-        )  # "" would fall back to the system's folder
+        require_nonempty("--tmp-dir", tmp_dir, "a folder", default="the system's temporary folder")
     with (
         vault_args.open(out) as vault,
         out.progress("drill: fetching") as progress,
@@ -75,10 +73,8 @@ def drill_cmd(
     not_loaded = len(report.skipped) + sum(check.partial for check in report.loads)
     if report.ok and not_loaded:  # "OK" must not read as "every file loaded"
         lacking = report.lacking_a_library
-        why = (
-            "for want of a library" if lacking == not_loaded else f"{lacking} for want of a library" if lacking else ""
-        )
-        verdict += f" ({not_loaded} file(s) not loaded{', ' if why else ''}{why}: see above)"
+        why = f", {'' if lacking == not_loaded else f'{lacking} '}for want of a library" if lacking else ""
+        verdict += f" ({not_loaded} file(s) not loaded{why}: see above)"
     lines.append(f"  total   {report.total_s:8.2f} s  {verdict}")
     out.result({"ok": report.ok, **report.__dict__}, "\n".join(lines))
     if not report.ok:

@@ -61,6 +61,11 @@ MAX_SCRYPT_N = 2**24  # what `key generate --kdf-cost` allows at most (16 GiB of
 KDF_COSTS = range(14, 25)  # log2 of scrypt's N that a new keyfile may take: 16 MiB .. 16 GiB of memory
 DEFAULT_KDF_COST = DEFAULT_SCRYPT_N.bit_length() - 1
 MIN_NEW_PASSPHRASE = 8  # characters of a new passphrase, not counting spaces at its ends
+SALT_SIZE = 16
+NONCE_SIZE = 12
+
+# A passphrase, or a function that asks for one (called only when a keyfile must be unlocked).
+PassphraseSource = str | Callable[[], str] | None
 
 
 def check_kdf_cost(kdf_cost: int, name: str = "kdf_cost") -> int:
@@ -74,13 +79,6 @@ def check_kdf_cost(kdf_cost: int, name: str = "kdf_cost") -> int:
 def too_short(new_passphrase: str) -> bool:
     """Whether a new passphrase is under MIN_NEW_PASSPHRASE characters (spaces count only between others)."""
     return len(new_passphrase.strip()) < MIN_NEW_PASSPHRASE
-
-
-SALT_SIZE = 16
-NONCE_SIZE = 12
-
-# A passphrase, or a function that asks for one (called only when a keyfile must be unlocked).
-PassphraseSource = str | Callable[[], str] | None
 
 
 def resolve_passphrase(source: PassphraseSource) -> str:
