@@ -59,9 +59,8 @@ class CompressionSettings:
     def __post_init__(self) -> None:
         if self.codec not in ("zstd", "none"):
             raise UsageError(f"unknown compression {self.codec!r}; use zstd or none")
-        if isinstance(self.level, bool) or not isinstance(self.level, numbers.Integral):
-            raise UsageError(f"compression level must be a whole number; got {self.level!r}")
-        object.__setattr__(self, "level", int(self.level))  # numpy's integers too, stored as a JSON number
+        if isinstance(self.level, numbers.Integral) and not isinstance(self.level, bool):
+            object.__setattr__(self, "level", int(self.level))  # numpy's integers too, stored as a JSON number
         if self.codec == "zstd" and not -7 <= self.level <= 22:
             raise UsageError(f"compression level {self.level} is out of range for zstd; use -7..22")
         for flag in ("bytegroup", "delta"):  # fixed for the vault's life: "no" must not read as True

@@ -317,6 +317,8 @@ class Vault:
             raise wrong_arg("chunker", chunker, "a ChunkerParams (from ckptvault.chunking) or None")
         if not isinstance(compression, CompressionSettings | None):
             raise wrong_arg("compression", compression, "a CompressionSettings (from ckptvault.codec) or None")
+        if compression is not None and compression.codec == "zstd":  # not in CompressionSettings: old configs hold any
+            int_arg("compression level", compression.level)
         refuse_local_non_vault_folder(url)
         config = RepoConfig(
             chunker=chunker or ChunkerParams(),

@@ -420,8 +420,8 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: Vault.init(t / "v2", pack_size="big"), "pack_size must be an int"),
         (lambda v, s, t: Vault.init(t / "v2", chunker="fastcdc"), "chunker must be a ChunkerParams"),
         (lambda v, s, t: Vault.init(t / "v2", compression="zstd"), "compression must be a CompressionSettings"),
-        (lambda v, s, t: CompressionSettings(level=2.0), "compression level must be a whole number; got 2.0"),
-        (lambda v, s, t: CompressionSettings(level="3"), "compression level must be a whole number"),
+        (lambda v, s, t: Vault.init(t / "v2", compression=CompressionSettings(level=2.0)), "level must be an int"),
+        (lambda v, s, t: Vault.init(t / "v2", compression=CompressionSettings(level=True)), "level must be an int"),
         (lambda v, s, t: ChunkerParams(min_size=262144.0), "chunker min_size must be a whole number of bytes"),
         (lambda v, s, t: Vault.open(v.url, keyfile=123), "keyfile must be a keyfile's path"),
         (lambda v, s, t: Vault.open(v.url, storage_options="anon=true"), "storage_options must be a dict of fsspec"),
@@ -738,9 +738,14 @@ def test_a_backup_handle_refuses_a_wrong_timeout_or_callback_at_once(vault, tmp_
     """result(timeout="5") raised a bare TypeError while the backup ran; add_done_callback("x") was taken
     and failed later on the worker thread."""
     handle = vault.backup_async(make_checkpoint(tmp_path / "src", 1))
-    for call in (lambda: handle.result(timeout="5"), lambda: handle.exception(timeout=True)):
-        with pytest.raises(UsageError, match="timeout must be a number of seconds, or None"):
-            call()
+    for bad in ("5", True, float("nan"), -1):  # NaN and -1 returned at once: "still running after nan s"
+        for call in (handle.result, handle.exception):
+            with pytest.raises(UsageError, match="timeout must be a number of seconds from 0, or None"):
+                call(timeout=bad)
+    import numpy as np
+
+    assert handle.exception(timeout=np.float32(60)) is None  # was a TypeError
+    assert handle.exception(timeout=float("inf")) is None  # was an OverflowError
     with pytest.raises(UsageError, match="add_done_callback takes a function of the handle; got str"):
         handle.add_done_callback("x")  # type: ignore[arg-type]
     assert handle.result(timeout=60).tags == {}
@@ -752,3 +757,19 @@ def test_tags_given_with_a_snapshot_object_are_checked_as_with_its_id(vault: Vau
         with pytest.raises(SnapshotNotFoundError, match=r"does not carry run=other \(its tags: run=a\)"):
             vault.snapshot(spec, tags={"run": "other"})
         assert vault.snapshot(spec, tags={"run": "a"}).id == snap.id
+
+
+def test_a_vault_whose_config_holds_an_odd_compression_level_still_opens(tmp_path: Path):
+    """Vaults made before levels were checked for kind (a level of None or 1.5 under codec "none", True under
+    zstd) were refused as damaged once they were: every copy of the config holds the same (review 39 H1)."""
+    import json
+
+    for codec, level in (("none", None), ("none", 1.5), ("zstd", True)):
+        url = tmp_path / f"{codec}-{level}"
+        Vault.init(str(url)).close()
+        config = json.loads((url / "config").read_text())
+        config["compression"].update(codec=codec, level=level)
+        (url / "config").write_text(json.dumps(config))
+        with Vault.open(str(url)) as vault:
+            vault.backup(make_checkpoint(tmp_path / "src", 1))
+            assert vault.config.compression.level == level

@@ -237,7 +237,8 @@ def test_quiet_drops_summaries_but_not_what_was_asked_for(cli, tmp_path: Path):
     cli("backup", str(tmp_path / "src"), "--repo", repo, "-q")
     planned = cli("prune", "--keep-latest", "1", "--dry-run", "--repo", repo, "-q").stdout.decode()
     assert "outside the newest 1" in planned and "would remove 1 snapshot(s), keep 1" in planned
-    assert "would forget 1 snapshot(s)" in cli("forget", "latest", "--dry-run", "--repo", repo, "-q").stdout.decode()
+    planned = cli("forget", "latest", "--dry-run", "--repo", repo, "-q").stdout.decode()
+    assert f"would forget 1 snapshot(s), keep 1; their data stays until: ckptvault prune --repo {repo}" in planned
     assert "would index 0 pack(s)" in cli("repair-index", "--dry-run", "--repo", repo, "-q").stdout.decode()
     cli("init", str(tmp_path / "mirror"), "-q")
     copy = cli("copy", "--from-repo", repo, "--repo", str(tmp_path / "mirror"), "--dry-run", "-q")
@@ -291,6 +292,7 @@ def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
         # restic's spellings get their equivalent, not click's nearest name (docs audit 39 L11)
         (["prune", "--keep-within", "14d"], 2, "restic's --keep-within AGE is --before AGE here, e.g. --before 14d"),
         (["prune", "--keep-daily", "7"], 2, "ckptvault keeps no calendar buckets: --keep-latest N, --before AGE"),
+        (["forget", "--keep-last", "3"], 2, "No such option: --keep-last (see: "),  # no --keep-latest to suggest
     ],
 )
 def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fragment):

@@ -127,6 +127,11 @@ def test_copy_names_the_locked_vault_in_its_unlock_advice(cli, tmp_path: Path):
     from ckptvault import Vault
 
     primary, mirror = _primary_and_mirror(cli, tmp_path)
+    twin = tmp_path / "primaryx"  # a URL that begins with the other's: only the locked one may be named
+    cli("init", str(twin), "-q")
+    with Vault.open(str(twin)) as holder, holder._repo.locks.acquire(exclusive=True):
+        copy = cli("copy", "--from-repo", str(primary), "--repo", str(twin), "--retry-lock", "0", check=False)
+    assert f"ckptvault unlock --repo {twin} --remove-all" in copy.stderr.decode(), copy.stderr
     for locked, other in ((mirror, primary), (primary, mirror)):
         with Vault.open(str(locked)) as holder, holder._repo.locks.acquire(exclusive=True):
             copy = cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "--retry-lock", "0", check=False)

@@ -238,9 +238,10 @@ def _run(app: typer.Typer) -> int:
         return exc.exit_code
     except click_errors.ClickException as exc:
         message = " ".join(exc.format_message().split())
-        if isinstance(exc, click_errors.NoSuchOption) and exc.option_name in RESTIC_OPTIONS:
-            message = f"No such option: {exc.option_name} ({RESTIC_OPTIONS[exc.option_name]})"
         ctx = getattr(exc, "ctx", None)
+        in_prune = ctx is not None and ctx.info_name == "prune"  # forget has no --keep-latest
+        if isinstance(exc, click_errors.NoSuchOption) and in_prune and exc.option_name in RESTIC_OPTIONS:
+            message = f"No such option: {exc.option_name} ({RESTIC_OPTIONS[exc.option_name]})"
         if ctx is not None:
             command_path = ctx.command_path
         elif named := _named_command(cli, sys.argv[1:]):  # "Option '--tag' requires an argument." has no ctx

@@ -63,7 +63,7 @@ def _named_for_its_vault(message: str, namings: dict[str, VaultNaming]) -> str:
     """``message`` with the commands it suggests naming the one vault whose URL it names (a lock's
     "vault URL is locked; ... ckptvault unlock --remove-all" would otherwise remove the default vault's
     locks); as it was where it names both or neither."""
-    named = [naming for url, naming in namings.items() if url in message]
+    named = [naming for url, naming in namings.items() if re.search(re.escape(url) + r"(?![\w.~/-])", message)]
     return named[0].named(message) if len(named) == 1 else message
 
 

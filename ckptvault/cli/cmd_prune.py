@@ -12,7 +12,7 @@ from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
 from ..snapshot.model import format_tags
 from ..snapshot.retention import Decision
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes
+from .output import Output, format_bytes, with_vault_named
 from .params import parse_before, parse_keep_tags, parse_tags
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be removed.")]
@@ -53,7 +53,8 @@ def report(out: Output, result: PruneResult, summary: str | None = None) -> None
         return
     if gone:  # a dry run's plan is what was asked for: --quiet keeps it
         out.result(data, table, asked=result.dry_run)
-    out.result(data, summary or _pruned(result), asked=result.dry_run)
+    said = summary or _pruned(result)  # asked-for text is shown as it is: the command it suggests named here
+    out.result(data, with_vault_named(said) if result.dry_run else said, asked=result.dry_run)
 
 
 def _pruned(result: PruneResult) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import numbers
 import os
 import secrets
@@ -174,9 +175,13 @@ class BackupHandle:
 
 
 def _timeout_arg(timeout: float | None) -> float | None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
-        raise UsageError(f"timeout must be a number of seconds, or None to wait for the end; got {timeout!r}")
-    return timeout
+    """A wait in seconds for a Future: None (or infinity) waits for the end; NaN, a negative or another
+    kind is refused (a Future would return at once, or raise a TypeError or an OverflowError)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) >= 0:
+        raise UsageError(f"timeout must be a number of seconds from 0, or None to wait for the end; got {timeout!r}")
+    return None if math.isinf(timeout) else min(float(timeout), threading.TIMEOUT_MAX)
 
 
 def check_on_full(on_full: str) -> None:
