@@ -192,8 +192,10 @@ def _storage_options_arg(options: dict[str, Any] | None) -> dict[str, Any] | Non
     return options
 
 
-def _new_passphrase(passphrase: str) -> str:
-    passphrase = resolve_passphrase(passphrase)
+def _new_passphrase(source: PassphraseSource, name: str) -> str:
+    if source is None:
+        raise UsageError(f"no {name} given: give the new passphrase (or a function that returns it)")
+    passphrase = resolve_passphrase(source)
     if too_short(passphrase):
         raise UsageError(
             f"the new passphrase is shorter than {MIN_NEW_PASSPHRASE} characters, not counting spaces at its ends; "
@@ -260,7 +262,7 @@ class Vault:
     # ---- keyfiles (ckptvault key ...) -----------------------------------------------------
 
     @staticmethod
-    def generate_keyfile(path: PathLike, passphrase: str, *, kdf_cost: int = DEFAULT_KDF_COST) -> Keyfile:
+    def generate_keyfile(path: PathLike, *, passphrase: str, kdf_cost: int = DEFAULT_KDF_COST) -> Keyfile:
         """Create a keyfile at ``path`` holding a new random key under ``passphrase`` (at least 8
         characters, not counting spaces at its ends), as ``ckptvault key generate`` does: mode 0600,
         never over an existing file, and bound to the vault settings it will authenticate (a config
@@ -268,7 +270,7 @@ class Vault:
         (14..24; 17 takes ~0.3 s and 128 MiB). Keep a copy of it elsewhere: without it, and its
         passphrase, an encrypted vault cannot be read by anyone."""
         where = path_arg("path", path)
-        passphrase = _new_passphrase(passphrase)
+        passphrase = _new_passphrase(passphrase, "passphrase")
         key, _ = Keyfile.create(
             passphrase, scrypt_n=2 ** check_kdf_cost(kdf_cost), min_vault_format=SETTINGS_FORMAT_VERSION
         )
@@ -276,17 +278,22 @@ class Vault:
 
     @staticmethod
     def change_keyfile_passphrase(
-        keyfile: str | os.PathLike[str] | Keyfile, passphrase: str, new_passphrase: str, *, kdf_cost: int | None = None
+        keyfile: str | os.PathLike[str] | Keyfile,
+        *,
+        passphrase: PassphraseSource,
+        new_passphrase: PassphraseSource,
+        kdf_cost: int | None = None,
     ) -> Keyfile:
         """Put the keyfile's key under ``new_passphrase`` (rules as ``generate_keyfile``), written over
         the keyfile in one rename, as ``ckptvault key passwd`` does. The key, and so the vault's data,
-        stay the same. ``kdf_cost``: scrypt's new log2(N), else the keyfile's."""
+        stay the same. Either passphrase may be a function, called when needed: the new one only once
+        the current one unlocked the key. ``kdf_cost``: scrypt's new log2(N), else the keyfile's."""
         key = _load_keyfile(keyfile)
-        if key is None:
-            raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), or a Keyfile")
-        master = key.unlock(resolve_passphrase(passphrase))
-        new = _new_passphrase(new_passphrase)
+        if key is None or not key.path:
+            raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), or a Keyfile loaded from one")
         scrypt_n = None if kdf_cost is None else 2 ** check_kdf_cost(kdf_cost)
+        master = key.unlock(resolve_passphrase(passphrase))
+        new = _new_passphrase(new_passphrase, "new_passphrase")
         return key.with_passphrase(master, new, scrypt_n).save(key.path, overwrite=True)
 
     # ---- opening -----------------------------------------------------------------------

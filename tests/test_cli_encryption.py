@@ -227,30 +227,40 @@ def test_ctrl_d_at_a_passphrase_prompt_is_no_passphrase_not_a_crash(tmp_path: Pa
 def test_keyfiles_are_made_and_repassphrased_through_the_api_as_the_cli_does(tmp_path: Path):
     """The API had no way to make a keyfile but the internal Keyfile.create, which made a weaker one than
     `key generate` (no config-rollback binding, no passphrase minimum) (api audit 39 M8)."""
+    import numpy as np
     import pytest
 
     from ckptvault import UsageError, WrongPassphraseError
 
+    def asked_too_soon() -> str:
+        raise AssertionError("the new passphrase is asked for only once the current one unlocked the key")
+
     path = tmp_path / "k.key"
     for short in ("seven c", "  abc   "):
         with pytest.raises(UsageError, match="the new passphrase is shorter than 8 characters"):
-            Vault.generate_keyfile(path, short, kdf_cost=14)
+            Vault.generate_keyfile(path, passphrase=short, kdf_cost=14)
     with pytest.raises(UsageError, match=r"kdf_cost 13 is out of range; use 14\.\.24"):
-        Vault.generate_keyfile(path, "first passphrase", kdf_cost=13)
+        Vault.generate_keyfile(path, passphrase="first passphrase", kdf_cost=13)
     assert not path.exists()
-    key = Vault.generate_keyfile(path, "first passphrase", kdf_cost=14)
+    key = Vault.generate_keyfile(path, passphrase="first passphrase", kdf_cost=14)
     assert (key.path, key.kdf.n, key.min_vault_format) == (str(path), 2**14, 3)
     assert json.loads(path.read_text())["min_vault_format"] == 3 and (path.stat().st_mode & 0o777) == 0o600
     with pytest.raises(UsageError, match="exists"):
-        Vault.generate_keyfile(path, "other passphrase", kdf_cost=14)  # never over a key
+        Vault.generate_keyfile(path, passphrase="other passphrase", kdf_cost=14)  # never over a key
     with Vault.init(str(tmp_path / "vault"), keyfile=path, passphrase="first passphrase") as vault:
         (tmp_path / "weights.bin").write_bytes(os.urandom(1000))
         vault.backup(tmp_path / "weights.bin")
     with pytest.raises(WrongPassphraseError):
-        Vault.change_keyfile_passphrase(path, "wrong passphrase", "second passphrase")
+        Vault.change_keyfile_passphrase(path, passphrase="wrong passphrase", new_passphrase=asked_too_soon)
     with pytest.raises(UsageError, match="shorter than 8"):
-        Vault.change_keyfile_passphrase(path, "first passphrase", "short")
-    changed = Vault.change_keyfile_passphrase(path, "first passphrase", "second passphrase", kdf_cost=15)
+        Vault.change_keyfile_passphrase(path, passphrase="first passphrase", new_passphrase="short")
+    with pytest.raises(UsageError, match="no new_passphrase given"):
+        Vault.change_keyfile_passphrase(path, passphrase="first passphrase", new_passphrase=None)
+    with pytest.raises(TypeError):  # keyword-only: swapped positions would show a passphrase as a path
+        Vault.change_keyfile_passphrase(path, "first passphrase", "second passphrase")  # type: ignore[misc]
+    changed = Vault.change_keyfile_passphrase(
+        path, passphrase="first passphrase", new_passphrase=lambda: "second passphrase", kdf_cost=np.int64(15)
+    )
     assert (changed.fingerprint, changed.kdf.n) == (key.fingerprint, 2**15)
     with Vault.open(str(tmp_path / "vault"), keyfile=str(path), passphrase="second passphrase") as vault:
         assert len(vault.snapshots()) == 1

@@ -69,7 +69,7 @@ def generate_cmd(
     require_nonempty("--keyfile", keyfile, "the keyfile's path")
     check_kdf_cost(kdf_cost, "--kdf-cost")
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
-    key = Vault.generate_keyfile(keyfile, passphrase, kdf_cost=kdf_cost)
+    key = Vault.generate_keyfile(keyfile, passphrase=passphrase, kdf_cost=kdf_cost)
     out.warn(LOSS_WARNING)
     out.result(_describe(key), f"created keyfile {key.path} (fingerprint {key.fingerprint}, mode 0600)")
 
@@ -98,11 +98,17 @@ def passwd_cmd(
     if passphrase_file == "-" and new_passphrase_file == "-":
         raise UsageError("--passphrase-file and --new-passphrase-file cannot both be '-' (one standard input)")
     key = Keyfile.load(keyfile)
-    key.unlock(current := passphrase_source(passphrase_file, prompt="current passphrase")())  # before asking anew
-    new = _new_passphrase(new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file")
     if kdf_cost is not None and 2**kdf_cost < key.kdf.n:
         out.warn(f"--kdf-cost {kdf_cost} is below the keyfile's {key.kdf.n.bit_length() - 1}: a guess gets cheaper")
-    key = Vault.change_keyfile_passphrase(key, current, new, kdf_cost=kdf_cost)
+    key = Vault.change_keyfile_passphrase(
+        key,
+        passphrase=passphrase_source(passphrase_file, prompt="current passphrase"),
+        # asked only once the current one unlocked the key
+        new_passphrase=lambda: _new_passphrase(
+            new_passphrase_file, "CKPTVAULT_NEW_PASSPHRASE", "--new-passphrase-file"
+        ),
+        kdf_cost=kdf_cost,
+    )
     out.result(_describe(key), f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged)")
 
 

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import numbers
 import os
 import secrets
 import stat
@@ -69,11 +70,11 @@ PassphraseSource = str | Callable[[], str] | None
 
 
 def check_kdf_cost(kdf_cost: int, name: str = "kdf_cost") -> int:
-    if isinstance(kdf_cost, bool) or not isinstance(kdf_cost, int) or kdf_cost not in KDF_COSTS:
+    if isinstance(kdf_cost, bool) or not isinstance(kdf_cost, numbers.Integral) or kdf_cost not in KDF_COSTS:
         raise UsageError(
             f"{name} {kdf_cost!r} is out of range; use {KDF_COSTS[0]}..{KDF_COSTS[-1]} (log2 of scrypt's N)"
         )
-    return kdf_cost
+    return int(kdf_cost)
 
 
 def too_short(new_passphrase: str) -> bool:
