@@ -183,6 +183,13 @@ def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
     return Keyfile.load(keyfile)
 
 
+def _lists_anything(folder: str) -> bool:
+    try:
+        return bool(os.listdir(folder))
+    except OSError:  # one that cannot be listed is no advice to give
+        return False
+
+
 def _storage_options_arg(options: dict[str, Any] | None) -> dict[str, Any] | None:
     if options is not None and not isinstance(options, dict):  # its value is not shown: it may hold secrets
         raise UsageError(
@@ -506,7 +513,7 @@ class Vault:
         spec = snapshot_arg(spec)
         tags = tags_arg(tags)
         if isinstance(spec, Snapshot):  # the tags are checked all the same, as for its ID
-            return selection.select([spec], spec.id, tags) if tags else spec
+            return selection.select([spec], spec.short_id, tags) if tags else spec
         return self._catalog.find(spec, tags)
 
     @_open_only
@@ -1072,7 +1079,7 @@ class Vault:
         folder = os.path.abspath(folder)
         pins = folder if os.path.basename(folder) == PIN_FOLDER else os.path.join(folder, PIN_FOLDER)
         beside = os.path.join(os.path.dirname(folder), PIN_FOLDER)
-        if not os.path.isdir(pins) and os.path.isdir(beside) and os.listdir(beside):
+        if not os.path.isdir(pins) and os.path.isdir(beside) and _lists_anything(beside):
             # a checkpoint's own folder given (pins lie beside each source): shipping nothing, the resume
             # would pick an older save without a word
             self._warn(
@@ -1317,7 +1324,7 @@ class _FileChunks(Iterator[bytes]):
             )
         try:
             return next(self._chunks)
-        except StopIteration:
+        except BaseException:  # the end, or its error (said already): not cut short by a close after it
             self._ended = True
             raise
 
@@ -1327,8 +1334,9 @@ class _FileChunks(Iterator[bytes]):
         self._chunks.close()
 
     def cut_by_close(self) -> None:
-        self._chunks.close()
         self._cut = not self._ended
+        with contextlib.suppress(ValueError):  # being read on another thread now: its next read raises
+            self._chunks.close()
 
 
 def _removed_meanwhile(snap: Snapshot, url: str) -> SnapshotNotFoundError:

@@ -773,3 +773,49 @@ def test_a_vault_whose_config_holds_an_odd_compression_level_still_opens(tmp_pat
         with Vault.open(str(url)) as vault:
             vault.backup(make_checkpoint(tmp_path / "src", 1))
             assert vault.config.compression.level == level
+
+
+def test_a_vault_closed_while_another_thread_reads_a_file_still_closes(tmp_path: Path):
+    """close() raised "generator already executing" while another thread was inside read_file's next(), and
+    the repository was never closed (review 39)."""
+    src = make_checkpoint(tmp_path / "ckpt", 0)
+    write_file(src / "big.bin", os.urandom(6 << 20))
+    vault = Vault.init(str(tmp_path / "vault"))
+    snap = vault.backup(src)
+    reader = vault.read_file(snap, "big.bin")
+    inside, release = threading.Event(), threading.Event()
+    original = vault._repo.read_chunk
+
+    def slow_read(chunk_id, **kwargs):
+        inside.set()
+        release.wait(30)
+        return original(chunk_id, **kwargs)
+
+    vault._repo.read_chunk = slow_read  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            b"".join(reader)
+        except BaseException as exc:  # what the reading thread saw
+            errors.append(exc)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    assert inside.wait(30)
+    closing: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            vault.close()
+        except BaseException as exc:
+            closing.append(exc)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(30)  # it does not wait for the reading thread
+    release.set()
+    thread.join(30)
+    assert not closer.is_alive() and not thread.is_alive()
+    assert closing == []
+    assert errors and isinstance(errors[0], CkptVaultError), errors

@@ -184,7 +184,9 @@ def test_restore_latest_says_when_a_snapshot_without_a_step_made_it_pass_over_a_
     shown = cli("snapshots", "latest", "--tag", "run=a", "--repo", repo, "--json")
     assert "1 snapshot of the run has no step tag, so steps were not compared" in shown.stderr.decode()
     forgot = cli("forget", "latest", "--dry-run", "--repo", repo)
-    assert f"the highest step is snapshot {step7[:8]} (step=7)" in forgot.stderr.decode()
+    assert f"the highest step is snapshot {step7[:8]} (step=7): forget latest takes the newest by time, not it" in (
+        forgot.stderr.decode()
+    )
 
 
 def test_one_of_a_thing_is_said_in_the_singular(cli, tmp_path: Path):
@@ -310,7 +312,7 @@ def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fr
         ({"CKPTVAULT_REPO": ""}, ["init"], "CKPTVAULT_REPO is set but empty"),
         # a backup set up for encryption must not create an unencrypted default vault
         ({"CKPTVAULT_KEYFILE": "", "CKPTVAULT_PASSPHRASE": "passphrase"}, ["backup", "{tmp}/src"], "CKPTVAULT_KEYFILE"),
-        ({}, ["backup", "{tmp}/src", "--keyfile", ""], "--keyfile is empty; give the keyfile's path, or leave"),
+        ({}, ["backup", "{tmp}/src", "--keyfile", ""], "--keyfile is empty; give the keyfile's path"),
         ({}, ["init", "{tmp}/v", "--encrypt", "--keyfile", ""], "--keyfile is empty"),
         # each empty option says what it takes and what leaving it out means (docs audit 39 L10)
         (

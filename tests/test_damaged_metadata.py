@@ -379,7 +379,7 @@ def test_a_vault_whose_config_is_gone_is_named_damaged_not_missing(two_snapshots
     the default vault's advice, "created by the first backup", failed at once (docs audit 39 M2)."""
     repo, _, _, src = two_snapshots
     (Path(repo) / "config").unlink()
-    said = f"the config of {repo} is missing, but the vault's snapshots and index are there; put the config back"
+    said = f"the config of {repo} is missing, but the vault's snapshots or index are there; put the config back"
     for args, env in (
         (["snapshots", "--repo", repo], {}),
         (["backup", str(src), "--repo", repo], {}),

@@ -357,7 +357,7 @@ def refuse_blank_vault_settings(repo: str | None, keyfile: str | None, names: Va
         if not (value or "").strip() and env in os.environ and not os.environ[env].strip():
             raise UsageError(f"{env} is set but empty; set it to {what}, or unset it")
     if keyfile is not None:
-        require_nonempty(names.keyfile, keyfile, "the keyfile's path", default="an unencrypted vault")
+        require_nonempty(names.keyfile, keyfile, "the keyfile's path")
 
 
 def refuse_passphrase_without_keyfile(

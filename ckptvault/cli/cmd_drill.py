@@ -76,7 +76,7 @@ def drill_cmd(
         why = f", {'' if lacking == not_loaded else f'{lacking} '}for want of a library" if lacking else ""
         verdict += f" ({not_loaded} file(s) not loaded{why}: see above)"
     lines.append(f"  total   {report.total_s:8.2f} s  {verdict}")
-    out.result({"ok": report.ok, **report.__dict__}, "\n".join(lines))
+    out.result({"ok": report.ok, "lacking_a_library": report.lacking_a_library, **report.__dict__}, "\n".join(lines))
     if not report.ok:
         failed = [c for c in report.loads if not c.ok]
         raise DrillFailedError(f"drill: {failed[0].path} restored intact but does not load: {failed[0].detail}")

@@ -110,6 +110,9 @@ def _kept_tree(repo: Repository, snap: Snapshot) -> list[FileEntry]:
         ) from None
 
 
+FORGET_TAKES = "forget latest takes the newest by time, not it (forget an ID to choose)"
+
+
 def run_forget(
     repo: Repository,
     every: list[Snapshot],
@@ -145,7 +148,7 @@ def run_forget(
         else:
             try:
                 chosen.add(select_snapshot(every, spec, None, unreadable_now).id)
-                if spec == "latest" and (note := higher_step_passed_over(every)) is not None:
+                if spec == "latest" and (note := higher_step_passed_over(every, FORGET_TAKES)) is not None:
                     warn(note)
             except SnapshotNotFoundError as exc:
                 if spec == "latest" or any(s.id.startswith(spec.strip().lower()) for s in every):

@@ -227,7 +227,7 @@ class Repository:
         except ObjectNotFoundError:
             if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
                 raise MalformedObjectError(
-                    f"the config of {store.url} is missing, but the vault's snapshots and index are there; "
+                    f"the config of {store.url} is missing, but the vault's snapshots or index are there; "
                     f"{CONFIG_FROM_A_COPY}"
                 ) from None
             raise VaultNotFoundError(store.url) from None
@@ -239,7 +239,7 @@ class Repository:
             # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
             raise MalformedObjectError(
                 f"the config of {store.url} is damaged: it is not valid JSON ({exc.__cause__}), and the vault's "
-                f"snapshots and index are there; {CONFIG_FROM_A_COPY}"
+                f"snapshots or index are there; {CONFIG_FROM_A_COPY}"
             ) from None
 
     @classmethod

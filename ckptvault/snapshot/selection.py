@@ -37,11 +37,15 @@ def newest(snapshots: list[Snapshot]) -> Snapshot:
     return ordered(snapshots)[-1]
 
 
-def higher_step_passed_over(snapshots: list[Snapshot]) -> str | None:
+RESUMING = "give its ID instead of latest if that is the save to resume from"
+
+
+def higher_step_passed_over(snapshots: list[Snapshot], then: str = RESUMING) -> str | None:
     """What to tell a user whose ``latest`` went by time and so passed over a higher step of the same
     run: one snapshot without a step tag makes steps incomparable (a manual backup without ``--tag
     step=N``, a Lightning ``last.ckpt`` of no known step), and a resume would silently go back to an
-    older save. None where steps decided, or where the highest step is the one taken anyway."""
+    older save. None where steps decided, or where the highest step is the one taken anyway. ``then``: what
+    to do about it, for the command that took latest."""
     if not snapshots or len({s.tags.get("run") for s in snapshots}) > 1 or by_step(snapshots) is not None:
         return None
     stepped = by_step([s for s in snapshots if s.step is not None])
@@ -53,7 +57,7 @@ def higher_step_passed_over(snapshots: list[Snapshot]) -> str | None:
     return (
         f"latest is snapshot {taken.id[:8]} by time, not by step: {counted(stepless, 'snapshot')} of the run "
         f"{'has' if stepless == 1 else 'have'} no step tag, so steps were not compared; the highest step is snapshot "
-        f"{highest.id[:8]} (step={highest.step}): give its ID instead of latest if that is the save to resume from"
+        f"{highest.id[:8]} (step={highest.step}): {then}"
     )
 
 
