@@ -936,7 +936,7 @@ class Vault:
         """Give a snapshot new tags: ``add`` sets keys (replacing a value a key has), ``remove``
         takes keys away (a key it does not carry is no change). Returns the snapshot as it is now:
         under a new ID when its tags changed (ops/retag.py says why), the same one when not.
-        ``snapshot`` is an ID prefix, ``"latest"`` (among those with ``tags``) or a Snapshot."""
+        ``snapshot`` is an ID prefix (4 characters or more), ``"latest"`` (among those with ``tags``) or a Snapshot."""
         snapshot = snapshot_arg(snapshot)
         refuse_short_id_prefix(snapshot, "retag")  # a retag replaces the snapshot: as forget does
         add = tags_arg(add, "add", stored=True)

@@ -333,7 +333,7 @@ def load_files(target: str, tree: list[FileEntry]) -> tuple[list[LoadCheck], lis
                 check = check_json(entry.path, path)
             elif dcp:
                 check = check_dcp(entry.path, path)
-            elif lower.endswith(".bin") and not zipfile.is_zipfile(path) and not _is_legacy_torch(path):
+            elif lower.endswith(".bin") and _torch_layout(path) not in ("zip", "legacy"):
                 check = "not a torch checkpoint (no zip archive, no legacy torch file): not of a kind it loads"
             else:
                 check = _load_torch(entry.path, path)
@@ -371,18 +371,19 @@ def _load_safetensors(name: str, path: str) -> LoadCheck | str:
 
 def _load_torch(name: str, path: str) -> LoadCheck | str:
     started = time.monotonic()
+    layout = _torch_layout(path)
     try:
         import torch  # optional: only the drill's --load needs it
     except ImportError:  # its records' CRC-32 still tell a torn or flipped file
-        if not zipfile.is_zipfile(path):
+        if layout != "zip":
             return f"torch {NOT_INSTALLED}, and it is no zip archive whose records could be checked without it"
         problem = archive_crc_problem(lambda: zipfile.ZipFile(path))
         detail = problem or f"every archive record's CRC-32 verified, not loaded (torch {NOT_INSTALLED})"
         return LoadCheck(name, "torch-archive", problem is None, detail, seconds_since(started), partial=True)
-    if not zipfile.is_zipfile(path) and not _starts_with(path, b"\x80"):  # torch's own error advises an unsafe load
+    if layout == "other":  # torch's own error advises an unsafe load
         detail = "not a torch checkpoint: neither a zip archive nor a pickle of protocol 2+ (zeroed, or another file)"
         return LoadCheck(name, "torch", False, detail, seconds_since(started))
-    if not zipfile.is_zipfile(path) and not _is_legacy_torch(path):  # torch says "Invalid magic number; corrupt file?"
+    if layout == "pickle":  # torch says "Invalid magic number; corrupt file?"
         detail = "not a torch checkpoint: a pickle that torch.save did not write (pickle.dump's, say; not unpickled)"
         return LoadCheck(name, "torch", False, detail, seconds_since(started))
     try:
@@ -391,7 +392,7 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # Not weights-only: check the archive without executing its pickled code.
-        if _is_legacy_torch(path):  # its storages are checked for a cut instead (legacy_torch.py)
+        if layout == "legacy":  # its storages are checked for a cut instead (legacy_torch.py)
             try:
                 with open(path, "rb") as f:
                     problem = legacy_torch_problem(f)
@@ -405,7 +406,7 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
     except Exception as exc:  # any failure to load is what the drill is for
         return LoadCheck(name, "torch", False, f"{type(exc).__name__}: {exc}", seconds_since(started))
     # torch.load checks no CRC: a bit flipped on the trainer's disk before the backup loads silently
-    problem = archive_crc_problem(lambda: zipfile.ZipFile(path)) if zipfile.is_zipfile(path) else None
+    problem = archive_crc_problem(lambda: zipfile.ZipFile(path)) if layout == "zip" else None
     detail = problem or f"loaded {type(obj).__name__}"
     return LoadCheck(name, "torch", problem is None, detail, seconds_since(started))
 
@@ -414,15 +415,16 @@ def _load_torch(name: str, path: str) -> LoadCheck | str:
 _LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
-def _is_legacy_torch(path: str) -> bool:
+def _torch_layout(path: str) -> str:
+    """ "zip" (torch.save's archive), "legacy" (torch.save's older pickles), "pickle" (another pickle of
+    protocol 2+) or "other", from the file's first bytes and zip directory, each read once."""
+    if zipfile.is_zipfile(path):
+        return "zip"
     with open(path, "rb") as f:
         head = f.read(32)
-    return head.startswith(b"\x80") and _LEGACY_TORCH_MAGIC in head
-
-
-def _starts_with(path: str, magic: bytes) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(magic)) == magic
+    if not head.startswith(b"\x80"):
+        return "other"
+    return "legacy" if _LEGACY_TORCH_MAGIC in head else "pickle"
 
 
 def _inside(target: str, path: str) -> bool:
