@@ -443,6 +443,24 @@ def test_json_output_of_a_name_that_is_not_utf8_is_strict_json(cli, tmp_path: Pa
     json.loads(out)
 
 
+def test_a_name_that_is_not_utf8_is_listed_as_json_lists_it_and_cat_takes_that(cli, tmp_path: Path):
+    """The table showed weights-\\udcff.bin and --json weights-\\xff.bin; cat took neither (docs audit 39 L8)."""
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / os.fsdecode(b"weights-\xff.bin")).write_bytes(b"odd name")
+    (src / "weights-\\xff.bin").write_bytes(b"backslash")  # a name spelled that way wins over the shown one
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    listing = cli("ls", "latest", "--repo", repo).stdout.decode()
+    assert listing.count("weights-\\xff.bin") == 2 and "\\udc" not in listing
+    assert cli("cat", "latest", "weights-\\xff.bin", "--repo", repo).stdout == b"backslash"
+    assert cli("cat", "latest", "weights-\\xFF.bin", "--repo", repo).stdout == b"odd name"
+    assert cli("cat", "latest", os.fsdecode(b"weights-\xff.bin"), "--repo", repo).stdout == b"odd name"
+    (src / "weights-\\xff.bin").unlink()
+    cli("backup", str(src), "--repo", repo)
+    assert cli("cat", "latest", "weights-\\xff.bin", "--repo", repo).stdout == b"odd name"
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(cli, tmp_path: Path):
     # `ckptvault cat ... | head -c 10`: what SIGPIPE gives other programs, and nothing on stderr
     (tmp_path / "src").mkdir()

@@ -43,7 +43,15 @@ def one_line(message: str) -> str:
     stays one line."""
     if message.isprintable():
         return message
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    return "".join(c if c.isprintable() else _escaped(c) for c in message)
+
+
+def _escaped(char: str) -> str:
+    """A byte of a file name that is not UTF-8 (a lone surrogate, from surrogateescape) as ``\\xNN``, the
+    spelling --json uses and ``cat``/``show`` take; another control character as Python writes it."""
+    if "\udc80" <= char <= "\udcff":
+        return f"\\x{ord(char) - 0xDC00:02x}"
+    return repr(char)[1:-1]
 
 
 # The commands that act on a vault: one that a message suggests must name the vault the failing command

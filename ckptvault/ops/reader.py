@@ -12,6 +12,7 @@ import bisect
 import io
 import operator
 import posixpath
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from typing import TYPE_CHECKING, BinaryIO
 from ..errors import IntegrityError, ObjectNotFoundError, PathNotInSnapshotError, SnapshotNotFoundError
 from ..repository import Repository
 from ..snapshot.model import FileEntry, Snapshot
+
+# how a listing shows a byte of a name that is not UTF-8 (surrogateescape keeps it as U+DC80-U+DCFF)
+_SHOWN_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks are at most 4 MiB: at most 32 MiB per open file, about 8 MiB on average
 
@@ -38,6 +42,9 @@ class ChunkPiece:
 def find_file(tree: list[FileEntry], path: str, snapshot_id: str) -> FileEntry:
     wanted = posixpath.normpath(path).lstrip("/")  # "./model/x", "/model/x" and "model//x" mean "model/x"
     entry = next((e for e in tree if e.path == wanted), None)
+    if entry is None and "\\x" in wanted:  # a name that is not UTF-8, as listings show it (w\xffx.bin)
+        raw = _SHOWN_BYTE.sub(lambda m: chr(0xDC00 + int(m[1], 16)), wanted)
+        entry = next((e for e in tree if e.path == raw), None)
     if entry is None or entry.type != "file":
         raise PathNotInSnapshotError(path, snapshot_id, entry.type if entry else None)
     return entry
