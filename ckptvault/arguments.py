@@ -12,6 +12,7 @@ import math
 import numbers
 import os
 import sys
+import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -220,12 +221,13 @@ def interval_arg(name: str, value: float) -> float:
 
 
 def seconds_arg(name: str, value: float | None) -> float | None:
-    """A time limit in seconds: a number from 0 up, or None for no limit."""
+    """A time limit in seconds: a number from 0 up, or None (or infinity) for no limit. Beyond what a
+    thread's wait takes (``threading.TIMEOUT_MAX``), the wait would raise an OverflowError."""
     if value is None:
         return None
     if not _real(value) or not value >= 0:  # NaN too: "waiting up to nan s" waited without a bound
         raise wrong_arg(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
-    return float(value)
+    return None if math.isinf(value) else min(float(value), threading.TIMEOUT_MAX)
 
 
 def retry_lock_arg(value: float | timedelta) -> float:

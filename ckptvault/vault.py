@@ -506,6 +506,18 @@ class Vault:
         if self.on_warning is not None:
             self.on_warning(message)
 
+    def _warner(self, on_warning: Callable[[str], None] | None) -> Callable[[str], None]:
+        """Where a call's warnings go: the "ckptvault" logger, and the call's ``on_warning``, or else the
+        Vault's."""
+        if on_warning is None:
+            return self._warn
+
+        def warn(message: str) -> None:
+            log.warning(message)
+            on_warning(message)
+
+        return warn
+
     @_open_only
     def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
         """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
@@ -649,10 +661,9 @@ class Vault:
                 raise
             result.warnings.extend(self._compact_index())
         result.warnings[:0] = unreadable
+        warn = self._warner(on_warning)
         for warning in result.warnings:
-            log.warning(warning)
-            if on_warning:
-                on_warning(warning)
+            warn(warning)
         return result.snapshot
 
     def _compact_index(self) -> list[str]:
@@ -799,12 +810,7 @@ class Vault:
         A snapshot that cannot be read in the source (a damaged chunk, tree or snapshot object; the
         latter only counts when copying all of them) does not stop the others: once they are copied,
         CopyIncompleteError names each, with what was copied as its ``result``."""
-
-        def warn(message: str) -> None:
-            log.warning(message)
-            if on_warning:
-                on_warning(message)
-
+        warn = self._warner(on_warning)
         if not isinstance(source, Vault):
             raise UsageError(f"source must be an open Vault (Vault.open(url)), not {type(source).__name__}")
         specs = None if snapshots is None else snapshot_list_arg(snapshots)
@@ -1193,7 +1199,7 @@ class Vault:
             options=options,
             stop=stop,
             on_shipped=on_shipped,
-            on_warning=on_warning,
+            on_warning=self._warner(on_warning),
             on_start=on_start,
             on_lost=on_lost,
             vault_folder=self.local_folder,

@@ -442,6 +442,30 @@ def test_queued_backups_finish_at_interpreter_exit(tmp_path):
     assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists()
 
 
+def test_an_infinite_timeout_waits_for_the_end(tmp_path):
+    """flush(inf) raised a bare OverflowError, configure_async(exit_timeout=inf) made the exit wait raise it
+    and return at once (the queued backup was killed), and so did Shipping(flush_timeout=inf) (review 40 A1)."""
+    from ckptvault.integrations.shipping import Shipping
+
+    vault = slow_vault(tmp_path, delay=0.2)
+    handle = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"step": "1"})
+    vault.flush(float("inf"))
+    assert handle.done()
+    shipping = Shipping(vault, flush_timeout=float("inf"))
+    shipping.ship(str(make_checkpoint(tmp_path / "ckpt" / "step_2", 2)), 2)
+    shipping.finish_shipping()
+    assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2"]
+    vault.close()
+
+
+def test_an_infinite_exit_timeout_waits_for_the_queued_backups(tmp_path):
+    proc, _ = run_exit_script(tmp_path, delay=0.3, exit_timeout=float("inf"))
+    assert proc.returncode == 0, proc.stderr
+    assert "as long as they take" in proc.stderr, proc.stderr
+    with Vault.open(str(tmp_path / "repo")) as vault:
+        assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
+
+
 def test_the_exit_wait_is_bounded_and_says_what_was_not_shipped(tmp_path):
     proc, elapsed = run_exit_script(tmp_path, delay=1.0, exit_timeout=0.5)
     assert elapsed < 15, f"the process took {elapsed:.1f} s to exit"

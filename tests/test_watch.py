@@ -2179,3 +2179,21 @@ def test_the_cli_says_what_it_dropped_to_make_room_and_exits_3(tmp_path):
     assert len(lost) == len(dropped) and {e["reason"] for e in lost} == {"dropped"}, events
     assert all(e["step"] == int(e["checkpoint"][5:-3]) and "dropped without" in e["message"] for e in lost), lost
     assert shipped and not shipped & {e["checkpoint"] for e in lost}, events
+
+
+def test_the_apis_watch_without_on_warning_logs_its_warnings_and_gives_them_to_the_vaults(tmp_path, repo, caplog):
+    """Vault.watch() without on_warning dropped every warning (neither the logger nor vault.on_warning),
+    and still recorded a left-out entry as told, so a later run never said it (review 40 A2)."""
+    import logging
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "train.log").write_text("loss 1.0\n")
+    (ckpts / "step_1.pt").write_bytes(b"weights")
+    told: list[str] = []
+    with Vault.open(repo) as vault, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        vault.on_warning = told.append
+        result = vault.watch(str(ckpts), once=True, settle=0)
+    assert [s.name for s in result.shipped] == ["step_1.pt"]
+    assert any("train.log" in m for m in told), told
+    assert any("train.log" in r.getMessage() for r in caplog.records)

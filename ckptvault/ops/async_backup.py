@@ -653,6 +653,7 @@ class AsyncShipper:
         since the previous flush (each failure is also on its handle and was logged)."""
         if self.on_worker_thread():
             raise UsageError("flush() cannot be called from a backup's done-callback")
+        timeout = _timeout_arg(timeout)
         with self._cond:
             idle = self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
             if not idle:
