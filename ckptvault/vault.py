@@ -374,7 +374,7 @@ class Vault:
         vault = cls._open(
             url, _storage_options_arg(storage_options), keyfile, passphrase, create, limit_upload, limit_download
         )
-        vault._repo.lock_retry_s = wait
+        vault._repo.locks.retry_for = wait  # how long a command waits for a conflicting lock (locks.py, "Waiting")
         return vault
 
     @classmethod

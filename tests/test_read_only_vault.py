@@ -68,6 +68,20 @@ def test_reading_commands_work_without_a_lock_where_none_can_be_written(
         assert proc.returncode == 21 and "no space left" in err, err
 
 
+def test_an_api_reading_file_after_file_without_a_lock_is_warned_once(read_only_vault, caplog):
+    """The warning promised once per Vault came at every read: each use of repo.locks made a new lock
+    manager, which forgot that it had said it (review 40 A3)."""
+    import logging
+
+    mount, repo, src = read_only_vault
+    remount_read_only(mount)
+    with Vault.open(repo) as vault, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        for _ in range(3):
+            assert b"".join(vault.read_file("latest", "weights.bin")) == (src / "weights.bin").read_bytes()
+    said = [r for r in caplog.records if "cannot write a lock" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+
+
 def test_a_prune_holding_the_vault_still_stops_a_lockless_reader(read_only_vault, cli, tmp_path: Path):
     mount, repo, _ = read_only_vault
     with Vault.open(repo) as vault:

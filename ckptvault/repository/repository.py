@@ -191,7 +191,8 @@ class Repository:
         self._remote = bool(getattr(store, "remote", False))
         self.cache = MetadataCache.open(cache_root if self._remote else None, config.repo_id)
         self._bypass_cache = False
-        self.lock_retry_s = 0.0  # how long a command waits for a conflicting lock (locks.py, "Waiting")
+        # one for the repository's life: it remembers what it said (the warning of a read without a lock, once)
+        self.locks = LockManager(self)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -1034,7 +1035,3 @@ class Repository:
         self.cache.discard(key)
         with contextlib.suppress(ObjectNotFoundError):  # idempotent: a rerun after a crash finishes the job
             self.store.delete(key)
-
-    @property
-    def locks(self) -> LockManager:
-        return LockManager(self, retry_for=self.lock_retry_s)
