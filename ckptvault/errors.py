@@ -328,7 +328,8 @@ class FileFormatError(CkptVaultError):
 
 
 class WatchLockedError(VaultLockedError):
-    """Another ``ckptvault watch`` holds the staging folder of the same checkpoint folder."""
+    """Another ``ckptvault watch`` is watching the same checkpoint folder (it holds the folder's lock, or
+    the lock file in the same state folder)."""
 
 
 class NotBackedUpError(CkptVaultError):

@@ -737,3 +737,27 @@ def test_a_pin_that_cannot_be_removed_is_warned_about_and_the_queue_goes_on(tmp_
     assert [h.result(timeout=1).tags["step"] for h in handles] == ["1", "2"]
     assert f"the pin {failed[0]}" in caplog.text and "could not be removed" in caplog.text
     assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2"]
+
+
+def test_a_close_that_cancels_ends_the_wait_before_a_storage_retry(tmp_path):
+    """A backup failing on an unreachable store slept 2 s, 4 s (30 s once the store's breaker opened) before
+    trying again, and close(cancel_pending=True), what a watch does on SIGTERM, waited it out (review 40 A5)."""
+    from ckptvault.errors import StorageError
+    from ckptvault.ops.async_backup import AsyncShipper, BackupJob
+
+    tries = threading.Event()
+
+    def unreachable(job):
+        tries.set()
+        raise StorageError("put", "packs/x", "s3://bucket", "connection refused", retryable=True)
+
+    shipper = AsyncShipper(unreachable, name="test-retry", log_failures=False)
+    job = BackupJob(sources=[str(tmp_path)], tags={})
+    shipper.submit(job)
+    assert tries.wait(30)
+    time.sleep(0.2)  # into the wait before the retry
+    started = time.monotonic()
+    shipper.close(cancel_pending=True)
+    assert time.monotonic() - started < 1.5
+    with pytest.raises(StorageError, match="connection refused"):
+        job.future.result(timeout=5)

@@ -409,10 +409,15 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     second = cli("watch", str(ckpts), "--repo", repo, "--once", check=False)
     assert second.returncode == 11
     err = second.stderr.decode().strip().splitlines()
-    assert len(err) == 1 and "already watching" in err[0], err
-    # its own state folder does not make a second watcher of the folder: it would ship everything twice
+    assert len(err) == 1 and f"(pid {watch.proc.pid}) is already watching" in err[0], err
+    # its own state folder does not make a second watcher of the folder: it would ship everything twice; its
+    # lock file holds the pid of a watcher long gone, which is not the one watching (review 40 A4)
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "lock").write_text("pid 999999")
     elsewhere = cli("watch", str(ckpts), "--repo", repo, "--once", "--state-dir", str(tmp_path / "st"), check=False)
-    assert elsewhere.returncode == 11 and "already watching" in elsewhere.stderr.decode(), elsewhere.stderr
+    said = elsewhere.stderr.decode()
+    assert elsewhere.returncode == 11 and "with another --state-dir, is already watching" in said, said
+    assert "999999" not in said
     assert watch.finish() == 0
     for args in ([str(tmp_path / "nope" / "ckpts")], [str(tmp_path / "nope"), "--once"]):
         missing = cli("watch", *args, "--repo", repo, check=False)

@@ -850,7 +850,8 @@ class AsyncShipper:
                     delay = max(delay, OPEN_S)
                 attempt += 1
                 retry_log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
-                time.sleep(delay)
+                if self._stopping.wait(delay):  # as for a lock: a close that cancels ends the wait
+                    raise
 
     @staticmethod
     def _release(job: BackupJob) -> None:

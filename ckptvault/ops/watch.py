@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from ..errors import (
     BackupSupersededError,
@@ -221,7 +222,7 @@ class Watcher:
     def run(self) -> WatchResult:
         try:
             os.makedirs(self.pins_dir, exist_ok=True)
-            lock = _exclusive(os.path.join(self.state_dir, "lock"), self.directory)
+            lock = _WatchLock(os.path.join(self.state_dir, "lock"), self.directory)
             lock.open()
         except OSError as exc:
             raise UsageError(
@@ -1160,7 +1161,7 @@ def _temporary_activity(pin: pins.Pin) -> pins.Signature:
     return tuple(sorted(out))
 
 
-class _exclusive:
+class _WatchLock:
     """One watcher per folder: a second one would pin and ship everything twice. Both the state
     folder's lock file and the watched folder itself are locked: two watchers given different
     ``state_dir``s share only the folder."""
@@ -1173,21 +1174,29 @@ class _exclusive:
     def open(self) -> None:
         os.makedirs(self.directory, exist_ok=True)  # what the trainer would make: it is watched from now on
         self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            os.close(self.dir_fd)
+            raise
 
     def __enter__(self) -> None:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
-            self.__exit__()
-            raise WatchLockedError(
-                f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first"
-            ) from None
+            self._refuse(f"another ckptvault watch ({holder})")
+        try:
+            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its pid is in its own state folder's lock file, not in this one
+            self._refuse(f"another ckptvault watch, with another {spelled('--state-dir', 'state_dir')},")
         os.ftruncate(self.fd, 0)
         with contextlib.suppress(OSError):  # only names the holder in the message above: a full disk may refuse it
             os.pwrite(self.fd, f"pid {os.getpid()}".encode(), 0)
+
+    def _refuse(self, holder: str) -> NoReturn:
+        self.__exit__()
+        raise WatchLockedError(f"{holder} is already watching {self.directory}; stop it first") from None
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)

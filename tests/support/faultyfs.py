@@ -97,7 +97,8 @@ def plan_from_env(text: str) -> dict[str, list[str]]:
 
 
 if __name__ == "__main__":
-    from ckptvault.cli.commands import app
+    from ckptvault.cli import main  # as the installed command runs: its logging, signals and exit codes
 
     FAULTS.update(plan_from_env(os.environ.get("CKPTVAULT_TEST_FAULTS", "")))
-    app(args=sys.argv[1:], prog_name="ckptvault")
+    sys.argv[0] = "ckptvault"
+    main()

@@ -21,6 +21,7 @@ class HoldingEvent(threading.Event):
 threading.Event = HoldingEvent  # type: ignore[misc]
 
 if __name__ == "__main__":
-    from ckptvault.cli.commands import app
+    from ckptvault.cli import main  # as the installed command runs: its logging, signals and exit codes
 
-    app(args=sys.argv[1:], prog_name="ckptvault")
+    sys.argv[0] = "ckptvault"
+    main()

@@ -85,6 +85,7 @@ LocalStore.pread = staticmethod(_pread)  # type: ignore[method-assign]
 LocalStore.get = _get  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    from ckptvault.cli.commands import app
+    from ckptvault.cli import main  # as the installed command runs: its logging, signals and exit codes
 
-    app(args=sys.argv[1:], prog_name="ckptvault")
+    sys.argv[0] = "ckptvault"
+    main()

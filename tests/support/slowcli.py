@@ -26,6 +26,7 @@ def _slow_put_file(self: LocalStore, path: str, data: bytes | bytearray | memory
 LocalStore.put_file = _slow_put_file  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    from ckptvault.cli.commands import app
+    from ckptvault.cli import main  # as the installed command runs: its logging, signals and exit codes
 
-    app(args=sys.argv[1:], prog_name="ckptvault")
+    sys.argv[0] = "ckptvault"
+    main()
