@@ -266,15 +266,15 @@ def before_arg(before: datetime | timedelta | None, now: datetime | None) -> dat
         raise UsageError(f"before={before!r} reaches back before year 1; give a shorter age") from None
 
 
-FORGET_PREFIX_MIN = 4  # characters of a snapshot ID prefix that forget and tag take
+ID_PREFIX_MIN = 4  # characters of a snapshot ID prefix that forget and tag take
 
 
 def refuse_short_id_prefix(spec: object, what: str) -> None:
     """``forget 3`` meant "three snapshots" as often as "the one whose ID starts with 3", and ``tag 2 --add
     keep=best`` protected whichever snapshot began with 2."""
-    if isinstance(spec, str) and spec != "latest" and len(spec.strip()) < FORGET_PREFIX_MIN:
+    if isinstance(spec, str) and spec != "latest" and len(spec.strip()) < ID_PREFIX_MIN:
         listing = spelled("ckptvault snapshots", "Vault.snapshots()")
         raise UsageError(
             f"{spec!r} is too short an ID prefix to {what} a snapshot by: give at least "
-            f"{FORGET_PREFIX_MIN} characters of its ID (as {listing} shows them)"
+            f"{ID_PREFIX_MIN} characters of its ID (as {listing} shows them)"
         )

@@ -918,7 +918,7 @@ class Vault:
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists. An ID prefix
-        must have at least 4 characters (``arguments.FORGET_PREFIX_MIN``)."""
+        must have at least 4 characters (``arguments.ID_PREFIX_MIN``)."""
         snapshots = snapshot_list_arg(snapshots)
         for spec in snapshots:
             refuse_short_id_prefix(spec, "forget")

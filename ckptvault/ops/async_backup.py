@@ -56,7 +56,7 @@ from ..store.retrying import OPEN_S
 from ..units import format_bytes
 from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
-from .names import PIN_FOLDER, is_unfinished
+from .names import PIN_FOLDER, is_unfinished, source_name
 from .pin import Pin
 from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault, scan_sources, source_names
 
@@ -285,7 +285,7 @@ def make_job(
             exc.strerror or exc,
         )
         return _expecting_its_files(job, exclude)
-    if not any(entry[1] == "f" for sig in pinned_as for entry in sig):
+    if not any(True for sig in pinned_as for _ in pins_module.files_of(sig)):
         for made in pins:  # an empty folder, only links, or only files still being written (*.tmp)
             made.release()
         if exclude:  # or every file left out
@@ -305,10 +305,10 @@ def _expecting_its_files(job: BackupJob, exclude: Excludes) -> BackupJob:
     for src in job.sources:
         excluded = _pin_excludes(exclude, src, whole_root=len(job.sources) == 1)
         with contextlib.suppress(OSError):  # gone already: the backup's own scan says so
-            for entry in pins_module.signature(src, excluded):
+            for rel, _, _ in pins_module.files_of(pins_module.signature(src, excluded)):
                 # a name still being written (*.tmp) is renamed when done: only finished files must stay
-                if entry[1] == "f" and not is_unfinished(os.path.basename(entry[0])):
-                    job.expected.append(os.path.join(src, entry[0]) if entry[0] else src)
+                if not is_unfinished(os.path.basename(rel)):
+                    job.expected.append(os.path.join(src, rel) if rel else src)
     return job
 
 
@@ -319,7 +319,7 @@ def _pin_excludes(exclude: Excludes, source: str, *, whole_root: bool) -> pins_m
         return None
     if whole_root and os.path.isdir(source):
         return exclude.match
-    name = os.path.basename(source.rstrip(os.sep)) or "root"
+    name = source_name(source)
     if exclude.match(name, os.path.isdir(source)):
         return lambda _rel, _is_dir: True  # the whole source is left out
     return lambda rel, is_dir: exclude.match(f"{name}/{rel}" if rel else name, is_dir)
@@ -508,7 +508,7 @@ class AsyncShipper:
                 f"{self.max_pending} backups were already waiting (on_full='coalesce')",
             )
         if job.pins and not job.leftover:
-            size = sum(int(entry[2]) for sig in job.pinned_as for entry in sig if entry[1] == "f")
+            size = sum(pins_module.bytes_of(sig) for sig in job.pinned_as)
             with self._cond:
                 self._room = (os.path.dirname(job.pins[0].root), size)
                 if self._room_keeper is None:
@@ -545,11 +545,9 @@ class AsyncShipper:
                     return
                 folder, size = self._room
                 waiting = [j for j in self._waiting() if j.pins]
-            try:
-                disk = os.statvfs(folder)
-            except OSError:
+            free = pins_module.free_bytes(folder)
+            if free is None:
                 return
-            free = disk.f_bavail * disk.f_frsize
             if free >= ROOM_FOR_A_SAVE * size:
                 self._low_room_told = False
                 return

@@ -39,6 +39,7 @@ from ..store.options import env_number
 from .deltabase import BaseCandidate, DeltaPlanner
 from .elements import ElementMap, element_map
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
+from .names import source_name
 from .pieces import iter_segments, plan_segments, tensor_widths
 from .progress import NullProgress, Progress
 from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hint
@@ -308,7 +309,7 @@ def twin_snapshot(
     folder each time, under its own name."""
 
     def names(paths: list[str]) -> list[str]:
-        return sorted(os.path.basename(p.rstrip(os.sep)) for p in paths)
+        return sorted(source_name(p) for p in paths)
 
     wanted = names(sources)
     twins = [

@@ -411,7 +411,6 @@ class _Checker:
                             f"in {name} {exc}; while it stays indexed, backups reuse it: ckptvault repair-index "
                             "--read-data drops it, and the next backup of its file stores it again",
                         )
-                    if e.chunk_id not in self.reported:
                         self.report.damaged_chunks += 1
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)

@@ -43,7 +43,7 @@ from ..formats import FileLayout, ReadAt, TensorInfo, pread_at, read_layout
 from ..repository import Repository
 from ..repository.repository import damage_log
 from ..snapshot.model import FileEntry, Snapshot
-from .names import WATCH_SIG_TAG
+from .names import WATCH_SIG_TAG, source_name
 from .pieces import Segment, clip_runs
 from .reader import ChunkedFile
 
@@ -98,7 +98,7 @@ def source_path(snapshot_paths: Sequence[str], tree_path: str) -> str | None:
         return os.path.join(snapshot_paths[0], *tree_path.split("/"))
     first, _, rest = tree_path.partition("/")
     for src in snapshot_paths:
-        if (os.path.basename(src.rstrip("/")) or "root") == first:
+        if source_name(src) == first:
             return os.path.join(src, *rest.split("/")) if rest else src
     return None
 

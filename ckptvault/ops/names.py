@@ -40,6 +40,11 @@ TRAINER_STATE = "trainer_state.json"
 TRAINER_CHECKPOINT = re.compile(r"checkpoint-\d+")  # how a Hugging Face Trainer names each save
 
 
+def source_name(path: str) -> str:
+    """The name a backed-up file or folder is stored under in a snapshot: its base name ("root" for /)."""
+    return os.path.basename(path.rstrip(os.sep)) or "root"
+
+
 def is_temporary(name: str) -> bool:
     """A name that a writer uses before it renames the finished file or folder."""
     lower = name.lower()

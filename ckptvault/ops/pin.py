@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..localtree import remove_tree
-from .names import is_unfinished
+from .names import is_unfinished, source_name
 
 log = logging.getLogger("ckptvault")
 
@@ -111,6 +111,26 @@ def _describe(rel: str, path: str, st: os.stat_result) -> tuple[str, ...]:
 def digest(sig: Signature) -> str:
     """16 hex digits naming a signature: stored as the ``watch-sig`` tag, compared after a restart."""
     return hashlib.sha256(json.dumps(sig, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def files_of(sig: Signature) -> Iterator[tuple[str, int, int]]:
+    """A signature's files: path (relative to the checkpoint; "" for a file checkpoint), size, mtime in ns."""
+    for item in sig:
+        if item[1] == "f":
+            yield item[0], int(item[2]), int(item[3])
+
+
+def bytes_of(sig: Signature) -> int:
+    return sum(size for _, size, _ in files_of(sig))
+
+
+def free_bytes(folder: str) -> int | None:
+    """Room left for an unprivileged writer (the trainer) on ``folder``'s disk; None when it cannot be told."""
+    try:
+        disk = os.statvfs(folder)
+    except OSError:
+        return None
+    return disk.f_bavail * disk.f_frsize
 
 
 def is_subset(sig: Signature, of: Signature) -> bool:
@@ -255,7 +275,7 @@ def create(
     nothing behind) instead of copying: a caller on a training loop's thread must not copy."""
     source = os.path.abspath(source)
     st = os.stat(source)  # a symlinked source means what it points at
-    name = os.path.basename(source.rstrip(os.sep)) or "root"
+    name = source_name(source)
     root = new_pin_root(staging)
     pin = Pin(root=root, name=name, source=source, source_ino=st.st_ino, skip_dir=skip_dir, excluded=excluded)
     try:
@@ -277,7 +297,7 @@ def stand_in(source: str, staging: str, *, excluded: Excluded | None = None) -> 
     again, if it is still there."""
     source = os.path.abspath(source)
     st = os.stat(source)
-    name = os.path.basename(source.rstrip(os.sep)) or "root"
+    name = source_name(source)
     root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}-in-place")  # never made: a name
     return Pin(root=root, name=name, source=source, source_ino=st.st_ino, excluded=excluded, in_place=True)
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import SourceError, UsageError, spelled
-from .names import STATE_FOLDERS, is_unfinished
+from .names import STATE_FOLDERS, is_unfinished, source_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ def check_sources(sources: list[str]) -> list[str]:
 def source_names(abs_sources: list[str]) -> list[str]:
     """The names several sources (or one file) are stored under in a snapshot: their base names,
     which must differ."""
-    names = [os.path.basename(s.rstrip("/")) or "root" for s in abs_sources]
+    names = [source_name(s) for s in abs_sources]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise UsageError(f"two sources share the name {sorted(dupes)[0]!r}; back them up separately")

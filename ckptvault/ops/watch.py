@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from ..errors import (
     BackupSupersededError,
@@ -87,7 +87,7 @@ class _Candidate:
     last_change: float
     sig: pins.Signature = ()
     first_sig: pins.Signature | None = None
-    state: str = "settling"  # settling | queued | failed
+    state: Literal["settling", "queued", "failed"] = "settling"
     retry_at: float = 0.0
     failures: int = 0
     digest: str = ""
@@ -246,7 +246,7 @@ class Watcher:
                 self._on_warning(warning)
             # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
             shipper = AsyncShipper(
-                self._ship_job, max_pending=None, exit_timeout=0.0, name="ckptvault-watch", log_failures=False
+                self._ship, max_pending=None, exit_timeout=0.0, name="ckptvault-watch", log_failures=False
             )  # each failure is reported by _collect, with what happens next
             try:
                 if self.options.once:
@@ -255,8 +255,7 @@ class Watcher:
                     self._run_forever(shipper)
                     self._drain(shipper)
             finally:
-                for job in shipper.close(cancel_pending=True):
-                    self._candidate_of(job).state = "failed"  # pin kept: the next run ships it
+                shipper.close(cancel_pending=True)
                 self._collect()
             self.result.left = sum(1 for c in self._candidates.values() if not c.pin.in_place)
             # failures that a later retry fixed are not errors of the run
@@ -510,11 +509,9 @@ class Watcher:
         if len(waiting) < 3 or not self._pins_beside_checkpoints:
             return  # the newest, and the newest complete one, are never dropped
         largest = self._largest_checkpoint()
-        try:
-            disk = os.statvfs(self.pins_dir)
-        except OSError:
+        free = pins.free_bytes(self.pins_dir)
+        if free is None:
             return
-        free = disk.f_bavail * disk.f_frsize
         complete = [c for c in waiting if c.state == "failed" or now - c.last_change >= self.options.settle]
         kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:])}
         for cand in waiting:
@@ -530,8 +527,7 @@ class Watcher:
 
     def _largest_checkpoint(self) -> int:
         """Bytes of the largest checkpoint known: what the trainer's next save may need."""
-        sizes = (sum(int(item[2]) for item in c.sig if item[1] == "f") for c in self._candidates.values())
-        return max(sizes, default=0)
+        return max((pins.bytes_of(c.sig) for c in self._candidates.values()), default=0)
 
     def _drop_for_room(self, cand: _Candidate, free: int, held: int) -> None:
         error = CheckpointLostError(
@@ -558,11 +554,9 @@ class Watcher:
         if waiting < 2 and key not in self._warned:  # nothing to say nor to forget: no disk look at each poll
             return
         largest = self._largest_checkpoint()
-        try:
-            disk = os.statvfs(self.pins_dir)
-        except OSError:
+        free = pins.free_bytes(self.pins_dir)
+        if free is None:
             return
-        free = disk.f_bavail * disk.f_frsize
         if free >= 2 * LOW_DISK_SAVES * largest:
             self._warned.discard(key)
         elif free < LOW_DISK_SAVES * largest and waiting >= 2:
@@ -811,7 +805,7 @@ class Watcher:
         times over a while without settling. A save in place is a look that finds a file changed
         without growing (a file being written only grows) after a look that found nothing changed (the
         files of one save, written one after another, count once)."""
-        files = {item[0]: (int(item[2]), int(item[3])) for item in sig if item[1] == "f"}
+        files = {rel: (size, mtime) for rel, size, mtime in pins.files_of(sig)}
         if sig == cand.sig:
             if now - cand.last_change >= self.options.settle:
                 cand.rewrites = 0  # settled: it ships (or shipped) as it is
@@ -870,7 +864,7 @@ class Watcher:
         step, which cannot resume. Each waits, pinned, for what it lacks (a Trainer still saving is said
         to wait only after ``INCOMPLETE_WARN_S``: its ranks may meet at a barrier first); once its source
         is gone it is dropped, and said so."""
-        if any(item[1] == "f" for item in sig):
+        if any(pins.files_of(sig)):
             if not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data):
                 lacks = self._file_not_whole(cand, sig)
                 if lacks is None:
@@ -903,14 +897,12 @@ class Watcher:
         if cand.not_whole is not None and cand.not_whole[0] == sig:
             return cand.not_whole[1] or None
         found = ""
-        for item in sig:
-            if item[1] != "f":
-                continue
-            path = os.path.join(cand.pin.data, item[0]) if item[0] else cand.pin.data
+        for rel, _, _ in pins.files_of(sig):
+            path = os.path.join(cand.pin.data, rel) if rel else cand.pin.data
             with open(path, "rb") as f:
                 reason = not_whole(pread_at(f.fileno()), os.fstat(f.fileno()).st_size)
             if reason is not None:
-                found = f"a file that is not whole ({f'{item[0]}: ' if item[0] else ''}{reason})"
+                found = f"a file that is not whole ({f'{rel}: ' if rel else ''}{reason})"
                 break
         cand.not_whole = (sig, found)
         return found or None
@@ -1030,9 +1022,6 @@ class Watcher:
         self._finished.put((cand, job))  # on the worker thread: hand over, touch nothing
         self._upload_ended.set()
 
-    def _ship_job(self, job: BackupJob) -> Snapshot:
-        return self._ship(job)
-
     def _collect(self) -> None:
         """Handle finished backups on the polling thread (the only one that touches state)."""
         while True:
@@ -1041,8 +1030,11 @@ class Watcher:
             except queue.Empty:
                 return
             future = job.future
-            if cand.pin.pin_id not in self._candidates or future.cancelled():
-                continue  # a cancelled backup (watch stopping) keeps its pin for the next run
+            if cand.pin.pin_id not in self._candidates:
+                continue
+            if future.cancelled():  # the watch stopping: its pin is kept for the next run
+                cand.state = "failed"
+                continue
             for warning in job.warnings:  # e.g. a file that changed while it was read
                 self._on_warning(f"{cand.pin.name}: {warning}")
             outcome = future.exception()
@@ -1089,12 +1081,6 @@ class Watcher:
         if st is not None and pins.source_alive(cand.pin):
             self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
 
-    def _candidate_of(self, job: BackupJob) -> _Candidate:
-        for cand in self._candidates.values():
-            if cand.pin.data in job.sources:
-                return cand
-        return _Candidate(pin=pins.Pin("", "", "", 0), seen=0, last_change=0)  # pragma: no cover
-
     def _release(self, cand: _Candidate) -> None:
         self._candidates.pop(cand.pin.pin_id, None)
         try:
@@ -1105,6 +1091,7 @@ class Watcher:
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
 
     def _drop(self, cand: _Candidate) -> None:
+        """Released unshipped: deleted before it was complete, logs, no checkpoint of this folder."""
         self._release(cand)
 
 
@@ -1136,7 +1123,7 @@ def _same_disk(a: str, b: str) -> bool:
 
 def _files(sig: pins.Signature) -> set[str]:
     """The paths of a signature's files (a file checkpoint's own is "")."""
-    return {item[0] for item in sig if item[1] == "f"}
+    return {rel for rel, _, _ in pins.files_of(sig)}
 
 
 def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:

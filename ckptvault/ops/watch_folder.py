@@ -193,7 +193,7 @@ class CheckpointFolder:
         at again: ``is_log_folder``) unless ``--include`` names what to ship."""
         if self._include or step_from_name(name) is not None:
             return False
-        if not any(item[0].rpartition("/")[2].startswith(TENSORBOARD_EVENTS) for item in sig if item[1] == "f"):
+        if not any(rel.rpartition("/")[2].startswith(TENSORBOARD_EVENTS) for rel, _, _ in pins.files_of(sig)):
             return False
         self._log_folders.add((name, ino))
         self._warn_once(

@@ -901,10 +901,7 @@ class Repository:
         return self._load_object(Kind.SNAPSHOT, snapshot_id, snapshot_key(snapshot_id), "snapshot")
 
     def list_snapshot_ids(self) -> list[bytes]:
-        listing = self.store.list(SNAPSHOTS_PREFIX)
-        self.cache.retain(SNAPSHOTS_PREFIX, (o.key for o in listing))
-        self._listed_sizes.update((o.key, o.size) for o in listing)
-        return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
+        return list(self._list_metadata(SNAPSHOTS_PREFIX))
 
     def listed_snapshot_size(self, snapshot_id: bytes) -> int | None:
         """The size of the snapshot object as the last listing gave it (None: not listed)."""
@@ -925,12 +922,7 @@ class Repository:
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""
-        out = {}
-        for info in self.store.list(PACKS_PREFIX):
-            pack_id = id_from_key(info.key)
-            if pack_id is not None:
-                out[pack_id] = info.size
-        return out
+        return self._list_sizes(PACKS_PREFIX)
 
     def read_pack_header(self, pack_id: bytes, size: int) -> list[PackEntry]:
         """Fetch and verify a pack's header with two range reads (trailer, then header)."""
@@ -948,7 +940,17 @@ class Repository:
 
     def list_index_sizes(self) -> dict[bytes, int]:
         """Index ID -> size in bytes, for every index object in the store."""
-        listing = self.store.list(INDEX_PREFIX)
+        return self._list_sizes(INDEX_PREFIX)
+
+    def _list_sizes(self, prefix: str) -> dict[bytes, int]:
+        return {i: o.size for o in self.store.list(prefix) if (i := id_from_key(o.key)) is not None}
+
+    def _list_metadata(self, prefix: str) -> dict[bytes, int]:
+        """Snapshot or tree ID -> size; the listing's sizes are kept to tell a stale cached copy (and the
+        cache drops what is no longer listed)."""
+        listing = self.store.list(prefix)
+        self.cache.retain(prefix, (o.key for o in listing))
+        self._listed_sizes.update((o.key, o.size) for o in listing)
         return {i: o.size for o in listing if (i := id_from_key(o.key)) is not None}
 
     def read_index_object(self, index_id: bytes) -> dict[bytes, list[PackEntry]]:
@@ -1023,10 +1025,7 @@ class Repository:
             self._delete(tree_key(tree_id))
 
     def list_tree_ids(self) -> list[bytes]:
-        listing = self.store.list(TREES_PREFIX)
-        self.cache.retain(TREES_PREFIX, (o.key for o in listing))
-        self._listed_sizes.update((o.key, o.size) for o in listing)
-        return [i for i in (id_from_key(o.key) for o in listing) if i is not None]
+        return list(self._list_metadata(TREES_PREFIX))
 
     def delete_tree(self, tree_id: bytes) -> None:
         self._delete(tree_key(tree_id))
