@@ -11,6 +11,17 @@ Missing objects raise ``ObjectNotFoundError``; every other backend failure raise
 
 ``remote`` says bytes cross a network (the repository then caches metadata locally), and
 ``transfers`` how many uploads and downloads suit the store at once.
+
+Optional capabilities, looked up with ``getattr`` and a default by the layers above (the wrappers,
+retrying.py, throttle.py and readahead.py, pass them on from the store they wrap):
+
+- ``transfers`` (TransferLimits; default: 2 uploads and 8 downloads at once);
+- ``local_folder`` (str): the folder of a store on this machine's filesystem (sources inside it are refused);
+- ``read_upto(key, start, length)``: a range read that may return fewer bytes at the object's end;
+- ``needs_deadline`` / ``enforces_deadline`` (bool): whether a call needs a thread-held deadline, and
+  whether the backend enforces its own (retrying.py);
+- ``unanswered`` (bool): a call gave up lately because the storage did not answer (locks.py);
+- ``cancelling_uploads(prefix)``: a context in which uploads held back by a bandwidth limit fail at once.
 """
 
 from __future__ import annotations
