@@ -292,6 +292,11 @@ class _Checker:
     def check_packs(self) -> None:
         stored = self.repo.list_packs()
         self.report.packs = len(stored)
+        self._check_indexed_packs(stored)
+        self._read_unindexed_headers(stored)
+
+    def _check_indexed_packs(self, stored: dict[bytes, int]) -> None:
+        """Every pack the index names: there, long enough for its chunks, its header readable and agreeing."""
         # a chunk with a whole copy in a stored pack is not lost with another copy's pack (readers fall back)
         for pack_id, entries in self.indexed.items():
             for e in entries:
@@ -335,6 +340,8 @@ class _Checker:
             # the index may leave out chunks the header lists (repair-index --read-data drops damaged ones)
             if header is not None and not set(entries) <= set(header):
                 self.problem(name, "header and index disagree about its chunks")
+
+    def _read_unindexed_headers(self, stored: dict[bytes, int]) -> None:
         unindexed = [p for p in stored if p not in self.indexed]
         headless = 0
         # Their own headers say what they hold: leftovers of a killed backup or prune, or what a lost
