@@ -161,6 +161,8 @@ def damage_oldest(vault_dir: Path, source: Vault, what: str) -> str:
     if what == "tree":
         path = next(p for p in (vault_dir / "trees").rglob("*") if p.name == oldest.tree_id)
         path.write_bytes(b"")
+    elif what == "missing tree":  # the snapshot object is still there: not one forgotten meanwhile
+        next(p for p in (vault_dir / "trees").rglob("*") if p.name == oldest.tree_id).unlink()
     elif what == "snapshot":
         path = next(p for p in (vault_dir / "snapshots").rglob("*") if p.name == oldest.id)
         raw = bytearray(path.read_bytes())
@@ -176,7 +178,7 @@ def damage_oldest(vault_dir: Path, source: Vault, what: str) -> str:
     return oldest.id
 
 
-@pytest.mark.parametrize("what", ["tree", "chunk", "snapshot"])
+@pytest.mark.parametrize("what", ["tree", "missing tree", "chunk", "snapshot"])
 def test_a_damaged_snapshot_in_the_source_does_not_stop_the_others(tmp_path: Path, source: Vault, what: str, cli):
     """The copy went oldest first and stopped at the first damaged snapshot: a mirror kept nothing
     newer until someone forgot the old one, and the error named no snapshot and sent to `check`,
@@ -259,6 +261,26 @@ def test_after_a_damaged_snapshot_the_next_is_not_copied_against_chunks_gone_fro
         assert [s.id for s in incomplete.value.result.copied] == [s200.id]
     with Vault.open(str(tmp_path / "dest")) as dest:
         assert restored(dest, s200.id, tmp_path / "d200") == restored(source, s200.id, tmp_path / "s200")
+
+
+def test_a_copy_that_lost_its_destination_lock_writes_no_snapshot(tmp_path: Path, source: Vault, monkeypatch):
+    """As a backup does (test_locks.py): the destination's lock is verified before each snapshot object is
+    written, so a copy whose lock a prune took for a dead process's commits nothing it may have deleted."""
+    from ckptvault.errors import LockLostError
+    from ckptvault.ops import copy as copy_module
+
+    real = copy_module.encode_tree
+    with Vault.init(str(tmp_path / "dest")) as dest:
+
+        def prune_meanwhile(entries):  # while the copy runs, someone removes its lock as stale
+            dest.unlock(remove_all=True)
+            return real(entries)
+
+        monkeypatch.setattr(copy_module, "encode_tree", prune_meanwhile)
+        with pytest.raises(LockLostError, match="removed it as stale"):
+            dest.copy_from(source)
+        monkeypatch.undo()
+        assert dest.snapshots() == []
 
 
 def test_copy_of_a_file_whose_bytes_differ_from_its_hash_is_refused(tmp_path: Path, source: Vault, monkeypatch):
@@ -381,6 +403,8 @@ def test_a_delta_coded_source_is_copied_as_deltas(tmp_path: Path, keyfile: Keyfi
             # the copy's chunks are coded as the source's: within a few % of its packs (headers, padding)
             assert packs_bytes(tmp_path / "copy") < packs_bytes(tmp_path / "delta") * 1.05
             assert plain.copy_from(dest).delta_chunks == 0
+            # a copy's summary says nothing of deltas: they depend on what each destination held
+            assert [s.summary.delta_chunks for s in plain.snapshots()] == [0, 0, 0]
             assert packs_bytes(tmp_path / "plain") > packs_bytes(tmp_path / "copy") * 1.1
             for snap in source.snapshots():
                 want = restored(source, snap.id, tmp_path / f"s-{snap.id}")
@@ -582,6 +606,14 @@ def test_copy_moves_a_format_1_encrypted_vault_to_format_3_under_a_new_key(tmp_p
     for rel in ("model/weights.bin", "config.json"):
         assert (tmp_path / "out" / rel).read_bytes() == (fixtures / "source" / rel).read_bytes()
     assert os.readlink(tmp_path / "out" / "link") == "config.json"
+
+
+def test_a_snapshot_named_twice_is_copied_once(tmp_path: Path, source: Vault):
+    first = source.snapshots()[0]
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        result = dest.copy_from(source, [first.id, first.id[:8]])
+        assert [s.id for s in result.copied] == [first.id]
+        assert [s.id for s in dest.snapshots()] == [first.id]
 
 
 def test_an_unknown_source_snapshot_is_named_in_the_source(tmp_path: Path, source: Vault):

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,116 @@ def test_changed_dtype_or_shape_gets_no_delta(delta_vault: Vault, tmp_path: Path
     delta_vault.restore(second, tmp_path / "out")
     assert contents(tmp_path / "out") == contents(tmp_path / "b")
     assert first.summary.delta_chunks == 0
+
+
+def test_a_tensor_whose_dtype_or_shape_changed_is_offered_no_base(delta_vault: Vault, tmp_path: Path, monkeypatch):
+    """Not merely a delta trial that fails: a piece of another dtype or shape is never read as a base."""
+    from ckptvault.ops.deltabase import DeltaPlanner
+
+    run = Training()
+    run.save(tmp_path / "a")
+    delta_vault.backup(tmp_path / "a", tags={"run": "t", "step": "1"})
+    run.step()
+    tensors = run.tensors()
+    tensors["w.f32"] = ("F32", run.f32.reshape(150, 512))  # same bytes per element, other shape
+    tensors["w.f16"] = ("BF16", bf16(run.f16))  # same size, other dtype
+    write_safetensors(tmp_path / "b" / "model.safetensors", tensors)
+    offered: list[str] = []
+    real = DeltaPlanner.encode
+
+    def spy(self, chunk_id, data, runs, cand):
+        if cand is not None:
+            offered.append(cand.tensor)
+        return real(self, chunk_id, data, runs, cand)
+
+    monkeypatch.setattr(DeltaPlanner, "encode", spy)
+    delta_vault.backup(tmp_path / "b", tags={"run": "t", "step": "2"})
+    assert "model.safetensors:w.bf16" in offered  # the unchanged layout is
+    assert not {"model.safetensors:w.f32", "model.safetensors:w.f16"} & set(offered), sorted(set(offered))
+
+
+def test_a_tensor_changed_wholesale_is_stored_whole_not_as_a_delta_that_does_not_pay(
+    delta_vault: Vault, tmp_path: Path
+):
+    run = Training()
+    run.save(tmp_path / "a")
+    delta_vault.backup(tmp_path / "a", tags={"run": "t", "step": "1"})
+    run.step()
+    run.f32 = np.random.default_rng(99).normal(0, 0.02, run.f32.shape).astype(np.float32)  # re-initialised
+    run.save(tmp_path / "b")
+    second = delta_vault.backup(tmp_path / "b", tags={"run": "t", "step": "2"})
+    chunks = tensor_chunks(delta_vault, second, "model.safetensors", tmp_path / "b")
+    assert all(base_of(delta_vault, c) is None for c in chunks["w.f32"])
+    assert all(base_of(delta_vault, c) is not None for c in chunks["w.bf16"])
+
+
+def test_tensors_moved_within_the_file_still_get_their_bases(delta_vault: Vault, tmp_path: Path):
+    """A save whose header grew (a tensor added in front) moves every tensor's bytes: a piece's base is
+    the same piece of the same tensor where that tensor lies in the old file, not at the piece's offset."""
+    run = Training()
+    run.save(tmp_path / "a")
+    delta_vault.backup(tmp_path / "a", tags={"run": "t", "step": "1"})
+    run.step()
+    tensors = {"added": ("F32", np.zeros(1000, np.float32)), **run.tensors()}
+    write_safetensors(tmp_path / "b" / "model.safetensors", tensors)
+    second = delta_vault.backup(tmp_path / "b", tags={"run": "t", "step": "2"})
+    chunks = tensor_chunks(delta_vault, second, "model.safetensors", tmp_path / "b")
+    assert all(base_of(delta_vault, c) is not None for c in chunks["w.f32"] + chunks["w.bf16"])
+    delta_vault.restore(second, tmp_path / "out")
+    assert contents(tmp_path / "out") == contents(tmp_path / "b")
+
+
+def test_a_previous_save_rewritten_while_the_backup_reads_it_is_not_coded_against(
+    delta_vault: Vault, tmp_path: Path, monkeypatch
+):
+    """The previous save's file is taken as a base's local copy by its stat when opened; rewritten in
+    place after that (a trainer reusing the folder), its bytes are no longer the base's. They are
+    verified against the base's chunk ID before use, else the delta decodes to other bytes."""
+    import threading
+
+    from ckptvault.ops.deltabase import DeltaPlanner
+
+    run = Training()
+    run.save(tmp_path / "step-1")
+    time.sleep(0.05)  # not changed within a tick of the stamps: the entry records its inode and ctime
+    delta_vault.backup(tmp_path / "step-1", tags={"run": "t", "step": "1"})
+    old = tmp_path / "step-1" / "model.safetensors"
+    real = DeltaPlanner._local_base
+    once = threading.Lock()
+    rewritten: list[bool] = []
+
+    def rewritten_meanwhile(self, cand, length):
+        with once:
+            if not rewritten:  # in place: the open descriptor sees the new bytes
+                old.write_bytes(bytes(b ^ 0xFF for b in old.read_bytes()))
+                rewritten.append(True)
+        return real(self, cand, length)
+
+    monkeypatch.setattr(DeltaPlanner, "_local_base", rewritten_meanwhile)
+    run.step()
+    ((second, expected),) = backup_steps(delta_vault, run, tmp_path, range(2, 3))
+    assert rewritten
+    monkeypatch.undo()
+    delta_vault.restore(second, tmp_path / "out")
+    assert contents(tmp_path / "out") == expected
+    assert delta_vault.check(read_data=1.0).ok
+
+
+def test_an_untagged_backup_takes_its_bases_from_an_untagged_save_not_any_run():
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    from ckptvault.ops.deltabase import reference_snapshot
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def snap(tags: dict[str, str], minutes: int) -> SimpleNamespace:
+        return SimpleNamespace(hostname="h", tags=tags, time=t0 + timedelta(minutes=minutes))
+
+    untagged, tagged = snap({}, 0), snap({"run": "a", "step": "1"}, 1)
+    assert reference_snapshot([untagged, tagged], "h", {}, None) is untagged
+    assert reference_snapshot([tagged], "h", {}, None) is None  # another run's save is no base of it
+    assert reference_snapshot([untagged, tagged], "h", {"run": "a", "step": "2"}, None) is tagged
 
 
 def test_rotating_checkpoint_gets_bases_from_the_repository(delta_vault: Vault, tmp_path: Path):

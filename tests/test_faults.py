@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import IntegrityError, RestoreIncompleteError, StorageError
+from ckptvault.errors import IntegrityError, ObjectExistsError, RestoreIncompleteError, StorageError
 from ckptvault.store import open_store, retrying
 from ckptvault.store.failures import object_fault
 from ckptvault.store.retrying import RetryingStore, RetryPolicy
@@ -213,10 +214,71 @@ def test_an_error_the_storage_answered_with_opens_no_breaker():
     store = RetryingStore(inner, RetryPolicy(retries=2, base_delay=0.01))
     with pytest.raises(StorageError, match="after 3 attempts"):
         store.get("obj")
+    assert not store.unanswered  # a shared lock is removed after such a failure, not left to go stale
     inner.failures = 6
     with pytest.raises(StorageError, match="after 3 attempts"):  # full retries, not a probe
         store.get("obj")
     assert inner.calls == 6
+
+
+class _CreateIfAbsentStore:
+    """Create-if-absent PUTs with a fault planned per PUT: "lost reply" (stored, then the connection is
+    reset), "reset" (nothing stored, and another writer creates the object meanwhile), or None."""
+
+    url, needs_deadline, supports_if_absent = "fake://create-if-absent", False, True
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.faults: list[str | None] = []
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        fault = self.faults.pop(0) if self.faults else None
+        if fault == "reset":
+            self.objects.setdefault(key, b"another writer's")
+            raise StorageError("PUT", key, self.url, "connection reset", retryable=True) from ConnectionResetError()
+        if if_absent and key in self.objects:
+            raise ObjectExistsError("PUT", key, self.url)
+        self.objects[key] = bytes(data)
+        if fault == "lost reply":
+            raise StorageError("PUT", key, self.url, "connection reset", retryable=True) from ConnectionResetError()
+
+    def get(self, key: str) -> bytes:
+        return self.objects[key]
+
+
+def test_a_create_if_absent_put_retried_after_a_lost_reply_succeeds_only_on_its_own_first_write():
+    inner = _CreateIfAbsentStore()
+    store = RetryingStore(inner, RetryPolicy(retries=2, base_delay=0.001))
+    inner.faults = ["lost reply"]
+    store.put("a", b"mine", if_absent=True)  # the retry finds its own first attempt stored: success
+    assert inner.objects["a"] == b"mine"
+    inner.faults = ["reset"]
+    with pytest.raises(ObjectExistsError):  # the retry finds another writer's object: it lost the race
+        store.put("b", b"mine", if_absent=True)
+    assert inner.objects["b"] == b"another writer's"
+    with pytest.raises(ObjectExistsError):  # there before the first attempt: not this call's, bytes alike or not
+        store.put("a", b"mine", if_absent=True)
+
+
+def test_a_call_waiting_to_try_again_ends_at_once_when_the_command_is_interrupted(monkeypatch):
+    """Ctrl-C (stop_retrying) ends the wait before the next attempt: the failure stands, no attempt follows."""
+    monkeypatch.setattr(retrying, "_interrupted", threading.Event())  # this test's own flag
+    inner = _AnsweringStore(failures=100)
+    store = RetryingStore(inner, RetryPolicy(retries=5, base_delay=30.0, max_delay=30.0))
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(store.get, "obj")
+        while inner.calls == 0:
+            time.sleep(0.01)
+        started = time.monotonic()
+        retrying.stop_retrying()
+        with pytest.raises(StorageError, match="503"):
+            call.result(timeout=10)
+    assert time.monotonic() - started < 5 and inner.calls == 1
+
+
+def test_the_backoff_of_an_outage_retried_for_long_stays_bounded():
+    policy = RetryPolicy(base_delay=0.5, max_delay=30.0)
+    assert all(0 < policy.delay(attempt) <= 30.0 for attempt in (0, 10, 1023, 1024, 5000))
 
 
 @pytest.mark.usefixtures("short_deadline")

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ckptvault.crypto import keyfile as keyfile_module
 from ckptvault.crypto.keyfile import NONCE_SIZE, WRAP_AAD, KdfParams, Keyfile
 from ckptvault.crypto.keys import MasterKey
-from ckptvault.errors import UsageError
+from ckptvault.errors import KeyfileCorruptError, UsageError, WrongPassphraseError
 
 from .support.tmpfs import mounted_tmpfs
 from .test_cli import one_line_error
@@ -265,3 +265,32 @@ def test_a_keyfile_on_a_full_disk_is_exit_21_and_the_old_one_stays(cli, tmp_path
         err = passwd.stderr.decode()
         assert passwd.returncode == 21 and "no space left" in err and "nothing was changed" in err, err
         assert (mount / "team.key").read_bytes() == before
+
+
+def test_a_keyfile_is_synced_before_it_takes_its_name(tmp_path, monkeypatch):
+    """A power loss after the rename must not leave the keyfile's name on a file whose bytes never reached
+    the disk: the only copy of the master key."""
+    events: list[str] = []
+    real_fsync, real_publish = os.fsync, keyfile_module._publish
+    monkeypatch.setattr(keyfile_module.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(keyfile_module, "_publish", lambda *args: (events.append("publish"), real_publish(*args))[1])
+    key, master = Keyfile.create(PASS, scrypt_n=2**14)
+    key.save(tmp_path / "k.key")
+    monkeypatch.undo()
+    assert events[:2] == ["fsync", "publish"], events
+    assert Keyfile.load(tmp_path / "k.key").unlock(PASS).material == master.material
+
+
+def test_a_keyfile_whose_fingerprint_does_not_match_its_key_is_damaged(tmp_path):
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    doc = json.loads(key.to_json())
+    doc["fingerprint"] = "0" * len(doc["fingerprint"])
+    with pytest.raises(KeyfileCorruptError, match="fingerprint does not match"):
+        Keyfile.from_json(json.dumps(doc).encode()).unlock(PASS)
+
+
+def test_only_line_ends_are_dropped_from_a_passphrase_not_spaces():
+    key, master = Keyfile.create(PASS + " ", scrypt_n=2**10)
+    assert key.unlock(PASS + " \n").material == master.material  # a file's newline
+    with pytest.raises(WrongPassphraseError):
+        key.unlock(PASS)

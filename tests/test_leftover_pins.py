@@ -392,6 +392,26 @@ def test_a_job_of_several_folders_ships_whole_or_not_at_all(tmp_path, vault, end
     assert pin_roots(tmp_path / "a") == pin_roots(tmp_path / "b") == []
 
 
+def test_a_job_pinned_into_a_folder_that_was_not_locked_is_left_whole_for_the_next_call(
+    tmp_path, vault, ended_process, monkeypatch
+):
+    """A job that names a folder not locked by this look (its pins made after the folders were chosen)
+    is left alone: taken over in part, it would be released as a job that lost part of its pins."""
+    whole = [make_checkpoint(tmp_path / d / f"{d}-checkpoint-1", 1) for d in ("a", "b")]
+    roots = pin_for(vault, whole, 1)
+    for root in roots:
+        set_owner(root, **ended_process)
+    staging = roots[0].parent
+    monkeypatch.setattr(leftover_pins, "_folders_of_jobs", lambda stagings, vault_id: list(stagings))
+    assert take_over(staging, vault) == []
+    assert all(root.exists() for root in roots)
+    monkeypatch.undo()
+    assert sorted(Path(left.pin.source).name for left in take_over(staging, vault)) == [
+        "a-checkpoint-1",
+        "b-checkpoint-1",
+    ]
+
+
 def test_leftovers_are_neither_dropped_nor_make_the_callers_backups_be_dropped(tmp_path, ended_process, caplog):
     from tests.test_async_backup import slow_vault, wait_until
 

@@ -245,6 +245,30 @@ def test_a_lock_unrefreshed_too_long_is_lost(vault: Vault, monkeypatch):
     assert vault.locks() == [] and vault._repo.locks.held == ()
 
 
+def test_a_lock_refreshed_in_time_is_not_lost_however_long_it_is_held(vault: Vault, monkeypatch):
+    """Each refresh restarts the count: a command that runs for hours keeps its lock."""
+    held = manager(vault).acquire(exclusive=True)
+    real = locks.ticks
+    for hours in range(1, 4):  # refreshed every 15 minutes (of the steady clock) for three hours
+        for quarter in range(1, 5):
+            monkeypatch.setattr(locks, "ticks", lambda h=hours, q=quarter: real() + (h - 1) * 3600 + q * 15 * 60)
+            held.refresh()
+    held.verify()
+    held.check_age()
+    monkeypatch.undo()
+    held.release()
+
+
+def test_a_lock_whose_wall_clock_age_passed_the_limit_is_lost_though_the_steady_clock_did_not(vault: Vault):
+    """The wall clock counts too (the larger wins): a suspend the steady clock missed still loses the lock."""
+    later = [datetime.now(timezone.utc)]
+    held = manager(vault, clock=lambda: later[0]).acquire(exclusive=False)
+    later[0] += timedelta(minutes=23)  # past 22.5 of the 30 minutes, by the wall clock only
+    with pytest.raises(LockLostError, match="without a refresh"):
+        held.check_age()
+    held.release()
+
+
 def fail_once(monkeypatch, store, op: str, key_part: str) -> list[str]:
     failed: list[str] = []
     real = getattr(store, op)
