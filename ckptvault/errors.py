@@ -69,6 +69,14 @@ def first_few(items: Sequence[str], shown: int, sep: str = "; ") -> str:
     return sep.join(items[:shown]) + more
 
 
+def _also(names: Sequence[str], shown: int) -> str:
+    """ "; also a, b and N more": the others an incomplete restore or copy names after its first."""
+    if not names:
+        return ""
+    more = len(names) - shown
+    return f"; also {', '.join(names[:shown])}" + (f" and {more} more" if more > 0 else "")
+
+
 class CkptVaultError(Exception):
     """Base class: every ckptvault failure a user can act on."""
 
@@ -265,9 +273,7 @@ class RestoreIncompleteError(IntegrityError):
         self.failed = failed
         self.result = result
         reasons = list(failed.values())
-        others = list(failed)[1 : 1 + self.SHOWN]
-        more = len(failed) - 1 - len(others)
-        also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
+        also = _also(list(failed)[1:], self.SHOWN)
         hint = "" if "ckptvault check" in reasons[0] else READ_DATA_HINT
         super().__init__(
             f"restore incomplete: {len(failed)} file(s) failed verification and were not written: {reasons[0]}{also}"
@@ -288,9 +294,7 @@ class CopyIncompleteError(IntegrityError):
         self.failed = failed
         self.result = result
         (first, reason), *rest = failed.items()
-        others = [snapshot_id[:8] for snapshot_id, _ in rest[: self.SHOWN]]
-        more = len(rest) - len(others)
-        also = f"; also {', '.join(others)}" + (f" and {more} more" if more else "") if others else ""
+        also = _also([snapshot_id[:8] for snapshot_id, _ in rest], self.SHOWN)
         there = f", {already} were there already" if already else ""
         super().__init__(
             f"copy incomplete: {len(failed)} snapshot(s) could not be read in {source_url} and were not copied: "
