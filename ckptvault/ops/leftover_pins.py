@@ -24,8 +24,6 @@ import errno
 import fcntl
 import functools
 import os
-import re
-import secrets
 import shlex
 import socket
 import time
@@ -42,7 +40,6 @@ JOB_KEY = "job"
 OWNER_KEY = "owner"
 UNCHECKABLE_OWNER_AFTER_S = 24 * 3600.0
 UNFINISHED_AFTER_S = 600.0
-_PIN_NAME = re.compile(r"^(\d{20})-[0-9a-f]{6}$")  # pin.new_pin_root's names
 
 OwnerState = Literal["this process", "alive", "gone", "unknown"]
 
@@ -207,7 +204,7 @@ def _folders_of_jobs(stagings: list[str], vault_id: str) -> list[str]:
         except OSError:
             continue
         for name in names:
-            loaded = pins.read(os.path.join(staging, name)) if _PIN_NAME.match(name) else None
+            loaded = pins.read(os.path.join(staging, name)) if pins.PIN_NAME.match(name) else None
             job = JobRecord.from_doc(loaded[1].get(JOB_KEY)) if loaded else None
             if job is not None and job.vault_id == vault_id:
                 folders.extend(f for f in job.folders if f not in folders)
@@ -237,11 +234,10 @@ def _take_over_locked(
     now_ns = time.time_ns()
     taken: list[Leftover] = []
     for name in sorted(os.listdir(staging)):
-        made = _PIN_NAME.match(name)
-        if made is None:
+        pinned_ns = pins.pinned_at_ns(name)
+        if pinned_ns is None:
             continue  # not a pin folder
         root = os.path.join(staging, name)
-        pinned_ns = int(made.group(1))
         loaded = pins.read(root)
         if loaded is None:
             if now_ns - pinned_ns > UNFINISHED_AFTER_S * 1e9:
@@ -298,7 +294,7 @@ def _claim(pin: Pin, job: JobRecord) -> None:
     pin.hold_owner_lock()
     try:
         pin.save_meta(**pin_metadata(job))
-        new_root = os.path.join(os.path.dirname(pin.root), f"{time.time_ns():020d}-{secrets.token_hex(3)}")
+        new_root = os.path.join(os.path.dirname(pin.root), pins.new_pin_name())
         os.rename(pin.root, new_root)
     except BaseException:
         pin.drop_owner_lock()

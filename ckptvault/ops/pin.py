@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -45,6 +46,7 @@ FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 DELETED_WHILE_PINNED = "deleted while it was being pinned"
 META = "pin.json"
 DATA = "data"
+IN_PLACE = "-in-place"  # the name's end of a stand-in pin (``stand_in``: never made on disk)
 OWNER_LOCK = "owner.lock"  # a POSIX lock on it is held by the process that owns the pin, while it lives
 
 Signature = tuple[tuple[str, ...], ...]
@@ -178,8 +180,8 @@ class Pin:
     def made_at(self) -> datetime | None:
         """When the pin was made (its name starts with the time, in ns), so when its checkpoint was
         captured; None for a name not made by ``new_pin_root``."""
-        stamp = self.pin_id.partition("-")[0]
-        return datetime.fromtimestamp(int(stamp) / 1e9, timezone.utc) if stamp.isdigit() else None
+        stamp = pinned_at_ns(self.pin_id.removesuffix(IN_PLACE))
+        return None if stamp is None else datetime.fromtimestamp(stamp / 1e9, timezone.utc)
 
     def save_meta(self, **extra: object) -> None:
         if self.in_place:
@@ -246,10 +248,25 @@ def owner_lock_held(root: str) -> bool | None:
     return False
 
 
+# A pin folder's name: when it was made (ns), so that names sort in creation order (the watcher ships the
+# newest first) and tell how old a pin is, and a random part.
+PIN_NAME = re.compile(r"^(\d{20})-[0-9a-f]{6}$")
+
+
+def new_pin_name() -> str:
+    return f"{time.time_ns():020d}-{secrets.token_hex(3)}"
+
+
+def pinned_at_ns(name: str) -> int | None:
+    """When the pin named ``name`` was made (ns since the epoch); None for a name no pin has."""
+    made = PIN_NAME.match(name)
+    return int(made.group(1)) if made else None
+
+
 def new_pin_root(staging: str) -> str:
-    """A fresh pin folder; names sort in creation order (the watcher ships the newest first)."""
+    """A fresh pin folder."""
     os.makedirs(staging, exist_ok=True)
-    root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}")
+    root = os.path.join(staging, new_pin_name())
     try:
         os.makedirs(os.path.join(root, DATA))
     except BaseException:
@@ -298,7 +315,7 @@ def stand_in(source: str, staging: str, *, excluded: Excluded | None = None) -> 
     source = os.path.abspath(source)
     st = os.stat(source)
     name = source_name(source)
-    root = os.path.join(staging, f"{time.time_ns():020d}-{secrets.token_hex(3)}-in-place")  # never made: a name
+    root = os.path.join(staging, new_pin_name() + IN_PLACE)  # never made: a name
     return Pin(root=root, name=name, source=source, source_ino=st.st_ino, excluded=excluded, in_place=True)
 
 
