@@ -4,8 +4,11 @@ loaded first thing by the CLI (the keyfile's) pays nothing for it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
+from collections.abc import Callable
 
 
 def fsync_dir(path: str) -> None:
@@ -15,6 +18,20 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_with(path: str, make: Callable[[str], object], prefix: str) -> None:
+    """``make(tmp)`` a new file beside ``path`` under a temporary name starting with ``prefix``, then rename
+    it over ``path``: a reader finds the old file or the new one, whole. The temporary file goes if anything
+    fails (a full disk must not be filled further by each retry). Not synced: for state that may be lost."""
+    tmp = os.path.join(os.path.dirname(path), prefix + secrets.token_hex(4))
+    try:
+        make(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int, what: str) -> None:

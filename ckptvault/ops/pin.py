@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from ..durable import replace_with
 from ..localtree import remove_tree
 from .names import is_unfinished, source_name
 
@@ -140,18 +141,13 @@ def is_subset(sig: Signature, of: Signature) -> bool:
 
 
 def write_json(path: str, doc: object) -> None:
-    """``doc`` as JSON at ``path``, whole or not at all: written beside it under a temporary name, then
-    renamed over it; the temporary file goes if that fails (a full disk must not be filled further by
-    each retry)."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{secrets.token_hex(4)}")
-    try:
+    """``doc`` as JSON at ``path``, whole or not at all."""
+
+    def dump(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+
+    replace_with(path, dump, f".{os.path.basename(path)}.")
 
 
 @dataclass
@@ -605,13 +601,5 @@ def _symlink_to(target: str, path: str) -> None:
 
 
 def _replace_with(dst: str, make: Callable[[str], object]) -> None:
-    """Create the new entry under a temporary name beside ``dst``, then rename it over: the pin
-    never holds a half-made file."""
-    tmp = os.path.join(os.path.dirname(dst), f".pin-{secrets.token_hex(4)}")
-    try:
-        make(tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    """The pin never holds a half-made file."""
+    replace_with(dst, make, ".pin-")

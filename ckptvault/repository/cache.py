@@ -26,18 +26,17 @@ Linux); ``CKPTVAULT_NO_CACHE=1`` turns it off. Only remote stores are cached.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from ..durable import replace_with
 from ..errors import IntegrityError
 
 log = logging.getLogger("ckptvault")
@@ -116,14 +115,7 @@ class MetadataCache:
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tmp-{secrets.token_hex(6)}")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        replace_with(str(path), lambda tmp: Path(tmp).write_bytes(data), ".tmp-")
 
     def read(
         self,
