@@ -615,10 +615,12 @@ class Vault:
         before_commit: Callable[[], None] | None = None,
         wait_for_lock: bool = True,
         taken_at: datetime | None = None,
+        log_warnings: bool = True,
     ) -> Snapshot:
         """``backup`` with its exclude rules parsed: the watch's in-place jobs add a rule no pattern spells.
         ``wait_for_lock=False``: no ``retry_lock`` wait (the async shipper waits for the vault itself, in a
-        way its close and SIGTERM can end)."""
+        way its close and SIGTERM can end). ``log_warnings=False``: only to ``on_warning`` (watch says them
+        itself, naming the checkpoint)."""
         sources = paths_arg(paths)
         tags = tags_arg(tags, stored=True)
         description = text_arg("description", description, optional=True) or ""
@@ -661,7 +663,7 @@ class Vault:
                 raise
             result.warnings.extend(self._compact_index())
         result.warnings[:0] = unreadable
-        warn = self._warner(on_warning)
+        warn = self._warner(on_warning) if log_warnings or on_warning is None else on_warning
         for warning in result.warnings:
             warn(warning)
         return result.snapshot
@@ -1128,7 +1130,7 @@ class Vault:
             self._shipper = AsyncShipper(self._run_job)
         return self._shipper
 
-    def _run_job(self, job: BackupJob) -> Snapshot:
+    def _run_job(self, job: BackupJob, *, log_warnings: bool = True) -> Snapshot:
         excludes = exclude_arg(job.exclude)
         if job.leave_unfinished:
             excludes = replace(excludes, unfinished=True)
@@ -1143,6 +1145,7 @@ class Vault:
             before_commit=functools.partial(check_sources_unchanged, job),
             wait_for_lock=False,
             taken_at=job.taken_at,
+            log_warnings=log_warnings,
         )
 
     @_open_only
@@ -1194,7 +1197,7 @@ class Vault:
         watcher = Watcher(
             directory,
             tags=user_tags,
-            ship=self._run_job,
+            ship=functools.partial(self._run_job, log_warnings=False),  # the watcher says them, named
             shipped_digests=shipped_digests,
             options=options,
             stop=stop,

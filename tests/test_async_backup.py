@@ -761,3 +761,38 @@ def test_a_close_that_cancels_ends_the_wait_before_a_storage_retry(tmp_path):
     assert time.monotonic() - started < 1.5
     with pytest.raises(StorageError, match="connection refused"):
         job.future.result(timeout=5)
+
+
+@pytest.mark.parametrize("waiting_for", ["storage", "lock"])
+def test_a_backup_whose_retry_wait_a_cancelling_close_ends_keeps_its_pins(tmp_path, monkeypatch, waiting_for):
+    """Ctrl-C while Vault.close waited on a backup retrying an unreachable store (or waiting for a prune's
+    lock) ended the wait and removed the job's pins, just after saying they stay for the next run: the
+    checkpoint the trainer deleted meanwhile was gone (review 40 H1). The next backup_async ships them."""
+    from ckptvault.errors import StorageError, VaultLockedError
+
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    tried = threading.Event()
+    real = Vault._backup
+
+    def failing(self, *args, **kwargs):
+        tried.set()
+        if waiting_for == "storage":
+            raise StorageError("put", "packs/x", self.url, "connection refused", retryable=True)
+        raise VaultLockedError("a prune holds the vault")
+
+    monkeypatch.setattr(Vault, "_backup", failing)
+    vault = Vault.open(str(tmp_path / "repo"))
+    handle = vault.backup_async(str(ckpt), tags={"step": "1"})
+    assert tried.wait(30)
+    vault._shipper.abandon("on Ctrl-C while the vault closed")  # what close() does on KeyboardInterrupt
+    with pytest.raises((StorageError, VaultLockedError)):
+        handle.result(timeout=10)
+    pins = tmp_path / "ckpt" / ".ckptvault-pins"
+    assert pins.is_dir() and any(pins.iterdir())
+    shutil.rmtree(ckpt)  # the trainer's rotation: only the pin holds it now
+    monkeypatch.setattr(Vault, "_backup", real)
+    with Vault.open(str(tmp_path / "repo")) as again:
+        again.ship_leftover_pins(tmp_path / "ckpt", timeout=60)
+        assert [s.tags for s in again.snapshots()] == [{"step": "1"}]
+    vault.close()

@@ -461,6 +461,25 @@ def test_a_name_that_is_not_utf8_is_listed_as_json_lists_it_and_cat_takes_that(c
     assert cli("cat", "latest", "weights-\\xff.bin", "--repo", repo).stdout == b"odd name"
 
 
+def test_a_byte_and_a_character_that_python_spells_alike_are_listed_apart_and_each_cat_finds_its_own(
+    cli, tmp_path: Path
+):
+    """The byte 0x85 of a name that is not UTF-8 and the character U+0085 (or U+00A0) were both listed as
+    \\x85 (\\xa0), and cat of the character's spelling failed (review 40 M2)."""
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / os.fsdecode(b"a\x85.bin")).write_bytes(b"byte")
+    (src / "a\u0085.bin").write_bytes(b"next line")
+    (src / "model\u00a0v2.bin").write_bytes(b"no-break space")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    listing = cli("ls", "latest", "--repo", repo).stdout.decode()
+    assert "a\\x85.bin" in listing and "a\\u0085.bin" in listing and "model\\u00a0v2.bin" in listing, listing
+    shown_as = {"a\\x85.bin": b"byte", "a\\u0085.bin": b"next line", "model\\u00a0v2.bin": b"no-break space"}
+    for shown, data in shown_as.items():
+        assert cli("cat", "latest", shown, "--repo", repo).stdout == data, shown
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(cli, tmp_path: Path):
     # `ckptvault cat ... | head -c 10`: what SIGPIPE gives other programs, and nothing on stderr
     (tmp_path / "src").mkdir()

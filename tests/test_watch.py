@@ -2202,3 +2202,25 @@ def test_the_apis_watch_without_on_warning_logs_its_warnings_and_gives_them_to_t
     assert [s.name for s in result.shipped] == ["step_1.pt"]
     assert any("train.log" in m for m in told), told
     assert any("train.log" in r.getMessage() for r in caplog.records)
+
+
+def test_a_backup_warning_of_a_watch_is_logged_once(tmp_path, repo, caplog, monkeypatch):
+    """The backup logged it, and the watcher logged it again, named (review 40 M1)."""
+    import logging
+
+    import ckptvault.vault as vault_module
+    from ckptvault.errors import CkptVaultError
+
+    def compaction_fails(_repo):
+        raise CkptVaultError("index compaction failed for the test")
+
+    monkeypatch.setattr(vault_module, "compact_index", compaction_fails)
+    (tmp_path / "ckpts" / "step_1").mkdir(parents=True)
+    (tmp_path / "ckpts" / "step_1" / "model.pt").write_bytes(b"weights")
+    told: list[str] = []
+    with Vault.open(repo) as vault, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        result = vault.watch(str(tmp_path / "ckpts"), once=True, settle=0, on_warning=told.append)
+    assert [s.name for s in result.shipped] == ["step_1"]
+    logged = [r.getMessage() for r in caplog.records if "compaction failed for the test" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("step_1: "), logged
+    assert [m for m in told if "compaction failed" in m] == logged

@@ -48,9 +48,13 @@ def one_line(message: str) -> str:
 
 def _escaped(char: str) -> str:
     """A byte of a file name that is not UTF-8 (a lone surrogate, from surrogateescape) as ``\\xNN``, the
-    spelling --json uses and ``cat``/``show`` take; another control character as Python writes it."""
+    spelling --json uses, and a character that is not printable from U+0080 up as ``\\uNNNN`` (Python
+    writes U+0085 as ``\\x85`` too, which would read as the byte), both of which ``cat``/``show`` take;
+    an ASCII control character as Python writes it (``\\n``)."""
     if "\udc80" <= char <= "\udcff":
         return f"\\x{ord(char) - 0xDC00:02x}"
+    if ord(char) >= 0x80:
+        return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
     return repr(char)[1:-1]
 
 

@@ -44,6 +44,7 @@ from typing import Literal
 from ..errors import (
     BackupSupersededError,
     BackupTimeoutError,
+    CkptVaultError,
     FlushTimeoutError,
     SourceError,
     StorageError,
@@ -172,6 +173,15 @@ class BackupHandle:
         future = self._job.future
         state = "done" if future.done() else "running" if future.running() else "queued"
         return f"<BackupHandle {self._job.describe()} {state}>"
+
+
+class _StoppedWaiting(Exception):
+    """A close that cancels (SIGTERM to a sidecar, Ctrl-C while it waits) ended a job's wait to try again
+    (for a prune's lock, or the storage): the job fails with ``cause``, its pins kept for the next run."""
+
+    def __init__(self, cause: CkptVaultError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def _timeout_arg(timeout: float | None) -> float | None:
@@ -666,15 +676,15 @@ class AsyncShipper:
 
     def close(self, *, cancel_pending: bool = False, timeout: float | None = None) -> list[BackupJob]:
         """Stop taking jobs. With ``cancel_pending``, jobs not started are cancelled (and returned,
-        their pins kept for the caller); the running one finishes, unless it is waiting for a
-        prune's lock, which it then gives up (failing, its pins kept). Else the worker runs
+        their pins kept for the caller); the running one finishes, unless it is waiting to try again
+        (for a prune's lock, or the storage), which it then gives up (failing, its pins kept). Else the worker runs
         every queued job before it stops. Waits at most ``timeout`` seconds for the worker (None:
         as long as the jobs take)."""
         with self._cond:
             self._closed = True
             cancelled: list[BackupJob] = []
             if cancel_pending:
-                self._stopping.set()  # a running job waiting for a prune's lock stops waiting
+                self._stopping.set()  # a running job waiting to try again stops waiting
                 while self._pending:
                     job = self._pending.popleft()
                     job.future.cancel()
@@ -705,7 +715,8 @@ class AsyncShipper:
     def abandon(self, why: str) -> None:
         """Give up on the queue at once (Ctrl-C while ``close`` waits): log what will not ship and
         where its pins stay, cancel the jobs not started, keeping their pins, and leave this queue
-        out of the exit-time wait. The running job goes on until it ends or the process does."""
+        out of the exit-time wait. The running job goes on until it ends or the process does, but for
+        one waiting to try again: it fails, its pins kept too."""
         self.report_unshipped(why)
         self._stopping.set()
         with self._cond:
@@ -789,6 +800,17 @@ class AsyncShipper:
                     self._orphans.update({source: (job, exc) for source in exc.rewritten if source not in queued})
                 self._release(job)
                 job.future.set_exception(exc)
+            except _StoppedWaiting as stopped:  # its checkpoint may be deleted already: the pins stay
+                if self._log_failures:
+                    log.error(
+                        "async backup of %s failed: %s; its pinned files stay for the next backup_async",
+                        job.describe(),
+                        stopped.cause,
+                    )
+                give_up(job.pins)
+                with self._cond:
+                    self._failures.append(stopped.cause)
+                job.future.set_exception(stopped.cause)
             except BaseException as exc:
                 if self._log_failures:
                     log.error("async backup of %s failed: %s", job.describe(), exc)
@@ -839,7 +861,7 @@ class AsyncShipper:
                 lock_waits += 1
                 retry_log.warning("async backup of %s: %s; trying again in %.0f s", job.describe(), exc, delay)
                 if self._stopping.wait(delay):
-                    raise
+                    raise _StoppedWaiting(exc) from None
             except StorageError as exc:
                 if not exc.retryable or attempt >= self._retries:
                     raise
@@ -849,7 +871,7 @@ class AsyncShipper:
                 attempt += 1
                 retry_log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
                 if self._stopping.wait(delay):  # as for a lock: a close that cancels ends the wait
-                    raise
+                    raise _StoppedWaiting(exc) from None
 
     @staticmethod
     def _release(job: BackupJob) -> None:
