@@ -332,8 +332,7 @@ class FileFormatError(CkptVaultError):
 
 
 class WatchLockedError(VaultLockedError):
-    """Another ``ckptvault watch`` is watching the same checkpoint folder (it holds the folder's lock, or
-    the lock file in the same state folder)."""
+    """Another ``ckptvault watch`` holds the same checkpoint folder, or the same state folder."""
 
 
 class NotBackedUpError(CkptVaultError):

@@ -416,8 +416,16 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     (tmp_path / "st" / "lock").write_text("pid 999999")
     elsewhere = cli("watch", str(ckpts), "--repo", repo, "--once", "--state-dir", str(tmp_path / "st"), check=False)
     said = elsewhere.stderr.decode()
-    assert elsewhere.returncode == 11 and "with another --state-dir, is already watching" in said, said
+    assert elsewhere.returncode == 11 and "(with another --state-dir) is already watching" in said, said
     assert "999999" not in said
+    # one state folder given to watches of two folders: the holder is named with the folder it watches (L1)
+    other = tmp_path / "other"
+    other.mkdir()
+    state = str(ckpts / ".ckptvault-watch")
+    shared = cli("watch", str(other), "--repo", repo, "--once", "--state-dir", state, check=False)
+    said = shared.stderr.decode()
+    assert shared.returncode == 11 and f"(pid {watch.proc.pid}) keeps its state in" in said, said
+    assert f"watching {ckpts}; give this one another --state-dir" in said, said
     assert watch.finish() == 0
     for args in ([str(tmp_path / "nope" / "ckpts")], [str(tmp_path / "nope"), "--once"]):
         missing = cli("watch", *args, "--repo", repo, check=False)

@@ -1170,20 +1170,30 @@ class _WatchLock:
     def __enter__(self) -> None:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
-            self._refuse(f"another ckptvault watch ({holder})")
+        except BlockingIOError:  # the lock file says who holds it, and which folder it watches
+            said = os.pread(self.fd, 4096, 0).decode(errors="replace").split("\n")
+            holder = said[0].strip() or "another process"
+            watched = said[1].strip() if len(said) > 1 else ""
+            if watched and watched != self.directory:  # one state folder given to two watches
+                self._refuse(
+                    f"another ckptvault watch ({holder}) keeps its state in {os.path.dirname(self.path)}, watching "
+                    f"{watched}; give this one another {spelled('--state-dir', 'state_dir')}"
+                )
+            self._refuse(f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first")
         try:
             fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # its pid is in its own state folder's lock file, not in this one
-            self._refuse(f"another ckptvault watch, with another {spelled('--state-dir', 'state_dir')},")
+            self._refuse(
+                f"another ckptvault watch (with another {spelled('--state-dir', 'state_dir')}) is already watching "
+                f"{self.directory}; stop it first"
+            )
         os.ftruncate(self.fd, 0)
-        with contextlib.suppress(OSError):  # only names the holder in the message above: a full disk may refuse it
-            os.pwrite(self.fd, f"pid {os.getpid()}".encode(), 0)
+        with contextlib.suppress(OSError):  # only names the holder in the messages above: a full disk may refuse it
+            os.pwrite(self.fd, f"pid {os.getpid()}\n{self.directory}".encode(), 0)
 
-    def _refuse(self, holder: str) -> NoReturn:
+    def _refuse(self, message: str) -> NoReturn:
         self.__exit__()
-        raise WatchLockedError(f"{holder} is already watching {self.directory}; stop it first") from None
+        raise WatchLockedError(message) from None
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
