@@ -295,7 +295,7 @@ def make_job(
             exc.strerror or exc,
         )
         return _expecting_its_files(job, exclude)
-    if not any(True for sig in pinned_as for _ in pins_module.files_of(sig)):
+    if not any(any(pins_module.files_of(sig)) for sig in pinned_as):
         for made in pins:  # an empty folder, only links, or only files still being written (*.tmp)
             made.release()
         if exclude:  # or every file left out
