@@ -994,7 +994,8 @@ class Vault:
     def unlock(self, *, remove_all: bool = False) -> list[LockInfo]:
         """Remove stale locks (or, with ``remove_all``, every lock); returns those removed."""
         manager = self._repo.locks
-        removed = [lock for lock in manager.list() if remove_all or manager.is_stale(lock)]
+        now = None if remove_all else manager.judging_now()
+        removed = [lock for lock in manager.list() if remove_all or manager.is_stale(lock, now=now)]
         for lock in removed:
             manager.remove(lock)
         return removed

@@ -349,3 +349,20 @@ def test_a_lock_met_moments_after_it_was_written_is_looked_at_again(tmp_path: Pa
             manager.acquire(exclusive=False)
         assert waits == [locks.NEWCOMER_WAIT_S], "no second look at a lock a minute old"
         manager.remove(old)
+
+
+def test_unlock_on_a_host_whose_clock_runs_ahead_keeps_a_live_lock(vault: Vault):
+    """unlock judged ages by its own clock alone: 40 minutes ahead, it removed a running backup's lock, a prune
+    then deleted the backup's new pack, and check failed on the index naming it (bug hunt 40 M1). It corrects
+    its clock by the storage's, as taking a lock does."""
+    from datetime import timedelta
+
+    from ckptvault.repository.locks import utc_now
+
+    held = vault._repo.locks.acquire(exclusive=False)
+    try:
+        vault._repo.locks.clock = lambda: utc_now() + timedelta(minutes=40)
+        assert vault.unlock() == []
+        assert [lk.lock_id for lk in vault.locks()] == [held.info.lock_id]  # and the probe is gone
+    finally:
+        held.release()

@@ -180,7 +180,7 @@ def unlock_cmd(
         left = vault.locks()
     for lock in removed:
         out.info(f"removed {lock.describe()}")
-        if remove_all and running_here(lock):
+        if running_here(lock):  # with --remove-all; or a process that has not refreshed its lock for 30 min
             out.warn(
                 f"pid {lock.pid} on this host is running and held that lock: a backup or prune there now stops "
                 "before committing or deleting anything more (it lost its lock) and must be run again"

@@ -50,8 +50,9 @@ Clock skew. Staleness compares the judge's clock with the holder's lock time, so
 against the two skews that cheaply can be, using the storage's write time of each lock object
 (``ObjectInfo.modified``; a lock object is never rewritten, so that is the holder's last refresh):
 
-* the judge's clock running ahead: when taking a lock, the judge sees its own new object's storage
-  time; if its own clock was ahead of the storage's, "now" is moved back by that much;
+* the judge's clock running ahead: when taking a lock (and ``unlock``, with a probe object it removes
+  again: ``judging_now``), the judge sees its own new object's storage time; if its own clock was ahead
+  of the storage's, "now" is moved back by that much;
 * the holder's clock running behind: a readable lock counts from the later of its document time and
   its storage time, as long as the two are at most ``stale_after`` apart. A larger gap is not skew
   any reasonable host has; it is a lock copied with a new modification time (a repository copied by
@@ -218,7 +219,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-# The locks this process holds, per repository (a Repository makes a new LockManager on every access).
+# The locks this process holds, per repository.
 _held_mutex = threading.Lock()
 _HELD: weakref.WeakKeyDictionary[Repository, list[HeldLock]] = weakref.WeakKeyDictionary()
 # Lock objects this process could not delete (the storage failed or stopped answering). Its PID is
@@ -429,6 +430,22 @@ class LockManager:
                 f"vault {url} is locked by a newer ckptvault: {other.describe()}; use that ckptvault, or {then}"
             )
         return VaultLockedError(f"vault {url} is locked: {other.describe()}; {then}")
+
+    def judging_now(self) -> datetime:
+        """``clock()``, corrected as ``acquire`` corrects it (module docstring, "Clock skew"): a probe lock
+        object is written, its listed time read, and it is removed. Without it, a host whose clock runs
+        ahead would take live locks for stale ones (``unlock``). The uncorrected clock where nothing can be
+        written (a read-only vault, where no lock can be removed either)."""
+        probe = self.new_info(exclusive=False)
+        try:
+            self.put(probe)
+        except CkptVaultError:
+            return self.clock()
+        try:
+            return self._judging_now(probe, self._list(probe)[0])
+        finally:
+            with contextlib.suppress(CkptVaultError):
+                self.remove(probe)
 
     def _judging_now(self, own: LockInfo, listed: Sequence[LockInfo]) -> datetime:
         """``clock()``, moved back by how far it ran ahead of the storage's clock when ``own`` was written."""
