@@ -1131,7 +1131,7 @@ class Vault:
             self._shipper = AsyncShipper(self._run_job)
         return self._shipper
 
-    def _run_job(self, job: BackupJob, *, log_warnings: bool = True) -> Snapshot:
+    def _run_job(self, job: BackupJob) -> Snapshot:
         excludes = exclude_arg(job.exclude)
         if job.leave_unfinished:
             excludes = replace(excludes, unfinished=True)
@@ -1146,7 +1146,7 @@ class Vault:
             before_commit=functools.partial(check_sources_unchanged, job),
             wait_for_lock=False,
             taken_at=job.taken_at,
-            log_warnings=log_warnings,
+            log_warnings=job.log_warnings,
         )
 
     @_open_only
@@ -1198,7 +1198,7 @@ class Vault:
         watcher = Watcher(
             directory,
             tags=user_tags,
-            ship=functools.partial(self._run_job, log_warnings=False),  # the watcher says them, named
+            ship=self._run_job,
             shipped_digests=shipped_digests,
             options=options,
             stop=stop,

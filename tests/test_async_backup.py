@@ -108,6 +108,21 @@ def test_coalesce_drops_the_oldest_waiting_backup_and_says_so(tmp_path, caplog):
     vault.close()
 
 
+def test_a_coalescing_call_never_drops_a_backup_submitted_with_block(tmp_path):
+    """A full queue dropped its oldest waiting backup for a newer "coalesce" call even when that one was
+    submitted with "block", whose every checkpoint is to ship (mutation audit 40b). The call now waits."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    vault.configure_async(max_pending=1)
+    ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{i}", i, 50_000) for i in range(3)]
+    first = vault.backup_async(ckpts[0], tags={"step": "0"})
+    wait_until(first.running)
+    handles = [first, vault.backup_async(ckpts[1], tags={"step": "1"}, on_full="block")]
+    handles.append(vault.backup_async(ckpts[2], tags={"step": "2"}))  # coalesce, with only "block" waiting
+    vault.flush(timeout=120)
+    assert [h.result().tags["step"] for h in handles] == ["0", "1", "2"]
+    vault.close()
+
+
 @pytest.mark.parametrize("on_full", ["coalesce", "block"])
 def test_pins_never_take_the_room_of_the_trainers_next_save(tmp_path, caplog, on_full):
     """A keep-1 trainer saving 1.1 MB checkpoints faster than they ship, on a 4 MiB disk: the pins of the
@@ -143,6 +158,34 @@ def test_pins_never_take_the_room_of_the_trainers_next_save(tmp_path, caplog, on
     shipped = sorted(int(s.tags["step"]) for s in vault.snapshots())
     assert shipped[-1] == 10 and len(shipped) == len(handles) - len(dropped), shipped
     vault.close()
+
+
+def test_making_room_never_drops_the_newest_waiting_backup_nor_one_submitted_with_block(
+    tmp_path, repo_url, vault, monkeypatch, caplog
+):
+    """A trainer may delete a checkpoint as soon as backup_async returns (its pin keeps it). On a disk short
+    of room, waiting backups of deleted checkpoints are dropped, but never the newest one (the save a resume
+    needs) nor one whose caller chose "block" (every checkpoint ships). The first backup waits for a prune's
+    lock, so that the others wait for as long as the test says, on a disk that never has room."""
+    monkeypatch.setattr(async_backup.pins_module, "free_bytes", lambda folder: 0)
+    vault.configure_async(max_pending=3)
+    holder = Vault.open(repo_url)
+    with holder._repo.locks.acquire(exclusive=True), caplog.at_level(logging.WARNING, logger="ckptvault.shipping"):
+        vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"step": "1"})
+        wait_until(lambda: any("is locked" in r.getMessage() for r in caplog.records))
+        handles = {}
+        for step, on_full in ((2, "block"), (3, "coalesce"), (4, "coalesce")):
+            ckpt = make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)
+            handles[step] = vault.backup_async(ckpt, tags={"step": str(step)}, on_full=on_full)
+            shutil.rmtree(ckpt)  # its pin holds it now: deleting it frees nothing yet
+        wait_until(handles[3].done)
+        time.sleep(4 * async_backup.ROOM_LOOK_S)  # the room keeper looks again meanwhile
+        dropped = [step for step, handle in handles.items() if handle.done()]
+    assert dropped == [3], {step: handles[step].exception(timeout=0) for step in dropped}
+    assert "to leave the trainer room for its next save" in str(handles[3].exception(timeout=0))
+    vault.flush(timeout=120)
+    assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2", "4"]
+    holder.close()
 
 
 def test_a_cancelled_backup_frees_its_slot_and_its_pins_at_once(tmp_path, caplog):

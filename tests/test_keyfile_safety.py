@@ -3,6 +3,7 @@ copy, damaged parameters, foreign encodings, folders that cannot be written, two
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ckptvault.crypto import keyfile as keyfile_module
 from ckptvault.crypto.keyfile import NONCE_SIZE, WRAP_AAD, KdfParams, Keyfile
@@ -294,3 +296,16 @@ def test_only_line_ends_are_dropped_from_a_passphrase_not_spaces():
     assert key.unlock(PASS + " \n").material == master.material  # a file's newline
     with pytest.raises(WrongPassphraseError):
         key.unlock(PASS)
+
+
+def test_a_keyfile_is_wrapped_under_the_scrypt_parameters_it_records():
+    """Another tool (or a later ckptvault) must unwrap the key from the file alone: a key derived with other
+    parameters than the ones written (r=8, p=1 whatever the file says) still opens in this ckptvault, whose
+    create and unlock make the same mistake, and nowhere else. The known-answer keyfile has r=8, p=1."""
+    key, master = Keyfile.create(PASS, scrypt_n=2**10, scrypt_r=4, scrypt_p=3)
+    doc = json.loads(key.to_json())
+    kdf, wrapped = doc["kdf"], base64.b64decode(doc["wrapped_key"])
+    assert (kdf["n"], kdf["r"], kdf["p"]) == (2**10, 4, 3)
+    salt = base64.b64decode(kdf["salt"])
+    kek = Scrypt(salt=salt, length=32, n=kdf["n"], r=kdf["r"], p=kdf["p"]).derive(PASS.encode())
+    assert AESGCM(kek).decrypt(wrapped[:NONCE_SIZE], wrapped[NONCE_SIZE:], WRAP_AAD) == master.material

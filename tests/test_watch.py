@@ -1011,6 +1011,22 @@ def test_checkpoints_saved_as_text_still_ship(tmp_path, repo, cli, files, ships)
     assert shipped == ships, (proc.stdout.decode(), proc.stderr.decode())
 
 
+def test_a_step_folder_that_holds_tensorboard_logs_too_is_a_checkpoint(tmp_path, repo, cli):
+    """Only a folder without a step in its name is taken for logs (runs/, lightning_logs/): a checkpoint
+    folder named by its step that also holds the run's event files ships, or that save is lost."""
+    ckpts = tmp_path / "ckpts"
+    for step in (100, 200):
+        (ckpts / f"step_{step}").mkdir(parents=True)
+        (ckpts / f"step_{step}" / "model.pt").write_bytes(str(step).encode())
+        (ckpts / f"step_{step}" / "events.out.tfevents.1733.host").write_bytes(b"loss")
+    (ckpts / "runs").mkdir()
+    (ckpts / "runs" / "events.out.tfevents.1733.host").write_bytes(b"loss")
+    proc = cli("watch", str(ckpts), "--once", "--settle", "0", "--tag", "run=tb", "--repo", repo)
+    shipped = sorted(line.split()[1] for line in proc.stdout.decode().splitlines())
+    assert shipped == ["step_100", "step_200"], (proc.stdout.decode(), proc.stderr.decode())
+    assert "runs: not shipped: it holds TensorBoard logs" in proc.stderr.decode()
+
+
 def test_once_ends_when_its_uploads_are_done_whatever_the_interval(tmp_path, repo, cli):
     """--once waited --interval twice over after shipping (41 s for a 5-byte file at --interval 20)."""
     (tmp_path / "ckpts").mkdir()
@@ -1880,6 +1896,23 @@ def test_a_candidate_dropped_by_a_look_between_pins_is_not_pinned_again(tmp_path
     assert [c.pin.name for c in watcher._candidates.values()] == ["checkpoint-10"]
     roots = sorted(Path(watcher.pins_dir).iterdir())
     assert [(root / "pin.json").exists() for root in roots] == [True], [list(r.rglob("*")) for r in roots]
+
+
+def test_what_was_pinned_before_a_pointer_file_showed_a_save_folder_is_dropped(tmp_path):
+    """DeepSpeed writes zero_to_fp32.py into its save folder before the first step folder and its `latest`
+    pointer: once they show the folder's kind, the script pinned before is dropped, not shipped as a
+    snapshot without a step (which `latest` of the run would then go by time for)."""
+    ckpts = tmp_path / "out"
+    ckpts.mkdir()
+    (ckpts / "zero_to_fp32.py").write_text("# the script DeepSpeed writes beside its step folders")
+    watcher = _looking_watcher(ckpts)
+    assert [c.pin.name for c in watcher._candidates.values()] == ["zero_to_fp32.py"]
+    (ckpts / "global_step10").mkdir()
+    (ckpts / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(b"m" * 1000)
+    (ckpts / "latest").write_text("global_step10")
+    time.sleep(0.15)  # an interval since the last look: the settling looks for new names first
+    watcher._settle(time.monotonic())
+    assert [c.pin.name for c in watcher._candidates.values()] == ["global_step10"]
 
 
 def test_a_pin_is_synced_again_when_its_folder_comes_back(tmp_path):

@@ -29,6 +29,10 @@ def test_a_backed_up_checkpoint_is_reported_with_its_snapshot(tmp_path, vault):
     assert status.backed_up and status.snapshot is not None and status.snapshot.id == snap.id
     assert status.files == 3 and status.prefix == ""
     assert vault.is_backed_up(ckpt / "optimizer.pt"), "one file of it is held too"
+    newer = vault.backup(ckpt.parent)  # a later snapshot holds it too: status names the newest
+    assert newer.time > snap.time
+    status = vault.backup_status(ckpt)
+    assert status.snapshot is not None and status.snapshot.id == newer.id and status.prefix == "checkpoint-1200/"
 
 
 def test_a_checkpoint_inside_a_backup_of_its_parent_counts(tmp_path, vault):

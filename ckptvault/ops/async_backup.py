@@ -92,6 +92,7 @@ class BackupJob:
     expected: list[str] = field(default_factory=list)  # unpinned: the files the sources held when queued
     verify: Callable[[], None] | None = None  # raises, just before the commit, when the sources moved on
     warnings: list[str] = field(default_factory=list)
+    log_warnings: bool = True  # False: only into ``warnings`` (watch says each itself, naming the checkpoint)
     leftover: bool = False  # a dead process's pins (leftover_jobs): run before newer jobs, never dropped
     on_full: OnFull = "coalesce"  # as submitted: "block" jobs are never dropped, not even to make room
     taken_at: datetime | None = None  # the snapshot's time, when not the backup's (watch: when pinned)
@@ -617,13 +618,15 @@ class AsyncShipper:
                 self._cond.notify_all()
                 return None
             if self._full():
-                if on_full == "block":
+                # "block" jobs are never dropped: with only those waiting, a "coalesce" call waits as they did
+                droppable = [j for j in self._waiting() if j.on_full == "coalesce"] if on_full == "coalesce" else []
+                if droppable:
+                    dropped = droppable[0]
+                    self._pending.remove(dropped)
+                else:
                     self._cond.wait_for(lambda: self._closed or not self._full())
                     if self._closed:
                         raise UsageError("this vault no longer takes backups: it was closed")
-                else:
-                    dropped = self._waiting()[0]
-                    self._pending.remove(dropped)
             self._pending.append(job)
             self._ensure_worker()
             self._cond.notify_all()

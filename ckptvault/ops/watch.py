@@ -959,6 +959,7 @@ class Watcher:
                 # when it was pinned, not when it ships: a save retried after an outage, committed after a
                 # newer save of the same name, must not become 'latest' of a name without a step
                 taken_at=cand.pin.made_at,
+                log_warnings=False,  # _collect says them, naming the checkpoint
             )
             if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
                 # commits only if every file is still as it was queued
