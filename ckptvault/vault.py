@@ -992,7 +992,8 @@ class Vault:
 
     @_open_only
     def unlock(self, *, remove_all: bool = False) -> list[LockInfo]:
-        """Remove stale locks (or, with ``remove_all``, every lock); returns those removed."""
+        """Remove stale locks (or, with ``remove_all``, every lock); returns those removed. Ages are judged
+        by this host's clock set back by how far it runs ahead of the storage's (a probe lock object)."""
         manager = self._repo.locks
         now = None if remove_all else manager.judging_now()
         removed = [lock for lock in manager.list() if remove_all or manager.is_stale(lock, now=now)]
