@@ -613,26 +613,27 @@ def _write_via_temp(
     overwrite: bool,
 ) -> None:
     fd = _create_locked_temp(tmp)
+    # the lock is held until the rename, or the removal after a failure: another restore's sweep must not take
+    # the file first (its removal then would hide this failure behind "no such file")
     try:
-        try:  # the lock is held until the rename: another restore's sweep must not take the file first
-            os.ftruncate(fd, entry.size)
-            written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
-            if written_hash != entry.blake3:
-                _name_the_damaged_chunk(repo, entry)
-                raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
-            os.fchmod(fd, entry.mode)
-            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-            _refuse_directory(dest)
-            if overwrite:
-                os.replace(tmp, dest)  # over a file or a link at once: no unlink first that a concurrent restore races
-            else:
-                _put_in_place(tmp, dest, entry)
-        finally:
-            os.close(fd)
+        os.ftruncate(fd, entry.size)
+        written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
+        if written_hash != entry.blake3:
+            _name_the_damaged_chunk(repo, entry)
+            raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
+        os.fchmod(fd, entry.mode)
+        os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+        _refuse_directory(dest)
+        if overwrite:
+            os.replace(tmp, dest)  # over a file or a link at once: no unlink first that a concurrent restore races
+        else:
+            _put_in_place(tmp, dest, entry)
     except BaseException:
-        if os.path.lexists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
 
 
 def _put_in_place(tmp: str, dest: str, entry: FileEntry) -> None:
