@@ -27,6 +27,7 @@ import secrets
 import stat
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -59,6 +60,7 @@ _TEMP_NAME_BYTES = len(TEMP_MARK) + 16 + 1 + _TEMP_RANDOM  # see temp_stem
 PATH_MAX = 4096  # Linux: bytes in a path given to a system call, its closing NUL included
 _LEFTOVER_NAME = re.compile(rf"{re.escape(TEMP_MARK)}[0-9a-f]{{16}}-[0-9a-f]{{{_TEMP_RANDOM}}}")  # see temp_stem
 READ_BLOCK = 4 * 1024 * 1024
+SMALL_FILE_BYTES = 4 * 1024 * 1024  # restored whole on one pool thread, several at a time (see _SmallFiles)
 
 
 @dataclass(frozen=True)
@@ -524,15 +526,29 @@ def _write(
     zero_chunks: set[bytes] = set()  # all-zero chunks: left as holes, fetched once (the file hash covers them)
     snapshot_paths = frozenset(planner.dest(e) for e in tree)
     _remove_leftover_temps({os.path.dirname(planner.dest(e)) for e in entries if e.type == "file"}, snapshot_paths)
+    made: set[str] = set()
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
-        for entry in files:
-            dest = planner.dest(entry)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            try:
-                _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, overwrite)
-                written += entry.size
-            except IntegrityError as exc:
-                failures[entry.path] = str(exc)
+        small = _SmallFiles(repo, pool, workers if repo.remote else 0, zero_chunks, overwrite, progress)
+        try:
+            for entry in files:
+                dest = planner.dest(entry)
+                if (parent := os.path.dirname(dest)) not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                if entry.size <= SMALL_FILE_BYTES:
+                    small.restore(entry, dest)
+                    continue
+                try:
+                    _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, overwrite)
+                    written += entry.size
+                except IntegrityError as exc:
+                    failures[entry.path] = str(exc)
+            small.finish()
+        except BaseException:
+            small.abandon()
+            raise
+    written += small.written
+    failures.update(small.failures)
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
         for entry in entries:
             if entry.type == "file" and entry.path in planner.skip:
@@ -543,6 +559,72 @@ def _write(
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
         _set_mode_and_mtime(planner.dest(entry), entry)
     return written, failures
+
+
+class _SmallFiles:
+    """Files of up to SMALL_FILE_BYTES, each restored whole by one thread, with no hand-off per chunk.
+
+    From a local disk the calling thread writes them itself, one after another: a file of one chunk
+    spent most of its time waiting for its chunk's worker, and more threads at once only fought over the
+    GIL (10,000 files of 30 KB on 2 cores: 3.1-3.5 s inline, 4.2-4.5 s with a hand-off per chunk, 4.6-4.8 s
+    with 8 files at once; restic 2.2-2.6 s). From a remote store, where each file waits a round trip, up
+    to ``at_once`` files are written on the pool's threads at once; their progress and failures are
+    taken on the calling thread as they finish."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        pool: ThreadPoolExecutor,
+        at_once: int,
+        zero_chunks: set[bytes],
+        overwrite: bool,
+        progress: Progress,
+    ) -> None:
+        self._repo = repo
+        self._pool = pool
+        self._at_once = at_once
+        self._zero_chunks = zero_chunks
+        self._overwrite = overwrite
+        self._progress = progress
+        self._inflight: deque[tuple[Future[None], FileEntry]] = deque()
+        self.written = 0
+        self.failures: dict[str, str] = {}
+
+    def restore(self, entry: FileEntry, dest: str) -> None:
+        args = (self._repo, None, entry, dest, NullProgress(), 1, self._zero_chunks, self._overwrite)
+        if self._at_once == 0:
+            self._done(entry, lambda: _restore_file(*args))
+            return
+        while len(self._inflight) >= self._at_once:
+            self._finish_oldest()
+        self._inflight.append((self._pool.submit(_restore_file, *args), entry))
+
+    def finish(self) -> None:
+        while self._inflight:
+            self._finish_oldest()
+
+    def abandon(self) -> None:
+        """After a failure or Ctrl-C elsewhere: drop the files not started and wait for those being
+        written (each removes its temporary file when it fails), so that none is written after."""
+        for future, _ in self._inflight:
+            future.cancel()
+        for future, _ in self._inflight:
+            if not future.cancelled():
+                future.exception()
+        self._inflight.clear()
+
+    def _finish_oldest(self) -> None:
+        future, entry = self._inflight.popleft()
+        self._done(entry, future.result)
+
+    def _done(self, entry: FileEntry, restored: Callable[[], None]) -> None:
+        try:
+            restored()
+        except IntegrityError as exc:
+            self.failures[entry.path] = str(exc)
+        else:
+            self.written += entry.size
+        self._progress.advance(entry.size)
 
 
 def _put_link(dest: str, entry: FileEntry) -> None:
@@ -583,7 +665,7 @@ def temp_stem(name: str) -> str:
 
 def _restore_file(
     repo: Repository,
-    pool: ThreadPoolExecutor,
+    pool: ThreadPoolExecutor | None,
     entry: FileEntry,
     dest: str,
     progress: Progress,
@@ -603,7 +685,7 @@ def _restore_file(
 
 def _write_via_temp(
     repo: Repository,
-    pool: ThreadPoolExecutor,
+    pool: ThreadPoolExecutor | None,
     entry: FileEntry,
     dest: str,
     tmp: str,
@@ -759,7 +841,7 @@ def _is_zeros(data: bytes | memoryview) -> bool:
 
 def _write_chunks(
     repo: Repository,
-    pool: ThreadPoolExecutor,
+    pool: ThreadPoolExecutor | None,
     fd: int,
     entry: FileEntry,
     progress: Progress,
@@ -771,7 +853,8 @@ def _write_chunks(
     Workers fetch, verify and write chunks with positioned writes, out of order; this thread feeds
     each chunk's bytes to the whole-file hash in file order while the workers go on ahead.
     The hash covers exactly the buffers handed to ``pwrite``, at the offsets this walk computed
-    (reading the file back instead cost a copy of every byte out of the page cache)."""
+    (reading the file back instead cost a copy of every byte out of the page cache). Without a ``pool``
+    this thread does it all, chunk after chunk (a small file: see ``_SmallFiles``)."""
 
     def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | memoryview | None:
         # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
@@ -788,6 +871,17 @@ def _write_chunks(
         return data
 
     hasher = new_file_hasher()
+    if pool is None:  # a small file, written by the pool thread that runs this
+        offset = 0
+        try:
+            for chunk_id in entry.chunks:
+                length = repo.locate(chunk_id).raw_len
+                data = fetch_and_write(chunk_id, offset)
+                hasher.update(data if data is not None else bytes(length))
+                offset += length
+        except IntegrityError as exc:
+            raise IntegrityError(f"{entry.path}: {exc}") from exc
+        return hasher.hexdigest()
     inflight: deque[tuple[Future[bytes | memoryview | None], int]] = deque()
     inflight_bytes = 0
 

@@ -188,8 +188,8 @@ class Repository:
         self._upload_concurrency = upload_concurrency
         self._stats_lock = threading.Lock()
         self.bytes_written = 0  # everything this Repository object has put
-        self._remote = bool(getattr(store, "remote", False))
-        self.cache = MetadataCache.open(cache_root if self._remote else None, config.repo_id)
+        self.remote = bool(getattr(store, "remote", False))  # bytes cross a network (store/base.py)
+        self.cache = MetadataCache.open(cache_root if self.remote else None, config.repo_id)
         self._bypass_cache = False
         # one for the repository's life: it remembers what it said (the warning of a read without a lock, once)
         self.locks = LockManager(self)
@@ -654,7 +654,7 @@ class Repository:
         another, a vault of 1,000 unpruned backups (an index object each) kept a fresh machine's first
         command waiting ~40 s on a 20 ms link. On a local disk one after another, where a thread
         hand-off costs more than the read: 1,000 snapshot objects in 30 ms, against 80-110 ms on 8 threads."""
-        if not self._remote or len(items) < 2:
+        if not self.remote or len(items) < 2:
             return [read(item) for item in items]
         with ThreadPoolExecutor(METADATA_READERS) as pool:
             return list(pool.map(read, items))

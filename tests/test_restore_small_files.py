@@ -1,0 +1,124 @@
+"""Small files are restored whole by one thread each: one after another from a local disk, several at once
+from a remote store (where each one waits a round trip)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import RestoreIncompleteError, StorageError
+from ckptvault.ops.restore import SMALL_FILE_BYTES, TEMP_MARK
+from ckptvault.repository.format import pack_key
+
+from .conftest import tree_digest
+from .test_corruption import flip
+
+
+class SlowStore:
+    """A real store whose pack reads each take ``delay`` seconds, as a round trip would; it records how
+    many ran at once, and fails the reads of ``failing`` (a pack key) when told."""
+
+    def __init__(self, inner: Any, delay: float = 0.03) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.delay = delay
+        self.failing: str | None = None
+        self.reads = 0
+        self.peak = 0
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if not key.startswith("packs/"):
+            return self.inner.get_range(key, start, length)
+        with self._lock:
+            self._running += 1
+            self.reads += 1
+            self.peak = max(self.peak, self._running)
+        try:
+            time.sleep(self.delay)
+            if key == self.failing:
+                raise StorageError("GET", key, self.url, "connection reset by peer")
+            return self.inner.get_range(key, start, length)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def small_files(root: Path, count: int = 24) -> Path:
+    for i in range(count):
+        folder = root / f"rank{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"shard{i:02d}.pt").write_bytes(os.urandom(20_000 + 997 * i))
+    return root
+
+
+def slowed(vault: Vault, *, remote: bool) -> SlowStore:
+    repo = vault._repo
+    repo.index  # noqa: B018 - loaded now, through the real store: only the files' reads are slowed
+    store = SlowStore(repo.store)
+    repo.store = store
+    repo.remote = remote
+    return store
+
+
+def temp_files(root: Path) -> list[str]:
+    return [name for _, _, names in os.walk(root) for name in names if name.startswith(TEMP_MARK)]
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_small_files_from_a_remote_store_are_restored_several_at_once(vault: Vault, tmp_path: Path, remote: bool):
+    src = small_files(tmp_path / "src")
+    vault.backup(src)
+    store = slowed(vault, remote=remote)
+    result = vault.restore("latest", tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    assert result.files == 24 and result.bytes_written == sum(p.stat().st_size for p in src.rglob("*.pt"))
+    if remote:  # one round trip per file would make 24 files wait 24 round trips
+        assert store.peak >= 4
+    else:  # a local disk: written one after another on the calling thread, no hand-offs
+        assert store.peak == 1
+
+
+def test_a_damaged_small_file_fails_alone_while_others_are_written_at_once(vault: Vault, repo_url: str, tmp_path: Path):
+    src = small_files(tmp_path / "src")
+    vault.backup(src)
+    victim = vault.files("latest")[5]
+    assert victim.type == "file" and victim.size <= SMALL_FILE_BYTES
+    stored = vault._repo.index.get(victim.chunks[0])
+    flip(Path(repo_url) / pack_key(stored.pack_id), stored.offset + stored.stored_len // 2)
+    slowed(vault, remote=True)
+    with pytest.raises(RestoreIncompleteError) as info:
+        vault.restore("latest", tmp_path / "out")
+    assert victim.path in str(info.value) and info.value.result.files == 23
+    assert not (tmp_path / "out" / victim.path).exists() and not temp_files(tmp_path / "out")
+    for path in src.rglob("*.pt"):  # every other file, whole
+        rel = path.relative_to(src).as_posix()
+        assert rel == victim.path or (tmp_path / "out" / rel).read_bytes() == path.read_bytes()
+
+
+def test_a_storage_failure_stops_the_small_files_in_flight_and_leaves_no_temporary_file(vault: Vault, tmp_path: Path):
+    src = small_files(tmp_path / "src")
+    vault.backup(src)
+    store = slowed(vault, remote=True)
+    entries = [e for e in vault.files("latest") if e.type == "file"]
+    store.failing = pack_key(vault._repo.index.get(entries[3].chunks[0]).pack_id)
+    with pytest.raises(StorageError, match="connection reset"):
+        vault.restore("latest", tmp_path / "out")
+    reads = store.reads
+    time.sleep(0.2)
+    assert store.reads == reads  # nothing goes on reading after the restore raised
+    assert not temp_files(tmp_path / "out")
+    # what was written is whole, and a rerun completes the rest
+    store.failing = None
+    vault.restore("latest", tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
