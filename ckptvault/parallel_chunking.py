@@ -182,7 +182,7 @@ class ChunkHelpers:
         """The chunks of ``stream`` (the open file ``fd``, read from its start; ``size`` as its stat
         said), exactly as ``iter_chunks(stream, self.params)`` yields them."""
         if self.processes < 1 or size < self.min_file:
-            yield from iter_chunks(stream, self.params)
+            yield from iter_chunks(stream, self.params, size_hint=size)
             return
         if not self._helpers:
             self._helpers = [_Helper() for _ in range(self.processes)]

@@ -1,5 +1,6 @@
 import os
 import socket
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,14 +101,14 @@ def test_unreadable_file_fails_unless_skipped(vault: Vault, tmp_path: Path, monk
     src.mkdir()
     (src / "ok").write_bytes(b"fine")
     (src / "secret").write_bytes(b"no")
-    real_open = backup_module._open_source
+    real_open = backup_module._SourceOpener.open
 
-    def guarded_open(item):  # root reads anything: fake the EACCES
+    def guarded_open(opener, item):  # root reads anything: fake the EACCES
         if item.abs_path.endswith("secret"):
             raise PermissionError(13, "Permission denied", item.abs_path)
-        return real_open(item)
+        return real_open(opener, item)
 
-    monkeypatch.setattr(backup_module, "_open_source", guarded_open)
+    monkeypatch.setattr(backup_module._SourceOpener, "open", guarded_open)
     with pytest.raises(SourceError, match=r"secret: Permission denied \(use skip_unreadable=True"):
         vault.backup(src)
     assert vault.snapshots() == []
@@ -439,3 +440,29 @@ def test_a_pin_resumed_after_a_restart_still_leaves_out_a_vault_nested_in_the_ch
         watched = vault.watch(ckpts, once=True, settle=0)
         assert [s.name for s in watched.shipped] == ["step-1"]
         assert [e.path for e in vault.files(watched.shipped[0].snapshot)] == ["model.bin"]
+
+
+def test_a_small_chunk_is_coded_by_the_reading_thread_and_a_big_one_on_the_pool(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A small file's chunk handed to a worker and back cost more than coding it (10,000 files of 1-60 KB:
+    2.5 s against 1.9); a big file's chunks are coded on the pool, side by side."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "small").write_bytes(os.urandom(10_000))  # under the test vault's smallest chunk: one chunk
+    (src / "big").write_bytes(os.urandom(3 << 20))
+    coded_on: dict[int, set[str]] = {}
+    real_prepare = backup_module._prepare_chunk
+
+    def recording(repo, data, *args):
+        coded_on.setdefault(len(data), set()).add(threading.current_thread().name)
+        return real_prepare(repo, data, *args)
+
+    monkeypatch.setattr(backup_module, "_prepare_chunk", recording)
+    snap = vault.backup(src)
+    here = threading.current_thread().name
+    assert coded_on[10_000] == {here}
+    big = [names for size, names in coded_on.items() if size > backup_module.INLINE_CHUNK_BYTES]
+    assert big and all(name.startswith("ckptvault-chunk") for names in big for name in names)
+    vault.restore(snap, tmp_path / "out")
+    assert (tmp_path / "out" / "small").read_bytes() == (src / "small").read_bytes()

@@ -72,6 +72,19 @@ def element_map(
     except FileFormatError as exc:  # a damaged header only costs the better compression
         log.debug("no element map for %s: %s", name, exc)
         return None
+    return element_map_of(layout, read_at, size, name, compressor, sample_unknown=sample_unknown)
+
+
+def element_map_of(
+    layout: FileLayout | None,
+    read_at: ReadAt,
+    size: int,
+    name: str,
+    compressor: Compressor,
+    *,
+    sample_unknown: bool = False,
+) -> ElementMap | None:
+    """``element_map`` for a file whose layout was read already (None: of no known format)."""
     if layout is None:
         return _measured_whole(read_at, size, name, compressor) if sample_unknown else None
     return map_from_layout(layout, read_at, compressor)

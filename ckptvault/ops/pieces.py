@@ -133,7 +133,7 @@ def iter_segments(
                 yield data, None
             got = len(data)
         else:
-            for data in iter_chunks(_Limited(stream, seg.length), params):
+            for data in iter_chunks(_Limited(stream, seg.length), params, size_hint=seg.length):
                 got += len(data)
                 yield data, None
         if got < seg.length:
