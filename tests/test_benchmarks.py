@@ -55,3 +55,16 @@ def test_chunk_processes_runs_end_to_end(tmp_path: Path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "| 1 | processes=0 |" in proc.stdout and "| 1 | processes=1 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_many_files_runs_end_to_end(tmp_path: Path):
+    script = BENCH.parent / "many_files.py"
+    tiny = ["--files", "150", "--tools", "ckptvault"]
+    proc = subprocess.run(
+        [sys.executable, str(script), "--work", str(tmp_path), *tiny], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "workload: 150 files per save" in proc.stdout and "150 files identical" in proc.stdout
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| ckptvault |")]
+    assert row.endswith("| yes |")
