@@ -4,8 +4,8 @@ Plan first, then write. Planning validates every selected entry (path safety, si
 against the index, no symlinked ancestors in the target) and finds conflicts, so a bad
 snapshot or a conflicting target fails before anything is written. Each file is written
 to a temporary name beside it with positioned writes of chunks fetched and verified in
-parallel, checked against its whole-file BLAKE3 (taken over the written bytes in file order),
-then renamed into place.
+parallel (a small file by one thread, without a hand-off per chunk: ``_SmallFiles``), checked
+against its whole-file BLAKE3 (taken over the written bytes in file order), then renamed into place.
 A file that fails verification is reported and the others still restore.
 
 A filesystem error while writing the target (disk full, read-only, permissions) ends the restore
