@@ -1,5 +1,5 @@
-"""Small files are restored whole by one thread each: one after another from a local disk, several at once
-from a remote store (where each one waits a round trip)."""
+"""A file of one chunk is restored whole by one thread: one file after another from a local disk, several at
+once from a remote store (where each one waits a round trip), within the restore's bytes in flight."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from ckptvault import Vault
+from ckptvault.chunking import ChunkerParams
 from ckptvault.errors import RestoreIncompleteError, StorageError
-from ckptvault.ops.restore import SMALL_FILE_BYTES, TEMP_MARK
+from ckptvault.ops import restore as restore_module
+from ckptvault.ops.restore import TEMP_MARK
 from ckptvault.repository.format import pack_key
 
 from .conftest import tree_digest
@@ -55,10 +57,11 @@ class SlowStore:
 
 
 def small_files(root: Path, count: int = 24) -> Path:
+    """Files under the test vault's smallest chunk (16 KiB): one chunk each."""
     for i in range(count):
         folder = root / f"rank{i % 3}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"shard{i:02d}.pt").write_bytes(os.urandom(20_000 + 997 * i))
+        (folder / f"shard{i:02d}.pt").write_bytes(os.urandom(1_000 + 601 * i))
     return root
 
 
@@ -83,6 +86,7 @@ def test_small_files_from_a_remote_store_are_restored_several_at_once(vault: Vau
     result = vault.restore("latest", tmp_path / "out")
     assert tree_digest(tmp_path / "out") == tree_digest(src)
     assert result.files == 24 and result.bytes_written == sum(p.stat().st_size for p in src.rglob("*.pt"))
+    assert store.reads == 24 and all(len(e.chunks) == 1 for e in vault.files("latest") if e.type == "file")
     if remote:  # one round trip per file would make 24 files wait 24 round trips
         assert store.peak >= 4
     else:  # a local disk: written one after another on the calling thread, no hand-offs
@@ -93,7 +97,7 @@ def test_a_damaged_small_file_fails_alone_while_others_are_written_at_once(vault
     src = small_files(tmp_path / "src")
     vault.backup(src)
     victim = vault.files("latest")[5]
-    assert victim.type == "file" and victim.size <= SMALL_FILE_BYTES
+    assert victim.type == "file" and len(victim.chunks) == 1
     stored = vault._repo.index.get(victim.chunks[0])
     flip(Path(repo_url) / pack_key(stored.pack_id), stored.offset + stored.stored_len // 2)
     slowed(vault, remote=True)
@@ -122,3 +126,76 @@ def test_a_storage_failure_stops_the_small_files_in_flight_and_leaves_no_tempora
     store.failing = None
     vault.restore("latest", tmp_path / "out")
     assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+def small_and_big(src: Path) -> Path:
+    src.mkdir()
+    (src / "a_small").write_bytes(os.urandom(10_000))
+    (src / "b_big").write_bytes(os.urandom(3 << 20))
+    return src
+
+
+def test_a_small_file_failing_on_a_remote_store_ends_the_restore_before_the_next_big_file(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """(Found in review: a small file's failure was looked at only when the next small file needed its slot,
+    so the many gigabytes of shards after a failed config.json were written first.)"""
+    vault.backup(small_and_big(tmp_path / "src"))
+    slowed(vault, remote=True)
+    real = restore_module._restore_file
+
+    def failing(repo, pool, entry, dest, *args):
+        if entry.path == "a_small":
+            raise StorageError("GET", "packs/x", "test://", "connection reset by peer")
+        return real(repo, pool, entry, dest, *args)
+
+    monkeypatch.setattr(restore_module, "_restore_file", failing)
+    with pytest.raises(StorageError):
+        vault.restore("latest", tmp_path / "out")
+    assert not (tmp_path / "out" / "b_big").exists()
+
+
+def test_files_failing_verification_are_named_in_the_snapshots_order(vault: Vault, repo_url: str, tmp_path: Path):
+    vault.backup(small_and_big(tmp_path / "src"))
+    for entry in vault.files("latest"):
+        stored = vault._repo.index.get(entry.chunks[0])
+        flip(Path(repo_url) / pack_key(stored.pack_id), stored.offset + stored.stored_len // 2)
+    slowed(vault, remote=True)
+    with pytest.raises(RestoreIncompleteError) as info:
+        vault.restore("latest", tmp_path / "out")
+    assert list(info.value.failed) == ["a_small", "b_big"]
+    assert "were not written: a_small: chunk" in str(info.value)
+
+
+@pytest.mark.parametrize("chunks_per_file", [1, 2])
+def test_the_bytes_in_flight_from_a_remote_store_stay_within_the_restores_budget(
+    repo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunks_per_file: int
+):
+    """INFLIGHT_BYTES bounds a restore's memory whatever the download concurrency: scaled down here to a
+    4 MiB budget, 1 MiB chunks and 16 downloads (found in review: 16 small files at once read 16 MiB)."""
+    monkeypatch.setattr(restore_module, "INFLIGHT_BYTES", 4 << 20)
+    vault = Vault.init(repo_url, chunker=ChunkerParams(1 << 20, 1 << 20, 1 << 20), pack_size=8 << 20)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(24):
+        (src / f"f{i:02d}").write_bytes(os.urandom(chunks_per_file << 20))
+    vault.backup(src)
+    store = slowed(vault, remote=True)
+    vault._repo.download_concurrency = 16
+    held, peak, lock = [0], [0], threading.Lock()
+    read = store.get_range
+
+    def counted(key: str, start: int, length: int) -> bytes:
+        with lock:
+            held[0] += length
+            peak[0] = max(peak[0], held[0])
+        try:
+            return read(key, start, length)
+        finally:
+            with lock:
+                held[0] -= length
+
+    store.get_range = counted  # type: ignore[method-assign]
+    vault.restore("latest", tmp_path / "out")
+    assert store.peak > 1 and peak[0] <= (4 << 20) + (1 << 20), f"{peak[0] / (1 << 20):.1f} MiB read at once"
+    assert all((tmp_path / "out" / p.name).read_bytes() == p.read_bytes() for p in src.iterdir())

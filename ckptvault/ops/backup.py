@@ -72,10 +72,10 @@ def check_on_change(on_change: str) -> OnChange:
     raise UsageError(f"{spelled('--on-change', 'on_change')} {on_change!r} is not one of {', '.join(ON_CHANGE)}")
 
 
-# A chunk this small (a small file's only one) is coded by the reading thread: its hand-off to a worker
-# and back cost more than hashing and compressing it (10,000 files of 1-60 KB on 2 cores, in-process:
-# 2.5-2.6 s with hand-offs, 1.9-2.0 s without).
-INLINE_CHUNK_BYTES = 64 * 1024
+# The chunks of a file this small are coded by the reading thread: their hand-off to a worker and back
+# cost more than hashing and compressing them (10,000 files of 1-60 KB on 2 cores, in-process: 2.5-2.6 s
+# with hand-offs, 1.9-2.0 s without). A bigger file's chunks, however small, are coded on the pool.
+INLINE_FILE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -140,9 +140,16 @@ class ChunkPipeline:
         self.delta_saved = 0  # estimated bytes the deltas saved over the plain coding
 
     def submit(
-        self, entry: FileEntry, data: memoryview, runs: tuple[ElementRun, ...] = (), cand: BaseCandidate | None = None
+        self,
+        entry: FileEntry,
+        data: memoryview,
+        runs: tuple[ElementRun, ...] = (),
+        cand: BaseCandidate | None = None,
+        *,
+        inline: bool = False,
     ) -> None:
-        if len(data) <= INLINE_CHUNK_BYTES:  # see INLINE_CHUNK_BYTES
+        """``inline``: code the chunk on this thread (see INLINE_FILE_BYTES)."""
+        if inline:
             future: Future[_Prepared] = Future()
             future.set_result(_prepare_chunk(self.repo, data, runs, self.planner, cand))
         else:
@@ -219,7 +226,6 @@ def run_backup(
     the checkpoint was pinned, however long it waited to ship)."""
     check_on_change(on_change)
     helpers = ChunkHelpers(repo.config.chunker, chunk_processes())  # starts nothing until a big file comes
-    opener = _SourceOpener()
     progress = progress or NullProgress()
     started = time.monotonic()
     when = taken_at or datetime.now(timezone.utc)
@@ -249,7 +255,7 @@ def run_backup(
                         entry.inode, entry.ctime_ns = old.inode, old.ctime_ns
                         progress.advance(entry.size)
                     else:
-                        read = _read_file(item, entry, pipeline, helpers, opener, warnings, skip_unreadable, on_change)
+                        read = _read_file(item, entry, pipeline, helpers, warnings, skip_unreadable, on_change)
                         if read is None:
                             continue
                         entry = read
@@ -261,7 +267,6 @@ def run_backup(
             pipeline.drain()
             repo.flush()
         finally:
-            opener.close()
             helpers.close()
             pipeline.close()
             if planner is not None:
@@ -357,7 +362,6 @@ def _read_file(
     base: FileEntry,
     pipeline: ChunkPipeline,
     helpers: ChunkHelpers,
-    opener: _SourceOpener,
     warnings: list[str],
     skip_unreadable: bool,
     on_change: OnChange,
@@ -369,7 +373,7 @@ def _read_file(
     for _attempt in (1, 2):
         entry = FileEntry(base.path, base.type, base.mode, base.mtime_ns)
         try:
-            changed = _read_once(item, entry, pipeline, helpers, opener)
+            changed = _read_once(item, entry, pipeline, helpers)
         except _NotTheSource as wrapped:  # fails the backup whatever skip_unreadable says, as before
             exc = wrapped.error
             raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
@@ -457,58 +461,31 @@ def _nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NONBLOCK)
 
 
-class _SourceOpener:
-    """Opens the files a backup reads (``open``), keeping the folder of the last one open: a scan lists
-    a folder's files together, and walking to each file from its source folder took three opens."""
-
-    def __init__(self) -> None:
-        self._folder: tuple[str, list[str]] | None = None
-        self._fd = -1
-
-    def open(self, item: SourceItem) -> io.FileIO:
-        """The file at the item's path, reached from its source folder one name at a time, none of them
-        followed if it is a symlink by now: a folder on the way, or the file itself, swapped for a link
-        after the scan would store what the link points to (as root, another user's files), or open a
-        device. A source named itself may be a link: it is followed, as the scan did. O_NONBLOCK: a FIFO
-        swapped in must not wait for a writer."""
-        if not item.root:
-            return open(item.abs_path, "rb", buffering=0, opener=_nonblocking)
-        under = item.root if item.root.endswith(os.sep) else item.root + os.sep  # the scan joined them so
-        if item.abs_path.startswith(under):
-            rel = item.abs_path[len(under) :]
-        else:
-            rel = os.path.relpath(item.abs_path, item.root)
-        *folders, name = rel.split(os.sep)
-        try:
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-            fd = os.open(name, flags, dir_fd=self._folder_fd(item.root, folders))
-            reached = open(fd, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
-            reached.name = item.abs_path  # for messages, as if opened by it
-            return reached
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link where the scan saw a file or a folder
-                raise _NotAFileAnyMore from exc
-            raise
-
-    def _folder_fd(self, root: str, folders: list[str]) -> int:
-        if self._folder != (root, folders):
-            self.close()
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                for folder in folders:
-                    inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                    os.close(fd)
-                    fd = inner
-            except BaseException:
-                os.close(fd)
-                raise
-            self._folder, self._fd = (root, folders), fd
-        return self._fd
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._folder, self._fd = None, -1
+def _open_source(item: SourceItem) -> io.FileIO:
+    """The file at the item's path, reached from its source folder one name at a time, none of them
+    followed if it is a symlink by now: a folder on the way, or the file itself, swapped for a link
+    after the scan would store what the link points to (as root, another user's files), or open a
+    device. A source named itself may be a link: it is followed, as the scan did. O_NONBLOCK: a FIFO
+    swapped in must not wait for a writer."""
+    if not item.root:
+        return open(item.abs_path, "rb", buffering=0, opener=_nonblocking)
+    *folders, name = os.path.relpath(item.abs_path, item.root).split(os.sep)
+    fd = os.open(item.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for folder in folders:
+            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        reached = open(os.open(name, flags, dir_fd=fd), "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+        reached.name = item.abs_path  # for messages, as if opened by it
+        return reached
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link where the scan saw a file or a folder
+            raise _NotAFileAnyMore from exc
+        raise
+    finally:
+        os.close(fd)
 
 
 def changed_too_recently(st: os.stat_result, now_ns: int) -> bool:
@@ -519,14 +496,12 @@ def changed_too_recently(st: os.stat_result, now_ns: int) -> bool:
     return now_ns - last < (RACY_WHOLE_SECONDS_NS if whole_seconds else RACY_NS)
 
 
-def _read_once(
-    item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline, helpers: ChunkHelpers, opener: _SourceOpener
-) -> bool:
+def _read_once(item: SourceItem, entry: FileEntry, pipeline: ChunkPipeline, helpers: ChunkHelpers) -> bool:
     """Read, hash and submit the file's chunks; True when it changed meanwhile."""
     hasher = new_file_hasher()
     size = 0
     repo = pipeline.repo
-    with opener.open(item) as f:
+    with _open_source(item) as f:
         fd = f.fileno()
         started_ns = time.time_ns()  # a change made since, in the tick of the file's stamps, leaves them as they are
         before = os.fstat(fd)
@@ -540,10 +515,11 @@ def _read_once(
         segments = plan_segments(layout, before.st_size, repo.config.chunker) if layout and pipeline.planner else []
         if pipeline.planner is None or not any(s.tensor for s in segments):
             emap = _element_map(fd, before.st_size, item.path, repo, layout)
+            inline = before.st_size <= INLINE_FILE_BYTES
             for data in helpers.chunks(f, fd, before.st_size):
                 hasher.update(data)
                 with _not_the_source():
-                    pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else ())
+                    pipeline.submit(entry, data, emap.runs(size, len(data)) if emap else (), inline=inline)
                 size += len(data)
         else:
             emap = tensor_widths(layout, pread_at(fd), repo.codec.compressor)

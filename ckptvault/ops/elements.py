@@ -69,9 +69,9 @@ def element_map(
     1 MiB read and eight of 64 KiB)."""
     try:
         layout = read_layout(read_at, size, name)
-    except FileFormatError as exc:  # a damaged header only costs the better compression
-        log.debug("no element map for %s: %s", name, exc)
-        return None
+    except FileFormatError as exc:  # a damaged header only costs the better compression: of no known format
+        log.debug("no layout for %s: %s", name, exc)
+        layout = None
     return element_map_of(layout, read_at, size, name, compressor, sample_unknown=sample_unknown)
 
 

@@ -4,7 +4,7 @@ Plan first, then write. Planning validates every selected entry (path safety, si
 against the index, no symlinked ancestors in the target) and finds conflicts, so a bad
 snapshot or a conflicting target fails before anything is written. Each file is written
 to a temporary name beside it with positioned writes of chunks fetched and verified in
-parallel (a small file by one thread, without a hand-off per chunk: ``_SmallFiles``), checked
+parallel (a file of one chunk by one thread, without a hand-off: ``_FileWriter``), checked
 against its whole-file BLAKE3 (taken over the written bytes in file order), then renamed into place.
 A file that fails verification is reported and the others still restore.
 
@@ -60,7 +60,6 @@ _TEMP_NAME_BYTES = len(TEMP_MARK) + 16 + 1 + _TEMP_RANDOM  # see temp_stem
 PATH_MAX = 4096  # Linux: bytes in a path given to a system call, its closing NUL included
 _LEFTOVER_NAME = re.compile(rf"{re.escape(TEMP_MARK)}[0-9a-f]{{16}}-[0-9a-f]{{{_TEMP_RANDOM}}}")  # see temp_stem
 READ_BLOCK = 4 * 1024 * 1024
-SMALL_FILE_BYTES = 4 * 1024 * 1024  # restored whole on one pool thread, several at a time (see _SmallFiles)
 
 
 @dataclass(frozen=True)
@@ -514,8 +513,6 @@ def _write(
     """Make the folders, write the files (each chunk verified by its envelope, each file by its hash),
     then the links and the folders' modes and mtimes. Returns the bytes written and the files that
     failed verification (path -> why), which were not written."""
-    failures: dict[str, str] = {}
-    written = 0
     writes = files or any(e.type == "symlink" and e.path not in planner.skip for e in entries)
     for entry in entries:
         if entry.type == "dir":
@@ -528,27 +525,18 @@ def _write(
     _remove_leftover_temps({os.path.dirname(planner.dest(e)) for e in entries if e.type == "file"}, snapshot_paths)
     made: set[str] = set()
     with ThreadPoolExecutor(workers, thread_name_prefix="ckptvault-restore") as pool:
-        small = _SmallFiles(repo, pool, workers if repo.remote else 0, zero_chunks, overwrite, progress)
+        writer = _FileWriter(repo, pool, workers, zero_chunks, overwrite, progress)
         try:
             for entry in files:
                 dest = planner.dest(entry)
                 if (parent := os.path.dirname(dest)) not in made:
                     os.makedirs(parent, exist_ok=True)
                     made.add(parent)
-                if entry.size <= SMALL_FILE_BYTES:
-                    small.restore(entry, dest)
-                    continue
-                try:
-                    _restore_file(repo, pool, entry, dest, progress, workers * 2, zero_chunks, overwrite)
-                    written += entry.size
-                except IntegrityError as exc:
-                    failures[entry.path] = str(exc)
-            small.finish()
+                writer.write(entry, dest)
+            writer.finish()
         except BaseException:
-            small.abandon()
+            writer.abandon()
             raise
-    written += small.written
-    failures.update(small.failures)
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
         for entry in entries:
             if entry.type == "file" and entry.path in planner.skip:
@@ -558,73 +546,87 @@ def _write(
             _put_link(planner.dest(entry), entry)
     for entry in sorted((e for e in entries if e.type == "dir"), key=lambda e: e.path.count("/"), reverse=True):
         _set_mode_and_mtime(planner.dest(entry), entry)
-    return written, failures
+    return writer.written, writer.failures
 
 
-class _SmallFiles:
-    """Files of up to SMALL_FILE_BYTES, each restored whole by one thread, with no hand-off per chunk.
+class _FileWriter:
+    """Writes the files, in the snapshot's order, and tallies the bytes written and the files that failed
+    verification (in that order too).
 
-    From a local disk the calling thread writes them itself, one after another: a file of one chunk
-    spent most of its time waiting for its chunk's worker, and more threads at once only fought over the
-    GIL (10,000 files of 30 KB on 2 cores: 3.1-3.5 s inline, 4.2-4.5 s with a hand-off per chunk, 4.6-4.8 s
-    with 8 files at once; restic 2.2-2.6 s). From a remote store, where each file waits a round trip, up
-    to ``at_once`` files are written on the pool's threads at once; their progress and failures are
-    taken on the calling thread as they finish."""
+    A file of one chunk is written whole by one thread, with no hand-off: from a local disk by the calling
+    thread, one file after another (waiting for each chunk's worker was most of a small file's time, and
+    more threads only fought over the GIL: 10,000 files of 30 KB on 2 cores took 4.2-4.5 s with a hand-off
+    per chunk, 2.8-2.9 s inline, 4.6-4.8 s with 8 files at once); from a remote store, where each file
+    waits a round trip, up to ``workers`` of them at once on the pool, within INFLIGHT_BYTES. A file of
+    more chunks waits for those, then has its chunks fetched, verified and written by the pool, in a
+    window of ``2 * workers``."""
 
     def __init__(
         self,
         repo: Repository,
         pool: ThreadPoolExecutor,
-        at_once: int,
+        workers: int,
         zero_chunks: set[bytes],
         overwrite: bool,
         progress: Progress,
     ) -> None:
         self._repo = repo
         self._pool = pool
-        self._at_once = at_once
+        self._workers = workers
+        self._at_once = workers if repo.remote else 0
         self._zero_chunks = zero_chunks
         self._overwrite = overwrite
         self._progress = progress
         self._inflight: deque[tuple[Future[None], FileEntry]] = deque()
+        self._inflight_bytes = 0
         self.written = 0
         self.failures: dict[str, str] = {}
 
-    def restore(self, entry: FileEntry, dest: str) -> None:
-        args = (self._repo, None, entry, dest, NullProgress(), 1, self._zero_chunks, self._overwrite)
-        if self._at_once == 0:
-            self._done(entry, lambda: _restore_file(*args))
-            return
-        while len(self._inflight) >= self._at_once:
-            self._finish_oldest()
-        self._inflight.append((self._pool.submit(_restore_file, *args), entry))
+    def write(self, entry: FileEntry, dest: str) -> None:
+        repo, progress, zero, overwrite = self._repo, self._progress, self._zero_chunks, self._overwrite
+        if len(entry.chunks) > 1:
+            self.finish()  # first the small files in flight: their failures, and their memory
+            window = 2 * self._workers
+            self._record(entry, lambda: _restore_file(repo, self._pool, entry, dest, progress, window, zero, overwrite))
+        elif self._at_once == 0:
+            self._record(entry, lambda: _restore_file(repo, None, entry, dest, progress, 1, zero, overwrite))
+        else:
+            while self._inflight and (
+                len(self._inflight) >= self._at_once or self._inflight_bytes + entry.size > INFLIGHT_BYTES
+            ):
+                self._finish_oldest()
+            args = (repo, None, entry, dest, NullProgress(), 1, zero, overwrite)  # progress: in _finish_oldest
+            self._inflight.append((self._pool.submit(_restore_file, *args), entry))
+            self._inflight_bytes += entry.size
 
     def finish(self) -> None:
         while self._inflight:
             self._finish_oldest()
 
     def abandon(self) -> None:
-        """After a failure or Ctrl-C elsewhere: drop the files not started and wait for those being
-        written (each removes its temporary file when it fails), so that none is written after."""
+        """After a failure or Ctrl-C: drop the files not started and wait for those being written (each
+        removes its temporary file when it fails), so that none is written after the restore raised."""
         for future, _ in self._inflight:
             future.cancel()
         for future, _ in self._inflight:
             if not future.cancelled():
                 future.exception()
         self._inflight.clear()
+        self._inflight_bytes = 0
 
     def _finish_oldest(self) -> None:
         future, entry = self._inflight.popleft()
-        self._done(entry, future.result)
+        self._inflight_bytes -= entry.size
+        self._record(entry, future.result)
+        self._progress.advance(entry.size)
 
-    def _done(self, entry: FileEntry, restored: Callable[[], None]) -> None:
+    def _record(self, entry: FileEntry, restore: Callable[[], None]) -> None:
         try:
-            restored()
+            restore()
         except IntegrityError as exc:
             self.failures[entry.path] = str(exc)
         else:
             self.written += entry.size
-        self._progress.advance(entry.size)
 
 
 def _put_link(dest: str, entry: FileEntry) -> None:
@@ -854,7 +856,7 @@ def _write_chunks(
     each chunk's bytes to the whole-file hash in file order while the workers go on ahead.
     The hash covers exactly the buffers handed to ``pwrite``, at the offsets this walk computed
     (reading the file back instead cost a copy of every byte out of the page cache). Without a ``pool``
-    this thread does it all, chunk after chunk (a small file: see ``_SmallFiles``)."""
+    this thread does it all, chunk after chunk (see ``_FileWriter``)."""
 
     def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | memoryview | None:
         # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
@@ -870,18 +872,14 @@ def _write_chunks(
         pwrite_all(fd, data, offset, entry.path)
         return data
 
+    def start(chunk_id: bytes, offset: int) -> Future[bytes | memoryview | None]:
+        if pool is not None:
+            return pool.submit(fetch_and_write, chunk_id, offset)
+        done: Future[bytes | memoryview | None] = Future()
+        done.set_result(fetch_and_write(chunk_id, offset))
+        return done
+
     hasher = new_file_hasher()
-    if pool is None:  # a small file, written by the pool thread that runs this
-        offset = 0
-        try:
-            for chunk_id in entry.chunks:
-                length = repo.locate(chunk_id).raw_len
-                data = fetch_and_write(chunk_id, offset)
-                hasher.update(data if data is not None else bytes(length))
-                offset += length
-        except IntegrityError as exc:
-            raise IntegrityError(f"{entry.path}: {exc}") from exc
-        return hasher.hexdigest()
     inflight: deque[tuple[Future[bytes | memoryview | None], int]] = deque()
     inflight_bytes = 0
 
@@ -897,7 +895,7 @@ def _write_chunks(
     try:
         for chunk_id in entry.chunks:
             length = repo.locate(chunk_id).raw_len
-            inflight.append((pool.submit(fetch_and_write, chunk_id, offset), length))
+            inflight.append((start(chunk_id, offset), length))
             inflight_bytes += length
             offset += length
             while len(inflight) >= window or inflight_bytes > INFLIGHT_BYTES:
