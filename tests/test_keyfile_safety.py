@@ -309,3 +309,44 @@ def test_a_keyfile_is_wrapped_under_the_scrypt_parameters_it_records():
     salt = base64.b64decode(kdf["salt"])
     kek = Scrypt(salt=salt, length=32, n=kdf["n"], r=kdf["r"], p=kdf["p"]).derive(PASS.encode())
     assert AESGCM(kek).decrypt(wrapped[:NONCE_SIZE], wrapped[NONCE_SIZE:], WRAP_AAD) == master.material
+
+
+def run_in_4_gib(*args: str) -> subprocess.CompletedProcess:
+    """The CLI with its address space capped at 4 GiB: a machine smaller than a keyfile's scrypt asks for."""
+    import resource
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "ckptvault", *args],
+        capture_output=True,
+        env={**env, "CKPTVAULT_PASSPHRASE": PASS},
+        stdin=subprocess.DEVNULL,
+        preexec_fn=capped,
+        timeout=300,
+    )
+
+
+def test_a_keyfile_whose_scrypt_needs_more_memory_than_the_machine_gives_is_a_one_line_error(vault, tmp_path: Path):
+    """A keyfile made with a high --kdf-cost on a big machine, unlocked on a small one: scrypt's failure to get
+    its memory was an internal error with a traceback. The keyfile asks for 16 GiB."""
+    key, repo = vault
+    doc = json.loads(Path(key).read_text())
+    doc["kdf"]["n"] = 2**24
+    big = tmp_path / "big.key"
+    big.write_text(json.dumps(doc))
+    proc = run_in_4_gib("snapshots", "--repo", repo, "-k", str(big))
+    assert proc.returncode == 2, proc.stderr
+    message = one_line_error(proc)
+    assert "scrypt setting (N=2^24, r=8, p=1) needs 16.0 GiB of memory" in message
+    assert "ckptvault key passwd --keyfile KEYFILE --kdf-cost 17" in message
+
+
+def test_a_keyfile_that_needs_more_memory_than_the_machine_gives_is_not_made(tmp_path: Path):
+    key = tmp_path / "big.key"
+    proc = run_in_4_gib("key", "generate", "-k", str(key), "--kdf-cost", "24")
+    assert proc.returncode == 2, proc.stderr
+    assert "needs 16.0 GiB of memory to unlock" in one_line_error(proc) and "lower --kdf-cost" in one_line_error(proc)
+    assert not key.exists()

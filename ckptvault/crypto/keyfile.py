@@ -39,7 +39,6 @@ from datetime import datetime, timezone
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from ..durable import fsync_dir, pwrite_all
 from ..errors import (
@@ -121,6 +120,10 @@ def _encoded(passphrase: str) -> bytes:
         raise UsageError("the passphrase holds characters that are not text (lone surrogates); type it again") from None
 
 
+class _NoMemoryForScrypt(Exception):
+    """scrypt could not get the memory its parameters ask for."""
+
+
 @dataclass(frozen=True)
 class KdfParams:
     n: int = DEFAULT_SCRYPT_N
@@ -131,12 +134,36 @@ class KdfParams:
     def derive(self, secret: bytes) -> bytes:
         with _AHEAD_LOCK:
             ahead = _AHEAD.pop((self, hashlib.sha256(secret).digest()), None)
-        if ahead is not None:
-            return ahead.result()
-        return self._scrypt(secret)
+        try:
+            return ahead.result() if ahead is not None else self._scrypt(secret)
+        except _NoMemoryForScrypt:  # said here, not on the thread that derived ahead (the CLI's words)
+            raise self._no_memory() from None
 
     def _scrypt(self, secret: bytes) -> bytes:
-        return Scrypt(salt=self.salt, length=32, n=self.n, r=self.r, p=self.p).derive(secret)
+        # libsodium's scrypt (PyNaCl), not OpenSSL's (cryptography): the same function, ~25 % faster here
+        # (0.32 s against 0.40-0.43 for N=2^17, r=8), and every encrypted command waits for it
+        from nacl.bindings import crypto_pwhash_scryptsalsa208sha256_ll as scrypt
+        from nacl.exceptions import RuntimeError as ScryptFailed
+
+        try:
+            return scrypt(secret, self.salt, self.n, self.r, self.p, dklen=32, maxmem=self._memory())
+        except (ScryptFailed, MemoryError):  # libsodium says only "failure": its one cause is the memory
+            raise _NoMemoryForScrypt from None
+
+    def _memory(self) -> int:
+        """What scrypt needs: its table of n blocks and p more, each 128 * r bytes (and a little over)."""
+        return 128 * self.r * (self.n + self.p + 2) + (1 << 20)
+
+    def _no_memory(self) -> UsageError:
+        return UsageError(
+            f"the keyfile's scrypt setting (N=2^{self.n.bit_length() - 1}, r={self.r}, p={self.p}) needs "
+            f"{self._memory() / 2**30:.1f} GiB of memory, more than this machine gives; unlock it on a bigger one "
+            "and lower its cost there with: "
+            + spelled(
+                f"ckptvault key passwd --keyfile KEYFILE --kdf-cost {DEFAULT_KDF_COST}",
+                f"Vault.change_keyfile_passphrase(..., kdf_cost={DEFAULT_KDF_COST})",
+            )
+        )
 
     def derive_ahead(self, secret: bytes) -> bool:
         """Start ``derive`` on another thread (scrypt releases the GIL, so it runs on another core);
@@ -266,7 +293,14 @@ class Keyfile:
         master = master or MasterKey.generate()
         kdf = KdfParams(n=scrypt_n, r=scrypt_r, p=scrypt_p, salt=salt or secrets.token_bytes(SALT_SIZE))
         nonce = nonce or secrets.token_bytes(NONCE_SIZE)
-        wrapped = nonce + AESGCM(kdf.derive(secret)).encrypt(nonce, master.material, WRAP_AAD)
+        try:
+            kek = kdf._scrypt(secret)
+        except _NoMemoryForScrypt:
+            raise UsageError(
+                f"a keyfile of scrypt N=2^{scrypt_n.bit_length() - 1} needs {kdf._memory() / 2**30:.1f} GiB of memory "
+                f"to unlock, more than this machine gives; choose a lower {spelled('--kdf-cost', 'kdf_cost')}"
+            ) from None
+        wrapped = nonce + AESGCM(kek).encrypt(nonce, master.material, WRAP_AAD)
         created = created or datetime.now(timezone.utc).isoformat(timespec="seconds")
         keyfile = cls(
             kdf=kdf,
