@@ -528,3 +528,28 @@ def test_a_folder_renamed_away_during_the_backup_still_reads_the_files_at_the_sc
     snap = vault.backup(src)
     vault.restore(snap, tmp_path / "out")
     assert (tmp_path / "out" / "d" / "f1").read_bytes() == (src / "d" / "f1").read_bytes()
+
+
+def test_a_file_of_exactly_the_inline_size_is_coded_by_the_reading_thread_and_one_byte_more_on_the_pool(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """INLINE_FILE_BYTES is the largest file coded inline (the file's size decides, not its chunks')."""
+    limit = backup_module.INLINE_FILE_BYTES
+    src = tmp_path / "src"
+    src.mkdir()
+    at_limit, over = os.urandom(limit), os.urandom(limit + 1)
+    (src / "at_limit").write_bytes(at_limit)
+    (src / "over").write_bytes(over)
+    coded_on: list[tuple[bytes, str]] = []
+    real_prepare = backup_module._prepare_chunk
+
+    def recording(repo, data, *args):
+        coded_on.append((bytes(data), threading.current_thread().name))
+        return real_prepare(repo, data, *args)
+
+    monkeypatch.setattr(backup_module, "_prepare_chunk", recording)
+    vault.backup(src)
+    here = threading.current_thread().name
+    inline = {name == here for data, name in coded_on if data in at_limit}
+    pooled = {name.startswith("ckptvault-chunk") for data, name in coded_on if data in over}
+    assert inline == {True} and pooled == {True}, coded_on

@@ -76,3 +76,42 @@ def test_insertion_only_changes_nearby_chunks():
 def test_bad_params_are_usage_errors(kwargs):
     with pytest.raises(UsageError):
         ChunkerParams(**kwargs)
+
+
+class _Recording(io.BytesIO):
+    """A stream that records the size of each buffer it is asked to fill."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.asked: list[int] = []
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        self.asked.append(len(buffer))
+        return super().readinto(buffer)
+
+
+@given(data=st.binary(min_size=0, max_size=40_000), hint=st.integers(min_value=0, max_value=50_000))
+def test_a_size_hint_right_or_wrong_changes_no_cut(data: bytes, hint: int):
+    """A file's size from its stat sizes the first block; a file that grew or shrank since still yields all
+    its bytes, cut as without the hint (0: a file empty at its stat, written to since)."""
+    streamed = [bytes(c) for c in iter_chunks(io.BytesIO(data), SMALL, block_size=8192, size_hint=hint)]
+    assert streamed == (whole_buffer_cuts(data, SMALL) if data else [])
+
+
+@pytest.mark.parametrize("size", [1, 1000, 100_000, 3 << 20])
+def test_a_right_size_hint_reads_the_file_into_one_block_of_its_size(size: int):
+    """A small file is read into a block of its size (+1: its end is seen at once), not a fresh 8 MiB one,
+    and no second block follows."""
+    data = os.urandom(size)
+    stream = _Recording(data)
+    assert b"".join(bytes(c) for c in iter_chunks(stream, ChunkerParams(), size_hint=size)) == data
+    assert max(stream.asked) <= size + 1 and len(stream.asked) <= 2, stream.asked
+
+
+def test_a_size_hint_short_of_the_stream_sizes_the_first_block_only():
+    """A file grown since its stat: after the first block, blocks of the usual size (not thousands of reads
+    of the hint's size)."""
+    data = os.urandom(3 << 20)
+    stream = _Recording(data)
+    assert [bytes(c) for c in iter_chunks(stream, SMALL, size_hint=1000)] == whole_buffer_cuts(data, SMALL)
+    assert len(stream.asked) <= 3, len(stream.asked)

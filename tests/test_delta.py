@@ -677,3 +677,47 @@ def test_a_dead_delta_whose_base_lost_its_index_object_is_a_leftover_not_damage(
         vault.prune()  # the next prune removes it
         report = vault.check(read_data=1.0)
         assert report.ok and not report.warnings, (report.problems, report.warnings)
+
+
+def test_a_vault_coding_deltas_without_grouping_still_cuts_tensors_into_pieces(tmp_path: Path):
+    """The file's header is read for the pieces when the vault codes deltas, whether or not it groups tensor
+    bytes (CompressionSettings(bytegroup=False))."""
+    settings = CompressionSettings(bytegroup=False, delta=True)
+    with Vault.init(str(tmp_path / "vault"), chunker=SMALL, pack_size=1 << 20, compression=settings) as vault:
+        snaps = backup_steps(vault, Training(), tmp_path, range(1, 3))
+        assert snaps[0][0].summary.delta_chunks == 0 and snaps[1][0].summary.delta_chunks > 0
+        for i, (snap, expected) in enumerate(snaps):
+            vault.restore(snap, tmp_path / f"out-{i}")
+            assert contents(tmp_path / f"out-{i}") == expected
+
+
+def test_a_small_file_and_the_regions_between_pieces_are_read_into_blocks_of_their_size(
+    delta_vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The content-defined chunker reads a small file (state.json), and a loose region between a file's
+    tensor pieces (tensors too small for pieces), into a block of the bytes left (+1: the end is seen at
+    once), not a fresh 8 MiB block each (a map, an unmap and page faults per file)."""
+    from ckptvault import chunking
+    from ckptvault.ops.pieces import _Limited
+
+    asked: list[tuple[str, int, int]] = []  # what was read, the block's size, the bytes left to read
+    real_next_block = chunking.next_block
+
+    def recording(stream, carry, size):
+        left = stream.left if isinstance(stream, _Limited) else os.fstat(stream.fileno()).st_size - stream.tell()
+        if left:  # (not the look past a file's planned end, for bytes it gained meanwhile)
+            asked.append((type(stream).__name__, size, left))
+        return real_next_block(stream, carry, size)
+
+    monkeypatch.setattr(chunking, "next_block", recording)
+    src = tmp_path / "src"
+    Training().save(src)
+    rng = np.random.default_rng(1)
+    norms = {f"norm{i}": ("F32", rng.normal(0, 1, 2048).astype(np.float32)) for i in range(10)}  # 8 KiB each
+    weights = rng.normal(0, 0.02, (64, 1024)).astype(np.float32)  # 256 KiB: four pieces
+    write_safetensors(src / "layers.safetensors", {**norms, "w": ("F32", weights)})
+    snap = delta_vault.backup(src)
+    assert {kind for kind, _, _ in asked} == {"_Limited", "FileIO"}, asked
+    assert all(size <= left + 1 for _, size, left in asked), asked
+    delta_vault.restore(snap, tmp_path / "out")
+    assert contents(tmp_path / "out") == contents(src)

@@ -613,3 +613,15 @@ def test_what_the_target_holds_beside_the_snapshot_is_named_and_refused_on_the_r
     (run / "sub" / "elsewhere.bin").write_bytes(b"e")
     result = vault.restore(vault.snapshots()[-1], linked, include=["epoch=0-step=8.ckpt"])
     assert result.not_in_snapshot == ()
+
+
+def test_a_tree_that_lists_no_folders_still_restores_its_files_in_their_folders(backed_up, tmp_path: Path):
+    """A tree needs no entry for each folder (validate_tree asks none): each file's folder is made as the
+    file is written, once for the files it holds."""
+    vault, src, snap = backed_up
+    files_only = [e for e in vault.files(snap) if e.type == "file"]
+    assert any("/" in e.path for e in files_only)
+    crafted = plant_tree(vault, snap, files_only)
+    vault.restore(crafted, tmp_path / "out")
+    for entry in files_only:
+        assert (tmp_path / "out" / entry.path).read_bytes() == (src / entry.path).read_bytes()

@@ -199,3 +199,127 @@ def test_the_bytes_in_flight_from_a_remote_store_stay_within_the_restores_budget
     vault.restore("latest", tmp_path / "out")
     assert store.peak > 1 and peak[0] <= (4 << 20) + (1 << 20), f"{peak[0] / (1 << 20):.1f} MiB read at once"
     assert all((tmp_path / "out" / p.name).read_bytes() == p.read_bytes() for p in src.iterdir())
+
+
+class CountingProgress:
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.advanced: list[int] = []
+        self.finished = False
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        self.total = total_bytes
+
+    def advance(self, nbytes: int) -> None:
+        self.advanced.append(nbytes)
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_the_progress_counts_every_restored_byte_once(vault: Vault, tmp_path: Path, remote: bool):
+    """Small files and a file of several chunks, from a local disk (the small ones written inline) and from a
+    remote store (several at once, counted as each one is finished): the bar ends at its total, not short
+    of it or past it."""
+    src = small_files(tmp_path / "src")
+    (src / "big.pt").write_bytes(os.urandom(1 << 20))  # several of the test vault's chunks: on the pool
+    vault.backup(src)
+    slowed(vault, remote=remote)
+    progress = CountingProgress()
+    result = vault.restore("latest", tmp_path / "out", on_progress=progress)
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    assert progress.total == total == result.bytes_written
+    assert sum(progress.advanced) == total and progress.finished
+
+
+def test_several_small_files_failing_on_a_remote_store_are_named_in_the_snapshots_order(
+    vault: Vault, repo_url: str, tmp_path: Path
+):
+    """Several at once, but their failures are taken oldest first: the snapshot's order."""
+    src = small_files(tmp_path / "src")
+    vault.backup(src)
+    entries = [e for e in vault.files("latest") if e.type == "file"]
+    victims = [entries[i] for i in (2, 5, 9, 17)]
+    for victim in victims:
+        stored = vault._repo.index.get(victim.chunks[0])
+        flip(Path(repo_url) / pack_key(stored.pack_id), stored.offset + stored.stored_len // 2)
+    slowed(vault, remote=True)
+    with pytest.raises(RestoreIncompleteError) as info:
+        vault.restore("latest", tmp_path / "out")
+    assert list(info.value.failed) == [v.path for v in victims]
+    result = info.value.result
+    assert result.files == 20  # and the failed files' bytes are not counted as written
+    assert result.bytes_written == sum(e.size for e in entries) - sum(v.size for v in victims)
+
+
+def one_mib_chunks(repo_url: str) -> Vault:
+    return Vault.init(repo_url, chunker=ChunkerParams(1 << 20, 1 << 20, 1 << 20), pack_size=8 << 20)
+
+
+def test_a_finished_small_files_bytes_go_back_to_the_budget(
+    repo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Within a 4 MiB budget, four files of 1 MiB are read at once (four fit it exactly), and go on being read
+    four at once to the end: a finished file's bytes are given back."""
+    monkeypatch.setattr(restore_module, "INFLIGHT_BYTES", 4 << 20)
+    vault = one_mib_chunks(repo_url)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(24):
+        (src / f"f{i:02d}").write_bytes(os.urandom(1 << 20))
+    vault.backup(src)
+    store = slowed(vault, remote=True)
+    vault._repo.download_concurrency = 16
+    at_start: list[int] = []
+    lock = threading.Lock()
+    read = store.get_range
+
+    def counted(key: str, start: int, length: int) -> bytes:
+        if key.startswith("packs/"):
+            with lock:
+                at_start.append(store._running + 1)  # this read and those running
+        return read(key, start, length)
+
+    store.get_range = counted  # type: ignore[method-assign]
+    vault.restore("latest", tmp_path / "out")
+    assert len(at_start) == 24 and max(at_start) == 4, at_start
+    assert max(at_start[12:]) >= 2, at_start  # the last files too, not one at a time
+    assert all((tmp_path / "out" / p.name).read_bytes() == p.read_bytes() for p in src.iterdir())
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_the_chunks_of_a_file_of_two_are_fetched_side_by_side(repo_url: str, tmp_path: Path, remote: bool):
+    """Only a file of one chunk is written by one thread: a file of two has its chunks fetched by the pool, at
+    once, from a local disk as from a remote store."""
+    vault = one_mib_chunks(repo_url)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "two").write_bytes(os.urandom(2 << 20))
+    vault.backup(src)
+    assert [len(e.chunks) for e in vault.files("latest")] == [2]
+    store = slowed(vault, remote=remote)
+    store.delay = 0.2
+    vault.restore("latest", tmp_path / "out")
+    assert store.reads == 2 and store.peak == 2
+    assert (tmp_path / "out" / "two").read_bytes() == (src / "two").read_bytes()
+
+
+def test_small_files_from_a_local_disk_are_written_by_the_calling_thread(vault: Vault, tmp_path: Path):
+    """No hand-off to a worker per file: waiting for it was most of a small file's time."""
+    src = small_files(tmp_path / "src")
+    vault.backup(src)
+    store = slowed(vault, remote=False)
+    store.delay = 0
+    threads: set[str] = set()
+    read = store.get_range
+
+    def recording(key: str, start: int, length: int) -> bytes:
+        if key.startswith("packs/"):
+            threads.add(threading.current_thread().name)
+        return read(key, start, length)
+
+    store.get_range = recording  # type: ignore[method-assign]
+    vault.restore("latest", tmp_path / "out")
+    assert threads == {threading.current_thread().name}
+    assert tree_digest(tmp_path / "out") == tree_digest(src)

@@ -138,7 +138,7 @@ def iter_segments(
                 yield data, None
         if got < seg.length:
             return
-    for data in iter_chunks(stream, params):
+    for data in iter_chunks(stream, params, size_hint=0):  # what the file gained since its stat: nothing, mostly
         yield data, None
 
 
