@@ -57,7 +57,8 @@ from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
 from .retrying import BASE_DEADLINE_S, call_deadline
 
-LISTING_TRIES = 3  # a folder listing that raced with a rename in it is read again
+LISTING_TRIES = 5  # a folder listing that raced with a rename in it is read again (see _ls)
+LISTING_RETRY_S = 0.02  # times the try's number: at most 0.2 s in all
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
 POOL_SIZE = 8  # SFTP sessions at most, per store
 _IN_PROCESS_CREATE = threading.Lock()  # memory filesystems check-then-create; make that atomic
@@ -445,10 +446,12 @@ class FsspecStore:
 
     def _ls(self, fs: Any, folder: str) -> Any:
         """``fs.ls``, tried again when an entry came back without its attributes: paramiko fails
-        (TypeError) on an SFTP entry renamed or removed while the folder was read (a lock refreshed)."""
-        for _ in range(LISTING_TRIES - 1):
+        (TypeError) on an SFTP entry renamed or removed while the folder was read (a lock refreshed).
+        A moment apart: three tries at once all met the same race once, on a loaded machine (a CI run)."""
+        for attempt in range(1, LISTING_TRIES):
             with contextlib.suppress(TypeError):
                 return fs.ls(folder, detail=True, **self._deadline())
+            time.sleep(LISTING_RETRY_S * attempt)
         return fs.ls(folder, detail=True, **self._deadline())
 
     def delete(self, key: str) -> None:
