@@ -502,3 +502,25 @@ def test_a_folder_listing_that_raced_with_a_rename_is_read_again(tmp_path, monke
 
     monkeypatch.setattr(store.fs, "ls", racing)
     assert [o.key for o in store.list("locks/")] == ["locks/a"] and len(calls) == 2
+
+
+def test_a_folder_listing_that_keeps_racing_is_read_again_a_moment_apart(tmp_path, monkeypatch):
+    """The race met three times in a row (tries back to back, a loaded CI machine): the listing is tried up to
+    five times, each a little later than the one before, and only then fails."""
+    from ckptvault.store import fsspec_store
+    from ckptvault.store.fsspec_store import FsspecStore
+
+    store = FsspecStore(f"file://{tmp_path}", None)
+    store.put("locks/a", b"lock")
+    real_ls, calls, naps = store.fs.ls, [], []
+    monkeypatch.setattr(fsspec_store.time, "sleep", naps.append)
+
+    def racing(path, **kwargs):
+        calls.append(path)
+        if len(calls) < fsspec_store.LISTING_TRIES:
+            raise TypeError("an integer is required")
+        return real_ls(path, **kwargs)
+
+    monkeypatch.setattr(store.fs, "ls", racing)
+    assert [o.key for o in store.list("locks/")] == ["locks/a"] and len(calls) == 5
+    assert naps == sorted(naps) and len(naps) == 4 and naps[0] > 0
