@@ -553,3 +553,17 @@ def test_a_file_of_exactly_the_inline_size_is_coded_by_the_reading_thread_and_on
     inline = {name == here for data, name in coded_on if data in at_limit}
     pooled = {name.startswith("ckptvault-chunk") for data, name in coded_on if data in over}
     assert inline == {True} and pooled == {True}, coded_on
+
+
+@pytest.mark.parametrize(
+    ("path", "root"),
+    [
+        ("/data/ckpt/rank0/shard.bin", "/data/ckpt"),
+        ("/data/ckpt/shard.bin", "/data/ckpt/"),
+        ("/etc/shard.bin", "/"),
+        ("/data/ckpt-old/shard.bin", "/data/ckpt"),  # shares the root's letters, not its folder
+    ],
+)
+def test_a_files_place_below_its_source_folder_is_what_relpath_says(path, root):
+    # the scan's source folders are absolute and normalised (os.path.abspath), so no "." or ".." inside
+    assert backup_module._below(path, root) == os.path.relpath(path, root)

@@ -469,7 +469,7 @@ def _open_source(item: SourceItem) -> io.FileIO:
     swapped in must not wait for a writer."""
     if not item.root:
         return open(item.abs_path, "rb", buffering=0, opener=_nonblocking)
-    *folders, name = os.path.relpath(item.abs_path, item.root).split(os.sep)
+    *folders, name = _below(item.abs_path, item.root).split(os.sep)
     fd = os.open(item.root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for folder in folders:
@@ -486,6 +486,14 @@ def _open_source(item: SourceItem) -> io.FileIO:
         raise
     finally:
         os.close(fd)
+
+
+def _below(path: str, root: str) -> str:
+    """``os.path.relpath(path, root)`` for a path the scan found under ``root``: its tail, without
+    relpath's normalising (~6 µs of the ~190 a small file takes in an incremental backup here)."""
+    if path.startswith(root) and path[len(root) : len(root) + 1] == os.sep:
+        return path[len(root) + 1 :]
+    return os.path.relpath(path, root)
 
 
 def changed_too_recently(st: os.stat_result, now_ns: int) -> bool:
