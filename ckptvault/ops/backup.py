@@ -280,25 +280,9 @@ def run_backup(
         if unless_same_as is not None and same_contents(entries, unless_same_as[1]):
             return BackupResult(unless_same_as[0], warnings)
         tree_id = repo.save_tree(encode_tree(entries))
-        file_entries = [e for e in entries if e.type == "file"]
         snapshot_id = secrets.token_bytes(32)
         # stored_bytes counts packs, index and tree; not the snapshot object (a few hundred bytes).
-        summary = SnapshotSummary(
-            files=len(file_entries),
-            dirs=sum(e.type == "dir" for e in entries),
-            symlinks=sum(e.type == "symlink" for e in entries),
-            logical_bytes=sum(e.size for e in file_entries),
-            read_bytes=read_bytes,
-            new_bytes=pipeline.new_bytes,
-            stored_bytes=repo.bytes_written - written_before,
-            chunks=sum(len(e.chunks) for e in file_entries),
-            new_chunks=pipeline.new_chunks,
-            duration_s=round(time.monotonic() - started, 3),
-            delta_chunks=pipeline.delta_chunks,
-            delta_bytes=pipeline.delta_bytes,
-            delta_stored_bytes=pipeline.delta_stored,
-            delta_saved_bytes=pipeline.delta_saved,
-        )
+        summary = _summary(entries, pipeline, read_bytes, repo.bytes_written - written_before, started)
         snapshot = Snapshot(
             id=snapshot_id.hex(),
             time=when,
@@ -315,6 +299,28 @@ def run_backup(
             before_commit()
         repo.save_snapshot(snapshot_id, encode_snapshot(snapshot))
     return BackupResult(snapshot, warnings)
+
+
+def _summary(
+    entries: list[FileEntry], pipeline: ChunkPipeline, read_bytes: int, stored_bytes: int, started: float
+) -> SnapshotSummary:
+    file_entries = [e for e in entries if e.type == "file"]
+    return SnapshotSummary(
+        files=len(file_entries),
+        dirs=sum(e.type == "dir" for e in entries),
+        symlinks=sum(e.type == "symlink" for e in entries),
+        logical_bytes=sum(e.size for e in file_entries),
+        read_bytes=read_bytes,
+        new_bytes=pipeline.new_bytes,
+        stored_bytes=stored_bytes,
+        chunks=sum(len(e.chunks) for e in file_entries),
+        new_chunks=pipeline.new_chunks,
+        duration_s=round(time.monotonic() - started, 3),
+        delta_chunks=pipeline.delta_chunks,
+        delta_bytes=pipeline.delta_bytes,
+        delta_stored_bytes=pipeline.delta_stored,
+        delta_saved_bytes=pipeline.delta_saved,
+    )
 
 
 def twin_snapshot(
