@@ -323,3 +323,28 @@ def test_small_files_from_a_local_disk_are_written_by_the_calling_thread(vault: 
     vault.restore("latest", tmp_path / "out")
     assert threads == {threading.current_thread().name}
     assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+def test_a_restore_into_a_new_folder_looks_up_nothing_below_a_folder_it_found_missing(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    src = small_files(tmp_path / "src")
+    (src / "rank1" / "deeper").mkdir()
+    (src / "rank1" / "deeper" / "x.pt").write_bytes(b"x" * 100)
+    vault.backup(src)
+    out = tmp_path / "out"
+    (out / "rank0").mkdir(parents=True)  # one folder there already: its files are looked up
+    looked_up: list[str] = []
+    real_lstat = os.lstat
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        looked_up.append(str(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(restore_module.os, "lstat", lstat)
+    vault.restore("latest", out)
+    assert tree_digest(out) == tree_digest(src)
+    # the files of the folder that was there are looked up (each may hold the same file already), and no
+    # file below a folder found missing; the writes' own checks of their temporary files are not counted
+    looked_up_files = sorted(p for p in looked_up if p.endswith(".pt") and TEMP_MARK not in p)
+    assert looked_up_files == [f"{out}/rank0/shard{i:02d}.pt" for i in range(0, 24, 3)]

@@ -195,6 +195,9 @@ class _Planner:
         self.clashes: dict[str, str] = {}  # a folder against a non-folder: never replaced (path -> why)
         self.skip: set[str] = set()
         self.too_long: list[str] = []  # paths the system cannot take under this target
+        # snapshot folders found missing from the target: nothing below them is looked up (a restore into
+        # a new folder stat'ed each file and its folder in vain: ~10 µs a file)
+        self.absent: set[str] = set()
 
     def dest(self, entry: FileEntry) -> str:
         return os.path.join(self.target, *entry.path.split("/"))
@@ -234,13 +237,17 @@ class _Planner:
             self._too_long(entry, os.path.join(os.path.dirname(self.dest(entry)), "x" * _TEMP_NAME_BYTES))
 
     def _check_in_place(self, entry: FileEntry) -> None:
-        self._check_ancestors(entry)
+        folders_there = self._folders_above_there(entry)
         if entry.type == "file":
             self._check_chunks(entry)
+        if not folders_there:
+            return
         dest = self.dest(entry)
         try:
             st = os.lstat(dest)
-        except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: _check_ancestors noted the clash
+        except (FileNotFoundError, NotADirectoryError):  # not there (or a folder above was replaced meanwhile)
+            if entry.type == "dir":
+                self.absent.add(entry.path)
             return
         if entry.type == "dir":
             if not stat.S_ISDIR(st.st_mode):
@@ -276,14 +283,20 @@ class _Planner:
         --overwrite, which replaces files but never deletes a user's folder (or a file to make one)."""
         self.clashes.setdefault(path, f"{path} {why}")
 
-    def _check_ancestors(self, entry: FileEntry) -> None:
+    def _folders_above_there(self, entry: FileEntry) -> bool:
+        """Whether every folder above the entry is a folder in the target: if not, the entry is not there
+        either. A link among them is refused, a file among them noted as a clash."""
         parts = entry.path.split("/")
         for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in self.absent:
+                return False
             parent = os.path.join(self.target, *parts[:i])
             try:
                 st = os.lstat(parent)
             except FileNotFoundError:
-                return
+                self.absent.add(folder)
+                return False
             if stat.S_ISLNK(st.st_mode):
                 raise UnsafePathError(
                     entry.path,
@@ -291,8 +304,9 @@ class _Planner:
                     "a link); remove the link, or restore elsewhere",
                 )
             if not stat.S_ISDIR(st.st_mode):
-                self._clash("/".join(parts[:i]), f"is {_kind(st)} in the target where the snapshot has a folder")
-                return
+                self._clash(folder, f"is {_kind(st)} in the target where the snapshot has a folder")
+                return False
+        return True
 
     def _check_chunks(self, entry: FileEntry) -> None:
         total = 0
