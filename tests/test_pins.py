@@ -158,3 +158,24 @@ def test_a_subfolder_swapped_for_a_link_during_a_sync_is_not_followed(tmp_path: 
     monkeypatch.undo()
     pinned = sorted(str(p.relative_to(pin.data)) for p in Path(pin.data).rglob("*") if p.is_file())
     assert swapped and pinned == ["model.bin"]
+
+
+def test_making_room_drops_the_oldest_that_free_something_until_there_is_enough():
+    """The rule the watcher and backup_async share: oldest first, skipping what frees nothing or could not
+    be dropped, counting what a dropped pin held as freed, and asking no more once there is room."""
+    held = {"a": 0, "b": 30, "c": 50, "d": 40, "e": 70}
+    asked: list[str] = []
+    dropped: list[tuple[str, int, int]] = []
+
+    def held_by(name: str) -> int:
+        asked.append(name)
+        return held[name]
+
+    def drop(name: str, free: int, freed: int) -> bool:
+        dropped.append((name, free, freed))
+        return name != "c"  # started shipping meanwhile: not dropped, so nothing freed
+
+    free = pins.make_room(10, 75, ["a", "b", "c", "d", "e"], held_by, drop)
+    assert dropped == [("b", 10, 30), ("c", 40, 50), ("d", 40, 40)]
+    assert asked == ["a", "b", "c", "d"] and free == 80
+    assert pins.make_room(100, 75, ["a"], held_by, drop) == 100 and asked[-1] == "d"

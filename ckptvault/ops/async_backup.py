@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import math
 import numbers
@@ -391,6 +392,14 @@ def _leftover_job(lefts: list[Leftover]) -> BackupJob | None:
     )
 
 
+def _held_by_deleted(job: BackupJob) -> int:
+    """What dropping a waiting job frees for the trainer: what its pins hold of checkpoints the trainer
+    deleted; 0 for one submitted with "block" (never dropped) or whose sources are still there."""
+    if job.on_full != "coalesce" or any(pins_module.source_alive(p) for p in job.pins):
+        return 0  # its pins free nothing
+    return sum(pins_module.bytes_held(p) for p in job.pins)
+
+
 def lower_this_threads_priority(by: int) -> None:
     """Raise the calling thread's nice value by ``by`` (Linux: nice is per thread, and a thread
     inherits its creator's). The trainer keeps the CPU it needs when both want it; shipping runs
@@ -562,24 +571,8 @@ class AsyncShipper:
             if free >= ROOM_FOR_A_SAVE * size:
                 self._low_room_told = False
                 return
-            for old in waiting[:-1]:
-                if free >= ROOM_FOR_A_SAVE * size:
-                    return
-                if old.on_full != "coalesce" or any(pins_module.source_alive(p) for p in old.pins):
-                    continue  # its pins free nothing
-                held = sum(pins_module.bytes_held(p) for p in old.pins)
-                with self._cond:
-                    if not held or old not in self._waiting():
-                        continue  # started meanwhile
-                    self._pending.remove(old)
-                    self._cond.notify_all()
-                self._supersede(
-                    old,
-                    f"backup of {old.describe()} was dropped to leave the trainer room for its next save: the disk "
-                    f"of {folder} had {format_bytes(free)} free and its pins kept {format_bytes(held)} of deleted "
-                    "checkpoints; uploads are slower than saves (newer checkpoints still ship)",
-                )
-                free += held
+            drop = functools.partial(self._drop_for_room, folder)
+            free = pins_module.make_room(free, ROOM_FOR_A_SAVE * size, waiting[:-1], _held_by_deleted, drop)
             if free < ROOM_FOR_A_SAVE * size and not self._low_room_told:
                 self._low_room_told = True
                 log.warning(
@@ -591,6 +584,20 @@ class AsyncShipper:
                     ROOM_FOR_A_SAVE,
                     format_bytes(size),
                 )
+
+    def _drop_for_room(self, folder: str, old: BackupJob, free: int, held: int) -> bool:
+        with self._cond:
+            if old not in self._waiting():
+                return False  # started meanwhile
+            self._pending.remove(old)
+            self._cond.notify_all()
+        self._supersede(
+            old,
+            f"backup of {old.describe()} was dropped to leave the trainer room for its next save: the disk "
+            f"of {folder} had {format_bytes(free)} free and its pins kept {format_bytes(held)} of deleted "
+            "checkpoints; uploads are slower than saves (newer checkpoints still ship)",
+        )
+        return True
 
     def _cancel(self, job: BackupJob) -> bool:
         with self._cond:  # the worker takes a job and marks it running under this lock

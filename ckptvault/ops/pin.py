@@ -31,9 +31,10 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TypeVar
 
 from ..durable import replace_with
 from ..localtree import remove_tree
@@ -51,6 +52,7 @@ IN_PLACE = "-in-place"  # the name's end of a stand-in pin (``stand_in``: never 
 OWNER_LOCK = "owner.lock"  # a POSIX lock on it is held by the process that owns the pin, while it lives
 
 Signature = tuple[tuple[str, ...], ...]
+Waiting = TypeVar("Waiting")  # what holds pins waiting to ship: a watched checkpoint, a queued backup
 Excluded = Callable[[str, bool], bool]  # (path relative to the pinned source, is a folder) -> left out
 
 
@@ -134,6 +136,29 @@ def free_bytes(folder: str) -> int | None:
     except OSError:
         return None
     return disk.f_bavail * disk.f_frsize
+
+
+def make_room(
+    free: int,
+    needed: float,
+    waiting: Iterable[Waiting],
+    held: Callable[[Waiting], int],
+    drop: Callable[[Waiting, int, int], bool],
+) -> int:
+    """Drop pins waiting to ship, in the order given (oldest first), until ``free`` bytes reach ``needed``:
+    the one rule of the watcher and of ``backup_async`` for leaving the trainer room for its next save.
+    ``held(w)`` is what dropping ``w`` would free, 0 for one that frees nothing or must stay (its source
+    is still there, it is the newest); it is asked only while room is short, as it walks the pins.
+    ``drop(w, free, held)`` drops it and says whether it could (a backup may have started meanwhile).
+    What a dropped pin held counts as freed at once (some filesystems free space late), so the disk is
+    not looked at again: returns the free room so counted."""
+    for item in waiting:
+        if free >= needed:
+            break
+        freed = held(item)
+        if freed and drop(item, free, freed):
+            free += freed
+    return free
 
 
 def is_subset(sig: Signature, of: Signature) -> bool:

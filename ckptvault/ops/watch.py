@@ -514,22 +514,22 @@ class Watcher:
             return
         complete = [c for c in waiting if c.state == "failed" or now - c.last_change >= self.options.settle]
         kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:])}
-        for cand in waiting:
-            if free >= ROOM_FOR_A_SAVE * largest:
-                return
-            if cand.pin.pin_id in kept or pins.source_alive(cand.pin) or not (held := pins.bytes_held(cand.pin)):
-                continue
-            if (_tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests:
-                self._release(cand)  # adopted from an earlier run that shipped it: nothing is lost
-            else:
-                self._drop_for_room(cand, free, held)
-            free += held
+
+        def held(cand: _Candidate) -> int:
+            if cand.pin.pin_id in kept or pins.source_alive(cand.pin):
+                return 0
+            return pins.bytes_held(cand.pin)
+
+        pins.make_room(free, ROOM_FOR_A_SAVE * largest, waiting, held, self._drop_for_room)
 
     def _largest_checkpoint(self) -> int:
         """Bytes of the largest checkpoint known: what the trainer's next save may need."""
         return max((pins.bytes_of(c.sig) for c in self._candidates.values()), default=0)
 
-    def _drop_for_room(self, cand: _Candidate, free: int, held: int) -> None:
+    def _drop_for_room(self, cand: _Candidate, free: int, held: int) -> bool:
+        if (_tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests:
+            self._release(cand)  # adopted from an earlier run that shipped it: nothing is lost
+            return True
         error = CheckpointLostError(
             cand.pin.source,
             f"dropped without shipping it, to leave the trainer room for its next save: the disk of "
@@ -542,6 +542,7 @@ class Watcher:
         self._release(cand)
         self.result.dropped.append(cand.pin.name)
         self._report_lost(cand, step, "dropped", error)
+        return True
 
     def _warn_if_disk_low(self) -> None:
         """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
