@@ -1369,6 +1369,7 @@ def test_shipped_folders_are_looked_into_within_a_share_of_the_time(tmp_path, mo
     must not keep a core of the training machine busy."""
     from ckptvault.ops import pin as pins
     from ckptvault.ops import watch as watching
+    from ckptvault.ops import watch_candidate
 
     ckpts = tmp_path / "ckpts"
     for n in range(20):
@@ -1384,7 +1385,7 @@ def test_shipped_folders_are_looked_into_within_a_share_of_the_time(tmp_path, mo
     for n in range(20):
         path = str(ckpts / f"ck-{n}")
         st = os.stat(path)
-        watcher._done[f"ck-{n}"] = watching._Done(st.st_ino, st.st_size, st.st_mtime_ns, pins.signature(path))
+        watcher._done[f"ck-{n}"] = watch_candidate.Done(st.st_ino, st.st_size, st.st_mtime_ns, pins.signature(path))
     real_signature = pins.signature
     looks: list[float] = []
 
@@ -2001,7 +2002,7 @@ def test_a_backlog_behind_a_save_made_again_and_again_still_ships(tmp_path, stop
     as long as training ran. Every other upload now goes to the oldest waiting; once stopped (the grace
     after a preemption) the newest goes first, always."""
     from ckptvault.ops import pin as pins
-    from ckptvault.ops import watch as watching
+    from ckptvault.ops import watch_candidate
 
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
@@ -2018,7 +2019,7 @@ def test_a_backlog_behind_a_save_made_again_and_again_still_ships(tmp_path, stop
     def save(name: str) -> None:
         (ckpts / name).write_bytes(os.urandom(100))
         pin = pins.create(str(ckpts / name), watcher.pins_dir)
-        watcher._candidates[pin.pin_id] = watching._Candidate(pin=pin, seen=0.0, last_change=0.0)
+        watcher._candidates[pin.pin_id] = watch_candidate.Candidate(pin=pin, seen=0.0, last_change=0.0)
 
     save("step_100.ckpt")
     for _epoch in range(4):
@@ -2062,7 +2063,7 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
     first) may delete it at any moment, while pinned ones wait safely. Newest first made it wait behind
     every newer pinned checkpoint (more of them lost); it now goes first."""
     from ckptvault.ops import pin as pins
-    from ckptvault.ops import watch as watching
+    from ckptvault.ops import watch_candidate
 
     ckpts = tmp_path / "ckpts"
     for step in (100, 200):
@@ -2073,7 +2074,7 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
     in_place = pins.stand_in(str(ckpts / "step_100"), watcher.pins_dir)  # its disk was full then
     pinned = pins.create(str(ckpts / "step_200"), watcher.pins_dir)  # room again for the newer one
     for pin in (in_place, pinned):
-        watcher._candidates[pin.pin_id] = watching._Candidate(pin=pin, seen=0.0, last_change=0.0)
+        watcher._candidates[pin.pin_id] = watch_candidate.Candidate(pin=pin, seen=0.0, last_change=0.0)
     submitted: list[str] = []
 
     class Shipper:
@@ -2105,6 +2106,7 @@ def test_a_settled_pin_waiting_behind_an_upload_is_looked_at_once_a_second(tmp_p
     looked at once a second while an upload runs; a file added meanwhile still unsettles it."""
     from ckptvault.ops import pin as pins
     from ckptvault.ops import watch as watching
+    from ckptvault.ops import watch_candidate
 
     ckpts = tmp_path / "ckpts"
     for step in (100, 200):
@@ -2137,7 +2139,7 @@ def test_a_settled_pin_waiting_behind_an_upload_is_looked_at_once_a_second(tmp_p
     time.sleep(watching.LOOK_INSIDE_S)
     looks(0.1)
     assert "late.pt" in os.listdir(waiting.pin.data)  # pinned
-    assert "late.pt" in watching._files(waiting.sig) and waiting.last_change > written  # it settled again
+    assert "late.pt" in watch_candidate.file_paths(waiting.sig) and waiting.last_change > written  # it settled again
     for cand in list(watcher._candidates.values()):
         cand.pin.release()
 

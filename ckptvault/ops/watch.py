@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import fnmatch
 import functools
 import json
@@ -51,8 +50,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Literal, NoReturn
 
 from ..errors import (
     BackupSupersededError,
@@ -61,62 +58,33 @@ from ..errors import (
     SourceError,
     StorageError,
     UsageError,
-    WatchLockedError,
     spelled,
 )
 from ..formats import not_whole, pread_at
-from ..snapshot.model import TAG_TEXT_MAX, Snapshot
+from ..snapshot.model import Snapshot
 from ..units import format_bytes
 from . import pin as pins
 from .async_backup import ROOM_FOR_A_SAVE, AsyncShipper, BackupJob
-from .names import TRAINER_STATE, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary, is_unfinished
+from .names import TRAINER_STATE, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
 from .scan import refuse_sources_in_vault
+from .watch_candidate import (
+    Candidate,
+    Done,
+    file_paths,
+    stat_if_same,
+    step_of,
+    tag_text,
+    temporary_activity,
+    unpinnable,
+)
 from .watch_folder import CheckpointFolder, Keep, step_order
+from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
 
 log = logging.getLogger("ckptvault")
 
 RETRY_AFTER = (5.0, 15.0, 60.0, 300.0)
 LEFT_OUT_TOLD = "left-out.json"  # in the state folder: the top-level entries already named as left out
-
-
-@dataclass
-class _Candidate:
-    pin: pins.Pin
-    seen: float
-    last_change: float
-    sig: pins.Signature = ()
-    first_sig: pins.Signature | None = None
-    state: Literal["settling", "queued", "failed"] = "settling"
-    retry_at: float = 0.0
-    failures: int = 0
-    digest: str = ""
-    shipped_sig: pins.Signature = ()  # what its backup was started on (the pin may change under it)
-    step: int | None = None
-    source_stat: os.stat_result | None = None  # the source when the pin was last synced
-    error: CkptVaultError | None = None  # the last backup failure, while it is not shipped
-    unpinned: str = ""  # shipping in place: why no pin could be made
-    pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
-    frozen: bool = False  # its source is gone or replaced: the pin is not looked at (until the source is back)
-    files: dict[str, tuple[int, int]] = field(default_factory=dict)  # at the last look: path -> (size, mtime)
-    steady: bool = False  # unchanged at the last look
-    rewrites: int = 0  # saves in place seen since it last settled
-    rewrites_since: float = 0.0  # when the first of them was seen
-    looked: float = 0.0  # when its pin was last looked at, and how long that took
-    look_s: float = 0.0
-    not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
-
-
-@dataclass
-class _Done:
-    """What a name held when its checkpoint was shipped, to notice when it holds a new one."""
-
-    ino: int
-    size: int
-    mtime_ns: int
-    sig: pins.Signature
-    looked: float = 0.0  # when a folder's files were last compared with ``sig``
-    look_s: float = 0.0  # how long that comparison took (its share of LOOK_INSIDE_SHARE)
 
 
 Ship = Callable[[BackupJob], Snapshot]
@@ -140,13 +108,6 @@ LOW_DISK_SAVES = 8  # saves of the largest waiting checkpoint the pins' disk has
 REWRITES_TOLD = 3
 REWRITES_TOLD_AFTER_S = 5.0
 INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
-
-
-def _tag_text(name: str) -> str:
-    """A checkpoint's name as a tag value: control characters escaped (a tag holds printable text),
-    cut to the tag limit. The tag only names the checkpoint; watch finds what it shipped by digest."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
-    return text[:TAG_TEXT_MAX]
 
 
 class Watcher:
@@ -179,7 +140,7 @@ class Watcher:
         self.options = options
         excludes = options.exclude
         self._excluded = excludes.match if excludes else None  # never pinned, nor in a signature
-        self._as_pinned = functools.partial(_unpinnable, self._excluded)  # what a pin leaves out
+        self._as_pinned = functools.partial(unpinnable, self._excluded)  # what a pin leaves out
         self._names_excluded = functools.partial(excludes.match, names_only=True)
         # the patterns are part of what was shipped: a checkpoint shipped with others ships again
         self._sig_extra: pins.Signature = (("exclude", *excludes.key()),) if excludes else ()
@@ -191,8 +152,8 @@ class Watcher:
         self._on_shipped = on_shipped or (lambda _s: None)
         self._on_warning = on_warning or (lambda _m: None)
         self._on_lost = on_lost or (lambda _l: None)
-        self._candidates: dict[str, _Candidate] = {}  # by pin id
-        self._done: dict[str, _Done] = {}  # by top-level name
+        self._candidates: dict[str, Candidate] = {}  # by pin id
+        self._done: dict[str, Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
         self._told: set[str] | None = None  # the entries named as left out, in this or an earlier run
@@ -210,7 +171,7 @@ class Watcher:
         self._digests_error: BaseException | None = None
         self._digests_retry_at: float | None = None  # when to load them again after an outage
         self._scanned_at = 0.0
-        self._finished: queue.SimpleQueue[tuple[_Candidate, BackupJob]] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[tuple[Candidate, BackupJob]] = queue.SimpleQueue()
         self._upload_ended = threading.Event()  # set by the worker: the next upload can start
         self._submitted: set[str] = set()  # --once: pin ids whose backup started (each is tried once)
         self._oldest_turn = False  # the next upload with a choice goes to the oldest waiting (see _promote)
@@ -222,7 +183,7 @@ class Watcher:
     def run(self) -> WatchResult:
         try:
             os.makedirs(self.pins_dir, exist_ok=True)
-            lock = _WatchLock(os.path.join(self.state_dir, "lock"), self.directory)
+            lock = WatchLock(os.path.join(self.state_dir, "lock"), self.directory)
             lock.open()
         except OSError as exc:
             raise UsageError(
@@ -445,13 +406,13 @@ class Watcher:
                     continue
             self._start(entry.name, entry.path, st, now)
 
-    def _changed_since_shipped(self, path: str, done: _Done, st: os.stat_result) -> bool:
+    def _changed_since_shipped(self, path: str, done: Done, st: os.stat_result) -> bool:
         """A shipped checkpoint whose own mtime moved, or a shipped folder looked into again: new or
         changed files make it a new version;
         files only disappearing is its deletion in progress (rotation), not a new version."""
         started = time.monotonic()
         try:
-            sig = pins.signature(path, self._as_pinned)  # as _Done.sig was taken
+            sig = pins.signature(path, self._as_pinned)  # as Done.sig was taken
         except OSError:
             return False  # deleted, or unreadable for now: the next poll looks again
         finally:
@@ -462,8 +423,8 @@ class Watcher:
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
             sig = pins.signature(path, self._as_pinned)  # as a pin of it would be: so its digest was taken
-            if self._digests_loaded.is_set() and (_tag_text(name), self._digest(sig)) in self._digests:
-                self._done[name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
+            if self._digests_loaded.is_set() and (tag_text(name), self._digest(sig)) in self._digests:
+                self._done[name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 self._unpinned.pop(name, None)
                 return  # shipped before (by an earlier run of the watcher)
             pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
@@ -489,7 +450,7 @@ class Watcher:
             pin.release()
             return
         self._warn_if_copied(pin)
-        self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+        self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now)
 
     def _make_room(self, now: float) -> None:
         """A pin keeps the files the trainer's rotation deleted until it ships, so uploads slower than
@@ -515,7 +476,7 @@ class Watcher:
         complete = [c for c in waiting if c.state == "failed" or now - c.last_change >= self.options.settle]
         kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:])}
 
-        def held(cand: _Candidate) -> int:
+        def held(cand: Candidate) -> int:
             if cand.pin.pin_id in kept or pins.source_alive(cand.pin):
                 return 0
             return pins.bytes_held(cand.pin)
@@ -526,8 +487,8 @@ class Watcher:
         """Bytes of the largest checkpoint known: what the trainer's next save may need."""
         return max((pins.bytes_of(c.sig) for c in self._candidates.values()), default=0)
 
-    def _drop_for_room(self, cand: _Candidate, free: int, held: int) -> bool:
-        if (_tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests:
+    def _drop_for_room(self, cand: Candidate, free: int, held: int) -> bool:
+        if (tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests:
             self._release(cand)  # adopted from an earlier run that shipped it: nothing is lost
             return True
         error = CheckpointLostError(
@@ -538,7 +499,7 @@ class Watcher:
             "save less often, raise the upload rate, or pin on another disk with "
             f"{spelled('--state-dir', 'state_dir')}, where pins are copies and nothing is dropped",
         )
-        step = self._step_of(cand)
+        step = step_of(cand)
         self._release(cand)
         self.result.dropped.append(cand.pin.name)
         self._report_lost(cand, step, "dropped", error)
@@ -587,7 +548,7 @@ class Watcher:
         try:
             pin = pins.stand_in(path, self.pins_dir, excluded=self._excluded)
             # what it holds, before the user is told not to delete it: a file deleted after that is a loss
-            sig = self._signature(pin) + _temporary_activity(pin)
+            sig = self._signature(pin) + temporary_activity(pin)
         except OSError:
             return  # deleted or changed between the look and now: the next poll looks again
         if pin.source_ino != st.st_ino:
@@ -601,11 +562,11 @@ class Watcher:
             f"free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on "
             "another disk, where pins are copies)",
         )
-        self._candidates[pin.pin_id] = _Candidate(
+        self._candidates[pin.pin_id] = Candidate(
             pin=pin, seen=now, last_change=now, sig=sig, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
         )
 
-    def _pin_after_all(self, cand: _Candidate, now: float) -> None:
+    def _pin_after_all(self, cand: Candidate, now: float) -> None:
         """A checkpoint shipping in place is pinned once there is room (tried every few seconds)."""
         if now < cand.pin_retry_at:
             return
@@ -618,7 +579,7 @@ class Watcher:
             pin.release()  # replaced meanwhile: the next look says so
             return
         sig = self._signature(pin)
-        if _files(cand.sig) - _files(sig):  # files went while it was being pinned
+        if file_paths(cand.sig) - file_paths(sig):  # files went while it was being pinned
             pin.release()  # before _cut_down's release, which makes the staging folder again
             self._cut_down(cand, sig)
             return
@@ -626,7 +587,7 @@ class Watcher:
         cand.pin = pin
         self._candidates[pin.pin_id] = cand
 
-    def _lost_in_place(self, cand: _Candidate, what: str) -> None:
+    def _lost_in_place(self, cand: Candidate, what: str) -> None:
         """What is left of it (a folder cut down) is remembered as shipped: not a new checkpoint."""
         error = CheckpointLostError(
             cand.pin.source,
@@ -635,31 +596,27 @@ class Watcher:
             f"give {spelled('--state-dir', 'state_dir')} on another disk, or free space, so that checkpoints are "
             "pinned",
         )
-        self._report_lost(cand, self._step_of(cand), "deleted", error)
+        self._report_lost(cand, step_of(cand), "deleted", error)
         with contextlib.suppress(OSError):
             st = os.lstat(cand.pin.source)
             if st.st_ino == cand.pin.source_ino:
-                self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
+                self._done[cand.pin.name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
         self._drop(cand)
 
-    @staticmethod
-    def _step_of(cand: _Candidate) -> int | None:
-        return cand.step if cand.step is not None else checkpoint_step(cand.pin.data)
-
-    def _report_lost(self, cand: _Candidate, step: int | None, reason: str, error: CheckpointLostError) -> None:
+    def _report_lost(self, cand: Candidate, step: int | None, reason: str, error: CheckpointLostError) -> None:
         self._lost.append(error)
         self._on_warning(str(error))
         self._on_lost(LostCheckpoint(cand.pin.name, cand.pin.source, step, reason, error))
 
-    def _cut_down(self, cand: _Candidate, sig: pins.Signature) -> bool:
+    def _cut_down(self, cand: Candidate, sig: pins.Signature) -> bool:
         """Files of a checkpoint shipping in place are gone since its last look (a rotation under way):
         it is lost, said so, and True."""
-        if not _files(cand.sig) - _files(sig):
+        if not file_paths(cand.sig) - file_paths(sig):
             return False
         self._lost_in_place(cand, "files of it were deleted")
         return True
 
-    def _in_place_gone(self, cand: _Candidate) -> bool:
+    def _in_place_gone(self, cand: Candidate) -> bool:
         """Whether a checkpoint shipping in place went: lost when deleted; when replaced by a newer save
         (a ``latest.pt`` saved by a rename), that save ships instead, as a pin would have it."""
         try:
@@ -690,7 +647,7 @@ class Watcher:
     def _verify_in_place(self, pin: pins.Pin, sig: pins.Signature) -> None:
         """Just before an in-place backup commits (on the shipping thread): every file still as it was
         when it was queued, or the snapshot could hold parts of two saves."""
-        if _stat_if_same(pin) is None or not self._still(pin, sig):
+        if stat_if_same(pin) is None or not self._still(pin, sig):
             raise SourceError(
                 pin.source,
                 "it changed or went while it shipped in place (it could not be pinned); this backup is not stored",
@@ -729,8 +686,8 @@ class Watcher:
                 continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
             pin.excluded = self._excluded  # and what this run's patterns leave out
-            _stat_if_same(pin)  # before the first look: a folder replaced while no watcher ran is a new one
-            self._candidates[pin.pin_id] = _Candidate(pin=pin, seen=now, last_change=now)
+            stat_if_same(pin)  # before the first look: a folder replaced while no watcher ran is a new one
+            self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now)
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
 
@@ -749,7 +706,7 @@ class Watcher:
                     continue  # dropped by that look (logs, a trainer's output folder found)
             started = time.monotonic()
             try:
-                cand.source_stat = _stat_if_same(cand.pin)
+                cand.source_stat = stat_if_same(cand.pin)
                 if cand.source_stat is None and self._deleted_unfinished(cand, now):
                     continue
                 if cand.source_stat is not None or cand.pin.in_place:
@@ -769,7 +726,7 @@ class Watcher:
                     pins.sync(cand.pin)
                     self._warn_if_copied(cand.pin)
                     sig = self._signature(cand.pin)
-                sig += _temporary_activity(cand.pin)
+                sig += temporary_activity(cand.pin)
             except FileNotFoundError:
                 if cand.pin.in_place:
                     self._lost_in_place(cand, "it was deleted")
@@ -787,7 +744,7 @@ class Watcher:
                 # failed for being incomplete: a folder made before its files were written)
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
 
-    def _resting(self, cand: _Candidate, now: float) -> bool:
+    def _resting(self, cand: Candidate, now: float) -> bool:
         """A pinned checkpoint that settled and waits behind an upload is looked at only as often as a
         shipped folder (``LOOK_INSIDE_S``): the look before its own upload starts is a full one, as the
         upload in flight must end first."""
@@ -800,7 +757,7 @@ class Watcher:
             and now - cand.looked < max(LOOK_INSIDE_S, cand.look_s / LOOK_INSIDE_SHARE)
         )
 
-    def _count_rewrites(self, cand: _Candidate, sig: pins.Signature, now: float) -> None:
+    def _count_rewrites(self, cand: Candidate, sig: pins.Signature, now: float) -> None:
         """A checkpoint saved again in place (``torch.save`` over the same file, a copy into it) more
         often than ``settle`` never settles, so never ships: said once it was seen saved in place a few
         times over a while without settling. A save in place is a look that finds a file changed
@@ -831,7 +788,7 @@ class Watcher:
                 f"checkpoint under a new name{rename}",
             )
 
-    def _deleted_unfinished(self, cand: _Candidate, now: float) -> bool:
+    def _deleted_unfinished(self, cand: Candidate, now: float) -> bool:
         """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: in
         its output folder (one of its ``checkpoint-N`` folders was seen holding that file), one
         deleted before it settled whose pin never got that file was seen only in part (its last files
@@ -856,7 +813,7 @@ class Watcher:
         self._drop(cand)
         return True
 
-    def _not_complete(self, cand: _Candidate, sig: pins.Signature, now: float) -> bool:
+    def _not_complete(self, cand: Candidate, sig: pins.Signature, now: float) -> bool:
         """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
         are written), a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
         which the Trainer writes last, or a file whose format says it ends later than it does (a
@@ -892,7 +849,7 @@ class Watcher:
         return True
 
     @staticmethod
-    def _file_not_whole(cand: _Candidate, sig: pins.Signature) -> str | None:
+    def _file_not_whole(cand: Candidate, sig: pins.Signature) -> str | None:
         """Which file of the checkpoint its own format calls cut short, and why (read again only when
         its files change: a checkpoint held back is looked at on every poll)."""
         if cand.not_whole is not None and cand.not_whole[0] == sig:
@@ -933,7 +890,7 @@ class Watcher:
                 if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
                     continue
                 cand.digest, cand.shipped_sig = self._digest(sig), sig
-                if (_tag_text(cand.pin.name), cand.digest) in self._digests:
+                if (tag_text(cand.pin.name), cand.digest) in self._digests:
                     self._finish_done(cand, sig)
                     self._release(cand)
                     continue
@@ -948,7 +905,7 @@ class Watcher:
                 self._warn_once(("read", cand.pin.name), f"{cand.pin.name}: cannot read it: {exc}; trying again")
                 continue
             self._warned.discard(("read", cand.pin.name))
-            tags = {**self.tags, "checkpoint": _tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
+            tags = {**self.tags, "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
             if cand.step is not None:
                 tags["step"] = str(cand.step)
             job = BackupJob(
@@ -977,7 +934,7 @@ class Watcher:
             shipper.submit(job, on_full="block")
             return
 
-    def _holds_only_logs(self, cand: _Candidate, sig: pins.Signature) -> bool:
+    def _holds_only_logs(self, cand: Candidate, sig: pins.Signature) -> bool:
         if not self._folder.holds_only_logs(cand.pin.name, cand.pin.source_ino, sig):
             return False
         self._drop(cand)
@@ -989,7 +946,7 @@ class Watcher:
             if cand.state == "settling" and not keep(cand.pin.name, cand.pin.data):
                 self._drop(cand)
 
-    def _due(self, cand: _Candidate, now: float) -> bool:
+    def _due(self, cand: Candidate, now: float) -> bool:
         """Whether a backup of it may start now: settled, or failed and its retry delay over."""
         if self.options.once and cand.pin.pin_id in self._submitted:
             return False
@@ -1020,7 +977,7 @@ class Watcher:
             self._warned.add(key)
             self._on_warning(message)
 
-    def _on_done(self, cand: _Candidate, job: BackupJob, future: Future[Snapshot]) -> None:
+    def _on_done(self, cand: Candidate, job: BackupJob, future: Future[Snapshot]) -> None:
         self._finished.put((cand, job))  # on the worker thread: hand over, touch nothing
         self._upload_ended.set()
 
@@ -1045,7 +1002,7 @@ class Watcher:
                 cand.state, cand.last_change = "settling", time.monotonic()
             elif outcome is None:
                 snapshot = future.result()
-                self._digests.add((_tag_text(cand.pin.name), cand.digest))
+                self._digests.add((tag_text(cand.pin.name), cand.digest))
                 # what was shipped, not the pin now: a file rewritten in place during the upload
                 # changed the pin too (a hard link), and is a new version
                 self._finish_done(cand, cand.shipped_sig)
@@ -1076,14 +1033,14 @@ class Watcher:
                     )
                 self._on_warning(f"{cand.pin.name}: backup failed: {outcome}; {when}")
 
-    def _finish_done(self, cand: _Candidate, sig: pins.Signature) -> None:
+    def _finish_done(self, cand: Candidate, sig: pins.Signature) -> None:
         """Remember what the source name held when its pin was last synced: whatever changes in it
         after that (a writer that went on writing) makes it count as a new version."""
         st = cand.source_stat
         if st is not None and pins.source_alive(cand.pin):
-            self._done[cand.pin.name] = _Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
+            self._done[cand.pin.name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
 
-    def _release(self, cand: _Candidate) -> None:
+    def _release(self, cand: Candidate) -> None:
         self._candidates.pop(cand.pin.pin_id, None)
         try:
             cand.pin.release()
@@ -1092,28 +1049,9 @@ class Watcher:
         with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
 
-    def _drop(self, cand: _Candidate) -> None:
+    def _drop(self, cand: Candidate) -> None:
         """Released unshipped: deleted before it was complete, logs, no checkpoint of this folder."""
         self._release(cand)
-
-
-def _stat_if_same(pin: pins.Pin) -> os.stat_result | None:
-    """The source's stat, taken before a sync, while the name still holds the pinned checkpoint.
-
-    A folder replaced under its name (``rmtree``, then a new folder) may get the old one's inode
-    number (ext4 hands it out again at once): it is told apart by its files, none of which is one of
-    the pin's hard links. Then the pin keeps what it holds, for good (it ships as it is), and the new
-    folder is a checkpoint of its own."""
-    try:
-        st = os.stat(pin.source)
-    except OSError:
-        return None
-    if st.st_ino != pin.source_ino:
-        return None
-    if stat.S_ISDIR(st.st_mode) and pins.shares_a_file(pin) is False:
-        pin.source_ino = -1  # in memory only: a restart tells it apart again
-        return None
-    return st
 
 
 def _same_disk(a: str, b: str) -> bool:
@@ -1121,82 +1059,3 @@ def _same_disk(a: str, b: str) -> bool:
         return os.stat(a).st_dev == os.stat(b).st_dev
     except OSError:  # cannot tell: nothing is dropped to make room
         return False
-
-
-def _files(sig: pins.Signature) -> set[str]:
-    """The paths of a signature's files (a file checkpoint's own is "")."""
-    return {rel for rel, _, _ in pins.files_of(sig)}
-
-
-def _unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:
-    """What a pin leaves out of a checkpoint: names still being written (pin.py), and ``excluded``."""
-    return is_unfinished(rel.rpartition("/")[2]) or (excluded is not None and excluded(rel, is_dir))
-
-
-def _temporary_activity(pin: pins.Pin) -> pins.Signature:
-    """Files still being written inside the source folder (not pinned) count as activity, but for
-    those in what the exclude patterns leave out."""
-    if not os.path.isdir(pin.source) or not pins.source_alive(pin):
-        return ()
-    out = []
-    try:
-        for rel, entry in pins.walk(pin.source, pin.excluded):
-            if is_unfinished(entry.name):  # a folder's too: its files come and go
-                with contextlib.suppress(FileNotFoundError):
-                    st = entry.stat(follow_symlinks=False)
-                    out.append(("~" + rel, str(st.st_size), str(st.st_mtime_ns)))
-    except OSError:
-        return ()  # gone meanwhile: the pin holds what was seen
-    return tuple(sorted(out))
-
-
-class _WatchLock:
-    """One watcher per folder: a second one would pin and ship everything twice. Both the state
-    folder's lock file and the watched folder itself are locked: two watchers given different
-    ``state_dir``s share only the folder."""
-
-    def __init__(self, path: str, directory: str) -> None:
-        self.path = path
-        self.directory = directory
-        self.fd = self.dir_fd = -1
-
-    def open(self) -> None:
-        os.makedirs(self.directory, exist_ok=True)  # what the trainer would make: it is watched from now on
-        self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            os.close(self.dir_fd)
-            raise
-
-    def __enter__(self) -> None:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # the lock file says who holds it, and which folder it watches
-            said = os.pread(self.fd, 4096, 0).decode(errors="replace").split("\n")
-            holder = said[0].strip() or "another process"
-            watched = said[1].strip() if len(said) > 1 else ""
-            if watched and watched != self.directory:  # one state folder given to two watches
-                self._refuse(
-                    f"another ckptvault watch ({holder}) keeps its state in {os.path.dirname(self.path)}, watching "
-                    f"{watched}; give this one another {spelled('--state-dir', 'state_dir')}"
-                )
-            self._refuse(f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first")
-        try:
-            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # its pid is in its own state folder's lock file, not in this one
-            self._refuse(
-                f"another ckptvault watch (with another {spelled('--state-dir', 'state_dir')}) is already watching "
-                f"{self.directory}; stop it first"
-            )
-        os.ftruncate(self.fd, 0)
-        with contextlib.suppress(OSError):  # only names the holder in the messages above: a full disk may refuse it
-            os.pwrite(self.fd, f"pid {os.getpid()}\n{self.directory}".encode(), 0)
-
-    def _refuse(self, message: str) -> NoReturn:
-        self.__exit__()
-        raise WatchLockedError(message) from None
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
-        os.close(self.dir_fd)

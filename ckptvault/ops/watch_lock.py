@@ -1,0 +1,62 @@
+"""One watcher per folder (watch.py): a lock on its state folder and on the watched folder."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from typing import NoReturn
+
+from ..errors import WatchLockedError, spelled
+
+
+class WatchLock:
+    """One watcher per folder: a second one would pin and ship everything twice. Both the state
+    folder's lock file and the watched folder itself are locked: two watchers given different
+    ``state_dir``s share only the folder."""
+
+    def __init__(self, path: str, directory: str) -> None:
+        self.path = path
+        self.directory = directory
+        self.fd = self.dir_fd = -1
+
+    def open(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)  # what the trainer would make: it is watched from now on
+        self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            os.close(self.dir_fd)
+            raise
+
+    def __enter__(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # the lock file says who holds it, and which folder it watches
+            said = os.pread(self.fd, 4096, 0).decode(errors="replace").split("\n")
+            holder = said[0].strip() or "another process"
+            watched = said[1].strip() if len(said) > 1 else ""
+            if watched and watched != self.directory:  # one state folder given to two watches
+                self._refuse(
+                    f"another ckptvault watch ({holder}) keeps its state in {os.path.dirname(self.path)}, watching "
+                    f"{watched}; give this one another {spelled('--state-dir', 'state_dir')}"
+                )
+            self._refuse(f"another ckptvault watch ({holder}) is already watching {self.directory}; stop it first")
+        try:
+            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its pid is in its own state folder's lock file, not in this one
+            self._refuse(
+                f"another ckptvault watch (with another {spelled('--state-dir', 'state_dir')}) is already watching "
+                f"{self.directory}; stop it first"
+            )
+        os.ftruncate(self.fd, 0)
+        with contextlib.suppress(OSError):  # only names the holder in the messages above: a full disk may refuse it
+            os.pwrite(self.fd, f"pid {os.getpid()}\n{self.directory}".encode(), 0)
+
+    def _refuse(self, message: str) -> NoReturn:
+        self.__exit__()
+        raise WatchLockedError(message) from None
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+        os.close(self.dir_fd)
