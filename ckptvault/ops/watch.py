@@ -309,7 +309,7 @@ class Watcher:
         for cand in list(self._candidates.values()):
             if cand.sig != cand.first_sig and pins.source_alive(cand.pin):
                 self._on_warning(f"{cand.pin.name} is still being written; it is left for the next run")
-                self._drop(cand)
+                self._release(cand)
             else:
                 cand.last_change = 0.0  # settled
         while not self._stop.is_set() and not self._shipped_known():
@@ -601,7 +601,7 @@ class Watcher:
             st = os.lstat(cand.pin.source)
             if st.st_ino == cand.pin.source_ino:
                 self._done[cand.pin.name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
-        self._drop(cand)
+        self._release(cand)
 
     def _report_lost(self, cand: Candidate, step: int | None, reason: str, error: CheckpointLostError) -> None:
         self._lost.append(error)
@@ -629,7 +629,7 @@ class Watcher:
         if st.st_ino == cand.pin.source_ino:
             return False
         self._on_warning(f"{cand.pin.name} was replaced by a newer save before it shipped in place: that one ships")
-        self._drop(cand)
+        self._release(cand)
         return True
 
     def _signature(self, pin: pins.Pin) -> pins.Signature:
@@ -731,7 +731,7 @@ class Watcher:
                 if cand.pin.in_place:
                     self._lost_in_place(cand, "it was deleted")
                 else:
-                    self._drop(cand)  # the pin itself vanished (deleted by hand)
+                    self._release(cand)  # the pin itself vanished (deleted by hand)
                 continue
             except OSError as exc:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
@@ -810,7 +810,7 @@ class Watcher:
             f"writes last, was never seen): not shipped; a checkpoint must stay at least one "
             f"{spelled('--interval', 'interval')} after it is written to be seen whole"
         )
-        self._drop(cand)
+        self._release(cand)
         return True
 
     def _not_complete(self, cand: Candidate, sig: pins.Signature, now: float) -> bool:
@@ -837,7 +837,7 @@ class Watcher:
             lacks = "no file to ship (only folders or links, or files the exclude patterns leave out)"
         if not pins.source_alive(cand.pin):
             self._on_warning(f"{cand.pin.name} was deleted while it held {lacks}: it was never complete; not shipped")
-            self._drop(cand)
+            self._release(cand)
             return True
         if now - cand.last_change < INCOMPLETE_WARN_S:
             return True
@@ -899,7 +899,7 @@ class Watcher:
                 if cand.pin.in_place:
                     self._lost_in_place(cand, "it was deleted")
                 else:
-                    self._drop(cand)  # the pin itself vanished (deleted by hand)
+                    self._release(cand)  # the pin itself vanished (deleted by hand)
                 continue
             except OSError as exc:  # EIO, EACCES: its state is unchanged, so the next poll tries again
                 self._warn_once(("read", cand.pin.name), f"{cand.pin.name}: cannot read it: {exc}; trying again")
@@ -937,14 +937,14 @@ class Watcher:
     def _holds_only_logs(self, cand: Candidate, sig: pins.Signature) -> bool:
         if not self._folder.holds_only_logs(cand.pin.name, cand.pin.source_ino, sig):
             return False
-        self._drop(cand)
+        self._release(cand)
         return True
 
     def _forget_others(self, keep: Keep) -> None:
         """The folder's kind was just found: what was pinned before that and is no checkpoint there goes."""
         for cand in list(self._candidates.values()):
             if cand.state == "settling" and not keep(cand.pin.name, cand.pin.data):
-                self._drop(cand)
+                self._release(cand)
 
     def _due(self, cand: Candidate, now: float) -> bool:
         """Whether a backup of it may start now: settled, or failed and its retry delay over."""
@@ -1041,6 +1041,8 @@ class Watcher:
             self._done[cand.pin.name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
 
     def _release(self, cand: Candidate) -> None:
+        """Forget it and delete its pin: shipped, found shipped, or dropped unshipped (deleted before it was
+        complete, logs, no checkpoint of this folder, lost)."""
         self._candidates.pop(cand.pin.pin_id, None)
         try:
             cand.pin.release()
@@ -1048,10 +1050,6 @@ class Watcher:
             self._on_warning(f"{cand.pin.name}: its pin {cand.pin.root} could not be removed: {exc}; delete it")
         with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
-
-    def _drop(self, cand: Candidate) -> None:
-        """Released unshipped: deleted before it was complete, logs, no checkpoint of this folder."""
-        self._release(cand)
 
 
 def _same_disk(a: str, b: str) -> bool:
