@@ -70,14 +70,15 @@ from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,
     Done,
-    file_paths,
     stat_if_same,
     step_of,
     tag_text,
     temporary_activity,
+    unchanged,
     unpinnable,
 )
 from .watch_folder import CheckpointFolder, Keep, step_order
+from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
 
@@ -177,6 +178,19 @@ class Watcher:
         self._oldest_turn = False  # the next upload with a choice goes to the oldest waiting (see _promote)
         self.result = WatchResult()
         self._pins_beside_checkpoints = False  # the pins take room the trainer's saves need (see _make_room)
+        self._in_place = InPlaceShipping(
+            pins_dir=self.pins_dir,
+            vault=self._vault,
+            excluded=self._excluded,
+            signature=self._signature,
+            candidates=self._candidates,
+            done=self._done,
+            warn_once=self._warn_once,
+            on_warning=self._on_warning,
+            report_lost=self._report_lost,
+            release=self._release,
+            pin_retry_s=RETRY_AFTER[0],
+        )
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -441,8 +455,13 @@ class Watcher:
             self._unpinned[name] = SourceError(path, f"cannot pin it: {exc.strerror or exc}")
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
-            elif self._digests_loaded.is_set() and self._digests_error is None:  # a shipped one is not read again
-                self._ship_in_place(name, path, st, now, exc)
+            elif (
+                self._digests_loaded.is_set()
+                and self._digests_error is None  # a shipped one is not read again
+                and self._in_place.start(name, path, st, now, exc)
+            ):
+                self._unpinned.pop(name, None)  # it ships in place
+                self._warned.discard(("pin", name))
             return
         self._warned.discard(("pin", name))
         self._unpinned.pop(name, None)
@@ -539,127 +558,22 @@ class Watcher:
                 f"(it costs time and disk: give {spelled('--state-dir', 'state_dir')} on the checkpoints' filesystem)",
             )
 
-    def _ship_in_place(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> None:
-        """No room for a pin (the checkpoints' disk is full, which is when shipping them matters most):
-        the checkpoint is read where it is, as ``backup`` would, and pinned after all if room comes
-        back first. Nothing keeps it from the trainer's rotation meanwhile: one deleted or cut down
-        before it shipped is lost, and an error of the run; one that changes while it ships is not
-        committed (``_verify_in_place``), and ships once it settles again."""
-        try:
-            pin = pins.stand_in(path, self.pins_dir, excluded=self._excluded)
-            # what it holds, before the user is told not to delete it: a file deleted after that is a loss
-            sig = self._signature(pin) + temporary_activity(pin)
-        except OSError:
-            return  # deleted or changed between the look and now: the next poll looks again
-        if pin.source_ino != st.st_ino:
-            return  # replaced meanwhile: the next poll sees what is there now
-        self._unpinned.pop(name, None)
-        self._warned.discard(("pin", name))
-        reason = exc.strerror or str(exc)
-        self._warn_once(
-            ("in place", name),
-            f"{name}: cannot pin: {reason}; it ships in place: do not delete it before it has shipped (to pin: "
-            f"free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on "
-            "another disk, where pins are copies)",
-        )
-        self._candidates[pin.pin_id] = Candidate(
-            pin=pin, seen=now, last_change=now, sig=sig, unpinned=reason, pin_retry_at=now + RETRY_AFTER[0]
-        )
-
-    def _pin_after_all(self, cand: Candidate, now: float) -> None:
-        """A checkpoint shipping in place is pinned once there is room (tried every few seconds)."""
-        if now < cand.pin_retry_at:
-            return
-        cand.pin_retry_at = now + RETRY_AFTER[0]
-        try:
-            pin = pins.create(cand.pin.source, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
-        except OSError:
-            return  # still no room; or gone, which the next look names
-        if pin.source_ino != cand.pin.source_ino:
-            pin.release()  # replaced meanwhile: the next look says so
-            return
-        sig = self._signature(pin)
-        if file_paths(cand.sig) - file_paths(sig):  # files went while it was being pinned
-            pin.release()  # before _cut_down's release, which makes the staging folder again
-            self._cut_down(cand, sig)
-            return
-        del self._candidates[cand.pin.pin_id]
-        cand.pin = pin
-        self._candidates[pin.pin_id] = cand
-
-    def _lost_in_place(self, cand: Candidate, what: str) -> None:
-        """What is left of it (a folder cut down) is remembered as shipped: not a new checkpoint."""
-        error = CheckpointLostError(
-            cand.pin.source,
-            f"{what} before it shipped; it was shipping in place, as it could not be pinned ({cand.unpinned}), "
-            "so it is not in the vault",
-            f"give {spelled('--state-dir', 'state_dir')} on another disk, or free space, so that checkpoints are "
-            "pinned",
-        )
-        self._report_lost(cand, step_of(cand), "deleted", error)
-        with contextlib.suppress(OSError):
-            st = os.lstat(cand.pin.source)
-            if st.st_ino == cand.pin.source_ino:
-                self._done[cand.pin.name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, cand.sig)
-        self._release(cand)
-
     def _report_lost(self, cand: Candidate, step: int | None, reason: str, error: CheckpointLostError) -> None:
         self._lost.append(error)
         self._on_warning(str(error))
         self._on_lost(LostCheckpoint(cand.pin.name, cand.pin.source, step, reason, error))
-
-    def _cut_down(self, cand: Candidate, sig: pins.Signature) -> bool:
-        """Files of a checkpoint shipping in place are gone since its last look (a rotation under way):
-        it is lost, said so, and True."""
-        if not file_paths(cand.sig) - file_paths(sig):
-            return False
-        self._lost_in_place(cand, "files of it were deleted")
-        return True
-
-    def _in_place_gone(self, cand: Candidate) -> bool:
-        """Whether a checkpoint shipping in place went: lost when deleted; when replaced by a newer save
-        (a ``latest.pt`` saved by a rename), that save ships instead, as a pin would have it."""
-        try:
-            st = os.stat(cand.pin.source)
-        except FileNotFoundError:
-            self._lost_in_place(cand, "it was deleted")
-            return True
-        except OSError:
-            return False  # unreadable for now: the next look tries again
-        if st.st_ino == cand.pin.source_ino:
-            return False
-        self._on_warning(f"{cand.pin.name} was replaced by a newer save before it shipped in place: that one ships")
-        self._release(cand)
-        return True
 
     def _signature(self, pin: pins.Pin) -> pins.Signature:
         """A pin's files; in place, the source's files that a pin would hold (not those still being
         written), so that both give one digest for one checkpoint."""
         return pins.signature(pin.data, self._as_pinned if pin.in_place else self._excluded)
 
-    def _still(self, pin: pins.Pin, sig: pins.Signature) -> bool:
-        """Whether the pin's files (in place: the source's) are as ``sig`` recorded them."""
-        try:
-            return self._signature(pin) == sig
-        except OSError:
-            return False
-
-    def _verify_in_place(self, pin: pins.Pin, sig: pins.Signature) -> None:
-        """Just before an in-place backup commits (on the shipping thread): every file still as it was
-        when it was queued, or the snapshot could hold parts of two saves."""
-        if stat_if_same(pin) is None or not self._still(pin, sig):
-            raise SourceError(
-                pin.source,
-                "it changed or went while it shipped in place (it could not be pinned); this backup is not stored",
-                "it ships again once it settles, if it is still there",
-            )
-
     def _verify_pinned(self, pin: pins.Pin, sig: pins.Signature) -> None:
         """Just before a backup commits (on the shipping thread): the pin's files as they were when it
         was queued. A hard link pins a file's inode, not its bytes: a trainer that rewrites a file in
         place (Lightning's ``last.ckpt`` when its temporary folder is on another filesystem) changes
         the pin too, and the snapshot would hold a torn file, or the next save, under this one's tags."""
-        if not self._still(pin, sig):
+        if not unchanged(self._signature, pin, sig):
             raise BackupSupersededError(  # no ``rewritten``: the watcher ships what was written, not the shipper
                 f"{pin.name} was rewritten in place while it shipped (a pin holds its files, not their bytes): "
                 "this backup is not stored; what was written ships once it settles"
@@ -716,12 +630,12 @@ class Watcher:
                 else:
                     cand.frozen = True  # one last look at the pin, below; again if its folder comes back
                 if cand.pin.in_place:
-                    if self._in_place_gone(cand):
+                    if self._in_place.gone(cand):
                         continue
                     sig = self._signature(cand.pin)
-                    if self._cut_down(cand, sig):  # before a pin of what is left
+                    if self._in_place.cut_down(cand, sig):  # before a pin of what is left
                         continue
-                    self._pin_after_all(cand, now)
+                    self._in_place.pin_after_all(cand, now)
                 if not cand.pin.in_place:  # pinned, maybe just now
                     pins.sync(cand.pin)
                     self._warn_if_copied(cand.pin)
@@ -729,7 +643,7 @@ class Watcher:
                 sig += temporary_activity(cand.pin)
             except FileNotFoundError:
                 if cand.pin.in_place:
-                    self._lost_in_place(cand, "it was deleted")
+                    self._in_place.lost(cand, "it was deleted")
                 else:
                     self._release(cand)  # the pin itself vanished (deleted by hand)
                 continue
@@ -796,7 +710,7 @@ class Watcher:
         would be the run's newest step. Dropped, and said so. Other trainers name folders
         ``checkpoint-N`` too, without that file: theirs ship as they were pinned, like any other
         folder. (In place nothing held it: whether it was complete or not, it is lost, which
-        ``_in_place_gone`` says.)"""
+        ``InPlaceShipping.gone`` says.)"""
         if (
             cand.pin.in_place
             or not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data)
@@ -885,7 +799,7 @@ class Watcher:
         for cand in due:
             try:
                 sig = self._signature(cand.pin)  # a pin from a run with other patterns too
-                if cand.pin.in_place and self._cut_down(cand, sig):  # since the last look
+                if cand.pin.in_place and self._in_place.cut_down(cand, sig):  # since the last look
                     continue
                 if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
                     continue
@@ -897,7 +811,7 @@ class Watcher:
                 cand.step = checkpoint_step(cand.pin.data)
             except FileNotFoundError:
                 if cand.pin.in_place:
-                    self._lost_in_place(cand, "it was deleted")
+                    self._in_place.lost(cand, "it was deleted")
                 else:
                     self._release(cand)  # the pin itself vanished (deleted by hand)
                 continue
@@ -922,7 +836,7 @@ class Watcher:
             if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
                 # commits only if every file is still as it was queued
                 job.leave_unfinished = True
-                job.verify = functools.partial(self._verify_in_place, cand.pin, sig)
+                job.verify = functools.partial(self._in_place.verify, cand.pin, sig)
             else:
                 job.verify = functools.partial(self._verify_pinned, cand.pin, sig)
             job.future.add_done_callback(functools.partial(self._on_done, cand, job))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -110,3 +111,11 @@ def temporary_activity(pin: pins.Pin) -> pins.Signature:
     except OSError:
         return ()  # gone meanwhile: the pin holds what was seen
     return tuple(sorted(out))
+
+
+def unchanged(signature: Callable[[pins.Pin], pins.Signature], pin: pins.Pin, sig: pins.Signature) -> bool:
+    """Whether the pin's files (in place: the source's) are as ``sig`` recorded them."""
+    try:
+        return signature(pin) == sig
+    except OSError:
+        return False
