@@ -2155,7 +2155,7 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     watcher = _hand_driven_watcher(ckpts, 0.5)
-    watcher._pins_beside_checkpoints = True
+    watcher._room._beside_checkpoints = True
     for step in (1, 2, 3, 4):
         (ckpts / f"step_{step}.pt").write_bytes(os.urandom(1_000_000))
         watcher._scan(time.monotonic())
@@ -2175,7 +2175,7 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
     monkeypatch.setattr(
         os, "statvfs", lambda p: vfs(4096, 1_000_000_000, free_blocks) if str(ckpts) in str(p) else real(p)
     )
-    watcher._make_room(now)
+    watcher._room.make_room(now)
     dropped = watcher.result.dropped
     if case == "plenty_free":
         assert dropped == []  # 368 GB free: room for any save of 1 MB

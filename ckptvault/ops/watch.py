@@ -22,7 +22,7 @@ The life of a checkpoint:
    needs the newest, and uploads slower than saves would otherwise keep it waiting behind the
    whole backlog (a preemption's last save among them); while watching goes on, every other one
    the oldest, so that the backlog is not starved (``_promote``). When the pins leave the trainer
-   too little room for its next save, the oldest deleted checkpoints are dropped (``_make_room``).
+   too little room for its next save, the oldest deleted checkpoints are dropped (watch_room.py).
 4. **shipped**: the snapshot is durable (committed); the pin is deleted.
 
 Where no pin can be made (the checkpoints' disk is full) a checkpoint ships in place: a stand-in
@@ -62,16 +62,14 @@ from ..errors import (
 )
 from ..formats import not_whole, pread_at
 from ..snapshot.model import Snapshot
-from ..units import format_bytes
 from . import pin as pins
-from .async_backup import ROOM_FOR_A_SAVE, AsyncShipper, BackupJob
+from .async_backup import AsyncShipper, BackupJob
 from .names import TRAINER_STATE, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
 from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,
     Done,
     stat_if_same,
-    step_of,
     tag_text,
     temporary_activity,
     unchanged,
@@ -81,6 +79,7 @@ from .watch_folder import CheckpointFolder, Keep, step_order
 from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
+from .watch_room import DiskRoom
 
 log = logging.getLogger("ckptvault")
 
@@ -103,7 +102,6 @@ LOOK_INSIDE_S = 1.0
 # free); a backlog of four pins of 1,000 files each kept a quarter of a core busy.
 LOOK_INSIDE_SHARE = 0.05
 LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
-LOW_DISK_SAVES = 8  # saves of the largest waiting checkpoint the pins' disk has room for, under which a backlog is said
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
 # is said never to ship
 REWRITES_TOLD = 3
@@ -177,7 +175,17 @@ class Watcher:
         self._submitted: set[str] = set()  # --once: pin ids whose backup started (each is tried once)
         self._oldest_turn = False  # the next upload with a choice goes to the oldest waiting (see _promote)
         self.result = WatchResult()
-        self._pins_beside_checkpoints = False  # the pins take room the trainer's saves need (see _make_room)
+        self._room = DiskRoom(
+            directory=self.directory,
+            pins_dir=self.pins_dir,
+            settle=options.settle,
+            candidates=self._candidates,
+            found_shipped=self._found_shipped,
+            release=self._release,
+            report_lost=self._report_lost,
+            dropped=self.result.dropped,
+            on_warning=self._on_warning,
+        )
         self._in_place = InPlaceShipping(
             pins_dir=self.pins_dir,
             vault=self._vault,
@@ -206,7 +214,7 @@ class Watcher:
                 f"({spelled('--state-dir', 'state_dir')})"
             ) from None
         with lock:
-            self._pins_beside_checkpoints = _same_disk(self.pins_dir, self.directory)
+            self._room.find_disks()
             resumed = self._adopt_pins()
             self._start_loading_digests()
             if self.options.once:  # its one look must know what was shipped (a full disk ships in place)
@@ -307,8 +315,8 @@ class Watcher:
         self._settle(now)
         self._promote(shipper, now)
         self._collect()
-        self._make_room(now)
-        self._warn_if_disk_low()
+        self._room.make_room(now)
+        self._room.warn_if_low()
 
     def _run_once(self, shipper: AsyncShipper) -> None:
         """One pass for cron: what is there now and stays unchanged for ``settle`` seconds ships;
@@ -369,6 +377,10 @@ class Watcher:
 
     def _digest(self, sig: pins.Signature) -> str:
         return pins.digest(sig + self._sig_extra)
+
+    def _found_shipped(self, cand: Candidate) -> bool:
+        """Whether a snapshot of the vault holds its pin as it is now (adopted from an earlier run that shipped it)."""
+        return (tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests
 
     def _scan(self, now: float) -> None:
         started = time.monotonic()
@@ -470,85 +482,6 @@ class Watcher:
             return
         self._warn_if_copied(pin)
         self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now)
-
-    def _make_room(self, now: float) -> None:
-        """A pin keeps the files the trainer's rotation deleted until it ships, so uploads slower than
-        saves pile them up until the trainer's next save fails for want of room, which ends training
-        and every save after it. When the checkpoints' disk holds the pins and has less room than the
-        largest checkpoint waiting takes (x ``ROOM_FOR_A_SAVE``), the oldest waiting checkpoints the
-        trainer already deleted are dropped, unshipped, until it has (what their pins held counts as
-        freed at once: some filesystems free space late): as ``backup_async`` coalesces a full queue.
-        Never the newest waiting one, nor the newest complete one (a save being written may be the
-        newest), the one shipping, or one still in the folder (its pin frees nothing, and it would never
-        ship). Each dropped one is an error of the run. Pins elsewhere (``--state-dir``) compete with no
-        save: nothing is dropped there."""
-        waiting = sorted(
-            (c for c in self._candidates.values() if c.state != "queued" and not c.pin.in_place),
-            key=lambda c: c.pin.pin_id,
-        )
-        if len(waiting) < 3 or not self._pins_beside_checkpoints:
-            return  # the newest, and the newest complete one, are never dropped
-        largest = self._largest_checkpoint()
-        free = pins.free_bytes(self.pins_dir)
-        if free is None:
-            return
-        complete = [c for c in waiting if c.state == "failed" or now - c.last_change >= self.options.settle]
-        kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:])}
-
-        def held(cand: Candidate) -> int:
-            if cand.pin.pin_id in kept or pins.source_alive(cand.pin):
-                return 0
-            return pins.bytes_held(cand.pin)
-
-        pins.make_room(free, ROOM_FOR_A_SAVE * largest, waiting, held, self._drop_for_room)
-
-    def _largest_checkpoint(self) -> int:
-        """Bytes of the largest checkpoint known: what the trainer's next save may need."""
-        return max((pins.bytes_of(c.sig) for c in self._candidates.values()), default=0)
-
-    def _drop_for_room(self, cand: Candidate, free: int, held: int) -> bool:
-        if (tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests:
-            self._release(cand)  # adopted from an earlier run that shipped it: nothing is lost
-            return True
-        error = CheckpointLostError(
-            cand.pin.source,
-            f"dropped without shipping it, to leave the trainer room for its next save: the disk of "
-            f"{self.directory} had {format_bytes(free)} free and its pin kept {format_bytes(held)} the trainer "
-            "had deleted; uploads are slower than saves (newer checkpoints still ship)",
-            "save less often, raise the upload rate, or pin on another disk with "
-            f"{spelled('--state-dir', 'state_dir')}, where pins are copies and nothing is dropped",
-        )
-        step = step_of(cand)
-        self._release(cand)
-        self.result.dropped.append(cand.pin.name)
-        self._report_lost(cand, step, "dropped", error)
-        return True
-
-    def _warn_if_disk_low(self) -> None:
-        """Pins keep the files the trainer deletes until they ship: uploads slower than saves pile
-        them up until the disk is full and the trainer's next save fails. Said once the disk has room
-        for fewer than ``LOW_DISK_SAVES`` saves of the largest waiting checkpoint with checkpoints
-        waiting (again only once it had twice that: a disk that stays nearly full is said to be once).
-        In bytes, not a share of the disk: 10 % of a big volume is many saves, of a small one none."""
-        waiting = sum(1 for c in self._candidates.values() if not c.pin.in_place)
-        key = ("disk", self.pins_dir)
-        if waiting < 2 and key not in self._warned:  # nothing to say nor to forget: no disk look at each poll
-            return
-        largest = self._largest_checkpoint()
-        free = pins.free_bytes(self.pins_dir)
-        if free is None:
-            return
-        if free >= 2 * LOW_DISK_SAVES * largest:
-            self._warned.discard(key)
-        elif free < LOW_DISK_SAVES * largest and waiting >= 2:
-            self._warn_once(
-                key,
-                f"the disk of {self.pins_dir} has {format_bytes(free)} free, room for {free // max(largest, 1)} "
-                f"more save(s) of {format_bytes(largest)}, and {waiting} checkpoints wait to ship, "
-                "pinned (a pin keeps the files the trainer deleted until it ships): uploads are slower than saves, "
-                "and a full disk fails the trainer's next save; save less often, raise the upload rate, or give "
-                f"{spelled('--state-dir', 'state_dir')} on another disk (pins are copies there)",
-            )
 
     def _warn_if_copied(self, pin: pins.Pin) -> None:
         if pin.copied:
@@ -964,10 +897,3 @@ class Watcher:
             self._on_warning(f"{cand.pin.name}: its pin {cand.pin.root} could not be removed: {exc}; delete it")
         with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
-
-
-def _same_disk(a: str, b: str) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(b).st_dev
-    except OSError:  # cannot tell: nothing is dropped to make room
-        return False

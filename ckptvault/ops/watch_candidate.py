@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import CkptVaultError
+from ..errors import CheckpointLostError, CkptVaultError
 from ..snapshot.model import TAG_TEXT_MAX
 from . import pin as pins
 from .names import checkpoint_step, is_unfinished
@@ -54,6 +54,10 @@ class Done:
     sig: pins.Signature
     looked: float = 0.0  # when a folder's files were last compared with ``sig``
     look_s: float = 0.0  # how long that comparison took (its share of LOOK_INSIDE_SHARE)
+
+
+# says a checkpoint will never ship: (it, its step, why: "dropped" or "deleted", the error of the run)
+ReportLost = Callable[[Candidate, int | None, str, CheckpointLostError], None]
 
 
 def tag_text(name: str) -> str:

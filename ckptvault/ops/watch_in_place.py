@@ -15,10 +15,18 @@ from collections.abc import Callable
 
 from ..errors import CheckpointLostError, SourceError, spelled
 from . import pin as pins
-from .watch_candidate import Candidate, Done, file_paths, stat_if_same, step_of, temporary_activity, unchanged
+from .watch_candidate import (
+    Candidate,
+    Done,
+    ReportLost,
+    file_paths,
+    stat_if_same,
+    step_of,
+    temporary_activity,
+    unchanged,
+)
 
-Signature = Callable[[pins.Pin], pins.Signature]
-ReportLost = Callable[[Candidate, int | None, str, CheckpointLostError], None]
+SignatureOf = Callable[[pins.Pin], pins.Signature]  # what a pin (in place: its source) holds
 
 
 class InPlaceShipping:
@@ -31,7 +39,7 @@ class InPlaceShipping:
         pins_dir: str,
         vault: tuple[int, int] | None,
         excluded: pins.Excluded | None,
-        signature: Signature,
+        signature: SignatureOf,
         candidates: dict[str, Candidate],
         done: dict[str, Done],
         warn_once: Callable[[tuple[str, str], str], None],
