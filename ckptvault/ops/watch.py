@@ -575,10 +575,7 @@ class Watcher:
                     sig = self._signature(cand.pin)
                 sig += temporary_activity(cand.pin)
             except FileNotFoundError:
-                if cand.pin.in_place:
-                    self._in_place.lost(cand, "it was deleted")
-                else:
-                    self._release(cand)  # the pin itself vanished (deleted by hand)
+                self._vanished(cand)
                 continue
             except OSError as exc:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
@@ -730,49 +727,10 @@ class Watcher:
         else:
             due.sort(key=lambda c: (c.pin.in_place, c.pin.pin_id), reverse=True)
         for cand in due:
-            try:
-                sig = self._signature(cand.pin)  # a pin from a run with other patterns too
-                if cand.pin.in_place and self._in_place.cut_down(cand, sig):  # since the last look
-                    continue
-                if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
-                    continue
-                cand.digest, cand.shipped_sig = self._digest(sig), sig
-                if (tag_text(cand.pin.name), cand.digest) in self._digests:
-                    self._finish_done(cand, sig)
-                    self._release(cand)
-                    continue
-                cand.step = checkpoint_step(cand.pin.data)
-            except FileNotFoundError:
-                if cand.pin.in_place:
-                    self._in_place.lost(cand, "it was deleted")
-                else:
-                    self._release(cand)  # the pin itself vanished (deleted by hand)
+            sig = self._ready(cand, now)
+            if sig is None:
                 continue
-            except OSError as exc:  # EIO, EACCES: its state is unchanged, so the next poll tries again
-                self._warn_once(("read", cand.pin.name), f"{cand.pin.name}: cannot read it: {exc}; trying again")
-                continue
-            self._warned.discard(("read", cand.pin.name))
-            tags = {**self.tags, "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
-            if cand.step is not None:
-                tags["step"] = str(cand.step)
-            job = BackupJob(
-                sources=[cand.pin.data],
-                tags=tags,
-                description=f"ckptvault watch: {cand.pin.source}",
-                exclude=self.options.exclude.patterns,
-                label=cand.pin.name,
-                # when it was pinned, not when it ships: a save retried after an outage, committed after a
-                # newer save of the same name, must not become 'latest' of a name without a step
-                taken_at=cand.pin.made_at,
-                log_warnings=False,  # _collect says them, naming the checkpoint
-            )
-            if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
-                # commits only if every file is still as it was queued
-                job.leave_unfinished = True
-                job.verify = functools.partial(self._in_place.verify, cand.pin, sig)
-            else:
-                job.verify = functools.partial(self._verify_pinned, cand.pin, sig)
-            job.future.add_done_callback(functools.partial(self._on_done, cand, job))
+            job = self._job_for(cand, sig)
             cand.state = "queued"
             if self.options.once:
                 self._submitted.add(cand.pin.pin_id)
@@ -780,6 +738,63 @@ class Watcher:
                 self._oldest_turn = not self._oldest_turn
             shipper.submit(job, on_full="block")
             return
+
+    def _ready(self, cand: Candidate, now: float) -> pins.Signature | None:
+        """The files of a checkpoint due to ship, as it ships them; None when it does not ship now: cut
+        down in place, only logs, not complete, found shipped (then released), gone or unreadable."""
+        try:
+            sig = self._signature(cand.pin)  # a pin from a run with other patterns too
+            if cand.pin.in_place and self._in_place.cut_down(cand, sig):  # since the last look
+                return None
+            if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
+                return None
+            cand.digest, cand.shipped_sig = self._digest(sig), sig
+            if (tag_text(cand.pin.name), cand.digest) in self._digests:
+                self._finish_done(cand, sig)
+                self._release(cand)
+                return None
+            cand.step = checkpoint_step(cand.pin.data)
+        except FileNotFoundError:
+            self._vanished(cand)
+            return None
+        except OSError as exc:  # EIO, EACCES: its state is unchanged, so the next poll tries again
+            self._warn_once(("read", cand.pin.name), f"{cand.pin.name}: cannot read it: {exc}; trying again")
+            return None
+        self._warned.discard(("read", cand.pin.name))
+        return sig
+
+    def _job_for(self, cand: Candidate, sig: pins.Signature) -> BackupJob:
+        """The backup of a checkpoint whose files are ``sig``: it commits only if they still are."""
+        tags = {**self.tags, "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
+        if cand.step is not None:
+            tags["step"] = str(cand.step)
+        job = BackupJob(
+            sources=[cand.pin.data],
+            tags=tags,
+            description=f"ckptvault watch: {cand.pin.source}",
+            exclude=self.options.exclude.patterns,
+            label=cand.pin.name,
+            # when it was pinned, not when it ships: a save retried after an outage, committed after a
+            # newer save of the same name, must not become 'latest' of a name without a step
+            taken_at=cand.pin.made_at,
+            log_warnings=False,  # _collect says them, naming the checkpoint
+        )
+        if cand.pin.in_place:  # nothing holds its files: the backup leaves out what a pin would, and
+            # commits only if every file is still as it was queued
+            job.leave_unfinished = True
+            job.verify = functools.partial(self._in_place.verify, cand.pin, sig)
+        else:
+            job.verify = functools.partial(self._verify_pinned, cand.pin, sig)
+        job.future.add_done_callback(functools.partial(self._on_done, cand, job))
+        return job
+
+    def _vanished(self, cand: Candidate) -> None:
+        """Its files went while it was read: shipping in place, it was deleted, and is lost; pinned, the pin
+        itself was (deleted by hand)."""
+        if cand.pin.in_place:
+            self._in_place.lost(cand, "it was deleted")
+        else:
+            self._release(cand)
 
     def _holds_only_logs(self, cand: Candidate, sig: pins.Signature) -> bool:
         if not self._folder.holds_only_logs(cand.pin.name, cand.pin.source_ino, sig):
