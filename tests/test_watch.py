@@ -2007,7 +2007,7 @@ def test_a_backlog_behind_a_save_made_again_and_again_still_ships(tmp_path, stop
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     watcher = _hand_driven_watcher(ckpts, 0)
-    watcher._digests_loaded.set()
+    watcher._shipped.loaded.set()
     if stopping:
         watcher._stop.set()
     submitted: list[str] = []
@@ -2070,7 +2070,7 @@ def test_a_checkpoint_shipping_in_place_goes_before_newer_pinned_ones(tmp_path):
         (ckpts / f"step_{step}").mkdir(parents=True)
         (ckpts / f"step_{step}" / "model.pt").write_bytes(b"%d" % step)
     watcher = _hand_driven_watcher(ckpts, 0)
-    watcher._digests_loaded.set()
+    watcher._shipped.loaded.set()
     in_place = pins.stand_in(str(ckpts / "step_100"), watcher.pins_dir)  # its disk was full then
     pinned = pins.create(str(ckpts / "step_200"), watcher.pins_dir)  # room again for the newer one
     for pin in (in_place, pinned):

@@ -56,7 +56,6 @@ from ..errors import (
     CheckpointLostError,
     CkptVaultError,
     SourceError,
-    StorageError,
     UsageError,
     spelled,
 )
@@ -80,6 +79,7 @@ from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
 from .watch_room import DiskRoom
+from .watch_shipped import ShippedIndex
 
 log = logging.getLogger("ckptvault")
 
@@ -146,7 +146,6 @@ class Watcher:
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
         self.pins_dir = os.path.join(self.state_dir, "pins")
         self._ship = ship
-        self._shipped_digests = shipped_digests
         self._stop = stop or threading.Event()
         self._on_shipped = on_shipped or (lambda _s: None)
         self._on_warning = on_warning or (lambda _m: None)
@@ -165,10 +164,9 @@ class Watcher:
             warn_once=self._warn_once,
             forget_others=self._forget_others,
         )
-        self._digests: set[tuple[str, str]] = set()  # (checkpoint tag, watch-sig) of every shipped snapshot
-        self._digests_loaded = threading.Event()
-        self._digests_error: BaseException | None = None
-        self._digests_retry_at: float | None = None  # when to load them again after an outage
+        self._shipped = ShippedIndex(
+            shipped_digests, once=options.once, retry_s=RETRY_AFTER[0], warn_once=self._warn_once
+        )
         self._scanned_at = 0.0
         self._finished: queue.SimpleQueue[tuple[Candidate, BackupJob]] = queue.SimpleQueue()
         self._upload_ended = threading.Event()  # set by the worker: the next upload can start
@@ -216,9 +214,9 @@ class Watcher:
         with lock:
             self._room.find_disks()
             resumed = self._adopt_pins()
-            self._start_loading_digests()
+            self._shipped.start_loading()
             if self.options.once:  # its one look must know what was shipped (a full disk ships in place)
-                while not self._stop.is_set() and not self._digests_loaded.wait(POLL_S):
+                while not self._stop.is_set() and not self._shipped.loaded.wait(POLL_S):
                     pass  # a slow or retrying store must not make Ctrl-C wait for the list
             now = time.monotonic()
             if not self._stop.is_set():  # stopped while the list loaded: nothing is pinned blind
@@ -245,45 +243,6 @@ class Watcher:
             self.result.errors = [c.error for c in self._candidates.values() if c.error is not None]
             self.result.errors += [*self._unpinned.values(), *self._lost]  # never pinned, so never shipped
         return self.result
-
-    def _start_loading_digests(self) -> None:
-        # The list may take a while to load (a LIST and a GET per snapshot): beside the polling,
-        # which must start at once.
-        self._digests_error = None
-        self._digests_loaded.clear()
-        threading.Thread(target=self._load_digests, name="ckptvault-watch-index", daemon=True).start()
-
-    def _load_digests(self) -> None:
-        try:
-            self._digests = set(self._shipped_digests())
-        except BaseException as exc:  # raised again on the polling thread
-            self._digests_error = exc
-        finally:
-            self._digests_loaded.set()
-
-    def _shipped_known(self) -> bool:
-        """Whether the vault's shipped digests are loaded (raising what loading them raised). A
-        storage outage at start is waited out, outside --once: pinning goes on meanwhile, so
-        rotation cannot win, and the list is loaded again ``RETRY_AFTER[0]`` seconds later."""
-        if not self._digests_loaded.is_set():
-            return False
-        error = self._digests_error
-        if error is None:
-            return True
-        if self.options.once or not (isinstance(error, StorageError) and error.retryable):
-            raise error
-        now = time.monotonic()
-        if self._digests_retry_at is None:
-            self._warn_once(
-                ("digests", ""),
-                f"cannot list what was shipped yet: {error}; nothing ships until it can (tried again every "
-                f"{RETRY_AFTER[0]:g} s); checkpoints are pinned meanwhile where there is room",
-            )
-            self._digests_retry_at = now + RETRY_AFTER[0]
-        elif now >= self._digests_retry_at:
-            self._digests_retry_at = None
-            self._start_loading_digests()
-        return False
 
     def _run_forever(self, shipper: AsyncShipper) -> None:
         while not self._stop.is_set():
@@ -334,8 +293,8 @@ class Watcher:
                 self._release(cand)
             else:
                 cand.last_change = 0.0  # settled
-        while not self._stop.is_set() and not self._shipped_known():
-            self._digests_loaded.wait(POLL_S)
+        while not self._stop.is_set() and not self._shipped.known():
+            self._shipped.loaded.wait(POLL_S)
         while not self._stop.is_set():  # stopped: nothing more starts
             self._promote(shipper, time.monotonic())
             if not self._shipping():
@@ -380,7 +339,7 @@ class Watcher:
 
     def _found_shipped(self, cand: Candidate) -> bool:
         """Whether a snapshot of the vault holds its pin as it is now (adopted from an earlier run that shipped it)."""
-        return (tag_text(cand.pin.name), self._digest(self._signature(cand.pin))) in self._digests
+        return self._shipped.holds(cand.pin.name, self._digest(self._signature(cand.pin)))
 
     def _scan(self, now: float) -> None:
         started = time.monotonic()
@@ -449,7 +408,7 @@ class Watcher:
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
             sig = pins.signature(path, self._as_pinned)  # as a pin of it would be: so its digest was taken
-            if self._digests_loaded.is_set() and (tag_text(name), self._digest(sig)) in self._digests:
+            if self._shipped.loaded.is_set() and self._shipped.holds(name, self._digest(sig)):
                 self._done[name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 self._unpinned.pop(name, None)
                 return  # shipped before (by an earlier run of the watcher)
@@ -468,8 +427,7 @@ class Watcher:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
             elif (
-                self._digests_loaded.is_set()
-                and self._digests_error is None  # a shipped one is not read again
+                self._shipped.readable()  # a shipped one is not read again
                 and self._in_place.start(name, path, st, now, exc)
             ):
                 self._unpinned.pop(name, None)  # it ships in place
@@ -718,7 +676,7 @@ class Watcher:
         runs when the newest is always a new save (``last.ckpt`` saved every epoch). Stopping (the grace)
         and --once go newest first only: what is left is for the save a resume needs. With --once each
         is tried once: one saved again in place during its upload is left for the next run."""
-        if self._shipping() or not self._shipped_known():
+        if self._shipping() or not self._shipped.known():
             return
         due = [c for c in self._candidates.values() if self._due(c, now)]
         alternate = len(due) > 1 and not self.options.once and not self._stop.is_set()
@@ -749,7 +707,7 @@ class Watcher:
             if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
                 return None
             cand.digest, cand.shipped_sig = self._digest(sig), sig
-            if (tag_text(cand.pin.name), cand.digest) in self._digests:
+            if self._shipped.holds(cand.pin.name, cand.digest):
                 self._finish_done(cand, sig)
                 self._release(cand)
                 return None
@@ -864,7 +822,7 @@ class Watcher:
                 cand.state, cand.last_change = "settling", time.monotonic()
             elif outcome is None:
                 snapshot = future.result()
-                self._digests.add((tag_text(cand.pin.name), cand.digest))
+                self._shipped.add(cand.pin.name, cand.digest)
                 # what was shipped, not the pin now: a file rewritten in place during the upload
                 # changed the pin too (a hard link), and is a new version
                 self._finish_done(cand, cand.shipped_sig)
