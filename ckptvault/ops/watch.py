@@ -59,11 +59,10 @@ from ..errors import (
     UsageError,
     spelled,
 )
-from ..formats import not_whole, pread_at
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
-from .names import TRAINER_STATE, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
+from .names import WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
 from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,
@@ -74,6 +73,7 @@ from .watch_candidate import (
     unchanged,
     unpinnable,
 )
+from .watch_complete import Completeness
 from .watch_folder import CheckpointFolder, Keep, step_order
 from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
@@ -102,11 +102,6 @@ LOOK_INSIDE_S = 1.0
 # free); a backlog of four pins of 1,000 files each kept a quarter of a core busy.
 LOOK_INSIDE_SHARE = 0.05
 LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
-# A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
-# is said never to ship
-REWRITES_TOLD = 3
-REWRITES_TOLD_AFTER_S = 5.0
-INCOMPLETE_WARN_S = 60.0  # a checkpoint-N settled this long without trainer_state.json is said to wait
 
 
 class Watcher:
@@ -163,6 +158,14 @@ class Watcher:
             warn_left_out=self._warn_left_out,
             warn_once=self._warn_once,
             forget_others=self._forget_others,
+        )
+        self._complete = Completeness(
+            folder=self._folder,
+            settle=options.settle,
+            excluded=self._excluded,
+            on_warning=self._on_warning,
+            warn_once=self._warn_once,
+            release=self._release,
         )
         self._shipped = ShippedIndex(
             shipped_digests, once=options.once, retry_s=RETRY_AFTER[0], warn_once=self._warn_once
@@ -512,7 +515,7 @@ class Watcher:
             started = time.monotonic()
             try:
                 cand.source_stat = stat_if_same(cand.pin)
-                if cand.source_stat is None and self._deleted_unfinished(cand, now):
+                if cand.source_stat is None and self._complete.deleted_unfinished(cand, now):
                     continue
                 if cand.source_stat is not None or cand.pin.in_place:
                     cand.frozen = False
@@ -540,7 +543,7 @@ class Watcher:
                 continue
             self._warned.discard(("pin", cand.pin.name))
             cand.looked, cand.look_s = now, time.monotonic() - started
-            self._count_rewrites(cand, sig, now)
+            self._complete.count_rewrites(cand, sig, now)
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
@@ -558,114 +561,6 @@ class Watcher:
             and now - cand.last_change >= self.options.settle
             and now - cand.looked < max(LOOK_INSIDE_S, cand.look_s / LOOK_INSIDE_SHARE)
         )
-
-    def _count_rewrites(self, cand: Candidate, sig: pins.Signature, now: float) -> None:
-        """A checkpoint saved again in place (``torch.save`` over the same file, a copy into it) more
-        often than ``settle`` never settles, so never ships: said once it was seen saved in place a few
-        times over a while without settling. A save in place is a look that finds a file changed
-        without growing (a file being written only grows) after a look that found nothing changed (the
-        files of one save, written one after another, count once)."""
-        files = {rel: (size, mtime) for rel, size, mtime in pins.files_of(sig)}
-        if sig == cand.sig:
-            if now - cand.last_change >= self.options.settle:
-                cand.rewrites = 0  # settled: it ships (or shipped) as it is
-            cand.steady = True
-        else:
-            before = cand.files
-            if cand.steady and any(
-                rel in before and state != before[rel] and state[0] <= before[rel][0] for rel, state in files.items()
-            ):
-                cand.rewrites_since = cand.rewrites_since if cand.rewrites else now
-                cand.rewrites += 1
-            cand.steady = False
-        cand.files = files
-        waited = now - cand.rewrites_since
-        if cand.rewrites >= REWRITES_TOLD and waited >= max(REWRITES_TOLD_AFTER_S, 10 * self.options.settle):
-            rename = " (or to a temporary name, renamed over it)" if set(files) == {""} else ""
-            self._warn_once(
-                ("rewritten", cand.pin.pin_id),
-                f"{cand.pin.name} was saved again in place {cand.rewrites} times in {waited:.0f} s without staying "
-                f"unchanged for {spelled('--settle', 'settle')} ({self.options.settle:g} s): it ships once it does, "
-                f"so saved in place this often it never ships; lower {spelled('--settle', 'settle')}, or save each "
-                f"checkpoint under a new name{rename}",
-            )
-
-    def _deleted_unfinished(self, cand: Candidate, now: float) -> bool:
-        """A Hugging Face Trainer writes a ``checkpoint-N`` folder's ``trainer_state.json`` last: in
-        its output folder (one of its ``checkpoint-N`` folders was seen holding that file), one
-        deleted before it settled whose pin never got that file was seen only in part (its last files
-        came and went within one poll, or its pin was made while it was being deleted), and shipped it
-        would be the run's newest step. Dropped, and said so. Other trainers name folders
-        ``checkpoint-N`` too, without that file: theirs ship as they were pinned, like any other
-        folder. (In place nothing held it: whether it was complete or not, it is lost, which
-        ``InPlaceShipping.gone`` says.)"""
-        if (
-            cand.pin.in_place
-            or not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data)
-            or now - cand.last_change >= self.options.settle
-            or os.path.lexists(cand.pin.source)
-            or os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE))
-        ):
-            return False
-        self._on_warning(
-            f"{cand.pin.name} was deleted before it was complete (its {TRAINER_STATE}, which a Hugging Face Trainer "
-            f"writes last, was never seen): not shipped; a checkpoint must stay at least one "
-            f"{spelled('--interval', 'interval')} after it is written to be seen whole"
-        )
-        self._release(cand)
-        return True
-
-    def _not_complete(self, cand: Candidate, sig: pins.Signature, now: float) -> bool:
-        """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
-        are written), a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
-        which the Trainer writes last, or a file whose format says it ends later than it does (a
-        ``torch.save`` zip without its directory, a safetensors file shorter than its header says). A
-        trainer killed while saving leaves such a checkpoint, and shipped it would be the run's newest
-        step, which cannot resume. Each waits, pinned, for what it lacks (a Trainer still saving is said
-        to wait only after ``INCOMPLETE_WARN_S``: its ranks may meet at a barrier first); once its source
-        is gone it is dropped, and said so."""
-        if any(pins.files_of(sig)):
-            if not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data):
-                lacks = self._file_not_whole(cand, sig)
-                if lacks is None:
-                    return False
-            elif os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):
-                return False
-            elif self._excluded is not None and self._excluded(TRAINER_STATE, False):
-                return False  # left out by the user's patterns: never coming
-            else:
-                lacks = f"no {TRAINER_STATE} (a Hugging Face Trainer writes it last)"
-        else:
-            lacks = "no file to ship (only folders or links, or files the exclude patterns leave out)"
-        if not pins.source_alive(cand.pin):
-            self._on_warning(f"{cand.pin.name} was deleted while it held {lacks}: it was never complete; not shipped")
-            self._release(cand)
-            return True
-        if now - cand.last_change < INCOMPLETE_WARN_S:
-            return True
-        self._warn_once(
-            ("incomplete", cand.pin.name),
-            f"{cand.pin.name} holds {lacks}: it ships once it is complete (if the trainer died while saving it, "
-            f"it never will: delete it, or ship it as it is with {spelled('ckptvault backup', 'Vault.backup')})",
-        )
-        return True
-
-    @staticmethod
-    def _file_not_whole(cand: Candidate, sig: pins.Signature) -> str | None:
-        """Which file of the checkpoint its own format calls cut short, and why (read again only when
-        its files change: a checkpoint held back is looked at on every poll)."""
-        if cand.not_whole is not None and cand.not_whole[0] == sig:
-            return cand.not_whole[1] or None
-        found = ""
-        for rel, _, _ in pins.files_of(sig):
-            path = os.path.join(cand.pin.data, rel) if rel else cand.pin.data
-            with open(path, "rb") as f:
-                reason = not_whole(pread_at(f.fileno()), os.fstat(f.fileno()).st_size)
-            if reason is not None:
-                found = f"a file that is not whole ({f'{rel}: ' if rel else ''}{reason})"
-                break
-        cand.not_whole = (sig, found)
-        return found or None
 
     def _promote(self, shipper: AsyncShipper, now: float) -> None:
         """Start the next backup when none runs: the newest ready checkpoint's (by pin time, which
@@ -704,7 +599,7 @@ class Watcher:
             sig = self._signature(cand.pin)  # a pin from a run with other patterns too
             if cand.pin.in_place and self._in_place.cut_down(cand, sig):  # since the last look
                 return None
-            if self._holds_only_logs(cand, sig) or self._not_complete(cand, sig, now):
+            if self._holds_only_logs(cand, sig) or self._complete.not_complete(cand, sig, now):
                 return None
             cand.digest, cand.shipped_sig = self._digest(sig), sig
             if self._shipped.holds(cand.pin.name, cand.digest):

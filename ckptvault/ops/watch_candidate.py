@@ -56,6 +56,7 @@ class Done:
     look_s: float = 0.0  # how long that comparison took (its share of LOOK_INSIDE_SHARE)
 
 
+WarnOnce = Callable[[tuple[str, str], str], None]  # says a message once for its key, until that stage succeeds
 # says a checkpoint will never ship: (it, its step, why: "dropped" or "deleted", the error of the run)
 ReportLost = Callable[[Candidate, int | None, str, CheckpointLostError], None]
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..errors import StorageError
-from .watch_candidate import tag_text
+from .watch_candidate import WarnOnce, tag_text
 
 Digests = Callable[[], Iterable[tuple[str, str]]]  # (checkpoint tag, watch-sig) of every shipped snapshot
 
@@ -18,9 +18,7 @@ class ShippedIndex:
     """Loaded beside the polling, which must start at once: the list may take a while to load (a LIST
     and a GET per snapshot). ``loaded`` is set once it is, or failed to."""
 
-    def __init__(
-        self, load: Digests, *, once: bool, retry_s: float, warn_once: Callable[[tuple[str, str], str], None]
-    ) -> None:
+    def __init__(self, load: Digests, *, once: bool, retry_s: float, warn_once: WarnOnce) -> None:
         self._load = load
         self._once = once
         self._retry_s = retry_s
