@@ -48,7 +48,7 @@ import queue
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..errors import (
@@ -79,7 +79,7 @@ from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
 from .watch_room import DiskRoom
-from .watch_shipped import ShippedIndex
+from .watch_shipped import Digests, ShippedIndex
 
 log = logging.getLogger("ckptvault")
 
@@ -111,7 +111,7 @@ class Watcher:
         *,
         tags: dict[str, str],
         ship: Ship,
-        shipped_digests: Callable[[], Iterable[tuple[str, str]]],
+        shipped_digests: Digests,
         options: WatchOptions,
         stop: threading.Event | None = None,
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
