@@ -102,69 +102,8 @@ def watch_cmd(
     stop = threading.Event()
     info, warn = _never_failing(out.info), _never_failing(out.warn)
 
-    first: list[tuple[int, float]] = []  # the first stopping signal, and when
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            # `timeout` signals the process and then its process group: one request, delivered twice
-            if not (first[0][0] == signum and time.monotonic() - first[0][1] < SAME_SIGNAL_S):
-                _abort()
-            return
-        first.append((signum, time.monotonic()))
-        stop.set()
-        name = signal.Signals(signum).name
-        if grace:
-            info(f"{name}: shipping what is pinned and what is saved meanwhile for {grace:g} s (again to abort)")
-        else:
-            info(f"{name}: stopping after the upload in flight (again to abort it)")
-
-    output_failed: list[Exception] = []
-
-    def emit(line: str) -> None:
-        """One event line on stdout. A sidecar that can no longer print (a full disk, a closed
-        pipe) goes on shipping: it says so once and reports the failure when it ends."""
-        if output_failed or sys.stdout is None:
-            return
-        try:
-            with writing_stdout():
-                sys.stdout.write(line + "\n")
-        except (BrokenPipeError, CkptVaultError) as exc:
-            if isinstance(exc, BrokenPipeError):
-                discard_stdout()  # writing_stdout did it for the other failures
-            output_failed.append(exc)
-            reason = "standard output was closed" if isinstance(exc, BrokenPipeError) else str(exc)
-            warn(f"shipped checkpoints are no longer printed, shipping goes on: {reason}")
-
-    def on_shipped(item: ShippedCheckpoint) -> None:
-        s = item.snapshot.summary
-        if json_out:
-            event = {
-                "event": "shipped",
-                "checkpoint": item.name,
-                "step": item.step,
-                "snapshot": item.snapshot.id,
-                "files": s.files,
-                "bytes": s.logical_bytes,
-                "new_bytes": s.new_bytes,
-                "duration_s": s.duration_s,
-                "waited_s": item.waited_s,
-                "copied": item.copied,
-                "in_place": item.in_place,
-            }
-            emit(json.dumps(event))
-        elif not quiet:
-            step = f" step {item.step}" if item.step is not None else ""
-            emit(
-                f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {counted(s.files, 'file')}, "
-                f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s"
-            )
-
-    def on_lost(item: LostCheckpoint) -> None:
-        """Its warning is on stderr already; a --json reader also gets it as an event."""
-        if json_out:
-            event = {"event": "lost", "checkpoint": item.name, "step": item.step, "reason": item.reason}
-            emit(json.dumps({**event, "message": str(item.error)}))
-
+    on_signal = _StopOnSignal(stop, grace, info)
+    events = _Events(json_out=json_out, quiet=quiet, warn=warn)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     with vault_args.open(out, writing=True) as vault:
@@ -188,10 +127,10 @@ def watch_cmd(
                 once=once,
                 grace=grace,
                 stop=stop,
-                on_shipped=on_shipped,
+                on_shipped=events.shipped,
                 on_warning=warn,
                 on_start=on_start,
-                on_lost=on_lost,
+                on_lost=events.lost,
             )
         )
     # The watch is over: a late copy of the stop signal (`timeout` signals the process group too)
@@ -203,8 +142,91 @@ def watch_cmd(
     info(f"watch ended: {len(result.shipped)} checkpoint(s) shipped{left}{dropped}")
     if result.errors:
         raise result.errors[0]
-    if output_failed:
-        raise output_failed[0]
+    if events.failure is not None:
+        raise events.failure
+
+
+class _StopOnSignal:
+    """The handler of SIGTERM and SIGINT: the first stops the watch (after the upload in flight, or once
+    ``grace`` is over); another one aborts it."""
+
+    def __init__(self, stop: threading.Event, grace: float, info: Callable[[str], None]) -> None:
+        self._stop = stop
+        self._grace = grace
+        self._info = info
+        self._first: tuple[int, float] | None = None  # the first stopping signal, and when
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        if self._stop.is_set():
+            # `timeout` signals the process and then its process group: one request, delivered twice
+            first = self._first
+            if not (first is not None and first[0] == signum and time.monotonic() - first[1] < SAME_SIGNAL_S):
+                _abort()
+            return
+        self._first = (signum, time.monotonic())
+        self._stop.set()
+        name = signal.Signals(signum).name
+        if self._grace:
+            self._info(
+                f"{name}: shipping what is pinned and what is saved meanwhile for {self._grace:g} s (again to abort)"
+            )
+        else:
+            self._info(f"{name}: stopping after the upload in flight (again to abort it)")
+
+
+class _Events:
+    """The watch's events on stdout: one line per shipped checkpoint (with --json one JSON object, and one
+    per checkpoint lost too). A sidecar that can no longer print (a full disk, a closed pipe) goes on
+    shipping: it says so once (``warn``), and ``failure`` is the error of the run when it ends."""
+
+    def __init__(self, *, json_out: bool, quiet: bool, warn: Callable[[str], None]) -> None:
+        self._json = json_out
+        self._quiet = quiet
+        self._warn = warn
+        self.failure: Exception | None = None
+
+    def _emit(self, line: str) -> None:
+        if self.failure is not None or sys.stdout is None:
+            return
+        try:
+            with writing_stdout():
+                sys.stdout.write(line + "\n")
+        except (BrokenPipeError, CkptVaultError) as exc:
+            if isinstance(exc, BrokenPipeError):
+                discard_stdout()  # writing_stdout did it for the other failures
+            self.failure = exc
+            reason = "standard output was closed" if isinstance(exc, BrokenPipeError) else str(exc)
+            self._warn(f"shipped checkpoints are no longer printed, shipping goes on: {reason}")
+
+    def shipped(self, item: ShippedCheckpoint) -> None:
+        s = item.snapshot.summary
+        if self._json:
+            event = {
+                "event": "shipped",
+                "checkpoint": item.name,
+                "step": item.step,
+                "snapshot": item.snapshot.id,
+                "files": s.files,
+                "bytes": s.logical_bytes,
+                "new_bytes": s.new_bytes,
+                "duration_s": s.duration_s,
+                "waited_s": item.waited_s,
+                "copied": item.copied,
+                "in_place": item.in_place,
+            }
+            self._emit(json.dumps(event))
+        elif not self._quiet:
+            step = f" step {item.step}" if item.step is not None else ""
+            self._emit(
+                f"shipped {item.name}{step} as snapshot {item.snapshot.short_id}: {counted(s.files, 'file')}, "
+                f"{format_bytes(s.logical_bytes)}, {format_bytes(s.new_bytes)} new, {s.duration_s:.1f} s"
+            )
+
+    def lost(self, item: LostCheckpoint) -> None:
+        """Its warning is on stderr already; a --json reader also gets it as an event."""
+        if self._json:
+            event = {"event": "lost", "checkpoint": item.name, "step": item.step, "reason": item.reason}
+            self._emit(json.dumps({**event, "message": str(item.error)}))
 
 
 def _off_the_main_thread(work: Callable[[], T]) -> T:
