@@ -41,7 +41,6 @@ import contextlib
 import errno
 import fnmatch
 import functools
-import json
 import logging
 import os
 import queue
@@ -74,7 +73,7 @@ from .watch_candidate import (
     unpinnable,
 )
 from .watch_complete import Completeness
-from .watch_folder import CheckpointFolder, Keep, step_order
+from .watch_folder import LEFT_OUT_TOLD, CheckpointFolder, Keep, LeftOutTold, step_order
 from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
@@ -84,7 +83,6 @@ from .watch_shipped import Digests, ShippedIndex
 log = logging.getLogger("ckptvault")
 
 RETRY_AFTER = (5.0, 15.0, 60.0, 300.0)
-LEFT_OUT_TOLD = "left-out.json"  # in the state folder: the top-level entries already named as left out
 
 
 Ship = Callable[[BackupJob], Snapshot]
@@ -149,13 +147,12 @@ class Watcher:
         self._done: dict[str, Done] = {}  # by top-level name
         self._on_start = on_start or (lambda _n: None)
         self._warned: set[tuple[str, str]] = set()  # (stage, name) whose local error was reported
-        self._told: set[str] | None = None  # the entries named as left out, in this or an earlier run
         self._unpinned: dict[str, CkptVaultError] = {}  # checkpoint name -> why it could not be pinned
         self._lost: list[CkptVaultError] = []  # checkpoints gone unshipped (shipping in place; dropped for room)
         self._folder = CheckpointFolder(
             self.directory,
             include=options.include,
-            warn_left_out=self._warn_left_out,
+            warn_left_out=LeftOutTold(os.path.join(self.state_dir, LEFT_OUT_TOLD), self._on_warning),
             warn_once=self._warn_once,
             forget_others=self._forget_others,
         )
@@ -668,23 +665,6 @@ class Watcher:
         if cand.state == "failed":
             return now >= cand.retry_at and not self.options.once
         return cand.state == "settling" and now - cand.last_change >= self.options.settle
-
-    def _warn_left_out(self, name: str, message: str) -> None:
-        """An entry left out is named once for the folder, not at every run: ``--once`` from cron would
-        mail the same warnings every few minutes (the names told are kept in the state folder)."""
-        path = os.path.join(self.state_dir, LEFT_OUT_TOLD)
-        if self._told is None:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    self._told = set(json.load(f))
-            except (OSError, ValueError, TypeError):
-                self._told = set()
-        if name in self._told:
-            return
-        self._on_warning(message)
-        self._told.add(name)
-        with contextlib.suppress(OSError):  # at worst it is said again next run
-            pins.write_json(path, sorted(self._told))
 
     def _warn_once(self, key: tuple[str, str], message: str) -> None:
         """A local error retried at every poll is reported once, until that stage succeeds."""

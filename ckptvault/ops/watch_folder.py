@@ -10,6 +10,8 @@ instead, and then nothing here leaves anything out.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from collections.abc import Callable
 
@@ -33,8 +35,34 @@ CHECKPOINT_PARTS = frozenset(
     {"optimizer.pt", "optimizer.bin", "scheduler.pt", "rng_state.pth", TRAINER_ARGS, TRAINER_STATE}
 )
 POINTER_FILES = {"latest": "DeepSpeed", "latest_checkpointed_iteration.txt": "Megatron-LM"}
+LEFT_OUT_TOLD = "left-out.json"  # in the state folder: the top-level entries already named as left out
 
 Keep = Callable[[str, str], bool]  # (name, path) -> whether it is a checkpoint of the folder as now told apart
+
+
+class LeftOutTold:
+    """``warn_left_out`` for ``CheckpointFolder``: an entry left out is named once for the folder, not at
+    every run: ``--once`` from cron would mail the same warnings every few minutes (the names told are
+    kept in ``path``, in the state folder)."""
+
+    def __init__(self, path: str, on_warning: Callable[[str], None]) -> None:
+        self._path = path
+        self._on_warning = on_warning
+        self._told: set[str] | None = None  # the entries named as left out, in this or an earlier run
+
+    def __call__(self, name: str, message: str) -> None:
+        if self._told is None:
+            try:
+                with open(self._path, encoding="utf-8") as f:
+                    self._told = set(json.load(f))
+            except (OSError, ValueError, TypeError):
+                self._told = set()
+        if name in self._told:
+            return
+        self._on_warning(message)
+        self._told.add(name)
+        with contextlib.suppress(OSError):  # at worst it is said again next run
+            pins.write_json(self._path, sorted(self._told))
 
 
 class CheckpointFolder:
