@@ -586,6 +586,8 @@ class AsyncShipper:
                 )
 
     def _drop_for_room(self, folder: str, old: BackupJob, free: int, held: int) -> bool:
+        """Take ``old`` out of the queue to leave the trainer room (``pins.make_room``), and say so;
+        False when it started meanwhile."""
         with self._cond:
             if old not in self._waiting():
                 return False  # started meanwhile
