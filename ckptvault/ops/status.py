@@ -22,9 +22,11 @@ from ..repository.pack import lies_whole_in
 from ..snapshot.model import FileEntry, Snapshot
 from .names import is_unfinished
 from .restore import file_hash
-from .scan import NO_EXCLUDES, Excludes, scan_sources, unreadable_hint
+from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hint
 
 LeftOut = Callable[[str], bool]  # a path in a snapshot -> whether its backup left that file out
+TreeLoader = Callable[[Snapshot], list[FileEntry]]  # a snapshot -> its tree
+Held = tuple[str, list[FileEntry], int]  # where a tree holds the local files: prefix, entries, files left out
 
 # Every file is compared by content: one that cannot be read leaves the answer unknown.
 UNREADABLE_HINT = "status compares every file with the vault: make it readable, or ask about a folder without it"
@@ -45,7 +47,7 @@ def backup_status(
     repo: Repository,
     path: str,
     snapshots: list[Snapshot],
-    load_tree: Callable[[Snapshot], list[FileEntry]],
+    load_tree: TreeLoader,
     vault_folder: str | None = None,
     exclude: Excludes = NO_EXCLUDES,
 ) -> BackupStatus:
@@ -60,89 +62,108 @@ def backup_status(
         if exc.hint != unreadable_hint():
             raise
         raise SourceError(exc.path, exc.reason, UNREADABLE_HINT) from None  # not backup's --skip-unreadable
-    local = {i.path: i for i in scan.items if i.kind == "file"}
-    total = sum(i.st.st_size for i in local.values())
-    abs_path = scan.source_paths[0]
+    local = _LocalFiles(scan.source_paths[0], {i.path: i for i in scan.items if i.kind == "file"}, load_tree)
+    partly = ""  # the newest snapshot that holds all but what its backup left out
+    for snap in sorted(snapshots, key=lambda s: s.time, reverse=True):
+        patterns = None if exclude or partly else _recorded_excludes(snap)
+        if patterns is None and local.too_many_for(snap):
+            continue
+        tree = local.files_of(snap)
+        if tree is None:
+            continue
+        found = local.held_in(tree, None)
+        if found is not None:
+            return local.stored_in(repo, snap, found)
+        partly = partly or local.held_but_left_out(snap, tree, patterns)
+    unread = f" (the tree of snapshot(s) {', '.join(local.damaged)} is damaged: run: ckptvault check)"
+    detail = f"no snapshot holds its {len(local.files)} file(s) with the same content"
+    return local.status(False, f"{detail}{unread if local.damaged else ''}{partly}")
 
-    def status(ok: bool, detail: str, snap: Snapshot | None = None, prefix: str = "") -> BackupStatus:
-        return BackupStatus(abs_path, ok, snap, prefix, len(local), total, detail)
 
-    hashes: dict[str, str] = {}
+class _LocalFiles:
+    """The files of the local ``path`` as a backup sees them, compared with snapshot trees: each local
+    file is hashed at most once, and only when a tree holds it under the same name and size."""
 
-    def same_content(rel: str, entry: FileEntry) -> bool:
-        if rel not in hashes:
-            try:
-                hashes[rel] = file_hash(local[rel].abs_path)
-            except OSError as exc:
-                raise SourceError(local[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
-        return hashes[rel] == entry.blake3
+    def __init__(self, path: str, files: dict[str, SourceItem], load_tree: TreeLoader) -> None:
+        self.path = path
+        self.files = files
+        self.total = sum(i.st.st_size for i in files.values())
+        self.damaged: list[str] = []  # short IDs of the snapshots whose tree cannot be read
+        self._load_tree = load_tree
+        self._hashes: dict[str, str] = {}
+        # files named as still being written (*.tmp): pinned backups (watch, backup_async) leave them out
+        self.unfinished = [rel for rel in files if _being_written(rel)]
+        self._least_files = len(files) - len(self.unfinished)
+        self._least_bytes = self.total - sum(files[rel].st.st_size for rel in self.unfinished)
 
-    damaged: list[str] = []
+    def status(self, ok: bool, detail: str, snap: Snapshot | None = None, prefix: str = "") -> BackupStatus:
+        return BackupStatus(self.path, ok, snap, prefix, len(self.files), self.total, detail)
 
-    def files_of(snap: Snapshot) -> dict[str, FileEntry] | None:
+    def too_many_for(self, snap: Snapshot) -> bool:
+        """Whether ``snap`` is too small to hold every file (but those still being written)."""
+        return snap.summary.files < self._least_files or snap.summary.logical_bytes < self._least_bytes
+
+    def files_of(self, snap: Snapshot) -> dict[str, FileEntry] | None:
         # each tree is read once and not kept: a checkpoint of thousands of files and hundreds of
         # snapshots to compare it with would otherwise hold them all (GBs) just to answer "no"
         try:
-            return {e.path: e for e in load_tree(snap) if e.type == "file"}
+            return {e.path: e for e in self._load_tree(snap) if e.type == "file"}
         except (ObjectNotFoundError, SnapshotNotFoundError):
             return None  # forgotten meanwhile
         except IntegrityError:  # its tree is damaged: it holds nothing that can be restored
-            damaged.append(snap.short_id)
+            self.damaged.append(snap.short_id)
             return None
 
-    def holding(tree: dict[str, FileEntry], left_out: LeftOut | None) -> tuple[str, list[FileEntry], int] | None:
+    def same_content(self, rel: str, entry: FileEntry) -> bool:
+        if rel not in self._hashes:
+            try:
+                self._hashes[rel] = file_hash(self.files[rel].abs_path)
+            except OSError as exc:
+                raise SourceError(self.files[rel].abs_path, exc.strerror or str(exc), UNREADABLE_HINT) from None
+        return self._hashes[rel] == entry.blake3
+
+    def held_in(self, tree: dict[str, FileEntry], left_out: LeftOut | None) -> Held | None:
         """(prefix, entries, files left out) where ``tree`` holds every local file but those its
         backup ``left_out``, with the same content."""
+        local = self.files
         for prefix in _prefixes(tree, local):
             wanted = [rel for rel in local if not (left_out and left_out(prefix + rel))]
             entries = [e for rel in wanted if (e := tree.get(prefix + rel)) and e.size == local[rel].st.st_size]
             if not wanted or len(entries) < len(wanted):  # sizes first: hashes are read for plausible matches only
                 continue
-            if all(same_content(rel, e) for rel, e in zip(wanted, entries, strict=True)):
+            if all(self.same_content(rel, e) for rel, e in zip(wanted, entries, strict=True)):
                 return prefix, entries, len(local) - len(wanted)
         return None
 
-    newest_first = sorted(snapshots, key=lambda s: s.time, reverse=True)
-    partly = ""  # the newest snapshot that holds all but what its backup left out
-    # files named as still being written (*.tmp): pinned backups (watch, backup_async) leave them out
-    unfinished = [rel for rel in local if _being_written(rel)]
-    least_files = len(local) - len(unfinished)
-    least_bytes = total - sum(local[rel].st.st_size for rel in unfinished)
-    for snap in newest_first:
-        patterns = None if exclude or partly else _recorded_excludes(snap)
-        if patterns is None and (snap.summary.files < least_files or snap.summary.logical_bytes < least_bytes):
-            continue  # too small to hold every file
-        tree = files_of(snap)
-        found = holding(tree, None) if tree is not None else None
-        if found is None:
-            if tree is None or partly:
-                continue
-            if patterns and (partial := holding(tree, functools.partial(_left_out, patterns))) is not None:
-                partly = (
-                    f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) its --exclude patterns "
-                    f"({', '.join(snap.excludes)}) left out: give status the same patterns to accept that"
-                )
-            elif unfinished and (partial := holding(tree, _being_written)) is not None:
-                names = ", ".join(unfinished[:3]) + (" ..." if len(unfinished) > 3 else "")
-                partly = (
-                    f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) named as still being written "
-                    f"({names}), which watch and backup_async leave out: give status --exclude patterns for them "
-                    "to accept that"
-                )
-            continue
-        prefix, entries, _ = found
+    def held_but_left_out(self, snap: Snapshot, tree: dict[str, FileEntry], patterns: Excludes | None) -> str:
+        """The detail's note when ``tree`` holds every file but those its backup left out, else ""."""
+        if patterns and (partial := self.held_in(tree, functools.partial(_left_out, patterns))) is not None:
+            return (
+                f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) its --exclude patterns "
+                f"({', '.join(snap.excludes)}) left out: give status the same patterns to accept that"
+            )
+        if self.unfinished and (partial := self.held_in(tree, _being_written)) is not None:
+            names = ", ".join(self.unfinished[:3]) + (" ..." if len(self.unfinished) > 3 else "")
+            return (
+                f"; snapshot {snap.short_id} holds all but the {partial[2]} file(s) named as still being written "
+                f"({names}), which watch and backup_async leave out: give status --exclude patterns for them "
+                "to accept that"
+            )
+        return ""
+
+    def stored_in(self, repo: Repository, snap: Snapshot, held: Held) -> BackupStatus:
+        """The answer once ``snap`` holds every file: yes, unless a chunk of them cannot be read."""
+        prefix, entries, _ = held
         repo.load_index()
         missing = _missing_chunks(entries, repo, repo.list_packs())
         if missing.endswith(IN_NO_INDEX):  # dropped as damaged: a backup reads the file and stores it anew
-            backup = spelled(f"ckptvault backup {shlex.quote(abs_path)}", f"Vault.backup({abs_path!r})")
+            backup = spelled(f"ckptvault backup {shlex.quote(self.path)}", f"Vault.backup({self.path!r})")
             again = f"back it up again to store those bytes anew: {backup}"
-            return status(False, f"snapshot {snap.short_id} holds it but {missing}; {again}", snap)
+            return self.status(False, f"snapshot {snap.short_id} holds it but {missing}; {again}", snap)
         if missing:  # the index still lists the chunk: a backup would deduplicate against it
-            return status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
+            return self.status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
         where = f" under {prefix.rstrip('/')}/" if prefix else ""
-        return status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
-    unread = f" (the tree of snapshot(s) {', '.join(damaged)} is damaged: run: ckptvault check)" if damaged else ""
-    return status(False, f"no snapshot holds its {len(local)} file(s) with the same content{unread}{partly}")
+        return self.status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
 
 
 def _recorded_excludes(snap: Snapshot) -> Excludes | None:
