@@ -18,10 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .crypto.keyfile import Keyfile
 from .errors import UsageError, spelled
 from .snapshot.model import TAG_TEXT_MAX, Snapshot
 
 PathLike = str | os.PathLike[str]
+KeyfileArg = str | os.PathLike[str] | Keyfile | None  # a keyfile's path, a loaded one, or None: no encryption
 
 
 def shown_value(value: object) -> str:
@@ -80,6 +82,32 @@ def callback_arg(name: str, value: object) -> None:
 
 def optional_path_arg(name: str, value: object) -> str | None:
     return None if value is None else path_arg(name, value)
+
+
+def folder_or_default_arg(name: str, folder: object, what: str) -> str | None:
+    """A folder argument where None means the default: an empty one is refused, not taken for None."""
+    path = optional_path_arg(name, folder)
+    if path is not None and not path.strip():
+        raise UsageError(f"{name} is empty; give a folder for {what}, or None for the default")
+    return path
+
+
+def keyfile_arg(keyfile: KeyfileArg) -> Keyfile | None:
+    """A keyfile's path (loaded here) or a loaded Keyfile; None for no encryption."""
+    if keyfile is None or isinstance(keyfile, Keyfile):
+        return keyfile
+    if not isinstance(keyfile, str | os.PathLike):
+        raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), a Keyfile, or None")
+    return Keyfile.load(keyfile)
+
+
+def storage_options_arg(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    if options is not None and not isinstance(options, dict):  # its value is not shown: it may hold secrets
+        raise UsageError(
+            "storage_options must be a dict of fsspec options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}; "
+            f"got {type(options).__name__}"
+        )
+    return options
 
 
 def list_items(name: str, value: object, expected: str) -> list[Any]:

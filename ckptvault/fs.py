@@ -21,11 +21,12 @@ from typing import Any
 
 from fsspec.spec import AbstractFileSystem
 
+from .arguments import KeyfileArg
 from .crypto.keyfile import PassphraseSource
 from .errors import PathNotInSnapshotError, SnapshotNotFoundError
 from .ops.reader import DEFAULT_CACHE_CHUNKS, SnapshotFile
 from .snapshot.model import FileEntry, Snapshot
-from .vault import KeyfileArg, Vault
+from .vault import Vault
 
 
 class CkptVaultFileSystem(AbstractFileSystem):

@@ -24,15 +24,17 @@ from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .arguments import (
+    KeyfileArg,
     PathLike,
     before_arg,
     callback_arg,
     flag_arg,
+    folder_or_default_arg,
     fraction_arg,
     hostname_arg,
     int_arg,
     interval_arg,
-    optional_path_arg,
+    keyfile_arg,
     path_arg,
     paths_arg,
     progress_arg,
@@ -41,6 +43,7 @@ from .arguments import (
     seconds_arg,
     snapshot_arg,
     snapshot_list_arg,
+    storage_options_arg,
     str_list_arg,
     tags_arg,
     text_arg,
@@ -49,16 +52,7 @@ from .arguments import (
 )
 from .chunking import ChunkerParams
 from .codec import CompressionSettings
-from .crypto.keyfile import (
-    DEFAULT_KDF_COST,
-    MIN_NEW_PASSPHRASE,
-    Keyfile,
-    PassphraseSource,
-    check_kdf_cost,
-    passphrase_secret,
-    resolve_passphrase,
-    too_short,
-)
+from .crypto.keyfile import DEFAULT_KDF_COST, Keyfile, PassphraseSource, resolve_passphrase
 from .errors import (
     CkptVaultError,
     CopyIncompleteError,
@@ -69,18 +63,11 @@ from .errors import (
     SourceError,
     UsageError,
     VaultExistsError,
-    VaultNotFoundError,
     spelled,
 )
 from .hashing import new_file_hasher
-from .location import (
-    default_repo_url,
-    file_in_the_way,
-    local_folder,
-    metadata_cache_root,
-    refuse_local_non_vault_folder,
-    why_no_vault,
-)
+from .location import default_repo_url, metadata_cache_root, refuse_local_non_vault_folder
+from .ops import keys
 from .ops.async_backup import (
     AsyncShipper,
     BackupHandle,
@@ -106,6 +93,7 @@ from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
 from .ops.names import PIN_FOLDER, WATCH_SIG_TAG
+from .ops.open_or_create import deriving_ahead, open_existing, open_race_winner, say_created
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
@@ -119,18 +107,16 @@ from .ops.watch import Watcher
 from .ops.watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult
 from .repository import RepoConfig, Repository
 from .repository.config import DEFAULT_PACK_SIZE
-from .repository.format import LOCKS_PREFIX, SETTINGS_FORMAT_VERSION
+from .repository.format import LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
 from .snapshot.manifest import decode_tree
 from .snapshot.model import FileEntry, Snapshot
 from .snapshot.retention import RetentionPolicy
-from .store import RateArg, RateLimits, open_store
+from .store import RateArg, RateLimits, Store, open_store
 
 log = logging.getLogger("ckptvault")
 
-
-KeyfileArg = str | os.PathLike[str] | Keyfile | None
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -140,7 +126,6 @@ T = TypeVar("T")
 # could let the lock go stale.
 UNTHROTTLED = (LOCKS_PREFIX,)
 CLOSED_MESSAGE = "this Vault is closed; open it again with Vault.open(...)"
-OPEN_RACE_RETRIES = 5  # Vault.open(create=True) that lost the race to create: looks for the winner's config
 
 
 class _Unchanged(enum.Enum):
@@ -175,57 +160,11 @@ def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatena
     return checked
 
 
-def _load_keyfile(keyfile: KeyfileArg) -> Keyfile | None:
-    if keyfile is None or isinstance(keyfile, Keyfile):
-        return keyfile
-    if not isinstance(keyfile, str | os.PathLike):
-        raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), a Keyfile, or None")
-    return Keyfile.load(keyfile)
-
-
 def _lists_anything(folder: str) -> bool:
     try:
         return bool(os.listdir(folder))
     except OSError:  # one that cannot be listed is no advice to give
         return False
-
-
-def _storage_options_arg(options: dict[str, Any] | None) -> dict[str, Any] | None:
-    if options is not None and not isinstance(options, dict):  # its value is not shown: it may hold secrets
-        raise UsageError(
-            "storage_options must be a dict of fsspec options, e.g. {'endpoint_url': 'http://127.0.0.1:9000'}; "
-            f"got {type(options).__name__}"
-        )
-    return options
-
-
-def _new_passphrase(source: PassphraseSource, name: str) -> str:
-    if source is None:
-        raise UsageError(f"no {name} given: give the new passphrase (or a function that returns it)")
-    passphrase = resolve_passphrase(source)
-    if too_short(passphrase):
-        raise UsageError(
-            f"the new passphrase is shorter than {MIN_NEW_PASSPHRASE} characters, not counting spaces at its ends; "
-            "choose a longer one"
-        )
-    return passphrase
-
-
-def _deriving_ahead(key: Keyfile | None, passphrase: PassphraseSource) -> contextlib.AbstractContextManager[None]:
-    """The keyfile's scrypt, started before the vault's config is read (on remote storage the first
-    request, which sets up the client, takes about as long), when the passphrase is given as text:
-    a passphrase function is called only once the keyfile is known to be the vault's."""
-    if key is None or not isinstance(passphrase, str):
-        return contextlib.nullcontext()
-    return key.kdf.deriving_ahead(passphrase_secret(passphrase))
-
-
-def _folder_or_default(name: str, folder: PathLike | None, what: str) -> str | None:
-    """A folder argument where None means the default: an empty one is refused, not taken for None."""
-    path = optional_path_arg(name, folder)
-    if path is not None and not path.strip():
-        raise UsageError(f"{name} is empty; give a folder for {what}, or None for the default")
-    return path
 
 
 def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
@@ -276,12 +215,7 @@ class Vault:
         rewritten to weaker ones is refused, docs/security.md). ``kdf_cost``: log2 of scrypt's N
         (14..24; 17 takes ~0.3 s and 128 MiB). Keep a copy of it elsewhere: without it, and its
         passphrase, an encrypted vault cannot be read by anyone."""
-        where = path_arg("path", path)
-        passphrase = _new_passphrase(passphrase, "passphrase")
-        key, _ = Keyfile.create(
-            passphrase, scrypt_n=2 ** check_kdf_cost(kdf_cost), min_vault_format=SETTINGS_FORMAT_VERSION
-        )
-        return key.save(where)
+        return keys.generate_keyfile(path_arg("path", path), passphrase, kdf_cost)
 
     @staticmethod
     def change_keyfile_passphrase(
@@ -295,13 +229,10 @@ class Vault:
         the keyfile in one rename, as ``ckptvault key passwd`` does. The key, and so the vault's data,
         stay the same. Either passphrase may be a function, called when needed: the new one only once
         the current one unlocked the key. ``kdf_cost``: scrypt's new log2(N), else the keyfile's."""
-        key = _load_keyfile(keyfile)
+        key = keyfile_arg(keyfile)
         if key is None or not key.path:
             raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), or a Keyfile loaded from one")
-        scrypt_n = None if kdf_cost is None else 2 ** check_kdf_cost(kdf_cost)
-        master = key.unlock(resolve_passphrase(passphrase))
-        new = _new_passphrase(new_passphrase, "new_passphrase")
-        return key.with_passphrase(master, new, scrypt_n).save(key.path, overwrite=True)
+        return keys.change_passphrase(key, key.path, passphrase, new_passphrase, kdf_cost)
 
     # ---- opening -----------------------------------------------------------------------
 
@@ -339,8 +270,8 @@ class Vault:
             compression=compression or CompressionSettings(),
             pack_size=int_arg("pack_size", pack_size),
         )
-        store = open_store(url, _storage_options_arg(storage_options), limits=limits, unlimited=UNTHROTTLED)
-        key = _load_keyfile(keyfile)
+        store = open_store(url, storage_options_arg(storage_options), limits=limits, unlimited=UNTHROTTLED)
+        key = keyfile_arg(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
         return cls(Repository.init(store, config, key, master, cache_root=metadata_cache_root()), store.url)
 
@@ -372,7 +303,7 @@ class Vault:
         callbacks and ``watch`` wait for a prune in their own way (up to an hour), which ``close`` ends."""
         wait = retry_lock_arg(retry_lock)
         vault = cls._open(
-            url, _storage_options_arg(storage_options), keyfile, passphrase, create, limit_upload, limit_download
+            url, storage_options_arg(storage_options), keyfile, passphrase, create, limit_upload, limit_download
         )
         vault._repo.locks.retry_for = wait  # how long a command waits for a conflicting lock (locks.py, "Waiting")
         return vault
@@ -392,54 +323,41 @@ class Vault:
         url = given_url or default_repo_url()
         create = flag_arg("create", create)
         limits = RateLimits.resolve(limit_upload, limit_download)
-        key = _load_keyfile(keyfile)
-        with _deriving_ahead(key, passphrase):  # scrypt on another core while the config is read
+        key = keyfile_arg(keyfile)
+        with deriving_ahead(key, passphrase):  # scrypt on another core while the config is read
             store = open_store(url, storage_options, limits=limits, unlimited=UNTHROTTLED)
-            local = local_folder(url)
-            if local is not None and file_in_the_way(local) is not None:  # the store would say "Not a directory"
-                if create:
-                    refuse_local_non_vault_folder(url)
-                raise VaultNotFoundError(store.url, hint=why_no_vault(url))
-            try:
-                return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
-            except VaultNotFoundError as exc:
-                if not create:
-                    hint = why_no_vault(url)
-                    if hint:
-                        raise VaultNotFoundError(exc.url, hint=hint) from None
-                    raise
-            try:
-                vault = cls.init(
-                    url,
-                    storage_options=storage_options,
-                    keyfile=key,
-                    passphrase=passphrase,
-                    limit_upload=limits.upload or 0,
-                    limit_download=limits.download or 0,
-                )
-            except VaultExistsError:  # another process created it since we looked: open theirs
-                for attempt in range(OPEN_RACE_RETRIES):
-                    try:
-                        return cls(Repository.open(store, key, passphrase, cache_root=metadata_cache_root()), store.url)
-                    except VaultNotFoundError:  # a store that shows a new object late
-                        if attempt == OPEN_RACE_RETRIES - 1:
-                            raise
-                        time.sleep(0.05 * 2**attempt)
-                raise  # pragma: no cover - the loop returns or raises
-            vault.created = True
-            if given_url is not None:  # not the default location: a typo there is a new, empty vault
-                log.warning(
-                    "ckptvault: created a new vault at %s (none was there, and create=True); if that URL is "
-                    "mistyped, fix it: the checkpoints are going to this new vault",
-                    vault.url,
-                )
-            if key is None and os.environ.get("CKPTVAULT_KEYFILE"):  # the CLI and the callbacks would have used it
-                log.warning(
-                    "ckptvault: created %s unencrypted: CKPTVAULT_KEYFILE is set, but Vault.open reads no environment "
-                    "for its key; pass keyfile= (and passphrase=) to encrypt a new vault",
-                    vault.url,
-                )
-            return vault
+            repo = open_existing(store, url, key, passphrase, create=create)
+            if repo is not None:
+                return cls(repo, store.url)
+            return cls._open_or_create_race(url, store, storage_options, key, passphrase, limits, given_url is not None)
+
+    @classmethod
+    def _open_or_create_race(
+        cls,
+        url: str,
+        store: Store,
+        storage_options: dict[str, Any] | None,
+        key: Keyfile | None,
+        passphrase: PassphraseSource,
+        limits: RateLimits,
+        named: bool,
+    ) -> Vault:
+        """``open(create=True)`` where no vault is: create it, or open the one another process created
+        since (``named``: the URL was given, not the default location)."""
+        try:
+            vault = cls.init(
+                url,
+                storage_options=storage_options,
+                keyfile=key,
+                passphrase=passphrase,
+                limit_upload=limits.upload or 0,
+                limit_download=limits.download or 0,
+            )
+        except VaultExistsError:  # another process created it since we looked: open theirs
+            return cls(open_race_winner(store, key, passphrase), store.url)
+        vault.created = True
+        say_created(vault.url, named=named, encrypted=key is not None)
+        return vault
 
     def close(self) -> None:
         """Wait for every queued async backup, however long they take (as ``flush()`` does;
@@ -1184,7 +1102,7 @@ class Vault:
             settle=interval_arg("settle", settle),
             include=tuple(str_list_arg("include", include, "['step_*']")),
             exclude=exclude_arg(exclude),
-            state_dir=_folder_or_default("state_dir", state_dir, "watch's state (pins, shipped list)"),
+            state_dir=folder_or_default_arg("state_dir", state_dir, "watch's state (pins, shipped list)"),
             once=once,
             grace=interval_arg("grace", grace),
         )
@@ -1247,7 +1165,7 @@ class Vault:
             self.files(snap),
             lambda target: self._restore(snap, target, on_progress=on_progress),
             load=load,
-            workdir=_folder_or_default("workdir", workdir, "the drill's temporary copy"),
+            workdir=folder_or_default_arg("workdir", workdir, "the drill's temporary copy"),
         )
 
     @_open_only
