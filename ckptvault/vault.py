@@ -188,6 +188,7 @@ class Vault:
         self._close_mutex = threading.Lock()
         # Where warnings go besides the "ckptvault" logger (the CLI passes its stderr printer).
         self.on_warning: Callable[[str], None] | None = None
+        self._warn = self._warner()  # the Vault's own warnings (a damaged snapshot object, prune's)
         self._catalog = SnapshotCatalog(repo, self._warn)
         self._closing = False  # close() has begun: no new async backups
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
@@ -419,20 +420,17 @@ class Vault:
         snaps, _ = self._catalog.listing()
         return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
 
-    def _warn(self, message: str) -> None:
-        log.warning(message)
-        if self.on_warning is not None:
-            self.on_warning(message)
-
-    def _warner(self, on_warning: Callable[[str], None] | None) -> Callable[[str], None]:
-        """Where a call's warnings go: the "ckptvault" logger, and the call's ``on_warning``, or else the
-        Vault's."""
-        if on_warning is None:
-            return self._warn
+    def _warner(self, on_warning: Callable[[str], None] | None = None, *, logged: bool = True) -> Callable[[str], None]:
+        """Where warnings go: the "ckptvault" logger (unless not ``logged``), and a call's ``on_warning``,
+        or else the Vault's (looked up at each warning: the CLI sets it once the Vault is open). The one
+        place that decides it: the Vault's own warnings (``_warn``) and each call's."""
 
         def warn(message: str) -> None:
-            log.warning(message)
-            on_warning(message)
+            if logged:
+                log.warning(message)
+            to = on_warning if on_warning is not None else self.on_warning
+            if to is not None:
+                to(message)
 
         return warn
 
@@ -581,7 +579,7 @@ class Vault:
                 raise
             result.warnings.extend(self._compact_index())
         result.warnings[:0] = unreadable
-        warn = self._warner(on_warning) if log_warnings or on_warning is None else on_warning
+        warn = self._warner(on_warning, logged=log_warnings or on_warning is None)  # said somewhere all the same
         for warning in result.warnings:
             warn(warning)
         return result.snapshot
