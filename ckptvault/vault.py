@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -56,8 +56,6 @@ from .crypto.keyfile import DEFAULT_KDF_COST, Keyfile, PassphraseSource, resolve
 from .errors import (
     CkptVaultError,
     CopyIncompleteError,
-    IntegrityError,
-    ObjectNotFoundError,
     RestoreIncompleteError,
     SnapshotNotFoundError,
     SourceError,
@@ -65,7 +63,6 @@ from .errors import (
     VaultExistsError,
     spelled,
 )
-from .hashing import new_file_hasher
 from .location import default_repo_url, metadata_cache_root, refuse_local_non_vault_folder
 from .ops import keys
 from .ops.async_backup import (
@@ -82,15 +79,15 @@ from .ops.async_backup import (
 from .ops.backup import OnChange, run_backup, twin_snapshot
 from .ops.catalog import (
     SnapshotCatalog,
-    decode_naming,
     refuse_gc_with_unreadable,
-    tree_error,
+    removed_meanwhile,
 )
 from .ops.check import CheckReport, run_check
 from .ops.compact import compact_index
 from .ops.copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
 from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
+from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
 from .ops.names import PIN_FOLDER, WATCH_SIG_TAG
 from .ops.open_or_create import deriving_ahead, open_existing, open_race_winner, say_created
@@ -110,7 +107,6 @@ from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
-from .snapshot.manifest import decode_tree
 from .snapshot.model import FileEntry, Snapshot
 from .snapshot.retention import RetentionPolicy
 from .store import RateArg, RateLimits, Store, open_store
@@ -192,7 +188,7 @@ class Vault:
         self._catalog = SnapshotCatalog(repo, self._warn)
         self._closing = False  # close() has begun: no new async backups
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
-        self._file_readers: weakref.WeakSet[_FileChunks] = weakref.WeakSet()
+        self._file_readers: weakref.WeakSet[FileChunks] = weakref.WeakSet()
         self._closed = False  # close() has ended: every public method refuses
 
     @property
@@ -451,14 +447,7 @@ class Vault:
     @_open_only
     def files(self, snapshot: str | Snapshot) -> list[FileEntry]:
         """The snapshot's tree: every file, directory and symlink, sorted by path."""
-        snap = self.snapshot(snapshot)
-        try:
-            raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
-        except (ObjectNotFoundError, IntegrityError) as exc:
-            if isinstance(exc, ObjectNotFoundError) and snap.id not in {s.id for s in self.snapshots()}:
-                raise _removed_meanwhile(snap, self.url) from None
-            raise tree_error(snap, self.url, exc) from None
-        return decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
+        return self._catalog.tree(self.snapshot(snapshot), self.url)
 
     # ---- backup and restore ------------------------------------------------------------
 
@@ -682,7 +671,7 @@ class Vault:
         missing, as if the vault were damaged)."""
         snap = self.snapshot(snapshot)
         if not self._repo.has_snapshot(bytes.fromhex(snap.id)):
-            raise _removed_meanwhile(snap, self.url)
+            raise removed_meanwhile(snap, self.url)
         return self.files(snap)
 
     @_open_only
@@ -691,21 +680,9 @@ class Vault:
         hash is checked at the end (raising IntegrityError after the last chunk if it differs)."""
         snap = self.snapshot(snapshot_arg(snapshot))
         entry = find_file(self.files(snap), path_arg("path", path), snap.id)  # raised here, not at the first next()
-        reader = _FileChunks(self._read_file(entry), entry.path)
+        reader = FileChunks(read_whole(self._repo, entry), entry.path)
         self._file_readers.add(reader)
         return reader
-
-    def _read_file(self, entry: FileEntry) -> Generator[bytes, None, None]:
-        # a shared lock while it is read (from the first next() until the end or close()), as a restore
-        # holds one: a prune waits, and one that took a stopped reader's lock for stale is named as such
-        with self._repo.locks.acquire_to_read():
-            hasher = new_file_hasher()
-            for chunk_id in entry.chunks:
-                data = self._repo.read_chunk(chunk_id)
-                hasher.update(data)
-                yield data if isinstance(data, bytes) else bytes(data)
-            if hasher.hexdigest() != entry.blake3:
-                raise IntegrityError(f"{entry.path}: bytes do not match the snapshot's file hash")
 
     @_open_only
     def copy_from(
@@ -1230,44 +1207,3 @@ class Vault:
             snap_a, snap_b = self.snapshot(a), self.snapshot(b)
             files_a, files_b = self._files_still_stored(snap_a), self._files_still_stored(snap_b)
             return diff_trees(self._repo, snap_a.id, files_a, snap_b.id, files_b, tensors=tensors)
-
-
-class _FileChunks(Iterator[bytes]):
-    """``read_file``'s iterator. The Vault's ``close()`` ends it (a file read part way holds a shared lock);
-    a read after that raises instead of ending as if the file did: ``b"".join(chunks)`` outside the ``with``
-    block gave ``b""``, and one started inside it a cut-short file, with no error and no file hash checked."""
-
-    def __init__(self, chunks: Generator[bytes, None, None], path: str) -> None:
-        self._chunks = chunks
-        self._path = path
-        self._ended = False  # the whole file was read (its hash checked), or its reader closed it
-        self._cut = False  # the Vault closed first
-
-    def __next__(self) -> bytes:
-        if self._cut:
-            raise UsageError(
-                f"read_file({self._path!r}) was read after its Vault was closed, so the file was not read whole; "
-                "read it before close() (inside the with block)"
-            )
-        try:
-            return next(self._chunks)
-        except BaseException:  # the end, or its error (said already): not cut short by a close after it
-            self._ended = True
-            raise
-
-    def close(self) -> None:
-        """Stop reading (as a generator's ``close``): the shared lock is released at once."""
-        self._ended = True
-        self._chunks.close()
-
-    def cut_by_close(self) -> None:
-        self._cut = not self._ended
-        with contextlib.suppress(ValueError):  # being read on another thread now: its next read raises
-            self._chunks.close()
-
-
-def _removed_meanwhile(snap: Snapshot, url: str) -> SnapshotNotFoundError:
-    return SnapshotNotFoundError(
-        f"snapshot {snap.short_id} is not in {url}: another process removed it meanwhile, "
-        "or it is a Snapshot of another vault"
-    )

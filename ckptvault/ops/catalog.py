@@ -20,8 +20,8 @@ from typing import TypeVar
 from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, UnsupportedFormatError
 from ..repository import Repository
 from ..snapshot import selection
-from ..snapshot.manifest import decode_snapshot
-from ..snapshot.model import Snapshot, SnapshotSummary
+from ..snapshot.manifest import decode_snapshot, decode_tree
+from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
 
 T = TypeVar("T")
 
@@ -85,6 +85,17 @@ class SnapshotCatalog:
                 self._warned.add(note)
                 self._warn(note)
         return chosen
+
+    def tree(self, snap: Snapshot, url: str) -> list[FileEntry]:
+        """The snapshot's tree (of the vault at ``url``); an error that names the snapshot when it cannot
+        be read, or when another process removed the snapshot since it was chosen."""
+        try:
+            raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
+        except (ObjectNotFoundError, IntegrityError) as exc:
+            if isinstance(exc, ObjectNotFoundError) and snap.id not in {s.id for s in self.listing()[0]}:
+                raise removed_meanwhile(snap, url) from None
+            raise tree_error(snap, url, exc) from None
+        return decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
     def _read_alone(self, spec: str) -> Snapshot | None:
         """The snapshot that an ID prefix names, read alone when the listing of IDs (object names) has
@@ -172,6 +183,13 @@ def tree_error(snap: Snapshot, url: str, error: IntegrityError | ObjectNotFoundE
     )
     return IntegrityError(
         f"{what}; run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
+    )
+
+
+def removed_meanwhile(snap: Snapshot, url: str) -> SnapshotNotFoundError:
+    return SnapshotNotFoundError(
+        f"snapshot {snap.short_id} is not in {url}: another process removed it meanwhile, "
+        "or it is a Snapshot of another vault"
     )
 
 
