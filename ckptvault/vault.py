@@ -76,16 +76,16 @@ from .ops.async_backup import (
     make_job,
     staging_folder,
 )
-from .ops.backup import OnChange, run_backup, twin_snapshot
+from .ops.backup import OnChange
+from .ops.backup_session import back_up
 from .ops.catalog import (
     SnapshotCatalog,
     refuse_gc_with_unreadable,
     removed_meanwhile,
 )
 from .ops.check import CheckReport, run_check
-from .ops.compact import compact_index
+from .ops.compact import compact_or_warn
 from .ops.copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
-from .ops.deltabase import reference_snapshot
 from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
@@ -534,66 +534,29 @@ class Vault:
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
             self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
             self._repo.reconcile_when_due()  # reuse what a killed backup uploaded; not what is gone
-            every = self.snapshots()
-            same_source = [s for s in every if s.hostname == hostname and sorted(s.paths) == abs_paths]
-            parent = max(same_source, key=lambda s: s.time) if same_source else None
-            # Delta coding's bases come from the previous save of the same run (ops/deltabase.py).
-            deltas = self._repo.codec.compressor.deltas
-            reference = reference_snapshot(every, hostname, tags, parent, taken_at) if deltas else None
-            twin = twin_snapshot(every, hostname, tags, abs_paths, excludes) if skip_if_unchanged else None
-            trees, unreadable = self._trees_if_readable([parent, reference, twin])
-            try:
-                result = run_backup(
-                    self._repo,
-                    sources,
-                    tags=tags,
-                    description=description,
-                    hostname=hostname,
-                    parent=parent,
-                    parent_tree=trees.get(parent.id) if parent else None,
-                    force_read=force_read,
-                    skip_unreadable=skip_unreadable,
-                    on_change=on_change,
-                    progress=on_progress,
-                    before_commit=functools.partial(_before_commit, lock, before_commit),
-                    reference=reference if reference and reference.id in trees else None,
-                    reference_tree=trees.get(reference.id) if reference else None,
-                    unless_same_as=(twin, trees[twin.id]) if twin and twin.id in trees else None,
-                    vault_folder=self.local_folder,
-                    exclude=excludes,
-                    taken_at=taken_at,
-                )
-            except BaseException:
-                self._repo.reconcile_next_time()  # what it uploaded is adopted, not sent again
-                raise
-            result.warnings.extend(self._compact_index())
-        result.warnings[:0] = unreadable
+            result = back_up(
+                self._repo,
+                self.snapshots(),
+                self.files,
+                sources,
+                abs_paths,
+                tags=tags,
+                description=description,
+                hostname=hostname,
+                excludes=excludes,
+                skip_if_unchanged=skip_if_unchanged,
+                force_read=force_read,
+                skip_unreadable=skip_unreadable,
+                on_change=on_change,
+                progress=on_progress,
+                before_commit=functools.partial(_before_commit, lock, before_commit),
+                vault_folder=self.local_folder,
+                taken_at=taken_at,
+            )
         warn = self._warner(on_warning, logged=log_warnings or on_warning is None)  # said somewhere all the same
         for warning in result.warnings:
             warn(warning)
         return result.snapshot
-
-    def _compact_index(self) -> list[str]:
-        """After a backup or copy, under its lock: its snapshots are stored, so a failure to compact
-        the index objects is a warning (the next backup tries again), not the command's failure."""
-        try:
-            compact_index(self._repo)
-        except CkptVaultError as exc:
-            return [f"could not compact the vault's index objects ({exc}); the next backup tries again"]
-        return []
-
-    def _trees_if_readable(self, snapshots: list[Snapshot | None]) -> tuple[dict[str, list[FileEntry]], list[str]]:
-        """The trees of ``snapshots`` by snapshot ID, and a warning for each that cannot be read: a
-        backup goes on without it (it reads every file, codes no delta against it, writes a new
-        snapshot) instead of failing at every run because an older tree is damaged."""
-        trees: dict[str, list[FileEntry]] = {}
-        warnings: list[str] = []
-        for snap in {s.id: s for s in snapshots if s is not None}.values():
-            try:
-                trees[snap.id] = self.files(snap)
-            except CkptVaultError as exc:
-                warnings.append(f"cannot read the tree of snapshot {snap.short_id} ({exc}); backing up without it")
-        return trees, warnings
 
     @_open_only
     def restore(
@@ -741,7 +704,7 @@ class Vault:
                 before_commit=None if lock is None else functools.partial(_before_commit, lock, None),
                 dry_run=dry_run,
             )
-            for warning in [] if dry_run else self._compact_index():
+            for warning in [] if dry_run else compact_or_warn(self._repo):
                 warn(warning)
         for snap in result.gone:
             warn(

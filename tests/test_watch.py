@@ -2251,13 +2251,13 @@ def test_a_backup_warning_of_a_watch_is_logged_once(tmp_path, repo, caplog, monk
     """The backup logged it, and the watcher logged it again, named (review 40 M1)."""
     import logging
 
-    import ckptvault.vault as vault_module
+    import ckptvault.ops.compact as compact_module
     from ckptvault.errors import CkptVaultError
 
     def compaction_fails(_repo):
         raise CkptVaultError("index compaction failed for the test")
 
-    monkeypatch.setattr(vault_module, "compact_index", compaction_fails)
+    monkeypatch.setattr(compact_module, "compact_index", compaction_fails)
     (tmp_path / "ckpts" / "step_1").mkdir(parents=True)
     (tmp_path / "ckpts" / "step_1" / "model.pt").write_bytes(b"weights")
     told: list[str] = []

@@ -24,6 +24,7 @@ from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import FileEntry, Snapshot, SnapshotSummary
 
 T = TypeVar("T")
+TreeLoader = Callable[[Snapshot], list[FileEntry]]  # a snapshot -> its tree (Vault.files)
 
 
 class SnapshotCatalog:

@@ -52,3 +52,13 @@ def compact_index(repo: Repository) -> int:
     repo.index_objects_absorbed(small)
     each(repo.delete_index, small)
     return len(small)
+
+
+def compact_or_warn(repo: Repository) -> list[str]:
+    """``compact_index`` after a backup or copy, under its lock: its snapshots are stored, so a failure to
+    compact the index objects is a warning (the next backup tries again), not the command's failure."""
+    try:
+        compact_index(repo)
+    except CkptVaultError as exc:
+        return [f"could not compact the vault's index objects ({exc}); the next backup tries again"]
+    return []

@@ -20,12 +20,12 @@ from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError,
 from ..repository import Repository
 from ..repository.pack import lies_whole_in
 from ..snapshot.model import FileEntry, Snapshot
+from .catalog import TreeLoader
 from .names import is_unfinished
 from .restore import file_hash
 from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hint
 
 LeftOut = Callable[[str], bool]  # a path in a snapshot -> whether its backup left that file out
-TreeLoader = Callable[[Snapshot], list[FileEntry]]  # a snapshot -> its tree
 Held = tuple[str, list[FileEntry], int]  # where a tree holds the local files: prefix, entries, files left out
 
 # Every file is compared by content: one that cannot be read leaves the answer unknown.
