@@ -55,10 +55,8 @@ from .codec import CompressionSettings
 from .crypto.keyfile import DEFAULT_KDF_COST, Keyfile, PassphraseSource, resolve_passphrase
 from .errors import (
     CkptVaultError,
-    CopyIncompleteError,
     RestoreIncompleteError,
     SnapshotNotFoundError,
-    SourceError,
     UsageError,
     VaultExistsError,
     spelled,
@@ -84,12 +82,13 @@ from .ops.catalog import (
     removed_meanwhile,
 )
 from .ops.check import CheckReport, run_check
-from .ops.compact import compact_or_warn
-from .ops.copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
+from .ops.copy import CopyResult
+from .ops.copy_session import copy_listed, copy_outcome
 from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
-from .ops.names import PIN_FOLDER, WATCH_SIG_TAG
+from .ops.leftover_pins import pins_folder
+from .ops.names import WATCH_SIG_TAG
 from .ops.open_or_create import deriving_ahead, open_existing, open_race_winner, say_created
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
@@ -154,13 +153,6 @@ def _open_only(method: Callable[Concatenate[Vault, P], R]) -> Callable[Concatena
         return method(self, *args, **kwargs)
 
     return checked
-
-
-def _lists_anything(folder: str) -> bool:
-    try:
-        return bool(os.listdir(folder))
-    except OSError:  # one that cannot be listed is no advice to give
-        return False
 
 
 def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
@@ -690,33 +682,21 @@ class Vault:
                 self._repo.reconcile_with_stored_packs()
             source._repo.load_index_as_stored()
             listed, unreadable = source._catalog.listing()  # the pair of one listing: another thread's may follow
-            chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source.url)
-            if chosen and source.config.encrypted and not self.config.encrypted and not dry_run:
-                warn(
-                    f"{source.url} is encrypted and {self.url} is not: the copies are stored unencrypted there "
-                    "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)"
-                )
-            result = run_copy(
+            result = copy_listed(
                 source._repo,
                 self._repo,
-                chosen,
+                listed,
+                unreadable,
+                specs,
+                tags,
+                urls=(source.url, self.url),
                 progress=on_progress,
                 before_commit=None if lock is None else functools.partial(_before_commit, lock, None),
                 dry_run=dry_run,
+                warn=warn,
             )
-            for warning in [] if dry_run else compact_or_warn(self._repo):
-                warn(warning)
-        for snap in result.gone:
-            warn(
-                f"snapshot {snap.short_id} was forgotten or retagged in {source.url} while the copy ran, and was "
-                "not copied (a retagged one has a new ID: the next copy takes it)"
-            )
-        if specs is None and not tags and not dry_run:  # all of them: a mirror, whose job must hear of a gap
-            result.failed.update(mirror_gaps(unreadable, self._repo))
-        if result.failed:
-            copied, already = len(result.copied), len(result.already_there)
-            raise CopyIncompleteError(source.url, self.url, result.failed, copied, already, result)
-        return result
+        mirror = specs is None and not tags and not dry_run  # all of them
+        return copy_outcome(result, unreadable, self._repo, urls=(source.url, self.url), mirror=mirror, warn=warn)
 
     @_open_only
     def stats(self) -> VaultStats:
@@ -940,19 +920,7 @@ class Vault:
         shipping)."""
         folder = path_arg("folder", folder)
         timeout = seconds_arg("timeout", timeout)
-        if not os.path.isdir(folder):  # a mistyped folder would ship nothing, and the resume pick an older save
-            raise SourceError(folder or '""', "no such directory", "give the folder the checkpoints were saved in")
-        folder = os.path.abspath(folder)
-        pins = folder if os.path.basename(folder) == PIN_FOLDER else os.path.join(folder, PIN_FOLDER)
-        beside = os.path.join(os.path.dirname(folder), PIN_FOLDER)
-        if not os.path.isdir(pins) and os.path.isdir(beside) and _lists_anything(beside):
-            # a checkpoint's own folder given (pins lie beside each source): shipping nothing, the resume
-            # would pick an older save without a word
-            self._warn(
-                f"{folder} holds no {PIN_FOLDER}, but the folder above it does: backup_async pins beside each "
-                "source, so a checkpoint folder's pins are there; to ship them: "
-                f"ship_leftover_pins({os.path.dirname(folder)!r})"
-            )
+        pins = pins_folder(folder, self._warn)
         shipper = self._async_shipper()
         handles = [shipper.submit(job) for job in leftover_jobs([pins], self.config.repo_id)]
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -31,9 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from ..errors import SourceError
 from ..localtree import remove_tree
 from ..repository.locks import pid_alive, process_table
 from . import pin as pins
+from .names import PIN_FOLDER
 from .pin import Pin
 
 JOB_KEY = "job"
@@ -300,3 +302,30 @@ def _claim(pin: Pin, job: JobRecord) -> None:
         pin.drop_owner_lock()
         raise
     pin.root = new_root
+
+
+def pins_folder(folder: str, warn: Callable[[str], None]) -> str:
+    """The pins folder that ``ship_leftover_pins(folder)`` ships: ``folder`` holds it (the folder the
+    checkpoints were saved in), or is it. A folder that is no directory is refused: a mistyped one would
+    ship nothing, and the resume pick an older save."""
+    if not os.path.isdir(folder):
+        raise SourceError(folder or '""', "no such directory", "give the folder the checkpoints were saved in")
+    folder = os.path.abspath(folder)
+    pins_here = folder if os.path.basename(folder) == PIN_FOLDER else os.path.join(folder, PIN_FOLDER)
+    beside = os.path.join(os.path.dirname(folder), PIN_FOLDER)
+    if not os.path.isdir(pins_here) and os.path.isdir(beside) and _lists_anything(beside):
+        # a checkpoint's own folder given (pins lie beside each source): shipping nothing, the resume
+        # would pick an older save without a word
+        warn(
+            f"{folder} holds no {PIN_FOLDER}, but the folder above it does: backup_async pins beside each "
+            "source, so a checkpoint folder's pins are there; to ship them: "
+            f"ship_leftover_pins({os.path.dirname(folder)!r})"
+        )
+    return pins_here
+
+
+def _lists_anything(folder: str) -> bool:
+    try:
+        return bool(os.listdir(folder))
+    except OSError:  # one that cannot be listed is no advice to give
+        return False

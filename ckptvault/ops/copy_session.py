@@ -1,0 +1,71 @@
+"""One copy between two vaults as ``Vault.copy_from`` runs it: under the locks the Vault takes, the
+snapshots chosen from the source's listing are copied and the destination's index compacted; after
+them, what the copy could not take is warned about or raised."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from ..errors import CkptVaultError, CopyIncompleteError
+from ..repository import Repository
+from ..snapshot.model import Snapshot
+from .compact import compact_or_warn
+from .copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
+from .progress import Progress
+
+Warn = Callable[[str], None]
+
+
+def copy_listed(
+    source: Repository,
+    dest: Repository,
+    listed: list[Snapshot],
+    unreadable: Mapping[str, CkptVaultError],
+    specs: Sequence[str | Snapshot] | None,
+    tags: dict[str, str],
+    *,
+    urls: tuple[str, str],
+    progress: Progress | None,
+    before_commit: Callable[[], None] | None,
+    dry_run: bool,
+    warn: Warn,
+) -> CopyResult:
+    """Copy what ``specs`` and ``tags`` choose of the source's listing (``listed`` and ``unreadable``,
+    of one listing). ``urls``: the source's and the destination's, as the warnings name them."""
+    source_url, dest_url = urls
+    chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source_url)
+    if chosen and source.config.encrypted and not dest.config.encrypted and not dry_run:
+        warn(
+            f"{source_url} is encrypted and {dest_url} is not: the copies are stored unencrypted there "
+            "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)"
+        )
+    result = run_copy(source, dest, chosen, progress=progress, before_commit=before_commit, dry_run=dry_run)
+    for warning in [] if dry_run else compact_or_warn(dest):
+        warn(warning)
+    return result
+
+
+def copy_outcome(
+    result: CopyResult,
+    unreadable: Mapping[str, CkptVaultError],
+    dest: Repository,
+    *,
+    urls: tuple[str, str],
+    mirror: bool,
+    warn: Warn,
+) -> CopyResult:
+    """``result``, once the snapshots gone meanwhile are warned about; CopyIncompleteError when one could
+    not be read, or (``mirror``: all of them were to be copied) the source holds a damaged one the
+    destination lacks: a mirror's job must hear of a gap."""
+    source_url, dest_url = urls
+    for snap in result.gone:
+        warn(
+            f"snapshot {snap.short_id} was forgotten or retagged in {source_url} while the copy ran, and was "
+            "not copied (a retagged one has a new ID: the next copy takes it)"
+        )
+    if mirror:
+        result.failed.update(mirror_gaps(unreadable, dest))
+    if result.failed:
+        copied, already = len(result.copied), len(result.already_there)
+        raise CopyIncompleteError(source_url, dest_url, result.failed, copied, already, result)
+    return result
