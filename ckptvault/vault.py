@@ -76,11 +76,7 @@ from .ops.async_backup import (
 )
 from .ops.backup import OnChange
 from .ops.backup_session import back_up
-from .ops.catalog import (
-    SnapshotCatalog,
-    refuse_gc_with_unreadable,
-    removed_meanwhile,
-)
+from .ops.catalog import SnapshotCatalog, refuse_gc_with_unreadable, removed_meanwhile
 from .ops.check import CheckReport, run_check
 from .ops.copy import CopyResult
 from .ops.copy_session import copy_listed, copy_outcome
@@ -115,7 +111,6 @@ log = logging.getLogger("ckptvault")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-T = TypeVar("T")
 
 # Lock objects are never held back by a bandwidth limit: a refresh queued behind a saturated upload
 # could let the lock go stale.
