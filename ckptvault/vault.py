@@ -313,7 +313,9 @@ class Vault:
             repo = open_existing(store, url, key, passphrase, create=create)
             if repo is not None:
                 return cls(repo, store.url)
-            return cls._open_or_create_race(url, store, storage_options, key, passphrase, limits, given_url is not None)
+            return cls._open_or_create_race(
+                url, store, storage_options, key, passphrase, limits, named=given_url is not None
+            )
 
     @classmethod
     def _open_or_create_race(
@@ -324,6 +326,7 @@ class Vault:
         key: Keyfile | None,
         passphrase: PassphraseSource,
         limits: RateLimits,
+        *,
         named: bool,
     ) -> Vault:
         """``open(create=True)`` where no vault is: create it, or open the one another process created
