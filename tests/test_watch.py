@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -533,7 +534,9 @@ def test_a_trainer_checkpoint_shipping_in_place_deleted_before_its_trainer_state
         watch.wait_for(lambda: any("not in the vault" in line for line in watch.err), what="the lost warning")
         assert watch.finish() == 3, watch.err
     err = "\n".join(watch.err)
-    assert "checkpoint-100: it was deleted before it shipped; it was shipping in place" in err, err
+    # rmtree removes the file, then the folder: a look between the two sees files of it deleted
+    said = r"checkpoint-100: (it was|files of it were) deleted before it shipped; it was shipping in place"
+    assert re.search(said, err), err
     assert "before it was complete" not in err, err
 
 
