@@ -62,7 +62,7 @@ from .errors import (
     spelled,
 )
 from .location import default_repo_url, metadata_cache_root, refuse_local_non_vault_folder
-from .ops import keys
+from .ops import keyfiles
 from .ops.async_backup import (
     AsyncShipper,
     BackupHandle,
@@ -199,7 +199,7 @@ class Vault:
         rewritten to weaker ones is refused, docs/security.md). ``kdf_cost``: log2 of scrypt's N
         (14..24; 17 takes ~0.3 s and 128 MiB). Keep a copy of it elsewhere: without it, and its
         passphrase, an encrypted vault cannot be read by anyone."""
-        return keys.generate_keyfile(path_arg("path", path), passphrase, kdf_cost)
+        return keyfiles.generate_keyfile(path_arg("path", path), passphrase, kdf_cost)
 
     @staticmethod
     def change_keyfile_passphrase(
@@ -216,7 +216,7 @@ class Vault:
         key = keyfile_arg(keyfile)
         if key is None or not key.path:
             raise wrong_arg("keyfile", keyfile, "a keyfile's path (str or pathlib.Path), or a Keyfile loaded from one")
-        return keys.change_passphrase(key, key.path, passphrase, new_passphrase, kdf_cost)
+        return keyfiles.change_passphrase(key, key.path, passphrase, new_passphrase, kdf_cost)
 
     # ---- opening -----------------------------------------------------------------------
 

@@ -59,7 +59,7 @@ from ..units import format_bytes
 from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER, is_unfinished, source_name
-from .pin import Pin
+from .pin import ROOM_FOR_A_SAVE, Pin
 from .scan import NO_EXCLUDES, Excludes, check_sources, refuse_sources_in_vault, scan_sources, source_names
 
 log = logging.getLogger("ckptvault")
@@ -72,7 +72,6 @@ DEFAULT_MAX_PENDING = 2
 DEFAULT_EXIT_TIMEOUT = 600.0
 STARVED_AFTER = 3  # saves of one file in a row rewritten in place before they shipped: an ERROR says so
 SHIPPING_NICENESS = 10  # how much lower than the training thread's the shipping threads' CPU priority is
-ROOM_FOR_A_SAVE = 1.5  # free room kept on the checkpoints' disk: this many times the newest checkpoint's size
 ROOM_LOOK_S = 0.5  # how often the free room is looked at while pinned backups wait
 
 

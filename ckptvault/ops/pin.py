@@ -52,7 +52,7 @@ IN_PLACE = "-in-place"  # the name's end of a stand-in pin (``stand_in``: never 
 OWNER_LOCK = "owner.lock"  # a POSIX lock on it is held by the process that owns the pin, while it lives
 
 Signature = tuple[tuple[str, ...], ...]
-Waiting = TypeVar("Waiting")  # what holds pins waiting to ship: a watched checkpoint, a queued backup
+PinHolder = TypeVar("PinHolder")  # what holds pins waiting to ship: a watched checkpoint, a queued backup
 Excluded = Callable[[str, bool], bool]  # (path relative to the pinned source, is a folder) -> left out
 
 
@@ -129,6 +129,10 @@ def bytes_of(sig: Signature) -> int:
     return sum(size for _, size, _ in files_of(sig))
 
 
+# Free room kept on the checkpoints' disk, in saves: this many times the size of the next save expected.
+ROOM_FOR_A_SAVE = 1.5
+
+
 def free_bytes(folder: str) -> int | None:
     """Room left for an unprivileged writer (the trainer) on ``folder``'s disk; None when it cannot be told."""
     try:
@@ -141,9 +145,9 @@ def free_bytes(folder: str) -> int | None:
 def make_room(
     free: int,
     needed: float,
-    waiting: Iterable[Waiting],
-    held: Callable[[Waiting], int],
-    drop: Callable[[Waiting, int, int], bool],
+    waiting: Iterable[PinHolder],
+    held: Callable[[PinHolder], int],
+    drop: Callable[[PinHolder, int, int], bool],
 ) -> int:
     """Drop pins waiting to ship, in the order given (oldest first), until ``free`` bytes reach ``needed``:
     the one rule of the watcher and of ``backup_async`` for leaving the trainer room for its next save.

@@ -164,8 +164,9 @@ class Watcher:
             warn_once=self._warn_once,
             release=self._release,
         )
+        self._retry_after = RETRY_AFTER  # the delays before each try again, as the module gives them now
         self._shipped = ShippedIndex(
-            shipped_digests, once=options.once, retry_s=RETRY_AFTER[0], warn_once=self._warn_once
+            shipped_digests, once=options.once, retry_s=self._retry_after[0], warn_once=self._warn_once
         )
         self._scanned_at = 0.0
         self._finished: queue.SimpleQueue[tuple[Candidate, BackupJob]] = queue.SimpleQueue()
@@ -195,7 +196,7 @@ class Watcher:
             on_warning=self._on_warning,
             report_lost=self._report_lost,
             release=self._release,
-            pin_retry_s=RETRY_AFTER[0],
+            pin_retry_s=self._retry_after[0],
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -716,7 +717,7 @@ class Watcher:
             else:
                 cand.failures += 1
                 cand.state = "failed"
-                delay = RETRY_AFTER[min(cand.failures, len(RETRY_AFTER)) - 1]
+                delay = self._retry_after[min(cand.failures, len(self._retry_after)) - 1]
                 cand.retry_at = time.monotonic() + delay
                 if isinstance(outcome, CkptVaultError):
                     cand.error = outcome

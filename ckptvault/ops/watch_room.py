@@ -14,7 +14,6 @@ from collections.abc import Callable
 from ..errors import CheckpointLostError, spelled
 from ..units import format_bytes
 from . import pin as pins
-from .async_backup import ROOM_FOR_A_SAVE
 from .watch_candidate import Candidate, ReportLost, step_of
 
 LOW_DISK_SAVES = 8  # saves of the largest waiting checkpoint the pins' disk has room for, under which a backlog is said
@@ -56,7 +55,7 @@ class DiskRoom:
 
     def make_room(self, now: float) -> None:
         """When the checkpoints' disk holds the pins and has less room than the largest checkpoint
-        waiting takes (x ``ROOM_FOR_A_SAVE``), the oldest waiting checkpoints the trainer already deleted
+        waiting takes (x ``pins.ROOM_FOR_A_SAVE``), the oldest waiting checkpoints the trainer already deleted
         are dropped, unshipped, until it has (``pins.make_room``): as ``backup_async`` coalesces a full
         queue. Never the newest waiting one, nor the newest complete one (a save being written may be the
         newest), the one shipping, or one still in the folder (its pin frees nothing, and it would never
@@ -79,7 +78,7 @@ class DiskRoom:
                 return 0
             return pins.bytes_held(cand.pin)
 
-        pins.make_room(free, ROOM_FOR_A_SAVE * largest, waiting, held, self._drop)
+        pins.make_room(free, pins.ROOM_FOR_A_SAVE * largest, waiting, held, self._drop)
 
     def _largest_checkpoint(self) -> int:
         """Bytes of the largest checkpoint known: what the trainer's next save may need."""
