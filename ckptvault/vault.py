@@ -75,11 +75,11 @@ from .ops.async_backup import (
     staging_folder,
 )
 from .ops.backup import OnChange
-from .ops.backup_session import back_up
+from .ops.backup_session import vault_backup
 from .ops.catalog import SnapshotCatalog, refuse_gc_with_unreadable, removed_meanwhile
 from .ops.check import CheckReport, run_check
 from .ops.copy import CopyResult
-from .ops.copy_session import copy_listed, copy_outcome
+from .ops.copy_session import copy_listed, finish_copy
 from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
@@ -524,7 +524,7 @@ class Vault:
         with self._backup_mutex, self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
             self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
             self._repo.reconcile_when_due()  # reuse what a killed backup uploaded; not what is gone
-            result = back_up(
+            result = vault_backup(
                 self._repo,
                 self.snapshots(),
                 self.files,
@@ -694,7 +694,7 @@ class Vault:
                 warn=warn,
             )
         mirror = specs is None and not tags and not dry_run  # all of them
-        return copy_outcome(result, unreadable, self._repo, urls=(source.url, self.url), mirror=mirror, warn=warn)
+        return finish_copy(result, unreadable, self._repo, urls=(source.url, self.url), mirror=mirror, warn=warn)
 
     @_open_only
     def stats(self) -> VaultStats:

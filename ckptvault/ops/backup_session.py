@@ -18,7 +18,7 @@ from .progress import Progress
 from .scan import Excludes
 
 
-def back_up(
+def vault_backup(
     repo: Repository,
     snapshots: list[Snapshot],
     load_tree: TreeLoader,

@@ -45,7 +45,7 @@ def copy_listed(
     return result
 
 
-def copy_outcome(
+def finish_copy(
     result: CopyResult,
     unreadable: Mapping[str, CkptVaultError],
     dest: Repository,
