@@ -13,8 +13,6 @@ from .compact import compact_or_warn
 from .copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
 from .progress import Progress
 
-Warn = Callable[[str], None]
-
 
 def copy_listed(
     source: Repository,
@@ -28,7 +26,7 @@ def copy_listed(
     progress: Progress | None,
     before_commit: Callable[[], None] | None,
     dry_run: bool,
-    warn: Warn,
+    warn: Callable[[str], None],
 ) -> CopyResult:
     """Copy what ``specs`` and ``tags`` choose of the source's listing (``listed`` and ``unreadable``,
     of one listing). ``urls``: the source's and the destination's, as the warnings name them."""
@@ -52,7 +50,7 @@ def finish_copy(
     *,
     urls: tuple[str, str],
     mirror: bool,
-    warn: Warn,
+    warn: Callable[[str], None],
 ) -> CopyResult:
     """``result``, once the snapshots gone meanwhile are warned about; CopyIncompleteError when one could
     not be read, or (``mirror``: all of them were to be copied) the source holds a damaged one the

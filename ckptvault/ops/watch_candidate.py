@@ -56,6 +56,7 @@ class Done:
     look_s: float = 0.0  # how long that comparison took (its share of LOOK_INSIDE_SHARE)
 
 
+SignatureOf = Callable[[pins.Pin], pins.Signature]  # what a pin (in place: its source) holds
 WarnOnce = Callable[[tuple[str, str], str], None]  # says a message once for its key, until that stage succeeds
 # says a checkpoint will never ship: (it, its step, why: "dropped" or "deleted", the error of the run)
 ReportLost = Callable[[Candidate, int | None, str, CheckpointLostError], None]
@@ -118,7 +119,7 @@ def temporary_activity(pin: pins.Pin) -> pins.Signature:
     return tuple(sorted(out))
 
 
-def unchanged(signature: Callable[[pins.Pin], pins.Signature], pin: pins.Pin, sig: pins.Signature) -> bool:
+def unchanged(signature: SignatureOf, pin: pins.Pin, sig: pins.Signature) -> bool:
     """Whether the pin's files (in place: the source's) are as ``sig`` recorded them."""
     try:
         return signature(pin) == sig

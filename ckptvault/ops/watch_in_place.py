@@ -19,6 +19,7 @@ from .watch_candidate import (
     Candidate,
     Done,
     ReportLost,
+    SignatureOf,
     WarnOnce,
     file_paths,
     stat_if_same,
@@ -26,8 +27,6 @@ from .watch_candidate import (
     temporary_activity,
     unchanged,
 )
-
-SignatureOf = Callable[[pins.Pin], pins.Signature]  # what a pin (in place: its source) holds
 
 
 class InPlaceShipping:
