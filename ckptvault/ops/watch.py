@@ -190,7 +190,6 @@ class Watcher:
             vault=self._vault,
             excluded=self._excluded,
             signature=self._signature,
-            candidates=self._candidates,
             done=self._done,
             warn_once=self._warn_once,
             on_warning=self._on_warning,
@@ -427,12 +426,12 @@ class Watcher:
             self._unpinned[name] = SourceError(path, f"cannot pin it: {exc.strerror or exc}")
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
-            elif (
-                self._shipped.readable()  # a shipped one is not read again
-                and self._in_place.start(name, path, st, now, exc)
-            ):
-                self._unpinned.pop(name, None)  # it ships in place
-                self._warned.discard(("pin", name))
+            elif self._shipped.readable():  # a shipped one is not read again
+                cand = self._in_place.start(name, path, st, now, exc)
+                if cand is not None:  # it ships in place
+                    self._candidates[cand.pin.pin_id] = cand
+                    self._unpinned.pop(name, None)
+                    self._warned.discard(("pin", name))
             return
         self._warned.discard(("pin", name))
         self._unpinned.pop(name, None)
@@ -527,7 +526,11 @@ class Watcher:
                     sig = self._signature(cand.pin)
                     if self._in_place.cut_down(cand, sig):  # before a pin of what is left
                         continue
-                    self._in_place.pin_after_all(cand, now)
+                    pinned = self._in_place.pin_after_all(cand, now)
+                    if pinned is not None:
+                        del self._candidates[cand.pin.pin_id]
+                        cand.pin = pinned
+                        self._candidates[pinned.pin_id] = cand
                 if not cand.pin.in_place:  # pinned, maybe just now
                     pins.sync(cand.pin)
                     self._warn_if_copied(cand.pin)

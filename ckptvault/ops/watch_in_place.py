@@ -30,8 +30,8 @@ from .watch_candidate import (
 
 
 class InPlaceShipping:
-    """Adds checkpoints shipping in place to the watcher's ``candidates``, pins them once there is room,
-    and says which were lost; ``release`` forgets one (the watcher's)."""
+    """Checkpoints shipping in place: starts them, pins them once there is room, and says which were lost;
+    ``release`` forgets one (the watcher's)."""
 
     def __init__(
         self,
@@ -40,7 +40,6 @@ class InPlaceShipping:
         vault: tuple[int, int] | None,
         excluded: pins.Excluded | None,
         signature: SignatureOf,
-        candidates: dict[str, Candidate],
         done: dict[str, Done],
         warn_once: WarnOnce,
         on_warning: Callable[[str], None],
@@ -52,7 +51,6 @@ class InPlaceShipping:
         self._vault = vault
         self._excluded = excluded
         self._signature = signature
-        self._candidates = candidates
         self._done = done
         self._warn_once = warn_once
         self._on_warning = on_warning
@@ -60,17 +58,17 @@ class InPlaceShipping:
         self._release = release
         self._pin_retry_s = pin_retry_s  # how often pinning it is tried again
 
-    def start(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> bool:
-        """``path`` could not be pinned (``exc``): it ships in place from now on. False when it went or
-        was replaced meanwhile: the next poll sees what is there now."""
+    def start(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> Candidate | None:
+        """``path`` could not be pinned (``exc``): it ships in place from now on, as the candidate returned.
+        None when it went or was replaced meanwhile: the next poll sees what is there now."""
         try:
             pin = pins.stand_in(path, self._pins_dir, excluded=self._excluded)
             # what it holds, before the user is told not to delete it: a file deleted after that is a loss
             sig = self._signature(pin) + temporary_activity(pin)
         except OSError:
-            return False  # deleted or changed between the look and now
+            return None  # deleted or changed between the look and now
         if pin.source_ino != st.st_ino:
-            return False  # replaced meanwhile
+            return None  # replaced meanwhile
         reason = exc.strerror or str(exc)
         self._warn_once(
             ("in place", name),
@@ -78,31 +76,28 @@ class InPlaceShipping:
             f"free space on the disk of {self._pins_dir}, or give {spelled('--state-dir', 'state_dir')} on "
             "another disk, where pins are copies)",
         )
-        self._candidates[pin.pin_id] = Candidate(
+        return Candidate(
             pin=pin, seen=now, last_change=now, sig=sig, unpinned=reason, pin_retry_at=now + self._pin_retry_s
         )
-        return True
 
-    def pin_after_all(self, cand: Candidate, now: float) -> None:
-        """A checkpoint shipping in place is pinned once there is room (tried every few seconds)."""
+    def pin_after_all(self, cand: Candidate, now: float) -> pins.Pin | None:
+        """The pin of a checkpoint shipping in place, once there is room (tried every few seconds)."""
         if now < cand.pin_retry_at:
-            return
+            return None
         cand.pin_retry_at = now + self._pin_retry_s
         try:
             pin = pins.create(cand.pin.source, self._pins_dir, skip_dir=self._vault, excluded=self._excluded)
         except OSError:
-            return  # still no room; or gone, which the next look names
+            return None  # still no room; or gone, which the next look names
         if pin.source_ino != cand.pin.source_ino:
             pin.release()  # replaced meanwhile: the next look says so
-            return
+            return None
         sig = self._signature(pin)
         if file_paths(cand.sig) - file_paths(sig):  # files went while it was being pinned
             pin.release()  # before cut_down's release, which makes the staging folder again
             self.cut_down(cand, sig)
-            return
-        del self._candidates[cand.pin.pin_id]
-        cand.pin = pin
-        self._candidates[pin.pin_id] = cand
+            return None
+        return pin
 
     def lost(self, cand: Candidate, what: str) -> None:
         """What is left of it (a folder cut down) is remembered as shipped: not a new checkpoint."""
