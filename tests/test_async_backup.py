@@ -3,6 +3,7 @@ documented policy, surfaces every failure, and flushes at interpreter exit withi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -185,6 +186,58 @@ def test_making_room_never_drops_the_newest_waiting_backup_nor_one_submitted_wit
     assert "to leave the trainer room for its next save" in str(handles[3].exception(timeout=0))
     vault.flush(timeout=120)
     assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2", "4"]
+    holder.close()
+
+
+def test_a_backup_that_starts_while_room_is_made_is_not_dropped(tmp_path, repo_url, vault, monkeypatch, caplog):
+    """Making room looks at the waiting backups, then drops them one by one: one the worker took meanwhile
+    is running, and is left to ship (it is no longer in the queue to take it out of)."""
+    monkeypatch.setattr(async_backup.pins_module, "free_bytes", lambda folder: 0)
+    real_held = async_backup._held_by_deleted
+    lock = contextlib.ExitStack()
+
+    def started_meanwhile(job):
+        if threading.current_thread() is not threading.main_thread():
+            return 0  # the room keeper drops nothing here
+        lock.close()  # the prune ends: the first backup ships, and the worker takes this one
+        wait_until(job.future.running)
+        return real_held(job)
+
+    holder = Vault.open(repo_url)
+    with caplog.at_level(logging.WARNING, logger="ckptvault.shipping"):
+        lock.enter_context(holder._repo.locks.acquire(exclusive=True))
+        vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"step": "1"})
+        wait_until(lambda: any("is locked" in r.getMessage() for r in caplog.records))
+        for step in (2, 3):
+            ckpt = make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step)
+            if step == 3:
+                monkeypatch.setattr(async_backup, "_held_by_deleted", started_meanwhile)
+            vault.backup_async(ckpt, tags={"step": str(step)})
+            shutil.rmtree(ckpt)
+    vault.flush(timeout=120)
+    assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2", "3"]
+    holder.close()
+
+
+def test_a_disk_short_of_room_is_said_once_and_again_once_it_had_room(tmp_path, repo_url, vault, monkeypatch, caplog):
+    """Backups submitted with "block" are never dropped for room: a disk short of it is said once, however
+    many saves follow, and said again only once it had room in between."""
+    free = {"bytes": 0}
+    monkeypatch.setattr(async_backup.pins_module, "free_bytes", lambda folder: free["bytes"])
+    vault.configure_async(max_pending=8)
+    holder = Vault.open(repo_url)
+    with holder._repo.locks.acquire(exclusive=True), caplog.at_level(logging.WARNING, logger="ckptvault"):
+        vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"step": "1"}, on_full="block")
+        wait_until(lambda: any("is locked" in r.getMessage() for r in caplog.records))
+        for step, room in ((2, 0), (3, 0), (4, 10**12), (5, 0), (6, 0)):
+            free["bytes"] = room
+            ckpt = make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step, 50_000)
+            vault.backup_async(ckpt, tags={"step": str(step)}, on_full="block")
+            time.sleep(0.2)  # the room keeper may look too
+        told = [r for r in caplog.records if "its next save may fail" in r.getMessage()]
+    assert len(told) == 2, [r.getMessage() for r in told]
+    vault.flush(timeout=120)
+    assert len(vault.snapshots()) == 6
     holder.close()
 
 

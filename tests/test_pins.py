@@ -179,3 +179,22 @@ def test_making_room_drops_the_oldest_that_free_something_until_there_is_enough(
     assert dropped == [("b", 10, 30), ("c", 40, 50), ("d", 40, 40)]
     assert asked == ["a", "b", "c", "d"] and free == 80
     assert pins.make_room(100, 75, ["a"], held_by, drop) == 100 and asked[-1] == "d"
+
+
+def test_making_room_stops_as_soon_as_the_room_is_exactly_what_a_save_needs():
+    """Room equal to what the save needs is room enough: the next oldest pin is neither asked about nor
+    dropped (dropping it would lose an unshipped checkpoint for nothing)."""
+    dropped: list[str] = []
+    asked: list[str] = []
+
+    def held_by(name: str) -> int:
+        asked.append(name)
+        return 30
+
+    def drop(name: str, free: int, freed: int) -> bool:
+        dropped.append(name)
+        return True
+
+    assert pins.make_room(10, 40, ["a", "b", "c"], held_by, drop) == 40
+    assert dropped == ["a"] and asked == ["a"]
+    assert pins.make_room(40, 40, ["a"], held_by, drop) == 40 and dropped == ["a"]

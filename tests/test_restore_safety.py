@@ -129,6 +129,21 @@ def test_size_that_disagrees_with_chunks_is_refused(backed_up, tmp_path: Path):
         f.read()  # the random-access reader, which hashes no whole file, checks the sizes as the restore does
 
 
+def test_a_bad_file_in_a_folder_the_target_lacks_is_refused_before_anything_is_written(vault: Vault, tmp_path: Path):
+    """The plan checks every file's chunks, also those below a folder the target does not have yet (whose
+    place it no longer looks up): a bad one fails the restore before it writes anything."""
+    src = tmp_path / "src"
+    (src / "shards").mkdir(parents=True)
+    (src / "config.json").write_text('{"a": 1}')
+    (src / "shards" / "rank0.pt").write_bytes(os.urandom(100_000))
+    snap = vault.backup(src)
+    entries = [replace(e, size=e.size + 1) if e.path == "shards/rank0.pt" else e for e in vault.files(snap)]
+    crafted = plant_tree(vault, snap, entries)
+    with pytest.raises(MalformedObjectError, match=r"shards/rank0\.pt"):
+        vault.restore(crafted, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
 def test_rerun_skips_correct_files_and_refuses_to_clobber(backed_up, tmp_path: Path):
     vault, src, snap = backed_up
     target = tmp_path / "target"
@@ -465,6 +480,28 @@ def test_a_file_whose_chunks_verify_but_whose_whole_hash_does_not_is_not_written
     assert not (target / "weights.bin").exists()
     assert (target / "config.json").read_text() == '{"a": 1}'
     assert not [p for p in target.rglob("*") if ".ckptvault-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("tamper", ["wrong file hash", "chunks reordered"])
+def test_read_file_refuses_a_file_whose_chunks_verify_but_whose_whole_hash_does_not(
+    vault: Vault, tmp_path: Path, tamper
+):
+    """``read_file`` checks each chunk against its ID, and the file as a whole after its last chunk, as a
+    restore does: a tree naming the right chunks in the wrong order (or the wrong hash) is refused."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(os.urandom(2 << 20))
+    snap = vault.backup(src)
+    entries = vault.files(snap)
+    (victim,) = [e for e in entries if e.type == "file"]
+    assert len(set(victim.chunks)) >= 2
+    if tamper == "wrong file hash":
+        bad = replace(victim, blake3="00" * 32)
+    else:
+        bad = replace(victim, chunks=[*victim.chunks[1:], victim.chunks[0]])
+    crafted = plant_tree(vault, snap, [bad if e is victim else e for e in entries])
+    with pytest.raises(IntegrityError, match=r"weights\.bin: bytes do not match the snapshot's file hash"):
+        b"".join(vault.read_file(crafted, "weights.bin"))
 
 
 @pytest.mark.parametrize(("encrypted", "impostor"), [(False, "random"), (True, "random"), (True, "zeros")])

@@ -7,6 +7,7 @@ SIGTERM, SIGKILL and restarts."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -709,6 +710,29 @@ def test_a_storage_outage_at_start_is_waited_out_while_checkpoints_are_pinned(tm
         assert not faultyfs.FAULTS["list:/snapshots"], "the outage was not waited out"
 
 
+def test_a_once_run_fails_on_a_storage_outage_at_start_instead_of_waiting_it_out(tmp_path, monkeypatch):
+    """``once``: one look, now; the list of what was shipped cannot load (the storage is down), so it fails
+    with the storage's error (cron tries again later) instead of waiting for the storage to answer."""
+    from ckptvault.errors import StorageError
+    from ckptvault.ops import watch as watch_module
+    from tests.support import faultyfs
+
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "1")
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.01")
+    monkeypatch.setattr(watch_module, "RETRY_AFTER", (0.3, 0.3, 0.3, 0.3))
+    url = f"faulty://once-outage-{os.getpid()}-{time.monotonic_ns()}"
+    Vault.init(url).close()
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "step_1").mkdir(parents=True)
+    (ckpts / "step_1" / "model.pt").write_bytes(b"weights" * 1000)
+    monkeypatch.setitem(faultyfs.FAULTS, "list:/snapshots", list("TTTT"))  # two loads fail, the third works
+    shipped: list = []
+    with Vault.open(url) as vault:
+        with pytest.raises(StorageError) as raised:
+            vault.watch(str(ckpts), once=True, settle=0.2, interval=0.05, on_shipped=shipped.append)
+        assert raised.value.retryable and shipped == []
+
+
 def test_a_state_folder_that_cannot_be_made_is_a_one_line_error(cli, tmp_path: Path):
     from tests.test_cli import one_line_error
 
@@ -1310,6 +1334,23 @@ def test_a_trainer_checkpoint_without_its_trainer_state_waits_for_it(tmp_path, r
     assert not os.listdir(ckpts / ".ckptvault-watch" / "pins")
     with Vault.open(repo) as vault:
         assert sorted(s.tags["step"] for s in vault.snapshots({"run": "t"})) == ["100", "200"]
+
+
+def test_a_trainer_checkpoint_whose_trainer_state_the_patterns_leave_out_ships_without_it(tmp_path, repo, cli):
+    """A checkpoint-N waits for its trainer_state.json, but not one the user's --exclude leaves out: that
+    file is never coming, and waiting for it would ship nothing, ever."""
+    ckpts = tmp_path / "ckpts"
+    for step in (100, 200):
+        folder = ckpts / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(os.urandom(10_000))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=x", "--once", "--settle", "0.2")
+    out = cli(*args, "--exclude", "trainer_state.json").stdout.decode()
+    assert "shipped checkpoint-100" in out and "shipped checkpoint-200" in out, out
+    with Vault.open(repo) as vault:
+        for snap in vault.snapshots({"run": "x"}):
+            assert [e.path for e in vault.files(snap) if e.type == "file"] == ["model.safetensors"]
 
 
 def test_a_file_checkpoint_cut_short_by_a_killed_trainer_waits_and_never_becomes_latest(tmp_path, repo, cli):
@@ -2147,7 +2188,7 @@ def test_a_settled_pin_waiting_behind_an_upload_is_looked_at_once_a_second(tmp_p
         cand.pin.release()
 
 
-@pytest.mark.parametrize("case", ["plenty_free", "freed_late", "newest_being_written"])
+@pytest.mark.parametrize("case", ["plenty_free", "freed_late", "short_of_half_a_save", "newest_being_written"])
 def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
     """Review of the first version: a 10 % floor dropped every deleted checkpoint on a big volume 91 % full of
     other data with hundreds of GB free; re-reading statvfs after each drop dropped them all where space is
@@ -2173,7 +2214,8 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
         watcher._settle(time.monotonic())
         max(watcher._candidates.values(), key=lambda c: c.pin.pin_id).last_change = now  # still growing
     vfs = collections.namedtuple("vfs", "f_frsize f_blocks f_bavail")
-    free_blocks = {"plenty_free": 90_000_000, "freed_late": 244, "newest_being_written": 0}[case]
+    blocks = {"plenty_free": 90_000_000, "freed_late": 244, "short_of_half_a_save": 300, "newest_being_written": 0}
+    free_blocks = blocks[case]
     real = os.statvfs
     monkeypatch.setattr(
         os, "statvfs", lambda p: vfs(4096, 1_000_000_000, free_blocks) if str(ckpts) in str(p) else real(p)
@@ -2184,10 +2226,103 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
         assert dropped == []  # 368 GB free: room for any save of 1 MB
     elif case == "freed_late":
         assert dropped == ["step_1.pt"]  # 1 MB freed (counted at once) + 1 MB free >= 1.5 MB
+    elif case == "short_of_half_a_save":
+        assert dropped == ["step_1.pt"]  # 1.2 MB free: room for the save itself, not for 1.5 times it
     else:
         assert dropped == ["step_1.pt", "step_2.pt"], dropped  # step_3, the newest complete save, is kept
     for cand in list(watcher._candidates.values()):
         cand.pin.release()
+
+
+@pytest.mark.parametrize("case", ["only_two_waiting", "older_still_in_the_folder"])
+def test_making_room_keeps_what_dropping_would_not_help(tmp_path, monkeypatch, case):
+    """On a disk with no room at all: with only two checkpoints waiting, neither is dropped (the newest, and
+    the newest complete one, may be a save being written and the one a resume needs); and a checkpoint still
+    in the folder is never dropped, even one whose pin holds a file the trainer replaced there (its pin
+    would free that file, but the checkpoint would be pinned again and never ship)."""
+    import collections
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watcher = _hand_driven_watcher(ckpts, 0.5)
+    watcher._room._beside_checkpoints = True
+    steps = (1, 2) if case == "only_two_waiting" else (1, 2, 3, 4)
+    for step in steps:
+        (ckpts / f"step_{step}").mkdir()
+        (ckpts / f"step_{step}" / "model.pt").write_bytes(os.urandom(1_000_000))
+        watcher._scan(time.monotonic())
+        time.sleep(0.01)
+    watcher._settle(time.monotonic())  # what each holds: the largest says what a save needs
+    if case == "only_two_waiting":
+        shutil.rmtree(ckpts / "step_1")
+    else:  # step_1's file is saved again by a rename: the folder is still there, its pin holds the old file
+        (ckpts / "step_1" / "new.tmp").write_bytes(os.urandom(1_000_000))
+        os.replace(ckpts / "step_1" / "new.tmp", ckpts / "step_1" / "model.pt")
+        for step in (2, 3):
+            shutil.rmtree(ckpts / f"step_{step}")
+    vfs = collections.namedtuple("vfs", "f_frsize f_blocks f_bavail")
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: vfs(4096, 1_000_000_000, 0) if str(ckpts) in str(p) else real(p))
+    watcher._room.make_room(time.monotonic() + 60)  # all settled
+    assert watcher.result.dropped == ([] if case == "only_two_waiting" else ["step_2", "step_3"])
+    for cand in list(watcher._candidates.values()):
+        cand.pin.release()
+
+
+def test_making_room_releases_a_pin_an_earlier_run_shipped_without_calling_it_lost(tmp_path, monkeypatch):
+    """A pin adopted from an earlier run whose snapshot the vault already holds is released to make room:
+    nothing is lost, so it is neither counted as dropped nor said as lost."""
+    import collections
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    warnings: list[str] = []
+    watcher = _hand_driven_watcher(ckpts, 0.5, warnings.append)
+    watcher._room._beside_checkpoints = True
+    for step in (1, 2, 3, 4):
+        (ckpts / f"step_{step}.pt").write_bytes(os.urandom(1_000_000))
+        watcher._scan(time.monotonic())
+        time.sleep(0.01)
+    watcher._settle(time.monotonic())
+    first = min(watcher._candidates.values(), key=lambda c: c.pin.pin_id)
+    watcher._shipped.add(first.pin.name, watcher._digest(watcher._signature(first.pin)))  # shipped before
+    for step in (1, 2, 3):
+        (ckpts / f"step_{step}.pt").unlink()
+    vfs = collections.namedtuple("vfs", "f_frsize f_blocks f_bavail")
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: vfs(4096, 1_000_000_000, 244) if str(ckpts) in str(p) else real(p))
+    watcher._room.make_room(time.monotonic() + 60)
+    assert watcher.result.dropped == [] and not any("step_1" in w for w in warnings), warnings
+    assert sorted(c.pin.name for c in watcher._candidates.values()) == ["step_2.pt", "step_3.pt", "step_4.pt"]
+    for cand in list(watcher._candidates.values()):
+        cand.pin.release()
+
+
+def test_a_checkpoint_pinned_after_shipping_in_place_is_known_by_its_pin(tmp_path, monkeypatch):
+    """Shipping in place, a checkpoint is pinned once the disk has room again: from then on the watcher knows
+    it by that pin alone (its stand-in is forgotten), so shipping or dropping it forgets it for good."""
+    from ckptvault.ops import pin as pins
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "step_100.pt").write_bytes(os.urandom(100_000))
+    watcher = _hand_driven_watcher(ckpts, 60)
+    watcher._shipped.start_loading()
+    assert watcher._shipped.loaded.wait(10)
+    real = pins.create
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pins, "create", disk_full)
+    watcher._scan(time.monotonic())
+    (cand,) = watcher._candidates.values()
+    assert cand.pin.in_place
+    monkeypatch.setattr(pins, "create", real)  # room again
+    watcher._settle(cand.pin_retry_at)
+    assert not cand.pin.in_place and list(watcher._candidates) == [cand.pin.pin_id]
+    watcher._release(cand)
+    assert watcher._candidates == {} and not os.path.exists(cand.pin.root)
 
 
 def test_the_cli_says_what_it_dropped_to_make_room_and_exits_3(tmp_path):
