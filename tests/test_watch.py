@@ -679,22 +679,31 @@ def test_a_local_error_while_pinning_is_warned_once_and_the_checkpoint_ships_onc
     assert_each_shipped_once(repo, [100], "e")
 
 
-def test_a_storage_outage_at_start_is_waited_out_while_checkpoints_are_pinned(tmp_path, monkeypatch):
-    # the list of what was shipped could not load: the sidecar died, and rotation then deleted checkpoints
-    import threading
-
+def _a_vault_whose_listing_fails_at_first(tmp_path: Path, monkeypatch, name: str) -> tuple[str, Path]:
+    """A vault on the faulty store whose snapshot listing fails for its first two loads (an outage), the
+    watch's retries 0.3 s apart, and a folder with one checkpoint to ship."""
     from ckptvault.ops import watch as watch_module
     from tests.support import faultyfs
 
     monkeypatch.setenv("CKPTVAULT_RETRIES", "1")
     monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.01")
     monkeypatch.setattr(watch_module, "RETRY_AFTER", (0.3, 0.3, 0.3, 0.3))
-    url = f"faulty://outage-{os.getpid()}-{time.monotonic_ns()}"
+    url = f"faulty://{name}-{os.getpid()}-{time.monotonic_ns()}"
     Vault.init(url).close()
     ckpts = tmp_path / "ckpts"
     (ckpts / "step_1").mkdir(parents=True)
     (ckpts / "step_1" / "model.pt").write_bytes(b"weights" * 1000)
     monkeypatch.setitem(faultyfs.FAULTS, "list:/snapshots", list("TTTT"))  # two loads fail, the third works
+    return url, ckpts
+
+
+def test_a_storage_outage_at_start_is_waited_out_while_checkpoints_are_pinned(tmp_path, monkeypatch):
+    # the list of what was shipped could not load: the sidecar died, and rotation then deleted checkpoints
+    import threading
+
+    from tests.support import faultyfs
+
+    url, ckpts = _a_vault_whose_listing_fails_at_first(tmp_path, monkeypatch, "outage")
     stop, shipped, warnings = threading.Event(), [], []
     with Vault.open(url) as vault:
         kwargs = dict(interval=0.05, settle=0.2, stop=stop, on_shipped=shipped.append, on_warning=warnings.append)
@@ -714,18 +723,8 @@ def test_a_once_run_fails_on_a_storage_outage_at_start_instead_of_waiting_it_out
     """``once``: one look, now; the list of what was shipped cannot load (the storage is down), so it fails
     with the storage's error (cron tries again later) instead of waiting for the storage to answer."""
     from ckptvault.errors import StorageError
-    from ckptvault.ops import watch as watch_module
-    from tests.support import faultyfs
 
-    monkeypatch.setenv("CKPTVAULT_RETRIES", "1")
-    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.01")
-    monkeypatch.setattr(watch_module, "RETRY_AFTER", (0.3, 0.3, 0.3, 0.3))
-    url = f"faulty://once-outage-{os.getpid()}-{time.monotonic_ns()}"
-    Vault.init(url).close()
-    ckpts = tmp_path / "ckpts"
-    (ckpts / "step_1").mkdir(parents=True)
-    (ckpts / "step_1" / "model.pt").write_bytes(b"weights" * 1000)
-    monkeypatch.setitem(faultyfs.FAULTS, "list:/snapshots", list("TTTT"))  # two loads fail, the third works
+    url, ckpts = _a_vault_whose_listing_fails_at_first(tmp_path, monkeypatch, "once-outage")
     shipped: list = []
     with Vault.open(url) as vault:
         with pytest.raises(StorageError) as raised:
