@@ -231,8 +231,8 @@ shipping = Shipping(vault, run="pre")  # what the callbacks are made of
 for step in (1, 2, 3):
     shipping.ship(str(make_checkpoint(Path(sys.argv[2]) / f"step_{step}", step)), step)
 print("queued", flush=True)
-# training goes on until the preemption notice: Python code between steps, where a handler runs (one long
-# sleep may never see it: the kernel can hand the signal to a shipping thread, which wakes no sleeper)
+# training goes on until the preemption notice: Python code between steps, where a handler runs (a signal
+# that lands in the instant before one long sleep starts waits for its end, a CPython race: docs/training.md)
 for _ in range(1200):
     time.sleep(0.1)
 """
