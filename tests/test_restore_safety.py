@@ -266,6 +266,32 @@ def test_a_file_another_restore_put_in_place_meanwhile_is_never_replaced_by_anot
     assert [p.name for p in target.iterdir()] == ["w.bin"]  # no temporary file left
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_folder_made_where_a_file_goes_while_it_is_written_is_refused_and_kept(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool
+):
+    """The plan refuses a folder where the snapshot has a file; one made after the plan looked is found
+    when the file's rename or link fails on it (not by a look before each rename): refused, kept."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(100_000))
+    snap = vault.backup(src)
+    target = tmp_path / "target"
+    real = restore_module._write_chunks
+
+    def a_folder_appears(repo, pool, fd, entry, *args):
+        written = real(repo, pool, fd, entry, *args)
+        (target / entry.path).mkdir()
+        (target / entry.path / "user-data").write_bytes(b"keep me")
+        return written
+
+    monkeypatch.setattr(restore_module, "_write_chunks", a_folder_appears)
+    with pytest.raises(RestoreConflictError, match=r"w\.bin is a directory; remove it by hand"):
+        vault.restore(snap, target, overwrite=overwrite)
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == ["w.bin", "w.bin/user-data"]
+    assert (target / "w.bin" / "user-data").read_bytes() == b"keep me"
+
+
 def test_restores_into_one_folder_at_once_all_succeed(cli, tmp_path: Path):
     """Ranks of a job restoring one checkpoint into one shared folder: six processes, two thousand small
     files and links, all at once. They removed each other's temporary files (a rename that found none),
@@ -547,6 +573,7 @@ def test_files_ending_in_zeros_restore_whole(tmp_path: Path):
     (src / "zero-tail.bin").write_bytes(os.urandom(300_000) + bytes(2_000_000))
     (src / "zeros-then-one.bin").write_bytes(os.urandom(300_000) + bytes(2_000_000) + b"\x01")
     (src / "all-zeros.bin").write_bytes(bytes(1_000_000))
+    (src / "one-zero-chunk.bin").write_bytes(bytes(100_000))  # written by the reading thread alone
     snap = vault.backup(src)
     vault.restore(snap, tmp_path / "out")
     for path in src.iterdir():

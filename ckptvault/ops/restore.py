@@ -714,16 +714,16 @@ def _write_via_temp(
     # the lock is held until the rename, or the removal after a failure: another restore's sweep must not take
     # the file first (its removal then would hide this failure behind "no such file")
     try:
-        os.ftruncate(fd, entry.size)
         written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
         if written_hash != entry.blake3:
             _name_the_damaged_chunk(repo, entry)
             raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
+        if entry.chunks and entry.chunks[-1] in zero_chunks:
+            os.ftruncate(fd, entry.size)  # a hole at the end: no write set the file's size
         os.fchmod(fd, entry.mode)
         os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
-        _refuse_directory(dest)
         if overwrite:
-            os.replace(tmp, dest)  # over a file or a link at once: no unlink first that a concurrent restore races
+            _replace(tmp, dest)
         else:
             _put_in_place(tmp, dest, entry)
     except BaseException:
@@ -742,6 +742,7 @@ def _put_in_place(tmp: str, dest: str, entry: FileEntry) -> None:
     try:
         os.link(tmp, dest, follow_symlinks=False)  # fails when the name exists, where a rename replaces it
     except FileExistsError:
+        _refuse_directory(dest)
         try:
             same = _same_content(dest, entry)
         except FileNotFoundError:  # removed again meanwhile: this file takes the name after all
@@ -755,9 +756,20 @@ def _put_in_place(tmp: str, dest: str, entry: FileEntry) -> None:
     except OSError as exc:
         if exc.errno not in NO_LINK_ERRNOS:
             raise
-        os.replace(tmp, dest)  # no hard links here: as before, the last one written wins
+        _replace(tmp, dest)  # no hard links here: as before, the last one written wins
         return
     os.unlink(tmp)
+
+
+def _replace(tmp: str, dest: str) -> None:
+    """Rename ``tmp`` over a file or a link at ``dest`` in one step (no unlink first that a concurrent
+    restore races). A folder there (made since the plan looked) is refused, not replaced: the rename
+    fails on it, and only then is it looked at, not once per file."""
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        _refuse_directory(dest)
+        raise
 
 
 # A temporary file is flock()ed while it is written, so that a restore into the same folder (the
@@ -873,8 +885,8 @@ def _write_chunks(
     this thread does it all, chunk after chunk (see ``_FileWriter``)."""
 
     def fetch_and_write(chunk_id: bytes, offset: int) -> bytes | memoryview | None:
-        # The temp file was sized with ftruncate, so it already reads as zeros: a zero chunk is
-        # not written (the file stays sparse) and, once seen, not even fetched again.
+        # A range never written reads as zeros (a hole: a write past it, or the ftruncate after a zero
+        # last chunk, sets the size): a zero chunk is not written and, once seen, not even fetched again.
         if chunk_id in zero_chunks:
             return None
         # The envelope (AEAD tag or checksum, bound to the chunk ID) is checked here; the plaintext
