@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_bench.bench_tool(name, args.work, saves, keep=False))
     size = run_bench.tree_bytes(saves[0][0])
     print(f"\nworkload: {args.files} files per save, {size / 1e6:.1f} MB; save 2 rewrites every third file")
+    print(f"machine: {os.cpu_count()} CPUs, {run_bench.cpu_model()}")
     for r in results:
         print(f"{r.tool}: {r.version}  verify: {r.verify_detail or '-'}" + (f"  ERROR: {r.error}" if r.error else ""))
     print()

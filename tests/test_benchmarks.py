@@ -29,6 +29,8 @@ def test_run_bench_times_every_phase_and_verifies_both_restores(tmp_path: Path):
     for phase in ("backup1_first", "backup2_incr", "backup2_nochange", "restore_latest", "restore_cached"):
         assert phases[phase]["rc"] == 0 and phases[phase]["wall_s"] > 0, phase
     assert "| ckptvault |" in proc.stdout and "restore cached MB/s" in proc.stdout
+    machine = json.loads((tmp_path / "results.json").read_text())["machine"]
+    assert "AVX-512: " in machine["cpu"] and machine["cpu"] in proc.stdout  # which host: the ratios move with it
 
 
 @pytest.mark.slow
