@@ -198,9 +198,11 @@ class _Planner:
         # snapshot folders found missing from the target: nothing below them is looked up (a restore into
         # a new folder stat'ed each file and its folder in vain: ~10 µs a file)
         self.absent: set[str] = set()
+        self._below_target = os.path.join(target, "")  # ends in one "/"
 
     def dest(self, entry: FileEntry) -> str:
-        return os.path.join(self.target, *entry.path.split("/"))
+        # validate_tree: relative, no empty, "." or ".." part, so the join is a concatenation (~1 µs, not 4)
+        return self._below_target + entry.path
 
     def check_target(self) -> None:
         """The target must be a folder, or creatable as one: neither it nor a folder above it may be
