@@ -164,6 +164,20 @@ def test_a_keep_tag_one_typo_from_a_tag_in_use_is_refused(cli, repo: str, value:
         vault.prune(keep_latest=1, keep_tags=[value], dry_run=True)
 
 
+@pytest.mark.parametrize("dry_run", [[], ["-n"]], ids=["real", "dry-run"])
+def test_a_keep_tag_with_an_empty_value_is_refused_before_anything_goes(cli, repo: str, dry_run: list[str]):
+    """`--keep-tag keep=$BEST` with the variable unset protected nothing, and prune removed the snapshot
+    tagged keep=best with exit 0, saying so in a warning after the deletion (ux43)."""
+    before = snapshot_ids(cli, repo)
+    cli("tag", before[0], "--add", "keep=best", "--repo", repo, "-q")
+    line = refused_prune(cli, repo, "--keep-tag", "keep=", *dry_run)
+    assert "--keep-tag 'keep=' has an empty value (is a variable unset?)" in line, line
+    assert "give keep=VALUE, or 'keep' alone for every value" in line
+    assert len(snapshot_ids(cli, repo)) == len(before)
+    with Vault.open(repo) as vault, pytest.raises(UsageError, match="keep_tags 'keep=' has an empty value"):
+        vault.prune(keep_latest=1, keep_tags=["keep="], dry_run=True)
+
+
 @pytest.mark.parametrize("value", ["step=5", "step=40", "best", "milestone=yes", "keep=better", "keep2"])
 def test_a_keep_tag_that_differs_on_purpose_is_taken(cli, repo: str, value: str):
     """Steps, versions and dates differ from those in use by one character on purpose (a prune protecting

@@ -173,6 +173,11 @@ def _one_edit_apart(a: str, b: str) -> bool:
 def _check_keep_tags(snapshots: list[Snapshot], policy: RetentionPolicy) -> None:
     for spec in unused_keep_tags(snapshots, policy.keep_tags):
         key, sep, value = spec.partition("=")
+        if sep and not value:  # `--keep-tag milestone=$M` with the variable unset: protecting nothing, say so first
+            raise UsageError(
+                f"{spelled('--keep-tag', 'keep_tags')} {spec!r} has an empty value (is a variable unset?) and is on "
+                f"no snapshot: as given it protects nothing; give {key}=VALUE, or {key!r} alone for every value"
+            )
         keys = {k for s in snapshots for k in s.tags}
         if key in keys:
             near = _typo_of(value, {s.tags[key] for s in snapshots if key in s.tags}) if sep else None
