@@ -69,6 +69,8 @@ def test_latest_among_tags_and_bad_input(vault: Vault, tmp_path: Path):
         vault.tag("latest", remove="keep")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="tag key '' is invalid"):
         vault.tag("latest", add={"": "x"})
+    with pytest.raises(UsageError, match=r"remove takes tag keys; 'keep=yes' is not one .*: to take the tag away give"):
+        vault.tag("latest", remove=["keep=yes"])
     with pytest.raises(SnapshotNotFoundError, match="no snapshot matches latest"):
         vault.tag("latest", tags={"run": "nope"}, add={"a": "b"})
     assert len(vault.snapshots()) == 2
@@ -146,6 +148,13 @@ def test_cli_tag(cli, tmp_path: Path):
         ([], "error: nothing to change: give tags to --add or keys to --remove"),
         (["--add", "=v"], "error: --add: '=v' is not key=value"),
         (["--add", "keep="], "error: --add keep= has an empty value (is a variable unset?)"),
+        # a key holds no "=" and is never empty: these removed nothing and said "already has these tags" (ux43)
+        (
+            ["--remove", "keep=best"],
+            "error: --remove takes tag keys; 'keep=best' is not one (a key holds no '='): "
+            "to take the tag away give --remove keep",
+        ),
+        (["--remove", ""], "error: --remove takes tag keys; '' is empty (is a variable unset?)"),
     ]:
         bad = cli("tag", "latest", "-r", repo, *args, check=False)
         assert bad.returncode == 2 and bad.stderr.decode().startswith(message), bad.stderr
