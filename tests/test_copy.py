@@ -110,6 +110,9 @@ def test_copy_from_an_encrypted_vault_and_by_id(tmp_path: Path, keyfile: Keyfile
         one = enc.backup(save_checkpoint(tmp_path / "c1", 1), tags={"step": "1"})
         enc.backup(save_checkpoint(tmp_path / "c2", 2), tags={"step": "2"})
         with Vault.init(str(tmp_path / "plain")) as plain:
+            previewed = []
+            assert plain.copy_from(enc, [one.id[:8]], dry_run=True, on_warning=previewed.append).copied == [one]
+            assert any("the copies would be stored unencrypted" in w for w in previewed), previewed  # ux43
             result = plain.copy_from(enc, [one.id[:8]])
             assert "the copies are stored unencrypted" in caplog.text
             assert [s.id for s in result.copied] == [one.id]

@@ -32,9 +32,11 @@ def copy_listed(
     of one listing). ``urls``: the source's and the destination's, as the warnings name them."""
     source_url, dest_url = urls
     chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source_url)
-    if chosen and source.config.encrypted and not dest.config.encrypted and not dry_run:
+    if chosen and source.config.encrypted and not dest.config.encrypted:  # a dry run is where it is previewed
         warn(
-            f"{source_url} is encrypted and {dest_url} is not: the copies are stored unencrypted there "
+            f"{source_url} is encrypted and {dest_url} is not: the copies "
+            + ("would be" if dry_run else "are")
+            + " stored unencrypted there "
             "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)"
         )
     result = run_copy(source, dest, chosen, progress=progress, before_commit=before_commit, dry_run=dry_run)
