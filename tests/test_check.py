@@ -149,6 +149,21 @@ def one_file_backed_up(tmp_path: Path, cli) -> tuple[str, Path]:
     return repo, src
 
 
+def test_a_pack_cut_short_is_healed_by_a_backup_alone_as_the_check_says(tmp_path: Path, cli):
+    """The pack's line said "a backup ... stores them again", the summary "repair-index and a new backup"
+    (a repair-index that does nothing for a cut pack): both now say the backup (ux43)."""
+    repo, src = one_file_backed_up(tmp_path, cli)
+    (pack,) = (p for p in (Path(repo) / "packs").rglob("*") if p.is_file())
+    os.truncate(pack, pack.stat().st_size // 2)
+    proc = cli("check", "--repo", repo, check=False)
+    said, last = proc.stdout.decode(), proc.stderr.decode().strip()
+    assert proc.returncode == 30 and "a backup of the files holding them stores them again" in said, said
+    assert "still on disk, a new backup of them stores those chunks again" in last and "repair-index" not in last, last
+    cli("backup", str(src), "--repo", repo)  # as it says, nothing else
+    cli("prune", "--repo", repo)  # the pack's line: salvages its whole chunks and removes it
+    assert cli("check", "--repo", repo, "--read-data").stdout.decode().startswith("no problems found")
+
+
 def test_the_remedy_offers_restoring_the_files_not_named_only_where_there_are_any(tmp_path: Path, cli):
     repo, _ = one_file_backed_up(tmp_path, cli)
     (tree,) = (Path(repo) / "trees").iterdir()

@@ -302,6 +302,9 @@ def test_a_damaged_chunk_found_by_reading_is_dropped_so_the_next_backup_stores_i
     dry = cli("repair-index", "--repo", repo_url, "--read-data", "--dry-run").stdout.decode()
     assert "would drop 1 damaged chunk(s)" in dry
     assert "dropped 1 damaged chunk(s)" in cli("repair-index", "--repo", repo_url, "--read-data").stdout.decode()
+    # what is left is the backup: the check no longer sends the user back to repair-index (ux43)
+    last = cli("check", "--repo", repo_url, check=False).stderr.decode().strip()
+    assert "still on disk, a new backup of them stores those chunks again" in last and "repair-index" not in last, last
     said = cli("status", str(src), "--repo", repo_url, check=False)
     assert said.returncode == 40  # not called backed up, and what heals it is named
     assert f"store those bytes anew: ckptvault backup --repo {repo_url} {src}" in said.stdout.decode()

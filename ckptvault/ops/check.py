@@ -57,6 +57,9 @@ class CheckReport:
     packs_read: int = 0
     chunks_read: int = 0
     damaged_chunks: int = 0  # chunks that read back damaged (repair-index --read-data finds them)
+    # what only repair-index mends before a backup can store the chunks again (a pack gone, a damaged chunk: the
+    # index still names them, and backups reuse them); a cut pack and a chunk in no index need the backup alone
+    needs_repair_index: bool = False
 
     @property
     def ok(self) -> bool:
@@ -105,11 +108,16 @@ class CheckReport:
             # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
             whole = all(files == ["*"] for files in self.affected.values())  # a tree lost: nothing brings it back
             read = " --read-data" if self.damaged_chunks else ""  # a missing pack needs no vault-wide read
+            mend = (
+                f"ckptvault repair-index{read} and a new backup of them store"
+                if self.needs_repair_index
+                else ("a new backup of them stores")
+            )
             heal = (
                 "; "
                 if whole
-                else f"; where the files named are still on disk, ckptvault repair-index{read} and a new backup of "
-                "them store those chunks again and the snapshots restore again; otherwise "
+                else f"; where the files named are still on disk, {mend} those chunks again and the snapshots "
+                "restore again; otherwise "
             )
             salvage = "" if whole else "restore the files not named (restore --include), then "
             if len(self.affected) <= LISTED_IN_REMEDY:  # every one: the remedy is a command
@@ -281,6 +289,7 @@ class _Checker:
                     if obj.startswith("pack")
                     else "a snapshot that needs it is named here; a backup of its file stores it again"
                 )
+                self.report.needs_repair_index |= obj.startswith("pack")
                 damage.append(Problem(obj, f"{detail}; {fix}"))
             else:
                 self.report.warnings.append(
@@ -310,6 +319,7 @@ class _Checker:
             size = stored.get(pack_id)
             if size is None:
                 self.problem(name, "is missing (listed in the index); ckptvault repair-index drops it from the index")
+                self.report.needs_repair_index = True
                 self.bad_chunks.update(e.chunk_id for e in entries if e.chunk_id not in held)
                 continue
             cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
@@ -419,6 +429,7 @@ class _Checker:
                             "--read-data drops it, and the next backup of its file stores it again",
                         )
                         self.report.damaged_chunks += 1
+                        self.report.needs_repair_index = True
                     self.bad_chunks.add(e.chunk_id)
                     self.reported.add(e.chunk_id)
                 self.report.chunks_read += 1
