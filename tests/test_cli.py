@@ -404,6 +404,20 @@ def test_demo_command_from_the_readme(cli):
     assert "demo" not in cli("snapshots").stdout.decode()
 
 
+def test_a_demo_run_in_a_vault_in_use_warns_even_when_quiet(cli, tmp_path: Path):
+    """The README's first command writes into the default vault: one that holds a user's own saves gets two
+    newer ones, which an untagged `restore latest` takes; -q hid the line that said so (ux43)."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "w.bin").write_bytes(os.urandom(1000))
+    cli("backup", str(tmp_path / "mine"), "--tag", "run=mine")
+    err = cli("demo", "-q").stderr.decode()
+    said = r"^warning: the demo's two saves \(run=demo\) are now the newest of the 1 other snapshot\(s\) in .*; "
+    ids = re.search(said + r"remove them with: ckptvault forget ([0-9a-f]{8}) ([0-9a-f]{8}) --prune$", err.strip())
+    assert ids, err
+    cli("forget", *ids.groups(), "--prune")
+    assert [s["tags"]["run"] for s in json.loads(cli("snapshots", "--json").stdout)] == ["mine"]
+
+
 def test_a_local_url_is_shown_as_one_that_opens_the_vault_again(cli, tmp_path: Path):
     """``local:///x`` was shown as ``local:/x``, which --repo reads as a folder named ``local:`` (audit 31b L1)."""
     url = f"local://{tmp_path}/v"

@@ -25,6 +25,7 @@ def demo_cmd(
         tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work,
         vault_args.open(out, writing=True) as vault,
     ):
+        yours = [s for s in vault.snapshots() if s.tags.get("run") != "demo"]  # a vault in use: say so, even with -q
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")
             write_sample_checkpoint(src, step)
@@ -47,9 +48,15 @@ def demo_cmd(
             f"restored latest --tag run=demo (snapshot {latest.short_id}, step {latest.step}): "
             f"{counted(result.files, 'file')}, {format_bytes(result.bytes_written)}, byte-identical to the source"
         )
-        out.info(
-            f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo; a `restore latest` "
-            "without --tag would take the demo's save: remove it with: ckptvault forget "
-            f"{' '.join(s.short_id for s in snapshots)} --prune)"
-        )
+        forget = f"ckptvault forget {' '.join(s.short_id for s in snapshots)} --prune"
+        if yours:
+            out.warn(
+                f"the demo's two saves (run=demo) are now the newest of the {len(yours)} other snapshot(s) in "
+                f"{vault.url}: a `restore latest` without --tag would take the demo's; remove them with: {forget}"
+            )
+        else:
+            out.info(
+                f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo; a `restore latest` "
+                f"without --tag would take the demo's save: remove it with: {forget})"
+            )
         out.result({"vault": vault.url, "snapshots": snapshots, "restored": result, "verified": True})
