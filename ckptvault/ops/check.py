@@ -111,7 +111,7 @@ class CheckReport:
             mend = (
                 f"ckptvault repair-index{read} and a new backup of them store"
                 if self.needs_repair_index
-                else ("a new backup of them stores")
+                else "a new backup of them stores"
             )
             heal = (
                 "; "
