@@ -978,6 +978,33 @@ def test_a_save_folder_with_a_pointer_file_ships_its_step_folders_only(
     assert "shipped latest" in shipped and "shipped step_300 step 300" in shipped, shipped
 
 
+@pytest.mark.parametrize(
+    ("folder", "pointer", "text"),
+    [("global_step{}", "latest", "global_step{}"), ("iter_{:07d}", "latest_checkpointed_iteration.txt", "{}")],
+)
+def test_a_step_folder_its_pointer_file_does_not_name_yet_waits_for_it(tmp_path, repo, cli, folder, pointer, text):
+    """DeepSpeed and Megatron-LM name a step folder in their pointer file once every shard is written: a
+    pause between shards longer than --settle shipped the step without its optimizer shard, as the run's
+    newest (and `drill --load` passed: each file loads alone) (tr43)."""
+    out = tmp_path / "out"
+    (out / folder.format(100)).mkdir(parents=True)
+    (out / folder.format(100) / "model_states.pt").write_bytes(b"100" * 1000)
+    (out / pointer).write_text(text.format(100))
+    (out / folder.format(200)).mkdir()
+    (out / folder.format(200) / "model_states.pt").write_bytes(b"200" * 1000)  # its optimizer shard to come
+    args = ("watch", str(out), "--once", "--settle", "0.2", "--tag", "run=ds", "--repo", repo)
+    first = cli(*args)
+    assert f"shipped {folder.format(100)} step 100" in first.stdout.decode(), first.stdout
+    assert folder.format(200) not in first.stdout.decode(), first.stdout
+    assert [s["tags"]["step"] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout)] == ["100"]
+    (out / folder.format(200) / "optim_states.pt").write_bytes(b"opt" * 1000)
+    (out / pointer).write_text(text.format(200))  # last, as the trainers write it
+    second = cli(*args).stdout.decode()
+    assert f"shipped {folder.format(200)} step 200 as snapshot" in second and "2 files" in second, second
+    cli("restore", "latest", "--tag", "run=ds", str(tmp_path / "resume"), "--repo", repo, "-q")
+    assert sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["model_states.pt", "optim_states.pt"]
+
+
 def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_ship_newest_first(tmp_path, repo, cli):
     """A hand-written loop's folder: checkpoints named by step, and a config and a log beside them. The
     config and the log shipped as snapshots without a step (in the folder's order, the log again at every

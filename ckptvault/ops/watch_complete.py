@@ -101,7 +101,8 @@ class Completeness:
     def not_complete(self, cand: Candidate, sig: pins.Signature, now: float) -> bool:
         """Settled, but not a checkpoint to ship yet: a folder without a file (made before its files
         are written), a Hugging Face Trainer's ``checkpoint-N`` without its ``trainer_state.json``,
-        which the Trainer writes last, or a file whose format says it ends later than it does (a
+        which the Trainer writes last, a DeepSpeed or Megatron-LM step folder its save folder's pointer
+        file does not name yet (written last too), or a file whose format says it ends later than it does (a
         ``torch.save`` zip without its directory, a safetensors file shorter than its header says). A
         trainer killed while saving leaves such a checkpoint, and shipped it would be the run's newest
         step, which cannot resume. Each waits, pinned, for what it lacks (a Trainer still saving is said
@@ -109,7 +110,7 @@ class Completeness:
         is gone it is dropped, and said so."""
         if any(pins.files_of(sig)):
             if not self._folder.trainer_checkpoint(cand.pin.name, cand.pin.data):
-                lacks = file_not_whole(cand, sig)
+                lacks = self._folder.unnamed_step_folder(cand.pin.name) or file_not_whole(cand, sig)
                 if lacks is None:
                     return False
             elif os.path.exists(os.path.join(cand.pin.data, TRAINER_STATE)):

@@ -240,6 +240,18 @@ class CheckpointFolder:
             return False
         return self.trainer_output or os.path.exists(os.path.join(data, TRAINER_ARGS))
 
+    def unnamed_step_folder(self, name: str) -> str | None:
+        """In a DeepSpeed or Megatron-LM save folder, a step folder newer than the one its pointer file
+        names is still being saved (the pointer is written last, once every rank wrote its shards; a
+        pause between shards outlasts a settle): what it lacks, or None."""
+        step = step_from_name(name)
+        if self._pointer_file is None or step is None:
+            return None
+        named = _pointed_step(os.path.join(self.directory, self._pointer_file))
+        if named is not None and named >= step:
+            return None
+        return f"no mention in {self._pointer_file} ({POINTER_FILES[self._pointer_file]} writes it last)"
+
 
 def step_order(name: str) -> tuple[bool, int]:
     """Checkpoints found at one look are pinned in step order (not the folder's): a snapshot's time is
@@ -257,11 +269,16 @@ def _names_a_step_folder(entry: os.DirEntry[str], entries: list[os.DirEntry[str]
     file whose text names one of them (DeepSpeed: its name; Megatron-LM: its iteration number)."""
     if entry.name not in POINTER_FILES or not entry.is_file(follow_symlinks=False):
         return False
+    named = _pointed_step(entry.path)
+    return named is not None and named in {step_from_name(e.name) for e in entries if _is_step_folder(e.name, e.path)}
+
+
+def _pointed_step(path: str) -> int | None:
+    """The step a pointer file names (DeepSpeed: a folder's name; Megatron-LM: an iteration number);
+    None for none (being rewritten, "release", not there)."""
     try:
-        with open(entry.path, "rb") as f:
+        with open(path, "rb") as f:
             text = f.read(256).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
-        return False
-    steps = {step_from_name(e.name) for e in entries if _is_step_folder(e.name, e.path)}
-    named = int(text) if text.isdigit() else step_from_name(text)
-    return named is not None and named in steps
+        return None
+    return int(text) if text.isdigit() else step_from_name(text)
