@@ -556,7 +556,7 @@ class AsyncShipper:
         oldest first, until it has (what their pins held counts as freed at once: some filesystems free
         space late), as "coalesce" drops one for a newer save: never the running one, the newest waiting
         one, one submitted with "block", nor a dead process's (leftover). What is still short is said
-        once (again once the disk had room). Not once the queue is closed: no save follows. One call at
+        once (again once the disk had twice the room: a rotation frees room for a moment at each save). Not once the queue is closed: no save follows. One call at
         a time: the caller's thread and the keeper's."""
         with self._room_mutex:
             with self._cond:
@@ -568,7 +568,8 @@ class AsyncShipper:
             if free is None:
                 return
             if free >= ROOM_FOR_A_SAVE * size:
-                self._low_room_told = False
+                if free >= 2 * ROOM_FOR_A_SAVE * size:  # not at each rotation's brief room: said once while tight
+                    self._low_room_told = False
                 return
             drop = functools.partial(self._drop_for_room, folder)
             free = pins_module.make_room(free, ROOM_FOR_A_SAVE * size, waiting[:-1], _held_by_deleted, drop)
