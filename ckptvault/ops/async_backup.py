@@ -556,8 +556,9 @@ class AsyncShipper:
         oldest first, until it has (what their pins held counts as freed at once: some filesystems free
         space late), as "coalesce" drops one for a newer save: never the running one, the newest waiting
         one, one submitted with "block", nor a dead process's (leftover). What is still short is said
-        once (again once the disk had twice the room: a rotation frees room for a moment at each save). Not once the queue is closed: no save follows. One call at
-        a time: the caller's thread and the keeper's."""
+        once (again once the disk had twice the room: a rotation frees room for a moment at each save).
+        Not once the queue is closed: no save follows. One call at a time: the caller's thread and the
+        keeper's."""
         with self._room_mutex:
             with self._cond:
                 if self._room is None or self._closed:
