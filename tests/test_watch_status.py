@@ -57,6 +57,31 @@ def test_any_difference_means_not_backed_up(tmp_path, vault):
     assert not vault.is_backed_up(ckpt)
 
 
+def test_one_file_whose_bytes_a_snapshot_holds_under_another_name_is_backed_up(tmp_path, vault, repo_url, cli):
+    """Lightning's last.ckpt is a copy of the newest epoch=N-step=M.ckpt, which its callback ships once, under
+    that name: `status ckpts/last.ckpt`, the check before deleting or shutting down, said NOT backed up (exit
+    40) with "no snapshot holds its 1 file(s) with the same content" (tr43). A folder still needs its names."""
+    ckpts = tmp_path / "ckpts"
+    write_file(ckpts / "epoch=11-step=96.ckpt", os.urandom(200_000))
+    snap = vault.backup(ckpts / "epoch=11-step=96.ckpt", tags={"step": "96"})
+    write_file(ckpts / "last.ckpt", (ckpts / "epoch=11-step=96.ckpt").read_bytes())
+    status = vault.backup_status(ckpts / "last.ckpt")
+    assert status.backed_up and status.snapshot is not None and status.snapshot.id == snap.id, status
+    assert status.detail == f"in snapshot {snap.short_id} as epoch=11-step=96.ckpt"
+    said = cli("status", str(ckpts / "last.ckpt"), "--repo", repo_url)
+    assert f"backed up: 1 file, 200.00 KB; in snapshot {snap.short_id} as epoch=11-step=96.ckpt" in said.stdout.decode()
+    data = bytearray((ckpts / "last.ckpt").read_bytes())
+    data[7] ^= 1
+    (ckpts / "last.ckpt").write_bytes(bytes(data))
+    assert not vault.is_backed_up(ckpts / "last.ckpt")  # the same size is not the same bytes
+    write_file(tmp_path / "renamed" / "other.ckpt", (ckpts / "epoch=11-step=96.ckpt").read_bytes())
+    assert not vault.is_backed_up(tmp_path / "renamed")  # a folder is restored by its names
+    write_file(tmp_path / "empty", b"")
+    vault.backup(tmp_path / "empty")
+    write_file(tmp_path / "nothing", b"")
+    assert not vault.is_backed_up(tmp_path / "nothing")  # any empty file is not this one
+
+
 def test_a_snapshot_whose_pack_is_gone_is_not_durable(tmp_path, repo_url, vault):
     ckpt = checkpoint(tmp_path / "checkpoint-9")
     vault.backup(ckpt)

@@ -12,6 +12,7 @@ a read of the local files, and each local file is hashed at most once.
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 from collections.abc import Callable, Container
 from dataclasses import dataclass
@@ -133,7 +134,19 @@ class _LocalFiles:
                 continue
             if all(self.same_content(rel, e) for rel, e in zip(wanted, entries, strict=True)):
                 return prefix, entries, len(local) - len(wanted)
-        return None
+        return self._held_under_another_name(tree) if left_out is None else None
+
+    def _held_under_another_name(self, tree: dict[str, FileEntry]) -> Held | None:
+        """One file whose bytes a snapshot holds under another name: Lightning's ``last.ckpt``, a copy of
+        the newest ``epoch=N-step=M.ckpt``, which its callback ships once, under that name."""
+        if len(self.files) != 1 or not os.path.isfile(self.path):  # a folder is restored by its names
+            return None
+        ((rel, item),) = self.files.items()
+        size = item.st.st_size
+        return next(
+            (("", [e], 0) for e in tree.values() if e.size == size > 0 and self.same_content(rel, e)),
+            None,
+        )
 
     def held_but_left_out(self, snap: Snapshot, tree: dict[str, FileEntry], patterns: Excludes | None) -> str:
         """The detail's note when ``tree`` holds every file but those its backup left out, else ""."""
@@ -163,6 +176,8 @@ class _LocalFiles:
         if missing:  # the index still lists the chunk: a backup would deduplicate against it
             return self.status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
         where = f" under {prefix.rstrip('/')}/" if prefix else ""
+        if len(entries) == 1 and entries[0].path not in {prefix + rel for rel in self.files}:
+            where = f" as {entries[0].path}"  # the same bytes under another name
         return self.status(True, f"in snapshot {snap.short_id}{where}", snap, prefix)
 
 
