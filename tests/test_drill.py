@@ -406,6 +406,19 @@ def test_a_file_that_is_no_torch_checkpoint_fails_without_torchs_advice_to_load_
         assert check.detail.startswith("not a torch checkpoint: neither a zip archive nor a pickle of"), check.detail
 
 
+def test_a_torch_save_cut_short_is_named_as_cut_short_not_another_file(tmp_path):
+    """A torch.save zip cut short (a trainer killed while saving) failed as "neither a zip archive nor a
+    pickle ... (zeroed, or another file)", which sends a user looking for disk damage (tr43)."""
+    from ckptvault.ops.drill import load_files
+    from ckptvault.snapshot.model import FileEntry
+
+    torch.save({"w": torch.ones(1000)}, tmp_path / "whole.pt")
+    write_file(tmp_path / "cut.pt", (tmp_path / "whole.pt").read_bytes()[:2000])
+    (check,) = load_files(str(tmp_path), [FileEntry(path="cut.pt", type="file", size=1, mode=0o644, mtime_ns=0)])[0]
+    assert (check.loader, check.ok) == ("torch", False)
+    assert check.detail.startswith("a zip archive without its directory, which torch.save writes last: cut short")
+
+
 def test_a_plain_pickle_fails_as_no_torch_checkpoint_and_a_legacy_bin_loads(tmp_path, vault, cli, repo_url):
     """A .pt written by pickle.dump failed with torch's "Invalid magic number; corrupt file?"; a legacy
     torch.save named pytorch_model.bin was skipped as "not a torch zip archive", and the verdict blamed a

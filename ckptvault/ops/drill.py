@@ -372,6 +372,9 @@ def _load_safetensors(name: str, path: str) -> LoadCheck | str:
 def _load_torch(name: str, path: str) -> LoadCheck | str:
     started = time.monotonic()
     layout = _torch_layout(path)
+    if layout == "torn-zip":  # torch says "failed finding central directory"; "another file" misled (tr43)
+        detail = "a zip archive without its directory, which torch.save writes last: cut short (killed while saving?)"
+        return LoadCheck(name, "torch", False, detail, seconds_since(started))
     try:
         import torch  # optional: only the drill's --load needs it
     except ImportError:  # its records' CRC-32 still tell a torn or flipped file
@@ -416,12 +419,15 @@ _LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "littl
 
 
 def _torch_layout(path: str) -> str:
-    """ "zip" (torch.save's archive), "legacy" (torch.save's older pickles), "pickle" (another pickle of
-    protocol 2+) or "other", from the file's first bytes and zip directory, each read once."""
+    """ "zip" (torch.save's archive), "torn-zip" (one that starts as a zip archive and has no directory at
+    its end), "legacy" (torch.save's older pickles), "pickle" (another pickle of protocol 2+) or "other",
+    from the file's first bytes and zip directory, each read once."""
     if zipfile.is_zipfile(path):
         return "zip"
     with open(path, "rb") as f:
         head = f.read(32)
+    if head.startswith(b"PK\x03\x04"):
+        return "torn-zip"
     if not head.startswith(b"\x80"):
         return "other"
     return "legacy" if _LEGACY_TORCH_MAGIC in head else "pickle"
