@@ -872,7 +872,16 @@ class AsyncShipper:
                     raise
                 delay = min(LOCK_RETRY_MAX_S, self._retry_delay * 2 ** min(lock_waits, 8))
                 lock_waits += 1
-                retry_log.warning("async backup of %s: %s; trying again in %.0f s", job.describe(), exc, delay)
+                # said once per backup, without the advice for a command a user runs (retry_lock, unlock):
+                # this backup waits by itself, and a prune running beside training is no stale lock (tr43)
+                retry_log.log(
+                    logging.WARNING if lock_waits == 1 else logging.DEBUG,
+                    "async backup of %s waits: %s; trying again in %.0f s, for up to %.0f min",
+                    job.describe(),
+                    str(exc).split("; ", 1)[0],
+                    delay,
+                    LOCK_PATIENCE_S / 60,
+                )
                 if self._stopping.wait(delay):
                     raise _StoppedWaiting(exc) from None
             except StorageError as exc:
