@@ -8,6 +8,7 @@ import re
 import secrets
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ckptvault.errors import (
 from ckptvault.ops import restore as restore_module
 from ckptvault.ops.restore import temp_stem
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
+from ckptvault.snapshot.model import FileEntry
 
 from .conftest import tree_digest
 
@@ -233,6 +235,25 @@ def test_a_leftover_is_removed_also_when_every_file_is_already_present(vault: Va
     assert not leftover.exists() and [p.name for p in target.iterdir()] == ["a"]
 
 
+def _one_file_restored_while(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[FileEntry], None]
+) -> tuple[Path, Snapshot]:
+    """The source (one 100 KB file, w.bin) and its snapshot; a restore of it runs ``meanwhile(entry)`` once
+    the file's temporary is written, before it takes its name: what another process does at that moment."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(100_000))
+    real = restore_module._write_chunks
+
+    def written_then(repo, pool, fd, entry, *args):
+        written = real(repo, pool, fd, entry, *args)
+        meanwhile(entry)
+        return written
+
+    monkeypatch.setattr(restore_module, "_write_chunks", written_then)
+    return src, vault.backup(src)
+
+
 @pytest.mark.parametrize("same", [True, False])
 def test_a_file_another_restore_put_in_place_meanwhile_is_never_replaced_by_another_snapshots(
     vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same: bool
@@ -240,22 +261,15 @@ def test_a_file_another_restore_put_in_place_meanwhile_is_never_replaced_by_anot
     """Two restores into one empty folder at once: both planned on an empty folder, and each renamed its
     files over the other's, exit 0, a mix of two snapshots. The same file of the same snapshot (ranks of a
     job) is fine; another one is a conflict."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "w.bin").write_bytes(os.urandom(100_000))
-    snap = vault.backup(src)
     target = tmp_path / "target"
-    real = restore_module._write_chunks
 
-    def another_restore_finishes_first(repo, pool, fd, entry, *args):
-        written = real(repo, pool, fd, entry, *args)
+    def another_restore_finishes_first(entry):
         other = target / entry.path
         mine = (src / "w.bin").read_bytes()
         other.write_bytes(mine if same else bytes(len(mine)))  # another snapshot's: same size and mtime here
         os.utime(other, ns=(entry.mtime_ns, entry.mtime_ns))
-        return written
 
-    monkeypatch.setattr(restore_module, "_write_chunks", another_restore_finishes_first)
+    src, snap = _one_file_restored_while(vault, tmp_path, monkeypatch, another_restore_finishes_first)
     if same:
         vault.restore(snap, target)
         assert (target / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
@@ -272,20 +286,13 @@ def test_a_folder_made_where_a_file_goes_while_it_is_written_is_refused_and_kept
 ):
     """The plan refuses a folder where the snapshot has a file; one made after the plan looked is found
     when the file's rename or link fails on it (not by a look before each rename): refused, kept."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "w.bin").write_bytes(os.urandom(100_000))
-    snap = vault.backup(src)
     target = tmp_path / "target"
-    real = restore_module._write_chunks
 
-    def a_folder_appears(repo, pool, fd, entry, *args):
-        written = real(repo, pool, fd, entry, *args)
+    def a_folder_appears(entry):
         (target / entry.path).mkdir()
         (target / entry.path / "user-data").write_bytes(b"keep me")
-        return written
 
-    monkeypatch.setattr(restore_module, "_write_chunks", a_folder_appears)
+    _, snap = _one_file_restored_while(vault, tmp_path, monkeypatch, a_folder_appears)
     with pytest.raises(RestoreConflictError, match=r"w\.bin is a directory; remove it by hand"):
         vault.restore(snap, target, overwrite=overwrite)
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == ["w.bin", "w.bin/user-data"]
