@@ -129,6 +129,21 @@ def str_list_arg(name: str, value: Iterable[str] | None, example: str) -> list[s
     return items
 
 
+def tag_keys_arg(name: str, value: Iterable[str] | None) -> list[str]:
+    """Tag keys (``Vault.tag``'s ``remove``): no key is empty or holds "=" (``tags_arg``), so such a value
+    would match nothing and change nothing, silently: ``--remove keep=best`` meant ``--remove keep``."""
+    keys = str_list_arg(name, value, "['note']")
+    for key in keys:
+        if not key.strip() or "=" in key:
+            wanted = key.partition("=")[0].strip()
+            raise UsageError(
+                f"{spelled(f'--{name}', name)} takes tag keys; {key!r} is "
+                + ("empty (is a variable unset?)" if not key.strip() else "not one (a key holds no '=')")
+                + (f": to take the tag away give {spelled(f'--{name} {wanted}', repr(wanted))}" if wanted else "")
+            )
+    return keys
+
+
 def paths_arg(value: PathLike | Sequence[PathLike]) -> list[str]:
     """Backup sources: one path, or a list of them."""
     if isinstance(value, (str, os.PathLike)):

@@ -45,6 +45,7 @@ from .arguments import (
     snapshot_list_arg,
     storage_options_arg,
     str_list_arg,
+    tag_keys_arg,
     tags_arg,
     text_arg,
     url_arg,
@@ -782,15 +783,7 @@ class Vault:
         snapshot = snapshot_arg(snapshot)
         refuse_short_id_prefix(snapshot, "retag")  # a retag replaces the snapshot: as forget does
         add = tags_arg(add, "add", stored=True)
-        remove = str_list_arg("remove", remove, "['note']")
-        for key in remove:  # no tag key is empty or holds "=": such a removal would change nothing, silently
-            if not key.strip() or "=" in key:
-                wanted = key.partition("=")[0].strip()
-                raise UsageError(
-                    f"{spelled('--remove', 'remove')} takes tag keys; {key!r} is "
-                    + ("empty (is a variable unset?)" if not key.strip() else "not one (a key holds no '=')")
-                    + (f": to take the tag away give {spelled(f'--remove {wanted}', repr(wanted))}" if wanted else "")
-                )
+        remove = tag_keys_arg("remove", remove)
         tags = tags_arg(tags)
         both = sorted(set(add) & set(remove))
         if both:

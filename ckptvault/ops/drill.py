@@ -53,6 +53,7 @@ from ..errors import (
 )
 from ..formats import pread_at
 from ..formats.safetensors import parse as parse_safetensors
+from ..formats.zipmembers import looks_like as looks_like_zip
 from ..localtree import remove_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
@@ -426,7 +427,7 @@ def _torch_layout(path: str) -> str:
         return "zip"
     with open(path, "rb") as f:
         head = f.read(32)
-    if head.startswith(b"PK\x03\x04"):
+    if looks_like_zip(head):
         return "torn-zip"
     if not head.startswith(b"\x80"):
         return "other"

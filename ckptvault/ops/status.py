@@ -96,6 +96,7 @@ class _LocalFiles:
         self.unfinished = [rel for rel in files if _being_written(rel)]
         self._least_files = len(files) - len(self.unfinished)
         self._least_bytes = self.total - sum(files[rel].st.st_size for rel in self.unfinished)
+        self._one_file = len(files) == 1 and os.path.isfile(path)  # a folder is restored by its names
 
     def status(self, ok: bool, detail: str, snap: Snapshot | None = None, prefix: str = "") -> BackupStatus:
         return BackupStatus(self.path, ok, snap, prefix, len(self.files), self.total, detail)
@@ -139,7 +140,7 @@ class _LocalFiles:
     def _held_under_another_name(self, tree: dict[str, FileEntry]) -> Held | None:
         """One file whose bytes a snapshot holds under another name: Lightning's ``last.ckpt``, a copy of
         the newest ``epoch=N-step=M.ckpt``, which its callback ships once, under that name."""
-        if len(self.files) != 1 or not os.path.isfile(self.path):  # a folder is restored by its names
+        if not self._one_file:
             return None
         ((rel, item),) = self.files.items()
         size = item.st.st_size
