@@ -628,9 +628,10 @@ def test_a_checkpoint_shipping_in_place_is_pinned_once_there_is_room(tmp_path, r
         watch.wait_for(lambda: any(pins_dir.glob("*/pin.json")), timeout=30, what="the pin")
         shutil.rmtree(ckpts / "step_100")
         time.sleep(0.5)
-        assert watch.finish() == 0, watch.err  # pinned: it ships at the next start
+        assert watch.finish() == 0, watch.err
         assert not any("not in the vault" in line for line in watch.err), watch.err
-        assert any("1 pinned checkpoint(s) wait for the next run" in line for line in watch.err), watch.err
+        # pinned, then deleted: settled at once (nothing more can come into its pin), it ships
+        assert "watch ended: 1 checkpoint(s) shipped" in watch.err, watch.err
 
 
 def test_a_backup_that_fails_on_a_full_vault_is_reported_once_with_what_comes_next(tmp_path, cli):
@@ -1949,6 +1950,44 @@ def test_a_backlog_of_pins_never_fills_the_trainers_disk(tmp_path, vault):
     assert vault.latest({"run": "r"}).tags["step"] == "40"
 
 
+def test_checkpoints_deleted_before_they_settle_ship_while_training_runs_on_a_tight_disk(tmp_path, vault):
+    """tr43 #5: saves closer than --settle on a disk that holds the trainer's saves and few pins: each
+    checkpoint was deleted by the rotation before it settled, so the room-maker dropped every one (none was
+    ever complete) and nothing shipped while training ran. A deleted checkpoint's pin can change no more, so
+    it is settled at once; and while one ships, the newest complete one is dropped too when room is short
+    (keeping it beside the one shipping failed the trainer's next save)."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the tight disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        training = threading.Event()
+        training.set()
+        shipped_while_training: list[str] = []
+
+        def slow_ship(job):
+            time.sleep(0.3)
+            if training.is_set():
+                shipped_while_training.append(job.tags["checkpoint"])
+            return vault._run_job(job)
+
+        watcher, stop, thread, warnings = _watcher_thread(vault, ckpts, ship=slow_ship, interval=0.02, settle=2.0)
+        try:
+            for step in range(1, 61):  # 0.6 MB saves every ~0.1 s, two kept: each deleted 0.2 s after it is saved
+                (ckpts / "next.tmp").write_bytes(os.urandom(600_000))  # ENOSPC here fails the test
+                os.replace(ckpts / "next.tmp", ckpts / f"step_{step}.pt")
+                with contextlib.suppress(FileNotFoundError):
+                    (ckpts / f"step_{step - 2}.pt").unlink()
+                time.sleep(0.1)
+            training.clear()
+            _wait(lambda: not watcher._candidates, "what is left shipped")
+        finally:
+            stop.set()
+            thread.join(60)
+    dropped = [w for w in warnings if "dropped without shipping it" in w]
+    assert dropped, warnings  # the disk was tight: it holds 6 saves
+    assert len(shipped_while_training) >= 4, (shipped_while_training, len(dropped))
+    assert vault.latest({"run": "r"}).tags["step"] == "60"
+
+
 def test_a_candidate_dropped_by_a_look_between_pins_is_not_pinned_again(tmp_path):
     """The look for new names between slow pins may drop a candidate (a Hugging Face Trainer's output
     folder found: its `runs/` logs are not a checkpoint); the settling went on with it, and the sync
@@ -2214,7 +2253,9 @@ def test_a_settled_pin_waiting_behind_an_upload_is_looked_at_once_a_second(tmp_p
         cand.pin.release()
 
 
-@pytest.mark.parametrize("case", ["plenty_free", "freed_late", "short_of_half_a_save", "newest_being_written"])
+@pytest.mark.parametrize(
+    "case", ["plenty_free", "freed_late", "short_of_half_a_save", "newest_being_written", "while_one_ships"]
+)
 def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
     """Review of the first version: a 10 % floor dropped every deleted checkpoint on a big volume 91 % full of
     other data with hundreds of GB free; re-reading statvfs after each drop dropped them all where space is
@@ -2234,14 +2275,16 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
         (ckpts / f"step_{step}.pt").unlink()  # the trainer's rotation
     watcher._settle(time.monotonic())
     now = time.monotonic() + 60  # all settled
-    if case == "newest_being_written":  # step_4 grows to 3 MB: a save needs 4.5 MB of room
+    if case in ("newest_being_written", "while_one_ships"):  # step_4 grows to 3 MB: a save needs 4.5 MB of room
         with open(ckpts / "step_4.pt", "ab") as f:
             f.write(os.urandom(2_000_000))
         watcher._settle(time.monotonic())
         max(watcher._candidates.values(), key=lambda c: c.pin.pin_id).last_change = now  # still growing
+    if case == "while_one_ships":
+        min(watcher._candidates.values(), key=lambda c: c.pin.pin_id).state = "queued"  # step_1 ships
     vfs = collections.namedtuple("vfs", "f_frsize f_blocks f_bavail")
-    blocks = {"plenty_free": 90_000_000, "freed_late": 244, "short_of_half_a_save": 300, "newest_being_written": 0}
-    free_blocks = blocks[case]
+    blocks = {"plenty_free": 90_000_000, "freed_late": 244, "short_of_half_a_save": 300}
+    free_blocks = blocks.get(case, 0)
     real = os.statvfs
     monkeypatch.setattr(
         os, "statvfs", lambda p: vfs(4096, 1_000_000_000, free_blocks) if str(ckpts) in str(p) else real(p)
@@ -2254,8 +2297,10 @@ def test_making_room_drops_only_what_a_save_needs(tmp_path, monkeypatch, case):
         assert dropped == ["step_1.pt"]  # 1 MB freed (counted at once) + 1 MB free >= 1.5 MB
     elif case == "short_of_half_a_save":
         assert dropped == ["step_1.pt"]  # 1.2 MB free: room for the save itself, not for 1.5 times it
-    else:
+    elif case == "newest_being_written":
         assert dropped == ["step_1.pt", "step_2.pt"], dropped  # step_3, the newest complete save, is kept
+    else:  # step_1 ships: step_3, the newest complete one, goes too (kept, the trainer's next save would fail)
+        assert dropped == ["step_2.pt", "step_3.pt"], dropped
     for cand in list(watcher._candidates.values()):
         cand.pin.release()
 

@@ -559,7 +559,7 @@ class Watcher:
             and cand.steady
             and not cand.pin.in_place
             and not self.options.once
-            and now - cand.last_change >= self.options.settle
+            and cand.settled(now, self.options.settle)
             and now - cand.looked < max(LOOK_INSIDE_S, cand.look_s / LOOK_INSIDE_SHARE)
         )
 
@@ -668,7 +668,7 @@ class Watcher:
             return False
         if cand.state == "failed":
             return now >= cand.retry_at and not self.options.once
-        return cand.state == "settling" and now - cand.last_change >= self.options.settle
+        return cand.state == "settling" and cand.settled(now, self.options.settle)
 
     def _warn_once(self, key: tuple[str, str], message: str) -> None:
         """A local error retried at every poll is reported once, until that stage succeeds."""

@@ -43,6 +43,13 @@ class Candidate:
     look_s: float = 0.0
     not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
 
+    def settled(self, now: float, settle: float) -> bool:
+        """Unchanged for ``settle`` seconds, or frozen: its source gone (the trainer's rotation deleted it)
+        or replaced, so nothing more can come into its pin. A trainer that saves faster than ``settle``
+        and keeps few saves deletes each before it would settle by time, and a disk with room for one
+        pin would then drop every one of them (watch_room.py) and ship none."""
+        return self.frozen or now - self.last_change >= settle
+
 
 @dataclass
 class Done:

@@ -57,21 +57,25 @@ class DiskRoom:
         """When the checkpoints' disk holds the pins and has less room than the largest checkpoint
         waiting takes (x ``pins.ROOM_FOR_A_SAVE``), the oldest waiting checkpoints the trainer already deleted
         are dropped, unshipped, until it has (``pins.make_room``): as ``backup_async`` coalesces a full
-        queue. Never the newest waiting one, nor the newest complete one (a save being written may be the
-        newest), the one shipping, or one still in the folder (its pin frees nothing, and it would never
-        ship). Each dropped one is an error of the run. Pins elsewhere: nothing is dropped there."""
+        queue. Never the newest waiting one, the one shipping, or one still in the folder (its pin frees
+        nothing, and it would never ship); nor, while none ships, the newest complete one (a save being
+        written may be the newest: this one ships next). While one ships, the newest complete one goes
+        last: a disk with room for the trainer's saves and one pin then ships every few saves, where
+        keeping a second pin would fail the trainer's next save. Each dropped one is an error of the run.
+        Pins elsewhere: nothing is dropped there."""
         waiting = sorted(
             (c for c in self._candidates.values() if c.state != "queued" and not c.pin.in_place),
             key=lambda c: c.pin.pin_id,
         )
-        if len(waiting) < 3 or not self._beside_checkpoints:
-            return  # the newest, and the newest complete one, are never dropped
+        shipping = any(c.state == "queued" for c in self._candidates.values())
+        if len(waiting) < (2 if shipping else 3) or not self._beside_checkpoints:
+            return  # the newest waiting one is never dropped, nor the one before it while none ships
         largest = self._largest_checkpoint()
         free = pins.free_bytes(self._pins_dir)
         if free is None:
             return
-        complete = [c for c in waiting if c.state == "failed" or now - c.last_change >= self._settle]
-        kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:])}
+        complete = [c for c in waiting if c.state == "failed" or c.settled(now, self._settle)]
+        kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:] if not shipping)}
 
         def held(cand: Candidate) -> int:
             if cand.pin.pin_id in kept or pins.source_alive(cand.pin):
