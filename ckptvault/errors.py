@@ -69,6 +69,14 @@ def first_few(items: Sequence[str], shown: int, sep: str = "; ") -> str:
     return sep.join(items[:shown]) + more
 
 
+def elided(text: str, keep: int = 200) -> str:
+    """``text`` with its middle cut out when it is longer than twice ``keep`` (a path of thousands of
+    characters in a one-line message)."""
+    if len(text) <= 2 * keep + 3:
+        return text
+    return f"{text[:keep]}...{text[-keep:]}"
+
+
 def _also(names: Sequence[str], shown: int) -> str:
     """ "; also a, b and N more": the others an incomplete restore or copy names after its first."""
     if not names:

@@ -1,6 +1,7 @@
 import os
 import shutil
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -346,6 +347,73 @@ def test_a_file_gone_after_the_scan_is_skipped_or_fails_the_backup_with_on_chang
     snap = vault.backup(src, on_change=mode, on_warning=warnings.append)
     assert [e.path for e in vault.files(snap) if e.type == "file"] == ["stable"]
     assert len(warnings) == 1 and "skipped" in warnings[0] and "model.pt" in warnings[0]
+
+
+def _link_deleted(src: Path) -> None:
+    (src / "latest").unlink()
+
+
+def _link_replaced_by_a_file(src: Path) -> None:  # DeepSpeed's `latest` is a text file naming the step
+    (src / "latest.tmp").write_text("a")
+    os.replace(src / "latest.tmp", src / "latest")
+
+
+def _link_replaced_by_a_folder(src: Path) -> None:
+    (src / "latest").unlink()
+    (src / "latest").mkdir()
+
+
+@pytest.mark.parametrize("change", [_link_deleted, _link_replaced_by_a_file, _link_replaced_by_a_folder])
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_a_link_gone_after_the_scan_is_skipped_or_fails_the_backup_with_on_change_fail(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, mode: str
+):
+    """fs44 #4: a trainer's `latest -> checkpoint-N` link rotated while the backup read the checkpoint was an
+    internal error (readlink unguarded: FileNotFoundError, or EINVAL once it was a file), exit 1."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "model.pt").write_bytes(os.urandom(100_000))
+    (src / "latest").symlink_to("a")
+    _changed_after_the_scan(monkeypatch, lambda: change(src))
+    if mode == "fail":
+        with pytest.raises(
+            SourceError, match=r"latest: it was (deleted|replaced by something that is not a link) during the backup"
+        ):
+            vault.backup(src, on_change=mode)
+        assert vault.snapshots() == []
+        return
+    warnings: list[str] = []
+    snap = vault.backup(src, on_change=mode, on_warning=warnings.append)
+    assert [e.path for e in vault.files(snap)] == ["a", "a/model.pt"]
+    assert len(warnings) == 1 and "skipped" in warnings[0] and "latest" in warnings[0], warnings
+
+
+def test_a_file_whose_path_is_over_the_systems_limit_fails_the_backup_unless_skipped(vault: Vault, tmp_path: Path):
+    """fs44 #3: a file under folders whose path passes PATH_MAX (4,096 bytes) was left out with a warning of
+    5,000 characters, exit 0, whatever --skip-unreadable said: its snapshot lacked it and became `latest`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "top").write_bytes(b"top")
+    folder = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(25):  # 25 x 201 bytes below src
+        os.mkdir("D" * 200, dir_fd=folder)
+        inner = os.open("D" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
+        os.close(folder)
+        folder = inner
+    fd = os.open("deepfile", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder)
+    os.write(fd, b"deep")
+    os.close(fd)
+    os.close(folder)
+    try:
+        with pytest.raises(SourceError, match=r"File name too long \(a path of [\d,]+ bytes") as raised:
+            vault.backup(src)
+        assert vault.snapshots() == [] and len(str(raised.value)) < 700, str(raised.value)  # the path cut short
+        warnings: list[str] = []
+        snap = vault.backup(src, skip_unreadable=True, on_warning=warnings.append)
+        assert [e.path for e in vault.files(snap) if e.type == "file"] == ["top"]
+        assert len(warnings) == 1 and "skipped unreadable" in warnings[0] and len(warnings[0]) < 700, warnings
+    finally:
+        subprocess.run(["rm", "-rf", str(src)], check=True)
 
 
 def test_a_file_saved_again_by_a_rename_after_the_scan_is_stored_with_its_own_mode(

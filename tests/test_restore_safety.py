@@ -696,3 +696,46 @@ def test_a_tree_that_lists_no_folders_still_restores_its_files_in_their_folders(
     vault.restore(crafted, tmp_path / "out")
     for entry in files_only:
         assert (tmp_path / "out" / entry.path).read_bytes() == (src / entry.path).read_bytes()
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_setuid_and_setgid_bits_of_files_are_not_restored_by_root(vault: Vault, tmp_path: Path, monkeypatch, as_root):
+    """fs44 #1: owners are not stored, so root restored another user's setuid program (mode 4755, uid 1234) as a
+    setuid-root one, "verified", exit 0 (a shared vault could plant one too). Root now restores files without
+    those bits, and says so; another user gets files of its own, which run as it whatever their bits. A
+    folder's setgid bit (its files take its group) is kept; a rerun and the drill agree with what was written."""
+    src = tmp_path / "src"
+    (src / "shared").mkdir(parents=True)
+    for name, mode in [("tool", 0o4755), ("grp", 0o2750), ("plain", 0o644)]:
+        (src / name).write_bytes(name.encode())
+        (src / name).chmod(mode)
+    (src / "shared").chmod(0o2775)
+    snap = vault.backup(src)
+    monkeypatch.setattr(restore_module, "_clears_setid", lambda: as_root)
+    target = tmp_path / "out"
+    for overwrite in (False, True):  # the rerun, which gives files already there the snapshot's mode
+        result = vault.restore(snap, target, overwrite=overwrite)
+        modes = {p.name: p.stat().st_mode & 0o7777 for p in target.iterdir()}
+        if as_root:
+            assert modes == {"tool": 0o755, "grp": 0o750, "plain": 0o644, "shared": 0o2775}, modes
+            assert result.setid_cleared == 2
+        else:
+            assert modes == {"tool": 0o4755, "grp": 0o2750, "plain": 0o644, "shared": 0o2775}, modes
+            assert result.setid_cleared == 0
+    assert vault.drill(snap).ok
+
+
+def test_the_cli_says_when_root_restored_files_without_their_setuid_bits(tmp_path: Path, cli):
+    if os.geteuid() != 0:
+        pytest.skip("only root restores files without their setuid bits (the API test above covers both)")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tool").write_bytes(b"#!/bin/sh\n")
+    (src / "tool").chmod(0o4755)
+    repo = str(tmp_path / "repo")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    proc = cli("restore", "latest", str(tmp_path / "out"), "--repo", repo)
+    assert "1 file(s) restored without their setuid/setgid bits" in proc.stderr.decode(), proc.stderr
+    assert (tmp_path / "out" / "tool").stat().st_mode & 0o7777 == 0o755
+    cli("drill", "--repo", repo)  # exit 0: the mode restored is the one expected

@@ -155,3 +155,24 @@ def test_a_folder_skipped_as_unreadable_is_not_stored_as_an_empty_one(tmp_path, 
         (ckpt / "shards").chmod(0o755)
     listed = cli("ls", "latest", "--repo", str(repo)).stdout.decode()
     assert "w.bin" in listed and "shards" not in listed, listed
+
+
+def test_files_in_a_folder_that_can_be_listed_but_not_entered_fail_the_backup_unless_skipped(tmp_path, cli):
+    """fs44 #2: a folder with r but no x (`chmod -R 644`): its listing works, each file's stat fails with
+    EACCES, and each was left out with a warning, exit 0 without --skip-unreadable: the snapshot, its
+    folder empty, became `latest`."""
+    repo, ckpt = tmp_path / "repo", tmp_path / "ckpt"
+    write_file(ckpt / "w.bin", os.urandom(1000))
+    write_file(ckpt / "shards" / "s1.bin", os.urandom(1000))
+    (ckpt / "shards").chmod(0o644)
+    try:
+        cli("init", str(repo))
+        proc = cli_without_override(tmp_path, "backup", str(ckpt), "--repo", str(repo))
+        assert proc.returncode == 3, (proc.returncode, proc.stderr)
+        assert "s1.bin: Permission denied (use --skip-unreadable" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "no snapshots" in cli("snapshots", "--repo", str(repo)).stdout.decode().lower()
+        proc = cli_without_override(tmp_path, "backup", str(ckpt), "--repo", str(repo), "--skip-unreadable")
+        assert proc.returncode == 0 and "skipped unreadable" in proc.stderr and "s1.bin" in proc.stderr, proc.stderr
+    finally:
+        (ckpt / "shards").chmod(0o755)

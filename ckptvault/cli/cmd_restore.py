@@ -36,6 +36,11 @@ def restore_cmd(
         snap = vault.snapshot(snapshot, parse_tags(tag))
         with out.progress("restoring") as progress:
             result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
+    if result.setid_cleared:
+        out.warn(
+            f"{result.setid_cleared} file(s) restored without their setuid/setgid bits: the snapshot does not store "
+            "owners, and restored by root they would run as root; set them again (chmod u+s) where you trust them"
+        )
     if result.unmatched_globs:
         out.warn(f"--include {', '.join(map(repr, result.unmatched_globs))} matched no path in the snapshot")
     if others := result.not_in_snapshot:

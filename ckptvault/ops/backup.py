@@ -247,7 +247,10 @@ def run_backup(
             for item in scan.items:
                 entry = FileEntry(item.path, item.kind, stat.S_IMODE(item.st.st_mode), item.st.st_mtime_ns)
                 if item.kind == "symlink":
-                    entry.target = os.readlink(item.abs_path)
+                    target = _read_link(item, warnings, skip_unreadable, on_change)
+                    if target is None:
+                        continue
+                    entry.target = target
                 elif item.kind == "file":
                     old = old_files.get(item.path)
                     if old is not None and not force_read and _unchanged(item, old, repo):
@@ -383,32 +386,8 @@ def _read_file(
         except _NotTheSource as wrapped:  # fails the backup whatever skip_unreadable says, as before
             exc = wrapped.error
             raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
-        except PermissionError as exc:
-            if not skip_unreadable:
-                raise SourceError(
-                    item.abs_path,
-                    exc.strerror or str(exc),
-                    unreadable_hint(),
-                ) from exc
-            warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror}")
-            return None
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, _NotAFileAnyMore) as exc:
-            # gone, replaced by a folder, or its folder by a file: the snapshot would miss it (a rotated checkpoint)
-            why = (
-                "it was deleted during the backup"
-                if isinstance(exc, (FileNotFoundError, NotADirectoryError))
-                else "it was replaced by something that is not a file during the backup"
-            )
-            if on_change == "fail":
-                raise SourceError(
-                    item.abs_path, why, f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}"
-                ) from exc
-            warnings.append(f"skipped {item.abs_path}: {why}")
-            return None
-        except OSError as exc:  # EIO from a failing disk, ESTALE on NFS...: skipped alike, as restic does
-            if not skip_unreadable:
-                raise SourceError(item.abs_path, exc.strerror or str(exc)) from exc
-            warnings.append(f"skipped unreadable file {item.abs_path}: {exc.strerror or exc}")
+        except OSError as exc:
+            _left_out(item, exc, warnings, skip_unreadable, on_change)
             return None
         if not changed:
             return entry
@@ -423,6 +402,43 @@ def _read_file(
         return None
     warnings.append(f"{item.abs_path} changed while it was read, twice; the snapshot holds the bytes read last")
     return entry
+
+
+def _read_link(item: SourceItem, warnings: list[str], skip_unreadable: bool, on_change: OnChange) -> str | None:
+    """The link's target, read where the scan found it (no link on the way followed); None when it is
+    left out: gone or no longer a link (a trainer's ``latest`` link rotated), or unreadable."""
+    try:
+        with _source_folder(item) as (folder, name):
+            return os.readlink(name, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # readlink of what is no link (any more)
+            exc = _NotALinkAnyMore()
+        _left_out(item, exc, warnings, skip_unreadable, on_change)
+        return None
+
+
+def _left_out(item: SourceItem, exc: OSError, warnings: list[str], skip_unreadable: bool, on_change: OnChange) -> None:
+    """A source file or link that could not be read after the scan: left out with a warning, or the
+    backup fails (``SourceError``): gone or replaced as ``on_change`` says, unreadable as
+    ``skip_unreadable`` says."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, _NotAFileAnyMore, _NotALinkAnyMore)):
+        # gone, replaced, or its folder by a file: the snapshot would miss it (a rotated checkpoint)
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            why = "it was deleted during the backup"
+        else:
+            what = "a link" if item.kind == "symlink" else "a file"
+            why = f"it was replaced by something that is not {what} during the backup"
+        if on_change == "fail":
+            raise SourceError(
+                item.abs_path, why, f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}"
+            ) from exc
+        warnings.append(f"skipped {item.abs_path}: {why}")
+        return
+    # EACCES; EIO from a failing disk, ESTALE on NFS...: skipped alike, as restic does
+    reason = exc.strerror or str(exc)
+    if not skip_unreadable:
+        raise SourceError(item.abs_path, reason, unreadable_hint()) from exc
+    warnings.append(f"skipped unreadable {'link' if item.kind == 'symlink' else 'file'} {item.abs_path}: {reason}")
 
 
 def _element_map(fd: int, size: int, path: str, repo: Repository, layout: FileLayout | None) -> ElementMap | None:
@@ -440,9 +456,13 @@ def _layout(fd: int, size: int, path: str) -> FileLayout | None:
         return None
 
 
-class _NotAFileAnyMore(Exception):
+class _NotAFileAnyMore(OSError):
     """The path was replaced by something that is not a regular file (a FIFO, whose reads would
     block forever; a folder) after the scan."""
+
+
+class _NotALinkAnyMore(OSError):
+    """The path was replaced by something that is not a symlink after the scan."""
 
 
 class _NotTheSource(Exception):
@@ -463,18 +483,26 @@ def _not_the_source() -> Iterator[None]:
         raise _NotTheSource(exc) from exc
 
 
-def _nonblocking(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NONBLOCK)
-
-
 def _open_source(item: SourceItem) -> io.FileIO:
-    """The file at the item's path, reached from its source folder one name at a time, none of them
-    followed if it is a symlink by now: a folder on the way, or the file itself, swapped for a link
-    after the scan would store what the link points to (as root, another user's files), or open a
-    device. A source named itself may be a link: it is followed, as the scan did. O_NONBLOCK: a FIFO
-    swapped in must not wait for a writer."""
+    """The file at the item's path (``_source_folder``). O_NONBLOCK: a FIFO swapped in must not wait
+    for a writer."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if item.root else 0)
+    with _source_folder(item) as (folder, name):
+        reached = open(os.open(name, flags, dir_fd=folder), "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+    reached.name = item.abs_path  # for messages, as if opened by it
+    return reached
+
+
+@contextlib.contextmanager
+def _source_folder(item: SourceItem) -> Iterator[tuple[int | None, str]]:
+    """The folder holding the item (an fd, None for the working folder) and its name in it, reached from
+    its source folder one name at a time, none of them followed if it is a symlink by now: a folder on the
+    way, or the file itself, swapped for a link after the scan would store what the link points to (as
+    root, another user's files), or open a device. A source named itself may be a link: it is followed,
+    as the scan did."""
     if not item.root:
-        return open(item.abs_path, "rb", buffering=0, opener=_nonblocking)
+        yield None, item.abs_path
+        return
     *folders, name = _below(item.abs_path, item.root).split(os.sep)
     fd = os.open(item.root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -482,13 +510,10 @@ def _open_source(item: SourceItem) -> io.FileIO:
             inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-        reached = open(os.open(name, flags, dir_fd=fd), "rb", buffering=0)  # noqa: SIM115 - the caller closes it
-        reached.name = item.abs_path  # for messages, as if opened by it
-        return reached
+        yield fd, name
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link where the scan saw a file or a folder
-            raise _NotAFileAnyMore from exc
+            raise (_NotALinkAnyMore() if item.kind == "symlink" else _NotAFileAnyMore()) from exc
         raise
     finally:
         os.close(fd)

@@ -59,7 +59,7 @@ from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
 from .legacy_torch import legacy_torch_problem
 from .load_checks import LoadCheck, archive_crc_problem, check_dcp, check_json, is_dcp_metadata, seconds_since
-from .restore import file_hash, give_owner, target_error
+from .restore import file_hash, give_owner, restored_mode, target_error
 
 DRILL_PREFIX = "ckptvault-drill-"
 LOCK_FILE = ".drill-lock"
@@ -298,8 +298,10 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
                 problems.append(f"{entry.path} is not the symlink the snapshot holds")
         elif not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
             problems.append(f"{entry.path} has {st.st_size} bytes, the snapshot {entry.size}")
-        elif stat.S_IMODE(st.st_mode) != entry.mode:
-            problems.append(f"{entry.path} has mode {oct(stat.S_IMODE(st.st_mode))}, the snapshot {oct(entry.mode)}")
+        elif stat.S_IMODE(st.st_mode) != restored_mode(entry):
+            problems.append(
+                f"{entry.path} has mode {oct(stat.S_IMODE(st.st_mode))}, the snapshot {oct(restored_mode(entry))}"
+            )
         else:
             give_owner(path, st, stat.S_IRUSR)
             if file_hash(path) != entry.blake3:

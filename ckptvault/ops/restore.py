@@ -77,6 +77,24 @@ class RestoreResult:
     # The snapshot restored (its ID, tags, step): what restore_latest took, without asking latest() again,
     # when a backup may have landed since. Set by the Vault.
     snapshot: Snapshot | None = None
+    setid_cleared: int = 0  # files restored by root without the setuid/setgid bits they were saved with
+
+
+# Owners are not stored: restored by root, every file is root's, and a setuid or setgid bit saved on
+# another user's program (or planted in a shared vault) would make it run as root. Root restores files
+# without them; another user gets files of its own, which run as it whatever their bits.
+SETID = stat.S_ISUID | stat.S_ISGID
+
+
+def _clears_setid() -> bool:
+    return os.geteuid() == 0
+
+
+def restored_mode(entry: FileEntry) -> int:
+    """The mode a restored file or folder gets: the stored one, less a file's setuid/setgid bits for root."""
+    if entry.type == "file" and _clears_setid():
+        return entry.mode & ~SETID
+    return entry.mode
 
 
 OTHERS_LISTED = 100
@@ -369,8 +387,9 @@ def _set_mode_and_mtime(path: str, entry: FileEntry) -> None:
     """Only what differs: a rerun of a finished restore changes nothing, so it also passes on a target
     mounted read-only since, or with folders owned by another user."""
     st = os.stat(path)
-    if stat.S_IMODE(st.st_mode) != entry.mode:
-        os.chmod(path, entry.mode)
+    mode = restored_mode(entry)
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
     if st.st_mtime_ns != entry.mtime_ns:
         os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns))
 
@@ -480,6 +499,7 @@ def run_restore(
         duration_s=round(time.monotonic() - started, 3),
         unmatched_globs=unmatched_globs,
         not_in_snapshot=others,
+        setid_cleared=sum(1 for e in entries if e.type == "file" and e.mode & SETID) if _clears_setid() else 0,
     )
     if failures:
         raise RestoreIncompleteError(failures, result)
@@ -722,7 +742,7 @@ def _write_via_temp(
             raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
         if entry.chunks and entry.chunks[-1] in zero_chunks:
             os.ftruncate(fd, entry.size)  # a hole at the end: no write set the file's size
-        os.fchmod(fd, entry.mode)
+        os.fchmod(fd, restored_mode(entry))
         os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
         if overwrite:
             _replace(tmp, dest)

@@ -24,7 +24,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import SourceError, UsageError, spelled
+from ..errors import SourceError, UsageError, elided, spelled
 from .names import STATE_FOLDERS, is_unfinished, source_name
 
 
@@ -254,8 +254,11 @@ def _walk(
         rel = f"{prefix}/{entry.name}" if prefix else entry.name
         try:
             st = entry.stat(follow_symlinks=False)
-        except OSError as exc:
-            result.warnings.append(f"skipped {entry.path}: {exc.strerror}")
+        except FileNotFoundError:  # deleted since its folder was listed: as one deleted after the scan
+            result.warnings.append(f"skipped {entry.path}: it was deleted during the backup")
+            continue
+        except OSError as exc:  # a folder that can be listed but not entered (no x), a path over PATH_MAX
+            _unreadable(entry.path, exc, result, skip_unreadable)
             continue
         if exclude and exclude.match(rel, stat.S_ISDIR(st.st_mode)):
             result.excluded += 1
@@ -282,10 +285,19 @@ def _listing(directory: str, result: ScanResult, skip_unreadable: bool) -> list[
         with os.scandir(directory) as it:
             return sorted(it, key=lambda e: e.name)
     except OSError as exc:
-        if not skip_unreadable:
-            raise SourceError(directory, exc.strerror or str(exc), unreadable_hint()) from exc
-        result.warnings.append(f"skipped unreadable directory {directory}: {exc.strerror}")
+        _unreadable(directory, exc, result, skip_unreadable, "directory ")
         return None
+
+
+def _unreadable(path: str, exc: OSError, result: ScanResult, skip_unreadable: bool, what: str = "") -> None:
+    """Fails the scan (``SourceError``), or with ``skip_unreadable`` says in a warning that ``path`` is left out."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENAMETOOLONG:
+        reason += f" (a path of {len(os.fsencode(path)):,} bytes, over the system's limit)"
+    shown = elided(path)
+    if not skip_unreadable:
+        raise SourceError(shown, reason, unreadable_hint()) from exc
+    result.warnings.append(f"skipped unreadable {what}{shown}: {reason}")
 
 
 def _add(abs_path: str, rel: str, st: os.stat_result, result: ScanResult, root: str = "") -> None:
