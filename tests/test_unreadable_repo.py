@@ -176,3 +176,36 @@ def test_files_in_a_folder_that_can_be_listed_but_not_entered_fail_the_backup_un
         assert proc.returncode == 0 and "skipped unreadable" in proc.stderr and "s1.bin" in proc.stderr, proc.stderr
     finally:
         (ckpt / "shards").chmod(0o755)
+
+
+def test_a_rerun_restores_into_folders_of_the_snapshot_the_owner_cannot_look_into(tmp_path, cli):
+    """fs44 #6: a snapshot holding a folder as 0o000 or 0o644 restored fine once, but a rerun (or the resume of
+    a killed restore) failed: "writing .../locked/f failed: Permission denied", exit 20, as the plan could not
+    look inside. The owner gives itself u+rx on such a folder of its own while the restore runs; every folder
+    gets the snapshot's mode again at the end, and a plan that fails puts them back."""
+    repo, ckpt, out = tmp_path / "repo", tmp_path / "ckpt", tmp_path / "out"
+    write_file(ckpt / "top.bin", os.urandom(1000))
+    write_file(ckpt / "locked" / "inner" / "f.bin", os.urandom(1000))
+    write_file(ckpt / "noxdir" / "g.bin", os.urandom(1000))
+    (ckpt / "locked").chmod(0)
+    (ckpt / "noxdir").chmod(0o644)
+    try:
+        cli("init", str(repo))
+        cli("backup", str(ckpt), "--repo", str(repo))
+        for args in [(), (), ("--overwrite",)]:  # the first restore, a rerun, a rerun with --overwrite
+            proc = cli_without_override(tmp_path, "restore", "latest", str(out), *args, "--repo", str(repo))
+            assert proc.returncode == 0, (args, proc.returncode, proc.stderr)
+            assert oct((out / "locked").stat().st_mode & 0o777) == oct(0), args
+            assert oct((out / "noxdir").stat().st_mode & 0o777) == oct(0o644), args
+        assert "3 already present" in proc.stdout, proc.stdout
+        (ckpt / "noxdir").chmod(0o755)
+        write_file(ckpt / "noxdir" / "g.bin", b"another save")
+        (ckpt / "noxdir").chmod(0o644)
+        cli("backup", str(ckpt), "--repo", str(repo))
+        proc = cli_without_override(tmp_path, "restore", "latest", str(out), "--repo", str(repo))
+        assert proc.returncode == 22 and "noxdir/g.bin exists and differs" in proc.stderr, proc.stderr
+        assert oct((out / "noxdir").stat().st_mode & 0o777) == oct(0o644)  # put back: nothing was restored
+    finally:
+        for folder in (ckpt / "locked", ckpt / "noxdir", out / "locked", out / "noxdir"):
+            if folder.exists():
+                folder.chmod(0o755)

@@ -84,6 +84,7 @@ class RestoreResult:
 # another user's program (or planted in a shared vault) would make it run as root. Root restores files
 # without them; another user gets files of its own, which run as it whatever their bits.
 SETID = stat.S_ISUID | stat.S_ISGID
+SEARCH = stat.S_IRUSR | stat.S_IXUSR  # what the owner needs to look into a folder
 
 
 def _clears_setid() -> bool:
@@ -216,6 +217,7 @@ class _Planner:
         # snapshot folders found missing from the target: nothing below them is looked up (a restore into
         # a new folder stat'ed each file and its folder in vain: ~10 µs a file)
         self.absent: set[str] = set()
+        self.entered: dict[str, int] = {}  # folders of ours given u+rx to look into (path -> mode before)
         self._below_target = os.path.join(target, "")  # ends in one "/"
 
     def dest(self, entry: FileEntry) -> str:
@@ -264,7 +266,7 @@ class _Planner:
             return
         dest = self.dest(entry)
         try:
-            st = os.lstat(dest)
+            st = self._lstat(dest)
         except (FileNotFoundError, NotADirectoryError):  # not there (or a folder above was replaced meanwhile)
             if entry.type == "dir":
                 self.absent.add(entry.path)
@@ -285,6 +287,30 @@ class _Planner:
             self.skip.add(entry.path)
         else:
             self._conflict(entry, "exists and differs")
+
+    def _lstat(self, path: str) -> os.stat_result:
+        """``os.lstat``; in a folder of ours without the owner's r or x (a snapshot holding one as 0o000 or
+        0o644, restored before: a rerun failed with "Permission denied"), after giving the owner u+rx on it.
+        Every folder of the snapshot gets its mode again at the end; a plan that fails puts them back
+        (``put_back``)."""
+        try:
+            return os.lstat(path)
+        except PermissionError:
+            folder = os.path.dirname(path)
+            if folder == self.target:  # not a folder of the snapshot: its mode is the user's
+                raise
+            st = os.stat(folder)
+            if st.st_uid != os.geteuid() or st.st_mode & SEARCH == SEARCH:
+                raise
+            give_owner(folder, st, SEARCH)
+            self.entered.setdefault(folder, stat.S_IMODE(st.st_mode))
+            return os.lstat(path)
+
+    def put_back(self) -> None:
+        """The folders entered (``_lstat``) get their modes back: nothing was restored."""
+        for folder, mode in reversed(self.entered.items()):
+            with contextlib.suppress(OSError):
+                os.chmod(folder, mode)
 
     def _too_long(self, entry: FileEntry, path: str) -> bool:
         """A path over PATH_MAX, found now, not as a write error once other files are in place."""
@@ -313,7 +339,7 @@ class _Planner:
                 return False
             parent = os.path.join(self.target, *parts[:i])
             try:
-                st = os.lstat(parent)
+                st = self._lstat(parent)
             except FileNotFoundError:
                 self.absent.add(folder)
                 return False
@@ -481,9 +507,13 @@ def run_restore(
     planner.check_target()
     if vault_folder is not None:
         _refuse_vault_folder(entries, vault_folder, target)
-    for entry in entries:
-        planner.check(entry)
-    others = _refuse_what_the_plan_found(planner, target, tree, alone)
+    try:
+        for entry in entries:
+            planner.check(entry)
+        others = _refuse_what_the_plan_found(planner, target, tree, alone)
+    except BaseException:
+        planner.put_back()
+        raise
     os.makedirs(target, exist_ok=True)
 
     files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
