@@ -247,7 +247,8 @@ class StorageFullError(StorageError):
 
     def __init__(self, op: str, key: str, url: str, reason: str, *, hint: str = "") -> None:
         hint = hint or spelled("free space and run the command again", "free space and try again")
-        super().__init__(op, key, url, reason, message=f"no space left writing {key} on {url}: {reason}; {hint}")
+        where = f"writing {key} on {url}" if key != url else f"on {url}"  # the folder itself could not be made
+        super().__init__(op, key, url, reason, message=f"no space left {where}: {reason}; {hint}")
 
 
 class RestoreConflictError(CkptVaultError):

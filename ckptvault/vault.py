@@ -91,7 +91,7 @@ from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
-from .ops.restore import RestoreResult, run_restore, target_error
+from .ops.restore import RestoreResult, restore_full_hint, run_restore, target_error
 from .ops.retag import changed_tags, retag, retag_gone
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_stats
@@ -584,7 +584,7 @@ class Vault:
                 snapshot, where, include=globs, overwrite=overwrite, on_progress=on_progress, alone=alone
             )
         except OSError as exc:  # the store's failures are StorageErrors already: this is the target
-            raise target_error(exc, where) from exc
+            raise target_error(exc, where, full_hint=restore_full_hint()) from exc
 
     def _restore(
         self,

@@ -212,10 +212,19 @@ def test_a_read_only_target_is_a_one_line_error(run, snap, tmpfs):
 def test_a_full_disk_is_storage_full_naming_the_target_and_leaves_nothing_half_written(run, snap, tmpfs):
     small = tmpfs("small", "size=256k")
     target = small / "t"
-    one_line_error(run("restore", snap, str(target)), 21, "no space left", str(target), "big.bin")
+    one_line_error(
+        run("restore", snap, str(target)), 21, "no space left", str(target), "big.bin", "holds part of the snapshot"
+    )
     assert temp_files(small) == []
     assert not (target / "big.bin").exists(), "a partial file was left"
     assert (target / "a.json").read_bytes() == b'{"step": 1}', "files restored before the disk filled stay whole"
+
+
+def test_a_disk_without_room_for_the_target_folder_says_so_once(run, snap, tmpfs):
+    """fs44 #8: "no space left writing /mnt/r on /mnt/r": the folder that could not be made was named twice."""
+    full = tmpfs("full", "size=256k,nr_inodes=1")  # the root folder takes the only inode
+    line = one_line_error(run("restore", snap, str(full / "t")), 21, f"no space left on {full / 't'}: ")
+    assert line.count(str(full / "t")) == 1, line
 
 
 def test_a_rerun_of_a_finished_restore_passes_on_a_target_mounted_read_only_since(run, snap, tmpfs):

@@ -420,6 +420,15 @@ def _set_mode_and_mtime(path: str, entry: FileEntry) -> None:
         os.utime(path, ns=(entry.mtime_ns, entry.mtime_ns))
 
 
+def restore_full_hint() -> str:
+    """A restore the disk stopped has put some files in place (with --overwrite, beside older ones)."""
+    again = spelled("run the command again", "restore again")
+    return (
+        f"until a rerun finishes it the target holds part of the snapshot; free space and {again} "
+        "(it keeps the files already restored)"
+    )
+
+
 def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVaultError:
     """A filesystem error met while writing into ``target``, as a one-line error naming the path
     (relative to the target where it lies inside it), the cause, and what to do. A full disk or
