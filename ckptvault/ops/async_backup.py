@@ -492,6 +492,8 @@ class AsyncShipper:
         self._running: BackupJob | None = None
         self._failures: list[BaseException] = []  # since the last flush
         self._rewrites: dict[str, int] = {}  # source -> saves of it rewritten in place in a row, none shipped
+        self._starving_told: set[str] = set()  # sources the ERROR named since their last save shipped
+        self._flushing = 0  # flush() calls waiting: the saves have stopped for now
         # source -> a job superseded by an in-place rewrite when no later backup of it was queued yet: the
         # save that rewrote it is usually queued once written; what is still here at a flush is lost
         self._orphans: dict[str, tuple[BackupJob, BackupSupersededError]] = {}
@@ -676,7 +678,11 @@ class AsyncShipper:
             raise UsageError("flush() cannot be called from a backup's done-callback")
         timeout = _timeout_arg(timeout)
         with self._cond:
-            idle = self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
+            self._flushing += 1
+            try:
+                idle = self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
+            finally:
+                self._flushing -= 1
             if not idle:
                 left = len(self._pending) + (self._running is not None)
                 raise FlushTimeoutError(f"{left} queued backup(s) still unfinished after {timeout:g} s")
@@ -834,6 +840,7 @@ class AsyncShipper:
             else:
                 for pin in job.pins:
                     self._rewrites.pop(pin.source, None)
+                    self._starving_told.discard(pin.source)
                 self._release(job)  # the snapshot is committed: the pin has done its job
                 job.future.set_result(snapshot)
             with self._cond:
@@ -843,10 +850,14 @@ class AsyncShipper:
     def _starving(self, sources: tuple[str, ...]) -> None:
         """A file saved in place faster than one upload takes never ships: each save's pin is rewritten
         by the next before its backup commits. Said once at ERROR after a few in a row (each one only
-        warns), since the vault then holds nothing newer of it, however long training goes on."""
+        warns), since the vault then holds nothing newer of it, however long training goes on. Not while a
+        flush waits: the saves have stopped, and the newest queued ships (or its failure is raised)."""
+        with self._cond:
+            flushing = self._flushing > 0
         for source in sources:
             count = self._rewrites[source] = self._rewrites.get(source, 0) + 1
-            if count == STARVED_AFTER:
+            if count >= STARVED_AFTER and not flushing and source not in self._starving_told:
+                self._starving_told.add(source)
                 log.error(
                     "ckptvault: %s was rewritten in place before each of its last %d backups could ship: nothing "
                     "newer of it is stored while it is saved faster than it uploads; save each checkpoint to a new "
