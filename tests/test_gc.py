@@ -382,3 +382,37 @@ def test_a_rerun_of_an_interrupted_forget_skips_what_the_first_run_removed_and_f
     again = cli("forget", ids[0], ids[1], "--prune", "--repo", repo)  # all gone: the prune still runs
     assert again.returncode == 0 and "skipped" in again.stderr.decode()
     cli("check", "--repo", repo, "--read-data")
+
+
+def test_prune_holds_a_few_kept_trees_at_a_time_not_all_of_them(tmp_path: Path, monkeypatch):
+    """sc44 #1: prune decoded every kept snapshot's tree and held them all until the plan was made: ~35 MB per
+    kept snapshot of 50,000 files (1.5 GB for 31). Each tree is now folded into the set of live chunk IDs as
+    it is read; the trees alive at once are counted (a decoded tree is a list of every file's entry)."""
+    from ckptvault.ops import prune as prune_module
+
+    class Tree(list):
+        alive = peak = 0
+
+        def __init__(self, entries):
+            super().__init__(entries)
+            Tree.alive += 1
+            Tree.peak = max(Tree.peak, Tree.alive)
+
+        def __del__(self):
+            Tree.alive -= 1
+
+    real = prune_module.decode_tree
+    monkeypatch.setattr(prune_module, "decode_tree", lambda raw: Tree(real(raw)))
+    Vault.init(str(tmp_path / "repo")).close()
+    with Vault.open(str(tmp_path / "repo")) as vault:
+        src = tmp_path / "src"
+        for step in range(40):
+            write_file(src / "w.bin", os.urandom(2000))
+            vault.backup(src, tags={"step": str(step)})
+        dry = vault.prune(keep_latest=30, dry_run=True)
+        assert Tree.peak <= 16, Tree.peak  # TREES_AT_ONCE; the old prune held all 30
+        assert len(dry.retention.forget) == 10
+        vault.prune(keep_latest=30)
+        assert [s.tags["step"] for s in vault.snapshots()] == [str(step) for step in range(10, 40)]
+        assert vault.check(read_data=1.0).ok
+    assert Tree.peak <= 16, Tree.peak  # TREES_AT_ONCE; the old prune held all 30

@@ -198,7 +198,7 @@ def test_garbage_collection_without_the_exclusive_lock_refuses(vault: Vault, tmp
         run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=False)  # a shared one is not it
     other = Vault.open(vault.url)  # another Repository object's lock is not this one's
     with other._repo.locks.acquire(exclusive=True), pytest.raises(RuntimeError, match="needs the exclusive lock"):
-        execute_gc(repo, plan_gc(repo, [], set(), 0.1))
+        execute_gc(repo, plan_gc(repo, set(), set(), 0.1))
     other.close()
     assert sorted(p for p in Path(vault.url).rglob("*") if p.is_file()) == before
     assert run_prune(repo, snapshots, RetentionPolicy(keep_latest=1), dry_run=True).forgotten  # no lock needed

@@ -34,7 +34,6 @@ from typing import TypeVar
 from ..errors import IntegrityError, VaultLockedError
 from ..repository import Repository
 from ..repository.pack import PackEntry, lies_whole_in
-from ..snapshot.model import FileEntry
 
 INDEX_ENTRIES_PER_OBJECT = 200_000
 MAX_INDEX_OBJECTS = 8  # more than this and GC consolidates them even when nothing is deleted
@@ -69,11 +68,9 @@ class GcPlan:
         return bool(self.delete_packs or self.repack or self.dead_trees) or self.index_objects > MAX_INDEX_OBJECTS
 
 
-def plan_gc(
-    repo: Repository, live_trees: list[list[FileEntry]], live_tree_ids: set[bytes], repack_threshold: float
-) -> GcPlan:
-    """``repack_threshold``: a pack whose dead share of bytes exceeds it is repacked."""
-    live = {c for tree in live_trees for e in tree for c in e.chunks}
+def plan_gc(repo: Repository, live: set[bytes], live_tree_ids: set[bytes], repack_threshold: float) -> GcPlan:
+    """``live``: the chunk IDs the kept snapshots' files name. ``repack_threshold``: a pack whose dead share
+    of bytes exceeds it is repacked."""
     indexed: dict[bytes, list[PackEntry]] = {}
     index_objects = repo.read_index_objects()
     for packs in index_objects.values():

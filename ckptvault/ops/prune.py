@@ -15,7 +15,7 @@ from ..errors import (
 )
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree
-from ..snapshot.model import FileEntry, Snapshot
+from ..snapshot.model import Snapshot
 from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
 from ..snapshot.selection import higher_step_passed_over
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
@@ -65,8 +65,7 @@ def run_prune(
 
 def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack_threshold: float) -> PruneResult:
     keep = retention.keep
-    trees = [_kept_tree(repo, s) for s in keep]
-    gc = plan_gc(repo, trees, {bytes.fromhex(s.tree_id) for s in keep}, repack_threshold)
+    gc = plan_gc(repo, _live_chunks(repo, keep), {bytes.fromhex(s.tree_id) for s in keep}, repack_threshold)
     gc.snapshot_ids = {bytes.fromhex(s.id) for s in keep}  # a snapshot committed meanwhile stops the GC
     before = stored_bytes(repo)
     if dry_run:  # the snapshot and tree objects that go too: most of it where saves are small
@@ -97,11 +96,25 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
     return PruneResult(retention, gc, False, before, stored_bytes(repo))
 
 
-def _kept_tree(repo: Repository, snap: Snapshot) -> list[FileEntry]:
-    """The tree of a snapshot prune keeps: its chunks must stay. One that is missing or damaged stops
+TREES_AT_ONCE = 16  # kept trees decoded before their chunk IDs are folded in: memory bounded whatever is kept
+
+
+def _live_chunks(repo: Repository, keep: list[Snapshot]) -> set[bytes]:
+    """The chunk IDs the kept snapshots' files name, read a few trees at a time (several at once on remote
+    storage) and each folded in as it comes: holding every kept tree took ~35 MB per snapshot of 50,000
+    files, 1.5 GB for 31 of them."""
+    live: set[bytes] = set()
+    for start in range(0, len(keep), TREES_AT_ONCE):
+        for chunk_ids in repo.read_each(lambda snap: _kept_chunks(repo, snap), keep[start : start + TREES_AT_ONCE]):
+            live |= chunk_ids
+    return live
+
+
+def _kept_chunks(repo: Repository, snap: Snapshot) -> set[bytes]:
+    """The chunks of a snapshot prune keeps: they must stay. A tree that is missing or damaged stops
     the prune (what it needs is unknown), naming the snapshot and the way out."""
     try:
-        return decode_tree(repo.load_tree(bytes.fromhex(snap.tree_id)))
+        return {c for e in decode_tree(repo.load_tree(bytes.fromhex(snap.tree_id))) for c in e.chunks}
     except (IntegrityError, ObjectNotFoundError) as exc:
         state = "missing" if isinstance(exc, ObjectNotFoundError) else f"damaged ({exc})"
         raise IntegrityError(
