@@ -12,6 +12,7 @@ files of every chunk that needs it are affected.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -30,9 +31,10 @@ from ..repository.index import decode_index
 from ..repository.pack import PackEntry, lies_whole_in, read_pack_header
 from ..repository.repository import INDEX_RELISTS
 from ..snapshot.manifest import decode_snapshot, decode_tree
-from ..snapshot.model import Snapshot
+from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import object_fault
 from ..units import counted
+from .memory import TREES_AT_ONCE
 
 
 @dataclass(frozen=True)
@@ -462,18 +464,33 @@ class _Checker:
                 break
             self.unread_chunks |= more
 
+    def _snapshots_and_trees(
+        self, snapshot_ids: list[bytes]
+    ) -> Iterator[tuple[bytes, tuple[Snapshot, list[FileEntry]] | CkptVaultError]]:
+        """Each snapshot object and its tree, read a few at a time (several at once on remote storage: one
+        round trip after another took 41 s for 1,000 snapshots on a 20 ms link), or what reading it raised."""
+
+        def load(snapshot_id: bytes) -> tuple[Snapshot, list[FileEntry]] | CkptVaultError:
+            try:
+                snap = decode_snapshot(self.repo.load_snapshot(snapshot_id))
+                return snap, decode_tree(self.repo.load_tree(bytes.fromhex(snap.tree_id)))
+            except CkptVaultError as exc:
+                return exc
+
+        for start in range(0, len(snapshot_ids), TREES_AT_ONCE):
+            batch = snapshot_ids[start : start + TREES_AT_ONCE]
+            yield from zip(batch, self.repo.read_each(load, batch), strict=True)
+
     def check_snapshots(self, snapshot_ids: list[bytes]) -> None:
         """``snapshot_ids``: listed before the index objects were (see ``run_check``)."""
         self.spread_to_deltas()
         chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
         taken: dict[str, datetime] = {}  # the affected are listed oldest first, as `snapshots` lists them
         needed: set[bytes] | None = set()  # every chunk a snapshot reads (None once a tree could not be read)
-        for snapshot_id in snapshot_ids:
+        for snapshot_id, loaded in self._snapshots_and_trees(snapshot_ids):
             name = f"snapshot {_short(snapshot_id)}"
-            try:
-                snap: Snapshot = decode_snapshot(self.repo.load_snapshot(snapshot_id))
-                tree = decode_tree(self.repo.load_tree(bytes.fromhex(snap.tree_id)))
-            except CkptVaultError as exc:
+            if isinstance(loaded, CkptVaultError):
+                exc = loaded
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
                 self.report.snapshots += 1
@@ -488,6 +505,7 @@ class _Checker:
                 self.problem(name, str(exc))
                 self.report.affected[snapshot_id.hex()] = ["*"]
                 continue
+            snap, tree = loaded
             self.report.snapshots += 1
             taken[snap.id] = snap.time
             if needed is not None:

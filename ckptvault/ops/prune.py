@@ -20,6 +20,7 @@ from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_
 from ..snapshot.selection import higher_step_passed_over
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
+from .memory import TREES_AT_ONCE
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 
@@ -94,9 +95,6 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
         ) from exc
     repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)
     return PruneResult(retention, gc, False, before, stored_bytes(repo))
-
-
-TREES_AT_ONCE = 16  # kept trees decoded before their chunk IDs are folded in: memory bounded whatever is kept
 
 
 def _live_chunks(repo: Repository, keep: list[Snapshot]) -> set[bytes]:
