@@ -527,3 +527,33 @@ def test_a_leftover_the_queue_refuses_keeps_its_pins(tmp_path, vault, ended_proc
     with pytest.raises(UsageError, match="closed"):
         shipper.submit(job)
     assert [Path(p.root).exists() for p in job.pins] == [True]  # for the next process to ship
+
+
+def test_a_save_offered_again_after_a_restart_is_not_queued_beside_the_dead_runs_pin_of_it(
+    tmp_path, ended_process, caplog
+):
+    """tr43 #9: a resumed Lightning run is offered again the saves its ModelCheckpoint remembers; the dead run's
+    pins of them shipped, and the second offer, queued beside them, was dropped for a newer save: "backup of
+    epoch=2-step=20.ckpt was dropped for the newer ...", read after a crash as a lost save. The offer is the
+    dead run's job (its handle), queued once."""
+    from tests.test_async_backup import slow_vault, wait_until
+
+    vault = slow_vault(tmp_path, delay=0.05)
+    out = tmp_path / "out"
+    running = vault.backup_async(make_checkpoint(out / "checkpoint-1", 1), tags={"step": "1"})
+    wait_until(running.running)
+    offered = [make_checkpoint(out / f"checkpoint-{step}", step) for step in (20, 24)]
+    for ckpt, step in zip(offered, (20, 24), strict=True):
+        (root,) = pin_for(vault, ckpt, step)
+        set_owner(root, **ended_process)
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        again = [vault.backup_async(c, tags={"step": s}) for c, s in zip(offered, ("20", "24"), strict=True)]
+        for step in (28, 32, 36):  # newer saves: more than max_pending (2) wait
+            vault.backup_async(make_checkpoint(out / f"checkpoint-{step}", step), tags={"step": str(step)})
+        vault.flush(timeout=120)
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert not [m for m in dropped if "checkpoint-20 " in m or "checkpoint-24 " in m], dropped
+    steps = sorted(int(s.tags["step"]) for s in vault.snapshots())
+    assert steps[:3] == [1, 20, 24] and steps.count(20) == steps.count(24) == 1, steps
+    assert [h.result().tags["step"] for h in again] == ["20", "24"]
+    vault.close()

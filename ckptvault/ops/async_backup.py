@@ -493,6 +493,7 @@ class AsyncShipper:
         self._failures: list[BaseException] = []  # since the last flush
         self._rewrites: dict[str, int] = {}  # source -> saves of it rewritten in place in a row, none shipped
         self._starving_told: set[str] = set()  # sources the ERROR named since their last save shipped
+        self._leftovers: dict[tuple[object, ...], BackupJob] = {}  # a dead process's jobs, by what they ship
         self._flushing = 0  # flush() calls waiting: the saves have stopped for now
         # source -> a job superseded by an in-place rewrite when no later backup of it was queued yet: the
         # save that rewrote it is usually queued once written; what is still here at a flush is lost
@@ -514,6 +515,10 @@ class AsyncShipper:
         """Queue ``job``; a job refused (bad ``on_full``, closed queue) has its pins released, but
         for a leftover's: they may hold the only copy of a save, for a later process to ship."""
         job.on_full = on_full
+        if (twin := self._leftover_twin(job)) is not None:
+            log.debug("backup of %s: a dead process's pins of the same files ship it", job.describe())
+            self._release(job)
+            return BackupHandle(twin, self._cancel)
         try:
             dropped = self._enqueue(job, on_full)
         except BaseException:
@@ -537,6 +542,26 @@ class AsyncShipper:
                     self._room_keeper.start()
             self._make_room()
         return BackupHandle(job, self._cancel)
+
+    def _leftover_twin(self, job: BackupJob) -> BackupJob | None:
+        """A dead process's job (``leftover_jobs``) that ships what ``job`` would: the same files, unchanged
+        since they were pinned, under the same tags. A resumed run offers again the saves its framework
+        remembers (Lightning's ModelCheckpoint): queued twice, the second was dropped for a newer save,
+        and the log said a save that shipped was lost. None when there is none, or it failed."""
+        if not job.pins:
+            return None
+        key = (
+            tuple(pin.source for pin in job.pins),
+            tuple(sorted(job.tags.items())),
+            tuple(pins_module.digest(sig) for sig in job.pinned_as),
+        )
+        with self._cond:
+            if job.leftover:
+                self._leftovers[key] = job
+                return None
+            twin = self._leftovers.get(key)
+        failed = twin is not None and twin.future.done() and (twin.future.cancelled() or twin.future.exception())
+        return None if failed else twin
 
     def _keep_room(self) -> None:
         """Looks at the room left while pinned backups wait: the trainer's rotation, right after a
