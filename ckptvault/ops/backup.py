@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun
@@ -46,6 +46,8 @@ from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hi
 
 OnChange = Literal["warn", "skip", "fail"]  # what to do with a file that changed while read, twice
 ON_CHANGE: tuple[OnChange, ...] = get_args(OnChange)
+T = TypeVar("T")
+
 MAX_OPEN_BASE_FILES = 32  # local copies of the previous save kept open for delta bases (a checkpoint of many shards)
 # A file changed this recently when its read began may change again without its mtime or ctime moving: the
 # kernel stamps files from a clock that ticks every 1-10 ms (before Linux 6.13, and on filesystems without
@@ -408,8 +410,7 @@ def _read_link(item: SourceItem, warnings: list[str], skip_unreadable: bool, on_
     """The link's target, read where the scan found it (no link on the way followed); None when it is
     left out: gone or no longer a link (a trainer's ``latest`` link rotated), or unreadable."""
     try:
-        with _source_folder(item) as (folder, name):
-            return os.readlink(name, dir_fd=folder)
+        return _at_source(item, lambda name, folder: os.readlink(name, dir_fd=folder))
     except OSError as exc:
         if exc.errno == errno.EINVAL:  # readlink of what is no link (any more)
             exc = _NotALinkAnyMore()
@@ -484,25 +485,23 @@ def _not_the_source() -> Iterator[None]:
 
 
 def _open_source(item: SourceItem) -> io.FileIO:
-    """The file at the item's path (``_source_folder``). O_NONBLOCK: a FIFO swapped in must not wait
-    for a writer."""
+    """The file at the item's path (``_at_source``). O_NONBLOCK: a FIFO swapped in must not wait for a
+    writer."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if item.root else 0)
-    with _source_folder(item) as (folder, name):
-        reached = open(os.open(name, flags, dir_fd=folder), "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+    fd = _at_source(item, lambda name, folder: os.open(name, flags, dir_fd=folder))
+    reached = open(fd, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
     reached.name = item.abs_path  # for messages, as if opened by it
     return reached
 
 
-@contextlib.contextmanager
-def _source_folder(item: SourceItem) -> Iterator[tuple[int | None, str]]:
-    """The folder holding the item (an fd, None for the working folder) and its name in it, reached from
-    its source folder one name at a time, none of them followed if it is a symlink by now: a folder on the
-    way, or the file itself, swapped for a link after the scan would store what the link points to (as
-    root, another user's files), or open a device. A source named itself may be a link: it is followed,
-    as the scan did."""
+def _at_source(item: SourceItem, act: Callable[[str, int | None], T]) -> T:
+    """``act(name, folder)`` on the item: ``folder`` is an fd of the folder holding it (None for the working
+    folder), reached from its source folder one name at a time, none of them followed if it is a symlink
+    by now: a folder on the way, or the file itself, swapped for a link after the scan would store what the
+    link points to (as root, another user's files), or open a device. A source named itself may be a link:
+    it is followed, as the scan did."""
     if not item.root:
-        yield None, item.abs_path
-        return
+        return act(item.abs_path, None)
     *folders, name = _below(item.abs_path, item.root).split(os.sep)
     fd = os.open(item.root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -510,7 +509,7 @@ def _source_folder(item: SourceItem) -> Iterator[tuple[int | None, str]]:
             inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
-        yield fd, name
+        return act(name, fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link where the scan saw a file or a folder
             raise (_NotALinkAnyMore() if item.kind == "symlink" else _NotAFileAnyMore()) from exc
