@@ -77,7 +77,7 @@ from .ops.async_backup import (
 )
 from .ops.backup import OnChange
 from .ops.backup_session import vault_backup
-from .ops.catalog import SnapshotCatalog, refuse_gc_with_unreadable, removed_meanwhile
+from .ops.catalog import SnapshotCatalog, handed_out, refuse_gc_with_unreadable, removed_meanwhile
 from .ops.check import CheckReport, run_check
 from .ops.copy import CopyResult
 from .ops.copy_session import copy_listed, finish_copy
@@ -527,7 +527,7 @@ class Vault:
             self._repo.reconcile_when_due()  # reuse what a killed backup uploaded; not what is gone
             result = vault_backup(
                 self._repo,
-                self.snapshots(),
+                sorted(self._catalog.listing(copies=False)[0], key=lambda s: s.time),  # read only
                 self.files,
                 sources,
                 abs_paths,
@@ -547,7 +547,7 @@ class Vault:
         warn = self._warner(on_warning, logged=log_warnings or on_warning is None)  # said somewhere all the same
         for warning in result.warnings:
             warn(warning)
-        return result.snapshot
+        return handed_out(result.snapshot)  # an unchanged backup's twin is a kept object: the caller gets a copy
 
     @_open_only
     def restore(

@@ -665,6 +665,7 @@ def test_a_caller_editing_a_listed_snapshot_changes_nothing_the_vault_sees(tmp_p
         vault.stats().per_snapshot[0].tags["run"] = "other"
         vault.snapshot(vault.snapshots()[0].id[:8]).tags.clear()
         vault.latest({"run": "x"}).tags["step"] = "99"
+        vault.backup(src, tags={"run": "x", "step": "3"}, skip_if_unchanged=True).tags["step"] = "77"  # the twin
         (milestone,) = vault.snapshots({"milestone": "yes"})
         assert milestone.paths == [str(src)] and vault.latest({"run": "x"}).tags["step"] == "3"
         result = vault.prune(keep_latest=1, keep_tags=["milestone"])

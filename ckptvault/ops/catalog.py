@@ -36,10 +36,11 @@ class SnapshotCatalog:
         self._warned: set[str] = set()  # each unreadable snapshot, and each passed-over step, is warned about once
         self._read: dict[tuple[bytes, int | None], Snapshot] = {}
 
-    def listing(self) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
+    def listing(self, *, copies: bool = True) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
         """Every readable snapshot, and the unreadable ones by full ID with their errors (also kept as
         ``unreadable``, for the caller of the API; code uses what is returned, which another thread's
-        listing cannot replace meanwhile)."""
+        listing cannot replace meanwhile). ``copies=False``: the kept objects themselves, for code that
+        only reads them (a backup looking for its parent: copying 3,000 took 32 ms of each backup's 110)."""
 
         def load(snapshot_id: bytes) -> Snapshot | CkptVaultError | None:
             try:
@@ -56,7 +57,7 @@ class SnapshotCatalog:
         loaded = list(zip(unread, self._repo.read_each(load, unread), strict=True))
         fresh = {i: s for i, s in loaded if isinstance(s, Snapshot)}
         self._read = {k: s for k in listed if (s := known.get(k) or fresh.get(k[0])) is not None}
-        snaps = [handed_out(s) for s in self._read.values()]
+        snaps = [handed_out(s) for s in self._read.values()] if copies else list(self._read.values())
         unreadable = {i.hex(): e for i, e in loaded if isinstance(e, CkptVaultError)}
         self.unreadable = unreadable
         for snapshot_id, error in sorted(unreadable.items()):
