@@ -557,3 +557,28 @@ def test_a_save_offered_again_after_a_restart_is_not_queued_beside_the_dead_runs
     assert steps[:3] == [1, 20, 24] and steps.count(20) == steps.count(24) == 1, steps
     assert [h.result().tags["step"] for h in again] == ["20", "24"]
     vault.close()
+
+
+def test_a_shell_driven_restart_ships_the_dead_runs_pins_with_ship_pins_before_it_restores(tmp_path, cli):
+    """tr43 #10: only the Python API could ship a dead run's pins before a resume; a restart driven from the
+    shell (`ckptvault restore latest ... && python train.py`) restored an older save, and the pins shipped at
+    the resumed run's first save, over its newer ones. `ckptvault ship-pins FOLDER` does it from the shell."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    with Vault.init(str(repo)) as vault:
+        vault.backup(make_checkpoint(out / "checkpoint-1", 1), tags={"run": "r", "step": "1"})
+    second = make_checkpoint(out / "checkpoint-2", 2)
+    expected = tree_digest(second)
+    kill_while_shipping(repo, second, "before-commit", step=2)
+    shutil.rmtree(second)  # the trainer's rotation: the pin is now the only copy
+    proc = cli("ship-pins", str(out / "checkpoint-1"), "--repo", str(repo))  # a checkpoint's folder: said
+    assert f"to ship them: ckptvault ship-pins {out}" in proc.stderr.decode(), proc.stderr
+    assert proc.stdout.decode().strip() == f"nothing left pinned in {out / 'checkpoint-1'}"
+    proc = cli("ship-pins", str(out), "--repo", str(repo), "--json")
+    assert [s["tags"] for s in json.loads(proc.stdout)["snapshots"]] == [{"run": "r", "step": "2"}]
+    assert "shipped snapshot" in proc.stderr.decode() and "step=2" in proc.stderr.decode(), proc.stderr
+    cli("restore", "latest", "--tag", "run=r", str(tmp_path / "resume"), "--repo", str(repo))
+    assert tree_digest(tmp_path / "resume") == expected
+    again = cli("ship-pins", str(out), "--repo", str(repo))
+    assert again.stdout.decode().strip() == f"nothing left pinned in {out}"
+    bad = cli("ship-pins", str(tmp_path / "no-such"), "--repo", str(repo), check=False)
+    assert bad.returncode == 3 and "no such directory (give the folder" in bad.stderr.decode(), bad.stderr

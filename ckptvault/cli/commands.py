@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     cmd_key,
     cmd_prune,
     cmd_restore,
+    cmd_ship_pins,
     cmd_show,
     cmd_snapshots,
     cmd_stats,

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import SourceError
+from ..errors import SourceError, spelled
 from ..localtree import remove_tree
 from ..repository.locks import pid_alive, process_table
 from . import pin as pins
@@ -316,10 +316,11 @@ def pins_folder(folder: str, warn: Callable[[str], None]) -> str:
     if not os.path.isdir(pins_here) and os.path.isdir(beside) and _lists_anything(beside):
         # a checkpoint's own folder given (pins lie beside each source): shipping nothing, the resume
         # would pick an older save without a word
+        above = os.path.dirname(folder)
         warn(
             f"{folder} holds no {PIN_FOLDER}, but the folder above it does: backup_async pins beside each "
             "source, so a checkpoint folder's pins are there; to ship them: "
-            f"ship_leftover_pins({os.path.dirname(folder)!r})"
+            + spelled(f"ckptvault ship-pins {above}", f"ship_leftover_pins({above!r})")
         )
     return pins_here
 

@@ -1,0 +1,42 @@
+"""ship-pins: ship what a process that died left pinned beside its checkpoints (a restart on the same disk)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..snapshot.model import format_tags
+from ..units import counted
+from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
+from .output import Output
+
+
+@app.command("ship-pins")
+@command
+@vault_options
+def ship_pins_cmd(
+    folder: Annotated[
+        str, typer.Argument(help="The folder the dead run saved its checkpoints in (it holds .ckptvault-pins).")
+    ],
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Give up waiting after this many seconds (default: none).")
+    ] = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Ship the checkpoints a trainer that died left pinned (backup_async's pins), and wait for them.
+    On a restart on the same disk, run it before `restore latest`: the dead run's newest save is then
+    in the vault when the resume picks one."""
+    out = Output(json_mode=json_out, quiet=quiet)
+    with vault_args.open(out) as vault:
+        shipped = vault.ship_leftover_pins(folder, timeout=timeout)
+    for snap in shipped:
+        out.info(f"shipped snapshot {snap.short_id} ({format_tags(snap.tags) or 'no tags'}): {snap.description}")
+    out.result(
+        {"folder": folder, "snapshots": shipped},
+        f"{counted(len(shipped), 'checkpoint')} left pinned in {folder} shipped"
+        if shipped
+        else f"nothing left pinned in {folder}",
+    )
