@@ -70,6 +70,10 @@ def test_readme_workflow(cli, tmp_path: Path):
     assert stats["per_snapshot"][0]["new_bytes"] > 0
     text = cli("stats").stdout.decode()
     assert "dedup ratio" in text and "stored bytes" in text
+    # sc44 #6: the totals came first, and 3,000 rows scrolled them away; -q printed the rows too
+    assert text.index(snap["id"][:8]) < text.index("snapshots: 1"), text
+    quiet = cli("stats", "-q").stdout.decode()
+    assert "dedup ratio" in quiet and snap["id"][:8] not in quiet, quiet
 
 
 def test_the_app_names_its_options_however_it_is_run(tmp_path: Path):

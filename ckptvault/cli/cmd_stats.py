@@ -9,7 +9,7 @@ from .output import Output, counted, format_bytes
 @command
 @vault_options
 def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
-    """Logical versus stored bytes, dedup ratio, and what each snapshot added."""
+    """What each snapshot added, then logical versus stored bytes and the dedup ratio (--quiet: those alone)."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
         stats = vault.stats()
@@ -53,7 +53,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
     data = {**stats.__dict__, "dedup_ratio": stats.dedup_ratio, "total_ratio": stats.total_ratio}
     if out.json_mode:
         out.result(data)
-    else:
-        out.result(data, head, asked=True)
-        if stats.per_snapshot:
-            out.result(data, table, asked=True)
+        return
+    if stats.per_snapshot and not out.quiet:  # a row per snapshot: thousands in a vault never pruned
+        out.result(data, table, asked=True)
+    out.result(data, head, asked=True)  # last, where a long table leaves it in sight
