@@ -19,6 +19,7 @@ from ckptvault.crypto.aead import AesGcmSealer
 from ckptvault.crypto.keyfile import Keyfile
 from ckptvault.crypto.keys import MasterKey
 from ckptvault.errors import (
+    ConfigDowngradedError,
     IntegrityError,
     KeyfileCorruptError,
     KeyfileMismatchError,
@@ -389,8 +390,9 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
     before = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
     holder = contextlib.ExitStack()
     if plain_lock:  # another client of the altered config holds a lock, written in the clear as the config
-        # says: a lock is no evidence that the vault's objects are plain (any client writes them)
+        # says (an older ckptvault): a lock is no evidence that the vault's objects are plain
         plain = holder.enter_context(Vault.open(url))
+        plain._repo._clear_confirmed = True  # as before ek44 #1: the lock written before any object was read
         holder.enter_context(plain._repo.locks.acquire(exclusive=False))
     commands = [["backup", str(marked_tree)], ["check"]]
     if not withheld:  # (with no snapshot objects, these read nothing encrypted: "no snapshots")
@@ -400,6 +402,15 @@ def test_a_config_rewritten_to_unencrypted_stops_every_command_before_it_writes(
         err = proc.stderr.decode()
         assert proc.returncode == 30 and "config says it is not encrypted, but its objects are" in err, (args, err)
         assert err.count("\n") == 1 and "forget" not in err
+    # ek44 #1: each command wrote its lock (host name, pid, boot ID) in the clear before it met an encrypted
+    # object, then said "nothing was written"; the storage keeps what it is given
+    with Vault.open(url) as keyless:
+        put = keyless._repo.store.put
+        written: list[str] = []
+        keyless._repo.store.put = lambda key, *a, **k: (written.append(key), put(key, *a, **k))[1]
+        with pytest.raises(ConfigDowngradedError):
+            keyless.backup(marked_tree)
+        assert written == []
     holder.close()
     after = sorted(p.relative_to(url) for p in Path(url).rglob("*") if p.is_file() and "locks" not in p.parts)
     assert after == before and MARKER.encode() not in b"".join(

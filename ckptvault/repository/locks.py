@@ -306,6 +306,7 @@ class LockManager:
         )
 
     def write(self, exclusive: bool) -> LockInfo:
+        self.repo.refuse_if_downgraded_before_writing()  # a lock names this host: never in the clear by mistake
         info = self.new_info(exclusive)
         self.put(info)
         return info

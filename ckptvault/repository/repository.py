@@ -191,6 +191,7 @@ class Repository:
         self.remote = bool(getattr(store, "remote", False))  # bytes cross a network (store/base.py)
         self.cache = MetadataCache.open(cache_root if self.remote else None, config.repo_id)
         self._bypass_cache = False
+        self._clear_confirmed = False  # refuse_if_downgraded_before_writing looked (once)
         # one for the repository's life: it remembers what it said (the warning of a read without a lock, once)
         self.locks = LockManager(self)
 
@@ -919,6 +920,32 @@ class Repository:
             # a cached copy of another size than the listing's is fetched again (docs: backends.md)
             size = self._listed_sizes.get(key)
             return self._read_metadata(key, lambda raw: self.codec.decode(kind, object_id, raw), size)
+
+    def refuse_if_downgraded_before_writing(self) -> None:
+        """In a vault whose config says it is not encrypted, before the first object it writes in the clear
+        (a lock: every command takes one first), one stored object is read: an index object (read again
+        next, from the cache), else a snapshot, else a pack's header, what a keyless command reads first
+        anyway. A config rewritten to "none" over an encrypted vault is then found (ConfigDowngradedError)
+        before a lock naming this host goes into it in the clear. Damage is the command's to meet."""
+        if self._clear_confirmed or not isinstance(self.codec.sealer, ChecksumSealer):
+            return
+        self._clear_confirmed = True
+        readers: list[tuple[str, Callable[[ObjectInfo, bytes], object]]] = [
+            (INDEX_PREFIX, lambda info, i: self._read_metadata(info.key, self._index_decoder(i), info.size)),
+            (SNAPSHOTS_PREFIX, lambda info, i: self.load_snapshot(i)),
+            (PACKS_PREFIX, lambda info, i: self.read_pack_header(i, info.size)),
+        ]
+        for prefix, read in readers:
+            listed = [(info, i) for info in self.store.list(prefix) if (i := id_from_key(info.key)) is not None]
+            if not listed:
+                continue
+            try:
+                read(*listed[0])
+            except ConfigDowngradedError:
+                raise
+            except CkptVaultError:
+                pass
+            return
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""
