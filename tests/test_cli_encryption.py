@@ -264,3 +264,20 @@ def test_keyfiles_are_made_and_repassphrased_through_the_api_as_the_cli_does(tmp
     assert (changed.fingerprint, changed.kdf.n) == (key.fingerprint, 2**15)
     with Vault.open(str(tmp_path / "vault"), keyfile=str(path), passphrase="second passphrase") as vault:
         assert len(vault.snapshots()) == 1
+
+
+def test_a_passphrase_without_a_keyfile_does_not_make_a_plain_vault_in_silence(cli, tmp_path: Path):
+    """ek44 #2: CKPTVAULT_PASSPHRASE set and the keyfile's secret missing (a CI job): the first backup created
+    the default vault unencrypted, and `init` a plain one, neither saying a word about encryption."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"TOPSECRET" * 1000)
+    proc = cli("backup", str(src), check=False, CKPTVAULT_PASSPHRASE="horse battery")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "CKPTVAULT_PASSPHRASE is set but no keyfile was given" in err, err
+    assert "would not be encrypted" in err and not (tmp_path / "xdg-data" / "ckptvault").exists()
+    made = cli("init", str(tmp_path / "plain"), CKPTVAULT_PASSPHRASE="horse battery")
+    assert "this vault is NOT encrypted" in made.stderr.decode(), made.stderr
+    cli("init", "--repo", str(tmp_path / "xdg-data" / "ckptvault" / "repo"))  # made plain on purpose: then used
+    done = cli("backup", str(src), CKPTVAULT_PASSPHRASE="horse battery")
+    assert "snapshot" in done.stdout.decode(), done.stdout

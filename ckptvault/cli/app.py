@@ -426,9 +426,18 @@ def open_vault(
         vault = Vault.open(repo, storage_options=options, **settings)
     else:
         require_lasting_url(default_repo_url())  # CKPTVAULT_REPO
+        # a passphrase without a keyfile (a CI secret whose keyfile is missing): the default vault made now
+        # would hold everything in the clear, where the user plainly meant it to be encrypted
+        unkeyed = bool(os.environ.get(names.passphrase_env)) and not keyfile
         try:
-            vault = Vault.open(None, storage_options=options, create=writing, **settings)
+            vault = Vault.open(None, storage_options=options, create=writing and not unkeyed, **settings)
         except VaultNotFoundError as exc:
+            if writing and unkeyed:
+                raise UsageError(
+                    f"{names.passphrase_env} is set but no keyfile was given ({names.keyfile} or {names.keyfile_env}): "
+                    f"the default vault, created now, would not be encrypted; give the keyfile, or create the vault "
+                    f"first: ckptvault init --encrypt --keyfile PATH {exc.url} (or without --encrypt, plain)"
+                ) from None
             raise VaultNotFoundError(
                 exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
             ) from None

@@ -102,6 +102,8 @@ def init_cmd(
     if config.encrypted:
         text += f", encrypted (AES-256-GCM) with keyfile {keyfile} (fingerprint {config.key_fingerprint})"
         out.warn(LOSS_WARNING)
+    elif os.environ.get("CKPTVAULT_PASSPHRASE"):
+        out.warn("CKPTVAULT_PASSPHRASE is set, but this vault is NOT encrypted (no --encrypt --keyfile)")
     out.result(
         {
             "url": vault.url,
