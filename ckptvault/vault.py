@@ -646,6 +646,7 @@ class Vault:
         *,
         tags: dict[str, str] | None = None,
         dry_run: bool = False,
+        decrypt: bool = False,
         on_progress: Progress | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> CopyResult:
@@ -654,8 +655,10 @@ class Vault:
         keeps its ID, time, host, paths and tags, so one this vault holds already is not copied
         again (``already_there``); a retagged one has a new ID and is copied again. Every chunk read
         is verified; the chunks are coded by this vault's settings and encrypted under its key.
-        ``on_warning`` gets each warning (also logged): copies stored unencrypted out of an encrypted
-        vault, and snapshots the source forgot or retagged while they waited to be copied (``gone``).
+        Out of an encrypted vault into an unencrypted one only with ``decrypt`` (UsageError otherwise:
+        the copies would be stored in the clear). ``on_warning`` gets each warning (also logged): copies
+        stored unencrypted out of an encrypted vault, and snapshots the source forgot or retagged while
+        they waited to be copied (``gone``).
         A snapshot that cannot be read in the source (a damaged chunk, tree or snapshot object; the
         latter only counts when copying all of them) does not stop the others: once they are copied,
         CopyIncompleteError names each, with what was copied as its ``result``."""
@@ -664,6 +667,7 @@ class Vault:
             raise UsageError(f"source must be an open Vault (Vault.open(url)), not {type(source).__name__}")
         specs = None if snapshots is None else snapshot_list_arg(snapshots)
         tags = tags_arg(tags)
+        decrypt = flag_arg("decrypt", decrypt)
         if source.config.repo_id == self.config.repo_id:
             raise UsageError(
                 f"{source.url} and {self.url} are the same vault; copy into another one "
@@ -693,6 +697,7 @@ class Vault:
                 before_commit=None if lock is None else functools.partial(_before_commit, lock, None),
                 dry_run=dry_run,
                 warn=warn,
+                decrypt=decrypt,
             )
         mirror = specs is None and not tags and not dry_run  # all of them
         return finish_copy(result, unreadable, self._repo, urls=(source.url, self.url), mirror=mirror, warn=warn)

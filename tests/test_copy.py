@@ -113,12 +113,16 @@ def test_copy_from_an_encrypted_vault_and_by_id(tmp_path: Path, keyfile: Keyfile
             previewed = []
             assert plain.copy_from(enc, [one.id[:8]], dry_run=True, on_warning=previewed.append).copied == [one]
             assert any("the copies would be stored unencrypted" in w for w in previewed), previewed  # ux43
-            result = plain.copy_from(enc, [one.id[:8]])
+            # ek44 #3: a mirror job's --repo naming a plain vault decrypted a whole vault into it, exit 0
+            with pytest.raises(UsageError, match=r"stored unencrypted there; .* or give decrypt=True to store"):
+                plain.copy_from(enc, [one.id[:8]])
+            assert plain.snapshots() == []
+            result = plain.copy_from(enc, [one.id[:8]], decrypt=True)
             assert "the copies are stored unencrypted" in caplog.text
             assert [s.id for s in result.copied] == [one.id]
             assert [s.id for s in plain.snapshots()] == [one.id]
             assert restored(plain, one.id, tmp_path / "p") == restored(enc, one.id, tmp_path / "e")
-            assert plain.copy_from(enc, ["latest"]).copied[0].tags == {"step": "2"}
+            assert plain.copy_from(enc, ["latest"], decrypt=True).copied[0].tags == {"step": "2"}
             assert plain.check(read_data=1.0).ok
 
 
@@ -405,7 +409,7 @@ def test_a_delta_coded_source_is_copied_as_deltas(tmp_path: Path, keyfile: Keyfi
             assert result.delta_chunks == source_deltas
             # the copy's chunks are coded as the source's: within a few % of its packs (headers, padding)
             assert packs_bytes(tmp_path / "copy") < packs_bytes(tmp_path / "delta") * 1.05
-            assert plain.copy_from(dest).delta_chunks == 0
+            assert plain.copy_from(dest, decrypt=True).delta_chunks == 0  # (from the encrypted copy too)
             # a copy's summary says nothing of deltas: they depend on what each destination held
             assert [s.summary.delta_chunks for s in plain.snapshots()] == [0, 0, 0]
             assert packs_bytes(tmp_path / "plain") > packs_bytes(tmp_path / "copy") * 1.1
@@ -502,8 +506,11 @@ def test_cli_encrypted_source_from_its_own_options(tmp_path: Path, keyfile: Keyf
     assert both.returncode == 2 and b"standard input holds one passphrase" in both.stderr, both.stderr
     blank = cli("copy", "--repo", dest, CKPTVAULT_FROM_REPO=" ", check=False)
     assert blank.returncode == 2 and b"CKPTVAULT_FROM_REPO" in blank.stderr, blank.stderr
-    done = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--from-passphrase-file",
-               str(tmp_path / "pass.txt"), "--repo", dest)  # fmt: skip
+    args = ["copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--from-passphrase-file",
+            str(tmp_path / "pass.txt"), "--repo", dest]  # fmt: skip
+    refused = cli(*args, check=False)
+    assert refused.returncode == 2 and b"or give --decrypt to store them in the clear" in refused.stderr
+    done = cli(*args, "--decrypt")
     assert b"copied 1 snapshot(s)" in done.stderr + done.stdout
     assert b"warning:" in done.stderr and b"stored unencrypted" in done.stderr, done.stderr
     with Vault.open(dest) as plain:

@@ -99,6 +99,12 @@ def copy_cmd(
         list[str] | None, typer.Option("--tag", "-t", help="Copy only snapshots with this tag key=value (repeatable).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Only say what would be copied.")] = False,
+    decrypt: Annotated[
+        bool,
+        typer.Option(
+            "--decrypt", help="Allow copies out of an encrypted vault into an unencrypted one (stored in the clear)."
+        ),
+    ] = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -150,7 +156,13 @@ def copy_cmd(
         with dest, out.progress("copying") as progress:
             try:
                 result = dest.copy_from(
-                    source, snapshots or None, tags=tags, dry_run=dry_run, on_progress=progress, on_warning=out.warn
+                    source,
+                    snapshots or None,
+                    tags=tags,
+                    dry_run=dry_run,
+                    decrypt=decrypt,
+                    on_progress=progress,
+                    on_warning=out.warn,
                 )
                 incomplete = None
             except CopyIncompleteError as exc:  # what was copied is said (and given as JSON) before the error

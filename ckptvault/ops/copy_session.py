@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from ..errors import CkptVaultError, CopyIncompleteError
+from ..errors import CkptVaultError, CopyIncompleteError, UsageError, spelled
 from ..repository import Repository
 from ..snapshot.model import Snapshot
 from .compact import compact_or_warn
@@ -27,18 +27,26 @@ def copy_listed(
     before_commit: Callable[[], None] | None,
     dry_run: bool,
     warn: Callable[[str], None],
+    decrypt: bool = False,
 ) -> CopyResult:
     """Copy what ``specs`` and ``tags`` choose of the source's listing (``listed`` and ``unreadable``,
     of one listing). ``urls``: the source's and the destination's, as the warnings name them."""
     source_url, dest_url = urls
     chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source_url)
-    if chosen and source.config.encrypted and not dest.config.encrypted:  # a dry run is where it is previewed
-        warn(
-            f"{source_url} is encrypted and {dest_url} is not: the copies "
-            + ("would be" if dry_run else "are")
-            + " stored unencrypted there "
-            "(to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt)"
-        )
+    if chosen and source.config.encrypted and not dest.config.encrypted:
+        # a one-line slip (a mirror job's --repo naming a plain vault) would put a whole vault in the clear
+        keep = "to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt --keyfile PATH"
+        allow = spelled("--decrypt", "decrypt=True")
+        if dry_run or decrypt:  # a dry run is where it is previewed
+            said = "would be" if dry_run else "are"
+            needs = "" if decrypt else f" (the copy itself needs {allow})"
+            plain = f"{source_url} is encrypted and {dest_url} is not"
+            warn(f"{plain}: the copies {said} stored unencrypted{needs}; {keep}")
+        else:
+            raise UsageError(
+                f"{source_url} is encrypted and {dest_url} is not: the copies would be stored unencrypted there; "
+                f"{keep}, or give {allow} to store them in the clear"
+            )
     result = run_copy(source, dest, chosen, progress=progress, before_commit=before_commit, dry_run=dry_run)
     for warning in [] if dry_run else compact_or_warn(dest):
         warn(warning)
