@@ -37,6 +37,8 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
     assert "the new passphrase (from CKPTVAULT_NEW_PASSPHRASE) is shorter than 8" in short.stderr.decode()
     changed = cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
     assert info["fingerprint"] in changed.stdout.decode()
+    # ek44 #4: it read as the fix when someone left the team; an old copy of the keyfile still opens the vault
+    assert "copies of the keyfile made before still open its vaults with the old passphrase" in changed.stdout.decode()
     assert (
         cli("cat", "latest", "w.bin", "--repo", repo, "-k", key, CKPTVAULT_PASSPHRASE="second passphrase").stdout
         == (src / "w.bin").read_bytes()

@@ -109,7 +109,12 @@ def passwd_cmd(
         ),
         kdf_cost=kdf_cost,
     )
-    out.result(_describe(key), f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged)")
+    out.result(
+        _describe(key),
+        f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged); copies of the keyfile "
+        "made before still open its vaults with the old passphrase: if one left with someone, re-encrypt under a "
+        "new key (docs/security.md, Key rotation)",
+    )
 
 
 @key_app.command("info")
