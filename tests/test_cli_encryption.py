@@ -4,8 +4,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from ckptvault import Vault
 from ckptvault.crypto.keyfile import Keyfile
+from ckptvault.errors import UsageError
 
 from .test_cli import one_line_error
 
@@ -283,3 +286,33 @@ def test_a_passphrase_without_a_keyfile_does_not_make_a_plain_vault_in_silence(c
     cli("init", "--repo", str(tmp_path / "xdg-data" / "ckptvault" / "repo"))  # made plain on purpose: then used
     done = cli("backup", str(src), CKPTVAULT_PASSPHRASE="horse battery")
     assert "snapshot" in done.stdout.decode(), done.stdout
+
+
+def test_what_is_no_passphrase_or_keyfile_is_refused_without_reading_it_whole(cli, tmp_path: Path, monkeypatch):
+    """ek44 #7, #8, #12: `--passphrase-file /dev/zero` (or a checkpoint, by a swapped argument) was read whole: 7 GB
+    in 12 s, deaf to SIGTERM; a passphrase file given as the keyfile was "corrupt; use your backup copy"; a byte
+    typed at the prompt that the terminal's encoding refuses was an internal error naming it and its place."""
+    from ckptvault.cli import app as cli_app
+
+    key = str(tmp_path / "team.key")
+    (tmp_path / "pass.txt").write_text("correct horse battery\n")
+    zero = cli("key", "generate", "-k", key, "--passphrase-file", "/dev/zero", check=False)
+    assert zero.returncode == 2 and "/dev/zero holds more than 64 KiB" in zero.stderr.decode(), zero.stderr
+    cli("key", "generate", "-k", key, "--passphrase-file", str(tmp_path / "pass.txt"))
+    cli("init", str(tmp_path / "v"), "--encrypt", "-k", key, "--passphrase-file", str(tmp_path / "pass.txt"))
+    swapped = cli("snapshots", "--repo", str(tmp_path / "v"), "-k", str(tmp_path / "pass.txt"),
+                  "--passphrase-file", key, check=False)  # fmt: skip
+    assert swapped.returncode == 15 and "is not a ckptvault keyfile (the wrong file?)" in swapped.stderr.decode()
+    big = tmp_path / "model.safetensors"
+    big.write_bytes(b"{" + b"\0" * (1 << 20))
+    huge = cli("snapshots", "--repo", str(tmp_path / "v"), "-k", str(big), "--passphrase-file", key, check=False)
+    assert huge.returncode == 15 and "not a ckptvault keyfile" in huge.stderr.decode(), huge.stderr
+
+    def undecodable(prompt: str) -> str:
+        raise UnicodeDecodeError("utf-8", b"caf\xe9", 3, 4, "invalid continuation byte")
+
+    monkeypatch.setattr(cli_app.getpass, "getpass", undecodable)
+    with pytest.raises(UsageError) as refused:
+        cli_app.ask_passphrase("passphrase")
+    assert "not valid in this terminal's encoding" in str(refused.value)
+    assert "0xe9" not in str(refused.value) and "position" not in str(refused.value)

@@ -13,7 +13,7 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, BinaryIO, TypeVar
 
 import typer
 
@@ -203,12 +203,29 @@ def ask_passphrase(prompt: str, *, env: str = "CKPTVAULT_PASSPHRASE", option: st
     ``env`` and ``option``: the other ways to give this passphrase, for the message."""
     try:
         return getpass.getpass(f"{prompt}: ")
+    except UnicodeDecodeError:  # its message would name a byte of the passphrase and where it is
+        raise UsageError(
+            f"the {prompt} typed is not valid in this terminal's encoding ({sys.getfilesystemencoding()}); give it "
+            f"with {option} FILE or {env} instead (bytes that are not UTF-8 are used as they are there)"
+        ) from None
     except EOFError:
         sys.stderr.write("\n")  # the prompt's line was left open
         raise PassphraseRequiredError(
             message="no passphrase was typed (the prompt got end of input, Ctrl-D); type it at the prompt, or give "
             f"{option} FILE or {env}"
         ) from None
+
+
+MAX_PASSPHRASE_BYTES = 64 * 1024
+
+
+def _bounded(f: BinaryIO, what: str) -> bytes:
+    """A passphrase's bytes: a file or pipe of more than ``MAX_PASSPHRASE_BYTES`` is refused, not read whole
+    (``--passphrase-file /dev/zero``, or a checkpoint named by a swapped argument, took all the memory)."""
+    data = f.read(MAX_PASSPHRASE_BYTES + 1)
+    if len(data) > MAX_PASSPHRASE_BYTES:
+        raise UsageError(f"{what} holds more than {MAX_PASSPHRASE_BYTES // 1024} KiB: that is no passphrase file")
+    return data
 
 
 def passphrase_source(
@@ -227,7 +244,9 @@ def passphrase_source(
     def resolve() -> str:
         if passphrase_file == "-" and not sys.stdin.isatty():  # `secret-tool lookup ... | ckptvault ... -`
             if not piped:
-                piped.append(sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape"))
+                piped.append(
+                    _bounded(sys.stdin.buffer, f"{option} -: standard input").decode("utf-8", "surrogateescape")
+                )
             if not piped[0].rstrip("\r\n"):
                 raise UsageError(f"{option} -: standard input is empty; pipe the passphrase into it")
             return piped[0]
@@ -235,8 +254,8 @@ def passphrase_source(
             return ask_passphrase(prompt, env=env, option=option)
         if passphrase_file:
             try:
-                with open(os.path.expanduser(passphrase_file), encoding="utf-8", errors="surrogateescape") as f:
-                    passphrase = f.read()
+                with open(os.path.expanduser(passphrase_file), "rb") as f:
+                    passphrase = _bounded(f, f"{option} {passphrase_file}").decode("utf-8", "surrogateescape")
             except OSError as exc:
                 # a bare word, or a "path" under no folder there is, or one too long to be a name: perhaps
                 # the passphrase itself given by mistake, which must not reach a terminal log

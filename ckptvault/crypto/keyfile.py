@@ -55,6 +55,7 @@ from .keys import MASTER_KEY_SIZE, MasterKey
 
 FORMAT = "ckptvault-keyfile"
 VERSION = 1
+MAX_KEYFILE_BYTES = 64 * 1024  # a keyfile is ~400 bytes of JSON
 WRAP_AAD = b"ckptvault-keyfile v1"
 DEFAULT_SCRYPT_N = 2**17  # 128 MiB and ~0.3 s here; raise it, never lower it, for real keys
 MAX_SCRYPT_N = 2**24  # what `key generate --kdf-cost` allows at most (16 GiB of memory)
@@ -412,7 +413,7 @@ class Keyfile:
         path = os.path.expanduser(os.fspath(path))
         try:
             with open(path, "rb") as f:
-                raw = f.read()
+                raw = f.read(MAX_KEYFILE_BYTES + 1)  # not a whole checkpoint, or /dev/zero, given by mistake
         except FileNotFoundError:
             given = spelled("--keyfile (or CKPTVAULT_KEYFILE)", "keyfile=")
             raise KeyfileNotFoundError(f"keyfile {path} does not exist; give the right path with {given}") from None
@@ -424,6 +425,9 @@ class Keyfile:
             ) from None
         except OSError as exc:
             raise KeyfileCorruptError(path, exc.strerror or str(exc)) from exc
+        if len(raw) > MAX_KEYFILE_BYTES or not raw.lstrip().startswith(b"{"):
+            # no JSON object at all (a passphrase file given as the keyfile), or far bigger than any keyfile
+            raise KeyfileCorruptError(path, NOT_A_KEYFILE)
         return cls.from_json(raw, path)
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Keyfile:
