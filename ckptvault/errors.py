@@ -157,11 +157,17 @@ class WrongPassphraseError(CkptVaultError):
 class KeyfileMismatchError(CkptVaultError):
     exit_code = 13
 
-    def __init__(self, keyfile: str, url: str) -> None:
+    def __init__(self, keyfile: str, url: str, fingerprints: tuple[str, str] | None = None) -> None:
         self.keyfile = keyfile
         self.url = url
+        # both public (the vault's config, `key info`): which keyfile to look for among several
+        which = (
+            f" (the vault's key fingerprint is {fingerprints[0]}, this keyfile's {fingerprints[1]})"
+            if fingerprints
+            else ""
+        )
         super().__init__(
-            f"keyfile {keyfile} does not belong to vault {url}; use the keyfile the vault was created with"
+            f"keyfile {keyfile} does not belong to vault {url}{which}; use the keyfile the vault was created with"
         )
 
 

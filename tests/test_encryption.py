@@ -150,8 +150,10 @@ def test_key_errors_are_distinct(tmp_path: Path, keyfile: Keyfile):
         Vault.open(url, keyfile=keyfile.path, passphrase="nope")
     other, _ = Keyfile.create(PASS, scrypt_n=2**10)
     other = other.save(tmp_path / "other.key")
-    with pytest.raises(KeyfileMismatchError, match="does not belong"):
+    with pytest.raises(KeyfileMismatchError, match="does not belong") as mismatch:
         Vault.open(url, keyfile=other.path, passphrase=lambda: pytest.fail("asked before the keyfile was checked"))
+    # ek44 #13: which keyfile to look for, among a team's several
+    assert f"key fingerprint is {keyfile.fingerprint}, this keyfile's {other.fingerprint}" in str(mismatch.value)
     # the Python API's messages name its parameters (the CLI's name its options: test_cli_encryption)
     with pytest.raises(KeyfileNotFoundError, match="does not exist; give the right path with keyfile="):
         Vault.open(url, keyfile=tmp_path / "missing.key", passphrase=PASS)
