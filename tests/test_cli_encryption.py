@@ -316,3 +316,7 @@ def test_what_is_no_passphrase_or_keyfile_is_refused_without_reading_it_whole(cl
         cli_app.ask_passphrase("passphrase")
     assert "not valid in this terminal's encoding" in str(refused.value)
     assert "0xe9" not in str(refused.value) and "position" not in str(refused.value)
+    # ek44 #11: Enter alone at the prompt ran scrypt twice, then said "wrong passphrase (or the keyfile is damaged)"
+    monkeypatch.setattr(cli_app.getpass, "getpass", lambda prompt: "")
+    with pytest.raises(UsageError, match=r"no passphrase was typed \(the line was empty\)"):
+        cli_app.ask_passphrase("passphrase")

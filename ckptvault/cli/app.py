@@ -202,7 +202,12 @@ def ask_passphrase(prompt: str, *, env: str = "CKPTVAULT_PASSPHRASE", option: st
     """The passphrase typed at a terminal prompt; Ctrl-D (end of input) there is no passphrase, not a crash.
     ``env`` and ``option``: the other ways to give this passphrase, for the message."""
     try:
-        return getpass.getpass(f"{prompt}: ")
+        typed = getpass.getpass(f"{prompt}: ")
+        if not typed.strip():  # Enter alone: no passphrase is that (a new one has 8 characters at least)
+            raise UsageError(
+                f"no {prompt} was typed (the line was empty); type it at the prompt, or give {option} FILE or {env}"
+            )
+        return typed
     except UnicodeDecodeError:  # its message would name a byte of the passphrase and where it is
         raise UsageError(
             f"the {prompt} typed is not valid in this terminal's encoding ({sys.getfilesystemencoding()}); give it "
