@@ -2476,3 +2476,34 @@ def test_a_backup_warning_of_a_watch_is_logged_once(tmp_path, repo, caplog, monk
     logged = [r.getMessage() for r in caplog.records if "compaction failed for the test" in r.getMessage()]
     assert len(logged) == 1 and logged[0].startswith("step_1: "), logged
     assert [m for m in told if "compaction failed" in m] == logged
+
+
+def test_a_stat_that_fails_does_not_settle_a_checkpoint_at_once(tmp_path, monkeypatch):
+    """Review 44 #7: a checkpoint whose source the trainer deleted is settled at once (nothing more can come
+    into its pin), but a stat that failed (EIO, a stale NFS handle) said the same, and a checkpoint still
+    being written would have shipped at once."""
+    import errno as errnos
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watcher = _hand_driven_watcher(ckpts, 60)
+    (ckpts / "step_1.pt").write_bytes(os.urandom(1000))
+    watcher._scan(time.monotonic())
+    (cand,) = watcher._candidates.values()
+    real_stat = os.stat
+
+    def failing(path, *args, **kwargs):
+        if str(path) == str(ckpts / "step_1.pt"):
+            raise OSError(errnos.EIO, "Input/output error", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", failing)
+    watcher._settle(time.monotonic())
+    assert cand.frozen and not cand.settled(time.monotonic(), 60)
+    monkeypatch.setattr(os, "stat", real_stat)
+    watcher._settle(time.monotonic())  # the stat works again: looked at as before
+    assert not cand.frozen
+    (ckpts / "step_1.pt").unlink()  # the trainer's rotation
+    watcher._settle(time.monotonic())
+    assert cand.frozen and cand.settled(time.monotonic(), 60)
+    cand.pin.release()

@@ -66,6 +66,7 @@ from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,
     Done,
+    gone_or_replaced,
     stat_if_same,
     tag_text,
     temporary_activity,
@@ -520,6 +521,7 @@ class Watcher:
                     continue  # its folder is gone or replaced: nothing can be added to the pin
                 else:
                     cand.frozen = True  # one last look at the pin, below; again if its folder comes back
+                    cand.gone = gone_or_replaced(cand.pin)  # not a stat that failed (EIO, an NFS hiccup)
                 if cand.pin.in_place:
                     if self._in_place.gone(cand):
                         continue

@@ -35,6 +35,7 @@ class Candidate:
     unpinned: str = ""  # shipping in place: why no pin could be made
     pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
     frozen: bool = False  # its source is gone or replaced: the pin is not looked at (until the source is back)
+    gone: bool = False  # frozen, and its source surely gone or replaced (not a stat that failed)
     files: dict[str, tuple[int, int]] = field(default_factory=dict)  # at the last look: path -> (size, mtime)
     steady: bool = False  # unchanged at the last look
     rewrites: int = 0  # saves in place seen since it last settled
@@ -44,11 +45,11 @@ class Candidate:
     not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
 
     def settled(self, now: float, settle: float) -> bool:
-        """Unchanged for ``settle`` seconds, or frozen: its source gone (the trainer's rotation deleted it)
-        or replaced, so nothing more can come into its pin. A trainer that saves faster than ``settle``
+        """Unchanged for ``settle`` seconds, or its source gone (the trainer's rotation deleted it) or
+        replaced, so nothing more can come into its pin. A trainer that saves faster than ``settle``
         and keeps few saves deletes each before it would settle by time, and a disk with room for one
         pin would then drop every one of them (watch_room.py) and ship none."""
-        return self.frozen or now - self.last_change >= settle
+        return (self.frozen and self.gone) or now - self.last_change >= settle
 
 
 @dataclass
@@ -97,6 +98,18 @@ def stat_if_same(pin: pins.Pin) -> os.stat_result | None:
         pin.source_ino = -1  # in memory only: a restart tells it apart again
         return None
     return st
+
+
+def gone_or_replaced(pin: pins.Pin) -> bool:
+    """Whether the pinned source is surely no more under its name: not there, or another file or folder
+    (``stat_if_same`` also gives None for a stat that failed: EACCES, EIO, a stale NFS handle)."""
+    try:
+        st = os.stat(pin.source)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return st.st_ino != pin.source_ino or pin.source_ino == -1
 
 
 def file_paths(sig: pins.Signature) -> set[str]:

@@ -264,7 +264,7 @@ class Repository:
                     + spelled("--keyfile or CKPTVAULT_KEYFILE", "keyfile=")
                 )
             if keyfile.fingerprint != config.key_fingerprint:
-                raise KeyfileMismatchError(keyfile.path, store.url, (config.key_fingerprint, keyfile.fingerprint))
+                raise KeyfileMismatchError(keyfile.path, store.url, (config.key_fingerprint or "", keyfile.fingerprint))
             if config.version < keyfile.min_vault_format:
                 raise IntegrityError(
                     f"the config of {store.url} says repository format {config.version}, but keyfile {keyfile.path} "
