@@ -33,6 +33,7 @@ def repo(tmp_path: Path) -> str:
 def hook_after(checker: Vault, method: str, wanted: Callable[[str], bool], action: Callable[[], None]) -> list[str]:
     """Run ``action`` once, right after the checker's store returns the first call of ``method`` whose
     key or prefix ``wanted`` accepts. Returns a list that names the call once the hook has fired."""
+    checker._repo.refuse_if_downgraded_before_writing()  # the look before its first lock: not one of check's
     store = checker._repo.store
     original = getattr(store, method)
     fired: list[str] = []

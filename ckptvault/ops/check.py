@@ -34,7 +34,7 @@ from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import object_fault
 from ..units import counted
-from .memory import TREES_AT_ONCE
+from .memory import read_few_at_a_time
 
 
 @dataclass(frozen=True)
@@ -467,8 +467,7 @@ class _Checker:
     def _snapshots_and_trees(
         self, snapshot_ids: list[bytes]
     ) -> Iterator[tuple[bytes, tuple[Snapshot, list[FileEntry]] | CkptVaultError]]:
-        """Each snapshot object and its tree, read a few at a time (several at once on remote storage: one
-        round trip after another took 41 s for 1,000 snapshots on a 20 ms link), or what reading it raised."""
+        """Each snapshot object and its tree (``read_few_at_a_time``), or what reading it raised."""
 
         def load(snapshot_id: bytes) -> tuple[Snapshot, list[FileEntry]] | CkptVaultError:
             try:
@@ -477,9 +476,7 @@ class _Checker:
             except CkptVaultError as exc:
                 return exc
 
-        for start in range(0, len(snapshot_ids), TREES_AT_ONCE):
-            batch = snapshot_ids[start : start + TREES_AT_ONCE]
-            yield from zip(batch, self.repo.read_each(load, batch), strict=True)
+        return read_few_at_a_time(self.repo, load, snapshot_ids)
 
     def check_snapshots(self, snapshot_ids: list[bytes]) -> None:
         """``snapshot_ids``: listed before the index objects were (see ``run_check``)."""

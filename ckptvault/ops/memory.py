@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from ..repository import Repository
 
 INFLIGHT_BYTES = 32 * 1024 * 1024
-# Snapshot trees decoded and held at once by a walk over many (check, prune): a tree of 50,000 files
-# takes ~32 MB decoded, and holding every one made memory grow with the snapshots walked.
+# Snapshot trees decoded and held at once by a walk over many (check, prune) on remote storage: a tree of
+# 50,000 files takes ~32 MB decoded, and holding every one made memory grow with the snapshots walked.
 TREES_AT_ONCE = 16
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 def keep_freed_memory(*, one_arena: bool = False) -> bool:
@@ -79,3 +83,13 @@ def releasing_freed_memory(operation: Callable[P, R]) -> Callable[P, R]:
             release_freed_memory()
 
     return run
+
+
+def read_few_at_a_time(repo: Repository, read: Callable[[T], R], items: Sequence[T]) -> Iterator[tuple[T, R]]:
+    """Each item with ``read`` of it, in order, at most ``TREES_AT_ONCE`` results held at once: that many
+    read at once on remote storage (``Repository.read_each``: one round trip after another took 41 s for
+    1,000 snapshots on a 20 ms link), one after another on a local disk (a batch would only hold more)."""
+    step = TREES_AT_ONCE if repo.remote else 1
+    for start in range(0, len(items), step):
+        batch = items[start : start + step]
+        yield from zip(batch, repo.read_each(read, batch), strict=True)
