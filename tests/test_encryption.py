@@ -25,6 +25,7 @@ from ckptvault.errors import (
     KeyfileMismatchError,
     KeyfileNotFoundError,
     PassphraseRequiredError,
+    StorageError,
     UsageError,
     WrongPassphraseError,
 )
@@ -486,3 +487,34 @@ def test_a_stray_encrypted_pack_in_a_plain_vault_is_damage_not_a_downgrade(
     assert proc.returncode == 0, proc.stderr.decode()
     checked = cli("check", "--repo", str(plain), check=False)
     assert "not encrypted, but its objects are" not in checked.stderr.decode()
+
+
+def test_the_look_before_a_plain_vaults_first_lock_is_not_fooled_by_a_damaged_object_or_a_failed_listing(
+    tmp_path: Path, keyfile: Keyfile, marked_tree: Path
+):
+    """Review 44 #3: the vault was marked looked at before the look: a listing that failed once let the retry
+    write its lock in the clear, and a first index object damaged as well ended the look without a verdict."""
+    url = str(tmp_path / "vault")
+    with Vault.init(url, keyfile=keyfile.path, passphrase=PASS) as vault:
+        for step in (1, 2):
+            vault.backup(marked_tree, tags={"step": str(step)})
+    config_path = Path(url) / "config"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "version": 2, "encryption": {"mode": "none"}}))
+    first_index = sorted(p for p in (Path(url) / "index").rglob("*") if p.is_file())[0]
+    first_index.write_bytes(b"\x01\x00" + b"damaged")  # plain-looking, and damaged
+    with Vault.open(url) as keyless:
+        store = keyless._repo.store
+        real_list, failed = store.list, []
+
+        def flaky_list(prefix):
+            if not failed:
+                failed.append(prefix)
+                raise StorageError("LIST", prefix, url, "connection reset", retryable=True)
+            return real_list(prefix)
+
+        store.list = flaky_list
+        with pytest.raises(StorageError):
+            keyless._repo.refuse_if_downgraded_before_writing()
+        with pytest.raises(ConfigDowngradedError):
+            keyless._repo.refuse_if_downgraded_before_writing()

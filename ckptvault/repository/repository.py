@@ -85,6 +85,7 @@ MAX_DELTA_DEPTH = 16
 # A listed index object that is gone when read was replaced (by prune, repair-index or a backup's
 # compaction, which write what replaces it first): list again, this many times at most.
 INDEX_RELISTS = 4
+DOWNGRADE_PROBES = 3  # stored objects a plain vault's first lock may wait for (refuse_if_downgraded_before_writing)
 METADATA_READERS = 8  # index, snapshot objects read at once: each a round trip on remote storage
 # How often a long-lived Repository's backups list every pack (reconcile_when_due) when nothing says to
 RECONCILE_EVERY_S = 600.0
@@ -923,29 +924,32 @@ class Repository:
 
     def refuse_if_downgraded_before_writing(self) -> None:
         """In a vault whose config says it is not encrypted, before the first object it writes in the clear
-        (a lock: every command takes one first), one stored object is read: an index object (read again
-        next, from the cache), else a snapshot, else a pack's header, what a keyless command reads first
-        anyway. A config rewritten to "none" over an encrypted vault is then found (ConfigDowngradedError)
-        before a lock naming this host goes into it in the clear. Damage is the command's to meet."""
+        (a lock: every command takes one first), stored objects are read until one verifies as plain (at
+        most ``DOWNGRADE_PROBES``): index objects (read again next, from the cache), else snapshots, else
+        packs' headers, what a keyless command reads first anyway. A config rewritten to "none" over an
+        encrypted vault is then found (ConfigDowngradedError) before a lock naming this host goes into it
+        in the clear. Damage is the command's to meet; a listing that fails is tried again at the next lock."""
         if self._clear_confirmed or not isinstance(self.codec.sealer, ChecksumSealer):
             return
-        self._clear_confirmed = True
         readers: list[tuple[str, Callable[[ObjectInfo, bytes], object]]] = [
             (INDEX_PREFIX, lambda info, i: self._read_metadata(info.key, self._index_decoder(i), info.size)),
             (SNAPSHOTS_PREFIX, lambda info, i: self.load_snapshot(i)),
             (PACKS_PREFIX, lambda info, i: self.read_pack_header(i, info.size)),
         ]
+        tries = DOWNGRADE_PROBES  # objects that fail to read (damaged, or the storage) do not tell: the next may
         for prefix, read in readers:
             listed = [(info, i) for info in self.store.list(prefix) if (i := id_from_key(info.key)) is not None]
-            if not listed:
-                continue
-            try:
-                read(*listed[0])
-            except ConfigDowngradedError:
-                raise
-            except CkptVaultError:
-                pass
-            return
+            for item in listed[:tries]:
+                tries -= 1
+                try:
+                    read(*item)
+                except ConfigDowngradedError:
+                    raise
+                except CkptVaultError:
+                    continue
+                self._clear_confirmed = True  # a plain object verified
+                return
+        self._clear_confirmed = True  # nothing stored to compare with, or none of the few tried could be read
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""
