@@ -187,8 +187,10 @@ def test_a_rerun_restores_into_folders_of_the_snapshot_the_owner_cannot_look_int
     write_file(ckpt / "top.bin", os.urandom(1000))
     write_file(ckpt / "locked" / "inner" / "f.bin", os.urandom(1000))
     write_file(ckpt / "noxdir" / "g.bin", os.urandom(1000))
+    write_file(ckpt / "xonly" / "h.bin", os.urandom(1000))  # review 44 #1: x without r could not be listed
     (ckpt / "locked").chmod(0)
     (ckpt / "noxdir").chmod(0o644)
+    (ckpt / "xonly").chmod(0o100)
     try:
         cli("init", str(repo))
         cli("backup", str(ckpt), "--repo", str(repo))
@@ -197,7 +199,8 @@ def test_a_rerun_restores_into_folders_of_the_snapshot_the_owner_cannot_look_int
             assert proc.returncode == 0, (args, proc.returncode, proc.stderr)
             assert oct((out / "locked").stat().st_mode & 0o777) == oct(0), args
             assert oct((out / "noxdir").stat().st_mode & 0o777) == oct(0o644), args
-        assert "3 already present" in proc.stdout, proc.stdout
+            assert oct((out / "xonly").stat().st_mode & 0o777) == oct(0o100), args
+        assert "4 already present" in proc.stdout, proc.stdout
         (ckpt / "noxdir").chmod(0o755)
         write_file(ckpt / "noxdir" / "g.bin", b"another save")
         (ckpt / "noxdir").chmod(0o644)
@@ -206,6 +209,6 @@ def test_a_rerun_restores_into_folders_of_the_snapshot_the_owner_cannot_look_int
         assert proc.returncode == 22 and "noxdir/g.bin exists and differs" in proc.stderr, proc.stderr
         assert oct((out / "noxdir").stat().st_mode & 0o777) == oct(0o644)  # put back: nothing was restored
     finally:
-        for folder in (ckpt / "locked", ckpt / "noxdir", out / "locked", out / "noxdir"):
+        for folder in (ckpt / "locked", ckpt / "noxdir", ckpt / "xonly", out / "locked", out / "noxdir", out / "xonly"):
             if folder.exists():
                 folder.chmod(0o755)

@@ -108,20 +108,23 @@ def _never_a_save(name: str) -> bool:
     return name in NEVER_A_SAVE or name.startswith(".nfs") or bool(_LEFTOVER_NAME.match(name))
 
 
-def entries_not_in(target: str, tree: list[FileEntry]) -> tuple[str, ...]:
+def entries_not_in(
+    target: str, tree: list[FileEntry], enter: Callable[[str], bool] = lambda folder: False
+) -> tuple[str, ...]:
     """The paths below ``target`` that ``tree`` does not hold (a folder it lacks is named, not entered;
     a link is never followed, where the snapshot has a folder too), but names that never hold a save
     (``NEVER_A_SAVE``, ``.nfs*``, a killed restore's temporary files): the first OTHERS_LISTED by name.
-    Only the snapshot's own folders are walked, so the cost follows the snapshot."""
+    Only the snapshot's own folders are walked, so the cost follows the snapshot. ``enter(folder)``: make a
+    folder that cannot be listed readable, and say whether it did (``_Planner.enter``)."""
     folders = {e.path for e in tree if e.type == "dir"}
     known = {e.path for e in tree}
     found: list[str] = []
     pending = [""]
     while pending:
         prefix = pending.pop()
+        folder = os.path.join(target, *prefix.split("/")) if prefix else target
         try:
-            with os.scandir(os.path.join(target, *prefix.split("/")) if prefix else target) as it:
-                entries = sorted(it, key=lambda entry: entry.name)
+            entries = _listed(folder, enter)
         except (FileNotFoundError, NotADirectoryError):  # no target yet, or a file where the snapshot has a folder
             continue
         for entry in entries:
@@ -133,6 +136,17 @@ def entries_not_in(target: str, tree: list[FileEntry]) -> tuple[str, ...]:
         if len(found) >= OTHERS_LISTED:
             break
     return tuple(sorted(found)[:OTHERS_LISTED])
+
+
+def _listed(folder: str, enter: Callable[[str], bool]) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda entry: entry.name)
+    except PermissionError:
+        if not enter(folder):
+            raise
+    with os.scandir(folder) as it:
+        return sorted(it, key=lambda entry: entry.name)
 
 
 def select_entries(
@@ -296,15 +310,21 @@ class _Planner:
         try:
             return os.lstat(path)
         except PermissionError:
-            folder = os.path.dirname(path)
-            if folder == self.target:  # not a folder of the snapshot: its mode is the user's
+            if not self.enter(os.path.dirname(path)):
                 raise
-            st = os.stat(folder)
-            if st.st_uid != os.geteuid() or st.st_mode & SEARCH == SEARCH:
-                raise
-            give_owner(folder, st, SEARCH)
-            self.entered.setdefault(folder, stat.S_IMODE(st.st_mode))
             return os.lstat(path)
+
+    def enter(self, folder: str) -> bool:
+        """Give the owner u+rx on a folder of the snapshot in the target that is ours and lacks either, and
+        say whether it was (the target itself is not the snapshot's: its mode is the user's)."""
+        if folder == self.target:
+            return False
+        st = os.stat(folder)
+        if st.st_uid != os.geteuid() or st.st_mode & SEARCH == SEARCH:
+            return False
+        give_owner(folder, st, SEARCH)
+        self.entered.setdefault(folder, stat.S_IMODE(st.st_mode))
+        return True
 
     def put_back(self) -> None:
         """The folders entered (``_lstat``) get their modes back: nothing was restored."""
@@ -566,7 +586,7 @@ def _refuse_what_the_plan_found(planner: _Planner, target: str, tree: list[FileE
             f"target {target} already holds differing data: {first_few(planner.conflicts, 3)}; "
             f"rerun with {spelled('--overwrite', 'overwrite=True')} to replace it, or restore elsewhere"
         )
-    others = entries_not_in(target, tree)
+    others = entries_not_in(target, tree, planner.enter)
     if alone and others:
         raise RestoreConflictError(
             f"{target} holds what this snapshot does not: {first_few(others, 3, ', ')}; resuming from a folder "
