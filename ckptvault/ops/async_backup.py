@@ -494,7 +494,7 @@ class AsyncShipper:
         self._rewrites: dict[str, int] = {}  # source -> saves of it rewritten in place in a row, none shipped
         self._starving_told: set[str] = set()  # sources the ERROR named since their last save shipped
         self._leftovers: dict[tuple[object, ...], BackupJob] = {}  # a dead process's jobs, by what they ship
-        self._flushing = 0  # flush() calls waiting: the saves have stopped for now
+        self._flushing = 0  # flush() and close() calls waiting: the saves have stopped for now
         # source -> a job superseded by an in-place rewrite when no later backup of it was queued yet: the
         # save that rewrote it is usually queued once written; what is still here at a flush is lost
         self._orphans: dict[str, tuple[BackupJob, BackupSupersededError]] = {}
@@ -735,8 +735,13 @@ class AsyncShipper:
                     cancelled.append(job)
             self._cond.notify_all()
             thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+            self._flushing += 1  # as a flush: the saves have stopped
+        try:
+            if thread is not None:
+                thread.join(timeout)
+        finally:
+            with self._cond:
+                self._flushing -= 1
         with self._cond:
             self._fail_orphans()
         _LIVE.discard(self)
@@ -876,7 +881,8 @@ class AsyncShipper:
         """A file saved in place faster than one upload takes never ships: each save's pin is rewritten
         by the next before its backup commits. Said once at ERROR after a few in a row (each one only
         warns), since the vault then holds nothing newer of it, however long training goes on. Not while a
-        flush waits: the saves have stopped, and the newest queued ships (or its failure is raised)."""
+        flush or close waits: the saves have stopped, and the newest queued ships (or its failure is raised).
+        (A flush from another thread while training saves also holds it back: it is said at a later one.)"""
         with self._cond:
             flushing = self._flushing > 0
         for source in sources:
