@@ -303,6 +303,19 @@ def test_what_is_no_passphrase_or_keyfile_is_refused_without_reading_it_whole(cl
     swapped = cli("snapshots", "--repo", str(tmp_path / "v"), "-k", str(tmp_path / "pass.txt"),
                   "--passphrase-file", key, check=False)  # fmt: skip
     assert swapped.returncode == 15 and "is not a ckptvault keyfile (the wrong file?)" in swapped.stderr.decode()
+    # review 44 #5: a keyfile saved by an editor with a byte-order mark, or as UTF-16, still loads (json reads them)
+    for encoding in ("utf-8-sig", "utf-16"):
+        edited = tmp_path / f"{encoding}.key"
+        edited.write_bytes(Path(key).read_text().encode(encoding))
+        cli(
+            "snapshots",
+            "--repo",
+            str(tmp_path / "v"),
+            "-k",
+            str(edited),
+            "--passphrase-file",
+            str(tmp_path / "pass.txt"),
+        )
     big = tmp_path / "model.safetensors"
     big.write_bytes(b"{" + b"\0" * (1 << 20))
     huge = cli("snapshots", "--repo", str(tmp_path / "v"), "-k", str(big), "--passphrase-file", key, check=False)

@@ -6,6 +6,7 @@ import errno
 import functools
 import getpass
 import inspect
+import io
 import os
 import signal
 import sys
@@ -260,7 +261,9 @@ def passphrase_source(
         if passphrase_file:
             try:
                 with open(os.path.expanduser(passphrase_file), "rb") as f:
-                    passphrase = _bounded(f, f"{option} {passphrase_file}").decode("utf-8", "surrogateescape")
+                    raw = _bounded(f, f"{option} {passphrase_file}")
+                # read as text, as it always was: its newlines (\r\n, \r) are \n, which the keyfile drops at its end
+                passphrase = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="surrogateescape").read()
             except OSError as exc:
                 # a bare word, or a "path" under no folder there is, or one too long to be a name: perhaps
                 # the passphrase itself given by mistake, which must not reach a terminal log

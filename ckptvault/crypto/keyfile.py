@@ -425,8 +425,9 @@ class Keyfile:
             ) from None
         except OSError as exc:
             raise KeyfileCorruptError(path, exc.strerror or str(exc)) from exc
-        if len(raw) > MAX_KEYFILE_BYTES or not raw.lstrip().startswith(b"{"):
-            # no JSON object at all (a passphrase file given as the keyfile), or far bigger than any keyfile
+        if len(raw) > MAX_KEYFILE_BYTES or b"{" not in raw[:16]:
+            # no JSON object at its start (a passphrase file given as the keyfile; a byte-order mark or
+            # UTF-16 may come first, as json reads them), or far bigger than any keyfile
             raise KeyfileCorruptError(path, NOT_A_KEYFILE)
         return cls.from_json(raw, path)
 
