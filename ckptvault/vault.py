@@ -584,7 +584,8 @@ class Vault:
                 snapshot, where, include=globs, overwrite=overwrite, on_progress=on_progress, alone=alone
             )
         except OSError as exc:  # the store's failures are StorageErrors already: this is the target
-            raise target_error(exc, where, full_hint=restore_full_hint()) from exc
+            hint = restore_full_hint() if os.path.isdir(where) else ""  # not even the folder could be made
+            raise target_error(exc, where, full_hint=hint) from exc
 
     def _restore(
         self,

@@ -635,3 +635,34 @@ def test_a_file_of_exactly_the_inline_size_is_coded_by_the_reading_thread_and_on
 def test_a_files_place_below_its_source_folder_is_what_relpath_says(path, root):
     # the scan's source folders are absolute and normalised (os.path.abspath), so no "." or ".." inside
     assert backup_module._below(path, root) == os.path.relpath(path, root)
+
+
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_a_file_deleted_between_its_folders_listing_and_its_stat_follows_on_change(
+    vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+):
+    """Review 44 #8: a file the rotation took between the scan's listing of its folder and its stat was only a
+    warning, though --on-change fail refuses a snapshot missing a file deleted during the backup."""
+    from ckptvault.ops import scan as scan_module
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.pt").write_bytes(os.urandom(10_000))
+    (src / "stable").write_bytes(b"fine")
+    real = scan_module._listing
+
+    def listed_then_rotated(directory, *args):
+        entries = real(directory, *args)
+        (src / "model.pt").unlink(missing_ok=True)
+        return entries
+
+    monkeypatch.setattr(scan_module, "_listing", listed_then_rotated)
+    if mode == "fail":
+        with pytest.raises(SourceError, match=r"model\.pt: it was deleted during the backup \(use on_change="):
+            vault.backup(src, on_change=mode)
+        assert vault.snapshots() == []
+        return
+    warnings: list[str] = []
+    snap = vault.backup(src, on_change=mode, on_warning=warnings.append)
+    assert [e.path for e in vault.files(snap)] == ["stable"]
+    assert len(warnings) == 1 and "model.pt: it was deleted during the backup" in warnings[0], warnings

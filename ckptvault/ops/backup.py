@@ -67,6 +67,11 @@ def chunk_processes() -> int:
     return int(env_number(ENV_CHUNK_PROCESSES, default, hi=64, whole=True))
 
 
+def on_change_hint() -> str:
+    """What to give for a file a backup with --on-change fail refused (spelled as the caller typed it)."""
+    return f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}"
+
+
 def check_on_change(on_change: str) -> OnChange:
     for known in ON_CHANGE:
         if on_change == known:
@@ -232,6 +237,8 @@ def run_backup(
     started = time.monotonic()
     when = taken_at or datetime.now(timezone.utc)
     scan = scan_sources(sources, skip_unreadable=skip_unreadable, vault_folder=vault_folder, exclude=exclude)
+    if scan.vanished and on_change == "fail":  # a rotation that took a file: no snapshot missing it
+        raise SourceError(scan.vanished[0], "it was deleted during the backup", on_change_hint())
     warnings = list(scan.warnings)
     old_files = {e.path: e for e in (parent_tree or []) if e.type == "file"}
     files = [i for i in scan.items if i.kind == "file"]
@@ -394,11 +401,7 @@ def _read_file(
         if not changed:
             return entry
     if on_change == "fail":
-        raise SourceError(
-            item.abs_path,
-            "it changed while it was read, twice",
-            f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}",
-        )
+        raise SourceError(item.abs_path, "it changed while it was read, twice", on_change_hint())
     if on_change == "skip":
         warnings.append(f"skipped {item.abs_path}: it changed while it was read, twice")
         return None
@@ -430,9 +433,7 @@ def _left_out(item: SourceItem, exc: OSError, warnings: list[str], skip_unreadab
             what = "a link" if item.kind == "symlink" else "a file"
             why = f"it was replaced by something that is not {what} during the backup"
         if on_change == "fail":
-            raise SourceError(
-                item.abs_path, why, f"use {spelled('--on-change warn or skip', 'on_change=warn or skip')}"
-            ) from exc
+            raise SourceError(item.abs_path, why, on_change_hint()) from exc
         warnings.append(f"skipped {item.abs_path}: {why}")
         return
     # EACCES; EIO from a failing disk, ESTALE on NFS...: skipped alike, as restic does

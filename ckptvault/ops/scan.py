@@ -43,6 +43,7 @@ class ScanResult:
     warnings: list[str]
     source_paths: list[str]  # absolute, as recorded in the snapshot
     excluded: int = 0  # files and folders left out by exclude patterns (a folder counts once)
+    vanished: list[str] = field(default_factory=list)  # deleted between their folder's listing and their stat
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,7 @@ def _walk(
         try:
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:  # deleted since its folder was listed: as one deleted after the scan
+            result.vanished.append(entry.path)
             result.warnings.append(f"skipped {entry.path}: it was deleted during the backup")
             continue
         except OSError as exc:  # a folder that can be listed but not entered (no x), a path over PATH_MAX
