@@ -80,7 +80,7 @@ from .ops.backup_session import vault_backup
 from .ops.catalog import SnapshotCatalog, handed_out, refuse_gc_with_unreadable, removed_meanwhile
 from .ops.check import CheckReport, run_check
 from .ops.copy import CopyResult
-from .ops.copy_session import copy_listed, finish_copy
+from .ops.copy_session import copy_listed, finish_copy, refuse_decrypting
 from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
@@ -676,6 +676,8 @@ class Vault:
             )
         if source._closed:
             raise UsageError(f"the source vault: {CLOSED_MESSAGE}")
+        if not (dry_run or decrypt):
+            refuse_decrypting(source._repo, self._repo, (source.url, self.url))
         with contextlib.ExitStack() as locks:
             locks.enter_context(source._repo.locks.acquire_to_read())
             lock = None

@@ -33,24 +33,27 @@ def copy_listed(
     of one listing). ``urls``: the source's and the destination's, as the warnings name them."""
     source_url, dest_url = urls
     chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source_url)
-    if chosen and source.config.encrypted and not dest.config.encrypted:
-        # a one-line slip (a mirror job's --repo naming a plain vault) would put a whole vault in the clear
-        keep = "to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt --keyfile PATH"
-        allow = spelled("--decrypt", "decrypt=True")
-        if dry_run or decrypt:  # a dry run is where it is previewed
-            said = "would be" if dry_run else "are"
-            needs = "" if decrypt else f" (the copy itself needs {allow})"
-            plain = f"{source_url} is encrypted and {dest_url} is not"
-            warn(f"{plain}: the copies {said} stored unencrypted{needs}; {keep}")
-        else:
-            raise UsageError(
-                f"{source_url} is encrypted and {dest_url} is not: the copies would be stored unencrypted there; "
-                f"{keep}, or give {allow} to store them in the clear"
-            )
+    if chosen and source.config.encrypted and not dest.config.encrypted:  # dry_run or decrypt: else refused
+        said = "would be" if dry_run else "are"
+        needs = "" if decrypt else f" (the copy itself needs {spelled('--decrypt', 'decrypt=True')})"
+        warn(f"{source_url} is encrypted and {dest_url} is not: the copies {said} stored unencrypted{needs}; {_KEEP}")
     result = run_copy(source, dest, chosen, progress=progress, before_commit=before_commit, dry_run=dry_run)
     for warning in [] if dry_run else compact_or_warn(dest):
         warn(warning)
     return result
+
+
+_KEEP = "to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt --keyfile PATH"
+
+
+def refuse_decrypting(source: Repository, dest: Repository, urls: tuple[str, str]) -> None:
+    """A copy out of an encrypted vault into a plain one, unless asked for (``decrypt``), before anything is
+    read: a one-line slip (a mirror job's --repo naming a plain vault) would put a whole vault in the clear."""
+    if source.config.encrypted and not dest.config.encrypted:
+        raise UsageError(
+            f"{urls[0]} is encrypted and {urls[1]} is not: the copies would be stored unencrypted there; {_KEEP}, "
+            f"or give {spelled('--decrypt', 'decrypt=True')} to store them in the clear"
+        )
 
 
 def finish_copy(
