@@ -269,7 +269,8 @@ def seconds_arg(name: str, value: float | None) -> float | None:
     if value is None:
         return None
     if not _real(value) or not value >= 0:  # NaN too: "waiting up to nan s" waited without a bound
-        raise wrong_arg(name, value, "a number of seconds (0 or more), or None to wait as long as it takes")
+        unbounded = spelled("leave it out", "None")  # the CLI's options have no None to give
+        raise wrong_arg(name, value, f"a number of seconds (0 or more), or {unbounded} to wait as long as it takes")
     return None if math.isinf(value) else min(float(value), threading.TIMEOUT_MAX)
 
 

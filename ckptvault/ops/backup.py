@@ -425,13 +425,13 @@ def _left_out(item: SourceItem, exc: OSError, warnings: list[str], skip_unreadab
     """A source file or link that could not be read after the scan: left out with a warning, or the
     backup fails (``SourceError``): gone or replaced as ``on_change`` says, unreadable as
     ``skip_unreadable`` says."""
+    what = "link" if item.kind == "symlink" else "file"
     if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, _NotAFileAnyMore, _NotALinkAnyMore)):
         # gone, replaced, or its folder by a file: the snapshot would miss it (a rotated checkpoint)
         if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
             why = "it was deleted during the backup"
         else:
-            what = "a link" if item.kind == "symlink" else "a file"
-            why = f"it was replaced by something that is not {what} during the backup"
+            why = f"it was replaced by something that is not a {what} during the backup"
         if on_change == "fail":
             raise SourceError(item.abs_path, why, on_change_hint()) from exc
         warnings.append(f"skipped {item.abs_path}: {why}")
@@ -440,7 +440,7 @@ def _left_out(item: SourceItem, exc: OSError, warnings: list[str], skip_unreadab
     reason = exc.strerror or str(exc)
     if not skip_unreadable:
         raise SourceError(item.abs_path, reason, unreadable_hint()) from exc
-    warnings.append(f"skipped unreadable {'link' if item.kind == 'symlink' else 'file'} {item.abs_path}: {reason}")
+    warnings.append(f"skipped unreadable {what} {item.abs_path}: {reason}")
 
 
 def _element_map(fd: int, size: int, path: str, repo: Repository, layout: FileLayout | None) -> ElementMap | None:

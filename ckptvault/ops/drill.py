@@ -298,10 +298,8 @@ def verify_tree(target: str, tree: list[FileEntry]) -> list[str]:
                 problems.append(f"{entry.path} is not the symlink the snapshot holds")
         elif not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
             problems.append(f"{entry.path} has {st.st_size} bytes, the snapshot {entry.size}")
-        elif stat.S_IMODE(st.st_mode) != restored_mode(entry):
-            problems.append(
-                f"{entry.path} has mode {oct(stat.S_IMODE(st.st_mode))}, the snapshot {oct(restored_mode(entry))}"
-            )
+        elif stat.S_IMODE(st.st_mode) != (mode := restored_mode(entry)):
+            problems.append(f"{entry.path} has mode {oct(stat.S_IMODE(st.st_mode))}, the snapshot {oct(mode)}")
         else:
             give_owner(path, st, stat.S_IRUSR)
             if file_hash(path) != entry.blake3:

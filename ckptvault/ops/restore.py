@@ -558,7 +558,7 @@ def run_restore(
         duration_s=round(time.monotonic() - started, 3),
         unmatched_globs=unmatched_globs,
         not_in_snapshot=others,
-        setid_cleared=sum(1 for e in entries if e.type == "file" and e.mode & SETID) if _clears_setid() else 0,
+        setid_cleared=sum(e.type == "file" and restored_mode(e) != e.mode for e in entries),
     )
     if failures:
         raise RestoreIncompleteError(failures, result)

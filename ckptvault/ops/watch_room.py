@@ -74,8 +74,10 @@ class DiskRoom:
         free = pins.free_bytes(self._pins_dir)
         if free is None:
             return
-        complete = [c for c in waiting if c.state == "failed" or c.settled(now, self._settle)]
-        kept = {waiting[-1].pin.pin_id, *(c.pin.pin_id for c in complete[-1:] if not shipping)}
+        kept = {waiting[-1].pin.pin_id}
+        if not shipping:  # the newest complete one ships next
+            complete = [c for c in waiting if c.state == "failed" or c.settled(now, self._settle)]
+            kept.update(c.pin.pin_id for c in complete[-1:])
 
         def held(cand: Candidate) -> int:
             if cand.pin.pin_id in kept or pins.source_alive(cand.pin):
