@@ -384,6 +384,15 @@ def test_a_rerun_of_an_interrupted_forget_skips_what_the_first_run_removed_and_f
     cli("check", "--repo", repo, "--read-data")
 
 
+def small_snapshots(tmp_path: Path, count: int) -> Vault:
+    """A vault at tmp_path/repo holding ``count`` snapshots of one small file, tagged step=0.. (open)."""
+    vault = Vault.init(str(tmp_path / "repo"))
+    for step in range(count):
+        write_file(tmp_path / "src" / "w.bin", os.urandom(2000))
+        vault.backup(tmp_path / "src", tags={"step": str(step)})
+    return vault
+
+
 def test_prune_holds_a_few_kept_trees_at_a_time_not_all_of_them(tmp_path: Path, monkeypatch):
     """sc44 #1: prune decoded every kept snapshot's tree and held them all until the plan was made: ~35 MB per
     kept snapshot of 50,000 files (1.5 GB for 31). Each tree is now folded into the set of live chunk IDs as
@@ -403,12 +412,7 @@ def test_prune_holds_a_few_kept_trees_at_a_time_not_all_of_them(tmp_path: Path, 
 
     real = prune_module.decode_tree
     monkeypatch.setattr(prune_module, "decode_tree", lambda raw: Tree(real(raw)))
-    Vault.init(str(tmp_path / "repo")).close()
-    with Vault.open(str(tmp_path / "repo")) as vault:
-        src = tmp_path / "src"
-        for step in range(40):
-            write_file(src / "w.bin", os.urandom(2000))
-            vault.backup(src, tags={"step": str(step)})
+    with small_snapshots(tmp_path, 40) as vault:
         dry = vault.prune(keep_latest=30, dry_run=True)
         assert Tree.peak <= 16, Tree.peak  # memory.TREES_AT_ONCE; the old prune held all 30
         assert len(dry.retention.forget) == 10
@@ -427,12 +431,7 @@ def test_check_and_prune_read_trees_several_at_a_time_on_remote_storage(tmp_path
 
     from ckptvault.repository.repository import Repository
 
-    Vault.init(str(tmp_path / "repo")).close()
-    with Vault.open(str(tmp_path / "repo")) as vault:
-        src = tmp_path / "src"
-        for step in range(12):
-            write_file(src / "w.bin", os.urandom(2000))
-            vault.backup(src, tags={"step": str(step)})
+    small_snapshots(tmp_path, 12).close()
     lock = threading.Lock()
     reading = {"now": 0, "most": 0}
     real = Repository.load_tree

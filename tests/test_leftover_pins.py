@@ -110,18 +110,25 @@ def test_a_checkpoint_pinned_by_a_killed_process_is_shipped_by_the_next_one(tmp_
     assert pin_roots(tmp_path / "out") == []
 
 
-def test_a_restart_ships_the_dead_runs_pins_before_it_picks_the_save_to_resume_from(tmp_path):
-    """The pins of a killed trainer shipped only at the restarted run's first save, after its resume had
-    restored an older step from the vault; they then became `latest` over the resumed run's newer saves,
-    mixing two histories (train 37 T2). ``ship_leftover_pins``, called before ``restore_latest``, ships them
-    first."""
+def a_dead_run_left_step_2_pinned(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A vault holding step 1 of run r; a trainer killed while shipping step 2, whose folder the rotation then
+    deleted (its pin is the only copy). Returns the vault, the output folder, and step 2's tree_digest."""
     repo, out = tmp_path / "repo", tmp_path / "out"
     with Vault.init(str(repo)) as vault:
         vault.backup(make_checkpoint(out / "checkpoint-1", 1), tags={"run": "r", "step": "1"})
     second = make_checkpoint(out / "checkpoint-2", 2)
     expected = tree_digest(second)
     kill_while_shipping(repo, second, "before-commit", step=2)
-    shutil.rmtree(second)  # the trainer's rotation: the pin is now the only copy
+    shutil.rmtree(second)
+    return repo, out, expected
+
+
+def test_a_restart_ships_the_dead_runs_pins_before_it_picks_the_save_to_resume_from(tmp_path):
+    """The pins of a killed trainer shipped only at the restarted run's first save, after its resume had
+    restored an older step from the vault; they then became `latest` over the resumed run's newer saves,
+    mixing two histories (train 37 T2). ``ship_leftover_pins``, called before ``restore_latest``, ships them
+    first."""
+    repo, out, expected = a_dead_run_left_step_2_pinned(tmp_path)
     with Vault.open(str(repo)) as vault:
         assert vault.latest({"run": "r"}).tags["step"] == "1"
         shipped = vault.ship_leftover_pins(out, timeout=120)
@@ -563,13 +570,7 @@ def test_a_shell_driven_restart_ships_the_dead_runs_pins_with_ship_pins_before_i
     """tr43 #10: only the Python API could ship a dead run's pins before a resume; a restart driven from the
     shell (`ckptvault restore latest ... && python train.py`) restored an older save, and the pins shipped at
     the resumed run's first save, over its newer ones. `ckptvault ship-pins FOLDER` does it from the shell."""
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    with Vault.init(str(repo)) as vault:
-        vault.backup(make_checkpoint(out / "checkpoint-1", 1), tags={"run": "r", "step": "1"})
-    second = make_checkpoint(out / "checkpoint-2", 2)
-    expected = tree_digest(second)
-    kill_while_shipping(repo, second, "before-commit", step=2)
-    shutil.rmtree(second)  # the trainer's rotation: the pin is now the only copy
+    repo, out, expected = a_dead_run_left_step_2_pinned(tmp_path)
     proc = cli("ship-pins", str(out / "checkpoint-1"), "--repo", str(repo))  # a checkpoint's folder: said
     assert f"to ship them: ckptvault ship-pins {out}" in proc.stderr.decode(), proc.stderr
     assert proc.stdout.decode().strip() == f"nothing left pinned in {out / 'checkpoint-1'}"
