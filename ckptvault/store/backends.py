@@ -99,6 +99,9 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
             out["key_filename"] = keys if isinstance(key, (list, tuple)) else keys[0]
         for path in keys:  # named now, not once a server answers: an unreachable host was retried for minutes
             _check_readable(path)
+        from .ssh_hosts import host_key_policy  # paramiko, only for an SFTP vault
+
+        out["host_key_policy"] = host_key_policy(out.get("host_key_policy", "warn"))
     token = out.get("token")
     if protocol in ("gs", "gcs") and isinstance(token, str) and names_a_file(token):
         # gcsfs takes any other string for an access token: a mistyped key file path would be sent to
