@@ -402,6 +402,22 @@ def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
     assert classify(paramiko.AuthenticationException("Authentication timeout.")).retryable  # the server went silent
 
 
+def test_an_ssh_link_gone_counts_as_no_answer_so_an_sftp_outage_is_outlasted():
+    """rb44 #2: paramiko's EOFError (a pooled session whose link dropped) and its errno-less "Socket is closed"
+    were retried only for a call's attempts: a 30 s SFTP outage failed a backup that S3 rode out."""
+    from ckptvault.store.failures import classify, down_or_busy, unreachable
+
+    for gone in (EOFError(), OSError("Socket is closed")):
+        try:
+            try:
+                raise gone
+            except Exception as exc:
+                raise OSError("PUT failed") from exc
+        except OSError as wrapped:
+            assert classify(wrapped).retryable and unreachable(wrapped) and down_or_busy(wrapped), gone
+    assert not unreachable(OSError(2, "No such file or directory"))
+
+
 def test_a_hung_probe_holds_the_others_back_until_its_deadline_even_past_the_open_window(monkeypatch):
     monkeypatch.setattr(retrying, "OPEN_S", 0.3)
     store = _store(timeout=1.5)
@@ -593,3 +609,24 @@ def test_an_outage_is_retried_for_a_time_and_said_once_in_a_while(caplog):
     with pytest.raises(StorageError, match="CKPTVAULT_RETRY_FOR sets how long an outage is retried") as caught:
         RetryingStore(faulty, RetryPolicy(retries=1, base_delay=0.001, max_delay=0.01, retry_for=0.3)).get("obj")
     assert faulty.calls > 2 and object_fault(caught.value)
+
+
+def test_pooled_sftp_sessions_whose_link_died_idle_are_not_handed_out():
+    """rb44 #2: a dropped link kills every pooled session at once; each was handed to a retry in turn, and the
+    call's attempts went on dead sessions (EOFError in the same millisecond) before one made a new one."""
+    from types import SimpleNamespace
+
+    from ckptvault.store.fsspec_store import FsspecStore
+
+    def session(alive: bool) -> SimpleNamespace:
+        transport = SimpleNamespace(is_active=lambda: alive)
+        closed: list[bool] = []
+        client = SimpleNamespace(get_transport=lambda: transport, close=lambda: closed.append(True))
+        return SimpleNamespace(client=client, closed=closed)
+
+    store = FsspecStore("sftp://u@127.0.0.1:1/x")  # nothing connects until a call
+    dead, live, dead_too = session(False), session(True), session(False)
+    store._idle[0] = [live, dead, dead_too]  # popped from the end
+    assert store._idle_session(0) is live
+    assert dead.closed and dead_too.closed and not live.closed
+    assert store._idle_session(0) is None

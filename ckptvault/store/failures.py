@@ -196,6 +196,15 @@ def _ssh_login_cut(node: BaseException) -> bool:
     return type(node).__name__ in SSH_AUTH_NAMES and bool(_SSH_DROPPED_TEXT.search(str(node)))
 
 
+def _ssh_link_gone(node: BaseException) -> bool:
+    """paramiko's words for a connection gone (a pooled session whose link dropped, a handshake cut): an
+    EOFError, or an OSError without errno, "Socket is closed". Counted as no answer, so an SFTP outage is
+    outlasted (CKPTVAULT_RETRY_FOR) as an S3 one is: a 30 s one failed a backup after its 6 attempts."""
+    return isinstance(node, EOFError) or (
+        isinstance(node, OSError) and node.errno is None and "Socket is closed" in str(node)
+    )
+
+
 def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
     """The first HTTP status and service error code found in ``exc`` and its causes."""
     for node in _chain(exc):
@@ -393,6 +402,7 @@ def unreachable(exc: BaseException) -> bool:
         isinstance(node, (ConnectionError, TimeoutError))
         or type(node).__name__ in RETRYABLE_NAMES
         or _ssh_login_cut(node)
+        or _ssh_link_gone(node)
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
         for node in _chain(exc)
     )

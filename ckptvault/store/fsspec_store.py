@@ -164,9 +164,7 @@ class FsspecStore:
                 raise TimeoutError(f"no free session after {wait:g} s")
             niceness = _thread_niceness()
             try:
-                with self._fs_lock:
-                    idle = self._idle.get(niceness)
-                    fs = idle.pop() if idle else None
+                fs = self._idle_session(niceness)
                 if fs is None:
                     fs = self._new_filesystem()
                 try:
@@ -182,6 +180,17 @@ class FsspecStore:
                             self._idle.setdefault(niceness, []).append(fs)
             finally:
                 self._slots.release()
+
+    def _idle_session(self, niceness: int) -> Any:
+        """A pooled session whose connection is still up, or None: those that died idle (a dropped link
+        kills them all at once) are closed, not handed to the retries one after another."""
+        while True:
+            with self._fs_lock:
+                idle = self._idle.get(niceness)
+                fs = idle.pop() if idle else None
+            if fs is None or _session_alive(fs):
+                return fs
+            _close_session(fs)
 
     def _deadline(self, nbytes: int | None = None) -> dict[str, Any]:
         """The deadline argument for an async filesystem's call (see retrying.call_deadline)."""
@@ -526,6 +535,13 @@ def _bound_silence(fs: Any, seconds: float) -> None:
     channel = getattr(getattr(fs, "ftp", None), "get_channel", lambda: None)()
     if channel is not None and seconds > 0:
         channel.settimeout(seconds)
+
+
+def _session_alive(fs: Any) -> bool:
+    """Whether the SFTP session's SSH transport is still up (paramiko notices a connection closed on it)."""
+    client = getattr(fs, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and transport.is_active()
 
 
 def _close_session(fs: Any) -> None:
