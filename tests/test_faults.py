@@ -630,3 +630,16 @@ def test_pooled_sftp_sessions_whose_link_died_idle_are_not_handed_out():
     assert store._idle_session(0) is live
     assert dead.closed and dead_too.closed and not live.closed
     assert store._idle_session(0) is None
+
+
+def test_a_clock_too_far_from_the_storages_is_said_so_not_access_denied():
+    """rb44 #5: S3 refuses a request signed more than 15 minutes off with a 403: it was "access denied; check the
+    credentials", which sent the user to rotate keys."""
+    from ckptvault.store.failures import classify
+
+    skewed = PermissionError(
+        "RequestTimeTooSkewed: The difference between the request time and the server's time is too large."
+    )
+    failure = classify(skewed)
+    assert failure.retryable and "clock is too far from the storage's" in failure.reason, failure
+    assert "credentials" not in failure.reason

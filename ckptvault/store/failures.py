@@ -67,6 +67,9 @@ RETRYABLE_CODES = frozenset(
 NO_BUCKET_CODES = frozenset({"NoSuchBucket", "ContainerNotFound", "BucketNotFound", "ContainerBeingDeleted"})
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "BlobNotFound", "ResourceNotFound", "NotFound"})
 EXISTS_CODES = frozenset({"PreconditionFailed", "ConditionNotMet", "BlobAlreadyExists", "ConditionalRequestConflict"})
+# S3's signed requests carry the client's time: one more than 15 minutes off is refused with a 403
+CLOCK_CODES = frozenset({"RequestTimeTooSkewed"})
+_CLOCK_TEXT = re.compile(r"RequestTimeTooSkewed|request time and the server's time is too large", re.IGNORECASE)
 DENIED_CODES = frozenset(
     {
         "AccessDenied",
@@ -306,6 +309,12 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
             Kind.DENIED,
             "no credentials found (NoCredentialsError); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
             "AWS_PROFILE), give -o key=... -o secret=..., or -o anon=true for a public bucket",
+        )
+    if code in CLOCK_CODES or _CLOCK_TEXT.search(text):  # a 403, not about the credentials; retried (botocore
+        return Failure(  # corrects its clock from the answer), and if it stays so, the clock is to set
+            Kind.TRANSIENT,
+            f"this machine's clock is too far from the storage's ({detail}); set it right (NTP: timedatectl "
+            "set-ntp true), then try again",
         )
     if names & SSH_AUTH_NAMES or isinstance(exc, PermissionError) or code in DENIED_CODES or status in (401, 403):
         return Failure(Kind.DENIED, f"access denied ({detail}); check the credentials and permissions")
