@@ -630,3 +630,16 @@ def test_an_unknown_source_snapshot_is_named_in_the_source(tmp_path: Path, sourc
     with Vault.init(str(tmp_path / "dest")) as dest, pytest.raises(SnapshotNotFoundError) as caught:
         dest.copy_from(source, ["deadbeef"])
     assert str(tmp_path / "source") in str(caught.value) and "source.snapshots()" in str(caught.value)
+
+
+def test_a_storage_option_the_destination_does_not_take_is_refused_before_the_source_is_opened(tmp_path: Path, cli):
+    """rb44 #6: `copy --from-repo s3://... --repo ./local -o endpoint_url=...` (the option meant for the source)
+    tried the source against AWS's own endpoint for 104 s, with the user's keys, before the destination's
+    instant "a local folder takes no storage option"."""
+    proc = cli(
+        "copy", "--from-repo", str(tmp_path / "no-such-source"), "--repo", str(tmp_path / "dest"),
+        "-o", "endpoint_url=http://127.0.0.1:9", check=False,
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "takes no storage option 'endpoint_url'" in err, err
+    assert "no-such-source" not in err

@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from ..errors import CkptVaultError, CopyIncompleteError, UsageError, VaultNotFoundError
+from ..location import default_repo_url
 from ..ops.copy import CopyResult
+from ..store.opening import check_storage_options
 from .app import (
     NO_VAULT_ARGS,
     JsonOpt,
@@ -22,7 +24,7 @@ from .app import (
     vault_options,
 )
 from .output import Output, VaultNaming, format_bytes, name_the_vault_in_advice
-from .params import parse_tags
+from .params import parse_storage_options, parse_tags
 
 SOURCE_VAULT = VaultOptionNames(
     repo="--from-repo",
@@ -127,6 +129,8 @@ def copy_cmd(
             "--from-passphrase-file - and --passphrase-file -: standard input holds one passphrase; "
             "give one of them a file (or CKPTVAULT_FROM_PASSPHRASE / CKPTVAULT_PASSPHRASE)"
         )
+    if vault_args.storage_option:  # before the source is tried for minutes with a -o meant for it
+        check_storage_options(vault_args.repo or default_repo_url(), parse_storage_options(vault_args.storage_option))
     try:
         source = open_vault(
             from_repo,

@@ -28,12 +28,8 @@ def open_store(
     (LocalStore); options given for one are checked by fsspec's local filesystem, as for file://."""
     policy = retry or RetryPolicy.from_env()
     inner: Store
-    _refuse_chained_url(url)
     plain_path = "://" not in url  # "::" inside a path is part of a folder's name
-    if plain_path:
-        _refuse_mistyped_url(url)
-        url = os.path.abspath(os.path.expanduser(url))
-    _refuse_relative_file_url(url)
+    url = _checked_url(url)
     if plain_path and not storage_options:
         inner = LocalStore(url)
     else:
@@ -45,6 +41,25 @@ def open_store(
     store: Store = ThrottledStore(retrying, limits, unlimited) if limits else retrying
     window = read_ahead_bytes()
     return ReadAheadStore(store, window) if retrying.remote and window else store
+
+
+def check_storage_options(url: str, storage_options: dict[str, Any]) -> None:
+    """What ``open_store`` refuses of a URL and its options (UsageError), found before anything connects:
+    ``copy`` checks its destination's before it opens its source (a source's option given to the
+    destination by mistake was found only after the source had been tried for minutes without it)."""
+    if storage_options:
+        from .fsspec_store import FsspecStore
+
+        FsspecStore(_checked_url(url), storage_options)
+
+
+def _checked_url(url: str) -> str:
+    _refuse_chained_url(url)
+    if "://" not in url:
+        _refuse_mistyped_url(url)
+        url = os.path.abspath(os.path.expanduser(url))
+    _refuse_relative_file_url(url)
+    return url
 
 
 # Protocols of the storage ckptvault is used with: "s3:/bucket/vault" or "gs:bucket/vault" is a URL with a
