@@ -99,6 +99,11 @@ class BlobCodec:
         return True
 
     @property
+    def plain_seen(self) -> bool:
+        """Whether a plain object (not a lock) verified here: the config's "none" is borne out."""
+        return self._plain_seen
+
+    @property
     def downgraded(self) -> bool:
         """Whether objects read so far say the vault is encrypted though its config says not: encrypted
         ones, and not one plain one but locks (one stray encrypted pack in a plain vault is damage)."""

@@ -931,6 +931,10 @@ class Repository:
         in the clear. Damage is the command's to meet; a listing that fails is tried again at the next lock."""
         if self._clear_confirmed or not isinstance(self.codec.sealer, ChecksumSealer):
             return
+        self.codec.refuse_if_downgraded()  # what was read before (a restore picks its snapshot first)
+        if self.codec.plain_seen:
+            self._clear_confirmed = True
+            return
         readers: list[tuple[str, Callable[[ObjectInfo, bytes], object]]] = [
             (INDEX_PREFIX, lambda info, i: self._read_metadata(info.key, self._index_decoder(i), info.size)),
             (SNAPSHOTS_PREFIX, lambda info, i: self.load_snapshot(i)),
