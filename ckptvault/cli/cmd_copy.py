@@ -129,7 +129,8 @@ def copy_cmd(
             "--from-passphrase-file - and --passphrase-file -: standard input holds one passphrase; "
             "give one of them a file (or CKPTVAULT_FROM_PASSPHRASE / CKPTVAULT_PASSPHRASE)"
         )
-    if vault_args.storage_option:  # before the source is tried for minutes with a -o meant for it
+    if vault_args.storage_option and (vault_args.repo is None or vault_args.repo.strip()):
+        # before the source is tried for minutes with a -o meant for it (an empty --repo is said later)
         check_storage_options(vault_args.repo or default_repo_url(), parse_storage_options(vault_args.storage_option))
     try:
         source = open_vault(
