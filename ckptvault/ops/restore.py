@@ -139,14 +139,14 @@ def entries_not_in(
 
 
 def _listed(folder: str, enter: Callable[[str], bool]) -> list[os.DirEntry[str]]:
+    """``folder``'s entries by name (read to the end: the iterator closes); one its owner cannot list is
+    opened to it first, where ``enter`` may."""
     try:
-        with os.scandir(folder) as it:
-            return sorted(it, key=lambda entry: entry.name)
+        return sorted(os.scandir(folder), key=lambda entry: entry.name)
     except PermissionError:
         if not enter(folder):
             raise
-    with os.scandir(folder) as it:
-        return sorted(it, key=lambda entry: entry.name)
+        return sorted(os.scandir(folder), key=lambda entry: entry.name)
 
 
 def select_entries(
