@@ -77,7 +77,7 @@ class RestoreResult:
     # The snapshot restored (its ID, tags, step): what restore_latest took, without asking latest() again,
     # when a backup may have landed since. Set by the Vault.
     snapshot: Snapshot | None = None
-    setid_cleared: int = 0  # files restored by root without the setuid/setgid bits they were saved with
+    setid_cleared: int = 0  # files of the snapshot with setuid/setgid bits that root restores without them
 
 
 # Owners are not stored: restored by root, every file is root's, and a setuid or setgid bit saved on
@@ -327,7 +327,7 @@ class _Planner:
         return True
 
     def put_back(self) -> None:
-        """The folders entered (``_lstat``) get their modes back: nothing was restored."""
+        """The folders opened (``enter``) get their modes back: the plan was refused, nothing was restored."""
         for folder, mode in reversed(self.entered.items()):
             with contextlib.suppress(OSError):
                 os.chmod(folder, mode)
