@@ -193,6 +193,8 @@ def test_a_backup_that_starts_while_room_is_made_is_not_dropped(tmp_path, repo_u
     """Making room looks at the waiting backups, then drops them one by one: one the worker took meanwhile
     is running, and is left to ship (it is no longer in the queue to take it out of)."""
     monkeypatch.setattr(async_backup.pins_module, "free_bytes", lambda folder: 0)
+    # the first backup waits for the prune's lock, backing off: under load its next try came after the wait below
+    monkeypatch.setattr(async_backup, "LOCK_RETRY_MAX_S", 0.5)
     real_held = async_backup._held_by_deleted
     lock = contextlib.ExitStack()
 
