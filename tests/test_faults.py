@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,12 +15,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import IntegrityError, ObjectExistsError, RestoreIncompleteError, StorageError
+from ckptvault.repository import locks as locks_module
 from ckptvault.store import open_store, retrying
 from ckptvault.store.failures import object_fault
 from ckptvault.store.retrying import RetryingStore, RetryPolicy
@@ -207,6 +210,19 @@ class _AnsweringStore:
         if self.calls <= self.failures:
             raise StorageError("GET", key, self.url, "503", retryable=True) from _ServiceUnavailable()
         return b"1"
+
+
+def test_a_call_whose_every_attempt_got_no_answer_says_how_long_it_tried_and_what_sets_the_wait():
+    """A stalled S3 failed a backup after 13 minutes saying only "(after 6 attempts)" (audit rb44 #4)."""
+    store = _store(timeout=0.3)
+    faultyfs.FAULTS["get"] = list("HHH")
+    with pytest.raises(StorageError) as caught:
+        store.get("obj")
+    assert re.search(
+        r"no answer after 0\.3 s \(after 3 attempts in [\d.]+ s; CKPTVAULT_OP_TIMEOUT sets how long each attempt "
+        r"waits for an answer\)$",
+        str(caught.value),
+    ), caught.value
 
 
 def test_an_error_the_storage_answered_with_opens_no_breaker():
@@ -473,6 +489,36 @@ def test_a_lock_that_cannot_be_removed_after_the_work_is_done_is_left_with_a_war
     assert len(vault.locks()) == 2
     vault.unlock(remove_all=True)
     assert vault.locks() == []
+
+
+@pytest.mark.usefixtures("short_deadline")
+def test_a_shared_locks_removal_on_a_dead_link_is_tried_briefly_then_left_with_a_warning(src: Path, caplog):
+    """A finished backup waited out the storage's whole budget for its lock's DELETE (6 minutes after
+    "snapshot saved" on a stalled S3: audit rb44 #3); a shared lock blocks only a prune, and goes stale."""
+    vault = Vault.init(url())
+    faultyfs.FAULTS["delete:/locks/"] = list("H" * 8)
+    with caplog.at_level(logging.WARNING, logger="ckptvault"):
+        assert vault.backup(src).summary.files == 2
+    tried = [path for op, path, _ in faultyfs.INJECTED if op == "delete" and "/locks/" in path]
+    assert len(tried) == retrying.BRIEF_RETRIES + 1  # not the 4 attempts of CKPTVAULT_RETRIES=3
+    assert any("is left behind" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_release_does_not_wait_for_a_refresh_stuck_on_the_storage(monkeypatch):
+    """A failed restore printed its error 11 minutes late: its release waited for the lock refresher's PUT
+    and its retries (audit rb44 #3c). The refresh's object, once it lands, is removed by the refresher."""
+    monkeypatch.setattr(locks_module, "RELEASE_WAIT_S", 0.2)
+    vault = Vault.init(url())
+    locks = vault._repo.locks
+    locks.refresh_every = timedelta(seconds=0.05)
+    faultyfs.FAULTS["put:/locks/"] = [".", "H"]  # the lock's own write, then its first refresh hangs
+    held = locks.acquire(exclusive=False)
+    while not faultyfs.INJECTED or faultyfs.INJECTED[-1][2] != "H":
+        time.sleep(0.01)
+    held.release()
+    assert held._thread.is_alive()  # the refresh still hangs: not waited for
+    held._thread.join(faultyfs.HANG_S + 5)
+    assert not held._thread.is_alive() and locks.list() == []  # the late refresh's object removed too
 
 
 def test_a_pack_the_storage_fails_on_every_read_is_dropped_only_on_request(tmp_path: Path, src: Path):

@@ -141,6 +141,7 @@ RETRY_MAX_S = 30.0
 # one more try follows a random wait of up to NEWCOMER_WAIT_S
 NEWCOMER_S = 10.0
 NEWCOMER_WAIT_S = 1.0
+RELEASE_WAIT_S = 5.0  # how long release() waits for a refresh in progress (it waits no storage budget out)
 
 Clock = Callable[[], datetime]
 _Taken = TypeVar("_Taken")
@@ -668,6 +669,7 @@ class HeldLock:
         self._released = False  # set first thing in release(): a released lock is never judged
         self._refresh_error: BaseException | None = None  # the last refresh's failure, until one succeeds
         self._orphans: list[LockInfo] = []  # our lock objects a delete failed for: retried
+        self._writing: LockInfo | None = None  # the lock object a refresh is writing
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         with _held_mutex:
@@ -700,7 +702,7 @@ class HeldLock:
         return max(steady, (self.manager.clock() - self.info.time).total_seconds())
 
     def _lose(self, problem: str) -> None:
-        if self._lost is None:
+        if self._lost is None and not self._released:  # a refresh that ends after release() removed the lock
             self._lost = problem
             log.warning(
                 "lost the lock on %s: %s; the command stops at its next check", self.manager.repo.store.url, problem
@@ -743,14 +745,19 @@ class HeldLock:
         self._check_age(started)
         if self._lost is not None:
             return
-        new = self.manager.new_info(self.info.exclusive)
+        new = self._writing = self.manager.new_info(self.info.exclusive)
         try:
             self.manager.put(new)
             finished = ticks()
+            if self._released:  # released while this write was stuck: nothing holds the new object
+                self._discard(new)
+                return
             present = self.manager.exists(self.info)
         except BaseException:
             self._orphans.append(new)  # a failed PUT may still land: removed at the next refresh
             raise
+        finally:
+            self._writing = None
         if not present:
             self._lose("another process removed it as stale")
         else:
@@ -762,6 +769,8 @@ class HeldLock:
         self._refresh_error = None
         self._remove_orphans()  # after the refresh: a slow delete must not make it late
         self._discard(old)
+        if self._released:  # release() did not wait for this slow refresh, and may have removed ``old``
+            self._discard(new)
 
     def verify(self) -> None:
         """Raise LockLostError unless the lock still exists and was refreshed in time (call it before
@@ -810,12 +819,18 @@ class HeldLock:
         return LockLostError(f"lost the lock on {self.manager.repo.store.url}: {self._lost}; {then}")
 
     def release(self, *, remove: bool = True) -> None:
-        """Stop refreshing and delete the lock object (``remove=False``: leave it, to go stale)."""
+        """Stop refreshing and delete the lock object (``remove=False``: leave it, to go stale). A shared
+        lock's removal is housekeeping (it blocks only a prune, and goes stale by itself): it gets a
+        brief try, not the storage's whole budget, so a finished command ends on a dead link."""
         try:
             self._stop.set()
-            with self._mutex:  # waits for a refresh or verify() in progress; none judges it from now on
-                self._released = True
-            self._thread.join()
+            # a refresh stuck on a storage that stopped answering is not waited for (its retries ran minutes
+            # after a failed restore had its answer): it removes the object it writes once that lands
+            refreshing = not self._mutex.acquire(timeout=RELEASE_WAIT_S)
+            self._released = True  # none judges it from now on
+            if not refreshing:
+                self._mutex.release()
+                self._thread.join()
         finally:  # also when interrupted (Ctrl-C) while waiting for the refresh thread
             with _held_mutex:
                 held = _HELD.get(self.manager.repo, [])
@@ -823,9 +838,15 @@ class HeldLock:
                     held.remove(self)
                 if not held:  # no reference to a closed Repository is kept
                     _HELD.pop(self.manager.repo, None)
+        if refreshing and (writing := self._writing) is not None:
+            _leave_behind(self.manager.repo, [writing])
+            left_behind.warning(
+                "lock object %s is left behind if its write lands: ckptvault unlock removes it",
+                writing.lock_id.hex()[:12],
+            )
         if not remove:
             return
-        with self._mutex:
+        with contextlib.nullcontext() if refreshing else self._mutex, self._housekeeping():
             self._remove_orphans()
             for lock in self._orphans:
                 left_behind.warning(
@@ -837,6 +858,11 @@ class HeldLock:
             except BaseException:
                 _leave_behind(self.manager.repo, [self.info])
                 raise
+
+    def _housekeeping(self) -> contextlib.AbstractContextManager[None]:
+        """Where a shared lock's removal is done: briefly (``release``)."""
+        briefly = getattr(self.manager.repo.store, "briefly", None)
+        return briefly() if briefly is not None and not self.exclusive else contextlib.nullcontext()
 
     def __enter__(self) -> HeldLock:
         return self

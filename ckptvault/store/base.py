@@ -21,6 +21,7 @@ retrying.py, throttle.py and readahead.py, pass them on from the store they wrap
 - ``needs_deadline`` / ``enforces_deadline`` (bool): whether a call needs a thread-held deadline, and
   whether the backend enforces its own (retrying.py);
 - ``unanswered`` (bool): a call gave up lately because the storage did not answer (locks.py);
+- ``briefly()``: a context in which this thread's calls get a short budget (housekeeping, locks.py);
 - ``cancelling_uploads(prefix)``: a context in which uploads held back by a bandwidth limit fail at once.
 """
 

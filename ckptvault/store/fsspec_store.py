@@ -37,7 +37,6 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import CkptVaultError, ObjectNotFoundError, ShortReadError, StorageError, UsageError
-from ..units import format_seconds
 from .backends import (
     S3,
     Profile,
@@ -55,7 +54,7 @@ from .base import TEMP_PREFIX, ObjectInfo
 from .failures import Failure, Kind, classify, hide_credentials, one_line, status_in_chain, storage_error
 from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
-from .retrying import BASE_DEADLINE_S, call_deadline
+from .retrying import BASE_DEADLINE_S, call_deadline, no_answer
 
 LISTING_TRIES = 5  # a folder listing that raced with a rename in it is read again (see _ls)
 LISTING_RETRY_S = 0.02  # times the try's number: at most 0.2 s in all
@@ -222,7 +221,7 @@ class FsspecStore:
                 # a stalled download first: the time waited then, not the deadline that did not pass
                 waited = time.monotonic() - started
                 said = deadline if waited >= deadline - 1 else waited
-                failure = Failure(failure.kind, f"no answer after {format_seconds(said)} s")
+                failure = Failure(failure.kind, no_answer(said))
             failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
             raise storage_error(op, key, self.url, exc, if_absent=if_absent, failure=failure) from exc
 

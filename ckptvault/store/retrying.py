@@ -33,12 +33,13 @@ default: by size).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -112,6 +113,21 @@ class RetryPolicy:
         return min(self.max_delay, self.base_delay * 2 ** min(attempt, 64)) * random.uniform(0.5, 1.0)
 
 
+NO_ANSWER = "no answer after"
+
+
+def no_answer(seconds: float) -> str:
+    """The reason of a call given up at its deadline (here or by the backend's own)."""
+    return f"{NO_ANSWER} {format_seconds(seconds)} s"
+
+
+# Housekeeping whose failure is harmless and said (removing a shared lock at the end of a command) gets
+# BRIEF_RETRIES retries of at most BRIEF_DEADLINE_S each (``RetryingStore.briefly``): on a dead link the
+# full budget held a finished backup 6 minutes after "snapshot saved" (audit rb44 #3).
+BRIEF_DEADLINE_S = 10.0
+BRIEF_RETRIES = 1
+
+
 def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, url: str) -> T:
     """Run ``fn`` in a daemon thread; give up waiting after ``timeout`` seconds. The thread may
     linger if the call never returns: Python cannot cancel it, but it cannot block exit either."""
@@ -128,8 +144,7 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        reason = f"no answer after {format_seconds(timeout)} s"
-        raise StorageError(op, key, url, reason, retryable=True) from TimeoutError()
+        raise StorageError(op, key, url, no_answer(timeout), retryable=True) from TimeoutError()
     if error:
         raise error[0]
     return result[0]
@@ -219,6 +234,7 @@ class RetryingStore:
         self._outage_said = -RETRY_SAID_EVERY_S  # when a retry past the attempts was last said
         self._answered_at = 0.0  # when a call last succeeded (time.monotonic)
         self._failing_keys: set[str] = set()  # objects a server error failed through every attempt
+        self._brief = threading.local()  # .on: this thread's calls are housekeeping (briefly())
 
     @property
     def unanswered(self) -> bool:
@@ -226,12 +242,26 @@ class RetryingStore:
         since (a caller may skip best-effort calls, such as removing its shared lock)."""
         return self._breaker.is_open()
 
+    @contextlib.contextmanager
+    def briefly(self) -> Iterator[None]:
+        """The calls this thread makes inside are housekeeping: BRIEF_RETRIES retries of at most
+        BRIEF_DEADLINE_S each, and no outage is waited out; the caller reports a failure and goes on."""
+        self._brief.on = True
+        try:
+            yield
+        finally:
+            self._brief.on = False
+
     def _call(self, op: str, key: str, fn: Callable[[], T], nbytes: int | None = None) -> T:
         """``fn`` with retries; ``nbytes``: what the call moves, where known (its deadline)."""
+        brief = getattr(self._brief, "on", False)
         deadline = call_deadline(self.policy.op_timeout, nbytes) if self._deadlines else 0
+        if brief and self._deadlines:
+            deadline = min(deadline, BRIEF_DEADLINE_S) if deadline else BRIEF_DEADLINE_S
         probe = self._breaker.admit(op, key, self.url, patience=deadline + self._grace if deadline else 0)
-        retries = 0 if probe else self.policy.retries
+        retries = 0 if probe else min(self.policy.retries, BRIEF_RETRIES) if brief else self.policy.retries
         attempt = 0
+        started = time.monotonic()
         first_failed = 0.0
         while True:
             try:
@@ -244,7 +274,9 @@ class RetryingStore:
                 now = time.monotonic()
                 first_failed = first_failed or now
                 delay = self.policy.delay(attempt)
-                outlasting = attempt >= retries and self._outlasting(exc, key, retries, first_failed, now + delay)
+                outlasting = (
+                    attempt >= retries and not brief and self._outlasting(exc, key, retries, first_failed, now + delay)
+                )
                 if not exc.retryable or (attempt >= retries and not outlasting) or _interrupted.is_set():
                     self._breaker.settle(probe, exc)
                     if attempt >= retries and object_fault(exc) and len(self._failing_keys) < MAX_FAILING_KEYS:
@@ -254,6 +286,11 @@ class RetryingStore:
                         exc.args = (
                             f"{exc.args[0]} (after {attempt + 1} attempts in {waited} s; CKPTVAULT_RETRY_FOR sets how "
                             "long an outage is retried)",
+                        )
+                    elif attempt and exc.reason.startswith(NO_ANSWER):  # each attempt waited out its deadline
+                        exc.args = (
+                            f"{exc.args[0]} (after {attempt + 1} attempts in {format_seconds(now - started)} s; "
+                            "CKPTVAULT_OP_TIMEOUT sets how long each attempt waits for an answer)",
                         )
                     elif attempt:
                         exc.args = (f"{exc.args[0]} (after {attempt + 1} attempts)",)
