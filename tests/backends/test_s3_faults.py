@@ -263,7 +263,8 @@ def test_a_server_that_never_answers_fails_after_bounded_retries(moto, proxy, sr
     started = time.monotonic()
     vault, _, error = permanent_case(moto, proxy, src, lambda p: setattr(p, "stall", True))
     # each attempt waited out its deadline: the error says how long in all, and which setting sets that wait
-    assert re.search(r"no answer after 1 s \(after 2 attempts in [\d.]+ s; CKPTVAULT_OP_TIMEOUT sets", str(error)), error
+    said = r"no answer after 1 s \(after 2 attempts in [\d.]+ s; CKPTVAULT_OP_TIMEOUT sets"
+    assert re.search(said, str(error)), error
     assert error.op == "PUT" and error.key.startswith("packs/"), error
     assert time.monotonic() - started < 60
     vault.close()

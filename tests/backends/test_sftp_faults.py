@@ -56,6 +56,22 @@ def test_stalled_downloads_give_their_sessions_back(sshd, proxy, tmp_path: Path,
     assert tree_digest(tmp_path / "out2") == tree_digest(src)
 
 
+def test_temp_files_of_uploads_cut_mid_write_are_removed_once_a_write_gets_through(sshd, proxy, tmp_path, monkeypatch):
+    """A flapping link left 25 temp files (253 MB) beside one backup's packs until a prune an hour later
+    (audit rb44 #7): each cut upload's retry wrote under a new temp name."""
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    url = sshd.backend.new_url("cut").replace(f":{sshd.port}/", f":{proxy.port}/")
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=6)
+    with Vault.init(url, storage_options=sshd.backend.storage_options, pack_size=1 << 20) as vault:
+        proxy.drop_all()
+        proxy.cut_after_bytes, proxy.max_cuts = 1_500_000, 3  # inside pack uploads, after a few landed
+        vault.backup(src)
+        assert proxy.cuts == 3
+        assert vault.check(read_data=1).ok
+    folder = Path(urlsplit(url).path)
+    assert sorted(p.name for p in folder.rglob(".tmp-*")) == []
+
+
 @pytest.fixture
 def sftp_vault(sshd, tmp_path: Path, monkeypatch):
     """A vault on the SFTP server with one backup, the folder it is in on this machine, and the source."""
