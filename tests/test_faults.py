@@ -434,6 +434,21 @@ def test_an_ssh_link_gone_counts_as_no_answer_so_an_sftp_outage_is_outlasted():
     assert not unreachable(OSError(2, "No such file or directory"))
 
 
+def test_an_ssh_link_gone_is_said_in_words_not_only_the_librarys():
+    """rb44 #8: "EOFError (after 6 attempts)", "Socket is closed", "SSHException: Server connection dropped:"."""
+    import paramiko
+
+    from ckptvault.store.failures import classify
+
+    for gone, word in [
+        (EOFError(), "(EOFError)"),
+        (OSError("Socket is closed"), "(Socket is closed)"),
+        (paramiko.SSHException("Server connection dropped: "), "(SSHException: Server connection dropped)"),
+    ]:
+        failure = classify(gone)
+        assert failure.retryable and failure.reason == f"the connection to the server was lost {word}", failure
+
+
 def test_a_hung_probe_holds_the_others_back_until_its_deadline_even_past_the_open_window(monkeypatch):
     monkeypatch.setattr(retrying, "OPEN_S", 0.3)
     store = _store(timeout=1.5)

@@ -339,6 +339,9 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.PERMANENT, detail)
     if code in RETRYABLE_CODES:
         return Failure(Kind.TRANSIENT, detail)
+    if any(_ssh_link_gone(node) for node in chain) or "Server connection dropped" in text:
+        # paramiko's bare words ("EOFError", "Socket is closed", "Server connection dropped:") said what happened
+        return Failure(Kind.TRANSIENT, f"the connection to the server was lost ({detail.rstrip(':')})")
     if names & RETRYABLE_NAMES or any(isinstance(n, (ConnectionError, TimeoutError, EOFError)) for n in chain):
         return Failure(Kind.TRANSIENT, detail)
     if isinstance(exc, OSError):
