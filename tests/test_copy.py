@@ -517,6 +517,30 @@ def test_cli_encrypted_source_from_its_own_options(tmp_path: Path, keyfile: Keyf
         assert restored(plain, "latest", tmp_path / "out") == tree_digest(tmp_path / "c1")
 
 
+def test_cli_copy_between_vaults_of_one_keyfile_takes_its_passphrase_once(tmp_path: Path, keyfile: Keyfile, cli):
+    """ek44 #15: with the same keyfile on both sides (or a copy of it) the copy wanted
+    CKPTVAULT_FROM_PASSPHRASE as well; the destination's passphrase is the source's."""
+    src, dest, again = (str(tmp_path / name) for name in ("enc", "enc2", "enc3"))
+    with Vault.init(src, keyfile=keyfile.path, passphrase=PASS) as enc:
+        enc.backup(save_checkpoint(tmp_path / "c1", 1), tags={"step": "1"})
+    twin = tmp_path / "team-copy.key"
+    twin.write_bytes(Path(keyfile.path).read_bytes())
+    for vault in (dest, again):
+        with Vault.init(vault, keyfile=keyfile.path, passphrase=PASS):
+            pass
+    done = cli("copy", "--from-repo", src, "--from-keyfile", str(twin), "--repo", dest, "-k", str(keyfile.path),
+               CKPTVAULT_PASSPHRASE=PASS, input=b"")  # fmt: skip
+    assert b"copied 1 snapshot(s)" in done.stderr + done.stdout, done.stderr
+    piped = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--repo", again, "-k",
+                str(keyfile.path), "--passphrase-file", "-", input=PASS.encode())  # fmt: skip
+    assert b"copied 1 snapshot(s)" in piped.stderr + piped.stdout, piped.stderr
+    with Vault.open(again, keyfile=keyfile.path, passphrase=PASS) as copied:
+        assert restored(copied, "latest", tmp_path / "out") == tree_digest(tmp_path / "c1")
+    other = cli("copy", "--from-repo", src, "--from-keyfile", str(keyfile.path), "--repo", dest, "-k",
+                str(keyfile.path), CKPTVAULT_PASSPHRASE=PASS, CKPTVAULT_FROM_PASSPHRASE="no", check=False)  # fmt: skip
+    assert other.returncode == 12, other.stderr  # a source passphrase given apart is still the one used
+
+
 def test_a_snapshot_copied_again_is_the_same_object_so_no_host_cache_goes_stale(
     tmp_path: Path, source: Vault, monkeypatch
 ):

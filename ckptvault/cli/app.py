@@ -301,7 +301,7 @@ class VaultArgs:
     limit_download: str | None = None
     retry_lock: str | None = None
 
-    def open(self, out: Output, *, writing: bool = False) -> Vault:
+    def open(self, out: Output, *, writing: bool = False, passphrase: Callable[[], str] | None = None) -> Vault:
         return open_vault(
             self.repo,
             self.storage_option,
@@ -312,6 +312,7 @@ class VaultArgs:
             limit_upload=self.limit_upload,
             limit_download=self.limit_download,
             retry_lock=self.retry_lock,
+            passphrase=passphrase,
         )
 
 
@@ -430,16 +431,19 @@ def open_vault(
     limit_download: str | None = None,
     retry_lock: str | None = None,
     names: VaultOptionNames = THIS_VAULT,
+    passphrase: Callable[[], str] | None = None,
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind).
-    ``names``: how this vault's options are spelled, for messages."""
+    ``names``: how this vault's options are spelled, for messages; ``passphrase``: where the keyfile's
+    passphrase comes from, if not from this vault's options (copy's two vaults under one keyfile)."""
     refuse_blank_vault_settings(repo, keyfile, names)
     refuse_passphrase_without_keyfile(passphrase_file, keyfile, names)
     options = parse_storage_options(storage_option)
     settings = {
         "keyfile": keyfile,
-        "passphrase": passphrase_source(
+        "passphrase": passphrase
+        or passphrase_source(
             passphrase_file, env=names.passphrase_env, prompt=names.prompt, option=names.passphrase_file
         ),
         "limit_upload": limit_upload,

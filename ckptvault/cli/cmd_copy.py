@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ..crypto.keyfile import MAX_KEYFILE_BYTES
 from ..errors import CkptVaultError, CopyIncompleteError, UsageError, VaultNotFoundError
 from ..location import default_repo_url
 from ..ops.copy import CopyResult
@@ -20,6 +24,7 @@ from .app import (
     app,
     command,
     open_vault,
+    passphrase_source,
     refuse_blank_vault_settings,
     vault_options,
 )
@@ -59,6 +64,21 @@ def _in_source_terms(exc: CkptVaultError) -> CkptVaultError:
         message = pattern.sub(theirs, message)
     exc.args = (f"the vault to copy from: {message}",)
     return exc
+
+
+def _same_keyfile(source: str | None, dest: str | None) -> bool:
+    """Whether both vaults' keyfiles are one (the same file, or copies of it): re-encrypting a vault into
+    a new one under the same key, or copying between two vaults of one team."""
+    if not source or not dest:
+        return False
+    try:
+        first, second = Path(source).expanduser(), Path(dest).expanduser()
+        if first.samefile(second):
+            return True
+        small = max(first.stat().st_size, second.stat().st_size) <= MAX_KEYFILE_BYTES
+        return small and first.read_bytes() == second.read_bytes()
+    except OSError:  # opening the vault names what is wrong with it
+        return False
 
 
 def _named_for_its_vault(message: str, namings: dict[str, VaultNaming]) -> str:
@@ -132,6 +152,10 @@ def copy_cmd(
     if vault_args.storage_option and (vault_args.repo is None or vault_args.repo.strip()):
         # before the source is tried for minutes with a -o meant for it (an empty --repo is said later)
         check_storage_options(vault_args.repo or default_repo_url(), parse_storage_options(vault_args.storage_option))
+    shared = None
+    asked_apart = from_passphrase_file is not None or SOURCE_VAULT.passphrase_env in os.environ
+    if not asked_apart and _same_keyfile(from_keyfile, vault_args.keyfile):  # one passphrase, given once
+        shared = functools.cache(passphrase_source(vault_args.passphrase_file))
     try:
         source = open_vault(
             from_repo,
@@ -142,6 +166,7 @@ def copy_cmd(
             limit_download=vault_args.limit_download,  # the source is the vault read
             retry_lock=vault_args.retry_lock,
             names=SOURCE_VAULT,
+            passphrase=shared,
         )
     except CkptVaultError as exc:
         exc = _in_source_terms(exc)
@@ -153,7 +178,7 @@ def copy_cmd(
     )
     with source:
         try:
-            dest = vault_args.open(out)
+            dest = vault_args.open(out, passphrase=shared)
         except CkptVaultError as exc:
             exc.args = (dest_naming.named(str(exc)),)
             raise
