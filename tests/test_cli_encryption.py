@@ -18,6 +18,7 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
     key = str(tmp_path / "team.key")
     made = cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", **env)
     assert "fingerprint" in made.stdout.decode() and "cannot be recovered" in made.stderr.decode()
+    assert "makes a guess of the passphrase 8x cheaper than the default" in made.stderr.decode()  # ek44 #9
     assert os.stat(key).st_mode & 0o777 == 0o600
     info = json.loads(cli("key", "info", "--keyfile", key, "--json").stdout)
     assert info["kdf"] == "scrypt n=2^14 r=8 p=1" and len(info["fingerprint"]) == 32
@@ -125,7 +126,10 @@ def test_passwd_keeps_the_keyfiles_scrypt_settings_and_can_raise_its_cost(cli, t
     key, master = Keyfile.create("first passphrase", scrypt_n=2**14, scrypt_r=16, scrypt_p=2)
     key.save(path)
     env = {"CKPTVAULT_PASSPHRASE": "first passphrase", "CKPTVAULT_NEW_PASSPHRASE": "second passphrase"}
-    cli("key", "passwd", "-k", path, **env)
+    kept_weak = cli("key", "passwd", "-k", path, **env)
+    assert "2x cheaper than the default" in kept_weak.stderr.decode() and "--kdf-cost 17 raises it" in (
+        kept_weak.stderr.decode()
+    )
     kept = Keyfile.load(path)
     assert (kept.kdf.n, kept.kdf.r, kept.kdf.p) == (2**14, 16, 2)
     env = {"CKPTVAULT_PASSPHRASE": "second passphrase", "CKPTVAULT_NEW_PASSPHRASE": "third passphrase"}

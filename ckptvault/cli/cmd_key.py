@@ -70,6 +70,7 @@ def generate_cmd(
     check_kdf_cost(kdf_cost, "--kdf-cost")
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
     key = Vault.generate_keyfile(keyfile, passphrase=passphrase, kdf_cost=kdf_cost)
+    _warn_if_weak(out, key, f"fine for tests; a real key wants --kdf-cost {DEFAULT_KDF_COST} or more")
     out.warn(LOSS_WARNING)
     out.result(_describe(key), f"created keyfile {key.path} (fingerprint {key.fingerprint}, mode 0600)")
 
@@ -100,6 +101,8 @@ def passwd_cmd(
     key = Keyfile.load(keyfile)
     if kdf_cost is not None and 2**kdf_cost < key.kdf.n:
         out.warn(f"--kdf-cost {kdf_cost} is below the keyfile's {key.kdf.n.bit_length() - 1}: a guess gets cheaper")
+    elif kdf_cost is None:
+        _warn_if_weak(out, key, f"--kdf-cost {DEFAULT_KDF_COST} raises it")
     key = Vault.change_keyfile_passphrase(
         key,
         passphrase=passphrase_source(passphrase_file, prompt="current passphrase"),
@@ -124,8 +127,18 @@ def info_cmd(keyfile: KeyfilePathOpt, json_out: JsonOpt = False, quiet: QuietOpt
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile, "the keyfile's path")
     key = Keyfile.load(keyfile)
+    _warn_if_weak(out, key, f"ckptvault key passwd --kdf-cost {DEFAULT_KDF_COST} raises it")
     d = _describe(key)
     out.result(d, "\n".join(f"{k}: {v}" for k, v in d.items()), asked=True)
+
+
+def _warn_if_weak(out: Output, key: Keyfile, advice: str) -> None:
+    """A keyfile whose KDF makes a guess of its passphrase cheaper than the default does (ek44 #9)."""
+    if (weaker := key.kdf.weaker_by) > 1:
+        out.warn(
+            f"keyfile {key.path}: its {_describe(key)['kdf']} makes a guess of the passphrase {weaker:g}x cheaper "
+            f"than the default (n=2^{DEFAULT_KDF_COST} r=8 p=1); {advice}"
+        )
 
 
 def _describe(key: Keyfile) -> dict[str, object]:

@@ -132,6 +132,13 @@ class KdfParams:
     p: int = 1
     salt: bytes = b""
 
+    @property
+    def weaker_by(self) -> float:
+        """How many times cheaper a guess of the passphrase is than under the default settings (under 1:
+        dearer)."""
+        default = KdfParams()
+        return (default.n * default.r * default.p) / (self.n * self.r * self.p)
+
     def derive(self, secret: bytes) -> bytes:
         with _AHEAD_LOCK:
             ahead = _AHEAD.pop((self, hashlib.sha256(secret).digest()), None)
