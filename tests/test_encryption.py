@@ -189,6 +189,19 @@ def test_keyfile_is_private_and_passwd_keeps_the_key(tmp_path: Path, keyfile: Ke
         keyfile.save(keyfile.path)
 
 
+def test_a_passphrase_in_another_unicode_form_unlocks_the_keyfile():
+    """ek44 #6: "café" typed on one machine (é one character, NFC) and pasted from another (e and an accent,
+    NFD) is the same passphrase to its user; it was "wrong". Either way round, and a wrong one stays wrong."""
+    import unicodedata
+
+    visible = "café-très-sûr"
+    for made, given in (("NFC", "NFD"), ("NFD", "NFC")):
+        key, master = Keyfile.create(unicodedata.normalize(made, visible), scrypt_n=2**10)
+        assert key.unlock(unicodedata.normalize(given, visible)).material == master.material
+        with pytest.raises(WrongPassphraseError):
+            key.unlock(unicodedata.normalize(given, "cafe-très-sûr"))
+
+
 # ---- frozen known-answer vectors: a change that breaks old data fails here ----------------
 
 

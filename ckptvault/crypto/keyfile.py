@@ -13,7 +13,9 @@ derived from the passphrase with scrypt (memory-hard; its parameters are in the 
 The passphrase is taken as UTF-8 without its trailing CR/LF, whatever it came from (a file, the
 environment, a prompt, the API): a secret mounted from a file often ends in a newline, and the same
 secret in an environment variable may or may not. Bytes that are not UTF-8 (an environment variable
-or a file in another encoding) are used as they are.
+or a file in another encoding) are used as they are. The same visible passphrase may come in either
+Unicode normal form (a password manager, a macOS clipboard: "é" as one character or as "e" and an accent):
+where the one given does not unlock the keyfile, its other forms (NFC, NFD) are tried as well.
 
 It is written atomically with mode 0600. Changing the passphrase rewraps the same master
 key, so the repository's data is untouched.
@@ -32,6 +34,7 @@ import os
 import secrets
 import stat
 import threading
+import unicodedata
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -321,13 +324,17 @@ class Keyfile:
 
     def unlock(self, passphrase: str) -> MasterKey:
         secret = passphrase_secret(passphrase)
-        material = self._unwrap(secret)
-        if material is None:
-            # A keyfile made before trailing newlines were dropped, from a passphrase ending in one:
-            # as given, or as a file that held it (the file's newline is gone by now).
-            legacy = _encoded(passphrase) if passphrase != passphrase.rstrip("\r\n") else secret + b"\n"
-            material = self._unwrap(legacy)
-        if material is None:
+        # A keyfile made before trailing newlines were dropped, from a passphrase ending in one: as given,
+        # or as a file that held it (the file's newline is gone by now); then the other Unicode forms
+        legacy = _encoded(passphrase) if passphrase != passphrase.rstrip("\r\n") else secret + b"\n"
+        forms = [passphrase_secret(unicodedata.normalize(form, passphrase)) for form in ("NFC", "NFD")]
+        tried: set[bytes] = set()
+        for candidate in (secret, legacy, *forms):
+            if candidate not in tried:
+                tried.add(candidate)
+                if (material := self._unwrap(candidate)) is not None:
+                    break
+        else:
             raise WrongPassphraseError(self.path or "(in memory)")
         master = MasterKey(material)
         if master.fingerprint != self.fingerprint:
