@@ -204,6 +204,19 @@ def _at_a_terminal(args: list[str], env: dict[str, str], typed: list[bytes]) -> 
     return os.waitstatus_to_exitcode(status), (printed + seen).decode(errors="replace")
 
 
+def test_ctrl_c_at_watchs_passphrase_prompt_cancels_it(tmp_path: Path):
+    """ek44 #10: Ctrl-C at watch's prompt said "stopping after the upload in flight" and went on waiting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    key = str(tmp_path / "team.key")
+    Keyfile.create("a passphrase!", scrypt_n=2**14)[0].save(key)
+    Vault.init(tmp_path / "vault", keyfile=key, passphrase="a passphrase!").close()
+    (tmp_path / "out").mkdir()
+    args = ["watch", str(tmp_path / "out"), "--tag", "run=w", "--repo", str(tmp_path / "vault"), "-k", key]
+    code, printed = _at_a_terminal(args, env, [b"\x03"])
+    assert code == 130 and "cancelled" in printed, printed
+    assert "upload" not in printed and "watching" not in printed, printed
+
+
 def test_ctrl_d_at_a_passphrase_prompt_is_no_passphrase_not_a_crash(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")

@@ -104,9 +104,11 @@ def watch_cmd(
 
     on_signal = _StopOnSignal(stop, grace, info)
     events = _Events(json_out=json_out, quiet=quiet, warn=warn)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
     with vault_args.open(out, writing=True) as vault:
+        # from here on: a Ctrl-C at the passphrase prompt (or while the vault opens) cancels as in backup, not
+        # "stopping after the upload in flight" while the prompt waits on (ek44 #10)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
 
         def on_start(resumed: int) -> None:
             again = f"; {resumed} pinned checkpoint(s) from an earlier run to ship" if resumed else ""
