@@ -20,6 +20,8 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
     assert "fingerprint" in made.stdout.decode() and "cannot be recovered" in made.stderr.decode()
     assert "makes a guess of the passphrase 8x cheaper than the default" in made.stderr.decode()  # ek44 #9
     assert os.stat(key).st_mode & 0o777 == 0o600
+    dash = cli("key", "generate", "--keyfile", "-", "--kdf-cost", "14", **env, check=False)  # ek44 #17
+    assert dash.returncode == 2 and b"give its path" in dash.stderr and not (Path.cwd() / "-").exists()
     info = json.loads(cli("key", "info", "--keyfile", key, "--json").stdout)
     assert info["kdf"] == "scrypt n=2^14 r=8 p=1" and len(info["fingerprint"]) == 32
 

@@ -67,6 +67,8 @@ def generate_cmd(
     """Create a keyfile holding a new random key, protected by a passphrase (asked twice)."""
     out = Output(json_mode=json_out, quiet=quiet)
     require_nonempty("--keyfile", keyfile, "the keyfile's path")
+    if keyfile == "-":  # '-' is standard input for a passphrase; a keyfile named so is surely not meant
+        raise UsageError("--keyfile -: a keyfile is written to a file (mode 0600), not to the output; give its path")
     check_kdf_cost(kdf_cost, "--kdf-cost")
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
     key = Vault.generate_keyfile(keyfile, passphrase=passphrase, kdf_cost=kdf_cost)
