@@ -250,3 +250,18 @@ def test_a_missing_pack_is_healed_by_repair_index_without_reading_the_whole_vaul
     cli("repair-index", "--repo", repo)  # as it says, and no --read-data
     cli("backup", str(src), "--repo", repo)
     assert cli("check", "--repo", repo, "--read-data").stdout.decode().startswith("no problems found")
+
+
+def test_check_json_advice_names_the_vault_as_the_text_does(tmp_path: Path, cli):
+    """ek44 #17: the JSON detail of a damaged chunk said `ckptvault repair-index --read-data` without
+    `--repo`: a script pasting it acted on the default vault."""
+    repo, _ = one_file_backed_up(tmp_path, cli)
+    (pack,) = [p for p in Path(repo, "packs").rglob("*") if p.is_file()]
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    text = cli("check", "--read-data", "--repo", repo, check=False).stdout.decode()
+    listed = json.loads(cli("check", "--read-data", "--json", "--repo", repo, check=False).stdout)
+    advice = [p["detail"] for p in listed["problems"] if "ckptvault " in p["detail"]]
+    assert advice and all(f"--repo {repo}" in detail for detail in advice), listed["problems"]
+    assert all(detail in text for detail in advice), text

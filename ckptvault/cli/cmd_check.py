@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -35,11 +36,13 @@ def check_cmd(
     for warning in report.warnings:
         out.warn(warning)
     counts = report.counts()
-    data = {"ok": report.ok, **report.__dict__}
+    # the advice in each problem names this vault in JSON too: a script pasting it must not act on the default vault
+    problems = [dataclasses.replace(p, detail=with_vault_named(p.detail)) for p in report.problems]
+    data = {"ok": report.ok, **report.__dict__, "problems": problems}
     if report.ok:
         out.result(data, f"no problems found: {counts}")
         return
-    lines = [with_vault_named(f"{p.object}: {p.detail}") for p in report.problems]
+    lines = [f"{p.object}: {p.detail}" for p in problems]
     for snapshot_id, files in report.affected.items():
         lines.append(f"affects snapshot {snapshot_id[:8]}: {_files(files)}")
     for snapshot_id, files in report.unavailable.items():
