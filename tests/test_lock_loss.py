@@ -208,6 +208,71 @@ def test_prune_suspended_after_planning_deletes_nothing(tmp_path: Path):
             restores_exactly(vault, snap, new if snap.id == kept.id else old, tmp_path / "again" / snap.id)
 
 
+def test_prune_suspended_in_its_pack_deletes_deletes_nothing_more_once_resumed(tmp_path: Path):
+    """audit mw45 H1: the packs a prune condemned are in no index while it deletes them; a backup that got in
+    while the suspended prune's lock looked stale adopted them (their headers verify) and deduplicated
+    against them, and the resumed prune deleted the rest of its batch: the backup's snapshot lost data."""
+    repo = tmp_path / "vault"
+    old = make_source(tmp_path / "old", "old", 3 << 20)
+    new = make_source(tmp_path / "new", "new", 1 << 20)
+    with Vault.init(str(repo), pack_size=1 << 20) as vault:
+        vault.backup(old)
+        vault.backup(new)
+    marker = tmp_path / "stopped"
+    prune = lockcli(
+        "prune", "--repo", str(repo), "--keep-latest", "1", "-q",
+        tmp_path=tmp_path, LOCKCLI_STOP="after-pack-delete", LOCKCLI_MARKER=str(marker),
+    )  # fmt: skip
+    try:
+        wait_stopped(prune, marker)  # one of the old snapshot's packs deleted, the others to go
+        wait_until_stale()
+        rc, err = finish(lockcli("backup", str(old), "--repo", str(repo), "-q", tmp_path=tmp_path))
+        assert rc == 0, err
+        adopted = packs(repo)
+    finally:
+        prune.send_signal(signal.SIGCONT)
+    rc, err = finish(prune)
+    assert rc == 11, err
+    assert "lost the lock" in err and "it stopped before deleting anything more" in err, err
+    assert packs(repo) == adopted
+    with Vault.open(str(repo)) as vault:
+        restores_exactly(vault, vault.snapshots()[-1], old, tmp_path / "out")  # the backup made meanwhile
+        assert vault.check(read_data=1.0).ok
+
+
+@pytest.mark.parametrize("command", ["backup", "tag"])
+def test_a_writer_suspended_just_before_its_snapshot_commits_nothing_and_keeps_the_old(tmp_path: Path, command: str):
+    """audit mw45 M1/M2: suspended between its last lock check and its snapshot's PUT, while a prune removed its
+    tree (and a backup's packs), the writer committed a snapshot of missing data with exit 0; `tag` then also
+    deleted the snapshot it replaced, the only one of that checkpoint."""
+    repo = tmp_path / "vault"
+    first = make_source(tmp_path / "first", "first", 200_000)
+    with Vault.init(str(repo), pack_size=1 << 20) as vault:
+        earlier = vault.backup(first, tags={"run": "x"})
+    args = {
+        "backup": ["backup", str(make_source(tmp_path / "big", "big", 2 << 20)), "--tag", "run=y"],
+        "tag": ["tag", "latest", "--add", "keep=best"],
+    }[command]
+    marker = tmp_path / "stopped"
+    writer = lockcli(
+        *args, "--repo", str(repo), "-q", tmp_path=tmp_path, LOCKCLI_STOP="before-snapshot", LOCKCLI_MARKER=str(marker)
+    )
+    try:
+        wait_stopped(writer, marker)
+        wait_until_stale()
+        rc, err = finish(lockcli("prune", "--repo", str(repo), "--keep-latest", "1", "-q", tmp_path=tmp_path))
+        assert rc == 0, err
+    finally:
+        writer.send_signal(signal.SIGCONT)
+    rc, err = finish(writer)
+    assert rc == 11, err
+    assert "lost the lock" in err and "nothing was committed" in err, err
+    with Vault.open(str(repo)) as vault:
+        assert [(s.id, s.tags) for s in vault.snapshots()] == [(earlier.id, {"run": "x"})]
+        restores_exactly(vault, earlier, first, tmp_path / "out")
+    cli_check(repo, tmp_path)
+
+
 # ---- the lock's rules, in process -------------------------------------------------------------
 
 
@@ -359,7 +424,7 @@ def test_a_release_interrupted_while_joining_unregisters_the_lock(vault: Vault, 
 
 def test_index_objects_check_the_lock_without_storage_calls(vault: Vault, tmp_path: Path, monkeypatch):
     """The check before and after each index object is the cheap one; the lock object's existence is
-    checked once per backup, before the snapshot is committed."""
+    checked twice per backup: before the snapshot is committed, and after (audit mw45 M1)."""
     repo = vault._repo
     lookups: list[str] = []
     real_exists = repo.store.exists
@@ -375,7 +440,7 @@ def test_index_objects_check_the_lock_without_storage_calls(vault: Vault, tmp_pa
     assert len(written) == 3 and repo.written_index_ids >= written
     assert lookups == []
     vault.backup(make_source(tmp_path / "src", "src", 3 << 20))
-    assert len(lookups) == 1, lookups
+    assert len(lookups) == 2, lookups
 
 
 def test_a_lock_lost_while_an_index_object_was_written_leaves_no_index_object(

@@ -50,7 +50,7 @@ def compact_index(repo: Repository) -> int:
         repo.write_index(batch)  # checks the lock: one lost to a prune writes nothing
     repo.locks.check_held_age(exclusive=False)
     repo.index_objects_absorbed(small)
-    each(repo.delete_index, small)
+    each(repo.delete_index, small, lock_check=lambda: repo.locks.check_held_age(exclusive=False))
     return len(small)
 
 

@@ -76,7 +76,7 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
         return PruneResult(retention, gc, True, before, max(0, after))
     verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
     forgotten = [(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id)) for snap in retention.forget]
-    each(lambda ids: repo.delete_snapshot(*ids), forgotten)
+    each(lambda ids: repo.delete_snapshot(*ids), forgotten, lock_check=repo.locks.check_held_age)
     deleted_trees = {tree_id for _, tree_id in forgotten}  # gone already: not deleted again by the GC
     gc.dead_trees = [tree_id for tree_id in gc.dead_trees if tree_id not in deleted_trees]
     try:

@@ -6,6 +6,9 @@ Environment:
   LOCKCLI_STALE_S, LOCKCLI_REFRESH_S  the locks' staleness and refresh period (default 4 s and 0.2 s)
   LOCKCLI_STOP       "after-pack": SIGSTOP to itself once its first pack object is stored;
                      "before-index": just before it writes its first index object;
+                     "before-snapshot": just before it writes its first snapshot object (its checks passed);
+                     "after-pack-delete": once its first pack object is deleted (prune: one delete at a
+                     time then, so that every other delete comes after the stop);
                      "before-read": just before its first read from a pack (a reader): that read is still
                      to come after the stop, however many reads other threads made meanwhile
   LOCKCLI_MARKER     a file written just before stopping (the test waits for it, then for the stop)
@@ -56,7 +59,7 @@ def _stop_here() -> None:
 def _put_file(self: LocalStore, path: str, data: bytes | bytearray | memoryview, *args: object) -> None:
     if "/packs/" in path and PACK_DELAY:
         time.sleep(PACK_DELAY)
-    if "/index/" in path and STOP == "before-index":
+    if ("/index/" in path and STOP == "before-index") or ("/snapshots/" in path and STOP == "before-snapshot"):
         _stop_here()
     _real_put_file(self, path, data, *args)
     if "/packs/" in path and STOP == "after-pack":
@@ -83,6 +86,21 @@ def _get(self: LocalStore, key: str) -> bytes:
 
 LocalStore.pread = staticmethod(_pread)  # type: ignore[method-assign]
 LocalStore.get = _get  # type: ignore[method-assign]
+
+_real_delete = LocalStore.delete
+
+
+def _delete(self: LocalStore, key: str) -> None:
+    _real_delete(self, key)
+    if key.startswith("packs/") and STOP == "after-pack-delete":
+        _stop_here()
+
+
+LocalStore.delete = _delete  # type: ignore[method-assign]
+if STOP == "after-pack-delete":
+    from ckptvault.ops import gc
+
+    gc.DELETERS = 1
 
 if __name__ == "__main__":
     from ckptvault.cli import main  # as the installed command runs: its logging, signals and exit codes
