@@ -536,6 +536,42 @@ def test_a_release_does_not_wait_for_a_refresh_stuck_on_the_storage(monkeypatch)
     assert not held._thread.is_alive() and locks.list() == []  # the late refresh's object removed too
 
 
+@pytest.mark.parametrize("where", ["chunk", "header"])
+def test_a_pack_read_damaged_on_its_way_is_no_damage_to_check_or_repair(tmp_path: Path, src: Path, where: str):
+    """audit gz45 #1: check --read-data and repair-index --read-data read each pack once; a read corrupted in
+    transit (a flaky link, a proxy) made healthy chunks "damaged", and the repair the check advised dropped them
+    from the index for good: the snapshot no longer restored, though every stored byte was intact."""
+    vault = Vault.init(url(), pack_size=1 << 20)
+    snap = vault.backup(src)
+    pack = min(vault._repo.list_packs().items())
+    # a flipped bit in the middle of the pack's bytes (a chunk), or in its header at the end
+    position = pack[1] // 2 if where == "chunk" else pack[1] - 100
+    real_get = vault._repo.store.get
+
+    def damaged_once(key: str) -> bytes:
+        data = real_get(key)
+        if key.endswith(pack[0].hex()) and not flipped:
+            flipped.append(key)
+            return data[:position] + bytes([data[position] ^ 0x04]) + data[position + 1 :]
+        return data
+
+    for act in ("check", "repair"):
+        flipped: list[str] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(vault._repo.store, "get", damaged_once)
+            if act == "check":
+                report = vault.check(read_data=1.0)
+                assert report.ok and any("verified when read again" in w for w in report.warnings), report
+            else:
+                repaired = vault.repair_index(read_data=True)
+                assert not (repaired.damaged_chunks or repaired.rewritten_packs), repaired
+        assert flipped
+    assert tree_signature(vault, snap) == tree_signature(vault, vault.snapshots()[-1])
+    vault.restore(snap, tmp_path / "out")
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    assert vault.check(read_data=1.0).ok
+
+
 def test_a_pack_the_storage_fails_on_every_read_is_dropped_only_on_request(tmp_path: Path, src: Path):
     # A server that finds an object damaged (SeaweedFS: its stored CRC no longer matches) answers every
     # read of it with an internal error; tests/backends/test_server_damage.py does it for real.

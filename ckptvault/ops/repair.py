@@ -203,7 +203,8 @@ def _chunks_that_do_not_verify(
         try:
             read_pack_header(repo.codec, pack_id, data)
         except IntegrityError:
-            (kept if _unaccounted_bytes(repo, pack_id, data, packs[pack_id]) else headless).add(pack_id)
+            if not repo.header_reads_back(pack_id, len(data)):  # damaged as stored, not on its way here
+                (kept if _unaccounted_bytes(repo, pack_id, data, packs[pack_id]) else headless).add(pack_id)
         except UnsupportedFormatError:
             pass  # written by a newer ckptvault: not damage
         for e in packs[pack_id]:
@@ -212,7 +213,8 @@ def _chunks_that_do_not_verify(
             except UnsupportedFormatError:
                 continue  # written by a newer ckptvault: not damage
             except IntegrityError:
-                failed.append((pack_id, e))
+                if not repo.reads_back(pack_id, e):  # never dropped for a read damaged on its way (gz45 #1)
+                    failed.append((pack_id, e))
     # A delta fails with its damaged base: that failure is the base's, and once a backup stores the
     # base again the delta reads again (a delta damaged itself too is found by the next --read-data).
     bad_keyframes = {e.chunk_id for _, e in failed if e.base_id is None}

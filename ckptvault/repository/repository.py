@@ -86,6 +86,7 @@ MAX_DELTA_DEPTH = 16
 # A listed index object that is gone when read was replaced (by prune, repair-index or a backup's
 # compaction, which write what replaces it first): list again, this many times at most.
 INDEX_RELISTS = 4
+REREADS = 2  # reads of its own a chunk that failed in a whole-pack read gets before it is called damaged
 DOWNGRADE_PROBES = 3  # stored objects a plain vault's first lock may wait for (refuse_if_downgraded_before_writing)
 METADATA_READERS = 8  # index, snapshot objects read at once: each a round trip on remote storage
 # How often a long-lived Repository's backups list every pack (reconcile_when_due) when nothing says to
@@ -987,6 +988,34 @@ class Repository:
 
     def read_pack(self, pack_id: bytes) -> bytes:
         return self.store.get(pack_key(pack_id))
+
+    def reads_back(self, pack_id: bytes, entry: PackEntry) -> bool:
+        """Whether a chunk whose bytes in a whole-pack read failed verification decodes and verifies on a read
+        of its own (up to REREADS of them; a storage error counts as no). check and repair-index read each
+        pack once: a read damaged on its way (a flaky link, a TLS-terminating proxy, bad RAM), not the stored
+        bytes, made healthy chunks "damaged", and repair dropped them from the index for good (audit gz45 #1)."""
+        for _ in range(REREADS):
+            try:
+                blob = self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
+                self.decode_chunk(entry.chunk_id, blob, entry.raw_len, entry.base_id)
+            except IntegrityError:
+                continue
+            except CkptVaultError:
+                return False
+            return True
+        return False
+
+    def header_reads_back(self, pack_id: bytes, size: int) -> bool:
+        """``reads_back`` for a pack's header."""
+        for _ in range(REREADS):
+            try:
+                self.read_pack_header(pack_id, size)
+                return True
+            except IntegrityError:
+                continue
+            except CkptVaultError:
+                return False
+        return False
 
     def list_index_ids(self) -> list[bytes]:
         return list(self.list_index_sizes())
