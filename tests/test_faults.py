@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import IntegrityError, ObjectExistsError, RestoreIncompleteError, StorageError
+from ckptvault.errors import (
+    IntegrityError,
+    ObjectExistsError,
+    RestoreIncompleteError,
+    StorageError,
+    VaultExistsError,
+)
 from ckptvault.repository import locks as locks_module
 from ckptvault.store import open_store, retrying
 from ckptvault.store.failures import object_fault
@@ -274,6 +280,25 @@ def test_a_create_if_absent_put_retried_after_a_lost_reply_succeeds_only_on_its_
     assert inner.objects["b"] == b"another writer's"
     with pytest.raises(ObjectExistsError):  # there before the first attempt: not this call's, bytes alike or not
         store.put("a", b"mine", if_absent=True)
+
+
+def test_an_init_whose_config_put_the_http_client_sent_twice_creates_the_vault(monkeypatch):
+    """audit gz45 #4: aiohttp sends a PUT again, unseen, after a lost reply: the create-if-absent config write
+    then found its own first copy, and init said "a vault already exists" (exit 10) for the vault it made."""
+    real_put = faultyfs.FaultyMemoryFileSystem.pipe_file
+
+    def sent_twice(self, path, value, mode="overwrite", **kwargs):
+        if path.endswith("/config"):
+            real_put(self, path, value, mode=mode, **kwargs)  # landed; its reply lost, the client sends it again
+        return real_put(self, path, value, mode=mode, **kwargs)
+
+    monkeypatch.setattr(faultyfs.FaultyMemoryFileSystem, "pipe_file", sent_twice)
+    where = url()
+    made = Vault.init(where)
+    monkeypatch.undo()
+    assert Vault.open(where).config.repo_id == made.config.repo_id
+    with pytest.raises(VaultExistsError):  # another vault's config there: still refused
+        Vault.init(where)
 
 
 def test_a_call_waiting_to_try_again_ends_at_once_when_the_command_is_interrupted(monkeypatch):
