@@ -218,6 +218,17 @@ class _AnsweringStore:
         return b"1"
 
 
+def test_an_outage_that_ends_inside_retry_for_is_outlasted_by_a_last_try_at_its_end(monkeypatch):
+    """audit gz45 #3: a call gave up once its next backoff would land past CKPTVAULT_RETRY_FOR, up to 30 s early:
+    a 100 s outage failed a backup with the 120 s default, 21 s after the link was back."""
+    monkeypatch.setattr(retrying.random, "uniform", lambda low, high: high)  # backoffs 0.6, then 1.2 s
+    inner = _AnsweringStore(failures=2)  # the first try and the retry fail; the storage is back before 1 s
+    store = RetryingStore(inner, RetryPolicy(retries=1, base_delay=0.6, retry_for=1.0))
+    started = time.monotonic()
+    assert store.get("obj") == b"1"
+    assert inner.calls == 3 and time.monotonic() - started > 0.9  # the last try came at the window's end
+
+
 def test_a_call_whose_every_attempt_got_no_answer_says_how_long_it_tried_and_what_sets_the_wait():
     """A stalled S3 failed a backup after 13 minutes saying only "(after 6 attempts)" (audit rb44 #4)."""
     store = _store(timeout=0.3)

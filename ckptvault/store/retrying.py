@@ -274,6 +274,11 @@ class RetryingStore:
                 now = time.monotonic()
                 first_failed = first_failed or now
                 delay = self.policy.delay(attempt)
+                window_left = first_failed + self.policy.retry_for - now
+                if attempt >= retries and 0 < window_left < delay:
+                    # the last try comes at the window's end, not past it: a 100 s outage failed a backup 21 s
+                    # after the link was back, with the 120 s default (its next backoff fell past the window)
+                    delay = window_left
                 outlasting = (
                     attempt >= retries and not brief and self._outlasting(exc, key, retries, first_failed, now + delay)
                 )
