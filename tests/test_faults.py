@@ -470,6 +470,21 @@ def test_an_ssh_link_gone_counts_as_no_answer_so_an_sftp_outage_is_outlasted():
     assert not unreachable(OSError(2, "No such file or directory"))
 
 
+def test_a_checksum_mismatch_and_a_closed_connection_of_other_sdks_are_retried():
+    """audit gz45 #2/#6: gcsfs's ChecksumError (-o consistency=md5 caught a body damaged on its way up) failed the
+    backup at once instead of sending the pack again; httpx's RemoteProtocolError (WebDAV) likewise."""
+    from ckptvault.store.failures import classify
+
+    class ChecksumError(Exception):
+        pass
+
+    class RemoteProtocolError(Exception):
+        pass
+
+    assert classify(ChecksumError("MD5 checksum failed")).retryable
+    assert classify(RemoteProtocolError("Server disconnected without sending a response.")).retryable
+
+
 def test_an_ssh_link_gone_is_said_in_words_not_only_the_librarys():
     """rb44 #8: "EOFError (after 6 attempts)", "Socket is closed", "SSHException: Server connection dropped:"."""
     import paramiko

@@ -120,6 +120,8 @@ RETRYABLE_NAMES = frozenset(
         "FSTimeoutError",
         "TransportError",
         "RetryError",
+        "RemoteProtocolError",  # httpx (WebDAV): a server that closed the connection without an answer
+        "ChecksumError",  # gcsfs with -o consistency=md5|crc32c: a body damaged on its way; sent again
     }
 )
 CONNECTION_ERRNOS = frozenset(
