@@ -440,6 +440,19 @@ def test_after_a_storage_stopped_answering_a_shared_lock_is_left_an_exclusive_on
     assert len(vault.locks()) == (0 if exclusive else 1)
 
 
+def test_an_exclusive_lock_left_behind_after_a_failure_says_what_it_blocks_and_the_way_out(caplog):
+    """audit gz45 #5: a prune whose link died left its exclusive lock with "could not remove the lock after a
+    failure", not saying that every other machine's backup now waits for it, nor `unlock`."""
+    vault = Vault.init(url())
+    lock = vault._repo.locks.acquire(exclusive=True)
+    faultyfs.FAULTS["delete:/locks/"] = list("PPPP")
+    with caplog.at_level(logging.WARNING, logger="ckptvault"), pytest.raises(StorageError), lock:
+        raise StorageError("DELETE", "packs/x", vault.url, "connection reset", retryable=True)
+    said = [r.getMessage() for r in caplog.records if "is left behind" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("exclusive lock "), said
+    assert "backups from other machines wait for it" in said[0] and "ckptvault unlock removes it" in said[0], said
+
+
 def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
     import paramiko
 

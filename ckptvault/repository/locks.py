@@ -898,8 +898,17 @@ class HeldLock:
         lost = self.lost_meanwhile() if not self.exclusive and prunable else None
         try:
             self.release()
-        except CkptVaultError as error:  # the storage that failed the command often fails this too
-            left_behind.warning("could not remove the lock after a failure: %s", error)  # keep the first error
+        except CkptVaultError as error:  # the storage that failed the command often fails this too: keep its error
+            if self.exclusive:  # it blocks every backup: say for how long, and the way out
+                left_behind.warning(
+                    "exclusive lock %s is left behind (%s): backups from other machines wait for it until it goes "
+                    "stale, %d minutes after its last refresh; ckptvault unlock removes it once the storage answers",
+                    self.info.lock_id.hex()[:12],
+                    error,
+                    round(self.manager.stale_after.total_seconds() / 60),
+                )
+            else:
+                left_behind.warning("could not remove the lock after a failure: %s", error)
         if lost is not None:
             raise lost from exc
 
