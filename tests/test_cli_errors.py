@@ -487,3 +487,18 @@ def test_only_a_known_protocol_before_two_colons_makes_a_chain():
     _refuse_chained_url("run::1/vault")  # a relative folder named run::1
     with pytest.raises(UsageError, match=re.escape("give the storage's own URL: s3://b/run::1")):
         _refuse_chained_url("simplecache::s3://b/run::1")
+
+
+def test_azure_without_any_credentials_names_the_ways_to_give_them(tmp_path: Path):
+    """audit gz45 #7: it said "a storage option has a value of the wrong kind ...; check the -o options", where
+    no option was given at all."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "CKPTVAULT_"))}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "snapshots", "--repo", "az://container/vault"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no Azure credentials found; set AZURE_STORAGE_CONNECTION_STRING" in one_line_error(proc)

@@ -598,6 +598,11 @@ def _local_setting_error(exc: Exception) -> str | None:
         return "the key file (-o key_filename) is encrypted; give its passphrase with -o passphrase=..."
     if "SSHException" in names and "AuthenticationException" not in names and "key" in str(exc).lower():
         return f"{one_line(str(exc))}; check -o key_filename=..."  # not a key, or a key of a kind it cannot read
+    if isinstance(exc, ValueError) and "connection_string or account_name" in str(exc):  # adlfs: none given
+        return (
+            "no Azure credentials found; set AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME with "
+            "AZURE_STORAGE_ACCOUNT_KEY), or give -o account_name=... with -o account_key=... or -o sas_token=..."
+        )
     if isinstance(exc, (TypeError, ValueError)):
         return f"a storage option has a value of the wrong kind ({one_line(str(exc))}); check the -o options"
     return None
