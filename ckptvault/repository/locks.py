@@ -178,12 +178,14 @@ class LockInfo:
     def unreadable(self) -> bool:
         return bool(self.problem)
 
-    def describe(self) -> str:
+    def describe(self, refreshed: datetime | None = None) -> str:
+        """``refreshed``: when it was last refreshed as staleness goes (``LockManager.lock_time``: the
+        storage's time where the holder's clock is behind), else the time the holder wrote in it."""
         if self.problem:
             when = f"written {self.time:%Y-%m-%d %H:%M:%S} UTC" if self.time else "written at an unknown time"
             return f"unreadable lock {self.lock_id.hex()[:12]} ({self.problem}), {when}"
         kind = "exclusive" if self.exclusive else "shared"
-        return f"{kind} lock by {self.hostname} pid {self.pid} since {self.time:%Y-%m-%d %H:%M:%S} UTC"
+        return f"{kind} lock by {self.hostname} pid {self.pid} since {refreshed or self.time:%Y-%m-%d %H:%M:%S} UTC"
 
 
 @functools.cache
@@ -412,7 +414,7 @@ class LockManager:
         if not other.unreadable:
             # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
             locked = VaultLockedError(
-                f"vault {url} is locked: {other.describe()}; wait for it to finish (with "
+                f"vault {url} is locked: {other.describe(refreshed)}; wait for it to finish (with "
                 f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
                 f"If that process is gone, its lock goes stale {minutes} minutes after its last refresh{until} (at "
                 f"once if it ran on this host, outside any container of its own) and "
