@@ -621,21 +621,26 @@ class Repository:
         # A writer that lost its lock (a prune may have deleted these packs) must not index them. The
         # check makes no storage call (one per index object would stall the writer; locks.py), and runs
         # after the PUT too: a writer suspended between the check and the PUT removes what it wrote.
-        locks = self.locks
-        locks.check_held_age(exclusive=False)
         index_id = new_object_id()
-        key = index_key(index_id)
-        self._put(key, self.codec.encode(Kind.INDEX, index_id, encode_index(packs)))
+        blob = self.codec.encode(Kind.INDEX, index_id, encode_index(packs))
+        self._put_while_locked(index_key(index_id), blob, lambda: self.locks.check_held_age(exclusive=False))
+        self.written_index_ids.add(index_id)
+        return index_id
+
+    def _put_while_locked(self, key: str, blob: bytes, confirm: Callable[[], object]) -> None:
+        """Put ``blob`` unless the locks this process holds went stale, and remove it again when ``confirm``,
+        run after the PUT, raises LockLostError: a writer suspended between the check and the PUT takes back
+        what it wrote (a prune may have deleted what it names meanwhile)."""
+        self.locks.check_held_age(exclusive=False)
+        self._put(key, blob)
         try:
-            locks.check_held_age(exclusive=False)
-        except BaseException:
+            confirm()
+        except LockLostError:
             try:
                 self._delete(key)
             except CkptVaultError as exc:  # best effort: the lost lock's error is the one to report
-                log.warning("could not remove index object %s after losing the lock: %s", index_id.hex()[:12], exc)
+                log.warning("could not remove %s after losing the lock: %s", key, exc)
             raise
-        self.written_index_ids.add(index_id)
-        return index_id
 
     def read_index_objects(
         self, *, damaged: dict[bytes, str] | None = None
@@ -906,20 +911,15 @@ class Repository:
         after the PUT as well: a writer suspended past its lock's staleness between its last check and this
         write (a prune may have deleted its tree and packs meanwhile) removes the snapshot and raises
         LockLostError; it committed a snapshot of missing data with exit 0 before (audit mw45 M1, M2)."""
-        self.locks.check_held_age(exclusive=False)
-        key = snapshot_key(snapshot_id)
-        self._put(key, self.codec.encode(Kind.SNAPSHOT, snapshot_id, raw))
+        self._put_while_locked(
+            snapshot_key(snapshot_id), self.codec.encode(Kind.SNAPSHOT, snapshot_id, raw), self._locks_still_held
+        )
+
+    def _locks_still_held(self) -> None:
         try:
-            try:
-                self.locks.verify_held(exclusive=False)
-            except StorageError:  # the storage did not say: the lock's age on the steady clock decides
-                self.locks.check_held_age(exclusive=False)
-        except LockLostError:
-            try:
-                self._delete(key)
-            except CkptVaultError as exc:  # best effort: the lost lock's error is the one to report
-                log.warning("could not remove snapshot %s after losing the lock: %s", snapshot_id.hex()[:12], exc)
-            raise
+            self.locks.verify_held(exclusive=False)
+        except StorageError:  # the storage did not say: the lock's age on the steady clock decides
+            self.locks.check_held_age(exclusive=False)
 
     def has_snapshot(self, snapshot_id: bytes) -> bool:
         return self.store.exists(snapshot_key(snapshot_id))
