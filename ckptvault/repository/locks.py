@@ -668,7 +668,7 @@ class HeldLock:
         # ticks() taken before the current lock object's write began: its document time is no earlier
         self._refreshed = ticks() if refreshed is None else refreshed
         self._lost: str | None = None  # why, once lost (never cleared)
-        self._released = False  # set first thing in release(): a released lock is never judged
+        self._released = False  # set by release(): a released lock is never judged
         self._refresh_error: BaseException | None = None  # the last refresh's failure, until one succeeds
         self._orphans: list[LockInfo] = []  # our lock objects a delete failed for: retried
         self._writing: LockInfo | None = None  # the lock object a refresh is writing
