@@ -456,8 +456,8 @@ def test_a_lock_lost_while_an_index_object_was_written_leaves_no_index_object(
     real_ticks = locks.ticks
     suspended: list[str] = []
 
-    def put_then_suspended(key, data):
-        real_put(key, data)
+    def put_then_suspended(key, data, **kwargs):
+        real_put(key, data, **kwargs)
         if key.startswith("index/") and not suspended:
             suspended.append(key)
             monkeypatch.setattr(locks, "ticks", lambda: real_ticks() + 23 * 60)  # 23 of the 30 minutes

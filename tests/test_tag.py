@@ -174,8 +174,8 @@ def test_a_snapshot_forgotten_while_it_is_tagged_does_not_come_back(
     first, second = vault.snapshots()
     save = Repository.save_snapshot
 
-    def forgotten_meanwhile(self: Repository, snapshot_id: bytes, raw: bytes) -> None:
-        save(self, snapshot_id, raw)
+    def forgotten_meanwhile(self: Repository, snapshot_id: bytes, raw: bytes, **kwargs: bool) -> None:
+        save(self, snapshot_id, raw, **kwargs)
         self.delete_snapshot(bytes.fromhex(first.id), bytes.fromhex(first.tree_id))
 
     monkeypatch.setattr(Repository, "save_snapshot", forgotten_meanwhile)
@@ -314,3 +314,47 @@ def test_a_snapshot_object_given_to_tag_is_taken_as_stored(vault: Vault, tmp_pat
     assert vault.files(second) == second_files  # its tree was not deleted with the old pair
     with Vault.open(vault.url) as fresh:
         assert fresh.check(read_data=1.0).ok
+
+
+def test_a_tag_killed_between_its_copy_and_the_old_ones_removal_is_finished_by_a_rerun_or_a_prune(tmp_path: Path):
+    """audit cr45: SIGKILL between the new snapshot and the old one's removal left both; the same tag run again
+    wrote a third copy, and `prune --keep-latest 2` counted the two copies of one save and forgot the other save."""
+    import signal
+
+    from .test_lock_loss import finish, lockcli, wait_stopped
+
+    repo = tmp_path / "repo"
+    with Vault.init(str(repo)) as vault:
+        two_saves(vault, tmp_path)
+        first, second = vault.snapshots()
+
+    def killed_tag(marker: Path) -> None:
+        proc = lockcli(
+            "tag", second.id, "--add", "keep=best", "--repo", str(repo), "-q",
+            tmp_path=tmp_path, LOCKCLI_STOP="after-snapshot", LOCKCLI_MARKER=str(marker),
+        )  # fmt: skip
+        wait_stopped(proc, marker)
+        proc.send_signal(signal.SIGKILL)
+        finish(proc)
+
+    killed_tag(tmp_path / "stopped-1")
+    with Vault.open(str(repo)) as vault:
+        assert len(vault.snapshots()) == 3  # both copies of the second save
+        vault.unlock(remove_all=True)  # the killed process's lock
+        result = vault.prune(keep_latest=2)
+        assert [s.id for s in result.forgotten] == [second.id]
+        kept = vault.snapshots()
+        assert kept[0].id == first.id and kept[1].tags == {**second.tags, "keep": "best"}
+        assert vault.check(read_data=1.0).ok
+
+    repo = tmp_path / "again"
+    with Vault.init(str(repo)) as vault:
+        (tmp_path / "again-src").mkdir()
+        two_saves(vault, tmp_path / "again-src")
+        first, second = vault.snapshots()
+    killed_tag(tmp_path / "stopped-2")
+    with Vault.open(str(repo)) as vault:
+        vault.unlock(remove_all=True)
+        renewed = vault.tag(second, add={"keep": "best"})  # the same tag again finishes the first
+        assert [s.id for s in vault.snapshots()] == [first.id, renewed.id]
+        assert vault.check(read_data=1.0).ok

@@ -21,6 +21,7 @@ from ..snapshot.selection import higher_step_passed_over
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 from .memory import read_few_at_a_time
+from .retag import interrupted_retags
 
 DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 
@@ -59,7 +60,16 @@ def run_prune(
     """Plan retention and GC; unless ``dry_run``, delete the forgotten snapshots and collect garbage.
     The caller holds the exclusive lock (RuntimeError otherwise); it is verified before each deleting
     step (ops/gc.py)."""
-    retention = plan_retention(snapshots, policy)
+    leftovers = interrupted_retags(snapshots)  # not counted among the newest: the old of a pair a killed tag left
+    retention = plan_retention([s for s in snapshots if s.id not in leftovers], policy)
+    retention = RetentionPlan(
+        retention.decisions
+        + [
+            Decision(s, False, f"left by an interrupted tag beside its retagged copy {leftovers[s.id].short_id}")
+            for s in snapshots
+            if s.id in leftovers
+        ]
+    )
     result = collect(repo, retention, dry_run=dry_run, repack_threshold=repack_threshold)
     return replace(result, warnings=retention_warnings(retention, policy, dry_run=dry_run))
 

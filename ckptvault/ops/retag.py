@@ -6,6 +6,10 @@ snapshot object, with the same time, paths, description and summary, and a copy 
 (trees belong to one snapshot each: ``forget`` deletes a snapshot's tree with it). The new pair
 is written before the old pair is deleted: a process killed in between leaves both snapshots,
 each whole, never a snapshot without its tree (SIGTERM and Ctrl-C wait for the old pair to go).
+The new snapshot's ID is derived from the old one's and the new tags (``retagged_id``), so that what
+a SIGKILL left is known for what it is: the same ``tag`` run again finds its copy written and only
+deletes the old pair, and ``prune`` removes the old one of such a pair before it counts snapshots
+(two copies of one save took a place of ``--keep-latest``: audit cr45).
 Like ``forget``, it takes a shared lock (so it can run beside backups): when the old snapshot is
 gone by the time the new one is written (another ``tag`` or a ``forget``), the new pair is taken
 back and the call fails; two tags of one snapshot racing through that last check both stay
@@ -14,14 +18,15 @@ back and the call fails; two tags of one snapshot racing through that last check
 
 from __future__ import annotations
 
-import secrets
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError
+from ..errors import IntegrityError, ObjectExistsError, ObjectNotFoundError, SnapshotNotFoundError
 from ..interruptions import uninterrupted
 from ..repository import Repository
-from ..snapshot.manifest import encode_snapshot
+from ..snapshot.manifest import decode_snapshot, encode_snapshot
 from ..snapshot.model import Snapshot
 from .catalog import tree_error
 
@@ -37,6 +42,10 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     """``snapshot`` under a new ID carrying ``tags`` (the same snapshot when they are its tags)."""
     if tags == snapshot.tags:
         return snapshot
+    renewed_id = retagged_id(snapshot.id, tags)
+    if repo.has_snapshot(bytes.fromhex(renewed_id)):  # a tag killed after writing its copy: finish it
+        before_commit()
+        return _finish(repo, snapshot, renewed_id)
     try:
         tree = repo.load_tree(bytes.fromhex(snapshot.tree_id))
     except ObjectNotFoundError as exc:
@@ -46,10 +55,14 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     except IntegrityError as exc:
         raise tree_error(snapshot, repo.store.url, exc) from None
     tree_id = repo.save_tree(tree)
-    renewed = replace(snapshot, id=secrets.token_bytes(32).hex(), tree_id=tree_id.hex(), tags=dict(tags))
+    renewed = replace(snapshot, id=renewed_id, tree_id=tree_id.hex(), tags=dict(tags))
     before_commit()  # a lost lock: the tree copy is left for a prune, the old snapshot stays
     with uninterrupted():  # SIGTERM or Ctrl-C between the new snapshot and the old one's removal left both
-        repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed))
+        try:  # never over another object of that name (hosts cache snapshot objects by name)
+            repo.save_snapshot(bytes.fromhex(renewed.id), encode_snapshot(renewed), if_absent=True)
+        except ObjectExistsError:  # the same tag, run at once elsewhere, wrote it first
+            repo.delete_tree(tree_id)
+            return _finish(repo, snapshot, renewed_id)
         if not repo.has_snapshot(bytes.fromhex(snapshot.id)):
             # forgotten or retagged by another process meanwhile (both take a shared lock, like backups):
             # the copy would bring it back, or split it in two
@@ -57,6 +70,36 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
             raise retag_gone(snapshot)
         repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
     return renewed
+
+
+def _finish(repo: Repository, snapshot: Snapshot, renewed_id: str) -> Snapshot:
+    """The retagged copy of ``snapshot`` found written already: the old pair goes."""
+    renewed = decode_snapshot(repo.load_snapshot(bytes.fromhex(renewed_id)))
+    with uninterrupted():
+        repo.delete_snapshot(bytes.fromhex(snapshot.id), bytes.fromhex(snapshot.tree_id))
+    return renewed
+
+
+def retagged_id(snapshot_id: str, tags: dict[str, str]) -> str:
+    """The ID of snapshot ``snapshot_id`` retagged with ``tags`` (module docstring)."""
+    named = json.dumps(tags, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape")
+    return hashlib.sha256(b"ckptvault retag\0" + bytes.fromhex(snapshot_id) + named).hexdigest()
+
+
+def interrupted_retags(snapshots: list[Snapshot]) -> dict[str, Snapshot]:
+    """Old snapshot ID -> its retagged copy, for each pair a killed ``tag`` left (both of one save: same
+    time and host)."""
+    by_save: dict[tuple[object, str], list[Snapshot]] = {}
+    for snap in snapshots:
+        by_save.setdefault((snap.time, snap.hostname), []).append(snap)
+    return {
+        old.id: new
+        for twins in by_save.values()
+        if len(twins) > 1
+        for old in twins
+        for new in twins
+        if new is not old and new.id == retagged_id(old.id, new.tags)
+    }
 
 
 def retag_gone(snapshot: Snapshot) -> SnapshotNotFoundError:

@@ -534,8 +534,8 @@ class Repository:
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    def _put(self, key: str, data: bytes | memoryview) -> None:
-        self.store.put(key, data)
+    def _put(self, key: str, data: bytes | memoryview, *, if_absent: bool = False) -> None:
+        self.store.put(key, data, if_absent=if_absent)
         with self._stats_lock:
             self.bytes_written += len(data)
 
@@ -627,12 +627,14 @@ class Repository:
         self.written_index_ids.add(index_id)
         return index_id
 
-    def _put_while_locked(self, key: str, blob: bytes, confirm: Callable[[], object]) -> None:
+    def _put_while_locked(
+        self, key: str, blob: bytes, confirm: Callable[[], object], *, if_absent: bool = False
+    ) -> None:
         """Put ``blob`` unless the locks this process holds went stale, and remove it again when ``confirm``,
         run after the PUT, raises LockLostError: a writer suspended between the check and the PUT takes back
         what it wrote (a prune may have deleted what it names meanwhile)."""
         self.locks.check_held_age(exclusive=False)
-        self._put(key, blob)
+        self._put(key, blob, if_absent=if_absent)
         try:
             confirm()
         except LockLostError:
@@ -906,14 +908,13 @@ class Repository:
     def load_tree(self, tree_id: bytes) -> bytes:
         return self._load_object(Kind.TREE, tree_id, tree_key(tree_id), "tree")
 
-    def save_snapshot(self, snapshot_id: bytes, raw: bytes) -> None:
+    def save_snapshot(self, snapshot_id: bytes, raw: bytes, *, if_absent: bool = False) -> None:
         """The commit of a backup, copy or retag. The locks this process holds are verified on the storage
         after the PUT as well: a writer suspended past its lock's staleness between its last check and this
         write (a prune may have deleted its tree and packs meanwhile) removes the snapshot and raises
         LockLostError; it committed a snapshot of missing data with exit 0 before (audit mw45 M1, M2)."""
-        self._put_while_locked(
-            snapshot_key(snapshot_id), self.codec.encode(Kind.SNAPSHOT, snapshot_id, raw), self._locks_still_held
-        )
+        blob = self.codec.encode(Kind.SNAPSHOT, snapshot_id, raw)
+        self._put_while_locked(snapshot_key(snapshot_id), blob, self._locks_still_held, if_absent=if_absent)
 
     def _locks_still_held(self) -> None:
         try:

@@ -7,6 +7,7 @@ Environment:
   LOCKCLI_STOP       "after-pack": SIGSTOP to itself once its first pack object is stored;
                      "before-index": just before it writes its first index object;
                      "before-snapshot": just before it writes its first snapshot object (its checks passed);
+                     "after-snapshot": once its first snapshot object is stored (then a test may kill it);
                      "after-pack-delete": once its first pack object is deleted (prune: one delete at a
                      time then, so that every other delete comes after the stop);
                      "before-read": just before its first read from a pack (a reader): that read is still
@@ -62,7 +63,7 @@ def _put_file(self: LocalStore, path: str, data: bytes | bytearray | memoryview,
     if ("/index/" in path and STOP == "before-index") or ("/snapshots/" in path and STOP == "before-snapshot"):
         _stop_here()
     _real_put_file(self, path, data, *args)
-    if "/packs/" in path and STOP == "after-pack":
+    if ("/packs/" in path and STOP == "after-pack") or ("/snapshots/" in path and STOP == "after-snapshot"):
         _stop_here()
 
 
