@@ -73,6 +73,19 @@ def wait_until_stale() -> None:
     time.sleep(STALE_S + 0.5)
 
 
+def pruned_while_suspended(proc: subprocess.Popen, marker: Path, repo: Path, tmp_path: Path) -> tuple[int, str]:
+    """Once ``proc`` stopped itself and its lock went stale, a prune runs (and succeeds); then ``proc`` goes
+    on: how it ended."""
+    try:
+        wait_stopped(proc, marker)
+        wait_until_stale()
+        rc, err = finish(lockcli("prune", "--repo", str(repo), "--keep-latest", "1", "-q", tmp_path=tmp_path))
+        assert rc == 0, err
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    return finish(proc)
+
+
 def packs(repo: Path) -> set[str]:
     """The pack objects, not a suspended writer's upload in flight (a temp file the prune keeps)."""
     return {p.name for p in (repo / "packs").rglob("*") if p.is_file() and not p.name.startswith(".tmp-")}
@@ -154,15 +167,9 @@ def test_a_reader_suspended_past_staleness_says_it_lost_its_lock_not_damage(tmp_
     args = [{"OLD": old.id, "OUT": str(tmp_path / "out")}.get(a, a) for a in reader]
     marker = tmp_path / "stopped"
     stop = {"LOCKCLI_STOP": "before-read", "LOCKCLI_MARKER": str(marker)}
-    proc = lockcli(*args, "--repo", str(repo), tmp_path=tmp_path, **stop)
-    try:
-        wait_stopped(proc, marker)
-        wait_until_stale()
-        rc, err = finish(lockcli("prune", "--repo", str(repo), "--keep-latest", "1", "-q", tmp_path=tmp_path))
-        assert rc == 0, err
-    finally:
-        proc.send_signal(signal.SIGCONT)
-    rc, err = finish(proc)
+    rc, err = pruned_while_suspended(
+        lockcli(*args, "--repo", str(repo), tmp_path=tmp_path, **stop), marker, repo, tmp_path
+    )
     assert rc == 11 and "lost the lock" in err and "what looked missing may be what a prune removed" in err, err
     cli_check(repo, tmp_path)
 
@@ -254,17 +261,9 @@ def test_a_writer_suspended_just_before_its_snapshot_commits_nothing_and_keeps_t
         "tag": ["tag", "latest", "--add", "keep=best"],
     }[command]
     marker = tmp_path / "stopped"
-    writer = lockcli(
-        *args, "--repo", str(repo), "-q", tmp_path=tmp_path, LOCKCLI_STOP="before-snapshot", LOCKCLI_MARKER=str(marker)
-    )
-    try:
-        wait_stopped(writer, marker)
-        wait_until_stale()
-        rc, err = finish(lockcli("prune", "--repo", str(repo), "--keep-latest", "1", "-q", tmp_path=tmp_path))
-        assert rc == 0, err
-    finally:
-        writer.send_signal(signal.SIGCONT)
-    rc, err = finish(writer)
+    stop = {"LOCKCLI_STOP": "before-snapshot", "LOCKCLI_MARKER": str(marker)}
+    writer = lockcli(*args, "--repo", str(repo), "-q", tmp_path=tmp_path, **stop)
+    rc, err = pruned_while_suspended(writer, marker, repo, tmp_path)
     assert rc == 11, err
     assert "lost the lock" in err and "nothing was committed" in err, err
     with Vault.open(str(repo)) as vault:
