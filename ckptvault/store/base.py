@@ -22,6 +22,7 @@ retrying.py, throttle.py and readahead.py, pass them on from the store they wrap
   whether the backend enforces its own (retrying.py);
 - ``unanswered`` (bool): a call gave up lately because the storage did not answer (locks.py);
 - ``briefly()``: a context in which this thread's calls get a short budget (housekeeping, locks.py);
+- ``temp_files()``: (size, mtime) of each temp file of a write (local disks, SFTP), for ``check``;
 - ``cancelling_uploads(prefix)``: a context in which uploads held back by a bandwidth limit fail at once.
 """
 

@@ -500,16 +500,32 @@ class FsspecStore:
                 return self._abort_stale_multipart_uploads(fs, older_than_s)
         return 0
 
-    def _remove_remote_temp_files(self, fs: Any, cutoff: float) -> int:
+    def temp_files(self) -> list[tuple[int, float]]:
+        """(size, mtime) of each temp file of a write here (local disks, SFTP; none on object stores)."""
+        if self._disk is not None:
+            return self._disk.temp_files()
+        if not self.profile.rename_put:
+            return []
+        with self._session("LIST", "(temp files)") as fs:
+            return [(size, when) for _, size, when in self._remote_temp_files(fs)]
+
+    def _remote_temp_files(self, fs: Any) -> list[tuple[str, int, float]]:
         try:
             found = fs.find(self.root, detail=True)
         except FileNotFoundError:
-            return 0
-        removed = 0
+            return []
+        temps = []
         for path, info in found.items():
-            mtime = info.get("mtime")
-            when = mtime.timestamp() if isinstance(mtime, datetime) else float(mtime or 0)
-            if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX) and when < cutoff:
+            if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
+                mtime = info.get("mtime")
+                when = mtime.timestamp() if isinstance(mtime, datetime) else float(mtime or 0)
+                temps.append((path, int(info.get("size") or 0), when))
+        return temps
+
+    def _remove_remote_temp_files(self, fs: Any, cutoff: float) -> int:
+        removed = 0
+        for path, _, when in self._remote_temp_files(fs):
+            if when < cutoff:
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm_file(path)
                     removed += 1

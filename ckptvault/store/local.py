@@ -200,6 +200,17 @@ class LocalStore:
                         removed += 1
         return removed
 
+    def temp_files(self) -> list[tuple[int, float]]:
+        """(size, mtime) of each temp file here: a write in flight, or one a killed writer left."""
+        found = []
+        for dirpath, _, filenames in os.walk(self.root):
+            for name in filenames:
+                if name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
+                        info = os.lstat(os.path.join(dirpath, name))
+                        found.append((info.st_size, info.st_mtime))
+        return found
+
 
 def _walk(base: str) -> Iterator[tuple[str, int, float]]:
     """(path, size, mtime) of every file under ``base`` (``base`` itself when it is a file). Links to

@@ -386,3 +386,7 @@ class RetryingStore:
 
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         return self.inner.remove_stale_temp_files(older_than_s)
+
+    def temp_files(self) -> list[tuple[int, float]]:
+        temp_files = getattr(self.inner, "temp_files", None)
+        return self._call("LIST", "(temp files)", temp_files) if temp_files is not None else []
