@@ -38,6 +38,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import CkptVaultError, ObjectNotFoundError, ShortReadError, StorageError, UsageError
 from .backends import (
+    AZURE,
     S3,
     Profile,
     bucket_of,
@@ -217,6 +218,8 @@ class FsspecStore:
             failure = classify(exc, self._bucket)
             if failure.kind is Kind.NOT_FOUND:
                 failure = self._bucket_missing() or failure
+            if failure.kind is Kind.NO_BUCKET and self.profile.protocol in AZURE:  # Azure's word for it
+                failure = Failure(failure.kind, failure.reason.replace("bucket", "container", 1))
             deadline = self._deadline(nbytes).get("timeout")
             if type(exc).__name__ == "FSTimeoutError" and deadline:
                 # the call's deadline, or the client's own read timeout (60 s without a byte), which ends

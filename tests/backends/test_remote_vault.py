@@ -131,6 +131,7 @@ def test_credentials_are_never_written_to_the_repository_or_the_cache(server, re
         "unknown protocol",
         "gcs missing bucket",
         "azure wrong key",
+        "azure missing container",
         "sftp",
     ],
 )
@@ -169,6 +170,10 @@ def test_bad_remote_locations_are_one_line_errors(server, remote_cli, what: str)
         conn = servers.azurite_connection_string(port, key=bad_key)
         args, expect = ["--repo", f"az://{servers.BUCKET}/vault"], "access denied"
         env["AZURE_STORAGE_CONNECTION_STRING"] = conn
+    elif what == "azure missing container":  # Azure's word for it (audit gz45 #7)
+        port = server("azure-azurite").port
+        args, expect = ["--repo", "az://no-such-container-ckv/vault"], "container 'no-such-container-ckv' does not"
+        env["AZURE_STORAGE_CONNECTION_STRING"] = servers.azurite_connection_string(port)
     else:
         running = server("sftp-openssh")
         url = running.backend.base_url.replace(f":{running.port}/", f":{servers.free_port()}/")
