@@ -498,6 +498,15 @@ def test_a_checksum_mismatch_and_a_closed_connection_of_other_sdks_are_retried()
     assert classify(RemoteProtocolError("Server disconnected without sending a response.")).retryable
 
 
+def test_a_google_token_file_that_is_no_key_is_said_so():
+    """audit gz45 #7: `-o token=FILE` naming JSON that is no key failed with "KeyError: 'refresh_token'"."""
+    from ckptvault.store.failures import classify
+
+    failure = classify(KeyError("refresh_token"))
+    assert not failure.retryable and failure.reason.startswith("the token file is not a Google service-account")
+    assert classify(KeyError("something else")).reason == "KeyError: 'something else'"
+
+
 def test_an_ssh_link_gone_is_said_in_words_not_only_the_librarys():
     """rb44 #8: "EOFError (after 6 attempts)", "Socket is closed", "SSHException: Server connection dropped:"."""
     import paramiko

@@ -241,6 +241,11 @@ def hide_credentials(text: str, secrets: tuple[str, ...] = ()) -> str:
     return _URL_PASSWORD.sub(rf"\1{HIDDEN}@", _CREDENTIAL_PARAM.sub(rf"\1{HIDDEN}", text))
 
 
+_GOOGLE_KEY_FIELDS = frozenset(
+    {"refresh_token", "client_id", "client_secret", "client_email", "private_key", "token_uri"}
+)
+
+
 def _describe(exc: BaseException) -> str:
     # the first line: SDKs put the summary there and request IDs, headers and XML bodies below it
     lines = [line for line in str(exc).splitlines() if line.strip()]
@@ -287,6 +292,12 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
             Kind.PERMANENT,
             f"{detail}: a storage option the backend does not take (from -o, the URL's query string or "
             "CKPTVAULT_STORAGE_OPTIONS); check its name in docs/backends.md",
+        )
+    if any(isinstance(n, KeyError) and str(n).strip("'") in _GOOGLE_KEY_FIELDS for n in chain):
+        # google-auth reading a token file that is JSON but no key it knows
+        return Failure(
+            Kind.PERMANENT,
+            f"the token file is not a Google service-account or authorized-user key ({detail}); check -o token=...",
         )
     if isinstance(exc, FileExistsError) or code in EXISTS_CODES or status == 412:
         return Failure(Kind.EXISTS, "the object already exists")
