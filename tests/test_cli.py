@@ -1,5 +1,6 @@
 """The CLI end to end through real subprocesses, including the README's commands."""
 
+import base64
 import json
 import os
 import re
@@ -454,11 +455,15 @@ def test_json_output_of_a_name_that_is_not_utf8_is_strict_json(cli, tmp_path: Pa
     src, repo = tmp_path / "src", str(tmp_path / "repo")
     src.mkdir()
     (src / os.fsdecode(b"weights-\xff.bin")).write_bytes(b"x")
+    (src / "weights-\\xff.bin").write_bytes(b"backslash")  # the same "path" in JSON: told apart by path_base64
     cli("init", repo)
     cli("backup", str(src), "--repo", repo)
     out = cli("ls", "latest", "--repo", repo, "--json").stdout.decode()
     assert "\\udc" not in out and "weights-\\\\xff.bin" in out  # no lone surrogate escapes
-    json.loads(out)
+    entries = [e for e in json.loads(out)["entries"] if e["type"] == "file"]
+    assert [e["path"] for e in entries] == ["weights-\\xff.bin"] * 2
+    raw = {base64.b64decode(e["path_base64"]) for e in entries if "path_base64" in e}
+    assert raw == {b"weights-\xff.bin"}, entries  # only the name that is not UTF-8 has it (audit fs44 #7)
 
 
 def test_a_name_that_is_not_utf8_is_listed_as_json_lists_it_and_cat_takes_that(cli, tmp_path: Path):

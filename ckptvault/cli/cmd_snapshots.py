@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import sys
 from typing import Annotated
 
@@ -92,6 +93,7 @@ def ls_cmd(
             "blake3": e.blake3,
             "target": e.target,
             **({"stored_bytes": usage[e.path].stored_bytes, "chunks": usage[e.path].chunks} if long else {}),
+            **_raw_path(e.path),
         }
         for e in entries
     ]
@@ -118,3 +120,14 @@ def cat_cmd(
             for data in vault.read_file(snap, path):
                 sink.write(data)
             sink.flush()
+
+
+def _raw_path(path: str) -> dict[str, str]:
+    """``path_base64``: the bytes of a name that is not UTF-8, whose "path" writes its odd bytes as \\xNN
+    text, as a name made of those very characters reads (audit fs44 #7): a script reaches the file by them."""
+    raw = path.encode("utf-8", "surrogateescape")  # as a snapshot keeps it
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"path_base64": base64.b64encode(raw).decode("ascii")}
+    return {}
