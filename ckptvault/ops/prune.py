@@ -60,7 +60,8 @@ def run_prune(
     """Plan retention and GC; unless ``dry_run``, delete the forgotten snapshots and collect garbage.
     The caller holds the exclusive lock (RuntimeError otherwise); it is verified before each deleting
     step (ops/gc.py)."""
-    leftovers = interrupted_retags(snapshots)  # not counted among the newest: the old of a pair a killed tag left
+    # the old of a pair a killed tag left is not counted among the newest (of the snapshots --tag selects)
+    leftovers = {old: new for old, new in interrupted_retags(snapshots).items() if new.matches(policy.tags)}
     retention = plan_retention([s for s in snapshots if s.id not in leftovers], policy)
     retention = RetentionPlan(
         retention.decisions
