@@ -20,7 +20,7 @@ import paramiko  # type: ignore[import-untyped]
 from ..errors import UsageError
 from .failures import BackendAdvice
 
-log = logging.getLogger("ckptvault")
+log = logging.getLogger("ckptvault.store")  # a storage notice: the CLI shows these
 POLICIES = ("warn", "reject", "auto_add")  # auto_add: fsspec's own, any key accepted (the user's choice)
 KNOWN_HOSTS_FILES = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 _told: set[str] = set()  # hosts whose unrecorded key was said once in this process

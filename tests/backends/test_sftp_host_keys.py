@@ -64,3 +64,12 @@ def test_an_sftp_vault_refuses_a_server_key_other_than_the_recorded_one(
 
     with pytest.raises(UsageError, match=r"host_key_policy=trust is not one of warn, reject, auto_add"):
         Vault.open(url, storage_options={**options, "host_key_policy": "trust"})
+
+
+def test_the_cli_says_a_server_key_was_accepted_unchecked(sshd: RunningServer, remote_cli, tmp_path: Path):
+    """The warning went to the "ckptvault" logger, which the CLI keeps to errors: a command line user never
+    learnt that the server's key was taken unchecked (review of rb44 #1)."""
+    (tmp_path / "home").mkdir()
+    proc = remote_cli(sshd.backend, "init", sshd.backend.new_url("cli-keys"), HOME=str(tmp_path / "home"))
+    said = [line for line in proc.stderr.decode().splitlines() if "is in no known_hosts file" in line]
+    assert len(said) == 1 and said[0].startswith("warning: the host key of "), proc.stderr
