@@ -188,28 +188,28 @@ class LocalStore:
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         """Delete the temp files of killed writers older than ``older_than_s``; returns how many."""
         cutoff = time.time() - older_than_s
-        if not os.path.isdir(self.root):
-            return 0
         removed = 0
-        for dirpath, _, filenames in os.walk(self.root):
-            for name in filenames:
-                path = os.path.join(dirpath, name)
+        for path, info in self._temp_files():
+            if info.st_mtime < cutoff:
                 with contextlib.suppress(FileNotFoundError):  # renamed into place by its writer meanwhile
-                    if name.startswith(TEMP_PREFIX) and os.lstat(path).st_mtime < cutoff:
-                        os.unlink(path)
-                        removed += 1
+                    os.unlink(path)
+                    removed += 1
         return removed
 
     def temp_files(self) -> list[tuple[int, float]]:
         """(size, mtime) of each temp file here: a write in flight, or one a killed writer left."""
-        found = []
-        for dirpath, _, filenames in os.walk(self.root):
+        return [(info.st_size, info.st_mtime) for _, info in self._temp_files()]
+
+    def _temp_files(self) -> Iterator[tuple[str, os.stat_result]]:
+        for dirpath, _, filenames in os.walk(self.root):  # nothing when the root is gone
             for name in filenames:
                 if name.startswith(TEMP_PREFIX):
-                    with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
-                        info = os.lstat(os.path.join(dirpath, name))
-                        found.append((info.st_size, info.st_mtime))
-        return found
+                    path = os.path.join(dirpath, name)
+                    try:
+                        info = os.lstat(path)
+                    except FileNotFoundError:  # renamed into place meanwhile
+                        continue
+                    yield path, info
 
 
 def _walk(base: str) -> Iterator[tuple[str, int, float]]:
