@@ -78,9 +78,12 @@ def test_a_prune_between_the_failure_and_the_retry_leaves_no_snapshot_on_a_delet
     src = make_source(tmp_path / "ckpt")
     target = url()
     vault = Vault.init(target, pack_size=1 << 20)
-    faultyfs.FAULTS["put:/packs/"] = list(".P")  # one pack lands, the next one fails
+    # one pack lands, the next ones fail (not a single "P": a clean-clone CI run once saw the backup pass,
+    # the one failure taken by a call of another test, and a pack left over should fail the backup all the same)
+    faultyfs.FAULTS["put:/packs/"] = list(".PPPPPPPP")
     with pytest.raises(StorageError, match=PERMISSION):
         vault.backup(src)
+    faultyfs.FAULTS.clear()
     # The failed backup waited for its uploads before giving up its lock: what landed is in the
     # store now, in no index, and cannot land after a prune has looked.
     stray = stray_packs(target)
