@@ -3,8 +3,9 @@
 The default repository is a local folder, and every CLI command opens one: going through fsspec
 would load it, and with it asyncio and ssl, which took ~0.1 s of each command's ~0.6 s here
 (`python -X importtime`). Puts write a temp file in the target folder, fsync it (packs bypass the
-page cache: localwrite.py), then rename it over the final name (or link it, for a create-if-absent:
-the link fails when another writer was first) and fsync the folder. A URL with a protocol
+page cache: localwrite.py; so do large range reads: localread.py), then rename it over the final
+name (or link it, for a create-if-absent: the link fails when another writer was first) and fsync
+the folder. A URL with a protocol
 (``file://``, ``local://``) goes through fsspec's local filesystem, with the same puts and reads.
 """
 
@@ -23,6 +24,7 @@ from ..durable import fsync_dir
 from ..errors import CkptVaultError, ShortReadError, StorageError
 from .base import TEMP_PREFIX, ObjectInfo
 from .failures import storage_error
+from .localread import LocalReader
 from .localwrite import LocalWriter
 from .options import TransferLimits
 
@@ -49,6 +51,7 @@ class LocalStore:
         self.local_folder = self.root
         self.transfers = TransferLimits.from_env(remote=False)
         self._writer = LocalWriter()
+        self._reader = LocalReader()
         self._made_dirs: set[str] = set()
         self._seen = False  # whether an object was read or written here: the vault's folder existed
 
@@ -144,21 +147,9 @@ class LocalStore:
         with self._translate_errors("GET", key):
             return self.pread(self._path(key), start, length)
 
-    @staticmethod
-    def pread(path: str, start: int, length: int) -> bytes:
-        """Up to ``length`` bytes at ``start``, with positioned reads and no file object (a restore
-        makes one read per chunk); a short read (legal on FUSE and network mounts) is continued,
-        only the end of the file stops it."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            parts: list[bytes] = []
-            got = 0
-            while got < length and (more := os.pread(fd, length - got, start + got)):
-                parts.append(more)
-                got += len(more)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-        finally:
-            os.close(fd)
+    def pread(self, path: str, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``start``: fewer only where the file ends."""
+        return self._reader.read(path, start, length)
 
     def exists(self, key: str) -> bool:
         with self._translate_errors("STAT", key):

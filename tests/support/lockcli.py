@@ -73,10 +73,10 @@ _real_pread = LocalStore.pread
 _real_get = LocalStore.get
 
 
-def _pread(path: str, start: int, length: int) -> bytes:
+def _pread(self: LocalStore, path: str, start: int, length: int) -> bytes:
     if "/packs/" in path and STOP == "before-read":
         _stop_here()
-    return _real_pread(path, start, length)
+    return _real_pread(self, path, start, length)
 
 
 def _get(self: LocalStore, key: str) -> bytes:
@@ -85,7 +85,7 @@ def _get(self: LocalStore, key: str) -> bytes:
     return _real_get(self, key)
 
 
-LocalStore.pread = staticmethod(_pread)  # type: ignore[method-assign]
+LocalStore.pread = _pread  # type: ignore[method-assign]
 LocalStore.get = _get  # type: ignore[method-assign]
 
 _real_delete = LocalStore.delete

@@ -1,0 +1,111 @@
+"""Local range reads: large ones bypass the page cache (O_DIRECT) and still return exactly the bytes
+asked for; a filesystem without O_DIRECT, or a direct read that comes back short, falls back to
+ordinary reads."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptvault.store import localread
+from ckptvault.store.localread import DIRECT_READ_MIN, LocalReader
+from ckptvault.store.localwrite import ALIGN
+
+pytestmark = pytest.mark.skipif(not localread.O_DIRECT, reason="this platform has no O_DIRECT")
+
+SIZE = 3 * DIRECT_READ_MIN + 3 * ALIGN + 123  # a file whose end is not on a block boundary
+
+
+@pytest.fixture
+def packfile(tmp_path: Path) -> tuple[str, bytes]:
+    data = os.urandom(SIZE)
+    path = tmp_path / "pack"
+    path.write_bytes(data)
+    return str(path), data
+
+
+def open_flags_spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    seen: list[int] = []
+    real_open = os.open
+
+    def spy(path, flags, *args):
+        seen.append(flags)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(localread.os, "open", spy)
+    return seen
+
+
+@pytest.mark.parametrize("start", [0, 1, ALIGN - 1, ALIGN, 5 * ALIGN + 17])
+@pytest.mark.parametrize("length", [DIRECT_READ_MIN, DIRECT_READ_MIN + 1, 2 * DIRECT_READ_MIN + ALIGN - 3])
+def test_large_reads_return_exactly_the_range(packfile, monkeypatch: pytest.MonkeyPatch, start: int, length: int):
+    path, data = packfile
+    seen = open_flags_spy(monkeypatch)
+    reader = LocalReader()
+    assert reader.read(path, start, length) == data[start : start + length]
+    if not reader.direct:
+        pytest.skip(f"the filesystem of {path} has no O_DIRECT")
+    assert seen[0] & localread.O_DIRECT and len(seen) == 1  # direct, and no second read
+
+
+def test_small_reads_keep_the_page_cache(packfile, monkeypatch: pytest.MonkeyPatch):
+    path, data = packfile
+    seen = open_flags_spy(monkeypatch)
+    assert LocalReader().read(path, 100, DIRECT_READ_MIN - 1) == data[100 : 100 + DIRECT_READ_MIN - 1]
+    assert not seen[0] & localread.O_DIRECT
+
+
+@pytest.mark.parametrize("past_the_end", [0, 1, ALIGN, 10 * ALIGN])
+def test_a_read_at_the_end_of_the_file_returns_what_is_there(packfile, past_the_end: int):
+    path, data = packfile
+    start = SIZE - DIRECT_READ_MIN - 77
+    assert LocalReader().read(path, start, DIRECT_READ_MIN + 77 + past_the_end) == data[start:]
+
+
+def test_unwritten_changes_are_read(tmp_path: Path):
+    """A direct read of a file whose new bytes are still only in the page cache gets the new bytes."""
+    path = tmp_path / "pack"
+    path.write_bytes(bytes(SIZE))
+    fresh = os.urandom(SIZE)
+    with open(path, "r+b") as f:
+        f.write(fresh)  # no fsync
+    assert LocalReader().read(str(path), 3, 2 * DIRECT_READ_MIN) == fresh[3 : 3 + 2 * DIRECT_READ_MIN]
+
+
+def test_a_filesystem_without_o_direct_falls_back(packfile, monkeypatch: pytest.MonkeyPatch):
+    path, data = packfile
+    real_open = os.open
+    opened: list[int] = []
+
+    def no_direct(path, flags, *args):  # what tmpfs answers
+        opened.append(flags)
+        if flags & localread.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(localread.os, "open", no_direct)
+    reader = LocalReader()
+    assert reader.read(path, 7, DIRECT_READ_MIN) == data[7 : 7 + DIRECT_READ_MIN]
+    assert reader.direct is False
+    assert reader.read(path, 9, DIRECT_READ_MIN) == data[9 : 9 + DIRECT_READ_MIN]
+    assert [bool(f & localread.O_DIRECT) for f in opened] == [True, False, False]  # remembered: no second try
+
+
+def test_a_short_direct_read_is_done_again_buffered(packfile, monkeypatch: pytest.MonkeyPatch):
+    """A filesystem may split a read: the buffered read, continued to the end of the file, decides."""
+    path, data = packfile
+    real_preadv = os.preadv
+
+    def one_block(fd, buffers, offset):
+        return real_preadv(fd, [memoryview(buffers[0])[:ALIGN]], offset)
+
+    monkeypatch.setattr(localread.os, "preadv", one_block)
+    reader = LocalReader()
+    assert reader.read(path, 10, 2 * DIRECT_READ_MIN) == data[10 : 10 + 2 * DIRECT_READ_MIN]
+    assert reader.direct  # a short read says nothing about O_DIRECT
+
+
+def test_other_errors_are_raised(tmp_path: Path):
+    with pytest.raises(FileNotFoundError):
+        LocalReader().read(str(tmp_path / "missing"), 0, DIRECT_READ_MIN)
