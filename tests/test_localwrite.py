@@ -2,6 +2,7 @@
 a filesystem without O_DIRECT falls back to ordinary writes."""
 
 import errno
+import mmap
 import os
 from pathlib import Path
 
@@ -84,3 +85,27 @@ def test_short_direct_writes_are_continued_without_rewriting(tmp_path: Path, mon
         pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
     assert (tmp_path / "big").read_bytes() == data
     assert sum(written) == -(-len(data) // ALIGN) * ALIGN  # every block written once
+
+
+@pytest.mark.skipif(not localwrite.O_DIRECT, reason="this platform has no O_DIRECT")
+@pytest.mark.parametrize("size", [DIRECT_MIN, DIRECT_MIN + 1, 3 * STAGE_SIZE + ALIGN - 1])
+def test_a_page_aligned_buffer_is_written_without_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int):
+    """A pack's own buffer (an anonymous mapping) goes to the disk as it is; only its partial last
+    block passes through the staging buffer."""
+    buffer = mmap.mmap(-1, size + ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    data = os.urandom(size)
+    buffer[:size] = data
+    staged: list[int] = []
+    real_copy_into = localwrite.copy_into
+
+    def spy(dst, offset, src):
+        staged.append(memoryview(src).nbytes)
+        real_copy_into(dst, offset, src)
+
+    monkeypatch.setattr(localwrite, "copy_into", spy)
+    writer = LocalWriter()
+    writer.create(str(tmp_path / "pack"), memoryview(buffer)[:size])
+    if not writer.direct:
+        pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
+    assert (tmp_path / "pack").read_bytes() == data
+    assert staged == ([size % ALIGN] if size % ALIGN else [])

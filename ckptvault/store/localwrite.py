@@ -3,9 +3,9 @@
 A pack is written once and read again only by a restore or a check, often much later. Copying it
 into the page cache costs the CPU that hashing and compression need (on this project's VM, perf
 puts the kernel's page-cache copy at about a third of a local backup's CPU) and pushes the
-user's own data out of memory. With ``O_DIRECT`` the disk reads the bytes straight from a small,
-reused, page-aligned staging buffer. Filesystems without it (tmpfs, some FUSE mounts) refuse
-with EINVAL; the ordinary path is used from then on.
+user's own data out of memory. With ``O_DIRECT`` the disk reads the bytes straight from the pack's
+own buffer (page-aligned), or from a small, reused, page-aligned staging buffer. Filesystems
+without it (tmpfs, some FUSE mounts) refuse with EINVAL; the ordinary path is used from then on.
 """
 
 from __future__ import annotations
@@ -54,23 +54,39 @@ class LocalWriter:
             os.close(fd)
 
     def _create_direct(self, path: str, view: memoryview) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_DIRECT, 0o644)
+        try:
+            # A page-aligned buffer (a pack's: pack.new_pack_buffer) goes to the disk as it is, but for
+            # its last partial block; anything else passes through the staging buffer.
+            pos = len(view) // ALIGN * ALIGN if _address(view) % ALIGN == 0 else 0
+            if pos:
+                pwrite_all(fd, view[:pos], 0, path)
+            stage = self._stage()
+            staged = memoryview(stage)
+            try:
+                while pos < len(view):
+                    size = min(STAGE_SIZE, len(view) - pos)
+                    copy_into(stage, 0, view[pos : pos + size])
+                    padded = -(-size // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
+                    staged[size:padded] = _PAD[: padded - size]
+                    pwrite_all(fd, staged[:padded], pos, path)
+                    pos += size
+            finally:
+                staged.release()
+            os.ftruncate(fd, len(view))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _stage(self) -> mmap.mmap:
         stage = getattr(self._local, "stage", None)
         if stage is None:
             # page-aligned, as O_DIRECT needs; private, so a forked child never shares it
             stage = self._local.stage = mmap.mmap(-1, STAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        staged = memoryview(stage)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_DIRECT, 0o644)
-        try:
-            pos = 0
-            while pos < len(view):
-                size = min(STAGE_SIZE, len(view) - pos)
-                copy_into(stage, 0, view[pos : pos + size])
-                padded = -(-size // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
-                staged[size:padded] = _PAD[: padded - size]
-                pwrite_all(fd, staged[:padded], pos, path)
-                pos += size
-            os.ftruncate(fd, len(view))
-            os.fsync(fd)
-        finally:
-            staged.release()
-            os.close(fd)
+        return stage
+
+
+def _address(view: memoryview) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(view, np.uint8).ctypes.data) if len(view) else 0
