@@ -11,8 +11,9 @@ Phases per tool, each in a fresh repository, each timed with `/usr/bin/time -v`
                     lost one (then, untimed, compare every byte with the source; the
                     same after restore_cached)
   restore_cached    the same restore again into the emptied dir, the repository now
-                    in the page cache (the tools that write packs through the page cache
-                    would otherwise restore from memory what others read from disk)
+                    in the page cache as far as the tool's first restore left it there
+                    (restic's and borg's reads fill it; ckptvault reads and writes packs
+                    with O_DIRECT on a local disk, so it reads them from the disk again)
 Prints a markdown table, then each ckptvault tool's speed ratios against restic in
 the same run. --quick: a small workload in WORK/quick (under 3 minutes on 2 cores).
 Stdlib only (numpy is needed by make_workload.py). See README.md.
