@@ -111,3 +111,37 @@ def test_a_rerun_finishes_the_mtime_of_a_link_a_killed_restore_made(tmp_path: Pa
     os.utime(out / "latest", follow_symlinks=False)  # now: as the kill left it
     vault.restore(snap, out)
     assert os.lstat(out / "latest").st_mtime_ns == 1_000_000_000
+
+
+def test_one_worker_at_a_time_writes_a_file(tmp_path: Path, vault, monkeypatch: pytest.MonkeyPatch):
+    """A file's chunks are fetched and decoded by several workers at once, but written by one at a time:
+    a second buffered writer of the same file spun on its lock in the kernel (ext4), taking a core."""
+    import threading
+    import time
+
+    from ckptvault.ops import restore
+
+    src = tmp_path / "src"
+    src.mkdir()
+    data = random.Random(7).randbytes(3 * 1024 * 1024)
+    (src / "weights.bin").write_bytes(data)
+    vault.backup(src)
+    real_pwrite_all = restore.pwrite_all
+    writing: dict[int, int] = {}
+    most = 0
+    mutex = threading.Lock()
+
+    def watched(fd: int, chunk, offset: int, what: str) -> None:
+        nonlocal most
+        with mutex:
+            writing[fd] = writing.get(fd, 0) + 1
+            most = max(most, writing[fd])
+        time.sleep(0.005)  # a slow page cache: room for another worker to come in
+        real_pwrite_all(fd, chunk, offset, what)
+        with mutex:
+            writing[fd] -= 1
+
+    monkeypatch.setattr(restore, "pwrite_all", watched)
+    vault.restore("latest", tmp_path / "out")
+    assert (tmp_path / "out" / "weights.bin").read_bytes() == data
+    assert most == 1
