@@ -5,8 +5,8 @@ disk into fresh page-cache pages, then those into the reader's buffer), and on t
 handing out fresh pages is the slow part: a restore of 1 GB read from packs just written (backups
 write them with ``O_DIRECT``, so they are not in memory) spent 1.4-5.6 s in the kernel against
 ~0.5 s with the reads direct (docs/performance.md). The disk reads straight into a buffer of the
-process's reused heap instead. Filesystems without it (tmpfs, some FUSE mounts) refuse with
-EINVAL; buffered reads are used from then on. A direct read that comes back short is done again
+process's reused heap instead. Filesystems without it (tmpfs before Linux 6.6, some FUSE mounts)
+refuse with EINVAL; buffered reads are used from then on. A direct read that comes back short is done again
 buffered, which alone decides where the file ends.
 """
 
