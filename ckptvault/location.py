@@ -10,7 +10,7 @@ import platformdirs
 
 from .errors import UsageError
 from .repository.cache import cache_root
-from .repository.format import CONFIG_KEY
+from .repository.format import CONFIG_KEY, holds_vault_config
 from .store.base import TEMP_PREFIX
 
 
@@ -51,7 +51,7 @@ def _enclosing_vault(path: str) -> str | None:
     """The folder above ``path`` that holds a vault, if any."""
     parent = os.path.dirname(path)
     while parent != os.path.dirname(parent):
-        if _holds_vault_config(parent):
+        if holds_vault_config(parent):
             return parent
         parent = os.path.dirname(parent)
     return None
@@ -81,14 +81,6 @@ def local_folder(url: str) -> str | None:
         if url.startswith(local):
             return os.path.abspath(url.removeprefix(local))
     return None if "://" in url else os.path.abspath(os.path.expanduser(url))
-
-
-def _holds_vault_config(folder: str) -> bool:
-    try:
-        with open(os.path.join(folder, CONFIG_KEY), "rb") as f:
-            return b'"ckptvault"' in f.read(4096)
-    except OSError:
-        return False
 
 
 def metadata_cache_root() -> Path | None:

@@ -632,6 +632,53 @@ def test_nothing_is_restored_into_the_vaults_own_folder(vault: Vault, repo_url: 
     vault.restore(snap, tmp_path / "elsewhere")  # anywhere else is fine
 
 
+def test_nothing_is_restored_into_another_vault(vault: Vault, tmp_path: Path):
+    """The vault at hand is not the only one a restore could break: the default vault, a mirror, a
+    copy's destination. A checkpoint holding a file named ``config`` restored over one with --overwrite
+    replaced its config, and every command on it then failed (exit 0 for the restore)."""
+    src = tmp_path / "src"
+    (src / "inner").mkdir(parents=True)
+    (src / "config").write_text('{"lr": 1}')
+    (src / "inner" / "w.bin").write_bytes(b"w")
+    snap = vault.backup(src)
+    other_folder = tmp_path / "other"
+    Vault.init(other_folder).close()
+    config_before = (other_folder / "config").read_bytes()
+    for target in (other_folder, other_folder / "packs", other_folder / "new" / "deeper"):
+        with pytest.raises(UsageError, match=f"inside the vault at {re.escape(str(other_folder))}; restore elsewhere"):
+            vault.restore(snap, target, overwrite=True)
+    holder = tmp_path / "holder"  # a vault where one of the snapshot's folders goes
+    Vault.init(holder / "inner").close()
+    with pytest.raises(UsageError, match=f"inside the vault at {re.escape(str(holder / 'inner'))}"):
+        vault.restore(snap, holder)
+    assert (other_folder / "config").read_bytes() == config_before
+    assert not (other_folder / "new").exists() and not (holder / "config").exists()
+    with Vault.open(other_folder) as other:
+        assert other.snapshots() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_nothing_is_restored_into_the_vault_through_a_bind_mount(vault: Vault, repo_url: str, tmp_path: Path):
+    """Another path to the same folder (a bind mount, a volume mounted twice) that the vault's own
+    path does not resolve to."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config").write_text('{"lr": 1}')
+    snap = vault.backup(src)
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    if subprocess.run(["mount", "--bind", repo_url, str(alias)], capture_output=True).returncode != 0:
+        pytest.skip("mount --bind is not allowed here")
+    try:
+        config_before = (Path(repo_url) / "config").read_bytes()
+        for target in (alias, alias / "sub"):
+            with pytest.raises(UsageError, match="inside the vault at"):
+                vault.restore(snap, target, overwrite=True)
+        assert (Path(repo_url) / "config").read_bytes() == config_before
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+
+
 def test_what_the_target_holds_beside_the_snapshot_is_named_and_refused_on_the_resume_path(
     vault: Vault, tmp_path: Path, cli
 ):

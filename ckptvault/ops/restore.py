@@ -48,6 +48,7 @@ from ..errors import (
 )
 from ..hashing import checksum, new_file_hasher
 from ..repository import Repository
+from ..repository.format import holds_vault_config
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify
@@ -478,19 +479,34 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
     )
 
 
-def _refuse_vault_folder(entries: list[FileEntry], vault_folder: str, target: str) -> None:
-    """Restoring into the vault's own folder could replace its config or objects (a snapshot of a
-    folder that held a file named ``config``): refused, whatever --overwrite says. The target may
-    be in the vault, or the vault in the target, where an entry's path leads into it."""
-    vault_real, target_real = os.path.realpath(vault_folder), os.path.realpath(target)
-    below_target = os.path.relpath(vault_real, target_real).replace(os.sep, "/")
-    inside = os.path.join(target_real, "").startswith(os.path.join(vault_real, "")) or any(
-        e.path == below_target or e.path.startswith(below_target + "/") for e in entries
-    )
-    if inside:
-        raise UsageError(
-            f"cannot restore into {target}: it would write inside the vault at {vault_folder}; restore elsewhere"
-        )
+def _refuse_vault_folders(entries: list[FileEntry], vault_folder: str | None, target: str) -> None:
+    """Restoring into a vault's folder could replace its config or objects (a snapshot of a folder
+    that held a file named ``config``): refused, whatever --overwrite says. That is the vault read
+    from, which may lie in the target where an entry's path leads into it, and any local vault (the
+    one read from too, reached by another path: a bind mount) that the target is or lies in, or
+    that is a folder of the snapshot in the target."""
+    target_real = os.path.realpath(target)
+    if vault_folder is not None:
+        vault_real = os.path.realpath(vault_folder)
+        below_target = os.path.relpath(vault_real, target_real).replace(os.sep, "/")
+        if os.path.join(target_real, "").startswith(os.path.join(vault_real, "")) or any(
+            e.path == below_target or e.path.startswith(below_target + "/") for e in entries
+        ):
+            raise _into_vault(target, vault_folder)
+    folder = target_real
+    while True:
+        if holds_vault_config(folder):
+            raise _into_vault(target, folder)
+        if folder == os.path.dirname(folder):
+            break
+        folder = os.path.dirname(folder)
+    for entry in entries:
+        if entry.type == "dir" and holds_vault_config(inside := os.path.join(target, entry.path)):
+            raise _into_vault(target, inside)
+
+
+def _into_vault(target: str, vault: str) -> UsageError:
+    return UsageError(f"cannot restore into {target}: it would write inside the vault at {vault}; restore elsewhere")
 
 
 def _refuse_directory(path: str) -> None:
@@ -522,8 +538,9 @@ def run_restore(
     raised before the target is even created: an empty target (UsageError), an --include glob that
     matches nothing (UsageError), a target that is or lies under a file, and a folder in the target
     where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``).
-    ``vault_folder``: the vault's own local folder, which nothing may be restored into. ``alone``: refuse
-    a target that holds anything the snapshot does not (the resume path: a folder mixing two saves).
+    ``vault_folder``: the vault's own local folder; nothing is restored into it, nor into any other
+    local vault. ``alone``: refuse a target that holds anything the snapshot does not (the resume path:
+    a folder mixing two saves).
     ``snapshot_id``: how messages name the snapshot."""
     progress = progress or NullProgress()
     started = time.monotonic()
@@ -535,8 +552,7 @@ def run_restore(
 
     planner = _Planner(repo, target, overwrite)
     planner.check_target()
-    if vault_folder is not None:
-        _refuse_vault_folder(entries, vault_folder, target)
+    _refuse_vault_folders(entries, vault_folder, target)
     try:
         for entry in entries:
             planner.check(entry)

@@ -3,6 +3,7 @@ written down in docs/format.md: values are never reused for a different meaning.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 
@@ -19,6 +20,17 @@ SETTINGS_FORMAT_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
 
 CONFIG_KEY = "config"
+
+
+def holds_vault_config(folder: str) -> bool:
+    """Whether the local ``folder`` is a vault's top folder: it holds a config naming the format."""
+    try:
+        with open(os.path.join(folder, CONFIG_KEY), "rb") as f:
+            return f'"{FORMAT_NAME}"'.encode() in f.read(4096)
+    except OSError:
+        return False
+
+
 PACKS_PREFIX = "packs/"
 INDEX_PREFIX = "index/"
 TREES_PREFIX = "trees/"
