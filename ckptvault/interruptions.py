@@ -8,17 +8,24 @@ with its new tags and had not yet deleted the old one (a rerun then tagged the w
 CLI's handlers ask ``hold_back`` first, and the interruption is raised when the step ends. A second
 signal meanwhile is not held back (a step stuck on a storage that does not answer can still be left).
 
-``Terminated`` is SIGTERM as an exception, raised as Ctrl-C's KeyboardInterrupt is.
+``Terminated`` is SIGTERM as an exception, raised as Ctrl-C's KeyboardInterrupt is; once it is
+raised, SIGTERM again ends the process at once (``end_at_once_on_another``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
+import time
 from collections.abc import Iterator
+from types import FrameType
 
 _depth = 0
 _held: list[type[BaseException]] = []
+# GNU `timeout` (and a kill of a process group) signals the process and then its group: one request,
+# delivered twice within milliseconds, which must not count as "stop at once"
+SAME_SIGNAL_S = 0.5
 
 
 class Terminated(KeyboardInterrupt):
@@ -70,3 +77,17 @@ def hold_back(interruption: type[BaseException]) -> bool:
         return False
     _held.append(interruption)
     return True
+
+
+def end_at_once_on_another(signum: int) -> None:
+    """For the handler of a first stopping signal (main thread): the same signal again ends the
+    process at once by its default action, unless it comes within SAME_SIGNAL_S of this one."""
+    first = time.monotonic()
+
+    def again(num: int, _frame: FrameType | None) -> None:
+        if time.monotonic() - first < SAME_SIGNAL_S:
+            return  # the first one, delivered twice
+        signal.signal(num, signal.SIG_DFL)
+        signal.raise_signal(num)
+
+    signal.signal(signum, again)

@@ -502,3 +502,34 @@ def test_azure_without_any_credentials_names_the_ways_to_give_them(tmp_path: Pat
     )
     assert proc.returncode == 2, proc.stderr
     assert "no Azure credentials found; set AZURE_STORAGE_CONNECTION_STRING" in one_line_error(proc)
+
+
+SIGNALLED_TWICE = """
+import os, signal, sys, time
+from ckptvault.interruptions import end_at_once_on_another
+
+def first(signum, frame):
+    end_at_once_on_another(signum)
+    print("first", flush=True)
+
+signal.signal(signal.SIGTERM, first)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.05)
+os.kill(os.getpid(), signal.SIGTERM)  # the same request again, as `timeout` delivers it: not "stop at once"
+time.sleep(0.05)
+print("still here", flush=True)
+time.sleep(float(sys.argv[1]))
+os.kill(os.getpid(), signal.SIGTERM)  # a second request
+time.sleep(1)
+print("not stopped", flush=True)
+"""
+
+
+def test_sigterm_delivered_twice_is_one_request_and_a_later_one_stops_at_once():
+    """GNU ``timeout`` signals the process and then its process group: the first SIGTERM unwinds a command
+    (or ships a trainer's queued checkpoints), and its second copy, milliseconds later, ended the process at
+    once. Only a SIGTERM that comes later means "stop now"."""
+    import signal
+
+    proc = subprocess.run([sys.executable, "-c", SIGNALLED_TWICE, "0.6"], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "first\nstill here\n" and proc.returncode == -signal.SIGTERM, (proc.stdout, proc.stderr)

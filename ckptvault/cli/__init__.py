@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..interruptions import Terminated
+from ..interruptions import Terminated, end_at_once_on_another
 from ..ops.memory import keep_freed_memory
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def main() -> None:
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+    end_at_once_on_another(signum)
     raise Terminated
 
 

@@ -28,7 +28,7 @@ from ..errors import (
     VaultNotFoundError,
     name_command_line_options,
 )
-from ..interruptions import Terminated, hold_back
+from ..interruptions import Terminated, end_at_once_on_another, hold_back
 from ..location import default_repo_url
 from ..store.retrying import stop_retrying
 from ..vault import Vault
@@ -139,7 +139,7 @@ def install_signal_handlers() -> None:
     storage calls' retries, unless a step that must not stop half way runs (interruptions.py)."""
 
     def raise_terminated(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+        end_at_once_on_another(signum)
         if hold_back(Terminated):  # a step that must not stop half way (interruptions.py) ends first
             return
         stop_retrying()

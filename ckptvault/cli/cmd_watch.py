@@ -17,6 +17,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from ..errors import CkptVaultError
+from ..interruptions import SAME_SIGNAL_S
 from ..ops.watch_options import LostCheckpoint, ShippedCheckpoint, check_watch_args
 from ..vault import exclude_arg
 from .app import (
@@ -35,7 +36,6 @@ from .output import Output, counted, discard_stdout, format_bytes, writing_stdou
 from .params import parse_new_tags
 
 T = TypeVar("T")
-SAME_SIGNAL_S = 0.5  # a repeat of the first stopping signal this soon is the same request, not "abort"
 
 
 @app.command("watch")

@@ -13,6 +13,7 @@ from types import FrameType
 from ..arguments import flag_arg, seconds_arg, tags_arg, text_arg
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import FlushTimeoutError, UsageError
+from ..interruptions import end_at_once_on_another
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
 from ..ops.scan import refuse_sources_in_vault
 from ..vault import Vault, exclude_arg
@@ -128,13 +129,14 @@ def _ship_before_dying_of_sigterm() -> None:
     grace period; left to its default it ends the process at once and every queued checkpoint is
     lost. Unless the program handles SIGTERM itself (Lightning does), it becomes an exit: training
     unwinds and the exit hook ships what is queued (``configure_async(exit_timeout=...)`` bounds the
-    wait: make it fit the grace period). A second SIGTERM ends the process at once."""
+    wait: make it fit the grace period). A second SIGTERM ends the process at once (not the first one
+    delivered twice, as ``timeout`` does: interruptions.SAME_SIGNAL_S)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    end_at_once_on_another(signum)
     log.warning("ckptvault: SIGTERM: shipping the queued checkpoints before exiting (SIGTERM again to stop at once)")
     raise SystemExit(128 + signum)
 
