@@ -1,42 +1,73 @@
-"""Range reads from a local disk; large ones bypass the page cache (``O_DIRECT``).
+"""Range reads from a local disk; in the CLI, large ones bypass the page cache (``O_DIRECT``).
 
 A restore reads each chunk of a pack once. Through the page cache every byte is copied twice (the
 disk into fresh page-cache pages, then those into the reader's buffer), and on this project's VM
 handing out fresh pages is the slow part: a restore of 1 GB read from packs just written (backups
 write them with ``O_DIRECT``, so they are not in memory) spent 1.4-5.6 s in the kernel against
 ~0.5 s with the reads direct (docs/performance.md). The disk reads straight into a buffer of the
-process's reused heap instead. Filesystems without it (tmpfs before Linux 6.6, some FUSE mounts)
-refuse with EINVAL; buffered reads are used from then on. A direct read that comes back short is done again
-buffered, which alone decides where the file ends.
+process's reused heap instead.
+
+Only a process that asks reads direct (the CLI does: ``use_direct_reads``): a ``fork()`` in another
+thread while the disk fills a buffer (a training process's DataLoader starting its workers beside
+``backup_async``) can leave that buffer unfilled on kernels before Linux 5.19 (open(2), "O_DIRECT").
+A range read a second time (a chunk that several files share: ``last.ckpt`` beside the epoch's copy)
+goes through the page cache, which keeps it for the reads after. A filesystem that refuses
+``O_DIRECT`` (EINVAL, EOPNOTSUPP: tmpfs before Linux 6.6, some FUSE mounts) gets buffered reads from
+then on; any other failure of a direct read, or a short one, is answered by a buffered read of the
+range, which alone decides where the file ends and what is wrong.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
+from collections import OrderedDict
 
 from .localwrite import ALIGN, O_DIRECT
 
 DIRECT_READ_MIN = 128 * 1024  # smaller reads (trailers, headers, small chunks) keep the kernel's read-ahead
+REMEMBERED_RANGES = 65536  # ranges read direct, remembered to send a second read through the page cache
+_NOT_DIRECT = {errno.EINVAL, errno.EOPNOTSUPP}  # ENOTSUP is EOPNOTSUPP on Linux
+_direct_reads = False
+
+
+def use_direct_reads(enabled: bool = True) -> None:
+    """Read large ranges of local vaults opened from now on with ``O_DIRECT`` (where the system has it)."""
+    global _direct_reads
+    _direct_reads = enabled and O_DIRECT != 0
 
 
 class LocalReader:
     def __init__(self) -> None:
-        self.direct = O_DIRECT != 0
+        self.direct = _direct_reads
+        self._read_direct: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        self._lock = threading.Lock()
 
     def read(self, path: str, start: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``start``: fewer only where the file ends."""
-        if self.direct and length >= DIRECT_READ_MIN:
+        if self.direct and length >= DIRECT_READ_MIN and self._first_read(path, start, length):
             try:
                 data = _read_direct(path, start, length)
+            except FileNotFoundError:
+                raise
             except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                self.direct = False  # this filesystem does not do O_DIRECT
+                if exc.errno in _NOT_DIRECT:
+                    self.direct = False  # this filesystem does not do O_DIRECT
             else:
                 if data is not None:
                     return data
         return _read_buffered(path, start, length)
+
+    def _first_read(self, path: str, start: int, length: int) -> bool:
+        key = (path, start, length)
+        with self._lock:
+            if key in self._read_direct:
+                return False
+            self._read_direct[key] = None
+            if len(self._read_direct) > REMEMBERED_RANGES:
+                self._read_direct.popitem(last=False)
+            return True
 
 
 def _read_buffered(path: str, start: int, length: int) -> bytes:
