@@ -533,3 +533,18 @@ def test_sigterm_delivered_twice_is_one_request_and_a_later_one_stops_at_once():
 
     proc = subprocess.run([sys.executable, "-c", SIGNALLED_TWICE, "0.6"], capture_output=True, text=True, timeout=60)
     assert proc.stdout == "first\nstill here\n" and proc.returncode == -signal.SIGTERM, (proc.stdout, proc.stderr)
+
+
+def test_names_the_output_encoding_cannot_show_are_escaped(cli, tmp_path: Path):
+    """A Latin-1 locale or ``PYTHONIOENCODING=ascii`` (a cron job, a minimal container): `ls` stopped half
+    way with "internal error", and `restore` called a restore it had finished a failure (exit 1)."""
+    src, repo = tmp_path / "src", str(tmp_path / "v")
+    src.mkdir()
+    (src / "wü名.txt").write_text("hi")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    listed = cli("ls", "latest", "--repo", repo, PYTHONIOENCODING="ascii")
+    assert "w\\xfc\\u540d.txt" in listed.stdout.decode("ascii")
+    restored = cli("restore", "latest", str(tmp_path / "out-名"), "--repo", repo, PYTHONIOENCODING="ascii")
+    assert "restored snapshot" in restored.stdout.decode("ascii") and not restored.stderr
+    assert (tmp_path / "out-名" / "wü名.txt").read_text() == "hi"
