@@ -41,6 +41,7 @@ _HOMES = {
     "NotBackedUpError": ".errors",
     "DrillFailedError": ".errors",
     "BackupSupersededError": ".errors",
+    "BackupCancelledError": ".errors",
     "CheckpointLostError": ".errors",
     "FlushTimeoutError": ".errors",
     "BackupTimeoutError": ".errors",
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
     from .codec import CompressionSettings
     from .crypto.keyfile import Keyfile
     from .errors import (
+        BackupCancelledError,
         BackupSupersededError,
         BackupTimeoutError,
         CheckpointLostError,
@@ -165,6 +167,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BackupCancelledError",
     "BackupHandle",
     "BackupStatus",
     "BackupSupersededError",

@@ -36,6 +36,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot
     ├── DrillFailedError               41   drill: a restored file could not be loaded
     ├── BackupSupersededError           1   backup_async: dropped for a newer one (queue full)
+    ├── BackupCancelledError            1   backup_async: cancelled before it started (cancel(), close cut short)
     └── FlushTimeoutError               1   flush: queued backups still running at the timeout
         └── BackupTimeoutError          1   a backup_async handle's result/exception: still running at the timeout
 
@@ -45,6 +46,7 @@ A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import CancelledError
 from datetime import datetime
 from typing import ClassVar
 
@@ -367,6 +369,11 @@ class BackupSupersededError(CkptVaultError):
     def __init__(self, message: str, *, rewritten: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.rewritten = rewritten
+
+
+class BackupCancelledError(CkptVaultError, CancelledError):
+    """``backup_async``: the backup was cancelled before it started (``BackupHandle.cancel()``, or Ctrl-C
+    while ``Vault.close`` waited); also a ``concurrent.futures.CancelledError``, as a Future's would be."""
 
 
 class FlushTimeoutError(CkptVaultError, TimeoutError):

@@ -19,7 +19,15 @@ import pytest
 
 import tests.support.slowfs  # registers slowfile://
 from ckptvault import Vault
-from ckptvault.errors import BackupSupersededError, FlushTimeoutError, SourceError, UsageError, VaultLockedError
+from ckptvault.errors import (
+    BackupCancelledError,
+    BackupSupersededError,
+    CkptVaultError,
+    FlushTimeoutError,
+    SourceError,
+    UsageError,
+    VaultLockedError,
+)
 from ckptvault.ops import async_backup
 from ckptvault.repository import Repository
 from tests.conftest import tree_digest, write_file
@@ -252,6 +260,10 @@ def test_a_cancelled_backup_frees_its_slot_and_its_pins_at_once(tmp_path, caplog
     wait_until(first.running)
     second, third = (vault.backup_async(c, tags={"step": str(i)}) for i, c in ((1, ckpts[1]), (2, ckpts[2])))
     assert third.cancel() and third.cancelled() and third.pinned  # it was pinned when queued
+    # an error of the library's own (a script catching CkptVaultError got concurrent.futures.CancelledError)
+    with pytest.raises(CkptVaultError, match=r"step_2 \(step 2\) was cancelled before it started: cancel\(\)"):
+        third.result()
+    assert isinstance(third.exception(), BackupCancelledError)
     assert len(list((tmp_path / "ckpt" / ".ckptvault-pins").iterdir())) == 2  # step 2's pin is gone
     with caplog.at_level(logging.WARNING, logger="ckptvault"):
         fourth = vault.backup_async(ckpts[3], tags={"step": "3"})  # a free slot: nothing is dropped
@@ -930,4 +942,24 @@ def test_a_backup_whose_retry_wait_a_cancelling_close_ends_keeps_its_pins(tmp_pa
     with Vault.open(str(tmp_path / "repo")) as again:
         again.ship_leftover_pins(tmp_path / "ckpt", timeout=60)
         assert [s.tags for s in again.snapshots()] == [{"step": "1"}]
+    vault.close()
+
+
+def test_backups_a_ctrl_c_in_close_cancels_raise_the_librarys_error_naming_their_pins(tmp_path, caplog):
+    """Ctrl-C while close() waits cancels the backups not started, their pins kept: their handles raised
+    concurrent.futures.CancelledError (not a CkptVaultError), and the ERROR line counted the backup under way,
+    which goes on, among those not shipped (api46 F2, F3)."""
+    vault = slow_vault(tmp_path, delay=0.1)
+    running = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_1", 1, 400_000), tags={"step": "1"})
+    wait_until(running.running)
+    queued = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_2", 2), tags={"step": "2"})
+    with caplog.at_level(logging.ERROR, logger="ckptvault"):
+        vault._shipper.abandon("on Ctrl-C while the vault closed")  # what close() does on KeyboardInterrupt
+    [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "1 backup(s) not shipped on Ctrl-C while the vault closed: " in said and "step_2 (step 2)" in said, said
+    assert "step_1 (step 1) under way goes on while this process lives" in said, said
+    pins = tmp_path / "ckpt" / ".ckptvault-pins"
+    with pytest.raises(BackupCancelledError, match=rf"cancelled before it started: on Ctrl-C .*stay in {pins}"):
+        queued.result()
+    assert running.result(timeout=120).tags["step"] == "1"  # it went on
     vault.close()

@@ -36,13 +36,14 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 from ..errors import (
+    BackupCancelledError,
     BackupSupersededError,
     BackupTimeoutError,
     CkptVaultError,
@@ -97,6 +98,7 @@ class BackupJob:
     on_full: OnFull = "coalesce"  # as submitted: "block" jobs are never dropped, not even to make room
     taken_at: datetime | None = None  # the snapshot's time, when not the backup's (watch: when pinned)
     future: Future[Snapshot] = field(default_factory=Future)
+    cancelled_because: str = ""  # why it was cancelled before it started, for BackupCancelledError
 
     def describe(self) -> str:
         step = f" (step {self.tags['step']})" if "step" in self.tags else ""
@@ -143,18 +145,26 @@ class BackupHandle:
         return self._job.future.cancelled()
 
     def result(self, timeout: float | None = None) -> Snapshot:
-        """The snapshot; raises the backup's error, or BackupTimeoutError (a TimeoutError) when not
-        done in time."""
+        """The snapshot; raises the backup's error, BackupTimeoutError (a TimeoutError) when not done
+        in time, or BackupCancelledError when it was cancelled before it started."""
         try:
             return self._job.future.result(_timeout_arg(timeout))
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
+        except CancelledError:
+            raise self._cancelled_error() from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
             return self._job.future.exception(_timeout_arg(timeout))
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
+        except CancelledError:
+            return self._cancelled_error()
+
+    def _cancelled_error(self) -> BackupCancelledError:
+        why = self._job.cancelled_because or "cancel() was called"
+        return BackupCancelledError(f"the backup of {self._job.describe()} was cancelled before it started: {why}")
 
     def _timeout_error(self, timeout: float | None) -> BackupTimeoutError:
         state = "running" if self._job.future.running() else "queued"
@@ -183,6 +193,10 @@ class _StoppedWaiting(Exception):
     def __init__(self, cause: CkptVaultError) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _pins_folders(jobs: list[BackupJob]) -> list[str]:
+    return sorted({os.path.dirname(p.root) for j in jobs for p in j.pins})
 
 
 def _timeout_arg(timeout: float | None) -> float | None:
@@ -631,6 +645,7 @@ class AsyncShipper:
 
     def _cancel(self, job: BackupJob) -> bool:
         with self._cond:  # the worker takes a job and marks it running under this lock
+            job.cancelled_because = job.cancelled_because or "cancel() was called"
             if not job.future.cancel():
                 return False
             if job in self._pending:
@@ -766,11 +781,13 @@ class AsyncShipper:
         where its pins stay, cancel the jobs not started, keeping their pins, and leave this queue
         out of the exit-time wait. The running job goes on until it ends or the process does, but for
         one waiting to try again: it fails, its pins kept too."""
-        self.report_unshipped(why)
+        self.report_unshipped(why, running_goes_on=True)
         self._stopping.set()
         with self._cond:
             self._closed = True
             for job in self._pending:
+                kept = _pins_folders([job])
+                job.cancelled_because = why + (f"; its pinned files stay in {', '.join(kept)}" if kept else "")
                 job.future.cancel()
                 give_up(job.pins)
             self._pending.clear()
@@ -798,15 +815,22 @@ class AsyncShipper:
         except Exception:
             pass  # each failure was logged when it happened
 
-    def report_unshipped(self, why: str) -> None:
-        """Log at ERROR each backup still queued or running, and where their pins stay."""
+    def report_unshipped(self, why: str, *, running_goes_on: bool = False) -> None:
+        """Log at ERROR each backup still queued or running, and where their pins stay;
+        ``running_goes_on``: the running one is named apart, as going on while the process lives."""
         with self._cond:
-            left = ([self._running] if self._running else []) + list(self._pending)
+            running = [self._running] if self._running else []
+            left = list(self._pending) if running_goes_on else running + list(self._pending)
         if not left:
             return
-        kept = sorted({os.path.dirname(p.root) for j in left for p in j.pins})
+        kept = _pins_folders(left)
+        goes_on = (
+            f"; the backup of {running[0].describe()} under way goes on while this process lives"
+            if (running_goes_on and running)
+            else ""
+        )
         log.error(
-            "ckptvault: %d backup(s) not shipped %s: %s%s",
+            "ckptvault: %d backup(s) not shipped %s: %s%s%s",
             len(left),
             why,
             ", ".join(j.describe() for j in left),
@@ -814,6 +838,7 @@ class AsyncShipper:
             "ships them)"
             if kept
             else "",
+            goes_on,
         )
 
     # ---- the worker's side -------------------------------------------------------------
