@@ -227,6 +227,22 @@ def test_a_disk_without_room_for_the_target_folder_says_so_once(run, snap, tmpfs
     assert line.count(str(full / "t")) == 1 and "holds part of the snapshot" not in line, line
 
 
+def test_a_disk_out_of_inodes_says_so_not_free_space(run, snap, tmpfs):
+    """odd46 #5: a filesystem with free blocks and no inode left was "no space left ... free space", while
+    `df -h` showed it nearly empty."""
+    few = tmpfs("few", "size=20m,nr_inodes=4")
+    proc = run("restore", snap, str(few / "t"))
+    one_line_error(proc, 21, "no inode (file entry) left", "restore to a filesystem with more inodes")
+
+
+def test_a_symlink_loop_on_the_way_says_so(run, snap, tmp_path: Path):
+    """odd46 #4: "Too many levels of symbolic links; check that disk" sent the user to a disk that was fine."""
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    line = one_line_error(run("restore", snap, str(tmp_path / "loop-a" / "t")), 20, "points back at itself")
+    assert "check that disk" not in line, line
+
+
 def test_a_rerun_of_a_finished_restore_passes_on_a_target_mounted_read_only_since(run, snap, tmpfs):
     """Everything is there: a rerun changes nothing, so it needs no write (it set every folder's mode and
     mtime again, and failed, exit 20, on a target remounted read-only or with folders of another user)."""

@@ -51,7 +51,7 @@ from ..repository import Repository
 from ..repository.format import holds_vault_config
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry, Snapshot
-from ..store.failures import Kind, classify
+from ..store.failures import Kind, classify, out_of_inodes
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
 from .progress import NullProgress, Progress
@@ -462,6 +462,9 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
     where = os.path.relpath(filename, target) if inside else path
     reason = exc.strerror or str(exc)
     if classify(exc).kind is Kind.FULL:
+        if out_of_inodes(exc, target):  # free blocks, no file entry left: freeing space is not the advice
+            reason = "no inode (file entry) left on its filesystem, which has free blocks"
+            full_hint = "delete files there, or restore to a filesystem with more inodes"
         if full_hint:
             return StorageFullError("write", where, target, reason, hint=full_hint)
         return StorageFullError("write", where, target, reason)
@@ -472,6 +475,10 @@ def target_error(exc: OSError, target: str, *, full_hint: str = "") -> CkptVault
         )
     if classify(exc).kind is Kind.DENIED or exc.errno == errno.EROFS:
         hint = "restore into a writable folder"
+    elif exc.errno == errno.ELOOP:
+        hint = "a symbolic link on the way points back at itself; fix it, or restore elsewhere"
+    elif exc.errno == errno.ENAMETOOLONG:
+        hint = "a name there is longer than the filesystem takes (255 bytes on most); restore elsewhere"
     else:
         hint = "check that disk, then run the command again or restore elsewhere"
     return StorageError(

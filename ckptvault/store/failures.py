@@ -383,7 +383,7 @@ def storage_error(
     if failure.kind is Kind.EXISTS and if_absent:
         return ObjectExistsError(op, key, url)
     if failure.kind is Kind.FULL:
-        if _out_of_inodes(exc, url):
+        if out_of_inodes(exc, url):
             return StorageFullError(
                 op, key, url, "no inode (file entry) left on its filesystem, which has free blocks",
                 hint="delete files there, or move the vault to a filesystem with more inodes",
@@ -460,9 +460,10 @@ def down_or_busy(exc: BaseException) -> bool:
     return status is None and any(isinstance(node, OSError) and node.errno == errno.EBUSY for node in _chain(exc))
 
 
-def _out_of_inodes(exc: BaseException, url: str) -> bool:
+def out_of_inodes(exc: BaseException, url: str) -> bool:
     """ENOSPC also means "no inode left" (many small files on a disk formatted for few big ones): told
-    apart where the vault is a local folder, so that freeing space is not the advice."""
+    apart on a local folder, so that freeing space is not the advice. Inodes nearly all taken and
+    blocks left: a failed write may have freed the inode of its temporary file before this looks."""
     folder = url.removeprefix("file://")
     if not isinstance(exc, OSError) or exc.errno != errno.ENOSPC or "://" in folder:
         return False
@@ -470,4 +471,4 @@ def _out_of_inodes(exc: BaseException, url: str) -> bool:
         st = os.statvfs(folder)
     except OSError:
         return False
-    return st.f_files > 0 and st.f_favail == 0 and st.f_bavail > 0
+    return st.f_files > 0 and st.f_favail <= st.f_files // 100 + 16 and st.f_bavail > st.f_blocks // 100
