@@ -553,3 +553,15 @@ def test_a_plain_table_is_laid_out_as_rich_lays_it_out_less_trailing_spaces():
     by_rich = [line.rstrip() for line in console.file.getvalue().splitlines()]
     assert table.aligned(1000) == by_rich, by_rich
     assert table.aligned(len(by_rich[1]) - 1) is None
+
+
+def test_a_restore_of_only_folders_and_links_says_what_it_restored(cli, tmp_path: Path):
+    """odd46 #8: "0 files, 0 B written" read as if nothing happened, for a folder and a link restored."""
+    src, repo = tmp_path / "src", str(tmp_path / "v")
+    (src / "empty").mkdir(parents=True)
+    (src / "w.bin").write_bytes(b"w")
+    (src / "latest").symlink_to("w.bin")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    out = cli("restore", "latest", str(tmp_path / "out"), "--include", "empty", "--include", "latest", "--repo", repo)
+    assert ": 0 files, 1 folder, 1 link, 0 B written" in out.stdout.decode(), out.stdout.decode()

@@ -56,6 +56,9 @@ def restore_cmd(
         )
     rate = format_rate(result.bytes_written, result.duration_s)
     skipped = f", {result.skipped_files} already present" if result.skipped_files else ""
+    if not result.files:  # "0 files, 0 B written" read as if nothing was restored
+        made = ((result.dirs, "folder"), (result.symlinks, "link"))
+        skipped += "".join(f", {counted(n, what)}" for n, what in made if n)
     out.result(
         {"snapshot": snap.id, "target": target, **{k: v for k, v in result.__dict__.items() if k != "snapshot"}},
         f"restored snapshot {snap.short_id} to {target}: {counted(result.files, 'file')}{skipped}, "
