@@ -6,7 +6,7 @@ import typer
 
 from ..ops.restore import OTHERS_LISTED
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, counted, format_bytes, format_rate
+from .output import Output, counted, format_bytes, format_rate, one_line
 from .params import parse_tags
 
 
@@ -61,6 +61,6 @@ def restore_cmd(
         skipped += "".join(f", {counted(n, what)}" for n, what in made if n)
     out.result(
         {"snapshot": snap.id, "target": target, **{k: v for k, v in result.__dict__.items() if k != "snapshot"}},
-        f"restored snapshot {snap.short_id} to {target}: {counted(result.files, 'file')}{skipped}, "
+        f"restored snapshot {snap.short_id} to {one_line(target)}: {counted(result.files, 'file')}{skipped}, "
         f"{format_bytes(result.bytes_written)} written and verified in {result.duration_s:.1f} s ({rate})",
     )
