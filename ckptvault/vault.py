@@ -577,6 +577,7 @@ class Vault:
         alone: bool = False,
     ) -> RestoreResult:
         snapshot = snapshot_arg(snapshot)
+        refuse_short_id_prefix(snapshot, "restore")  # `restore 1 ./resume` meant step 1, and wrote another save
         where = path_arg("target", target)
         globs = None if include is None else str_list_arg("include", include, "['model/*']")
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -134,3 +135,18 @@ def test_sparse_file_past_4gib_restores_and_stays_sparse(tmp_path: Path):
             f.seek(start)
             assert f.read(end - start) == expected, (start, end)
     assert all(any(start <= o and o + 4096 <= end for start, end in extents) for o in written)
+
+
+def test_a_restore_by_an_id_prefix_shorter_than_4_characters_is_refused(cli, tmp_path: Path):
+    """odd46 #9: `restore 1 t2` restored snapshot 1078eaae where step 1 was meant; forget and tag refuse it."""
+    src, repo = tmp_path / "src", str(tmp_path / "v")
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    snap_id = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)[0]["id"]
+    refused = cli("restore", snap_id[:1], str(tmp_path / "t2"), "--repo", repo, check=False)
+    assert refused.returncode == 2 and "too short an ID prefix to restore a snapshot by" in refused.stderr.decode()
+    assert not (tmp_path / "t2").exists()
+    cli("restore", snap_id[:4], str(tmp_path / "t4"), "--repo", repo)
+    assert (tmp_path / "t4" / "w.bin").read_bytes() == b"w"

@@ -294,7 +294,7 @@ def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
         (["backup", "{tmp}", "--tag", "novalue"], 2, "not key=value"),
         (["restore", "deadbeef", "{tmp}/out", "--repo", "{tmp}/v"], 18, "no snapshot deadbeef"),
         (["restore", "latest", "{tmp}/out", "--tag", "run=none", "--repo", "{tmp}/v"], 18, "latest --tag run=none"),
-        (["restore", "zz!", "{tmp}/out", "--repo", "{tmp}/v"], 2, "not a snapshot ID"),
+        (["restore", "zzzz!", "{tmp}/out", "--repo", "{tmp}/v"], 2, "not a snapshot ID"),
         (["init", "{tmp}/v2", "--compression-level", "99"], 2, "compression level 99 is out of range"),
         # restic's spellings get their equivalent, not click's nearest name (docs audit 39 L11)
         (["prune", "--keep-within", "14d"], 2, "restic's --keep-within AGE is --before AGE here, e.g. --before 14d"),

@@ -4,6 +4,7 @@ from typing import Annotated
 
 import typer
 
+from ..arguments import refuse_short_id_prefix
 from ..ops.restore import OTHERS_LISTED
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, counted, format_bytes, format_rate, one_line
@@ -14,7 +15,7 @@ from .params import parse_tags
 @command
 @vault_options
 def restore_cmd(
-    snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")],
+    snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")],
     target: Annotated[str, typer.Argument(help="Directory to restore into (created if missing).")],
     tag: TagOpt = None,
     include: Annotated[
@@ -33,6 +34,7 @@ def restore_cmd(
     """Restore a snapshot, verifying every chunk and every file."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out) as vault:
+        refuse_short_id_prefix(snapshot, "restore")  # before any lookup, as Vault.restore does
         snap = vault.snapshot(snapshot, parse_tags(tag))
         with out.progress("restoring") as progress:
             result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
