@@ -12,6 +12,7 @@ import pytest
 from ckptvault.store import localread
 from ckptvault.store.localread import DIRECT_READ_MIN, LocalReader
 from ckptvault.store.localwrite import ALIGN
+from tests.support.openflags import open_flags_spy
 
 pytestmark = pytest.mark.skipif(not localread.O_DIRECT, reason="this platform has no O_DIRECT")
 
@@ -31,18 +32,6 @@ def packfile(tmp_path: Path) -> tuple[str, bytes]:
     path = tmp_path / "pack"
     path.write_bytes(data)
     return str(path), data
-
-
-def open_flags_spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    seen: list[int] = []
-    real_open = os.open
-
-    def spy(path, flags, *args):
-        seen.append(flags)
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(localread.os, "open", spy)
-    return seen
 
 
 @pytest.mark.parametrize("start", [0, 1, ALIGN - 1, ALIGN, 5 * ALIGN + 17])

@@ -10,6 +10,7 @@ import pytest
 
 from ckptvault.store import localwrite
 from ckptvault.store.localwrite import ALIGN, DIRECT_MIN, STAGE_SIZE, LocalWriter
+from tests.support.openflags import open_flags_spy
 
 SIZES = [0, 1, ALIGN - 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, STAGE_SIZE + ALIGN + 7, 3 * STAGE_SIZE + 12345]
 
@@ -51,14 +52,7 @@ def test_a_filesystem_without_o_direct_falls_back(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.skipif(not localwrite.O_DIRECT, reason="this platform has no O_DIRECT")
 def test_large_files_really_take_the_direct_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    flags_seen: list[int] = []
-    real_open = os.open
-
-    def spy(path, flags, *args):
-        flags_seen.append(flags)
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(localwrite.os, "open", spy)
+    flags_seen = open_flags_spy(monkeypatch)
     writer = LocalWriter()
     writer.create(str(tmp_path / "big"), os.urandom(DIRECT_MIN))
     writer.create(str(tmp_path / "small"), b"index")
