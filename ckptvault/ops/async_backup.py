@@ -645,7 +645,6 @@ class AsyncShipper:
 
     def _cancel(self, job: BackupJob) -> bool:
         with self._cond:  # the worker takes a job and marks it running under this lock
-            job.cancelled_because = job.cancelled_because or "cancel() was called"
             if not job.future.cancel():
                 return False
             if job in self._pending:
