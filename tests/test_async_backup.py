@@ -963,3 +963,10 @@ def test_backups_a_ctrl_c_in_close_cancels_raise_the_librarys_error_naming_their
         queued.result()
     assert running.result(timeout=120).tags["step"] == "1"  # it went on
     vault.close()
+    with Vault.open(str(tmp_path / "repo")) as again, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        again.ship_leftover_pins(tmp_path / "ckpt", timeout=60)  # in this process too (api46 F4: "that ended")
+        assert sorted(s.tags["step"] for s in again.snapshots()) == ["1", "2"]
+    assert any(
+        "step_2 (step 2), left pinned in" in r.getMessage() and "by this process, which gave it up" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]

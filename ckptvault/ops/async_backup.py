@@ -365,10 +365,16 @@ def leftover_jobs(staging: list[str], vault_id: str) -> list[BackupJob]:
     for lefts in found.values():
         job = _leftover_job(lefts)
         if job is not None:
+            by = (
+                "by this process, which gave it up earlier (a close cut short)"
+                if any(left.given_up_here for left in lefts)
+                else "by a process that ended before it shipped"
+            )
             log.warning(
-                "shipping %s, left pinned in %s by a process that ended before it shipped",
+                "shipping %s, left pinned in %s %s",
                 job.describe(),
                 ", ".join(dict.fromkeys(os.path.dirname(p.root) for p in job.pins)),
+                by,
             )
             jobs.append(job)
     return jobs

@@ -96,11 +96,13 @@ def _str_list(value: object) -> bool:
 
 @dataclass
 class Leftover:
-    """A pin taken over from a dead process: ``owner_host`` is where that process ran."""
+    """A pin taken over from a dead process: ``owner_host`` is where that process ran; ``given_up_here``:
+    this process's own, of a job it gave up on (a close cut short by Ctrl-C)."""
 
     pin: Pin
     job: JobRecord
     owner_host: str
+    given_up_here: bool = False
 
 
 def pin_metadata(job: JobRecord) -> dict[str, object]:
@@ -252,7 +254,8 @@ def _take_over_locked(
         if not locked.issuperset(f for f in job.folders if os.path.isdir(f)):
             continue  # made after the folders were chosen, in one not locked: left for the next call
         state = owner_state(owner, pinned_ns, root)
-        if state == "this process" and root in _given_up:
+        given_up_here = state == "this process" and root in _given_up
+        if given_up_here:
             state = "gone"
         if state in ("this process", "alive"):
             continue
@@ -265,7 +268,8 @@ def _take_over_locked(
             on_warning(f"cannot take over the pin {root} left by a process that ended: {exc.strerror or exc}")
             continue
         _given_up.discard(root)
-        taken.append(Leftover(pin, job, str(owner.get("host", "")) if isinstance(owner, dict) else ""))
+        host = str(owner.get("host", "")) if isinstance(owner, dict) else ""
+        taken.append(Leftover(pin, job, host, given_up_here))
     return taken
 
 
