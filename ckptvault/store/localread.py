@@ -94,7 +94,7 @@ def _read_direct(path: str, start: int, length: int) -> bytes | None:
     end = -(-(start + length) // ALIGN) * ALIGN
     buffer = np.empty(end - first + ALIGN, np.uint8)  # from the heap, not zero-filled
     skip = -buffer.ctypes.data % ALIGN
-    blocks = memoryview(buffer)[skip : skip + end - first]
+    blocks = memoryview(buffer)[skip : skip + end - first]  # type: ignore[arg-type]
     fd = os.open(path, os.O_RDONLY | O_DIRECT)
     try:
         got = os.preadv(fd, [blocks], first)
