@@ -10,7 +10,7 @@ import platformdirs
 
 from .errors import UsageError
 from .repository.cache import cache_root
-from .repository.format import CONFIG_KEY, holds_vault_config
+from .repository.format import CONFIG_KEY, vault_at_or_above
 from .store.base import TEMP_PREFIX
 
 
@@ -49,12 +49,7 @@ def file_in_the_way(path: str) -> str | None:
 
 def _enclosing_vault(path: str) -> str | None:
     """The folder above ``path`` that holds a vault, if any."""
-    parent = os.path.dirname(path)
-    while parent != os.path.dirname(parent):
-        if holds_vault_config(parent):
-            return parent
-        parent = os.path.dirname(parent)
-    return None
+    return vault_at_or_above(os.path.dirname(path))
 
 
 def why_no_vault(url: str) -> str:

@@ -150,3 +150,46 @@ def test_reads_are_buffered_unless_the_process_asks(packfile, monkeypatch: pytes
     seen = open_flags_spy(monkeypatch)
     assert LocalReader().read(path, 0, 2 * DIRECT_READ_MIN) == data[: 2 * DIRECT_READ_MIN]
     assert not seen[0] & localread.O_DIRECT
+
+
+CLI_RESTORE_WATCHED = """
+import os, sys
+real_open, direct = os.open, []
+def watched(path, flags, *args):
+    if "/packs/" in str(path) and flags & os.O_DIRECT:
+        direct.append(path)
+    return real_open(path, flags, *args)
+os.open = watched
+sys.argv = ["ckptvault", *sys.argv[1:]]
+from ckptvault.cli import main
+try:
+    main()
+finally:
+    print(f"direct pack reads: {len(direct)}", file=sys.stderr)
+"""
+
+
+def test_the_cli_reads_packs_direct(cli, tmp_path: Path):
+    """The CLI asks for direct reads (no fork beside them there): its restores read the packs with O_DIRECT."""
+    import subprocess
+    import sys
+
+    src, repo = tmp_path / "src", str(tmp_path / "v")
+    src.mkdir()
+    data = os.urandom(3 * 1024 * 1024)
+    (src / "w.bin").write_bytes(data)
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    proc = subprocess.run(
+        [sys.executable, "-c", CLI_RESTORE_WATCHED, "restore", "latest", str(tmp_path / "out"), "--repo", repo],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "w.bin").read_bytes() == data
+    try:
+        os.close(os.open(src / "w.bin", os.O_RDONLY | localread.O_DIRECT))
+    except OSError:
+        pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
+    assert "direct pack reads: 0" not in proc.stderr, proc.stderr

@@ -48,7 +48,7 @@ from ..errors import (
 )
 from ..hashing import checksum, new_file_hasher
 from ..repository import Repository
-from ..repository.format import holds_vault_config
+from ..repository.format import holds_vault_config, vault_at_or_above
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry, Snapshot
 from ..store.failures import Kind, classify, out_of_inodes
@@ -500,13 +500,8 @@ def _refuse_vault_folders(entries: list[FileEntry], vault_folder: str | None, ta
             e.path == below_target or e.path.startswith(below_target + "/") for e in entries
         ):
             raise _into_vault(target, vault_folder)
-    folder = target_real
-    while True:
-        if holds_vault_config(folder):
-            raise _into_vault(target, folder)
-        if folder == os.path.dirname(folder):
-            break
-        folder = os.path.dirname(folder)
+    if (vault := vault_at_or_above(target_real)) is not None:
+        raise _into_vault(target, vault)
     for entry in entries:
         if entry.type == "dir" and holds_vault_config(inside := os.path.join(target, entry.path)):
             raise _into_vault(target, inside)

@@ -31,6 +31,15 @@ def holds_vault_config(folder: str) -> bool:
         return False
 
 
+def vault_at_or_above(folder: str) -> str | None:
+    """``folder`` or the nearest folder above it that is a local vault's top folder, if any."""
+    while not holds_vault_config(folder):
+        if folder == os.path.dirname(folder):
+            return None
+        folder = os.path.dirname(folder)
+    return folder
+
+
 PACKS_PREFIX = "packs/"
 INDEX_PREFIX = "index/"
 TREES_PREFIX = "trees/"

@@ -49,8 +49,6 @@ class LocalReader:
         if self.direct and length >= DIRECT_READ_MIN and self._first_read(path, start, length):
             try:
                 data = _read_direct(path, start, length)
-            except FileNotFoundError:
-                raise
             except OSError as exc:
                 if exc.errno in _NOT_DIRECT:
                     self.direct = False  # this filesystem does not do O_DIRECT

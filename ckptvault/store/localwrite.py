@@ -61,29 +61,31 @@ class LocalWriter:
             pos = len(view) // ALIGN * ALIGN if _address(view) % ALIGN == 0 else 0
             if pos:
                 pwrite_all(fd, view[:pos], 0, path)
-            stage = self._stage()
-            staged = memoryview(stage)
-            try:
-                while pos < len(view):
-                    size = min(STAGE_SIZE, len(view) - pos)
-                    copy_into(stage, 0, view[pos : pos + size])
-                    padded = -(-size // ALIGN) * ALIGN  # the tail block is padded with zeros, then cut off
-                    staged[size:padded] = _PAD[: padded - size]
-                    pwrite_all(fd, staged[:padded], pos, path)
-                    pos += size
-            finally:
-                staged.release()
+            if pos < len(view):
+                self._write_staged(fd, view, pos, path)
             os.ftruncate(fd, len(view))
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def _stage(self) -> mmap.mmap:
+    def _write_staged(self, fd: int, view: memoryview, pos: int, path: str) -> None:
+        """``view`` from ``pos`` on, through this thread's staging buffer; the tail block is padded with
+        zeros (the caller cuts the file to its length)."""
         stage = getattr(self._local, "stage", None)
         if stage is None:
             # page-aligned, as O_DIRECT needs; private, so a forked child never shares it
             stage = self._local.stage = mmap.mmap(-1, STAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        return stage
+        staged = memoryview(stage)
+        try:
+            while pos < len(view):
+                size = min(STAGE_SIZE, len(view) - pos)
+                copy_into(stage, 0, view[pos : pos + size])
+                padded = -(-size // ALIGN) * ALIGN
+                staged[size:padded] = _PAD[: padded - size]
+                pwrite_all(fd, staged[:padded], pos, path)
+                pos += size
+        finally:
+            staged.release()
 
 
 def _address(view: memoryview) -> int:
