@@ -503,6 +503,27 @@ def test_a_byte_and_a_character_that_python_spells_alike_are_listed_apart_and_ea
         assert cli("cat", "latest", shown, "--repo", repo).stdout == data, shown
 
 
+def test_a_name_with_a_control_character_is_taken_as_ls_shows_it_by_cat_and_restore_include(cli, tmp_path: Path):
+    """ls shows a newline in a name as \\n (one line a file); cat and restore --include took neither that
+    spelling nor the \\xNN of a byte that is not UTF-8 (--include) (odd46 #3)."""
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / "new\nline.bin").write_bytes(b"newline")
+    (src / "tab\tx.bin").write_bytes(b"tab")
+    (src / os.fsdecode(b"w\xff.bin")).write_bytes(b"byte")
+    (src / "plain.bin").write_bytes(b"plain")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    listing = cli("ls", "latest", "--repo", repo).stdout.decode()
+    for shown in ("new\\nline.bin", "tab\\tx.bin", "w\\xff.bin"):
+        assert shown in listing, listing
+    assert cli("cat", "latest", "new\\nline.bin", "--repo", repo).stdout == b"newline"
+    assert cli("cat", "latest", "tab\\x09x.bin", "--repo", repo).stdout == b"tab"
+    out = tmp_path / "out"
+    cli("restore", "latest", str(out), "--repo", repo, "--include", "new\\n*", "--include", "w\\xff.bin")
+    assert sorted(os.listdir(os.fsencode(out))) == [b"new\nline.bin", b"w\xff.bin"]
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(cli, tmp_path: Path):
     # `ckptvault cat ... | head -c 10`: what SIGPIPE gives other programs, and nothing on stderr
     (tmp_path / "src").mkdir()

@@ -12,7 +12,6 @@ import bisect
 import io
 import operator
 import posixpath
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,17 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import IntegrityError, ObjectNotFoundError, PathNotInSnapshotError, SnapshotNotFoundError
 from ..repository import Repository
-from ..snapshot.model import FileEntry, Snapshot
-
-# How a listing shows a byte of a name that is not UTF-8 (surrogateescape keeps it as U+DC80-U+DCFF), and a
-# character that is not printable from U+0080 up (cli/output.py)
-_SHOWN_CHAR = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])|\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})")
-
-
-def _unshown(match: re.Match[str]) -> str:
-    byte, short, long = match.groups()
-    return chr(0xDC00 + int(byte, 16)) if byte else chr(int(short or long, 16))
-
+from ..snapshot.model import FileEntry, Snapshot, stored_name
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks are at most 4 MiB: at most 32 MiB per open file, about 8 MiB on average
 
@@ -49,12 +38,8 @@ class ChunkPiece:
 def find_file(tree: list[FileEntry], path: str, snapshot_id: str) -> FileEntry:
     wanted = posixpath.normpath(path).lstrip("/")  # "./model/x", "/model/x" and "model//x" mean "model/x"
     entry = next((e for e in tree if e.path == wanted), None)
-    if entry is None and "\\" in wanted:  # a name spelled as listings show it (w\xffx.bin, a\u00a0b.bin)
-        try:
-            raw = _SHOWN_CHAR.sub(_unshown, wanted)
-        except ValueError:  # \U beyond U+10FFFF: no name has it
-            raw = wanted
-        entry = next((e for e in tree if e.path == raw), None)
+    if entry is None and (stored := stored_name(wanted)):  # as listings show it (w\xffx.bin, new\nline)
+        entry = next((e for e in tree if e.path == stored), None)
     if entry is None or entry.type != "file":
         raise PathNotInSnapshotError(path, snapshot_id, entry.type if entry else None)
     return entry

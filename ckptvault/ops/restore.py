@@ -50,7 +50,7 @@ from ..hashing import checksum, new_file_hasher
 from ..repository import Repository
 from ..repository.format import holds_vault_config, vault_at_or_above
 from ..snapshot.manifest import validate_tree
-from ..snapshot.model import FileEntry, Snapshot
+from ..snapshot.model import FileEntry, Snapshot, stored_name
 from ..store.failures import Kind, classify, out_of_inodes
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
@@ -165,11 +165,13 @@ def select_entries(
         return list(tree), ()
     chosen: set[str] = set()
     unmatched = dict.fromkeys(include)
-    as_stored = {pat: posixpath.normpath(pat).lstrip("/") for pat in include}  # "./model/*" is "model/*"
+    as_stored = {pat: _globs(pat) for pat in include}
     for e in tree:
         parts = e.path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        matched = [pat for pat, glob in as_stored.items() if any(fnmatch.fnmatchcase(p, glob) for p in prefixes)]
+        matched = [
+            pat for pat, globs in as_stored.items() if any(fnmatch.fnmatchcase(p, g) for p in prefixes for g in globs)
+        ]
         if matched:
             chosen.add(e.path)
             chosen.update(prefixes[:-1])
@@ -183,6 +185,14 @@ def select_entries(
             + spelled(f"ckptvault ls {snapshot_id}", "Vault.files(snapshot)")
         )
     return [e for e in tree if e.path in chosen], tuple(unmatched)
+
+
+def _globs(pattern: str) -> tuple[str, ...]:
+    """``pattern`` as stored paths are spelled ("./model/*" is "model/*"), and as listings show names they
+    cannot print as is (``new\\nline``, ``w\\xffx.bin``)."""
+    glob = posixpath.normpath(pattern).lstrip("/")
+    shown = stored_name(glob)
+    return (glob, shown) if shown else (glob,)
 
 
 def file_hash(path: str) -> str:

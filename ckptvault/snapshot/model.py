@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -23,6 +24,35 @@ class FileEntry:
     target: str | None = None  # link target (symlinks)
     inode: int | None = None  # with ctime_ns: lets the next backup skip unchanged files
     ctime_ns: int | None = None
+
+
+# How a listing shows a character of a name it cannot print as is (cli/output.py's one_line): an ASCII control
+# character as Python writes it (\n, \x01), a byte that is not UTF-8 (surrogateescape keeps it as
+# U+DC80-U+DCFF) as \xNN, a character that is not printable from U+0080 up as \uNNNN
+_SHOWN_CHAR = re.compile(r"\\(?:([ntr])|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+_CONTROL = {"n": "\n", "t": "\t", "r": "\r"}
+
+
+def _unshown(match: re.Match[str]) -> str:
+    control, byte, short, long = match.groups()
+    if control:
+        return _CONTROL[control]
+    if byte:
+        return chr(int(byte, 16)) if int(byte, 16) < 0x80 else chr(0xDC00 + int(byte, 16))
+    return chr(int(short or long, 16))
+
+
+def stored_name(shown: str) -> str | None:
+    """The name a listing shows as ``shown`` (``new\\nline``, ``w\\xffx.bin``), when it escapes a
+    character; None when it escapes none. Asked only after ``shown`` matched nothing as given: a name may
+    hold a backslash of its own."""
+    if "\\" not in shown:
+        return None
+    try:
+        stored = _SHOWN_CHAR.sub(_unshown, shown)
+    except ValueError:  # \U beyond U+10FFFF: no name has it
+        return None
+    return stored if stored != shown else None
 
 
 @dataclass(frozen=True)
