@@ -1,4 +1,4 @@
-"""Local range reads: where the process asks (the CLI), large ones bypass the page cache (O_DIRECT) and
+"""Local range reads: large ones bypass the page cache (O_DIRECT), into a buffer a fork leaves out, and
 still return exactly the bytes asked for; a filesystem without O_DIRECT, a direct read that fails or comes
 back short, and a range read a second time go through the page cache."""
 
@@ -14,16 +14,9 @@ from ckptvault.store.localread import DIRECT_READ_MIN, LocalReader
 from ckptvault.store.localwrite import ALIGN
 from tests.support.openflags import open_flags_spy
 
-pytestmark = pytest.mark.skipif(not localread.O_DIRECT, reason="this platform has no O_DIRECT")
+pytestmark = pytest.mark.skipif(not localread.DIRECT_READS, reason="this platform has no O_DIRECT or MADV_DONTFORK")
 
 SIZE = 3 * DIRECT_READ_MIN + 3 * ALIGN + 123  # a file whose end is not on a block boundary
-
-
-@pytest.fixture(autouse=True)
-def direct_reads():
-    localread.use_direct_reads()
-    yield
-    localread.use_direct_reads(False)
 
 
 @pytest.fixture
@@ -142,54 +135,59 @@ def test_a_range_read_again_goes_through_the_page_cache(packfile, monkeypatch: p
     assert [bool(f & localread.O_DIRECT) for f in seen] == [True, False, False]
 
 
-def test_reads_are_buffered_unless_the_process_asks(packfile, monkeypatch: pytest.MonkeyPatch):
-    """A training process forks (DataLoader workers) while backup_async reads: O_DIRECT into its heap is
-    unsafe then on kernels before 5.19, so only the CLI asks for direct reads."""
+def test_the_buffer_the_disk_fills_is_left_out_of_a_fork(packfile):
+    """A training process forks (DataLoader workers) while backup_async or a restore reads: on kernels before
+    5.19 the child could take the pages of a buffer the disk was filling with O_DIRECT, and the read land in
+    the child. The buffer is marked MADV_DONTFORK ("dc" in /proc/self/smaps)."""
+    import ctypes
+    import threading
+
     path, data = packfile
-    localread.use_direct_reads(False)
-    seen = open_flags_spy(monkeypatch)
-    assert LocalReader().read(path, 0, 2 * DIRECT_READ_MIN) == data[: 2 * DIRECT_READ_MIN]
-    assert not seen[0] & localread.O_DIRECT
+    flags: list[str] = []
+
+    def read_and_look():  # the buffer is the thread's: gone with it
+        assert LocalReader().read(path, 0, 2 * DIRECT_READ_MIN) == data[: 2 * DIRECT_READ_MIN]
+        flags.extend(_mapping_flags(ctypes.addressof(ctypes.c_char.from_buffer(localread._buffers.mapping))))
+
+    reader = threading.Thread(target=read_and_look)
+    reader.start()
+    reader.join()
+    assert "dc" in flags, flags
 
 
-CLI_RESTORE_WATCHED = """
-import os, sys
-real_open, direct = os.open, []
-def watched(path, flags, *args):
-    if "/packs/" in str(path) and flags & os.O_DIRECT:
-        direct.append(path)
-    return real_open(path, flags, *args)
-os.open = watched
-sys.argv = ["ckptvault", *sys.argv[1:]]
-from ckptvault.cli import main
-try:
-    main()
-finally:
-    print(f"direct pack reads: {len(direct)}", file=sys.stderr)
-"""
+def _mapping_flags(address: int) -> list[str]:
+    with open("/proc/self/smaps") as smaps:
+        lines = smaps.read().splitlines()
+    for i, line in enumerate(lines):
+        low, _, high = line.split(" ", 1)[0].partition("-")
+        if high and int(low, 16) <= address < int(high, 16):
+            return next(x for x in lines[i + 1 :] if x.startswith("VmFlags:")).split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
 
 
-def test_the_cli_reads_packs_direct(cli, tmp_path: Path):
-    """The CLI asks for direct reads (no fork beside them there): its restores read the packs with O_DIRECT."""
-    import subprocess
-    import sys
+def test_the_api_reads_packs_direct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A restore through the API (a training job resuming) reads the packs with O_DIRECT, as the CLI does."""
+    from ckptvault import Vault
 
-    src, repo = tmp_path / "src", str(tmp_path / "v")
+    src = tmp_path / "src"
     src.mkdir()
     data = os.urandom(3 * 1024 * 1024)
     (src / "w.bin").write_bytes(data)
-    cli("init", repo)
-    cli("backup", str(src), "--repo", repo)
-    proc = subprocess.run(
-        [sys.executable, "-c", CLI_RESTORE_WATCHED, "restore", "latest", str(tmp_path / "out"), "--repo", repo],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "out" / "w.bin").read_bytes() == data
+    vault = Vault.init(str(tmp_path / "v"))
+    vault.backup(str(src))
     try:
         os.close(os.open(src / "w.bin", os.O_RDONLY | localread.O_DIRECT))
     except OSError:
         pytest.skip(f"the filesystem of {tmp_path} has no O_DIRECT")
-    assert "direct pack reads: 0" not in proc.stderr, proc.stderr
+    real_open, direct = os.open, []
+
+    def watched(path, flags, *args):
+        if "/packs/" in str(path) and flags & localread.O_DIRECT:
+            direct.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", watched)
+    vault.restore("latest", str(tmp_path / "out"))
+    vault.close()
+    assert (tmp_path / "out" / "w.bin").read_bytes() == data
+    assert direct

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..interruptions import Terminated, end_at_once_on_another
 from ..ops.memory import keep_freed_memory
-from ..store.localread import use_direct_reads
 
 if TYPE_CHECKING:
     import typer
@@ -130,7 +129,6 @@ def _main() -> None:
     if sys.argv[1:2] != ["watch"]:  # a sidecar that runs for days should hand memory back while it waits
         # before the key derivation's thread: a thread that has allocated keeps its arena
         keep_freed_memory(one_arena=True)
-    use_direct_reads()  # no fork() here while the disk fills a buffer (localread.py)
     deriving = _derive_key_ahead(sys.argv[1:])
     from .commands import app
 

@@ -1,15 +1,14 @@
-"""Range reads from a local disk; in the CLI, large ones bypass the page cache (``O_DIRECT``).
+"""Range reads from a local disk; large ones bypass the page cache (``O_DIRECT``).
 
 A restore reads each chunk of a pack once. Through the page cache every byte is copied twice (the
 disk into fresh page-cache pages, then those into the reader's buffer), and on this project's VM
 handing out fresh pages is the slow part: a restore of 1 GB read from packs just written (backups
 write them with ``O_DIRECT``, so they are not in memory) spent 1.4-5.6 s in the kernel against
-~0.5 s with the reads direct (docs/performance.md). The disk reads straight into a buffer of the
-process's reused heap instead.
+~0.5 s with the reads direct (docs/performance.md). The disk reads straight into a buffer instead.
 
-Only a process that asks reads direct (the CLI does: ``use_direct_reads``): a ``fork()`` in another
-thread while the disk fills a buffer (a training process's DataLoader starting its workers beside
-``backup_async``) can leave that buffer unfilled on kernels before Linux 5.19 (open(2), "O_DIRECT").
+That buffer is the reading thread's own, reused, and marked ``MADV_DONTFORK``: a ``fork()``
+in another thread while the disk fills it (a training process's DataLoader starting its workers beside
+``backup_async``) could otherwise leave it unfilled on kernels before Linux 5.19 (open(2), "O_DIRECT").
 A range read a second time (a chunk that several files share: ``last.ckpt`` beside the epoch's copy)
 goes through the page cache, which keeps it for the reads after. A filesystem that refuses
 ``O_DIRECT`` (EINVAL, EOPNOTSUPP: tmpfs before Linux 6.6, some FUSE mounts) gets buffered reads from
@@ -20,6 +19,7 @@ range, which alone decides where the file ends and what is wrong.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -29,18 +29,15 @@ from .localwrite import ALIGN, O_DIRECT
 DIRECT_READ_MIN = 128 * 1024  # smaller reads (trailers, headers, small chunks) keep the kernel's read-ahead
 REMEMBERED_RANGES = 65536  # ranges read direct, remembered to send a second read through the page cache
 _NOT_DIRECT = {errno.EINVAL, errno.EOPNOTSUPP}  # ENOTSUP is EOPNOTSUPP on Linux
-_direct_reads = False
-
-
-def use_direct_reads(enabled: bool = True) -> None:
-    """Read large ranges of local vaults opened from now on with ``O_DIRECT`` (where the system has it)."""
-    global _direct_reads
-    _direct_reads = enabled and O_DIRECT != 0
+BUFFER_STEP = 1 << 20  # a thread's buffer grows by whole MiB: chunks vary in size
+# no buffer a fork cannot take, no direct reads
+DIRECT_READS = O_DIRECT != 0 and hasattr(mmap, "MADV_DONTFORK")
+_buffers = threading.local()
 
 
 class LocalReader:
     def __init__(self) -> None:
-        self.direct = _direct_reads
+        self.direct = DIRECT_READS
         self._read_direct: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -84,21 +81,30 @@ def _read_buffered(path: str, start: int, length: int) -> bytes:
 
 
 def _read_direct(path: str, start: int, length: int) -> bytes | None:
-    """The range read into whole aligned blocks of a page-aligned buffer; None when the read came
+    """The range read into whole aligned blocks of this thread's buffer; None when the read came
     back short (the end of the file, or a filesystem that splits reads)."""
-    import numpy as np
-
     first = start - start % ALIGN
     end = -(-(start + length) // ALIGN) * ALIGN
-    buffer = np.empty(end - first + ALIGN, np.uint8)  # from the heap, not zero-filled
-    skip = -buffer.ctypes.data % ALIGN
-    blocks = memoryview(buffer)[skip : skip + end - first]  # type: ignore[arg-type]
-    fd = os.open(path, os.O_RDONLY | O_DIRECT)
-    try:
-        got = os.preadv(fd, [blocks], first)
-    finally:
-        os.close(fd)
-    lead = start - first
-    if got < lead + length:
-        return None
-    return bytes(blocks[lead : lead + length])
+    with memoryview(_aligned_buffer(end - first))[: end - first] as blocks:
+        fd = os.open(path, os.O_RDONLY | O_DIRECT)
+        try:
+            got = os.preadv(fd, [blocks], first)
+        finally:
+            os.close(fd)
+        lead = start - first
+        if got < lead + length:
+            return None
+        return bytes(blocks[lead : lead + length])
+
+
+def _aligned_buffer(size: int) -> mmap.mmap:
+    """This thread's page-aligned buffer of at least ``size`` bytes: an anonymous mapping that a
+    ``fork()`` leaves out of the child, so that the pages the disk is filling stay this process's."""
+    buffer: mmap.mmap | None = getattr(_buffers, "mapping", None)
+    if buffer is None or len(buffer) < size:
+        if buffer is not None:
+            buffer.close()
+        buffer = mmap.mmap(-1, -(-size // BUFFER_STEP) * BUFFER_STEP)
+        buffer.madvise(mmap.MADV_DONTFORK)
+        _buffers.mapping = buffer
+    return buffer
