@@ -62,16 +62,22 @@ def test_suggestions_repeat_the_vault_options_given_and_only_mention_storage_opt
         assert "xyz" not in with_vault_named(message)
         for unchanged in (
             "run: ckptvault check --read-data --repo SOURCE",  # names its vault itself (copy's source)
-            "create one with: ckptvault init s3://b/x",  # not a command on this vault
             "add --keyfile PATH (ckptvault key generate --keyfile PATH)",
             "ckptvault checks each chunk",  # prose, not a command
             "another ckptvault watch (pid 7) is already watching ./ckpts",  # another process's vault
             "nothing to suggest",
         ):
             assert with_vault_named(unchanged) == unchanged
+        # docs audit dc47 M1: pasted, "ckptvault init URL" made a plain vault, or one on AWS, not at the endpoint
+        assert with_vault_named("no vault at s3://b/x; create one with: ckptvault init s3://b/x") == (
+            "no vault at s3://b/x; create one with: ckptvault init s3://b/x --encrypt --keyfile 'key file' "
+            "--passphrase-file - (each with the same -o options)"
+        )
     finally:
         name_the_vault_in_advice(VaultNaming())
     assert with_vault_named(message) == message  # the default vault: nothing to add
+    plain = VaultNaming.of("./v", None, None, None)
+    assert plain.named("create one with: ckptvault init ./v") == "create one with: ckptvault init ./v"
     # a URL's password and query string (options that may be secrets) are left out, and said to be
     secret = VaultNaming.of("s3://u:pw@b/v?secret=xyz", None, None, None)
     assert secret.named("run: ckptvault check") == (

@@ -66,15 +66,18 @@ VAULT_COMMANDS = (
 )  # fmt: skip
 # not "another ckptvault watch (pid N) is already watching": a statement about another process
 _SUGGESTED = re.compile(rf"(?<!another )\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
+_SUGGESTED_INIT = re.compile(r"\bckptvault init \S+")  # names its vault: the URL it creates
 
 
 @dataclass(frozen=True)
 class VaultNaming:
     """How suggested commands name a vault: ``options`` (" --repo URL --keyfile PATH", as the user gave
-    them, credentials left out) and ``note`` (what they must add that a message does not show)."""
+    them, credentials left out), ``init_options`` (what creates the vault they were meant for: an encrypted
+    one when a keyfile was given) and ``note`` (what they must add that a message does not show)."""
 
     options: str = ""
     note: str = ""
+    init_options: str = ""
 
     @classmethod
     def of(
@@ -86,7 +89,8 @@ class VaultNaming:
         if shown != repo:
             left_out.append("the --repo URL as you gave it, credentials and all")
         note = f" (each with {' and '.join(left_out)})" if left_out else ""
-        return cls("".join(f" {option} {shlex.quote(value)}" for option, value in given if value), note)
+        repo_option, *key_options = (f" {option} {shlex.quote(value)}" if value else "" for option, value in given)
+        return cls(repo_option + "".join(key_options), note, " --encrypt" + "".join(key_options) if keyfile else "")
 
     def named(self, message: str) -> str:
         """``message`` with these options added to every ckptvault command it suggests, unless it names
@@ -94,7 +98,8 @@ class VaultNaming:
         if not (self.options or self.note) or "--repo " in message or "--from-repo" in message:
             return message
         named, count = _SUGGESTED.subn(lambda m: m.group(0) + self.options, message)
-        return named + self.note if count else message
+        named, inits = _SUGGESTED_INIT.subn(lambda m: m.group(0) + self.init_options, named)
+        return named + self.note if count or inits else message
 
 
 _naming = VaultNaming()  # this command's vault
