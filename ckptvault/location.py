@@ -10,7 +10,7 @@ import platformdirs
 
 from .errors import UsageError
 from .repository.cache import cache_root
-from .repository.format import CONFIG_KEY, vault_at_or_above
+from .repository.format import CONFIG_KEY, INDEX_PREFIX, SNAPSHOTS_PREFIX, vault_at_or_above
 from .store.base import TEMP_PREFIX
 
 
@@ -33,6 +33,8 @@ def refuse_local_non_vault_folder(url: str) -> None:
     names = os.listdir(path) if os.path.isdir(path) else []
     if CONFIG_KEY in names:
         return  # a vault already: init says so itself
+    if any(name + "/" in (SNAPSHOTS_PREFIX, INDEX_PREFIX) for name in names):
+        return  # a vault that lost its config, most likely: init says so itself
     if any(not name.startswith(TEMP_PREFIX) for name in names):
         raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
     parent = _enclosing_vault(path)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from ckptvault import Vault
@@ -389,6 +390,31 @@ def test_a_vault_whose_config_is_gone_is_named_damaged_not_missing(two_snapshots
         proc = cli(*args, check=False, **env)
         assert proc.returncode == 30 and said in error_line(proc), proc.stderr
     assert len(list((Path(repo) / "snapshots").iterdir())) == 2 and not (Path(repo) / "config").exists()
+
+
+def test_init_over_a_vault_whose_config_is_gone_is_refused_naming_it(two_snapshots, cli: Callable):
+    """init said "not empty and holds no vault" (dc47 L1); on a remote store it wrote a new config over the
+    old snapshots, whose packs a new key could not read."""
+    import uuid
+
+    from ckptvault.errors import MalformedObjectError
+
+    repo, *_ = two_snapshots
+    (Path(repo) / "config").unlink()
+    said = f"the config of {repo} is missing, but the vault's snapshots or index are there; put the config back"
+    for args in (["init", repo], ["init", "--repo", repo]):
+        proc = cli(*args, check=False)
+        assert proc.returncode == 30 and said in error_line(proc), proc.stderr
+        assert f"ckptvault check --repo {repo} --read-data" in error_line(proc)
+    assert not (Path(repo) / "config").exists()
+    url = f"memory://gone-config-{uuid.uuid4().hex}"
+    Vault.init(url).close()
+    fs = fsspec.filesystem("memory")
+    fs.rm(f"{url}/config")
+    fs.pipe(f"{url}/snapshots/{'ab' * 32}", b"a snapshot object")
+    with pytest.raises(MalformedObjectError, match=r"config of .* is missing"):
+        Vault.init(url)
+    assert not fs.exists(f"{url}/config")
 
 
 def test_a_config_that_lacks_a_field_says_to_put_it_back_from_a_copy(two_snapshots, cli: Callable):

@@ -163,7 +163,10 @@ def command(func: F) -> F:
         out = Output(json_mode=kwargs.get("json_out", False), quiet=kwargs.get("quiet", False))
         name_the_vault_in_advice(
             VaultNaming.of(
-                kwargs.get("repo"), kwargs.get("keyfile"), kwargs.get("passphrase_file"), kwargs.get("storage_option")
+                kwargs.get("url") or kwargs.get("repo"),  # init's vault may be its argument
+                kwargs.get("keyfile"),
+                kwargs.get("passphrase_file"),
+                kwargs.get("storage_option"),
             )
         )
         try:

@@ -120,6 +120,12 @@ def _holds_vault_objects(store: Store) -> bool:
     return any(store.list(prefix) for prefix in (SNAPSHOTS_PREFIX, INDEX_PREFIX))
 
 
+def _config_missing(store: Store) -> MalformedObjectError:
+    return MalformedObjectError(
+        f"the config of {store.url} is missing, but the vault's snapshots or index are there; {CONFIG_FROM_A_COPY}"
+    )
+
+
 def _verified_part(config: RepoConfig) -> bytes:
     """What the config's key verifier authenticates: its settings (format 3), else its ID."""
     return config.signed_settings() if config.settings_authenticated else config.repo_id.encode()
@@ -214,6 +220,8 @@ class Repository:
         The config is written create-if-absent, so of two racing inits exactly one wins."""
         if store.exists(CONFIG_KEY):
             raise VaultExistsError(store.url)
+        if _holds_vault_objects(store):  # a new config there would make the old snapshots unreadable
+            raise _config_missing(store)
         if keyfile is not None and master is not None:
             config = replace(
                 config, encryption="aes-256-gcm", key_fingerprint=keyfile.fingerprint, version=SETTINGS_FORMAT_VERSION
@@ -237,10 +245,7 @@ class Repository:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
             if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
-                raise MalformedObjectError(
-                    f"the config of {store.url} is missing, but the vault's snapshots or index are there; "
-                    f"{CONFIG_FROM_A_COPY}"
-                ) from None
+                raise _config_missing(store) from None
             raise VaultNotFoundError(store.url) from None
         try:
             return RepoConfig.from_json(raw, store.url)
