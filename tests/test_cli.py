@@ -416,7 +416,7 @@ def test_a_demo_run_in_a_vault_in_use_warns_even_when_quiet(cli, tmp_path: Path)
     (tmp_path / "mine" / "w.bin").write_bytes(os.urandom(1000))
     cli("backup", str(tmp_path / "mine"), "--tag", "run=mine")
     err = cli("demo", "-q").stderr.decode()
-    said = r"^warning: the demo's two saves \(run=demo\) are now the newest of the 1 other snapshot\(s\) in .*; "
+    said = r"^warning: the demo's two saves \(run=demo\) are now newer than the 1 other snapshot in .*; "
     ids = re.search(said + r"remove them with: ckptvault forget ([0-9a-f]{8}) ([0-9a-f]{8}) --prune$", err.strip())
     assert ids, err
     cli("forget", *ids.groups(), "--prune")

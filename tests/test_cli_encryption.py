@@ -72,6 +72,7 @@ def test_encrypted_workflow_and_key_errors(cli, tmp_path: Path):
         (["snapshots", "--repo", repo, "-k", key], {}, 16, "CKPTVAULT_PASSPHRASE, pass --passphrase-file"),
         (["init", str(tmp_path / "v2"), "--encrypt"], env, 2, "--encrypt needs --keyfile"),
         (["key", "generate", "-k", key], env, 2, "never overwritten"),
+        (["key", "generate", "-k", key], {}, 2, "never overwritten"),  # not "no passphrase" first (dc47 L2)
         (
             ["snapshots", "--repo", repo, "-k", key, "--passphrase-file", f"{tmp_path}/no-pw.txt"],
             {},

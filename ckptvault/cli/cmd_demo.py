@@ -51,7 +51,7 @@ def demo_cmd(
         forget = f"ckptvault forget {' '.join(s.short_id for s in snapshots)} --prune"
         if yours:
             out.warn(
-                f"the demo's two saves (run=demo) are now the newest of the {len(yours)} other snapshot(s) in "
+                f"the demo's two saves (run=demo) are now newer than the {counted(len(yours), 'other snapshot')} in "
                 f"{vault.url}: a `restore latest` without --tag would take the demo's; remove them with: {forget}"
             )
         else:

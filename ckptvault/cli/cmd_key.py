@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from ..crypto.keyfile import DEFAULT_KDF_COST, MIN_NEW_PASSPHRASE, Keyfile, check_kdf_cost, too_short
+from ..crypto.keyfile import (
+    DEFAULT_KDF_COST,
+    MIN_NEW_PASSPHRASE,
+    Keyfile,
+    check_kdf_cost,
+    keyfile_exists,
+    too_short,
+)
 from ..errors import PassphraseRequiredError, UsageError
 from ..vault import Vault
 from .app import (
@@ -70,6 +77,8 @@ def generate_cmd(
     if keyfile == "-":  # '-' is standard input for a passphrase; a keyfile named so is surely not meant
         raise UsageError("--keyfile -: a keyfile is written to a file (mode 0600), not to the output; give its path")
     check_kdf_cost(kdf_cost, "--kdf-cost")
+    if os.path.lexists(os.path.expanduser(keyfile)):  # said before the passphrase is asked for, twice
+        raise keyfile_exists(os.path.expanduser(keyfile))
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
     key = Vault.generate_keyfile(keyfile, passphrase=passphrase, kdf_cost=kdf_cost)
     _warn_if_weak(out, key, f"fine for tests; a real key wants --kdf-cost {DEFAULT_KDF_COST} or more")

@@ -46,7 +46,8 @@ def show_cmd(
             row += [_num(s.min), _num(s.max), _num(s.mean), _num(s.std), str(s.nan), str(s.inf)] if s else ["-"] * 6
         table.add_row(*row)
     out.info(
-        f"{contents.path}: {contents.format}, {len(contents.tensors)} tensors, {format_bytes(contents.size)}; "
+        f"{contents.path}: {contents.format}, {counted(len(contents.tensors), 'tensor')}, "
+        f"{format_bytes(contents.size)}; "
         f"read {counted(contents.fetched_chunks, 'chunk')} ({format_bytes(contents.fetched_bytes)})"
     )
     out.result(contents, table, asked=True)

@@ -219,6 +219,10 @@ def _lock_while_written(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def keyfile_exists(path: str) -> UsageError:
+    return UsageError(f"{path} already exists; a keyfile is never overwritten (pick another path)")
+
+
 def _remove_dead_writers_temps(directory: str, temp_prefix: str) -> None:
     """Remove what killed writers of this keyfile left: each a copy of the master key under a
     passphrase that a later rotation was meant to retire. One whose lock cannot be taken is a live
@@ -452,7 +456,7 @@ class Keyfile:
         shown = os.path.expanduser(os.fspath(path))
         path = os.path.realpath(shown) if overwrite else shown
         directory = os.path.dirname(os.path.abspath(path))
-        exists = UsageError(f"{shown} already exists; a keyfile is never overwritten (pick another path)")
+        exists = keyfile_exists(shown)
         temp_prefix = f".{os.path.basename(path)}{TEMP_MARK}"
         tmp = os.path.join(directory, temp_prefix + secrets.token_hex(4))
         try:
