@@ -105,6 +105,20 @@ def test_a_second_copy_copies_only_new_snapshots(tmp_path: Path, source: Vault):
         assert restored(dest, "latest", tmp_path / "d") == restored(source, "latest", tmp_path / "s")
 
 
+def test_a_tag_no_snapshot_carries_is_warned_about_not_read_as_nothing_new(tmp_path: Path, source: Vault):
+    """`copy --tag run=zz` said "nothing to copy" and exit 0, which reads as "up to date" (cp47 #2)."""
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        warnings: list[str] = []
+        assert dest.copy_from(source, tags={"run": "c"}, on_warning=warnings.append).copied == []
+        assert warnings == [
+            f"tags={{'run': 'c'}} selects no snapshot in {source.url} (no snapshot has run=c; run is one of: "
+            "a, b); nothing copied"
+        ], warnings
+        dest.copy_from(source, tags={"run": "a"}, on_warning=warnings.append)
+        assert dest.copy_from(source, tags={"run": "a"}, on_warning=warnings.append).already_there
+        assert len(warnings) == 1  # nothing new is not nothing selected
+
+
 def test_copy_from_an_encrypted_vault_and_by_id(tmp_path: Path, keyfile: Keyfile, caplog):
     with Vault.init(str(tmp_path / "enc"), keyfile=keyfile.path, passphrase=PASS) as enc:
         one = enc.backup(save_checkpoint(tmp_path / "c1", 1), tags={"step": "1"})
@@ -640,6 +654,13 @@ def test_copy_moves_a_format_1_encrypted_vault_to_format_3_under_a_new_key(tmp_p
     for rel in ("model/weights.bin", "config.json"):
         assert (tmp_path / "out" / rel).read_bytes() == (fixtures / "source" / rel).read_bytes()
     assert os.readlink(tmp_path / "out" / "link") == "config.json"
+
+
+def test_a_too_short_id_prefix_is_refused(tmp_path: Path, source: Vault):
+    with Vault.init(str(tmp_path / "dest")) as dest:
+        with pytest.raises(UsageError, match="'9' is too short an ID prefix to copy a snapshot by"):
+            dest.copy_from(source, ["9"])
+        assert dest.snapshots() == []
 
 
 def test_a_snapshot_named_twice_is_copied_once(tmp_path: Path, source: Vault):

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..errors import CkptVaultError, CopyIncompleteError, UsageError, spelled
 from ..repository import Repository
 from ..snapshot.model import Snapshot
+from ..snapshot.selection import tag_options, unmatched_tags
 from .compact import compact_or_warn
 from .copy import CopyResult, choose_snapshots, mirror_gaps, run_copy
 from .progress import Progress
@@ -33,6 +34,9 @@ def copy_listed(
     of one listing). ``urls``: the source's and the destination's, as the warnings name them."""
     source_url, dest_url = urls
     chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source_url)
+    if not chosen and tags:  # a mistyped tag would read as "nothing new to copy" (cp47 #2)
+        given = spelled(tag_options(tags).strip(), f"tags={tags}")
+        warn(f"{given} selects no snapshot in {source_url}{unmatched_tags(listed, tags)}; nothing copied")
     if chosen and source.config.encrypted and not dest.config.encrypted:  # dry_run or decrypt: else refused
         said = "would be" if dry_run else "are"
         needs = "" if decrypt else f" (the copy itself needs {spelled('--decrypt', 'decrypt=True')})"
