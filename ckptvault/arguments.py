@@ -15,7 +15,7 @@ import sys
 import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import MAXYEAR, datetime, timedelta, timezone
 from typing import Any
 
 from .crypto.keyfile import Keyfile
@@ -289,8 +289,8 @@ def before_arg(before: datetime | timedelta | None, now: datetime | None) -> dat
     if isinstance(before, datetime) and before.tzinfo is not None:
         try:
             ahead = before.astimezone(timezone.utc) - (now or datetime.now(timezone.utc))
-        except OverflowError:
-            ahead = timedelta(0)  # no UTC equivalent: RetentionPolicy names that
+        except OverflowError:  # no UTC equivalent: past year 9999 is the future; before year 1, RetentionPolicy says
+            ahead = timedelta.max if before.year == MAXYEAR else timedelta(0)
         if ahead > timedelta(days=1):
             # every snapshot is older than it, so only the newest of each group would stay: a mistyped
             # year, not a cutoff (a few hours ahead is one: "before the end of today")
