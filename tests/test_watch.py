@@ -1242,6 +1242,9 @@ def test_pins_of_checkpoint_n_folders_deleted_while_no_watcher_ran_ship_after_a_
     again = watch_once(ckpts, repo, "r")
     assert again.returncode == 0, again.stderr
     assert "deleted before it was complete" not in again.stderr, again.stderr
+    # never seen settled (--settle 30), so possibly part of a save written in place: said (wt47 F1)
+    for step in written:
+        assert f"checkpoint-{step} was pinned by a watcher that stopped before it settled" in again.stderr
     assert not pin_count(pins_dir)
     with Vault.open(repo) as vault:
         snaps = vault.snapshots({"run": "r"})
@@ -1249,6 +1252,62 @@ def test_pins_of_checkpoint_n_folders_deleted_while_no_watcher_ran_ship_after_a_
         for snap in snaps:
             for file, data in written[int(snap.tags["step"])].items():
                 assert b"".join(vault.read_file(snap, file)) == data
+
+
+def test_a_pin_that_settled_before_the_kill_ships_after_a_restart_without_a_word(tmp_path, repo):
+    """The warning of a pin never seen settled is not said of one that had (its pin.json says so)."""
+    ckpts = tmp_path / "ckpts"
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    ckpts.mkdir()
+    slow = f"slowfile://{repo}"
+    watch = WatchProcess(str(ckpts), "--repo", slow, "-o", "delay=2", "--tag", "run=r", "--settle", "0.2", "--json")
+    for step in (10, 20):
+        publish_checkpoint(ckpts, f"checkpoint-{step}", step)
+    settled = lambda: [json.loads(m.read_text()).get("settled") for m in pins_dir.glob("*/pin.json")]  # noqa: E731
+    watch.wait_for(lambda: settled() == [True, True], what="both pins settled")  # one ships, one waits
+    watch.proc.kill()
+    watch.proc.wait(30)
+    for step in (10, 20):
+        shutil.rmtree(ckpts / f"checkpoint-{step}")
+    again = watch_once(ckpts, repo, "r")
+    assert again.returncode == 0, again.stderr
+    assert "before it settled" not in again.stderr, again.stderr
+    with Vault.open(repo) as vault:
+        assert sorted(int(s.tags["step"]) for s in vault.snapshots({"run": "r"})) == [10, 20]
+
+
+def test_pins_in_a_shared_state_folder_ship_only_with_their_own_folder_and_tags(tmp_path, repo):
+    """A watch of folder B using the state folder a killed watch of folder A left shipped A's pins under B's
+    tags: `restore latest --tag run=b` then took run A's step (wt47 F2). A pin ships with the tags it was
+    pinned under, and only from a watch of its own folder."""
+    state = tmp_path / "state"
+    folders = {run: tmp_path / run for run in ("a", "b")}
+    for folder in folders.values():
+        folder.mkdir()
+    written_a = publish_checkpoint(folders["a"], "step_100", 100)
+    watch = WatchProcess(str(folders["a"]), "--repo", repo, "--tag", "run=a", "--settle", "30", "--state-dir",
+                         str(state), "--json")  # fmt: skip
+    watch.wait_for(lambda: "step_100" in pinned_names(state / "pins"), what="the pin")
+    watch.proc.kill()
+    watch.proc.wait(30)
+    publish_checkpoint(folders["b"], "step_5", 5)
+    run_b = [sys.executable, "-m", "ckptvault", "watch", "--repo", repo, "--once", "--settle", "0.2"]
+    other = subprocess.run(
+        [*run_b, str(folders["b"]), "--tag", "run=b", "--state-dir", str(state)], capture_output=True, text=True
+    )
+    assert other.returncode == 0, other.stderr
+    assert f"holds a pin of {folders['a'] / 'step_100'}, which a watch of another folder left" in other.stderr
+    with Vault.open(repo) as vault:
+        assert [s.tags["step"] for s in vault.snapshots()] == ["5"]
+    # the same folder watched again under another run's tag: its pin ships as run=a, as it was pinned
+    again = subprocess.run(
+        [*run_b, str(folders["a"]), "--tag", "run=c", "--state-dir", str(state)], capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    with Vault.open(repo) as vault:
+        (shipped,) = vault.snapshots({"step": "100"})
+        assert shipped.tags["run"] == "a"
+        assert b"".join(vault.read_file(shipped, "model.pt")) == written_a["model.pt"]
 
 
 def test_an_unfinished_pin_left_by_a_killed_watcher_is_removed_with_a_warning(tmp_path, repo):

@@ -344,14 +344,13 @@ def stand_in(source: str, staging: str, *, excluded: Excluded | None = None) -> 
     return Pin(root=root, name=name, source=source, source_ino=st.st_ino, excluded=excluded, in_place=True)
 
 
-def load(root: str) -> Pin | None:
-    """A pin left by an earlier run; None when it never got complete metadata (then it is
-    removed: its source was never pinned before a crash, so it was never promised)."""
+def load(root: str) -> tuple[Pin, dict[str, object]] | None:
+    """A pin left by an earlier run, with its metadata; None when it never got complete metadata (then
+    it is removed: its source was never pinned before a crash, so it was never promised)."""
     loaded = read(root)
     if loaded is None:
         remove_tree(root)
-        return None
-    return loaded[0]
+    return loaded
 
 
 def read(root: str) -> tuple[Pin, dict[str, object]] | None:
@@ -484,14 +483,19 @@ def sync(pin: Pin, *, link_only: bool = False) -> bool:
 def _note_copied(pin: Pin) -> None:
     """Record in its metadata that a pin made of links now holds copies (a folder pinned empty whose
     files came from another filesystem): a restart must not take copies for a replaced folder."""
+    update_meta(pin, copied=True)
+
+
+def update_meta(pin: Pin, **fields: object) -> None:
+    """Change fields of a pin's metadata (nothing before ``create`` writes it, with the fields it is given)."""
     path = os.path.join(pin.root, META)
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError):
-        return  # not written yet: ``create`` writes it, with the flag, once the files are pinned
-    if isinstance(doc, dict) and not doc.get("copied"):
-        write_json(path, {**doc, "copied": True})
+        return
+    if isinstance(doc, dict) and any(doc.get(k) != v for k, v in fields.items()):
+        write_json(path, {**doc, **fields})
 
 
 @dataclass

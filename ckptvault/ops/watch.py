@@ -413,7 +413,7 @@ class Watcher:
                 self._done[name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 self._unpinned.pop(name, None)
                 return  # shipped before (by an earlier run of the watcher)
-            pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded)
+            pin = pins.create(path, self.pins_dir, skip_dir=self._vault, excluded=self._excluded, meta=self._pin_meta)
         except FileNotFoundError as exc:
             if exc.strerror == pins.DELETED_WHILE_PINNED:  # seen whole, yet lost: said (else deleted before)
                 self._on_warning(
@@ -440,7 +440,11 @@ class Watcher:
             pin.release()
             return
         self._warn_if_copied(pin)
-        self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now)
+        self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now, settled_noted=False)
+
+    def _pin_meta(self, _pin: pins.Pin) -> dict[str, object]:
+        """What a restart must know of a pin: the tags it ships with, and whether it was seen to settle."""
+        return {"tags": self.tags, "settled": False}
 
     def _warn_if_copied(self, pin: pins.Pin) -> None:
         if pin.copied:
@@ -472,7 +476,9 @@ class Watcher:
             )
 
     def _adopt_pins(self) -> int:
-        """Pins left by an earlier run: each was promised, so each is shipped (or found shipped)."""
+        """Pins left by an earlier run: each was promised, so each is shipped (or found shipped), with the
+        tags it was pinned under; not one of another folder's watch sharing the state folder. One that never
+        settled whose source went while no watcher looked may hold part of a save: said so."""
         now = time.monotonic()
         before = len(self._candidates)
         for pin_id in sorted(os.listdir(self.pins_dir)):
@@ -482,20 +488,51 @@ class Watcher:
             held: list[str] = []
             with contextlib.suppress(OSError):
                 held = os.listdir(os.path.join(root, pins.DATA))  # before load removes an unfinished pin
-            pin = pins.load(root)
-            if pin is None:
+            loaded = pins.load(root)
+            if loaded is None:
                 for name in held:  # killed while pinning (its checkpoint never promised) or releasing it
                     self._on_warning(
                         f"an earlier watcher stopped while pinning or releasing {name}: its unfinished pin was "
                         f"removed; {name} ships from its folder if it is still there and has not shipped"
                     )
                 continue
+            pin, meta = loaded
+            if not self._watches(os.path.dirname(pin.source)):
+                self._on_warning(
+                    f"{self.pins_dir} holds a pin of {pin.source}, which a watch of another folder left: not "
+                    f"shipped by this one; ship it with: ckptvault watch {os.path.dirname(pin.source)} --once "
+                    f"{spelled('--state-dir', 'state_dir=')} {self.state_dir} (with that watch's tags)"
+                )
+                continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
             pin.excluded = self._excluded  # and what this run's patterns leave out
-            stat_if_same(pin)  # before the first look: a folder replaced while no watcher ran is a new one
-            self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now)
+            source = stat_if_same(pin)  # before the first look: a folder replaced while no watcher ran is a new one
+            if meta.get("settled") is False and source is None and gone_or_replaced(pin):
+                # the pin is the only copy left: shipped, but not as if it had been seen whole
+                self._on_warning(
+                    f"{pin.name} was pinned by a watcher that stopped before it settled, and was deleted or "
+                    "replaced before this one started: it ships as it was pinned then, which may be part of a "
+                    "save a trainer wrote in place; if so, forget its snapshot (ckptvault snapshots --tag "
+                    f"checkpoint={tag_text(pin.name)} names it) before a resume takes it"
+                )
+            tags = meta.get("tags")
+            self._candidates[pin.pin_id] = Candidate(
+                pin=pin,
+                seen=now,
+                last_change=now,
+                tags=tags if isinstance(tags, dict) and tags != self.tags else None,
+                settled_noted=meta.get("settled") if isinstance(meta.get("settled"), bool) else None,
+            )
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
+
+    def _watches(self, folder: str) -> bool:
+        if folder == self.directory:
+            return True
+        try:
+            return os.path.samefile(folder, self.directory)
+        except OSError:
+            return False
 
     # ---- settling and shipping ---------------------------------------------------------
 
@@ -505,6 +542,7 @@ class Watcher:
             if cand.state == "queued":
                 continue  # its backup reads the pin
             if shipping and self._resting(cand, now):
+                self._note_settled(cand, True)  # settled since its last look
                 continue
             if not self.options.once and time.monotonic() - self._scanned_at >= self.options.interval:
                 self._scan(time.monotonic())  # pins of many files take long to look at: new names first
@@ -550,7 +588,17 @@ class Watcher:
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
+                first_look = not cand.sig
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
+                if first_look:
+                    continue
+            self._note_settled(cand, cand.settled(now, self.options.settle))
+
+    def _note_settled(self, cand: Candidate, settled: bool) -> None:
+        """Keep the pin's record of whether it settled (read by ``_adopt_pins`` after a restart)."""
+        if cand.settled_noted is not None and cand.settled_noted != settled:
+            pins.update_meta(cand.pin, settled=settled)
+            cand.settled_noted = settled
 
     def _resting(self, cand: Candidate, now: float) -> bool:
         """A pinned checkpoint that settled and waits behind an upload is looked at only as often as a
@@ -588,6 +636,7 @@ class Watcher:
                 continue
             job = self._job_for(cand, sig)
             cand.state = "queued"
+            self._note_settled(cand, True)  # as it ships: a restart ships it too, whatever happened to its source
             if self.options.once:
                 self._submitted.add(cand.pin.pin_id)
             if alternate and not cand.pin.in_place:
@@ -621,7 +670,7 @@ class Watcher:
 
     def _job_for(self, cand: Candidate, sig: pins.Signature) -> BackupJob:
         """The backup of a checkpoint whose files are ``sig``: it commits only if they still are."""
-        tags = {**self.tags, "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
+        tags = {**(cand.tags or self.tags), "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
         if cand.step is not None:
             tags["step"] = str(cand.step)
         job = BackupJob(

@@ -43,6 +43,10 @@ class Candidate:
     looked: float = 0.0  # when its pin was last looked at, and how long that took
     look_s: float = 0.0
     not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
+    tags: dict[str, str] | None = None  # the tags of the run that pinned it, when an earlier one did
+    # whether its pin.json says it settled (a restart that finds its source gone ships only what had);
+    # None: not recorded (shipping in place)
+    settled_noted: bool | None = None
 
     def settled(self, now: float, settle: float) -> bool:
         """Unchanged for ``settle`` seconds, or its source gone (the trainer's rotation deleted it) or
