@@ -404,6 +404,27 @@ def test_hard_links_impossible_falls_back_to_copies(tmp_path, repo):
         shutil.rmtree(state, ignore_errors=True)
 
 
+def test_a_watched_folder_deleted_and_made_again_is_still_watched_by_one_watcher(tmp_path, repo, cli):
+    """`rm -rf DIR; mkdir DIR` (a launcher wiping the output folder after the sidecar started) took the
+    lock's files with it: a second watcher started, and every checkpoint shipped twice (wt47 F3)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=w", "--settle", "0.2", "--json")
+    lock = ckpts / ".ckptvault-watch" / "lock"
+    holds = lambda: lock.exists() and lock.read_text().startswith(f"pid {watch.proc.pid}")  # noqa: E731
+    watch.wait_for(holds, what="the lock")
+    shutil.rmtree(ckpts)
+    ckpts.mkdir()
+    watch.wait_for(holds, what="the lock taken again")
+    second = cli("watch", str(ckpts), "--repo", repo, "--once", check=False)
+    assert second.returncode == 11, second.stderr
+    publish_checkpoint(ckpts, "step_7", 7)
+    watch.wait_for(lambda: watch.shipped(), what="the checkpoint shipped")
+    assert watch.finish() == 0, watch.err
+    with Vault.open(repo) as vault:
+        assert [s.tags["step"] for s in vault.snapshots()] == ["7"]
+
+
 def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
@@ -438,6 +459,13 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     empty = cli("watch", str(ckpts), "--once", "--include", "", "--repo", no_vault, check=False)
     assert empty.returncode == 2 and "--include pattern '' names no checkpoint" in empty.stderr.decode()
     assert not os.path.exists(no_vault)
+    # the watched folder as its own state folder shipped its lock file, then pinned its pins into themselves
+    # until the names grew too long; one in the vault mixed with it (wt47 F4)
+    for state, said in ((ckpts, "is the watched folder"), (Path(repo) / "state", f"is in the vault at {repo}")):
+        refused = cli("watch", str(ckpts), "--once", "--repo", repo, "--state-dir", str(state), check=False)
+        line = refused.stderr.decode().strip()
+        assert refused.returncode == 2 and said in line and "\n" not in line, line
+    assert not (ckpts / "pins").exists() and not (Path(repo) / "state").exists()
 
 
 def test_a_failed_backup_keeps_its_pin_exits_non_zero_and_ships_next_time(tmp_path, repo, cli):

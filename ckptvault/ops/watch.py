@@ -138,7 +138,9 @@ class Watcher:
         # the patterns are part of what was shipped: a checkpoint shipped with others ships again
         self._sig_extra: pins.Signature = (("exclude", *excludes.key()),) if excludes else ()
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
+        self._refuse_state_dir(vault_folder)
         self.pins_dir = os.path.join(self.state_dir, "pins")
+        self._lock = WatchLock(os.path.join(self.state_dir, "lock"), self.directory)
         self._ship = ship
         self._stop = stop or threading.Event()
         self._on_shipped = on_shipped or (lambda _s: None)
@@ -199,12 +201,28 @@ class Watcher:
             pin_retry_s=self._retry_after[0],
         )
 
+    def _refuse_state_dir(self, vault_folder: str | None) -> None:
+        """The watched folder as its own state folder shipped its lock file as a checkpoint, and pinned its
+        pins into themselves until the names grew too long (wt47 F4); one inside the vault mixes with it."""
+        option = spelled("--state-dir", "state_dir")
+        if self._watches(self.state_dir):
+            raise UsageError(
+                f"{option} {self.state_dir} is the watched folder: the watcher would take its own pins for "
+                f"checkpoints; give a folder beside it, or leave {option} out (then {WATCH_STATE_FOLDER} in it)"
+            )
+        try:
+            refuse_sources_in_vault([self.state_dir], vault_folder)
+        except UsageError:
+            raise UsageError(
+                f"{option} {self.state_dir} is in the vault at {vault_folder}; give a folder outside it"
+            ) from None
+
     # ---- the loop ----------------------------------------------------------------------
 
     def run(self) -> WatchResult:
         try:
             os.makedirs(self.pins_dir, exist_ok=True)
-            lock = WatchLock(os.path.join(self.state_dir, "lock"), self.directory)
+            lock = self._lock
             lock.open()
         except OSError as exc:
             raise UsageError(
@@ -271,6 +289,7 @@ class Watcher:
 
     def _look(self, shipper: AsyncShipper) -> None:
         now = time.monotonic()
+        self._lock.renew()
         self._scan(now)
         self._settle(now)
         self._promote(shipper, now)

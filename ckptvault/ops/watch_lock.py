@@ -22,6 +22,7 @@ class WatchLock:
 
     def open(self) -> None:
         os.makedirs(self.directory, exist_ok=True)  # what the trainer would make: it is watched from now on
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self.dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -53,6 +54,17 @@ class WatchLock:
         with contextlib.suppress(OSError):  # only names the holder in the messages above: a full disk may refuse it
             os.pwrite(self.fd, f"pid {os.getpid()}\n{self.directory}".encode(), 0)
 
+    def renew(self) -> None:
+        """Lock again what replaced the watched folder or the lock file (``rm -rf DIR; mkdir DIR`` by a
+        launcher): the lock held is then on files no other watcher opens, and a second watcher started on
+        the folder would ship every checkpoint again (wt47 F3). WatchLockedError when one took it meanwhile."""
+        if _is(self.path, self.fd) and _is(self.directory, self.dir_fd):
+            return
+        os.close(self.fd)
+        os.close(self.dir_fd)
+        self.open()
+        self.__enter__()
+
     def _refuse(self, message: str) -> NoReturn:
         self.__exit__()
         raise WatchLockedError(message) from None
@@ -60,3 +72,13 @@ class WatchLock:
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
         os.close(self.dir_fd)
+
+
+def _is(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
