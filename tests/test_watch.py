@@ -425,6 +425,23 @@ def test_a_watched_folder_deleted_and_made_again_is_still_watched_by_one_watcher
         assert [s.tags["step"] for s in vault.snapshots()] == ["7"]
 
 
+def test_a_run_folder_holding_another_watchs_state_is_no_checkpoint(tmp_path, repo):
+    """Watching ./runs, where ./runs/old_run was watched before and holds only its .ckptvault-watch: old_run
+    was pinned, its backup found nothing to take, and every --once run failed with exit 3 (wt47 F5)."""
+    runs = tmp_path / "runs"
+    (runs / "old_run" / ".ckptvault-watch" / "pins").mkdir(parents=True)
+    (runs / "async_run" / ".ckptvault-pins").mkdir(parents=True)
+    (runs / "async_run" / "ckpt-1.pt").write_bytes(b"shipped by backup_async")
+    publish_checkpoint(runs, "step_1", 1)
+    for _ in range(2):
+        once = watch_once(runs, repo, "r")
+        assert once.returncode == 0, once.stderr
+        assert "old_run holds .ckptvault-watch (the watch sidecar's state): a run's folder" in once.stderr
+        assert "async_run holds .ckptvault-pins" in once.stderr
+    with Vault.open(repo) as vault:
+        assert [s.tags["checkpoint"] for s in vault.snapshots()] == ["step_1"]
+
+
 def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()

@@ -61,7 +61,7 @@ from ..errors import (
 from ..snapshot.model import Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
-from .names import WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
+from .names import STATE_FOLDERS, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
 from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,
@@ -409,7 +409,21 @@ class Watcher:
                 done.looked = now
                 if not self._changed_since_shipped(entry.path, done, st):
                     continue
+            if stat.S_ISDIR(st.st_mode) and self._holds_state_folder(entry.name, entry.path):
+                continue
             self._start(entry.name, entry.path, st, now)
+
+    def _holds_state_folder(self, name: str, path: str) -> bool:
+        """A folder holding another watch's state or backup_async's pins is a run's folder, not a checkpoint:
+        pinned, it held nothing a backup takes, and failed every run (wt47 F5)."""
+        for folder, what in STATE_FOLDERS.items():
+            if os.path.isdir(os.path.join(path, folder)):
+                self._warn_once(
+                    ("state", name),
+                    f"{name} holds {folder} ({what}): a run's folder, not a checkpoint; left out (watch it itself)",
+                )
+                return True
+        return False
 
     def _changed_since_shipped(self, path: str, done: Done, st: os.stat_result) -> bool:
         """A shipped checkpoint whose own mtime moved, or a shipped folder looked into again: new or
