@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Annotated
 
 import typer
 
+from ..ops.names import WATCH_STATE_FOLDER
 from ..snapshot.model import format_tags
 from ..units import counted
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
@@ -34,9 +37,25 @@ def ship_pins_cmd(
         shipped = vault.ship_leftover_pins(folder, timeout=timeout)
     for snap in shipped:
         out.info(f"shipped snapshot {snap.short_id} ({format_tags(snap.tags) or 'no tags'}): {snap.description}")
+    _say_watch_pins(out, folder)
     out.result(
         {"folder": folder, "snapshots": shipped},
         f"{counted(len(shipped), 'checkpoint')} left pinned in {folder} shipped"
         if shipped
         else f"nothing left pinned in {folder}",
     )
+
+
+def _say_watch_pins(out: Output, folder: str) -> None:
+    """The watch sidecar's pins are not backup_async's: a restart's `ship-pins` then `restore latest` took
+    "nothing left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6)."""
+    pins_dir = os.path.join(folder, WATCH_STATE_FOLDER, "pins")
+    try:
+        held = [name for name in os.listdir(pins_dir) if os.path.isdir(os.path.join(pins_dir, name))]
+    except OSError:
+        return
+    if held:
+        out.warn(
+            f"{os.path.join(folder, WATCH_STATE_FOLDER)} holds {counted(len(held), 'checkpoint')} a watch sidecar "
+            f"pinned; ship them with: ckptvault watch {shlex.quote(folder)} --once"
+        )
