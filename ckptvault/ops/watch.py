@@ -172,6 +172,7 @@ class Watcher:
             shipped_digests, once=options.once, retry_s=self._retry_after[0], warn_once=self._warn_once
         )
         self._scanned_at = 0.0
+        self._grace_ends = 0.0  # stopped with a grace: when it ends
         self._finished: queue.SimpleQueue[tuple[Candidate, BackupJob]] = queue.SimpleQueue()
         self._upload_ended = threading.Event()  # set by the worker: the next upload can start
         self._submitted: set[str] = set()  # --once: pin ids whose backup started (each is tried once)
@@ -282,7 +283,7 @@ class Watcher:
         writing its last save now, which a resume needs, while the machine may not come back for the
         pins): go on looking and shipping until the grace runs out. The sidecar cannot know whether a
         save is still coming, so it waits the whole grace; an upload started before the end finishes."""
-        deadline = time.monotonic() + self.options.grace
+        deadline = self._grace_ends = time.monotonic() + self.options.grace
         while time.monotonic() < deadline:
             self._look(shipper)
             self._pause(min(self.options.interval, deadline - time.monotonic()), stoppable=False)
@@ -808,7 +809,9 @@ class Watcher:
                 cand.retry_at = time.monotonic() + delay
                 if isinstance(outcome, CkptVaultError):
                     cand.error = outcome
-                if not self.options.once:
+                # stopping: no retry comes after the grace (if any) ends
+                ending = self._stop.is_set() and time.monotonic() + delay >= self._grace_ends
+                if not (self.options.once or ending):
                     when = f"retrying in {delay:.0f} s"
                 else:
                     when = (
