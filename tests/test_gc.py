@@ -384,6 +384,22 @@ def test_a_rerun_of_an_interrupted_forget_skips_what_the_first_run_removed_and_f
     cli("check", "--repo", repo, "--read-data")
 
 
+def test_a_rerun_of_a_forget_of_many_says_the_ones_gone_in_one_line(tmp_path: Path):
+    """The rerun of a forget of 300 IDs printed 300 warnings (cp47 #6)."""
+    vault = small_snapshots(tmp_path, 6)
+    ids = [s.id[:8] for s in vault.snapshots()]
+    vault.forget(ids[:5])
+    said: list[str] = []
+    vault.on_warning = said.append
+    vault.forget(ids)
+    assert said == [
+        f"5 of the given snapshots are not in {vault.url} ({', '.join(ids[:3])} and 2 more: forgotten already, "
+        "by an interrupted run or another process?); skipped"
+    ], said
+    assert vault.snapshots() == []
+    vault.close()
+
+
 def small_snapshots(tmp_path: Path, count: int) -> Vault:
     """A vault at tmp_path/repo holding ``count`` snapshots of one small file, tagged step=0.. (open)."""
     vault = Vault.init(str(tmp_path / "repo"))

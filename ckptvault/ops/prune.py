@@ -45,6 +45,9 @@ class PruneResult:
         return max(0, self.stored_before - self.stored_after)
 
 
+GONE_NAMED_ONE_BY_ONE = 3  # given snapshots no longer there, each said on its own line
+
+
 def stored_bytes(repo: Repository) -> int:
     return sum(o.size for o in repo.store.list(""))
 
@@ -151,15 +154,18 @@ def run_forget(
     unreadable: set[str] = set()
     # Given, but in the vault no longer: a rerun of a forget that was stopped half way goes on
     # with the rest (and its prune) instead of failing on what the first run removed.
-    gone: list[SnapshotNotFoundError] = []
+    gone: list[tuple[str, SnapshotNotFoundError]] = []  # (as given, why)
     for spec in snapshots:
         if isinstance(spec, Snapshot):  # by its full ID: one forgotten or retagged since is not there
             if spec.id not in {s.id for s in every}:
                 gone.append(
-                    SnapshotNotFoundError(
-                        f"snapshot {spec.short_id} is no longer in {repo.store.url}: another process forgot it "
-                        "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
-                        f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
+                    (
+                        spec.short_id,
+                        SnapshotNotFoundError(
+                            f"snapshot {spec.short_id} is no longer in {repo.store.url}: another process forgot it "
+                            "meanwhile, or its tags changed (a retag gives a snapshot a new ID); list them with: "
+                            f"{spelled('ckptvault snapshots', 'Vault.snapshots()')}"
+                        ),
                     )
                 )
             else:
@@ -174,11 +180,19 @@ def run_forget(
             except SnapshotNotFoundError as exc:
                 if spec == "latest" or any(s.id.startswith(spec.strip().lower()) for s in every):
                     raise  # ambiguous, or no snapshot at all
-                gone.append(exc)
+                gone.append((spec, exc))
     if gone and not (chosen or unreadable or prune):
-        raise gone[0]  # nothing else to do: a mistyped ID fails as before
-    for missing in gone:
-        warn(f"{missing} (forgotten already, by an interrupted run or another process?); skipped")
+        raise gone[0][1]  # nothing else to do: a mistyped ID fails as before
+    if len(gone) > GONE_NAMED_ONE_BY_ONE:  # the rerun of a forget of hundreds: one line, not hundreds (cp47 #6)
+        named = ", ".join(spec for spec, _ in gone[:GONE_NAMED_ONE_BY_ONE])
+        warn(
+            f"{len(gone)} of the given snapshots are not in {repo.store.url} ({named} and "
+            f"{len(gone) - GONE_NAMED_ONE_BY_ONE} more: forgotten already, by an interrupted run or another "
+            "process?); skipped"
+        )
+    else:
+        for _, missing in gone:
+            warn(f"{missing} (forgotten already, by an interrupted run or another process?); skipped")
     if prune:
         refuse_gc_with_unreadable(unreadable_now, frozenset(unreadable))
     plan = RetentionPlan(
