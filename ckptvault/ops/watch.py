@@ -549,13 +549,14 @@ class Watcher:
                     "save a trainer wrote in place; if so, forget its snapshot (ckptvault snapshots --tag "
                     f"checkpoint={tag_text(pin.name)} names it) before a resume takes it"
                 )
-            tags = meta.get("tags")
+            tags, settled = meta.get("tags"), meta.get("settled")
+            pinned_under = tags if isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values()) else None
             self._candidates[pin.pin_id] = Candidate(
                 pin=pin,
                 seen=now,
                 last_change=now,
-                tags=tags if isinstance(tags, dict) and tags != self.tags else None,
-                settled_noted=meta.get("settled") if isinstance(meta.get("settled"), bool) else None,
+                tags=pinned_under if pinned_under != self.tags else None,
+                settled_noted=settled if isinstance(settled, bool) else None,
             )
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
         return len(self._candidates) - before
