@@ -135,10 +135,10 @@ def test_a_range_read_again_goes_through_the_page_cache(packfile, monkeypatch: p
     assert [bool(f & localread.O_DIRECT) for f in seen] == [True, False, False]
 
 
-def test_the_buffer_the_disk_fills_is_left_out_of_a_fork(packfile):
+def test_the_buffer_the_disk_fills_is_wiped_in_a_forked_child(packfile):
     """A training process forks (DataLoader workers) while backup_async or a restore reads: on kernels before
     5.19 the child could take the pages of a buffer the disk was filling with O_DIRECT, and the read land in
-    the child. The buffer is marked MADV_DONTFORK ("dc" in /proc/self/smaps)."""
+    the child. The buffer is marked MADV_WIPEONFORK ("wf" in /proc/self/smaps): the child gets it zeroed."""
     import ctypes
     import threading
 
@@ -152,7 +152,30 @@ def test_the_buffer_the_disk_fills_is_left_out_of_a_fork(packfile):
     reader = threading.Thread(target=read_and_look)
     reader.start()
     reader.join()
-    assert "dc" in flags, flags
+    assert "wf" in flags, flags
+
+
+def test_a_forked_child_reads_through_the_buffer_it_inherited_without_touching_its_own_memory(packfile):
+    """With MADV_DONTFORK the child kept the buffer object of the thread that forked, over memory it no
+    longer mapped: its next mapping landed there, and its next direct read wrote pack bytes into it (rv47 H1)."""
+    import mmap
+
+    path, data = packfile
+    reader = LocalReader()
+    assert reader.read(path, 0, 2 * DIRECT_READ_MIN) == data[: 2 * DIRECT_READ_MIN]  # this thread's buffer made
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest, only os._exit
+        ok = False
+        try:
+            own = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            own[:8] = b"CHILDOBJ"
+            read = LocalReader().read(path, ALIGN, 2 * DIRECT_READ_MIN)
+            ok = read == data[ALIGN : ALIGN + 2 * DIRECT_READ_MIN] and own[:8] == b"CHILDOBJ"
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert reader.read(path, 5, 2 * DIRECT_READ_MIN) == data[5 : 5 + 2 * DIRECT_READ_MIN]  # the parent's still good
 
 
 def _mapping_flags(address: int) -> list[str]:

@@ -6,9 +6,13 @@ handing out fresh pages is the slow part: a restore of 1 GB read from packs just
 write them with ``O_DIRECT``, so they are not in memory) spent 1.4-5.6 s in the kernel against
 ~0.5 s with the reads direct (docs/performance.md). The disk reads straight into a buffer instead.
 
-That buffer is the reading thread's own, reused, and marked ``MADV_DONTFORK``: a ``fork()``
-in another thread while the disk fills it (a training process's DataLoader starting its workers beside
-``backup_async``) could otherwise leave it unfilled on kernels before Linux 5.19 (open(2), "O_DIRECT").
+That buffer is the reading thread's own, reused: a private anonymous mapping marked
+``MADV_WIPEONFORK`` (Linux 4.14). A ``fork()`` in another thread while the disk fills it (a training
+process's DataLoader starting its workers beside ``backup_async``) could otherwise leave it unfilled on
+kernels before Linux 5.19 (open(2), "O_DIRECT"): a child gets zeroed pages at the same address, and the
+parent's pages stay its own. (``MADV_DONTFORK`` left the child a buffer object over memory it no longer
+mapped, where its next mapping could land and a read in the child then write.) Where the kernel refuses
+the advice, reads are buffered.
 A range read a second time (a chunk that several files share: ``last.ckpt`` beside the epoch's copy)
 goes through the page cache, which keeps it for the reads after. A filesystem that refuses
 ``O_DIRECT`` (EINVAL, EOPNOTSUPP: tmpfs before Linux 6.6, some FUSE mounts) gets buffered reads from
@@ -21,6 +25,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import sys
 import threading
 from collections import OrderedDict
 
@@ -30,8 +35,9 @@ DIRECT_READ_MIN = 128 * 1024  # smaller reads (trailers, headers, small chunks) 
 REMEMBERED_RANGES = 65536  # ranges read direct, remembered to send a second read through the page cache
 _NOT_DIRECT = {errno.EINVAL, errno.EOPNOTSUPP}  # ENOTSUP is EOPNOTSUPP on Linux
 BUFFER_STEP = 1 << 20  # a thread's buffer grows by whole MiB: chunks vary in size
-# no buffer a fork cannot take, no direct reads
-DIRECT_READS = O_DIRECT != 0 and hasattr(mmap, "MADV_DONTFORK")
+# Python does not name it; Linux's value. No buffer a fork leaves alone, no direct reads.
+MADV_WIPEONFORK = getattr(mmap, "MADV_WIPEONFORK", 18 if sys.platform.startswith("linux") else None)
+DIRECT_READS = O_DIRECT != 0 and MADV_WIPEONFORK is not None
 _buffers = threading.local()
 
 
@@ -98,13 +104,18 @@ def _read_direct(path: str, start: int, length: int) -> bytes | None:
 
 
 def _aligned_buffer(size: int) -> mmap.mmap:
-    """This thread's page-aligned buffer of at least ``size`` bytes: an anonymous mapping that a
-    ``fork()`` leaves out of the child, so that the pages the disk is filling stay this process's."""
+    """This thread's page-aligned buffer of at least ``size`` bytes: a mapping a ``fork()`` gives the child
+    zeroed, so that the pages the disk is filling stay this process's. OSError (EINVAL: a kernel before
+    4.14) when it cannot be had."""
     buffer: mmap.mmap | None = getattr(_buffers, "mapping", None)
     if buffer is None or len(buffer) < size:
+        grown = mmap.mmap(-1, -(-size // BUFFER_STEP) * BUFFER_STEP, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            grown.madvise(MADV_WIPEONFORK)  # type: ignore[arg-type]  # only called where it is known
+        except OSError:
+            grown.close()
+            raise
         if buffer is not None:
             buffer.close()
-        buffer = mmap.mmap(-1, -(-size // BUFFER_STEP) * BUFFER_STEP)
-        buffer.madvise(mmap.MADV_DONTFORK)
-        _buffers.mapping = buffer
+        buffer = _buffers.mapping = grown
     return buffer
