@@ -33,13 +33,19 @@ def refuse_local_non_vault_folder(url: str) -> None:
     names = os.listdir(path) if os.path.isdir(path) else []
     if CONFIG_KEY in names:
         return  # a vault already: init says so itself
-    if any(name + "/" in (SNAPSHOTS_PREFIX, INDEX_PREFIX) for name in names):
+    if any(name + "/" in (SNAPSHOTS_PREFIX, INDEX_PREFIX) and _holds_files(os.path.join(path, name)) for name in names):
         return  # a vault that lost its config, most likely: init says so itself
     if any(not name.startswith(TEMP_PREFIX) for name in names):
         raise UsageError(f"{path} is not empty and holds no vault; create the vault in a new or empty folder")
     parent = _enclosing_vault(path)
     if parent is not None:
         raise UsageError(f"{path} is inside the vault at {parent}; create the vault somewhere else")
+
+
+def _holds_files(folder: str) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.scandir(folder))
+    return False
 
 
 def file_in_the_way(path: str) -> str | None:

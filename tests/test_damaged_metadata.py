@@ -415,6 +415,12 @@ def test_init_over_a_vault_whose_config_is_gone_is_refused_naming_it(two_snapsho
     with pytest.raises(MalformedObjectError, match=r"config of .* is missing"):
         Vault.init(url)
     assert not fs.exists(f"{url}/config")
+    # an empty folder named so among other files is no vault's (rv47 L4)
+    other = Path(repo).parent / "thesis"
+    (other / "index").mkdir(parents=True)
+    (other / "thesis.tex").write_text("not a vault")
+    proc = cli("init", str(other), check=False)
+    assert proc.returncode == 2 and "is not empty and holds no vault" in error_line(proc), proc.stderr
 
 
 def test_a_config_that_lacks_a_field_says_to_put_it_back_from_a_copy(two_snapshots, cli: Callable):

@@ -423,6 +423,19 @@ def test_a_watched_folder_deleted_and_made_again_is_still_watched_by_one_watcher
     assert watch.finish() == 0, watch.err
     with Vault.open(repo) as vault:
         assert [s.tags["step"] for s in vault.snapshots()] == ["7"]
+    # a watcher that looks seldom finds another one holding the folder made again: it stops, saying so,
+    # exit 11 (the lock's descriptors closed twice made it an internal error, rv47 M1)
+    slow = WatchProcess(str(ckpts), "--repo", repo, "--interval", "3", "--json")
+    holds_slow = lambda: lock.exists() and lock.read_text().startswith(f"pid {slow.proc.pid}")  # noqa: E731
+    slow.wait_for(holds_slow, what="the lock")
+    shutil.rmtree(ckpts)
+    ckpts.mkdir()
+    other = WatchProcess(str(ckpts), "--repo", repo, "--json")
+    other.wait_for(lambda: lock.exists() and lock.read_text().startswith(f"pid {other.proc.pid}"), what="its lock")
+    assert slow.proc.wait(30) == 11, slow.err
+    assert any(f"(pid {other.proc.pid}) is already watching {ckpts}" in line for line in slow.err), slow.err
+    assert not any("internal error" in line for line in slow.err), slow.err
+    assert other.finish() == 0
 
 
 def test_a_run_folder_holding_another_watchs_state_is_no_checkpoint(tmp_path, repo):
@@ -431,15 +444,47 @@ def test_a_run_folder_holding_another_watchs_state_is_no_checkpoint(tmp_path, re
     runs = tmp_path / "runs"
     (runs / "old_run" / ".ckptvault-watch" / "pins").mkdir(parents=True)
     (runs / "async_run" / ".ckptvault-pins").mkdir(parents=True)
-    (runs / "async_run" / "ckpt-1.pt").write_bytes(b"shipped by backup_async")
     publish_checkpoint(runs, "step_1", 1)
     for _ in range(2):
         once = watch_once(runs, repo, "r")
         assert once.returncode == 0, once.stderr
-        assert "old_run holds .ckptvault-watch (the watch sidecar's state): a run's folder" in once.stderr
-        assert "async_run holds .ckptvault-pins" in once.stderr
+        assert "old_run holds only .ckptvault-watch (the watch sidecar's state): no checkpoint" in once.stderr
+        assert "async_run holds only .ckptvault-pins (backup_async's pins)" in once.stderr
     with Vault.open(repo) as vault:
         assert [s.tags["checkpoint"] for s in vault.snapshots()] == ["step_1"]
+
+
+def test_a_pin_of_an_untagged_run_ships_untagged_after_a_restart_under_tags(tmp_path, repo):
+    """A pin records the tags it was pinned under, none included: a restart with --tag run=c shipped an
+    untagged run's pin as run=c (rv47 M5)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--settle", "30", "--json")
+    publish_checkpoint(ckpts, "step_3", 3)
+    watch.wait_for(lambda: "step_3" in pinned_names(ckpts / ".ckptvault-watch" / "pins"), what="the pin")
+    watch.proc.kill()
+    watch.proc.wait(30)
+    again = watch_once(ckpts, repo, "c")
+    assert again.returncode == 0, again.stderr
+    with Vault.open(repo) as vault:
+        (shipped,) = vault.snapshots()
+        assert "run" not in shipped.tags and shipped.tags["step"] == "3", shipped.tags
+
+
+def test_ship_pins_names_a_dead_watchers_pins_not_a_live_ones(tmp_path, repo, cli):
+    """`ship-pins DIR` warns of pins a dead watcher left (wt47 F6), not of a running watcher's, whose
+    `watch --once` it would suggest in vain (exit 11) (rv47 L5)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--settle", "30", "--json")
+    publish_checkpoint(ckpts, "step_3", 3)
+    watch.wait_for(lambda: "step_3" in pinned_names(ckpts / ".ckptvault-watch" / "pins"), what="the pin")
+    live = cli("ship-pins", str(ckpts), "--repo", repo)
+    assert "a watch sidecar pinned" not in live.stderr.decode(), live.stderr
+    watch.proc.kill()
+    watch.proc.wait(30)
+    dead = cli("ship-pins", str(ckpts), "--repo", repo)
+    assert "holds 1 checkpoint a watch sidecar pinned" in dead.stderr.decode(), dead.stderr
 
 
 def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):

@@ -66,7 +66,7 @@ VAULT_COMMANDS = (
 )  # fmt: skip
 # not "another ckptvault watch (pid N) is already watching": a statement about another process
 _SUGGESTED = re.compile(rf"(?<!another )\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
-_SUGGESTED_INIT = re.compile(r"\bckptvault init \S+")  # names its vault: the URL it creates
+_SUGGESTED_INIT = re.compile(r"\bckptvault init (?!-)\S+(?!.*--encrypt)")  # names its vault: the URL it creates
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,9 @@ class Watcher:
         self._sig_extra: pins.Signature = (("exclude", *excludes.key()),) if excludes else ()
         self.state_dir = os.path.abspath(options.state_dir or os.path.join(self.directory, WATCH_STATE_FOLDER))
         self._refuse_state_dir(vault_folder)
+        # a state folder of the watched folder's own holds its pins only, whatever path it had then (renamed,
+        # mounted elsewhere); one given elsewhere may be given to watches of other folders too
+        self._state_shared = os.path.dirname(self.state_dir) != self.directory
         self.pins_dir = os.path.join(self.state_dir, "pins")
         self._lock = WatchLock(os.path.join(self.state_dir, "lock"), self.directory)
         self._ship = ship
@@ -200,6 +203,7 @@ class Watcher:
             report_lost=self._report_lost,
             release=self._release,
             pin_retry_s=self._retry_after[0],
+            pin_meta=self._pin_meta,
         )
 
     def _refuse_state_dir(self, vault_folder: str | None) -> None:
@@ -410,21 +414,23 @@ class Watcher:
                 done.looked = now
                 if not self._changed_since_shipped(entry.path, done, st):
                     continue
-            if stat.S_ISDIR(st.st_mode) and self._holds_state_folder(entry.name, entry.path):
+            if stat.S_ISDIR(st.st_mode) and self._holds_only_state(entry.name, entry.path):
                 continue
             self._start(entry.name, entry.path, st, now)
 
-    def _holds_state_folder(self, name: str, path: str) -> bool:
-        """A folder holding another watch's state or backup_async's pins is a run's folder, not a checkpoint:
-        pinned, it held nothing a backup takes, and failed every run (wt47 F5)."""
-        for folder, what in STATE_FOLDERS.items():
-            if os.path.isdir(os.path.join(path, folder)):
-                self._warn_once(
-                    ("state", name),
-                    f"{name} holds {folder} ({what}): a run's folder, not a checkpoint; left out (watch it itself)",
-                )
-                return True
-        return False
+    def _holds_only_state(self, name: str, path: str) -> bool:
+        """A folder holding nothing but another watch's state or backup_async's pins (a run's folder, its
+        checkpoints rotated away) is no checkpoint: pinned, it held nothing a backup takes, and failed every
+        run (wt47 F5). One holding files beside them (a checkpoint once watched by mistake) is one."""
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return False  # pinned, or said unreadable, as before
+        if not names or any(n not in STATE_FOLDERS for n in names):
+            return False
+        what = " and ".join(f"{n} ({STATE_FOLDERS[n]})" for n in sorted(names))
+        self._warn_once(("state", name), f"{name} holds only {what}: no checkpoint; left out")
+        return True
 
     def _changed_since_shipped(self, path: str, done: Done, st: os.stat_result) -> bool:
         """A shipped checkpoint whose own mtime moved, or a shipped folder looked into again: new or
@@ -531,7 +537,7 @@ class Watcher:
                     )
                 continue
             pin, meta = loaded
-            if not self._watches(os.path.dirname(pin.source)):
+            if self._state_shared and not self._watches(os.path.dirname(pin.source)):
                 self._on_warning(
                     f"{self.pins_dir} holds a pin of {pin.source}, which a watch of another folder left: not "
                     f"shipped by this one; ship it with: ckptvault watch {os.path.dirname(pin.source)} --once "
@@ -555,7 +561,7 @@ class Watcher:
                 pin=pin,
                 seen=now,
                 last_change=now,
-                tags=pinned_under if pinned_under != self.tags else None,
+                tags=pinned_under,
                 settled_noted=settled if isinstance(settled, bool) else None,
             )
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
@@ -604,7 +610,7 @@ class Watcher:
                     pinned = self._in_place.pin_after_all(cand, now)
                     if pinned is not None:
                         del self._candidates[cand.pin.pin_id]
-                        cand.pin = pinned
+                        cand.pin, cand.settled_noted = pinned, False
                         self._candidates[pinned.pin_id] = cand
                 if not cand.pin.in_place:  # pinned, maybe just now
                     pins.sync(cand.pin)
@@ -618,21 +624,24 @@ class Watcher:
                 self._warn_once(("pin", cand.pin.name), f"{cand.pin.name}: cannot pin: {exc}; trying again")
                 continue
             self._warned.discard(("pin", cand.pin.name))
+            first_look = not cand.looked
             cand.looked, cand.look_s = now, time.monotonic() - started
             self._complete.count_rewrites(cand, sig, now)
             if sig != cand.sig:
                 # a failed one that changes settles again and ships its new content (it may have
                 # failed for being incomplete: a folder made before its files were written)
-                first_look = not cand.sig
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
-                if first_look:
-                    continue
-            self._note_settled(cand, cand.settled(now, self.options.settle))
+            if not first_look:  # an adopted pin's record stands until this run has seen it change or settle
+                self._note_settled(cand, cand.settled(now, self.options.settle))
 
     def _note_settled(self, cand: Candidate, settled: bool) -> None:
-        """Keep the pin's record of whether it settled (read by ``_adopt_pins`` after a restart)."""
+        """Keep the pin's record of whether it settled (read by ``_adopt_pins`` after a restart); a disk
+        that refuses the write (full, read-only) leaves it for the next change: the sidecar goes on."""
         if cand.settled_noted is not None and cand.settled_noted != settled:
-            pins.update_meta(cand.pin, settled=settled)
+            try:
+                pins.update_meta(cand.pin, settled=settled)
+            except OSError:
+                return
             cand.settled_noted = settled
 
     def _resting(self, cand: Candidate, now: float) -> bool:
@@ -705,7 +714,8 @@ class Watcher:
 
     def _job_for(self, cand: Candidate, sig: pins.Signature) -> BackupJob:
         """The backup of a checkpoint whose files are ``sig``: it commits only if they still are."""
-        tags = {**(cand.tags or self.tags), "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
+        pinned_under = self.tags if cand.tags is None else cand.tags
+        tags = {**pinned_under, "checkpoint": tag_text(cand.pin.name), WATCH_SIG_TAG: cand.digest}
         if cand.step is not None:
             tags["step"] = str(cand.step)
         job = BackupJob(
@@ -811,7 +821,8 @@ class Watcher:
                 if isinstance(outcome, CkptVaultError):
                     cand.error = outcome
                 # stopping: no retry comes after the grace (if any) ends
-                ending = self._stop.is_set() and time.monotonic() + delay >= self._grace_ends
+                grace_ends = self._grace_ends or time.monotonic() + self.options.grace  # 0: the grace not begun
+                ending = self._stop.is_set() and time.monotonic() + delay >= grace_ends
                 if not (self.options.once or ending):
                     when = f"retrying in {delay:.0f} s"
                 else:

@@ -43,9 +43,9 @@ class Candidate:
     looked: float = 0.0  # when its pin was last looked at, and how long that took
     look_s: float = 0.0
     not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
-    tags: dict[str, str] | None = None  # the tags of the run that pinned it, when an earlier one did
-    # whether its pin.json says it settled (a restart that finds its source gone ships only what had);
-    # None: not recorded (shipping in place)
+    tags: dict[str, str] | None = None  # the tags an earlier run pinned it under (None: this run's)
+    # whether its pin.json says it settled (a restart that finds a pin never settled with its source gone
+    # warns); None: not recorded (shipping in place, or a pin of an older version)
     settled_noted: bool | None = None
 
     def settled(self, now: float, settle: float) -> bool:

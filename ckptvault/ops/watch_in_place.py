@@ -46,8 +46,10 @@ class InPlaceShipping:
         report_lost: ReportLost,
         release: Callable[[Candidate], None],
         pin_retry_s: float,
+        pin_meta: Callable[[pins.Pin], dict[str, object]],
     ) -> None:
         self._pins_dir = pins_dir
+        self._pin_meta = pin_meta  # what the watcher records in each of its pins
         self._vault = vault
         self._excluded = excluded
         self._signature = signature
@@ -86,7 +88,9 @@ class InPlaceShipping:
             return None
         cand.pin_retry_at = now + self._pin_retry_s
         try:
-            pin = pins.create(cand.pin.source, self._pins_dir, skip_dir=self._vault, excluded=self._excluded)
+            pin = pins.create(
+                cand.pin.source, self._pins_dir, skip_dir=self._vault, excluded=self._excluded, meta=self._pin_meta
+            )
         except OSError:
             return None  # still no room; or gone, which the next look names
         if pin.source_ino != cand.pin.source_ino:

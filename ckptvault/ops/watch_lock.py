@@ -55,15 +55,21 @@ class WatchLock:
             os.pwrite(self.fd, f"pid {os.getpid()}\n{self.directory}".encode(), 0)
 
     def renew(self) -> None:
-        """Lock again what replaced the watched folder or the lock file (``rm -rf DIR; mkdir DIR`` by a
-        launcher): the lock held is then on files no other watcher opens, and a second watcher started on
-        the folder would ship every checkpoint again (wt47 F3). WatchLockedError when one took it meanwhile."""
-        if _is(self.path, self.fd) and _is(self.directory, self.dir_fd):
+        """Lock what replaced the watched folder (``rm -rf DIR; mkdir DIR`` by a launcher): the lock held is
+        then on a folder no other watcher opens, and a second watcher started on the new one would ship
+        every checkpoint again (wt47 F3). Only once the new folder is there: nothing is made while a
+        launcher's ``rm -rf`` runs. WatchLockedError when another watcher took it first; a folder that
+        cannot be looked at or locked now (EIO, EACCES) is tried again at the next look."""
+        try:
+            if _is(self.directory, self.dir_fd) or not os.path.isdir(self.directory):
+                return
+            fresh = WatchLock(self.path, self.directory)
+            fresh.open()
+        except OSError:
             return
-        os.close(self.fd)
-        os.close(self.dir_fd)
-        self.open()
-        self.__enter__()
+        fresh.__enter__()  # refused: it closed its own descriptors, and this lock keeps the old ones
+        self.__exit__()
+        self.fd, self.dir_fd = fresh.fd, fresh.dir_fd
 
     def _refuse(self, message: str) -> NoReturn:
         self.__exit__()
@@ -75,7 +81,7 @@ class WatchLock:
 
 
 def _is(path: str, fd: int) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
+    """Whether ``path`` still names the file open as ``fd`` (OSError when that cannot be told)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
