@@ -487,6 +487,24 @@ def test_ship_pins_names_a_dead_watchers_pins_not_a_live_ones(tmp_path, repo, cl
     assert "holds 1 checkpoint a watch sidecar pinned" in dead.stderr.decode(), dead.stderr
 
 
+def test_a_pin_record_the_disk_refuses_to_update_does_not_stop_the_watch(tmp_path, repo, monkeypatch):
+    """Recording that a pin settled raised ENOSPC out of the look, and the sidecar died with an internal
+    error on the full disk it is built to survive (rv47 H2)."""
+    from ckptvault.ops import pin as pins
+
+    def full(pin, **fields):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pins, "update_meta", full)
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish_checkpoint(ckpts, "step_4", 4)
+    with Vault.open(repo) as vault:
+        result = vault.watch(ckpts, once=True, settle=0.2, interval=0.05)
+        assert [s.step for s in result.shipped] == [4] and not result.errors
+        assert [s.tags["step"] for s in vault.snapshots()] == ["4"]
+
+
 def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
