@@ -522,6 +522,11 @@ def test_a_name_with_a_control_character_is_taken_as_ls_shows_it_by_cat_and_rest
     out = tmp_path / "out"
     cli("restore", "latest", str(out), "--repo", repo, "--include", "new\\n*", "--include", "w\\xff.bin")
     assert sorted(os.listdir(os.fsencode(out))) == [b"new\nline.bin", b"w\xff.bin"]
+    # a name spelled with a real backslash is taken as given first, as cat takes it (rv47 L6)
+    (src / "new\\nline.bin").write_bytes(b"backslash")
+    cli("backup", str(src), "--repo", repo)
+    cli("restore", "latest", str(tmp_path / "out2"), "--repo", repo, "--include", "new\\nline.bin")
+    assert os.listdir(tmp_path / "out2") == ["new\\nline.bin"]
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(cli, tmp_path: Path):

@@ -164,19 +164,12 @@ def select_entries(
     if not include:
         return list(tree), ()
     chosen: set[str] = set()
-    unmatched = dict.fromkeys(include)
-    as_stored = {pat: _globs(pat) for pat in include}
-    for e in tree:
-        parts = e.path.split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        matched = [
-            pat for pat, globs in as_stored.items() if any(fnmatch.fnmatchcase(p, g) for p in prefixes for g in globs)
-        ]
-        if matched:
-            chosen.add(e.path)
-            chosen.update(prefixes[:-1])
-            for pat in matched:
-                unmatched.pop(pat, None)
+    as_stored = {pat: posixpath.normpath(pat).lstrip("/") for pat in include}  # "./model/*" is "model/*"
+    unmatched = _choose(tree, as_stored, chosen)
+    # a pattern that matched nothing as given may name files as listings show them (``new\nline``,
+    # ``w\xffx.bin``); asked only then, as cat asks: a name may hold a backslash of its own
+    shown = {pat: stored for pat in unmatched if (stored := stored_name(as_stored[pat]))}
+    unmatched = [pat for pat in unmatched if pat not in shown] + _choose(tree, shown, chosen)
     if len(unmatched) == len(dict.fromkeys(include)):
         globs = ", ".join(repr(pat) for pat in unmatched)
         raise UsageError(
@@ -184,15 +177,23 @@ def select_entries(
             "globs match paths from the snapshot's root (e.g. 'model/*.bin'): list them with: "
             + spelled(f"ckptvault ls {snapshot_id}", "Vault.files(snapshot)")
         )
-    return [e for e in tree if e.path in chosen], tuple(unmatched)
+    return [e for e in tree if e.path in chosen], tuple(dict.fromkeys(pat for pat in include if pat in unmatched))
 
 
-def _globs(pattern: str) -> tuple[str, ...]:
-    """``pattern`` as stored paths are spelled ("./model/*" is "model/*"), and as listings show names they
-    cannot print as is (``new\\nline``, ``w\\xffx.bin``)."""
-    glob = posixpath.normpath(pattern).lstrip("/")
-    shown = stored_name(glob)
-    return (glob, shown) if shown else (glob,)
+def _choose(tree: list[FileEntry], globs: dict[str, str], chosen: set[str]) -> list[str]:
+    """Add to ``chosen`` the paths a glob matches (an entry matches when it or a parent directory does)
+    and the directories above them; the patterns that matched nothing."""
+    unmatched = dict.fromkeys(globs)
+    for e in tree:
+        parts = e.path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        matched = [pat for pat, glob in globs.items() if any(fnmatch.fnmatchcase(p, glob) for p in prefixes)]
+        if matched:
+            chosen.add(e.path)
+            chosen.update(prefixes[:-1])
+            for pat in matched:
+                unmatched.pop(pat, None)
+    return list(unmatched)
 
 
 def file_hash(path: str) -> str:
