@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shlex
 from typing import Annotated
@@ -10,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..ops.names import WATCH_STATE_FOLDER
-from ..ops.pin import META
+from ..ops.watch_lock import pins_of_a_stopped_watcher
 from ..snapshot.model import format_tags
 from ..units import counted
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
@@ -51,28 +50,8 @@ def ship_pins_cmd(
 def _say_watch_pins(out: Output, folder: str) -> None:
     """The watch sidecar's pins are not backup_async's: a restart's `ship-pins` then `restore latest` took
     "nothing left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6)."""
-    pins_dir = os.path.join(folder, WATCH_STATE_FOLDER, "pins")
-    try:
-        held = [name for name in os.listdir(pins_dir) if os.path.exists(os.path.join(pins_dir, name, META))]
-    except OSError:
-        return
-    if held and not _watched_now(os.path.join(folder, WATCH_STATE_FOLDER, "lock")):
+    if held := pins_of_a_stopped_watcher(folder):
         out.warn(
-            f"{os.path.join(folder, WATCH_STATE_FOLDER)} holds {counted(len(held), 'checkpoint')} a watch sidecar "
+            f"{os.path.join(folder, WATCH_STATE_FOLDER)} holds {counted(held, 'checkpoint')} a watch sidecar "
             f"pinned; ship them with: ckptvault watch {shlex.quote(folder)} --once"
         )
-
-
-def _watched_now(lock: str) -> bool:
-    """Whether a watcher holds the lock of the folder's state: it ships its pins itself."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False

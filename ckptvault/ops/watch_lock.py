@@ -8,6 +8,8 @@ import os
 from typing import NoReturn
 
 from ..errors import WatchLockedError, spelled
+from .names import WATCH_STATE_FOLDER
+from .pin import META
 
 
 class WatchLock:
@@ -88,3 +90,23 @@ def _is(path: str, fd: int) -> bool:
         return False
     held = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def pins_of_a_stopped_watcher(directory: str) -> int:
+    """How many pins a watcher of ``directory`` left in its own state folder, none while one runs there
+    (it ships them itself)."""
+    state = os.path.join(directory, WATCH_STATE_FOLDER)
+    try:
+        held = sum(
+            os.path.exists(os.path.join(state, "pins", pin, META)) for pin in os.listdir(os.path.join(state, "pins"))
+        )
+        fd = os.open(os.path.join(state, "lock"), os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    finally:
+        os.close(fd)
+    return held

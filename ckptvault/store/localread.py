@@ -13,6 +13,7 @@ kernels before Linux 5.19 (open(2), "O_DIRECT"): a child gets zeroed pages at th
 parent's pages stay its own. (``MADV_DONTFORK`` left the child a buffer object over memory it no longer
 mapped, where its next mapping could land and a read in the child then write.) Where the kernel refuses
 the advice, reads are buffered.
+
 A range read a second time (a chunk that several files share: ``last.ckpt`` beside the epoch's copy)
 goes through the page cache, which keeps it for the reads after. A filesystem that refuses
 ``O_DIRECT`` (EINVAL, EOPNOTSUPP: tmpfs before Linux 6.6, some FUSE mounts) gets buffered reads from
