@@ -476,14 +476,10 @@ def sync(pin: Pin, *, link_only: bool = False) -> bool:
     else:
         _sync_file(pin, pin.source, pin.data, link_only)
     if pin.copied and not copied:
-        _note_copied(pin)
+        # a pin made of links now holds copies (a folder pinned empty whose files came from another
+        # filesystem): a restart must not take copies for a replaced folder
+        update_meta(pin, copied=True)
     return whole
-
-
-def _note_copied(pin: Pin) -> None:
-    """Record in its metadata that a pin made of links now holds copies (a folder pinned empty whose
-    files came from another filesystem): a restart must not take copies for a replaced folder."""
-    update_meta(pin, copied=True)
 
 
 def update_meta(pin: Pin, **fields: object) -> None:
