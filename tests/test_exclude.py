@@ -334,3 +334,18 @@ def test_a_backup_in_place_of_files_all_still_being_written_says_so_not_blaming_
     with pytest.raises(SourceError, match="its files are all still being written") as info:
         scan_sources([str(tmp_path / "ckpt")], skip_unreadable=False, exclude=Excludes(unfinished=True))
     assert "--exclude" not in str(info.value)
+
+
+def test_watch_says_a_checkpoint_its_patterns_leave_empty_never_ships_under_them(tmp_path, vault: Vault):
+    """`--exclude '*.bin'` over checkpoints of .bin files only blamed a trainer that died while saving
+    ("if the trainer died while saving it, it never will") instead of the patterns (wt47 F8)."""
+    ckpts = tmp_path / "ckpts"
+    (ckpts / "step_1").mkdir(parents=True)
+    (ckpts / "step_1" / "w.bin").write_bytes(b"weights")
+    said: list[str] = []
+    vault.on_warning = said.append
+    result = vault.watch(ckpts, once=True, settle=0.2, interval=0.05, exclude=["*.bin"])
+    assert not result.shipped
+    assert said == [
+        "step_1 holds only files the exclude patterns leave out: it never ships under them; change exclude to ship it"
+    ], said

@@ -119,8 +119,16 @@ class Completeness:
                 return False  # left out by the user's patterns: never coming
             else:
                 lacks = f"no {TRAINER_STATE} (a Hugging Face Trainer writes it last)"
+        elif self._excluded is not None and _holds_a_file(cand.pin.source):
+            # never complete under these patterns: not a trainer that died while saving (wt47 F8)
+            self._warn_once(
+                ("excluded", cand.pin.name),
+                f"{cand.pin.name} holds only files the exclude patterns leave out: it never ships under them; "
+                f"change {spelled('--exclude', 'exclude')} to ship it",
+            )
+            return True
         else:
-            lacks = "no file to ship (only folders or links, or files the exclude patterns leave out)"
+            lacks = "no file to ship (only folders or links)"
         if not pins.source_alive(cand.pin):
             self._on_warning(f"{cand.pin.name} was deleted while it held {lacks}: it was never complete; not shipped")
             self._release(cand)
@@ -150,3 +158,11 @@ def file_not_whole(cand: Candidate, sig: pins.Signature) -> str | None:
             break
     cand.not_whole = (sig, found)
     return found or None
+
+
+def _holds_a_file(folder: str) -> bool:
+    """Whether ``folder`` holds a file anywhere below it, patterns aside (False when it cannot be read)."""
+    try:
+        return any(entry.is_file(follow_symlinks=False) for _, entry in pins.walk(folder))
+    except OSError:
+        return False
