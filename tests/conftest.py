@@ -156,3 +156,13 @@ def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
         return proc
 
     return run
+
+
+def one_file_vault(cli: Callable[..., subprocess.CompletedProcess], tmp_path: Path) -> str:
+    """A vault at tmp_path/v holding one snapshot of tmp_path/src, a folder of one one-byte file (w.bin)."""
+    src, repo = tmp_path / "src", str(tmp_path / "v")
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    return repo

@@ -12,6 +12,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import SourceError
+from tests.conftest import one_file_vault
 
 from .conftest import tree_digest
 
@@ -139,11 +140,7 @@ def test_sparse_file_past_4gib_restores_and_stays_sparse(tmp_path: Path):
 
 def test_a_restore_by_an_id_prefix_shorter_than_4_characters_is_refused(cli, tmp_path: Path):
     """odd46 #9: `restore 1 t2` restored snapshot 1078eaae where step 1 was meant; forget and tag refuse it."""
-    src, repo = tmp_path / "src", str(tmp_path / "v")
-    src.mkdir()
-    (src / "w.bin").write_bytes(b"w")
-    cli("init", repo)
-    cli("backup", str(src), "--repo", repo)
+    repo = one_file_vault(cli, tmp_path)
     snap_id = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)[0]["id"]
     refused = cli("restore", snap_id[:1], str(tmp_path / "t2"), "--repo", repo, check=False)
     assert refused.returncode == 2 and "too short an ID prefix to restore a snapshot by" in refused.stderr.decode()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault.ops.sample import write_sample_checkpoint
+from tests.conftest import one_file_vault
 
 
 def one_line_error(proc) -> str:
@@ -595,10 +596,6 @@ def test_a_restore_of_only_folders_and_links_says_what_it_restored(cli, tmp_path
 
 def test_a_restore_summary_is_one_line_whatever_the_target_is_named(cli, tmp_path: Path):
     """odd46 #7: a target with a newline in its name split the summary in two (warnings escape it)."""
-    src, repo = tmp_path / "src", str(tmp_path / "v")
-    src.mkdir()
-    (src / "w.bin").write_bytes(b"w")
-    cli("init", repo)
-    cli("backup", str(src), "--repo", repo)
+    repo = one_file_vault(cli, tmp_path)
     out = cli("restore", "latest", str(tmp_path / "nl\ntarget"), "--repo", repo).stdout.decode()
     assert out.count("\n") == 1 and "nl\\ntarget: 1 file" in out, out
