@@ -349,3 +349,19 @@ def test_watch_says_a_checkpoint_its_patterns_leave_empty_never_ships_under_them
     assert said == [
         "step_1 holds only files the exclude patterns leave out: it never ships under them; change exclude to ship it"
     ], said
+
+
+def test_watch_says_once_that_a_pattern_matching_checkpoint_names_ships_none_of_them(tmp_path, vault: Vault):
+    """`--exclude '*'` left out every checkpoint by its name without a word (wt47 F8)."""
+    ckpts = tmp_path / "ckpts"
+    for step in (1, 2):
+        (ckpts / f"step_{step}").mkdir(parents=True)
+        (ckpts / f"step_{step}" / "w.bin").write_bytes(b"weights")
+    said: list[str] = []
+    vault.on_warning = said.append
+    result = vault.watch(ckpts, once=True, settle=0.2, interval=0.05, exclude=["*"])
+    assert not result.shipped
+    assert said == [
+        "step_1 is never shipped: an exclude pattern matches its name, and a pattern without '/' leaves out whole "
+        "checkpoints too; change exclude if it should ship (said once)"
+    ], said
