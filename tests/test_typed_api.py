@@ -31,3 +31,15 @@ def test_a_users_resume_script_type_checks_strictly(tmp_path: Path):
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_package_itself_type_checks(tmp_path: Path):
+    """Its own annotations hold: a wrong one would mislead the users' checkers above."""
+    pytest.importorskip("mypy")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "ckptvault"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -443,7 +443,7 @@ def open_vault(
     refuse_blank_vault_settings(repo, keyfile, names)
     refuse_passphrase_without_keyfile(passphrase_file, keyfile, names)
     options = parse_storage_options(storage_option)
-    settings = {
+    settings: dict[str, Any] = {
         "keyfile": keyfile,
         "passphrase": passphrase
         or passphrase_source(

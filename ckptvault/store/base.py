@@ -33,6 +33,8 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 TEMP_PREFIX = ".tmp-"  # a put's file before its rename (local disks, SFTP): never listed
+# (size, mtime) of each temp file; an alias, since inside a store class "list" names its method
+TempFiles = list[tuple[int, float]]
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from .backends import (
     profile_for,
     tune,
 )
-from .base import TEMP_PREFIX, ObjectInfo
+from .base import TEMP_PREFIX, ObjectInfo, TempFiles
 from .failures import Failure, Kind, classify, hide_credentials, one_line, status_in_chain, storage_error
 from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
@@ -503,7 +503,7 @@ class FsspecStore:
                 return self._abort_stale_multipart_uploads(fs, older_than_s)
         return 0
 
-    def temp_files(self) -> list[tuple[int, float]]:
+    def temp_files(self) -> TempFiles:
         """(size, mtime) of each temp file of a write here (local disks, SFTP; none on object stores)."""
         if self._disk is not None:
             return self._disk.temp_files()
@@ -512,18 +512,16 @@ class FsspecStore:
         with self._session("LIST", "(temp files)") as fs:
             return [(size, when) for _, size, when in self._remote_temp_files(fs)]
 
-    def _remote_temp_files(self, fs: Any) -> list[tuple[str, int, float]]:
+    def _remote_temp_files(self, fs: Any) -> Iterator[tuple[str, int, float]]:
         try:
             found = fs.find(self.root, detail=True)
         except FileNotFoundError:
-            return []
-        temps = []
+            return
         for path, info in found.items():
             if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
                 mtime = info.get("mtime")
                 when = mtime.timestamp() if isinstance(mtime, datetime) else float(mtime or 0)
-                temps.append((path, int(info.get("size") or 0), when))
-        return temps
+                yield path, int(info.get("size") or 0), when
 
     def _remove_remote_temp_files(self, fs: Any, cutoff: float) -> int:
         removed = 0

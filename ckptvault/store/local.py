@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 from ..durable import fsync_dir
 from ..errors import CkptVaultError, ShortReadError, StorageError
-from .base import TEMP_PREFIX, ObjectInfo
+from .base import TEMP_PREFIX, ObjectInfo, TempFiles
 from .failures import storage_error
 from .localread import LocalReader
 from .localwrite import LocalWriter
@@ -187,7 +187,7 @@ class LocalStore:
                     removed += 1
         return removed
 
-    def temp_files(self) -> list[tuple[int, float]]:
+    def temp_files(self) -> TempFiles:
         """(size, mtime) of each temp file here: a write in flight, or one a killed writer left."""
         return [(info.st_size, info.st_mtime) for _, info in self._temp_files()]
 

@@ -45,7 +45,7 @@ from typing import TypeVar
 
 from ..errors import ObjectExistsError, StorageError
 from ..units import format_seconds
-from .base import ObjectInfo, Store
+from .base import ObjectInfo, Store, TempFiles
 from .failures import down_or_busy, object_fault, unreachable
 from .options import env_number
 
@@ -387,6 +387,6 @@ class RetryingStore:
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         return self.inner.remove_stale_temp_files(older_than_s)
 
-    def temp_files(self) -> list[tuple[int, float]]:
+    def temp_files(self) -> TempFiles:
         temp_files = getattr(self.inner, "temp_files", None)
         return self._call("LIST", "(temp files)", temp_files) if temp_files is not None else []
