@@ -2681,3 +2681,23 @@ def test_a_stat_that_fails_does_not_settle_a_checkpoint_at_once(tmp_path, monkey
     watcher._settle(time.monotonic())
     assert cand.frozen and cand.settled(time.monotonic(), 60)
     cand.pin.release()
+
+
+def test_a_watcher_starting_while_ship_pins_probes_its_lock_waits_the_probe_out(tmp_path):
+    """`ship-pins` holds a shared lock on the watcher's lock file for a moment to see whether one runs; a
+    watcher starting in that moment exited 11, "another ckptvault watch is already watching"."""
+    import fcntl
+    import threading
+
+    from ckptvault.ops.watch_lock import WatchLock
+
+    ckpts = tmp_path / "ckpts"
+    state = ckpts / ".ckptvault-watch"
+    state.mkdir(parents=True)
+    probe = os.open(state / "lock", os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    threading.Timer(0.05, os.close, (probe,)).start()  # a probe, slowed down to be caught
+    lock = WatchLock(str(state / "lock"), str(ckpts))
+    lock.open()
+    with lock:
+        assert os.pread(lock.fd, 100, 0).decode().startswith(f"pid {os.getpid()}")

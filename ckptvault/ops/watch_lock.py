@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from typing import NoReturn
 
 from ..errors import WatchLockedError, spelled
 from .names import WATCH_STATE_FOLDER
 from .pin import META
+
+PROBE_TRIES, PROBE_WAIT_S = 10, 0.02  # a probe holds its shared lock for microseconds
 
 
 class WatchLock:
@@ -34,7 +37,7 @@ class WatchLock:
 
     def __enter__(self) -> None:
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_past_probes(self.fd)
         except BlockingIOError:  # the lock file says who holds it, and which folder it watches
             said = os.pread(self.fd, 4096, 0).decode(errors="replace").split("\n")
             holder = said[0].strip() or "another process"
@@ -80,6 +83,19 @@ class WatchLock:
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
         os.close(self.dir_fd)
+
+
+def _lock_past_probes(fd: int) -> None:
+    """An exclusive lock on ``fd``, BlockingIOError while another holds one. ``ship-pins`` takes a shared
+    lock for a moment to see whether a watcher runs (``pins_of_a_stopped_watcher``): a watcher starting in
+    that moment waits it out rather than take it for another watcher."""
+    for _ in range(PROBE_TRIES - 1):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(PROBE_WAIT_S)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _is(path: str, fd: int) -> bool:
