@@ -572,6 +572,14 @@ def test_cli_init_option_and_backup_summary(cli, tmp_path: Path):
     assert stats["delta_chunks"] > 0 and stats["delta_saved_bytes"] > 0
     assert stats["per_snapshot"][1]["delta_saved_bytes"] > 0
     assert "delta coding:" in cli("stats", "--repo", on).stdout.decode()
+    # a copy's snapshots carry no delta figures: its stats do not pass the unknown saving off as none (cp47 #4)
+    mirror = str(tmp_path / "mirror")
+    cli("init", mirror, "--delta")
+    cli("copy", "--from-repo", on, "--repo", mirror, "-q")
+    copied = json.loads(cli("stats", "--repo", mirror, "--json").stdout)
+    assert copied["delta_chunks"] > 0 and copied["delta_saving_unknown"] == copied["delta_chunks"], copied
+    assert "whose saving is not known: copied in" in cli("stats", "--repo", mirror).stdout.decode()
+    assert stats["delta_saving_unknown"] == 0
 
 
 def test_a_backup_after_a_base_was_lost_stores_the_dependent_pieces_again(delta_vault: Vault, tmp_path: Path):

@@ -50,6 +50,11 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
             f"{format_bytes(stats.delta_stored_bytes)}, about {format_bytes(stats.delta_saved_bytes)} saved "
             "over coding them whole"
         )
+        if stats.delta_saving_unknown:
+            head += (
+                f" (not counting {stats.delta_saving_unknown} whose saving is not known: copied in, or added by "
+                "a backup whose snapshot is forgotten)"
+            )
     data = {**stats.__dict__, "dedup_ratio": stats.dedup_ratio, "total_ratio": stats.total_ratio}
     if out.json_mode:
         out.result(data)
