@@ -84,6 +84,22 @@ def test_a_passphrase_that_is_not_utf8_works_from_the_environment_and_a_file(cli
     assert wrong.returncode == 12 and b"\xe8" not in wrong.stderr and "wrong passphrase" in one_line_error(wrong)
 
 
+def test_a_keyfile_of_a_newer_version_is_refused_as_newer_not_called_corrupt(cli, vault, tmp_path: Path):
+    """ "corrupt; use your backup copy of the keyfile" sent a user of an older ckptvault to a copy that is no
+    different (fm48 M3): the format's promise is a clear refusal, exit 17."""
+    key, repo = vault
+    doc = json.loads(Path(key).read_text())
+    doc["version"] = 2
+    newer = tmp_path / "newer.key"
+    newer.write_text(json.dumps(doc))
+    proc = cli("snapshots", "--repo", repo, "-k", str(newer), check=False, CKPTVAULT_PASSPHRASE=PASS)
+    assert proc.returncode == 17, proc.stderr
+    assert one_line_error(proc) == (
+        f"error: keyfile {newer} is of version 2, newer than this ckptvault reads (up to 1); "
+        "upgrade ckptvault: pip install -U ckptvault"
+    )
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("n", 3), ("n", 0), ("n", -4), ("n", 1e400), ("n", 2**40), ("r", -1), ("p", 0), ("salt", ""), ("n", "16384")],

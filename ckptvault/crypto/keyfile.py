@@ -50,6 +50,7 @@ from ..errors import (
     KeyfileNotFoundError,
     PassphraseRequiredError,
     StorageFullError,
+    UnsupportedFormatError,
     UsageError,
     WrongPassphraseError,
     spelled,
@@ -396,8 +397,14 @@ class Keyfile:
                 raise ValueError(
                     f"format {doc.get('format')!r}" if {"kdf", "wrapped_key"} <= doc.keys() else NOT_A_KEYFILE
                 )
-            if doc.get("version") != VERSION:
-                raise ValueError(f"keyfile version {doc.get('version')!r} is not supported")
+            version = doc.get("version")
+            if type(version) is int and version > VERSION:  # not damage: a newer ckptvault wrote it
+                raise UnsupportedFormatError(
+                    f"{f'keyfile {path}' if path else 'the keyfile'} is of version {version}, newer than this "
+                    f"ckptvault reads (up to {VERSION}); upgrade ckptvault: pip install -U ckptvault"
+                )
+            if version != VERSION:
+                raise ValueError(f"keyfile version {version!r} is not supported")
             kdf = doc["kdf"]
             if kdf["name"] != "scrypt":
                 raise ValueError(f"unknown KDF {kdf['name']!r}")
