@@ -170,6 +170,9 @@ def test_a_new_keyfile_refuses_a_config_rolled_back_below_format_3(cli, tmp_path
     proc = cli("snapshots", "--repo", str(repo), "-k", key, **env, check=False)
     assert proc.returncode == 30 and "rolled back" in one_line_error(proc)
     assert "(it says what to do)" not in one_line_error(proc)  # check repeats this error: no way on
+    (repo / "config").write_text(json.dumps({**config, "version": 1}))  # refused by its delta flag first (fm48 L7)
+    proc = cli("snapshots", "--repo", str(repo), "-k", key, **env, check=False)
+    assert proc.returncode == 30 and "it was altered or rolled back" in one_line_error(proc), proc.stderr
     cli("key", "passwd", "-k", key, **env, CKPTVAULT_NEW_PASSPHRASE="second passphrase")
     assert json.loads(Path(key).read_text())["min_vault_format"] == 3  # kept
 
