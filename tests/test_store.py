@@ -343,6 +343,39 @@ def test_a_local_put_makes_the_folders_it_creates_durable(tmp_path, monkeypatch)
     assert synced == [f"{root}/packs/ab"]
 
 
+@pytest.mark.parametrize("url_of", [str, lambda path: f"file://{path}"])
+def test_local_deletes_are_durable_before_any_operation_on_another_kind_of_object(tmp_path, monkeypatch, url_of):
+    """Prune and forget delete snapshots before their trees and packs, index objects before their packs: on a
+    filesystem that does not keep the order of deletes by itself, a power loss could bring back a snapshot
+    whose packs are gone (cr48 F2). Deletes of one kind cost no fsync each."""
+    from ckptvault.store import local, open_store
+
+    root = tmp_path / "repo"
+    store = open_store(url_of(str(root)))
+    for key in ("snapshots/a", "snapshots/b", "trees/t", "index/i", "packs/ab/p", "packs/cd/q"):
+        store.put(key, b"x")
+    synced: list[str] = []
+    real = local.fsync_dir
+    monkeypatch.setattr(local, "fsync_dir", lambda path: (synced.append(path), real(path)))
+    removed: list[str] = []
+    real_remove = os.remove
+    monkeypatch.setattr(local.os, "remove", lambda path: (removed.append(path), real_remove(path)))
+    store.delete("snapshots/a")
+    store.delete("snapshots/b")
+    assert synced == []
+    store.delete("trees/t")
+    assert synced == [f"{root}/snapshots"] and removed[-1] == f"{root}/trees/t"
+    store.delete("index/i")
+    store.put("packs/ef/r", b"y")  # a repack's new pack: after the index objects' deletes too
+    assert synced[1:3] == [f"{root}/trees", f"{root}/index"], synced
+    synced.clear()
+    store.delete("packs/ab/p")
+    store.delete("packs/cd/q")
+    assert synced == []
+    store.put("locks/l", b"z")
+    assert sorted(synced[:2]) == [f"{root}/packs/ab", f"{root}/packs/cd"], synced
+
+
 @pytest.mark.parametrize(
     "url, options, fragment",
     [

@@ -7,6 +7,12 @@ page cache: localwrite.py; so do large range reads: localread.py), then rename i
 name (or link it, for a create-if-absent: the link fails when another writer was first) and fsync
 the folder. A URL with a protocol
 (``file://``, ``local://``) goes through fsspec's local filesystem, with the same puts and reads.
+
+Deletes are made durable in the order they were made with respect to other kinds of objects: before
+an operation on another top-level folder (``trees/`` after ``snapshots/``, ``packs/`` after ``index/``),
+the folders of the deletes made so far are fsynced. Prune and forget rely on that order (a snapshot gone
+before its tree and packs, index objects before the packs they name); journaling filesystems keep it by
+themselves, others need not, and deletes of one kind still cost no fsync each.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import errno
 import os
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,6 +60,9 @@ class LocalStore:
         self._writer = LocalWriter()
         self._reader = LocalReader()
         self._made_dirs: set[str] = set()
+        self._deleted_in: set[str] = set()  # folders whose deletes are not durable yet
+        self._deleted_kind = ""  # the top-level folder of those deletes
+        self._deletes_mutex = threading.Lock()
         self._seen = False  # whether an object was read or written here: the vault's folder existed
 
     def _path(self, key: str) -> str:
@@ -72,6 +82,7 @@ class LocalStore:
     def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         path = self._path(key)
         with self._translate_errors("PUT", key, if_absent=if_absent):
+            self._deletes_before(key)
             try:
                 self.put_file(path, data, if_absent)
             except FileNotFoundError:  # its folder was made or seen by an earlier put, and is gone since
@@ -173,8 +184,23 @@ class LocalStore:
         return sorted(out, key=lambda o: o.key)
 
     def delete(self, key: str) -> None:
+        path = self._path(key)
         with self._translate_errors("DELETE", key):
-            os.remove(self._path(key))
+            self._deletes_before(key)
+            os.remove(path)
+            with self._deletes_mutex:
+                self._deleted_in.add(os.path.dirname(path))
+                self._deleted_kind = key.split("/", 1)[0]
+
+    def _deletes_before(self, key: str) -> None:
+        """Make the deletes made so far durable when ``key`` is of another kind (module docstring)."""
+        with self._deletes_mutex:
+            if not self._deleted_in or key.split("/", 1)[0] == self._deleted_kind:
+                return
+            folders, self._deleted_in = self._deleted_in, set()
+        for folder in folders:
+            with contextlib.suppress(FileNotFoundError):  # a folder of packs emptied and removed meanwhile
+                fsync_dir(folder)
 
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         """Delete the temp files of killed writers older than ``older_than_s``; returns how many."""
