@@ -159,9 +159,9 @@ def test_cli_unlock_remove_all_says_when_it_took_the_lock_of_a_running_process(c
     repo = str(tmp_path / "v")
     cli("init", repo)
     with Vault.open(repo) as vault:
-        old = LockManager(vault._repo, clock=old_clock)
-        old.put(replace(old.new_info(exclusive=True), pid=_dead_pid()))  # a dead process's: no word about it
         held = vault._repo.locks.acquire(exclusive=False)  # this test's process: running, on this host
+        old = LockManager(vault._repo, clock=old_clock)  # (taken after: a shared locker removes a dead one's)
+        old.put(replace(old.new_info(exclusive=True), pid=_dead_pid()))  # a dead process's: no word about it
         proc = cli("unlock", "--repo", repo, "--remove-all")
         with pytest.raises(LockLostError):
             held.verify()  # what the warning says happens to it
@@ -366,3 +366,50 @@ def test_unlock_on_a_host_whose_clock_runs_ahead_keeps_a_live_lock(vault: Vault)
         assert [lk.lock_id for lk in vault.locks()] == [held.info.lock_id]  # and the probe is gone
     finally:
         held.release()
+
+
+def _written_before_this_boot(manager: LockManager, repo: Path, **changes) -> object:
+    """A lock as this machine's process wrote it before the machine last restarted (cr48 F1)."""
+    from ckptvault.repository import locks
+    from ckptvault.repository.format import lock_key
+
+    before = locks.boot_time() - timedelta(minutes=1)  # its last refresh, a minute before the power went
+    info = replace(manager.new_info(exclusive=True), time=before, pid_table="an-earlier-boot/4026531836", **changes)
+    manager.put(info)
+    os.utime(repo / lock_key(info.lock_id), (before.timestamp(), before.timestamp()))  # the storage's time too
+    return info
+
+
+@pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="no boot ID on this system")
+def test_a_lock_this_machine_wrote_before_it_restarted_is_stale_at_once(tmp_path: Path, monkeypatch):
+    """A box that lost power mid-prune came back, and its resume's `restore latest` was refused for 30
+    minutes by the dead prune's lock, told it would go stale "at once if it ran on this host" (cr48 F1)."""
+    from ckptvault.repository import locks
+
+    monkeypatch.setattr(locks, "machine_tag", lambda: "ab" * 16)
+    booted = locks.utc_now() - timedelta(minutes=10)  # a restart 10 minutes ago: no lock is stale by age yet
+    monkeypatch.setattr(locks, "boot_time", lambda: booted)
+    repo = tmp_path / "v"
+    with Vault.init(str(repo)) as vault:
+        manager = vault._repo.locks
+        dead_prune = _written_before_this_boot(manager, repo)
+        with manager.acquire(exclusive=False):  # a restore: it goes ahead, and removes the dead prune's lock
+            assert dead_prune.lock_id not in {lock.lock_id for lock in manager.list()}
+        # another machine with this hostname: its holder may live, so only age makes its lock stale
+        twin = _written_before_this_boot(manager, repo, machine="cd" * 16)
+        with pytest.raises(VaultLockedError, match="or before this machine last restarted"):
+            manager.acquire(exclusive=False, retry=False)
+        manager.remove(twin)
+        # refreshed after this boot began: a live twin with this machine's identity, not a dead holder
+        manager.put(replace(manager.new_info(exclusive=True), pid_table="an-earlier-boot/4026531836"))
+        with pytest.raises(VaultLockedError):
+            manager.acquire(exclusive=False, retry=False)
+
+
+def test_a_killed_backups_lock_is_removed_by_the_next_shared_locker(vault: Vault):
+    """A kill -9'd backup's lock stayed until a prune (cr48 F4): after a restart it was one only age clears."""
+    manager = vault._repo.locks
+    killed = replace(manager.new_info(exclusive=False), pid=_dead_pid())
+    manager.put(killed)
+    with manager.acquire(exclusive=False):
+        assert killed.lock_id not in {lock.lock_id for lock in manager.list()}

@@ -5,8 +5,12 @@ host, process and time. Taking a lock writes it, then lists the others: a confli
 that is not stale makes the newcomer remove its own and fail. A holder refreshes its lock
 (a new object, then the old one deleted) every ``refresh_every``; a lock not refreshed for
 ``stale_after``, or held by a dead process in this process table (this host's boot and PID
-namespace: ``process_table``), is stale and ignored. An exclusive locker
-(prune, forget --prune) removes the stale locks it ignores.
+namespace: ``process_table``), is stale and ignored; so is one this machine wrote before its last
+restart (the same hostname and machine, another boot, last refreshed before this boot began: a box
+that lost power mid-prune must not wait half an hour to restore). An exclusive locker (prune,
+forget --prune) removes the stale locks it ignores; any locker removes those whose holder is known
+dead (no clock judges them), so that a killed backup's lock does not outlive the reboot as one only
+age can clear.
 
 Losing a lock. A holder cannot tell from the outside whether another process judged its lock
 stale (and an exclusive locker then deletes what it thinks nobody uses), so it keeps score itself:
@@ -92,6 +96,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -173,6 +178,7 @@ class LockInfo:
     newer: bool = False  # it verifies, but a newer ckptvault wrote it (an unknown lock version)
     modified: datetime | None = None  # when the storage wrote the object, where the listing says
     pid_table: str | None = None  # which process table ``pid`` is in (``process_table()``); None: unknown
+    machine: str | None = None  # which machine wrote it (``machine_tag()``); None or "": unknown
 
     @property
     def unreadable(self) -> bool:
@@ -200,6 +206,44 @@ def process_table() -> str:
         return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         return ""
+
+
+@functools.cache
+def machine_tag() -> str:
+    """This machine, across its restarts: a digest of its machine ID (the ID itself is not written where
+    others read it); "" where it has none (many container images)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        with contextlib.suppress(OSError):
+            with open(path, "rb") as f:
+                machine_id = f.read().strip()
+            if machine_id:
+                return hashlib.sha256(b"ckptvault lock machine\0" + machine_id).hexdigest()[:32]
+    return ""
+
+
+def boot_time() -> datetime:
+    """When this machine's current boot began (the earliest time there is where that is not known)."""
+    if _BOOTTIME is None:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return utc_now() - timedelta(seconds=ticks())
+
+
+def _before_this_boot(lock: LockInfo, refreshed: datetime | None) -> bool:
+    """Whether ``lock`` was written by this machine before it last restarted: its holder is gone. The
+    machine and the hostname must match, the boot differ, and its last refresh ``refreshed`` come before
+    this boot began (a live twin of this machine, a clone with its identity, refreshes after it)."""
+    this_boot = process_table().partition("/")[0]
+    return (
+        not lock.unreadable
+        and refreshed is not None
+        and bool(this_boot)
+        and bool(lock.machine)
+        and lock.machine == machine_tag()
+        and lock.hostname == socket.gethostname()
+        and lock.pid_table is not None
+        and lock.pid_table.partition("/")[0] not in ("", this_boot)
+        and refreshed < boot_time()
+    )
 
 
 def _in_this_process_table(lock: LockInfo) -> bool:
@@ -287,11 +331,24 @@ class LockManager:
             return True
         if lock.unreadable and when - now > self.stale_after:  # "written" in the future: of unknown age too
             return True
-        return _in_this_process_table(lock) and not pid_alive(lock.pid)
+        return self.holder_gone(lock)
+
+    def holder_gone(self, lock: LockInfo) -> bool:
+        """Whether ``lock``'s holder is known to be dead, whatever its age: a dead process of this process
+        table, or one this machine ran before it last restarted."""
+        return (_in_this_process_table(lock) and not pid_alive(lock.pid)) or _before_this_boot(
+            lock, self.lock_time(lock)
+        )
 
     def new_info(self, exclusive: bool) -> LockInfo:
         return LockInfo(
-            new_object_id(), socket.gethostname(), os.getpid(), exclusive, self.clock(), pid_table=process_table()
+            new_object_id(),
+            socket.gethostname(),
+            os.getpid(),
+            exclusive,
+            self.clock(),
+            pid_table=process_table(),
+            machine=machine_tag(),
         )
 
     def put(self, info: LockInfo) -> None:
@@ -303,6 +360,7 @@ class LockManager:
             "exclusive": info.exclusive,
             "time": info.time.isoformat(),
             "pid_table": info.pid_table,
+            "machine": info.machine,
         }
         self.repo.store.put(
             lock_key(info.lock_id), self.repo.codec.encode(Kind.LOCK, info.lock_id, json.dumps(doc).encode())
@@ -388,6 +446,7 @@ class LockManager:
         if time.tzinfo is None:
             raise ValueError(f"lock time {doc['time']!r} has no time zone")
         pid_table = doc.get("pid_table")  # locks written before 2026-12-01 do not say
+        machine = doc.get("machine")  # nor those before 2026-12-06
         return LockInfo(
             lock_id,
             str(doc["hostname"]),
@@ -395,6 +454,7 @@ class LockManager:
             bool(doc["exclusive"]),
             time,
             pid_table=pid_table if isinstance(pid_table, str) else None,
+            machine=machine if isinstance(machine, str) else None,
         )
 
     def _own_lock_ids(self) -> set[bytes]:
@@ -417,7 +477,8 @@ class LockManager:
                 f"vault {url} is locked: {other.describe(refreshed)}; wait for it to finish (with "
                 f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
                 f"If that process is gone, its lock goes stale {minutes} minutes after its last refresh{until} (at "
-                f"once if it ran on this host, outside any container of its own) and "
+                f"once if it ran on this host, outside any container of its own, or before this machine last "
+                f"restarted) and "
                 f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it then; if its machine is gone for good "
                 f"(a reclaimed instance), {remove_all} removes it now, when no ckptvault process on any host uses "
                 "this vault"
@@ -541,9 +602,12 @@ class LockManager:
                     stale.append(other)
                 elif exclusive or other.exclusive:  # an unreadable lock counts as exclusive
                     raise self._conflict(other, own_locks=self._own_lock_ids())
-            if exclusive:  # an exclusive holder may delete data: make frozen holders notice
-                for lock in stale:
+            for lock in stale:
+                if exclusive:  # an exclusive holder may delete data: make frozen holders notice
                     self.remove(lock)
+                elif self.holder_gone(lock):  # a killed process's, not to outlive a restart (best effort)
+                    with contextlib.suppress(CkptVaultError):
+                        self.remove(lock)
         except BaseException:
             try:
                 self.remove(own)
