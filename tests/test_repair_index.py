@@ -547,3 +547,16 @@ def test_a_dropped_chunk_stored_again_since_is_not_indexed_twice(repo_url: str, 
         vault.prune(keep_latest=2)
         assert not old_pack.exists(), "the pack no index names a chunk of is removed, the new copy kept"
         assert vault.check(read_data=1.0).ok
+
+
+def test_check_of_a_lost_index_object_says_the_snapshots_it_names_still_restore(cli, tmp_path):
+    """Each line named a snapshot while the summary said "affecting 0 snapshot(s)" (cr48 F5)."""
+    from tests.conftest import one_file_vault
+
+    repo = one_file_vault(cli, tmp_path)
+    for index_object in (Path(repo) / "index").iterdir():
+        index_object.unlink()
+    proc = cli("check", "--repo", repo, check=False)
+    said = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 30 and "holds it (the snapshot still restores); run: ckptvault repair-index" in said
+    assert "no snapshot is affected: each still restores" in said, said

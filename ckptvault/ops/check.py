@@ -133,7 +133,10 @@ class CheckReport:
                     'lists them under "affected") with ckptvault forget, after reading which they are'
                 )
         elif self.problems:
-            remedy = "; no snapshot is affected (every chunk they need has a whole copy): follow the hint on each line"
+            remedy = (
+                "; no snapshot is affected: each still restores (every chunk they need is stored whole), though "
+                "lines may name one; follow the hint on each line"
+            )
         error = IntegrityError(
             f"check found {len(self.problems) - unreadable} problem(s) affecting {len(self.affected)} snapshot(s) "
             f"({counts}){remedy}" + (f"; {unread}" if unreadable else "")
@@ -530,7 +533,8 @@ class _Checker:
                     self.problem(
                         name,
                         f"file {entry.path}: chunk {_short(missing[0])} is in no index, but pack "
-                        f"{_short(self.header_only[missing[0]])} holds it; run: ckptvault repair-index",
+                        f"{_short(self.header_only[missing[0]])} holds it (the snapshot still restores); run: "
+                        "ckptvault repair-index",
                     )
                 if lost or any(c in self.bad_chunks for c in entry.chunks):
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
