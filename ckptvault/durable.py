@@ -1,7 +1,7 @@
 """Local writes that must be whole, and those that must survive a power loss: the few calls every layer
 that writes a local file (keyfiles, packs, restored files) shares. Keyfiles and packs are fsynced; restored
-files are not (docs/reliability.md: forcing them out cost a quarter of a restore). It imports nothing of ckptvault's, so a module
-loaded first thing by the CLI (the keyfile's) pays nothing for it."""
+files are not (docs/reliability.md: forcing them out cost a quarter of a restore). It imports nothing of
+ckptvault's, so a module loaded first thing by the CLI (the keyfile's) pays nothing for it."""
 
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ def test_a_deleted_index_object_is_recoverable_and_check_says_so(two_saves, repo
     with Vault.open(repo_url) as vault:
         report = vault.check()
         assert report.affected == {} and report.problems, report.problems
-        assert all("holds it; run: ckptvault repair-index" in p.detail for p in report.problems), report.problems
+        said = "holds it (the snapshot still restores); run: ckptvault repair-index"
+        assert all(said in p.detail for p in report.problems), report.problems
     proc = cli("check", "--repo", repo_url, check=False)
     assert proc.returncode == 30 and "forget" not in proc.stderr.decode()
     # the way on is each line's repair-index, not check once more (docs audit 39 L6: "run: ckptvault check
