@@ -13,7 +13,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import LockLostError, ObjectNotFoundError, VaultLockedError
-from ckptvault.repository.locks import LockManager
+from ckptvault.repository.locks import LockManager, process_table
 
 
 def old_clock() -> datetime:
@@ -239,6 +239,11 @@ def test_a_lock_from_another_process_table_is_not_judged_by_its_pid(vault: Vault
     listed = {lock.lock_id: lock for lock in manager.list()}
     assert manager.is_stale(listed[here.lock_id])
     assert not manager.is_stale(listed[elsewhere.lock_id]) and not manager.is_stale(listed[unknown.lock_id])
+    # "shared lock by vm pid 1" read as this host's live init: where it ran is said (mw48 #4)
+    assert "(in an earlier boot of this machine, or on another machine of this name)" in elsewhere.describe()
+    container = replace(elsewhere, pid_table=process_table().partition("/")[0] + "/4026532000")
+    assert f"pid {dead} (in another PID namespace of this host: a container's) since" in container.describe()
+    assert "(" not in here.describe() and "(" not in unknown.describe()
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")

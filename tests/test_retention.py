@@ -36,12 +36,12 @@ def model_forget(snaps: list[Snapshot], p: RetentionPolicy) -> set[str]:
         groups.setdefault(key, []).append(s)
     forget = set()
     for members in groups.values():
-        # newest: by time, and also by step when every member has one (the better of the two ranks)
+        # newest: by time, and also by step among the members that have one (the better of the two ranks)
         by_time = sorted(members, key=lambda s: (s.time, s.id), reverse=True)
         rank_of = {s.id: r for r, s in enumerate(by_time)}
-        if all("step" in s.tags and s.tags["step"].isdigit() for s in members):
-            by_step = sorted(members, key=lambda s: (int(s.tags["step"]), s.time, s.id), reverse=True)
-            rank_of = {s.id: min(r, rank_of[s.id]) for r, s in enumerate(by_step)}
+        stepped = [s for s in members if "step" in s.tags and s.tags["step"].isdigit()]
+        by_step = sorted(stepped, key=lambda s: (int(s.tags["step"]), s.time, s.id), reverse=True)
+        rank_of.update({s.id: min(r, rank_of[s.id]) for r, s in enumerate(by_step)})
         for s in members:
             rank = rank_of[s.id]
             protected = any(
@@ -146,3 +146,28 @@ def test_steps_of_another_run_never_push_out_the_snapshots_saved_last():
     assert {s.id for s in new} <= kept  # newest by time
     assert {old[2].id, old[1].id} <= kept  # the highest steps
     assert old[0].id not in kept
+
+
+def test_a_backup_without_a_step_saved_last_does_not_push_out_the_highest_step():
+    """`restore latest` warned that the stepless save hid step 6 and named it as the one to resume from;
+    `prune --keep-latest 1` then removed step 6 without a word (mw48 #2)."""
+    steps = [make(i, i, {"run": "b", "step": str(i + 1)}) for i in range(6)]
+    manual = make(10, 100, {"run": "b"})
+    plan = plan_retention([*steps, manual], RetentionPolicy(keep_latest=1, group_by="run"))
+    assert {d.snapshot.id for d in plan.decisions if d.keep} == {steps[-1].id, manual.id}
+
+
+def test_an_ungrouped_prune_names_the_hosts_it_leaves_with_nothing():
+    """Three nodes shipping to one vault; `prune --keep-latest 1` kept one node's newest and removed every
+    other node's snapshots without a word (mw48 #1)."""
+    from ckptvault.snapshot.retention import retention_warnings
+
+    snaps = [make(3 * n + i, 3 * n + i, {"job": f"node{n}"}, host=f"node{n}") for n in (1, 2, 3) for i in (0, 1)]
+    policy = RetentionPolicy(keep_latest=1)
+    said = retention_warnings(plan_retention(snaps, policy), policy, dry_run=True)
+    assert said == [
+        "host node1, node2 would have no snapshot left: keep_latest counts the snapshots of all 3 hosts together; "
+        'group_by="host" keeps the newest N of each'
+    ], said
+    grouped = RetentionPolicy(keep_latest=1, group_by="host")
+    assert retention_warnings(plan_retention(snaps, grouped), grouped, dry_run=True) == []

@@ -191,7 +191,18 @@ class LockInfo:
             when = f"written {self.time:%Y-%m-%d %H:%M:%S} UTC" if self.time else "written at an unknown time"
             return f"unreadable lock {self.lock_id.hex()[:12]} ({self.problem}), {when}"
         kind = "exclusive" if self.exclusive else "shared"
-        return f"{kind} lock by {self.hostname} pid {self.pid} since {refreshed or self.time:%Y-%m-%d %H:%M:%S} UTC"
+        return (
+            f"{kind} lock by {self.hostname} pid {self.pid}{self._where()} "
+            f"since {refreshed or self.time:%Y-%m-%d %H:%M:%S} UTC"
+        )
+
+    def _where(self) -> str:
+        """Where a holder of this host's name ran, when not in this process table: its PID means nothing here."""
+        if self.hostname != socket.gethostname() or self.pid_table in (None, "", process_table()):
+            return ""
+        if (self.pid_table or "").partition("/")[0] == process_table().partition("/")[0]:
+            return " (in another PID namespace of this host: a container's)"
+        return " (in an earlier boot of this machine, or on another machine of this name)"
 
 
 @functools.cache

@@ -210,14 +210,14 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
     _check_keep_tags(snapshots, policy)
     for key, members in groups.items():
         label = group_label(key, policy.group_by)
-        # "Newest" by time and, where every member has a step, by step too; a snapshot keeps the
+        # "Newest" by time and, among the members with a step, by step too; a snapshot keeps the
         # better rank. By step alone, the steps of another run or of a restarted one (lower, yet
         # saved last) were pruned first; by time alone, an older step shipped late would push out
-        # the highest one.
+        # the highest one, and so would a save without a step tag (a manual backup) saved after it.
         # Unlike ``latest``, the steps of several runs count too: the rank only ever keeps more.
         by_time = sorted(members, key=lambda s: (s.time, s.id), reverse=True)
         rank = {snap.id: r for r, snap in enumerate(by_time)}
-        for r, snap in enumerate(reversed(by_step(members) or [])):
+        for r, snap in enumerate(reversed(by_step([s for s in members if s.step is not None]) or [])):
             rank[snap.id] = min(r, rank[snap.id])
         for snap in members:
             decisions[snap.id] = replace(_decide(snap, rank[snap.id], policy), group=label)
@@ -268,18 +268,27 @@ def retention_warnings(plan: RetentionPlan, policy: RetentionPolicy, *, dry_run:
                 f"they are pruned as one group, {label!r}, whose newest is kept"
             )
     if group_by is None:
+        has = "would have" if dry_run else "has"
+        rule = (
+            f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots"
+            if policy.keep_latest
+            else "only the newest snapshot is kept"
+        )
+        each = f"keeps the newest {'N' if policy.keep_latest else 'one'} of each"
         runs = {s.tags["run"] for s in snapshots if "run" in s.tags}
         kept = {s.tags["run"] for s in plan.keep if "run" in s.tags}
         if emptied := sorted(runs - kept):
-            has = "would have" if dry_run else "has"
-            rule = (
-                f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots"
-                if policy.keep_latest
-                else "only the newest snapshot is kept"
-            )
             by_run = spelled("--group-by run", 'group_by="run"')
             said.append(
                 f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {rule} of all {len(runs)} runs "
-                f"together; {by_run} keeps the newest {'N' if policy.keep_latest else 'one'} of each"
+                f"together; {by_run} {each}"
+            )
+        # nodes of one job shipping to one vault, told apart by host (restic groups by host by default)
+        hosts = {s.hostname for s in snapshots}
+        if len(hosts) > 1 and (emptied := sorted(hosts - {s.hostname for s in plan.keep})):
+            by_host = spelled("--group-by host", 'group_by="host"')
+            said.append(
+                f"host {', '.join(emptied)} {has} no snapshot left: {rule} of all {len(hosts)} hosts together; "
+                f"{by_host} {each}"
             )
     return said
