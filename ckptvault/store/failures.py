@@ -219,6 +219,13 @@ def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
     return None, None
 
 
+def range_past_the_end(exc: BaseException) -> bool:
+    """A range read refused because it starts at or past the object's end (HTTP 416): the object is
+    shorter than asked, which is what a short read says, not a storage failure."""
+    status, code = status_in_chain(exc)
+    return status == 416 or code == "InvalidRange"
+
+
 def one_line(text: str, limit: int = 300) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

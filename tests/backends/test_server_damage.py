@@ -88,3 +88,34 @@ def test_a_pack_the_server_finds_damaged_is_dropped_on_request_and_stored_again(
     remote_cli(backend, "prune", "--keep-latest", "5", "--repo", url)
     after = remote_cli(backend, "check", "--read-data", "--repo", url, **ONE_ATTEMPT)
     assert "no problems found" in after.stdout.decode() and "warning" not in after.stderr.decode()
+
+
+@pytest.mark.parametrize("backend_name", ["s3-moto", "s3-seaweedfs", "sftp-openssh"])
+def test_a_truncated_pack_on_a_server_is_damage_named_and_the_intact_file_restores(
+    server, backend_name: str, remote_cli, tmp_path: Path
+):
+    """S3 answers a range that starts past an object's end with HTTP 416: the restore failed as a storage
+    error (exit 20, "InvalidRange") and restored nothing, not even a file none of whose chunks was cut; over
+    SFTP each chunk past the end was read six times, minutes a pack (nf48 F1, F2)."""
+    import fsspec
+
+    backend = server(backend_name).backend
+    url = backend.new_url()
+    intact, cut = tmp_path / "intact", tmp_path / "cut"
+    for folder, seed in ((intact, 1), (cut, 2)):
+        folder.mkdir()
+        (folder / f"{folder.name}.bin").write_bytes(random.Random(seed).randbytes(1_500_000))
+    remote_cli(backend, "init", "--repo", url)
+    remote_cli(backend, "backup", str(intact), "--repo", url)
+    fs, root = fsspec.core.url_to_fs(url, **backend.storage_options)
+    before = set(fs.find(f"{root}/packs"))
+    remote_cli(backend, "backup", str(intact), str(cut), "--repo", url)
+    (pack,) = set(fs.find(f"{root}/packs")) - before  # the cut file's chunks, alone
+    fs.pipe_file(pack, fs.cat_file(pack)[:100_000])
+
+    out = tmp_path / "out"
+    failed = remote_cli(backend, "restore", "latest", str(out), "--repo", url, check=False)
+    error = one_line_error(failed)
+    assert failed.returncode == 30 and "cut.bin" in error and "run: ckptvault check" in error, error
+    assert (out / "intact" / "intact.bin").read_bytes() == (intact / "intact.bin").read_bytes()
+    assert "short read" not in failed.stderr.decode()  # the object's size says it: not retried
