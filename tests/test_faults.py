@@ -242,6 +242,21 @@ def test_a_call_whose_every_attempt_got_no_answer_says_how_long_it_tried_and_wha
     ), caught.value
 
 
+def test_a_call_given_no_answer_past_its_retries_names_both_settings_that_bound_it():
+    """With CKPTVAULT_OP_TIMEOUT=20 (as the docs advise) a hung server outlasted the retries and the error
+    named only CKPTVAULT_RETRY_FOR (nf48 F6)."""
+    store = open_store(url(), retry=RetryPolicy(retries=1, base_delay=0.01, op_timeout=0.3, retry_for=1.5))
+    store.put("obj", b"1")
+    faultyfs.FAULTS["get"] = list("H" * 8)
+    with pytest.raises(StorageError) as caught:
+        store.get("obj")
+    assert re.search(
+        r"no answer after 0\.3 s \(after \d+ attempts in [\d.]+ s; CKPTVAULT_OP_TIMEOUT how long each attempt waits "
+        r"for an answer, CKPTVAULT_RETRY_FOR sets how long an outage is retried\)$",
+        str(caught.value),
+    ), caught.value
+
+
 def test_an_error_the_storage_answered_with_opens_no_breaker():
     inner = _AnsweringStore(failures=3)  # one object failing is no sign that the storage is down
     store = RetryingStore(inner, RetryPolicy(retries=2, base_delay=0.01))

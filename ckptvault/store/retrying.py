@@ -288,9 +288,14 @@ class RetryingStore:
                         self._failing_keys.add(key)  # its next calls (a restore's other chunks of it) try less
                     if attempt > retries:  # an outage retried for a time: how long, and what sets it
                         waited = format_seconds(now - first_failed)
+                        each = (  # attempts that each waited out their deadline: that is set too (nf48 F6)
+                            "CKPTVAULT_OP_TIMEOUT how long each attempt waits for an answer, "
+                            if exc.reason.startswith(NO_ANSWER)
+                            else ""
+                        )
                         exc.args = (
-                            f"{exc.args[0]} (after {attempt + 1} attempts in {waited} s; CKPTVAULT_RETRY_FOR sets how "
-                            "long an outage is retried)",
+                            f"{exc.args[0]} (after {attempt + 1} attempts in {waited} s; {each}CKPTVAULT_RETRY_FOR "
+                            "sets how long an outage is retried)",
                         )
                     elif attempt and exc.reason.startswith(NO_ANSWER):  # each attempt waited out its deadline
                         exc.args = (
