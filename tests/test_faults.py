@@ -479,7 +479,11 @@ def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
     failure = classify(refused)
     assert failure.kind is Kind.DENIED and "check the credentials" in failure.reason
     assert classify(paramiko.BadAuthenticationType("Bad authentication type", ["publickey"])).kind is Kind.DENIED
-    assert classify(paramiko.AuthenticationException("Authentication timeout.")).retryable  # the server went silent
+    silent = classify(paramiko.AuthenticationException("Authentication timeout."))  # the server went silent
+    assert silent.retryable and silent.reason.startswith("no answer from the SSH server while logging in"), silent
+    # a silent server, or a port where something else answers (an HTTP server): not "the connection was lost"
+    banner = classify(paramiko.SSHException("Error reading SSH protocol banner"))
+    assert banner.retryable and "is not an SSH server (check the port)" in banner.reason, banner
 
 
 def test_an_ssh_link_gone_counts_as_no_answer_so_an_sftp_outage_is_outlasted():

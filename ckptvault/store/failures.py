@@ -157,6 +157,7 @@ PERMANENT_ERRNOS = frozenset(
 # paramiko's login failures; "saw EOF", "transport shut down" and a timeout are a connection that
 # dropped or a server that went silent meanwhile
 SSH_AUTH_NAMES = frozenset({"AuthenticationException", "BadAuthenticationType", "PasswordRequiredException"})
+_SSH_NO_GREETING = "Error reading SSH protocol banner"
 _SSH_DROPPED_TEXT = re.compile(r"saw EOF|transport shut down|Authentication timeout", re.IGNORECASE)
 # TLS that cannot pass by retrying: a certificate that does not verify, or TLS spoken to a plain HTTP
 # port (or the reverse); a TLS connection dropped midway (SSLEOFError) stays transient
@@ -322,8 +323,14 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.NO_BUCKET, f"{where} does not exist; create it first or check the URL")
     if isinstance(exc, FileNotFoundError) or code in NOT_FOUND_CODES or status == 404:
         return Failure(Kind.NOT_FOUND, "object not found")
-    if any(_ssh_login_cut(node) for node in chain):
-        return Failure(Kind.TRANSIENT, detail)
+    if any(_ssh_login_cut(node) for node in chain):  # "Authentication timeout": silence, not a refused key
+        return Failure(Kind.TRANSIENT, f"no answer from the SSH server while logging in ({detail})")
+    if _SSH_NO_GREETING in text:  # silence, or something that is not an SSH server at that port (nf48 F3, F8)
+        return Failure(
+            Kind.TRANSIENT,
+            f"no SSH greeting from the server ({detail}): it is not answering, or what answers at that host and "
+            "port is not an SSH server (check the port)",
+        )
     if "NoCredentialsError" in names:  # botocore found none: nothing was sent, so no server said "denied"
         return Failure(
             Kind.DENIED,
