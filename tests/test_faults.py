@@ -484,6 +484,8 @@ def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
     # a silent server, or a port where something else answers (an HTTP server): not "the connection was lost"
     banner = classify(paramiko.SSHException("Error reading SSH protocol banner"))
     assert banner.retryable and "is not an SSH server (check the port)" in banner.reason, banner
+    garbage = classify(paramiko.SFTPError("Garbage packet received"))  # a session out of step after a stall
+    assert garbage.retryable and "lost its place after the server stopped answering" in garbage.reason, garbage
 
 
 def test_an_ssh_link_gone_counts_as_no_answer_so_an_sftp_outage_is_outlasted():

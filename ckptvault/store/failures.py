@@ -325,6 +325,10 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.NOT_FOUND, "object not found")
     if any(_ssh_login_cut(node) for node in chain):  # "Authentication timeout": silence, not a refused key
         return Failure(Kind.TRANSIENT, f"no answer from the SSH server while logging in ({detail})")
+    if "Garbage packet received" in text:  # paramiko, after a read timed out inside its pipelined reads (nf48 F4)
+        return Failure(
+            Kind.TRANSIENT, f"the SFTP session lost its place after the server stopped answering for a while ({detail})"
+        )
     if _SSH_NO_GREETING in text:  # silence, or something that is not an SSH server at that port (nf48 F3, F8)
         return Failure(
             Kind.TRANSIENT,
