@@ -229,6 +229,28 @@ def test_an_outage_that_ends_inside_retry_for_is_outlasted_by_a_last_try_at_its_
     assert inner.calls == 3 and time.monotonic() - started > 0.9  # the last try came at the window's end
 
 
+def test_an_outage_is_looked_at_again_every_ten_seconds_at_most_but_a_busy_storage_gets_its_backoff(monkeypatch):
+    """Backoffs grew to 30 s while the storage did not answer at all: a backup sat idle 12-25 s after it was
+    back (nf48 F9). A storage that answers "busy" (503, throttling) still gets the longer waits it asks for."""
+    monkeypatch.setattr(retrying.random, "uniform", lambda low, high: high)
+    waits: list[float] = []
+    monkeypatch.setattr(retrying._interrupted, "wait", lambda seconds: waits.append(seconds) or False)
+
+    class _Refusing(_AnsweringStore):
+        def get(self, key: str) -> bytes:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise StorageError("GET", key, self.url, "refused", retryable=True) from ConnectionRefusedError()
+            return b"1"
+
+    policy = RetryPolicy(retries=2, base_delay=4.0, max_delay=30.0, retry_for=1000.0)
+    assert RetryingStore(_Refusing(failures=6), policy).get("obj") == b"1"
+    assert waits[:2] == [4.0, 8.0] and waits[2:] and max(waits[2:]) == retrying.OUTAGE_LOOK_EVERY_S, waits
+    waits.clear()
+    assert RetryingStore(_AnsweringStore(failures=6), policy).get("obj") == b"1"
+    assert max(waits) == 30.0, waits
+
+
 def test_a_call_whose_every_attempt_got_no_answer_says_how_long_it_tried_and_what_sets_the_wait():
     """A stalled S3 failed a backup after 13 minutes saying only "(after 6 attempts)" (audit rb44 #4)."""
     store = _store(timeout=0.3)

@@ -114,6 +114,7 @@ class RetryPolicy:
 
 
 NO_ANSWER = "no answer after"
+OUTAGE_LOOK_EVERY_S = 10.0  # the longest wait between tries while the storage does not answer at all
 
 
 def no_answer(seconds: float) -> str:
@@ -274,6 +275,11 @@ class RetryingStore:
                 now = time.monotonic()
                 first_failed = first_failed or now
                 delay = self.policy.delay(attempt)
+                if attempt >= retries and unreachable(exc):
+                    # an outage (no answer at all): look again often, so that work resumes soon after the storage
+                    # is back (backoffs of up to 30 s left a backup idle 12-25 s after it was, nf48 F9); a storage
+                    # that answers busy (503, throttling) keeps the longer backoff it asks for
+                    delay = min(delay, OUTAGE_LOOK_EVERY_S)
                 window_left = first_failed + self.policy.retry_for - now
                 if attempt >= retries and 0 < window_left < delay:
                     # the last try comes at the window's end, not past it: a 100 s outage failed a backup 21 s
