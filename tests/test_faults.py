@@ -251,6 +251,23 @@ def test_an_outage_is_looked_at_again_every_ten_seconds_at_most_but_a_busy_stora
     assert max(waits) == 30.0, waits
 
 
+def test_a_call_the_storage_leaves_unanswered_is_said_while_it_waits(monkeypatch, caplog):
+    """A frozen server left the user a minute without a word, until the first try's deadline (nf48 F5)."""
+    monkeypatch.setattr(retrying, "SILENCE_SAID_AFTER_S", 0.3)
+    monkeypatch.setattr(retrying, "SILENCE_LOOK_EVERY_S", 0.05)
+    store = _store(timeout=1.2)
+    faultyfs.FAULTS["get"] = list("H")  # one try hangs past its deadline; the retry gets the object
+    with caplog.at_level(logging.WARNING, logger="ckptvault.store"):
+        assert store.get("obj") == b"1"
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert len(said) == 1, said
+    assert re.fullmatch(
+        r"waiting for .+: GET obj has not finished in 0\.\d+ s \(a slow link, or a server that stopped answering\); "
+        r"each try waits up to 1\.2 s \(CKPTVAULT_OP_TIMEOUT sets it\), then it is retried",
+        said[0],
+    ), said
+
+
 def test_a_call_whose_every_attempt_got_no_answer_says_how_long_it_tried_and_what_sets_the_wait():
     """A stalled S3 failed a backup after 13 minutes saying only "(after 6 attempts)" (audit rb44 #4)."""
     store = _store(timeout=0.3)

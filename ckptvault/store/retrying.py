@@ -88,6 +88,67 @@ RETRY_SAID_EVERY_S = 10.0
 MAX_FAILING_KEYS = 10_000  # objects remembered as failing with a server error (a few bytes each)
 
 
+# A call that has not finished this long is said once (every SILENCE_SAID_EVERY_S at most for a store):
+# without it a frozen server left the user 60-76 s without a word before the first retry (nf48 F5)
+SILENCE_SAID_AFTER_S = 30.0
+SILENCE_SAID_EVERY_S = 60.0
+SILENCE_LOOK_EVERY_S = 5.0
+
+
+class _SilenceWatch:
+    """The calls of one store in flight, looked at by one thread (started with the first call, ending once
+    none ran for a while): per call only a dict entry, no thread or timer of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._calls: dict[int, tuple[float, str, str, float]] = {}  # token: (started, op, key, deadline)
+        self._mutex = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._said_at = -SILENCE_SAID_EVERY_S
+        self._next = 0
+
+    def started(self, op: str, key: str, deadline: float) -> int:
+        with self._mutex:
+            self._next += 1
+            self._calls[self._next] = (time.monotonic(), op, key, deadline)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="ckptvault-silence", daemon=True)
+                self._thread.start()
+            return self._next
+
+    def ended(self, token: int) -> None:
+        with self._mutex:
+            self._calls.pop(token, None)
+
+    def _watch(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            time.sleep(SILENCE_LOOK_EVERY_S)
+            now = time.monotonic()
+            with self._mutex:
+                if self._calls:
+                    idle_since = now
+                elif now - idle_since > SILENCE_SAID_EVERY_S:
+                    self._thread = None  # the next call starts another
+                    return
+                oldest = min(self._calls.values(), default=None)
+                if oldest is None or now - oldest[0] < SILENCE_SAID_AFTER_S:
+                    continue
+                if now - self._said_at < SILENCE_SAID_EVERY_S:
+                    continue
+                self._said_at = now
+            started, op, key, deadline = oldest
+            log.warning(  # not "no answer": a big upload on a slow link takes this long too
+                "waiting for %s: %s %s has not finished in %s s (a slow link, or a server that stopped answering); "
+                "each try waits up to %s s (CKPTVAULT_OP_TIMEOUT sets it), then it is retried",
+                self.url,
+                op,
+                key,
+                format_seconds(now - started),
+                format_seconds(deadline),
+            )
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     retries: int = 5
@@ -236,6 +297,7 @@ class RetryingStore:
         self._answered_at = 0.0  # when a call last succeeded (time.monotonic)
         self._failing_keys: set[str] = set()  # objects a server error failed through every attempt
         self._brief = threading.local()  # .on: this thread's calls are housekeeping (briefly())
+        self._silence = _SilenceWatch(self.url)
 
     @property
     def unanswered(self) -> bool:
@@ -253,6 +315,16 @@ class RetryingStore:
         finally:
             self._brief.on = False
 
+    def _attempt(self, op: str, key: str, fn: Callable[[], T], deadline: float) -> T:
+        """One try of ``fn``, watched for silence where it has a deadline."""
+        if not deadline:
+            return fn()
+        token = self._silence.started(op, key, deadline)
+        try:
+            return call_with_timeout(fn, deadline + self._grace, op, key, self.url)
+        finally:
+            self._silence.ended(token)
+
     def _call(self, op: str, key: str, fn: Callable[[], T], nbytes: int | None = None) -> T:
         """``fn`` with retries; ``nbytes``: what the call moves, where known (its deadline)."""
         brief = getattr(self._brief, "on", False)
@@ -266,7 +338,7 @@ class RetryingStore:
         first_failed = 0.0
         while True:
             try:
-                result = call_with_timeout(fn, deadline + self._grace, op, key, self.url) if deadline else fn()
+                result = self._attempt(op, key, fn, deadline)
             except StorageError as exc:
                 if probe and exc.retryable and not unreachable(exc):
                     # the storage answers again (a 503 while it recovers): an ordinary call from now on
