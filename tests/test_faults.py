@@ -250,6 +250,18 @@ def test_an_outage_is_looked_at_again_every_ten_seconds_at_most_but_a_busy_stora
     assert RetryingStore(_AnsweringStore(failures=6), policy).get("obj") == b"1"
     assert max(waits) == 30.0, waits
 
+    # refused before anything ever answered: the address is the likelier culprit than an outage (nf48 F7)
+    monkeypatch.setattr(retrying.time, "monotonic", iter(range(0, 10_000, 7)).__next__)  # 7 s a look
+    never = RetryingStore(_Refusing(failures=100), RetryPolicy(retries=1, base_delay=1.0, retry_for=60.0))
+    with pytest.raises(StorageError, match=r"nothing has accepted a connection there yet: check the address"):
+        never.get("obj")
+    answered = RetryingStore(_Refusing(failures=0), RetryPolicy(retries=1, base_delay=1.0, retry_for=60.0))
+    assert answered.get("obj") == b"1"
+    answered.inner.failures = 100
+    with pytest.raises(StorageError) as caught:
+        answered.get("obj")
+    assert "check the address" not in str(caught.value)
+
 
 def test_a_call_the_storage_leaves_unanswered_is_said_while_it_waits(monkeypatch, caplog):
     """A frozen server left the user a minute without a word, until the first try's deadline (nf48 F5)."""

@@ -220,6 +220,19 @@ def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
     return None, None
 
 
+_REFUSED_TEXT = re.compile(r"Connection refused|Connect call failed|Could not connect to the endpoint", re.IGNORECASE)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether nothing accepted the connection (a wrong host or port, or a server not running)."""
+    return any(
+        isinstance(node, ConnectionRefusedError)
+        or (isinstance(node, OSError) and node.errno == errno.ECONNREFUSED)
+        or bool(_REFUSED_TEXT.search(str(node)))
+        for node in _chain(exc)
+    )
+
+
 def range_past_the_end(exc: BaseException) -> bool:
     """A range read refused because it starts at or past the object's end (HTTP 416): the object is
     shorter than asked, which is what a short read says, not a storage failure."""

@@ -46,7 +46,7 @@ from typing import TypeVar
 from ..errors import ObjectExistsError, StorageError
 from ..units import format_seconds
 from .base import ObjectInfo, Store, TempFiles
-from .failures import down_or_busy, object_fault, unreachable
+from .failures import down_or_busy, object_fault, refused, unreachable
 from .options import env_number
 
 T = TypeVar("T")
@@ -315,6 +315,16 @@ class RetryingStore:
         finally:
             self._brief.on = False
 
+    def _address_hint(self, exc: StorageError) -> str:
+        """For connections refused before anything here ever answered: the likelier cause is the address
+        (a mistyped port or endpoint_url) than an outage (nf48 F7)."""
+        if self._answered_at or not refused(exc):
+            return ""
+        return (
+            " (nothing has accepted a connection there yet: check the address, -o endpoint_url or the URL's "
+            "host and port, or that the server runs)"
+        )
+
     def _attempt(self, op: str, key: str, fn: Callable[[], T], deadline: float) -> T:
         """One try of ``fn``, watched for silence where it has a deadline."""
         if not deadline:
@@ -373,7 +383,7 @@ class RetryingStore:
                         )
                         exc.args = (
                             f"{exc.args[0]} (after {attempt + 1} attempts in {waited} s; {each}CKPTVAULT_RETRY_FOR "
-                            "sets how long an outage is retried)",
+                            f"sets how long an outage is retried){self._address_hint(exc)}",
                         )
                     elif attempt and exc.reason.startswith(NO_ANSWER):  # each attempt waited out its deadline
                         exc.args = (
@@ -397,7 +407,7 @@ class RetryingStore:
                         "%s; the storage is %s: retrying in %.1f s (attempt %d; for up to %s s in all, "
                         "CKPTVAULT_RETRY_FOR)",
                         exc,
-                        "failing (a server error)" if object_fault(exc) else "down or busy",
+                        "failing (a server error)" if object_fault(exc) else "down or busy" + self._address_hint(exc),
                         delay,
                         attempt + 2,
                         format_seconds(self.policy.retry_for),
