@@ -240,9 +240,9 @@ def test_a_lock_from_another_process_table_is_not_judged_by_its_pid(vault: Vault
     assert manager.is_stale(listed[here.lock_id])
     assert not manager.is_stale(listed[elsewhere.lock_id]) and not manager.is_stale(listed[unknown.lock_id])
     # "shared lock by vm pid 1" read as this host's live init: where it ran is said (mw48 #4)
-    assert "(in an earlier boot of this machine, or on another machine of this name)" in elsewhere.describe()
+    assert "(in another boot: an earlier one of this machine, or another machine of this name)" in elsewhere.describe()
     container = replace(elsewhere, pid_table=process_table().partition("/")[0] + "/4026532000")
-    assert f"pid {dead} (in another PID namespace of this host: a container's) since" in container.describe()
+    assert f"pid {dead} (in another PID namespace of this host) since" in container.describe()
     assert "(" not in here.describe() and "(" not in unknown.describe()
 
 
@@ -373,42 +373,51 @@ def test_unlock_on_a_host_whose_clock_runs_ahead_keeps_a_live_lock(vault: Vault)
         held.release()
 
 
-def _written_before_this_boot(manager: LockManager, repo: Path, **changes) -> object:
-    """A lock as this machine's process wrote it before the machine last restarted (cr48 F1)."""
-    from ckptvault.repository import locks
+def _written_in_boot(manager: LockManager, repo: Path, boot: str, refreshed: datetime) -> object:
+    """A lock as a process of boot ``boot`` (of this machine or another) last refreshed it at ``refreshed``."""
     from ckptvault.repository.format import lock_key
 
-    before = locks.boot_time() - timedelta(minutes=1)  # its last refresh, a minute before the power went
-    info = replace(manager.new_info(exclusive=True), time=before, pid_table="an-earlier-boot/4026531836", **changes)
+    info = replace(manager.new_info(exclusive=True), time=refreshed, pid_table=f"{boot}/4026531836")
     manager.put(info)
-    os.utime(repo / lock_key(info.lock_id), (before.timestamp(), before.timestamp()))  # the storage's time too
+    os.utime(repo / lock_key(info.lock_id), (refreshed.timestamp(), refreshed.timestamp()))  # the storage's too
     return info
 
 
 @pytest.mark.skipif(not Path("/proc/sys/kernel/random/boot_id").exists(), reason="no boot ID on this system")
 def test_a_lock_this_machine_wrote_before_it_restarted_is_stale_at_once(tmp_path: Path, monkeypatch):
     """A box that lost power mid-prune came back, and its resume's `restore latest` was refused for 30
-    minutes by the dead prune's lock, told it would go stale "at once if it ran on this host" (cr48 F1)."""
+    minutes by the dead prune's lock, told it would go stale "at once if it ran on this host" (cr48 F1).
+    A boot is this machine's only where this machine listed it: a clone or a sandbox kernel with this
+    hostname runs a boot of its own, whose live holder must not be judged dead (rv48 H1)."""
     from ckptvault.repository import locks
 
-    monkeypatch.setattr(locks, "machine_tag", lambda: "ab" * 16)
+    history = tmp_path / "state" / "boot-ids"
+    monkeypatch.setattr(locks, "boot_history_path", lambda: history)
+    locks.record_this_boot.cache_clear()
     booted = locks.utc_now() - timedelta(minutes=10)  # a restart 10 minutes ago: no lock is stale by age yet
     monkeypatch.setattr(locks, "boot_time", lambda: booted)
+    this_boot = locks.process_table().partition("/")[0]
+    history.parent.mkdir()
+    history.write_text("an-earlier-boot\n")
     repo = tmp_path / "v"
     with Vault.init(str(repo)) as vault:
         manager = vault._repo.locks
-        dead_prune = _written_before_this_boot(manager, repo)
+        before = booted - timedelta(minutes=1)  # the last refresh, a minute before the power went
+        dead_prune = _written_in_boot(manager, repo, "an-earlier-boot", before)
         with manager.acquire(exclusive=False):  # a restore: it goes ahead, and removes the dead prune's lock
             assert dead_prune.lock_id not in {lock.lock_id for lock in manager.list()}
-        # another machine with this hostname: its holder may live, so only age makes its lock stale
-        twin = _written_before_this_boot(manager, repo, machine="cd" * 16)
-        with pytest.raises(VaultLockedError, match="or before this machine last restarted"):
+        assert history.read_text().split() == ["an-earlier-boot", this_boot]  # listed by the first lock written
+        # a boot this machine never listed (a clone's, a sandbox kernel's): its holder may live
+        twin = _written_in_boot(manager, repo, "a-twins-boot", before)
+        said = r"pid \d+ \(in another boot: .*or before this machine last restarted"
+        with pytest.raises(VaultLockedError, match=said):
             manager.acquire(exclusive=False, retry=False)
         manager.remove(twin)
-        # refreshed after this boot began: a live twin with this machine's identity, not a dead holder
-        manager.put(replace(manager.new_info(exclusive=True), pid_table="an-earlier-boot/4026531836"))
+        # refreshed after this boot began: not a holder this restart ended
+        _written_in_boot(manager, repo, "an-earlier-boot", booted + timedelta(minutes=1))
         with pytest.raises(VaultLockedError):
             manager.acquire(exclusive=False, retry=False)
+    locks.record_this_boot.cache_clear()
 
 
 def test_a_killed_backups_lock_is_removed_by_the_next_shared_locker(vault: Vault):

@@ -6,8 +6,8 @@ that is not stale makes the newcomer remove its own and fail. A holder refreshes
 (a new object, then the old one deleted) every ``refresh_every``; a lock not refreshed for
 ``stale_after``, or held by a dead process in this process table (this host's boot and PID
 namespace: ``process_table``), is stale and ignored; so is one this machine wrote before its last
-restart (the same hostname and machine, another boot, last refreshed before this boot began: a box
-that lost power mid-prune must not wait half an hour to restore). An exclusive locker (prune,
+restart (a boot ID it listed as its own, ``record_this_boot``, this hostname, last refreshed before this
+boot began: a box that lost power mid-prune must not wait half an hour to restore). An exclusive locker (prune,
 forget --prune) removes the stale locks it ignores; any locker removes those whose holder is known
 dead (no clock judges them), so that a killed backup's lock does not outlive the reboot as one only
 age can clear.
@@ -96,7 +96,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -108,9 +107,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..blob import Kind
+from ..durable import replace_with
 from ..errors import (
     CkptVaultError,
     IntegrityError,
@@ -178,7 +179,6 @@ class LockInfo:
     newer: bool = False  # it verifies, but a newer ckptvault wrote it (an unknown lock version)
     modified: datetime | None = None  # when the storage wrote the object, where the listing says
     pid_table: str | None = None  # which process table ``pid`` is in (``process_table()``); None: unknown
-    machine: str | None = None  # which machine wrote it (``machine_tag()``); None or "": unknown
 
     @property
     def unreadable(self) -> bool:
@@ -201,8 +201,8 @@ class LockInfo:
         if self.hostname != socket.gethostname() or self.pid_table in (None, "", process_table()):
             return ""
         if (self.pid_table or "").partition("/")[0] == process_table().partition("/")[0]:
-            return " (in another PID namespace of this host: a container's)"
-        return " (in an earlier boot of this machine, or on another machine of this name)"
+            return " (in another PID namespace of this host)"
+        return " (in another boot: an earlier one of this machine, or another machine of this name)"
 
 
 @functools.cache
@@ -219,17 +219,38 @@ def process_table() -> str:
         return ""
 
 
+BOOTS_KEPT = 64  # this machine's boot IDs remembered (boot-ids: one a line, the newest last)
+
+
+def boot_history_path() -> Path:
+    """Where this machine's boot IDs are listed (its local state, not any vault's)."""
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("ckptvault")) / "boot-ids"
+
+
 @functools.cache
-def machine_tag() -> str:
-    """This machine, across its restarts: a digest of its machine ID (the ID itself is not written where
-    others read it); "" where it has none (many container images)."""
-    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        with contextlib.suppress(OSError):
-            with open(path, "rb") as f:
-                machine_id = f.read().strip()
-            if machine_id:
-                return hashlib.sha256(b"ckptvault lock machine\0" + machine_id).hexdigest()[:32]
-    return ""
+def record_this_boot() -> None:
+    """Add this boot's ID to this machine's list, once a process, before it writes a lock: a lock naming an
+    earlier boot on that list was written by this machine before it last restarted. Best effort."""
+    boot = process_table().partition("/")[0]
+    if not boot:
+        return
+    path = boot_history_path()
+    with contextlib.suppress(OSError):
+        known = path.read_text().split() if path.exists() else []
+        if boot not in known:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            listed = "\n".join([*known, boot][-BOOTS_KEPT:]) + "\n"
+            replace_with(str(path), lambda tmp: Path(tmp).write_text(listed), ".")
+
+
+def _earlier_boots() -> set[str]:
+    """This machine's boots before this one, as far as its list says."""
+    try:
+        return set(boot_history_path().read_text().split()) - {process_table().partition("/")[0]}
+    except OSError:
+        return set()
 
 
 def boot_time() -> datetime:
@@ -240,21 +261,25 @@ def boot_time() -> datetime:
 
 
 def _before_this_boot(lock: LockInfo, refreshed: datetime | None) -> bool:
-    """Whether ``lock`` was written by this machine before it last restarted: its holder is gone. The
-    machine and the hostname must match, the boot differ, and its last refresh ``refreshed`` come before
-    this boot began (a live twin of this machine, a clone with its identity, refreshes after it)."""
-    this_boot = process_table().partition("/")[0]
+    """Whether ``lock`` was written by this machine before it last restarted, so its holder is gone: a boot
+    this machine listed as its own (``record_this_boot``; boot IDs are random, so another machine's, a
+    clone's or a sandbox kernel's, are never on the list), this hostname, and a last refresh ``refreshed``
+    before this boot began."""
+    boot = (lock.pid_table or "").partition("/")[0]
     return (
         not lock.unreadable
+        and bool(boot)
         and refreshed is not None
-        and bool(this_boot)
-        and bool(lock.machine)
-        and lock.machine == machine_tag()
         and lock.hostname == socket.gethostname()
-        and lock.pid_table is not None
-        and lock.pid_table.partition("/")[0] not in ("", this_boot)
         and refreshed < boot_time()
+        and boot in _earlier_boots()
     )
+
+
+def _briefly(store: object) -> contextlib.AbstractContextManager[None]:
+    """The store's housekeeping mode (RetryingStore.briefly: few, short tries), where it has one."""
+    briefly = getattr(store, "briefly", None)
+    return briefly() if briefly is not None else contextlib.nullcontext()
 
 
 def _in_this_process_table(lock: LockInfo) -> bool:
@@ -359,7 +384,6 @@ class LockManager:
             exclusive,
             self.clock(),
             pid_table=process_table(),
-            machine=machine_tag(),
         )
 
     def put(self, info: LockInfo) -> None:
@@ -371,7 +395,6 @@ class LockManager:
             "exclusive": info.exclusive,
             "time": info.time.isoformat(),
             "pid_table": info.pid_table,
-            "machine": info.machine,
         }
         self.repo.store.put(
             lock_key(info.lock_id), self.repo.codec.encode(Kind.LOCK, info.lock_id, json.dumps(doc).encode())
@@ -379,6 +402,7 @@ class LockManager:
 
     def write(self, exclusive: bool) -> LockInfo:
         self.repo.refuse_if_downgraded_before_writing()  # a lock names this host: never in the clear by mistake
+        record_this_boot()
         info = self.new_info(exclusive)
         self.put(info)
         return info
@@ -457,7 +481,6 @@ class LockManager:
         if time.tzinfo is None:
             raise ValueError(f"lock time {doc['time']!r} has no time zone")
         pid_table = doc.get("pid_table")  # locks written before 2026-12-01 do not say
-        machine = doc.get("machine")  # nor those before 2026-12-06
         return LockInfo(
             lock_id,
             str(doc["hostname"]),
@@ -465,7 +488,6 @@ class LockManager:
             bool(doc["exclusive"]),
             time,
             pid_table=pid_table if isinstance(pid_table, str) else None,
-            machine=machine if isinstance(machine, str) else None,
         )
 
     def _own_lock_ids(self) -> set[bytes]:
@@ -617,7 +639,7 @@ class LockManager:
                 if exclusive:  # an exclusive holder may delete data: make frozen holders notice
                     self.remove(lock)
                 elif self.holder_gone(lock):  # a killed process's, not to outlive a restart (best effort)
-                    with contextlib.suppress(CkptVaultError):
+                    with contextlib.suppress(CkptVaultError), _briefly(self.repo.store):
                         self.remove(lock)
         except BaseException:
             try:
@@ -938,8 +960,7 @@ class HeldLock:
 
     def _housekeeping(self) -> contextlib.AbstractContextManager[None]:
         """Where a shared lock's removal is done: briefly (``release``)."""
-        briefly = getattr(self.manager.repo.store, "briefly", None)
-        return briefly() if briefly is not None and not self.exclusive else contextlib.nullcontext()
+        return contextlib.nullcontext() if self.exclusive else _briefly(self.manager.repo.store)
 
     def __enter__(self) -> HeldLock:
         return self
