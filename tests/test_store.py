@@ -376,6 +376,43 @@ def test_local_deletes_are_durable_before_any_operation_on_another_kind_of_objec
     assert sorted(synced[:2]) == [f"{root}/packs/ab", f"{root}/packs/cd"], synced
 
 
+def test_a_folder_whose_fsync_failed_stays_pending_and_parallel_deletes_wait_for_the_flush(tmp_path, monkeypatch):
+    """An fsync that failed dropped its folder, and the retried delete went ahead unflushed; the other
+    threads of a parallel delete ran ahead of a flush in progress (rv48 M1, M2)."""
+    import errno
+    import time
+
+    from ckptvault.store import local
+
+    root = tmp_path / "repo"
+    store = LocalStore(str(root))
+    for key in ("index/i", "packs/ab/p", "packs/cd/q"):
+        store.put(key, b"x")
+    events: list[str] = []
+    real = local.fsync_dir
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def slow_or_failing(path: str) -> None:
+        events.append(f"fsync {os.path.basename(path)}")
+        if failures:
+            raise failures.pop()
+        time.sleep(0.2)
+        real(path)
+
+    monkeypatch.setattr(local, "fsync_dir", slow_or_failing)
+    real_remove = os.remove
+    monkeypatch.setattr(
+        local.os, "remove", lambda path: (events.append(f"rm {path[len(str(root)) + 1 :]}"), real_remove(path))
+    )
+    store.delete("index/i")
+    with pytest.raises(StorageError, match="Input/output error"):
+        store.delete("packs/ab/p")
+    assert events == ["rm index/i", "fsync index"]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(store.delete, ["packs/ab/p", "packs/cd/q"]))
+    assert events[2] == "fsync index" and sorted(events[3:]) == ["rm packs/ab/p", "rm packs/cd/q"], events
+
+
 @pytest.mark.parametrize(
     "url, options, fragment",
     [

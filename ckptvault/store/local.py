@@ -9,7 +9,7 @@ the folder. A URL with a protocol
 (``file://``, ``local://``) goes through fsspec's local filesystem, with the same puts and reads.
 
 Deletes are made durable in the order they were made with respect to other kinds of objects: before
-an operation on another top-level folder (``trees/`` after ``snapshots/``, ``packs/`` after ``index/``),
+a put or delete in another top-level folder (``trees/`` after ``snapshots/``, ``packs/`` after ``index/``),
 the folders of the deletes made so far are fsynced. Prune and forget rely on that order (a snapshot gone
 before its tree and packs, index objects before the packs they name); journaling filesystems keep it by
 themselves, others need not, and deletes of one kind still cost no fsync each.
@@ -193,14 +193,16 @@ class LocalStore:
                 self._deleted_kind = key.split("/", 1)[0]
 
     def _deletes_before(self, key: str) -> None:
-        """Make the deletes made so far durable when ``key`` is of another kind (module docstring)."""
+        """Make the deletes made so far durable when ``key`` is of another kind (module docstring). Under the
+        mutex: the other threads of a parallel delete wait for the flush instead of running ahead of it; a
+        folder whose fsync fails stays pending, so the retried call flushes it first."""
         with self._deletes_mutex:
             if not self._deleted_in or key.split("/", 1)[0] == self._deleted_kind:
                 return
-            folders, self._deleted_in = self._deleted_in, set()
-        for folder in folders:
-            with contextlib.suppress(FileNotFoundError):  # a folder of packs emptied and removed meanwhile
-                fsync_dir(folder)
+            for folder in sorted(self._deleted_in):
+                with contextlib.suppress(FileNotFoundError):  # a folder of packs emptied and removed meanwhile
+                    fsync_dir(folder)
+                self._deleted_in.discard(folder)
 
     def remove_stale_temp_files(self, older_than_s: float) -> int:
         """Delete the temp files of killed writers older than ``older_than_s``; returns how many."""
