@@ -314,8 +314,8 @@ def test_a_run_left_with_no_snapshot_by_an_ungrouped_prune_is_named(cli, tmp_pat
     assert "no snapshot left" not in grouped.stderr.decode()
     dated = cli("prune", "--repo", url, "--before", "0min", "--dry-run").stderr.decode()
     assert (
-        "run=a, run=b would have no snapshot left: only the newest snapshot is kept of all 3 runs together; "
-        "--group-by run keeps the newest one of each"
+        "run=a, run=b would have no snapshot left: the one snapshot kept whatever its age is the newest of all 3 "
+        "runs together; --group-by run keeps the newest one of each"
     ) in dated, dated
     real = cli("prune", "--repo", url, "--keep-latest", "2")
     assert "warning: run=a has no snapshot left" in real.stderr.decode()

@@ -171,3 +171,6 @@ def test_an_ungrouped_prune_names_the_hosts_it_leaves_with_nothing():
     ], said
     grouped = RetentionPolicy(keep_latest=1, group_by="host")
     assert retention_warnings(plan_retention(snaps, grouped), grouped, dry_run=True) == []
+    # hosts a --tag leaves out are not counted, nor named (rv48 M5)
+    scoped = RetentionPolicy(keep_latest=1, tags={"job": "node1"})
+    assert retention_warnings(plan_retention(snaps, scoped), scoped, dry_run=True) == []

@@ -52,7 +52,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         )
         if stats.delta_saving_unknown:
             head += (
-                f" (not counting {stats.delta_saving_unknown} whose saving is not known: copied in, or added by "
+                f" (not counting about {stats.delta_saving_unknown} whose saving is not known: copied in, or added by "
                 "a backup whose snapshot is forgotten)"
             )
     data = {**stats.__dict__, "dedup_ratio": stats.dedup_ratio, "total_ratio": stats.total_ratio}

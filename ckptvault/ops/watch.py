@@ -397,6 +397,8 @@ class Watcher:
                 continue  # deleted while we looked, or unreadable: the next poll looks again
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 continue  # a link names a checkpoint that is watched under its own name
+            if self._folder.is_log_folder(entry.name, st.st_ino):
+                continue
             if self._excluded_checkpoint(entry.name, st):
                 self._warn_once(
                     ("excluded checkpoint", ""),
@@ -404,8 +406,6 @@ class Watcher:
                     f"'/' leaves out whole checkpoints too; change {spelled('--exclude', 'exclude')} if it should "
                     "ship (said once)",
                 )
-                continue
-            if self._folder.is_log_folder(entry.name, st.st_ino):
                 continue
             if (
                 entry.path == self.state_dir

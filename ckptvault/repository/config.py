@@ -53,8 +53,8 @@ class RepoConfig:
             )
         if self.compression.delta and self.version < DELTA_FORMAT_VERSION:
             raise MalformedObjectError(  # no ckptvault writes one: an older version put into the config by hand
-                f"delta coding needs repository format {DELTA_FORMAT_VERSION}, not {self.version}, which the config "
-                f"says: it was altered or rolled back; {CONFIG_FROM_A_COPY}"
+                f"the config says repository format {self.version} with delta coding, which needs format "
+                f"{DELTA_FORMAT_VERSION}: it was altered or rolled back; {CONFIG_FROM_A_COPY}"
             )
         if not 1024 * 1024 <= self.pack_size <= MAX_PACK_SIZE:
             raise UsageError(f"pack size {self.pack_size} is out of range; use 1 MiB..1 GiB")

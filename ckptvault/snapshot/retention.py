@@ -4,7 +4,7 @@ A snapshot is forgotten only when every given rule says so: with both ``keep_lat
 ``before`` it must be outside the newest N of its group AND older than the date. Snapshots
 not matching ``tags`` are not considered (kept), ``keep_tags`` protect, and the newest
 snapshot of every group is always kept, so no policy can empty a group by mistake. "Newest"
-counts by time and, when every snapshot of the group has a numeric ``step`` tag, by step too:
+counts by time and, among the snapshots of the group with a numeric ``step`` tag, by step too:
 a snapshot among the newest N either way is kept.
 
 ``group_by`` names a tag key (or ``host``). A typo there would put every snapshot into one
@@ -23,6 +23,7 @@ CLI says it protects nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -269,26 +270,28 @@ def retention_warnings(plan: RetentionPlan, policy: RetentionPolicy, *, dry_run:
             )
     if group_by is None:
         has = "would have" if dry_run else "has"
-        rule = (
-            f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots"
-            if policy.keep_latest
-            else "only the newest snapshot is kept"
+        considered = [s for s in snapshots if s.matches(policy.tags)]
+
+        def say_emptied(key: str, values: set[str], kept: set[str], shown: Callable[[list[str]], str]) -> None:
+            if not (emptied := sorted(values - kept)):
+                return
+            rule = (
+                f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots of all {len(values)} {key}s together"
+                if policy.keep_latest
+                else f"the one snapshot kept whatever its age is the newest of all {len(values)} {key}s together"
+            )
+            by = spelled(f"--group-by {key}", f'group_by="{key}"')
+            each = "N" if policy.keep_latest else "one"
+            said.append(f"{shown(emptied)} {has} no snapshot left: {rule}; {by} keeps the newest {each} of each")
+
+        runs = {s.tags["run"] for s in considered if "run" in s.tags}
+        say_emptied(
+            "run",
+            runs,
+            {s.tags["run"] for s in plan.keep if "run" in s.tags},
+            lambda e: ", ".join(f"run={r}" for r in e),
         )
-        each = f"keeps the newest {'N' if policy.keep_latest else 'one'} of each"
-        runs = {s.tags["run"] for s in snapshots if "run" in s.tags}
-        kept = {s.tags["run"] for s in plan.keep if "run" in s.tags}
-        if emptied := sorted(runs - kept):
-            by_run = spelled("--group-by run", 'group_by="run"')
-            said.append(
-                f"{', '.join(f'run={r}' for r in emptied)} {has} no snapshot left: {rule} of all {len(runs)} runs "
-                f"together; {by_run} {each}"
-            )
         # nodes of one job shipping to one vault, told apart by host (restic groups by host by default)
-        hosts = {s.hostname for s in snapshots}
-        if len(hosts) > 1 and (emptied := sorted(hosts - {s.hostname for s in plan.keep})):
-            by_host = spelled("--group-by host", 'group_by="host"')
-            said.append(
-                f"host {', '.join(emptied)} {has} no snapshot left: {rule} of all {len(hosts)} hosts together; "
-                f"{by_host} {each}"
-            )
+        hosts = {s.hostname for s in considered}
+        say_emptied("host", hosts, {s.hostname for s in plan.keep}, lambda e: f"host {', '.join(e)}")
     return said

@@ -336,11 +336,19 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.NO_BUCKET, f"{where} does not exist; create it first or check the URL")
     if isinstance(exc, FileNotFoundError) or code in NOT_FOUND_CODES or status == 404:
         return Failure(Kind.NOT_FOUND, "object not found")
-    if any(_ssh_login_cut(node) for node in chain):  # "Authentication timeout": silence, not a refused key
-        return Failure(Kind.TRANSIENT, f"no answer from the SSH server while logging in ({detail})")
-    if "Garbage packet received" in text:  # paramiko, after a read timed out inside its pipelined reads (nf48 F4)
+    if any(_ssh_login_cut(node) for node in chain):  # not a refused key: silence, or the server hung up
+        if "timeout" in text.lower():
+            return Failure(Kind.TRANSIENT, f"no answer from the SSH server while logging in ({detail})")
         return Failure(
-            Kind.TRANSIENT, f"the SFTP session lost its place after the server stopped answering for a while ({detail})"
+            Kind.TRANSIENT,
+            f"the SSH server closed the connection while logging in ({detail}): it went away, or a rule of its "
+            "own turned this login away (MaxAuthTries with many keys offered, fail2ban)",
+        )
+    if "Garbage packet received" in text:  # paramiko: bytes where an SFTP packet should start (nf48 F4, rv48 M3)
+        return Failure(
+            Kind.TRANSIENT,
+            f"the SFTP session is out of step ({detail}): the server stopped answering for a while, or its login "
+            "shell prints text (make the server's shell startup files silent for non-interactive logins)",
         )
     if _SSH_NO_GREETING in text:  # silence, or something that is not an SSH server at that port (nf48 F3, F8)
         return Failure(
