@@ -378,12 +378,7 @@ class LockManager:
 
     def new_info(self, exclusive: bool) -> LockInfo:
         return LockInfo(
-            new_object_id(),
-            socket.gethostname(),
-            os.getpid(),
-            exclusive,
-            self.clock(),
-            pid_table=process_table(),
+            new_object_id(), socket.gethostname(), os.getpid(), exclusive, self.clock(), pid_table=process_table()
         )
 
     def put(self, info: LockInfo) -> None:
