@@ -343,15 +343,14 @@ def test_a_local_put_makes_the_folders_it_creates_durable(tmp_path, monkeypatch)
     assert synced == [f"{root}/packs/ab"]
 
 
-@pytest.mark.parametrize("url_of", [str, lambda path: f"file://{path}"])
-def test_local_deletes_are_durable_before_any_operation_on_another_kind_of_object(tmp_path, monkeypatch, url_of):
+def test_local_deletes_are_durable_before_any_operation_on_another_kind_of_object(tmp_path, monkeypatch):
     """Prune and forget delete snapshots before their trees and packs, index objects before their packs: on a
     filesystem that does not keep the order of deletes by itself, a power loss could bring back a snapshot
     whose packs are gone (cr48 F2). Deletes of one kind cost no fsync each."""
     from ckptvault.store import local, open_store
 
     root = tmp_path / "repo"
-    store = open_store(url_of(str(root)))
+    store = open_store(str(root))
     for key in ("snapshots/a", "snapshots/b", "trees/t", "index/i", "packs/ab/p", "packs/cd/q"):
         store.put(key, b"x")
     synced: list[str] = []

@@ -510,8 +510,6 @@ class FsspecStore:
         return fs.ls(folder, detail=True, **self._deadline())
 
     def delete(self, key: str) -> None:
-        if self._disk is not None:
-            return self._disk.delete(key)
         with self._session("DELETE", key, 0) as fs:
             fs.rm_file(self._path(key), **self._deadline(0))
 
