@@ -266,7 +266,6 @@ def test_an_outage_is_looked_at_again_every_ten_seconds_at_most_but_a_busy_stora
 def test_a_call_the_storage_leaves_unanswered_is_said_while_it_waits(monkeypatch, caplog):
     """A frozen server left the user a minute without a word, until the first try's deadline (nf48 F5)."""
     monkeypatch.setattr(retrying, "SILENCE_SAID_AFTER_S", 0.3)
-    monkeypatch.setattr(retrying, "SILENCE_LOOK_EVERY_S", 0.05)
     store = _store(timeout=1.2)
     faultyfs.FAULTS["get"] = list("H")  # one try hangs past its deadline; the retry gets the object
     with caplog.at_level(logging.WARNING, logger="ckptvault.store"):

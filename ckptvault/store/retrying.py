@@ -34,6 +34,7 @@ default: by size).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -88,65 +89,10 @@ RETRY_SAID_EVERY_S = 10.0
 MAX_FAILING_KEYS = 10_000  # objects remembered as failing with a server error (a few bytes each)
 
 
-# A call that has not finished this long is said once (every SILENCE_SAID_EVERY_S at most for a store):
-# without it a frozen server left the user 60-76 s without a word before the first retry (nf48 F5)
+# A call that has not finished this long is said (every SILENCE_SAID_EVERY_S at most for a store): without
+# it a frozen server left the user 60-76 s without a word before the first retry (nf48 F5)
 SILENCE_SAID_AFTER_S = 30.0
 SILENCE_SAID_EVERY_S = 60.0
-SILENCE_LOOK_EVERY_S = 5.0
-
-
-class _SilenceWatch:
-    """The calls of one store in flight, looked at by one thread (started with the first call, ending once
-    none ran for a while): per call only a dict entry, no thread or timer of its own."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._calls: dict[int, tuple[float, str, str, float]] = {}  # token: (started, op, key, deadline)
-        self._mutex = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._said_at = -SILENCE_SAID_EVERY_S
-        self._next = 0
-
-    def started(self, op: str, key: str, deadline: float) -> int:
-        with self._mutex:
-            self._next += 1
-            self._calls[self._next] = (time.monotonic(), op, key, deadline)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._watch, name="ckptvault-silence", daemon=True)
-                self._thread.start()
-            return self._next
-
-    def ended(self, token: int) -> None:
-        with self._mutex:
-            self._calls.pop(token, None)
-
-    def _watch(self) -> None:
-        idle_since = time.monotonic()
-        while True:
-            time.sleep(SILENCE_LOOK_EVERY_S)
-            now = time.monotonic()
-            with self._mutex:
-                if self._calls:
-                    idle_since = now
-                elif now - idle_since > SILENCE_SAID_EVERY_S:
-                    self._thread = None  # the next call starts another
-                    return
-                oldest = min(self._calls.values(), default=None)
-                if oldest is None or now - oldest[0] < SILENCE_SAID_AFTER_S:
-                    continue
-                if now - self._said_at < SILENCE_SAID_EVERY_S:
-                    continue
-                self._said_at = now
-            started, op, key, deadline = oldest
-            log.warning(  # not "no answer": a big upload on a slow link takes this long too
-                "waiting for %s: %s %s has not finished in %s s (a slow link, or a server that stopped answering); "
-                "each try waits up to %s s (CKPTVAULT_OP_TIMEOUT sets it), then it is retried",
-                self.url,
-                op,
-                key,
-                format_seconds(now - started),
-                format_seconds(deadline),
-            )
 
 
 @dataclass(frozen=True)
@@ -190,9 +136,12 @@ BRIEF_DEADLINE_S = 10.0
 BRIEF_RETRIES = 1
 
 
-def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, url: str) -> T:
+def call_with_timeout(
+    fn: Callable[[], T], timeout: float, op: str, key: str, url: str, on_silence: Callable[[], None] | None = None
+) -> T:
     """Run ``fn`` in a daemon thread; give up waiting after ``timeout`` seconds. The thread may
-    linger if the call never returns: Python cannot cancel it, but it cannot block exit either."""
+    linger if the call never returns: Python cannot cancel it, but it cannot block exit either.
+    ``on_silence`` is called once the call has run SILENCE_SAID_AFTER_S without finishing."""
     result: list[T] = []
     error: list[BaseException] = []
 
@@ -204,6 +153,11 @@ def call_with_timeout(fn: Callable[[], T], timeout: float, op: str, key: str, ur
 
     worker = threading.Thread(target=run, name=f"ckptvault-{op}", daemon=True)
     worker.start()
+    if on_silence is not None and timeout > SILENCE_SAID_AFTER_S:
+        worker.join(SILENCE_SAID_AFTER_S)
+        if worker.is_alive():
+            on_silence()
+        timeout -= SILENCE_SAID_AFTER_S
     worker.join(timeout)
     if worker.is_alive():
         raise StorageError(op, key, url, no_answer(timeout), retryable=True) from TimeoutError()
@@ -297,7 +251,7 @@ class RetryingStore:
         self._answered_at = 0.0  # when a call last succeeded (time.monotonic)
         self._failing_keys: set[str] = set()  # objects a server error failed through every attempt
         self._brief = threading.local()  # .on: this thread's calls are housekeeping (briefly())
-        self._silence = _SilenceWatch(self.url)
+        self._silence_said = -SILENCE_SAID_EVERY_S  # when a call still running was last said (time.monotonic)
 
     @property
     def unanswered(self) -> bool:
@@ -325,15 +279,21 @@ class RetryingStore:
             "host and port, or that the server runs)"
         )
 
-    def _attempt(self, op: str, key: str, fn: Callable[[], T], deadline: float) -> T:
-        """One try of ``fn``, watched for silence where it has a deadline."""
-        if not deadline:
-            return fn()
-        token = self._silence.started(op, key, deadline)
-        try:
-            return call_with_timeout(fn, deadline + self._grace, op, key, self.url)
-        finally:
-            self._silence.ended(token)
+    def _say_waiting(self, op: str, key: str, deadline: float) -> None:
+        """A call still running after SILENCE_SAID_AFTER_S, said for all of this store's (once a minute)."""
+        now = time.monotonic()
+        if now - self._silence_said < SILENCE_SAID_EVERY_S:
+            return
+        self._silence_said = now
+        log.warning(  # not "no answer": a big upload on a slow link takes this long too
+            "waiting for %s: %s %s has not finished in %s s (a slow link, or a server that stopped answering); "
+            "each try waits up to %s s (CKPTVAULT_OP_TIMEOUT sets it), then it is retried",
+            self.url,
+            op,
+            key,
+            format_seconds(SILENCE_SAID_AFTER_S),
+            format_seconds(deadline),
+        )
 
     def _call(self, op: str, key: str, fn: Callable[[], T], nbytes: int | None = None) -> T:
         """``fn`` with retries; ``nbytes``: what the call moves, where known (its deadline)."""
@@ -348,7 +308,11 @@ class RetryingStore:
         first_failed = 0.0
         while True:
             try:
-                result = self._attempt(op, key, fn, deadline)
+                if deadline:
+                    said = functools.partial(self._say_waiting, op, key, deadline)
+                    result = call_with_timeout(fn, deadline + self._grace, op, key, self.url, said)
+                else:
+                    result = fn()
             except StorageError as exc:
                 if probe and exc.retryable and not unreachable(exc):
                     # the storage answers again (a 503 while it recovers): an ordinary call from now on
