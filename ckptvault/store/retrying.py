@@ -309,8 +309,8 @@ class RetryingStore:
         while True:
             try:
                 if deadline:
-                    said = functools.partial(self._say_waiting, op, key, deadline)
-                    result = call_with_timeout(fn, deadline + self._grace, op, key, self.url, said)
+                    waiting = functools.partial(self._say_waiting, op, key, deadline)
+                    result = call_with_timeout(fn, deadline + self._grace, op, key, self.url, waiting)
                 else:
                     result = fn()
             except StorageError as exc:
