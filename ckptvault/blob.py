@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Protocol
 
-from .bytegroup import ElementRun
+from .bytegroup import ElementRun, Grouped
 from .codec import CODEC_DELTA, BaseReader, Compressor
 from .errors import ConfigDowngradedError, IntegrityError, MalformedObjectError
 from .hashing import checksum
@@ -176,6 +176,18 @@ class BlobCodec:
         both cases without naming the object: callers do. ``base`` fetches a delta chunk's base (codec 3).
         Chunks of codec 2 come back in the buffer they were joined in (no copy into ``bytes``, which
         would hold the GIL while the restore's other threads wait for it)."""
+        inner = self._unsealed(kind, object_id, blob)
+        return self.compressor.decompress(inner[0], inner[1:], raw_size, base)
+
+    def decode_base(
+        self, chunk_id: bytes, blob: bytes | memoryview, raw_size: int, base: BaseReader | None = None
+    ) -> bytes | memoryview | Grouped:
+        """``decode_buffer`` for a chunk that is a delta's base, whose plaintext no one reads but the
+        delta: decoded only as far as ``Compressor.decompress_base`` goes."""
+        inner = self._unsealed(Kind.CHUNK, chunk_id, blob)
+        return self.compressor.decompress_base(inner[0], inner[1:], raw_size, base)
+
+    def _unsealed(self, kind: Kind, object_id: bytes, blob: bytes | memoryview) -> memoryview:
         view = memoryview(blob)
         if len(view) < 2:
             raise MalformedObjectError("blob is truncated")
@@ -198,4 +210,4 @@ class BlobCodec:
             self._plain_seen = True  # (or sealed: then never downgraded)
         if len(inner) < 1:
             raise MalformedObjectError("blob has no codec byte")
-        return self.compressor.decompress(inner[0], inner[1:], raw_size, base)
+        return inner

@@ -91,6 +91,26 @@ def split(data: bytes | memoryview, segs: Sequence[tuple[int, int]]) -> list[mem
     return streams
 
 
+@dataclass(frozen=True, slots=True)
+class Grouped:
+    """A codec-2 chunk decoded as far as its streams, not joined. A delta against it is undone stream by
+    stream (XOR commutes with the grouping), so a restore joins each changed chunk once, not twice."""
+
+    segs: list[tuple[int, int]]
+    streams: list[bytes | memoryview]
+
+    def __len__(self) -> int:
+        return sum(length for _, length in self.segs)
+
+    def join(self) -> memoryview:
+        return join(self.segs, self.streams)
+
+
+def joined(data: bytes | memoryview | Grouped) -> bytes | memoryview:
+    """The plaintext, whether ``data`` is one already or a chunk's streams."""
+    return data.join() if isinstance(data, Grouped) else data
+
+
 def join(segs: Sequence[tuple[int, int]], streams: Sequence[bytes | memoryview]) -> memoryview:
     """Inverse of ``split``, in a fresh buffer (the shifts and casts run off the GIL; a copy into
     ``bytes`` would hold it, stalling the restore's other threads)."""
@@ -201,14 +221,16 @@ def unpack(payload: bytes | memoryview) -> tuple[list[tuple[int, int]], list[tup
     return segs, streams
 
 
-def xor(a: bytes | memoryview, b: bytes | memoryview) -> bytes:
-    """Byte-wise XOR of two equally long buffers, for codec 3 (numpy: several GB/s). XOR keeps
-    element boundaries, so the XOR of two tensor pieces groups exactly like the pieces do."""
+def xor(a: bytes | memoryview, b: bytes | memoryview) -> memoryview:
+    """Byte-wise XOR of two equally long buffers, for codec 3 (numpy: several GB/s), in a fresh buffer
+    (not copied into ``bytes``: that copy holds the GIL). XOR keeps element boundaries, so the XOR of
+    two tensor pieces groups exactly like the pieces do."""
     if len(a) != len(b):
         raise ValueError(f"xor of {len(a)} and {len(b)} bytes")
     import numpy as np
 
-    return np.bitwise_xor(np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8)).tobytes()
+    out = np.bitwise_xor(np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8))
+    return memoryview(out).cast("B").toreadonly()  # type: ignore[arg-type]
 
 
 def stream_sizes(segs: Sequence[tuple[int, int]]) -> list[int]:

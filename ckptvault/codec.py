@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import zstandard
 
 from . import bytegroup
-from .bytegroup import ElementRun, xor
+from .bytegroup import ElementRun, Grouped, joined, xor
 from .errors import IntegrityError, MalformedObjectError, UnsupportedFormatError, UsageError
 
 CODEC_RAW = 0
@@ -33,7 +33,8 @@ MAX_DECODED_SIZE = 1 << 30  # no single blob (chunk, index, tree) decodes to mor
 DELTA_HEAD = struct.Struct("<32sB")
 DELTA_INNER = (CODEC_RAW, CODEC_ZSTD, CODEC_BYTEGROUP)
 
-BaseReader = Callable[[bytes], bytes | memoryview]  # base chunk ID -> its verified plaintext
+# base chunk ID -> its verified plaintext, or its streams where it is of codec 2 (``decompress_base``)
+BaseReader = Callable[[bytes], bytes | memoryview | Grouped]
 
 # Plain zstd is tried as well when grouping saved less than this fraction: data that is not
 # float-like (repeats spanning whole elements) can do better ungrouped. Float tensors save more.
@@ -173,14 +174,23 @@ class Compressor:
         if codec == CODEC_ZSTD:
             return self._zstd_decode(payload, raw_size, "zstd payload")
         if codec == CODEC_BYTEGROUP:
-            return self._ungrouped(payload, raw_size)
+            return self._ungrouped(payload, raw_size).join()
         if codec == CODEC_DELTA:
             return self._undelta(payload, raw_size, base)
         # The codec byte sits inside the verified envelope: an ID this ckptvault does not know was
         # written by a newer one (or a bug), not by damage.
         raise UnsupportedFormatError(_unknown_codec(codec))
 
-    def _undelta(self, payload: bytes | memoryview, raw_size: int | None, base: BaseReader | None) -> bytes:
+    def decompress_base(
+        self, codec: int, payload: bytes | memoryview, raw_size: int | None = None, base: BaseReader | None = None
+    ) -> bytes | memoryview | Grouped:
+        """``decompress`` for a delta's base, whose plaintext no one reads: a codec-2 payload comes back
+        as its streams, not joined."""
+        if codec == CODEC_BYTEGROUP:
+            return self._ungrouped(payload, raw_size)
+        return self.decompress(codec, payload, raw_size, base)
+
+    def _undelta(self, payload: bytes | memoryview, raw_size: int | None, base: BaseReader | None) -> memoryview:
         base_id, inner = delta_base(payload)
         if inner == CODEC_DELTA:
             raise MalformedObjectError(f"delta payload names inner codec {inner} (a delta inside a delta)")
@@ -188,11 +198,15 @@ class Compressor:
             raise UnsupportedFormatError(_unknown_codec(inner, "delta's inner codec"))
         if base is None or raw_size is None:
             raise IntegrityError(f"delta against chunk {base_id.hex()[:12]} cannot be decoded without its base")
-        xored = self.decompress(inner, memoryview(payload)[DELTA_HEAD.size :], raw_size)
+        xored = self.decompress_base(inner, memoryview(payload)[DELTA_HEAD.size :], raw_size)
         base_data = base(base_id)  # raises IntegrityError naming the base when it is missing or damaged
         if len(base_data) != len(xored):
             raise IntegrityError(f"delta base {base_id.hex()[:12]} holds {len(base_data)} bytes, not {len(xored)}")
-        return xor(xored, base_data)
+        if isinstance(xored, Grouped) and isinstance(base_data, Grouped) and xored.segs == base_data.segs:
+            # the usual case (a tensor piece against the same piece of the previous save): one join
+            pairs = zip(xored.streams, base_data.streams, strict=True)
+            return bytegroup.join(xored.segs, [xor(a, b) for a, b in pairs])
+        return xor(joined(xored), joined(base_data))
 
     def _zstd_decode(self, payload: bytes | memoryview, raw_size: int | None, what: str) -> bytes:
         try:
@@ -208,7 +222,7 @@ class Compressor:
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"{what} does not decode: {exc}") from exc
 
-    def _ungrouped(self, payload: bytes | memoryview, raw_size: int | None) -> memoryview:
+    def _ungrouped(self, payload: bytes | memoryview, raw_size: int | None) -> Grouped:
         segs, coded = bytegroup.unpack(payload)
         total = sum(n for _, n in segs)
         if total != (raw_size if raw_size is not None else total) or total > MAX_DECODED_SIZE:
@@ -221,7 +235,7 @@ class Compressor:
             if len(body) != size:
                 raise MalformedObjectError(f"bytegroup stream holds {len(body)} bytes, not {size}")
             streams.append(body)
-        return bytegroup.join(segs, streams)
+        return Grouped(segs, streams)
 
 
 def _unknown_codec(codec: int, what: str = "codec ID") -> str:

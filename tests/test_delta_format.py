@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptvault import CompressionSettings
+from ckptvault import CompressionSettings, bytegroup
 from ckptvault.blob import BlobCodec, ChecksumSealer, Kind
-from ckptvault.bytegroup import ElementRun
+from ckptvault.bytegroup import ElementRun, Grouped
 from ckptvault.codec import CODEC_DELTA, Compressor, delta_base
 from ckptvault.crypto.aead import AesGcmSealer
 from ckptvault.errors import IntegrityError, MalformedObjectError, UnsupportedFormatError
@@ -82,6 +82,23 @@ def test_wrong_base_length_and_bad_inner_codec_are_integrity_errors() -> None:
         COMP.decompress(CODEC_DELTA, bytes(head) + bytes(payload[1]), len(data), lambda _b: base)
     with pytest.raises(MalformedObjectError):
         delta_base(b"short")
+
+
+@pytest.mark.parametrize("base_width", [4, 2, 1], ids=["grouped-alike", "grouped-otherwise", "ungrouped"])
+def test_a_base_given_as_its_streams_decodes_the_delta(monkeypatch: pytest.MonkeyPatch, base_width: int) -> None:
+    """A restore hands a delta its base decoded only as far as its streams (``decode_base``): the delta is
+    undone on the streams where both are grouped alike, joining once; otherwise on the joined bytes."""
+    base, data = f32_pair()
+    base_id, chunk_id = os.urandom(32), os.urandom(32)
+    base_runs = [ElementRun(0, len(base), base_width)] if base_width > 1 else []
+    given = PLAIN.decode_base(base_id, PLAIN.encode(Kind.CHUNK, base_id, base, base_runs), len(base))
+    assert isinstance(given, Grouped) == (base_width > 1)
+    blob = b"".join(PLAIN.encode_delta(chunk_id, data, base_id, base, [ElementRun(0, len(data), 4)]))
+    joins = []
+    real_join = bytegroup.join
+    monkeypatch.setattr(bytegroup, "join", lambda *a: joins.append(1) or real_join(*a))
+    assert PLAIN.decode_buffer(Kind.CHUNK, chunk_id, blob, len(data), lambda _b: given) == data
+    assert len(joins) == {4: 1, 2: 2, 1: 1}[base_width]  # the delta's streams, then (unlike) the base's
 
 
 @given(st.binary(max_size=3000), st.binary(max_size=3000))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..blob import BlobCodec, BlobParts, ChecksumSealer, Kind, Sealer
+from ..bytegroup import Grouped, joined
 from ..codec import Compressor
 from ..crypto.aead import AesGcmSealer
 from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
@@ -112,7 +113,9 @@ def _naming_errors(what: str, hint: str = "") -> Iterator[None]:
 
 
 # a chunk's plaintext, and the ID and plaintext of the delta base it was decoded against (None, None: none)
-ChunkRead = tuple[bytes | memoryview, bytes | None, bytes | memoryview | None]
+Plain = bytes | memoryview
+# (the chunk, its base's ID, its base); a base read for a restore is left as its streams (``_read_copy``)
+ChunkRead = tuple[Plain | Grouped, bytes | None, Plain | Grouped | None]
 
 
 def _holds_vault_objects(store: Store) -> bool:
@@ -844,13 +847,14 @@ class Repository:
 
         A chunk stored more than once (two backups that raced, or stored again because its pack was
         gone) is read from its next copy when one is missing or damaged, with one warning per pack."""
-        return self._read_chunk(chunk_id, verify_id, 0, None)[0]
+        return joined(self._read_chunk(chunk_id, verify_id, 0, None)[0])  # (only bases come back grouped)
 
-    def read_chunk_and_base(self, chunk_id: bytes) -> ChunkRead:
+    def read_chunk_and_base(self, chunk_id: bytes) -> tuple[bytes | memoryview, bytes | None, Plain | None]:
         """``read_chunk`` (verified against its ID), with the delta base the copy read was decoded
         against: (plaintext, base ID, base plaintext), the last two None for a chunk stored whole.
         A delta's base is read anyway to decode it; copy codes the chunk against it again."""
-        return self._read_chunk(chunk_id, True, 0, None)
+        data, base_id, base = self._read_chunk(chunk_id, True, 0, None)
+        return joined(data), base_id, None if base is None else joined(base)
 
     def _read_chunk(self, chunk_id: bytes, verify_id: bool, depth: int, stale: frozenset[bytes] | None) -> ChunkRead:
         copies = self.index.locations(chunk_id) or [self.locate(chunk_id)]  # locate raises, naming it
@@ -903,9 +907,13 @@ class Repository:
                     ),
                 ) from exc
 
+        # A base that only a restore's delta reads (its plaintext is hashed as the delta's file) is
+        # left as its streams: the delta is undone on them, and the restore joins one chunk, not two.
+        as_base = depth > 0 and not verify_id
         with _naming_errors(where):
             data = _verified(
-                fetch, lambda blob: self._decode_chunk(chunk_id, blob, loc.raw_len, loc.base_id, base, verify_id)
+                fetch,
+                lambda blob: self._decode_chunk(chunk_id, blob, loc.raw_len, loc.base_id, base, verify_id, as_base),
             )
         return data, loc.base_id, base
 
@@ -1065,7 +1073,7 @@ class Repository:
     ) -> bytes | memoryview:
         """Decode and verify a chunk blob against its ID; raises IntegrityError. ``base_id``: the
         delta base its index entry or pack header names, read (and verified) first."""
-        return self._decode_chunk(chunk_id, blob, raw_len, base_id, self._delta_base(chunk_id, base_id, 0))
+        return joined(self._decode_chunk(chunk_id, blob, raw_len, base_id, self._delta_base(chunk_id, base_id, 0)))
 
     def _decode_chunk(
         self,
@@ -1073,12 +1081,13 @@ class Repository:
         blob: bytes,
         raw_len: int,
         base_id: bytes | None,
-        base: bytes | memoryview | None,
+        base: bytes | memoryview | Grouped | None,
         verify_id: bool = True,
-    ) -> bytes | memoryview:
+        as_base: bool = False,
+    ) -> bytes | memoryview | Grouped:
         based = False
 
-        def give_base(wanted: bytes) -> bytes | memoryview:
+        def give_base(wanted: bytes) -> bytes | memoryview | Grouped:
             nonlocal based
             if base is None or wanted != base_id:
                 named = base_id.hex()[:12] if base_id else "none"
@@ -1086,16 +1095,20 @@ class Repository:
             based = True
             return base
 
-        data = self.codec.decode_buffer(Kind.CHUNK, chunk_id, blob, raw_len, give_base)
+        data: bytes | memoryview | Grouped
+        if as_base:
+            data = self.codec.decode_base(chunk_id, blob, raw_len, give_base)
+        else:
+            data = self.codec.decode_buffer(Kind.CHUNK, chunk_id, blob, raw_len, give_base)
         if base_id is not None and not based:
             raise IntegrityError(f"is not a delta, but its index entry names base chunk {base_id.hex()[:12]}")
-        if len(data) != raw_len or (verify_id and self.chunk_id(data) != chunk_id):
+        if len(data) != raw_len or (verify_id and self.chunk_id(joined(data)) != chunk_id):
             raise IntegrityError("does not match its hash")
         return data
 
     def _delta_base(
         self, chunk_id: bytes, base_id: bytes | None, depth: int, verify_id: bool = True
-    ) -> bytes | memoryview | None:
+    ) -> bytes | memoryview | Grouped | None:
         """The plaintext of a delta's base, checked as ``read_chunk`` checks (None for a chunk without one)."""
         if base_id is None:
             return None
