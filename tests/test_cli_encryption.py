@@ -272,6 +272,9 @@ def test_keyfiles_are_made_and_repassphrased_through_the_api_as_the_cli_does(tmp
     assert not path.exists()
     key = Vault.generate_keyfile(path, passphrase="first passphrase", kdf_cost=14)
     assert (key.path, key.kdf.n, key.min_vault_format) == (str(path), 2**14, 3)
+    # a Keyfile printed into a log (a debug print, a traceback with locals) does not give out what a guess at the
+    # passphrase needs (api49 #10)
+    assert key.fingerprint in repr(key) and repr(key.wrapped_key) not in repr(key) and "salt" not in repr(key)
     assert json.loads(path.read_text())["min_vault_format"] == 3 and (path.stat().st_mode & 0o777) == 0o600
     with pytest.raises(UsageError, match="exists"):
         Vault.generate_keyfile(path, passphrase="other passphrase", kdf_cost=14)  # never over a key

@@ -37,7 +37,7 @@ import threading
 import unicodedata
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from cryptography.exceptions import InvalidTag
@@ -134,7 +134,7 @@ class KdfParams:
     n: int = DEFAULT_SCRYPT_N
     r: int = 8
     p: int = 1
-    salt: bytes = b""
+    salt: bytes = field(default=b"", repr=False)  # with the wrapped key, what a guess at the passphrase needs
 
     @property
     def weaker_by(self) -> float:
@@ -274,7 +274,7 @@ _AHEAD_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class Keyfile:
     kdf: KdfParams
-    wrapped_key: bytes
+    wrapped_key: bytes = field(repr=False)  # a Keyfile printed into a log must not hand out the material to guess at
     fingerprint: str
     created: str
     path: str = ""
