@@ -192,14 +192,15 @@ class Compressor:
 
     def _undelta(self, payload: bytes | memoryview, raw_size: int | None, base: BaseReader | None) -> memoryview:
         base_id, inner = delta_base(payload)
+        if base is None or raw_size is None:
+            raise IntegrityError(f"delta against chunk {base_id.hex()[:12]} cannot be decoded without its base")
+        # first: a delta its index entry names no base for (or another) is damage, whatever its inner codec says
+        base_data = base(base_id)  # raises IntegrityError naming the base when it is missing or damaged
         if inner == CODEC_DELTA:
             raise MalformedObjectError(f"delta payload names inner codec {inner} (a delta inside a delta)")
         if inner not in DELTA_INNER:
             raise UnsupportedFormatError(_unknown_codec(inner, "delta's inner codec"))
-        if base is None or raw_size is None:
-            raise IntegrityError(f"delta against chunk {base_id.hex()[:12]} cannot be decoded without its base")
         xored = self.decompress_base(inner, memoryview(payload)[DELTA_HEAD.size :], raw_size)
-        base_data = base(base_id)  # raises IntegrityError naming the base when it is missing or damaged
         if len(base_data) != len(xored):
             raise IntegrityError(f"delta base {base_id.hex()[:12]} holds {len(base_data)} bytes, not {len(xored)}")
         if isinstance(xored, Grouped) and isinstance(base_data, Grouped) and xored.segs == base_data.segs:

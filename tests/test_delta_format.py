@@ -80,6 +80,13 @@ def test_wrong_base_length_and_bad_inner_codec_are_integrity_errors() -> None:
     head[32] = CODEC_DELTA  # a delta may not nest a delta inside one blob
     with pytest.raises(MalformedObjectError):
         COMP.decompress(CODEC_DELTA, bytes(head) + bytes(payload[1]), len(data), lambda _b: base)
+
+    def no_base_named(wanted: bytes) -> bytes:
+        raise IntegrityError(f"is a delta against chunk {wanted.hex()[:12]}, but its index entry names none")
+
+    head[32] = 9  # an inner codec no ckptvault knows, in a chunk its index does not call a delta: damage first
+    with pytest.raises(IntegrityError, match="index entry names none"):
+        COMP.decompress(CODEC_DELTA, bytes(head) + bytes(payload[1]), len(data), no_base_named)
     with pytest.raises(MalformedObjectError):
         delta_base(b"short")
 

@@ -846,7 +846,10 @@ class Repository:
         is ~15 % of the CPU; they re-read with ``verify_id=True`` to name a chunk when that fails.
 
         A chunk stored more than once (two backups that raced, or stored again because its pack was
-        gone) is read from its next copy when one is missing or damaged, with one warning per pack."""
+        gone) is read from its next copy when one is missing or damaged, with one warning per pack.
+
+        The plaintext is ``bytes`` or, for a chunk of codec 2 or 3, a read-only memoryview of the buffer
+        it was decoded into (not hashable: ``bytes(...)`` it to use it as a key)."""
         return joined(self._read_chunk(chunk_id, verify_id, 0, None)[0])  # (only bases come back grouped)
 
     def read_chunk_and_base(self, chunk_id: bytes) -> tuple[bytes | memoryview, bytes | None, Plain | None]:
