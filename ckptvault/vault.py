@@ -746,7 +746,7 @@ class Vault:
         repack_threshold = fraction_arg(spelled("--repack-threshold", "repack_threshold"), repack_threshold)
         # a dry run deletes nothing: a shared lock lets backups go on meanwhile (its plan may then
         # count a running backup's packs, not yet indexed, as leftovers; the real run cannot)
-        with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
+        with self._repo.locks.acquire_to_read() if dry_run else self._exclusive_lock("prune()"):
             self._repo.load_index()
             every, unreadable = self._catalog.listing()
             every.sort(key=lambda s: s.time)
@@ -770,7 +770,13 @@ class Vault:
         snapshots = snapshot_list_arg(snapshots)
         for spec in snapshots:
             refuse_short_id_prefix(spec, "forget")
-        with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=prune):
+        with (
+            self._repo.locks.acquire_to_read()
+            if dry_run
+            else self._exclusive_lock("forget(prune=True)")
+            if prune
+            else self._repo.locks.acquire(exclusive=False)
+        ):
             self._repo.load_index()
             every, unreadable_now = self._catalog.listing()
             every.sort(key=lambda s: s.time)
@@ -861,7 +867,7 @@ class Vault:
         run would do."""
         read_data = flag_arg("read_data", read_data)
         drop_failing = flag_arg("drop_failing", drop_failing)
-        with self._repo.locks.acquire_to_read() if dry_run else self._repo.locks.acquire(exclusive=True):
+        with self._repo.locks.acquire_to_read() if dry_run else self._exclusive_lock("repair_index()"):
             result = repair_index(self._repo, dry_run=dry_run, read_data=read_data, drop_failing=drop_failing)
             if not dry_run:
                 self._repo.load_index()
@@ -960,6 +966,15 @@ class Vault:
             shipper.max_pending = max_pending
         if not isinstance(exit_timeout, _Unchanged):
             shipper.exit_timeout = exit_timeout
+
+    def _exclusive_lock(self, caller: str) -> HeldLock:
+        """The exclusive lock, once this Vault's own queued backups have ended: their shared locks, this
+        process's own, are never waited for (one could be this thread's), so a prune right after a
+        ``backup_async`` failed or not as its worker had started or not (api49 #1)."""
+        if self._shipper is not None and (queued := self._shipper.pending()):
+            log.info("%s waits for this Vault's %d queued backup(s) to end first", caller, queued)
+            self._shipper.wait_idle(caller)
+        return self._repo.locks.acquire(exclusive=True)
 
     def _async_shipper(self) -> AsyncShipper:
         if self._shipper is None:

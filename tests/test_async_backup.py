@@ -468,6 +468,26 @@ def test_a_prune_holding_the_vault_is_waited_out_not_a_lost_checkpoint(tmp_path,
     holder.close()
 
 
+@pytest.mark.parametrize("when", ["at_once", "while_it_runs"])
+def test_a_prune_right_after_backup_async_waits_for_it_whether_its_worker_started_or_not(tmp_path, caplog, when):
+    """api49 #1: a prune (or forget with prune, repair_index) called on the training thread right after a
+    `backup_async` refused at once ("locked by this process itself") when the worker had started, and went
+    through when it had not: it passed in testing and failed later. It waits for the Vault's queued backups."""
+    vault = slow_vault(tmp_path, delay=0.2)
+    vault.backup(make_checkpoint(tmp_path / "ckpt" / "step_1", 1), tags={"run": "r", "step": "1"})
+    handle = vault.backup_async(make_checkpoint(tmp_path / "ckpt" / "step_2", 2), tags={"run": "r", "step": "2"})
+    if when == "while_it_runs":
+        wait_until(handle.running)
+    with caplog.at_level(logging.INFO, logger="ckptvault"):
+        result = vault.prune(keep_latest=1)
+        assert handle.done()
+        vault.forget([], prune=True)
+        vault.repair_index()
+    assert [s.tags["step"] for s in vault.snapshots()] == ["2"] and len(result.forgotten) == 1
+    assert "prune() waits for this Vault's 1 queued backup(s) to end first" in caplog.text or when == "at_once"
+    vault.close()
+
+
 def test_a_cancelling_close_ends_a_wait_for_a_prune_at_once(tmp_path, repo_url, vault, caplog):
     # SIGTERM to the watch sidecar closes its queue so: it must not wait out the prune first
     ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
