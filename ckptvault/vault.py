@@ -8,7 +8,6 @@ vault.restore(vault.latest(tags={"run": "x"}), "./resume")
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import functools
 import inspect
@@ -56,7 +55,6 @@ from .codec import CompressionSettings
 from .crypto.keyfile import DEFAULT_KDF_COST, Keyfile, PassphraseSource, resolve_passphrase
 from .errors import (
     CkptVaultError,
-    RestoreIncompleteError,
     SnapshotNotFoundError,
     UsageError,
     VaultExistsError,
@@ -602,24 +600,18 @@ class Vault:
         with self._repo.locks.acquire_to_read():
             self._repo.load_index_as_stored()
             snap = self.snapshot(snapshot)
-            try:
-                result = run_restore(
-                    self._repo,
-                    self._files_still_stored(snap),
-                    target,
-                    include=include,
-                    overwrite=overwrite,
-                    progress=on_progress,
-                    workers=self._repo.download_concurrency,
-                    vault_folder=self.local_folder,
-                    alone=alone,
-                    snapshot_id=snap.short_id,
-                )
-            except RestoreIncompleteError as exc:
-                if isinstance(exc.result, RestoreResult):
-                    exc.result = dataclasses.replace(exc.result, snapshot=snap)
-                raise
-            return dataclasses.replace(result, snapshot=snap)
+            return run_restore(
+                self._repo,
+                snap,
+                self._files_still_stored(snap),
+                target,
+                include=include,
+                overwrite=overwrite,
+                progress=on_progress,
+                workers=self._repo.download_concurrency,
+                vault_folder=self.local_folder,
+                alone=alone,
+            )
 
     def _files_still_stored(self, snapshot: str | Snapshot) -> list[FileEntry]:
         """``files``, under a lock taken after ``snapshot`` was chosen: a prune may have removed it in

@@ -84,5 +84,5 @@ def test_restore_latest_sugar_picks_the_highest_step(tmp_path, vault):
     result = vault.restore_latest(tmp_path / "out", run="s")
     assert (tmp_path / "out" / "state.txt").read_text() == "30"
     # which save was taken, without asking latest() again (a backup may have landed since)
-    assert result.snapshot is not None and result.snapshot.step == 30
+    assert result.snapshot.step == 30
     assert result.snapshot == vault.latest({"run": "s"})

@@ -72,13 +72,13 @@ class RestoreResult:
     bytes_written: int
     skipped_files: int  # already present with the right content
     duration_s: float
+    # The snapshot restored (its ID, tags, step): what restore_latest took, without asking latest() again,
+    # when a backup may have landed since.
+    snapshot: Snapshot
     unmatched_globs: tuple[str, ...] = ()  # --include globs that matched no path (others did)
     # What the target held that the snapshot does not (a folder named once, not what is in it), left as it
     # was: files of another save beside the restored ones. At most OTHERS_LISTED are named.
     not_in_snapshot: tuple[str, ...] = ()
-    # The snapshot restored (its ID, tags, step): what restore_latest took, without asking latest() again,
-    # when a backup may have landed since. Set by the Vault.
-    snapshot: Snapshot | None = None
     setid_cleared: int = 0  # files of the snapshot with setuid/setgid bits that root restores without them
 
 
@@ -536,6 +536,7 @@ def _remove(path: str) -> None:
 @releasing_freed_memory
 def run_restore(
     repo: Repository,
+    snapshot: Snapshot,
     tree: list[FileEntry],
     target: str,
     *,
@@ -545,7 +546,6 @@ def run_restore(
     workers: int = 8,
     vault_folder: str | None = None,
     alone: bool = False,
-    snapshot_id: str = "SNAPSHOT",
 ) -> RestoreResult:
     """Plan, then write (see the module docstring). Everything that can be found before writing is
     raised before the target is even created: an empty target (UsageError), an --include glob that
@@ -553,14 +553,13 @@ def run_restore(
     where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``).
     ``vault_folder``: the vault's own local folder; nothing is restored into it, nor into any other
     local vault. ``alone``: refuse a target that holds anything the snapshot does not (the resume path:
-    a folder mixing two saves).
-    ``snapshot_id``: how messages name the snapshot."""
+    a folder mixing two saves). ``tree``: ``snapshot``'s files."""
     progress = progress or NullProgress()
     started = time.monotonic()
     if not target.strip():
         raise UsageError("the restore target is empty; give the folder to restore into")
     validate_tree(tree)
-    entries, unmatched_globs = select_entries(tree, include, snapshot_id)
+    entries, unmatched_globs = select_entries(tree, include, snapshot.short_id)
     target = os.path.abspath(target)
 
     planner = _Planner(repo, target, overwrite)
@@ -586,6 +585,7 @@ def run_restore(
         bytes_written=written,
         skipped_files=sum(1 for e in entries if e.type == "file" and e.path in planner.skip),
         duration_s=round(time.monotonic() - started, 3),
+        snapshot=snapshot,
         unmatched_globs=unmatched_globs,
         not_in_snapshot=others,
         setid_cleared=sum(e.type == "file" and restored_mode(e) != e.mode for e in entries),
