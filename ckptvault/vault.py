@@ -815,12 +815,13 @@ class Vault:
             return retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
 
     @_open_only
-    def check(self, *, read_data: float = 0.0, seed: int | None = None) -> CheckReport:
-        """Verify structure; with ``read_data`` (a fraction of packs, 1.0 = all) decode and verify chunks.
+    def check(self, *, read_data: float | bool = 0.0, seed: int | None = None) -> CheckReport:
+        """Verify structure; with ``read_data`` (a fraction of packs, 1.0 or True = all, as ``check
+        --read-data`` and ``repair_index(read_data=True)``) decode and verify chunks.
         Never raises on damage: inspect ``report.ok`` and ``report.problems``. (On a vault it may only
         read, where it takes no lock: VaultLockedError when a prune began meanwhile and problems were found;
         LockLostError when a prune removed its lock, taking it for a dead process's, and problems were found.)"""
-        read_data = fraction_arg("read_data", read_data)
+        read_data = float(read_data) if isinstance(read_data, bool) else fraction_arg("read_data", read_data)
         seed = int_arg("seed", seed, optional=True)
         with self._repo.locks.acquire_to_read() as lock, self._repo.cache_bypassed():
             report = run_check(self._repo, read_data=read_data, seed=seed)

@@ -820,3 +820,11 @@ def test_a_vault_closed_while_another_thread_reads_a_file_still_closes(tmp_path:
     assert not closer.is_alive() and not thread.is_alive()
     assert closing == []
     assert errors and isinstance(errors[0], CkptVaultError), errors
+
+
+def test_check_read_data_true_reads_every_pack_as_repair_index_read_data_true_does(vault, tmp_path):
+    """api49 #7: `check(read_data=True)` was refused ("must be a number from 0 to 1") where `repair_index` takes
+    `read_data=True` and the CLI's `check --read-data` is a flag."""
+    vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "r", "step": "1"})
+    everything, nothing = vault.check(read_data=True), vault.check(read_data=False)
+    assert everything.packs_read == everything.packs > 0 and nothing.packs_read == 0
