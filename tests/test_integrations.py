@@ -275,7 +275,7 @@ def test_a_callback_sent_to_another_process_reopens_its_vault_there(tmp_path):
     with Vault.init(str(tmp_path / "vault")) as vault:
         callback = CkptVaultCallback(vault, run="spawned")
         copy = pickle.loads(pickle.dumps(callback))
-        assert copy.vault == vault.url and callback.vault is vault
+        assert copy._vault == vault.url and callback.vault is vault
         (tmp_path / "epoch=0-step=2.ckpt").write_bytes(b"weights")
         copy.ship(str(tmp_path / "epoch=0-step=2.ckpt"), 2)
         copy.finish_shipping()

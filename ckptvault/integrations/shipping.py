@@ -50,19 +50,25 @@ class Shipping:
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
         self.raise_on_error = flag_arg("raise_on_error", raise_on_error)
-        self.vault: Vault | str = vault if isinstance(vault, Vault) else _open_by_url(vault)
+        self._vault: Vault | str = vault if isinstance(vault, Vault) else _open_by_url(vault)
         self.handles: list[BackupHandle] = []  # those not done yet, and the last
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
         self._shipped: set[tuple[str, int, int, int]] = set()
         if self.ship_on_sigterm:
             _ship_before_dying_of_sigterm()
 
-    def ship(self, path: str, step: int | None) -> None:
+    @property
+    def vault(self) -> Vault:
+        """The vault it ships to (``configure_async`` sets how long the exit waits for it); a copy sent to
+        another process (see ``__getstate__``) opens it by its URL here."""
+        if not isinstance(self._vault, Vault):
+            self._vault = _open_by_url(self._vault)
+        return self._vault
+
+    def ship(self, path: str | os.PathLike[str], step: int | None) -> None:
         # skip_if_unchanged: a resumed run's callback is offered again the files an earlier run
         # shipped (Lightning restores ModelCheckpoint's list of them); they add no snapshot
         tags = dict(self.tags) if step is None else {**self.tags, "step": str(step)}
-        if not isinstance(self.vault, Vault):  # a copy sent to this process (see __getstate__)
-            self.vault = _open_by_url(self.vault)
         handle = self.vault.backup_async(
             path, tags=tags, on_full=self.on_full, skip_if_unchanged=True, exclude=self.exclude
         )
@@ -72,7 +78,7 @@ class Shipping:
     def refuse_checkpoints_in_the_vault(self, folder: str | None) -> None:
         """Before training starts: checkpoints saved into the vault's own folder would be refused at
         the first save, mid-training (a vault made where the trainer writes, say)."""
-        vault_folder = self.vault.local_folder if isinstance(self.vault, Vault) else None
+        vault_folder = self._vault.local_folder if isinstance(self._vault, Vault) else None
         if folder and vault_folder:
             try:
                 refuse_sources_in_vault([os.path.abspath(folder)], vault_folder)
@@ -86,7 +92,7 @@ class Shipping:
         """Wait for the queued uploads. When the newest checkpoint handed over is not in the vault,
         its failure is raised, unless ``raise_on_error`` is off; other failures are only logged
         (training's result stands): a resume takes the newest, as when a full queue drops older ones."""
-        if not isinstance(self.vault, Vault):
+        if not isinstance(self._vault, Vault):
             return  # a copy that shipped nothing in this process
         try:
             self.vault.flush(self.flush_timeout)
@@ -119,7 +125,7 @@ class Shipping:
         a callback given a URL does (``CKPTVAULT_KEYFILE`` and ``CKPTVAULT_PASSPHRASE`` for an
         encrypted one; options in the URL's query)."""
         state = self.__dict__.copy()
-        state["vault"] = self.vault.url if isinstance(self.vault, Vault) else self.vault
+        state["_vault"] = self._vault.url if isinstance(self._vault, Vault) else self._vault
         state["handles"] = []
         return state
 
