@@ -990,3 +990,30 @@ def test_backups_a_ctrl_c_in_close_cancels_raise_the_librarys_error_naming_their
         "step_2 (step 2), left pinned in" in r.getMessage() and "by this process, which gave it up" in r.getMessage()
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
+
+
+def test_a_handle_s_future_serves_asyncio_and_concurrent_futures_wait(tmp_path, vault):
+    """api49 #4: `asyncio.wrap_future(handle)` failed with an AssertionError and `concurrent.futures.wait([handle])`
+    with an AttributeError from the standard library's insides: the handle is no Future. `handle.future` is one,
+    settled as `result()` is, and its own cancel() cannot bypass the handle's."""
+    import asyncio
+    import concurrent.futures
+
+    ok = vault.backup_async(make_checkpoint(tmp_path / "a" / "step_1", 1), tags={"run": "r", "step": "1"})
+    assert not ok.future.cancel()
+    done, _ = concurrent.futures.wait([ok.future], timeout=60)
+    assert done == {ok.future} and ok.future.result().tags["step"] == "1"
+
+    async def awaited():
+        return await asyncio.wrap_future(
+            vault.backup_async(make_checkpoint(tmp_path / "b" / "step_2", 2), tags={"run": "r", "step": "2"}).future
+        )
+
+    assert asyncio.run(awaited()).tags["step"] == "2"
+    slow = slow_vault(tmp_path / "slow", delay=0.2)
+    first = slow.backup_async(make_checkpoint(tmp_path / "c" / "step_3", 3), tags={"step": "3"})
+    second = slow.backup_async(make_checkpoint(tmp_path / "d" / "step_4", 4), tags={"step": "4"}, on_full="block")
+    assert second.cancel()
+    assert isinstance(second.future.exception(timeout=0), BackupCancelledError)
+    assert first.future.result(timeout=60) == first.result()
+    slow.close()

@@ -106,15 +106,30 @@ class BackupJob:
 
 
 class BackupHandle:
-    """The result of ``Vault.backup_async``: ``done()``, ``result(timeout)``, ``exception(timeout)``."""
+    """The result of ``Vault.backup_async``: ``done()``, ``result(timeout)``, ``exception(timeout)``;
+    ``future`` for ``asyncio.wrap_future`` and ``concurrent.futures.wait``."""
 
     def __init__(self, job: BackupJob, cancel: Callable[[BackupJob], bool]) -> None:
         self._job = job
         self._cancel = cancel
         self._pinned = bool(job.pins)  # the pins go when the backup ends; that it was pinned stays
+        # The handle is no Future (its cancel releases a queue slot and pins; its errors are the library's):
+        # tools that take only a real one get this copy, settled as result() would be. Already running, so
+        # that its own cancel() does nothing: cancel the handle.
+        self.future: Future[Snapshot] = Future()
+        self.future.set_running_or_notify_cancel()
+        job.future.add_done_callback(self._settle_future)
+
+    def _settle_future(self, _done: Future[Snapshot]) -> None:
+        error = self.exception(timeout=0)
+        if error is None:
+            self.future.set_result(self._job.future.result())
+        else:
+            self.future.set_exception(error)
 
     @property
     def paths(self) -> str:
+        """The paths it backs up as the caller gave them, joined by ", " (for messages)."""
         return self._job.label
 
     @property
