@@ -124,7 +124,8 @@ class VaultNotFoundError(CkptVaultError):
 
     def __init__(self, url: str, hint: str = "") -> None:
         self.url = url
-        super().__init__(f"no vault at {url}; {hint or f'create one with: ckptvault init {url}'}")
+        create = spelled(f"ckptvault init {url}", "Vault.init(url), or Vault.open(url, create=True)")
+        super().__init__(f"no vault at {url}; {hint or f'create one with: {create}'}")
 
 
 class VaultExistsError(CkptVaultError):

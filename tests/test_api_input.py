@@ -828,3 +828,11 @@ def test_check_read_data_true_reads_every_pack_as_repair_index_read_data_true_do
     vault.backup(make_checkpoint(tmp_path / "src", 1), tags={"run": "r", "step": "1"})
     everything, nothing = vault.check(read_data=True), vault.check(read_data=False)
     assert everything.packs_read == everything.packs > 0 and nothing.packs_read == 0
+
+
+def test_a_missing_vault_opened_through_the_api_says_how_the_api_creates_one(tmp_path):
+    """api49 #6: `Vault.open` of a folder with no vault said "create one with: ckptvault init ..." to a script."""
+    from ckptvault.errors import VaultNotFoundError
+
+    with pytest.raises(VaultNotFoundError, match=r"create one with: Vault\.init\(url\), or Vault\.open\(url, create"):
+        Vault.open(str(tmp_path / "nope"))
