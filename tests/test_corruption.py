@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptvault import Vault
+from ckptvault import CompressionSettings, Vault
 from ckptvault.blob import CHECKSUM_SIZE, Kind
 from ckptvault.errors import IntegrityError
 from ckptvault.repository.format import pack_key
@@ -117,18 +117,21 @@ def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path, cli
     assert report.returncode == 30 and "check --read-data (it says" not in said, said
 
 
-def test_a_first_copy_wrong_under_a_valid_envelope_is_read_around(tmp_path: Path, caplog, monkeypatch):
+@pytest.mark.parametrize("damage", ["flipped", "zero_chunk_made_nonzero", "chunk_made_zero"])
+def test_a_first_copy_wrong_under_a_valid_envelope_is_read_around(tmp_path: Path, caplog, monkeypatch, damage):
     """rs49 #1: a chunk stored twice (two backups that raced) whose first copy holds wrong bytes under a valid
-    checksum (memory that flipped a bit in the writer before sealing) failed its file on every restore, while
-    `cat` and check read the good copy: the restore's fast path checks only envelopes and the file hash, and the
-    chunk-by-chunk pass that names the bad chunk found none (it reads around the bad copy). The file is written
-    again from the copies that match their IDs."""
+    checksum (memory that went bad in the writer before sealing) failed its file on every restore, while `cat`
+    and check read the good copy: the restore's fast path checks envelopes and the file hash only. The file
+    is written again from the copies that match their IDs, from an empty file: a zero chunk, left as a hole,
+    must not keep the first pass's bytes (rv49 #1: wrong bytes, exit 0), and a chunk the first pass read as
+    zeros is fetched again (rv49 #2)."""
     url = str(tmp_path / "vault")
     src = tmp_path / "src"
     src.mkdir()
-    data = os.urandom(3 << 20)  # incompressible: stored raw (codec 0)
+    data = os.urandom(2 << 20) + bytes(8 << 20) + os.urandom(2 << 20)
     (src / "w.bin").write_bytes(data)
-    with Vault.open(url, create=True) as first, Vault.open(url) as second:
+    Vault.init(url, compression=CompressionSettings(codec="none")).close()  # every chunk raw (codec 0)
+    with Vault.open(url) as first, Vault.open(url) as second:
         # the second backup reads the index before the first one stores anything, as when they race
         assert len(second._repo.index) == 0
         monkeypatch.setattr(second._repo, "load_index_as_stored", lambda: None)
@@ -137,12 +140,17 @@ def test_a_first_copy_wrong_under_a_valid_envelope_is_read_around(tmp_path: Path
         second.backup(src, tags={"run": "b"})
     with Vault.open(url) as vault:
         repo = vault._repo
-        chunk_id = next(c for c in vault.files("latest")[0].chunks if len(repo.index.locations(c)) == 2)
+        chunks = vault.files("latest")[0].chunks
+        assert all(len(repo.index.locations(c)) == 2 for c in chunks)
+        zero = damage == "zero_chunk_made_nonzero"
+        chunk_id = next(c for c in chunks if any(repo.read_chunk(c)) != zero)
         loc = repo.index.locations(chunk_id)[0]  # the copy a read tries first
         path = Path(url) / pack_key(loc.pack_id)
-        blob = bytearray(path.read_bytes()[loc.offset : loc.offset + loc.stored_len])
-        inner = bytearray(blob[2:-CHECKSUM_SIZE])
-        inner[len(inner) // 2] ^= 0x80
+        inner = bytearray(path.read_bytes()[loc.offset + 2 : loc.offset + loc.stored_len - CHECKSUM_SIZE])
+        if damage == "chunk_made_zero":
+            inner[1:] = bytes(len(inner) - 1)
+        else:
+            inner[len(inner) // 2] ^= 0x80
         sealed = repo.codec.sealer.seal(repo.codec._aad(Kind.CHUNK, chunk_id), [bytes(inner)])
         with open(path, "r+b") as f:
             f.seek(loc.offset + 2)

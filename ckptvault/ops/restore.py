@@ -827,10 +827,13 @@ def _write_via_temp(
     try:
         written_hash = _write_chunks(repo, pool, fd, entry, progress, window, zero_chunks)
         if written_hash != entry.blake3:
-            _name_the_damaged_chunk(repo, entry)
-            # Every chunk reads right against its ID: one whose first copy is wrong under a valid envelope (bad
-            # memory in the writer, beside a second copy a racing backup stored) was read around just now. The
-            # file is written again the same way, from the copies that match their IDs.
+            # The fast path checks envelopes, and the plaintext only by this hash: the file is written again
+            # with each chunk checked against its ID, which names a damaged chunk, or reads around a copy
+            # wrong under a valid envelope (bad memory in its writer) to another copy (a racing backup's).
+            # From an empty file: a range the second pass leaves as a hole (a zero chunk) must not keep the
+            # first pass's bytes; and what the first pass took for zeros is fetched again.
+            os.ftruncate(fd, 0)
+            zero_chunks.difference_update(entry.chunks)
             written_hash = _write_chunks(repo, pool, fd, entry, NullProgress(), window, zero_chunks, verify_ids=True)
         if written_hash != entry.blake3:
             raise IntegrityError(f"{entry.path}: restored bytes do not match the snapshot's file hash")
@@ -962,16 +965,6 @@ def _lock(fd: int, *, block: bool) -> bool | None:
             return None
         raise
     return True
-
-
-def _name_the_damaged_chunk(repo: Repository, entry: FileEntry) -> None:
-    """After a whole-file hash mismatch: check each chunk against its ID (what the restore's fast
-    path leaves to the whole-file hash), so that the error names the chunk when one is wrong."""
-    for chunk_id in dict.fromkeys(entry.chunks):
-        try:
-            repo.read_chunk(chunk_id)
-        except IntegrityError as exc:
-            raise IntegrityError(f"{entry.path}: {exc}") from exc
 
 
 def _is_zeros(data: bytes | memoryview) -> bool:
