@@ -167,6 +167,7 @@ class Vault:
         self.created = False  # True when open(create=True) made a new repository
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
         self._backup_mutex = threading.Lock()  # the Repository writes one backup at a time
+        self._writer: int | None = None  # the thread in a backup or copy (holding the mutex): it waits for no backup
         self._close_mutex = threading.Lock()
         # Where warnings go besides the "ckptvault" logger (the CLI passes its stderr printer).
         self.on_warning: Callable[[str], None] | None = None
@@ -520,7 +521,7 @@ class Vault:
         description = text_arg("description", description, optional=True) or ""
         hostname = hostname_arg(hostname) or socket.gethostname()
         abs_paths = sorted(check_sources(sources))
-        with self._backup_mutex, self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
+        with self._writing(), self._repo.locks.acquire(exclusive=False, retry=wait_for_lock) as lock:
             self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
             self._repo.reconcile_when_due()  # reuse what a killed backup uploaded; not what is gone
             result = vault_backup(
@@ -677,7 +678,7 @@ class Vault:
             locks.enter_context(source._repo.locks.acquire_to_read())
             lock = None
             if not dry_run:  # a dry run writes nothing: it only reads which snapshots are in both vaults
-                locks.enter_context(self._backup_mutex)
+                locks.enter_context(self._writing())
                 lock = locks.enter_context(self._repo.locks.acquire(exclusive=False))
                 self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
                 self._repo.reconcile_with_stored_packs()
@@ -727,7 +728,8 @@ class Vault:
         older than ``before`` (a time, or an age like ``timedelta(days=14)``); either rule alone
         applies alone; with neither, no snapshot goes and only the space of forgotten ones is reclaimed.
         ``keep_tags`` is a list: ``["milestone"]``. ``dry_run`` changes nothing and returns exactly
-        what a real run would do."""
+        what a real run would do. A real run first waits for this Vault's queued ``backup_async`` backups
+        to end (so do ``forget(prune=True)`` and ``repair_index``)."""
         policy = RetentionPolicy(
             keep_latest=int_arg("keep_latest", keep_latest, optional=True),
             before=before_arg(before, now),
@@ -960,13 +962,26 @@ class Vault:
         if not isinstance(exit_timeout, _Unchanged):
             shipper.exit_timeout = exit_timeout
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        with self._backup_mutex:
+            self._writer = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._writer = None
+
     def _exclusive_lock(self, caller: str) -> HeldLock:
         """The exclusive lock, once this Vault's own queued backups have ended: their shared locks, this
         process's own, are never waited for (one could be this thread's), so a prune right after a
-        ``backup_async`` failed or not as its worker had started or not (api49 #1)."""
-        if self._shipper is not None and (queued := self._shipper.pending()):
+        ``backup_async`` failed or not as its worker had started or not (api49 #1). Not from a thread the
+        worker would wait for in turn (a backup's done-callback, or a callback of a backup or copy running
+        on it): the lock is then refused at once, as before."""
+        shipper = self._shipper
+        waited_on = shipper is None or shipper.on_worker_thread() or self._writer == threading.get_ident()
+        if shipper is not None and not waited_on and (queued := shipper.pending()):
             log.info("%s waits for this Vault's %d queued backup(s) to end first", caller, queued)
-            self._shipper.wait_idle(caller)
+            shipper.wait_idle()
         return self._repo.locks.acquire(exclusive=True)
 
     def _async_shipper(self) -> AsyncShipper:

@@ -488,6 +488,35 @@ def test_a_prune_right_after_backup_async_waits_for_it_whether_its_worker_starte
     vault.close()
 
 
+def test_a_prune_the_worker_would_wait_for_is_not_held_up_by_the_queue(tmp_path, vault):
+    """rv49 #3/#4: the wait for the Vault's queued backups is not for a thread the worker waits on in turn: a
+    prune from a backup's done-callback goes ahead (it did before), and one from inside a backup's own callback
+    (the thread holds the backup mutex the queued backup needs) is refused at once, not a deadlock."""
+    vault.backup(make_checkpoint(tmp_path / "s1", 1), tags={"step": "1"})
+    outcome: list[object] = []
+    handle = vault.backup_async(make_checkpoint(tmp_path / "s2", 2), tags={"step": "2"})
+    handle.add_done_callback(lambda _h: outcome.append(len(vault.prune(keep_latest=1).forgotten)))
+    handle.result(timeout=60)
+    vault.flush(timeout=60)
+    assert outcome == [1]
+
+    def before_commit() -> None:
+        vault.backup_async(make_checkpoint(tmp_path / "s4", 4), tags={"step": "4"})
+        try:
+            vault.prune(keep_latest=1)
+        except VaultLockedError as exc:
+            outcome.append(str(exc))
+
+    inside = threading.Thread(
+        target=vault.backup, args=(make_checkpoint(tmp_path / "s3", 3),), kwargs={"before_commit": before_commit}
+    )
+    inside.start()
+    inside.join(timeout=60)
+    assert not inside.is_alive(), "prune inside a backup waited for a queued backup that waits for it"
+    assert "locked by this process itself" in outcome[1], outcome
+    vault.flush(timeout=60)
+
+
 def test_a_cancelling_close_ends_a_wait_for_a_prune_at_once(tmp_path, repo_url, vault, caplog):
     # SIGTERM to the watch sidecar closes its queue so: it must not wait out the prune first
     ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)

@@ -747,11 +747,11 @@ class AsyncShipper:
                 log.error("%d queued backups failed since the last flush; raising the first", len(failures))
             raise failures[0]
 
-    def wait_idle(self, caller: str) -> None:
+    def wait_idle(self) -> None:
         """Wait until every queued backup has ended, keeping their failures for the next ``flush``: what an
         exclusive lock of this process waits for (its own backups' shared locks are never waited out)."""
         with self._cond:
-            self._wait_idle(caller, None)
+            self._wait_idle("wait_idle()", None)
 
     def _wait_idle(self, caller: str, timeout: float | None) -> bool:
         if self.on_worker_thread():
