@@ -124,7 +124,7 @@ class VaultNotFoundError(CkptVaultError):
 
     def __init__(self, url: str, hint: str = "") -> None:
         self.url = url
-        create = spelled(f"ckptvault init {url}", "Vault.init(url), or Vault.open(url, create=True)")
+        create = spelled(f"ckptvault init {url}", f"Vault.init({url!r}), or Vault.open({url!r}, create=True)")
         super().__init__(f"no vault at {url}; {hint or f'create one with: {create}'}")
 
 

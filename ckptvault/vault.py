@@ -981,7 +981,7 @@ class Vault:
         waited_on = shipper is None or shipper.on_worker_thread() or self._writer == threading.get_ident()
         if shipper is not None and not waited_on and (queued := shipper.pending()):
             log.info("%s waits for this Vault's %d queued backup(s) to end first", caller, queued)
-            shipper.wait_idle()
+            shipper.wait_for_queued()
         return self._repo.locks.acquire(exclusive=True)
 
     def _async_shipper(self) -> AsyncShipper:

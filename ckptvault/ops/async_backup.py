@@ -36,6 +36,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass, field
@@ -734,9 +735,15 @@ class AsyncShipper:
         """Wait until every queued backup has ended. Raises FlushTimeoutError when some are still
         unfinished after ``timeout`` seconds, else the first error of the backups that failed
         since the previous flush (each failure is also on its handle and was logged)."""
+        if self.on_worker_thread():
+            raise UsageError("flush() cannot be called from a backup's done-callback")
         timeout = _timeout_arg(timeout)
         with self._cond:
-            idle = self._wait_idle("flush()", timeout)
+            self._flushing += 1
+            try:
+                idle = self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
+            finally:
+                self._flushing -= 1
             if not idle:
                 left = len(self._pending) + (self._running is not None)
                 raise FlushTimeoutError(f"{left} queued backup(s) still unfinished after {timeout:g} s")
@@ -747,20 +754,13 @@ class AsyncShipper:
                 log.error("%d queued backups failed since the last flush; raising the first", len(failures))
             raise failures[0]
 
-    def wait_idle(self) -> None:
-        """Wait until every queued backup has ended, keeping their failures for the next ``flush``: what an
+    def wait_for_queued(self) -> None:
+        """Wait until the backups queued now have ended (not those queued meanwhile: a trainer saving faster
+        than it ships would keep the queue busy), keeping their failures for the next ``flush``: what an
         exclusive lock of this process waits for (its own backups' shared locks are never waited out)."""
         with self._cond:
-            self._wait_idle("wait_idle()", None)
-
-    def _wait_idle(self, caller: str, timeout: float | None) -> bool:
-        if self.on_worker_thread():
-            raise UsageError(f"{caller} cannot be called from a backup's done-callback")
-        self._flushing += 1
-        try:
-            return self._cond.wait_for(lambda: not self._pending and self._running is None, timeout)
-        finally:
-            self._flushing -= 1
+            queued = [*self._pending, *([self._running] if self._running is not None else [])]
+        futures.wait([job.future for job in queued])
 
     def close(self, *, cancel_pending: bool = False, timeout: float | None = None) -> list[BackupJob]:
         """Stop taking jobs. With ``cancel_pending``, jobs not started are cancelled (and returned,
