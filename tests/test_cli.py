@@ -300,7 +300,11 @@ def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
         # restic's spellings get their equivalent, not click's nearest name (docs audit 39 L11)
         (["prune", "--keep-within", "14d"], 2, "restic's --keep-within AGE is --before AGE here, e.g. --before 14d"),
         (["prune", "--keep-daily", "7"], 2, "ckptvault keeps no calendar buckets: --keep-latest N, --before AGE"),
-        (["forget", "--keep-last", "3"], 2, "No such option: --keep-last (see: "),  # no --keep-latest to suggest
+        # and where the restic habit lives here (cli49 #3): forget takes IDs, restore's target is an argument
+        (["forget", "--keep-last", "3"], 2, "(retention rules are prune's here: ckptvault prune --keep-latest N"),
+        (["restore", "latest", "--target", "{tmp}/x"], 2, "is the second argument: ckptvault restore SNAPSHOT DIR"),
+        (["-r", "{tmp}/v", "snapshots"], 2, "No such option: -r (options go after the command: ckptvault COMMAND"),
+        (["--json", "snapshots"], 2, "No such option: --json (options go after the command"),
     ],
 )
 def test_errors_are_one_line_with_exit_codes(cli, tmp_path: Path, args, code, fragment):

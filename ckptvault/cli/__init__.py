@@ -178,6 +178,20 @@ RESTIC_OPTIONS = {
 }
 
 
+def _habit(command: str | None, option: str) -> str | None:
+    """Where an option restic (or kopia) users type from habit is found here; ``command`` None: the
+    option came before any command."""
+    if command is None:
+        return "options go after the command: ckptvault COMMAND [OPTIONS], e.g. ckptvault snapshots --repo URL"
+    if command == "prune" and option in RESTIC_OPTIONS:
+        return RESTIC_OPTIONS[option]
+    if command == "forget" and option in RESTIC_OPTIONS:
+        return "retention rules are prune's here: ckptvault prune --keep-latest N --before AGE; forget takes IDs"
+    if command == "restore" and option in ("--target", "-t"):
+        return "the folder to restore into is the second argument: ckptvault restore SNAPSHOT DIR"
+    return None
+
+
 def _named_command(group: Any, argv: list[str]) -> tuple[Any, list[str], list[str]] | None:
     """The command argv names (``prune``, or ``key passwd``), its words, and the arguments after them."""
     command, i, path = group, 0, []
@@ -248,9 +262,9 @@ def _run(app: typer.Typer) -> int:
     except click_errors.ClickException as exc:
         message = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
-        in_prune = ctx is not None and ctx.info_name == "prune"  # forget has no --keep-latest
-        if isinstance(exc, click_errors.NoSuchOption) and in_prune and exc.option_name in RESTIC_OPTIONS:
-            message = f"No such option: {exc.option_name} ({RESTIC_OPTIONS[exc.option_name]})"
+        if isinstance(exc, click_errors.NoSuchOption) and ctx is not None:
+            habit = _habit(ctx.info_name if ctx.parent is not None else None, exc.option_name)
+            message = f"No such option: {exc.option_name} ({habit})" if habit else message
         if ctx is not None:
             command_path = ctx.command_path
         elif named := _named_command(cli, sys.argv[1:]):  # "Option '--tag' requires an argument." has no ctx
