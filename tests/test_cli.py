@@ -584,6 +584,39 @@ def test_a_plain_table_is_laid_out_as_rich_lays_it_out_less_trailing_spaces():
     by_rich = [line.rstrip() for line in console.file.getvalue().splitlines()]
     assert table.aligned(1000) == by_rich, by_rich
     assert table.aligned(len(by_rich[1]) - 1) is None
+    # no room to fold tags and paths into (an 80-column terminal, snapshots' eight columns): the lines as they
+    # are, for the terminal to wrap; rich dropped columns, or cut IDs and dates in two (cli49 #1)
+    assert table.aligned(8 + 9 + 2 * 3 + 12 + 11) == by_rich
+
+
+def test_snapshots_on_a_narrow_terminal_keep_ids_times_and_numbers_whole(tmp_path: Path):
+    """cli49 #1: at 80 columns each row of `snapshots` folded every column, a date apart from its time and
+    `step=` from its number; at 60 the ID itself was cut in two and could not be copied."""
+    import io
+
+    from rich.console import Console
+
+    from ckptvault.cli.output import Output
+
+    table = Output.table("id", "time (UTC)", "host", "tags", "files", "size", "stored", "description")
+    table.add_row("1b033617", "2026-12-06 15:08:31", "vm", "run=x,step=1200", "5", "1.38 MB", "1.15 MB", "")
+    watched = (
+        "run=y,checkpoint=checkpoint-100,step=100",
+        "4",
+        "1 B",
+        "1 B",
+        "ckptvault watch: /tmp/out/checkpoint-100",
+    )
+    table.add_row("4fe9544c", "2026-12-06 15:08:59", "vm", *watched)
+    for width in (120, 80, 60):
+        lines = table.aligned(width)  # as Output prints a table: these lines, else rich's layout
+        if lines is None:
+            console = Console(file=io.StringIO(), width=width)
+            console.print(table)
+            lines = console.file.getvalue().splitlines()
+        for snapshot_id, when in (("1b033617", "2026-12-06 15:08:31"), ("4fe9544c", "2026-12-06 15:08:59")):
+            assert any(snapshot_id in line and when in line for line in lines), (width, lines)
+        assert any("1.15 MB" in line for line in lines) and "step=100" in "".join(lines), (width, lines)
 
 
 def test_a_restore_of_only_folders_and_links_says_what_it_restored(cli, tmp_path: Path):

@@ -265,9 +265,14 @@ class Output:
         table = _PlainTable(box=None, pad_edge=False, header_style="bold")
         for col in columns:
             right = col in ("size", "files", "new", "stored", "logical")
-            # a long path wraps on a terminal, never "…"
-            table.add_column(col, justify="right" if right else "left", overflow="fold")
+            # A long path, tag list or description wraps on a narrow terminal, never "…"; an ID, a time, a host
+            # or a number stays whole (an ID cut in two cannot be copied; a date and its time fell on two lines).
+            whole = right or col in ("id", "time (UTC)", "host", "type", "mode", "chunks")
+            table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=whole)
         return table
+
+
+MIN_FOLDED = 12  # a column of tags or a description folded narrower than this reads as noise
 
 
 class _PlainTable(Table):
@@ -289,15 +294,20 @@ class _PlainTable(Table):
 
     def aligned(self, width: int) -> list[str] | None:
         """The header and the rows as lines of text, laid out as rich lays this table out, when every
-        cell is plain text and the table fits in ``width``; else None (rich wraps it). Rich took ~0.5 s to
-        lay out the 1,000 rows of a vault's snapshots; this takes milliseconds."""
+        cell is plain text and the table fits in ``width`` or cannot be folded into it; else None (rich
+        folds it). Rich took ~0.5 s to lay out the 1,000 rows of a vault's snapshots; this takes milliseconds."""
         if self._plain_rows is None:
             return None
         header = [str(c.header) for c in self.columns]
         rows = [header, *self._plain_rows]
         widths = [max(cell_len(row[i]) for row in rows) for i in range(len(header))]
-        if sum(widths) + 2 * (len(widths) - 1) > width:
-            return None
+        gaps = 2 * (len(widths) - 1)
+        whole = sum(w for w, c in zip(widths, self.columns, strict=True) if c.no_wrap)
+        folded = sum(min(w, MIN_FOLDED) for w, c in zip(widths, self.columns, strict=True) if not c.no_wrap)
+        if gaps + whole + folded <= width < sum(widths) + gaps:
+            return None  # rich folds the long cells in the room the others leave
+        # Fits, or there is no room to fold in (rich would drop columns, or cut IDs and numbers): one line a
+        # row, as long as it takes, for the terminal to wrap.
         right = [c.justify == "right" for c in self.columns]
 
         def line(row: list[str]) -> str:
