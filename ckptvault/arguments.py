@@ -214,7 +214,26 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
                 "write it without, e.g. "
                 + spelled(f"{option} {key}={fixed}", "{" + repr(key) + ": " + repr(fixed) + "}")
             )
+    step = value.get("step") if stored else None
+    if step is not None and not _whole_number(step):
+        # the step orders a run's saves (latest, prune): one step=1200.0 (a float formatted) took the run's
+        # latest back to going by time, said only at a restore, and wrongly (cli49 #2)
+        given = spelled(f"{'--add' if name == 'add' else '--tag'} step={step}", f"{name}: 'step': {step!r}")
+        try:
+            whole = f"give step={int(float(step))}, or" if float(step).is_integer() else "give a whole number, or"
+        except (ValueError, OverflowError):
+            whole = "give a whole number, or"
+        raise UsageError(
+            f"{given} is not a whole number: the step orders a run's saves (latest, prune); {whole} put other "
+            "text in a tag of another name"
+        )
     return dict(value)
+
+
+def _whole_number(text: str) -> bool:
+    """Written as ``Snapshot.step`` reads it: ASCII digits, with a leading minus at most."""
+    digits = text.removeprefix("-")
+    return digits.isascii() and digits.isdigit()
 
 
 def hostname_arg(value: str | None) -> str | None:
