@@ -1145,6 +1145,9 @@ def test_logs_and_configs_beside_the_checkpoints_do_not_ship_and_checkpoints_shi
     # the table shows the tags a user reads; the sidecar's digest (16 hex digits a row) only in --json
     table = cli("snapshots", "--repo", repo).stdout.decode()
     assert "checkpoint=ckpt_800.pt" in table and "watch-sig" not in table, table
+    for listing in (("stats",), ("prune", "--keep-latest", "1", "--dry-run")):  # nor in the other tables (cli49 #5)
+        table = cli(*listing, "--repo", repo).stdout.decode()
+        assert "checkpoint=ckpt_" in table and "watch-sig" not in table, table
     assert all("watch-sig" in s["tags"] for s in json.loads(cli("snapshots", "--json", "--repo", repo).stdout))
     (ckpts / "train.log").write_bytes(b"step 800 done\n")
     assert cli(*args).stdout == b""  # not shipped at its change either

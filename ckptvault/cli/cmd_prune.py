@@ -9,10 +9,9 @@ import typer
 
 from ..ops.catalog import is_stand_in
 from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
-from ..snapshot.model import format_tags
 from ..snapshot.retention import Decision
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, with_vault_named
+from .output import Output, format_bytes, listed_tags, with_vault_named
 from .params import parse_before, parse_keep_tags, parse_tags
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Change nothing; print what would be removed.")]
@@ -34,7 +33,7 @@ def report(out: Output, result: PruneResult, summary: str | None = None) -> None
             if is_stand_in(s):  # an object forgotten unread: its time, tags and size are unknown, not 1970's
                 table.add_row(s.short_id, "?", "?", "?", *group, d.reason)
                 continue
-            tags = format_tags(s.tags)
+            tags = listed_tags(s.tags)
             size = format_bytes(s.summary.logical_bytes)
             table.add_row(s.short_id, f"{s.time:%Y-%m-%d %H:%M:%S}", tags, size, *group, d.reason)
     gc = result.gc

@@ -9,11 +9,9 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..ops.names import WATCH_SIG_TAG
-from ..snapshot.model import format_tags
 from ..snapshot.selection import tag_options, unmatched_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
-from .output import Output, format_bytes, one_line, writing_stdout
+from .output import Output, format_bytes, listed_tags, one_line, writing_stdout
 from .params import parse_tags
 
 SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
@@ -47,7 +45,7 @@ def snapshots_cmd(
             s.short_id,
             s.time.strftime("%Y-%m-%d %H:%M:%S"),
             s.hostname,
-            format_tags({k: v for k, v in s.tags.items() if k != WATCH_SIG_TAG}),  # internal: in --json only
+            listed_tags(s.tags),
             str(s.summary.files),
             format_bytes(s.summary.logical_bytes),
             format_bytes(s.summary.stored_bytes),

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output, counted, format_bytes
+from .output import Output, counted, format_bytes, listed_tags
 
 
 @app.command("stats")
@@ -24,7 +23,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         table.add_row(
             s.id[:8],
             s.time.replace("T", " ")[:19],
-            format_tags(s.tags),
+            listed_tags(s.tags),
             format_bytes(s.logical_bytes),
             format_bytes(s.new_bytes),
             format_bytes(s.stored_bytes),

@@ -7,9 +7,8 @@ from typing import Annotated
 import typer
 
 from ..arguments import refuse_short_id_prefix
-from ..snapshot.model import format_tags
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
-from .output import Output
+from .output import Output, listed_tags
 from .params import parse_new_tags, parse_tags
 
 
@@ -39,7 +38,7 @@ def tag_cmd(
     with vault_args.open(out) as vault:
         before = vault.snapshot(snapshot, parse_tags(tag))
         after = vault.tag(before, add=changes, remove=remove or [])
-    shown = format_tags(after.tags) or "none"
+    shown = listed_tags(after.tags) or "none"
     data = {"previous_id": before.id, "snapshot": after}
     if after.id == before.id:
         out.result(data, f"snapshot {after.short_id} already has these tags ({shown}); nothing changed")

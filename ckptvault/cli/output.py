@@ -30,6 +30,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
+from ..ops.names import WATCH_SIG_TAG
+from ..snapshot.model import format_tags
 from ..store.options import display_url
 from ..units import counted as counted
 from ..units import format_bytes as format_bytes  # the CLI's commands take it from here
@@ -270,6 +272,11 @@ class Output:
             whole = right or col in ("id", "time (UTC)", "host", "type", "mode", "chunks")
             table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=whole)
         return table
+
+
+def listed_tags(tags: dict[str, str]) -> str:
+    """A snapshot's tags as listings show them: without the watch's internal signature (in --json only)."""
+    return format_tags({k: v for k, v in tags.items() if k != WATCH_SIG_TAG})
 
 
 MIN_FOLDED = 12  # a column of tags or a description folded narrower than this reads as noise
