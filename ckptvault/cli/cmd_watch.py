@@ -90,7 +90,8 @@ def watch_cmd(
     Prints one line per shipped checkpoint (one JSON object per line with --json, where a checkpoint
     dropped or deleted unshipped is one too, "event": "lost"). SIGTERM or
     Ctrl-C stops it after the upload in flight, or with --grace after that many more seconds of
-    shipping (a second one abandons the upload, exit 130); pinned checkpoints wait for the next start."""
+    shipping (a second one abandons the upload, exit 143 for SIGTERM, 130 for Ctrl-C); pinned checkpoints wait
+    for the next start."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_new_tags(tag)
     # before the default vault may be made
@@ -163,7 +164,7 @@ class _StopOnSignal:
             # `timeout` signals the process and then its process group: one request, delivered twice
             first = self._first
             if not (first is not None and first[0] == signum and time.monotonic() - first[1] < SAME_SIGNAL_S):
-                _abort()
+                _abort(143 if signum == signal.SIGTERM else 130)  # as the exit-code table has them
             return
         self._first = (signum, time.monotonic())
         self._stop.set()
@@ -264,7 +265,7 @@ def _never_failing(show: Callable[[str], None]) -> Callable[[str], None]:
     return say
 
 
-def _abort() -> None:
+def _abort(code: int) -> None:
     """A second signal: end now, without waiting for the upload in flight (a thread cannot be
     stopped, and unwinding would wait for it in ``Vault.close``). Nothing is lost: a snapshot is
     committed by its last write, so the abandoned one is either whole or absent, and every pin
@@ -277,4 +278,4 @@ def _abort() -> None:
             b"error: aborted during an upload; the checkpoints still pinned ship at the next start "
             b"(nothing partial was committed)\n",
         )
-    os._exit(130)
+    os._exit(code)
