@@ -33,7 +33,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
         f"logical bytes: {format_bytes(stats.logical_bytes)} "
         f"({'the readable snapshots' if stats.unreadable_snapshots else 'all snapshots'})\n"
         f"unique bytes: {format_bytes(stats.unique_bytes)} in {counted(stats.chunks, 'chunk')}\n"
-        f"stored bytes: {format_bytes(stats.stored_bytes)} in {stats.packs} packs and metadata\n"
+        f"stored bytes: {format_bytes(stats.stored_bytes)} in {counted(stats.packs, 'pack')} and metadata\n"
         + (
             f"dedup ratio: not told while {stats.unreadable_snapshots} snapshot object(s) cannot be read (their "
             "files are left out of the logical bytes, their chunks are not)"
@@ -45,7 +45,7 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
     )
     if stats.delta_chunks:
         head += (
-            f"\ndelta coding: {stats.delta_chunks} chunks ({format_bytes(stats.delta_bytes)}) stored in "
+            f"\ndelta coding: {counted(stats.delta_chunks, 'chunk')} ({format_bytes(stats.delta_bytes)}) stored in "
             f"{format_bytes(stats.delta_stored_bytes)}, about {format_bytes(stats.delta_saved_bytes)} saved "
             "over coding them whole"
         )

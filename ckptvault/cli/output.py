@@ -192,7 +192,7 @@ class _RichProgress:
 
     def start(self, total_bytes: int, total_files: int) -> None:
         self._bar.start()
-        self._task = self._bar.add_task(f"{self._label} {total_files} files", total=total_bytes)
+        self._task = self._bar.add_task(f"{self._label} {counted(total_files, 'file')}", total=total_bytes)
 
     def advance(self, nbytes: int) -> None:
         if self._task is not None:
