@@ -26,7 +26,7 @@ def diff_cmd(
     quiet: QuietOpt = False,
 ) -> None:
     """Files, folders and links added, removed and changed from A to B, and the bytes B added; no file is restored.
-    With --tag, 'latest' means the latest snapshot carrying those tags."""
+    With --tag, both must carry those tags ('latest': the latest snapshot that does)."""
     out = Output(json_mode=json_out, quiet=quiet)
     tags = parse_tags(tag)
     with vault_args.open(out) as vault:
