@@ -209,6 +209,24 @@ def test_a_before_age_in_m_is_ambiguous_not_minutes(cli, repo: str):
     assert json.loads(kept.stdout)["forget"] == []  # the snapshots are seconds old
 
 
+def test_a_before_age_may_combine_units_and_names_them_when_one_is_unknown():
+    """cli49 #11: --retry-lock took 1h30m where --before refused 1h30min, 2w3d and 90s, and 1y or 3mo got
+    only "not a date or a duration"."""
+    from datetime import datetime, timedelta, timezone
+
+    from ckptvault.cli.params import parse_before
+    from ckptvault.errors import UsageError
+
+    now = datetime(2026, 12, 6, tzinfo=timezone.utc)
+    ages = {"1h30min": timedelta(minutes=90), "2w3d": timedelta(days=17), "90s": timedelta(seconds=90)}
+    assert {text: now - parse_before(text, now) for text in ages} == ages
+    for text in ("1y", "3mo"):
+        with pytest.raises(UsageError, match=r"an age is in s, min, h, d or w \(months and years in days"):
+            parse_before(text, now)
+    with pytest.raises(UsageError, match="ambiguous"):
+        parse_before("1h30m", now)  # restic's 1y6m is a year and 6 months: m stays refused inside a sum too
+
+
 # ---- 4. tag keys and values that break tables and one-line messages ---------------------------
 
 BAD_TAGS = [

@@ -78,27 +78,39 @@ def parse_storage_options(values: list[str] | None) -> dict[str, str]:
     return parse_tags(values, "-o", limit=None, show_values=False)  # values may be long secrets (tokens)
 
 
-_AGE_UNITS = {"min": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
-_AGE = re.compile(r"([0-9]{1,4000})([a-z]+)")  # int() refuses over 4,300 digits
-_BEFORE_FORMATS = "use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h, 30min"
+_AGE_UNITS = {
+    "s": timedelta(seconds=1),
+    "min": timedelta(minutes=1),
+    "h": timedelta(hours=1),
+    "d": timedelta(days=1),
+    "w": timedelta(weeks=1),
+}
+_AGE_PART = re.compile(r"([0-9]{1,4000})([a-z]+)")  # int() refuses over 4,300 digits
+_BEFORE_FORMATS = "use e.g. 2026-11-16, 2026-11-16T12:00 or 14d, 36h, 1h30min, 2w3d"
 
 
 def parse_before(value: str | None, now: datetime) -> datetime | None:
-    """An ISO date or time (UTC unless it says otherwise), or an age: 30min, 36h, 14d, 2w. A bare
+    """An ISO date or time (UTC unless it says otherwise), or an age: 30min, 36h, 14d, 2w, 1h30min. A bare
     ``m`` is refused: restic's ``--keep-within 6m`` means 6 months, and a prune that read it as
     minutes would remove nearly everything."""
     if value is None:
         return None
     text = value.strip()
-    age = _AGE.fullmatch(text)
-    if age and age[2] == "m":
-        raise UsageError(
-            f"--before: {_quoted(value)} is ambiguous (restic reads 'm' as months): write {age[1]}min for minutes, "
-            f"or days, e.g. {int(age[1]) * 30}d for {age[1]} months"
-        )
-    if age and age[2] in _AGE_UNITS:
+    parts = _AGE_PART.findall(text)
+    if parts and "".join(number + unit for number, unit in parts) == text:
+        for number, unit in parts:
+            if unit == "m":
+                raise UsageError(
+                    f"--before: {_quoted(value)} is ambiguous (restic reads 'm' as months): write {number}min for "
+                    f"minutes, or days, e.g. {int(number) * 30}d for {number} months"
+                )
+            if unit not in _AGE_UNITS:
+                raise UsageError(
+                    f"--before: {_quoted(value)} has the unit {unit!r}; an age is in s, min, h, d or w (months and "
+                    "years in days: 90d, 365d)"
+                )
         try:
-            return now - int(age[1]) * _AGE_UNITS[age[2]]
+            return now - sum((int(number) * _AGE_UNITS[unit] for number, unit in parts), timedelta())
         except OverflowError:  # further back than year 1
             raise UsageError(f"--before: {_quoted(value)} is too far back to be a date; {_BEFORE_FORMATS}") from None
     try:
