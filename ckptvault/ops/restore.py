@@ -1005,7 +1005,8 @@ def _write_chunks(
         if chunk_id in zero_chunks:
             return None
         # The envelope (AEAD tag or checksum, bound to the chunk ID) is checked here; the plaintext
-        # is checked by the whole-file hash below instead of by a second BLAKE3 pass per chunk.
+        # is checked by the whole-file hash below instead of by a second BLAKE3 pass per chunk (which
+        # ``verify_ids`` adds: the second try of a file whose hash failed).
         data = repo.read_chunk(chunk_id, verify_id=verify_ids)
         if _is_zeros(data):
             zero_chunks.add(chunk_id)

@@ -852,7 +852,7 @@ class Repository:
         it was decoded into (not hashable: ``bytes(...)`` it to use it as a key)."""
         return joined(self._read_chunk(chunk_id, verify_id, 0, None)[0])  # (only bases come back grouped)
 
-    def read_chunk_and_base(self, chunk_id: bytes) -> tuple[bytes | memoryview, bytes | None, Plain | None]:
+    def read_chunk_and_base(self, chunk_id: bytes) -> tuple[Plain, bytes | None, Plain | None]:
         """``read_chunk`` (verified against its ID), with the delta base the copy read was decoded
         against: (plaintext, base ID, base plaintext), the last two None for a chunk stored whole.
         A delta's base is read anyway to decode it; copy codes the chunk against it again."""
@@ -1112,7 +1112,8 @@ class Repository:
     def _delta_base(
         self, chunk_id: bytes, base_id: bytes | None, depth: int, verify_id: bool = True
     ) -> bytes | memoryview | Grouped | None:
-        """The plaintext of a delta's base, checked as ``read_chunk`` checks (None for a chunk without one)."""
+        """The plaintext of a delta's base (for a restore, its streams: ``_read_copy``), checked as ``read_chunk``
+        checks (None for a chunk without one)."""
         if base_id is None:
             return None
         if depth >= MAX_DELTA_DEPTH:
