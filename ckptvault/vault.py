@@ -75,7 +75,13 @@ from .ops.async_backup import (
 )
 from .ops.backup import OnChange
 from .ops.backup_session import vault_backup
-from .ops.catalog import SnapshotCatalog, handed_out, refuse_gc_with_unreadable, removed_meanwhile
+from .ops.catalog import (
+    SnapshotCatalog,
+    handed_out,
+    refuse_gc_with_unreadable,
+    removed_meanwhile,
+    retagged_here,
+)
 from .ops.check import CheckReport, run_check
 from .ops.copy import CopyResult
 from .ops.copy_session import copy_listed, finish_copy, refuse_decrypting
@@ -620,7 +626,7 @@ class Vault:
         missing, as if the vault were damaged)."""
         snap = self.snapshot(snapshot)
         if not self._repo.has_snapshot(bytes.fromhex(snap.id)):
-            raise removed_meanwhile(snap, self.url)
+            raise removed_meanwhile(snap, self.url, self._catalog.retagged.get(snap.id))
         return self.files(snap)
 
     @_open_only
@@ -812,9 +818,14 @@ class Vault:
                 chosen = self.snapshot(snapshot.id if isinstance(snapshot, Snapshot) else snapshot, tags)
             except SnapshotNotFoundError:
                 if isinstance(snapshot, Snapshot) and snapshot.id not in {s.id for s in self.snapshots()}:
+                    if (new_id := self._catalog.retagged.get(snapshot.id)) is not None:
+                        raise retagged_here(snapshot, new_id) from None
                     raise retag_gone(snapshot) from None  # not "no snapshot <its 64 hex digits>"
                 raise
-            return retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
+            retagged = retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
+            if retagged.id != chosen.id:
+                self._catalog.retagged[chosen.id] = retagged.id
+            return retagged
 
     @_open_only
     def check(self, *, read_data: float | bool = 0.0, seed: int | None = None) -> CheckReport:

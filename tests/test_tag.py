@@ -358,3 +358,22 @@ def test_a_tag_killed_between_its_copy_and_the_old_ones_removal_is_finished_by_a
         renewed = vault.tag(second, add={"keep": "best"})  # the same tag again finishes the first
         assert [s.id for s in vault.snapshots()] == [first.id, renewed.id]
         assert vault.check(read_data=1.0).ok
+
+
+def test_a_snapshot_this_vault_retagged_is_named_as_retagged_not_removed_by_another_process(
+    vault: Vault, tmp_path: Path
+):
+    """api49 #5: after `vault.tag()` in this process, the old Snapshot's errors said "another process removed
+    it meanwhile" (or "forgotten or retagged by another process"), sending the user after a process that
+    never was."""
+    two_saves(vault, tmp_path)
+    first = vault.snapshots()[0]
+    tagged = vault.tag(first, add={"keep": "best"})
+    said = rf"snapshot {first.short_id} was retagged by this Vault's tag\(\) as {tagged.id[:8]}: use the Snapshot"
+    for call in (
+        lambda: vault.restore(first, tmp_path / "out"),
+        lambda: vault.files(first),
+        lambda: vault.tag(first, add={"x": "y"}),
+    ):
+        with pytest.raises(SnapshotNotFoundError, match=said):
+            call()

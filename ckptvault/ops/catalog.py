@@ -34,6 +34,7 @@ class SnapshotCatalog:
         # the latest listing's snapshot objects that cannot be decoded: full ID -> the error, which names it
         self.unreadable: dict[str, CkptVaultError] = {}
         self._warned: set[str] = set()  # each unreadable snapshot, and each passed-over step, is warned about once
+        self.retagged: dict[str, str] = {}  # snapshot ID -> the ID a retag through this catalog's Vault gave it
         self._read: dict[tuple[bytes, int | None], Snapshot] = {}
 
     def listing(self, *, copies: bool = True) -> tuple[list[Snapshot], dict[str, CkptVaultError]]:
@@ -95,7 +96,7 @@ class SnapshotCatalog:
             raw = self._repo.load_tree(bytes.fromhex(snap.tree_id))
         except (ObjectNotFoundError, IntegrityError) as exc:
             if isinstance(exc, ObjectNotFoundError) and snap.id not in {s.id for s in self.listing()[0]}:
-                raise removed_meanwhile(snap, url) from None
+                raise removed_meanwhile(snap, url, self.retagged.get(snap.id)) from None
             raise tree_error(snap, url, exc) from None
         return decode_naming(f"tree object {snap.tree_id[:12]} (of snapshot {snap.short_id})", decode_tree, raw)
 
@@ -188,10 +189,19 @@ def tree_error(snap: Snapshot, url: str, error: IntegrityError | ObjectNotFoundE
     )
 
 
-def removed_meanwhile(snap: Snapshot, url: str) -> SnapshotNotFoundError:
+def removed_meanwhile(snap: Snapshot, url: str, retagged_as: str | None = None) -> SnapshotNotFoundError:
+    if retagged_as is not None:  # not another process: the user's own tag() call (api49 #5)
+        return retagged_here(snap, retagged_as)
     return SnapshotNotFoundError(
         f"snapshot {snap.short_id} is not in {url}: another process removed it meanwhile, "
         "or it is a Snapshot of another vault"
+    )
+
+
+def retagged_here(snap: Snapshot, new_id: str) -> SnapshotNotFoundError:
+    return SnapshotNotFoundError(
+        f"snapshot {snap.short_id} was retagged by this Vault's tag() as {new_id[:8]}: use the Snapshot tag() "
+        "returned (a retag gives a snapshot a new ID)"
     )
 
 
