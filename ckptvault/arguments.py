@@ -215,25 +215,27 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
                 + spelled(f"{option} {key}={fixed}", "{" + repr(key) + ": " + repr(fixed) + "}")
             )
     step = value.get("step") if stored else None
-    if step is not None and not _whole_number(step):
+    if step is not None and (number := _not_whole(step)) is not None:
         # the step orders a run's saves (latest, prune): one step=1200.0 (a float formatted) took the run's
-        # latest back to going by time, said only at a restore, and wrongly (cli49 #2)
+        # latest back to going by time, said only at a restore, and wrongly (cli49 #2). A label (step=final)
+        # is the user's choice, said where latest then goes by time.
         given = spelled(f"{'--add' if name == 'add' else '--tag'} step={step}", f"{name}: 'step': {step!r}")
-        try:
-            whole = f"give step={int(float(step))}, or" if float(step).is_integer() else "give a whole number, or"
-        except (ValueError, OverflowError):
-            whole = "give a whole number, or"
-        raise UsageError(
-            f"{given} is not a whole number: the step orders a run's saves (latest, prune); {whole} put other "
-            "text in a tag of another name"
-        )
+        whole = f"step={int(number)}" if number.is_integer() else "a whole number"
+        raise UsageError(f"{given} is a number but not a whole one (the step orders a run's saves); give {whole}")
     return dict(value)
 
 
-def _whole_number(text: str) -> bool:
-    """Written as ``Snapshot.step`` reads it: ASCII digits, with a leading minus at most."""
+def _not_whole(text: str) -> float | None:
+    """The number ``text`` spells when it is one that ``Snapshot.step`` does not read as a step (ASCII digits,
+    a leading minus at most): 1200.0, 1.5e2, 1_000; else None (a step, or not a number at all)."""
     digits = text.removeprefix("-")
-    return digits.isascii() and digits.isdigit()
+    if digits.isascii() and digits.isdigit():
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def hostname_arg(value: str | None) -> str | None:

@@ -380,8 +380,8 @@ def test_a_pathlib_path_is_accepted_for_the_url_and_for_paths_inside_a_snapshot(
         (lambda v, s, t: v.prune(keep_latest=1, repack_threshold="0.1"), "repack_threshold must be a number"),
         (lambda v, s, t: v.check(read_data="10%"), "read_data must be a number from 0 to 1"),
         # a float step (f"{step}" of 1200.0) took the run's latest back to going by time (cli49 #2)
-        (lambda v, s, t: v.backup(t / "src", tags={"step": "1200.0"}), "'step': '1200.0' is not a whole number"),
-        (lambda v, s, t: v.tag(s, add={"step": "abc"}), "add: 'step': 'abc' is not a whole number"),
+        (lambda v, s, t: v.backup(t / "src", tags={"step": "1200.0"}), "'step': '1200.0' is a number but not a whole"),
+        (lambda v, s, t: v.tag(s, add={"step": "12.5"}), "add: 'step': '12.5' is a number but not a whole one"),
         (lambda v, s, t: v.flush(timeout="5"), "timeout must be a number of seconds"),
         (lambda v, s, t: v.configure_async(max_pending="4"), "max_pending must be an int"),
         (lambda v, s, t: v.backup_status(None), "path must be a path"),
