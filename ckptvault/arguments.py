@@ -20,7 +20,7 @@ from typing import Any
 
 from .crypto.keyfile import Keyfile
 from .errors import UsageError, spelled
-from .snapshot.model import TAG_TEXT_MAX, Snapshot
+from .snapshot.model import TAG_TEXT_MAX, Snapshot, step_number
 
 PathLike = str | os.PathLike[str]
 KeyfileArg = str | os.PathLike[str] | Keyfile | None  # a keyfile's path, a loaded one, or None: no encryption
@@ -226,10 +226,9 @@ def tags_arg(value: Mapping[str, str] | None, name: str = "tags", *, stored: boo
 
 
 def _not_whole(text: str) -> float | None:
-    """The number ``text`` spells when it is one that ``Snapshot.step`` does not read as a step (ASCII digits,
-    a leading minus at most): 1200.0, 1.5e2, 1_000; else None (a step, or not a number at all)."""
-    digits = text.removeprefix("-")
-    if digits.isascii() and digits.isdigit():
+    """The number ``text`` spells when it is one that ``step_number`` does not read as a step: 1200.0, 1.5e2,
+    1_000; else None (a step, or not a number at all)."""
+    if step_number(text) is not None:
         return None
     try:
         number = float(text)

@@ -843,7 +843,8 @@ class Repository:
         The blob's envelope (AEAD tag or checksum, both bound to the chunk ID) and its length are
         always checked. ``verify_id=False`` skips hashing the plaintext against its ID: for callers
         that hash every byte they get against a whole-file hash anyway (restore), where that pass
-        is ~15 % of the CPU; they re-read with ``verify_id=True`` to name a chunk when that fails.
+        is ~15 % of the CPU; they read again with ``verify_id=True`` when that fails (to name the chunk, or
+        read around a copy wrong under a valid envelope).
 
         A chunk stored more than once (two backups that raced, or stored again because its pack was
         gone) is read from its next copy when one is missing or damaged, with one warning per pack.

@@ -97,14 +97,18 @@ class Snapshot:
 
     @property
     def step(self) -> int | None:
-        """The ``step`` tag as a number when it is written in ASCII digits (``int()`` alone would
-        also take ``1_000``, `` 12 `` or other scripts' digits, which no trainer writes)."""
-        value = self.tags.get("step", "")
-        digits = value[1:] if value.startswith("-") else value
-        return int(value) if digits.isascii() and digits.isdigit() else None
+        """The ``step`` tag as a number (``step_number``)."""
+        return step_number(self.tags.get("step", ""))
 
     def matches(self, tags: dict[str, str] | None) -> bool:
         return all(self.tags.get(k) == v for k, v in (tags or {}).items())
+
+
+def step_number(value: str) -> int | None:
+    """A ``step`` tag's value as a number when it is written in ASCII digits, a leading minus allowed
+    (``int()`` alone would also take ``1_000``, `` 12 `` or other scripts' digits, which no trainer writes)."""
+    digits = value.removeprefix("-")
+    return int(value) if digits.isascii() and digits.isdigit() else None
 
 
 def format_tags(tags: dict[str, str], sep: str = ",") -> str:
