@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..blob import SEAL_AES256GCM
 from ..errors import IntegrityError
+from ..memcopy import empty
 
 NONCE_SIZE = 12
 TAG_SIZE = 16
@@ -35,7 +36,11 @@ class AesGcmSealer:
     def unseal(self, aad: bytes, sealed: memoryview) -> memoryview:
         if len(sealed) < NONCE_SIZE + TAG_SIZE:
             raise IntegrityError("blob is truncated")
+        # Into a buffer that is not zero-filled first: ``decrypt`` zero-fills its output, a pass over
+        # every restored byte that cost a restore as much CPU as the decryption itself (perf).
+        plain = empty(len(sealed) - NONCE_SIZE - TAG_SIZE)
         try:
-            return memoryview(self._aead.decrypt(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], aad))
+            self._aead.decrypt_into(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], aad, plain)
+            return plain.toreadonly()
         except InvalidTag:
             raise IntegrityError("authentication failed (tampered, truncated or misplaced)") from None
