@@ -33,3 +33,15 @@ def empty(n: int) -> memoryview:
     import numpy as np
 
     return memoryview(np.empty(n, np.uint8)).cast("B")  # type: ignore[arg-type]
+
+
+def joined(parts: list[bytes | memoryview]) -> bytes | memoryview:
+    """``b"".join(parts)``, the large parts copied off the GIL; a single part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    out = empty(sum(memoryview(part).nbytes for part in parts))
+    pos = 0
+    for part in parts:
+        copy_into(out, pos, part)
+        pos += memoryview(part).nbytes
+    return out

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..blob import SEAL_AES256GCM
 from ..errors import IntegrityError
-from ..memcopy import empty
+from ..memcopy import empty, joined
 
 NONCE_SIZE = 12
 TAG_SIZE = 16
@@ -31,13 +31,18 @@ class AesGcmSealer:
 
     def seal(self, aad: bytes, inner: list[bytes | memoryview]) -> list[bytes | memoryview]:
         nonce = self._nonce(NONCE_SIZE)
-        return [nonce, self._aead.encrypt(nonce, b"".join(inner), aad)]
+        plain = joined(inner)
+        # ``encrypt`` and ``decrypt`` hold the GIL while they run and zero-fill their output first; the
+        # ``_into`` forms release it (a spinning Python thread ran at ~25 % of its speed beside the first,
+        # ~60 % beside the second, on this project's 2-core machine) and fill a buffer left unzeroed.
+        sealed = empty(memoryview(plain).nbytes + TAG_SIZE)
+        self._aead.encrypt_into(nonce, plain, aad, sealed)
+        return [nonce, sealed]
 
     def unseal(self, aad: bytes, sealed: memoryview) -> memoryview:
         if len(sealed) < NONCE_SIZE + TAG_SIZE:
             raise IntegrityError("blob is truncated")
-        # Into a buffer that is not zero-filled first: ``decrypt`` zero-fills its output, a pass over
-        # every restored byte that cost a restore as much CPU as the decryption itself (perf).
+        # See seal(): ``decrypt``'s zero-fill alone cost a restore as much CPU as the decryption (perf).
         plain = empty(len(sealed) - NONCE_SIZE - TAG_SIZE)
         try:
             self._aead.decrypt_into(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], aad, plain)
