@@ -247,6 +247,19 @@ def hostname_arg(value: str | None) -> str | None:
     return hostname
 
 
+def hosts_arg(value: Sequence[str] | None) -> list[str]:
+    """Hosts to select snapshots of (restic's ``--host``): a list of hostnames, any of which a snapshot may be
+    of; None or an empty list selects every host. A bare string is refused (it would be iterated)."""
+    hosts = str_list_arg("hosts", value, "['nodeB']")
+    for host in hosts:
+        if not host.strip() or not host.isprintable():
+            raise UsageError(
+                f"{spelled('--host', 'hosts')}: {host!r} is blank or holds control characters (is a variable unset?); "
+                "give a hostname as the snapshots list it, e.g. " + spelled("--host nodeB", "hosts=['nodeB']")
+            )
+    return hosts
+
+
 def text_arg(name: str, value: str | None, *, optional: bool = False) -> Any:
     """A str (or, with ``optional``, None)."""
     if not isinstance(value, str) and not (optional and value is None):

@@ -31,6 +31,7 @@ from .arguments import (
     folder_or_default_arg,
     fraction_arg,
     hostname_arg,
+    hosts_arg,
     int_arg,
     interval_arg,
     keyfile_arg,
@@ -401,16 +402,17 @@ class Vault:
     # ---- snapshots ---------------------------------------------------------------------
 
     @_open_only
-    def snapshots(self, tags: dict[str, str] | None = None) -> list[Snapshot]:
-        """All snapshots (matching every given tag), oldest first.
+    def snapshots(self, tags: dict[str, str] | None = None, *, hosts: Sequence[str] | None = None) -> list[Snapshot]:
+        """All snapshots (matching every given tag, and of any of ``hosts`` when given), oldest first.
 
         A snapshot object that cannot be decoded (damaged, or written by a newer ckptvault) is left
         out with a warning naming it (once per Vault: the "ckptvault" logger and ``on_warning``);
         ``unreadable_snapshots`` then holds its ID and error. ``forget`` removes such an object by its
         ID, and ``prune`` and ``"latest"`` refuse while one exists (it may hold the newest save)."""
         tags = tags_arg(tags)
+        wanted_hosts = hosts_arg(hosts)
         snaps, _ = self._catalog.listing()
-        return sorted(selection.filter_by_tags(snaps, tags), key=lambda s: s.time)
+        return sorted(selection.matching(snaps, tags, wanted_hosts), key=lambda s: s.time)
 
     def _warner(self, on_warning: Callable[[str], None] | None = None, *, logged: bool = True) -> Callable[[str], None]:
         """Where warnings go: the "ckptvault" logger (unless not ``logged``), and a call's ``on_warning``,
@@ -427,18 +429,23 @@ class Vault:
         return warn
 
     @_open_only
-    def snapshot(self, spec: str | Snapshot, tags: dict[str, str] | None = None) -> Snapshot:
-        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
+    def snapshot(
+        self, spec: str | Snapshot, tags: dict[str, str] | None = None, *, hosts: Sequence[str] | None = None
+    ) -> Snapshot:
+        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``
+        and of any of ``hosts`` (restic's ``--host``; None: any host). An ID, or a Snapshot, must match them too.
         An ID naming a snapshot object that cannot be decoded raises that object's error."""
         spec = snapshot_arg(spec)
         tags = tags_arg(tags)
+        wanted_hosts = hosts_arg(hosts)
         if isinstance(spec, Snapshot):  # the tags are checked all the same, as for its ID
-            return selection.select([spec], spec.short_id, tags) if tags else spec
-        return self._catalog.find(spec, tags)
+            return selection.select([spec], spec.short_id, tags, wanted_hosts) if tags or wanted_hosts else spec
+        return self._catalog.find(spec, tags, wanted_hosts)
 
     @_open_only
-    def latest(self, tags: dict[str, str] | None = None) -> Snapshot:
-        return self.snapshot("latest", tags)
+    def latest(self, tags: dict[str, str] | None = None, *, hosts: Sequence[str] | None = None) -> Snapshot:
+        """The newest snapshot (highest step, else time) with ``tags`` and of any of ``hosts``."""
+        return self.snapshot("latest", tags, hosts=hosts)
 
     @_open_only
     def files(self, snapshot: str | Snapshot) -> list[FileEntry]:
@@ -560,6 +567,8 @@ class Vault:
         snapshot: str | Snapshot,
         target: PathLike,
         *,
+        tags: dict[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
         include: Sequence[str] | None = None,
         overwrite: bool = False,
         on_progress: Progress | None = None,
@@ -568,8 +577,9 @@ class Vault:
         globs) restores only the paths matching one. A target that cannot be written (disk full,
         read-only, no permission) raises a StorageError naming the path (StorageFullError when full).
         What the target held that the snapshot does not is left as it was, and named in the result's
-        ``not_in_snapshot``."""
-        return self._checked_restore(snapshot, target, include, overwrite, on_progress)
+        ``not_in_snapshot``. ``tags`` and ``hosts`` select as for ``snapshot``: ``"latest"`` is the newest
+        of those, and an ID must match them."""
+        return self._checked_restore(snapshot, target, include, overwrite, on_progress, tags=tags, hosts=hosts)
 
     def _checked_restore(
         self,
@@ -580,14 +590,24 @@ class Vault:
         on_progress: Progress | None,
         *,
         alone: bool = False,
+        tags: dict[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
     ) -> RestoreResult:
         snapshot = snapshot_arg(snapshot)
         refuse_short_id_prefix(snapshot, "restore")  # `restore 1 ./resume` meant step 1, and wrote another save
         where = path_arg("target", target)
         globs = None if include is None else str_list_arg("include", include, "['model/*']")
+        wanted, wanted_hosts = tags_arg(tags), hosts_arg(hosts)  # before the target is made
         try:
             return self._restore(
-                snapshot, where, include=globs, overwrite=overwrite, on_progress=on_progress, alone=alone
+                snapshot,
+                where,
+                include=globs,
+                overwrite=overwrite,
+                on_progress=on_progress,
+                alone=alone,
+                tags=wanted,
+                hosts=wanted_hosts,
             )
         except OSError as exc:  # the store's failures are StorageErrors already: this is the target
             hint = restore_full_hint() if os.path.isdir(where) else ""  # not even the folder could be made
@@ -602,11 +622,13 @@ class Vault:
         overwrite: bool = False,
         on_progress: Progress | None = None,
         alone: bool = False,
+        tags: dict[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
     ) -> RestoreResult:
         """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py)."""
         with self._repo.locks.acquire_to_read():
             self._repo.load_index_as_stored()
-            snap = self.snapshot(snapshot)
+            snap = self.snapshot(snapshot, tags, hosts=hosts)
             return run_restore(
                 self._repo,
                 snap,
@@ -1102,14 +1124,16 @@ class Vault:
         snapshot: str | Snapshot = "latest",
         *,
         tags: dict[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
         load: bool = False,
         workdir: PathLike | None = None,
         on_progress: Progress | None = None,
     ) -> DrillReport:
         """Restore into a temporary folder, verify every file, optionally load each tensor file;
         times each phase and deletes the folder. Raises IntegrityError when bytes are wrong;
-        a file that does not load is reported (``report.ok``), not raised."""
-        snap = self.snapshot(snapshot, tags)
+        a file that does not load is reported (``report.ok``), not raised. ``tags`` and ``hosts`` select
+        as for ``snapshot``."""
+        snap = self.snapshot(snapshot, tags, hosts=hosts)
         return run_drill(
             snap,
             self.files(snap),
@@ -1125,21 +1149,26 @@ class Vault:
         *,
         run: str | None = None,
         tags: dict[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
         include: Sequence[str] | None = None,
         overwrite: bool = False,
         on_progress: Progress | None = None,
     ) -> RestoreResult:
         """The resume path: restore the newest snapshot (highest step) of ``run`` into ``target``, which
         must hold nothing the snapshot does not (RestoreConflictError before anything is written: a
-        folder mixing two saves, e.g. two ``*.ckpt`` files, could resume from the wrong one)."""
+        folder mixing two saves, e.g. two ``*.ckpt`` files, could resume from the wrong one). ``hosts``: only
+        the snapshots of these hosts (as for ``snapshot``)."""
         path_arg("target", target)  # before looking for the snapshot
         wanted = tags_arg(tags)
+        wanted_hosts = hosts_arg(hosts)
         if run is not None:
             run = text_arg("run", run)
             if wanted.get("run", run) != run:
                 raise UsageError(f"run={run!r} and tags={{'run': {wanted['run']!r}}} name two runs; give one")
             wanted["run"] = run
-        return self._checked_restore(self.latest(wanted), target, include, overwrite, on_progress, alone=True)
+        return self._checked_restore(
+            self.latest(wanted, hosts=wanted_hosts), target, include, overwrite, on_progress, alone=True
+        )
 
     # ---- browsing and comparing without restoring (docs/checkpoints.md) -----------------
 

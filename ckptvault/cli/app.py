@@ -105,6 +105,10 @@ RetryLockOpt = Annotated[
     ),
 ]
 TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
+HostOpt = Annotated[
+    list[str] | None,
+    typer.Option("--host", "-H", help="Only snapshots of this host (repeatable: of any of them), as restic's --host."),
+]
 ExcludeOpt = Annotated[
     list[str] | None,
     typer.Option(

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, counted, format_bytes, one_line
-from .params import parse_tags
+from .params import parse_hosts, parse_tags
 
 
 @app.command("diff")
@@ -21,16 +21,17 @@ def diff_cmd(
         bool, typer.Option("--tensors", help="Per changed tensor file: tensors added, removed and changed.")
     ] = False,
     tag: TagOpt = None,
+    host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Files, folders and links added, removed and changed from A to B, and the bytes B added; no file is restored.
-    With --tag, both must carry those tags ('latest': the latest snapshot that does)."""
+    With --tag or --host, both must carry those tags and be of one of those hosts ('latest': the latest that is)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    tags = parse_tags(tag)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
-        result = vault.diff(vault.snapshot(a, tags), vault.snapshot(b, tags), tensors=tensors)
+        result = vault.diff(vault.snapshot(a, tags, hosts=hosts), vault.snapshot(b, tags, hosts=hosts), tensors=tensors)
     lines = []
     for f in result.files:
         kind = f.type_b or f.type_a

@@ -7,9 +7,20 @@ from typing import Annotated
 import typer
 
 from ..errors import DrillFailedError, IntegrityError
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, require_nonempty, vault_options
+from .app import (
+    NO_VAULT_ARGS,
+    HostOpt,
+    JsonOpt,
+    QuietOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    require_nonempty,
+    vault_options,
+)
 from .output import Output, counted, format_bytes, format_rate, one_line, with_vault_named
-from .params import parse_tags
+from .params import parse_hosts, parse_tags
 
 
 @app.command("drill")
@@ -18,6 +29,7 @@ from .params import parse_tags
 def drill_cmd(
     snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")] = "latest",
     tag: TagOpt = None,
+    host: HostOpt = None,
     load: Annotated[
         bool,
         typer.Option(
@@ -35,6 +47,7 @@ def drill_cmd(
 ) -> None:
     """Restore drill: fetch into a temporary folder, verify every file, optionally load, print each phase's time."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     if tmp_dir is not None:
         require_nonempty("--tmp-dir", tmp_dir, "a folder", default="the system's temporary folder")
     with (
@@ -42,7 +55,7 @@ def drill_cmd(
         out.progress("drill: fetching") as progress,
     ):
         try:
-            report = vault.drill(snapshot, tags=parse_tags(tag), load=load, workdir=tmp_dir, on_progress=progress)
+            report = vault.drill(snapshot, tags=tags, hosts=hosts, load=load, workdir=tmp_dir, on_progress=progress)
         except IntegrityError as exc:  # damaged bytes: CI reading --json gets a verdict too (exit 30)
             out.result({"ok": False, "error": with_vault_named(str(exc))})  # as the error line says it
             raise

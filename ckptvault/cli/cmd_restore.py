@@ -6,9 +6,9 @@ import typer
 
 from ..arguments import refuse_short_id_prefix
 from ..ops.restore import OTHERS_LISTED
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, counted, format_bytes, format_rate, one_line
-from .params import parse_tags
+from .params import parse_hosts, parse_tags
 
 
 @app.command("restore")
@@ -18,6 +18,7 @@ def restore_cmd(
     snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")],
     target: Annotated[str, typer.Argument(help="Directory to restore into (created if missing).")],
     tag: TagOpt = None,
+    host: HostOpt = None,
     include: Annotated[
         list[str] | None,
         typer.Option(
@@ -33,9 +34,10 @@ def restore_cmd(
 ) -> None:
     """Restore a snapshot, verifying every chunk and every file."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
         refuse_short_id_prefix(snapshot, "restore")  # before any lookup, as Vault.restore does
-        snap = vault.snapshot(snapshot, parse_tags(tag))
+        snap = vault.snapshot(snapshot, tags, hosts=hosts)
         with out.progress("restoring") as progress:
             result = vault.restore(snap, target, include=include, overwrite=overwrite, on_progress=progress)
     if result.setid_cleared:

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .cmd_snapshots import SnapshotArg
 from .output import Output, counted, format_bytes
-from .params import parse_tags
+from .params import parse_hosts, parse_tags
 
 
 def _num(x: float | None) -> str:
@@ -26,14 +26,16 @@ def show_cmd(
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaN count per tensor (reads them).")
     ] = False,
     tag: TagOpt = None,
+    host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List the tensors of a checkpoint file (name, dtype, shape, bytes, offset) without restoring it."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
-        contents = vault.show(vault.snapshot(snapshot, parse_tags(tag)), path, stats=stats)
+        contents = vault.show(vault.snapshot(snapshot, tags, hosts=hosts), path, stats=stats)
     columns = ["name", "dtype", "shape", "bytes", "offset"]
     if stats:
         columns += ["min", "max", "mean", "std", "nan", "inf"]

@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
-from ..snapshot.selection import tag_options, unmatched_tags
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from ..snapshot.selection import selector_options, unmatched
+from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes, listed_tags, one_line, writing_stdout
-from .params import parse_tags
+from .params import parse_hosts, parse_tags
 
 SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
 
@@ -23,22 +23,29 @@ SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix i
 def snapshots_cmd(
     snapshot: Annotated[
         str | None,
-        typer.Argument(help="Only this snapshot: an ID prefix, or 'latest' (with --tag: what restore latest takes)."),
+        typer.Argument(
+            help="Only this snapshot: an ID prefix, or 'latest' (with --tag/--host: what restore latest takes)."
+        ),
     ] = None,
     tag: TagOpt = None,
+    host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """List snapshots, oldest first."""
+    """List snapshots, oldest first (--tag, --host: only those with every tag, of any of the hosts)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    tags = parse_tags(tag)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
         # one snapshot: how a resume script learns which step `latest --tag run=x` is, by the same rule
-        snaps = [vault.snapshot(snapshot, tags)] if snapshot is not None else vault.snapshots(tags)
-        every = vault.snapshots() if tags and not snaps else []
-    if every:  # a mistyped --tag must not read as "this run was never backed up"
-        out.warn(f"{tag_options(tags).strip()} selects no snapshot{unmatched_tags(every, tags)}")
+        snaps = (
+            [vault.snapshot(snapshot, tags, hosts=hosts)]
+            if snapshot is not None
+            else vault.snapshots(tags, hosts=hosts)
+        )
+        every = vault.snapshots() if (tags or hosts) and not snaps else []
+    if every:  # a mistyped --tag or --host must not read as "this run was never backed up"
+        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{unmatched(every, tags, hosts)}")
     table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "stored", "description")
     for s in snaps:
         table.add_row(
@@ -61,14 +68,16 @@ def ls_cmd(
     snapshot: SnapshotArg,
     long: Annotated[bool, typer.Option("--long", "-l", help="Also stored bytes, chunks and file hash.")] = False,
     tag: TagOpt = None,
+    host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """List the files of a snapshot with their sizes (--long: stored bytes, chunks, BLAKE3)."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
-        snap = vault.snapshot(snapshot, parse_tags(tag))
+        snap = vault.snapshot(snapshot, tags, hosts=hosts)
         entries = vault.files(snap)
         usage = {u.path: u for u in vault.file_usage(snap)} if long else {}
     table = out.table("type", "mode", "size", *(("stored", "chunks", "blake3") if long else ()), "path")
@@ -105,14 +114,16 @@ def cat_cmd(
     snapshot: SnapshotArg,
     path: Annotated[str, typer.Argument(help="Path of a file inside the snapshot.")],
     tag: TagOpt = None,
+    host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
 ) -> None:
     """Write one file of a snapshot to stdout (verified)."""
     if sys.stdout is None:
         raise UsageError("standard output is closed: cat writes the file there; send it to a file or a pipe")
     out = Output()
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
-        snap = vault.snapshot(snapshot, parse_tags(tag))
+        snap = vault.snapshot(snapshot, tags, hosts=hosts)
         with writing_stdout():
             sink = sys.stdout.buffer
             for data in vault.read_file(snap, path):

@@ -6,7 +6,7 @@ import math
 import re
 from datetime import datetime, timedelta, timezone
 
-from ..arguments import TAG_TEXT_MAX, control_char, tags_arg
+from ..arguments import TAG_TEXT_MAX, control_char, hosts_arg, tags_arg
 from ..errors import UsageError
 
 
@@ -50,6 +50,12 @@ def parse_tags(
             raise UsageError(f"{option}: key {key!r} is given twice ({_quoted(tags[key])} and {_quoted(val)})")
         tags[key] = val
     return tags
+
+
+def parse_hosts(values: list[str] | None) -> list[str]:
+    """``--host`` values (repeatable: a snapshot of any of them is selected); a blank one is refused (an unset
+    variable, ``--host "$HOST"``), not taken as no filter."""
+    return hosts_arg(values or [])
 
 
 def parse_new_tags(values: list[str] | None, option: str = "--tag") -> dict[str, str]:

@@ -12,7 +12,7 @@ as the metadata cache keeps them (docs/backends.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TypeVar
@@ -71,19 +71,19 @@ class SnapshotCatalog:
         raw = self._repo.load_snapshot(snapshot_id)  # its errors name the object
         return decode_naming(f"snapshot object {snapshot_id.hex()[:12]}", decode_snapshot, raw)
 
-    def find(self, spec: str, tags: dict[str, str] | None) -> Snapshot:
-        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``.
-        An ID naming a snapshot object that cannot be decoded raises that object's error."""
+    def find(self, spec: str, tags: dict[str, str] | None, hosts: Sequence[str] | None = None) -> Snapshot:
+        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``
+        and of one of ``hosts``. An ID naming a snapshot object that cannot be decoded raises that object's error."""
         if spec != "latest" and (alone := self._read_alone(spec)) is not None:
-            return selection.select([alone], spec, tags)
+            return selection.select([alone], spec, tags, hosts)
         snaps, unreadable = self.listing()
         named = unreadable_named(spec, snaps, unreadable)
         if named is not None:
             error = unreadable[named]
             raise type(error)(f"{error}; {unreadable_hint(named)}")
-        chosen = select_snapshot(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable)
+        chosen = select_snapshot(sorted(snaps, key=lambda s: s.time), spec, tags, unreadable, hosts)
         if spec == "latest":
-            note = selection.higher_step_passed_over(selection.filter_by_tags(snaps, tags))
+            note = selection.higher_step_passed_over(selection.matching(snaps, tags, hosts))
             if note is not None and note not in self._warned:
                 self._warned.add(note)
                 self._warn(note)
@@ -142,16 +142,20 @@ def unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[
 
 
 def select_snapshot(
-    snaps: list[Snapshot], spec: str, tags: dict[str, str] | None, unreadable: Mapping[str, CkptVaultError]
+    snaps: list[Snapshot],
+    spec: str,
+    tags: dict[str, str] | None,
+    unreadable: Mapping[str, CkptVaultError],
+    hosts: Sequence[str] | None = None,
 ) -> Snapshot:
     """``selection.select``, but 'latest' while snapshot objects cannot be read raises: their tags and
     steps are unknown, so any of them may be the save a resume needs, and the newest readable one would
     silently be an older step (a resume losing progress, a drill saying all is well, ``forget latest``
     removing the save before). The error of the first one, said so, naming the newest readable one."""
     if spec != "latest" or not unreadable:
-        return selection.select(snaps, spec, tags)
+        return selection.select(snaps, spec, tags, hosts)
     try:
-        readable: Snapshot | None = selection.select(snaps, spec, tags)
+        readable: Snapshot | None = selection.select(snaps, spec, tags, hosts)
     except SnapshotNotFoundError:
         readable = None
     first = min(unreadable)
@@ -165,7 +169,7 @@ def select_snapshot(
         )
     )
     if readable is None:
-        instead = "no snapshot that can be read has those tags"
+        instead = f"no snapshot that can be read has those {'tags' if not hosts else 'tags and hosts'}"
     else:
         step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
         instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it"

@@ -1,8 +1,12 @@
-"""Choosing snapshots: by unique ID prefix, or ``latest`` among those matching tags."""
+"""Choosing snapshots: by unique ID prefix, or ``latest`` among those matching tags and hosts.
+
+Tags and hosts select as restic's ``--tag`` and ``--host``: a snapshot must carry every given tag, and
+be of one of the given hosts (none given: any host)."""
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
 from ..errors import SnapshotNotFoundError, UsageError, spelled
 from ..units import counted
@@ -11,6 +15,18 @@ from .model import Snapshot, format_tags, shown_tag_part
 
 def filter_by_tags(snapshots: list[Snapshot], tags: dict[str, str] | None) -> list[Snapshot]:
     return [s for s in snapshots if s.matches(tags)]
+
+
+def filter_by_hosts(snapshots: list[Snapshot], hosts: Sequence[str] | None) -> list[Snapshot]:
+    """Those of any of ``hosts`` (None or empty: every snapshot)."""
+    return [s for s in snapshots if s.hostname in hosts] if hosts else list(snapshots)
+
+
+def matching(
+    snapshots: list[Snapshot], tags: dict[str, str] | None, hosts: Sequence[str] | None = None
+) -> list[Snapshot]:
+    """Those carrying every tag of ``tags`` and of one of ``hosts``."""
+    return filter_by_hosts(filter_by_tags(snapshots, tags), hosts)
 
 
 def ordered(snapshots: list[Snapshot]) -> list[Snapshot]:
@@ -65,8 +81,30 @@ def tag_options(tags: dict[str, str]) -> str:
     return "".join(f" --tag {shlex.quote(f'{k}={v}')}" for k, v in tags.items())
 
 
-def _describe(tags: dict[str, str] | None) -> str:
-    return spelled(tag_options(tags), f" with tags={tags}") if tags else ""
+def host_options(hosts: Sequence[str]) -> str:
+    return "".join(f" --host {shlex.quote(h)}" for h in hosts)
+
+
+def selector_options(tags: dict[str, str] | None, hosts: Sequence[str] | None = None) -> str:
+    """How the CLI spells the selection: `` --host nodeB --tag run=x`` (each with a leading space)."""
+    return host_options(hosts or ()) + tag_options(tags or {})
+
+
+def _api_selector(tags: dict[str, str] | None, hosts: Sequence[str] | None) -> str:
+    return ", ".join([f"hosts={list(hosts or ())}"] * bool(hosts) + [f"tags={tags}"] * bool(tags))
+
+
+def _describe(tags: dict[str, str] | None, hosts: Sequence[str] | None = None) -> str:
+    if not tags and not hosts:
+        return ""
+    return spelled(selector_options(tags, hosts), f" with {_api_selector(tags, hosts).replace(', ', ' and ')}")
+
+
+def listing_of(tags: dict[str, str] | None, hosts: Sequence[str] | None = None) -> str:
+    """The command (or call) that lists the snapshots a selection takes."""
+    return spelled(
+        f"ckptvault snapshots{selector_options(tags, hosts)}", f"Vault.snapshots({_api_selector(tags, hosts)})"
+    )
 
 
 def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
@@ -83,17 +121,48 @@ def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     return ""
 
 
+def _hosts_listed(snapshots: list[Snapshot]) -> str:
+    hosts = sorted({s.hostname for s in snapshots})
+    more = f" and {len(hosts) - 8} more" if len(hosts) > 8 else ""
+    return ", ".join(shown_tag_part(h) for h in hosts[:8]) + more or "none"
+
+
+def unmatched(snapshots: list[Snapshot], tags: dict[str, str] | None, hosts: Sequence[str] | None = None) -> str:
+    """Why a selection of tags and hosts takes no snapshot: a tag no snapshot carries (``unmatched_tags``),
+    a host no snapshot is of, or the hosts the snapshots with those tags are of; with what there is instead."""
+    said = unmatched_tags(snapshots, tags or {})
+    if said or not hosts:
+        return said
+    if not filter_by_hosts(snapshots, hosts):
+        return f" (no snapshot is of host {_either(hosts)}; the hosts are: {_hosts_listed(snapshots)})"
+    tagged = filter_by_tags(snapshots, tags)
+    if tags and tagged:
+        return (
+            f" (no snapshot of host {_either(hosts)} has {format_tags(tags)}; those that have it are of: "
+            f"{_hosts_listed(tagged)})"
+        )
+    return ""
+
+
+def _either(hosts: Sequence[str]) -> str:
+    return " or ".join(map(shown_tag_part, hosts))
+
+
 def is_id_prefix(spec: str) -> bool:
     """Whether ``spec`` can start a snapshot ID (lower or upper case hex digits)."""
     return bool(spec) and all(c in "0123456789abcdef" for c in spec.lower())
 
 
-def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = None) -> Snapshot:
-    candidates = filter_by_tags(snapshots, tags)
+def select(
+    snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = None, hosts: Sequence[str] | None = None
+) -> Snapshot:
+    """The snapshot ``spec`` names (a unique ID prefix, or ``"latest"``) among those carrying ``tags`` and of
+    one of ``hosts``."""
+    candidates = matching(snapshots, tags, hosts)
     if spec == "latest":
         if not candidates:
             raise SnapshotNotFoundError(
-                f"no snapshot matches latest{_describe(tags)}{unmatched_tags(snapshots, tags or {})}; "
+                f"no snapshot matches latest{_describe(tags, hosts)}{unmatched(snapshots, tags, hosts)}; "
                 f"list them with: {spelled('ckptvault snapshots', 'Vault.snapshots()')}"
             )
         return newest(candidates)
@@ -103,17 +172,29 @@ def select(snapshots: list[Snapshot], spec: str, tags: dict[str, str] | None = N
     found = [s for s in candidates if s.id.startswith(prefix)]
     if not found:
         untagged = [s for s in snapshots if s.id.startswith(prefix)]
-        if tags and len(untagged) == 1:  # it exists, without those tags: say so, not "no snapshot"
-            raise SnapshotNotFoundError(
-                f"snapshot {spec} does not carry {format_tags(tags, ', ')} "
-                f"(its tags: {format_tags(untagged[0].tags, ', ') or 'none'}); "
-                f"leave out {spelled('--tag', 'tags')} to take it, or list the tagged ones with: "
-                + spelled(f"ckptvault snapshots{tag_options(tags)}", f"Vault.snapshots(tags={tags})")
-            )
+        if (tags or hosts) and len(untagged) == 1:  # it exists, not selected: say so, not "no snapshot"
+            raise SnapshotNotFoundError(f"snapshot {spec} {_not_selected(untagged[0], tags, hosts)}")
         listing = spelled("ckptvault snapshots", "Vault.snapshots()")
-        raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags)}; list them with: {listing}")
+        raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags, hosts)}; list them with: {listing}")
     if len(found) > 1:
         shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M})" for s in found[:5])
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
         raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous: {shown}{more}; give more digits")
     return found[0]
+
+
+def _not_selected(snap: Snapshot, tags: dict[str, str] | None, hosts: Sequence[str] | None) -> str:
+    """What keeps ``snap`` (named by its ID) out of a selection, and what to do: its tags, its host, or both."""
+    wrong, options = [], []
+    if not snap.matches(tags):
+        wrong.append(
+            f"does not carry {format_tags(tags or {}, ', ')} (its tags: {format_tags(snap.tags, ', ') or 'none'})"
+        )
+        options.append(spelled("--tag", "tags"))
+    if hosts and snap.hostname not in hosts:
+        wrong.append(f"is of host {shown_tag_part(snap.hostname)}, not {_either(hosts)}")
+        options.append(spelled("--host", "hosts"))
+    return (
+        f"{' and '.join(wrong)}; leave out {' and '.join(options)} to take it, or list the "
+        f"{'tagged' if tags and not hosts else 'selected'} ones with: {listing_of(tags, hosts)}"
+    )

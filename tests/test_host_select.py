@@ -1,0 +1,105 @@
+"""``--host`` / ``hosts=``: selecting snapshots by the host that took them, as restic's ``--host`` (cli49 #12)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckptvault import Vault
+from ckptvault.errors import SnapshotNotFoundError, UsageError
+from tests.conftest import write_file
+
+
+@pytest.fixture
+def two_hosts(vault: Vault, tmp_path: Path) -> dict[str, object]:
+    """run=x on nodeA (steps 1, 2) and nodeB (step 1, taken last); run=y on nodeB."""
+    made = {}
+    for name, host, tags, data in (
+        ("a1", "nodeA", {"run": "x", "step": "1"}, b"a1" * 5000),
+        ("a2", "nodeA", {"run": "x", "step": "2"}, b"a2" * 5000),
+        ("b1", "nodeB", {"run": "x", "step": "1"}, b"b1" * 5000),
+        ("y", "nodeB", {"run": "y"}, b"yy" * 5000),
+    ):
+        write_file(tmp_path / name / "w.bin", data)
+        made[name] = vault.backup(tmp_path / name, tags=tags, hostname=host)
+    return made
+
+
+def test_snapshots_and_latest_select_by_host(vault: Vault, two_hosts):
+    a1, a2, b1, y = (two_hosts[k] for k in ("a1", "a2", "b1", "y"))
+    assert vault.snapshots(hosts=["nodeB"]) == [b1, y]
+    assert vault.snapshots({"run": "x"}, hosts=["nodeA"]) == [a1, a2]
+    assert vault.snapshots(hosts=["nodeA", "nodeB"]) == vault.snapshots()  # repeated: any of them
+    assert vault.snapshots(hosts=[]) == vault.snapshots()  # none given: every host
+    # latest of run x is step 2 of nodeA; of nodeB's, its step 1
+    assert vault.latest({"run": "x"}) == a2
+    assert vault.latest({"run": "x"}, hosts=["nodeB"]) == b1
+    assert vault.snapshot("latest", {"run": "x"}, hosts=["nodeB"]) == b1
+    assert vault.snapshot(a1.id[:8], hosts=["nodeA"]) == a1
+    assert vault.snapshot(a1, hosts=["nodeA"]) == a1
+
+
+def test_restore_and_drill_take_the_newest_of_the_host(vault: Vault, two_hosts, tmp_path: Path):
+    vault.restore("latest", tmp_path / "r1", tags={"run": "x"}, hosts=["nodeB"])
+    assert (tmp_path / "r1" / "w.bin").read_bytes() == b"b1" * 5000
+    vault.restore_latest(tmp_path / "r2", run="x", hosts=["nodeB"])
+    assert (tmp_path / "r2" / "w.bin").read_bytes() == b"b1" * 5000
+    assert vault.drill(tags={"run": "x"}, hosts=["nodeB"], workdir=tmp_path).snapshot_id == two_hosts["b1"].id
+
+
+def test_no_match_names_the_hosts_there_are(vault: Vault, two_hosts, tmp_path: Path):
+    with pytest.raises(SnapshotNotFoundError, match=r"no snapshot is of host nodeC; the hosts are: nodeA, nodeB"):
+        vault.latest(hosts=["nodeC"])
+    with pytest.raises(
+        SnapshotNotFoundError, match=r"no snapshot of host nodeA has run=y; those that have it are of: nodeB"
+    ):
+        vault.latest({"run": "y"}, hosts=["nodeA"])
+    with pytest.raises(SnapshotNotFoundError, match=r"no snapshot is of host nodeC"):
+        vault.restore("latest", tmp_path / "r", hosts=["nodeC"])
+    assert not (tmp_path / "r").exists()
+    a1 = two_hosts["a1"]
+    with pytest.raises(SnapshotNotFoundError, match=r"is of host nodeA, not nodeB; leave out hosts to take it"):
+        vault.snapshot(a1.id[:8], hosts=["nodeB"])
+    with pytest.raises(SnapshotNotFoundError, match=r"is of host nodeA, not nodeB"):
+        vault.snapshot(a1, hosts=["nodeB"])
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [("nodeB", "must be a list of strings"), ([""], "is blank")])
+def test_hosts_must_be_a_list_of_names(vault: Vault, two_hosts, hosts, expected):
+    with pytest.raises(UsageError, match=expected):
+        vault.snapshots(hosts=hosts)
+
+
+def test_cli_host_selects_in_every_command(cli, tmp_path: Path):
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    for name, host, run in (("a", "nodeA", "x"), ("b", "nodeB", "x"), ("c", "nodeA", "y")):
+        write_file(tmp_path / name / "w.bin", name.encode() * 100)
+        cli("backup", str(tmp_path / name), "--repo", repo, "--host", host, "--tag", f"run={run}")
+    listed = json.loads(cli("snapshots", "--repo", repo, "--host", "nodeB", "--json").stdout)
+    assert [s["hostname"] for s in listed] == ["nodeB"]
+    both = json.loads(cli("snapshots", "--repo", repo, "-H", "nodeA", "--host", "nodeB", "--json").stdout)
+    assert len(both) == 3
+    latest = json.loads(
+        cli("snapshots", "latest", "--repo", repo, "--host", "nodeA", "--tag", "run=x", "--json").stdout
+    )
+    assert [s["hostname"] for s in latest] == ["nodeA"] and latest[0]["tags"] == {"run": "x"}
+    cli("restore", "latest", str(tmp_path / "r"), "--repo", repo, "--host", "nodeB", "--tag", "run=x")
+    assert (tmp_path / "r" / "w.bin").read_bytes() == b"b" * 100
+    assert cli("cat", "latest", "w.bin", "--repo", repo, "--host", "nodeA").stdout == b"c" * 100
+    ls = json.loads(cli("ls", "latest", "--repo", repo, "--host", "nodeB", "--json").stdout)
+    assert ls["snapshot"] == listed[0]["id"]
+    diff = json.loads(cli("diff", "latest", "latest", "--repo", repo, "--host", "nodeB", "--json").stdout)
+    assert diff["a"] == diff["b"] == listed[0]["id"]
+    drill = json.loads(cli("drill", "--repo", repo, "--host", "nodeB", "--json").stdout)
+    assert drill["snapshot_id"] == listed[0]["id"]
+
+    missing = cli("restore", "latest", str(tmp_path / "r2"), "--repo", repo, "--host", "nodeC", check=False)
+    assert missing.returncode == 18
+    assert "the hosts are: nodeA, nodeB" in missing.stderr.decode() and "--host nodeC" in missing.stderr.decode()
+    empty = cli("snapshots", "--repo", repo, "--host", "nodeC")
+    assert "warning: --host nodeC selects no snapshot (no snapshot is of host nodeC" in empty.stderr.decode()
+    blank = cli("snapshots", "--repo", repo, "--host", "", check=False)
+    assert blank.returncode == 2 and "--host: '' is blank" in blank.stderr.decode()
