@@ -99,7 +99,7 @@ from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, restore_full_hint, run_restore, target_error
 from .ops.retag import changed_tags, retag, retag_gone
 from .ops.scan import Excludes, check_sources
-from .ops.stats import VaultStats, compute_stats
+from .ops.stats import VaultStats, compute_selected_stats, compute_stats
 from .ops.status import BackupStatus, backup_status
 from .ops.watch import Watcher
 from .ops.watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult
@@ -730,10 +730,34 @@ class Vault:
         return finish_copy(result, unreadable, self._repo, urls=(source.url, self.url), mirror=mirror, warn=warn)
 
     @_open_only
-    def stats(self) -> VaultStats:
+    def stats(
+        self,
+        snapshots: Sequence[str | Snapshot] | None = None,
+        *,
+        tags: dict[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
+    ) -> VaultStats:
+        """What the snapshots hold versus what the vault stores. Without arguments, of the whole vault.
+        ``snapshots`` (IDs, ``"latest"``, Snapshots), ``tags`` and ``hosts`` (as for ``snapshots()``; given
+        with ``snapshots``, each must match them, and ``"latest"`` is the newest that does) count only those
+        snapshots (``selected``): their logical bytes, the distinct chunks their files reference (their
+        trees are read), and the stored bytes and packs of those chunks with the delta bases they need (what
+        keeping only them takes; metadata not counted). A selection of no snapshot gives zeros."""
+        specs = None if snapshots is None else snapshot_list_arg(snapshots)
+        tags = tags_arg(tags)
+        wanted_hosts = hosts_arg(hosts)
         self._repo.refresh_index()  # as stored now, not as when this Vault first read it
-        snapshots, unreadable = self._catalog.listing()
-        return compute_stats(self._repo, sorted(snapshots, key=lambda s: s.time), len(unreadable))
+        if specs is None and not tags and not wanted_hosts:
+            every, unreadable = self._catalog.listing()
+            return compute_stats(self._repo, sorted(every, key=lambda s: s.time), len(unreadable))
+        with self._repo.locks.acquire_to_read():  # a prune waits (or is refused) while the trees are read
+            if specs is None:
+                chosen = self.snapshots(tags, hosts=wanted_hosts)
+            else:
+                picked = {s.id: s for s in (self.snapshot(spec, tags, hosts=wanted_hosts) for spec in specs)}
+                chosen = sorted(picked.values(), key=lambda s: s.time)
+            trees = [self._files_still_stored(s) for s in chosen]
+        return compute_selected_stats(self._repo, chosen, trees, len(self._catalog.unreadable))
 
     # ---- retention and maintenance -----------------------------------------------------
 

@@ -1,17 +1,40 @@
 from __future__ import annotations
 
-from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
+from typing import Annotated
+
+import typer
+
+from ..snapshot.selection import selector_options, unmatched
+from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, counted, format_bytes, listed_tags
+from .params import parse_hosts, parse_tags
 
 
 @app.command("stats")
 @command
 @vault_options
-def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, quiet: QuietOpt = False) -> None:
-    """What each snapshot added, then logical versus stored bytes and the dedup ratio (--quiet: those alone)."""
+def stats_cmd(
+    snapshot: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Only these snapshots: IDs (unique prefixes) or 'latest' (with --tag/--host: among those)."
+        ),
+    ] = None,
+    tag: TagOpt = None,
+    host: HostOpt = None,
+    vault_args: VaultArgs = NO_VAULT_ARGS,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """What each snapshot added, then logical versus stored bytes and the dedup ratio (--quiet: those alone).
+    With SNAPSHOT, --tag or --host: of those snapshots only (the chunks they reference; docs/usage.md)."""
     out = Output(json_mode=json_out, quiet=quiet)
+    tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
-        stats = vault.stats()
+        stats = vault.stats(snapshot, tags=tags, hosts=hosts) if snapshot or tags or hosts else vault.stats()
+        every = vault.snapshots() if not snapshot and (tags or hosts) and not stats.snapshots else []
+    if every:  # a mistyped --tag or --host must not read as "this run stores nothing"
+        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{unmatched(every, tags, hosts)}")
     if stats.unindexed_packs:
         out.warn(
             f"{stats.unindexed_packs} pack(s) are in no index (uploaded by a backup running now, left by an "
@@ -28,12 +51,24 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
             format_bytes(s.new_bytes),
             format_bytes(s.stored_bytes),
         )
+    whose = (
+        "the selected snapshots"
+        if stats.selected
+        else "the readable snapshots"
+        if stats.unreadable_snapshots
+        else "all snapshots"
+    )
     head = (
-        f"snapshots: {stats.snapshots}\n"
-        f"logical bytes: {format_bytes(stats.logical_bytes)} "
-        f"({'the readable snapshots' if stats.unreadable_snapshots else 'all snapshots'})\n"
-        f"unique bytes: {format_bytes(stats.unique_bytes)} in {counted(stats.chunks, 'chunk')}\n"
-        f"stored bytes: {format_bytes(stats.stored_bytes)} in {counted(stats.packs, 'pack')} and metadata\n"
+        f"snapshots: {stats.snapshots}{' (selected)' if stats.selected else ''}\n"
+        f"logical bytes: {format_bytes(stats.logical_bytes)} ({whose})\n"
+        f"unique bytes: {format_bytes(stats.unique_bytes)} in {counted(stats.chunks, 'chunk')}"
+        f"{' (those their files reference)' if stats.selected else ''}\n"
+        + (
+            f"stored bytes: {format_bytes(stats.stored_bytes)} in {counted(stats.packs, 'pack')}: those chunks and "
+            "the delta bases they need, without metadata\n"
+            if stats.selected
+            else f"stored bytes: {format_bytes(stats.stored_bytes)} in {counted(stats.packs, 'pack')} and metadata\n"
+        )
         + (
             f"dedup ratio: not told while {stats.unreadable_snapshots} snapshot object(s) cannot be read (their "
             "files are left out of the logical bytes, their chunks are not)"
@@ -50,10 +85,12 @@ def stats_cmd(vault_args: VaultArgs = NO_VAULT_ARGS, json_out: JsonOpt = False, 
             "over coding them whole"
         )
         if stats.delta_saving_unknown:
-            head += (
-                f" (not counting about {stats.delta_saving_unknown} whose saving is not known: copied in, or added by "
-                "a backup whose snapshot is forgotten)"
+            how = (
+                "added by the backups of other snapshots, or copied in"
+                if stats.selected
+                else "copied in, or added by a backup whose snapshot is forgotten"
             )
+            head += f" (not counting about {stats.delta_saving_unknown} whose saving is not known: {how})"
     data = {**stats.__dict__, "dedup_ratio": stats.dedup_ratio, "total_ratio": stats.total_ratio}
     if out.json_mode:
         out.result(data)

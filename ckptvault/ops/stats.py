@@ -1,12 +1,17 @@
-"""Repository statistics: what the snapshots hold versus what the repository stores."""
+"""Repository statistics: what the snapshots hold versus what the repository stores.
+
+Of the whole vault (``compute_stats``: every chunk the index holds, every object stored), or of some
+snapshots (``compute_selected_stats``: the chunks their files reference, read from their trees, with
+the delta bases those chunks need: what keeping just these snapshots takes, restic's ``raw-data``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..repository import Repository
 from ..repository.format import PACKS_PREFIX, id_from_key
-from ..snapshot.model import Snapshot
+from ..snapshot.model import FileEntry, Snapshot
 
 
 @dataclass(frozen=True)
@@ -40,18 +45,22 @@ class VaultStats:
     # snapshot objects that cannot be read: their files are not in logical_bytes, their chunks are in
     # unique_bytes, so the ratios are not told (None) while there are any
     unreadable_snapshots: int = 0
+    # True: the figures are of chosen snapshots (``Vault.stats(snapshots, tags=, hosts=)``), not the whole
+    # vault: unique bytes and chunks are those their files reference, stored bytes and packs those chunks and
+    # the delta bases they need take in packs (no metadata), delta figures of the referenced chunks
+    selected: bool = False
 
     @property
     def dedup_ratio(self) -> float | None:
         """Logical bytes per unique byte: what deduplication saved (None: not told, see above)."""
-        if self.unreadable_snapshots:
+        if self.unreadable_snapshots and not self.selected:
             return None
         return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
 
     @property
     def total_ratio(self) -> float | None:
         """Logical bytes per stored byte: deduplication and compression together (None: not told)."""
-        if self.unreadable_snapshots:
+        if self.unreadable_snapshots and not self.selected:
             return None
         return self.logical_bytes / self.stored_bytes if self.stored_bytes else 1.0
 
@@ -67,18 +76,7 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot], unreadable: int =
         stored_bytes=sum(o.size for o in objects),
         chunks=len(repo.index),
         packs=len(packs),
-        per_snapshot=[
-            SnapshotStats(
-                id=s.id,
-                time=s.time.isoformat(timespec="seconds"),
-                tags=s.tags,
-                logical_bytes=s.summary.logical_bytes,
-                new_bytes=s.summary.new_bytes,
-                stored_bytes=s.summary.stored_bytes,
-                delta_saved_bytes=s.summary.delta_saved_bytes,
-            )
-            for s in snapshots
-        ],
+        per_snapshot=_rows(snapshots),
         delta_chunks=len(deltas),
         delta_bytes=sum(loc.raw_len for loc in deltas),
         delta_stored_bytes=sum(loc.stored_len for loc in deltas),
@@ -86,4 +84,55 @@ def compute_stats(repo: Repository, snapshots: list[Snapshot], unreadable: int =
         delta_saving_unknown=max(0, len(deltas) - sum(s.summary.delta_chunks for s in snapshots)),
         unindexed_packs=len(packs - repo.index.packs),
         unreadable_snapshots=unreadable,
+    )
+
+
+def _rows(snapshots: list[Snapshot]) -> list[SnapshotStats]:
+    return [
+        SnapshotStats(
+            id=s.id,
+            time=s.time.isoformat(timespec="seconds"),
+            tags=s.tags,
+            logical_bytes=s.summary.logical_bytes,
+            new_bytes=s.summary.new_bytes,
+            stored_bytes=s.summary.stored_bytes,
+            delta_saved_bytes=s.summary.delta_saved_bytes,
+        )
+        for s in snapshots
+    ]
+
+
+def compute_selected_stats(
+    repo: Repository, snapshots: list[Snapshot], trees: Iterable[list[FileEntry]], unreadable: int = 0
+) -> VaultStats:
+    """The figures of ``snapshots`` alone (``trees``: their trees, in any order). A chunk in no index (its
+    pack is unindexed, ``unindexed_packs``) is not counted, as in ``compute_stats``."""
+    referenced = {c for tree in trees for e in tree if e.type == "file" for c in e.chunks}
+    found = {c: loc for c in referenced if (loc := repo.index.get(c)) is not None}
+    needed = dict(found)  # with the delta bases (at any depth) a referenced chunk is read through
+    bases = [loc.base_id for loc in found.values() if loc.base_id is not None]
+    while bases:
+        base = bases.pop()
+        if base not in needed and (loc := repo.index.get(base)) is not None:
+            needed[base] = loc
+            if loc.base_id is not None:
+                bases.append(loc.base_id)
+    deltas = [loc for loc in found.values() if loc.base_id is not None]
+    packs = {id_from_key(o.key) for o in repo.store.list(PACKS_PREFIX)} - {None}
+    return VaultStats(
+        snapshots=len(snapshots),
+        logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
+        unique_bytes=sum(loc.raw_len for loc in found.values()),
+        stored_bytes=sum(loc.stored_len for loc in needed.values()),
+        chunks=len(found),
+        packs=len({loc.pack_id for loc in needed.values()}),
+        per_snapshot=_rows(snapshots),
+        delta_chunks=len(deltas),
+        delta_bytes=sum(loc.raw_len for loc in deltas),
+        delta_stored_bytes=sum(loc.stored_len for loc in deltas),
+        delta_saved_bytes=sum(s.summary.delta_saved_bytes for s in snapshots),
+        delta_saving_unknown=max(0, len(deltas) - sum(s.summary.delta_chunks for s in snapshots)),
+        unindexed_packs=len(packs - repo.index.packs),
+        unreadable_snapshots=unreadable,
+        selected=True,
     )
