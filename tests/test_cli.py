@@ -117,6 +117,25 @@ def test_stats_tells_no_ratio_while_a_snapshot_object_cannot_be_read(cli, tmp_pa
     assert (data["unreadable_snapshots"], data["dedup_ratio"], data["total_ratio"]) == (1, None, None)
 
 
+def test_stats_times_are_the_snapshots_times(cli, tmp_path: Path):
+    """api49 #8: VaultStats.per_snapshot[i].time was a str (seconds only) while Snapshot.time is a datetime;
+    `stats --json` prints it as `snapshots --json` prints the snapshot's time, microseconds and all."""
+    from datetime import datetime
+
+    from ckptvault import Vault
+
+    repo = one_file_vault(cli, tmp_path)
+    with Vault.open(repo) as vault:
+        (snap,) = vault.snapshots()
+        (row,) = vault.stats().per_snapshot
+    assert isinstance(row.time, datetime) and row.time.tzinfo is not None
+    assert row.time == snap.time and sorted([row.time, snap.time])  # joins and sorts with Snapshot.time
+    listed = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)[0]["time"]
+    assert "." in listed, listed  # a backup's time has its microseconds: the formats below must keep them
+    assert json.loads(cli("stats", "--json", "--repo", repo).stdout)["per_snapshot"][0]["time"] == listed
+    assert snap.time.strftime("%Y-%m-%d %H:%M:%S") in cli("stats", "--repo", repo).stdout.decode()
+
+
 def test_init_and_explicit_repo(cli, tmp_path: Path):
     repo = str(tmp_path / "vault")
     made = json.loads(cli("init", repo, "--json").stdout)

@@ -45,7 +45,7 @@ def stats_cmd(
     for s in stats.per_snapshot:
         table.add_row(
             s.id[:8],
-            s.time.replace("T", " ")[:19],
+            s.time.strftime("%Y-%m-%d %H:%M:%S"),
             listed_tags(s.tags),
             format_bytes(s.logical_bytes),
             format_bytes(s.new_bytes),

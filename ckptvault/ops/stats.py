@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from ..repository import Repository
 from ..repository.format import PACKS_PREFIX, id_from_key
@@ -17,7 +18,7 @@ from ..snapshot.model import FileEntry, Snapshot
 @dataclass(frozen=True)
 class SnapshotStats:
     id: str
-    time: str
+    time: datetime  # UTC, timezone-aware: the snapshot's Snapshot.time
     tags: dict[str, str]
     logical_bytes: int
     new_bytes: int  # raw bytes of chunks the snapshot's backup added
@@ -91,7 +92,7 @@ def _rows(snapshots: list[Snapshot]) -> list[SnapshotStats]:
     return [
         SnapshotStats(
             id=s.id,
-            time=s.time.isoformat(timespec="seconds"),
+            time=s.time,
             tags=s.tags,
             logical_bytes=s.summary.logical_bytes,
             new_bytes=s.summary.new_bytes,
