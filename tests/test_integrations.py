@@ -3,7 +3,9 @@ saved under a rotation that keeps only the newest, every one of them shipped."""
 
 from __future__ import annotations
 
+import copyreg
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -15,6 +17,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import UsageError
+from ckptvault.integrations.shipping import Shipping
 
 torch = pytest.importorskip("torch", reason="pip install torch==2.13.0")
 
@@ -225,6 +228,7 @@ import tests.support.slowfs
 from ckptvault import Vault
 from ckptvault.errors import UsageError
 from ckptvault.integrations.shipping import Shipping
+from ckptvault.integrations.shipping import Shipping
 from tests.test_async_backup import make_checkpoint
 from pathlib import Path
 vault = Vault.open("slowfile://" + sys.argv[1], storage_options={"delay": "0.1"})
@@ -281,3 +285,54 @@ def test_a_callback_sent_to_another_process_reopens_its_vault_there(tmp_path):
         copy.finish_shipping()
         copy.vault.close()
         assert [s.tags["step"] for s in vault.snapshots({"run": "spawned"})] == ["2"]
+
+
+class _QuietShipping(Shipping):
+    """A plain Shipping callback (module level: pickled by reference), leaving SIGTERM alone."""
+
+    ship_on_sigterm = False
+
+
+class _PickledBefore:
+    """Pickles as a _QuietShipping whose state is ``state``: what an older ckptvault wrote."""
+
+    def __init__(self, state: dict[str, object]) -> None:
+        self.state = state
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (copyreg._reconstructor, (_QuietShipping, object, None), self.state)  # as protocol 0-1 pickle
+
+
+def test_a_callback_pickled_by_an_older_ckptvault_unpickles_and_ships(tmp_path):
+    """rv49 #6: the vault became a property over ``_vault``; an older ckptvault pickled the URL under
+    "vault", so the copy failed ("'Shipping' object has no attribute '_vault'") where it shipped."""
+    with Vault.init(str(tmp_path / "vault")) as vault:
+        state = _QuietShipping(vault, run="old").__getstate__()
+        state["vault"] = state.pop("_vault")
+        old = pickle.dumps(_PickledBefore(state))
+        copy = pickle.loads(old)
+        assert type(copy) is _QuietShipping and "vault" not in copy.__dict__
+        (tmp_path / "step-3").write_bytes(b"weights")
+        copy.ship(tmp_path / "step-3", 3)
+        copy.finish_shipping()
+        copy.vault.close()
+        assert [s.tags["step"] for s in vault.snapshots({"run": "old"})] == ["3"]
+
+
+def test_a_callbacks_vault_can_be_replaced_when_nothing_is_queued(tmp_path):
+    """rv49 #6: ``callback.vault = other`` (a plain attribute once) raised "property has no setter"."""
+    with Vault.init(str(tmp_path / "a")) as first, Vault.init(str(tmp_path / "b")) as second:
+        callback = _QuietShipping(first, run="r")
+        callback.vault = second
+        assert callback.vault is second
+        (tmp_path / "step-1").write_bytes(b"weights")
+        callback.ship(tmp_path / "step-1", 1)
+        with pytest.raises(UsageError, match=r"still queued: call flush\(\) on its current vault first"):
+            callback.handles.append(type("Queued", (), {"done": lambda self: False})())
+            callback.vault = first
+        callback.handles.pop()
+        callback.finish_shipping()
+        callback.vault = str(tmp_path / "a")  # a URL, opened as __init__ opens one
+        assert callback.vault is not first and callback.vault.url == first.url
+        callback.vault.close()
+        assert [s.tags["step"] for s in second.snapshots()] == ["1"] and first.snapshots() == []

@@ -60,10 +60,25 @@ class Shipping:
     @property
     def vault(self) -> Vault:
         """The vault it ships to (``configure_async`` sets how long the exit waits for it); a copy sent to
-        another process (see ``__getstate__``) opens it by its URL here."""
+        another process (see ``__getstate__``) opens it by its URL here, at its first read: reading it
+        there opens the vault (and creates it if missing, with ``CKPTVAULT_KEYFILE`` and the passphrase,
+        as a callback given a URL does), storage I/O that the other attributes do not do."""
         if not isinstance(self._vault, Vault):
             self._vault = _open_by_url(self._vault)
         return self._vault
+
+    @vault.setter
+    def vault(self, vault: Vault | str | os.PathLike[str]) -> None:
+        """Ship to another vault from now on: an open Vault, or a URL (opened, and created if missing, as
+        ``__init__`` does). Refused while a checkpoint handed to the current one is still queued: the end
+        of training would not wait for it (``flush()`` that vault first). The Vault it replaces stays open:
+        closing it is the caller's."""
+        if any(not h.done() for h in self.handles):
+            raise UsageError(
+                "the callback's vault cannot change while checkpoints handed to it are still queued: "
+                "call flush() on its current vault first"
+            )
+        self._vault = vault if isinstance(vault, Vault) else _open_by_url(vault)
 
     def ship(self, path: str | os.PathLike[str], step: int | None) -> None:
         # skip_if_unchanged: a resumed run's callback is offered again the files an earlier run
@@ -128,6 +143,14 @@ class Shipping:
         state["_vault"] = self._vault.url if isinstance(self._vault, Vault) else self._vault
         state["handles"] = []
         return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A copy made by ``__getstate__``, or by an older ckptvault, whose state held the vault's URL under
+        ``"vault"`` (a plain attribute then, a property now)."""
+        state = dict(state)
+        if "vault" in state and "_vault" not in state:
+            state["_vault"] = state.pop("vault")
+        self.__dict__.update(state)
 
 
 def _ship_before_dying_of_sigterm() -> None:
