@@ -781,7 +781,12 @@ class Vault:
         applies alone; with neither, no snapshot goes and only the space of forgotten ones is reclaimed.
         ``keep_tags`` is a list: ``["milestone"]``. ``dry_run`` changes nothing and returns exactly
         what a real run would do. A real run first waits for this Vault's queued ``backup_async`` backups
-        to end (so do ``forget(prune=True)`` and ``repair_index``)."""
+        to end (so do ``forget(prune=True)`` and ``repair_index``), without a limit: as long as they take,
+        their retries through a storage outage and their wait for another process's prune (up to an hour)
+        included. ``retry_lock`` does not bound it: it is for other processes' locks, and its default (0,
+        refuse at once) would make a prune right after ``backup_async`` fail or not by timing. To bound the
+        wait, call ``flush(timeout=...)`` first: FlushTimeoutError when they have not ended by then (and a
+        failed backup's error, as every flush)."""
         policy = RetentionPolicy(
             keep_latest=int_arg("keep_latest", keep_latest, optional=True),
             before=before_arg(before, now),
@@ -812,7 +817,9 @@ class Vault:
 
         A snapshot object that cannot be decoded is removed by its ID without reading it (its tree
         is left for the next prune). ``prune`` refuses while another such object exists. An ID prefix
-        must have at least 4 characters (``arguments.ID_PREFIX_MIN``)."""
+        must have at least 4 characters (``arguments.ID_PREFIX_MIN``). With ``prune`` (not ``dry_run``), it
+        first waits, without a limit, for this Vault's queued ``backup_async`` backups, as ``prune`` does
+        (``flush(timeout=...)`` first bounds that)."""
         snapshots = snapshot_list_arg(snapshots)
         for spec in snapshots:
             refuse_short_id_prefix(spec, "forget")
@@ -915,8 +922,9 @@ class Vault:
         do not verify, so the next backup of their files stores them again; ``drop_failing`` (which reads
         every pack too) also drops the packs the storage fails to serve on every attempt (a server error
         that outlasts the retries; a later ``read_data`` repair indexes their chunks again if they read).
-        Takes the exclusive lock; ``dry_run`` (a shared lock) changes nothing and returns what a real
-        run would do."""
+        Takes the exclusive lock, after waiting, without a limit, for this Vault's queued ``backup_async``
+        backups, as ``prune`` does (``flush(timeout=...)`` first bounds that); ``dry_run`` (a shared lock)
+        changes nothing and returns what a real run would do."""
         read_data = flag_arg("read_data", read_data)
         drop_failing = flag_arg("drop_failing", drop_failing)
         with self._repo.locks.acquire_to_read() if dry_run else self._exclusive_lock("repair_index()"):
