@@ -65,6 +65,49 @@ def spelled(command_line: str, python: str) -> str:
     return command_line if _command_line else python
 
 
+def check_command(read_data: bool = False) -> str:
+    """The advice to check the vault, as the user runs it: ``ckptvault check`` in the CLI,
+    ``vault.check()`` from the Python API (``--read-data``: every chunk read, ``read_data=1.0``)."""
+    if read_data:
+        return spelled("ckptvault check --read-data", "vault.check(read_data=1.0)")
+    return spelled("ckptvault check", "vault.check()")
+
+
+def check_hint() -> str:
+    """ "; run: ckptvault check" (or the API's call), the suffix of damage a plain check finds."""
+    return f"; run: {check_command()}"
+
+
+def names_a_check(message: str) -> bool:
+    """Whether ``message`` already sends the user to check, in either spelling."""
+    return "ckptvault check" in message or "vault.check(" in message
+
+
+def repair_index_command(read_data: bool = False, drop_failing: bool = False) -> str:
+    """``ckptvault repair-index [--read-data] [--drop-failing-packs]``, or the API's ``vault.repair_index(...)``."""
+    options = [("--read-data", "read_data=True")] if read_data else []
+    options += [("--drop-failing-packs", "drop_failing=True")] if drop_failing else []
+    return spelled(
+        "ckptvault repair-index" + "".join(f" {cli}" for cli, _ in options),
+        f"vault.repair_index({', '.join(api for _, api in options)})",
+    )
+
+
+def forget_command(snapshot_ids: Sequence[str] = ()) -> str:
+    """``ckptvault forget ID ...``, or the API's ``vault.forget([...])`` (no IDs: the command alone)."""
+    if not snapshot_ids:
+        return spelled("ckptvault forget", "vault.forget()")
+    return spelled(f"ckptvault forget {' '.join(snapshot_ids)}", f"vault.forget({list(snapshot_ids)!r})")
+
+
+def prune_command() -> str:
+    return spelled("ckptvault prune", "vault.prune()")
+
+
+def unlock_command() -> str:
+    return spelled("ckptvault unlock", "vault.unlock()")
+
+
 def first_few(items: Sequence[str], shown: int, sep: str = "; ") -> str:
     """The first ``shown`` of ``items`` and how many more: a one-line message names a few, not thousands."""
     more = f" (and {len(items) - shown} more)" if len(items) > shown else ""
@@ -242,9 +285,7 @@ class StorageError(CkptVaultError):
 
 class ObjectNotFoundError(StorageError):
     def __init__(self, op: str, key: str, url: str) -> None:
-        super().__init__(
-            op, key, url, "object not found", message=f"object {key} is missing from {url}; run: ckptvault check"
-        )
+        super().__init__(op, key, url, "object not found", message=f"object {key} is missing from {url}{check_hint()}")
 
 
 class ShortReadError(StorageError):
@@ -274,11 +315,17 @@ class MalformedObjectError(IntegrityError):
     exit_code = 30
 
 
-READ_DATA_HINT = "; run: ckptvault check --read-data (it says what to do)"  # for damage a plain check misses
-# for a config altered or damaged: until it is put back no command gets past it, check included
-CONFIG_FROM_A_COPY = (
-    "put the config back from a copy (ckptvault check --read-data then tells whether anything else was hit)"
-)
+READ_DATA_HINT = "; run: ckptvault check --read-data (it says what to do)"  # the CLI's, for damage check misses
+
+
+def read_data_hint() -> str:
+    """READ_DATA_HINT as the user runs it: the CLI's command, or the API's call."""
+    return f"; run: {check_command(read_data=True)} (it says what to do)"
+
+
+def config_from_a_copy() -> str:
+    """For a config altered or damaged: until it is put back no command gets past it, check included."""
+    return f"put the config back from a copy ({check_command(read_data=True)} then tells whether anything else was hit)"
 
 
 class RestoreIncompleteError(IntegrityError):
@@ -292,7 +339,7 @@ class RestoreIncompleteError(IntegrityError):
         self.result = result
         reasons = list(failed.values())
         also = _also(list(failed)[1:], self.SHOWN)
-        hint = "" if "ckptvault check" in reasons[0] else READ_DATA_HINT
+        hint = "" if names_a_check(reasons[0]) else read_data_hint()
         super().__init__(
             f"restore incomplete: {len(failed)} file(s) failed verification and were not written: {reasons[0]}{also}"
             f"{hint}"
@@ -317,7 +364,8 @@ class CopyIncompleteError(IntegrityError):
         super().__init__(
             f"copy incomplete: {len(failed)} snapshot(s) could not be read in {source_url} and were not copied: "
             f"snapshot {first[:8]}: {reason}{also}; {copied} other(s) were copied to {dest_url}{there}; "
-            f"to see what is damaged there and how to heal it, run: ckptvault check --read-data --repo {source_url}"
+            "to see what is damaged there and how to heal it, run: "
+            + spelled(f"ckptvault check --read-data --repo {source_url}", "check(read_data=1.0) of the source Vault")
         )
 
 

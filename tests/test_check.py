@@ -61,7 +61,7 @@ def test_the_report_gives_the_api_the_error_and_remedy_the_cli_raises(damaged):
     pack.unlink()
     error = Vault.open(vault.url).check().error(vault.url)
     assert isinstance(error, IntegrityError) and error.exit_code == 30
-    assert f"ckptvault forget {vault.latest().id[:8]}" in str(error) and "repair-index" in str(error), error
+    assert f"vault.forget([{vault.latest().id[:8]!r}])" in str(error) and "vault.repair_index()" in str(error), error
 
 
 def test_truncated_pack(damaged):

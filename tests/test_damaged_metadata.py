@@ -375,6 +375,35 @@ def test_a_config_field_of_the_wrong_shape_is_damage_naming_it(two_snapshots, cl
     assert "(it says what to do)" not in error
 
 
+def test_advice_names_the_api_call_from_python_and_the_command_from_the_cli(two_snapshots, cli: Callable):
+    """api49 #6: messages raised through the Python API said `run: ckptvault check` and `ckptvault forget ID`
+    where the API has vault.check() and vault.forget([...]); the CLI's messages stay as they were."""
+    repo, first, _, _ = two_snapshots
+    with Vault.open(repo) as vault:
+        tree_id = vault.snapshot(first).tree_id
+    (Path(repo) / "trees" / tree_id).unlink()
+    with Vault.open(repo) as vault, pytest.raises(IntegrityError) as refused:
+        vault.prune(keep_latest=2)
+    assert str(refused.value).endswith(
+        f"is missing; run: vault.check(), then remove the snapshot with: vault.forget([{first[:8]!r}])"
+    ), refused.value
+    proc = cli("prune", "--keep-latest", "2", "--repo", repo, check=False)
+    error = error_line(proc)
+    assert proc.returncode == 30 and error.endswith(
+        f"is missing; run: ckptvault check --repo {repo}, then remove the snapshot with: "
+        f"ckptvault forget --repo {repo} {first[:8]}"
+    ), error
+    config = Path(repo) / "config"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "pack_size": "big"}))
+    with pytest.raises(IntegrityError) as damaged:
+        Vault.open(repo)
+    assert str(damaged.value).endswith(
+        "; put the config back from a copy (vault.check(read_data=1.0) then tells whether anything else was hit)"
+    ), damaged.value
+    said = error_line(cli("stats", "--repo", repo, check=False))
+    assert f"put the config back from a copy (ckptvault check --repo {repo} --read-data then" in said, said
+
+
 def test_a_vault_whose_config_is_gone_is_named_damaged_not_missing(two_snapshots, cli: Callable):
     """With its config deleted, the vault was "no vault: that folder holds other files, check the path", and
     the default vault's advice, "created by the first backup", failed at once (docs audit 39 M2)."""

@@ -629,9 +629,9 @@ def test_deltas_read_their_bases_from_the_packs_of_a_deleted_index_object(delta_
     with Vault.open(delta_vault.url) as vault:
         report = vault.check(read_data=1.0)
         assert report.affected == {} and report.problems
-        assert all(p.detail.endswith("run: ckptvault repair-index") for p in report.problems), report.problems
+        assert all(p.detail.endswith("run: vault.repair_index()") for p in report.problems), report.problems
         with pytest.raises(
-            IntegrityError, match=r"in no index .*; 1 pack\(s\) in no index hold it: run ckptvault repair-index"
+            IntegrityError, match=r"in no index .*; 1 pack\(s\) in no index hold it: run vault.repair_index\(\)"
         ):
             vault.prune(keep_latest=1)
         vault.repair_index()

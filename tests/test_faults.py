@@ -724,7 +724,7 @@ def test_a_pack_the_storage_fails_on_every_read_is_dropped_only_on_request(tmp_p
     report = vault.check(read_data=1.0)
     [problem] = report.problems
     assert problem.object == f"pack {pack[:12]}" and problem.unreadable and problem.failing
-    assert "repair-index --read-data --drop-failing-packs" in problem.detail
+    assert "vault.repair_index(read_data=True, drop_failing=True)" in problem.detail
     assert report.unavailable and not report.affected  # maybe a fault that passes: nothing called lost
 
     kept = vault.repair_index(read_data=True)  # not asked: nothing dropped

@@ -240,7 +240,7 @@ def test_a_backup_committed_while_old_index_objects_are_deleted_stops_the_pack_d
     before = packs(vault.url)
     # it said "run prune again", which then refused ("run ckptvault repair-index, then prune again")
     stopped = r"another writer added data.*no pack was deleted since; the packs it meant to delete are in no index "
-    with pytest.raises(VaultLockedError, match=stopped + r"now: run ckptvault repair-index, then prune again$"):
+    with pytest.raises(VaultLockedError, match=stopped + r"now: run vault.repair_index\(\), then prune again$"):
         vault.prune(keep_latest=1)
     monkeypatch.undo()
     (again,) = committed

@@ -340,7 +340,7 @@ def test_a_pin_whose_owner_cannot_be_checked_is_taken_over_a_day_after_it_got_it
     (told,) = warnings
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(root.name[:20]) / 1e9 + 24 * 3600))
     assert f"pinned in {root} by a process this one cannot check (on elsewhere), so it ships from {when}" in told
-    assert told.endswith(f"ckptvault backup --repo <the vault> {root / 'data' / 'checkpoint-1'} --tag step=1")
+    assert told.endswith(f"vault.backup({str(root / 'data' / 'checkpoint-1')!r}, tags={{'step': '1'}})")
     made_at(root, time.time_ns() - 25 * 3600 * 10**9)
     taken = take_over(root.parent, vault)
     assert [left.owner_host for left in taken] == ["elsewhere"]

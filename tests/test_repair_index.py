@@ -71,11 +71,11 @@ def test_reads_go_around_a_damaged_index_object_and_prune_refuses(
         for step, src in enumerate(saves, 1):
             vault.restore(vault.latest({"step": str(step)}), tmp_path / f"out-{step}")
             assert tree(tmp_path / f"out-{step}") == tree(src)
-        assert f"index object(s) {damaged[:12]} damaged" in caplog.text and "repair-index" in caplog.text
+        assert f"index object(s) {damaged[:12]} damaged" in caplog.text and "vault.repair_index()" in caplog.text
 
         report = vault.check(read_data=1.0)
         assert [p.object for p in report.problems] == [f"index {damaged[:12]}"], report.problems
-        assert "repair-index" in report.problems[0].detail and report.affected == {}
+        assert "run: vault.repair_index()" in report.problems[0].detail and report.affected == {}
 
         (saves[1] / "new.bin").write_bytes(os.urandom(100_000))  # backups go on meanwhile
         newer = vault.backup(saves[1], tags={"step": "3"})
@@ -83,7 +83,7 @@ def test_reads_go_around_a_damaged_index_object_and_prune_refuses(
         assert tree(tmp_path / "out-3") == tree(saves[1])
 
         packs_before = sorted(os.listdir(Path(repo_url) / "packs"))
-        with pytest.raises(IntegrityError, match=r"index object .* is damaged.*repair-index"):
+        with pytest.raises(IntegrityError, match=r"index object .* is damaged.*vault\.repair_index\(\)"):
             vault.prune(keep_latest=1)
         assert sorted(os.listdir(Path(repo_url) / "packs")) == packs_before  # nothing deleted
 
@@ -175,7 +175,7 @@ def test_a_deleted_index_object_is_recoverable_and_check_says_so(two_saves, repo
     with Vault.open(repo_url) as vault:
         report = vault.check()
         assert report.affected == {} and report.problems, report.problems
-        said = "holds it (the snapshot still restores); run: ckptvault repair-index"
+        said = "holds it (the snapshot still restores); run: vault.repair_index()"
         assert all(said in p.detail for p in report.problems), report.problems
     proc = cli("check", "--repo", repo_url, check=False)
     assert proc.returncode == 30 and "forget" not in proc.stderr.decode()
@@ -236,7 +236,7 @@ def test_a_pack_cut_short_that_holds_the_only_copy_is_named_and_never_pruned(rep
     # it said "in no indexed pack" and, with a stray pack beside it, "run ckptvault repair-index"
     assert re.search(
         rf"1 indexed pack\(s\) holding them are cut short \(truncated; e.g. {pack.name[:12]}, [\d,]+ bytes stored\); "
-        r"nothing was deleted; run: ckptvault check, which names the files and snapshots that need them; back those "
+        r"nothing was deleted; run: vault\.check\(\), which names the files and snapshots that need them; back those "
         r"files up again, or forget those snapshots, then prune again$",
         str(refused.value),
     ), refused.value
@@ -275,7 +275,7 @@ def test_prune_names_a_pack_gone_from_the_storage_and_sends_no_one_to_repair_ind
         vault.prune(keep_latest=2)
     said = str(refused.value)
     assert f"1 indexed pack(s) holding them are missing from the storage (e.g. {pack.name[:12]})" in said, said
-    assert "repair-index" not in said and "damaged header" not in said and "run: ckptvault check" in said
+    assert "repair_index" not in said and "damaged header" not in said and "run: vault.check()" in said
     assert stray.exists()
 
 
@@ -388,7 +388,7 @@ def test_prune_with_the_index_gone_points_at_repair_index(repo_url: str, tmp_pat
     with Vault.open(repo_url) as vault:
         assert vault.stats().unindexed_packs == 1  # stats said "0 B in 0 chunks" and nothing else
         with pytest.raises(
-            IntegrityError, match=r"1 pack\(s\) in no index hold it: run ckptvault repair-index, then prune again$"
+            IntegrityError, match=r"1 pack\(s\) in no index hold it: run vault\.repair_index\(\), then prune again$"
         ):
             vault.prune(keep_latest=1)
         vault.repair_index()
@@ -410,7 +410,7 @@ def test_prune_does_not_send_back_to_repair_index_when_the_stray_pack_cannot_be_
     assert f"1 pack(s) in no index have a damaged header, which nothing can read (e.g. {pack.name[:12]})" in str(
         refused.value
     )
-    assert "repair-index" not in str(refused.value) and "forget those snapshots" in str(refused.value)
+    assert "repair_index" not in str(refused.value) and "forget those snapshots" in str(refused.value)
     assert pack.exists()
 
 

@@ -412,7 +412,7 @@ def test_a_damaged_file_fails_alone_while_the_others_restore(tmp_path: Path):
     out = tmp_path / "out"
     with pytest.raises(IntegrityError, match=r"restore incomplete: 1 file\(s\).*shard-2\.bin") as info:
         Vault.open(str(repo_dir)).restore(snap.id, out)
-    assert str(info.value).endswith("; run: ckptvault check --read-data (it says what to do)"), info.value
+    assert str(info.value).endswith("; run: vault.check(read_data=1.0) (it says what to do)"), info.value
     assert sorted(p.name for p in out.iterdir()) == sorted(n for n in shards if n != "shard-2.bin")  # no temp files
     for name in shards:
         if name != "shard-2.bin":

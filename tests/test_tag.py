@@ -230,7 +230,7 @@ def test_tagging_a_snapshot_whose_tree_is_damaged_names_the_snapshot_and_what_to
     else:
         assert f"tree object {first.tree_id[:12]} of snapshot {first.short_id} is missing from {vault.url}" in said
     assert str(refused.value).endswith(
-        f"run: ckptvault check, then remove the snapshot with: ckptvault forget {first.short_id}"
+        f"run: vault.check(), then remove the snapshot with: vault.forget([{first.short_id!r}])"
     )
     assert [s.id for s in vault.snapshots()] == [first.id, second.id]
 

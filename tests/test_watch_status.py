@@ -100,7 +100,7 @@ def test_a_snapshot_whose_pack_is_cut_short_is_not_durable(tmp_path, repo_url, v
     os.truncate(pack, pack.stat().st_size // 2)
     status = vault.backup_status(ckpt)
     assert not status.backed_up
-    assert "which is cut short (truncated); run: ckptvault check" in status.detail, status.detail
+    assert "which is cut short (truncated); run: vault.check()" in status.detail, status.detail
     assert pack.name[:12] in status.detail
 
 

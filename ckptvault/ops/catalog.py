@@ -17,7 +17,15 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, UnsupportedFormatError
+from ..errors import (
+    CkptVaultError,
+    IntegrityError,
+    ObjectNotFoundError,
+    SnapshotNotFoundError,
+    UnsupportedFormatError,
+    check_command,
+    forget_command,
+)
 from ..repository import Repository
 from ..snapshot import selection
 from ..snapshot.manifest import decode_snapshot, decode_tree
@@ -177,7 +185,7 @@ def select_snapshot(
 
 
 def unreadable_hint(snapshot_id: str) -> str:
-    return f"run: ckptvault check; if it is damaged, remove it with: ckptvault forget {snapshot_id[:12]}"
+    return f"run: {check_command()}; if it is damaged, remove it with: {forget_command([snapshot_id[:12]])}"
 
 
 def tree_error(snap: Snapshot, url: str, error: IntegrityError | ObjectNotFoundError) -> IntegrityError:
@@ -189,7 +197,7 @@ def tree_error(snap: Snapshot, url: str, error: IntegrityError | ObjectNotFoundE
         else f"{error} (the tree of snapshot {snap.short_id})"
     )
     return IntegrityError(
-        f"{what}; run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
+        f"{what}; run: {check_command()}, then remove the snapshot with: {forget_command([snap.short_id])}"
     )
 
 
@@ -243,7 +251,7 @@ def refuse_gc_with_unreadable(
     damaged = any(isinstance(e, IntegrityError) for _, e in left)
     raise (IntegrityError if damaged else UnsupportedFormatError)(
         f"prune refused: {error}{more}; pruning now could delete the data it refers to. "
-        f"Run: ckptvault check, then remove it with: ckptvault forget {snapshot_id[:12]} if it is damaged"
+        f"Run: {check_command()}, then remove it with: {forget_command([snapshot_id[:12]])} if it is damaged"
     )
 
 

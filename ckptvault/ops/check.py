@@ -25,6 +25,10 @@ from ..errors import (
     ShortReadError,
     StorageError,
     UnsupportedFormatError,
+    forget_command,
+    prune_command,
+    repair_index_command,
+    spelled,
 )
 from ..repository import Repository
 from ..repository.format import INDEX_PREFIX, id_from_key
@@ -93,7 +97,7 @@ class CheckReport:
         )
         fails = (
             f"{failing} pack(s) the storage fails on every attempt (a server error: damaged "
-            "where stored, or a fault that passes; if it persists, ckptvault repair-index --drop-failing-packs drops "
+            f"where stored, or a fault that passes; if it persists, {repair_index_command(drop_failing=True)} drops "
             "them, so that the next backup stores their chunks again)"
         )
         unread = ", ".join(([refused] if unreadable > failing else []) + ([fails] if failing else [])) + (
@@ -104,18 +108,16 @@ class CheckReport:
         remedy = ""
         if self.affected and self.damaged_index:  # what looks lost may be named by the damaged object
             remedy = (
-                "; run ckptvault repair-index first (it indexes again what the damaged index object(s) named, where "
+                f"; run {repair_index_command()} first (it indexes again what the damaged index object(s) named, where "
                 "the packs still say or verify it), then check again before forgetting anything"
             )
         elif self.affected:
             # Healing first: the same bytes backed up again make every snapshot that needs them whole. Only
             # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
             whole = all(files == ["*"] for files in self.affected.values())  # a tree lost: nothing brings it back
-            read = " --read-data" if self.damaged_chunks else ""  # a missing pack needs no vault-wide read
+            repair = repair_index_command(read_data=bool(self.damaged_chunks))  # a missing pack needs no full read
             mend = (
-                f"ckptvault repair-index{read} and a new backup of them store"
-                if self.needs_repair_index
-                else "a new backup of them stores"
+                f"{repair} and a new backup of them store" if self.needs_repair_index else "a new backup of them stores"
             )
             heal = (
                 "; "
@@ -125,12 +127,13 @@ class CheckReport:
             )
             salvage = "" if whole else "restore the files not named (restore --include), then "
             if len(self.affected) <= LISTED_IN_REMEDY:  # every one: the remedy is a command
-                ids = " ".join(snapshot_id[:8] for snapshot_id in self.affected)
-                remedy = f"{heal}{salvage}remove the damaged snapshot(s) with: ckptvault forget {ids}"
+                ids = [snapshot_id[:8] for snapshot_id in self.affected]
+                remedy = f"{heal}{salvage}remove the damaged snapshot(s) with: {forget_command(ids)}"
             else:  # hundreds of IDs make an unreadable line, and a command that forgets history unread
                 remedy = (
-                    f"{heal}{salvage}remove the damaged snapshots named above ('affects snapshot'; `check --json` "
-                    'lists them under "affected") with ckptvault forget, after reading which they are'
+                    f"{heal}{salvage}remove the damaged snapshots named above ('affects snapshot'; "
+                    + spelled('`check --json` lists them under "affected"', "the report's affected lists them")
+                    + f") with {forget_command()}, after reading which they are"
                 )
         elif self.problems:
             remedy = (
@@ -191,7 +194,7 @@ class _Checker:
             return
         detail = (
             f"cannot be read: {exc}; the storage answers, but fails this object on every attempt: it may be damaged "
-            "where it is stored. If that persists, ckptvault repair-index --read-data --drop-failing-packs drops it "
+            f"where it is stored. If that persists, {repair_index_command(read_data=True, drop_failing=True)} drops it "
             "from the index, so that the next backup of the files holding its chunks stores them again"
         )
         self.problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True)
@@ -202,7 +205,7 @@ class _Checker:
                 damaged = isinstance(exc, IntegrityError)
                 self.problem(
                     f"index {_short(index_id)}",
-                    f"{exc}; run: ckptvault repair-index" if damaged else str(exc),
+                    f"{exc}; run: {repair_index_command()}" if damaged else str(exc),
                     newer=isinstance(exc, UnsupportedFormatError),
                 )
                 self.unreadable_index = True
@@ -292,7 +295,7 @@ class _Checker:
         for obj, detail, deltas in self.lost_bases:
             if needed is None or needed.intersection(deltas):
                 fix = (
-                    "run: ckptvault repair-index"
+                    f"run: {repair_index_command()}"
                     if obj.startswith("pack")
                     else "a snapshot that needs it is named here; a backup of its file stores it again"
                 )
@@ -325,7 +328,9 @@ class _Checker:
             name = f"pack {_short(pack_id)}"
             size = stored.get(pack_id)
             if size is None:
-                self.problem(name, "is missing (listed in the index); ckptvault repair-index drops it from the index")
+                self.problem(
+                    name, f"is missing (listed in the index); {repair_index_command()} drops it from the index"
+                )
                 self.report.needs_repair_index = True
                 self.bad_chunks.update(e.chunk_id for e in entries if e.chunk_id not in held)
                 continue
@@ -342,15 +347,15 @@ class _Checker:
                     self.problem(
                         name,
                         f"header is damaged: {exc}; its chunks are found through the index while it names them: "
-                        "ckptvault repair-index --read-data copies them into a new pack and removes this one",
+                        f"{repair_index_command(read_data=True)} copies them into a new pack and removes this one",
                     )
             if cut:
                 lost = [c for c in cut if c not in held]
                 then = (
-                    "a backup of the files holding them stores them again; then ckptvault prune copies out its "
+                    f"a backup of the files holding them stores them again; then {prune_command()} copies out its "
                     "whole chunks and removes it"
                     if lost
-                    else "other packs hold them: ckptvault prune copies out its whole chunks and removes it"
+                    else f"other packs hold them: {prune_command()} copies out its whole chunks and removes it"
                 )
                 self.problem(name, f"is shorter than the index says: {len(cut)} chunk(s) lie past its end; {then}")
                 self.bad_chunks.update(lost)
@@ -377,7 +382,7 @@ class _Checker:
                 self.header_only.update({e.chunk_id: pack_id for e in entries})
         if unindexed and self.unreadable_index:
             then = (
-                "ckptvault repair-index indexes them again (prune refuses until then)"
+                f"{repair_index_command()} indexes them again (prune refuses until then)"
                 if self.damaged_index
                 else "an index object is newer than this ckptvault reads: upgrade ckptvault"
             )
@@ -387,7 +392,7 @@ class _Checker:
         elif unindexed:
             self.report.warnings.append(
                 f"{len(unindexed)} pack(s) are in no index (uploaded by a backup running now, left by an interrupted "
-                "backup or prune, or an index object is gone); once no backup runs, ckptvault repair-index indexes "
+                f"backup or prune, or an index object is gone); once no backup runs, {repair_index_command()} indexes "
                 "them again, prune removes the ones no snapshot needs"
                 + (
                     f" ({headless} of them with a damaged header: nothing can name their chunks, and prune removes "
@@ -438,8 +443,9 @@ class _Checker:
                     elif e.chunk_id not in self.reported:
                         self.problem(
                             f"chunk {_short(e.chunk_id)}",
-                            f"in {name} {exc}; while it stays indexed, backups reuse it: ckptvault repair-index "
-                            "--read-data drops it, and the next backup of its file stores it again",
+                            f"in {name} {exc}; while it stays indexed, backups reuse it: "
+                            f"{repair_index_command(read_data=True)} drops it, and the next backup of its file stores "
+                            "it again",
                         )
                         self.report.damaged_chunks += 1
                         self.report.needs_repair_index = True
@@ -534,7 +540,7 @@ class _Checker:
                         name,
                         f"file {entry.path}: chunk {_short(missing[0])} is in no index, but pack "
                         f"{_short(self.header_only[missing[0]])} holds it (the snapshot still restores); run: "
-                        "ckptvault repair-index",
+                        f"{repair_index_command()}",
                     )
                 if lost or any(c in self.bad_chunks for c in entry.chunks):
                     self.report.affected.setdefault(snap.id, []).append(entry.path)

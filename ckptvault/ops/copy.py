@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, spelled
+from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, check_hint, spelled
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
@@ -76,7 +76,8 @@ def choose_snapshots(
     for name in names:
         if (bad := unreadable_named(name, every, unreadable)) is not None:
             error = unreadable[bad]
-            raise type(error)(f"in {source_url}: {error}; see: ckptvault check --repo {source_url}")
+            see = spelled(f"ckptvault check --repo {source_url}", "check() of the source Vault")
+            raise type(error)(f"in {source_url}: {error}; see: {see}")
     try:
         picked = [select_snapshot(every, name, tags, unreadable) for name in names]
     except SnapshotNotFoundError as exc:  # say which of the two vaults has none
@@ -133,7 +134,7 @@ def run_copy(
                 copied = copier.snapshot(snap, before_commit)
             except (IntegrityError, ObjectNotFoundError) as exc:  # damaged in the source: the others still go
                 # the advice to check names no vault: in a copy that would be the destination
-                result.failed[snap.id] = str(exc).removesuffix("; run: ckptvault check")
+                result.failed[snap.id] = str(exc).removesuffix(check_hint())
                 copier.start_again()
                 continue
             (result.copied if copied is not None else result.gone).append(copied or snap)

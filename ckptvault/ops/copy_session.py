@@ -40,14 +40,16 @@ def copy_listed(
     if chosen and source.config.encrypted and not dest.config.encrypted:  # dry_run or decrypt: else refused
         said = "would be" if dry_run else "are"
         needs = "" if decrypt else f" (the copy itself needs {spelled('--decrypt', 'decrypt=True')})"
-        warn(f"{source_url} is encrypted and {dest_url} is not: the copies {said} stored unencrypted{needs}; {_KEEP}")
+        warn(f"{source_url} is encrypted and {dest_url} is not: the copies {said} stored unencrypted{needs}; {_keep()}")
     result = run_copy(source, dest, chosen, progress=progress, before_commit=before_commit, dry_run=dry_run)
     for warning in [] if dry_run else compact_or_warn(dest):
         warn(warning)
     return result
 
 
-_KEEP = "to keep them encrypted, copy into a vault made with: ckptvault init URL --encrypt --keyfile PATH"
+def _keep() -> str:
+    made = spelled("ckptvault init URL --encrypt --keyfile PATH", "Vault.init(url, keyfile=PATH, passphrase=...)")
+    return f"to keep them encrypted, copy into a vault made with: {made}"
 
 
 def refuse_decrypting(source: Repository, dest: Repository, urls: tuple[str, str]) -> None:
@@ -55,7 +57,7 @@ def refuse_decrypting(source: Repository, dest: Repository, urls: tuple[str, str
     read: a one-line slip (a mirror job's --repo naming a plain vault) would put a whole vault in the clear."""
     if source.config.encrypted and not dest.config.encrypted:
         raise UsageError(
-            f"{urls[0]} is encrypted and {urls[1]} is not: the copies would be stored unencrypted there; {_KEEP}, "
+            f"{urls[0]} is encrypted and {urls[1]} is not: the copies would be stored unencrypted there; {_keep()}, "
             f"or give {spelled('--decrypt', 'decrypt=True')} to store them in the clear"
         )
 

@@ -38,7 +38,7 @@ from datetime import datetime
 
 from ..blob import BlobParts, Kind, blob_size
 from ..bytegroup import ElementRun, xor
-from ..errors import CkptVaultError, IntegrityError
+from ..errors import CkptVaultError, IntegrityError, check_command
 from ..formats import FileLayout, ReadAt, TensorInfo, pread_at, read_layout
 from ..repository import Repository
 from ..repository.repository import damage_log
@@ -304,9 +304,10 @@ class DeltaPlanner:
                 more = " (further ones, if any, are not named)" if self.damaged_bases == DAMAGED_BASES_NAMED else ""
                 damage_log.warning(
                     "delta base %s is damaged (%s): the new piece is stored whole, but older snapshots that hold "
-                    "this chunk cannot restore it; run: ckptvault check --read-data%s",
+                    "this chunk cannot restore it; run: %s%s",
                     cand.base_id.hex()[:12],
                     exc,
+                    check_command(read_data=True),
                     more,
                 )
             return None

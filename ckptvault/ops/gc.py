@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..errors import IntegrityError, VaultLockedError
+from ..errors import IntegrityError, VaultLockedError, check_command, check_hint, repair_index_command
 from ..repository import Repository
 from ..repository.pack import PackEntry, lies_whole_in
 
@@ -183,9 +183,9 @@ class _UnplacedChunks:
         holding = [p for p, entries in described.items() if any(e.chunk_id in chunks for e in entries)]
         if holding:
             them = "it" if len(chunks) == 1 else "them"
-            return f"{len(holding)} pack(s) in no index hold {them}: run ckptvault repair-index, then prune again"
+            return f"{len(holding)} pack(s) in no index hold {them}: run {repair_index_command()}, then prune again"
         return (
-            "run: ckptvault check, which names the files and snapshots that need them; back those files up "
+            f"run: {check_command()}, which names the files and snapshots that need them; back those files up "
             "again, or forget those snapshots, then prune again"
         )
 
@@ -244,7 +244,7 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
             except IntegrityError as exc:
                 raise IntegrityError(
                     f"chunk {entry.chunk_id.hex()[:12]} in pack {pack_id.hex()[:12]} {exc}; "
-                    "prune stopped before deleting anything; run: ckptvault check"
+                    f"prune stopped before deleting anything{check_hint()}"
                 ) from exc
             repo.add_chunk_blob(entry.chunk_id, blob, entry.raw_len, entry.base_id)
     repo.flush()
@@ -262,7 +262,7 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
         repo,
         plan,
         deleted="no pack",
-        then="the packs it meant to delete are in no index now: run ckptvault repair-index, then prune again",
+        then=f"the packs it meant to delete are in no index now: run {repair_index_command()}, then prune again",
     )
     each(repo.delete_pack, [*plan.delete_packs, *plan.repack], lock_check=repo.locks.check_held_age)
     verify_exclusive_lock(repo)

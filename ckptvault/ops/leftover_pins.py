@@ -285,7 +285,10 @@ def _say_deferred(pin: Pin, job: JobRecord, owner: object, pinned_ns: int, on_wa
     on_warning(
         f"{pin.source} is pinned in {pin.root} by a process this one cannot check (on {host}), so it ships "
         f"from {when} if still there; if that process is gone, ship it now with: "
-        f"ckptvault backup --repo <the vault> {shlex.quote(pin.data)}{tags}"
+        + spelled(
+            f"ckptvault backup --repo <the vault> {shlex.quote(pin.data)}{tags}",
+            f"vault.backup({pin.data!r}, tags={dict(sorted(job.tags.items()))!r})",
+        )
     )
 
 

@@ -11,6 +11,8 @@ from ..errors import (
     ObjectNotFoundError,
     SnapshotNotFoundError,
     StorageFullError,
+    check_command,
+    forget_command,
     spelled,
 )
 from ..repository import Repository
@@ -130,7 +132,7 @@ def _kept_chunks(repo: Repository, snap: Snapshot) -> set[bytes]:
         state = "missing" if isinstance(exc, ObjectNotFoundError) else f"damaged ({exc})"
         raise IntegrityError(
             f"prune refused: the tree object {snap.tree_id[:12]} of snapshot {snap.short_id}, which it would keep, is "
-            f"{state}; run: ckptvault check, then remove the snapshot with: ckptvault forget {snap.short_id}"
+            f"{state}; run: {check_command()}, then remove the snapshot with: {forget_command([snap.short_id])}"
         ) from None
 
 

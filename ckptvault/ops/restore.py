@@ -43,6 +43,7 @@ from ..errors import (
     StorageFullError,
     UnsafePathError,
     UsageError,
+    check_hint,
     first_few,
     spelled,
 )
@@ -393,7 +394,7 @@ class _Planner:
             loc = self.repo.find(chunk_id)
             if loc is None:
                 raise IntegrityError(
-                    f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository; run: ckptvault check"
+                    f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository{check_hint()}"
                 )
             total += loc.raw_len
             self._check_bases(entry, chunk_id, loc.base_id)
@@ -409,7 +410,7 @@ class _Planner:
             if base is None:
                 raise IntegrityError(
                     f"{entry.path}: chunk {chunk_id.hex()[:12]} is stored as a delta against chunk "
-                    f"{base_id.hex()[:12]}, which is missing from the repository; run: ckptvault check"
+                    f"{base_id.hex()[:12]}, which is missing from the repository{check_hint()}"
                 )
             seen.add(base_id)
             chunk_id, base_id = base_id, base.base_id

@@ -17,7 +17,16 @@ import shlex
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, SourceError, UsageError, spelled
+from ..errors import (
+    IntegrityError,
+    ObjectNotFoundError,
+    SnapshotNotFoundError,
+    SourceError,
+    UsageError,
+    check_command,
+    check_hint,
+    spelled,
+)
 from ..repository import Repository
 from ..repository.pack import lies_whole_in
 from ..snapshot.model import FileEntry, Snapshot
@@ -76,7 +85,7 @@ def backup_status(
         if found is not None:
             return local.stored_in(repo, snap, found)
         partly = partly or local.held_but_left_out(snap, tree, patterns)
-    unread = f" (the tree of snapshot(s) {', '.join(local.damaged)} is damaged: run: ckptvault check)"
+    unread = f" (the tree of snapshot(s) {', '.join(local.damaged)} is damaged: run: {check_command()})"
     detail = f"no snapshot holds its {len(local.files)} file(s) with the same content"
     return local.status(False, f"{detail}{unread if local.damaged else ''}{partly}")
 
@@ -175,7 +184,7 @@ class _LocalFiles:
             again = f"back it up again to store those bytes anew: {backup}"
             return self.status(False, f"snapshot {snap.short_id} holds it but {missing}; {again}", snap)
         if missing:  # the index still lists the chunk: a backup would deduplicate against it
-            return self.status(False, f"snapshot {snap.short_id} holds it but {missing}; run: ckptvault check", snap)
+            return self.status(False, f"snapshot {snap.short_id} holds it but {missing}{check_hint()}", snap)
         where = f" under {prefix.rstrip('/')}/" if prefix else ""
         if len(entries) == 1 and entries[0].path not in {prefix + rel for rel in self.files}:
             where = f" as {entries[0].path}"  # the same bytes under another name

@@ -548,8 +548,12 @@ class Watcher:
             if self._state_shared and not self._watches(os.path.dirname(pin.source)):
                 self._on_warning(
                     f"{self.pins_dir} holds a pin of {pin.source}, which a watch of another folder left: not "
-                    f"shipped by this one; ship it with: ckptvault watch {os.path.dirname(pin.source)} --once "
-                    f"{spelled('--state-dir', 'state_dir=')} {self.state_dir} (with that watch's tags)"
+                    "shipped by this one; ship it with: "
+                    + spelled(
+                        f"ckptvault watch {os.path.dirname(pin.source)} --once --state-dir {self.state_dir}",
+                        f"vault.watch({os.path.dirname(pin.source)!r}, once=True, state_dir={self.state_dir!r})",
+                    )
+                    + " (with that watch's tags)"
                 )
                 continue
             pin.skip_dir = self._vault  # its next sync must leave out a vault nested in the checkpoint too
@@ -560,8 +564,12 @@ class Watcher:
                 self._on_warning(
                     f"{pin.name} was pinned by a watcher that stopped before it settled, and was deleted or "
                     "replaced before this one started: it ships as it was pinned then, which may be part of a "
-                    "save a trainer wrote in place; if so, forget its snapshot (ckptvault snapshots --tag "
-                    f"checkpoint={tag_text(pin.name)} names it) before a resume takes it"
+                    "save a trainer wrote in place; if so, forget its snapshot ("
+                    + spelled(
+                        f"ckptvault snapshots --tag checkpoint={tag_text(pin.name)}",
+                        f"vault.snapshots({{'checkpoint': {tag_text(pin.name)!r}}})",
+                    )
+                    + " names it) before a resume takes it"
                 )
             tags, settled = meta.get("tags"), meta.get("settled")
             pinned_under = tags if isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values()) else None

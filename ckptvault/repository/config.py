@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from ..chunking import ChunkerParams
 from ..codec import CompressionSettings
-from ..errors import CONFIG_FROM_A_COPY, MalformedObjectError, UnsupportedFormatError, UsageError
+from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError, config_from_a_copy
 from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SETTINGS_FORMAT_VERSION, SUPPORTED_VERSIONS
 
 # 16 MiB: a GB is ~64 objects (large enough for full object-store throughput), and the packs a
@@ -49,12 +49,12 @@ class RepoConfig:
         if self.version >= SETTINGS_FORMAT_VERSION and not self.encrypted:
             raise MalformedObjectError(
                 f"repository format {self.version} is only ever made encrypted, but the config says it is not: "
-                f"the config was altered; {CONFIG_FROM_A_COPY}"
+                f"the config was altered; {config_from_a_copy()}"
             )
         if self.compression.delta and self.version < DELTA_FORMAT_VERSION:
             raise MalformedObjectError(  # no ckptvault writes one: an older version put into the config by hand
                 f"the config says repository format {self.version} with delta coding, which needs format "
-                f"{DELTA_FORMAT_VERSION}: it was altered or rolled back; {CONFIG_FROM_A_COPY}"
+                f"{DELTA_FORMAT_VERSION}: it was altered or rolled back; {config_from_a_copy()}"
             )
         if not 1024 * 1024 <= self.pack_size <= MAX_PACK_SIZE:
             raise UsageError(f"pack size {self.pack_size} is out of range; use 1 MiB..1 GiB")
@@ -112,7 +112,7 @@ class RepoConfig:
         version = doc.get("version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise MalformedObjectError(
-                f"the config of {url} is damaged: its version {version!r} is not a whole number; {CONFIG_FROM_A_COPY}"
+                f"the config of {url} is damaged: its version {version!r} is not a whole number; {config_from_a_copy()}"
             )
         if version not in SUPPORTED_VERSIONS:
             newest = max(SUPPORTED_VERSIONS)
@@ -136,12 +136,12 @@ class RepoConfig:
                 version=version,
             )
         except KeyError as exc:
-            raise MalformedObjectError(f"the config of {url} lacks field {exc}; {CONFIG_FROM_A_COPY}") from exc
+            raise MalformedObjectError(f"the config of {url} lacks field {exc}; {config_from_a_copy()}") from exc
         except (UsageError, ValueError) as exc:  # a value init would refuse (a size out of range): damage here
-            raise MalformedObjectError(f"the config of {url} is damaged: {exc}; {CONFIG_FROM_A_COPY}") from exc
+            raise MalformedObjectError(f"the config of {url} is damaged: {exc}; {config_from_a_copy()}") from exc
         except (TypeError, AttributeError) as exc:  # a field of a shape _check_fields does not know yet
             raise MalformedObjectError(
-                f"the config of {url} is damaged: a field has the wrong type ({exc}); {CONFIG_FROM_A_COPY}"
+                f"the config of {url} is damaged: a field has the wrong type ({exc}); {config_from_a_copy()}"
             ) from exc
 
 

@@ -26,7 +26,6 @@ from ..crypto.aead import AesGcmSealer
 from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
 from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
-    CONFIG_FROM_A_COPY,
     CkptVaultError,
     ConfigDowngradedError,
     IntegrityError,
@@ -42,6 +41,11 @@ from ..errors import (
     UsageError,
     VaultExistsError,
     VaultNotFoundError,
+    check_command,
+    check_hint,
+    config_from_a_copy,
+    prune_command,
+    repair_index_command,
     spelled,
 )
 from ..hashing import ChunkIdFunction
@@ -125,7 +129,7 @@ def _holds_vault_objects(store: Store) -> bool:
 
 def _config_missing(store: Store) -> MalformedObjectError:
     return MalformedObjectError(
-        f"the config of {store.url} is missing, but the vault's snapshots or index are there; {CONFIG_FROM_A_COPY}"
+        f"the config of {store.url} is missing, but the vault's snapshots or index are there; {config_from_a_copy()}"
     )
 
 
@@ -258,7 +262,7 @@ class Repository:
             # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
             raise MalformedObjectError(
                 f"the config of {store.url} is damaged: it is not valid JSON ({exc.__cause__}), and the vault's "
-                f"snapshots or index are there; {CONFIG_FROM_A_COPY}"
+                f"snapshots or index are there; {config_from_a_copy()}"
             ) from None
 
     @classmethod
@@ -286,7 +290,8 @@ class Repository:
                 raise IntegrityError(
                     f"the config of {store.url} says repository format {config.version}, but keyfile {keyfile.path} "
                     f"was made for vaults of format {keyfile.min_vault_format} and later: the config was rolled "
-                    "back (altered), or the vault was made by a ckptvault older than the keyfile; " + CONFIG_FROM_A_COPY
+                    "back (altered), or the vault was made by a ckptvault older than the keyfile; "
+                    + config_from_a_copy()
                 )
             master = keyfile.unlock(resolve_passphrase(passphrase))
             if not check_verifier(master, _verified_part(config), config.key_verifier or ""):
@@ -295,7 +300,7 @@ class Repository:
                 raise IntegrityError(  # the right key: the config is what changed
                     f"the config of {store.url} does not verify under this keyfile's key, though its key fingerprint "
                     "is this key's: the config was altered or replaced (its settings, its ID or its format "
-                    f"version); {CONFIG_FROM_A_COPY}"
+                    f"version); {config_from_a_copy()}"
                 )
         elif keyfile is not None:
             raise UsageError(
@@ -349,10 +354,11 @@ class Repository:
             if damaged.keys() != self.damaged_index.keys():  # said once, not at every reload (status A B C)
                 damage_log.warning(
                     "index object(s) %s damaged; read %d pack(s) in no other index from their own headers instead"
-                    "%s; run: ckptvault repair-index",
+                    "%s; run: %s",
                     ", ".join(i.hex()[:12] for i in damaged),
                     len(described),
                     f" ({len(unreadable)} pack(s) with a damaged header are unreadable)" if unreadable else "",
+                    repair_index_command(),
                 )
         # A delta whose base is in no readable pack (damaged, or dropped by repair-index with its
         # header unreadable) cannot be read back: never deduplicate against it, nor call it stored.
@@ -509,8 +515,12 @@ class Repository:
         gone = self.index.packs - stored.keys()
         short = self.index.packs_shorter_than_indexed(stored)
         for packs, what, then in (
-            (gone, "named by the index are missing from the store", "ckptvault repair-index drops them from the index"),
-            (short, "are shorter than the index says (truncated)", "ckptvault prune salvages their whole chunks"),
+            (
+                gone,
+                "named by the index are missing from the store",
+                f"{repair_index_command()} drops them from the index",
+            ),
+            (short, "are shorter than the index says (truncated)", f"{prune_command()} salvages their whole chunks"),
         ):
             if packs:
                 damage_log.warning(
@@ -703,7 +713,7 @@ class Repository:
         def read(item: tuple[bytes, ObjectInfo]) -> dict[bytes, list[PackEntry]] | IntegrityError:
             index_id, info = item
             try:
-                with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
+                with _naming_errors(f"index object {index_id.hex()[:12]}", f"; run: {repair_index_command()}"):
                     return self._read_metadata(info.key, self._index_decoder(index_id), info.size)
             except IntegrityError as exc:
                 return exc
@@ -784,7 +794,7 @@ class Repository:
     def locate(self, chunk_id: bytes) -> ChunkLocation:
         loc = self.find(chunk_id)
         if loc is None:
-            raise IntegrityError(f"chunk {chunk_id.hex()[:12]} is not in any index; run: ckptvault check")
+            raise IntegrityError(f"chunk {chunk_id.hex()[:12]} is not in any index{check_hint()}")
         return loc
 
     def find(self, chunk_id: bytes) -> ChunkLocation | None:
@@ -832,9 +842,9 @@ class Repository:
         self.index.readmit_deltas()  # a delta's base may be in one of them
         if described:
             damage_log.warning(
-                "%d pack(s) that no index object names hold chunks this needs; read them by their own headers; "
-                "run: ckptvault repair-index",
+                "%d pack(s) that no index object names hold chunks this needs; read them by their own headers; run: %s",
                 len(described),
+                repair_index_command(),
             )
 
     def read_chunk(self, chunk_id: bytes, *, verify_id: bool = True) -> bytes | memoryview:
@@ -891,9 +901,9 @@ class Repository:
             try:
                 return self.store.get_range(pack_key(loc.pack_id), loc.offset, loc.stored_len)
             except ObjectNotFoundError:  # named by _naming_errors below: "<where> is damaged: ..."
-                raise IntegrityError("the pack is missing; run: ckptvault check") from None
+                raise IntegrityError(f"the pack is missing{check_hint()}") from None
             except ShortReadError:
-                raise IntegrityError("the pack ends before the chunk (truncated); run: ckptvault check") from None
+                raise IntegrityError(f"the pack ends before the chunk (truncated){check_hint()}") from None
             except StorageError as exc:
                 if type(exc) is not StorageError or not object_fault(exc):
                     raise
@@ -906,8 +916,8 @@ class Repository:
                     exc.reason,
                     retryable=exc.retryable,
                     message=(
-                        f"{exc}; if every read of this pack fails: ckptvault check names the packs the storage cannot "
-                        "serve, and ckptvault repair-index --drop-failing-packs sets their chunks aside"
+                        f"{exc}; if every read of this pack fails: {check_command()} names the packs the storage "
+                        f"cannot serve, and {repair_index_command(drop_failing=True)} sets their chunks aside"
                     ),
                 ) from exc
 
@@ -1069,7 +1079,7 @@ class Repository:
 
     def read_index_object(self, index_id: bytes) -> dict[bytes, list[PackEntry]]:
         """One index object: pack ID -> entries. Errors name it."""
-        with _naming_errors(f"index object {index_id.hex()[:12]}", "; run: ckptvault repair-index"):
+        with _naming_errors(f"index object {index_id.hex()[:12]}", f"; run: {repair_index_command()}"):
             return self._read_metadata(index_key(index_id), self._index_decoder(index_id))
 
     def decode_chunk(
@@ -1119,8 +1129,8 @@ class Repository:
             return None
         if depth >= MAX_DELTA_DEPTH:
             raise IntegrityError(
-                f"chunk {chunk_id.hex()[:12]}: its chain of delta bases is more than {MAX_DELTA_DEPTH} deep (a loop); "
-                "run: ckptvault check"
+                f"chunk {chunk_id.hex()[:12]}: its chain of delta bases is more than {MAX_DELTA_DEPTH} deep (a loop)"
+                f"{check_hint()}"
             )
         try:
             return self._read_chunk(base_id, verify_id, depth + 1, None)[0]
