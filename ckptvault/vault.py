@@ -432,10 +432,12 @@ class Vault:
     def snapshot(
         self, spec: str | Snapshot, tags: dict[str, str] | None = None, *, hosts: Sequence[str] | None = None
     ) -> Snapshot:
-        """A snapshot by unique ID prefix, or ``"latest"`` (newest step, else time) among those with ``tags``
-        and of any of ``hosts`` (restic's ``--host``; None: any host). An ID, or a Snapshot, must match them too.
-        An ID naming a snapshot object that cannot be decoded raises that object's error."""
+        """A snapshot by unique ID prefix (4 characters or more, as everywhere: ``arguments.ID_PREFIX_MIN``), or
+        ``"latest"`` (newest step, else time) among those with ``tags`` and of any of ``hosts`` (restic's
+        ``--host``; None: any host). An ID, or a Snapshot, must match them too. An ID naming a snapshot object that
+        cannot be decoded raises that object's error."""
         spec = snapshot_arg(spec)
+        refuse_short_id_prefix(spec, "name")  # `restore 1` is refused: so is Vault.snapshot("1"), ls 1, diff 1 9
         tags = tags_arg(tags)
         wanted_hosts = hosts_arg(hosts)
         if isinstance(spec, Snapshot):  # the tags are checked all the same, as for its ID

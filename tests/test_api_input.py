@@ -546,7 +546,8 @@ def test_every_error_class_is_importable_from_the_package():
         assert name in ckptvault.__all__ and getattr(ckptvault, name).__name__ == name
 
 
-def test_an_ambiguous_id_prefix_lists_the_candidates(vault: Vault, tmp_path: Path):
+def test_an_ambiguous_id_prefix_lists_the_candidates(vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("ckptvault.arguments.ID_PREFIX_MIN", 1)  # 17 snapshots share a first digit, not four
     src = tmp_path / "src"
     src.mkdir()
     ids = []

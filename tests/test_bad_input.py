@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptvault import Vault
-from ckptvault.errors import SourceError
+from ckptvault.errors import SourceError, UsageError
 from tests.conftest import one_file_vault
 
 from .conftest import tree_digest
@@ -147,3 +147,37 @@ def test_a_restore_by_an_id_prefix_shorter_than_4_characters_is_refused(cli, tmp
     assert not (tmp_path / "t2").exists()
     cli("restore", snap_id[:4], str(tmp_path / "t4"), "--repo", repo)
     assert (tmp_path / "t4" / "w.bin").read_bytes() == b"w"
+
+
+def test_every_command_and_method_that_takes_an_id_prefix_wants_4_characters(cli, tmp_path: Path):
+    """cli49 #4, api49 #12: ls, cat, show, snapshots, diff and drill (and ``Vault.snapshot``) took a 1-character
+    prefix that restore, forget and tag refuse: a script that worked with `ls 1` failed with `restore 1`, and
+    ``v.restore(v.snapshot("1"), ...)`` got around restore's guard."""
+    repo = one_file_vault(cli, tmp_path)
+    snap_id = json.loads(cli("snapshots", "--json", "--repo", repo).stdout)[0]["id"]
+    for short in (snap_id[:1], snap_id[:3]):
+        for args in (
+            ["ls", short],
+            ["cat", short, "w.bin"],
+            ["show", short, "w.bin"],
+            ["snapshots", short],
+            ["diff", short, snap_id],
+            ["diff", snap_id, short],
+            ["drill", short],
+        ):
+            refused = cli(*args, "--repo", repo, check=False)
+            err = refused.stderr.decode()
+            assert refused.returncode == 2, (args, err)
+            assert f"{short!r} is too short an ID prefix to name a snapshot by: give at least 4 characters" in err
+    assert cli("cat", snap_id[:4], "w.bin", "--repo", repo).stdout == b"w"
+    with Vault.open(repo) as vault:
+        for call in (
+            lambda: vault.snapshot(snap_id[:2]),
+            lambda: vault.files(snap_id[:2]),
+            lambda: vault.open_file(snap_id[:2], "w.bin"),
+            lambda: vault.diff(snap_id[:2], "latest"),
+            lambda: vault.drill(snap_id[:2]),
+        ):
+            with pytest.raises(UsageError, match="too short an ID prefix to name a snapshot by"):
+                call()
+        assert vault.snapshot(snap_id[:4]).id == snap_id

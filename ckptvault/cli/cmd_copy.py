@@ -95,7 +95,9 @@ def _named_for_its_vault(message: str, namings: dict[str, VaultNaming]) -> str:
 def copy_cmd(
     snapshots: Annotated[
         list[str] | None,
-        typer.Argument(help="Snapshot IDs (unique prefixes) or 'latest' of the source; default: all of them."),
+        typer.Argument(
+            help="Snapshot IDs (unique prefixes of 4 or more characters) or 'latest' of the source; default: all."
+        ),
     ] = None,
     from_repo: Annotated[
         str | None,

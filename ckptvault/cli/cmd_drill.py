@@ -27,7 +27,9 @@ from .params import parse_hosts, parse_tags
 @command
 @vault_options
 def drill_cmd(
-    snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")] = "latest",
+    snapshot: Annotated[
+        str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")
+    ] = "latest",
     tag: TagOpt = None,
     host: HostOpt = None,
     load: Annotated[

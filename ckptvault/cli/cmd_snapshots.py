@@ -14,7 +14,7 @@ from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, a
 from .output import Output, format_bytes, listed_tags, one_line, writing_stdout
 from .params import parse_hosts, parse_tags
 
-SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix is enough) or 'latest'.")]
+SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")]
 
 
 @app.command("snapshots")
@@ -24,7 +24,7 @@ def snapshots_cmd(
     snapshot: Annotated[
         str | None,
         typer.Argument(
-            help="Only this snapshot: an ID prefix, or 'latest' (with --tag/--host: what restore latest takes)."
+            help="Only this snapshot: an ID prefix (4+ characters) or 'latest' (with --tag/--host: what restore latest takes)."
         ),
     ] = None,
     tag: TagOpt = None,
