@@ -108,6 +108,24 @@ def unlock_command() -> str:
     return spelled("ckptvault unlock", "vault.unlock()")
 
 
+def unused_keyfile_note(url: str, keyfile: str) -> str:
+    """The warning of a command that only reads a vault that is not encrypted, given a keyfile (cli49 #8: a
+    ``CKPTVAULT_KEYFILE`` exported for the main vault refused every read of a plain mirror)."""
+    return f"the vault at {url} is not encrypted; the keyfile {keyfile} is not used" + spelled(
+        "", " (reading goes on; a write to this vault is refused while a keyfile is given)"
+    )
+
+
+def unused_keyfile_error(url: str, keyfile: str) -> UsageError:
+    """A write into a vault that is not encrypted, with a keyfile given for it: what was meant to be encrypted
+    would be written in the clear."""
+    return UsageError(
+        f"vault {url} is not encrypted but a keyfile was given ({keyfile}); refusing to write to it, so that "
+        f"nothing meant to be encrypted is written in the clear "
+        f"(drop {spelled('--keyfile / CKPTVAULT_KEYFILE', 'keyfile')} for this vault)"
+    )
+
+
 def first_few(items: Sequence[str], shown: int, sep: str = "; ") -> str:
     """The first ``shown`` of ``items`` and how many more: a one-line message names a few, not thousands."""
     more = f" (and {len(items) - shown} more)" if len(items) > shown else ""

@@ -60,6 +60,7 @@ from .errors import (
     UsageError,
     VaultExistsError,
     spelled,
+    unused_keyfile_note,
 )
 from .location import default_repo_url, metadata_cache_root, refuse_local_non_vault_folder
 from .ops import keyfiles
@@ -184,6 +185,15 @@ class Vault:
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
         self._file_readers: weakref.WeakSet[FileChunks] = weakref.WeakSet()
         self._closed = False  # close() has ended: every public method refuses
+        if repo.unused_keyfile is not None:
+            self._warn(unused_keyfile_note(url, repo.unused_keyfile))
+
+    @property
+    def unused_keyfile(self) -> str | None:
+        """The path of the keyfile given to ``open`` for this vault, which is not encrypted (None when none was):
+        it is not used; reads go on, and every write (backup, copy into it, tag, forget, prune...) raises
+        UsageError, so that nothing meant to be encrypted is written in the clear."""
+        return self._repo.unused_keyfile
 
     @property
     def unreadable_snapshots(self) -> dict[str, CkptVaultError]:
@@ -969,6 +979,7 @@ class Vault:
         hostname = hostname_arg(hostname)
         excludes = exclude_arg(exclude)
         check_on_full(on_full)
+        self._repo.refuse_unused_keyfile()  # before pinning, not in the worker's first lock
         shipper = self._async_shipper()
         vault_id = self.config.repo_id
         # what a dead process pinned here goes first
@@ -1115,6 +1126,7 @@ class Vault:
         user_tags = tags_arg(tags, stored=True)
         if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):
             raise wrong_arg("stop", stop, "a threading.Event (set it to stop watching), or None")
+        self._repo.refuse_unused_keyfile()  # before the first pin
 
         def shipped_digests() -> list[tuple[str, str]]:
             snaps = self.snapshots(user_tags)

@@ -359,3 +359,50 @@ def test_what_is_no_passphrase_or_keyfile_is_refused_without_reading_it_whole(cl
     monkeypatch.setattr(cli_app.getpass, "getpass", lambda prompt: "")
     with pytest.raises(UsageError, match=r"no passphrase was typed \(the line was empty\)"):
         cli_app.ask_passphrase("passphrase")
+
+
+def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_writers(cli, tmp_path: Path):
+    """cli49 #8: with CKPTVAULT_KEYFILE exported for the main vault, every command on a plain mirror (snapshots,
+    restore, ls, check) was refused; a command that only reads warns once and goes on, a writer is refused."""
+    env = {"CKPTVAULT_PASSPHRASE": "first passphrase"}
+    key = str(tmp_path / "team.key")
+    cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", **env)
+    repo, src = str(tmp_path / "plain"), tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo, "--tag", "run=x")
+    before = cli("snapshots", "--repo", repo, "--json").stdout
+    env["CKPTVAULT_KEYFILE"] = key
+    note = f"warning: the vault at {repo} is not encrypted; the keyfile {key} is not used\n"
+    for args in (
+        ["snapshots"],
+        ["ls", "latest"],
+        ["cat", "latest", "w.bin"],
+        ["restore", "latest", str(tmp_path / "out")],
+        ["check"],
+        ["stats"],
+        ["forget", "latest", "--dry-run"],
+        ["prune", "--keep-latest", "1", "--dry-run"],
+    ):
+        proc = cli(*args, "--repo", repo, **env, check=False)
+        assert proc.returncode == 0 and proc.stderr.decode() == note, (args, proc.stderr)
+    assert (tmp_path / "out" / "w.bin").read_bytes() == b"w"
+    for args in (
+        ["backup", str(src)],
+        ["tag", "latest", "--add", "keep=best"],
+        ["forget", "latest"],
+        ["prune", "--keep-latest", "1"],
+        ["watch", str(src), "--once"],
+        ["ship-pins", str(src)],
+        ["copy", "--from-repo", repo, "--repo", str(tmp_path / "plain2")],
+    ):
+        if args[0] == "copy":
+            cli("init", str(tmp_path / "plain2"))
+        else:
+            args += ["--repo", repo]
+        proc = cli(*args, **env, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "is not encrypted but a keyfile was given" in one_line_error(proc), args
+        assert "--keyfile / CKPTVAULT_KEYFILE" in proc.stderr.decode()
+    assert cli("snapshots", "--repo", repo, "--json").stdout == before

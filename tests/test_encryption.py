@@ -165,10 +165,42 @@ def test_key_errors_are_distinct(tmp_path: Path, keyfile: Keyfile):
         Vault.open(url, keyfile=tmp_path / "corrupt.key", passphrase=PASS)
     with pytest.raises(PassphraseRequiredError, match="give passphrase="):
         Vault.open(url, keyfile=keyfile.path)
-    plain = str(tmp_path / "plain")
-    Vault.init(plain).close()
-    with pytest.raises(UsageError, match=r"not encrypted .* \(drop keyfile for this vault\)"):
-        Vault.open(plain, keyfile=keyfile.path, passphrase=PASS)
+
+
+def test_a_keyfile_given_for_a_plain_vault_reads_with_a_warning_and_refuses_every_write(
+    tmp_path: Path, keyfile: Keyfile, caplog: pytest.LogCaptureFixture
+):
+    """cli49 #8: a keyfile given for a vault that is not encrypted refused even the reads; it is not used then (one
+    warning), and every write is refused, so that nothing meant to be encrypted is written in the clear."""
+    plain, src = str(tmp_path / "plain"), tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"payload")
+    with Vault.init(plain) as vault:
+        snap = vault.backup(src, tags={"run": "x"})
+    with caplog.at_level("WARNING", logger="ckptvault"), Vault.open(plain, keyfile=keyfile.path, passphrase=PASS) as v:
+        assert v.unused_keyfile == keyfile.path
+        assert [r.getMessage() for r in caplog.records] == [
+            f"the vault at {plain} is not encrypted; the keyfile {keyfile.path} is not used (reading goes on; a "
+            "write to this vault is refused while a keyfile is given)"
+        ]
+        assert [s.id for s in v.snapshots()] == [snap.id]
+        v.restore("latest", tmp_path / "out")
+        assert (tmp_path / "out" / "f").read_bytes() == b"payload" and v.check().ok
+        writes = [
+            lambda: v.backup(src),
+            lambda: v.backup_async(src),
+            lambda: v.tag("latest", add={"keep": "best"}),
+            lambda: v.forget(["latest"]),
+            lambda: v.prune(keep_latest=1),
+            lambda: v.watch(tmp_path / "src", once=True),
+        ]
+        for write in writes:
+            with pytest.raises(UsageError, match=r"not encrypted but a keyfile was given .* \(drop keyfile for this"):
+                write()
+        assert v.forget(["latest"], dry_run=True).forgotten  # a dry run writes nothing
+    assert not list(src.parent.glob("src/.ckptvault*")), "backup_async pinned nothing"
+    with Vault.open(plain) as vault:
+        assert [(s.id, s.tags) for s in vault.snapshots()] == [(snap.id, snap.tags)]
 
 
 def test_keyfile_is_private_and_passwd_keeps_the_key(tmp_path: Path, keyfile: Keyfile):

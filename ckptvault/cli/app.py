@@ -27,6 +27,8 @@ from ..errors import (
     UsageError,
     VaultNotFoundError,
     name_command_line_options,
+    unused_keyfile_error,
+    unused_keyfile_note,
 )
 from ..interruptions import Terminated, end_at_once_on_another, hold_back
 from ..location import default_repo_url
@@ -308,7 +310,14 @@ class VaultArgs:
     limit_download: str | None = None
     retry_lock: str | None = None
 
-    def open(self, out: Output, *, writing: bool = False, passphrase: Callable[[], str] | None = None) -> Vault:
+    def open(
+        self,
+        out: Output,
+        *,
+        writing: bool = False,
+        writes: bool = False,
+        passphrase: Callable[[], str] | None = None,
+    ) -> Vault:
         return open_vault(
             self.repo,
             self.storage_option,
@@ -316,6 +325,7 @@ class VaultArgs:
             self.keyfile,
             self.passphrase_file,
             writing=writing,
+            writes=writes,
             limit_upload=self.limit_upload,
             limit_download=self.limit_download,
             retry_lock=self.retry_lock,
@@ -434,6 +444,7 @@ def open_vault(
     passphrase_file: str | None = None,
     *,
     writing: bool = False,
+    writes: bool = False,
     limit_upload: str | None = None,
     limit_download: str | None = None,
     retry_lock: str | None = None,
@@ -441,7 +452,9 @@ def open_vault(
     passphrase: Callable[[], str] | None = None,
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
-    writing command creates (reading commands do not leave an empty one behind).
+    writing command creates (reading commands do not leave an empty one behind). ``writes``: the command writes
+    into the vault (``writing`` does too): a keyfile given for a vault that is not encrypted refuses it at once,
+    where a command that only reads says in a warning that the keyfile is not used, and goes on.
     ``names``: how this vault's options are spelled, for messages; ``passphrase``: where the keyfile's
     passphrase comes from, if not from this vault's options (copy's two vaults under one keyfile)."""
     refuse_blank_vault_settings(repo, keyfile, names)
@@ -479,6 +492,11 @@ def open_vault(
             raise VaultNotFoundError(
                 exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
             ) from None
+    if vault.unused_keyfile is not None:  # the library refuses any write too, at its lock: this is sooner
+        if writes or writing:
+            vault.close()
+            raise unused_keyfile_error(vault.url, vault.unused_keyfile)
+        out.warn(unused_keyfile_note(vault.url, vault.unused_keyfile))
     vault.on_warning = out.warn  # e.g. a snapshot object that cannot be read, left out of the listing
     if vault.created:
         kind = "encrypted vault" if vault.config.encrypted else "vault"

@@ -84,7 +84,7 @@ def repair_index_cmd(
 ) -> None:
     """Rebuild the index where it is damaged (from the packs' own headers) or names packs that are gone."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with vault_args.open(out) as vault:
+    with vault_args.open(out, writes=not dry_run) as vault:
         result = vault.repair_index(dry_run=dry_run, read_data=read_data, drop_failing=drop_failing)
     if result.kept_packs:
         out.warn(

@@ -180,7 +180,7 @@ def copy_cmd(
     )
     with source:
         try:
-            dest = vault_args.open(out, passphrase=shared)
+            dest = vault_args.open(out, writes=not dry_run, passphrase=shared)
         except CkptVaultError as exc:
             exc.args = (dest_naming.named(str(exc)),)
             raise

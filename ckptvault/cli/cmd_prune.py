@@ -97,7 +97,7 @@ def prune_cmd(
     only the space of snapshots already forgotten)."""
     out = Output(json_mode=json_out, quiet=quiet)
     now = datetime.now(timezone.utc)
-    with vault_args.open(out) as vault:
+    with vault_args.open(out, writes=not dry_run) as vault:
         result = vault.prune(
             keep_latest=keep_latest,
             before=parse_before(before, now),
@@ -125,7 +125,7 @@ def forget_cmd(
 ) -> None:
     """Remove the given snapshots (their data stays until a prune, or use --prune)."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with vault_args.open(out) as vault:
+    with vault_args.open(out, writes=not dry_run) as vault:
         result = vault.forget(snapshots, prune=prune, dry_run=dry_run)
     if prune:
         report(out, result)

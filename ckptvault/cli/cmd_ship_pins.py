@@ -34,7 +34,7 @@ def ship_pins_cmd(
     On a restart on the same disk, run it before `restore latest`: the dead run's newest save is then
     in the vault when the resume picks one."""
     out = Output(json_mode=json_out, quiet=quiet)
-    with vault_args.open(out) as vault:
+    with vault_args.open(out, writes=True) as vault:
         shipped = vault.ship_leftover_pins(folder, timeout=timeout)
     for snap in shipped:
         out.info(f"shipped snapshot {snap.short_id} ({format_tags(snap.tags) or 'no tags'}): {snap.description}")

@@ -35,7 +35,7 @@ def tag_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     changes = parse_new_tags(add, "--add")
     refuse_short_id_prefix(snapshot, "retag")  # before any lookup, as Vault.tag does
-    with vault_args.open(out) as vault:
+    with vault_args.open(out, writes=True) as vault:
         before = vault.snapshot(snapshot, parse_tags(tag))
         after = vault.tag(before, add=changes, remove=remove or [])
     shown = listed_tags(after.tags) or "none"

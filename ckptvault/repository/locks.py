@@ -587,7 +587,9 @@ class LockManager:
 
     def acquire(self, exclusive: bool, *, retry: bool = True) -> HeldLock:
         """Take a lock; with ``retry`` (and ``retry_for``) wait for a conflicting one to go. Code that
-        waits for the vault in its own, cancellable way (the async shipper) passes ``retry=False``."""
+        waits for the vault in its own, cancellable way (the async shipper) passes ``retry=False``. Only writers
+        take it (readers: ``acquire_to_read``): refused where a keyfile was given for a vault that is not encrypted."""
+        self.repo.refuse_unused_keyfile()
         if not retry:
             return self._acquire(exclusive)
         return self._retrying(lambda probe: self._acquire(exclusive, probe=probe))

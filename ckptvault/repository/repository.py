@@ -38,7 +38,6 @@ from ..errors import (
     ShortReadError,
     StorageError,
     UnsupportedFormatError,
-    UsageError,
     VaultExistsError,
     VaultNotFoundError,
     check_command,
@@ -47,6 +46,7 @@ from ..errors import (
     prune_command,
     repair_index_command,
     spelled,
+    unused_keyfile_error,
 )
 from ..hashing import ChunkIdFunction
 from ..store import Store
@@ -208,6 +208,7 @@ class Repository:
         self.cache = MetadataCache.open(cache_root if self.remote else None, config.repo_id)
         self._bypass_cache = False
         self._clear_confirmed = False  # refuse_if_downgraded_before_writing looked (once)
+        self.unused_keyfile: str | None = None  # a keyfile given for this vault, which is not encrypted (open)
         # one for the repository's life: it remembers what it said (the warning of a read without a lock, once)
         self.locks = LockManager(self)
 
@@ -302,13 +303,16 @@ class Repository:
                     "is this key's: the config was altered or replaced (its settings, its ID or its format "
                     f"version); {config_from_a_copy()}"
                 )
-        elif keyfile is not None:
-            raise UsageError(
-                f"vault {store.url} is not encrypted but a keyfile was given; refusing, so that nothing meant to be "
-                f"encrypted is written in the clear "
-                f"(drop {spelled('--keyfile / CKPTVAULT_KEYFILE', 'keyfile')} for this vault)"
-            )
-        return cls(store, config, master, cache_root=cache_root)
+        repo = cls(store, config, master, cache_root=cache_root)
+        if not config.encrypted and keyfile is not None:  # reads go on; a write is refused (refuse_unused_keyfile)
+            repo.unused_keyfile = keyfile.path or "(in memory)"
+        return repo
+
+    def refuse_unused_keyfile(self) -> None:
+        """Before anything is written (``LockManager.acquire``: every writer's lock): a keyfile given for this vault,
+        which is not encrypted, says the user meant it to be encrypted; nothing goes into it in the clear."""
+        if self.unused_keyfile is not None:
+            raise unused_keyfile_error(self.store.url, self.unused_keyfile)
 
     @contextlib.contextmanager
     def cache_bypassed(self) -> Iterator[None]:
