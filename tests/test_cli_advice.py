@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptvault.cli import _OneLineHandler
 from ckptvault.cli.output import VaultNaming, name_the_vault_in_advice, with_vault_named
+from ckptvault.cli.process import _OneLineHandler
 
 
 def _suggested(stderr: str, command: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptvault import Vault
 from ckptvault.errors import UsageError
 
 from .test_cli import one_line_error
@@ -182,7 +184,7 @@ def test_retries_are_warned_and_other_libraries_print_no_tracebacks(cli):
 
 def test_the_cli_shows_retries_and_locks_left_behind_and_drops_other_libraries_records():
     script = (
-        "import logging; from ckptvault.cli import _configure_logging; _configure_logging()\n"
+        "import logging; from ckptvault.cli.process import _configure_logging; _configure_logging()\n"
         "logging.getLogger('ckptvault.store').warning('retrying  in 1 s')\n"
         "logging.getLogger('ckptvault.locks').warning('lock abc is left behind')\n"
         "logging.getLogger('ckptvault').warning('a notice the CLI reports itself')\n"
@@ -371,16 +373,26 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_lock(cli, tmp_path: Path, com
     cli("check", "--repo", repo)  # nothing damaged: what was cut short is only unindexed packs
 
 
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
-def test_a_signal_while_the_cli_loads_ends_it_with_one_line(tmp_path: Path, signal_name: str):
+@pytest.mark.parametrize(
+    ("signal_name", "module"),
+    [
+        ("SIGTERM", "ckptvault.cli.commands"),
+        ("SIGINT", "ckptvault.cli.commands"),
+        # cli49 #9: Ctrl-C while the CLI's own module loaded, before main() was called
+        ("SIGINT", "ckptvault.cli.process"),
+        ("SIGINT", "logging"),
+        ("SIGINT", "ckptvault.ops.memory"),
+    ],
+)
+def test_a_signal_while_the_cli_loads_ends_it_with_one_line(tmp_path: Path, signal_name: str, module: str):
     """A scheduler's SIGTERM in the first ~0.3 s (imports) ended the process by the default action, with
     no word (status -15), and Ctrl-C then printed the traceback of an import. The signal is sent by the
-    process itself as it starts importing the commands, so it lands there every time."""
+    process itself as it starts importing ``module``, so it lands there every time."""
     start = (
         "import os, signal, sys\n"
         "class Signal:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'ckptvault.cli.commands':\n"
+        f"        if name == {module!r}:\n"
         f"            os.kill(os.getpid(), signal.{signal_name})\n"
         "        return None\n"
         "sys.meta_path.insert(0, Signal())\n"
@@ -394,6 +406,49 @@ def test_a_signal_while_the_cli_loads_ends_it_with_one_line(tmp_path: Path, sign
     said = "terminated (SIGTERM)" if signal_name == "SIGTERM" else "cancelled"
     assert (proc.returncode, proc.stderr) == (143 if signal_name == "SIGTERM" else 130, f"error: {said}\n")
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "pipe") or sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_at_any_moment_of_the_start_ends_with_one_line_and_130(tmp_path: Path):
+    """cli49 #9: Ctrl-C in the first ~50 ms (SIGINT from a job scheduler) printed the traceback of an import and
+    ended with status -2. A real process, run as the console script runs it, gets SIGINT from another process
+    at delays from the moment the CLI starts loading what it needs (logging: the first of its imports that takes
+    time, then ~50 ms more of them); before that come Python's own start-up (until its SIGINT handler is set, the
+    signal's default action ends any process), site, the console script's own two lines and the import system
+    finding ckptvault and ckptvault.cli, two modules that run nothing but a few assignments."""
+    repo = str(tmp_path / "v")
+    Vault.init(repo).close()
+    stub = (  # the console script pip writes for [project.scripts], with a word to the test at logging's import
+        "import os, sys\n"
+        "class Loading:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'logging':\n"
+        "            os.write(ready, b'!')\n"
+        "        return None\n"
+        "ready = int(sys.argv.pop(1))\n"
+        "sys.meta_path.insert(0, Loading())\n"
+        "from ckptvault.cli import main\n"
+        "if __name__ == '__main__':\n"
+        "    sys.exit(main())\n"
+    )
+    for delay in (0.0, 0.001, 0.002, 0.003, 0.005, 0.008, 0.012, 0.02, 0.03, 0.04, 0.05, 0.065, 0.08) * 2:
+        started, ready = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", stub, str(ready), "snapshots", "--repo", repo],
+            pass_fds=(ready,),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(ready)
+        assert os.read(started, 1) == b"!"
+        os.close(started)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
+        # (an extension module stopped in its initialisation may warn, e.g. Cython's "failed to patch module")
+        assert (proc.returncode, err.endswith("error: cancelled\n"), out) == (130, True, ""), (delay, err)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""What the CLI loads before an encrypted command's scrypt head start (cli/__init__.py).
+"""What the CLI loads before an encrypted command's scrypt head start (cli/process.py).
 
 scrypt is the longest step before an encrypted command moves data (~0.25 s here); it starts on
 another core as soon as the keyfile module is loaded, so that module must not pull in the storage

@@ -300,7 +300,7 @@ def test_frozen_repositories_still_restore(tmp_path: Path, name: str):
 def test_a_key_derived_ahead_is_the_same_key_and_used_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The CLI starts scrypt while it loads (cli._derive_key_ahead); unlocking then takes that result,
     only for the same parameters and passphrase, and a wrong passphrase still fails."""
-    from ckptvault import cli
+    from ckptvault.cli import process as cli
     from ckptvault.crypto import keyfile as keyfile_module
 
     keyfile, master = Keyfile.create("right passphrase", scrypt_n=2**12)
