@@ -248,7 +248,7 @@ class KeyfileCorruptError(CkptVaultError):
     def __init__(self, keyfile: str, reason: str) -> None:
         self.keyfile = keyfile
         if reason == NOT_A_KEYFILE:  # valid JSON of another kind: a file given in its place, not damage
-            super().__init__(f"keyfile {keyfile} is {reason} (the wrong file?); give this vault's keyfile")
+            super().__init__(f"keyfile {keyfile} is {reason} (the wrong file?); give the path of a ckptvault keyfile")
         else:
             super().__init__(f"keyfile {keyfile} is corrupt ({reason}); use your backup copy of the keyfile")
 

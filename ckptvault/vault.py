@@ -1008,7 +1008,7 @@ class Vault:
         raises the first failure, or FlushTimeoutError after ``timeout`` seconds (what is queued goes on
         shipping)."""
         folder = path_arg("folder", folder)
-        timeout = seconds_arg("timeout", timeout)
+        timeout = seconds_arg(spelled("--timeout", "timeout"), timeout)
         pins = pins_folder(folder, self._warn)
         shipper = self._async_shipper()
         handles = [shipper.submit(job) for job in leftover_jobs([pins], self.config.repo_id)]

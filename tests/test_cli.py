@@ -656,3 +656,33 @@ def test_a_restore_summary_is_one_line_whatever_the_target_is_named(cli, tmp_pat
     repo = one_file_vault(cli, tmp_path)
     out = cli("restore", "latest", str(tmp_path / "nl\ntarget"), "--repo", repo).stdout.decode()
     assert out.count("\n") == 1 and "nl\\ntarget: 1 file" in out, out
+
+
+def test_small_wordings_of_a_first_time_users_review(cli, tmp_path: Path):
+    """cli49 #13: a backup that read no file said "0 B/s read" and "dedup+compression 2221.26x"; diff listed an
+    added symlink without its target (ls shows `lnk -> model`); ship-pins --timeout -5 named the API's parameter
+    and a Python type; key info of a file that is no keyfile asked for "this vault's keyfile"."""
+    repo, src = str(tmp_path / "v"), tmp_path / "src"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "w.bin").write_bytes(os.urandom(50_000))
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    again = cli("backup", str(src), "--repo", repo).stdout.decode()
+    assert again.rstrip().endswith(" s (no file read: unchanged since the last snapshot)"), again
+    assert "dedup+compression" not in again and "B/s" not in again
+    os.symlink("model", src / "lnk")
+    cli("backup", str(src), "--repo", repo)
+    listed = cli(
+        "diff", "--repo", repo, *[s["id"] for s in json.loads(cli("snapshots", "--repo", repo, "--json").stdout)][1:]
+    )
+    assert "added    lnk -> model\n" in listed.stdout.decode(), listed.stdout
+    refused = cli("ship-pins", str(src), "--timeout", "-5", "--repo", repo, check=False)
+    assert refused.returncode == 2 and refused.stderr.decode() == (
+        "error: --timeout must be a number of seconds (0 or more), or leave it out to wait as long as it takes; "
+        "got -5.0\n"
+    )
+    (tmp_path / "bad.key").write_text('{"a": 1}')
+    info = cli("key", "info", "--keyfile", str(tmp_path / "bad.key"), check=False)
+    assert info.returncode == 15 and info.stderr.decode().rstrip().endswith(
+        "is not a ckptvault keyfile (the wrong file?); give the path of a ckptvault keyfile"
+    ), info.stderr

@@ -143,6 +143,10 @@ def test_cli_tag(cli, tmp_path: Path):
     )
     again = cli("tag", "latest", "-r", repo, "--add", "keep=best")
     assert "already has these tags" in again.stdout.decode()
+    absent = cli("tag", "latest", "-r", repo, "--remove", "nokey")  # cli49 #13: not "already has these tags"
+    assert absent.stdout.decode().startswith("snapshot ") and absent.stdout.decode().endswith(
+        ' has no tag nokey (its tags: run=x,step=1,keep=best,note="a,b"); nothing changed\n'
+    )
     for args, message in [
         (["--add", "k=v", "--remove", "k"], "error: tag key 'k' is both added and removed; give it to one of --add"),
         ([], "error: nothing to change: give tags to --add or keys to --remove"),

@@ -80,9 +80,14 @@ def backup_cmd(
     rate = format_rate(s.read_bytes, s.duration_s)
     ratio = s.logical_bytes / max(s.stored_bytes, 1)
     delta = f", delta coding saved ~{format_bytes(s.delta_saved_bytes)}" if s.delta_chunks else ""
+    # every file unchanged since the parent snapshot (size, mtime): "0 B/s read" and a ratio of thousands (only
+    # the tree stored) read as a measurement; they are none
+    unread = not s.read_bytes and s.logical_bytes and not s.new_bytes
+    saving = "" if unread else f"dedup+compression {ratio:.2f}x, "
+    speed = "no file read: unchanged since the last snapshot" if unread else f"{rate} read"
     out.result(
         snap,
         f"snapshot {snap.short_id} saved: {counted(s.files, 'file')}, {format_bytes(s.logical_bytes)}, "
         f"{format_bytes(s.new_bytes)} new, {format_bytes(s.stored_bytes)} stored{delta}, "
-        f"dedup+compression {ratio:.2f}x, {s.duration_s:.1f} s ({rate} read)",
+        f"{saving}{s.duration_s:.1f} s ({speed})",
     )

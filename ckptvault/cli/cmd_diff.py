@@ -37,7 +37,10 @@ def diff_cmd(
     lines = []
     for f in result.files:
         kind = f.type_b or f.type_a
-        shown = f.path + ("/" if kind == "dir" else "")
+        target = f.target_b if f.target_b is not None else f.target_a
+        said = any(d.startswith("target ") for d in f.details)  # "(target a -> b)" names both already
+        shown = f"{f.path} -> {target}" if kind == "symlink" and target is not None and not said else f.path
+        shown += "/" if kind == "dir" else ""
         sizes = [s for s in (f.size_b, f.size_a) if s is not None]
         size = f"  {format_bytes(sizes[0])}" if sizes else ""
         new = f"  ({format_bytes(f.new_bytes)} new)" if f.new_bytes else ""

@@ -72,6 +72,8 @@ class FileChange:
     type_a: str | None = "file"  # file | dir | symlink; None where the entry is not in that snapshot
     type_b: str | None = "file"
     details: tuple[str, ...] = ()  # what changed, e.g. "mode 0o644 -> 0o600", "target step-1 -> step-2"
+    target_a: str | None = None  # a symlink's target in a, in b (else None)
+    target_b: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,10 @@ def _tensor_changes(repo: Repository, ea: FileEntry, eb: FileEntry) -> TensorCha
     return TensorChanges([n for n in b_by if n not in a_by], [n for n in a_by if n not in b_by], changed, unchanged)
 
 
+def _target(entry: FileEntry | None) -> str | None:
+    return entry.target if entry is not None and entry.type == "symlink" else None
+
+
 def diff_trees(
     repo: Repository, a_id: str, tree_a: list[FileEntry], b_id: str, tree_b: list[FileEntry], *, tensors: bool = False
 ) -> SnapshotDiff:
@@ -190,11 +196,15 @@ def diff_trees(
         ea, eb = entries_a.get(path), entries_b.get(path)
         types = (ea.type if ea else None, eb.type if eb else None)
         if eb is None:
-            changes.append(FileChange(path, "removed", size(ea), None, 0, type_a=types[0], type_b=None))
+            changes.append(
+                FileChange(path, "removed", size(ea), None, 0, type_a=types[0], type_b=None, target_a=_target(ea))
+            )
             continue
         if ea is None:
             new = new_in(eb) if eb.type == "file" else 0
-            changes.append(FileChange(path, "added", None, size(eb), new, type_a=None, type_b=types[1]))
+            changes.append(
+                FileChange(path, "added", None, size(eb), new, type_a=None, type_b=types[1], target_b=_target(eb))
+            )
             continue
         details = _differences(ea, eb)
         if not details:
@@ -212,6 +222,8 @@ def diff_trees(
                 detail,
                 *types,
                 tuple(details),
+                _target(ea),
+                _target(eb),
             )
         )
     new_chunks = {c for e in tree_b if e.type == "file" for c in e.chunks} - chunks_a
