@@ -24,7 +24,7 @@ def snapshots_cmd(
     snapshot: Annotated[
         str | None,
         typer.Argument(
-            help="Only this snapshot: an ID prefix (4+ characters) or 'latest' (with --tag/--host: what restore latest takes)."
+            help="Only this snapshot: an ID prefix (4+ characters) or 'latest' (with --tag/--host: what restore takes)."
         ),
     ] = None,
     tag: TagOpt = None,
