@@ -304,8 +304,9 @@ def seconds_arg(name: str, value: float | None) -> float | None:
     if not _real(value) or not value >= 0:  # NaN too: "waiting up to nan s" waited without a bound
         unbounded = spelled("leave it out", "None")  # the CLI's options have no None to give
         expected = f"a number of seconds (0 or more), or {unbounded} to wait as long as it takes"
-        # an option's value is text the user typed, not a Python object: "got -5.0", not "got float -5.0"
-        raise UsageError(f"{name} must be {expected}; got {spelled(repr(value), shown_value(value))}")
+        # an option's value is text the user typed, not a Python object: "got -5", not "got float -5.0"
+        typed = format(value, "g") if isinstance(value, float) else repr(value)
+        raise UsageError(f"{name} must be {expected}; got {spelled(typed, shown_value(value))}")
     return None if math.isinf(value) else min(float(value), threading.TIMEOUT_MAX)
 
 

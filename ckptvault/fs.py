@@ -23,7 +23,7 @@ from fsspec.spec import AbstractFileSystem
 
 from .arguments import KeyfileArg
 from .crypto.keyfile import PassphraseSource
-from .errors import PathNotInSnapshotError, SnapshotNotFoundError
+from .errors import PathNotInSnapshotError, SnapshotNotFoundError, UsageError
 from .ops.reader import DEFAULT_CACHE_CHUNKS, SnapshotFile
 from .snapshot.model import FileEntry, Snapshot
 from .vault import Vault
@@ -77,7 +77,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
         if snap is None:
             try:
                 snap = self.vault.snapshot(spec)
-            except SnapshotNotFoundError as exc:
+            except (SnapshotNotFoundError, UsageError) as exc:  # also no snapshot ID: too short, not hex
                 raise FileNotFoundError(f"ckptvault://{spec}: {exc}") from exc
             with self._lock:
                 self._snapshots[spec] = snap

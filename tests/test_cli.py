@@ -679,7 +679,7 @@ def test_small_wordings_of_a_first_time_users_review(cli, tmp_path: Path):
     refused = cli("ship-pins", str(src), "--timeout", "-5", "--repo", repo, check=False)
     assert refused.returncode == 2 and refused.stderr.decode() == (
         "error: --timeout must be a number of seconds (0 or more), or leave it out to wait as long as it takes; "
-        "got -5.0\n"
+        "got -5\n"
     )
     (tmp_path / "bad.key").write_text('{"a": 1}')
     info = cli("key", "info", "--keyfile", str(tmp_path / "bad.key"), check=False)

@@ -388,6 +388,9 @@ def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_wr
         proc = cli(*args, "--repo", repo, **env, check=False)
         assert proc.returncode == 0 and proc.stderr.decode() == note, (args, proc.stderr)
     assert (tmp_path / "out" / "w.bin").read_bytes() == b"w"
+    # rv50 M2: the commands that messages suggest leave out the keyfile that is not used (a writer refuses it)
+    dry = cli("forget", "latest", "--dry-run", "--repo", repo, "--keyfile", key, **env).stdout.decode()
+    assert f"their data stays until: ckptvault prune --repo {repo}\n" in dry, dry
     for args in (
         ["backup", str(src)],
         ["tag", "latest", "--add", "keep=best"],

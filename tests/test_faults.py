@@ -510,7 +510,7 @@ def test_an_exclusive_lock_left_behind_after_a_failure_says_what_it_blocks_and_t
         raise StorageError("DELETE", "packs/x", vault.url, "connection reset", retryable=True)
     said = [r.getMessage() for r in caplog.records if "is left behind" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("exclusive lock "), said
-    assert "backups from other machines wait for it" in said[0] and "ckptvault unlock removes it" in said[0], said
+    assert "backups from other machines wait for it" in said[0] and "vault.unlock() removes it" in said[0], said
 
 
 def test_an_ssh_login_cut_short_is_retried_and_a_refused_one_is_access_denied():
@@ -640,7 +640,7 @@ def test_a_lock_that_cannot_be_removed_after_the_work_is_done_is_left_with_a_war
         assert vault.check().ok
         assert vault.backup(src, force_read=True).summary.files == 2
     left = [r.getMessage() for r in caplog.records if "is left behind" in r.getMessage()]
-    assert len(left) == 2 and "ckptvault unlock removes it" in left[0], left
+    assert len(left) == 2 and "vault.unlock() removes it" in left[0], left
     faultyfs.FAULTS.clear()
     assert len(vault.locks()) == 2
     vault.unlock(remove_all=True)

@@ -83,6 +83,10 @@ def test_loaders_read_through_fsspec(vault: Vault, repo_url: str, tmp_path: Path
         fs.open("latest/nope.bin")
     with pytest.raises(FileNotFoundError):
         fs.info("ffffffff/emb.npy")
+    for not_an_id in ("abc", "step-1", snap.id[:2]):  # rv50 M1: too short or not hex is no such path either
+        with pytest.raises(FileNotFoundError):
+            fs.info(not_an_id)
+        assert not fs.isdir(not_an_id)
     with pytest.raises(PermissionError):
         fs.open("latest/emb.npy", "wb")
 

@@ -147,6 +147,8 @@ def test_cli_tag(cli, tmp_path: Path):
     assert absent.stdout.decode().startswith("snapshot ") and absent.stdout.decode().endswith(
         ' has no tag nokey (its tags: run=x,step=1,keep=best,note="a,b"); nothing changed\n'
     )
+    two = cli("tag", "latest", "-r", repo, "--remove", "nokey", "--remove", "other").stdout.decode()
+    assert " has no tags nokey, other (its tags: " in two, two
     for args, message in [
         (["--add", "k=v", "--remove", "k"], "error: tag key 'k' is both added and removed; give it to one of --add"),
         ([], "error: nothing to change: give tags to --add or keys to --remove"),

@@ -497,6 +497,8 @@ def open_vault(
             vault.close()
             raise unused_keyfile_error(vault.url, vault.unused_keyfile)
         out.warn(unused_keyfile_note(vault.url, vault.unused_keyfile))
+        if names is THIS_VAULT:  # the commands its messages suggest would be refused with it (writers)
+            name_the_vault_in_advice(VaultNaming.of(repo, None, None, storage_option))
     vault.on_warning = out.warn  # e.g. a snapshot object that cannot be read, left out of the listing
     if vault.created:
         kind = "encrypted vault" if vault.config.encrypted else "vault"

@@ -41,11 +41,10 @@ def tag_cmd(
     shown = listed_tags(after.tags) or "none"
     data = {"previous_id": before.id, "snapshot": after}
     if after.id == before.id:
-        absent = ", ".join(k for k in dict.fromkeys(remove or []) if k not in before.tags)
-        has = (
-            f"already has these tags ({shown})" if changes or not absent else f"has no tag {absent} (its tags: {shown})"
-        )
-        also = f" and no tag {absent}" if absent and changes else ""
+        missing = [k for k in dict.fromkeys(remove or []) if k not in before.tags]
+        absent = f"{'tags' if len(missing) > 1 else 'tag'} {', '.join(missing)}"
+        has = f"already has these tags ({shown})" if changes or not missing else f"has no {absent} (its tags: {shown})"
+        also = f" and no {absent}" if missing and changes else ""
         out.result(data, f"snapshot {after.short_id} {has}{also}; nothing changed")
     else:
         out.result(data, f"snapshot {before.short_id} is now {after.short_id}, tags: {shown}")

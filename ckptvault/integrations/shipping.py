@@ -72,7 +72,9 @@ class Shipping:
         """Ship to another vault from now on: an open Vault, or a URL (opened, and created if missing, as
         ``__init__`` does). Refused while a checkpoint handed to the current one is still queued: the end
         of training would not wait for it (``flush()`` that vault first). The Vault it replaces stays open:
-        closing it is the caller's."""
+        closing it is the caller's. Files already handed to the old vault are not shipped again to the new
+        one (they are in the old one), and the checkpoint folder is not checked against the new vault's
+        folder here (the start of training does that check)."""
         if any(not h.done() for h in self.handles):
             raise UsageError(
                 "the callback's vault cannot change while checkpoints handed to it are still queued: "

@@ -123,6 +123,7 @@ from ..errors import (
     UnsupportedFormatError,
     VaultLockedError,
     spelled,
+    unlock_command,
 )
 from ..store.base import listed_time
 from ..store.failures import Kind as FailureKind
@@ -507,14 +508,14 @@ class LockManager:
                 f"If that process is gone, its lock goes stale {minutes} minutes after its last refresh{until} (at "
                 f"once if it ran on this host, outside any container of its own, or before this machine last "
                 f"restarted) and "
-                f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it then; if its machine is gone for good "
+                f"{unlock_command()} removes it then; if its machine is gone for good "
                 f"(a reclaimed instance), {remove_all} removes it now, when no ckptvault process on any host uses "
                 "this vault"
             )
             locked.held_since = refreshed
             return locked
         then = (
-            f"{spelled('ckptvault unlock', 'Vault.unlock()')} removes it once it is stale, {minutes} minutes after "
+            f"{unlock_command()} removes it once it is stale, {minutes} minutes after "
             f"it was written{until}, or {remove_all} removes it now when no ckptvault process on any host uses "
             "this vault"
         )
@@ -937,8 +938,9 @@ class HeldLock:
         if refreshing and (writing := self._writing) is not None:
             _leave_behind(self.manager.repo, [writing])
             left_behind.warning(
-                "lock object %s is left behind if its write lands: ckptvault unlock removes it",
+                "lock object %s is left behind if its write lands: %s removes it",
                 writing.lock_id.hex()[:12],
+                unlock_command(),
             )
         if not remove:
             return
@@ -946,7 +948,7 @@ class HeldLock:
             self._remove_orphans()
             for lock in self._orphans:
                 left_behind.warning(
-                    "lock object %s is left behind: ckptvault unlock removes it", lock.lock_id.hex()[:12]
+                    "lock object %s is left behind: %s removes it", lock.lock_id.hex()[:12], unlock_command()
                 )
             _leave_behind(self.manager.repo, list(self._orphans))
             try:
@@ -968,10 +970,11 @@ class HeldLock:
                 self.release()
             except CkptVaultError as error:  # the work is done: a lock left behind must not replace its result
                 left_behind.warning(
-                    "lock %s is left behind (%s); it goes stale after %d minutes, and ckptvault unlock removes it",
+                    "lock %s is left behind (%s); it goes stale after %d minutes, and %s removes it",
                     self.info.lock_id.hex()[:12],
                     error,
                     round(self.manager.stale_after.total_seconds() / 60),
+                    unlock_command(),
                 )
             return
         if not self.exclusive and getattr(self.manager.repo.store, "unanswered", False):
@@ -982,9 +985,10 @@ class HeldLock:
             _leave_behind(self.manager.repo, [self.info, *self._orphans])  # a refresh's PUT may still land
             left_behind.warning(
                 "lock %s is left behind (the storage is not answering); it goes stale after %d minutes, "
-                "and ckptvault unlock removes it",
+                "and %s removes it",
                 self.info.lock_id.hex()[:12],
                 round(self.manager.stale_after.total_seconds() / 60),
+                unlock_command(),
             )
             return
         # a reader whose data went missing or failed to verify while its lock was lost (it was stopped
@@ -997,10 +1001,11 @@ class HeldLock:
             if self.exclusive:  # it blocks every backup: say for how long, and the way out
                 left_behind.warning(
                     "exclusive lock %s is left behind (%s): backups from other machines wait for it until it goes "
-                    "stale, %d minutes after its last refresh; ckptvault unlock removes it once the storage answers",
+                    "stale, %d minutes after its last refresh; %s removes it once the storage answers",
                     self.info.lock_id.hex()[:12],
                     error,
                     round(self.manager.stale_after.total_seconds() / 60),
+                    unlock_command(),
                 )
             else:
                 left_behind.warning("could not remove the lock after a failure: %s", error)
