@@ -82,6 +82,22 @@ def vault(repo_url: str) -> Vault:
 
 
 @pytest.fixture
+def two_hosts(vault: Vault, tmp_path: Path) -> dict[str, object]:
+    """Four snapshots in ``vault`` (test_host_select, test_stats_select): run=x on nodeA (steps 1, 2) and nodeB
+    (step 1, taken last); run=y on nodeB."""
+    made = {}
+    for name, host, tags, data in (
+        ("a1", "nodeA", {"run": "x", "step": "1"}, b"a1" * 5000),
+        ("a2", "nodeA", {"run": "x", "step": "2"}, b"a2" * 5000),
+        ("b1", "nodeB", {"run": "x", "step": "1"}, b"b1" * 5000),
+        ("y", "nodeB", {"run": "y"}, b"yy" * 5000),
+    ):
+        write_file(tmp_path / name / "w.bin", data)
+        made[name] = vault.backup(tmp_path / name, tags=tags, hostname=host)
+    return made
+
+
+@pytest.fixture
 def memory_vault() -> Vault:
     v = Vault.init(f"memory://ckptvault-test-{uuid.uuid4().hex}", pack_size=SMALL_PACK)
     yield v

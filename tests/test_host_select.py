@@ -12,21 +12,6 @@ from ckptvault.errors import SnapshotNotFoundError, UsageError
 from tests.conftest import write_file
 
 
-@pytest.fixture
-def two_hosts(vault: Vault, tmp_path: Path) -> dict[str, object]:
-    """run=x on nodeA (steps 1, 2) and nodeB (step 1, taken last); run=y on nodeB."""
-    made = {}
-    for name, host, tags, data in (
-        ("a1", "nodeA", {"run": "x", "step": "1"}, b"a1" * 5000),
-        ("a2", "nodeA", {"run": "x", "step": "2"}, b"a2" * 5000),
-        ("b1", "nodeB", {"run": "x", "step": "1"}, b"b1" * 5000),
-        ("y", "nodeB", {"run": "y"}, b"yy" * 5000),
-    ):
-        write_file(tmp_path / name / "w.bin", data)
-        made[name] = vault.backup(tmp_path / name, tags=tags, hostname=host)
-    return made
-
-
 def test_snapshots_and_latest_select_by_host(vault: Vault, two_hosts):
     a1, a2, b1, y = (two_hosts[k] for k in ("a1", "a2", "b1", "y"))
     assert vault.snapshots(hosts=["nodeB"]) == [b1, y]
