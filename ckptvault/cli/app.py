@@ -52,7 +52,11 @@ app = typer.Typer(
 RepoOpt = Annotated[
     str | None,
     typer.Option(
-        "--repo", "-r", envvar="CKPTVAULT_REPO", help="Repository URL (any fsspec URL). Default: a local folder."
+        "--repo",
+        "-r",
+        metavar="URL",
+        envvar="CKPTVAULT_REPO",
+        help="Repository URL (any fsspec URL). Default: a local folder.",
     ),
 ]
 StorageOpt = Annotated[
@@ -60,6 +64,7 @@ StorageOpt = Annotated[
     typer.Option(
         "--storage-option",
         "-o",
+        metavar="KEY=VALUE",
         help="fsspec storage option key=value (repeatable; e.g. endpoint_url=...); never stored. See docs/backends.md.",
     ),
 ]
@@ -70,12 +75,13 @@ QuietOpt = Annotated[
 ]
 KeyfileOpt = Annotated[
     str | None,
-    typer.Option("--keyfile", "-k", envvar="CKPTVAULT_KEYFILE", help="Keyfile of an encrypted vault."),
+    typer.Option("--keyfile", "-k", metavar="PATH", envvar="CKPTVAULT_KEYFILE", help="Keyfile of an encrypted vault."),
 ]
 PassphraseFileOpt = Annotated[
     str | None,
     typer.Option(
         "--passphrase-file",
+        metavar="PATH",
         help="Read the keyfile passphrase from this file, '-' for standard input "
         "(else CKPTVAULT_PASSPHRASE, else asked).",
     ),
@@ -106,16 +112,24 @@ RetryLockOpt = Annotated[
         " (else CKPTVAULT_RETRY_LOCK; default: fail at once).",
     ),
 ]
-TagOpt = Annotated[list[str] | None, typer.Option("--tag", "-t", help="Tag key=value (repeatable).")]
+TagOpt = Annotated[
+    list[str] | None, typer.Option("--tag", "-t", metavar="KEY=VALUE", help="Tag key=value (repeatable).")
+]
 HostOpt = Annotated[
     list[str] | None,
-    typer.Option("--host", "-H", help="Only snapshots of this host (repeatable: of any of them), as restic's --host."),
+    typer.Option(
+        "--host",
+        "-H",
+        metavar="NAME",
+        help="Only snapshots of this host (repeatable: of any of them), as restic's --host.",
+    ),
 ]
 ExcludeOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--exclude",
         "-e",
+        metavar="GLOB",
         help="Leave out files and folders matching this glob (repeatable): a name at any depth ('*.tmp', 'wandb';"
         " 'logs/': folders only), a path from the snapshot's root ('logs/*.txt', './tmp'); docs/usage.md.",
     ),

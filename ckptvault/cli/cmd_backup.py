@@ -18,7 +18,7 @@ from .params import parse_new_tags
 @command
 @vault_options
 def backup_cmd(
-    paths: Annotated[list[str], typer.Argument(help="Files or directories to back up.")],
+    paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="Files or directories to back up.")],
     tag: TagOpt = None,
     description: Annotated[str, typer.Option("--description", "-d", help="Free text stored with the snapshot.")] = "",
     host: Annotated[str | None, typer.Option("--host", help="Hostname to record (default: this machine's).")] = None,

@@ -96,7 +96,8 @@ def copy_cmd(
     snapshots: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Snapshot IDs (unique prefixes of 4 or more characters) or 'latest' of the source; default: all."
+            metavar="SNAPSHOT...",
+            help="Snapshot IDs (unique prefixes of 4 or more characters) or 'latest' of the source; default: all.",
         ),
     ] = None,
     from_repo: Annotated[

@@ -16,9 +16,12 @@ from .params import parse_hosts, parse_tags
 @vault_options
 def diff_cmd(
     a: Annotated[
-        str, typer.Argument(help="The older snapshot (ID, unique prefix of 4 or more characters, or 'latest').")
+        str,
+        typer.Argument(
+            metavar="SNAPSHOT_A", help="The older snapshot (ID, unique prefix of 4 or more characters, or 'latest')."
+        ),
     ],
-    b: Annotated[str, typer.Argument(help="The newer snapshot.")],
+    b: Annotated[str, typer.Argument(metavar="SNAPSHOT_B", help="The newer snapshot.")],
     tensors: Annotated[
         bool, typer.Option("--tensors", help="Per changed tensor file: tensors added, removed and changed.")
     ] = False,

@@ -28,7 +28,8 @@ from .params import parse_hosts, parse_tags
 @vault_options
 def drill_cmd(
     snapshot: Annotated[
-        str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")
+        str,
+        typer.Argument(metavar="SNAPSHOT", help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'."),
     ] = "latest",
     tag: TagOpt = None,
     host: HostOpt = None,

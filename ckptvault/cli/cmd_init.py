@@ -44,7 +44,9 @@ def _same_place(a: str, b: str) -> bool:
 @command
 def init_cmd(
     ctx: typer.Context,
-    url: Annotated[str | None, typer.Argument(help="Where to create the repository (fsspec URL or path).")] = None,
+    url: Annotated[
+        str | None, typer.Argument(metavar="URL", help="Where to create the repository (fsspec URL or path).")
+    ] = None,
     repo: RepoOpt = None,
     storage_option: StorageOpt = None,
     encrypt: Annotated[bool, typer.Option("--encrypt", help="Encrypt everything with the --keyfile's key.")] = False,

@@ -115,7 +115,8 @@ def prune_cmd(
 @vault_options
 def forget_cmd(
     snapshots: Annotated[
-        list[str], typer.Argument(help="Snapshot IDs (unique prefixes of 4 or more characters), or latest.")
+        list[str],
+        typer.Argument(metavar="SNAPSHOT...", help="Snapshot IDs (unique prefixes of 4+ characters), or latest."),
     ],
     prune: Annotated[bool, typer.Option("--prune", help="Also reclaim the space they held.")] = False,
     dry_run: DryRunOpt = False,

@@ -15,8 +15,11 @@ from .params import parse_hosts, parse_tags
 @command
 @vault_options
 def restore_cmd(
-    snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")],
-    target: Annotated[str, typer.Argument(help="Directory to restore into (created if missing).")],
+    snapshot: Annotated[
+        str,
+        typer.Argument(metavar="SNAPSHOT", help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'."),
+    ],
+    target: Annotated[str, typer.Argument(metavar="DIR", help="Directory to restore into (created if missing).")],
     tag: TagOpt = None,
     host: HostOpt = None,
     include: Annotated[

@@ -21,7 +21,10 @@ from .output import Output
 @vault_options
 def ship_pins_cmd(
     folder: Annotated[
-        str, typer.Argument(help="The folder the dead run saved its checkpoints in (it holds .ckptvault-pins).")
+        str,
+        typer.Argument(
+            metavar="FOLDER", help="The folder the dead run saved its checkpoints in (it holds .ckptvault-pins)."
+        ),
     ],
     timeout: Annotated[
         float | None, typer.Option("--timeout", help="Give up waiting after this many seconds (default: none).")

@@ -21,7 +21,9 @@ def _num(x: float | None) -> str:
 @vault_options
 def show_cmd(
     snapshot: SnapshotArg,
-    path: Annotated[str, typer.Argument(help="A safetensors, .npy/.npz or torch zip file in the snapshot.")],
+    path: Annotated[
+        str, typer.Argument(metavar="PATH", help="A safetensors, .npy/.npz or torch zip file in the snapshot.")
+    ],
     stats: Annotated[
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaN count per tensor (reads them).")
     ] = False,

@@ -14,7 +14,9 @@ from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, a
 from .output import Output, format_bytes, listed_tags, one_line, writing_stdout
 from .params import parse_hosts, parse_tags
 
-SnapshotArg = Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")]
+SnapshotArg = Annotated[
+    str, typer.Argument(metavar="SNAPSHOT", help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")
+]
 
 
 @app.command("snapshots")
@@ -24,7 +26,8 @@ def snapshots_cmd(
     snapshot: Annotated[
         str | None,
         typer.Argument(
-            help="Only this snapshot: an ID prefix (4+ characters) or 'latest' (with --tag/--host: what restore takes)."
+            metavar="SNAPSHOT",
+            help="Only this snapshot: an ID prefix (4+ characters) or 'latest' (with --tag/--host: as restore picks).",
         ),
     ] = None,
     tag: TagOpt = None,
@@ -112,7 +115,7 @@ def ls_cmd(
 @vault_options
 def cat_cmd(
     snapshot: SnapshotArg,
-    path: Annotated[str, typer.Argument(help="Path of a file inside the snapshot.")],
+    path: Annotated[str, typer.Argument(metavar="PATH", help="Path of a file inside the snapshot.")],
     tag: TagOpt = None,
     host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,

@@ -17,7 +17,8 @@ def stats_cmd(
     snapshot: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Only these snapshots: ID prefixes (4+ characters) or 'latest' (with --tag/--host: among those)."
+            metavar="SNAPSHOT...",
+            help="Only these snapshots: ID prefixes (4+ characters) or 'latest' (with --tag/--host: among those).",
         ),
     ] = None,
     tag: TagOpt = None,

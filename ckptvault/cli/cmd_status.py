@@ -17,7 +17,7 @@ from .output import Output, counted, format_bytes
 @command
 @vault_options
 def status_cmd(
-    paths: Annotated[list[str], typer.Argument(help="Local checkpoint files or folders.")],
+    paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="Local checkpoint files or folders.")],
     exclude: ExcludeOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,

@@ -16,7 +16,10 @@ from .params import parse_new_tags, parse_tags
 @command
 @vault_options
 def tag_cmd(
-    snapshot: Annotated[str, typer.Argument(help="Snapshot ID (a unique prefix of 4 or more characters) or 'latest'.")],
+    snapshot: Annotated[
+        str,
+        typer.Argument(metavar="SNAPSHOT", help="Snapshot ID (a unique prefix of 4 or more characters) or 'latest'."),
+    ],
     add: Annotated[
         list[str] | None,
         typer.Option("--add", "-a", help="Tag key=value to set (repeatable; replaces the key's value)."),

@@ -43,7 +43,7 @@ T = TypeVar("T")
 @vault_options
 def watch_cmd(
     directory: Annotated[
-        str, typer.Argument(help="The folder the trainer saves checkpoints into (it may not exist yet).")
+        str, typer.Argument(metavar="DIR", help="The folder the trainer saves checkpoints into (it may not exist yet).")
     ],
     tag: TagOpt = None,
     once: Annotated[
