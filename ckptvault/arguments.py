@@ -240,10 +240,23 @@ def _not_whole(text: str) -> float | None:
 def hostname_arg(value: str | None) -> str | None:
     """A hostname to record, or None for this machine's."""
     hostname = text_arg("hostname", value, optional=True)
-    if hostname is not None and (not hostname.strip() or not hostname.isprintable()):
+    if hostname is None:
+        return None
+    if not hostname.strip() or not hostname.isprintable():
         raise UsageError(
             f"hostname {hostname!r} is blank or holds control characters; give a name, or none for this machine's"
         )
+    # as tags: " nodeA" would be another host than nodeA to --host, and look the same in the tables
+    problem = (
+        f"is longer than {TAG_TEXT_MAX} characters ({len(hostname)})"
+        if len(hostname) > TAG_TEXT_MAX
+        else "has spaces at its ends"
+        if hostname != hostname.strip()
+        else None
+    )
+    if problem:
+        shown = repr(hostname) if len(hostname) <= 60 else repr(hostname[:60])[:-1] + "...'"
+        raise UsageError(f"{spelled('--host', 'hostname')} {shown} {problem}; give the name alone, e.g. nodeA")
     return hostname
 
 

@@ -88,3 +88,18 @@ def test_cli_host_selects_in_every_command(cli, tmp_path: Path):
     assert "warning: --host nodeC selects no snapshot (no snapshot is of host nodeC" in empty.stderr.decode()
     blank = cli("snapshots", "--repo", repo, "--host", "", check=False)
     assert blank.returncode == 2 and "--host: '' is blank" in blank.stderr.decode()
+
+
+def test_a_hostname_with_spaces_at_its_ends_or_too_long_is_refused(vault: Vault, tmp_path: Path):
+    """h5 #3: `backup --host " nodeA"` was stored as another host than nodeA, looking the same in the tables, and
+    a 300-character name stretched every table (tags stop at 256 characters and refuse spaces at their ends)."""
+    write_file(tmp_path / "s" / "w.bin", b"w")
+    for bad, said in (
+        (" nodeA", "has spaces at its ends"),
+        ("nodeA ", "has spaces at its ends"),
+        ("n" * 257, r"is longer than 256 characters \(257\)"),
+    ):
+        with pytest.raises(UsageError, match=said):
+            vault.backup(tmp_path / "s", hostname=bad)
+    assert vault.snapshots() == []
+    assert vault.backup(tmp_path / "s", hostname="n" * 256).hostname == "n" * 256

@@ -51,6 +51,16 @@ def model_forget(snaps: list[Snapshot], p: RetentionPolicy) -> set[str]:
             older = p.before is None or s.time < p.before
             if rank > 0 and not protected and outside and older:
                 forget.add(s.id)
+    # a run that keeps any snapshot keeps what `latest --tag run=R` takes: its highest step when every snapshot
+    # of the run has one, else its newest by time
+    for run in {s.tags["run"] for s in considered if "run" in s.tags}:
+        members = [s for s in considered if s.tags.get("run") == run]
+        if all(s.tags.get("step", "").isdigit() for s in members):
+            taken = max(members, key=lambda s: (int(s.tags["step"]), s.time, s.id))
+        else:
+            taken = max(members, key=lambda s: (s.time, s.id))
+        if any(s.id not in forget for s in members):
+            forget.discard(taken.id)
     return forget
 
 
@@ -155,6 +165,28 @@ def test_a_backup_without_a_step_saved_last_does_not_push_out_the_highest_step()
     manual = make(10, 100, {"run": "b"})
     plan = plan_retention([*steps, manual], RetentionPolicy(keep_latest=1, group_by="run"))
     assert {d.snapshot.id for d in plan.decisions if d.keep} == {steps[-1].id, manual.id}
+
+
+def test_grouped_by_host_a_run_keeps_what_latest_takes_and_an_emptied_run_is_named():
+    """rv50/h5 #1: grouped by host, runs compared across a host: run x's highest step (20, on nodeB where run b saved
+    step 200) went while its step 5, saved last, stayed, so `latest --tag run=x` fell back to step 5; and run a
+    went whole (nodeA's newest is run x's) without the warning an ungrouped prune gives."""
+    from ckptvault.snapshot.retention import retention_warnings
+
+    a1, a2 = make(1, 1, {"run": "a", "step": "1"}, "nodeA"), make(2, 2, {"run": "a", "step": "2"}, "nodeA")
+    x10 = make(3, 3, {"run": "x", "step": "10"}, "nodeA")
+    b1, b2 = make(4, 4, {"run": "b", "step": "100"}, "nodeB"), make(5, 5, {"run": "b", "step": "200"}, "nodeB")
+    x20, x5 = make(6, 6, {"run": "x", "step": "20"}, "nodeB"), make(7, 7, {"run": "x", "step": "5"}, "nodeB")
+    policy = RetentionPolicy(keep_latest=1, group_by="host")
+    plan = plan_retention([a1, a2, x10, b1, b2, x20, x5], policy)
+    kept = {d.snapshot.id: d.reason for d in plan.decisions if d.keep}
+    assert set(kept) == {x10.id, b2.id, x5.id, x20.id}, kept  # run a: x10 is nodeA's newest and highest step
+    assert kept[x20.id].startswith("what latest takes of run=x"), kept
+    said = retention_warnings(plan, policy, dry_run=True)
+    assert said == [
+        "run=a would have no snapshot left: keep_latest counts the snapshots of each host's runs together; "
+        'group_by="run" keeps the newest N of each'
+    ], said
 
 
 def test_an_ungrouped_prune_names_the_hosts_it_leaves_with_nothing():

@@ -5,7 +5,8 @@ A snapshot is forgotten only when every given rule says so: with both ``keep_lat
 not matching ``tags`` are not considered (kept), ``keep_tags`` protect, and the newest
 snapshot of every group is always kept, so no policy can empty a group by mistake. "Newest"
 counts by time and, among the snapshots of the group with a numeric ``step`` tag, by step too:
-a snapshot among the newest N either way is kept.
+a snapshot among the newest N either way is kept. A run that keeps any snapshot keeps the one ``latest``
+takes of it (its highest step), whatever the grouping.
 
 ``group_by`` names a tag key (or ``host``). A typo there would put every snapshot into one
 group and forget all but one of them, so a key that none of the selected snapshots carries
@@ -29,7 +30,7 @@ from datetime import datetime, timezone
 
 from ..errors import UsageError, spelled
 from .model import Snapshot
-from .selection import by_step, tag_options, unmatched_tags
+from .selection import by_step, newest, tag_options, unmatched_tags
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,24 @@ def plan_retention(snapshots: list[Snapshot], policy: RetentionPolicy) -> Retent
             rank[snap.id] = min(r, rank[snap.id])
         for snap in members:
             decisions[snap.id] = replace(_decide(snap, rank[snap.id], policy), group=label)
+    _keep_what_latest_takes(selected, decisions)
     return RetentionPlan([decisions[s.id] for s in snapshots])
+
+
+def _keep_what_latest_takes(selected: list[Snapshot], decisions: dict[str, Decision]) -> None:
+    """A run that keeps any snapshot keeps the one ``latest --tag run=R`` takes (its highest step): grouped by
+    host, a run's highest step saved on a host where another run saved last went (rank by time and steps
+    compared across the host's runs), while a lower step of the run was kept, and the run's resume point fell
+    back to that lower step without a word."""
+    runs: dict[str, list[Snapshot]] = {}
+    for snap in selected:
+        if "run" in snap.tags:
+            runs.setdefault(snap.tags["run"], []).append(snap)
+    for run, members in runs.items():
+        taken = newest(members)
+        if not decisions[taken.id].keep and any(decisions[s.id].keep for s in members):
+            reason = f"what latest takes of run={run}, whose other snapshots are kept (a resume would go back)"
+            decisions[taken.id] = replace(decisions[taken.id], keep=True, reason=reason)
 
 
 def _utc(when: datetime) -> str:
@@ -268,30 +286,30 @@ def retention_warnings(plan: RetentionPlan, policy: RetentionPolicy, *, dry_run:
                 f"{lacking} of {grouped} snapshot(s) have no tag {group_by!r}; "
                 f"they are pruned as one group, {label!r}, whose newest is kept"
             )
-    if group_by is None:
-        has = "would have" if dry_run else "has"
-        considered = [s for s in snapshots if s.matches(policy.tags)]
+    has = "would have" if dry_run else "has"
+    considered = [s for s in snapshots if s.matches(policy.tags)]
 
-        def say_emptied(key: str, values: set[str], kept: set[str], shown: Callable[[list[str]], str]) -> None:
-            if not (emptied := sorted(values - kept)):
-                return
-            rule = (
-                f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots of all {len(values)} {key}s together"
-                if policy.keep_latest
-                else f"the one snapshot kept whatever its age is the newest of all {len(values)} {key}s together"
-            )
-            by = spelled(f"--group-by {key}", f'group_by="{key}"')
-            each = "N" if policy.keep_latest else "one"
-            said.append(f"{shown(emptied)} {has} no snapshot left: {rule}; {by} keeps the newest {each} of each")
-
-        runs = {s.tags["run"] for s in considered if "run" in s.tags}
-        say_emptied(
-            "run",
-            runs,
-            {s.tags["run"] for s in plan.keep if "run" in s.tags},
-            lambda e: ", ".join(f"run={r}" for r in e),
+    def say_emptied(key: str, values: set[str], kept: set[str], shown: Callable[[list[str]], str]) -> None:
+        if group_by == key or not (emptied := sorted(values - kept)):
+            return
+        together = f"all {len(values)} {key}s together" if group_by is None else f"each {group_by}'s {key}s together"
+        rule = (
+            f"{spelled('--keep-latest', 'keep_latest')} counts the snapshots of {together}"
+            if policy.keep_latest
+            else f"the one snapshot kept whatever its age is the newest of {together}"
         )
-        # nodes of one job shipping to one vault, told apart by host (restic groups by host by default)
-        hosts = {s.hostname for s in considered}
-        say_emptied("host", hosts, {s.hostname for s in plan.keep}, lambda e: f"host {', '.join(e)}")
+        by = spelled(f"--group-by {key}", f'group_by="{key}"')
+        each = "N" if policy.keep_latest else "one"
+        said.append(f"{shown(emptied)} {has} no snapshot left: {rule}; {by} keeps the newest {each} of each")
+
+    runs = {s.tags["run"] for s in considered if "run" in s.tags}
+    say_emptied(
+        "run",
+        runs,
+        {s.tags["run"] for s in plan.keep if "run" in s.tags},
+        lambda e: ", ".join(f"run={r}" for r in e),
+    )
+    # nodes of one job shipping to one vault, told apart by host (restic groups by host by default)
+    hosts = {s.hostname for s in considered}
+    say_emptied("host", hosts, {s.hostname for s in plan.keep}, lambda e: f"host {', '.join(e)}")
     return said
