@@ -1091,6 +1091,7 @@ class Vault:
         directory: PathLike,
         *,
         tags: dict[str, str] | None = None,
+        hostname: str | None = None,
         interval: float = 0.1,
         settle: float = 2.0,
         include: Sequence[str] = (),
@@ -1112,8 +1113,11 @@ class Vault:
         ``on_lost`` for each checkpoint that will never ship (dropped for room, or deleted while it
         shipped in place), besides its warning.
         ``grace``: once ``stop`` is set, go on shipping what is pinned, and what appears meanwhile (a
-        trainer's save on preemption), for this many seconds; 0 stops after the upload in flight."""
+        trainer's save on preemption), for this many seconds; 0 stops after the upload in flight.
+        ``hostname``: recorded in each snapshot instead of this machine's (as ``backup``'s: a spot instance
+        comes back under a new machine name, ``--host nodeB`` selects the node's saves whatever it is)."""
         directory = path_arg("directory", directory)
+        hostname = hostname_arg(hostname)
         options = WatchOptions(
             interval=interval_arg("interval", interval),
             settle=interval_arg("settle", settle),
@@ -1132,10 +1136,13 @@ class Vault:
             snaps = self.snapshots(user_tags)
             return [(s.tags.get("checkpoint", ""), s.tags[WATCH_SIG_TAG]) for s in snaps if WATCH_SIG_TAG in s.tags]
 
+        def ship(job: BackupJob) -> Snapshot:
+            return self._run_job(replace(job, hostname=hostname) if hostname else job)
+
         watcher = Watcher(
             directory,
             tags=user_tags,
-            ship=self._run_job,
+            ship=ship,
             shipped_digests=shipped_digests,
             options=options,
             stop=stop,

@@ -165,6 +165,11 @@ def test_a_callback_given_a_url_uses_the_keyfile_the_cli_would(tmp_path, monkeyp
     with pytest.raises(KeyfileNotFoundError):  # encrypted: no key, no vault
         Vault.open(url).close()
     Vault.open(url, keyfile=key.path, passphrase="job passphrase").close()
+    # an existing vault in the clear: refused when the callback is made, not at the first checkpoint (whose every
+    # ship a keyfile given for a plain vault refuses)
+    Vault.init(str(tmp_path / "plain")).close()
+    with pytest.raises(UsageError, match="is not encrypted but a keyfile was given"):
+        CkptVaultCallback(str(tmp_path / "plain"), run="x")
 
 
 def test_vault_open_creating_an_unencrypted_vault_while_a_keyfile_is_in_the_environment_warns(
@@ -309,6 +314,7 @@ def test_a_callback_pickled_by_an_older_ckptvault_unpickles_and_ships(tmp_path):
     with Vault.init(str(tmp_path / "vault")) as vault:
         state = _QuietShipping(vault, run="old").__getstate__()
         state["vault"] = state.pop("_vault")
+        del state["hostname"]  # (newer than the rename)
         old = pickle.dumps(_PickledBefore(state))
         copy = pickle.loads(old)
         assert type(copy) is _QuietShipping and "vault" not in copy.__dict__
@@ -336,3 +342,16 @@ def test_a_callbacks_vault_can_be_replaced_when_nothing_is_queued(tmp_path):
         assert callback.vault is not first and callback.vault.url == first.url
         callback.vault.close()
         assert [s.tags["step"] for s in second.snapshots()] == ["1"] and first.snapshots() == []
+
+
+def test_a_callback_records_the_host_it_is_given(tmp_path):
+    """h5 #2: the callbacks took no hostname; a node's saves shipped from a spot instance that came back under a
+    new machine name were not found by `--host nodeB`."""
+    with Vault.init(str(tmp_path / "vault")) as vault:
+        with pytest.raises(UsageError, match="has spaces at its ends"):
+            _QuietShipping(vault, run="h", hostname="nodeB ")
+        callback = _QuietShipping(vault, run="h", hostname="nodeB")
+        (tmp_path / "step-1").write_bytes(b"weights")
+        callback.ship(tmp_path / "step-1", 1)
+        callback.finish_shipping()
+        assert [s.hostname for s in vault.snapshots(hosts=["nodeB"])] == ["nodeB"]

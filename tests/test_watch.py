@@ -25,6 +25,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.cli.cmd_watch import SAME_SIGNAL_S
+from ckptvault.errors import UsageError
 from tests.conftest import DEEP, deep_tree
 from tests.support.races import at_file_linked
 from tests.support.rotating_writer import expected_files, publish
@@ -339,6 +340,22 @@ def test_once_ships_what_is_complete_ignores_temporary_names_and_never_twice(tmp
         assert set(by_name) == {"step_100", "step_200", "latest.pt"}
         assert by_name["step_200"].tags["step"] == "200"
         assert "step" not in by_name["latest.pt"].tags
+
+
+def test_watch_records_the_host_it_is_given(tmp_path, repo, cli):
+    """h5 #2: only backup and backup_async took a hostname; a sidecar on a spot instance that came back under a
+    new machine name shipped snapshots `--host nodeB` could not find."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    publish(str(ckpts), 100, 4096)
+    cli("watch", str(ckpts), "--repo", repo, "--tag", "run=h", "--once", "--settle", "0.2", "--host", "nodeB")
+    publish(str(ckpts), 200, 4096)
+    with Vault.open(repo) as vault:
+        result = vault.watch(ckpts, tags={"run": "h"}, hostname="nodeC", once=True, settle=0.2, interval=0.05)
+        assert [s.snapshot.hostname for s in result.shipped] == ["nodeC"]
+        assert {s.tags["step"]: s.hostname for s in vault.snapshots({"run": "h"})} == {"100": "nodeB", "200": "nodeC"}
+        with pytest.raises(UsageError, match="has spaces at its ends"):
+            vault.watch(ckpts, hostname=" nodeC", once=True)
 
 
 def test_a_checkpoint_deeper_than_pythons_recursion_ships(tmp_path, repo, cli):

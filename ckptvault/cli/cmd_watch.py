@@ -46,6 +46,9 @@ def watch_cmd(
         str, typer.Argument(metavar="DIR", help="The folder the trainer saves checkpoints into (it may not exist yet).")
     ],
     tag: TagOpt = None,
+    host: Annotated[
+        str | None, typer.Option("--host", metavar="NAME", help="Hostname to record (default: this machine's).")
+    ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="Ship what is there now and exit (for cron), instead of watching.")
     ] = False,
@@ -122,6 +125,7 @@ def watch_cmd(
                 vault.watch,
                 directory,
                 tags=tags,
+                hostname=host,
                 interval=interval,
                 settle=settle,
                 include=include or (),

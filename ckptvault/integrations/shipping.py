@@ -10,9 +10,9 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from ..arguments import flag_arg, seconds_arg, tags_arg, text_arg
+from ..arguments import flag_arg, hostname_arg, seconds_arg, tags_arg, text_arg
 from ..crypto.keyfile import passphrase_from_env
-from ..errors import FlushTimeoutError, UsageError
+from ..errors import FlushTimeoutError, UsageError, unused_keyfile_error
 from ..interruptions import end_at_once_on_another
 from ..ops.async_backup import BackupHandle, OnFull, check_on_full
 from ..ops.scan import refuse_sources_in_vault
@@ -36,14 +36,17 @@ class Shipping:
         flush_timeout: float | None = None,
         raise_on_error: bool = True,
         exclude: Sequence[str] = (),
+        hostname: str | None = None,
     ) -> None:
         """``vault`` is an open Vault or a URL (opened, and created if missing). Snapshots carry
         ``tags``, ``run=<run>`` and ``step=<step>``; ``exclude`` leaves files out of each, as for
-        ``Vault.backup``. Arguments are checked here, before training starts, not at the first
+        ``Vault.backup``; ``hostname`` is recorded instead of this machine's (a node's name that outlives a
+        spot instance, for ``--host``). Arguments are checked here, before training starts, not at the first
         checkpoint."""
         super().__init__()
         check_on_full(on_full)
         self.exclude = exclude_arg(exclude).patterns
+        self.hostname = hostname_arg(hostname)
         self.tags = tags_arg(tags, stored=True)
         if run is not None:  # held to the same rules: a run name read from a file may end in a newline
             self.tags = tags_arg({**self.tags, "run": text_arg("run", run)}, stored=True)
@@ -87,7 +90,12 @@ class Shipping:
         # shipped (Lightning restores ModelCheckpoint's list of them); they add no snapshot
         tags = dict(self.tags) if step is None else {**self.tags, "step": str(step)}
         handle = self.vault.backup_async(
-            path, tags=tags, on_full=self.on_full, skip_if_unchanged=True, exclude=self.exclude
+            path,
+            tags=tags,
+            on_full=self.on_full,
+            skip_if_unchanged=True,
+            exclude=self.exclude,
+            hostname=self.hostname,
         )
         self.handles = [h for h in self.handles if not h.done()]  # the shipped ones are not kept all run
         self.handles.append(handle)
@@ -152,6 +160,7 @@ class Shipping:
         state = dict(state)
         if "vault" in state and "_vault" not in state:
             state["_vault"] = state.pop("vault")
+        state.setdefault("hostname", None)  # (older: this machine's)
         self.__dict__.update(state)
 
 
@@ -176,9 +185,13 @@ def _open_by_url(url: str | os.PathLike[str]) -> Vault:
     """Open (or create) the vault as the CLI would in the same job: with ``CKPTVAULT_KEYFILE`` and
     ``CKPTVAULT_PASSPHRASE`` when set. A job set up for ``ckptvault`` commands must not have its
     callback create an unencrypted vault at the same URL."""
-    return Vault.open(
+    vault = Vault.open(
         url,
         create=True,
         keyfile=os.environ.get("CKPTVAULT_KEYFILE") or None,
         passphrase=passphrase_from_env,  # asked for only if the vault is encrypted
     )
+    if vault.unused_keyfile is not None:  # every ship would be refused: say so before training starts
+        vault.close()
+        raise unused_keyfile_error(vault.url, vault.unused_keyfile)
+    return vault
