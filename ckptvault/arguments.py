@@ -362,13 +362,13 @@ def before_arg(before: datetime | timedelta | None, now: datetime | None) -> dat
 ID_PREFIX_MIN = 4  # characters of a snapshot ID prefix that every command and API method takes
 
 
-def refuse_short_id_prefix(spec: object, what: str) -> None:
+def refuse_short_id_prefix(spec: object, what: str, listing: str | None = None) -> None:
     """``forget 3`` meant "three snapshots" as often as "the one whose ID starts with 3", ``tag 2 --add
     keep=best`` protected whichever snapshot began with 2, and ``restore 1 ./resume`` wrote whichever began
     with 1 where step 1 was meant. One rule for every command and method that takes a prefix (``Vault.snapshot``
     and so ls, cat, show, diff, drill): a script that works with ``ls 1`` must not fail with ``restore 1``."""
     if isinstance(spec, str) and spec != "latest" and len(spec.strip()) < ID_PREFIX_MIN:
-        listing = spelled("ckptvault snapshots", "Vault.snapshots()")
+        listing = listing or spelled("ckptvault snapshots", "Vault.snapshots()")  # (copy's: its source's)
         raise UsageError(
             f"{spec!r} is too short an ID prefix to {what} a snapshot by: give at least "
             f"{ID_PREFIX_MIN} characters of its ID (as {listing} shows them)"

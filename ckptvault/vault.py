@@ -701,8 +701,9 @@ class Vault:
         if not isinstance(source, Vault):
             raise UsageError(f"source must be an open Vault (Vault.open(url)), not {type(source).__name__}")
         specs = None if snapshots is None else snapshot_list_arg(snapshots)
+        listing = spelled(f"ckptvault snapshots --repo {source.url}", "source.snapshots()")
         for spec in specs or ():
-            refuse_short_id_prefix(spec, "copy")  # `copy 9` copied whichever began with 9 (cp47 #3)
+            refuse_short_id_prefix(spec, "copy", listing)  # `copy 9` copied whichever began with 9 (cp47 #3)
         tags = tags_arg(tags)
         decrypt = flag_arg("decrypt", decrypt)
         if source.config.repo_id == self.config.repo_id:
