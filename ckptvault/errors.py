@@ -122,7 +122,11 @@ def unused_keyfile_error(url: str, keyfile: str) -> UsageError:
     return UsageError(
         f"vault {url} is not encrypted but a keyfile was given ({keyfile}); refusing to write to it, so that "
         f"nothing meant to be encrypted is written in the clear "
-        f"(drop {spelled('--keyfile / CKPTVAULT_KEYFILE', 'keyfile')} for this vault)"
+        + spelled(
+            "(leave out --keyfile for this vault; one set in the environment is left out with: "
+            "env -u CKPTVAULT_KEYFILE ckptvault ...)",
+            "(leave out keyfile for this vault)",
+        )
     )
 
 
