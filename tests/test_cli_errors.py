@@ -408,14 +408,26 @@ def test_a_signal_while_the_cli_loads_ends_it_with_one_line(tmp_path: Path, sign
     assert not (tmp_path / "v").exists()
 
 
+def _python_m(tmp_path: Path, name: str, source: str) -> tuple[list[str], dict[str, str]]:
+    """``python -m NAME`` of a module with ``source``, and its environment: the way ``python -m ckptvault`` runs
+    (Py_RunMain, which ends with SIGINT after a KeyboardInterrupt it took for not handled), as a console script or
+    ``-c`` (which end at once on SystemExit) do not."""
+    (tmp_path / f"{name}.py").write_text(source)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    return [sys.executable, "-m", name], {**os.environ, "PYTHONPATH": path}
+
+
 @pytest.mark.skipif(not hasattr(os, "pipe") or sys.platform == "win32", reason="POSIX signals")
-def test_ctrl_c_at_any_moment_of_the_start_ends_with_one_line_and_130(tmp_path: Path):
+@pytest.mark.parametrize("way", ["console script", "python -m"])
+def test_ctrl_c_at_any_moment_of_the_start_ends_with_one_line_and_130(tmp_path: Path, way: str):
     """cli49 #9: Ctrl-C in the first ~50 ms (SIGINT from a job scheduler) printed the traceback of an import and
     ended with status -2. A real process, run as the console script runs it, gets SIGINT from another process
     at delays from the moment the CLI starts loading what it needs (logging: the first of its imports that takes
     time, then ~50 ms more of them); before that come Python's own start-up (until its SIGINT handler is set, the
     signal's default action ends any process), site, the console script's own two lines and the import system
-    finding ckptvault and ckptvault.cli, two modules that run nothing but a few assignments."""
+    finding ckptvault and ckptvault.cli, two modules that run nothing but a few assignments. ``python -m``: the
+    same, and "error: cancelled" was followed by death by SIGINT (-2) when the signal came while dataclasses
+    made their methods (test_ctrl_c_in_code_made_from_a_string_ends_with_130_under_python_m)."""
     repo = str(tmp_path / "v")
     Vault.init(repo).close()
     stub = (  # the console script pip writes for [project.scripts], with a word to the test at logging's import
@@ -431,14 +443,18 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_with_one_line_and_130(tmp_path: 
         "if __name__ == '__main__':\n"
         "    sys.exit(main())\n"
     )
+    run, env = [sys.executable, "-c", stub], None
+    if way == "python -m":
+        run, env = _python_m(tmp_path, "ckptvault_start", stub)
     for delay in (0.0, 0.001, 0.002, 0.003, 0.005, 0.008, 0.012, 0.02, 0.03, 0.04, 0.05, 0.065, 0.08) * 2:
         started, ready = os.pipe()
         proc = subprocess.Popen(
-            [sys.executable, "-c", stub, str(ready), "snapshots", "--repo", repo],
+            [*run, str(ready), "snapshots", "--repo", repo],
             pass_fds=(ready,),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         os.close(ready)
         assert os.read(started, 1) == b"!"
@@ -449,6 +465,32 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_with_one_line_and_130(tmp_path: 
         assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
         # (an extension module stopped in its initialisation may warn, e.g. Cython's "failed to patch module")
         assert (proc.returncode, err.endswith("error: cancelled\n"), out) == (130, True, ""), (delay, err)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_in_code_made_from_a_string_ends_with_130_under_python_m(tmp_path: Path):
+    """``python -m ckptvault`` interrupted ~0.1 s in said "error: cancelled" and then died of SIGINT (status -2, 5-11
+    runs in 70): the KeyboardInterrupt had come out of code that exec() ran from a string (dataclasses make their
+    methods so, while the commands load), which CPython notes, caught or not, as one left uncaught; ``python -m``
+    then ends with SIGINT. Here the signal comes as the first dataclass's methods run, every time."""
+    repo = str(tmp_path / "v")
+    Vault.init(repo).close()
+    start = (
+        "import builtins, sys\n"
+        "exec_ = builtins.exec\n"
+        "def exec_with_ctrl_c(source, *args):\n"  # Ctrl-C as the code dataclasses wrote starts running
+        "    if isinstance(source, str) and '__create_fn__' in source:\n"
+        "        builtins.exec = exec_\n"
+        "        source = 'import os, signal; os.kill(os.getpid(), signal.SIGINT)\\n' + source\n"
+        "    return exec_(source, *args)\n"
+        "builtins.exec = exec_with_ctrl_c\n"
+        "from ckptvault.cli import main\n"
+        "sys.argv[0] = 'ckptvault'\n"
+        "sys.exit(main())\n"
+    )
+    run, env = _python_m(tmp_path, "ckptvault_start", start)
+    proc = subprocess.run([*run, "snapshots", "--repo", repo], capture_output=True, text=True, timeout=60, env=env)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "error: cancelled\n", "")
 
 
 @pytest.mark.parametrize(

@@ -16,14 +16,29 @@ import sys
 
 def main() -> None:
     try:
-        sys.unraisablehook = _interrupt_again
-        from .process import main as run
+        try:
+            sys.unraisablehook = _interrupt_again
+            from .process import main as run
 
-        run()
-    except KeyboardInterrupt as exc:  # before the command's own handlers took over, or after they ended
-        code = getattr(exc, "exit_code", 130)  # interruptions.Terminated: SIGTERM, 143
-        sys.stderr.write("error: terminated (SIGTERM)\n" if code != 130 else "error: cancelled\n")
-        sys.exit(code)
+            run()
+        except KeyboardInterrupt as exc:  # before the command's own handlers took over, or after they ended
+            code = getattr(exc, "exit_code", 130)  # interruptions.Terminated: SIGTERM, 143
+            sys.stderr.write("error: terminated (SIGTERM)\n" if code != 130 else "error: cancelled\n")
+            sys.exit(code)
+    finally:
+        _forget_handled_interruptions()
+
+
+def _forget_handled_interruptions() -> None:
+    """``python -m ckptvault`` interrupted by Ctrl-C ~0.1 s in said "error: cancelled" and then died of SIGINT
+    (status -2, 5-11 runs in 70) when the KeyboardInterrupt had come out of code that ``exec`` or ``eval`` ran from a
+    string, as dataclasses and namedtuple make their methods while the commands load: CPython notes every
+    KeyboardInterrupt that leaves such code as "not handled" (a flag of the process, ``_Py_UnhandledKeyboardInterrupt``)
+    even where it is caught later, and the ``-m`` way of running (``Py_RunMain``) ends with SIGINT, as for a
+    KeyboardInterrupt left uncaught, on seeing it after the interpreter's finalisation. (A console script or ``-c``
+    ends through ``Py_Exit`` on SystemExit, which does not look.) Every interruption is handled by now; the next
+    string that CPython evaluates clears the flag first."""
+    exec("")
 
 
 def _interrupt_again(unraisable: sys.UnraisableHookArgs) -> None:
