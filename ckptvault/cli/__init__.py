@@ -45,11 +45,21 @@ def _interrupt_again(unraisable: sys.UnraisableHookArgs) -> None:
     """Ctrl-C's KeyboardInterrupt raised where Python cannot raise it, in a weakref callback of the import
     system's (a module lock's), an extension module's initialisation or a ``__del__``, was printed as "Exception
     ignored in: ..." with its traceback, and lost: the command went on. The signal is delivered again, a moment
-    later from another thread (raised in this hook, it would be lost the same way), where the main thread is."""
+    later from another thread (raised in this hook, it would be lost the same way), where the main thread is. The
+    thread is started bare: threading's start() waits until it runs, and on a busy machine its 2 ms were over by
+    then, so that the interruption came in that wait, in this hook, and was lost with "Exception ignored in
+    sys.unraisablehook" and its traceback."""
     if unraisable.exc_type is KeyboardInterrupt:  # (Terminated, SIGTERM's, is left as it was: rarely seen)
         import _thread
-        import threading
 
-        threading.Timer(0.002, _thread.interrupt_main).start()
+        _thread.start_new_thread(_interrupt_main_soon, ())
     else:
         sys.__unraisablehook__(unraisable)
+
+
+def _interrupt_main_soon() -> None:
+    import _thread
+    import time
+
+    time.sleep(0.002)  # the main thread has left the hook
+    _thread.interrupt_main()
