@@ -195,7 +195,7 @@ def test_a_keyfile_given_for_a_plain_vault_reads_with_a_warning_and_refuses_ever
             lambda: v.watch(tmp_path / "src", once=True),
         ]
         for write in writes:
-            with pytest.raises(UsageError, match=r"not encrypted but a keyfile was given .* \(leave out keyfile for this"):
+            with pytest.raises(UsageError, match=r"not encrypted but a keyfile was given .* \(leave out keyfile"):
                 write()
         assert v.forget(["latest"], dry_run=True).forgotten  # a dry run writes nothing
     assert not list(src.parent.glob("src/.ckptvault*")), "backup_async pinned nothing"
