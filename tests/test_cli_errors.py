@@ -498,6 +498,28 @@ def test_ctrl_c_in_code_made_from_a_string_ends_with_130_under_python_m(tmp_path
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "error: cancelled\n", "")
 
 
+def test_ctrl_c_in_a_class_s_set_name_ends_with_130(tmp_path: Path):
+    """ci7: Python 3.11 wraps a KeyboardInterrupt raised in a class's ``__set_name__`` (platform's
+    ``uname_result``, which typer's import defines) in RuntimeError("Error calling __set_name__ ..."), which the
+    start-up guard let through as a traceback. Here the signal comes in such a ``__set_name__``, every time."""
+    start = (
+        "import os, signal, sys\n"
+        "import ckptvault.cli.process as process\n"
+        "class Named:\n"
+        "    def __set_name__(self, owner, name):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        sum(range(100_000))\n"  # Python's handler runs in here
+        "def loading():\n"
+        "    class Loaded:\n"
+        "        attribute = Named()\n"
+        "process.main = loading\n"
+        "from ckptvault.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "error: cancelled\n", "")
+
+
 @pytest.mark.parametrize(
     "repeated",
     [

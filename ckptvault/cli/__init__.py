@@ -22,11 +22,21 @@ def main() -> None:
 
             run()
         except KeyboardInterrupt as exc:  # before the command's own handlers took over, or after they ended
-            code = getattr(exc, "exit_code", 130)  # interruptions.Terminated: SIGTERM, 143
-            sys.stderr.write("error: terminated (SIGTERM)\n" if code != 130 else "error: cancelled\n")
-            sys.exit(code)
+            _end_interrupted(exc)
+        except RuntimeError as exc:
+            # Python 3.11 wraps one raised in a class's __set_name__ (platform's uname_result, while typer
+            # loads): "Error calling __set_name__ ...", the interruption as its cause
+            if not isinstance(exc.__cause__, KeyboardInterrupt):
+                raise
+            _end_interrupted(exc.__cause__)
     finally:
         _forget_handled_interruptions()
+
+
+def _end_interrupted(exc: KeyboardInterrupt) -> None:
+    code = getattr(exc, "exit_code", 130)  # interruptions.Terminated: SIGTERM, 143
+    sys.stderr.write("error: terminated (SIGTERM)\n" if code != 130 else "error: cancelled\n")
+    sys.exit(code)
 
 
 def _forget_handled_interruptions() -> None:
