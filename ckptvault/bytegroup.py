@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import MalformedObjectError
-from .memcopy import copy_into, empty
+from .memcopy import joined as joined_off_the_gil
 
 if TYPE_CHECKING:
     import numpy as np
@@ -178,17 +178,11 @@ def _join_elements(out: np.ndarray, streams: list[np.ndarray]) -> None:
         out[:] = elements.view(np.uint8)
 
 
-def pack(segs: Sequence[tuple[int, int]], coded: Sequence[tuple[int, bytes | memoryview]]) -> memoryview:
+def pack(segs: Sequence[tuple[int, int]], coded: Sequence[tuple[int, bytes | memoryview]]) -> bytes | memoryview:
     head = b"".join(
         [_COUNT.pack(len(segs)), *(_SEGMENT.pack(w, n) for w, n in segs), *(_STREAM.pack(m, len(b)) for m, b in coded)]
     )
-    out = empty(len(head) + sum(len(body) for _, body in coded))
-    out[: len(head)] = head
-    pos = len(head)
-    for _, body in coded:  # the bodies are most of a chunk: copied off the GIL (memcopy.py)
-        copy_into(out, pos, body)
-        pos += len(body)
-    return out
+    return joined_off_the_gil([head, *(body for _, body in coded)])  # the bodies, most of a chunk, off the GIL
 
 
 def unpack(payload: bytes | memoryview) -> tuple[list[tuple[int, int]], list[tuple[int, memoryview]]]:

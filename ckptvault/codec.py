@@ -142,7 +142,7 @@ class Compressor:
             best = (CODEC_ZSTD, packed)
         return best
 
-    def _grouped(self, data: bytes | memoryview, segs: list[tuple[int, int]]) -> memoryview:
+    def _grouped(self, data: bytes | memoryview, segs: list[tuple[int, int]]) -> bytes | memoryview:
         plain, streams, _ = self._contexts()
         coded: list[tuple[int, bytes | memoryview]] = []
         for (width, _index), stream in zip(_stream_widths(segs), bytegroup.split(data, segs), strict=True):

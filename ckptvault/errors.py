@@ -337,11 +337,8 @@ class MalformedObjectError(IntegrityError):
     exit_code = 30
 
 
-READ_DATA_HINT = "; run: ckptvault check --read-data (it says what to do)"  # the CLI's, for damage check misses
-
-
 def read_data_hint() -> str:
-    """READ_DATA_HINT as the user runs it: the CLI's command, or the API's call."""
+    """For damage a plain check misses: the CLI's command, or the API's call."""
     return f"; run: {check_command(read_data=True)} (it says what to do)"
 
 

@@ -170,6 +170,9 @@ def test_a_callback_given_a_url_uses_the_keyfile_the_cli_would(tmp_path, monkeyp
     Vault.init(str(tmp_path / "plain")).close()
     with pytest.raises(UsageError, match="is not encrypted but a keyfile was given"):
         CkptVaultCallback(str(tmp_path / "plain"), run="x")
+    plain = Vault.open(str(tmp_path / "plain"), keyfile=key.path)  # an open one, too
+    with plain, pytest.raises(UsageError, match="is not encrypted but a keyfile was given"):
+        CkptVaultCallback(plain, run="x")
 
 
 def test_vault_open_creating_an_unencrypted_vault_while_a_keyfile_is_in_the_environment_warns(

@@ -20,13 +20,13 @@ import typer
 
 from ..crypto.keyfile import passphrase_from_env
 from ..errors import (
-    READ_DATA_HINT,
     CkptVaultError,
     IntegrityError,
     PassphraseRequiredError,
     UsageError,
     VaultNotFoundError,
     name_command_line_options,
+    read_data_hint,
     unused_keyfile_error,
     unused_keyfile_note,
 )
@@ -196,7 +196,7 @@ def command(func: F) -> F:
             if isinstance(exc, IntegrityError) and exc.wants_read_data_hint and "ckptvault " not in message:
                 # damage named without a way on (a chunk's checksum in cat, show, diff): a plain check
                 # does not read chunks, so it would find nothing
-                message += READ_DATA_HINT
+                message += read_data_hint()
             out.error(message)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt as exc:

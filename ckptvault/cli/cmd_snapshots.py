@@ -10,6 +10,7 @@ import typer
 
 from ..errors import UsageError
 from ..snapshot.selection import selector_options, unmatched
+from ..vault import Vault
 from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes, listed_tags, one_line, writing_stdout
 from .params import parse_hosts, parse_tags
@@ -17,6 +18,13 @@ from .params import parse_hosts, parse_tags
 SnapshotArg = Annotated[
     str, typer.Argument(metavar="SNAPSHOT", help="Snapshot ID (a unique prefix of 4 characters or more) or 'latest'.")
 ]
+
+
+def warn_of_an_empty_selection(out: Output, vault: Vault, tags: dict[str, str], hosts: list[str]) -> None:
+    """A mistyped --tag or --host must not read as "this run was never backed up": say what there is instead."""
+    if tags or hosts:
+        every = vault.snapshots()
+        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{unmatched(every, tags, hosts)}")
 
 
 @app.command("snapshots")
@@ -46,9 +54,8 @@ def snapshots_cmd(
             if snapshot is not None
             else vault.snapshots(tags, hosts=hosts)
         )
-        every = vault.snapshots() if (tags or hosts) and not snaps else []
-    if every:  # a mistyped --tag or --host must not read as "this run was never backed up"
-        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{unmatched(every, tags, hosts)}")
+        if not snaps:
+            warn_of_an_empty_selection(out, vault, tags, hosts)
     table = out.table("id", "time (UTC)", "host", "tags", "files", "size", "stored", "description")
     for s in snaps:
         table.add_row(

@@ -4,8 +4,8 @@ from typing import Annotated
 
 import typer
 
-from ..snapshot.selection import selector_options, unmatched
 from .app import NO_VAULT_ARGS, HostOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .cmd_snapshots import warn_of_an_empty_selection
 from .output import Output, counted, format_bytes, listed_tags
 from .params import parse_hosts, parse_tags
 
@@ -32,10 +32,9 @@ def stats_cmd(
     out = Output(json_mode=json_out, quiet=quiet)
     tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
-        stats = vault.stats(snapshot, tags=tags, hosts=hosts) if snapshot or tags or hosts else vault.stats()
-        every = vault.snapshots() if not snapshot and (tags or hosts) and not stats.snapshots else []
-    if every:  # a mistyped --tag or --host must not read as "this run stores nothing"
-        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{unmatched(every, tags, hosts)}")
+        stats = vault.stats(snapshot or None, tags=tags, hosts=hosts)
+        if not snapshot and not stats.snapshots:
+            warn_of_an_empty_selection(out, vault, tags, hosts)
     if stats.unindexed_packs:
         out.warn(
             f"{stats.unindexed_packs} pack(s) are in no index (uploaded by a backup running now, left by an "

@@ -53,7 +53,7 @@ class Shipping:
         self.on_full = on_full
         self.flush_timeout = seconds_arg("flush_timeout", flush_timeout)
         self.raise_on_error = flag_arg("raise_on_error", raise_on_error)
-        self._vault: Vault | str = vault if isinstance(vault, Vault) else _open_by_url(vault)
+        self._vault: Vault | str = _shipping_to(vault)
         self.handles: list[BackupHandle] = []  # those not done yet, and the last
         # files already handed over (path, inode, mtime, size), for callbacks that see a file more than once
         self._shipped: set[tuple[str, int, int, int]] = set()
@@ -83,7 +83,7 @@ class Shipping:
                 "the callback's vault cannot change while checkpoints handed to it are still queued: "
                 "call flush() on its current vault first"
             )
-        self._vault = vault if isinstance(vault, Vault) else _open_by_url(vault)
+        self._vault = _shipping_to(vault)
 
     def ship(self, path: str | os.PathLike[str], step: int | None) -> None:
         # skip_if_unchanged: a resumed run's callback is offered again the files an earlier run
@@ -181,6 +181,16 @@ def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
+def _shipping_to(vault: Vault | str | os.PathLike[str]) -> Vault:
+    """An open Vault, or the one at a URL, refused when a keyfile was given for it and it is not encrypted:
+    every checkpoint would be refused, mid-training; this says so before training starts."""
+    if not isinstance(vault, Vault):
+        return _open_by_url(vault)
+    if vault.unused_keyfile is not None:
+        raise unused_keyfile_error(vault.url, vault.unused_keyfile)
+    return vault
+
+
 def _open_by_url(url: str | os.PathLike[str]) -> Vault:
     """Open (or create) the vault as the CLI would in the same job: with ``CKPTVAULT_KEYFILE`` and
     ``CKPTVAULT_PASSPHRASE`` when set. A job set up for ``ckptvault`` commands must not have its
@@ -191,7 +201,7 @@ def _open_by_url(url: str | os.PathLike[str]) -> Vault:
         keyfile=os.environ.get("CKPTVAULT_KEYFILE") or None,
         passphrase=passphrase_from_env,  # asked for only if the vault is encrypted
     )
-    if vault.unused_keyfile is not None:  # every ship would be refused: say so before training starts
+    if vault.unused_keyfile is not None:  # as _shipping_to
         vault.close()
         raise unused_keyfile_error(vault.url, vault.unused_keyfile)
     return vault

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from ..repository import Repository
 from ..repository.format import PACKS_PREFIX, id_from_key
+from ..repository.index import ChunkLocation
 from ..snapshot.model import FileEntry, Snapshot
 
 
@@ -68,39 +69,15 @@ class VaultStats:
 
 def compute_stats(repo: Repository, snapshots: list[Snapshot], unreadable: int = 0) -> VaultStats:
     objects = repo.store.list("")
-    deltas = [loc for _, loc in repo.index.items() if loc.base_id is not None]
     packs = {id_from_key(o.key) for o in objects if o.key.startswith(PACKS_PREFIX)} - {None}
-    return VaultStats(
-        snapshots=len(snapshots),
-        logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
-        unique_bytes=sum(loc.raw_len for _, loc in repo.index.items()),
+    return _stats(
+        repo,
+        snapshots,
+        [loc for _, loc in repo.index.items()],
         stored_bytes=sum(o.size for o in objects),
-        chunks=len(repo.index),
-        packs=len(packs),
-        per_snapshot=_rows(snapshots),
-        delta_chunks=len(deltas),
-        delta_bytes=sum(loc.raw_len for loc in deltas),
-        delta_stored_bytes=sum(loc.stored_len for loc in deltas),
-        delta_saved_bytes=sum(s.summary.delta_saved_bytes for s in snapshots),
-        delta_saving_unknown=max(0, len(deltas) - sum(s.summary.delta_chunks for s in snapshots)),
-        unindexed_packs=len(packs - repo.index.packs),
-        unreadable_snapshots=unreadable,
+        packs=packs,
+        unreadable=unreadable,
     )
-
-
-def _rows(snapshots: list[Snapshot]) -> list[SnapshotStats]:
-    return [
-        SnapshotStats(
-            id=s.id,
-            time=s.time,
-            tags=s.tags,
-            logical_bytes=s.summary.logical_bytes,
-            new_bytes=s.summary.new_bytes,
-            stored_bytes=s.summary.stored_bytes,
-            delta_saved_bytes=s.summary.delta_saved_bytes,
-        )
-        for s in snapshots
-    ]
 
 
 def compute_selected_stats(
@@ -118,16 +95,52 @@ def compute_selected_stats(
             needed[base] = loc
             if loc.base_id is not None:
                 bases.append(loc.base_id)
-    deltas = [loc for loc in found.values() if loc.base_id is not None]
-    packs = {id_from_key(o.key) for o in repo.store.list(PACKS_PREFIX)} - {None}
+    listed = {id_from_key(o.key) for o in repo.store.list(PACKS_PREFIX)} - {None}
+    return _stats(
+        repo,
+        snapshots,
+        list(found.values()),
+        stored_bytes=sum(loc.stored_len for loc in needed.values()),
+        packs=listed,
+        counted_packs=len({loc.pack_id for loc in needed.values()}),
+        unreadable=unreadable,
+        selected=True,
+    )
+
+
+def _stats(
+    repo: Repository,
+    snapshots: list[Snapshot],
+    chunks: list[ChunkLocation],
+    *,
+    stored_bytes: int,
+    packs: set[bytes | None],
+    counted_packs: int | None = None,
+    unreadable: int,
+    selected: bool = False,
+) -> VaultStats:
+    """``chunks``: the distinct chunks counted; ``packs``: the packs the storage lists (those in no index are
+    told apart); ``counted_packs``: how many packs the figures cover (default: every listed one)."""
+    deltas = [loc for loc in chunks if loc.base_id is not None]
     return VaultStats(
         snapshots=len(snapshots),
         logical_bytes=sum(s.summary.logical_bytes for s in snapshots),
-        unique_bytes=sum(loc.raw_len for loc in found.values()),
-        stored_bytes=sum(loc.stored_len for loc in needed.values()),
-        chunks=len(found),
-        packs=len({loc.pack_id for loc in needed.values()}),
-        per_snapshot=_rows(snapshots),
+        unique_bytes=sum(loc.raw_len for loc in chunks),
+        stored_bytes=stored_bytes,
+        chunks=len(chunks),
+        packs=len(packs) if counted_packs is None else counted_packs,
+        per_snapshot=[
+            SnapshotStats(
+                id=s.id,
+                time=s.time,
+                tags=s.tags,
+                logical_bytes=s.summary.logical_bytes,
+                new_bytes=s.summary.new_bytes,
+                stored_bytes=s.summary.stored_bytes,
+                delta_saved_bytes=s.summary.delta_saved_bytes,
+            )
+            for s in snapshots
+        ],
         delta_chunks=len(deltas),
         delta_bytes=sum(loc.raw_len for loc in deltas),
         delta_stored_bytes=sum(loc.stored_len for loc in deltas),
@@ -135,5 +148,5 @@ def compute_selected_stats(
         delta_saving_unknown=max(0, len(deltas) - sum(s.summary.delta_chunks for s in snapshots)),
         unindexed_packs=len(packs - repo.index.packs),
         unreadable_snapshots=unreadable,
-        selected=True,
+        selected=selected,
     )
