@@ -142,9 +142,14 @@ def test_diff_names_links_folders_types_and_modes(vault: Vault, tmp_path: Path, 
 
     repo = str(vault.url)
     text = cli("diff", a.id, b.id, "--repo", repo).stdout.decode()
-    assert "changed  latest  (target step-100 -> step-200)" in text
-    assert "removed  emptydir/" in text and "added    emptydir2/" in text
-    assert "metadata step-100/w.bin  100 B  (mode 0o644 -> 0o600)" in text
+    lines = text.splitlines()
+    # the sizes right-aligned in one column before the paths, so that both line up
+    assert "changed         latest  (target step-100 -> step-200)" in lines
+    assert "removed         emptydir/" in lines and "added           emptydir2/" in lines
+    assert "metadata 100 B  step-100/w.bin  (mode 0o644 -> 0o600)" in lines
+    paths = ("latest", "emptydir/", "step-100/w.bin", "notes.txt")
+    starts = {line.index(path) for line in lines for path in paths if path in line}
+    assert len(starts) == 1, text
     assert "2 with new mode or mtime" in text.splitlines()[-1], text
 
 

@@ -37,6 +37,11 @@ def diff_cmd(
     tags, hosts = parse_tags(tag), parse_hosts(host)
     with vault_args.open(out) as vault:
         result = vault.diff(vault.snapshot(a, tags, hosts=hosts), vault.snapshot(b, tags, hosts=hosts), tensors=tensors)
+    # "status  size  path  (new) (details)": the size before the path, right-aligned, so that both line up
+    sizes = {f.path: next((format_bytes(s) for s in (f.size_b, f.size_a) if s is not None), "") for f in result.files}
+    width = max(map(len, sizes.values()), default=0)
+    column = (lambda size: f"{size:>{width}}  ") if width else (lambda size: "")
+    indent = " " * (9 + len(column(""))) + "  "
     lines = []
     for f in result.files:
         kind = f.type_b or f.type_a
@@ -44,19 +49,17 @@ def diff_cmd(
         said = any(d.startswith("target ") for d in f.details)  # "(target a -> b)" names both already
         shown = f"{f.path} -> {target}" if kind == "symlink" and target is not None and not said else f.path
         shown += "/" if kind == "dir" else ""
-        sizes = [s for s in (f.size_b, f.size_a) if s is not None]
-        size = f"  {format_bytes(sizes[0])}" if sizes else ""
         new = f"  ({format_bytes(f.new_bytes)} new)" if f.new_bytes else ""
         what = [d for d in f.details if d != "content"]
         details = f"  ({'; '.join(what)})" if what else ""
-        lines.append(one_line(f"{f.status:8} {shown}{size}{new}{details}"))
+        lines.append(one_line(f"{f.status:8} {column(sizes[f.path])}{shown}{new}{details}"))
         if f.tensors is not None:
             t = f.tensors
-            lines += [f"           + {name}" for name in t.added]
-            lines += [f"           - {name}" for name in t.removed]
-            lines += [f"           ~ {name}" for name in t.changed]
+            lines += [f"{indent}+ {name}" for name in t.added]
+            lines += [f"{indent}- {name}" for name in t.removed]
+            lines += [f"{indent}~ {name}" for name in t.changed]
             lines.append(
-                f"           tensors: {len(t.changed)} changed, {len(t.added)} added, {len(t.removed)} removed, "
+                f"{indent}tensors: {len(t.changed)} changed, {len(t.added)} added, {len(t.removed)} removed, "
                 f"{t.unchanged} unchanged"
             )
     count = {s: sum(f.status == s for f in result.files) for s in ("changed", "added", "removed", "metadata")}
