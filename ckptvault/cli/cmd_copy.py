@@ -28,7 +28,7 @@ from .app import (
     refuse_blank_vault_settings,
     vault_options,
 )
-from .output import Output, VaultNaming, format_bytes, name_the_vault_in_advice
+from .output import Output, VaultNaming, counted, format_bytes, name_the_vault_in_advice
 from .params import parse_storage_options, parse_tags
 
 SOURCE_VAULT = VaultOptionNames(
@@ -222,7 +222,7 @@ def copy_cmd(
         ids = ", ".join(s.short_id for s in result.copied)
         out.result(data, f"would copy {len(result.copied)} snapshot(s) ({ids}){there}; nothing was written", asked=True)
     else:
-        deltas = f" ({result.delta_chunks} chunks as deltas)" if result.delta_chunks else ""
+        deltas = f" ({counted(result.delta_chunks, 'chunk')} as deltas)" if result.delta_chunks else ""
         out.result(
             data,
             f"copied {len(result.copied)} snapshot(s) to {dest.url}{there}: {format_bytes(result.read_bytes)} read, "
