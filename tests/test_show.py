@@ -98,6 +98,10 @@ def test_show_stats_near_the_dtypes_limits_do_not_overflow(cli, tmp_path: Path) 
     table = cli("show", "latest", "m.safetensors", "--stats", "--repo", repo).stdout.decode()
     header, row = (line.split() for line in table.splitlines() if line.split()[:1] in (["name"], ["inf"]))
     assert header[-2:] == ["nan", "inf"] and row[-2:] == ["0", "1"]  # the table shows infinities too
+    lines = table.splitlines()
+    for column in ("bytes", "offset", "mean", "inf"):  # figures right-aligned under their header, as ls and stats
+        end = lines[0].index(column) + len(column)
+        assert all(line[end - 1] != " " and line[end : end + 1] in ("", " ") for line in lines), (column, table)
 
 
 def test_ls_long_and_show_through_the_cli(cli, tmp_path: Path) -> None:

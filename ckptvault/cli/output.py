@@ -266,10 +266,10 @@ class Output:
     def table(*columns: str) -> Table:
         table = _PlainTable(box=None, pad_edge=False, header_style="bold")
         for col in columns:
-            right = col in ("size", "files", "new", "stored", "logical")
+            right = col in ("size", "files", "new", "stored", "logical", "chunks", "bytes", "offset", *_TENSOR_FIGURES)
             # A long path, tag list or description wraps on a narrow terminal, never "…"; an ID, a time, a host
             # or a number stays whole (an ID cut in two cannot be copied; a date and its time fell on two lines).
-            whole = right or col in ("id", "time (UTC)", "host", "type", "mode", "chunks")
+            whole = right or col in ("id", "time (UTC)", "host", "type", "mode")
             table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=whole)
         return table
 
@@ -279,6 +279,7 @@ def listed_tags(tags: dict[str, str]) -> str:
     return format_tags({k: v for k, v in tags.items() if k != WATCH_SIG_TAG})
 
 
+_TENSOR_FIGURES = ("min", "max", "mean", "std", "nan", "inf")  # show --stats
 MIN_FOLDED = 12  # a column of tags or a description folded narrower than this reads as noise
 
 
