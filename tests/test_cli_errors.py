@@ -144,6 +144,15 @@ def test_help_flags(cli, flag):
     assert "Usage:" in out and "restore [OPTIONS]" in out and "--overwrite" in out
 
 
+def test_the_command_list_breaks_summaries_only_where_the_terminal_ends(cli):
+    """Typer kept the docstrings' line breaks in the list of commands, so summaries broke mid-sentence
+    ("those with" / "--tag, or the given ones.") whatever the terminal's width."""
+    rows = [line for line in cli("--help").stdout.decode().splitlines() if line.startswith("│ ")]
+    copy = [row for row in rows if row.split()[1:2] == ["copy"]]
+    assert len(copy) == 1 and "those with --tag, or the given ones." in copy[0], rows
+    assert "passwd    Change a keyfile's passphrase. The key" in cli("key", "--help").stdout.decode()
+
+
 def test_bare_command_still_prints_the_help(cli):
     proc = cli(check=False)
     assert proc.returncode == 2
