@@ -347,3 +347,23 @@ def test_a_restore_failing_in_a_terminal_takes_its_progress_bar_down_first(repo_
     text = seen.decode(errors="replace")
     hidden, error = text.index("\x1b[?25l"), text.index("error: no space left")  # the bar was shown
     assert hidden < text.rindex("\x1b[?25h", 0, error), text  # and the cursor back before the error line
+
+
+def test_a_restore_in_a_dumb_terminal_shows_no_bar(repo_url: str, snap, tmp_path: Path):
+    """TERM=dumb (an editor's shell, some CI logs) cannot redraw a line: the bar left two empty lines."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptvault", "restore", snap, str(tmp_path / "t"), "--repo", repo_url],
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": "100", "TERM": "dumb"},
+    )
+    os.close(terminal)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while block := os.read(controller, 65536):
+            seen += block
+    os.close(controller)
+    assert proc.wait(60) == 0, seen
+    assert seen.decode().startswith(f"restored snapshot {snap[:8]} to "), seen

@@ -253,7 +253,9 @@ class Output:
 
     @contextmanager
     def progress(self, label: str) -> Iterator[_RichProgress | None]:
-        if self.quiet or self.json_mode or not self.err.is_terminal:
+        # A dumb terminal (TERM=dumb: an editor's shell, some CI logs) cannot redraw a line: a bar there left
+        # empty lines before the summary.
+        if self.quiet or self.json_mode or not self.err.is_terminal or self.err.is_dumb_terminal:
             yield None
             return
         bar = _RichProgress(self.err, label)
