@@ -500,12 +500,21 @@ class LockManager:
         refreshed = self.lock_time(other)  # the storage's time where the holder's clock is behind
         until = f" (at {refreshed + self.stale_after:%Y-%m-%d %H:%M:%S} UTC)" if refreshed else ""
         remove_all = spelled("ckptvault unlock --remove-all", "Vault.unlock(remove_all=True)")
+        wait = (
+            f"wait for it to finish (with {spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command "
+            "waits for it by itself)"
+        )
+        if running_here(other):  # nothing to say of staleness: it is alive
+            locked = VaultLockedError(
+                f"vault {url} is locked: {other.describe(refreshed)}, a process running on this host; {wait}"
+            )
+            locked.held_since = refreshed
+            return locked
         if not other.unreadable:
             # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
             locked = VaultLockedError(
-                f"vault {url} is locked: {other.describe(refreshed)}; wait for it to finish (with "
-                f"{spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command waits for it by itself). "
-                f"If that process is gone, its lock goes stale {minutes} minutes after its last refresh{until} (at "
+                f"vault {url} is locked: {other.describe(refreshed)}; {wait}. If that process is gone, its lock "
+                f"goes stale {minutes} minutes after its last refresh{until} (at "
                 f"once if it ran on this host, outside any container of its own, or before this machine last "
                 f"restarted) and "
                 f"{unlock_command()} removes it then; if its machine is gone for good "
