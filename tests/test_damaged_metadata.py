@@ -452,6 +452,27 @@ def test_init_over_a_vault_whose_config_is_gone_is_refused_naming_it(two_snapsho
     assert proc.returncode == 2 and "is not empty and holds no vault" in error_line(proc), proc.stderr
 
 
+@pytest.mark.parametrize("how", ["cut", "field"])
+def test_init_over_a_vault_whose_config_is_damaged_says_so_not_use_it(two_snapshots, cli: Callable, how: str):
+    """init over a damaged config said "a vault already exists ...; use it" (exit 10), and using it then failed
+    on the config: docs/reliability.md promises exit 30 and the advice to put the config back from a copy."""
+    repo, *_ = two_snapshots
+    config = Path(repo) / "config"
+    data = config.read_bytes()
+    damaged = data[: len(data) // 2] if how == "cut" else json.dumps({**json.loads(data), "version": True}).encode()
+    config.write_bytes(damaged)
+    proc = cli("init", repo, check=False)
+    error = error_line(proc)
+    assert proc.returncode == 30 and f"the config of {repo} is damaged" in error, error
+    assert "put the config back from a copy" in error and "use it" not in error, error
+    assert config.read_bytes() == damaged
+    with pytest.raises(MalformedObjectError, match="put the config back from a copy"):
+        Vault.init(repo)
+    assert cli("init", str(Path(repo).parent / "v2"), check=False).returncode == 0  # a new vault elsewhere
+    proc = cli("init", str(Path(repo).parent / "v2"), check=False)  # a whole config: as before
+    assert proc.returncode == 10 and "a vault already exists" in error_line(proc), proc.stderr
+
+
 def test_a_config_that_lacks_a_field_says_to_put_it_back_from_a_copy(two_snapshots, cli: Callable):
     repo, *_ = two_snapshots
     config = Path(repo) / "config"

@@ -227,6 +227,14 @@ class Repository:
         """Create a repository; encrypted when a keyfile and its unlocked master key are given.
         The config is written create-if-absent, so of two racing inits exactly one wins."""
         if store.exists(CONFIG_KEY):
+            # a damaged config is said so (exit 30, put it back from a copy), not "a vault exists: use it",
+            # which every command then refuses
+            try:
+                cls.read_config(store)
+            except MalformedObjectError:
+                raise
+            except CkptVaultError:  # a newer format, a storage fault: the vault is there all the same
+                pass
             raise VaultExistsError(store.url)
         if _holds_vault_objects(store):  # a new config there would make the old snapshots unreadable
             raise _config_missing(store)
