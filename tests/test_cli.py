@@ -446,6 +446,14 @@ def test_a_demo_run_in_a_vault_in_use_warns_even_when_quiet(cli, tmp_path: Path)
     assert ids, err
     cli("forget", *ids.groups(), "--prune")
     assert [s["tags"]["run"] for s in json.loads(cli("snapshots", "--json").stdout)] == ["mine"]
+    # a second demo's advice names the first one's saves too (it named only its own two)
+    cli("demo", "-q")
+    err = cli("demo", "-q").stderr.decode()
+    said = r"^warning: the demo's 4 saves \(run=demo\) are now newer than the 1 other snapshot in .*; "
+    ids = re.search(said + r"remove them with: ckptvault forget ((?:[0-9a-f]{8} ){4})--prune$", err.strip())
+    assert ids, err
+    cli("forget", *ids.group(1).split(), "--prune")
+    assert [s["tags"]["run"] for s in json.loads(cli("snapshots", "--json").stdout)] == ["mine"]
 
 
 def test_a_local_url_is_shown_as_one_that_opens_the_vault_again(cli, tmp_path: Path):

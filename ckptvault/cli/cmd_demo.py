@@ -48,10 +48,12 @@ def demo_cmd(
             f"restored latest --tag run=demo (snapshot {latest.short_id}, step {latest.step}): "
             f"{counted(result.files, 'file')}, {format_bytes(result.bytes_written)}, byte-identical to the source"
         )
-        forget = f"ckptvault forget {' '.join(s.short_id for s in snapshots)} --prune"
+        demos = vault.snapshots(tags={"run": "demo"})  # an earlier demo's too
+        forget = f"ckptvault forget {' '.join(s.short_id for s in demos)} --prune"
         if yours:
+            saves = "two saves" if len(demos) == 2 else f"{len(demos)} saves"
             out.warn(
-                f"the demo's two saves (run=demo) are now newer than the {counted(len(yours), 'other snapshot')} in "
+                f"the demo's {saves} (run=demo) are now newer than the {counted(len(yours), 'other snapshot')} in "
                 f"{vault.url}: a `restore latest` without --tag would take the demo's; remove them with: {forget}"
             )
         else:
