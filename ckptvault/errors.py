@@ -108,9 +108,16 @@ def unlock_command() -> str:
     return spelled("ckptvault unlock", "vault.unlock()")
 
 
-def unused_keyfile_note(url: str, keyfile: str) -> str:
+def unused_keyfile_note(url: str, keyfile: str, env: str | None = None) -> str:
     """The warning of a command that only reads a vault that is not encrypted, given a keyfile (cli49 #8: a
-    ``CKPTVAULT_KEYFILE`` exported for the main vault refused every read of a plain mirror)."""
+    ``CKPTVAULT_KEYFILE`` exported for the main vault refused every read of a plain mirror). ``env``: the
+    environment variable the keyfile came from (the CLI's), named with how to leave it out, as the writers'
+    refusal says."""
+    if env is not None:
+        return (
+            f"the vault at {url} is not encrypted; the keyfile {keyfile} (from {env}) is not used "
+            f"(to leave it out: env -u {env} ckptvault ...)"
+        )
     return f"the vault at {url} is not encrypted; the keyfile {keyfile} is not used" + spelled(
         "", " (reading goes on; a write to this vault is refused while a keyfile is given)"
     )

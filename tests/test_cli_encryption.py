@@ -374,7 +374,10 @@ def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_wr
     cli("backup", str(src), "--repo", repo, "--tag", "run=x")
     before = cli("snapshots", "--repo", repo, "--json").stdout
     env["CKPTVAULT_KEYFILE"] = key
-    note = f"warning: the vault at {repo} is not encrypted; the keyfile {key} is not used\n"
+    note = (
+        f"warning: the vault at {repo} is not encrypted; the keyfile {key} (from CKPTVAULT_KEYFILE) is not used "
+        "(to leave it out: env -u CKPTVAULT_KEYFILE ckptvault ...)\n"
+    )
     for args in (
         ["snapshots"],
         ["ls", "latest"],
@@ -409,3 +412,33 @@ def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_wr
         assert "is not encrypted but a keyfile was given" in one_line_error(proc), args
         assert "env -u CKPTVAULT_KEYFILE ckptvault ...)" in proc.stderr.decode()  # h5 #5: how, runnable
     assert cli("snapshots", "--repo", repo, "--json").stdout == before
+
+
+def test_an_unused_keyfile_from_the_environment_is_named_as_such(cli, tmp_path: Path):
+    """h51 #1: a reader's warning that the keyfile is not used said nothing of where it came from: one exported in
+    CKPTVAULT_KEYFILE (or CKPTVAULT_FROM_KEYFILE, copy's source) is named, with how to leave it out; one given as an
+    option is not, even when the variable holds the same path."""
+    env = {"CKPTVAULT_PASSPHRASE": "first passphrase"}
+    key = str(tmp_path / "team.key")
+    cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", **env)
+    repo, src = str(tmp_path / "plain"), tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w")
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    plain = f"warning: the vault at {repo} is not encrypted; the keyfile {key} is not used\n"
+    from_env = cli("snapshots", "--repo", repo, "--json", CKPTVAULT_KEYFILE=key, **env).stderr.decode()
+    assert from_env == (
+        f"warning: the vault at {repo} is not encrypted; the keyfile {key} (from CKPTVAULT_KEYFILE) is not used "
+        "(to leave it out: env -u CKPTVAULT_KEYFILE ckptvault ...)\n"
+    ), from_env
+    assert cli("snapshots", "--repo", repo, "-k", key, **env).stderr.decode() == plain
+    given = cli("ls", "latest", "--repo", repo, "--keyfile", key, CKPTVAULT_KEYFILE=key, **env).stderr.decode()
+    assert given == plain, given  # the option was typed: the variable is not what gave it
+    mirror = str(tmp_path / "mirror")
+    cli("init", mirror)
+    copied = cli("copy", "--from-repo", repo, "--repo", mirror, "-q", CKPTVAULT_FROM_KEYFILE=key, **env)
+    assert (
+        f"the keyfile {key} (from CKPTVAULT_FROM_KEYFILE) is not used "
+        "(to leave it out: env -u CKPTVAULT_FROM_KEYFILE ckptvault ...)"
+    ) in copied.stderr.decode(), copied.stderr

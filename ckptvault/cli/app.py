@@ -323,6 +323,8 @@ class VaultArgs:
     limit_upload: str | None = None
     limit_download: str | None = None
     retry_lock: str | None = None
+    # the command's parameters that typer took from their environment variables (CKPTVAULT_KEYFILE...)
+    from_environment: frozenset[str] = frozenset()
 
     def open(
         self,
@@ -344,6 +346,7 @@ class VaultArgs:
             limit_download=self.limit_download,
             retry_lock=self.retry_lock,
             passphrase=passphrase,
+            keyfile_from_env="keyfile" in self.from_environment,
         )
 
 
@@ -359,19 +362,31 @@ _VAULT_OPTIONS = {
 }
 
 
+_CONTEXT = "vault_options_context"  # the name under which typer hands vault_options' wrapper the click context
+
+
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where click took parameter ``name`` from: ``COMMANDLINE``, ``ENVIRONMENT``, ``DEFAULT``..."""
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
 def vault_options(func: F) -> F:
     """Give a command --repo, -o, --keyfile, --passphrase-file, the bandwidth limits and --retry-lock; it
     receives them as ``vault_args: VaultArgs``. typer reads parameters from the signature, so the wrapper publishes the
-    command's own parameters (minus ``vault_args``) followed by the shared ones."""
+    command's own parameters (minus ``vault_args``) followed by the shared ones, and the context, which says
+    which parameters came from environment variables."""
     own = [p for p in inspect.signature(func, eval_str=True).parameters.values() if p.name != "vault_args"]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
-        for name, annotation in _VAULT_OPTIONS.items()
+        for name, annotation in [*_VAULT_OPTIONS.items(), (_CONTEXT, typer.Context)]
     ]
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        vault = VaultArgs(**{name: kwargs.pop(name, None) for name in _VAULT_OPTIONS})
+        ctx: typer.Context | None = kwargs.pop(_CONTEXT, None)
+        from_env = frozenset() if ctx is None else frozenset(n for n in ctx.params if _source(ctx, n) == "ENVIRONMENT")
+        vault = VaultArgs(**{name: kwargs.pop(name, None) for name in _VAULT_OPTIONS}, from_environment=from_env)
         return func(*args, vault_args=vault, **kwargs)
 
     wrapper.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
@@ -464,11 +479,13 @@ def open_vault(
     retry_lock: str | None = None,
     names: VaultOptionNames = THIS_VAULT,
     passphrase: Callable[[], str] | None = None,
+    keyfile_from_env: bool = False,
 ) -> Vault:
     """The named repository (which must exist), or the default one, which the first
     writing command creates (reading commands do not leave an empty one behind). ``writes``: the command writes
     into the vault (``writing`` does too): a keyfile given for a vault that is not encrypted refuses it at once,
-    where a command that only reads says in a warning that the keyfile is not used, and goes on.
+    where a command that only reads says in a warning that the keyfile is not used, and goes on (naming
+    ``names.keyfile_env`` when ``keyfile_from_env``: the keyfile came from it, not from the option).
     ``names``: how this vault's options are spelled, for messages; ``passphrase``: where the keyfile's
     passphrase comes from, if not from this vault's options (copy's two vaults under one keyfile)."""
     refuse_blank_vault_settings(repo, keyfile, names)
@@ -510,7 +527,8 @@ def open_vault(
         if writes or writing:
             vault.close()
             raise unused_keyfile_error(vault.url, vault.unused_keyfile)
-        out.warn(unused_keyfile_note(vault.url, vault.unused_keyfile))
+        env = names.keyfile_env if keyfile_from_env else None
+        out.warn(unused_keyfile_note(vault.url, vault.unused_keyfile, env))
         if names is THIS_VAULT:  # the commands its messages suggest would be refused with it (writers)
             name_the_vault_in_advice(VaultNaming.of(repo, None, None, storage_option))
     vault.on_warning = out.warn  # e.g. a snapshot object that cannot be read, left out of the listing

@@ -170,6 +170,7 @@ def copy_cmd(
             retry_lock=vault_args.retry_lock,
             names=SOURCE_VAULT,
             passphrase=shared,
+            keyfile_from_env="from_keyfile" in vault_args.from_environment,
         )
     except CkptVaultError as exc:
         exc = _in_source_terms(exc)
