@@ -90,6 +90,21 @@ def test_cli_host_selects_in_every_command(cli, tmp_path: Path):
     assert blank.returncode == 2 and "--host: '' is blank" in blank.stderr.decode()
 
 
+def test_a_selection_from_an_empty_vault_says_it_has_no_snapshots(cli, tmp_path: Path):
+    """h51 #2: `snapshots --host X` on a vault with no snapshot said "the hosts are: none"."""
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    for args in (["snapshots"], ["stats"], ["snapshots", "--tag", "run=x"]):
+        proc = cli(*args, "--repo", repo, "--host", "nodeA", "--json")
+        said = proc.stderr.decode()
+        assert "selects no snapshot (the vault has no snapshots yet)" in said and "none" not in said, (args, said)
+    missing = cli("restore", "latest", str(tmp_path / "r"), "--repo", repo, "-H", "nodeA", check=False)
+    assert missing.returncode == 18, missing.stderr
+    assert "no snapshot matches latest --host nodeA (the vault has no snapshots yet)" in missing.stderr.decode()
+    tagged = cli("snapshots", "--repo", repo, "--tag", "run=x").stderr.decode()
+    assert "--tag run=x selects no snapshot (the vault has no snapshots yet)" in tagged, tagged
+
+
 def test_a_hostname_with_spaces_at_its_ends_or_too_long_is_refused(vault: Vault, tmp_path: Path):
     """h5 #3: `backup --host " nodeA"` was stored as another host than nodeA, looking the same in the tables, and
     a 300-character name stretched every table (tags stop at 256 characters and refuse spaces at their ends)."""

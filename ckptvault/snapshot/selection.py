@@ -107,8 +107,13 @@ def listing_of(tags: dict[str, str] | None, hosts: Sequence[str] | None = None) 
     )
 
 
+NO_SNAPSHOTS_YET = " (the vault has no snapshots yet)"  # why a selection from an empty vault takes none
+
+
 def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
+    if tags and not snapshots:
+        return NO_SNAPSHOTS_YET
     for key, value in tags.items():
         values = sorted({s.tags[key] for s in snapshots if key in s.tags})
         if not values:
@@ -133,6 +138,8 @@ def unmatched(snapshots: list[Snapshot], tags: dict[str, str] | None, hosts: Seq
     said = unmatched_tags(snapshots, tags or {})
     if said or not hosts:
         return said
+    if not snapshots:  # not "the hosts are: none"
+        return NO_SNAPSHOTS_YET
     if not filter_by_hosts(snapshots, hosts):
         return f" (no snapshot is of host {_either(hosts)}; the hosts are: {_hosts_listed(snapshots)})"
     tagged = filter_by_tags(snapshots, tags)
