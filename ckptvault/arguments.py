@@ -260,10 +260,20 @@ def hostname_arg(value: str | None) -> str | None:
     return hostname
 
 
-def hosts_arg(value: Sequence[str] | None) -> list[str]:
+def hosts_arg(value: Sequence[str] | None) -> list[str] | None:
     """Hosts to select snapshots of (restic's ``--host``): a list of hostnames, any of which a snapshot may be
-    of; None or an empty list selects every host. A bare string is refused (it would be iterated)."""
+    of; None selects every host. A bare string is refused (it would be iterated), and so is an empty list: any
+    of no host would be no snapshot, and it is almost always a filtered list that ended empty, which taken
+    for every host would restore or count another host's snapshots. (``tags={}``, unlike it, selects every
+    snapshot as it says: each carries all of no tags.)"""
+    if value is None:
+        return None
     hosts = str_list_arg("hosts", value, "['nodeB']")
+    if not hosts:
+        raise UsageError(
+            "hosts is an empty list, which would select no snapshot (a filtered list that ended empty?); "
+            "pass hosts=None (or leave it out) for every host, or hostnames, e.g. hosts=['nodeB']"
+        )
     for host in hosts:
         if not host.strip() or not host.isprintable():
             raise UsageError(

@@ -414,6 +414,10 @@ class Vault:
     @_open_only
     def snapshots(self, tags: dict[str, str] | None = None, *, hosts: Sequence[str] | None = None) -> list[Snapshot]:
         """All snapshots (matching every given tag, and of any of ``hosts`` when given), oldest first.
+        ``tags``: None or ``{}`` for no tag filter (every snapshot carries all of no tags); ``hosts``: a list of
+        hostnames, or None for every host (an empty list is refused, UsageError: any of no host is no
+        snapshot, and a filtered list that ended empty must not widen to every host). Every method that
+        selects (``snapshot``, ``latest``, ``restore``, ``restore_latest``, ``drill``, ``stats``) takes them so.
 
         A snapshot object that cannot be decoded (damaged, or written by a newer ckptvault) is left
         out with a warning naming it (once per Vault: the "ckptvault" logger and ``on_warning``);
@@ -444,8 +448,8 @@ class Vault:
     ) -> Snapshot:
         """A snapshot by unique ID prefix (4 characters or more, as everywhere: ``arguments.ID_PREFIX_MIN``), or
         ``"latest"`` (newest step, else time) among those with ``tags`` and of any of ``hosts`` (restic's
-        ``--host``; None: any host). An ID, or a Snapshot, must match them too. An ID naming a snapshot object that
-        cannot be decoded raises that object's error."""
+        ``--host``; None: any host; ``[]`` is refused, as for ``snapshots``). An ID, or a Snapshot, must match
+        them too. An ID naming a snapshot object that cannot be decoded raises that object's error."""
         spec = snapshot_arg(spec)
         refuse_short_id_prefix(spec, "name")  # `restore 1` is refused: so is Vault.snapshot("1"), ls 1, diff 1 9
         tags = tags_arg(tags)

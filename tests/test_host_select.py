@@ -17,7 +17,8 @@ def test_snapshots_and_latest_select_by_host(vault: Vault, two_hosts):
     assert vault.snapshots(hosts=["nodeB"]) == [b1, y]
     assert vault.snapshots({"run": "x"}, hosts=["nodeA"]) == [a1, a2]
     assert vault.snapshots(hosts=["nodeA", "nodeB"]) == vault.snapshots()  # repeated: any of them
-    assert vault.snapshots(hosts=[]) == vault.snapshots()  # none given: every host
+    assert vault.snapshots(hosts=None) == vault.snapshots()  # none given: every host
+    assert vault.snapshots(tags={}) == vault.snapshots()  # no tag filter: each carries all of no tags
     # latest of run x is step 2 of nodeA; of nodeB's, its step 1
     assert vault.latest({"run": "x"}) == a2
     assert vault.latest({"run": "x"}, hosts=["nodeB"]) == b1
@@ -49,6 +50,30 @@ def test_no_match_names_the_hosts_there_are(vault: Vault, two_hosts, tmp_path: P
         vault.snapshot(a1.id[:8], hosts=["nodeB"])
     with pytest.raises(SnapshotNotFoundError, match=r"is of host nodeA, not nodeB"):
         vault.snapshot(a1, hosts=["nodeB"])
+
+
+def test_an_empty_hosts_list_is_refused_in_every_method_that_selects(vault: Vault, two_hosts, tmp_path: Path):
+    """h51 #3: hosts=[] selected every host, as None does: a filtered list that ended empty restored, drilled or
+    counted another host's snapshots. It is refused, naming the argument and None; tags={} still selects all."""
+    said = r"hosts is an empty list, which would select no snapshot .*pass hosts=None \(or leave it out\) for every"
+    calls = {
+        "snapshots": lambda: vault.snapshots(hosts=[]),
+        "snapshot": lambda: vault.snapshot("latest", hosts=[]),
+        "snapshot of a Snapshot": lambda: vault.snapshot(two_hosts["a1"], hosts=()),
+        "latest": lambda: vault.latest({"run": "x"}, hosts=[]),
+        "restore": lambda: vault.restore("latest", tmp_path / "r1", hosts=[]),
+        "restore_latest": lambda: vault.restore_latest(tmp_path / "r2", run="x", hosts=[]),
+        "drill": lambda: vault.drill(hosts=[], workdir=tmp_path),
+        "stats": lambda: vault.stats(hosts=[]),
+        "stats of some": lambda: vault.stats(["latest"], tags={}, hosts=[]),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UsageError, match=said):
+            call()
+            pytest.fail(name)
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+    assert vault.latest(tags={}, hosts=None) == vault.latest()
+    assert vault.stats(tags={}).selected is False  # no filter: the whole vault's figures
 
 
 @pytest.mark.parametrize(("hosts", "expected"), [("nodeB", "must be a list of strings"), ([""], "is blank")])

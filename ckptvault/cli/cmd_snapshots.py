@@ -20,7 +20,7 @@ SnapshotArg = Annotated[
 ]
 
 
-def warn_of_an_empty_selection(out: Output, vault: Vault, tags: dict[str, str], hosts: list[str]) -> None:
+def warn_of_an_empty_selection(out: Output, vault: Vault, tags: dict[str, str], hosts: list[str] | None) -> None:
     """A mistyped --tag or --host must not read as "this run was never backed up": say what there is instead."""
     if tags or hosts:
         every = vault.snapshots()

@@ -52,10 +52,10 @@ def parse_tags(
     return tags
 
 
-def parse_hosts(values: list[str] | None) -> list[str]:
-    """``--host`` values (repeatable: a snapshot of any of them is selected); a blank one is refused (an unset
-    variable, ``--host "$HOST"``), not taken as no filter."""
-    return hosts_arg(values or [])
+def parse_hosts(values: list[str] | None) -> list[str] | None:
+    """``--host`` values (repeatable: a snapshot of any of them is selected; None when none is given: every
+    host); a blank one is refused (an unset variable, ``--host "$HOST"``), not taken as no filter."""
+    return hosts_arg(values) if values else None
 
 
 def parse_new_tags(values: list[str] | None, option: str = "--tag") -> dict[str, str]:
