@@ -58,6 +58,24 @@ def test_cli_stats_takes_snapshots_tags_and_hosts(cli, tmp_path: Path):
     assert "selects no snapshot (no snapshot is of host nodeC; the hosts are: nodeA, nodeB)" in none.stderr.decode()
 
 
+def test_stats_lists_each_snapshot_with_its_host(cli, vault: Vault, two_hosts, tmp_path: Path):
+    """h51 #4: the per-snapshot table and --json of stats had no host, where snapshots has one: with several
+    nodes writing to a vault, which one's save added the bytes could not be told."""
+    assert [s.hostname for s in vault.stats().per_snapshot] == ["nodeA", "nodeA", "nodeB", "nodeB"]
+    assert [s.hostname for s in vault.stats(hosts=["nodeB"]).per_snapshot] == ["nodeB", "nodeB"]
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    for name, host in (("a", "nodeA"), ("b", "nodeB")):
+        write_file(tmp_path / name / "w.bin", name.encode() * 1000)
+        cli("backup", str(tmp_path / name), "--repo", repo, "--host", host)
+    listed = json.loads(cli("stats", "--repo", repo, "--json").stdout)["per_snapshot"]
+    assert [s["hostname"] for s in listed] == ["nodeA", "nodeB"]
+    lines = cli("stats", "--repo", repo).stdout.decode().splitlines()
+    assert lines[0].split()[:4] == ["id", "time", "(UTC)", "host"], lines
+    for row, host in zip(lines[1:3], ("nodeA", "nodeB"), strict=True):
+        assert row.split()[3] == host, lines
+
+
 def test_stats_of_a_delta_coded_snapshot_counts_the_bases_it_needs(tmp_path: Path):
     from tests.test_delta import DELTA, SMALL, Training, backup_steps
 

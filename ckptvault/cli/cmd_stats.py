@@ -41,11 +41,12 @@ def stats_cmd(
             "interrupted backup or prune, or an index object is gone): their chunks are not counted in unique bytes; "
             "once no backup runs, ckptvault repair-index indexes them again"
         )
-    table = out.table("id", "time (UTC)", "tags", "logical", "new", "stored")
+    table = out.table("id", "time (UTC)", "host", "tags", "logical", "new", "stored")
     for s in stats.per_snapshot:
         table.add_row(
             s.id[:8],
             s.time.strftime("%Y-%m-%d %H:%M:%S"),
+            s.hostname,
             listed_tags(s.tags),
             format_bytes(s.logical_bytes),
             format_bytes(s.new_bytes),

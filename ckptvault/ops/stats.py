@@ -25,6 +25,7 @@ class SnapshotStats:
     new_bytes: int  # raw bytes of chunks the snapshot's backup added
     stored_bytes: int  # bytes the snapshot's backup added to the repository
     delta_saved_bytes: int = 0  # estimated bytes its delta chunks saved over plain coding
+    hostname: str = ""  # the host its backup ran on (or that backup --host named): the snapshot's hostname
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def _stats(
                 new_bytes=s.summary.new_bytes,
                 stored_bytes=s.summary.stored_bytes,
                 delta_saved_bytes=s.summary.delta_saved_bytes,
+                hostname=s.hostname,
             )
             for s in snapshots
         ],
