@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,37 @@ def test_a_selection_from_an_empty_vault_says_it_has_no_snapshots(cli, tmp_path:
     assert "no snapshot matches latest --host nodeA (the vault has no snapshots yet)" in missing.stderr.decode()
     tagged = cli("snapshots", "--repo", repo, "--tag", "run=x").stderr.decode()
     assert "--tag run=x selects no snapshot (the vault has no snapshots yet)" in tagged, tagged
+
+
+def test_backup_and_watch_take_h_for_the_host_and_the_writers_say_what_they_take_instead(cli, tmp_path: Path):
+    """h51 #5: `backup --host NAME` had no -H, which the reading commands take for --host (restic's backup has
+    both); `prune --host X` and `forget --host X` got click's bare "No such option": they name --group-by host
+    and the snapshot IDs instead, exit 2 as other usage errors, and change nothing."""
+    from tests.test_cli import one_line_error
+
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    write_file(tmp_path / "src" / "w.bin", b"w" * 100)
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "-H", "nodeB")
+    write_file(tmp_path / "out" / "checkpoint-1" / "w.bin", b"x" * 100)
+    cli("watch", str(tmp_path / "out"), "--once", "--repo", repo, "-H", "nodeC")
+    listed = json.loads(cli("snapshots", "--repo", repo, "--json").stdout)
+    assert [s["hostname"] for s in listed] == ["nodeB", "nodeC"]
+    for command, args, said in (
+        ("prune", ["--keep-latest", "1", "--host", "nodeB"], "prune takes no --host: use --group-by host to apply"),
+        ("prune", ["--keep-latest", "1", "-H", "nodeB"], "prune takes no --host: use --group-by host"),
+        ("forget", ["latest", "--host", "nodeB"], "forget takes no --host: give the snapshot IDs (ckptvault snapshots"),
+        ("forget", ["latest", "--host=nodeB"], "or use ckptvault prune --group-by host"),
+        ("tag", ["latest", "-H", "nodeB", "--add", "k=v"], "tag takes no --host: give the snapshot's ID"),
+        ("copy", ["--from-repo", repo, "--host", "nodeB"], "copy takes no --host: give snapshot IDs"),
+    ):
+        proc = cli(command, *args, "--repo", repo, check=False)
+        assert proc.returncode == 2, proc.stderr
+        line = one_line_error(proc)
+        assert said in line and "No such option" not in line, line
+    assert json.loads(cli("snapshots", "--repo", repo, "--json").stdout) == listed
+    backup_help = cli("backup", "--help").stdout.decode()
+    assert re.search(r"--host\s+-H\s+NAME", backup_help), backup_help
 
 
 def test_a_hostname_with_spaces_at_its_ends_or_too_long_is_refused(vault: Vault, tmp_path: Path):

@@ -21,7 +21,9 @@ def backup_cmd(
     paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="Files or directories to back up.")],
     tag: TagOpt = None,
     description: Annotated[str, typer.Option("--description", "-d", help="Free text stored with the snapshot.")] = "",
-    host: Annotated[str | None, typer.Option("--host", help="Hostname to record (default: this machine's).")] = None,
+    host: Annotated[
+        str | None, typer.Option("--host", "-H", metavar="NAME", help="Hostname to record (default: this machine's).")
+    ] = None,
     force_read: Annotated[bool, typer.Option("--force-read", help="Read every file, even unchanged ones.")] = False,
     skip_unreadable: Annotated[
         bool, typer.Option("--skip-unreadable", help="Warn about unreadable files instead of failing.")

@@ -47,7 +47,7 @@ def watch_cmd(
     ],
     tag: TagOpt = None,
     host: Annotated[
-        str | None, typer.Option("--host", metavar="NAME", help="Hostname to record (default: this machine's).")
+        str | None, typer.Option("--host", "-H", metavar="NAME", help="Hostname to record (default: this machine's).")
     ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="Ship what is there now and exit (for cron), instead of watching.")

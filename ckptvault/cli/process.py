@@ -188,6 +188,27 @@ def _habit(command: str | None, option: str) -> str | None:
     return None
 
 
+# The commands that take no --host selection, though restic's forget and prune do: what they take instead.
+# Said as the whole error, not as click's "No such option" (the option exists, on the commands that read).
+NO_HOST = {
+    "prune": "prune takes no --host: use --group-by host to apply the rules to each host's snapshots apart, or "
+    "forget by ID what ckptvault snapshots --host NAME lists",
+    "forget": "forget takes no --host: give the snapshot IDs (ckptvault snapshots --host NAME lists a host's), or "
+    "use ckptvault prune --group-by host",
+    "tag": "tag takes no --host: give the snapshot's ID (ckptvault snapshots --host NAME lists a host's)",
+    "copy": "copy takes no --host: give snapshot IDs (ckptvault snapshots --repo SOURCE --host NAME lists a "
+    "host's) or --tag",
+}
+
+
+def _unknown_option(command: str | None, option: str, message: str) -> str:
+    """The error for an option ``command`` does not have (``message``: click's)."""
+    if option in ("--host", "-H") and command in NO_HOST:
+        return NO_HOST[command]
+    habit = _habit(command, option)
+    return f"No such option: {option} ({habit})" if habit else message
+
+
 def _named_command(group: Any, argv: list[str]) -> tuple[Any, list[str], list[str]] | None:
     """The command argv names (``prune``, or ``key passwd``), its words, and the arguments after them."""
     command, i, path = group, 0, []
@@ -259,8 +280,7 @@ def _run(app: typer.Typer) -> int:
         message = " ".join(exc.format_message().split())
         ctx = getattr(exc, "ctx", None)
         if isinstance(exc, click_errors.NoSuchOption) and ctx is not None:
-            habit = _habit(ctx.info_name if ctx.parent is not None else None, exc.option_name)
-            message = f"No such option: {exc.option_name} ({habit})" if habit else message
+            message = _unknown_option(ctx.info_name if ctx.parent is not None else None, exc.option_name, message)
         if ctx is not None:
             command_path = ctx.command_path
         elif named := _named_command(cli, sys.argv[1:]):  # "Option '--tag' requires an argument." has no ctx
