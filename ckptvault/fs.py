@@ -4,7 +4,11 @@
         f.seek(offset); f.read(n)                # fetches only the chunks those bytes live in
 
 Paths are ``<snapshot>/<path in the snapshot>``, where ``<snapshot>`` is ``latest``, an ID or a
-unique ID prefix; the root lists snapshots by ID. Files are ``Vault.open_file`` objects: seekable,
+unique ID prefix; the root lists snapshots by ID. ``tags=`` and ``hosts=`` (as ``Vault.snapshots`` takes
+them) narrow the snapshots the filesystem holds, as restic's ``mount --tag/--host`` do: ``latest`` is the newest
+of those, the root lists those alone, and an ID outside them is no such path. Any other keyword (``tag=``,
+``host=``, ``run=``) is refused, not ignored: a selection that is silently dropped would load another run's
+weights. Files are ``Vault.open_file`` objects: seekable,
 each fetched chunk verified, a few decoded chunks cached per open file. Snapshot resolution and
 trees are cached per filesystem instance (``invalidate_cache()`` forgets them, so ``latest`` is
 looked up again); fsspec hands every ``fsspec.open`` with the same arguments the same instance.
@@ -21,12 +25,15 @@ from typing import Any
 
 from fsspec.spec import AbstractFileSystem
 
-from .arguments import KeyfileArg
+from .arguments import KeyfileArg, hosts_arg, tags_arg
 from .crypto.keyfile import PassphraseSource
 from .errors import PathNotInSnapshotError, SnapshotNotFoundError, UsageError
 from .ops.reader import DEFAULT_CACHE_CHUNKS, SnapshotFile
 from .snapshot.model import FileEntry, Snapshot
 from .vault import Vault
+
+# AbstractFileSystem's own options (skip_instance_cache is taken by fsspec's instance cache before __init__)
+_FSSPEC_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "asynchronous", "loop"})
 
 
 class CkptVaultFileSystem(AbstractFileSystem):
@@ -42,10 +49,22 @@ class CkptVaultFileSystem(AbstractFileSystem):
         passphrase: PassphraseSource = None,
         vault: Vault | None = None,
         cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        tags: dict[str, str] | None = None,
+        hosts: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         """``repo``: the vault URL (default: ``$CKPTVAULT_REPO`` or the default vault); or pass an
-        open ``vault``. ``cache_chunks``: decoded chunks kept per open file."""
+        open ``vault``. ``cache_chunks``: decoded chunks kept per open file. ``tags``, ``hosts``: only the
+        snapshots carrying every tag and of any of the hosts (``latest`` is the newest of them)."""
+        unknown = sorted(set(kwargs) - _FSSPEC_OPTIONS)
+        if unknown:
+            raise UsageError(
+                f"ckptvault:// takes no option {', '.join(map(repr, unknown))}; it takes repo, storage_options, "
+                "keyfile, passphrase, vault, cache_chunks, and selects snapshots with tags={'run': 'x'} and "
+                "hosts=['nodeB']"
+            )
+        self.tags = tags_arg(tags)
+        self.hosts = hosts_arg(hosts)
         super().__init__(**kwargs)
         self.vault = vault or Vault.open(repo, storage_options=storage_options, keyfile=keyfile, passphrase=passphrase)
         self.cache_chunks = cache_chunks
@@ -76,7 +95,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
             snap = self._snapshots.get(spec)
         if snap is None:
             try:
-                snap = self.vault.snapshot(spec)
+                snap = self.vault.snapshot(spec, self.tags, hosts=self.hosts)
             except (SnapshotNotFoundError, UsageError) as exc:  # also no snapshot ID: too short, not hex
                 raise FileNotFoundError(f"ckptvault://{spec}: {exc}") from exc
             with self._lock:
@@ -111,7 +130,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
         if not stripped:
             out: list[dict[str, Any]] = [
                 {"name": s.id, "size": 0, "type": "directory", "time": s.time.isoformat(), "tags": s.tags}
-                for s in self.vault.snapshots()
+                for s in self.vault.snapshots(self.tags, hosts=self.hosts)
             ]
         else:
             spec = stripped.partition("/")[0]

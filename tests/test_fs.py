@@ -15,7 +15,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from ckptvault import Vault
-from ckptvault.errors import PathNotInSnapshotError
+from ckptvault.errors import PathNotInSnapshotError, UsageError
 from ckptvault.fs import CkptVaultFileSystem
 from tests.support.counting_store import count_reads
 from tests.support.disk import need_free_disk
@@ -160,6 +160,36 @@ def test_a_snapshot_forgotten_since_it_was_looked_up_is_file_not_found_until_the
         fs.open("latest/a.bin")
     fs.invalidate_cache()
     assert fs.cat("latest/a.bin") == b"second"
+
+
+def test_tags_and_hosts_select_the_snapshots_of_the_filesystem_and_other_options_are_refused(
+    vault: Vault, two_hosts, repo_url: str
+) -> None:
+    """h51 #6: `fsspec.open("ckptvault://latest/w.bin", repo=URL, tags={"run": "x"})` ignored the tags, and
+    read the newest snapshot of every run: another run's weights. tags= and hosts= narrow the filesystem (restic's
+    `mount --tag/--host`): latest is the newest of them, the root lists them, an ID outside them is not there; a
+    misspelled option (tag=, host=, run=) is refused rather than ignored."""
+    a1, a2, b1, y = (two_hosts[k] for k in ("a1", "a2", "b1", "y"))
+    with fsspec.open("ckptvault://latest/w.bin", "rb", repo=repo_url, tags={"run": "x"}) as f:
+        assert f.read() == b"a2" * 5000  # run x's highest step, not run y's newer snapshot
+    with fsspec.open("ckptvault://latest/w.bin", "rb", repo=repo_url, tags={"run": "x"}, hosts=["nodeB"]) as f:
+        assert f.read() == b"b1" * 5000
+    fs = fsspec.filesystem("ckptvault", repo=repo_url, hosts=["nodeA"], skip_instance_cache=True)
+    assert fs.ls("", detail=False) == [a1.id, a2.id]
+    assert fs.cat(f"{a1.id[:8]}/w.bin") == b"a1" * 5000
+    with pytest.raises(FileNotFoundError, match="is of host nodeB, not nodeA"):
+        fs.cat(f"{y.id[:8]}/w.bin")
+    assert not fs.exists(b1.id)
+    with pytest.raises(FileNotFoundError, match=r"no snapshot has run=z; run is one of: x, y"):
+        CkptVaultFileSystem(vault=vault, tags={"run": "z"}).info("latest")
+    for wrong in ({"tag": {"run": "x"}}, {"host": "nodeB"}, {"run": "x"}):
+        with pytest.raises(UsageError, match=rf"ckptvault:// takes no option '{next(iter(wrong))}'.*tags=.*hosts="):
+            fsspec.open("ckptvault://latest/w.bin", "rb", repo=repo_url, **wrong).open()
+    with pytest.raises(UsageError, match="hosts is an empty list"):
+        CkptVaultFileSystem(vault=vault, hosts=[])
+    with pytest.raises(UsageError, match="must be a list of strings"):
+        CkptVaultFileSystem(vault=vault, hosts="nodeB")
+    assert CkptVaultFileSystem(vault=vault, use_listings_cache=False).cat("latest/w.bin") == b"yy" * 5000
 
 
 def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
