@@ -694,3 +694,40 @@ def test_small_wordings_of_a_first_time_users_review(cli, tmp_path: Path):
     assert info.returncode == 15 and info.stderr.decode().rstrip().endswith(
         "is not a ckptvault keyfile (the wrong file?); give the path of a ckptvault keyfile"
     ), info.stderr
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command of the app, as typed (``key passwd``)."""
+    import typer
+
+    from ckptvault.cli.commands import app
+
+    def walk(command, path: list[str]) -> list[list[str]]:
+        if hasattr(command, "commands"):
+            return [p for name, sub in command.commands.items() for p in walk(sub, [*path, name])]
+        return [path]
+
+    return walk(typer.main.get_command(app), [])
+
+
+def test_every_option_that_takes_a_value_names_it_in_the_help(cli):
+    """h51 #7: per-command options (--include, --exclude's neighbours, --keep-latest, --before...) showed typer's
+    `<str>`/`<int>`/`<float>` where the shared ones show URL, PATH, KEY=VALUE: each now names what it takes."""
+    paths = _command_paths()
+    assert ["restore"] in paths and ["key", "passwd"] in paths and len(paths) > 20
+    bare = re.compile(r"<(str|int|float|text|integer|path)>", re.IGNORECASE)
+    for path in paths:
+        text = cli(*path, "--help", COLUMNS="240").stdout.decode()
+        panel, rows = "", []
+        for line in text.splitlines():
+            if line.startswith("╭─"):
+                panel = line
+            elif "Options" in panel and line.startswith("│") and line[1:].lstrip().startswith(("-", "*")):
+                rows.append(line)
+        assert rows, (path, text)
+        typed = [row for row in rows if bare.search(row)]
+        assert not typed, (path, typed)
+    restore = cli("restore", "--help", COLUMNS="240").stdout.decode()
+    assert re.search(r"--include\s+-i\s+GLOB\s", restore), restore
+    prune = cli("prune", "--help", COLUMNS="240").stdout.decode()
+    assert re.search(r"--keep-latest\s+N\s", prune) and re.search(r"--before\s+DATE\|AGE\s", prune), prune

@@ -20,7 +20,9 @@ from .params import parse_new_tags
 def backup_cmd(
     paths: Annotated[list[str], typer.Argument(metavar="PATH...", help="Files or directories to back up.")],
     tag: TagOpt = None,
-    description: Annotated[str, typer.Option("--description", "-d", help="Free text stored with the snapshot.")] = "",
+    description: Annotated[
+        str, typer.Option("--description", "-d", metavar="TEXT", help="Free text stored with the snapshot.")
+    ] = "",
     host: Annotated[
         str | None, typer.Option("--host", "-H", metavar="NAME", help="Hostname to record (default: this machine's).")
     ] = None,
@@ -31,8 +33,9 @@ def backup_cmd(
     on_change: Annotated[
         str,
         typer.Option(
+            metavar="warn|skip|fail",
             help="A file that changed while read, twice: warn (store it), skip (leave it out) or fail; fail also"
-            " when a file was deleted or replaced during the backup."
+            " when a file was deleted or replaced during the backup.",
         ),
     ] = "warn",
     skip_if_unchanged: Annotated[

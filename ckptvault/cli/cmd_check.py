@@ -20,7 +20,7 @@ from .params import parse_fraction
 def check_cmd(
     read_data: Annotated[bool, typer.Option("--read-data", help="Read and verify every chunk.")] = False,
     read_data_subset: Annotated[
-        str | None, typer.Option(help="Read and verify this share of the packs, e.g. 10%.")
+        str | None, typer.Option(metavar="SHARE", help="Read and verify this share of the packs, e.g. 10%.")
     ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,

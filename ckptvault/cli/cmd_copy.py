@@ -102,26 +102,44 @@ def copy_cmd(
     ] = None,
     from_repo: Annotated[
         str | None,
-        typer.Option("--from-repo", envvar="CKPTVAULT_FROM_REPO", help="The vault to copy from (read only). Required."),
+        typer.Option(
+            "--from-repo",
+            envvar="CKPTVAULT_FROM_REPO",
+            metavar="URL",
+            help="The vault to copy from (read only). Required.",
+        ),
     ] = None,
     from_keyfile: Annotated[
         str | None,
-        typer.Option("--from-keyfile", envvar="CKPTVAULT_FROM_KEYFILE", help="Keyfile of the source, if encrypted."),
+        typer.Option(
+            "--from-keyfile",
+            envvar="CKPTVAULT_FROM_KEYFILE",
+            metavar="PATH",
+            help="Keyfile of the source, if encrypted.",
+        ),
     ] = None,
     from_passphrase_file: Annotated[
         str | None,
         typer.Option(
             "--from-passphrase-file",
+            metavar="PATH",
             help="Read the source keyfile's passphrase from this file, '-' for standard input "
             "(else CKPTVAULT_FROM_PASSPHRASE, else asked).",
         ),
     ] = None,
     from_storage_option: Annotated[
         list[str] | None,
-        typer.Option("--from-storage-option", help="fsspec storage option key=value for the source (repeatable)."),
+        typer.Option(
+            "--from-storage-option",
+            metavar="KEY=VALUE",
+            help="fsspec storage option key=value for the source (repeatable).",
+        ),
     ] = None,
     tag: Annotated[
-        list[str] | None, typer.Option("--tag", "-t", help="Copy only snapshots with this tag key=value (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--tag", "-t", metavar="KEY=VALUE", help="Copy only snapshots with this tag key=value (repeatable)."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Only say what would be copied.")] = False,
     decrypt: Annotated[

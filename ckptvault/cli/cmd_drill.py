@@ -42,7 +42,8 @@ def drill_cmd(
         ),
     ] = False,
     tmp_dir: Annotated[
-        str | None, typer.Option("--tmp-dir", help="Where to make the temporary folder (default: the system's).")
+        str | None,
+        typer.Option("--tmp-dir", metavar="DIR", help="Where to make the temporary folder (default: the system's)."),
     ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,

@@ -52,8 +52,10 @@ def init_cmd(
     encrypt: Annotated[bool, typer.Option("--encrypt", help="Encrypt everything with the --keyfile's key.")] = False,
     keyfile: KeyfileOpt = None,
     passphrase_file: PassphraseFileOpt = None,
-    compression_level: Annotated[int, typer.Option(help="zstd level for chunks (1 is best for float weights).")] = 1,
-    pack_size_mib: Annotated[int, typer.Option(help="Target pack size in MiB.")] = DEFAULT_PACK_SIZE >> 20,
+    compression_level: Annotated[
+        int, typer.Option(metavar="N", help="zstd level for chunks (1 is best for float weights).")
+    ] = 1,
+    pack_size_mib: Annotated[int, typer.Option(metavar="N", help="Target pack size in MiB.")] = DEFAULT_PACK_SIZE >> 20,
     delta: Annotated[
         bool,
         typer.Option(

@@ -35,7 +35,7 @@ key_app = typer.Typer(help="Create and manage keyfiles for encrypted vaults.", n
 app.add_typer(key_app, name="key")
 
 KeyfilePathOpt = Annotated[
-    str, typer.Option("--keyfile", "-k", envvar="CKPTVAULT_KEYFILE", help="Path of the keyfile.")
+    str, typer.Option("--keyfile", "-k", metavar="PATH", envvar="CKPTVAULT_KEYFILE", help="Path of the keyfile.")
 ]
 
 
@@ -67,7 +67,7 @@ def _new_passphrase(passphrase_file: str | None, env: str, option: str) -> str:
 def generate_cmd(
     keyfile: KeyfilePathOpt,
     passphrase_file: PassphraseFileOpt = None,
-    kdf_cost: Annotated[int, typer.Option(help=KDF_COST_HELP)] = DEFAULT_KDF_COST,
+    kdf_cost: Annotated[int, typer.Option(metavar="N", help=KDF_COST_HELP)] = DEFAULT_KDF_COST,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -94,11 +94,12 @@ def passwd_cmd(
     new_passphrase_file: Annotated[
         str | None,
         typer.Option(
+            metavar="PATH",
             help="Read the new passphrase from this file, '-' for standard input (else CKPTVAULT_NEW_PASSPHRASE, "
-            "else asked)."
+            "else asked).",
         ),
     ] = None,
-    kdf_cost: Annotated[int | None, typer.Option(help=KDF_COST_HELP + " Default: the keyfile's.")] = None,
+    kdf_cost: Annotated[int | None, typer.Option(metavar="N", help=KDF_COST_HELP + " Default: the keyfile's.")] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:

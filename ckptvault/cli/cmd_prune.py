@@ -76,17 +76,28 @@ def _pruned(result: PruneResult) -> str:
 @command
 @vault_options
 def prune_cmd(
-    keep_latest: Annotated[int | None, typer.Option(help="Keep the newest N snapshots (of each group).")] = None,
+    keep_latest: Annotated[
+        int | None, typer.Option(metavar="N", help="Keep the newest N snapshots (of each group).")
+    ] = None,
     before: Annotated[
-        str | None, typer.Option(help="Only remove snapshots older than this: ISO date/time, or an age like 14d, 36h.")
+        str | None,
+        typer.Option(
+            metavar="DATE|AGE", help="Only remove snapshots older than this: ISO date/time, or an age like 14d, 36h."
+        ),
     ] = None,
     tag: TagOpt = None,
-    group_by: Annotated[str | None, typer.Option(help="Apply the policy per value of this tag key, or 'host'.")] = None,
+    group_by: Annotated[
+        str | None, typer.Option(metavar="KEY", help="Apply the policy per value of this tag key, or 'host'.")
+    ] = None,
     keep_tag: Annotated[
-        list[str] | None, typer.Option(help="Never remove snapshots with this tag (key or key=value; repeatable).")
+        list[str] | None,
+        typer.Option(metavar="TAG", help="Never remove snapshots with this tag (key or key=value; repeatable)."),
     ] = None,
     repack_threshold: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Repack a pack once this fraction of its bytes is dead (0..1).")
+        float,
+        typer.Option(
+            min=0.0, max=1.0, metavar="F", help="Repack a pack once this fraction of its bytes is dead (0..1)."
+        ),
     ] = DEFAULT_REPACK_THRESHOLD,
     dry_run: DryRunOpt = False,
     vault_args: VaultArgs = NO_VAULT_ARGS,

@@ -27,6 +27,7 @@ def restore_cmd(
         typer.Option(
             "--include",
             "-i",
+            metavar="GLOB",
             help="Restore only paths matching this glob (repeatable); an error when none matches anything.",
         ),
     ] = None,

@@ -27,7 +27,8 @@ def ship_pins_cmd(
         ),
     ],
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Give up waiting after this many seconds (default: none).")
+        float | None,
+        typer.Option("--timeout", metavar="S", help="Give up waiting after this many seconds (default: none)."),
     ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,

@@ -22,12 +22,21 @@ def tag_cmd(
     ],
     add: Annotated[
         list[str] | None,
-        typer.Option("--add", "-a", help="Tag key=value to set (repeatable; replaces the key's value)."),
+        typer.Option(
+            "--add", "-a", metavar="KEY=VALUE", help="Tag key=value to set (repeatable; replaces the key's value)."
+        ),
     ] = None,
-    remove: Annotated[list[str] | None, typer.Option("--remove", help="Tag key to take away (repeatable).")] = None,
+    remove: Annotated[
+        list[str] | None, typer.Option("--remove", metavar="KEY", help="Tag key to take away (repeatable).")
+    ] = None,
     tag: Annotated[
         list[str] | None,
-        typer.Option("--tag", "-t", help="Choose among snapshots with this tag key=value (repeatable); not a change."),
+        typer.Option(
+            "--tag",
+            "-t",
+            metavar="KEY=VALUE",
+            help="Choose among snapshots with this tag key=value (repeatable); not a change.",
+        ),
     ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,

@@ -53,15 +53,20 @@ def watch_cmd(
         bool, typer.Option("--once", help="Ship what is there now and exit (for cron), instead of watching.")
     ] = False,
     interval: Annotated[
-        float, typer.Option("--interval", help="Seconds between looks; a checkpoint must live at least this long.")
+        float,
+        typer.Option(
+            "--interval", metavar="S", help="Seconds between looks; a checkpoint must live at least this long."
+        ),
     ] = 0.1,
     settle: Annotated[
-        float, typer.Option("--settle", help="Seconds a checkpoint must stay unchanged to count as complete.")
+        float,
+        typer.Option("--settle", metavar="S", help="Seconds a checkpoint must stay unchanged to count as complete."),
     ] = 2.0,
     grace: Annotated[
         float,
         typer.Option(
             "--grace",
+            metavar="S",
             help="Once stopped (SIGTERM, Ctrl-C), go on shipping what is pinned and what the trainer still saves "
             "(its save on preemption) for this many seconds. Default 0: stop after the upload in flight.",
         ),
@@ -71,6 +76,7 @@ def watch_cmd(
         typer.Option(
             "--include",
             "-i",
+            metavar="GLOB",
             help="Only names matching this glob (repeatable); logs and configs it names ship too.",
         ),
     ] = None,
@@ -79,6 +85,7 @@ def watch_cmd(
         str | None,
         typer.Option(
             "--state-dir",
+            metavar="DIR",
             help="Staging folder for pins (default DIR/.ckptvault-watch). On the checkpoints' disk pins are links, "
             "and the oldest deleted ones are dropped unshipped when the trainer needs room; on another disk they "
             "are copies, never dropped.",
