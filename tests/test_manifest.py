@@ -13,6 +13,7 @@ from ckptvault.errors import (
 )
 from ckptvault.snapshot.manifest import decode_snapshot, decode_tree, encode_snapshot, encode_tree
 from ckptvault.snapshot.model import FileEntry, Snapshot, SnapshotSummary, format_tags
+from ckptvault.snapshot.retention import RetentionPolicy, plan_retention, retention_warnings
 from ckptvault.snapshot.selection import higher_step_passed_over, select
 
 
@@ -94,6 +95,15 @@ def test_latest_prefers_step_then_time():
         select(snaps, "latest", {"run": "z"})
     with pytest.raises(SnapshotNotFoundError, match=r"no snapshot has a tag 'rnu'; keys in use: run, step\)"):
         select(snaps, "latest", {"rnu": "x"})
+    # the watch sidecar's internal signature is no key a user chose: not listed (it is in --json only)
+    watched = [*snaps, snap(6, step=300, t=10, run="x", checkpoint="checkpoint-300", **{"watch-sig": "ab" * 8})]
+    with pytest.raises(SnapshotNotFoundError, match=r"keys in use: checkpoint, run, step\)"):
+        select(watched, "latest", {"rnu": "x"})
+    with pytest.raises(UsageError, match=r"\(their tag keys: checkpoint, run, step\)"):
+        plan_retention(watched, RetentionPolicy(keep_latest=1, group_by="rnu"))
+    keep_tag = RetentionPolicy(keep_latest=1, keep_tags=("nosuch",))
+    warned = retention_warnings(plan_retention(watched, keep_tag), keep_tag, dry_run=True)
+    assert any("is on no snapshot (tag keys in use: checkpoint, run, step)" in w for w in warned), warned
 
 
 def test_latest_by_time_names_the_higher_step_it_passed_over():

@@ -10,6 +10,9 @@ from datetime import datetime
 TAG_TEXT_MAX = 256  # characters in one tag key or value: longer ones wreck the snapshots table
 
 
+WATCH_SIG_TAG = "watch-sig"  # the tag naming what the watch sidecar shipped (pin.digest), compared after a restart
+
+
 @dataclass(slots=True)
 class FileEntry:
     """One tree entry. ``path`` is '/'-separated and relative to the snapshot root."""

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 
 from ..errors import UsageError, spelled
 from .model import Snapshot
-from .selection import by_step, newest, tag_options, unmatched_tags
+from .selection import by_step, newest, tag_keys_in_use, tag_options, unmatched_tags
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _check_group_key(selected: list[Snapshot], policy: RetentionPolicy) -> None:
         return
     n = len(selected)
     which = f"{n} snapshot{'s' if n != 1 else ''}" + (f" selected by {spelled('--tag', 'tags')}" if policy.tags else "")
-    keys = sorted({k for s in selected for k in s.tags})
+    keys = tag_keys_in_use(selected)
     if keys:
         more = f", ... ({len(keys)} in all)" if len(keys) > 8 else ""
         theirs = "their tag keys: " + ", ".join(keys[:8]) + more
@@ -273,7 +273,7 @@ def retention_warnings(plan: RetentionPlan, policy: RetentionPolicy, *, dry_run:
         given = spelled(tag_options(policy.tags).strip(), f"tags={policy.tags}")
         said.append(f"{given} selects no snapshot{unmatched_tags(snapshots, policy.tags)}; none removed")
     for spec in unused_keep_tags(snapshots, policy.keep_tags):
-        keys = ", ".join(sorted({k for s in snapshots for k in s.tags})) or "none"
+        keys = ", ".join(tag_keys_in_use(snapshots)) or "none"
         given = spelled(f"--keep-tag {spec}", f"keep_tags entry {spec!r}")
         said.append(f"{given} is on no snapshot (tag keys in use: {keys}); it protected nothing")
     group_by = policy.group_by

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ..errors import SnapshotNotFoundError, UsageError, spelled
 from ..units import counted
-from .model import Snapshot, format_tags, shown_tag_part
+from .model import WATCH_SIG_TAG, Snapshot, format_tags, shown_tag_part
 
 
 def filter_by_tags(snapshots: list[Snapshot], tags: dict[str, str] | None) -> list[Snapshot]:
@@ -110,6 +110,11 @@ def listing_of(tags: dict[str, str] | None, hosts: Sequence[str] | None = None) 
 NO_SNAPSHOTS_YET = " (the vault has no snapshots yet)"  # why a selection from an empty vault takes none
 
 
+def tag_keys_in_use(snapshots: list[Snapshot]) -> list[str]:
+    """The tag keys a message lists as those in use: without the watch sidecar's internal signature."""
+    return sorted({k for s in snapshots for k in s.tags} - {WATCH_SIG_TAG})
+
+
 def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
     if tags and not snapshots:
@@ -117,7 +122,7 @@ def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     for key, value in tags.items():
         values = sorted({s.tags[key] for s in snapshots if key in s.tags})
         if not values:
-            keys = sorted({k for s in snapshots for k in s.tags})
+            keys = tag_keys_in_use(snapshots)
             return f" (no snapshot has a tag {key!r}; keys in use: {', '.join(keys) or 'none'})"
         if value not in values:
             more = f" and {len(values) - 8} more" if len(values) > 8 else ""
