@@ -63,6 +63,8 @@ class CkptVaultFileSystem(AbstractFileSystem):
                 "keyfile, passphrase, vault, cache_chunks, and selects snapshots with tags={'run': 'x'} and "
                 "hosts=['nodeB']"
             )
+        if hosts is not None and not isinstance(hosts, (list, tuple)):  # fsspec keeps it to pickle the filesystem
+            raise UsageError(f"ckptvault:// takes hosts as a list, e.g. hosts=['nodeB']; got {type(hosts).__name__}")
         self.tags = tags_arg(tags)
         self.hosts = hosts_arg(hosts)
         super().__init__(**kwargs)
@@ -126,6 +128,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
     # ---- the fsspec interface ----------------------------------------------------------------
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        _refuse_a_selection_per_call(kwargs)
         stripped = self._strip_protocol(path)
         if not stripped:
             out: list[dict[str, Any]] = [
@@ -150,6 +153,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
         return out if detail else [o["name"] for o in out]
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        _refuse_a_selection_per_call(kwargs)
         stripped = self._strip_protocol(path)
         if not stripped:
             return {"name": "", "size": 0, "type": "directory"}
@@ -165,6 +169,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True, **kwargs: Any):
         if mode != "rb":
             raise PermissionError(f"ckptvault:// is read-only; cannot open {path} with mode {mode!r}")
+        _refuse_a_selection_per_call(kwargs)
         snap, inner = self._resolve(path)
         entry = self._tree(snap).get(inner)
         try:
@@ -175,6 +180,7 @@ class CkptVaultFileSystem(AbstractFileSystem):
             raise _forgotten(exc) from exc
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        _refuse_a_selection_per_call(kwargs)
         with self._open(path) as f:
             assert isinstance(f, SnapshotFile)
             size = f.size
@@ -182,6 +188,21 @@ class CkptVaultFileSystem(AbstractFileSystem):
             hi = size if end is None else (end if end >= 0 else max(0, size + end))
             f.seek(lo)
             return f.read(max(0, hi - lo))
+
+
+_SELECTIONS = ("tags", "hosts", "tag", "host")
+
+
+def _refuse_a_selection_per_call(kwargs: dict[str, Any]) -> None:
+    """A selection given to one call (``fs.info("latest", tags=...)``) would be dropped by fsspec's
+    per-call ``**kwargs`` and ``latest`` taken from every run: it belongs to the filesystem."""
+    given = [key for key in _SELECTIONS if key in kwargs]
+    if given:
+        raise UsageError(
+            f"ckptvault:// selects snapshots when the filesystem is made, not per call ({given[0]}= given to a "
+            "call): fsspec.filesystem('ckptvault', repo=..., tags={'run': 'x'}, hosts=['nodeB']), or the same "
+            "to fsspec.open"
+        )
 
 
 def _forgotten(exc: SnapshotNotFoundError) -> FileNotFoundError:

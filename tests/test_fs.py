@@ -4,6 +4,7 @@ it, and a read fetches only the chunks it touches."""
 from __future__ import annotations
 
 import io
+import pickle
 from pathlib import Path
 
 import fsspec
@@ -187,9 +188,24 @@ def test_tags_and_hosts_select_the_snapshots_of_the_filesystem_and_other_options
             fsspec.open("ckptvault://latest/w.bin", "rb", repo=repo_url, **wrong).open()
     with pytest.raises(UsageError, match="hosts is an empty list"):
         CkptVaultFileSystem(vault=vault, hosts=[])
-    with pytest.raises(UsageError, match="must be a list of strings"):
+    with pytest.raises(UsageError, match=r"takes hosts as a list, e.g. hosts=\['nodeB'\]; got str"):
         CkptVaultFileSystem(vault=vault, hosts="nodeB")
     assert CkptVaultFileSystem(vault=vault, use_listings_cache=False).cat("latest/w.bin") == b"yy" * 5000
+    # rv51 M1: a selection given to one call went into fsspec's per-call **kwargs and was dropped
+    every = CkptVaultFileSystem(vault=vault)
+    per_call = "selects snapshots when the filesystem is made, not per call"
+    for call in (
+        lambda: every.info("latest", tags={"run": "x"}),
+        lambda: every.ls("", hosts=["nodeA"]),
+        lambda: every.open("latest/w.bin", tags={"run": "x"}),
+        lambda: every.cat_file("latest/w.bin", host="nodeA"),
+    ):
+        with pytest.raises(UsageError, match=per_call):
+            call()
+    with pytest.raises(UsageError, match=r"takes hosts as a list.*got list_iterator"):  # fsspec pickles it as given
+        CkptVaultFileSystem(vault=vault, hosts=iter(["nodeA"]))
+    picked = pickle.loads(pickle.dumps(fsspec.filesystem("ckptvault", repo=repo_url, hosts=("nodeA",))))
+    assert picked.ls("", detail=False) == [a1.id, a2.id]
 
 
 def middle_read_fetches(tmp_path: Path, size: int) -> tuple[int, int]:
