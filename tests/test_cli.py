@@ -428,7 +428,7 @@ def test_demo_command_from_the_readme(cli):
     assert "byte-identical to the source" in err
     assert "created a new vault" in err
     # its snapshots land in the default vault, where an untagged `restore latest` takes them: how to remove them
-    ids = re.search(r"remove it with: ckptvault forget ([0-9a-f]{8}) ([0-9a-f]{8}) --prune", err)
+    ids = re.search(r"remove them with: ckptvault forget ([0-9a-f]{8}) ([0-9a-f]{8}) --prune", err)
     assert ids, err
     cli("forget", *ids.groups(), "--prune")
     assert "demo" not in cli("snapshots").stdout.decode()
@@ -446,14 +446,18 @@ def test_a_demo_run_in_a_vault_in_use_warns_even_when_quiet(cli, tmp_path: Path)
     assert ids, err
     cli("forget", *ids.groups(), "--prune")
     assert [s["tags"]["run"] for s in json.loads(cli("snapshots", "--json").stdout)] == ["mine"]
-    # a second demo's advice names the first one's saves too (it named only its own two)
+    # a second demo's advice names the first one's saves too (it named only its own two), and never a run the
+    # user named demo (at a higher step than the demo's: restored as the demo's second save, not as latest)
+    cli("backup", str(tmp_path / "mine"), "--tag", "run=demo", "--tag", "step=5000", "-d", "my run named demo")
     cli("demo", "-q")
-    err = cli("demo", "-q").stderr.decode()
-    said = r"^warning: the demo's 4 saves \(run=demo\) are now newer than the 1 other snapshot in .*; "
-    ids = re.search(said + r"remove them with: ckptvault forget ((?:[0-9a-f]{8} ){4})--prune$", err.strip())
+    err = cli("demo").stderr.decode()
+    assert "restored the demo's second save (snapshot " in err, err
+    said = r"warning: the demo's two saves \(run=demo\) are now newer than the 2 other snapshots in .*; "
+    ids = re.search(said + r"remove all 4 demo saves with: ckptvault forget ((?:[0-9a-f]{8} ){4})--prune$", err)
     assert ids, err
     cli("forget", *ids.group(1).split(), "--prune")
-    assert [s["tags"]["run"] for s in json.loads(cli("snapshots", "--json").stdout)] == ["mine"]
+    left = json.loads(cli("snapshots", "--json").stdout)
+    assert [(s["tags"]["run"], s["description"]) for s in left] == [("mine", ""), ("demo", "my run named demo")]
 
 
 def test_a_local_url_is_shown_as_one_that_opens_the_vault_again(cli, tmp_path: Path):

@@ -6,6 +6,7 @@ import tempfile
 
 from ..errors import IntegrityError
 from ..ops.sample import write_sample_checkpoint
+from ..snapshot.model import Snapshot
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, counted, format_bytes
 
@@ -25,11 +26,11 @@ def demo_cmd(
         tempfile.TemporaryDirectory(prefix="ckptvault-demo-") as work,
         vault_args.open(out, writing=True) as vault,
     ):
-        yours = [s for s in vault.snapshots() if s.tags.get("run") != "demo"]  # a vault in use: say so, even with -q
+        yours = [s for s in vault.snapshots() if not _of_a_demo(s)]  # a vault in use: say so, even with -q
         for step in (100, 200):
             src = os.path.join(work, f"checkpoint-{step}")
             write_sample_checkpoint(src, step)
-            snap = vault.backup(src, tags={"run": "demo", "step": str(step)}, description="ckptvault demo")
+            snap = vault.backup(src, tags={"run": "demo", "step": str(step)}, description=DEMO_DESCRIPTION)
             snapshots.append(snap)
             s = snap.summary
             out.info(
@@ -38,6 +39,9 @@ def demo_cmd(
                 f"{format_bytes(s.stored_bytes)} stored"
             )
         latest = vault.latest(tags={"run": "demo"})
+        shown = "latest --tag run=demo"
+        if latest.id != snapshots[-1].id:  # a run of the user's own named demo, at a higher step
+            latest, shown = snapshots[-1], "the demo's second save"
         target = os.path.join(work, "restored")
         result = vault.restore(latest, target)
         names = sorted(os.listdir(src))
@@ -45,20 +49,28 @@ def demo_cmd(
         if mismatch or errors:
             raise IntegrityError(f"demo restore differs from the source: {mismatch + errors}")
         out.info(
-            f"restored latest --tag run=demo (snapshot {latest.short_id}, step {latest.step}): "
+            f"restored {shown} (snapshot {latest.short_id}, step {latest.step}): "
             f"{counted(result.files, 'file')}, {format_bytes(result.bytes_written)}, byte-identical to the source"
         )
-        demos = vault.snapshots(tags={"run": "demo"})  # an earlier demo's too
+        demos = [s for s in vault.snapshots() if _of_a_demo(s)]  # an earlier demo's too
         forget = f"ckptvault forget {' '.join(s.short_id for s in demos)} --prune"
+        them = "them" if len(demos) == 2 else f"all {len(demos)} demo saves"
         if yours:
-            saves = "two saves" if len(demos) == 2 else f"{len(demos)} saves"
             out.warn(
-                f"the demo's {saves} (run=demo) are now newer than the {counted(len(yours), 'other snapshot')} in "
-                f"{vault.url}: a `restore latest` without --tag would take the demo's; remove them with: {forget}"
+                f"the demo's two saves (run=demo) are now newer than the {counted(len(yours), 'other snapshot')} in "
+                f"{vault.url}: a `restore latest` without --tag would take the demo's; remove {them} with: {forget}"
             )
         else:
             out.info(
                 f"demo done; the vault is at {vault.url} (see: ckptvault snapshots --tag run=demo; a `restore latest` "
-                f"without --tag would take the demo's save: remove it with: {forget})"
+                f"without --tag would take the demo's save: remove {them} with: {forget})"
             )
         out.result({"vault": vault.url, "snapshots": snapshots, "restored": result, "verified": True})
+
+
+DEMO_DESCRIPTION = "ckptvault demo"
+
+
+def _of_a_demo(snapshot: Snapshot) -> bool:
+    """Made by a demo: its tag and description (a run the user named demo is theirs, not the demo's)."""
+    return snapshot.tags.get("run") == "demo" and snapshot.description == DEMO_DESCRIPTION
