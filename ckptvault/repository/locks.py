@@ -504,23 +504,19 @@ class LockManager:
             f"wait for it to finish (with {spelled('--retry-lock 30m', 'Vault.open(retry_lock=1800)')} a command "
             "waits for it by itself)"
         )
-        if running_here(other):  # nothing to say of staleness: it is alive
-            locked = VaultLockedError(
-                f"vault {url} is locked: {other.describe(refreshed)}, a process running on this host; {wait}"
-            )
-            locked.held_since = refreshed
-            return locked
         if not other.unreadable:
-            # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
-            locked = VaultLockedError(
-                f"vault {url} is locked: {other.describe(refreshed)}; {wait}. If that process is gone, its lock "
-                f"goes stale {minutes} minutes after its last refresh{until} (at "
-                f"once if it ran on this host, outside any container of its own, or before this machine last "
-                f"restarted) and "
-                f"{unlock_command()} removes it then; if its machine is gone for good "
-                f"(a reclaimed instance), {remove_all} removes it now, when no ckptvault process on any host uses "
-                "this vault"
-            )
+            if running_here(other):  # alive: unlock cannot apply to it, only staleness to a stopped one (Ctrl-Z)
+                after = f"; if it is stopped, its lock goes stale {minutes} minutes after its last refresh{until}"
+                advice = f", a process running on this host; {wait}{after}"
+            else:  # a spot instance reclaimed mid-prune: its replacement must not wait half an hour to restore
+                advice = (
+                    f"; {wait}. If that process is gone, its lock goes stale {minutes} minutes after its last "
+                    f"refresh{until} (at once if it ran on this host, outside any container of its own, or before "
+                    f"this machine last restarted) and {unlock_command()} removes it then; if its machine is gone "
+                    f"for good (a reclaimed instance), {remove_all} removes it now, when no ckptvault process on "
+                    "any host uses this vault"
+                )
+            locked = VaultLockedError(f"vault {url} is locked: {other.describe(refreshed)}{advice}")
             locked.held_since = refreshed
             return locked
         then = (
