@@ -91,7 +91,6 @@ from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
 from .ops.leftover_pins import pins_folder
-from .ops.names import WATCH_SIG_TAG
 from .ops.open_or_create import deriving_ahead, open_existing, open_race_winner, say_created
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
@@ -109,7 +108,7 @@ from .repository.config import DEFAULT_PACK_SIZE
 from .repository.format import LOCKS_PREFIX
 from .repository.locks import HeldLock, LockInfo, LocklessRead
 from .snapshot import selection
-from .snapshot.model import FileEntry, Snapshot
+from .snapshot.model import WATCH_SIG_TAG, FileEntry, Snapshot
 from .snapshot.retention import RetentionPolicy
 from .store import RateArg, RateLimits, Store, open_store
 

@@ -719,7 +719,7 @@ def test_every_option_that_takes_a_value_names_it_in_the_help(cli):
     `<str>`/`<int>`/`<float>` where the shared ones show URL, PATH, KEY=VALUE: each now names what it takes."""
     paths = _command_paths()
     assert ["restore"] in paths and ["key", "passwd"] in paths and len(paths) > 20
-    bare = re.compile(r"<(str|int|float|text|integer|path)>", re.IGNORECASE)
+    bare = re.compile(r"<(str|int|float|text|integer|path)>|\s(?-i:INTEGER|FLOAT)\s", re.IGNORECASE)  # typer's
     for path in paths:
         text = cli(*path, "--help", COLUMNS="240").stdout.decode()
         panel, rows = "", []

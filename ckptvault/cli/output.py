@@ -30,8 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import StorageError, StorageFullError
-from ..ops.names import WATCH_SIG_TAG
-from ..snapshot.model import format_tags
+from ..snapshot.model import WATCH_SIG_TAG, format_tags
 from ..store.options import display_url
 from ..units import counted as counted
 from ..units import format_bytes as format_bytes  # the CLI's commands take it from here

@@ -42,8 +42,8 @@ from ..errors import CkptVaultError, IntegrityError, check_command
 from ..formats import FileLayout, ReadAt, TensorInfo, pread_at, read_layout
 from ..repository import Repository
 from ..repository.repository import damage_log
-from ..snapshot.model import FileEntry, Snapshot
-from .names import WATCH_SIG_TAG, source_name
+from ..snapshot.model import WATCH_SIG_TAG, FileEntry, Snapshot
+from .names import source_name
 from .pieces import Segment, clip_runs
 from .reader import ChunkedFile
 

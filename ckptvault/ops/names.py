@@ -15,8 +15,6 @@ import json
 import os
 import re
 
-from ..snapshot.model import WATCH_SIG_TAG as WATCH_SIG_TAG
-
 WATCH_STATE_FOLDER = ".ckptvault-watch"  # the watch sidecar's pins and lock, inside the watched folder
 PIN_FOLDER = ".ckptvault-pins"  # backup_async's pins, beside each source
 STATE_FOLDERS = {WATCH_STATE_FOLDER: "the watch sidecar's state", PIN_FOLDER: "backup_async's pins"}  # never backed up

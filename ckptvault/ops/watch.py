@@ -58,10 +58,10 @@ from ..errors import (
     UsageError,
     spelled,
 )
-from ..snapshot.model import Snapshot
+from ..snapshot.model import WATCH_SIG_TAG, Snapshot
 from . import pin as pins
 from .async_backup import AsyncShipper, BackupJob
-from .names import STATE_FOLDERS, WATCH_SIG_TAG, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
+from .names import STATE_FOLDERS, WATCH_STATE_FOLDER, checkpoint_step, is_temporary
 from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,

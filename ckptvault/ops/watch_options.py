@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import CheckpointLostError, CkptVaultError, SourceError, UsageError, spelled
-from ..snapshot.model import Snapshot
-from .names import WATCH_SIG_TAG
+from ..snapshot.model import WATCH_SIG_TAG, Snapshot
 from .scan import NO_EXCLUDES, Excludes
 
 RESERVED_TAGS = ("step", "checkpoint", WATCH_SIG_TAG)
