@@ -4,10 +4,13 @@ so a pasted `ckptvault forget ID` forgot the primary's healthy snapshot)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shlex
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -132,14 +135,26 @@ def test_copy_names_the_locked_vault_in_its_unlock_advice(cli, tmp_path: Path):
     pasted, it removed the default vault's locks, live ones included, and left the locked one as it was."""
     from ckptvault import Vault
 
+    @contextlib.contextmanager
+    def held_elsewhere(url: Path) -> Iterator[None]:
+        """An exclusive lock of another host's prune (one of this host's names no unlock: it is running)."""
+        with Vault.open(str(url)) as holder:
+            locks = holder._repo.locks
+            info = replace(locks.new_info(exclusive=True), hostname="prune-box", pid_table="other-boot/1")
+            locks.put(info)
+            try:
+                yield
+            finally:
+                locks.remove(info)
+
     primary, mirror = _primary_and_mirror(cli, tmp_path)
     twin = tmp_path / "primaryx"  # a URL that begins with the other's: only the locked one may be named
     cli("init", str(twin), "-q")
-    with Vault.open(str(twin)) as holder, holder._repo.locks.acquire(exclusive=True):
+    with held_elsewhere(twin):
         copy = cli("copy", "--from-repo", str(primary), "--repo", str(twin), "--retry-lock", "0", check=False)
     assert f"ckptvault unlock --repo {twin} --remove-all" in copy.stderr.decode(), copy.stderr
     for locked, other in ((mirror, primary), (primary, mirror)):
-        with Vault.open(str(locked)) as holder, holder._repo.locks.acquire(exclusive=True):
+        with held_elsewhere(locked):
             copy = cli("copy", "--from-repo", str(primary), "--repo", str(mirror), "--retry-lock", "0", check=False)
         said = copy.stderr.decode()
         assert copy.returncode == 11 and f"vault {locked} is locked" in said, said
