@@ -317,6 +317,7 @@ class FsspecStore:
             fs.makedirs(directory, exist_ok=True)
             return
         pending = [directory]
+        tried_again: set[str] = set()
         while pending:
             folder = pending[-1]
             parent = folder.rsplit("/", 1)[0]
@@ -326,11 +327,21 @@ class FsspecStore:
                 raise FileNotFoundError(errno.ENOENT, "the vault's folder is gone or empty", self.root)
             try:
                 fs.mkdir(folder, create_parents=False)
-            except OSError:  # made meanwhile by another writer, or its parent is missing (SFTP may say "Failure")
+            except Exception as exc:  # made meanwhile by another writer, or its parent is missing (SFTP may say
+                # "Failure"; webdav4 raises its own ResourceConflict when the parent exists by the time it looks)
+                if classify(exc).retryable and not isinstance(exc, OSError):
+                    raise  # the storage is not answering: the retries decide
                 if not fs.isdir(folder):
-                    if not in_vault or fs.isdir(parent):
+                    if not in_vault:
                         raise
-                    pending.append(parent)
+                    if not fs.isdir(parent):
+                        pending.append(parent)
+                        continue
+                    if folder in tried_again:
+                        raise
+                    # the parent was missing when this mkdir ran and another writer (a thread of this
+                    # process, another host) made it since: make the folder again, once
+                    tried_again.add(folder)
                     continue
             pending.pop()
 

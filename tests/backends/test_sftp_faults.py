@@ -170,3 +170,36 @@ def test_a_vault_at_the_sftp_servers_root_backs_up_restores_prunes_and_is_missed
             shutil.move(entry, chroot / entry.name)
         vault.backup(src, tags={"step": "3"})
         assert [s.tags["step"] for s in vault.snapshots()] == ["2", "3"]
+
+
+def test_a_folder_another_writer_makes_while_this_one_makes_it_too_is_no_failure(sshd, tmp_path, monkeypatch):
+    """Two hosts' first backups into a new vault at once: one host's mkdir of packs/ab failed because
+    packs/ was missing, and the other host made packs/ right after. The folder was then taken for one that
+    cannot be made, and the pack's PUT failed as "object ... is missing" (exit 20): the first backup of a
+    fresh WebDAV vault failed so about once in ten runs, its 4 upload threads racing each other (h53)."""
+    from fsspec.implementations.sftp import SFTPFileSystem
+
+    monkeypatch.setenv("CKPTVAULT_RETRIES", "0")
+    url = sshd.backend.new_url("mkdir-race")
+    folder = Path(urlsplit(url).path)
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=2)
+    original = SFTPFileSystem.mkdir
+    raced: list[str] = []
+
+    def mkdir_while_another_writer_makes_the_parent(self, path, create_parents=True, **kwargs):
+        try:
+            return original(self, path, create_parents=create_parents, **kwargs)
+        except FileNotFoundError:
+            parent = Path(path).parent
+            if parent == folder / "packs" and not raced:
+                raced.append(path)
+                parent.mkdir()  # the other host's mkdir landed just after this one failed
+            raise
+
+    monkeypatch.setattr(SFTPFileSystem, "mkdir", mkdir_while_another_writer_makes_the_parent)
+    with Vault.init(url, storage_options=sshd.backend.storage_options, pack_size=1 << 20) as vault:
+        vault.backup(src, tags={"step": "1"})
+        assert raced  # the race happened
+        vault.restore("latest", tmp_path / "out")
+        assert vault.check(read_data=1.0).ok
+    assert tree_digest(tmp_path / "out") == tree_digest(src)

@@ -402,10 +402,40 @@ def start_sshd(workdir: Path, chroot: Path | None = None) -> RunningServer:
     return RunningServer(backend, proc, port, log)
 
 
+# ---- WebDAV: wsgidav (any fsspec protocol without an adapter of its own: the generic folder path) ----------
+
+
+def start_wsgidav(workdir: Path) -> RunningServer:
+    """WsgiDAV serving a folder of this machine, anonymously, to webdav4 clients."""
+    _require("webdav4", "test-backends")
+    try:
+        import cheroot  # noqa: F401  (the server wsgidav runs on)
+        import wsgidav  # noqa: F401
+    except ImportError as exc:
+        raise ServerUnavailable(f"wsgidav is not installed ({exc}); pip install -e '.[test-backends]'") from None
+    root = workdir / "dav"
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = workdir / "wsgidav.log"
+    args = [sys.executable, "-m", "wsgidav.server.server_cli", "-H", "127.0.0.1", "-p", str(port)]
+    proc = spawn([*args, "-r", str(root), "--auth", "anonymous", "--no-config", "-q"], log)
+    wait_until(lambda: port_open(port), proc, log, "wsgidav")
+    (root / BUCKET).mkdir()
+    base_url = f"http://127.0.0.1:{port}"
+    backend = Backend(
+        name="webdav-wsgidav",
+        base_url=f"webdav://{BUCKET}",
+        storage_options={"base_url": base_url},
+        cli_options=["-o", f"base_url={base_url}"],
+    )
+    return RunningServer(backend, proc, port, log)
+
+
 STARTERS: dict[str, Callable[[Path], RunningServer]] = {
     "s3-seaweedfs": start_seaweedfs,
     "s3-moto": start_moto,
     "gcs-fake-gcs-server": start_fake_gcs,
     "azure-azurite": start_azurite,
     "sftp-openssh": start_sshd,
+    "webdav-wsgidav": start_wsgidav,
 }
