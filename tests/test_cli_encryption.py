@@ -361,9 +361,8 @@ def test_what_is_no_passphrase_or_keyfile_is_refused_without_reading_it_whole(cl
         cli_app.ask_passphrase("passphrase")
 
 
-def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_writers(cli, tmp_path: Path):
-    """cli49 #8: with CKPTVAULT_KEYFILE exported for the main vault, every command on a plain mirror (snapshots,
-    restore, ls, check) was refused; a command that only reads warns once and goes on, a writer is refused."""
+def _a_keyfile_and_a_plain_vault(cli, tmp_path: Path) -> tuple[dict[str, str], str, str, Path]:
+    """A keyfile (and its passphrase, in env) beside a plain vault holding one snapshot (run=x) of src."""
     env = {"CKPTVAULT_PASSPHRASE": "first passphrase"}
     key = str(tmp_path / "team.key")
     cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", **env)
@@ -372,6 +371,13 @@ def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_wr
     (src / "w.bin").write_bytes(b"w")
     cli("init", repo)
     cli("backup", str(src), "--repo", repo, "--tag", "run=x")
+    return env, key, repo, src
+
+
+def test_a_keyfile_given_for_a_plain_vault_is_not_used_by_readers_and_refuses_writers(cli, tmp_path: Path):
+    """cli49 #8: with CKPTVAULT_KEYFILE exported for the main vault, every command on a plain mirror (snapshots,
+    restore, ls, check) was refused; a command that only reads warns once and goes on, a writer is refused."""
+    env, key, repo, src = _a_keyfile_and_a_plain_vault(cli, tmp_path)
     before = cli("snapshots", "--repo", repo, "--json").stdout
     env["CKPTVAULT_KEYFILE"] = key
     note = (
@@ -418,14 +424,7 @@ def test_an_unused_keyfile_from_the_environment_is_named_as_such(cli, tmp_path: 
     """h51 #1: a reader's warning that the keyfile is not used said nothing of where it came from: one exported in
     CKPTVAULT_KEYFILE (or CKPTVAULT_FROM_KEYFILE, copy's source) is named, with how to leave it out; one given as an
     option is not, even when the variable holds the same path."""
-    env = {"CKPTVAULT_PASSPHRASE": "first passphrase"}
-    key = str(tmp_path / "team.key")
-    cli("key", "generate", "--keyfile", key, "--kdf-cost", "14", **env)
-    repo, src = str(tmp_path / "plain"), tmp_path / "src"
-    src.mkdir()
-    (src / "w.bin").write_bytes(b"w")
-    cli("init", repo)
-    cli("backup", str(src), "--repo", repo)
+    env, key, repo, _ = _a_keyfile_and_a_plain_vault(cli, tmp_path)
     plain = f"warning: the vault at {repo} is not encrypted; the keyfile {key} is not used\n"
     from_env = cli("snapshots", "--repo", repo, "--json", CKPTVAULT_KEYFILE=key, **env).stderr.decode()
     assert from_env == (

@@ -325,17 +325,15 @@ def test_the_api_raises_storage_full_naming_the_target_not_a_bare_oserror(vault:
     assert temp_files(small) == []
 
 
-def test_a_restore_failing_in_a_terminal_takes_its_progress_bar_down_first(repo_url: str, snap, tmpfs):
-    """The error line was glued to the bar's line and the cursor stayed hidden after the exit."""
-    small = tmpfs("small", "size=256k")
+def restore_in_a_terminal(repo_url: str, snap: str, target: Path, term: str) -> tuple[int, str]:
+    """The CLI's restore with a pseudo-terminal as its stdout and stderr: (exit code, what it showed)."""
     controller, terminal = pty.openpty()
-    env = {**os.environ, "COLUMNS": "100", "TERM": "xterm"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptvault", "restore", snap, str(small / "t"), "--repo", repo_url],
+        [sys.executable, "-m", "ckptvault", "restore", snap, str(target), "--repo", repo_url],
         stdin=subprocess.DEVNULL,
         stdout=terminal,
         stderr=terminal,
-        env=env,
+        env={**os.environ, "COLUMNS": "100", "TERM": term},
     )
     os.close(terminal)
     seen = b""
@@ -343,27 +341,19 @@ def test_a_restore_failing_in_a_terminal_takes_its_progress_bar_down_first(repo_
         while block := os.read(controller, 65536):
             seen += block
     os.close(controller)
-    assert proc.wait(60) == 21, seen
-    text = seen.decode(errors="replace")
+    return proc.wait(60), seen.decode(errors="replace")
+
+
+def test_a_restore_failing_in_a_terminal_takes_its_progress_bar_down_first(repo_url: str, snap, tmpfs):
+    """The error line was glued to the bar's line and the cursor stayed hidden after the exit."""
+    small = tmpfs("small", "size=256k")
+    code, text = restore_in_a_terminal(repo_url, snap, small / "t", "xterm")
+    assert code == 21, text
     hidden, error = text.index("\x1b[?25l"), text.index("error: no space left")  # the bar was shown
     assert hidden < text.rindex("\x1b[?25h", 0, error), text  # and the cursor back before the error line
 
 
 def test_a_restore_in_a_dumb_terminal_shows_no_bar(repo_url: str, snap, tmp_path: Path):
     """TERM=dumb (an editor's shell, some CI logs) cannot redraw a line: the bar left two empty lines."""
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ckptvault", "restore", snap, str(tmp_path / "t"), "--repo", repo_url],
-        stdin=subprocess.DEVNULL,
-        stdout=terminal,
-        stderr=terminal,
-        env={**os.environ, "COLUMNS": "100", "TERM": "dumb"},
-    )
-    os.close(terminal)
-    seen = b""
-    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
-        while block := os.read(controller, 65536):
-            seen += block
-    os.close(controller)
-    assert proc.wait(60) == 0, seen
-    assert seen.decode().startswith(f"restored snapshot {snap[:8]} to "), seen
+    code, text = restore_in_a_terminal(repo_url, snap, tmp_path / "t", "dumb")
+    assert code == 0 and text.startswith(f"restored snapshot {snap[:8]} to "), text
