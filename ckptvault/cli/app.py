@@ -124,6 +124,10 @@ HostOpt = Annotated[
         help="Only snapshots of this host (repeatable: of any of them), as restic's --host.",
     ),
 ]
+RecordHostOpt = Annotated[  # backup's and watch's: the host a snapshot records, where HostOpt selects
+    str | None,
+    typer.Option("--host", "-H", metavar="NAME", help="Hostname to record (default: this machine's)."),
+]
 ExcludeOpt = Annotated[
     list[str] | None,
     typer.Option(

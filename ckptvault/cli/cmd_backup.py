@@ -9,7 +9,18 @@ import typer
 from ..ops.backup import check_on_change
 from ..ops.scan import check_sources
 from ..vault import exclude_arg
-from .app import NO_VAULT_ARGS, ExcludeOpt, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
+from .app import (
+    NO_VAULT_ARGS,
+    ExcludeOpt,
+    JsonOpt,
+    QuietOpt,
+    RecordHostOpt,
+    TagOpt,
+    VaultArgs,
+    app,
+    command,
+    vault_options,
+)
 from .output import Output, counted, format_bytes, format_rate
 from .params import parse_new_tags
 
@@ -23,9 +34,7 @@ def backup_cmd(
     description: Annotated[
         str, typer.Option("--description", "-d", metavar="TEXT", help="Free text stored with the snapshot.")
     ] = "",
-    host: Annotated[
-        str | None, typer.Option("--host", "-H", metavar="NAME", help="Hostname to record (default: this machine's).")
-    ] = None,
+    host: RecordHostOpt = None,
     force_read: Annotated[bool, typer.Option("--force-read", help="Read every file, even unchanged ones.")] = False,
     skip_unreadable: Annotated[
         bool, typer.Option("--skip-unreadable", help="Warn about unreadable files instead of failing.")

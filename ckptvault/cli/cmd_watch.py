@@ -25,6 +25,7 @@ from .app import (
     ExcludeOpt,
     JsonOpt,
     QuietOpt,
+    RecordHostOpt,
     TagOpt,
     VaultArgs,
     app,
@@ -46,9 +47,7 @@ def watch_cmd(
         str, typer.Argument(metavar="DIR", help="The folder the trainer saves checkpoints into (it may not exist yet).")
     ],
     tag: TagOpt = None,
-    host: Annotated[
-        str | None, typer.Option("--host", "-H", metavar="NAME", help="Hostname to record (default: this machine's).")
-    ] = None,
+    host: RecordHostOpt = None,
     once: Annotated[
         bool, typer.Option("--once", help="Ship what is there now and exit (for cron), instead of watching.")
     ] = False,
