@@ -97,6 +97,17 @@ def test_stats_of_a_vault_without_data_shows_no_ratio(cli, tmp_path: Path):
     assert "dedup ratio: none yet" in text and "0.00x" not in text
 
 
+def test_stats_of_a_tiny_vault_shows_a_ratio_under_one_in_figures(cli, tmp_path: Path):
+    """A few bytes of data against kilobytes of metadata: the ratio is small, and "0.00x" said nothing."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("hello")
+    cli("init", str(tmp_path / "vault"))
+    cli("backup", str(tmp_path / "src"), "--repo", str(tmp_path / "vault"))
+    text = cli("stats", "--repo", str(tmp_path / "vault")).stdout.decode()
+    ratio = re.search(r"with compression: (\S+)x", text)
+    assert ratio and 0 < float(ratio.group(1)) < 0.1 and "0.00x" not in text, text
+
+
 def test_stats_tells_no_ratio_while_a_snapshot_object_cannot_be_read(cli, tmp_path: Path):
     """Its files left the logical bytes, its chunks stayed in the unique bytes: "dedup ratio: 0.97x",
     dedup making the data bigger (audit 36a F7)."""

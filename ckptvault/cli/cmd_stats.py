@@ -74,7 +74,7 @@ def stats_cmd(
             f"dedup ratio: not told while {stats.unreadable_snapshots} snapshot object(s) cannot be read (their "
             "files are left out of the logical bytes, their chunks are not)"
             if stats.dedup_ratio is None or stats.total_ratio is None
-            else f"dedup ratio: {stats.dedup_ratio:.2f}x, with compression: {stats.total_ratio:.2f}x"
+            else f"dedup ratio: {_ratio(stats.dedup_ratio)}, with compression: {_ratio(stats.total_ratio)}"
             if stats.logical_bytes
             else "dedup ratio: none yet (no file data stored)"
         )
@@ -99,3 +99,8 @@ def stats_cmd(
     if stats.per_snapshot and not out.quiet:  # a row per snapshot: thousands in a vault never pruned
         out.result(data, table, asked=True)
     out.result(data, head, asked=True)  # last, where a long table leaves it in sight
+
+
+def _ratio(value: float) -> str:
+    # two significant digits under 0.1: a tiny vault's metadata outweighs its data, and "0.00x" told nothing
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
