@@ -406,15 +406,23 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
 
 
 def storage_error(
-    op: str, key: str, url: str, exc: BaseException, *, if_absent: bool = False, failure: Failure | None = None
+    op: str,
+    key: str,
+    url: str,
+    exc: BaseException,
+    *,
+    if_absent: bool = False,
+    failure: Failure | None = None,
+    in_folders: bool = False,
 ) -> StorageError:
     """The ckptvault error that reports ``exc``, raised by the ``op`` call on ``key``. ``failure``:
-    what ``exc`` means, where the caller knows better than ``classify`` alone (a missing bucket)."""
+    what ``exc`` means, where the caller knows better than ``classify`` alone (a missing bucket).
+    ``in_folders``: the storage keeps objects in folders (SFTP, WebDAV; local folders always do)."""
     failure = failure or classify(exc)
     if failure.kind is Kind.DENIED and isinstance(exc, PermissionError) and _is_local(url):  # no credentials here
         failure = Failure(Kind.DENIED, f"access denied ({_describe(exc)}); check the permissions of its folder")
     if failure.kind is Kind.NOT_FOUND:
-        if op == "PUT" and (_is_local(url) or url.startswith(("sftp://", "ssh://"))):
+        if op == "PUT" and (in_folders or _is_local(url) or url.startswith(("sftp://", "ssh://"))):
             # a write misses no object: the folder it goes into is gone (it was there before)
             reason = "the folder it goes into is missing (the vault moved, deleted, or its disk unmounted?)"
             return StorageError(op, key, url, reason, retryable=True)

@@ -227,6 +227,9 @@ class FsspecStore:
             failure = classify(exc, self._bucket)
             if failure.kind is Kind.NOT_FOUND:
                 failure = self._bucket_missing() or failure
+            elif op == "PUT" and not self.profile.object_store and status_in_chain(exc)[0] == 409:
+                # WebDAV answers a PUT whose folder is missing 409 Conflict (RFC 4918 9.7.1): said as on SFTP
+                failure = Failure(Kind.NOT_FOUND, failure.reason)
             if failure.kind is Kind.NO_BUCKET and self.profile.protocol in AZURE:  # Azure's word for it
                 failure = Failure(failure.kind, failure.reason.replace("bucket", "container", 1))
             deadline = self._deadline(nbytes).get("timeout")
@@ -237,7 +240,10 @@ class FsspecStore:
                 said = deadline if waited >= deadline - 1 else waited
                 failure = Failure(failure.kind, no_answer(said))
             failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
-            raise storage_error(op, key, self.url, exc, if_absent=if_absent, failure=failure) from exc
+            in_folders = not self.profile.object_store
+            raise storage_error(
+                op, key, self.url, exc, if_absent=if_absent, failure=failure, in_folders=in_folders
+            ) from exc
 
     def _bucket_missing(self) -> Failure | None:
         """After a "not found" on an object store: is it the bucket that is missing? gcsfs and adlfs
