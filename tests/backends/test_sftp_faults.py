@@ -4,10 +4,15 @@ removed inside a live vault is made again, and a vault's folder gone away is not
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -203,3 +208,69 @@ def test_a_folder_another_writer_makes_while_this_one_makes_it_too_is_no_failure
         vault.restore("latest", tmp_path / "out")
         assert vault.check(read_data=1.0).ok
     assert tree_digest(tmp_path / "out") == tree_digest(src)
+
+
+@pytest.fixture
+def own_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """An OpenSSH server of this test alone: it is frozen (SIGSTOP) and thawed."""
+    srv = start_sshd(tmp_path_factory.mktemp("sshd-own"))
+    try:
+        yield srv
+    finally:
+        _signal_server(srv, signal.SIGCONT)
+        srv.stop()
+
+
+def _server_processes(srv: RunningServer) -> list[int]:
+    """sshd and every process under it (the sessions: sshd forks one or two per connection)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    tree = [srv.proc.pid]
+    for pid in tree:
+        tree.extend(child for child, parent in parents.items() if parent == pid and child not in tree)
+    return tree
+
+
+def _signal_server(srv: RunningServer, sig: signal.Signals) -> None:
+    for pid in _server_processes(srv):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _wait_for_a_pack(folder: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(p.is_file() and not p.name.startswith(".tmp-") for p in (folder / "packs").rglob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the backup stored no pack"
+        time.sleep(0.05)
+
+
+def test_a_lock_left_behind_by_an_outage_is_said_as_what_this_machine_does_with_it(own_sshd, remote_cli, tmp_path):
+    """A backup whose SFTP server stopped answering mid-run gives up and leaves its shared lock: it said
+    "it goes stale after 30 minutes", and this machine's next command removed it at once, without a word
+    (its process is dead, in this process table). Real CLI processes, a real sshd SIGSTOPped (nf54 #4)."""
+    b = own_sshd.backend
+    url = b.new_url("outage")
+    folder = Path(urlsplit(url).path)
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=20)
+    fast = {"CKPTVAULT_OP_TIMEOUT": "3", "CKPTVAULT_RETRIES": "1", "CKPTVAULT_RETRY_FOR": "0"}
+    remote_cli(b, "init", url, "--pack-size-mib", "1", **fast)
+    args = [sys.executable, "-m", "ckptvault", "backup", str(src), "--repo", url, "--limit-upload", "4MB"]
+    env = {**os.environ, "CKPTVAULT_CACHE_DIR": str(tmp_path / "cache"), "CKPTVAULT_RETRY_DELAY": "0.1", **fast}
+    with subprocess.Popen([*args, *b.cli_options], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL) as proc:
+        try:
+            _wait_for_a_pack(folder, proc)
+            _signal_server(own_sshd, signal.SIGSTOP)
+            err = proc.communicate(timeout=120)[1].decode()
+        finally:
+            _signal_server(own_sshd, signal.SIGCONT)
+    assert proc.returncode == 20, err
+    said = [line for line in err.splitlines() if "is left behind" in line]
+    assert len(said) == 1, err
+    assert "the next backup, restore, check or prune on this machine removes it" in said[0], said
+    assert "on other machines it counts as stale 30 minutes after its last refresh" in said[0], said
+    assert len(list((folder / "locks").iterdir())) == 1
+    remote_cli(b, "backup", str(src), "--repo", url, **fast)  # as said: removed, no lock of its own left
+    assert list((folder / "locks").iterdir()) == []
