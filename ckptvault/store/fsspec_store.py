@@ -149,6 +149,8 @@ class FsspecStore:
         except Exception as exc:
             local = _local_setting_error(exc)
             if local is None:
+                if self.profile.pooled and (advice := _not_ssh(exc, self._kwargs)) is not None:
+                    raise advice from exc  # not retried: a port where something else answers
                 raise
             raise UsageError(f"repository {self.url}: {hide_credentials(local, self._secrets)}") from None
         tune(fs, self.profile.protocol, self._options)
@@ -612,6 +614,17 @@ def _bound_silence(fs: Any, seconds: float) -> None:
     channel = getattr(getattr(fs, "ftp", None), "get_channel", lambda: None)()
     if channel is not None and seconds > 0:
         channel.settimeout(seconds)
+
+
+def _not_ssh(exc: Exception, kwargs: dict[str, Any]) -> Exception | None:
+    """The advice that what answers at the SFTP vault's host and port is no SSH server, or None."""
+    host = kwargs.get("host")
+    if not isinstance(host, str) or not host:
+        return None
+    from .ssh_hosts import not_ssh_advice  # paramiko, only for an SFTP vault
+
+    port = kwargs.get("port")
+    return not_ssh_advice(exc, host, port if isinstance(port, int) else 22)
 
 
 def _session_alive(fs: Any) -> bool:

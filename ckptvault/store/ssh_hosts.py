@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import time
 from typing import Any
 
 import paramiko  # type: ignore[import-untyped]
@@ -77,3 +79,41 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
             "(the server's key changed, or another machine answers in its place); if its key really changed, "
             f"remove the old one with: ssh-keygen -R '{hostname}'"
         )
+
+
+# What paramiko says when the peer sent no "SSH-" line: EOF or silence first ("Error reading SSH protocol
+# banner"), or 100 other lines ("Indecipherable protocol version")
+NO_SSH_GREETING = ("Error reading SSH protocol banner", "Indecipherable protocol version")
+PROBE_WAIT_S = 3.0  # how long the probe waits for a peer's first words (an HTTP server answers at once)
+PROBE_READ_LIMIT = 4096
+
+
+def not_ssh_advice(exc: BaseException, host: str, port: int) -> BackendAdvice | None:
+    """After a login that got no SSH greeting: whether what answers at ``host:port`` is something other than
+    an SSH server (an HTTP server at a mistyped port), asked once more with a connection of its own, which
+    sends an SSH client's greeting and reads what comes back. A peer that answers with other words is a
+    mistake of the URL, said at once: retrying it as an outage took two minutes of "the storage is down or
+    busy" (nf54 #1). None where it says nothing (a server that is frozen, busy or dropping connections: an
+    outage, retried) or speaks SSH after all."""
+    if not any(text in str(exc) for text in NO_SSH_GREETING):
+        return None
+    received = b""
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_WAIT_S) as sock:
+            sock.sendall(b"SSH-2.0-ckptvault_probe\r\n")
+            deadline = time.monotonic() + PROBE_WAIT_S
+            while len(received) < PROBE_READ_LIMIT and (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                chunk = sock.recv(PROBE_READ_LIMIT)
+                if not chunk:
+                    break
+                received += chunk
+    except OSError:  # refused, reset, or silent until the wait ended: judged on what came, if anything
+        pass
+    lines = [line.strip() for line in received.decode("utf-8", "replace").splitlines() if line.strip()]
+    if not lines or any(line.startswith("SSH-") for line in lines):
+        return None
+    first = " ".join(lines[0].split())
+    first = first if len(first) <= 60 else first[:57] + "..."
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return BackendAdvice(f'{where} answers, but not with SSH (got "{first}"): check the port in the sftp:// URL')

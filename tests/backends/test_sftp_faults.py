@@ -24,8 +24,8 @@ from ckptvault.errors import StorageError
 
 from ..conftest import tree_digest
 from ..support.faultproxy import FaultProxy
-from ..support.servers import RunningServer, start_sshd
-from .conftest import make_checkpoint
+from ..support.servers import RunningServer, free_port, start_sshd
+from .conftest import make_checkpoint, one_line_error
 
 
 @pytest.fixture
@@ -274,3 +274,31 @@ def test_a_lock_left_behind_by_an_outage_is_said_as_what_this_machine_does_with_
     assert len(list((folder / "locks").iterdir())) == 1
     remote_cli(b, "backup", str(src), "--repo", url, **fast)  # as said: removed, no lock of its own left
     assert list((folder / "locks").iterdir()) == []
+
+
+def test_an_sftp_url_whose_port_serves_something_else_fails_at_once_naming_it(server, remote_cli, fault_proxy):
+    """sftp:// at the port of an HTTP server (a real WsgiDAV): it answers, but not with SSH. That was retried
+    as an outage ("no SSH greeting ...; the storage is down or busy: retrying") for CKPTVAULT_RETRY_FOR, two
+    minutes by default; it is a mistake of the URL, said at once (exit 20, as S3's "answered 404 without an
+    S3 error code"). A server that accepts and says nothing, and a port where nothing listens, are still
+    retried as outages (nf54 #1)."""
+    sshd = server("sftp-openssh")
+    http = server("webdav-wsgidav")
+    silent = fault_proxy(sshd)
+    silent.stall = True
+    nothing = free_port()
+    retried = {"CKPTVAULT_RETRIES": "1", "CKPTVAULT_RETRY_FOR": "0", "CKPTVAULT_RETRY_DELAY": "0.1"}
+    lines = {}
+    for name, port in (("http", http.port), ("silent", silent.port), ("nothing", nothing)):
+        url = sshd.backend.base_url.replace(f":{sshd.port}/", f":{port}/") + "/vault"
+        started = time.monotonic()
+        proc = remote_cli(sshd.backend, "snapshots", "--repo", url, "-o", "banner_timeout=1", check=False, **retried)
+        lines[name] = (one_line_error(proc), time.monotonic() - started, proc.returncode)
+    line, took, code = lines["http"]
+    assert code == 20 and took < 3, lines["http"]
+    assert f'127.0.0.1:{http.port} answers, but not with SSH (got "HTTP/1.1 400' in line, line
+    assert line.endswith("check the port in the sftp:// URL") and "attempts" not in line, line
+    for name in ("silent", "nothing"):  # an outage: retried for CKPTVAULT_RETRY_FOR
+        line, took, code = lines[name]
+        assert code == 20 and "answers, but not with SSH" not in line and "(after 2 attempts" in line, lines[name]
+    assert "no SSH greeting" in lines["silent"][0] and "Unable to connect" in lines["nothing"][0], lines
