@@ -37,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import CkptVaultError, ObjectNotFoundError, ShortReadError, StorageError, UsageError
+from ..units import format_seconds
 from .backends import (
     AZURE,
     S3,
@@ -55,6 +56,7 @@ from .base import TEMP_PREFIX, ObjectInfo, TempFiles
 from .failures import (
     Failure,
     Kind,
+    _chain,
     classify,
     hide_credentials,
     one_line,
@@ -183,10 +185,14 @@ class FsspecStore:
                 try:
                     yield fs
                 except Exception as exc:
-                    if classify(exc).retryable:
+                    if classify(exc).retryable or getattr(fs, SILENT_MARK, False):
                         _close_session(fs)  # the session may be dead; the retry opens a new one
                         fs = None
                     raise
+                else:
+                    if getattr(fs, SILENT_MARK, False):  # fell silent in a step paramiko let pass (a file's CLOSE)
+                        _close_session(fs)
+                        fs = None
                 finally:
                     if fs is not None:
                         with self._fs_lock:
@@ -241,6 +247,9 @@ class FsspecStore:
                 waited = time.monotonic() - started
                 said = deadline if waited >= deadline - 1 else waited
                 failure = Failure(failure.kind, no_answer(said))
+            silent = next((node for node in _chain(exc) if isinstance(node, SessionSilent)), None)
+            if silent is not None:  # said as the silence it was, whatever paramiko raised after it
+                failure = Failure(Kind.TRANSIENT, str(silent))
             failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
             in_folders = not self.profile.object_store
             raise storage_error(
@@ -606,14 +615,44 @@ def _server_time(response: dict[str, Any]) -> float | None:
         return None
 
 
+SILENT_MARK = "_ckptvault_silent"  # set on an SFTP session that fell silent: closed, not pooled again
+
+
+class SessionSilent(TimeoutError):
+    """An SFTP session moved no byte for its bound (``_bound_silence``): it was closed, never to be read again."""
+
+
 def _bound_silence(fs: Any, seconds: float) -> None:
     """A read or write of the SFTP session that moves no byte for ``seconds`` fails. paramiko's channel
     waits forever by default: a connection dropped without a word (a NAT entry, a VPN) left the call's
     thread blocked after its deadline gave up on it, holding its session's slot of the pool for good;
-    eight such calls and every later one failed, the server healthy again (audit 32a F1)."""
+    eight such calls and every later one failed, the server healthy again (audit 32a F1).
+
+    The session is never read or written again then, and closed, not pooled: the silence may have cut an
+    SFTP packet in two, and paramiko reads on (closing the file sends a CLOSE and reads its answer, a
+    timeout there swallowed): a server thawed after a SIGSTOP sent the rest of the packet, read as the next
+    one's length, "Garbage packet received" after 60-76 s of silence in place of the silence it was (nf54
+    #2). Closing the client right at the timeout raced paramiko's other steps on it (a TypeError)."""
     channel = getattr(getattr(fs, "ftp", None), "get_channel", lambda: None)()
-    if channel is not None and seconds > 0:
-        channel.settimeout(seconds)
+    if channel is None or seconds <= 0:
+        return
+    channel.settimeout(seconds)
+    said = f"no answer after {format_seconds(seconds)} s: the SFTP session was closed, a new one serves the retry"
+
+    def bounded(method: Any) -> Any:
+        def call(*args: Any) -> Any:
+            if getattr(fs, SILENT_MARK, False):  # never read or written again (closing it here raced paramiko)
+                raise SessionSilent(said)
+            try:
+                return method(*args)
+            except TimeoutError as exc:
+                setattr(fs, SILENT_MARK, True)
+                raise SessionSilent(said) from exc
+
+        return call
+
+    channel.recv = bounded(channel.recv)
+    channel.send = bounded(channel.send)
 
 
 def _not_ssh(exc: Exception, kwargs: dict[str, Any]) -> Exception | None:

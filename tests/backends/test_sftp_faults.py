@@ -5,6 +5,7 @@ removed inside a live vault is made again, and a vault's folder gone away is not
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -302,3 +303,31 @@ def test_an_sftp_url_whose_port_serves_something_else_fails_at_once_naming_it(se
         line, took, code = lines[name]
         assert code == 20 and "answers, but not with SSH" not in line and "(after 2 attempts" in line, lines[name]
     assert "no SSH greeting" in lines["silent"][0] and "Unable to connect" in lines["nothing"][0], lines
+
+
+def test_an_sftp_server_silent_mid_download_is_said_as_silence_and_its_session_never_read_again(
+    sshd, proxy, tmp_path, monkeypatch, caplog
+):
+    """A server frozen mid-restore (SIGSTOP, SIGCONT 75 s later) gave 60-76 s of silence, then "SFTPError:
+    Garbage packet received": the read timed out inside an SFTP packet, and closing the file read on from the
+    same session, where the rest of that packet arrived once the server was thawed. Here the download is held
+    mid-body for 3.5 s past a silence bound of 2 s (60 s by default), then the rest flows: the session is
+    closed at the silence, the retry gets a new one, the message says what happened (nf54 #2)."""
+    from ckptvault.store import fsspec_store
+
+    monkeypatch.setattr(fsspec_store, "BASE_DEADLINE_S", 2.0)  # the silence bound of each SFTP session
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    url = sshd.backend.base_url.replace(f":{sshd.port}/", f":{proxy.port}/") + "/silent-" + os.urandom(4).hex()
+    options = sshd.backend.storage_options
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=8)
+    with Vault.init(url, storage_options=options, pack_size=1 << 20) as vault:
+        vault.backup(src)
+    proxy.cut_download_after_bytes, proxy.max_download_cuts = 300_000, 1  # on connections from now on
+    proxy.stall_downloads, proxy.stall_downloads_for = True, 3.5
+    with caplog.at_level(logging.DEBUG, logger="ckptvault"), Vault.open(url, storage_options=options) as vault:
+        vault.restore("latest", tmp_path / "out")  # retries said at debug level too: each one is seen
+    assert proxy.download_cuts == 1
+    assert tree_digest(tmp_path / "out") == tree_digest(src)
+    said = [r.getMessage() for r in caplog.records if "storage failed" in r.getMessage()]
+    assert said and all("Garbage" not in line and "out of step" not in line for line in said), said
+    assert any("no answer after 2 s: the SFTP session was closed" in line for line in said), said

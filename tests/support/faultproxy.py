@@ -6,6 +6,7 @@
     proxy.cut_download_after_bytes = 300_000; proxy.max_download_cuts = 3  # ... once the server sent
                                                      # 300 KB on it (mid-download), 3 times
     proxy.stall_downloads = True                     # ... or hold it there instead, sending nothing more
+    proxy.stall_downloads_for = 3.5                  # ... for that long, then carry on (a frozen server thawed)
     proxy.reset_next = 2                             # the next 2 connections are reset on accept
     proxy.stall = True                               # accept, read nothing, answer nothing
     proxy.reply = b"HTTP/1.1 403 Forbidden..."      # answer every request with this, then close
@@ -44,6 +45,7 @@ class FaultProxy:
         self.cut_download_after_bytes: int | None = None  # reset a connection after this many server->client bytes
         self.max_download_cuts: int | None = None  # ... this many times in all (None: every time)
         self.stall_downloads = False  # hold those connections open, silent, instead of resetting them
+        self.stall_downloads_for: float | None = None  # ... for this many seconds, then carry on (None: for good)
         self.reset_next = 0  # reset this many new connections at once
         self.stall = False  # accept and never answer
         self.stall_connections: int | None = None  # ... for this many connections (None: all)
@@ -179,7 +181,13 @@ class FaultProxy:
                 await asyncio.gather(
                     self._pipe(reader, up_writer, writer, budget, self._take_cut),
                     self._pipe(
-                        up_reader, writer, up_writer, download_budget, self._take_download_cut, self.stall_downloads
+                        up_reader,
+                        writer,
+                        up_writer,
+                        download_budget,
+                        self._take_download_cut,
+                        self.stall_downloads,
+                        self.stall_downloads_for,
                     ),
                 )
             finally:
@@ -198,6 +206,7 @@ class FaultProxy:
         budget: int | None,
         take_cut: Callable[[], bool],
         stall: bool = False,
+        stall_for: float | None = None,
     ) -> None:
         """Copy src to dst; with a budget, reset both connections once it is spent (mid-request or
         mid-response), when ``take_cut`` says this one is still to be cut; with ``stall``, send nothing
@@ -212,6 +221,13 @@ class FaultProxy:
                 if budget is not None:
                     if len(data) >= budget and take_cut():
                         dst.write(data[:budget])
+                        if stall and stall_for is not None:  # silent for a while, then the rest as it was
+                            await dst.drain()
+                            await asyncio.sleep(stall_for)
+                            dst.write(data[budget:])
+                            await dst.drain()
+                            budget = None
+                            continue
                         while stall and not dst.transport.is_closing():
                             await asyncio.sleep(0.2)
                         _abort(src_writer)
