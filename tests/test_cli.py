@@ -321,6 +321,8 @@ def test_init_argument_beats_ckptvault_repo(cli, tmp_path: Path):
     [
         (["snapshots", "--repo", "{tmp}/nowhere"], 10, "no vault at"),
         (["snapshots"], 10, "created by the first backup"),
+        # a new machine whose CKPTVAULT_REPO was not set: the vault is elsewhere, no backup makes it appear
+        (["restore", "latest", "{tmp}/out", "--tag", "run=x"], 10, "name the vault with --repo URL"),
         (["backup", "{tmp}/missing-dir"], 3, "no such file"),
         (["backup", "{tmp}", "--tag", "novalue"], 2, "not key=value"),
         (["backup", "{tmp}", "--tag", "step=1.5e2"], 2, "--tag step=1.5e2 is a number but not a whole one (the step"),

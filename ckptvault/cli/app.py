@@ -524,9 +524,15 @@ def open_vault(
                     f"the default vault, created now, would not be encrypted; give the keyfile, or create the vault "
                     f"first: ckptvault init --encrypt --keyfile PATH {exc.url} (or without --encrypt, plain)"
                 ) from None
-            raise VaultNotFoundError(
-                exc.url, hint="the default vault is created by the first backup: ckptvault backup DIR"
-            ) from None
+            # a reader with no vault named is most often a new machine whose CKPTVAULT_REPO was not set: the
+            # vault it means is elsewhere, and a backup (which would make an empty default one) is no answer
+            hint = (
+                "the default vault is created by the first backup: ckptvault backup DIR"
+                if writing
+                else "no --repo or CKPTVAULT_REPO was given, and the default vault (created by the first backup) "
+                "is not on this machine: name the vault with --repo URL (or CKPTVAULT_REPO)"
+            )
+            raise VaultNotFoundError(exc.url, hint=hint) from None
     if vault.unused_keyfile is not None:  # the library refuses any write too, at its lock: this is sooner
         if writes or writing:
             vault.close()
