@@ -119,16 +119,34 @@ def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
     if tags and not snapshots:
         return NO_SNAPSHOTS_YET
+    pool, matched = snapshots, dict[str, str]()
     for key, value in tags.items():
-        values = sorted({s.tags[key] for s in snapshots if key in s.tags})
+        # among the snapshots the tags before this one select: the steps of run=x, not of every run
+        values = sorted({s.tags[key] for s in pool if key in s.tags}, key=_tag_value_order)
+        if not values and matched:
+            pool, matched = snapshots, {}
+            values = sorted({s.tags[key] for s in pool if key in s.tags}, key=_tag_value_order)
         if not values:
             keys = tag_keys_in_use(snapshots)
             return f" (no snapshot has a tag {key!r}; keys in use: {', '.join(keys) or 'none'})"
         if value not in values:
             more = f" and {len(values) - 8} more" if len(values) > 8 else ""
             known = ", ".join(map(shown_tag_part, values[:8]))
-            return f" (no snapshot has {format_tags({key: value})}; {shown_tag_part(key)} is one of: {known}{more})"
+            among = f" with {format_tags(matched)}" if matched else ""
+            return (
+                f" (no snapshot{among} has {format_tags({key: value})}; {shown_tag_part(key)} is one of: {known}{more})"
+            )
+        pool = [s for s in pool if s.tags.get(key) == value]
+        matched[key] = value
     return ""
+
+
+def _tag_value_order(value: str) -> tuple[int, int, str]:
+    """Whole numbers (steps) in numeric order, before any other value: 3, 12, 30, not 12, 3, 30."""
+    digits = value[1:] if value.startswith("-") else value
+    if digits.isascii() and digits.isdigit():
+        return (0, int(value), value)
+    return (1, 0, value)
 
 
 def _hosts_listed(snapshots: list[Snapshot]) -> str:

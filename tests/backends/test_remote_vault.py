@@ -420,3 +420,49 @@ def test_an_endpoint_url_with_a_path_is_named_not_the_bucket_blamed(server, remo
     line = one_line_error(proc)
     assert proc.returncode == 20 and "an endpoint_url takes no path" in line, line
     assert "create it first" not in line, line
+
+
+def test_a_resume_asking_for_a_step_its_run_lacks_is_told_that_runs_steps(server, remote_cli, tmp_path: Path):
+    """A replacement machine asking for `--tag run=a --tag step=21` where only run b reached step 21 was told
+    nothing (every tag is carried by some snapshot), and a step missing everywhere listed every run's steps
+    sorted as text (12, 3, 30): the steps listed are the run's own, in numeric order."""
+    backend = server("s3-moto").backend
+    url = backend.new_url()
+    remote_cli(backend, "init", url)
+    for run, steps in (("a", (3, 12, 30)), ("b", (21,))):
+        for step in steps:
+            ckpt = make_checkpoint(tmp_path / run, step, mb=0.05)
+            remote_cli(backend, "backup", str(ckpt), "--repo", url, "--tag", f"run={run}", "--tag", f"step={step}")
+    said = one_line_error(
+        remote_cli(
+            backend,
+            "restore",
+            "latest",
+            str(tmp_path / "r"),
+            "--repo",
+            url,
+            "--tag",
+            "run=a",
+            "--tag",
+            "step=21",
+            check=False,
+        )
+    )
+    assert "(no snapshot with run=a has step=21; step is one of: 3, 12, 30)" in said, said
+    said = one_line_error(
+        remote_cli(
+            backend,
+            "restore",
+            "latest",
+            str(tmp_path / "r"),
+            "--repo",
+            url,
+            "--tag",
+            "run=a",
+            "--tag",
+            "step=7",
+            check=False,
+        )
+    )
+    assert "step is one of: 3, 12, 30)" in said, said
+    assert not (tmp_path / "r").exists()
