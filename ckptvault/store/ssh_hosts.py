@@ -86,6 +86,9 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 NO_SSH_GREETING = ("Error reading SSH protocol banner", "Indecipherable protocol version")
 PROBE_WAIT_S = 3.0  # how long the probe waits for a peer's first words (an HTTP server answers at once)
 PROBE_READ_LIMIT = 4096
+# What OpenSSH's sshd says before closing a connection it will not take now (drop_connection: MaxStartups
+# exceeded, a per-source penalty; 9.8 and later say the second): an SSH server busy, an outage retried
+SSH_BUSY_LINES = ("Exceeded MaxStartups", "Not allowed at this time")
 
 
 def not_ssh_advice(exc: BaseException, host: str, port: int) -> BackendAdvice | None:
@@ -94,7 +97,8 @@ def not_ssh_advice(exc: BaseException, host: str, port: int) -> BackendAdvice | 
     sends an SSH client's greeting and reads what comes back. A peer that answers with other words is a
     mistake of the URL, said at once: retrying it as an outage took two minutes of "the storage is down or
     busy" (nf54 #1). None where it says nothing (a server that is frozen, busy or dropping connections: an
-    outage, retried) or speaks SSH after all."""
+    outage, retried), speaks SSH after all, or is an SSH server refusing new connections for now (OpenSSH's
+    "Exceeded MaxStartups": many logins at once, or a password scanner on its port)."""
     if not any(text in str(exc) for text in NO_SSH_GREETING):
         return None
     received = b""
@@ -111,7 +115,7 @@ def not_ssh_advice(exc: BaseException, host: str, port: int) -> BackendAdvice | 
     except OSError:  # refused, reset, or silent until the wait ended: judged on what came, if anything
         pass
     lines = [line.strip() for line in received.decode("utf-8", "replace").splitlines() if line.strip()]
-    if not lines or any(line.startswith("SSH-") for line in lines):
+    if not lines or any(line.startswith(("SSH-", *SSH_BUSY_LINES)) for line in lines):
         return None
     first = " ".join(lines[0].split())
     first = first if len(first) <= 60 else first[:57] + "..."

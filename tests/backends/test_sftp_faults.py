@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -303,6 +304,40 @@ def test_an_sftp_url_whose_port_serves_something_else_fails_at_once_naming_it(se
         line, took, code = lines[name]
         assert code == 20 and "answers, but not with SSH" not in line and "(after 2 attempts" in line, lines[name]
     assert "no SSH greeting" in lines["silent"][0] and "Unable to connect" in lines["nothing"][0], lines
+
+
+def _hold_every_startup(port: int, held: list[socket.socket]) -> None:
+    """Unauthenticated connections to sshd at ``port``, into ``held``, until it refuses new ones for good: one
+    it was still counting when it refused (start_sshd's check that the port is open) may end meanwhile."""
+    refused_since = None
+    while refused_since is None or time.monotonic() - refused_since < 0.5:
+        conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if conn.recv(100).startswith(b"SSH-"):
+            held.append(conn)
+            refused_since = None
+        else:
+            conn.close()
+            refused_since = refused_since or time.monotonic()
+            time.sleep(0.1)
+
+
+def test_an_sftp_server_refusing_logins_while_busy_is_an_outage_not_a_wrong_port(tmp_path, remote_cli):
+    """A real sshd with as many logins under way as its MaxStartups allows (many machines backing up at once,
+    or a password scanner on port 22) answers a new connection "Exceeded MaxStartups" (9.8 and later: "Not
+    allowed at this time") and closes it: an outage, retried, not "answers, but not with SSH: check the
+    port" said at once, which the probe connection (refused the same way) made of it."""
+    srv = start_sshd(tmp_path / "busy", max_startups=2)
+    held: list[socket.socket] = []
+    try:
+        _hold_every_startup(srv.port, held)
+        url = srv.backend.base_url + "/vault"
+        retried = {"CKPTVAULT_RETRIES": "1", "CKPTVAULT_RETRY_FOR": "0", "CKPTVAULT_RETRY_DELAY": "0.1"}
+        line = one_line_error(remote_cli(srv.backend, "snapshots", "--repo", url, check=False, **retried))
+    finally:
+        for conn in held:
+            conn.close()
+        srv.stop()
+    assert "answers, but not with SSH" not in line and "(after 2 attempts" in line, line
 
 
 def test_an_sftp_server_silent_mid_download_is_said_as_silence_and_its_session_never_read_again(

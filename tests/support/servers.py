@@ -350,10 +350,10 @@ def start_azurite(workdir: Path) -> RunningServer:
 # ---- SFTP: a throwaway OpenSSH server -----------------------------------------------------
 
 
-def start_sshd(workdir: Path, chroot: Path | None = None) -> RunningServer:
+def start_sshd(workdir: Path, chroot: Path | None = None, max_startups: int = 64) -> RunningServer:
     """An OpenSSH server whose SFTP clients see the whole file system, or only ``chroot`` as "/" (which
     sshd accepts only from root, in a folder whose every component is root's and writable by no one
-    else)."""
+    else). ``max_startups``: how many unauthenticated connections it takes at once (more are refused)."""
     _require("paramiko", "sftp")
     sshd = find_binary("sshd", Path("/usr/sbin/sshd"))
     keygen = find_binary("ssh-keygen", Path("/usr/bin/ssh-keygen"))
@@ -379,7 +379,7 @@ def start_sshd(workdir: Path, chroot: Path | None = None) -> RunningServer:
                 "StrictModes no",
                 "Subsystem sftp internal-sftp",
                 "LogLevel ERROR",
-                "MaxStartups 64",
+                f"MaxStartups {max_startups}",
                 "MaxSessions 64",
                 *([f"ChrootDirectory {chroot}"] if chroot else []),
                 "",
