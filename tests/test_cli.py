@@ -108,6 +108,17 @@ def test_stats_of_a_tiny_vault_shows_a_ratio_under_one_in_figures(cli, tmp_path:
     assert ratio and 0 < float(ratio.group(1)) < 0.1 and "0.00x" not in text, text
 
 
+@pytest.mark.parametrize(
+    ("ratio", "said"),
+    [(2.5, "2.50x"), (0.1, "0.10x"), (0.05, "0.050x"), (0.00086, "0.00086x"), (4.8e-05, "0.000048x"), (0.0, "0.00x")],
+)
+def test_a_stats_ratio_is_said_in_plain_decimals(ratio: float, said: str):
+    """One byte of data among 3,000 empty files: "with compression: 4.8e-05x" (``.2g``), not a figure to read."""
+    from ckptvault.cli.cmd_stats import _ratio
+
+    assert _ratio(ratio) == said
+
+
 def test_stats_tells_no_ratio_while_a_snapshot_object_cannot_be_read(cli, tmp_path: Path):
     """Its files left the logical bytes, its chunks stayed in the unique bytes: "dedup ratio: 0.97x",
     dedup making the data bigger (audit 36a F7)."""

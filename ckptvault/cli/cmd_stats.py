@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -102,5 +103,8 @@ def stats_cmd(
 
 
 def _ratio(value: float) -> str:
-    # two significant digits under 0.1: a tiny vault's metadata outweighs its data, and "0.00x" told nothing
-    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+    """Two significant digits under 0.1, in plain decimals: a tiny vault's metadata outweighs its data, and
+    "0.00x" told nothing; ``.2g`` said "4.8e-05x" for one byte among 3,000 empty files."""
+    if value >= 0.1 or value <= 0:
+        return f"{value:.2f}x"
+    return f"{value:.{1 - math.floor(math.log10(value))}f}x"
