@@ -106,6 +106,20 @@ def test_latest_prefers_step_then_time():
     assert any("is on no snapshot (tag keys in use: checkpoint, run, step)" in w for w in warned), warned
 
 
+def test_a_tag_no_selected_snapshot_carries_is_told_among_the_others_tags():
+    """The values listed are those of the snapshots the tags before it select, steps in numeric order; a run
+    whose snapshots carry no step at all got no hint (another run's step=21 made every tag "carried")."""
+    snaps = [snap(1, run="a", step=3), snap(2, run="a", step=12), snap(3, run="a", step=30), snap(4, run="b", step=21)]
+    listed = r"\(no snapshot with run=a has step=21; step is one of: 3, 12, 30\)"
+    with pytest.raises(SnapshotNotFoundError, match=listed):
+        select(snaps, "latest", {"run": "a", "step": "21"})
+    stepless = [snap(5, run="c"), snaps[3]]
+    with pytest.raises(SnapshotNotFoundError, match=r"\(no snapshot with run=c has a tag 'step'\)"):
+        select(stepless, "latest", {"run": "c", "step": "21"})
+    with pytest.raises(SnapshotNotFoundError, match=r"\(no snapshot has a tag 'stp'; keys in use: run, step\)"):
+        select(stepless, "latest", {"run": "c", "stp": "21"})
+
+
 def test_latest_by_time_names_the_higher_step_it_passed_over():
     stepped = [snap(1, step=200, t=1, run="x"), snap(2, step=100, t=5, run="x")]
     assert higher_step_passed_over(stepped) is None  # steps decided

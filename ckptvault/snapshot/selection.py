@@ -123,9 +123,8 @@ def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
     for key, value in tags.items():
         # among the snapshots the tags before this one select: the steps of run=x, not of every run
         values = sorted({s.tags[key] for s in pool if key in s.tags}, key=_tag_value_order)
-        if not values and matched:
-            pool, matched = snapshots, {}
-            values = sorted({s.tags[key] for s in pool if key in s.tags}, key=_tag_value_order)
+        if not values and matched and any(key in s.tags for s in snapshots):  # another run's key, not this one's
+            return f" (no snapshot with {format_tags(matched)} has a tag {key!r})"
         if not values:
             keys = tag_keys_in_use(snapshots)
             return f" (no snapshot has a tag {key!r}; keys in use: {', '.join(keys) or 'none'})"
