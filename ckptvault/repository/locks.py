@@ -967,10 +967,10 @@ class HeldLock:
         table at once (this process is dead by then: ``holder_gone``), this process's own next lock on the
         vault (``_LEFT_BEHIND``); elsewhere it must go stale first. It said "it goes stale after 30 minutes"
         alone, and the next command here removed it without a word (nf54 #4)."""
-        here = spelled(
-            "the next backup, restore, check or prune on this machine removes it (this process will be gone)",
-            "this process's next lock on the vault removes it, and once this process has ended, the next command "
-            "on this machine",
+        # one wording for the CLI and the API: a CLI watch goes on after a backup, as an API process does
+        here = (
+            "this process removes it with its next lock on the vault (if it goes on, as a watch does), and the next "
+            "backup, restore, check or prune on this machine once this process has ended"
         )
         minutes = round(self.manager.stale_after.total_seconds() / 60)
         return (

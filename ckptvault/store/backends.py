@@ -45,6 +45,7 @@ S3 = frozenset({"s3", "s3a"})
 STRICT_OPTIONS = frozenset({"file", "local", "memory", "sftp", "ssh"})
 TYPO_CHECKED_OPTIONS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 SFTP = frozenset({"sftp", "ssh"})
+WEBDAV = frozenset({"webdav", "dav"})
 # fsspec's own options, taken by every filesystem: listing and instance caches, the event loop
 FSSPEC_OPTIONS = frozenset(
     {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache", "asynchronous", "loop"}

@@ -166,7 +166,7 @@ _PRECONDITION_TEXT = re.compile(r"pre-?condition|conditionnotmet|if-none-match",
 _BUCKET_TEXT = re.compile(r"(bucket|container)[^.]*(does not exist|not found|NoSuch)|NoSuchBucket", re.IGNORECASE)
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     node: BaseException | None = exc
     while node is not None and node not in seen and len(seen) < 10:
@@ -213,7 +213,7 @@ def _ssh_link_gone(node: BaseException) -> bool:
 
 def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
     """The first HTTP status and service error code found in ``exc`` and its causes."""
-    for node in _chain(exc):
+    for node in exception_chain(exc):
         found = _status_and_code(node)
         if found != (None, None):
             return found
@@ -229,7 +229,7 @@ def refused(exc: BaseException) -> bool:
         isinstance(node, ConnectionRefusedError)
         or (isinstance(node, OSError) and node.errno == errno.ECONNREFUSED)
         or bool(_REFUSED_TEXT.search(str(node)))
-        for node in _chain(exc)
+        for node in exception_chain(exc)
     )
 
 
@@ -299,7 +299,7 @@ class BackendAdvice(Exception):
 def classify(exc: BaseException, bucket: str = "") -> Failure:
     if isinstance(exc, BackendAdvice):
         return Failure(Kind.PERMANENT, str(exc))
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     status, code = status_in_chain(exc)
     names = {type(node).__name__ for node in chain}
     text = " ".join(str(node) for node in chain)
@@ -461,7 +461,7 @@ def object_fault(exc: BaseException) -> bool:
 
 def cut_short(exc: BaseException) -> bool:
     """Whether ``exc`` is a transfer cut mid-body (see CUT_SHORT_NAMES)."""
-    return any(type(node).__name__ in CUT_SHORT_NAMES for node in _chain(exc))
+    return any(type(node).__name__ in CUT_SHORT_NAMES for node in exception_chain(exc))
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -476,7 +476,7 @@ def unreachable(exc: BaseException) -> bool:
         or _ssh_login_cut(node)
         or _ssh_link_gone(node)
         or (isinstance(node, OSError) and node.errno in CONNECTION_ERRNOS - ANSWERED_ERRNOS)
-        for node in _chain(exc)
+        for node in exception_chain(exc)
     )
 
 
@@ -504,7 +504,9 @@ def down_or_busy(exc: BaseException) -> bool:
     status, code = status_in_chain(exc)
     if status in BUSY_STATUS or code in BUSY_CODES or object_fault(exc):
         return True
-    return status is None and any(isinstance(node, OSError) and node.errno == errno.EBUSY for node in _chain(exc))
+    return status is None and any(
+        isinstance(node, OSError) and node.errno == errno.EBUSY for node in exception_chain(exc)
+    )
 
 
 def out_of_inodes(exc: BaseException, url: str) -> bool:

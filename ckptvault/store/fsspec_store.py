@@ -41,6 +41,7 @@ from ..units import format_seconds
 from .backends import (
     AZURE,
     S3,
+    WEBDAV,
     Profile,
     bucket_of,
     default_options,
@@ -56,8 +57,8 @@ from .base import TEMP_PREFIX, ObjectInfo, TempFiles
 from .failures import (
     Failure,
     Kind,
-    _chain,
     classify,
+    exception_chain,
     hide_credentials,
     one_line,
     range_past_the_end,
@@ -207,7 +208,7 @@ class FsspecStore:
             with self._fs_lock:
                 idle = self._idle.get(niceness)
                 fs = idle.pop() if idle else None
-            if fs is None or _session_alive(fs):
+            if fs is None or (not getattr(fs, SILENT_MARK, False) and _session_alive(fs)):
                 return fs
             _close_session(fs)
 
@@ -235,7 +236,7 @@ class FsspecStore:
             failure = classify(exc, self._bucket)
             if failure.kind is Kind.NOT_FOUND:
                 failure = self._bucket_missing() or failure
-            elif op == "PUT" and not self.profile.object_store and status_in_chain(exc)[0] == 409:
+            elif op == "PUT" and self.profile.protocol in WEBDAV and status_in_chain(exc)[0] == 409:
                 # WebDAV answers a PUT whose folder is missing 409 Conflict (RFC 4918 9.7.1): said as on SFTP
                 failure = Failure(Kind.NOT_FOUND, failure.reason)
             if failure.kind is Kind.NO_BUCKET and self.profile.protocol in AZURE:  # Azure's word for it
@@ -247,7 +248,7 @@ class FsspecStore:
                 waited = time.monotonic() - started
                 said = deadline if waited >= deadline - 1 else waited
                 failure = Failure(failure.kind, no_answer(said))
-            silent = next((node for node in _chain(exc) if isinstance(node, SessionSilent)), None)
+            silent = next((node for node in exception_chain(exc) if isinstance(node, SessionSilent)), None)
             if silent is not None:  # said as the silence it was, whatever paramiko raised after it
                 failure = Failure(Kind.TRANSIENT, str(silent))
             failure = Failure(failure.kind, hide_credentials(failure.reason, self._secrets))
