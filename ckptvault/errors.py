@@ -355,7 +355,8 @@ def config_from_a_copy() -> str:
 
 
 class RestoreIncompleteError(IntegrityError):
-    """Files whose stored bytes failed verification were not written; the rest were restored.
+    """Files whose stored bytes failed verification, or whose chunks are in no index, were not written;
+    the rest were restored.
     ``failed``: each such file's path in the snapshot and why; ``result``: what was restored."""
 
     SHOWN = 3  # paths named in the message beyond the first file's reason; all are in ``failed``

@@ -242,6 +242,9 @@ class _Planner:
         self.clashes: dict[str, str] = {}  # a folder against a non-folder: never replaced (path -> why)
         self.skip: set[str] = set()
         self.too_long: list[str] = []  # paths the system cannot take under this target
+        # files a chunk (or a delta base) of which is in no index (a pack gone, dropped by repair-index):
+        # not written, named as failed (path -> why), while the other files restore
+        self.unavailable: dict[str, str] = {}
         # snapshot folders found missing from the target: nothing below them is looked up (a restore into
         # a new folder stat'ed each file and its folder in vain: ~10 µs a file)
         self.absent: set[str] = set()
@@ -288,8 +291,10 @@ class _Planner:
 
     def _check_in_place(self, entry: FileEntry) -> None:
         folders_there = self._folders_above_there(entry)
-        if entry.type == "file":
-            self._check_chunks(entry)
+        if entry.type == "file" and (missing := self._check_chunks(entry)) is not None:
+            if not (folders_there and self._in_place_already(entry)):
+                self.unavailable[entry.path] = missing
+            return
         if not folders_there:
             return
         dest = self.dest(entry)
@@ -388,32 +393,46 @@ class _Planner:
                 return False
         return True
 
-    def _check_chunks(self, entry: FileEntry) -> None:
+    def _in_place_already(self, entry: FileEntry) -> bool:
+        """Whether the target already holds ``entry``'s bytes (a rerun): then a chunk missing from the
+        repository costs nothing."""
+        try:
+            if not _same_content(self.dest(entry), entry):
+                return False
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        self.skip.add(entry.path)
+        return True
+
+    def _check_chunks(self, entry: FileEntry) -> str | None:
+        """Why ``entry`` cannot be restored (a chunk, or a delta base, in no index), else None. A file
+        whose chunks hold another size than the tree says fails the plan (a damaged tree)."""
         total = 0
         for chunk_id in entry.chunks:
             loc = self.repo.find(chunk_id)
             if loc is None:
-                raise IntegrityError(
-                    f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository{check_hint()}"
-                )
+                return f"{entry.path}: chunk {chunk_id.hex()[:12]} is missing from the repository{check_hint()}"
             total += loc.raw_len
-            self._check_bases(entry, chunk_id, loc.base_id)
+            if (missing := self._check_bases(chunk_id, loc.base_id)) is not None:
+                return f"{entry.path}: {missing}"
         if total != entry.size:
             raise MalformedObjectError(f"{entry.path}: snapshot says {entry.size} bytes but its chunks hold {total}")
+        return None
 
-    def _check_bases(self, entry: FileEntry, chunk_id: bytes, base_id: bytes | None) -> None:
-        """A delta chunk restores only with its base (and the base's, if it is a delta too): one
-        that is missing fails the plan, naming the file and both chunks, before anything is written."""
+    def _check_bases(self, chunk_id: bytes, base_id: bytes | None) -> str | None:
+        """A delta chunk restores only with its base (and the base's, if it is a delta too): why it
+        cannot, naming both chunks, when one is missing; found before anything is written."""
         seen = {chunk_id}
         while base_id is not None and base_id not in seen:
             base = self.repo.find(base_id)
             if base is None:
-                raise IntegrityError(
-                    f"{entry.path}: chunk {chunk_id.hex()[:12]} is stored as a delta against chunk "
+                return (
+                    f"chunk {chunk_id.hex()[:12]} is stored as a delta against chunk "
                     f"{base_id.hex()[:12]}, which is missing from the repository{check_hint()}"
                 )
             seen.add(base_id)
             chunk_id, base_id = base_id, base.base_id
+        return None
 
 
 def _kind(st: os.stat_result) -> str:
@@ -575,9 +594,10 @@ def run_restore(
         raise
     os.makedirs(target, exist_ok=True)
 
-    files = [e for e in entries if e.type == "file" and e.path not in planner.skip]
+    files = [e for e in entries if e.type == "file" and e.path not in planner.skip | planner.unavailable.keys()]
     progress.start(sum(e.size for e in files), len(files))
-    written, failures = _write(repo, planner, tree, entries, files, progress, workers, overwrite)
+    written, failed = _write(repo, planner, tree, entries, files, progress, workers, overwrite)
+    failures = planner.unavailable | failed
     progress.finish()
     result = RestoreResult(
         files=sum(e.type == "file" for e in entries) - len(failures),

@@ -1,0 +1,86 @@
+"""Damage found by the readers of a delta-coded vault with real bytes flipped or objects removed: what
+each reader names, and that the files the damage does not touch still restore."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckptvault import CompressionSettings, Vault
+from ckptvault.chunking import ChunkerParams
+from ckptvault.errors import RestoreIncompleteError
+
+from .test_corruption import flip
+from .test_delta import write_safetensors
+
+Cli = Callable[..., subprocess.CompletedProcess]
+SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
+
+
+def _save(folder: Path, step: int, weights: np.ndarray) -> None:
+    write_safetensors(folder / "model.safetensors", {"w": ("F32", weights)})
+    (folder / "config.json").write_text(f'{{"step": {step}}}')
+    (folder / "notes.txt").write_text("the same in every save\n")
+
+
+@pytest.fixture
+def three_saves(tmp_path: Path) -> tuple[str, list[dict[str, bytes]], list[str], list[set[str]]]:
+    """A delta-coded vault holding three saves of one folder (steps 2 and 3 stored as deltas against
+    step 1's keyframes); returns its URL, each save's files, the snapshot IDs and each backup's new packs."""
+    url, ckpt = str(tmp_path / "vault"), tmp_path / "ckpt"
+    ckpt.mkdir()
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((256, 256)).astype(np.float32)  # 256 KiB: 4 pieces
+    saves, ids, packs = [], [], []
+    with Vault.init(url, chunker=SMALL, compression=CompressionSettings(delta=True)) as vault:
+        for step in (1, 2, 3):
+            weights = weights + (rng.random(weights.shape) < 0.05) * np.float32(1e-3)
+            _save(ckpt, step, weights)
+            before = {p.name for p in Path(url, "packs").glob("*/*")}
+            ids.append(vault.backup(ckpt, tags={"step": str(step)}).id)
+            packs.append({p.name for p in Path(url, "packs").glob("*/*")} - before)
+            saves.append({p.name: p.read_bytes() for p in ckpt.iterdir()})
+    return url, saves, ids, packs
+
+
+def _pack(url: str, pack_id: str) -> Path:
+    return Path(url, "packs", pack_id[:2], pack_id)
+
+
+def test_restore_writes_the_files_whose_chunks_are_all_there_when_a_pack_is_gone_from_the_index(
+    three_saves, cli: Cli, tmp_path: Path
+):
+    """A pack gone (and dropped from the index by repair-index, as check advises) or a damaged chunk
+    dropped by repair-index --read-data: the files it does not hold still restore, those it holds are
+    named (a missing delta base too), exit 30. The plan refused the whole snapshot, so following
+    check's advice made files that had restored unrestorable."""
+    url, saves, ids, packs = three_saves
+    (pack_1,) = packs[0]  # step 1: the keyframes, config.json, notes.txt (shared by every save)
+    (pack_3,) = packs[2]
+    _pack(url, pack_3).unlink()
+    cli("repair-index", "--repo", url)
+    proc = cli("restore", ids[2][:8], str(tmp_path / "out3"), "--repo", url, check=False)
+    assert proc.returncode == 30 and b"Traceback" not in proc.stderr, proc.stderr
+    err = proc.stderr.decode()
+    assert "missing from the repository" in err and "config.json" in err and "model.safetensors" in err, err
+    restored = {p.name: p.read_bytes() for p in (tmp_path / "out3").iterdir()}
+    assert restored == {"notes.txt": saves[2]["notes.txt"]}  # from step 1's pack: intact
+    # a keyframe dropped from the index: the deltas coded against it are named, the rest restores
+    data = _pack(url, pack_1).read_bytes()
+    flip(_pack(url, pack_1), len(data) // 4)  # inside the first tensor piece, a keyframe
+    cli("repair-index", "--read-data", "--repo", url)
+    with Vault.open(url) as vault:
+        with pytest.raises(RestoreIncompleteError) as raised:
+            vault.restore(ids[1], tmp_path / "out2")
+        assert list(raised.value.failed) == ["model.safetensors"], raised.value.failed
+        assert "missing from the repository" in raised.value.failed["model.safetensors"]
+        restored = {p.name: p.read_bytes() for p in (tmp_path / "out2").iterdir()}
+        assert restored == {n: saves[1][n] for n in ("config.json", "notes.txt")}
+        # a rerun into the same folder: what is there already is no failure
+        with pytest.raises(RestoreIncompleteError) as raised:
+            vault.restore(ids[1], tmp_path / "out2")
+        assert list(raised.value.failed) == ["model.safetensors"] and raised.value.result.skipped_files == 2
