@@ -594,7 +594,8 @@ def run_restore(
         raise
     os.makedirs(target, exist_ok=True)
 
-    files = [e for e in entries if e.type == "file" and e.path not in planner.skip | planner.unavailable.keys()]
+    left_out = planner.skip | planner.unavailable.keys()
+    files = [e for e in entries if e.type == "file" and e.path not in left_out]
     progress.start(sum(e.size for e in files), len(files))
     written, failed = _write(repo, planner, tree, entries, files, progress, workers, overwrite)
     failures = planner.unavailable | failed
