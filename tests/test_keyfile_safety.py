@@ -366,3 +366,24 @@ def test_a_keyfile_that_needs_more_memory_than_the_machine_gives_is_not_made(tmp
     assert proc.returncode == 2, proc.stderr
     assert "needs 16.0 GiB of memory to unlock" in one_line_error(proc) and "lower --kdf-cost" in one_line_error(proc)
     assert not key.exists()
+
+
+@pytest.mark.parametrize("n, r, p", [(2**24, 64, 64), (2**24, 64, 1), (2**24, 8, 2), (2**20, 8, 64), (2**17, 64, 64)])
+def test_a_keyfile_asking_scrypt_for_more_than_ckptvault_ever_makes_is_corrupt_not_run(n, r, p):
+    """r and p were taken up to 64 each: N=2^24, r=64, p=64 asked 128 GiB and 65,536 times the default work (hours
+    per unlock, twice for a wrong passphrase), before the vault's fingerprint was even compared."""
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    doc = json.loads(key.to_json())
+    doc["kdf"].update(n=n, r=r, p=p)
+    with pytest.raises(KeyfileCorruptError, match="out of range"):
+        Keyfile.from_json(json.dumps(doc).encode(), "crafted.key")
+    with pytest.raises(UsageError, match="out of range"):  # nor made so: refused before scrypt runs
+        Keyfile.create(PASS, scrypt_n=n, scrypt_r=r, scrypt_p=p)
+
+
+@pytest.mark.parametrize("n, r, p", [(2**24, 8, 1), (2**17, 8, 1), (2**14, 16, 4), (2**10, 1, 64)])
+def test_every_scrypt_setting_ckptvault_makes_still_loads(n, r, p):
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    doc = json.loads(key.to_json())
+    doc["kdf"].update(n=n, r=r, p=p)
+    assert Keyfile.from_json(json.dumps(doc).encode()).kdf == KdfParams(n=n, r=r, p=p, salt=key.kdf.salt)

@@ -63,6 +63,10 @@ MAX_KEYFILE_BYTES = 64 * 1024  # a keyfile is ~400 bytes of JSON
 WRAP_AAD = b"ckptvault-keyfile v1"
 DEFAULT_SCRYPT_N = 2**17  # 128 MiB and ~0.3 s here; raise it, never lower it, for real keys
 MAX_SCRYPT_N = 2**24  # what `key generate --kdf-cost` allows at most (16 GiB of memory)
+# What a keyfile's scrypt may cost at most, in N * r * p (memory grows with N * r, time with all three): that of
+# the dearest keyfile ckptvault makes (N=2^24, r=8, p=1: 16 GiB, ~40 s here). A keyfile asking for more (r=64 and
+# p=64 with N=2^24: 128 GiB and hours per guess) was not made by ckptvault: refused as corrupt, not run.
+MAX_SCRYPT_WORK = MAX_SCRYPT_N * 8
 KDF_COSTS = range(14, 25)  # log2 of scrypt's N that a new keyfile may take: 16 MiB .. 16 GiB of memory
 DEFAULT_KDF_COST = DEFAULT_SCRYPT_N.bit_length() - 1
 MIN_NEW_PASSPHRASE = 8  # characters of a new passphrase, not counting spaces at its ends
@@ -79,6 +83,13 @@ def check_kdf_cost(kdf_cost: int, name: str = "kdf_cost") -> int:
             f"{name} {kdf_cost!r} is out of range; use {KDF_COSTS[0]}..{KDF_COSTS[-1]} (log2 of scrypt's N)"
         )
     return int(kdf_cost)
+
+
+def scrypt_params_in_range(n: int, r: int, p: int) -> bool:
+    """Whether scrypt (n, r, p) is one a keyfile may have: n a power of two up to 2^24, r and p from 1, and at most
+    ``MAX_SCRYPT_WORK`` in all (a keyfile is not trusted to set how much memory and time an unlock takes)."""
+    power_of_two = 2 <= n <= MAX_SCRYPT_N and n & (n - 1) == 0
+    return power_of_two and 1 <= r <= 64 and 1 <= p <= 64 and n * r * p <= MAX_SCRYPT_WORK
 
 
 def too_short(new_passphrase: str) -> bool:
@@ -306,6 +317,10 @@ class Keyfile:
             raise UsageError("the passphrase is empty; choose a long passphrase")
         if not 2 <= scrypt_n <= MAX_SCRYPT_N or scrypt_n & (scrypt_n - 1):
             raise UsageError(f"scrypt n={scrypt_n} must be a power of two, at most 2^24")
+        if not scrypt_params_in_range(scrypt_n, scrypt_r, scrypt_p):
+            raise UsageError(
+                f"scrypt n={scrypt_n} r={scrypt_r} p={scrypt_p} is out of range: r and p from 1, n * r * p at most 2^27"
+            )
         master = master or MasterKey.generate()
         kdf = KdfParams(n=scrypt_n, r=scrypt_r, p=scrypt_p, salt=salt or secrets.token_bytes(SALT_SIZE))
         nonce = nonce or secrets.token_bytes(NONCE_SIZE)
@@ -414,7 +429,7 @@ class Keyfile:
             n, r, p = (kdf[name] for name in ("n", "r", "p"))
             if not all(type(v) is int for v in (n, r, p)):
                 raise ValueError("its scrypt parameters are not whole numbers")
-            if not (2 <= n <= MAX_SCRYPT_N and n & (n - 1) == 0 and 1 <= r <= 64 and 1 <= p <= 64 and r * p < 2**20):
+            if not scrypt_params_in_range(n, r, p):
                 raise ValueError(f"its scrypt parameters n={n} r={r} p={p} are out of range")
             salt = base64.b64decode(kdf["salt"], validate=True)
             if len(salt) != SALT_SIZE:
