@@ -18,7 +18,7 @@ from enum import IntEnum
 from typing import Protocol
 
 from .bytegroup import ElementRun, Grouped
-from .codec import CODEC_DELTA, BaseReader, Compressor
+from .codec import CODEC_DELTA, MAX_DECODED_SIZE, BaseReader, Compressor
 from .errors import ConfigDowngradedError, IntegrityError, MalformedObjectError
 from .hashing import checksum
 
@@ -26,6 +26,11 @@ ENVELOPE_VERSION = 1
 SEAL_NONE = 0
 SEAL_AES256GCM = 1
 CHECKSUM_SIZE = 16
+# The most a stored blob of a metadata object (an index, a tree, a snapshot, a lock) or a pack header can take:
+# its payload decodes to at most MAX_DECODED_SIZE and is stored raw where compression would not shrink it, plus
+# the envelope (2 + codec 1 + nonce 12 + tag 16). A listed object bigger than this is damage, refused unread: one
+# planted in the bucket would otherwise be read whole into memory before its check failed.
+MAX_METADATA_BLOB = MAX_DECODED_SIZE + 64
 
 # An encoded blob as the pieces that make it up, in order: writing them straight into a pack
 # buffer saves joining them first (one copy of every byte a backup stores).

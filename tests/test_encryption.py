@@ -563,3 +563,55 @@ def test_the_look_before_a_plain_vaults_first_lock_is_not_fooled_by_a_damaged_ob
             keyless._repo.refuse_if_downgraded_before_writing()
         with pytest.raises(ConfigDowngradedError):
             keyless._repo.refuse_if_downgraded_before_writing()
+
+
+def test_an_oversized_object_planted_in_the_bucket_is_damage_not_read_into_memory(
+    tmp_path: Path, keyfile: Keyfile, monkeypatch: pytest.MonkeyPatch
+):
+    """Whoever can write to the bucket planted a snapshot or index object of many GiB (or a pack trailer whose
+    header length says 4 GiB): every client read it whole into memory before its authentication failed (a
+    training process ships from inside itself). The limit is scaled down here: 1 MiB stands for 1 GiB."""
+    from ckptvault.repository import pack as pack_module
+    from ckptvault.repository import repository as repository_module
+    from ckptvault.store.local import LocalStore
+
+    url = tmp_path / "vault"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"1" * 1000)
+    with Vault.init(str(url), keyfile=keyfile.path, passphrase=PASS) as vault:
+        kept = vault.backup(src, tags={"n": "a"})
+    limit = 1 << 20
+    monkeypatch.setattr(repository_module, "MAX_METADATA_BLOB", limit, raising=False)
+    monkeypatch.setattr(pack_module, "MAX_METADATA_BLOB", limit, raising=False)
+    planted = "ab" * 32
+    (url / "snapshots" / planted).write_bytes(os.urandom(limit + 1))
+    (url / "index" / planted).write_bytes(os.urandom(limit + 1))
+    (url / "packs" / "ab").mkdir()
+    # a pack of two bytes over the limit whose trailer says its header is all of it but the trailer
+    body = os.urandom(limit + 2)
+    (url / "packs" / "ab" / planted).write_bytes(body + len(body).to_bytes(4, "little") + b"CVP1")
+    read: list[tuple[str, int]] = []
+    get, get_range = LocalStore.get, LocalStore.get_range
+
+    def spy_get(self, key):
+        data = get(self, key)
+        read.append((key, len(data)))
+        return data
+
+    def spy_range(self, key, start, length):
+        data = get_range(self, key, start, length)
+        read.append((key, len(data)))
+        return data
+
+    monkeypatch.setattr(LocalStore, "get", spy_get)
+    monkeypatch.setattr(LocalStore, "get_range", spy_range)
+    vault = Vault.open(str(url), keyfile=keyfile.path, passphrase=PASS)
+    assert [s.id for s in vault.snapshots()] == [kept.id]
+    assert "more than a metadata object can be" in str(vault.unreadable_snapshots[planted])
+    repo = vault._repo
+    repo.load_index()
+    assert repo.damaged_index and "more than a metadata object can be" in next(iter(repo.damaged_index.values()))
+    with pytest.raises(IntegrityError, match="more than a header can be"):
+        repo.read_pack_header(bytes.fromhex(planted), limit + 2 + 8)
+    assert [key for key, size in read if size > limit] == []

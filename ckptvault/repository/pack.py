@@ -18,7 +18,7 @@ import struct
 import sys
 from dataclasses import dataclass
 
-from ..blob import BlobCodec, BlobParts, Kind, blob_size
+from ..blob import MAX_METADATA_BLOB, BlobCodec, BlobParts, Kind, blob_size
 from ..errors import MalformedObjectError
 from ..memcopy import copy_into
 from .format import PACK_MAGIC, PACK_MAGIC_V2
@@ -142,6 +142,8 @@ def header_range(trailer: bytes, pack_size: int) -> tuple[int, int]:
         raise MalformedObjectError("pack is shorter than its trailer")
     header_len, _ = TRAILER.unpack(trailer)
     trailer_version(trailer)
+    if header_len > MAX_METADATA_BLOB:  # a u32 from the clear trailer: up to 4 GiB read into memory
+        raise MalformedObjectError(f"pack header length {header_len} is more than a header can be")
     start = pack_size - TRAILER.size - header_len
     if start < 0:
         raise MalformedObjectError("pack header length points before the start of the pack")

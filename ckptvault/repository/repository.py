@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from ..blob import BlobCodec, BlobParts, ChecksumSealer, Kind, Sealer
+from ..blob import MAX_METADATA_BLOB, BlobCodec, BlobParts, ChecksumSealer, Kind, Sealer
 from ..bytegroup import Grouped, joined
 from ..codec import Compressor
 from ..crypto.aead import AesGcmSealer
@@ -334,6 +334,8 @@ class Repository:
 
     def _read_metadata(self, key: str, decode: Callable[[bytes], T], size: int | None = None) -> T:
         """A metadata object, decoded and verified, through the cache."""
+        if size is not None and size > MAX_METADATA_BLOB:  # never read: it would be held whole in memory
+            raise MalformedObjectError(f"it is {size} bytes, more than a metadata object can be: not read")
 
         def fetch() -> tuple[bytes, T]:
             return _verified_raw(lambda: self.store.get(key), decode)
