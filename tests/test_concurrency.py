@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import stat
 import subprocess
 import sys
 import threading
@@ -297,3 +298,9 @@ def test_an_index_reloaded_while_a_backup_indexes_its_packs_keeps_them(
             vault.restore(snap, tmp_path / "out")
     assert (tmp_path / "out" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
     assert not [r.getMessage() for r in caplog.records], caplog.records
+
+
+def test_a_new_metadata_cache_folder_is_private_to_its_user(tmp_path: Path):
+    """It holds an unencrypted vault's trees (file names) in the clear: other local users may not list or read it."""
+    cache = MetadataCache.open(tmp_path / "cache", "ab" * 32)
+    assert cache.directory is not None and stat.S_IMODE(cache.directory.stat().st_mode) == 0o700

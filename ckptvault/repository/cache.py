@@ -93,7 +93,8 @@ class MetadataCache:
             if self.directory.exists():
                 log.info("metadata cache %s does not belong to repository %s; rebuilding it", self.directory, repo_id)
                 shutil.rmtree(self.directory)
-            self.directory.mkdir(parents=True, exist_ok=True)
+            # 0700: the cache of an unencrypted vault holds its file names, as readable as the vault itself
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             (self.directory / "CACHEDIR.TAG").write_text(CACHEDIR_TAG)
             self._write_atomic(marker, json.dumps({"repository": repo_id, "version": 1}).encode())
 
