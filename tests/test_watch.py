@@ -759,6 +759,40 @@ def test_a_checkpoint_shipping_in_place_is_pinned_once_there_is_room(tmp_path, r
         assert "watch ended: 1 checkpoint(s) shipped" in watch.err, watch.err
 
 
+@pytest.mark.parametrize("trainer", ["keeps it", "deletes it"])
+def test_a_pin_that_cannot_take_in_a_later_file_on_a_full_state_disk_never_ships_torn(tmp_path, repo, trainer):
+    """--state-dir on a small disk (pins are copies there): a checkpoint pinned with its first file, whose
+    second file the pin cannot take in (the disk filled up), used to settle on the pin as it was and ship
+    one file of two under its step, exit 0 (and when the trainer deleted it, that torn save was all the
+    vault held of it). Now it ships in place, whole; deleted first, it is lost and said so (exit 3)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    with mounted_tmpfs(tmp_path / "state", "5m", "the full state disk test") as mount:
+        watch = WatchProcess(
+            str(ckpts), "--repo", repo, "--tag", "run=torn", "--settle", "1", "--state-dir", str(mount / "w"), "--json"
+        )
+        step = ckpts / "step_100"
+        step.mkdir()
+        (step / "a.bin").write_bytes(os.urandom(3 << 20))
+        watch.wait_for(lambda: any((mount / "w" / "pins").glob("*/pin.json")), what="the pin")
+        (step / "b.bin.tmp").write_bytes(os.urandom(3 << 20))
+        (step / "b.bin.tmp").rename(step / "b.bin")  # the pin's copy of it cannot fit
+        watch.wait_for(lambda: any("No space left" in line for line in watch.err), what="the pin failure")
+        if trainer == "deletes it":
+            shutil.rmtree(step)
+            watch.wait_for(lambda: any("not in the vault" in line for line in watch.err), what="the lost warning")
+        else:
+            watch.wait_for(lambda: len(watch.shipped()) == 1, what="the checkpoint to ship")
+        time.sleep(1.5)  # a second settle: a torn pin would ship by now
+        code = watch.finish()
+    with Vault.open(repo) as vault:
+        shipped = [sorted(entry.path for entry in vault.files(snap)) for snap in vault.snapshots()]
+    if trainer == "deletes it":
+        assert code == 3 and shipped == [], (shipped, watch.err)
+    else:
+        assert code == 0 and shipped == [["a.bin", "b.bin"]], (shipped, watch.err)
+
+
 def test_a_backup_that_fails_on_a_full_vault_is_reported_once_with_what_comes_next(tmp_path, cli):
     """The shipping thread's own "error: async backup of ... failed" line came beside watch's warning,
     which says what happens next (retrying, or the next run)."""

@@ -66,8 +66,10 @@ from .scan import refuse_sources_in_vault
 from .watch_candidate import (
     Candidate,
     Done,
+    file_paths,
     gone_or_replaced,
     stat_if_same,
+    step_of,
     tag_text,
     temporary_activity,
     unchanged,
@@ -617,6 +619,9 @@ class Watcher:
                 else:
                     cand.frozen = True  # one last look at the pin, below; again if its folder comes back
                     cand.gone = gone_or_replaced(cand.pin)  # not a stat that failed (EIO, an NFS hiccup)
+                    if cand.gone and cand.behind:
+                        self._lost_behind(cand)  # its pin never got all of it: shipped, it would be a torn save
+                        continue
                 if cand.pin.in_place:
                     if self._in_place.gone(cand):
                         continue
@@ -629,7 +634,14 @@ class Watcher:
                         cand.pin, cand.settled_noted = pinned, False
                         self._candidates[pinned.pin_id] = cand
                 if not cand.pin.in_place:  # pinned, maybe just now
-                    pins.sync(cand.pin)
+                    try:
+                        pins.sync(cand.pin)
+                    except OSError as exc:
+                        if self._fell_behind(cand, exc, now):
+                            continue  # it ships in place from now on
+                        raise
+                    if cand.source_stat is not None:
+                        cand.behind = ""  # the pin holds all its source does
                     self._warn_if_copied(cand.pin)
                     sig = self._signature(cand.pin)
                 sig += temporary_activity(cand.pin)
@@ -649,6 +661,44 @@ class Watcher:
                 cand.sig, cand.last_change, cand.state = sig, now, "settling"
             if not first_look:  # an adopted pin's record stands until this run has seen it change or settle
                 self._note_settled(cand, cand.settled(now, self.options.settle))
+
+    def _fell_behind(self, cand: Candidate, exc: OSError, now: float) -> bool:
+        """Its pin could not take in what its source holds now (``exc``: a full disk, a copy into a
+        --state-dir that filled up, a permission): it must not settle, or it would ship without the files
+        it lacks as the whole save. Where the disk is full and its source still holds every file the pin
+        does, it ships in place, as one that could not be pinned at all (True: the candidate was replaced)."""
+        cand.behind = exc.strerror or str(exc)
+        cand.last_change = now  # not settled while its pin lags its source
+        if cand.state == "failed":
+            cand.state = "settling"  # a failed one is tried again once its pin holds all of it
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._shipped.readable():
+            return False
+        try:
+            st = os.stat(cand.pin.source)
+            held = file_paths(self._signature(cand.pin))
+            there = file_paths(pins.signature(cand.pin.source, self._as_pinned))
+        except OSError:
+            return False
+        if st.st_ino != cand.pin.source_ino or not held <= there:
+            return False  # the pin holds files its source lost: it is kept, as the only copy of those
+        in_place = self._in_place.start(cand.pin.name, cand.pin.source, st, now, exc)
+        if in_place is None:
+            return False
+        self._release(cand)
+        self._candidates[in_place.pin.pin_id] = in_place
+        return True
+
+    def _lost_behind(self, cand: Candidate) -> None:
+        """Deleted by the trainer while its pin lacked part of it: what the pin holds is not the save."""
+        error = CheckpointLostError(
+            cand.pin.source,
+            f"it was deleted before it shipped, while its pin lacked part of it ({cand.behind}), so it is not in "
+            "the vault",
+            f"free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on a disk "
+            "with room, so that checkpoints are pinned whole",
+        )
+        self._report_lost(cand, step_of(cand), "deleted", error)
+        self._release(cand)
 
     def _note_settled(self, cand: Candidate, settled: bool) -> None:
         """Keep the pin's record of whether it settled (read by ``_adopt_pins`` after a restart); a disk
@@ -778,6 +828,8 @@ class Watcher:
         """Whether a backup of it may start now: settled, or failed and its retry delay over."""
         if self.options.once and cand.pin.pin_id in self._submitted:
             return False
+        if cand.behind:
+            return False  # its pin lacks part of it: not the whole save
         if cand.state == "failed":
             return now >= cand.retry_at and not self.options.once
         return cand.state == "settling" and cand.settled(now, self.options.settle)

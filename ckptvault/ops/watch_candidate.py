@@ -36,6 +36,7 @@ class Candidate:
     pin_retry_at: float = 0.0  # shipping in place: when to try pinning it again
     frozen: bool = False  # its source is gone or replaced: the pin is not looked at (until the source is back)
     gone: bool = False  # frozen, and its source surely gone or replaced (not a stat that failed)
+    behind: str = ""  # why its pin lacks part of what its source holds (a sync that failed: a full disk); "": none
     files: dict[str, tuple[int, int]] = field(default_factory=dict)  # at the last look: path -> (size, mtime)
     steady: bool = False  # unchanged at the last look
     rewrites: int = 0  # saves in place seen since it last settled
