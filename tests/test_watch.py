@@ -905,6 +905,20 @@ def test_a_state_folder_that_cannot_be_made_is_a_one_line_error(cli, tmp_path: P
         assert proc.returncode == 2 and f"cannot keep the watch's state in {state}" in message, message
 
 
+def test_a_state_folder_on_a_full_disk_is_exit_21_saying_to_free_space_not_a_bad_argument(cli, tmp_path: Path, repo):
+    """A watcher first started once the checkpoint disk is full (no room for its state folder) was exit 2,
+    "it must be a writable folder": it is writable, and freeing a few KB (or another --state-dir) is the
+    way out. A disk out of inodes here (the root and the checkpoint folder take the only two)."""
+    from tests.test_cli import one_line_error
+
+    with mounted_tmpfs(tmp_path / "mnt", "1m,nr_inodes=2", "the full checkpoint disk test") as mount:
+        (mount / "ckpts").mkdir()
+        proc = cli("watch", str(mount / "ckpts"), "--once", "--repo", repo, check=False)
+    message = one_line_error(proc)
+    assert proc.returncode == 21 and "no space left" in message and "free a few KB" in message, message
+    assert "--state-dir" in message, message
+
+
 def test_a_backup_of_a_watched_folder_leaves_out_the_sidecars_state_and_async_pins(cli, tmp_path: Path, repo):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()

@@ -55,6 +55,7 @@ from ..errors import (
     CheckpointLostError,
     CkptVaultError,
     SourceError,
+    StorageFullError,
     UsageError,
     spelled,
 )
@@ -232,6 +233,16 @@ class Watcher:
             lock = self._lock
             lock.open()
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # writable, but full: exit 21, not a bad argument
+                raise StorageFullError(
+                    "write",
+                    self.state_dir,
+                    self.state_dir,
+                    f"cannot keep the watch's state there: {exc.strerror or exc}",
+                    hint="free a few KB on that disk (the watcher keeps its lock there, and pins checkpoints there "
+                    f"when there is room), or give {spelled('--state-dir', 'state_dir')} on a disk with room, and "
+                    "start it again",
+                ) from None
             raise UsageError(
                 f"cannot keep the watch's state in {self.state_dir}: {exc.strerror or exc}; the watcher pins "
                 "checkpoints there, so it must be a writable folder on the checkpoints' filesystem "
