@@ -40,6 +40,7 @@ from ..durable import replace_with
 from ..errors import IntegrityError
 
 log = logging.getLogger("ckptvault")
+notice = logging.getLogger("ckptvault.store.cache")  # the CLI shows its warnings (cli/process.py)
 
 T = TypeVar("T")
 ENV_CACHE_DIR = "CKPTVAULT_CACHE_DIR"
@@ -105,7 +106,14 @@ class MetadataCache:
         try:
             return action()
         except OSError as exc:
-            log.warning("metadata cache %s disabled: %s", self.directory, exc)
+            # on the store's logger, which the CLI shows: every command then reads every object from the vault
+            notice.warning(
+                "metadata cache %s disabled: %s (commands read metadata from the vault instead; free space there, "
+                "or set %s to a writable folder)",
+                self.directory,
+                exc,
+                ENV_CACHE_DIR,
+            )
             self.directory = None
             return None
 

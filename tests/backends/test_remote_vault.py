@@ -466,3 +466,33 @@ def test_a_resume_asking_for_a_step_its_run_lacks_is_told_that_runs_steps(server
     )
     assert "step is one of: 3, 12, 30)" in said, said
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_a_metadata_cache_on_a_full_or_read_only_disk_is_a_warning_and_every_command_works(
+    server, remote_cli, tmp_path: Path, disk
+):
+    """docs/backends.md: a cache that cannot be written "is switched off with a warning; it never fails a
+    command". It never failed one, but the CLI dropped the warning (logged on a logger it silences): a
+    user left wondering why every command reads every snapshot object again was told nothing."""
+    from tests.support.tmpfs import mounted_tmpfs
+
+    backend = server("s3-moto").backend
+    repo = backend.new_url(f"cache-{disk}".replace("-", ""))
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=0.5)
+    remote_cli(backend, "init", repo)
+    with mounted_tmpfs(tmp_path / "cache", "64k", "the full cache disk test") as mount:
+        if disk == "full":
+            with open(mount / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+                while True:
+                    filler.write(b"\0" * 4096)
+        else:
+            assert subprocess.run(["mount", "-o", "remount,ro", str(mount)]).returncode == 0
+        env = {"CKPTVAULT_CACHE_DIR": str(mount)}
+        restore = ("restore", "latest", str(tmp_path / "r"))
+        for args in (("backup", str(src), "--tag", "run=c"), ("snapshots",), restore):
+            proc = remote_cli(backend, *args, "--repo", repo, **env)
+            warnings = [line for line in proc.stderr.decode().splitlines() if "metadata cache" in line]
+            assert len(warnings) == 1 and warnings[0].startswith("warning: metadata cache"), proc.stderr
+            assert "CKPTVAULT_CACHE_DIR" in warnings[0] and "Traceback" not in proc.stderr.decode()
+    assert tree_digest(tmp_path / "r") == tree_digest(src)
