@@ -334,6 +334,13 @@ class _Checker:
                 self.report.needs_repair_index = True
                 self.bad_chunks.update(e.chunk_id for e in entries if e.chunk_id not in held)
                 continue
+            if size > self.repo.max_pack_size:
+                self.problem(
+                    name,
+                    f"is damaged: {self.repo.oversized_pack(size)}; its chunks are read one by one, and "
+                    f"{repair_index_command(read_data=True)} copies those that verify into a new pack and removes it",
+                )
+                self.report.needs_repair_index = True
             cut = [e.chunk_id for e in entries if not lies_whole_in(e.offset, e.stored_len, size)]
             try:
                 header = self.repo.read_pack_header(pack_id, size)
@@ -415,8 +422,12 @@ class _Checker:
         reread = 0  # chunks and headers that failed in the pack's read and verified on a read of their own
         for pack_id in pack_ids:
             name = f"pack {_short(pack_id)}"
+            # one too big to be a pack (named by the structure check) is not read whole: chunk by chunk
+            whole = stored[pack_id] <= self.repo.max_pack_size
+            data = b""
             try:
-                data = self.repo.read_pack(pack_id)
+                if whole:
+                    data = self.repo.read_pack(pack_id, stored[pack_id])
             except CkptVaultError as exc:
                 if _unreadable(exc):
                     self.unreadable_pack(pack_id, exc)
@@ -425,18 +436,22 @@ class _Checker:
                 continue
             self.report.packs_read += 1
             try:
-                read_pack_header(self.repo.codec, pack_id, data)
+                if whole:
+                    read_pack_header(self.repo.codec, pack_id, data)
             except CkptVaultError as exc:
                 if self.repo.header_reads_back(pack_id, len(data)):
                     reread += 1
                 elif pack_id not in self.bad_headers:  # the structure check may have named it already
                     self.problem(name, f"header is damaged: {exc}")
             for e in self.indexed[pack_id]:
-                blob = data[e.offset : e.offset + e.stored_len]
                 try:
+                    blob = data[e.offset : e.offset + e.stored_len] if whole else self.repo.read_pack_blob(pack_id, e)
                     self.repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)  # through its base
                     intact.add(e.chunk_id)
                 except CkptVaultError as exc:
+                    if not whole and _unreadable(exc):  # the storage failed the read, as for a whole pack
+                        self.unreadable_pack(pack_id, exc)
+                        break
                     if self.repo.reads_back(pack_id, e):  # the read was damaged on its way, not the pack
                         reread += 1
                         intact.add(e.chunk_id)

@@ -236,9 +236,14 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     # 1. copy live chunks out of mostly-dead packs (verified on the way: never copy damage silently)
     uploaded_before = set(repo.uploaded_packs)
     for pack_id, live in plan.repack.items():
-        pack = repo.read_pack(pack_id)
+        size = plan.pack_sizes.get(pack_id)
+        # one bigger than any pack can be (grown, or replaced) is not read whole: its chunks one by one
+        pack = repo.read_pack(pack_id, size) if size is None or size <= repo.max_pack_size else None
         for entry in live:
-            blob = pack[entry.offset : entry.offset + entry.stored_len]
+            if pack is None:
+                blob = repo.read_pack_blob(pack_id, entry)
+            else:
+                blob = pack[entry.offset : entry.offset + entry.stored_len]
             try:
                 repo.decode_chunk(entry.chunk_id, blob, entry.raw_len, entry.base_id)
             except IntegrityError as exc:

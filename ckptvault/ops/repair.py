@@ -68,12 +68,14 @@ def repair_index(
     failing: list[bytes] = []  # in unread too
     headless: set[bytes] = set()  # indexed packs whose own header is damaged
     kept: set[bytes] = set()  # of those, packs holding bytes no index entry accounts for
-    bad_chunks = _chunks_that_do_not_verify(repo, objects, gone, unread, failing, headless, kept) if read_data else {}
+    bad_chunks = (
+        _chunks_that_do_not_verify(repo, objects, stored, gone, unread, failing, headless, kept) if read_data else {}
+    )
     dropped = dict(bad_chunks)
     if drop_failing:
         for packs in objects.values():
             dropped.update({p: {e.chunk_id for e in entries} for p, entries in packs.items() if p in failing})
-    revived = _chunks_that_verify_now(repo, objects, gone | dropped.keys() | set(unread)) if read_data else {}
+    revived = _chunks_that_verify_now(repo, objects, stored, gone | dropped.keys() | set(unread)) if read_data else {}
     stale = [index_id for index_id, packs in objects.items() if (gone | dropped.keys() | revived.keys()) & packs.keys()]
     indexed = {pack_id for packs in objects.values() for pack_id in packs}
     cut_short = {
@@ -122,7 +124,7 @@ def repair_index(
 
 
 def _chunks_that_verify_now(
-    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], skip: set[bytes]
+    repo: Repository, objects: dict[bytes, dict[bytes, list[PackEntry]]], stored: dict[bytes, int], skip: set[bytes]
 ) -> dict[bytes, list[PackEntry]]:
     """Pack ID -> its chunks that read and verify and are in no other indexed pack, for each pack indexed
     without chunks (dropped by --drop-failing-packs, or every chunk found damaged) that reads whole now,
@@ -134,10 +136,10 @@ def _chunks_that_verify_now(
     revived: dict[bytes, list[PackEntry]] = {}
     for pack_id in sorted(chunkless):
         try:
-            data = repo.read_pack(pack_id)
+            data = repo.read_pack(pack_id, stored.get(pack_id))
             entries = read_pack_header(repo.codec, pack_id, data)
         except CkptVaultError:
-            continue  # still failing, or damaged: it stays dropped
+            continue  # still failing, or damaged (too big to be a pack, too): it stays dropped
         good = []
         for e in entries:
             if repo.index.get(e.chunk_id) is not None:
@@ -175,6 +177,7 @@ def _rewrite_headless_packs(repo: Repository, headless: set[bytes], bad_chunks: 
 def _chunks_that_do_not_verify(
     repo: Repository,
     objects: dict[bytes, dict[bytes, list[PackEntry]]],
+    stored: dict[bytes, int],
     skip: set[bytes],
     unread: list[bytes],
     failing: list[bytes],
@@ -186,15 +189,21 @@ def _chunks_that_do_not_verify(
     and also to ``failing`` where the storage answered for them with a fault of the object; those
     whose own header is damaged go to ``headless`` (to be rewritten), or to ``kept`` when bytes of
     theirs are in no index entry: a chunk that only the damaged header and a damaged index object
-    described may be there, and rewriting the pack would delete it."""
+    described may be there, and rewriting the pack would delete it. A pack bigger than any pack can be (grown,
+    or replaced) is not read whole: each indexed chunk is read on its own, and the pack is rewritten (its chunks
+    that verify copied into a new pack): what lies there besides them is not a pack's."""
     packs: dict[bytes, list[PackEntry]] = {}
     for index in objects.values():
         for pack_id, entries in index.items():
             packs.setdefault(pack_id, entries)
     failed: list[tuple[bytes, PackEntry]] = []
     for pack_id in sorted(packs.keys() - skip):
+        if stored.get(pack_id, 0) > repo.max_pack_size:
+            headless.add(pack_id)
+            failed.extend(_chunks_read_one_by_one(repo, pack_id, packs[pack_id]))
+            continue
         try:
-            data = repo.read_pack(pack_id)
+            data = repo.read_pack(pack_id, stored.get(pack_id))
         except CkptVaultError as exc:
             unread.append(pack_id)  # a read error may pass: nothing is dropped from it unless asked
             if object_fault(exc):
@@ -223,6 +232,22 @@ def _chunks_that_do_not_verify(
         if e.base_id is None or e.base_id not in bad_keyframes:
             bad.setdefault(pack_id, set()).add(e.chunk_id)
     return bad
+
+
+def _chunks_read_one_by_one(
+    repo: Repository, pack_id: bytes, entries: list[PackEntry]
+) -> list[tuple[bytes, PackEntry]]:
+    """The entries of ``pack_id`` whose blobs, each read on its own, do not decode and verify."""
+    failed = []
+    for e in entries:
+        try:
+            repo.decode_chunk(e.chunk_id, repo.read_pack_blob(pack_id, e), e.raw_len, e.base_id)
+        except UnsupportedFormatError:
+            continue  # written by a newer ckptvault: not damage
+        except IntegrityError:
+            if not repo.reads_back(pack_id, e):
+                failed.append((pack_id, e))
+    return failed
 
 
 def _unaccounted_bytes(repo: Repository, pack_id: bytes, pack: bytes, entries: list[PackEntry]) -> bool:

@@ -1042,8 +1042,30 @@ class Repository:
         blob = self.store.get_range(key, start, length)
         return decode_header(self.codec, pack_id, blob, start, trailer_version(trailer))
 
-    def read_pack(self, pack_id: bytes) -> bytes:
+    @property
+    def max_pack_size(self) -> int:
+        """The most bytes a pack of this vault can hold: under ``pack_size`` before its last chunk is added
+        (PackWriter seals it once it reaches that), the last chunk's blob and the header blob (each at most
+        ``MAX_METADATA_BLOB``: no blob decodes to more than 1 GiB), and the trailer. A listed pack bigger
+        than that was grown or replaced: ``read_pack`` refuses it, and it is read in chunks (``read_pack_blob``)."""
+        return self.config.pack_size + 2 * MAX_METADATA_BLOB + TRAILER.size
+
+    def read_pack(self, pack_id: bytes, size: int | None = None) -> bytes:
+        """A whole pack, held in memory. ``size`` (its listed size, when known) bigger than ``max_pack_size``
+        is damage: MalformedObjectError, not read (a planted or grown object of many GiB)."""
+        if size is not None and size > self.max_pack_size:
+            raise MalformedObjectError(self.oversized_pack(size))
         return self.store.get(pack_key(pack_id))
+
+    def oversized_pack(self, size: int) -> str:
+        return (
+            f"it is {size} bytes, more than a pack of this vault can be ({self.max_pack_size}: bytes were added to "
+            "it, or it was replaced): not read whole"
+        )
+
+    def read_pack_blob(self, pack_id: bytes, entry: PackEntry) -> bytes:
+        """One chunk's blob, by a range read (a pack too big to read whole is read so)."""
+        return self.store.get_range(pack_key(pack_id), entry.offset, entry.stored_len)
 
     def reads_back(self, pack_id: bytes, entry: PackEntry) -> bool:
         """Whether a chunk whose bytes in a whole-pack read failed verification decodes and verifies on a read
