@@ -84,3 +84,27 @@ def test_restore_writes_the_files_whose_chunks_are_all_there_when_a_pack_is_gone
         with pytest.raises(RestoreIncompleteError) as raised:
             vault.restore(ids[1], tmp_path / "out2")
         assert list(raised.value.failed) == ["model.safetensors"] and raised.value.result.skipped_files == 2
+
+
+def test_diff_tensors_names_the_file_whose_damaged_chunk_it_read(three_saves, cli: Cli):
+    """``diff --tensors`` reads each changed file's first chunk (its format) and the tensor pieces chunk IDs
+    cannot decide: damage there fails the diff (exit 30, documented), naming the file it is in, not only a
+    chunk ID; ``diff`` without ``--tensors`` reads no chunk and lists the change."""
+    from ckptvault.snapshot.manifest import decode_snapshot, decode_tree
+
+    url, _saves, ids, _packs = three_saves
+    with Vault.open(url) as vault:
+        repo = vault._repo
+        tree = decode_tree(
+            repo.load_tree(bytes.fromhex(decode_snapshot(repo.load_snapshot(bytes.fromhex(ids[0]))).tree_id))
+        )
+        (config,) = [e for e in tree if e.path == "config.json"]
+        loc = repo.index.get(config.chunks[0])
+        assert loc is not None
+    flip(_pack(url, loc.pack_id.hex()), loc.offset + loc.stored_len // 2)
+    proc = cli("diff", ids[0][:8], ids[2][:8], "--tensors", "--repo", url, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 30 and "Traceback" not in err, err
+    assert "config.json" in err and config.chunks[0].hex()[:12] in err, err
+    proc = cli("diff", ids[0][:8], ids[2][:8], "--repo", url, check=False)
+    assert proc.returncode == 0 and b"config.json" in proc.stdout, proc.stderr

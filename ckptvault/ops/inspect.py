@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import FileFormatError
+from ..errors import FileFormatError, IntegrityError
 from ..formats import FileLayout, TensorInfo, read_layout
 from ..repository import Repository
 from ..snapshot.model import FileEntry
@@ -211,7 +211,13 @@ def diff_trees(
             unchanged += eb.type == "file"
             continue
         content = details[0].startswith(("content", "type", "target"))
-        detail = _tensor_changes(repo, ea, eb) if tensors and content and types == ("file", "file") else None
+        detail = None
+        if tensors and content and types == ("file", "file"):
+            try:  # reads each file's first chunk (its format), and the pieces chunk IDs cannot decide
+                detail = _tensor_changes(repo, ea, eb)
+            except IntegrityError as exc:  # the damage fails the diff (exit 30): named with the file it is in
+                exc.args = (f"{path} (compared with --tensors): {exc}",)
+                raise
         changes.append(
             FileChange(
                 path,
