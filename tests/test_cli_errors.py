@@ -161,21 +161,21 @@ def test_bare_command_still_prints_the_help(cli):
 
 
 def test_retries_are_warned_and_other_libraries_print_no_tracebacks(cli):
-    """A server that is not SSH: paramiko logs its own traceback of each failed session; the CLI shows
-    one warning per retry and one error line, nothing else."""
+    """A server that closes each connection without a word (no SSH greeting: an outage, retried; one that
+    answers with other words is a wrong port, said at once, test_sftp_faults): paramiko logs its own
+    traceback of each failed session; the CLI shows one warning per retry and one error line, nothing else."""
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
 
-    def answer_http() -> None:
+    def close_at_once() -> None:
         while True:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
-            with conn:
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
 
-    threading.Thread(target=answer_http, daemon=True).start()
+    threading.Thread(target=close_at_once, daemon=True).start()
     try:
         proc = cli(
             "snapshots", "-r", f"sftp://root@127.0.0.1:{port}/vault", "-o", "look_for_keys=false",

@@ -67,9 +67,9 @@ class SlowLink(FaultProxy):
     goes with it: ``drop_all()`` resets every connection, and the bytes the link had not passed on are
     lost (killing the process alone would not do that: its kernel still sends what it had written)."""
 
-    async def _pipe(self, src, dst, src_writer, budget, take_cut, stall=False) -> None:
+    async def _pipe(self, src, dst, src_writer, budget, take_cut, stall=False, stall_for=None) -> None:
         throttled = cast(asyncio.StreamReader, _Throttled(src))  # it only reads
-        await super()._pipe(throttled, dst, src_writer, budget, take_cut, stall)
+        await super()._pipe(throttled, dst, src_writer, budget, take_cut, stall, stall_for)
 
 
 @pytest.fixture
