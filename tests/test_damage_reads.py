@@ -108,3 +108,36 @@ def test_diff_tensors_names_the_file_whose_damaged_chunk_it_read(three_saves, cl
     assert "config.json" in err and config.chunks[0].hex()[:12] in err, err
     proc = cli("diff", ids[0][:8], ids[2][:8], "--repo", url, check=False)
     assert proc.returncode == 0 and b"config.json" in proc.stdout, proc.stderr
+
+
+def test_a_rerun_leaves_a_file_whose_pack_is_gone_in_place_and_never_touches_a_hard_link_of_it(tmp_path: Path):
+    """A file restored before and then dropped from the index (its pack gone, repair-index) is no failure of a
+    rerun: it is there whole. With --overwrite, one hard-linked from outside the target is not kept: its mode
+    and mtime would be set through the link (the plan replaces such a file, and this one cannot be written)."""
+    import os
+    import stat
+
+    url, src, out = str(tmp_path / "vault"), tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(50_000))
+    with Vault.init(url) as vault:
+        vault.backup(src)
+        before = set(Path(url, "packs").glob("*/*"))
+        (src / "b.bin").write_bytes(os.urandom(60_000))
+        os.chmod(src / "b.bin", 0o644)
+        snap = vault.backup(src)
+        (new_pack,) = set(Path(url, "packs").glob("*/*")) - before
+        vault.restore(snap, out)
+    new_pack.unlink()
+    with Vault.open(url) as vault:
+        vault.repair_index()
+        assert vault.restore(snap, out).skipped_files == 2  # a rerun: b.bin is there whole
+        outside = tmp_path / "elsewhere"
+        os.link(out / "b.bin", outside)
+        os.chmod(outside, 0o600)
+        os.utime(outside, ns=(10**18, 10**18))
+        with pytest.raises(RestoreIncompleteError) as raised:
+            vault.restore(snap, out, overwrite=True)
+    assert list(raised.value.failed) == ["b.bin"] and "missing from the repository" in raised.value.failed["b.bin"]
+    st = outside.stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (0o600, 10**18)

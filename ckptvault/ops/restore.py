@@ -286,7 +286,8 @@ class _Planner:
         if self._too_long(entry, self.dest(entry)):
             return
         self._check_in_place(entry)
-        if entry.type == "file" and entry.path not in self.skip:  # written under a temporary name first
+        if entry.type == "file" and entry.path not in self.skip and entry.path not in self.unavailable:
+            # written under a temporary name first (one that is not written needs none)
             self._too_long(entry, os.path.join(os.path.dirname(self.dest(entry)), "x" * _TEMP_NAME_BYTES))
 
     def _check_in_place(self, entry: FileEntry) -> None:
@@ -314,9 +315,7 @@ class _Planner:
                 self.skip.add(entry.path)
             else:
                 self._conflict(entry, "exists and differs")
-        elif _same_content(dest, entry) and not (self.overwrite and st.st_nlink > 1):
-            # (with --overwrite a hard link gets a file of its own: setting the snapshot's mode and
-            # mtime in place would change the linked file outside the target too)
+        elif self._keeps(dest, entry, st):
             self.skip.add(entry.path)
         else:
             self._conflict(entry, "exists and differs")
@@ -396,13 +395,20 @@ class _Planner:
     def _in_place_already(self, entry: FileEntry) -> bool:
         """Whether the target already holds ``entry``'s bytes (a rerun): then a chunk missing from the
         repository costs nothing."""
+        dest = self.dest(entry)
         try:
-            if not _same_content(self.dest(entry), entry):
+            if not self._keeps(dest, entry, os.lstat(dest)):
                 return False
         except (FileNotFoundError, NotADirectoryError):
             return False
         self.skip.add(entry.path)
         return True
+
+    def _keeps(self, dest: str, entry: FileEntry, st: os.stat_result) -> bool:
+        """Whether the file at ``dest`` (lstat ``st``) stays as it is: it holds ``entry``'s bytes, and is no
+        hard link to be replaced (with --overwrite a hard link gets a file of its own: setting the snapshot's
+        mode and mtime in place would change the linked file outside the target too)."""
+        return _same_content(dest, entry) and not (self.overwrite and st.st_nlink > 1)
 
     def _check_chunks(self, entry: FileEntry) -> str | None:
         """Why ``entry`` cannot be restored (a chunk, or a delta base, in no index), else None. A file
