@@ -175,11 +175,13 @@ class UsageError(CkptVaultError):
 class SourceError(CkptVaultError):
     exit_code = 3
 
-    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+    def __init__(self, path: str, reason: str, hint: str = "", *, action: str = "read") -> None:
+        """``action``: what could not be done with ``path`` ("read"; watch's "pin", where its pins folder
+        refused the write, not the checkpoint its read)."""
         self.path = path
         self.reason = reason
         self.hint = hint
-        msg = f"cannot read {path}: {reason}"
+        msg = f"cannot {action} {path}: {reason}"
         super().__init__(f"{msg} ({hint})" if hint else msg)
 
 

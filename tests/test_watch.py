@@ -905,6 +905,24 @@ def test_a_state_folder_that_cannot_be_made_is_a_one_line_error(cli, tmp_path: P
         assert proc.returncode == 2 and f"cannot keep the watch's state in {state}" in message, message
 
 
+def test_a_pins_folder_that_refuses_the_pin_is_said_as_that_not_as_an_unreadable_checkpoint(tmp_path, repo):
+    """The run's error (exit 3) said "cannot read CHECKPOINT: cannot pin it: ..." though the checkpoint reads
+    fine: the write into the pins folder failed. Here a file stands where the pins folder must go (as root,
+    permissions would not do)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    pins_dir = ckpts / ".ckptvault-watch" / "pins"
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--settle", "0.5")
+    pins_dir.rmdir()
+    pins_dir.write_bytes(b"")
+    publish(str(ckpts), 100, 64 * 1024)
+    watch.wait_for(lambda: any("cannot pin" in line for line in watch.err), what="the pin failure warning")
+    assert watch.finish() == 3, watch.err
+    error = watch.err[-1]
+    assert error.startswith(f"error: cannot pin {ckpts / 'step_100'}: writing {pins_dir}"), watch.err
+    assert "cannot read" not in error and f"make {pins_dir} writable" in error and "--state-dir" in error, error
+
+
 def test_a_state_folder_on_a_full_disk_is_exit_21_saying_to_free_space_not_a_bad_argument(cli, tmp_path: Path, repo):
     """A watcher first started once the checkpoint disk is full (no room for its state folder) was exit 2,
     "it must be a writable folder": it is writable, and freeing a few KB (or another --state-dir) is the

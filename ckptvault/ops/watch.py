@@ -485,7 +485,7 @@ class Watcher:
             return  # deleted between the look and the pin: it never was complete here
         except OSError as exc:  # EIO, EACCES, a full disk: create left nothing
             # the next poll tries again; the run's error unless that passes
-            self._unpinned[name] = SourceError(path, f"cannot pin it: {exc.strerror or exc}")
+            self._unpinned[name] = self._pin_error(path, exc)
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._warn_once(("pin", name), f"{name}: cannot pin: {exc}; trying again")
             elif self._shipped.readable():  # a shipped one is not read again
@@ -502,6 +502,18 @@ class Watcher:
             return
         self._warn_if_copied(pin)
         self._candidates[pin.pin_id] = Candidate(pin=pin, seen=now, last_change=now, settled_noted=False)
+
+    def _pin_error(self, path: str, exc: OSError) -> SourceError:
+        """Why ``path`` could not be pinned, as the run's error (exit 3): a write into the pins folder that
+        failed (not writable, full) is said as that, not as the checkpoint's read."""
+        reason = exc.strerror or str(exc)
+        written = next((f for f in (exc.filename, exc.filename2) if _lies_in(f, self.pins_dir)), None)
+        if written is None:
+            return SourceError(path, f"cannot pin it: {reason}")
+        room = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = f"free space on the disk of {self.pins_dir}" if room else f"make {self.pins_dir} writable for this user"
+        elsewhere = f"give {spelled('--state-dir', 'state_dir')} a writable folder on the checkpoints' filesystem"
+        return SourceError(path, f"writing {written} failed: {reason}", f"{fix}, or {elsewhere}", action="pin")
 
     def _pin_meta(self, _pin: pins.Pin) -> dict[str, object]:
         """What a restart must know of a pin: the tags it ships with, and whether it was seen to settle."""
@@ -927,3 +939,8 @@ class Watcher:
             self._on_warning(f"{cand.pin.name}: its pin {cand.pin.root} could not be removed: {exc}; delete it")
         with contextlib.suppress(OSError):  # a full disk: pins.create makes it again when it can
             os.makedirs(self.pins_dir, exist_ok=True)  # release removes an empty staging folder
+
+
+def _lies_in(path: object, folder: str) -> bool:
+    """Whether ``path`` (an OSError's filename: a str, bytes or None) is ``folder`` or lies in it."""
+    return isinstance(path, str) and (path == folder or path.startswith(os.path.join(folder, "")))
