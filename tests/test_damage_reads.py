@@ -12,7 +12,7 @@ import pytest
 
 from ckptvault import CompressionSettings, Vault
 from ckptvault.chunking import ChunkerParams
-from ckptvault.errors import RestoreIncompleteError
+from ckptvault.errors import IntegrityError, RestoreIncompleteError
 
 from .test_corruption import flip
 from .test_delta import write_safetensors
@@ -105,7 +105,9 @@ def test_diff_tensors_names_the_file_whose_damaged_chunk_it_read(three_saves, cl
     proc = cli("diff", ids[0][:8], ids[2][:8], "--tensors", "--repo", url, check=False)
     err = proc.stderr.decode()
     assert proc.returncode == 30 and "Traceback" not in err, err
-    assert "config.json" in err and config.chunks[0].hex()[:12] in err, err
+    assert "config.json (compared with --tensors)" in err and config.chunks[0].hex()[:12] in err, err
+    with Vault.open(url) as vault, pytest.raises(IntegrityError, match=r"config\.json \(compared with tensors=True\)"):
+        vault.diff(ids[0], ids[2], tensors=True)  # the API's words
     proc = cli("diff", ids[0][:8], ids[2][:8], "--repo", url, check=False)
     assert proc.returncode == 0 and b"config.json" in proc.stdout, proc.stderr
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import FileFormatError, IntegrityError
+from ..errors import FileFormatError, IntegrityError, spelled
 from ..formats import FileLayout, TensorInfo, read_layout
 from ..repository import Repository
 from ..snapshot.model import FileEntry
@@ -216,7 +216,7 @@ def diff_trees(
             try:  # reads each file's first chunk (its format), and the pieces chunk IDs cannot decide
                 detail = _tensor_changes(repo, ea, eb)
             except IntegrityError as exc:  # the damage fails the diff (exit 30): named with the file it is in
-                exc.args = (f"{path} (compared with --tensors): {exc}",)
+                exc.args = (f"{path} (compared with {spelled('--tensors', 'tensors=True')}): {exc}",)
                 raise
         changes.append(
             FileChange(
