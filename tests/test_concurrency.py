@@ -304,3 +304,12 @@ def test_a_new_metadata_cache_folder_is_private_to_its_user(tmp_path: Path):
     """It holds an unencrypted vault's trees (file names) in the clear: other local users may not list or read it."""
     cache = MetadataCache.open(tmp_path / "cache", "ab" * 32)
     assert cache.directory is not None and stat.S_IMODE(cache.directory.stat().st_mode) == 0o700
+
+
+def test_a_metadata_cache_folder_made_before_caches_were_private_is_made_so(tmp_path: Path):
+    """A cache folder made 0755 by an earlier ckptvault kept its mode: the 0700 reached new ones only."""
+    MetadataCache.open(tmp_path / "cache", "ab" * 32)
+    folder = tmp_path / "cache" / ("ab" * 32)
+    folder.chmod(0o755)
+    cache = MetadataCache.open(tmp_path / "cache", "ab" * 32)
+    assert cache.directory == folder and stat.S_IMODE(folder.stat().st_mode) == 0o700

@@ -58,6 +58,17 @@ def cache_root(default: str | os.PathLike[str]) -> Path | None:
     return Path(os.environ.get(ENV_CACHE_DIR) or default)
 
 
+def _make_private(directory: Path) -> None:
+    """0700 for a cache folder of ours that others may list or read (made before caches were private);
+    one of another user's, or on a disk that refuses the change, is left as it is."""
+    try:
+        st = directory.stat()
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            directory.chmod(0o700)
+    except OSError:
+        pass
+
+
 class MetadataCache:
     """The cache of one repository; a disabled one (``directory=None``) just fetches."""
 
@@ -90,7 +101,9 @@ class MetadataCache:
             belongs = json.loads(marker.read_text()).get("repository") == repo_id
         except (OSError, ValueError, AttributeError):
             belongs = False
-        if not belongs:
+        if belongs:
+            _make_private(self.directory)  # one made before caches were (its files are then out of others' reach)
+        else:
             if self.directory.exists():
                 log.info("metadata cache %s does not belong to repository %s; rebuilding it", self.directory, repo_id)
                 shutil.rmtree(self.directory)
