@@ -29,7 +29,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     ├── FileFormatError                23   a file header show/diff cannot parse
     ├── IntegrityError                 30   hash / checksum / decode mismatch
     │   ├── MalformedObjectError       30   a stored object cannot be parsed
-    │   ├── RestoreIncompleteError     30   restore: files that failed verification were not written
+    │   ├── RestoreIncompleteError     30   restore: files whose data failed or is missing were not written
     │   └── CopyIncompleteError        30   copy: snapshots that could not be read in the source were not copied
     ├── ConfigDowngradedError          30   the config says unencrypted, the objects are encrypted
     ├── UnsafePathError                31   a manifest entry would escape the target
@@ -370,7 +370,7 @@ class RestoreIncompleteError(IntegrityError):
         also = _also(list(failed)[1:], self.SHOWN)
         hint = "" if names_a_check(reasons[0]) else read_data_hint()
         super().__init__(
-            f"restore incomplete: {len(failed)} file(s) failed verification and were not written: {reasons[0]}{also}"
+            f"restore incomplete: {len(failed)} file(s) could not be restored and were not written: {reasons[0]}{also}"
             f"{hint}"
         )
 

@@ -128,7 +128,7 @@ def test_persistent_corruption_is_reported_not_retried_forever(tmp_path: Path, s
     vault = Vault.init(url(), pack_size=1 << 20)
     vault.backup(src)
     faultyfs.FAULTS["get:/packs/"] = list("CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC")
-    with pytest.raises(RestoreIncompleteError, match=r"restore incomplete: 2 file\(s\) failed verification") as info:
+    with pytest.raises(RestoreIncompleteError, match=r"restore incomplete: 2 file\(s\) could not be restored") as info:
         vault.restore("latest", tmp_path / "out")
     assert not (tmp_path / "out" / "model" / "weights.bin").exists()
     failed = sorted(info.value.failed)  # every file that failed is named, not only the first

@@ -430,7 +430,10 @@ class Keyfile:
             if not all(type(v) is int for v in (n, r, p)):
                 raise ValueError("its scrypt parameters are not whole numbers")
             if not scrypt_params_in_range(n, r, p):
-                raise ValueError(f"its scrypt parameters n={n} r={r} p={p} are out of range")
+                raise ValueError(
+                    f"its scrypt parameters n={n} r={r} p={p} are out of range (n a power of two up to 2^24, r and p "
+                    "from 1, n * r * p at most 2^27: the most any ckptvault keyfile asks for)"
+                )
             salt = base64.b64decode(kdf["salt"], validate=True)
             if len(salt) != SALT_SIZE:
                 raise ValueError(f"its salt has {len(salt)} bytes, not {SALT_SIZE}")
