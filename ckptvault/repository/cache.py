@@ -26,6 +26,7 @@ Linux); ``CKPTVAULT_NO_CACHE=1`` turns it off. Only remote stores are cached.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -121,10 +122,11 @@ class MetadataCache:
         except OSError as exc:
             # on the store's logger, which the CLI shows: every command then reads every object from the vault
             notice.warning(
-                "metadata cache %s disabled: %s (commands read metadata from the vault instead; free space there, "
-                "or set %s to a writable folder)",
+                "metadata cache %s disabled: %s (commands read metadata from the vault instead; %sset %s to a "
+                "writable folder)",
                 self.directory,
                 exc,
+                "free space there, or " if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "",
                 ENV_CACHE_DIR,
             )
             self.directory = None
