@@ -433,37 +433,17 @@ def test_a_resume_asking_for_a_step_its_run_lacks_is_told_that_runs_steps(server
         for step in steps:
             ckpt = make_checkpoint(tmp_path / run, step, mb=0.05)
             remote_cli(backend, "backup", str(ckpt), "--repo", url, "--tag", f"run={run}", "--tag", f"step={step}")
-    said = one_line_error(
-        remote_cli(
-            backend,
-            "restore",
-            "latest",
-            str(tmp_path / "r"),
-            "--repo",
-            url,
-            "--tag",
-            "run=a",
-            "--tag",
-            "step=21",
+
+    def resume(step: int) -> str:
+        proc = remote_cli(
+            backend, "restore", "latest", str(tmp_path / "r"), "--repo", url, "--tag", "run=a", "--tag", f"step={step}",
             check=False,
-        )
-    )
+        )  # fmt: skip
+        return one_line_error(proc)
+
+    said = resume(21)
     assert "(no snapshot with run=a has step=21; step is one of: 3, 12, 30)" in said, said
-    said = one_line_error(
-        remote_cli(
-            backend,
-            "restore",
-            "latest",
-            str(tmp_path / "r"),
-            "--repo",
-            url,
-            "--tag",
-            "run=a",
-            "--tag",
-            "step=7",
-            check=False,
-        )
-    )
+    said = resume(7)
     assert "step is one of: 3, 12, 30)" in said, said
     assert not (tmp_path / "r").exists()
 
