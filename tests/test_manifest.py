@@ -120,6 +120,14 @@ def test_a_tag_no_selected_snapshot_carries_is_told_among_the_others_tags():
         select(stepless, "latest", {"run": "c", "stp": "21"})
 
 
+def test_a_run_of_many_steps_lists_its_first_and_latest_steps():
+    """A resume asking for a step its run lacks: the latest steps are the ones it likely meant."""
+    snaps = [snap(i, run="a", step=100 * i) for i in range(1, 21)]
+    listed = r"step is one of: 100, 200, 300, \.\.\., 1600, 1700, 1800, 1900, 2000 \(20 in all\)\)"
+    with pytest.raises(SnapshotNotFoundError, match=listed):
+        select(snaps, "latest", {"run": "a", "step": "2100"})
+
+
 def test_latest_by_time_names_the_higher_step_it_passed_over():
     stepped = [snap(1, step=200, t=1, run="x"), snap(2, step=100, t=5, run="x")]
     assert higher_step_passed_over(stepped) is None  # steps decided

@@ -129,8 +129,10 @@ def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
             keys = tag_keys_in_use(snapshots)
             return f" (no snapshot has a tag {key!r}; keys in use: {', '.join(keys) or 'none'})"
         if value not in values:
-            more = f" and {len(values) - 8} more" if len(values) > 8 else ""
-            known = ", ".join(map(shown_tag_part, values[:8]))
+            # the lowest and the highest (a run's first and latest steps), where there are many
+            shown = [*values[:3], "...", *values[-5:]] if len(values) > 8 else values
+            known = ", ".join(v if v == "..." else shown_tag_part(v) for v in shown)
+            more = f" ({len(values)} in all)" if len(values) > 8 else ""
             among = f" with {format_tags(matched)}" if matched else ""
             return (
                 f" (no snapshot{among} has {format_tags({key: value})}; {shown_tag_part(key)} is one of: {known}{more})"
