@@ -230,7 +230,8 @@ IN_NO_INDEX = "is in no index"  # what _missing_chunks says of a chunk no index 
 def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[bytes, int]) -> str:
     """Why a chunk of ``entries`` cannot be read from the vault as listed (``packs``: pack ID -> size),
     or "": some copy of each lies whole in a stored pack, and so does the delta base it needs, at any
-    depth. Its bytes are not read (``check --read-data`` does that)."""
+    depth. A chunk in no index is looked for in the stored packs no index object names (their sealed
+    headers, read once), as every reader does. Its bytes are not read (``check --read-data`` does that)."""
     readable: set[bytes] = set()  # only successes are kept: a failure found while a base was still being
     # resolved (a loop) may not hold once that base proves readable through another copy
     resolving: set[bytes] = set()
@@ -243,7 +244,10 @@ def _missing_chunks(entries: list[FileEntry], repo: Repository, packs: dict[byte
             return "is a delta in a loop of delta bases"
         resolving.add(chunk_id)
         reason = IN_NO_INDEX
-        for loc in repo.index.locations(chunk_id):
+        copies = repo.index.locations(chunk_id)
+        if not copies and repo.find(chunk_id) is not None:  # in a pack no index object names (one deleted):
+            copies = repo.index.locations(chunk_id)  # read by its own header, as restore does, with a warning
+        for loc in copies:
             pack = loc.pack_id.hex()[:12]
             if loc.pack_id not in packs:
                 reason = f"is in pack {pack}, which is missing"

@@ -180,6 +180,7 @@ class Repository:
         self.codec = BlobCodec(Compressor(config.compression), sealer)
         self._index: ChunkIndex | None = None  # loaded on first use, or explicitly under a lock
         self._unindexed_read = False  # the packs in no index object were read by their headers (find)
+        self._unindexed_said: set[bytes] = set()  # those packs, as the last warning named them
         self._listed_sizes: dict[str, int] = {}  # snapshot and tree keys -> size, from the last listing
         self._unindexed_mutex = threading.Lock()
         self._found_nothing_at = -CATCH_UP_EVERY_S  # when a look for new index objects last found none
@@ -854,7 +855,8 @@ class Repository:
         for pack_id, entries in described.items():
             self.index.add_pack(pack_id, entries)
         self.index.readmit_deltas()  # a delta's base may be in one of them
-        if described:
+        if described and described.keys() != self._unindexed_said:  # said once, not at every reload (status A B)
+            self._unindexed_said = set(described)
             damage_log.warning(
                 "%d pack(s) that no index object names hold chunks this needs; read them by their own headers; run: %s",
                 len(described),
