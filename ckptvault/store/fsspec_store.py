@@ -158,7 +158,7 @@ class FsspecStore:
             raise UsageError(f"repository {self.url}: {hide_credentials(local, self._secrets)}") from None
         tune(fs, self.profile.protocol, self._options)
         if self.profile.pooled:
-            _bound_silence(fs, BASE_DEADLINE_S if self.op_timeout is None else self.op_timeout)
+            _bound_silence(fs, self._silence_bound)
         return fs
 
     def _filesystem(self) -> Any:
@@ -186,9 +186,14 @@ class FsspecStore:
                 try:
                     yield fs
                 except Exception as exc:
-                    if classify(exc).retryable or getattr(fs, SILENT_MARK, False):
+                    silent = getattr(fs, SILENT_MARK, False)
+                    if classify(exc).retryable or silent:
                         _close_session(fs)  # the session may be dead; the retry opens a new one
                         fs = None
+                    if silent and not isinstance(exc, SessionSilent):
+                        # what paramiko raised after the silence (a TypeError from a stream cut mid-packet) is
+                        # the silence, retried as one: not a permanent failure of its own
+                        raise SessionSilent(silent_said(self._silence_bound)) from exc
                     raise
                 else:
                     if getattr(fs, SILENT_MARK, False):  # fell silent in a step paramiko let pass (a file's CLOSE)
@@ -200,6 +205,11 @@ class FsspecStore:
                             self._idle.setdefault(niceness, []).append(fs)
             finally:
                 self._slots.release()
+
+    @property
+    def _silence_bound(self) -> float:
+        """How long an SFTP session may move no byte (``_bound_silence``)."""
+        return BASE_DEADLINE_S if self.op_timeout is None else self.op_timeout
 
     def _idle_session(self, niceness: int) -> Any:
         """A pooled session whose connection is still up, or None: those that died idle (a dropped link
@@ -623,6 +633,10 @@ class SessionSilent(TimeoutError):
     """An SFTP session moved no byte for its bound (``_bound_silence``): it was closed, never to be read again."""
 
 
+def silent_said(seconds: float) -> str:
+    return f"no answer after {format_seconds(seconds)} s: the SFTP session was closed, a new one serves the retry"
+
+
 def _bound_silence(fs: Any, seconds: float) -> None:
     """A read or write of the SFTP session that moves no byte for ``seconds`` fails. paramiko's channel
     waits forever by default: a connection dropped without a word (a NAT entry, a VPN) left the call's
@@ -638,7 +652,7 @@ def _bound_silence(fs: Any, seconds: float) -> None:
     if channel is None or seconds <= 0:
         return
     channel.settimeout(seconds)
-    said = f"no answer after {format_seconds(seconds)} s: the SFTP session was closed, a new one serves the retry"
+    said = silent_said(seconds)
 
     def bounded(method: Any) -> Any:
         def call(*args: Any) -> Any:
