@@ -378,6 +378,8 @@ class FsspecStore:
             return bool(fs.ls(self.root or "/", detail=False, **self._deadline()))
         except FileNotFoundError:
             return False
+        except TypeError:  # an entry paramiko's listdir_iter handed back without a mode, which fsspec cannot
+            return True  # decode (seen after an outage): the folder holds something
 
     def _put_renamed(self, fs: Any, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         """Temp name, then rename. SFTP's plain rename never replaces an existing file, which makes it
