@@ -24,9 +24,10 @@ import functools
 import inspect
 import os
 import secrets
+import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -69,8 +70,6 @@ from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
 from .retrying import BASE_DEADLINE_S, call_deadline, no_answer
 
-LISTING_TRIES = 5  # a folder listing that raced with a rename in it is read again (see _ls)
-LISTING_RETRY_S = 0.02  # times the try's number: at most 0.2 s in all
 _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created")  # what listings call it
 POOL_SIZE = 8  # SFTP sessions at most, per store
 MAX_CUT_TEMPS = 1000  # temp files of cut writes remembered for removal (a few bytes each)
@@ -375,11 +374,9 @@ class FsspecStore:
 
     def _holds_anything(self, fs: Any) -> bool:
         try:  # a vault always holds its config; one at the server's root is "" here, which SFTP cannot list
-            return bool(fs.ls(self.root or "/", detail=False, **self._deadline()))
+            return bool(self._ls(fs, self.root or "/"))
         except FileNotFoundError:
             return False
-        except TypeError:  # an entry paramiko's listdir_iter handed back without a mode, which fsspec cannot
-            return True  # decode (seen after an outage): the folder holds something
 
     def _put_renamed(self, fs: Any, path: str, data: bytes | bytearray | memoryview, if_absent: bool) -> None:
         """Temp name, then rename. SFTP's plain rename never replaces an existing file, which makes it
@@ -540,15 +537,27 @@ class FsspecStore:
                     folders.append(name)
         return found, base_missing
 
-    def _ls(self, fs: Any, folder: str) -> Any:
-        """``fs.ls``, tried again when an entry came back without its attributes: paramiko fails
-        (TypeError) on an SFTP entry renamed or removed while the folder was read (a lock refreshed).
-        A moment apart: three tries at once all met the same race once, on a loaded machine (a CI run)."""
-        for attempt in range(1, LISTING_TRIES):
-            with contextlib.suppress(TypeError):
-                return fs.ls(folder, detail=True, **self._deadline())
-            time.sleep(LISTING_RETRY_S * attempt)
-        return fs.ls(folder, detail=True, **self._deadline())
+    def _ls(self, fs: Any, folder: str) -> Sequence[dict[str, Any]]:
+        """``fs.ls(folder, detail=True)``; on SFTP through paramiko's ``listdir_attr``. fsspec lists with
+        ``listdir_iter``, which reads its replies off the session without matching them to its requests: a
+        reply it did not ask for (the CLOSE paramiko sends unanswered for a file object garbage-collected)
+        was read as entries without a mode, and fsspec failed on them (TypeError "an integer is required",
+        ~1 backup in 4 right after an outage)."""
+        ftp = getattr(fs, "ftp", None)
+        if ftp is None:
+            return fs.ls(folder, detail=True, **self._deadline())
+        entries = []
+        for attr in ftp.listdir_attr(folder):
+            path = f"{folder.rstrip('/')}/{attr.filename}"
+            if attr.st_mode is None:  # listed without its attributes: whether it is a folder decides the walk
+                try:
+                    attr = ftp.lstat(path)
+                except FileNotFoundError:
+                    continue  # removed since
+            when = datetime.fromtimestamp(attr.st_mtime or 0, tz=timezone.utc)
+            kind = "directory" if stat.S_ISDIR(attr.st_mode or 0) else "file"
+            entries.append({"name": path, "size": attr.st_size or 0, "type": kind, "mtime": when})
+        return entries
 
     def delete(self, key: str) -> None:
         with self._session("DELETE", key, 0) as fs:
@@ -578,10 +587,7 @@ class FsspecStore:
             return [(size, when) for _, size, when in self._remote_temp_files(fs)]
 
     def _remote_temp_files(self, fs: Any) -> Iterator[tuple[str, int, float]]:
-        try:
-            found = fs.find(self.root, detail=True)
-        except FileNotFoundError:
-            return
+        found, _ = self._find_in_folders(fs, self.root)
         for path, info in found.items():
             if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
                 mtime = info.get("mtime")
