@@ -118,6 +118,24 @@ def test_unreadable_snapshot_is_left_out_with_one_warning_and_others_work(
     assert f"ckptvault forget --repo {repo} {bad[:12]}" in error
 
 
+def test_a_vault_whose_every_snapshot_is_unreadable_is_not_said_to_have_none_yet(
+    two_snapshots, cli: Callable, tmp_path: Path
+):
+    """Every snapshot object damaged: a selection by tag said "the vault has no snapshots yet", and `restore
+    latest` without a tag "no snapshot that can be read has those tags" (rv51 L2)."""
+    repo, bad, other, _ = two_snapshots
+    damage(repo, bad, "truncated")
+    damage(repo, other, "junk")
+    listing = cli("snapshots", "--repo", repo, "--tag", "step=2", check=False)
+    assert listing.returncode == 0
+    assert (
+        "selects no snapshot (no snapshot of the vault can be read: see the warning above)" in stderr_lines(listing)[-1]
+    )
+    latest = cli("restore", "--repo", repo, "latest", str(tmp_path / "out"), check=False)
+    assert latest.returncode == 30
+    assert "hold the newest save; no snapshot can be read; run: ckptvault check" in error_line(latest)
+
+
 def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):
     repo, bad, good, _ = two_snapshots
     damage(repo, bad, "truncated")

@@ -24,7 +24,8 @@ def warn_of_an_empty_selection(out: Output, vault: Vault, tags: dict[str, str], 
     """A mistyped --tag or --host must not read as "this run was never backed up": say what there is instead."""
     if tags or hosts:
         every = vault.snapshots()
-        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{unmatched(every, tags, hosts)}")
+        why = unmatched(every, tags, hosts, none_readable=bool(vault.unreadable_snapshots))
+        out.warn(f"{selector_options(tags, hosts).strip()} selects no snapshot{why}")
 
 
 @app.command("snapshots")

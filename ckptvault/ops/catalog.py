@@ -176,12 +176,14 @@ def select_snapshot(
             f"{error}), and they may"
         )
     )
-    if readable is None:
-        instead = f"no snapshot that can be read has those {'tags' if not hosts else 'tags and hosts'}"
-    else:
+    if readable is not None:
         step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
-        instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it"
-    raise type(error)(f"'latest' cannot be told: {what} hold the newest save; {instead}, or {unreadable_hint(first)}")
+        instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it, or"
+    elif tags or hosts:
+        instead = f"no snapshot that can be read has those {'tags' if not hosts else 'tags and hosts'};"
+    else:
+        instead = "no snapshot can be read;"
+    raise type(error)(f"'latest' cannot be told: {what} hold the newest save; {instead} {unreadable_hint(first)}")
 
 
 def unreadable_hint(snapshot_id: str) -> str:

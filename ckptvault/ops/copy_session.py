@@ -36,7 +36,8 @@ def copy_listed(
     chosen = choose_snapshots(sorted(listed, key=lambda s: s.time), unreadable, specs, tags, source_url)
     if not chosen and tags:  # a mistyped tag would read as "nothing new to copy" (cp47 #2)
         given = spelled(tag_options(tags).strip(), f"tags={tags}")
-        warn(f"{given} selects no snapshot in {source_url}{unmatched_tags(listed, tags)}; nothing copied")
+        why = unmatched_tags(listed, tags, none_readable=bool(unreadable))
+        warn(f"{given} selects no snapshot in {source_url}{why}; nothing copied")
     if chosen and source.config.encrypted and not dest.config.encrypted:  # dry_run or decrypt: else refused
         said = "would be" if dry_run else "are"
         needs = "" if decrypt else f" (the copy itself needs {spelled('--decrypt', 'decrypt=True')})"

@@ -108,6 +108,11 @@ def listing_of(tags: dict[str, str] | None, hosts: Sequence[str] | None = None) 
 
 
 NO_SNAPSHOTS_YET = " (the vault has no snapshots yet)"  # why a selection from an empty vault takes none
+NONE_READABLE = " (no snapshot of the vault can be read: see the warning above)"  # an empty listing of damage
+
+
+def _nothing_listed(none_readable: bool) -> str:
+    return NONE_READABLE if none_readable else NO_SNAPSHOTS_YET
 
 
 def tag_keys_in_use(snapshots: list[Snapshot]) -> list[str]:
@@ -115,10 +120,11 @@ def tag_keys_in_use(snapshots: list[Snapshot]) -> list[str]:
     return sorted({k for s in snapshots for k in s.tags} - {WATCH_SIG_TAG})
 
 
-def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str]) -> str:
-    """Which given tag no snapshot carries, and what there is instead (a typo's likely fix)."""
+def unmatched_tags(snapshots: list[Snapshot], tags: dict[str, str], *, none_readable: bool = False) -> str:
+    """Which given tag no snapshot carries, and what there is instead (a typo's likely fix).
+    ``none_readable``: the listing is empty because no snapshot object could be read, not for want of any."""
     if tags and not snapshots:
-        return NO_SNAPSHOTS_YET
+        return _nothing_listed(none_readable)
     pool, matched = snapshots, dict[str, str]()
     for key, value in tags.items():
         # among the snapshots the tags before this one select: the steps of run=x, not of every run
@@ -156,14 +162,20 @@ def _hosts_listed(snapshots: list[Snapshot]) -> str:
     return ", ".join(shown_tag_part(h) for h in hosts[:8]) + more or "none"
 
 
-def unmatched(snapshots: list[Snapshot], tags: dict[str, str] | None, hosts: Sequence[str] | None = None) -> str:
+def unmatched(
+    snapshots: list[Snapshot],
+    tags: dict[str, str] | None,
+    hosts: Sequence[str] | None = None,
+    *,
+    none_readable: bool = False,
+) -> str:
     """Why a selection of tags and hosts takes no snapshot: a tag no snapshot carries (``unmatched_tags``),
     a host no snapshot is of, or the hosts the snapshots with those tags are of; with what there is instead."""
-    said = unmatched_tags(snapshots, tags or {})
+    said = unmatched_tags(snapshots, tags or {}, none_readable=none_readable)
     if said or not hosts:
         return said
     if not snapshots:  # not "the hosts are: none"
-        return NO_SNAPSHOTS_YET
+        return _nothing_listed(none_readable)
     if not filter_by_hosts(snapshots, hosts):
         return f" (no snapshot is of host {_either(hosts)}; the hosts are: {_hosts_listed(snapshots)})"
     tagged = filter_by_tags(snapshots, tags)
