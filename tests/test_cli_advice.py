@@ -76,6 +76,11 @@ def test_suggestions_repeat_the_vault_options_given_and_only_mention_storage_opt
             "no vault at s3://b/x; create one with: ckptvault init s3://b/x --encrypt --keyfile 'key file' "
             "--passphrase-file - (each with the same -o options)"
         )
+        # docs audit doc55: the URL of an init in parentheses took the ')' with it, and the options came after it
+        assert with_vault_named("copy into another one (create it with: ckptvault init URL)") == (
+            "copy into another one (create it with: ckptvault init URL --encrypt --keyfile 'key file' "
+            "--passphrase-file -) (each with the same -o options)"
+        )
     finally:
         name_the_vault_in_advice(VaultNaming())
     assert with_vault_named(message) == message  # the default vault: nothing to add

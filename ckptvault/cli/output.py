@@ -67,7 +67,8 @@ VAULT_COMMANDS = (
 )  # fmt: skip
 # not "another ckptvault watch (pid N) is already watching": a statement about another process
 _SUGGESTED = re.compile(rf"(?<!another )\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
-_SUGGESTED_INIT = re.compile(r"\bckptvault init (?!-)\S+(?!.*--encrypt)")  # names its vault: the URL it creates
+# names its vault: the URL it creates, without the ')' or '.' of the sentence around it
+_SUGGESTED_INIT = re.compile(r"\bckptvault init (?!-)\S+?(?=[).,;]*(?:\s|$))(?!.*--encrypt)")
 
 
 @dataclass(frozen=True)
