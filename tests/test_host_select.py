@@ -127,6 +127,8 @@ def test_a_selection_from_an_empty_vault_says_it_has_no_snapshots(cli, tmp_path:
     missing = cli("restore", "latest", str(tmp_path / "r"), "--repo", repo, "-H", "nodeA", check=False)
     assert missing.returncode == 18, missing.stderr
     assert "no snapshot matches latest --host nodeA (the vault has no snapshots yet)" in missing.stderr.decode()
+    plain = cli("restore", "latest", str(tmp_path / "r"), "--repo", repo, check=False)  # doc55: said no more
+    assert plain.returncode == 18 and "no snapshot matches latest (the vault has no snapshots yet); list" in str(plain)
     tagged = cli("snapshots", "--repo", repo, "--tag", "run=x").stderr.decode()
     assert "--tag run=x selects no snapshot (the vault has no snapshots yet)" in tagged, tagged
 

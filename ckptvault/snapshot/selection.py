@@ -204,8 +204,9 @@ def select(
     candidates = matching(snapshots, tags, hosts)
     if spec == "latest":
         if not candidates:
+            why = unmatched(snapshots, tags, hosts) or (NO_SNAPSHOTS_YET if not snapshots else "")
             raise SnapshotNotFoundError(
-                f"no snapshot matches latest{_describe(tags, hosts)}{unmatched(snapshots, tags, hosts)}; "
+                f"no snapshot matches latest{_describe(tags, hosts)}{why}; "
                 f"list them with: {spelled('ckptvault snapshots', 'Vault.snapshots()')}"
             )
         return newest(candidates)
