@@ -793,6 +793,65 @@ def test_a_pin_that_cannot_take_in_a_later_file_on_a_full_state_disk_never_ships
         assert code == 0 and shipped == [["a.bin", "b.bin"]], (shipped, watch.err)
 
 
+def test_an_adopted_pin_that_ships_in_place_keeps_the_tags_it_was_pinned_under(tmp_path, repo):
+    """A pin left by a killed watcher ships under the tags it was pinned under (run=first), not the restart's.
+    Its pin could not take in a file written later (a full --state-dir disk), so it switched to shipping in
+    place: that switch made a new candidate without the adopted pin's tags, and it shipped under run=second."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    with mounted_tmpfs(tmp_path / "state", "5m", "the full state disk test") as mount:
+        state = ("--state-dir", str(mount / "w"))
+        first = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=first", "--settle", "600", *state)
+        step = ckpts / "step_100"
+        step.mkdir()
+        (step / "a.bin").write_bytes(os.urandom(3 << 20))
+        first.wait_for(lambda: any((mount / "w" / "pins").glob("*/pin.json")), what="the pin")
+        first.proc.kill()
+        first.proc.wait(30)
+        (step / "b.bin.tmp").write_bytes(os.urandom(3 << 20))
+        (step / "b.bin.tmp").rename(step / "b.bin")  # the adopted pin's copy of it cannot fit
+        second = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=second", "--settle", "0.5", *state, "--json")
+        second.wait_for(lambda: len(second.shipped()) == 1, what="the checkpoint to ship")
+        assert second.finish() == 0, second.err
+    assert second.shipped()[0]["in_place"] is True, second.lines
+    with Vault.open(repo) as vault:
+        (snap,) = vault.snapshots()
+        assert sorted(entry.path for entry in vault.files(snap)) == ["a.bin", "b.bin"]
+        assert snap.tags["run"] == "first", snap.tags
+
+
+def test_an_adopted_pin_shipping_in_place_pinned_again_keeps_its_tags_across_another_restart(tmp_path, repo, cli):
+    """The same switch to shipping in place, then room again (a filler on the state disk deleted): it is pinned
+    after all, and that pin's pin.json recorded the restart's tags (run=second), so the next restart shipped
+    it under those. Now the pin records the tags it ships under."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    with mounted_tmpfs(tmp_path / "state", "8m", "the full state disk test") as mount:
+        state = ("--state-dir", str(mount / "w"))
+        pins_dir = mount / "w" / "pins"
+        (mount / "filler").write_bytes(b"\0" * (3 << 20))
+        first = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=first", "--settle", "600", *state)
+        step = ckpts / "step_100"
+        step.mkdir()
+        (step / "a.bin").write_bytes(os.urandom(3 << 20))
+        first.wait_for(lambda: any(pins_dir.glob("*/pin.json")), what="the pin")
+        first.proc.kill()
+        first.proc.wait(30)
+        (step / "b.bin.tmp").write_bytes(os.urandom(3 << 20))
+        (step / "b.bin.tmp").rename(step / "b.bin")  # the adopted pin's copy of it cannot fit
+        second = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=second", "--settle", "600", *state)
+        second.wait_for(lambda: any("ships in place" in line for line in second.err), what="the in-place warning")
+        (mount / "filler").unlink()  # room for a pin of both files
+        second.wait_for(lambda: any(pins_dir.glob("*/pin.json")), timeout=30, what="the pin after all")
+        second.proc.kill()
+        second.proc.wait(30)
+        cli("watch", str(ckpts), "--repo", repo, "--tag", "run=third", "--once", *state)
+    with Vault.open(repo) as vault:
+        (snap,) = vault.snapshots()
+        assert sorted(entry.path for entry in vault.files(snap)) == ["a.bin", "b.bin"]
+        assert snap.tags["run"] == "first", snap.tags
+
+
 def test_a_backup_that_fails_on_a_full_vault_is_reported_once_with_what_comes_next(tmp_path, cli):
     """The shipping thread's own "error: async backup of ... failed" line came beside watch's warning,
     which says what happens next (retrying, or the next run)."""

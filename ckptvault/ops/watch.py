@@ -704,7 +704,7 @@ class Watcher:
             return False
         if st.st_ino != cand.pin.source_ino or not held <= there:
             return False  # the pin holds files its source lost: it is kept, as the only copy of those
-        in_place = self._in_place.start(cand.pin.name, cand.pin.source, st, now, exc)
+        in_place = self._in_place.start(cand.pin.name, cand.pin.source, st, now, exc, tags=cand.tags)
         if in_place is None:
             return False
         self._release(cand)

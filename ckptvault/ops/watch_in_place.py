@@ -60,8 +60,18 @@ class InPlaceShipping:
         self._release = release
         self._pin_retry_s = pin_retry_s  # how often pinning it is tried again
 
-    def start(self, name: str, path: str, st: os.stat_result, now: float, exc: OSError) -> Candidate | None:
-        """``path`` could not be pinned (``exc``): it ships in place from now on, as the candidate returned.
+    def start(
+        self,
+        name: str,
+        path: str,
+        st: os.stat_result,
+        now: float,
+        exc: OSError,
+        *,
+        tags: dict[str, str] | None = None,
+    ) -> Candidate | None:
+        """``path`` could not be pinned (``exc``): it ships in place from now on, as the candidate returned,
+        under ``tags`` (those of the pin it replaces, adopted from an earlier run; None: this run's).
         None when it went or was replaced meanwhile: the next poll sees what is there now."""
         try:
             pin = pins.stand_in(path, self._pins_dir, excluded=self._excluded)
@@ -79,7 +89,13 @@ class InPlaceShipping:
             "another disk, where pins are copies)",
         )
         return Candidate(
-            pin=pin, seen=now, last_change=now, sig=sig, unpinned=reason, pin_retry_at=now + self._pin_retry_s
+            pin=pin,
+            seen=now,
+            last_change=now,
+            sig=sig,
+            unpinned=reason,
+            pin_retry_at=now + self._pin_retry_s,
+            tags=tags,
         )
 
     def pin_after_all(self, cand: Candidate, now: float) -> pins.Pin | None:
@@ -87,10 +103,11 @@ class InPlaceShipping:
         if now < cand.pin_retry_at:
             return None
         cand.pin_retry_at = now + self._pin_retry_s
+        meta = self._pin_meta
+        if cand.tags is not None:  # the tags it ships under, for a restart to ship it under them too
+            meta = lambda pin: {**self._pin_meta(pin), "tags": cand.tags}  # noqa: E731
         try:
-            pin = pins.create(
-                cand.pin.source, self._pins_dir, skip_dir=self._vault, excluded=self._excluded, meta=self._pin_meta
-            )
+            pin = pins.create(cand.pin.source, self._pins_dir, skip_dir=self._vault, excluded=self._excluded, meta=meta)
         except OSError:
             return None  # still no room; or gone, which the next look names
         if pin.source_ino != cand.pin.source_ino:
