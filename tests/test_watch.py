@@ -642,6 +642,32 @@ def test_a_checkpoint_shipping_in_place_from_a_full_disk_deleted_first_is_an_err
         assert vault.snapshots() == []
 
 
+def test_a_checkpoint_shipping_in_place_whose_folder_gets_a_new_save_is_said_replaced_not_deleted(tmp_path, repo):
+    """The trainer saves anew into the folder of the same name (a file of the old save deleted, one of the new
+    save in it) before the old save shipped in place: the old save is lost, but it was replaced, not deleted,
+    and the message and the event said "deleted"."""
+    with mounted_tmpfs(tmp_path / "mnt", "4m", "the full checkpoint disk test") as mount:
+        ckpts = mount / "ckpts"
+        ckpts.mkdir()
+        watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=new", "--settle", "600", "--json")
+        written = mount / "step_100"
+        written.mkdir()
+        for name in ("model.bin", "optim-1.bin"):
+            (written / name).write_bytes(os.urandom(64 * 1024))
+        (mount / "optim-2.bin").write_bytes(os.urandom(64 * 1024))  # the new save's, written before the disk filled
+        fill(mount)
+        written.rename(ckpts / "step_100")
+        watch.wait_for(lambda: any("ships in place" in line for line in watch.err), what="the in-place warning")
+        (mount / "optim-2.bin").rename(ckpts / "step_100" / "optim-2.bin")  # the new save comes in first,
+        (ckpts / "step_100" / "optim-1.bin").unlink()  # then the old save's file goes: no look sees only a deletion
+        watch.wait_for(lambda: any("not in the vault" in line for line in watch.err), what="the lost warning")
+        assert watch.finish() == 3, watch.err
+    err = "\n".join(watch.err)
+    assert "step_100: it was replaced by a new save in its folder before it shipped" in err, err
+    lost = [event for event in watch.events() if event["event"] == "lost"]
+    assert [(e["checkpoint"], e["reason"]) for e in lost] == [("step_100", "replaced")], lost
+
+
 def test_a_trainer_checkpoint_shipping_in_place_deleted_before_its_trainer_state_is_lost_not_incomplete(tmp_path, repo):
     """Pinned, a ``checkpoint-N`` deleted before its trainer_state.json was seen was seen only in part and is
     dropped. In place nothing held it: its last file may have come and gone between two looks, so it is a
@@ -850,6 +876,52 @@ def test_an_adopted_pin_shipping_in_place_pinned_again_keeps_its_tags_across_ano
         (snap,) = vault.snapshots()
         assert sorted(entry.path for entry in vault.files(snap)) == ["a.bin", "b.bin"]
         assert snap.tags["run"] == "first", snap.tags
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two folders at once (renameat2's RENAME_EXCHANGE): no look sees either name missing."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@pytest.mark.parametrize("trainer", ["deletes it", "replaces it"])
+def test_a_pin_lacking_part_of_its_checkpoint_lost_says_whether_it_was_deleted_or_replaced(tmp_path, repo, trainer):
+    """A pin that cannot take in a file written later (a full --state-dir disk) and holds a file its folder
+    lost does not ship; its folder then goes: deleted, or replaced by a new save under the same name. The loss
+    said "it was deleted" both times; now it says which."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    with mounted_tmpfs(tmp_path / "state", "5m", "the full state disk test") as mount:
+        watch = WatchProcess(
+            str(ckpts), "--repo", repo, "--tag", "run=r", "--settle", "600", "--state-dir", str(mount / "w"), "--json"
+        )
+        step = ckpts / "step_100"
+        step.mkdir()
+        (step / "a.bin").write_bytes(os.urandom(3 << 20))
+        watch.wait_for(lambda: any((mount / "w" / "pins").glob("*/pin.json")), what="the pin")
+        (step / "a.bin").unlink()  # the pin keeps it: the only copy now
+        (step / "b.bin.tmp").write_bytes(os.urandom(3 << 20))
+        (step / "b.bin.tmp").rename(step / "b.bin")  # the pin's copy of it cannot fit
+        watch.wait_for(lambda: any("No space left" in line for line in watch.err), what="the pin failure")
+        if trainer == "deletes it":
+            shutil.rmtree(step)
+        else:
+            new = tmp_path / "new"
+            new.mkdir()
+            (new / "c.bin").write_bytes(os.urandom(1024))
+            exchange(new, step)
+        watch.wait_for(lambda: any("not in the vault" in line for line in watch.err), what="the lost warning")
+        assert watch.finish() == 3, watch.err
+    err = "\n".join(watch.err)
+    what = "deleted" if trainer == "deletes it" else "replaced by another save of the same name"
+    assert f"step_100: it was {what} before it shipped, while its pin lacked part of it" in err, err
+    lost = [event for event in watch.events() if event["event"] == "lost"]
+    assert [e["reason"] for e in lost] == ["deleted" if trainer == "deletes it" else "replaced"], lost
 
 
 def test_a_backup_that_fails_on_a_full_vault_is_reported_once_with_what_comes_next(tmp_path, cli):

@@ -712,15 +712,18 @@ class Watcher:
         return True
 
     def _lost_behind(self, cand: Candidate) -> None:
-        """Deleted by the trainer while its pin lacked part of it: what the pin holds is not the save."""
+        """Deleted by the trainer, or replaced by another save of the same name, while its pin lacked part of
+        it: what the pin holds is not the save."""
+        replaced = os.path.lexists(cand.pin.source)  # gone_or_replaced said it is not the one pinned
+        what = "replaced by another save of the same name" if replaced else "deleted"
         error = CheckpointLostError(
             cand.pin.source,
-            f"it was deleted before it shipped, while its pin lacked part of it ({cand.behind}), so it is not in "
+            f"it was {what} before it shipped, while its pin lacked part of it ({cand.behind}), so it is not in "
             "the vault",
             f"free space on the disk of {self.pins_dir}, or give {spelled('--state-dir', 'state_dir')} on a disk "
             "with room, so that checkpoints are pinned whole",
         )
-        self._report_lost(cand, step_of(cand), "deleted", error)
+        self._report_lost(cand, step_of(cand), "replaced" if replaced else "deleted", error)
         self._release(cand)
 
     def _note_settled(self, cand: Candidate, settled: bool) -> None:

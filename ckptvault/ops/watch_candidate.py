@@ -71,7 +71,7 @@ class Done:
 
 SignatureOf = Callable[[pins.Pin], pins.Signature]  # what a pin (in place: its source) holds
 WarnOnce = Callable[[tuple[str, str], str], None]  # says a message once for its key, until that stage succeeds
-# says a checkpoint will never ship: (it, its step, why: "dropped" or "deleted", the error of the run)
+# says a checkpoint will never ship: (it, its step, why: "dropped", "deleted" or "replaced", the error of the run)
 ReportLost = Callable[[Candidate, int | None, str, CheckpointLostError], None]
 
 

@@ -120,8 +120,9 @@ class InPlaceShipping:
             return None
         return pin
 
-    def lost(self, cand: Candidate, what: str) -> None:
-        """What is left of it (a folder cut down) is remembered as shipped: not a new checkpoint."""
+    def lost(self, cand: Candidate, what: str, reason: str = "deleted") -> None:
+        """What is left of it (a folder cut down) is remembered as shipped: not a new checkpoint. ``reason``:
+        "deleted", or "replaced" (a new save in its folder)."""
         error = CheckpointLostError(
             cand.pin.source,
             f"{what} before it shipped; it was shipping in place, as it could not be pinned ({cand.unpinned}), "
@@ -129,7 +130,7 @@ class InPlaceShipping:
             f"give {spelled('--state-dir', 'state_dir')} on another disk, or free space, so that checkpoints are "
             "pinned",
         )
-        self._report_lost(cand, step_of(cand), "deleted", error)
+        self._report_lost(cand, step_of(cand), reason, error)
         with contextlib.suppress(OSError):
             st = os.lstat(cand.pin.source)
             if st.st_ino == cand.pin.source_ino:
@@ -137,11 +138,15 @@ class InPlaceShipping:
         self._release(cand)
 
     def cut_down(self, cand: Candidate, sig: pins.Signature) -> bool:
-        """Files of a checkpoint shipping in place are gone since its last look (a rotation under way):
-        it is lost, said so, and True."""
+        """Files of a checkpoint shipping in place are gone since its last look (a rotation under way, or a
+        new save written into its folder: then files it did not hold, or held otherwise, are there): it is
+        lost, said so, and True."""
         if not file_paths(cand.sig) - file_paths(sig):
             return False
-        self.lost(cand, "files of it were deleted")
+        if set(pins.files_of(sig)) - set(pins.files_of(cand.sig)):
+            self.lost(cand, "it was replaced by a new save in its folder", "replaced")  # files deleted, others written
+        else:
+            self.lost(cand, "files of it were deleted")
         return True
 
     def gone(self, cand: Candidate) -> bool:

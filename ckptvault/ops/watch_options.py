@@ -41,7 +41,8 @@ class ShippedCheckpoint:
 @dataclass(frozen=True)
 class LostCheckpoint:
     """A checkpoint that will never ship: ``reason`` is "dropped" (to leave the trainer room for its
-    next save) or "deleted" (by the trainer while it shipped in place, unpinned)."""
+    next save), "deleted" (by the trainer while it shipped in place, unpinned, or while its pin lacked part
+    of it) or "replaced" (by a new save under its name, likewise)."""
 
     name: str
     source: str
