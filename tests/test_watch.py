@@ -2787,6 +2787,57 @@ def test_a_checkpoint_pinned_after_shipping_in_place_is_known_by_its_pin(tmp_pat
     assert watcher._candidates == {} and not os.path.exists(cand.pin.root)
 
 
+def test_a_file_deleted_while_a_pin_switches_to_shipping_in_place_keeps_the_pin_never_ships_torn(tmp_path, monkeypatch):
+    """A pin that cannot take in a file written later (a full --state-dir disk) ships in place, if its folder
+    still holds every file the pin does. The folder was read twice: once for that check, once more for what
+    shipping in place starts from; a file deleted between the two reads was in neither the check's failure nor
+    the baseline, so the checkpoint shipped in place without it, silently torn, and the pin holding the only
+    copy of it was released. The hook here deletes it just then (as the stand-in is made). Now the folder is
+    read once: the pin is kept, not shipped, and once the folder goes the loss is said."""
+    from ckptvault.ops import pin as pins
+    from ckptvault.ops import watch as watching
+
+    ckpts = tmp_path / "ckpts"
+    step = ckpts / "step_100"
+    step.mkdir(parents=True)
+    (step / "a.bin").write_bytes(os.urandom(3 << 20))
+    warnings: list[str] = []
+    with mounted_tmpfs(tmp_path / "state", "5m", "the full state disk test") as mount:
+        watcher = watching.Watcher(
+            str(ckpts),
+            tags={"run": "r"},
+            ship=lambda job: pytest.fail("driven by hand"),
+            shipped_digests=lambda: (),
+            options=watching.WatchOptions(interval=0.1, settle=0.0, state_dir=str(mount / "w")),
+            on_warning=warnings.append,
+        )
+        os.makedirs(watcher.pins_dir)
+        watcher._shipped.start_loading()
+        assert watcher._shipped.loaded.wait(10)
+        watcher._scan(time.monotonic())
+        (pinned,) = watcher._candidates.values()
+        assert pinned.pin.copied and not pinned.pin.in_place
+        (step / "b.bin.tmp").write_bytes(os.urandom(3 << 20))
+        (step / "b.bin.tmp").rename(step / "b.bin")  # the pin's copy of it cannot fit
+        real = pins.stand_in
+
+        def deleted_meanwhile(source, staging, **kwargs):
+            (step / "a.bin").unlink(missing_ok=True)  # the trainer, in the window
+            return real(source, staging, **kwargs)
+
+        monkeypatch.setattr(pins, "stand_in", deleted_meanwhile)
+        watcher._settle(time.monotonic())
+        assert any("No space left" in w for w in warnings), warnings
+        (cand,) = watcher._candidates.values()
+        assert not cand.pin.in_place, f"ships in place as {sorted(watching.file_paths(cand.sig))}, a.bin gone"
+        assert cand is pinned and os.path.exists(os.path.join(pinned.pin.data, "a.bin")) and cand.behind
+        assert not watcher._due(cand, time.monotonic() + 10), "a pin lacking b.bin would ship torn"
+        shutil.rmtree(step)
+        watcher._settle(time.monotonic())
+    assert watcher._candidates == {}
+    assert any("step_100: it was deleted before it shipped, while its pin lacked part of it" in w for w in warnings)
+
+
 def test_the_cli_says_what_it_dropped_to_make_room_and_exits_3(tmp_path):
     """The real CLI, slow storage, a trainer saving 0.25 MB every 0.15 s on a 4 MiB disk and deleting the
     save before: every save of the trainer succeeds; the drops are said, counted at the end, and exit 3.

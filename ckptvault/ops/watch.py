@@ -699,14 +699,15 @@ class Watcher:
         try:
             st = os.stat(cand.pin.source)
             held = file_paths(self._signature(cand.pin))
-            there = file_paths(pins.signature(cand.pin.source, self._as_pinned))
         except OSError:
             return False
-        if st.st_ino != cand.pin.source_ino or not held <= there:
-            return False  # the pin holds files its source lost: it is kept, as the only copy of those
-        in_place = self._in_place.start(cand.pin.name, cand.pin.source, st, now, exc, tags=cand.tags)
-        if in_place is None:
+        if st.st_ino != cand.pin.source_ino:
             return False
+        # the source is read once, for the check and as what shipping in place starts from: a file deleted
+        # between two reads was in neither, and the checkpoint shipped in place without it
+        in_place = self._in_place.start(cand.pin.name, cand.pin.source, st, now, exc, tags=cand.tags, holding=held)
+        if in_place is None:
+            return False  # the pin holds files its source lost: it is kept, as the only copy of those
         self._release(cand)
         self._candidates[in_place.pin.pin_id] = in_place
         return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Set
 
 from ..errors import CheckpointLostError, SourceError, spelled
 from . import pin as pins
@@ -69,10 +69,13 @@ class InPlaceShipping:
         exc: OSError,
         *,
         tags: dict[str, str] | None = None,
+        holding: Set[str] = frozenset(),
     ) -> Candidate | None:
         """``path`` could not be pinned (``exc``): it ships in place from now on, as the candidate returned,
         under ``tags`` (those of the pin it replaces, adopted from an earlier run; None: this run's).
-        None when it went or was replaced meanwhile: the next poll sees what is there now."""
+        None when it went or was replaced meanwhile: the next poll sees what is there now; or when it lacks
+        a file of ``holding`` (the paths its pin holds), in the very read that the in-place shipping starts
+        from: deleted since it was pinned, the pin is the only copy, and the checkpoint is no longer whole."""
         try:
             pin = pins.stand_in(path, self._pins_dir, excluded=self._excluded)
             # what it holds, before the user is told not to delete it: a file deleted after that is a loss
@@ -81,6 +84,8 @@ class InPlaceShipping:
             return None  # deleted or changed between the look and now
         if pin.source_ino != st.st_ino:
             return None  # replaced meanwhile
+        if holding - file_paths(sig):
+            return None  # files of it went since it was pinned
         reason = exc.strerror or str(exc)
         self._warn_once(
             ("in place", name),
