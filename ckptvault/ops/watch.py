@@ -103,6 +103,7 @@ LOOK_INSIDE_S = 1.0
 # --interval only finds what a look a second later would (it would have shipped as it was had the shipper been
 # free); a backlog of four pins of 1,000 files each kept a quarter of a core busy.
 LOOK_INSIDE_SHARE = 0.05
+MANY_NAMES = 5  # checkpoints named in a line about several; the others are counted
 LATE_LOOK_S = 1.0  # looks for new checkpoints later than --interval by more than this (or --interval) are said
 
 
@@ -554,6 +555,7 @@ class Watcher:
         settled whose source went while no watcher looked may hold part of a save: said so."""
         now = time.monotonic()
         before = len(self._candidates)
+        unsettled_gone: list[str] = []  # pins never seen settled whose source went while no watcher ran
         for pin_id in sorted(os.listdir(self.pins_dir)):
             root = os.path.join(self.pins_dir, pin_id)
             if not os.path.isdir(root):
@@ -585,17 +587,7 @@ class Watcher:
             pin.excluded = self._excluded  # and what this run's patterns leave out
             source = stat_if_same(pin)  # before the first look: a folder replaced while no watcher ran is a new one
             if meta.get("settled") is False and source is None and gone_or_replaced(pin):
-                # the pin is the only copy left: shipped, but not as if it had been seen whole
-                self._on_warning(
-                    f"{pin.name} was pinned by a watcher that stopped before it settled, and was deleted or "
-                    "replaced before this one started: it ships as it was pinned then, which may be part of a "
-                    "save a trainer wrote in place; if so, forget its snapshot ("
-                    + spelled(
-                        f"ckptvault snapshots --tag checkpoint={tag_text(pin.name)}",
-                        f"vault.snapshots({{'checkpoint': {tag_text(pin.name)!r}}})",
-                    )
-                    + " names it) before a resume takes it"
-                )
+                unsettled_gone.append(pin.name)  # the pin is the only copy left: shipped, but not as seen whole
             tags, settled = meta.get("tags"), meta.get("settled")
             pinned_under = tags if isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values()) else None
             self._candidates[pin.pin_id] = Candidate(
@@ -606,7 +598,26 @@ class Watcher:
                 settled_noted=settled if isinstance(settled, bool) else None,
             )
             log.info("resuming pinned checkpoint %s from an earlier run", pin.name)
+        if unsettled_gone:
+            self._say_unsettled_gone(unsettled_gone)
         return len(self._candidates) - before
+
+    def _say_unsettled_gone(self, names: list[str]) -> None:
+        """One line for every adopted pin never seen settled whose source went while no watcher ran (a
+        preempted trainer and watcher, the trainer's rotation at its restart): what is done with them, and
+        what to do if one was a save written in place (each its own line was noise, sp54)."""
+        many = len(names) > 1
+        more = len(names) - MANY_NAMES
+        shown = ", ".join(names[:MANY_NAMES]) + (f" and {more} more" if more > 0 else "")
+        name = "NAME" if many else tag_text(names[0])
+        self._on_warning(
+            f"adopting {len(names)} checkpoint{'s' if many else ''} ({shown}) pinned by a watcher that stopped "
+            f"before {'they' if many else 'it'} settled, deleted or replaced before this one started: "
+            f"{'they ship' if many else 'it ships'} now as pinned then, which may be part of a save a trainer wrote "
+            f"in place; if so, forget {'such a' if many else 'its'} snapshot ("
+            + spelled(f"ckptvault snapshots --tag checkpoint={name}", f"vault.snapshots({{'checkpoint': {name!r}}})")
+            + " names it) before a resume takes it"
+        )
 
     def _watches(self, folder: str) -> bool:
         if folder == self.directory:
