@@ -349,6 +349,23 @@ def test_a_missing_tree_is_damage_exit_30_naming_it_and_the_remedy(two_snapshots
     cli("restore", "--repo", repo, first[:8], str(tmp_path / "first"))  # the other snapshot restores
 
 
+def test_check_of_a_missing_tree_says_what_to_do_not_to_run_check(two_snapshots, cli: Callable):
+    """check's line for a snapshot whose tree object is gone carried the storage error's "run: ckptvault check":
+    advice to run the command the user had just run. It names the tree object and its key, and what brings
+    it back (a copy of the vault); the summary says to forget the snapshot otherwise."""
+    repo, first, second, _ = two_snapshots
+    with Vault.open(repo) as vault:
+        tree_id = vault.snapshot(second).tree_id
+    (Path(repo) / "trees" / tree_id).unlink()
+    proc = cli("check", "--repo", repo, check=False)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    line = next(line for line in out.splitlines() if line.startswith(f"snapshot {second[:12]}:"))
+    assert proc.returncode == 30, (out, err)
+    assert f"tree object {tree_id[:12]} is missing (trees/{tree_id})" in line and "a copy of the vault" in line, line
+    assert "ckptvault check" not in out + err, (out, err)
+    assert f"ckptvault forget --repo {repo} {second[:8]}" in err and first[:8] not in err, err
+
+
 @pytest.mark.parametrize(
     "change", [{"pack_size": -5}, {"chunker": {"algorithm": "fastcdc", "min_size": 1, "avg_size": 2, "max_size": 3}}]
 )

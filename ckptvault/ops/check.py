@@ -161,6 +161,17 @@ def _unreadable(exc: BaseException) -> bool:
     return isinstance(exc, StorageError) and not isinstance(exc, (ObjectNotFoundError, ShortReadError))
 
 
+def _missing(exc: ObjectNotFoundError) -> str:
+    """A snapshot's tree (or snapshot) object that is gone, said for check's own report: the error's
+    "run: ckptvault check" sent the user to the command that printed it (the summary says what to do)."""
+    folder, _, object_id = exc.key.rpartition("/")
+    what = {"trees": "tree object", "snapshots": "snapshot object"}.get(folder, "object")
+    return (
+        f"{what} {object_id[:12]} is missing ({exc.key}); a copy of the vault that still holds it can put it back, "
+        "which makes the snapshot whole again"
+    )
+
+
 class _Checker:
     def __init__(self, repo: Repository, report: CheckReport) -> None:
         self.repo = repo
@@ -537,7 +548,7 @@ class _Checker:
                     self.problem(name, f"cannot be read: {exc}", unreadable=True)
                     self.report.unavailable[snapshot_id.hex()] = ["*"]
                     continue
-                self.problem(name, str(exc))
+                self.problem(name, _missing(exc) if isinstance(exc, ObjectNotFoundError) else str(exc))
                 self.report.affected[snapshot_id.hex()] = ["*"]
                 continue
             snap, tree = loaded
