@@ -387,3 +387,47 @@ def test_every_scrypt_setting_ckptvault_makes_still_loads(n, r, p):
     doc = json.loads(key.to_json())
     doc["kdf"].update(n=n, r=r, p=p)
     assert Keyfile.from_json(json.dumps(doc).encode()).kdf == KdfParams(n=n, r=r, p=p, salt=key.kdf.salt)
+
+
+@pytest.mark.parametrize(
+    ("damage", "code", "said"),
+    [
+        (lambda f: "g" + f[1:], 15, "is not 32 lowercase hex digits"),  # no longer hex: the field is damaged
+        (lambda f: f[:5] + ("0" if f[5] != "0" else "1") + f[6:], 15, "its fingerprint does not match its key"),
+        (lambda f: f[:31], 15, "is not 32 lowercase hex digits"),  # a digit cut off
+    ],
+    ids=["not-hex", "one-digit-changed", "cut"],
+)
+def test_a_keyfile_whose_fingerprint_field_is_damaged_is_called_corrupt_not_another_vaults(
+    cli, vault, tmp_path: Path, damage, code: int, said: str
+):
+    """A flipped byte in the keyfile's fingerprint read as "keyfile ... does not belong to vault" (exit 13): the
+    user went looking for another keyfile, with the right one in hand. A fingerprint that is not 32 hex digits
+    is damage; one a digit or few off the vault's is the vault's key with its field damaged (the key says so)."""
+    key, repo = vault
+    doc = json.loads(Path(key).read_bytes())
+    doc["fingerprint"] = damage(doc["fingerprint"])
+    damaged = tmp_path / "damaged.key"
+    damaged.write_text(json.dumps(doc))
+    proc = cli("snapshots", "--repo", repo, "-k", str(damaged), check=False, CKPTVAULT_PASSPHRASE=PASS)
+    error = one_line_error(proc)
+    assert proc.returncode == code and said in error and "corrupt" in error, error
+    assert "does not belong" not in error, error
+
+
+def test_another_vaults_keyfile_is_still_another_vaults_and_a_damaged_config_fingerprint_is_the_configs(
+    cli, vault, tmp_path: Path
+):
+    key, repo = vault
+    other = str(tmp_path / "other.key")
+    cli("key", "generate", "-k", other, "--kdf-cost", "14", CKPTVAULT_PASSPHRASE=PASS)
+    proc = cli("snapshots", "--repo", repo, "-k", other, check=False, CKPTVAULT_PASSPHRASE=PASS)
+    assert proc.returncode == 13 and "does not belong to vault" in one_line_error(proc)
+    config = Path(repo) / "config"
+    doc = json.loads(config.read_bytes())
+    fingerprint = doc["encryption"]["key_fingerprint"]
+    doc["encryption"]["key_fingerprint"] = fingerprint[:-1] + ("0" if fingerprint[-1] != "0" else "1")
+    config.write_text(json.dumps(doc))
+    proc = cli("snapshots", "--repo", repo, "-k", key, check=False, CKPTVAULT_PASSPHRASE=PASS)
+    error = one_line_error(proc)
+    assert proc.returncode == 30 and f"the config of {repo}" in error and "put the config back" in error, error

@@ -31,6 +31,7 @@ import hashlib
 import json
 import numbers
 import os
+import re
 import secrets
 import stat
 import threading
@@ -53,6 +54,7 @@ from ..errors import (
     UnsupportedFormatError,
     UsageError,
     WrongPassphraseError,
+    elided,
     spelled,
 )
 from .keys import MASTER_KEY_SIZE, MasterKey
@@ -72,6 +74,19 @@ DEFAULT_KDF_COST = DEFAULT_SCRYPT_N.bit_length() - 1
 MIN_NEW_PASSPHRASE = 8  # characters of a new passphrase, not counting spaces at its ends
 SALT_SIZE = 16
 NONCE_SIZE = 12
+_FINGERPRINT = re.compile(r"[0-9a-f]{32}")  # MasterKey.fingerprint: 16 bytes, lowercase hex
+# Two fingerprints this close are one, damaged: two keys' fingerprints (random 16 bytes) differ in ~30 of the 32
+# digits, and the chance that they differ in at most 4 is under 1e-29
+FINGERPRINT_DAMAGE_DIGITS = 4
+
+
+def fingerprint_damaged_from(fingerprint: str, other: str) -> bool:
+    """Whether two well-formed fingerprints that differ are one of them damaged (a few digits changed), not the
+    fingerprints of two keys."""
+    if not (_FINGERPRINT.fullmatch(fingerprint) and _FINGERPRINT.fullmatch(other)):
+        return False
+    return 0 < sum(a != b for a, b in zip(fingerprint, other, strict=True)) <= FINGERPRINT_DAMAGE_DIGITS
+
 
 # A passphrase, or a function that asks for one (called only when a keyfile must be unlocked).
 PassphraseSource = str | Callable[[], str] | None
@@ -437,13 +452,18 @@ class Keyfile:
             salt = base64.b64decode(kdf["salt"], validate=True)
             if len(salt) != SALT_SIZE:
                 raise ValueError(f"its salt has {len(salt)} bytes, not {SALT_SIZE}")
+            fingerprint = doc["fingerprint"]
+            if not isinstance(fingerprint, str) or not _FINGERPRINT.fullmatch(fingerprint):
+                # damage, not another vault's key (a fingerprint is 32 lowercase hex digits): said as such, where
+                # the comparison with the vault's named it a keyfile of another vault (exit 13)
+                raise ValueError(f"its fingerprint {elided(repr(fingerprint), 40)} is not 32 lowercase hex digits")
             min_vault_format = doc.get("min_vault_format", 1)
             if type(min_vault_format) is not int or min_vault_format < 1:
                 raise ValueError(f"its min_vault_format {min_vault_format!r} is not a format number")
             return cls(
                 kdf=KdfParams(n=n, r=r, p=p, salt=salt),
                 wrapped_key=wrapped,
-                fingerprint=str(doc["fingerprint"]),
+                fingerprint=fingerprint,
                 created=str(doc["created"]),
                 path=path,
                 min_vault_format=min_vault_format,

@@ -23,7 +23,7 @@ from ..blob import MAX_METADATA_BLOB, BlobCodec, BlobParts, ChecksumSealer, Kind
 from ..bytegroup import Grouped, joined
 from ..codec import Compressor
 from ..crypto.aead import AesGcmSealer
-from ..crypto.keyfile import Keyfile, PassphraseSource, resolve_passphrase
+from ..crypto.keyfile import Keyfile, PassphraseSource, fingerprint_damaged_from, resolve_passphrase
 from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
     CkptVaultError,
@@ -295,7 +295,17 @@ class Repository:
                     + spelled("--keyfile or CKPTVAULT_KEYFILE", "keyfile=")
                 )
             if keyfile.fingerprint != config.key_fingerprint:
-                raise KeyfileMismatchError(keyfile.path, store.url, (config.key_fingerprint or "", keyfile.fingerprint))
+                if not fingerprint_damaged_from(keyfile.fingerprint, config.key_fingerprint or ""):
+                    raise KeyfileMismatchError(
+                        keyfile.path, store.url, (config.key_fingerprint or "", keyfile.fingerprint)
+                    )
+                # a few digits apart: the vault's key, with the keyfile's fingerprint or the config's damaged. The
+                # key tells which: unlock refuses a keyfile whose fingerprint is not its key's (KeyfileCorruptError)
+                keyfile.unlock(resolve_passphrase(passphrase))
+                raise IntegrityError(
+                    f"the config of {store.url} names key fingerprint {config.key_fingerprint}, a damaged copy of "
+                    f"this keyfile's ({keyfile.fingerprint}), which is its key's; {config_from_a_copy()}"
+                )
             if config.version < keyfile.min_vault_format:
                 raise IntegrityError(
                     f"the config of {store.url} says repository format {config.version}, but keyfile {keyfile.path} "
