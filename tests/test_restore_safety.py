@@ -131,6 +131,25 @@ def test_size_that_disagrees_with_chunks_is_refused(backed_up, tmp_path: Path):
         f.read()  # the random-access reader, which hashes no whole file, checks the sizes as the restore does
 
 
+def test_a_tree_whose_sizes_disagree_with_the_chunks_is_damage_exit_30_and_check_names_it(
+    backed_up, tmp_path: Path, cli: Callable
+):
+    """docs/usage.md said such a restore plan is refused with exit 2 (a usage error); it is damage, exit 30, before
+    anything is written. The restore sends the user to check, which found nothing: it names the file now."""
+    vault, _, snap = backed_up
+    entries = [replace(e, size=e.size + 1) if e.path == "optimizer.pt" else e for e in vault.files(snap)]
+    crafted = plant_tree(vault, snap, entries)
+    proc = cli("restore", "--repo", vault.url, crafted[:8], str(tmp_path / "target"), check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 30 and "optimizer.pt" in err and "ckptvault check" in err, err
+    assert not (tmp_path / "target").exists()
+    check = cli("check", "--repo", vault.url, check=False)
+    out = check.stdout.decode()
+    assert check.returncode == 30, (out, check.stderr.decode())
+    assert f"snapshot {crafted[:12]}: file optimizer.pt: the tree says" in out, out
+    assert f"affects snapshot {crafted[:8]}: the whole snapshot" in out and snap.id[:8] not in check.stderr.decode()
+
+
 def test_a_bad_file_in_a_folder_the_target_lacks_is_refused_before_anything_is_written(vault: Vault, tmp_path: Path):
     """The plan checks every file's chunks, also those below a folder the target does not have yet (whose
     place it no longer looks up): a bad one fails the restore before it writes anything."""

@@ -530,7 +530,8 @@ class _Checker:
     def check_snapshots(self, snapshot_ids: list[bytes]) -> None:
         """``snapshot_ids``: listed before the index objects were (see ``run_check``)."""
         self.spread_to_deltas()
-        chunk_ids = {e.chunk_id for entries in self.indexed.values() for e in entries}
+        # chunk -> its raw length, as the index says: a restore sums them against the size the tree gives a file
+        chunk_ids = {e.chunk_id: e.raw_len for entries in self.indexed.values() for e in entries}
         taken: dict[str, datetime] = {}  # the affected are listed oldest first, as `snapshots` lists them
         needed: set[bytes] | None = set()  # every chunk a snapshot reads (None once a tree could not be read)
         for snapshot_id, loaded in self._snapshots_and_trees(snapshot_ids):
@@ -556,6 +557,7 @@ class _Checker:
             taken[snap.id] = snap.time
             if needed is not None:
                 needed.update(c for entry in tree for c in entry.chunks)
+            tree_wrong = False
             for entry in tree:
                 missing = [c for c in entry.chunks if c not in chunk_ids]
                 lost = [c for c in missing if c not in self.header_only]
@@ -568,10 +570,21 @@ class _Checker:
                         f"{_short(self.header_only[missing[0]])} holds it (the snapshot still restores); run: "
                         f"{repair_index_command()}",
                     )
+                elif entry.type == "file" and (held := sum(chunk_ids[c] for c in entry.chunks)) != entry.size:
+                    # a restore refuses the snapshot for it (exit 30) and sent the user here, where nothing was said.
+                    # The tree is sealed as written: written wrong, which no backup of the file mends
+                    self.problem(
+                        name,
+                        f"file {entry.path}: the tree says {entry.size} bytes but its chunks hold {held}: the tree "
+                        "was written wrong; the snapshot restores only without this file (restore --include)",
+                    )
+                    tree_wrong = True
                 if lost or any(c in self.bad_chunks for c in entry.chunks):
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
                 elif any(c in self.unread_chunks for c in entry.chunks):
                     self.report.unavailable.setdefault(snap.id, []).append(entry.path)
+            if tree_wrong:
+                self.report.affected[snap.id] = ["*"]
         self.judge_lost_bases(None if needed is None else self._with_bases(needed))
         for listing in (self.report.affected, self.report.unavailable):  # those that could not be read last
             ordered = sorted(listing.items(), key=lambda item: (item[0] not in taken, taken.get(item[0]), item[0]))
