@@ -71,6 +71,30 @@ def region_cuts(fd: int, start: int, stop: int, params: ChunkerParams, buffer: b
         pos, held = pos + done, held - done
 
 
+# Names of environment variables that hold secrets (parts of the name, upper case): a helper is given none of them
+_SECRET_NAME_PARTS = ("PASSPHRASE", "PASSWORD", "SECRET", "TOKEN", "CREDENTIAL", "CONNECTION_STRING")
+_SECRET_NAME_ENDS = ("_KEY", "_KEY_ID")
+# ckptvault's own: the fsspec options may carry a key and a secret (-o key=... -o secret=...)
+_SECRET_NAMES = frozenset({"CKPTVAULT_STORAGE_OPTIONS", "CKPTVAULT_KEYFILE", "CKPTVAULT_FROM_KEYFILE"})
+
+
+def holds_a_secret(name: str) -> bool:
+    """Whether the environment variable ``name`` is one a helper is not given: ckptvault's passphrases
+    (``CKPTVAULT_PASSPHRASE``, ``..._NEW_...``, ``..._FROM_...``), keyfiles and storage options, and any
+    variable named as a credential is (``AWS_SECRET_ACCESS_KEY``, ``AZURE_STORAGE_ACCOUNT_KEY``, ...)."""
+    upper = name.upper()
+    return (
+        upper in _SECRET_NAMES or any(part in upper for part in _SECRET_NAME_PARTS) or upper.endswith(_SECRET_NAME_ENDS)
+    )
+
+
+def helper_environment() -> dict[str, str]:
+    """The environment a helper starts with: this process's without its secrets. A helper only cuts the
+    bytes of a file it is handed; it inherited the passphrase and the storage's credentials, readable in
+    /proc/PID/environ by its user for as long as it ran, and in any crash report of it."""
+    return {name: value for name, value in os.environ.items() if not holds_a_secret(name)}
+
+
 class _Helper:
     """One helper process and the socket it serves; ``None`` replies once it has failed."""
 
@@ -87,6 +111,7 @@ class _Helper:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _START, str(theirs.fileno()), os.path.abspath(__file__), str(os.getpid())],
                 pass_fds=[theirs.fileno()],
+                env=helper_environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

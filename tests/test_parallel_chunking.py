@@ -260,6 +260,59 @@ def test_a_backup_with_helpers_stores_the_chunks_of_one_without(
     assert all(h._helpers == [] for h in made)  # closed with the backup
 
 
+SECRETS = {
+    "CKPTVAULT_PASSPHRASE": "the passphrase of the vault",
+    "CKPTVAULT_NEW_PASSPHRASE": "a new passphrase",
+    "CKPTVAULT_FROM_PASSPHRASE": "the source's passphrase",
+    "CKPTVAULT_STORAGE_OPTIONS": '{"secret": "s3cr3t"}',
+    "AWS_SECRET_ACCESS_KEY": "an s3 secret",
+    "AZURE_STORAGE_CONNECTION_STRING": "an azure secret",
+}
+
+
+def test_helpers_start_without_the_passphrase_or_other_secrets_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Helpers inherited the whole environment, CKPTVAULT_PASSPHRASE included: readable in /proc/PID/environ for as
+    long as they ran, though they only cut bytes. A real encrypted backup's helpers, read while they run: none of
+    the secrets is there, and what they need (PATH, PYTHONPATH, the helper count) is."""
+    from ckptvault.crypto.keyfile import Keyfile
+
+    keyfile = Keyfile.create("the passphrase of the vault", scrypt_n=2**10)[0].save(tmp_path / "k.key")
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CKPTVAULT_STORAGE_OPTIONS", "{}")  # read by the vault: a local one takes no options
+    monkeypatch.setenv("CKPTVAULT_CHUNK_PROCESSES", "2")
+    seen: dict[int, dict[str, str]] = {}
+
+    class Observed(ChunkHelpers):
+        def chunks(self, stream, fd: int, size: int):
+            for n, chunk in enumerate(super().chunks(stream, fd, size)):
+                if n == 0:  # the helpers run now: their environment as the kernel holds it
+                    for helper in self._helpers:
+                        assert helper.process is not None
+                        raw = Path(f"/proc/{helper.process.pid}/environ").read_bytes()
+                        seen[helper.process.pid] = dict(v.split("=", 1) for v in raw.decode().split("\0") if v)
+                yield chunk
+
+    monkeypatch.setattr(
+        backup_module, "ChunkHelpers", lambda params, processes: Observed(params, processes, region=1 << 20, min_file=0)
+    )
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(_pieces(random.Random(3), 8 << 20, ("random",)))
+    url = str(tmp_path / "vault")
+    small = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)  # 1 MiB regions
+    with Vault.init(url, keyfile=keyfile.path, passphrase=os.environ["CKPTVAULT_PASSPHRASE"], chunker=small) as vault:
+        monkeypatch.setenv("CKPTVAULT_STORAGE_OPTIONS", SECRETS["CKPTVAULT_STORAGE_OPTIONS"])
+        vault.backup(str(src))
+    assert len(seen) == 2, seen
+    for env in seen.values():
+        assert not set(SECRETS) & set(env), sorted(set(SECRETS) & set(env))
+        assert env["PATH"] == os.environ["PATH"] and env["CKPTVAULT_CHUNK_PROCESSES"] == "2"
+        assert env.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+
+
 def _gone(pid: int) -> bool:
     """Exited: no process, or a zombie that nobody reaps (PID 1 of some containers does not)."""
     try:
