@@ -5,13 +5,17 @@ their indexed sizes). Planted here as a sparse file: a real pack grown past the 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ckptvault import Vault
+from ckptvault.repository.format import pack_key
 from ckptvault.store.local import LocalStore
 
 MiB = 1 << 20
@@ -102,3 +106,59 @@ def test_prune_repacks_a_grown_pack_chunk_by_chunk(tmp_path: Path, reads: list[t
         assert vault.check(read_data=True).ok
         vault.restore(second, tmp_path / "out")
     assert _tree_hashes(tmp_path / "out") == _tree_hashes(two)
+
+
+def _without_root_read_rights() -> None:
+    """preexec_fn: the child, root or not, is refused a file of mode 000 (root reads one through CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH: dropped from its bounding set, which exec takes them from)."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
+
+
+def test_repair_index_read_data_names_a_grown_pack_it_cannot_read_and_repairs_the_rest(tmp_path: Path) -> None:
+    """One storage error while the grown pack was read chunk by chunk aborted the whole repair (exit 20, nothing
+    written): another pack's damaged chunk stayed indexed. A pack read whole that cannot be read is named and the
+    repair goes on; the grown one now too. Real: the pack's file is mode 000, the CLI runs without root's rights
+    to read it anyway, and the other pack has a flipped byte in its chunk."""
+    url, pack, _one, _two, _first, _second = _vault_with_a_grown_pack(tmp_path)
+    three = tmp_path / "three"
+    three.mkdir()
+    (three / "c.bin").write_bytes(os.urandom(200_000))
+    with Vault.open(str(url)) as vault:
+        (chunk,) = vault.files(vault.backup(three))[0].chunks
+        loc = vault._repo.index.get(chunk)
+    other = url / pack_key(loc.pack_id)
+    assert other != pack
+    with open(other, "r+b") as f:  # a bit flipped in c.bin's chunk
+        at = loc.offset + loc.stored_len // 2
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x10]))
+    pack.chmod(0)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckptvault", "repair-index", "--repo", str(url), "--read-data"],
+            capture_output=True,
+            env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data"), "COLUMNS": "200"},
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_without_root_read_rights,
+            timeout=300,
+        )
+    finally:
+        pack.chmod(0o644)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 20 and "Traceback" not in err, (out, err)
+    assert f"1 pack(s) could not be read (e.g. {pack.name[:12]})" in err and "none was dropped" in err, err
+    assert "dropped 1 damaged chunk(s)" in out, out  # the rest of the repair was done
+    with Vault.open(str(url)) as vault:
+        assert vault._repo.index.get(chunk) is None  # dropped: the next backup of c.bin stores it again
+        assert vault.backup(three, force_read=True).summary.new_chunks == 1
+    assert pack.exists()  # kept, as a pack read whole that cannot be read is: nothing of it dropped

@@ -199,8 +199,14 @@ def _chunks_that_do_not_verify(
     failed: list[tuple[bytes, PackEntry]] = []
     for pack_id in sorted(packs.keys() - skip):
         if stored.get(pack_id, 0) > repo.max_pack_size:
+            try:
+                failed.extend(_chunks_read_one_by_one(repo, pack_id, packs[pack_id]))
+            except CkptVaultError as exc:  # as for a pack read whole: named, nothing dropped, the others go on
+                unread.append(pack_id)
+                if object_fault(exc):
+                    failing.append(pack_id)
+                continue
             headless.add(pack_id)
-            failed.extend(_chunks_read_one_by_one(repo, pack_id, packs[pack_id]))
             continue
         try:
             data = repo.read_pack(pack_id, stored.get(pack_id))
@@ -237,11 +243,14 @@ def _chunks_that_do_not_verify(
 def _chunks_read_one_by_one(
     repo: Repository, pack_id: bytes, entries: list[PackEntry]
 ) -> list[tuple[bytes, PackEntry]]:
-    """The entries of ``pack_id`` whose blobs, each read on its own, do not decode and verify."""
+    """The entries of ``pack_id`` whose blobs, each read on its own, do not decode and verify. A read the
+    storage fails raises (a StorageError): the pack could not be read, and none of its chunks is judged (one
+    error aborted the whole repair before, with the other packs' findings unwritten)."""
     failed = []
     for e in entries:
+        blob = repo.read_pack_blob(pack_id, e)
         try:
-            repo.decode_chunk(e.chunk_id, repo.read_pack_blob(pack_id, e), e.raw_len, e.base_id)
+            repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)
         except UnsupportedFormatError:
             continue  # written by a newer ckptvault: not damage
         except IntegrityError:
