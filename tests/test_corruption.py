@@ -117,6 +117,30 @@ def test_cat_detects_corruption(vault: Vault, repo_url: str, tmp_path: Path, cli
     assert report.returncode == 30 and "check --read-data (it says" not in said, said
 
 
+def test_cat_of_a_damaged_chunk_writes_the_verified_beginning_and_says_so_in_its_help(
+    vault: Vault, repo_url: str, tmp_path: Path, cli
+):
+    """cat streams (as restic's dump): a damaged chunk in the middle of a file stops it with exit 30 after the
+    chunks before it were written. Those bytes are the file's, but the output is incomplete; --help said only
+    "(verified)", so a script that ignored the exit status took a cut file for the whole."""
+    data = os.urandom(1 << 20)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    vault.backup(tmp_path / "src")
+    repo = vault._repo
+    chunks = vault.files("latest")[0].chunks
+    assert len(chunks) >= 4
+    victim = len(chunks) // 2
+    loc = repo.index.get(chunks[victim])
+    flip(Path(repo_url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
+    start = sum(repo.index.get(c).raw_len for c in chunks[:victim])  # where the damaged chunk begins in the file
+    proc = cli("cat", "latest", "f.bin", "--repo", repo_url, check=False)
+    assert proc.returncode == 30 and "is damaged" in proc.stderr.decode(), proc.stderr
+    assert 0 < len(proc.stdout) <= start and proc.stdout == data[: len(proc.stdout)]  # correct, and incomplete
+    helped = " ".join(cli("cat", "--help", COLUMNS="120").stdout.decode().split())
+    assert "exit 30" in helped and "those bytes are correct, but the output is incomplete" in helped, helped
+
+
 @pytest.mark.parametrize("damage", ["flipped", "zero_chunk_made_nonzero", "chunk_made_zero"])
 def test_a_first_copy_wrong_under_a_valid_envelope_is_read_around(tmp_path: Path, caplog, monkeypatch, damage):
     """rs49 #1: a chunk stored twice (two backups that raced) whose first copy holds wrong bytes under a valid

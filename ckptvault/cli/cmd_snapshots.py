@@ -128,7 +128,11 @@ def cat_cmd(
     host: HostOpt = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
 ) -> None:
-    """Write one file of a snapshot to stdout (verified)."""
+    """Write one file of a snapshot to stdout (verified).
+
+    It streams: a damaged chunk stops it with exit 30 after the bytes before it were written; those bytes are
+    correct, but the output is incomplete (check the exit status before using it).
+    """
     if sys.stdout is None:
         raise UsageError("standard output is closed: cat writes the file there; send it to a file or a pipe")
     out = Output()
