@@ -22,6 +22,7 @@ import contextlib
 import errno
 import functools
 import inspect
+import logging
 import os
 import secrets
 import stat
@@ -146,6 +147,8 @@ class FsspecStore:
         return self._filesystem()
 
     def _new_filesystem(self) -> Any:
+        if self.profile.pooled:
+            _quiet_paramiko()  # before its first connection: a reset greeting is logged by the connect
         try:
             fs = self._cls(skip_instance_cache=True, **self._kwargs)
         except Exception as exc:
@@ -676,6 +679,39 @@ def _bound_silence(fs: Any, seconds: float) -> None:
 
     channel.recv = bounded(channel.recv)
     channel.send = bounded(channel.send)
+
+
+@functools.cache
+def _quiet_paramiko() -> None:
+    """paramiko's records of what ckptvault retries or reports itself stay out of a process that configured no
+    logging: a training process shipping with ``backup_async`` printed, through Python's last-resort handler,
+    "Socket exception: Connection reset by peer", "Exception (client): Error reading SSH protocol banner" and
+    its traceback, and a dying prefetch thread's traceback, for a dropped session that was retried and
+    shipped (the CLI configures logging and drops them itself). A NullHandler on paramiko's logger changes
+    only that: a process that configured logging still gets its records. A paramiko prefetch thread's death
+    (the socket closed under it) is the read's failure, raised and retried on the reading thread: the thread
+    hook leaves it out and hands every other thread's to the hook there was."""
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not _paramiko_prefetch(args):
+            previous(args)
+
+    threading.excepthook = hook
+
+
+def _paramiko_prefetch(args: threading.ExceptHookArgs) -> bool:
+    """Whether a thread died with an error inside paramiko's SFTP prefetch (``SFTPFile._prefetch_thread``)."""
+    if not isinstance(args.exc_value, Exception):
+        return False
+    tb = args.exc_traceback
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "_prefetch_thread" and "paramiko" in code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _not_ssh(exc: Exception, kwargs: dict[str, Any]) -> Exception | None:

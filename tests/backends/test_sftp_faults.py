@@ -5,6 +5,7 @@ removed inside a live vault is made again, and a vault's folder gone away is not
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -431,3 +432,41 @@ def test_a_folder_entry_listed_without_its_attributes_is_looked_at_on_its_own(ss
 
     monkeypatch.setattr(SFTPClient, "listdir_attr", without_modes)
     assert [o.key for o in store.list("")] == ["index/c", "locks/a"]
+
+
+def test_a_training_process_shipping_through_dropped_sftp_connections_prints_no_paramiko_traceback(
+    sshd, proxy, tmp_path: Path
+):
+    """A trainer's backup_async rode out a login reset mid-greeting and a download cut mid-read (retried,
+    shipped, restored), yet its stderr held paramiko's own records of them: "Exception (client): Error
+    reading SSH protocol banner" with its traceback, "Socket exception: Connection reset by peer" (a process
+    that configured no logging prints them through Python's last resort), and a dying prefetch thread's
+    traceback: a training log that reads as a crash. The CLI dropped them; the API printed them."""
+    url = sshd.backend.base_url.replace(f":{sshd.port}/", f":{proxy.port}/") + f"/quiet-{os.getpid()}"
+    options = sshd.backend.storage_options
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=4)
+    Vault.init(url, storage_options=options, pack_size=8 << 20).close()
+    script = (
+        "import json, sys\n"
+        "from ckptvault import Vault\n"
+        "url, options, src, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]\n"
+        "with Vault.open(url, storage_options=options) as vault:\n"
+        "    vault.backup_async(src, tags={'run': 'x', 'step': '1'})\n"
+        "    vault.flush(timeout=120)\n"
+        "    vault.restore_latest(out, run='x')\n"
+        "print('ok')\n"
+    )
+    proxy.drop_all()
+    proxy.reset_next = 2  # logins: reset before the server's greeting
+    proxy.cut_download_after_bytes, proxy.max_download_cuts = 1_000_000, 3  # the restore's pack reads
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    env.update(CKPTVAULT_RETRY_DELAY="0.05", HOME=str(tmp_path / "home"))
+    out = tmp_path / "out"
+    args = [url, json.dumps(options), str(src), str(out)]
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert proxy.resets == 2 and proxy.download_cuts == 3
+    assert tree_digest(out) == tree_digest(src)
+    for paramikos in ("Traceback", "Socket exception", "Exception (client)", "Exception in thread"):
+        assert paramikos not in proc.stderr, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith(" ")] == [], proc.stderr
