@@ -431,3 +431,29 @@ def test_another_vaults_keyfile_is_still_another_vaults_and_a_damaged_config_fin
     proc = cli("snapshots", "--repo", repo, "-k", key, check=False, CKPTVAULT_PASSPHRASE=PASS)
     error = one_line_error(proc)
     assert proc.returncode == 30 and f"the config of {repo}" in error and "put the config back" in error, error
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda f: f[:-1] + "g",  # a flipped bit makes most hex digits a character that is no hex digit
+        lambda f: f[:-1] + "A",  # a bit flipped in a letter's case
+        lambda f: f[:-1],  # a digit cut off
+    ],
+    ids=["not-hex", "upper-case", "cut"],
+)
+def test_a_config_fingerprint_that_is_no_fingerprint_is_the_configs_damage_not_another_vaults_keyfile(
+    cli, vault, damage
+):
+    """The config's fingerprint damaged into something that is no fingerprint (not 32 lowercase hex digits) read
+    as "keyfile ... does not belong to vault" (exit 13), sending the user to look for another keyfile: the
+    config is what is damaged (exit 30), whichever keyfile is given."""
+    key, repo = vault
+    config = Path(repo) / "config"
+    doc = json.loads(config.read_bytes())
+    doc["encryption"]["key_fingerprint"] = damage(doc["encryption"]["key_fingerprint"])
+    config.write_text(json.dumps(doc))
+    proc = cli("snapshots", "--repo", repo, "-k", key, check=False, CKPTVAULT_PASSPHRASE=PASS)
+    error = one_line_error(proc)
+    assert proc.returncode == 30 and f"the config of {repo}" in error and "put the config back" in error, error
+    assert "does not belong" not in error, error

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from ..chunking import ChunkerParams
 from ..codec import CompressionSettings
-from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError, config_from_a_copy
+from ..errors import MalformedObjectError, UnsupportedFormatError, UsageError, config_from_a_copy, elided
 from .format import DELTA_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, SETTINGS_FORMAT_VERSION, SUPPORTED_VERSIONS
 
 # 16 MiB: a GB is ~64 objects (large enough for full object-store throughput), and the packs a
@@ -19,6 +19,7 @@ DEFAULT_PACK_SIZE = 16 * 1024 * 1024
 MAX_PACK_SIZE = 1024 * 1024 * 1024  # offsets in pack headers and indexes are u32
 ENCRYPTION_MODES = ("none", "aes-256-gcm")
 _REPO_ID = re.compile("[0-9a-f]{32}")
+_KEY_FINGERPRINT = re.compile("[0-9a-f]{32}")  # MasterKey.fingerprint; a keyfile's is checked so too
 
 
 class ConfigNotJsonError(MalformedObjectError):
@@ -165,3 +166,6 @@ def _check_fields(doc: dict) -> None:
         for name in ("key_fingerprint", "key_verifier"):
             if not isinstance(encryption.get(name), str) or not encryption[name]:
                 raise ValueError(f"the encrypted vault's config has no valid encryption.{name}")
+        fingerprint = encryption["key_fingerprint"]
+        if not _KEY_FINGERPRINT.fullmatch(fingerprint):  # damage, not another vault's key (exit 13 said that)
+            raise ValueError(f"its key fingerprint {elided(repr(fingerprint), 40)} is not 32 lowercase hex digits")
