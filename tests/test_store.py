@@ -552,3 +552,17 @@ def test_whole_reads_are_told_one_request_only_where_the_filesystem_takes_it():
 
     assert _sizes_whole_reads(s3fs.S3FileSystem.__new__(s3fs.S3FileSystem))
     assert not _sizes_whole_reads(OlderS3())
+
+
+def test_a_filesystem_with_an_ftp_attribute_of_its_own_is_listed_through_its_ls(tmp_path):
+    """Folders of an SFTP vault are listed through paramiko's listdir_attr, found as the filesystem's ``ftp``: fsspec's
+    FTP filesystem (ftp://, one of "any other fsspec protocol") names its ftplib connection so too, which has no
+    listdir_attr, and every listing of such a vault failed. Only SFTP's is paramiko's."""
+    import ftplib
+
+    from ckptvault.store.fsspec_store import FsspecStore
+
+    store = FsspecStore(f"file://{tmp_path}", None)
+    store.put("locks/a", b"lock")
+    store.fs.ftp = ftplib.FTP()  # as fsspec's FTPFileSystem holds it (never connected here)
+    assert [o.key for o in store.list("locks/")] == ["locks/a"]

@@ -546,7 +546,7 @@ class FsspecStore:
         reply it did not ask for (the CLOSE paramiko sends unanswered for a file object garbage-collected)
         was read as entries without a mode, and fsspec failed on them (TypeError "an integer is required",
         ~1 backup in 4 right after an outage)."""
-        ftp = getattr(fs, "ftp", None)
+        ftp = getattr(fs, "ftp", None) if self.profile.pooled else None  # fsspec's FTP has an ftplib one so named
         if ftp is None:
             return fs.ls(folder, detail=True, **self._deadline())
         entries = []
