@@ -549,6 +549,7 @@ class FsspecStore:
         ftp = getattr(fs, "ftp", None) if self.profile.pooled else None  # fsspec's FTP has an ftplib one so named
         if ftp is None:
             return fs.ls(folder, detail=True, **self._deadline())
+        folder = folder or "/"  # a vault at the server's root is "" here, which SFTP cannot list by that name
         entries = []
         for attr in ftp.listdir_attr(folder):
             path = f"{folder.rstrip('/')}/{attr.filename}"

@@ -181,6 +181,23 @@ def test_a_vault_at_the_sftp_servers_root_backs_up_restores_prunes_and_is_missed
         assert [s.tags["step"] for s in vault.snapshots()] == ["2", "3"]
 
 
+def test_a_vault_at_the_sftp_servers_root_lists_every_object_and_its_leftovers(sshd_at_root):
+    """Root "" listed as itself found nothing: `stats` and `prune` counted no stored bytes, and the sweep of
+    temp files left by killed writers found none there (rv55)."""
+    from ckptvault.store.base import TEMP_PREFIX
+    from ckptvault.store.fsspec_store import FsspecStore
+
+    srv, chroot = sshd_at_root
+    store = FsspecStore(srv.backend.base_url + "/", srv.backend.storage_options)
+    store.put("config", b"x")
+    store.put("packs/ab/cd", b"yy")
+    (chroot / "packs" / "ab" / f"{TEMP_PREFIX}cut").write_bytes(b"zzz")  # a killed writer's
+    assert [(o.key, o.size) for o in store.list("")] == [("config", 1), ("packs/ab/cd", 2)]
+    assert [size for size, _ in store.temp_files()] == [3]
+    assert store.remove_stale_temp_files(older_than_s=-1) == 1
+    assert not (chroot / "packs" / "ab" / f"{TEMP_PREFIX}cut").exists()
+
+
 def test_a_folder_another_writer_makes_while_this_one_makes_it_too_is_no_failure(sshd, tmp_path, monkeypatch):
     """Two hosts' first backups into a new vault at once: one host's mkdir of packs/ab failed because
     packs/ was missing, and the other host made packs/ right after. The folder was then taken for one that
