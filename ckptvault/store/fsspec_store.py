@@ -193,7 +193,7 @@ class FsspecStore:
                         _close_session(fs)  # the session may be dead; the retry opens a new one
                         fs = None
                     if silent and not isinstance(exc, SessionSilent):
-                        # what paramiko raised after the silence (a TypeError from a stream cut mid-packet) is
+                        # what paramiko raised after the silence (its own error over a stream the timeout cut) is
                         # the silence, retried as one: not a permanent failure of its own
                         raise SessionSilent(silent_said(self._silence_bound)) from exc
                     raise
