@@ -392,8 +392,7 @@ class FsspecStore:
                     f.set_pipelined(True)  # paramiko: stream the writes instead of one round trip per 32 KiB
                 f.write(bytes(data))
         except BaseException:
-            if len(self._cut_temps) < MAX_CUT_TEMPS:
-                self._cut_temps.append(tmp)
+            self._remember_cut_temp(tmp)
             raise
         self._remove_cut_temps(fs)
         try:
@@ -402,24 +401,38 @@ class FsspecStore:
                 ftp.rename(tmp, path)
             else:
                 fs.mv(tmp, path)
-        except OSError:
-            with contextlib.suppress(Exception):
+        except BaseException as failure:
+            try:
                 fs.rm_file(tmp)
-            if if_absent and fs.exists(path):
+            except (FileNotFoundError, PermissionError):
+                pass
+            except Exception:  # the connection was cut at the rename: the whole temp file is still there
+                self._remember_cut_temp(tmp)
+            if isinstance(failure, OSError) and if_absent and fs.exists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path) from None
             raise
+
+    def _remember_cut_temp(self, tmp: str) -> None:
+        if len(self._cut_temps) < MAX_CUT_TEMPS:
+            self._cut_temps.append(tmp)
 
     def _remove_cut_temps(self, fs: Any) -> None:
         """The temp files of writes cut mid-transfer, removed once a write gets through again: a flapping
         SFTP link left 25 of them (253 MB) after one backup, for a prune an hour later (audit rb44 #7).
-        One that cannot be removed now is left to that prune."""
+        One this session may not remove is left to that prune; one whose removal was cut too waits for the
+        next write that gets through."""
         while self._cut_temps:
             try:
                 tmp = self._cut_temps.pop()
             except IndexError:  # another thread took the last one
                 return
-            with contextlib.suppress(Exception):
+            try:
                 fs.rm_file(tmp)
+            except (FileNotFoundError, PermissionError):
+                pass  # never made (cut before its OPEN) or renamed into place after all; or left to prune
+            except Exception:  # this session was cut too
+                self._remember_cut_temp(tmp)
+                return
 
     def get(self, key: str) -> bytes:
         with self._session("GET", key) as fs:

@@ -81,6 +81,40 @@ def test_temp_files_of_uploads_cut_mid_write_are_removed_once_a_write_gets_throu
     assert sorted(p.name for p in folder.rglob(".tmp-*")) == []
 
 
+def test_temp_files_of_uploads_cut_at_their_rename_are_removed_once_a_write_gets_through(sshd, monkeypatch):
+    """A connection cut after a temp file was written whole, at its rename (or at the removal of an earlier
+    cut write's temp file), left the temp file on the server: only a cut mid-write was remembered (a CI run
+    of the test above, whose cut landed there)."""
+    from paramiko import SFTPClient
+
+    from ckptvault.store.fsspec_store import FsspecStore
+    from ckptvault.store.retrying import RetryingStore
+
+    monkeypatch.setenv("CKPTVAULT_RETRY_DELAY", "0.05")
+    store = RetryingStore(FsspecStore(sshd.backend.new_url("cut-rename"), sshd.backend.storage_options))
+    store.put("config", b"x")
+    cuts = {"posix_rename": 1, "remove": 1}
+
+    def cut_first(name: str) -> Any:
+        real = getattr(SFTPClient, name)
+
+        def cut_then_call(self: SFTPClient, path: str, *args: Any) -> Any:
+            if cuts[name] and "/.tmp-" in path:
+                cuts[name] -= 1
+                self.sock.get_transport().sock.shutdown(socket.SHUT_RDWR)  # the link drops here
+            return real(self, path, *args)
+
+        return cut_then_call
+
+    for name in cuts:
+        monkeypatch.setattr(SFTPClient, name, cut_first(name))
+    pack = os.urandom(100_000)
+    store.put("data/ab/pack", pack)
+    assert cuts == {"posix_rename": 0, "remove": 0}
+    assert store.get("data/ab/pack") == pack
+    assert store.temp_files() == []
+
+
 @pytest.fixture
 def sftp_vault(sshd, tmp_path: Path, monkeypatch):
     """A vault on the SFTP server with one backup, the folder it is in on this machine, and the source."""
