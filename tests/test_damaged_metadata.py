@@ -131,9 +131,10 @@ def test_a_vault_whose_every_snapshot_is_unreadable_is_not_said_to_have_none_yet
     assert (
         "selects no snapshot (no snapshot of the vault can be read: see the warning above)" in stderr_lines(listing)[-1]
     )
-    latest = cli("restore", "--repo", repo, "latest", str(tmp_path / "out"), check=False)
-    assert latest.returncode == 30
-    assert "hold the newest save; no snapshot can be read; run: ckptvault check" in error_line(latest)
+    for by in ((), ("--tag", "step=2"), ("--host", "elsewhere")):  # a tag said "none that can be read has those"
+        latest = cli("restore", "--repo", repo, "latest", str(tmp_path / "out"), *by, check=False)
+        assert latest.returncode == 30
+        assert "hold the newest save; no snapshot can be read; run: ckptvault check" in error_line(latest), by
 
 
 def test_api_reports_unreadable_snapshots_and_warns_once(two_snapshots):

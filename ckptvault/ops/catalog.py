@@ -179,7 +179,7 @@ def select_snapshot(
     if readable is not None:
         step = f" (step {readable.tags['step']})" if "step" in readable.tags else ""
         instead = f"the newest that can be read is {readable.short_id}{step}: restore it by ID to take it, or"
-    elif tags or hosts:
+    elif (tags or hosts) and snaps:  # with none readable, the tags are not why none was found
         instead = f"no snapshot that can be read has those {'tags' if not hosts else 'tags and hosts'};"
     else:
         instead = "no snapshot can be read;"
