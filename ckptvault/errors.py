@@ -45,6 +45,7 @@ A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs n
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from concurrent.futures import CancelledError
 from datetime import datetime
@@ -98,6 +99,16 @@ def forget_command(snapshot_ids: Sequence[str] = ()) -> str:
     if not snapshot_ids:
         return spelled("ckptvault forget", "vault.forget()")
     return spelled(f"ckptvault forget {' '.join(snapshot_ids)}", f"vault.forget({list(snapshot_ids)!r})")
+
+
+def init_command(url: str) -> str:
+    """``ckptvault init URL``, the URL one shell word that ends where it ends: quoted where the shell needs it, or
+    where it ends in a sentence's ".", "," or ";" (a suggestion that gets the vault's options finds the URL's end
+    before such characters, as the sentence around it may add them; a ")" is quoted by the shell's rules)."""
+    word = shlex.quote(url)
+    if word == url and url[-1:] in ".,;":
+        word = f"'{url}'"
+    return f"ckptvault init {word}"
 
 
 def prune_command() -> str:
@@ -198,7 +209,7 @@ class VaultNotFoundError(CkptVaultError):
 
     def __init__(self, url: str, hint: str = "") -> None:
         self.url = url
-        create = spelled(f"ckptvault init {url}", f"Vault.init({url!r}), or Vault.open({url!r}, create=True)")
+        create = spelled(init_command(url), f"Vault.init({url!r}), or Vault.open({url!r}, create=True)")
         super().__init__(f"no vault at {url}; {hint or f'create one with: {create}'}")
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ckptvault import errors
 from ckptvault.cli.output import VaultNaming, name_the_vault_in_advice, with_vault_named
 from ckptvault.cli.process import _OneLineHandler
+from ckptvault.errors import VaultNotFoundError
 
 
 def _suggested(stderr: str, command: str) -> list[str]:
@@ -166,3 +168,15 @@ def test_copy_names_the_locked_vault_in_its_unlock_advice(cli, tmp_path: Path):
         assert f"ckptvault unlock --repo {locked} removes it then" in said, said
         assert f"ckptvault unlock --repo {locked} --remove-all removes it now" in said, said
         assert f"--repo {other}" not in said, said
+
+
+@pytest.mark.parametrize("url", ["./ckpt.", "s3://b/run)", "s3://b/x,", "/data/my vault", "/data/it's", "./v"])
+def test_a_suggested_init_names_any_url_exactly_with_the_vault_options_after_it(monkeypatch, url: str):
+    """The URL of a suggested init lost a last ')' or '.' of its own to the options put after it (they went
+    where the sentence's punctuation would be), and one with a space was two words."""
+    monkeypatch.setattr(errors, "_command_line", True)  # as the CLI words it: a command line to paste
+    naming = VaultNaming.of(url, "key file", None, None)
+    told = naming.named(str(VaultNotFoundError(url))).partition("create one with: ")[2]
+    assert shlex.split(told) == ["ckptvault", "init", url, "--encrypt", "--keyfile", "key file"], told
+    if url == "./v":
+        assert told.startswith("ckptvault init ./v "), told  # the common case stays unquoted

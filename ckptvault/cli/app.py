@@ -8,6 +8,7 @@ import getpass
 import inspect
 import io
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -521,8 +522,9 @@ def open_vault(
             if writing and unkeyed:
                 raise UsageError(
                     f"{names.passphrase_env} is set but no keyfile was given ({names.keyfile} or {names.keyfile_env}): "
-                    f"the default vault, created now, would not be encrypted; give the keyfile, or create the vault "
-                    f"first: ckptvault init --encrypt --keyfile PATH {exc.url} (or without --encrypt, plain)"
+                    "the default vault, created now, would not be encrypted; give the keyfile, or create the vault "
+                    f"first: ckptvault init --encrypt --keyfile PATH {shlex.quote(exc.url)} "
+                    "(or without --encrypt, plain)"
                 ) from None
             # a reader with no vault named is most often a new machine whose CKPTVAULT_REPO was not set: the
             # vault it means is elsewhere, and a backup (which would make an empty default one) is no answer

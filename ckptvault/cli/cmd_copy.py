@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..crypto.keyfile import MAX_KEYFILE_BYTES
-from ..errors import CkptVaultError, CopyIncompleteError, UsageError, VaultNotFoundError
+from ..errors import CkptVaultError, CopyIncompleteError, UsageError, VaultNotFoundError, init_command
 from ..location import default_repo_url
 from ..ops.copy import CopyResult
 from ..store.opening import check_storage_options
@@ -57,7 +57,7 @@ _SOURCE_WORDS = [
 
 
 def _in_source_terms(exc: CkptVaultError) -> CkptVaultError:
-    if isinstance(exc, VaultNotFoundError) and str(exc).endswith(f"ckptvault init {exc.url}"):
+    if isinstance(exc, VaultNotFoundError) and str(exc).endswith(init_command(exc.url)):
         exc = VaultNotFoundError(exc.url, "check --from-repo: a copy reads a vault that exists")  # never one to make
     message = str(exc)
     for pattern, theirs in _SOURCE_WORDS:

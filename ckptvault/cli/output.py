@@ -67,8 +67,11 @@ VAULT_COMMANDS = (
 )  # fmt: skip
 # not "another ckptvault watch (pid N) is already watching": a statement about another process
 _SUGGESTED = re.compile(rf"(?<!another )\bckptvault (?:{'|'.join(map(re.escape, VAULT_COMMANDS))})(?![\w-])")
-# names its vault: the URL it creates, without the ')' or '.' of the sentence around it
-_SUGGESTED_INIT = re.compile(r"\bckptvault init (?!-)\S+?(?=[).,;]*(?:\s|$))(?!.*--encrypt)")
+# names its vault: the URL it creates, a quoted word whole (errors.init_command quotes one that ends in what a
+# sentence adds), else one without the ')' or '.' of the sentence around it
+_SUGGESTED_INIT = re.compile(
+    r"\bckptvault init (?!-)(?:'[^']*'(?:\"'\"'[^']*')*(?![^\s).,;])|\S+?(?=[).,;]*(?:\s|$)))(?!.*--encrypt)"
+)
 
 
 @dataclass(frozen=True)
