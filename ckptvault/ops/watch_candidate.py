@@ -41,6 +41,7 @@ class Candidate:
     steady: bool = False  # unchanged at the last look
     rewrites: int = 0  # saves in place seen since it last settled
     rewrites_since: float = 0.0  # when the first of them was seen
+    saved_anew: bool = False  # a look found another save in its folder (``saved_anew``) since it was first seen
     looked: float = 0.0  # when its pin was last looked at, and how long that took
     look_s: float = 0.0
     not_whole: tuple[pins.Signature, str] | None = None  # its files as last read, and which is not whole ("": none)
@@ -120,6 +121,18 @@ def gone_or_replaced(pin: pins.Pin) -> bool:
 def file_paths(sig: pins.Signature) -> set[str]:
     """The paths of a signature's files (a file checkpoint's own is "")."""
     return {rel for rel, _, _ in pins.files_of(sig)}
+
+
+def saved_anew(before: pins.Signature, after: pins.Signature, steady: bool) -> bool:
+    """Whether the files of ``after`` hold another save than those of ``before`` (the last look's; ``steady``: that
+    look found nothing changed): a file changed without growing (rewritten: a file being written only grows), or
+    one that came after its save was done. A file that grew, or came while it was still changing, may be the
+    same save still being written."""
+    held = {rel: (size, mtime) for rel, size, mtime in pins.files_of(before)}
+    return any(
+        (steady and rel not in held) or (rel in held and (size, mtime) != held[rel] and size <= held[rel][0])
+        for rel, size, mtime in pins.files_of(after)
+    )
 
 
 def unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:

@@ -11,7 +11,7 @@ from ..errors import spelled
 from ..formats import not_whole, pread_at
 from . import pin as pins
 from .names import TRAINER_STATE
-from .watch_candidate import Candidate, WarnOnce
+from .watch_candidate import Candidate, WarnOnce, saved_anew
 from .watch_folder import CheckpointFolder
 
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
@@ -55,6 +55,7 @@ class Completeness:
             cand.steady = True
         else:
             before = cand.files
+            cand.saved_anew = cand.saved_anew or saved_anew(cand.sig, sig, cand.steady)
             if cand.steady and any(
                 rel in before and state != before[rel] and state[0] <= before[rel][0] for rel, state in files.items()
             ):

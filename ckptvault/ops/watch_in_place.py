@@ -22,6 +22,7 @@ from .watch_candidate import (
     SignatureOf,
     WarnOnce,
     file_paths,
+    saved_anew,
     stat_if_same,
     step_of,
     temporary_activity,
@@ -144,11 +145,11 @@ class InPlaceShipping:
 
     def cut_down(self, cand: Candidate, sig: pins.Signature) -> bool:
         """Files of a checkpoint shipping in place are gone since its last look (a rotation under way, or a
-        new save written into its folder: then files it did not hold, or held otherwise, are there): it is
-        lost, said so, and True."""
+        new save written into its folder, seen now or at an earlier look: ``saved_anew``): it is lost, said so,
+        and True. A file that only grew beside the ones that went is its own save still being written: deleted."""
         if not file_paths(cand.sig) - file_paths(sig):
             return False
-        if set(pins.files_of(sig)) - set(pins.files_of(cand.sig)):
+        if cand.saved_anew or saved_anew(cand.sig, sig, cand.steady):
             self.lost(cand, "it was replaced by a new save in its folder", "replaced")  # files deleted, others written
         else:
             self.lost(cand, "files of it were deleted")
