@@ -29,6 +29,8 @@ from ckptvault.errors import (
 )
 from ckptvault.ops import restore as restore_module
 from ckptvault.ops.restore import temp_stem
+from ckptvault.repository.format import INDEX_PREFIX, id_from_key
+from ckptvault.repository.index import decode_index, encode_index
 from ckptvault.snapshot.manifest import encode_snapshot, encode_tree
 from ckptvault.snapshot.model import FileEntry
 
@@ -143,11 +145,49 @@ def test_a_tree_whose_sizes_disagree_with_the_chunks_is_damage_exit_30_and_check
     err = proc.stderr.decode()
     assert proc.returncode == 30 and "optimizer.pt" in err and "ckptvault check" in err, err
     assert not (tmp_path / "target").exists()
+    # check blamed the tree, unread, and had the whole snapshot forgotten, which restores without the file
     check = cli("check", "--repo", vault.url, check=False)
-    out = check.stdout.decode()
-    assert check.returncode == 30, (out, check.stderr.decode())
+    out, err = check.stdout.decode(), check.stderr.decode()
+    assert check.returncode == 30, (out, err)
     assert f"snapshot {crafted[:12]}: file optimizer.pt: the tree says" in out, out
-    assert f"affects snapshot {crafted[:8]}: the whole snapshot" in out and snap.id[:8] not in check.stderr.decode()
+    assert "which of the two is wrong is not known until its chunks are read" in out, out
+    assert f"affects snapshot {crafted[:8]}: optimizer.pt" in out and "ckptvault forget" not in err, err
+    assert f"run ckptvault check --repo {vault.url} --read-data first" in err, err
+    read = cli("check", "--repo", vault.url, "--read-data", check=False)
+    out, err = read.stdout.decode(), read.stderr.decode()
+    assert "read back whole at those lengths, so the tree was written wrong, which no backup mends" in out, out
+    assert "a restore of the snapshot is refused whole" in out and "restore --include leaving this one out" in out
+    assert "a new backup" not in err and "restore the files not named (restore --include), then remove" in err, err
+    assert f"forget --repo {vault.url} {crafted[:8]}" in err and snap.id[:8] not in err, err
+    cli("restore", "--repo", vault.url, crafted[:8], str(tmp_path / "target"), "--include", "model/*")
+    assert sorted(p.name for p in (tmp_path / "target").rglob("*")) == ["config.json", "model", "weights.bin"]
+
+
+def test_an_index_entry_whose_length_disagrees_with_the_tree_is_not_blamed_on_the_tree(backed_up, tmp_path, cli):
+    """A raw_len written wrong into the index (not the tree) was said to be the tree's fault, and the snapshot to
+    be forgotten whole: read, the chunk fails at that length, and repair-index and a backup mend the snapshot."""
+    vault, src, snap = backed_up
+    victim = next(e for e in vault.files(snap) if e.path == "optimizer.pt").chunks[0]
+    repo = vault._repo
+    for info in repo.store.list(INDEX_PREFIX):
+        index_id = id_from_key(info.key)
+        packs = decode_index(repo.codec.decode(Kind.INDEX, index_id, repo.store.get(info.key)))
+        if any(e.chunk_id == victim for entries in packs.values() for e in entries):
+            packs = {
+                p: [replace(e, raw_len=e.raw_len + 1) if e.chunk_id == victim else e for e in es]
+                for p, es in packs.items()
+            }
+            repo.store.put(info.key, repo.codec.encode(Kind.INDEX, index_id, encode_index(packs)))
+    vault.close()
+    read = cli("check", "--repo", vault.url, "--read-data", check=False)
+    out, err = read.stdout.decode(), read.stderr.decode()
+    assert read.returncode == 30 and "the tree was written wrong" not in out, out
+    assert f"chunk {victim.hex()[:12]} of it read back damaged at the length the index gives it" in out, out
+    assert f"affects snapshot {snap.id[:8]}: optimizer.pt" in out and "repair-index" in err and "new backup" in err
+    cli("repair-index", "--repo", vault.url, "--read-data")
+    cli("backup", "--repo", vault.url, str(src))
+    cli("restore", "--repo", vault.url, snap.id[:8], str(tmp_path / "target"))
+    assert tree_digest(tmp_path / "target") == tree_digest(src)
 
 
 def test_a_bad_file_in_a_folder_the_target_lacks_is_refused_before_anything_is_written(vault: Vault, tmp_path: Path):

@@ -25,6 +25,7 @@ from ..errors import (
     ShortReadError,
     StorageError,
     UnsupportedFormatError,
+    check_command,
     forget_command,
     prune_command,
     repair_index_command,
@@ -68,6 +69,11 @@ class CheckReport:
     # what only repair-index mends before a backup can store the chunks again (a pack gone, a damaged chunk: the
     # index still names them, and backups reuse them); a cut pack and a chunk in no index need the backup alone
     needs_repair_index: bool = False
+    # files whose size in the tree disagrees with their chunks' in the index: a restore of their snapshot is
+    # refused whole (its other files restore with --include). Those whose chunks read back whole at the index's
+    # lengths have a tree written wrong, which no backup mends; where nothing tells which is wrong, sizes_unknown
+    written_wrong: dict[str, list[str]] = field(default_factory=dict)
+    sizes_unknown: bool = False
 
     @property
     def ok(self) -> bool:
@@ -111,6 +117,11 @@ class CheckReport:
                 f"; run {repair_index_command()} first (it indexes again what the damaged index object(s) named, where "
                 "the packs still say or verify it), then check again before forgetting anything"
             )
+        elif self.affected and self.sizes_unknown:  # a backup mends a wrong index entry, never a wrong tree
+            remedy = (
+                f"; run {check_command(read_data=True)} first (reading the chunks of a file whose sizes disagree "
+                "tells whether its tree or the index is wrong), then follow its advice before forgetting anything"
+            )
         elif self.affected:
             # Healing first: the same bytes backed up again make every snapshot that needs them whole. Only
             # what cannot be had again makes the snapshots go (prune refuses while they need missing data).
@@ -119,9 +130,13 @@ class CheckReport:
             mend = (
                 f"{repair} and a new backup of them store" if self.needs_repair_index else "a new backup of them stores"
             )
+            mendable = any(
+                files != ["*"] and set(files) - set(self.written_wrong.get(snapshot_id, ()))
+                for snapshot_id, files in self.affected.items()
+            )
             heal = (
                 "; "
-                if whole
+                if not mendable
                 else f"; where the files named are still on disk, {mend} those chunks again and the snapshots "
                 "restore again; otherwise "
             )
@@ -527,6 +542,29 @@ class _Checker:
 
         return read_few_at_a_time(self.repo, load, snapshot_ids)
 
+    def _sizes_disagree(self, name: str, snapshot_id: str, entry: FileEntry, held: int) -> None:
+        """``entry``'s size in its tree is not the ``held`` bytes the index gives its chunks: the tree or an index
+        entry is wrong, which only reading the chunks tells (a chunk decodes to the length its entry gives, or
+        fails to verify)."""
+        damaged = next((c for c in entry.chunks if c in self.bad_chunks), None)
+        if damaged is not None:
+            known = (
+                f"chunk {_short(damaged)} of it read back damaged at the length the index gives it (above), so that "
+                "index entry is likely what is wrong: stored again as that line says, the sizes agree if so"
+            )
+        elif set(entry.chunks) <= self.intact:
+            known = "its chunks read back whole at those lengths, so the tree was written wrong, which no backup mends"
+            self.report.written_wrong.setdefault(snapshot_id, []).append(entry.path)
+        else:
+            known = f"which of the two is wrong is not known until its chunks are read: run {check_command(True)}"
+            self.report.sizes_unknown = True
+        self.problem(
+            name,
+            f"file {entry.path}: the tree says {entry.size} bytes but the index gives its chunks {held}; {known}; "
+            "while they disagree a restore of the snapshot is refused whole (nothing is written), and its other "
+            "files restore with restore --include leaving this one out",
+        )
+
     def check_snapshots(self, snapshot_ids: list[bytes]) -> None:
         """``snapshot_ids``: listed before the index objects were (see ``run_check``)."""
         self.spread_to_deltas()
@@ -557,8 +595,8 @@ class _Checker:
             taken[snap.id] = snap.time
             if needed is not None:
                 needed.update(c for entry in tree for c in entry.chunks)
-            tree_wrong = False
             for entry in tree:
+                sizes_disagree = False
                 missing = [c for c in entry.chunks if c not in chunk_ids]
                 lost = [c for c in missing if c not in self.header_only]
                 if lost:
@@ -571,20 +609,13 @@ class _Checker:
                         f"{repair_index_command()}",
                     )
                 elif entry.type == "file" and (held := sum(chunk_ids[c] for c in entry.chunks)) != entry.size:
-                    # a restore refuses the snapshot for it (exit 30) and sent the user here, where nothing was said.
-                    # The tree is sealed as written: written wrong, which no backup of the file mends
-                    self.problem(
-                        name,
-                        f"file {entry.path}: the tree says {entry.size} bytes but its chunks hold {held}: the tree "
-                        "was written wrong; the snapshot restores only without this file (restore --include)",
-                    )
-                    tree_wrong = True
-                if lost or any(c in self.bad_chunks for c in entry.chunks):
+                    # a restore refuses the snapshot for it (exit 30) and sent the user here, where nothing was said
+                    self._sizes_disagree(name, snap.id, entry, held)
+                    sizes_disagree = True
+                if lost or sizes_disagree or any(c in self.bad_chunks for c in entry.chunks):
                     self.report.affected.setdefault(snap.id, []).append(entry.path)
                 elif any(c in self.unread_chunks for c in entry.chunks):
                     self.report.unavailable.setdefault(snap.id, []).append(entry.path)
-            if tree_wrong:
-                self.report.affected[snap.id] = ["*"]
         self.judge_lost_bases(None if needed is None else self._with_bases(needed))
         for listing in (self.report.affected, self.report.unavailable):  # those that could not be read last
             ordered = sorted(listing.items(), key=lambda item: (item[0] not in taken, taken.get(item[0]), item[0]))
