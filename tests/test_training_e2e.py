@@ -86,3 +86,35 @@ def test_restore_latest_sugar_picks_the_highest_step(tmp_path, vault):
     # which save was taken, without asking latest() again (a backup may have landed since)
     assert result.snapshot.step == 30
     assert result.snapshot == vault.latest({"run": "s"})
+
+
+def test_a_trainer_killed_mid_save_restarts_on_the_same_disk(tmp_path, cli):
+    """A save SIGKILLed before its rename leaves ``tmp-step_N``; the restart from the newest complete checkpoint
+    on that disk failed when it saved step N again (FileExistsError), where a real trainer goes on."""
+    repo, ckpts = str(tmp_path / "repo"), tmp_path / "checkpoints"
+    cli("init", repo)
+    ckpts.mkdir()
+    common = ["--steps", "20", "--every", "5", "--ckpt-dir", str(ckpts), "--repo", repo, "--run", "k"]
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.train_tiny",
+            *common,
+            "--out",
+            str(tmp_path / "x.pt"),
+            "--kill-mid-save",
+            "15",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert {p.name for p in ckpts.iterdir() if "step_" in p.name} == {"step_10", "tmp-step_15"}
+    out = train(*common, "--resume", str(ckpts / "step_10"), "--out", str(tmp_path / "resumed.pt"))
+    assert "resumed at step 10" in out
+    assert {p.name for p in ckpts.iterdir() if "step_" in p.name} == {"step_20"}  # rotated, the leftover gone
+    with Vault.open(repo) as vault:
+        assert {15, 20} <= {int(s.tags["step"]) for s in vault.snapshots({"run": "k"})}

@@ -8,13 +8,21 @@ Every ``--every`` steps it writes a checkpoint (model, optimizer, scheduler, RNG
 way trainers do (a temporary folder, then a rename), ships it with ``Vault.backup_async`` and
 rotates: only the newest checkpoint is kept locally, the older one is deleted at once. The
 data and dropout draw from torch's global RNG, so a resume that lost the RNG state diverges.
+
+Restarted on the same disk (``--resume`` a checkpoint there, same ``--ckpt-dir``), it goes on as
+trainers do: a ``tmp-step_N`` a killed save left is removed when step N is saved again (it failed with
+FileExistsError), a ``step_N`` already there is replaced, and the checkpoints of the run before count
+for the rotation. ``--kill-mid-save N`` SIGKILLs the process half way through writing step N's
+checkpoint (a test's real kill at that moment).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
+import signal
 import time
 
 import torch
@@ -44,8 +52,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) ->
     scheduler.step()
 
 
-def save_checkpoint(directory: str, step: int, model, optimizer, scheduler) -> str:
+def save_checkpoint(directory: str, step: int, model, optimizer, scheduler, kill_mid_save: int = 0) -> str:
     tmp = os.path.join(directory, f"tmp-step_{step}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a save killed before its rename left it: never a checkpoint
     os.makedirs(tmp)
     state = {
         "model": model.state_dict(),
@@ -54,10 +63,22 @@ def save_checkpoint(directory: str, step: int, model, optimizer, scheduler) -> s
         "rng": torch.get_rng_state(),
         "step": step,
     }
-    torch.save(state, os.path.join(tmp, "state.pt"))
+    path = os.path.join(tmp, "state.pt")
+    torch.save(state, path)
+    if step == kill_mid_save:
+        os.truncate(path, os.path.getsize(path) // 2)  # what the disk holds half way through the write
+        os.kill(os.getpid(), signal.SIGKILL)
     final = os.path.join(directory, f"step_{step}")
+    if os.path.isdir(final):  # saved by the run before (restarted from an older checkpoint): replaced, as trainers do
+        shutil.rmtree(final)
     os.rename(tmp, final)
     return final
+
+
+def newest_checkpoint(directory: str) -> str | None:
+    """The newest complete checkpoint a run before left in ``directory`` (the rotation goes on from it)."""
+    steps = [int(m.group(1)) for name in os.listdir(directory) if (m := re.fullmatch(r"step_(\d+)", name))]
+    return os.path.join(directory, f"step_{max(steps)}") if steps else None
 
 
 def main() -> None:
@@ -69,6 +90,7 @@ def main() -> None:
     parser.add_argument("--repo")
     parser.add_argument("--run")
     parser.add_argument("--resume")
+    parser.add_argument("--kill-mid-save", type=int, default=0, metavar="STEP")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -86,15 +108,15 @@ def main() -> None:
 
     vault = Vault.open(args.repo) if args.repo else None
     latencies = []
-    previous = None
+    previous = newest_checkpoint(args.ckpt_dir) if args.ckpt_dir and os.path.isdir(args.ckpt_dir) else None
     for step in range(start + 1, args.steps + 1):
         train_step(model, optimizer, scheduler)
         if vault is not None and args.every and step % args.every == 0:
-            path = save_checkpoint(args.ckpt_dir, step, model, optimizer, scheduler)
+            path = save_checkpoint(args.ckpt_dir, step, model, optimizer, scheduler, args.kill_mid_save)
             started = time.perf_counter()
             vault.backup_async(path, tags={"run": args.run, "step": str(step)}, on_full="block")
             latencies.append(time.perf_counter() - started)
-            if previous:
+            if previous and previous != path:
                 shutil.rmtree(previous)  # rotation: keep only the newest checkpoint locally
             previous = path
     if vault is not None:
