@@ -38,7 +38,7 @@ from ..repository.pack import PackEntry, lies_whole_in, read_pack_header
 from ..repository.repository import INDEX_RELISTS
 from ..snapshot.manifest import decode_snapshot, decode_tree
 from ..snapshot.model import FileEntry, Snapshot
-from ..store.failures import object_fault
+from ..store.failures import object_fault, unreachable
 from ..units import counted, format_bytes
 from .gc import STALE_TEMP_AGE_S
 from .memory import read_few_at_a_time
@@ -174,6 +174,15 @@ def _unreadable(exc: BaseException) -> bool:
     """A read the storage refused or failed (access denied, EIO, a timeout): the object may be whole.
     A missing object and one shorter than its index says are damage."""
     return isinstance(exc, StorageError) and not isinstance(exc, (ObjectNotFoundError, ShortReadError))
+
+
+def _stop_if_down(exc: BaseException) -> None:
+    """Raise ``exc`` when it says the storage did not answer at all through its retries (a frozen or
+    unreachable server): that stops the check (``run_check`` says so). Going on, every other object was
+    tried in turn, each waiting out its whole deadline (~1 minute a pack by default: hours for a big vault),
+    and the end said "could not be read (access denied ...): fix the access" of a server that was down."""
+    if isinstance(exc, StorageError) and unreachable(exc):
+        raise exc
 
 
 def _missing(exc: ObjectNotFoundError) -> str:
@@ -371,6 +380,7 @@ class _Checker:
             try:
                 header = self.repo.read_pack_header(pack_id, size)
             except CkptVaultError as exc:
+                _stop_if_down(exc)
                 header = None
                 if _unreadable(exc):
                     self.unreadable_pack(pack_id, exc)
@@ -405,6 +415,7 @@ class _Checker:
             try:
                 entries = self.repo.read_pack_header(pack_id, stored[pack_id])
             except CkptVaultError as exc:
+                _stop_if_down(exc)
                 if self.unreadable_index:
                     self.problem(f"pack {_short(pack_id)}", f"is in no readable index and its header is damaged: {exc}")
                 headless += 1
@@ -455,6 +466,7 @@ class _Checker:
                 if whole:
                     data = self.repo.read_pack(pack_id, stored[pack_id])
             except CkptVaultError as exc:
+                _stop_if_down(exc)
                 if _unreadable(exc):
                     self.unreadable_pack(pack_id, exc)
                 else:
@@ -475,6 +487,7 @@ class _Checker:
                     self.repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)  # through its base
                     intact.add(e.chunk_id)
                 except CkptVaultError as exc:
+                    _stop_if_down(exc)
                     if not whole and _unreadable(exc):  # the storage failed the read, as for a whole pack
                         self.unreadable_pack(pack_id, exc)
                         break
@@ -576,6 +589,7 @@ class _Checker:
             name = f"snapshot {_short(snapshot_id)}"
             if isinstance(loaded, CkptVaultError):
                 exc = loaded
+                _stop_if_down(exc)
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
                 self.report.snapshots += 1
@@ -631,21 +645,45 @@ def run_check(repo: Repository, *, read_data: float = 0.0, seed: int | None = No
     """``read_data``: the fraction of packs to read and verify chunk by chunk (0 = structure only)."""
     report = CheckReport()
     checker = _Checker(repo, report)
-    # Snapshots are listed before the index objects: a backup writes its index objects before its
-    # snapshot, so every snapshot listed here has its chunks in the index objects listed next, even
-    # when a backup commits while check runs (both hold shared locks). Later snapshots are not checked.
-    snapshot_ids = repo.list_snapshot_ids()
-    checker.check_index()
-    checker.check_packs()
-    checker.check_delta_bases()
-    if read_data > 0:
-        checker.read_data(read_data, seed)
-    checker.check_snapshots(snapshot_ids)
+    try:
+        # Snapshots are listed before the index objects: a backup writes its index objects before its
+        # snapshot, so every snapshot listed here has its chunks in the index objects listed next, even
+        # when a backup commits while check runs (both hold shared locks). Later snapshots are not checked.
+        snapshot_ids = repo.list_snapshot_ids()
+        checker.check_index()
+        checker.check_packs()
+        checker.check_delta_bases()
+        if read_data > 0:
+            checker.read_data(read_data, seed)
+        checker.check_snapshots(snapshot_ids)
+    except StorageError as exc:
+        if not unreachable(exc):
+            raise
+        raise _stopped(exc, report) from exc
     # an encrypted object read under a config that says "none" was counted as damage above: it is
     # not, the config was altered, and that is the one thing to say
     repo.codec.refuse_if_downgraded()
     _say_temp_files(repo, report)
     return report
+
+
+def _stopped(exc: StorageError, report: CheckReport) -> StorageError:
+    """The storage stopped answering mid-check: what happened, what was found by then, what to do."""
+    damage = sum(not (p.unreadable or p.newer) for p in report.problems)
+    found = (
+        f"{damage} problem(s) were found before it stopped (the next check lists them)"
+        if damage
+        else "nothing it read by then was damaged"
+    )
+    return StorageError(
+        "CHECK",
+        exc.key,
+        exc.url,
+        exc.reason,
+        retryable=exc.retryable,
+        message=f"check stopped before it finished, the storage does not answer: {exc}; {found}; run the check "
+        "again once the storage answers",
+    )
 
 
 def _say_temp_files(repo: Repository, report: CheckReport) -> None:

@@ -52,7 +52,7 @@ from ..repository import Repository
 from ..repository.format import holds_vault_config, vault_at_or_above
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry, Snapshot, stored_name
-from ..store.failures import Kind, classify, out_of_inodes
+from ..store.failures import Kind, classify, out_of_inodes, unreachable
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
 from .progress import NullProgress, Progress
@@ -623,6 +623,18 @@ def run_restore(
     return result
 
 
+def _stopped_part_way(exc: StorageError, target: str, done: int, total: int) -> str:
+    """What a restore the vault's storage stopped leaves in the target, and the way on: the storage error
+    alone (a frozen server) left a folder holding some of the files, with nothing said of it. ``done``: the
+    files in place (restored, or there already)."""
+    again = spelled("run the command again", "restore again")
+    when = " once the storage answers" if unreachable(exc) else ""
+    return (
+        f"the restore stopped part way: {target} holds {done} of the snapshot's {total} files (each one whole and "
+        f"verified; the others are not there yet); {again}{when} to finish it (it keeps the files already restored)"
+    )
+
+
 def _refuse_what_the_plan_found(planner: _Planner, target: str, tree: list[FileEntry], alone: bool) -> tuple[str, ...]:
     """Raise what the plan found before anything is written; returns what the target holds that the
     snapshot does not (named in the result; refused when ``alone``)."""
@@ -687,8 +699,12 @@ def _write(
                     made.add(parent)
                 writer.write(entry, dest)
             writer.finish()
-        except BaseException:
+        except BaseException as exc:
             writer.abandon()
+            if isinstance(exc, StorageError):  # the vault's storage (the target's failures are OSErrors)
+                total = sum(e.type == "file" for e in entries)
+                done = total - len(files) + writer.files_written
+                exc.args = (f"{exc.args[0]}; {_stopped_part_way(exc, planner.target, done, total)}",)
             raise
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
         for entry in entries:
@@ -734,6 +750,7 @@ class _FileWriter:
         self._inflight_bytes = 0
         self.written = 0
         self.failures: dict[str, str] = {}
+        self.files_written = 0  # put in place, whole and verified
 
     def write(self, entry: FileEntry, dest: str) -> None:
         repo, progress, zero, overwrite = self._repo, self._progress, self._zero_chunks, self._overwrite
@@ -780,6 +797,7 @@ class _FileWriter:
             self.failures[entry.path] = str(exc)
         else:
             self.written += entry.size
+            self.files_written += 1
 
 
 def _put_link(dest: str, entry: FileEntry) -> None:

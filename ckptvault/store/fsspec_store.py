@@ -179,7 +179,11 @@ class FsspecStore:
                 return
             wait = call_deadline(self.op_timeout, nbytes) or None
             if not self._slots.acquire(timeout=wait):
-                raise TimeoutError(f"no free session after {wait:g} s")
+                # said as what it means: "no free session" alone read as a fault of this machine's, where the
+                # server had stopped answering the calls holding every session (a frozen sshd)
+                raise TimeoutError(
+                    f"no free session after {wait:g} s: all {POOL_SIZE} are in calls the server has not answered"
+                )
             niceness = _thread_niceness()
             try:
                 fs = self._idle_session(niceness)

@@ -521,3 +521,99 @@ def test_a_training_process_shipping_through_dropped_sftp_connections_prints_no_
     for paramikos in ("Traceback", "Socket exception", "Exception (client)", "Exception in thread"):
         assert paramikos not in proc.stderr, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith(" ")] == [], proc.stderr
+
+
+def _bytes_sent(srv: RunningServer, leaving: set[int]) -> int:
+    """What the server's processes but ``leaving`` (earlier commands' sessions, which may still be ending) have
+    written so far: the downloads of the sessions since, twice (sshd's session writes to its socket what its
+    SFTP subsystem writes to it)."""
+    sent = 0
+    for pid in set(_server_processes(srv)[1:]) - leaving:  # not the listener: it counts its ended sessions' too
+        with contextlib.suppress(OSError, ValueError):
+            sent += int(Path(f"/proc/{pid}/io").read_text().split("wchar:")[1].split()[0])
+    return sent
+
+
+def _frozen_mid_run(
+    srv: RunningServer, args: list[str], env: dict[str, str], sent_before: int
+) -> tuple[int, str, float]:
+    """The CLI run with ``args``; once the server has sent it ``sent_before`` bytes, the server is frozen (SIGSTOP)
+    until the CLI ends. Its exit code, stderr, and seconds from the freeze to its end."""
+    leaving = set(_server_processes(srv)[1:])
+    with subprocess.Popen(args, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            while _bytes_sent(srv, leaving) < 2 * sent_before:
+                assert proc.poll() is None and time.monotonic() < deadline, "the command read too little"
+                time.sleep(0.01)
+            _signal_server(srv, signal.SIGSTOP)
+            frozen = time.monotonic()
+            err = proc.communicate(timeout=120)[1].decode()
+        finally:
+            _signal_server(srv, signal.SIGCONT)
+    return proc.returncode, err, time.monotonic() - frozen
+
+
+@pytest.fixture
+def frozen_vault(own_sshd, remote_cli, tmp_path):
+    """A vault of 8 MB in 1 MiB packs on a server this test freezes, the CLI's command line and environment."""
+    b = own_sshd.backend
+    url = b.new_url("frozen")
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=8)
+    remote_cli(b, "init", url, "--pack-size-mib", "1")
+    remote_cli(b, "backup", str(src), "--repo", url)
+    fast = {
+        "CKPTVAULT_OP_TIMEOUT": "2",
+        "CKPTVAULT_RETRIES": "1",
+        "CKPTVAULT_RETRY_FOR": "0",
+        "CKPTVAULT_RETRY_DELAY": "0.1",
+    }
+    env = {**os.environ, "CKPTVAULT_CACHE_DIR": str(tmp_path / "cache"), **fast}
+    command = [sys.executable, "-m", "ckptvault"]
+    return url, src, command, env
+
+
+def test_a_restore_whose_server_freezes_says_the_target_holds_part_of_the_snapshot_and_a_rerun_finishes_it(
+    own_sshd, frozen_vault, remote_cli, tmp_path
+):
+    """A restore from a server frozen (SIGSTOP) mid-download ended with the storage error alone: the target was
+    left with some of the snapshot's files, and nothing said so, nor that running it again finishes it."""
+    url, src, command, env = frozen_vault
+    out = tmp_path / "out"
+    args = [
+        *command,
+        "restore",
+        "latest",
+        str(out),
+        "--repo",
+        url,
+        "--limit-download",
+        "2MB",
+        *own_sshd.backend.cli_options,
+    ]
+    code, err, _ = _frozen_mid_run(own_sshd, args, env, sent_before=1_000_000)
+    assert code == 20 and "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "the restore stopped part way: " + str(out) + " holds 1 of the snapshot's 3 files" in line, line
+    assert line.endswith(
+        "run the command again once the storage answers to finish it (it keeps the files already restored)"
+    )
+    assert {p.name for p in out.rglob("*")} == {"empty.txt", "model"}  # no file half written, none under a temp name
+    remote_cli(own_sshd.backend, "restore", "latest", str(out), "--repo", url)  # the server answers again
+    assert tree_digest(out) == tree_digest(src)
+
+
+def test_a_check_whose_server_freezes_stops_at_once_and_says_to_check_again(own_sshd, frozen_vault, remote_cli):
+    """check --read-data against a server frozen (SIGSTOP) mid-read tried every other pack in turn, each waiting
+    out its whole deadline (~1 minute a pack by default), then said the packs "could not be read (access denied,
+    an I/O error, an archived storage class: ...; fix the access)" of a server that was down."""
+    url, _, command, env = frozen_vault
+    args = [*command, "check", "--read-data", "--repo", url, "--limit-download", "2MB", *own_sshd.backend.cli_options]
+    code, err, took = _frozen_mid_run(own_sshd, args, env, sent_before=2_000_000)
+    assert code == 20 and "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: check stopped before it finished, the storage does not answer: "), line
+    assert "nothing it read by then was damaged; run the check again once the storage answers" in line, line
+    assert "access" not in line, line
+    assert took < 30, took  # each of the 8 packs left waited 2 s, then its retry 2 s (~40 s)
+    assert "no problems found" in remote_cli(own_sshd.backend, "check", "--read-data", "--repo", url).stdout.decode()
