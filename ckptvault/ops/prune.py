@@ -10,6 +10,7 @@ from ..errors import (
     IntegrityError,
     ObjectNotFoundError,
     SnapshotNotFoundError,
+    StorageError,
     StorageFullError,
     check_command,
     forget_command,
@@ -20,6 +21,7 @@ from ..snapshot.manifest import decode_tree
 from ..snapshot.model import Snapshot
 from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
 from ..snapshot.selection import higher_step_passed_over
+from ..store.failures import unreachable
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 from .memory import read_few_at_a_time
@@ -92,10 +94,10 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
         return PruneResult(retention, gc, True, before, max(0, after))
     verify_exclusive_lock(repo)  # a prune suspended past its lock's staleness deletes nothing
     forgotten = [(bytes.fromhex(snap.id), bytes.fromhex(snap.tree_id)) for snap in retention.forget]
-    each(lambda ids: repo.delete_snapshot(*ids), forgotten, lock_check=repo.locks.check_held_age)
-    deleted_trees = {tree_id for _, tree_id in forgotten}  # gone already: not deleted again by the GC
-    gc.dead_trees = [tree_id for tree_id in gc.dead_trees if tree_id not in deleted_trees]
     try:
+        each(lambda ids: repo.delete_snapshot(*ids), forgotten, lock_check=repo.locks.check_held_age)
+        deleted_trees = {tree_id for _, tree_id in forgotten}  # gone already: not deleted again by the GC
+        gc.dead_trees = [tree_id for tree_id in gc.dead_trees if tree_id not in deleted_trees]
         execute_gc(repo, gc)
     except StorageFullError as exc:
         if not gc.repack:
@@ -109,6 +111,16 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
             "deletes the packs no snapshot needs without copying any chunk (it writes only the new index); no pack "
             "was deleted",
         ) from exc
+    except StorageError as exc:
+        # the storage error alone (a server that stopped answering while packs went) said nothing of what the
+        # vault was left with, and check then names the packs half way to deletion as "in no index"
+        when = " once the storage answers" if unreachable(exc) else ""
+        again = spelled("run the command again", "prune again")
+        exc.args = (
+            f"{exc.args[0]}; prune stopped part way: the snapshots it keeps are intact, and what it was removing "
+            f"is partly there still; {again}{when} to finish the job",
+        )
+        raise
     repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)
     return PruneResult(retention, gc, False, before, stored_bytes(repo))
 
