@@ -52,7 +52,7 @@ from ..repository import Repository
 from ..repository.format import holds_vault_config, vault_at_or_above
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry, Snapshot, stored_name
-from ..store.failures import Kind, classify, out_of_inodes, unreachable
+from ..store.failures import Kind, classify, object_fault, out_of_inodes, unreachable
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
 from .progress import NullProgress, Progress
@@ -628,7 +628,7 @@ def _stopped_part_way(exc: StorageError, target: str, done: int, total: int) -> 
     alone (a frozen server) left a folder holding some of the files, with nothing said of it. ``done``: the
     files in place (restored, or there already)."""
     again = spelled("run the command again", "restore again")
-    when = " once the storage answers" if unreachable(exc) else ""
+    when = " once the storage answers" if unreachable(exc) else " once the storage failure above is fixed"
     return (
         f"the restore stopped part way: {target} holds {done} of the snapshot's {total} files (each one whole and "
         f"verified; the others are not there yet); {again}{when} to finish it (it keeps the files already restored)"
@@ -701,7 +701,8 @@ def _write(
             writer.finish()
         except BaseException as exc:
             writer.abandon()
-            if isinstance(exc, StorageError):  # the vault's storage (the target's failures are OSErrors)
+            # the vault's storage (the target's failures are OSErrors); one failing a pack for good says its own way on
+            if isinstance(exc, StorageError) and not object_fault(exc):
                 total = sum(e.type == "file" for e in entries)
                 done = total - len(files) + writer.files_written
                 exc.args = (f"{exc.args[0]}; {_stopped_part_way(exc, planner.target, done, total)}",)
