@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..blob import Kind
-from ..errors import CkptVaultError, IntegrityError, UnsupportedFormatError
+from ..errors import CkptVaultError, IntegrityError, StorageError, UnsupportedFormatError, spelled
 from ..repository import Repository
 from ..repository.pack import TRAILER, PackEntry, header_range, lies_whole_in, read_pack_header
-from ..store.failures import object_fault
+from ..store.failures import object_fault, unreachable
 from .gc import GcPlan, execute_gc, verify_exclusive_lock
 
 
@@ -202,6 +202,7 @@ def _chunks_that_do_not_verify(
             try:
                 failed.extend(_chunks_read_one_by_one(repo, pack_id, packs[pack_id]))
             except CkptVaultError as exc:  # as for a pack read whole: named, nothing dropped, the others go on
+                _stop_if_down(exc)
                 unread.append(pack_id)
                 if object_fault(exc):
                     failing.append(pack_id)
@@ -211,6 +212,7 @@ def _chunks_that_do_not_verify(
         try:
             data = repo.read_pack(pack_id, stored.get(pack_id))
         except CkptVaultError as exc:
+            _stop_if_down(exc)
             unread.append(pack_id)  # a read error may pass: nothing is dropped from it unless asked
             if object_fault(exc):
                 failing.append(pack_id)
@@ -238,6 +240,21 @@ def _chunks_that_do_not_verify(
         if e.base_id is None or e.base_id not in bad_keyframes:
             bad.setdefault(pack_id, set()).add(e.chunk_id)
     return bad
+
+
+def _stop_if_down(exc: CkptVaultError) -> None:
+    """A storage that does not answer at all (frozen, unreachable) stops the repair before it changes anything:
+    going on, every other pack waited out its deadline in turn (~1 minute a pack by default)."""
+    if isinstance(exc, StorageError) and unreachable(exc):
+        raise StorageError(
+            exc.op,
+            exc.key,
+            exc.url,
+            exc.reason,
+            retryable=exc.retryable,
+            message=f"{spelled('repair-index', 'repair_index()')} stopped before it changed anything, the storage "
+            f"does not answer: {exc}; run it again once the storage answers",
+        ) from exc
 
 
 def _chunks_read_one_by_one(

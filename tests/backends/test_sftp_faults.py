@@ -603,6 +603,20 @@ def test_a_restore_whose_server_freezes_says_the_target_holds_part_of_the_snapsh
     assert tree_digest(out) == tree_digest(src)
 
 
+def test_a_repair_index_whose_server_freezes_stops_at_once_having_changed_nothing(own_sshd, frozen_vault, remote_cli):
+    """repair-index --read-data tried every other pack in turn against a frozen server, as check did."""
+    url, _, command, env = frozen_vault
+    args = [*command, "repair-index", "--read-data", "--repo", url, "--limit-download", "2MB"]
+    code, err, took = _frozen_mid_run(own_sshd, [*args, *own_sshd.backend.cli_options], env, sent_before=2_000_000)
+    assert code == 20 and "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    said = "error: repair-index stopped before it changed anything, the storage does not answer: "
+    assert line.startswith(said), line
+    assert line.endswith("run it again once the storage answers"), line
+    assert took < 30, took
+    assert "no problems found" in remote_cli(own_sshd.backend, "check", "--read-data", "--repo", url).stdout.decode()
+
+
 def test_a_check_whose_server_freezes_stops_at_once_and_says_to_check_again(own_sshd, frozen_vault, remote_cli):
     """check --read-data against a server frozen (SIGSTOP) mid-read tried every other pack in turn, each waiting
     out its whole deadline (~1 minute a pack by default), then said the packs "could not be read (access denied,
