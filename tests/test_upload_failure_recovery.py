@@ -75,7 +75,9 @@ def test_a_failed_pack_upload_does_not_fail_the_next_backup_of_the_same_vault(tm
 
 
 def test_a_prune_between_the_failure_and_the_retry_leaves_no_snapshot_on_a_deleted_pack(tmp_path: Path):
-    src = make_source(tmp_path / "ckpt")
+    # more than the largest chunk (4 MiB): two chunks at least, so a second pack to fail (4 MiB of random bytes
+    # may be one chunk, and one pack, which lands: "DID NOT RAISE")
+    src = make_source(tmp_path / "ckpt", 6 << 20)
     target = url()
     vault = Vault.init(target, pack_size=1 << 20)
     # one pack lands, the next ones fail (not a single "P": a clean-clone CI run once saw the backup pass,
@@ -97,7 +99,7 @@ def test_a_prune_between_the_failure_and_the_retry_leaves_no_snapshot_on_a_delet
     assert_restores(vault, snap, src, tmp_path / "out")
     report = Vault.open(target).check(read_data=1.0)
     assert report.ok, report.problems
-    # every chunk the snapshot needs was read back (4 MiB of random bytes cut by content: 2 to 12 chunks)
+    # every chunk the snapshot needs was read back (6 MiB of random bytes cut by content: 2 to 24 chunks)
     assert report.chunks_read == len({c for e in vault.files(snap) for c in e.chunks}) >= 2
     vault.close()
 
