@@ -685,7 +685,9 @@ def test_a_file_read_after_its_vault_closed_raises_instead_of_ending_short(tmp_p
     """close() ends read_file's iterators (their shared locks); reading one afterwards gave b"" (or the part
     read before), no error and no file hash checked."""
     src = make_checkpoint(tmp_path / "ckpt", 0)
-    write_file(src / "big.bin", os.urandom(3 << 20))
+    # over the largest chunk (4 MiB): two chunks at least, so a part read (3 MiB of random bytes was one chunk
+    # ~1 run in 80, and the first piece the whole file)
+    write_file(src / "big.bin", os.urandom(6 << 20))
     with Vault.init(str(tmp_path / "vault")) as vault:
         snap = vault.backup(src)
         unread = vault.read_file(snap, "big.bin")
@@ -694,7 +696,7 @@ def test_a_file_read_after_its_vault_closed_raises_instead_of_ending_short(tmp_p
         whole = b"".join(vault.read_file(snap, "big.bin"))
         whole_then_next = vault.read_file(snap, "config.json")
         assert b"".join(whole_then_next) == b'{"step": 0}'
-    assert len(first) < len(whole) == 3 << 20
+    assert len(first) < len(whole) == 6 << 20
     for reader in (unread, part_read):
         with pytest.raises(UsageError, match=r"read_file\('big.bin'\) was read after its Vault was closed"):
             b"".join(reader)
