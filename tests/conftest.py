@@ -57,8 +57,9 @@ SMALL_PACK = 2 * 1024 * 1024  # several packs even for small test trees
 
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test may touch the user's default repository."""
+    """No test may touch the user's default repository, nor the boot IDs this machine lists (locks.py)."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     for var in CKPTVAULT_ENV:
         monkeypatch.delenv(var, raising=False)
 
