@@ -70,6 +70,45 @@ def test_repack_keeps_live_chunks_and_drops_dead_ones(tmp_path: Path):
         assert b"".join(vault.read_file("latest", "keep.bin")) == keep
 
 
+@pytest.mark.parametrize("order", ["as_listed", "reversed"])
+def test_a_pack_a_killed_prune_repacked_but_left_is_deleted_not_repacked_again(tmp_path: Path, monkeypatch, order):
+    """A prune killed after writing a repacked pack and its index, before deleting the old pack and index object:
+    both packs hold the same live chunks, and the next prune chose between them by the index objects' order
+    (random IDs), so half the time it copied the old pack's live chunks out again and deleted the new one
+    (sp56: 720 KB copied again). The pack with fewer dead bytes keeps them."""
+    from ckptvault.repository.repository import Repository
+
+    url = str(tmp_path / "vault")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "keep.bin").write_bytes(random.Random(1).randbytes(600_000))
+    (src / "drop.bin").write_bytes(random.Random(2).randbytes(600_000))
+    with Vault.init(url, chunker=SMALL, pack_size=8 << 20) as vault:  # one pack holds both files
+        first = vault.backup(src)
+        (src / "drop.bin").unlink()
+        vault.backup(src)
+        vault.forget([first.id])
+    before = {p.relative_to(url): p.read_bytes() for p in Path(url).rglob("*") if p.is_file()}
+    with Vault.open(url) as vault:
+        (old_pack,) = vault.prune().gc.repack
+    for rel, data in before.items():  # the old pack and index object back, as the kill left them
+        if rel.parts[0] in ("packs", "index") and not (Path(url) / rel).exists():
+            (Path(url) / rel).parent.mkdir(exist_ok=True)
+            (Path(url) / rel).write_bytes(data)
+    listed = Repository.read_index_objects
+
+    def in_order(self: Repository, **kwargs):
+        objects = listed(self, **kwargs)
+        return objects if order == "as_listed" else dict(reversed(objects.items()))
+
+    monkeypatch.setattr(Repository, "read_index_objects", in_order)
+    with Vault.open(url) as vault:
+        gc = vault.prune().gc
+        assert not gc.repack and list(gc.delete_packs) == [old_pack]
+        assert vault.check(read_data=1.0).ok
+        assert b"".join(vault.read_file("latest", "keep.bin")) == (src / "keep.bin").read_bytes()
+
+
 def test_below_threshold_packs_are_kept_whole(tmp_path: Path):
     url = str(tmp_path / "vault")
     src = tmp_path / "src"

@@ -81,12 +81,15 @@ def plan_gc(repo: Repository, live: set[bytes], live_tree_ids: set[bytes], repac
     known = {e.chunk_id for entries in indexed.values() for e in entries}
     plan = GcPlan(pack_sizes=stored, index_objects=len(index_objects), index_ids=set(index_objects))
 
-    # A chunk stored twice counts as live in one pack only: the one that keeps the most live bytes.
-    def live_bytes(pack_id: bytes) -> int:
-        return sum(e.stored_len for e in indexed[pack_id] if e.chunk_id in live)
+    # A chunk stored twice counts as live in one pack only: the one that keeps the most live bytes, and of
+    # those the one with the fewest dead bytes: a prune killed after writing a repacked pack, before deleting
+    # the old one, left two packs with the same live chunks, and the old one homing them was repacked again
+    def live_then_dead_bytes(pack_id: bytes) -> tuple[int, int]:
+        live_bytes = sum(e.stored_len for e in indexed[pack_id] if e.chunk_id in live)
+        return live_bytes, live_bytes - sum(e.stored_len for e in indexed[pack_id])
 
     homed: set[bytes] = set()
-    for pack_id in sorted((p for p in indexed if p in stored), key=live_bytes, reverse=True):
+    for pack_id in sorted((p for p in indexed if p in stored), key=live_then_dead_bytes, reverse=True):
         entries = indexed[pack_id]
         # A pack cut short (a truncated upload, a damaged disk) homes only the chunks that lie whole in
         # it, and a delta whose base is in no index cannot be read: a pack holding such entries is
