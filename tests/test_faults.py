@@ -161,6 +161,43 @@ def test_a_storage_error_stops_the_restore_and_leaves_no_temp_files(tmp_path: Pa
     assert not [p for p in out.rglob("*") if ".ckptvault-tmp-" in p.name]
 
 
+def _packs_of(vault: Vault, snap, path: str) -> set[str]:
+    entry = next(e for e in vault.files(snap) if e.path == path)
+    return {vault._repo.locate(c).pack_id.hex() for c in entry.chunks}
+
+
+def _four_files(src: Path) -> Path:
+    root = src.parent / "four"
+    root.mkdir()
+    for i in range(4):
+        (root / f"f{i}.bin").write_bytes(os.urandom(1_500_000))
+    return root
+
+
+def _reset_every_read_of(packs: set[str]) -> None:
+    for pack_id in packs:
+        faultyfs.FAULTS[f"get:{pack_id}"] = list("T" * 100)
+
+
+def test_a_restore_stopped_by_the_storage_counts_only_the_files_in_place(src: Path, monkeypatch):
+    """Files whose chunks are in no index are not written: the count of what the target holds took them for
+    files in place, and said 1 (or 2) of 4 files there where none was."""
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "0")
+    vault_url = url()
+    vault = Vault.init(vault_url, pack_size=1 << 20)
+    snap = vault.backup(_four_files(src))
+    for pack_id in _packs_of(vault, snap, "f3.bin"):  # 3 MB from f0's: never one of its packs
+        vault._repo.store.delete(f"packs/{pack_id[:2]}/{pack_id}")
+    vault.repair_index()  # f3's chunks (and those of a file sharing its packs) are in no index now
+    vault = Vault.open(vault_url)
+    faultyfs.FAULTS["get:/packs/"] = list("T" * 100)
+    out = src.parent / "out"
+    with pytest.raises(StorageError) as raised:
+        vault.restore("latest", out)
+    assert not list(out.iterdir())
+    assert f"{out} holds 0 of the snapshot's 4 files" in str(raised.value), raised.value
+
+
 # ---- storage that stopped answering ----------------------------------------------------------
 
 

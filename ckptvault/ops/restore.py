@@ -704,7 +704,8 @@ def _write(
             # the vault's storage (the target's failures are OSErrors); one failing a pack for good says its own way on
             if isinstance(exc, StorageError) and not object_fault(exc):
                 total = sum(e.type == "file" for e in entries)
-                done = total - len(files) + writer.files_written
+                # in place: those there already and those written; not those whose chunks are in no index
+                done = sum(e.type == "file" and e.path in planner.skip for e in entries) + writer.files_written
                 exc.args = (f"{exc.args[0]}; {_stopped_part_way(exc, planner.target, done, total)}",)
             raise
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
