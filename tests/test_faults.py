@@ -174,11 +174,6 @@ def _four_files(src: Path) -> Path:
     return root
 
 
-def _reset_every_read_of(packs: set[str]) -> None:
-    for pack_id in packs:
-        faultyfs.FAULTS[f"get:{pack_id}"] = list("T" * 100)
-
-
 def test_a_restore_stopped_by_the_storage_counts_only_the_files_in_place(src: Path, monkeypatch):
     """Files whose chunks are in no index are not written: the count of what the target holds took them for
     files in place, and said 1 (or 2) of 4 files there where none was."""
@@ -196,6 +191,18 @@ def test_a_restore_stopped_by_the_storage_counts_only_the_files_in_place(src: Pa
         vault.restore("latest", out)
     assert not list(out.iterdir())
     assert f"{out} holds 0 of the snapshot's 4 files" in str(raised.value), raised.value
+
+
+def test_a_restore_of_some_files_stopped_by_the_storage_counts_those_asked_for(src: Path, monkeypatch):
+    """With --include the count is of the files chosen: 'holds 0 of the snapshot's 2 files' of a snapshot of 4."""
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "0")
+    vault = Vault.init(url(), pack_size=1 << 20)
+    vault.backup(_four_files(src))
+    faultyfs.FAULTS["get:/packs/"] = list("T" * 100)
+    out = src.parent / "out"
+    with pytest.raises(StorageError) as raised:
+        vault.restore("latest", out, include=["f0.bin", "f1.bin"])
+    assert f"{out} holds 0 of the 2 files asked for" in str(raised.value), raised.value
 
 
 # ---- storage that stopped answering ----------------------------------------------------------

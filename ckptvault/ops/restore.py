@@ -623,15 +623,17 @@ def run_restore(
     return result
 
 
-def _stopped_part_way(exc: StorageError, target: str, done: int, total: int) -> str:
+def _stopped_part_way(exc: StorageError, target: str, done: int, total: int, *, all_of_them: bool) -> str:
     """What a restore the vault's storage stopped leaves in the target, and the way on: the storage error
     alone (a frozen server) left a folder holding some of the files, with nothing said of it. ``done``: the
-    files in place (restored, or there already)."""
+    files in place (restored, or there already), of the ``total`` it was to restore: every file of the snapshot
+    when ``all_of_them``, else those --include chose (not "the snapshot's", which has more)."""
     again = spelled("run the command again", "restore again")
     when = " once the storage answers" if unreachable(exc) else " once the storage failure above is fixed"
+    files = f"the snapshot's {total} files" if all_of_them else f"the {total} files asked for"
     return (
-        f"the restore stopped part way: {target} holds {done} of the snapshot's {total} files (each one whole and "
-        f"verified; the others are not there yet); {again}{when} to finish it (it keeps the files already restored)"
+        f"the restore stopped part way: {target} holds {done} of {files} (each one whole and verified; the others "
+        f"are not there yet); {again}{when} to finish it (it keeps the files already restored)"
     )
 
 
@@ -706,7 +708,9 @@ def _write(
                 total = sum(e.type == "file" for e in entries)
                 # in place: those there already and those written; not those whose chunks are in no index
                 done = sum(e.type == "file" and e.path in planner.skip for e in entries) + writer.files_written
-                exc.args = (f"{exc.args[0]}; {_stopped_part_way(exc, planner.target, done, total)}",)
+                all_of_them = total == sum(e.type == "file" for e in tree)
+                said = _stopped_part_way(exc, planner.target, done, total, all_of_them=all_of_them)
+                exc.args = (f"{exc.args[0]}; {said}",)
             raise
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
         for entry in entries:
