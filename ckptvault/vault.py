@@ -639,8 +639,10 @@ class Vault:
         alone: bool = False,
         tags: dict[str, str] | None = None,
         hosts: Sequence[str] | None = None,
+        kept: bool = True,
     ) -> RestoreResult:
-        """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py)."""
+        """``restore`` with a target that cannot be written raised as the OSError (see ops/restore.py).
+        ``kept``: False for a target removed after (see ``run_restore``)."""
         with self._repo.locks.acquire_to_read():
             self._repo.load_index_as_stored()
             snap = self.snapshot(snapshot, tags, hosts=hosts)
@@ -655,6 +657,7 @@ class Vault:
                 workers=self._repo.download_concurrency,
                 vault_folder=self.local_folder,
                 alone=alone,
+                kept=kept,
             )
 
     def _files_still_stored(self, snapshot: str | Snapshot) -> list[FileEntry]:
@@ -1194,7 +1197,7 @@ class Vault:
         return run_drill(
             snap,
             self.files(snap),
-            lambda target: self._restore(snap, target, on_progress=on_progress),
+            lambda target: self._restore(snap, target, on_progress=on_progress, kept=False),  # removed after
             load=load,
             workdir=folder_or_default_arg("workdir", workdir, "the drill's temporary copy"),
         )

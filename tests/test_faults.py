@@ -205,6 +205,19 @@ def test_a_restore_of_some_files_stopped_by_the_storage_counts_those_asked_for(s
     assert f"{out} holds 0 of the 2 files asked for" in str(raised.value), raised.value
 
 
+def test_a_drill_stopped_by_the_storage_says_nothing_of_its_temporary_copy(src: Path, monkeypatch, tmp_path: Path):
+    """The drill removes the folder it restored into: 'DIR holds 0 of the snapshot's 4 files ... (it keeps the
+    files already restored)' named a folder that was gone, and a rerun that keeps nothing."""
+    monkeypatch.setenv("CKPTVAULT_RETRY_FOR", "0")
+    vault = Vault.init(url(), pack_size=1 << 20)
+    vault.backup(_four_files(src))
+    faultyfs.FAULTS["get:/packs/"] = list("T" * 100)
+    with pytest.raises(StorageError) as raised:
+        vault.drill("latest", workdir=tmp_path / "wd")
+    assert "stopped part way" not in str(raised.value) and " holds " not in str(raised.value), raised.value
+    assert not (tmp_path / "wd").exists()  # the copy gone, and the --tmp-dir folder the drill made for it
+
+
 # ---- storage that stopped answering ----------------------------------------------------------
 
 

@@ -572,6 +572,7 @@ def run_restore(
     workers: int = 8,
     vault_folder: str | None = None,
     alone: bool = False,
+    kept: bool = True,
 ) -> RestoreResult:
     """Plan, then write (see the module docstring). Everything that can be found before writing is
     raised before the target is even created: an empty target (UsageError), an --include glob that
@@ -579,7 +580,8 @@ def run_restore(
     where the snapshot has a file or the reverse (RestoreConflictError, also with ``overwrite``).
     ``vault_folder``: the vault's own local folder; nothing is restored into it, nor into any other
     local vault. ``alone``: refuse a target that holds anything the snapshot does not (the resume path:
-    a folder mixing two saves). ``tree``: ``snapshot``'s files."""
+    a folder mixing two saves). ``tree``: ``snapshot``'s files. ``kept``: False where the caller removes the
+    target after (a drill's temporary copy): a storage error then says nothing of what it holds."""
     progress = progress or NullProgress()
     started = time.monotonic()
     if not target.strip():
@@ -603,7 +605,7 @@ def run_restore(
     left_out = planner.skip | planner.unavailable.keys()
     files = [e for e in entries if e.type == "file" and e.path not in left_out]
     progress.start(sum(e.size for e in files), len(files))
-    written, failed = _write(repo, planner, tree, entries, files, progress, workers, overwrite)
+    written, failed = _write(repo, planner, tree, entries, files, progress, workers, overwrite, kept)
     failures = planner.unavailable | failed
     progress.finish()
     result = RestoreResult(
@@ -676,6 +678,7 @@ def _write(
     progress: Progress,
     workers: int,
     overwrite: bool,
+    kept: bool,
 ) -> tuple[int, dict[str, str]]:
     """Make the folders, write the files (each chunk verified by its envelope, each file by its hash),
     then the links and the folders' modes and mtimes. Returns the bytes written and the files that
@@ -704,7 +707,7 @@ def _write(
         except BaseException as exc:
             writer.abandon()
             # the vault's storage (the target's failures are OSErrors); one failing a pack for good says its own way on
-            if isinstance(exc, StorageError) and not object_fault(exc):
+            if kept and isinstance(exc, StorageError) and not object_fault(exc):
                 total = sum(e.type == "file" for e in entries)
                 # in place: those there already and those written; not those whose chunks are in no index
                 done = sum(e.type == "file" and e.path in planner.skip for e in entries) + writer.files_written
