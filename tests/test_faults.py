@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import re
 import subprocess
 import sys
@@ -768,6 +769,28 @@ def test_a_pack_read_damaged_on_its_way_is_no_damage_to_check_or_repair(tmp_path
     vault.restore(snap, tmp_path / "out")
     assert tree_digest(tmp_path / "out") == tree_digest(src)
     assert vault.check(read_data=1.0).ok
+
+
+def test_a_pack_whose_every_read_is_cut_does_not_stop_check_or_repair_while_the_storage_answers(src: Path):
+    """Each read of one pack reset (a proxy that resets on its bytes, a server process dying on it), every
+    other object served: check --read-data stopped at that pack with "the storage does not answer", named
+    none of what it had found, and every later check stopped the same way (rv56). The storage answers a STAT
+    of the config, so that pack is named unreadable and the others are read."""
+    (src / "more.bin").write_bytes(random.Random(5).randbytes(6 << 20))  # two chunks at least: three packs
+    vault = Vault.init(url(), pack_size=1 << 20)
+    snap = vault.backup(src)
+    packs = sorted(vault._repo.list_packs())
+    assert len(packs) >= 3
+    cut = packs[len(packs) // 2].hex()
+    faultyfs.FAULTS[f"get:{cut}"] = list("T" * 1000)
+
+    report = vault.check(read_data=1.0)
+    [problem] = report.problems
+    assert problem.object == f"pack {cut[:12]}" and problem.unreadable and not problem.failing
+    assert report.packs_read == len(packs) - 1 and report.unavailable and not report.affected
+    repaired = vault.repair_index(read_data=True)
+    assert repaired.unread_packs == [cut] and not repaired.damaged_chunks
+    assert sorted(vault.snapshots(), key=lambda s: s.id) == [snap]
 
 
 def test_a_pack_the_storage_fails_on_every_read_is_dropped_only_on_request(tmp_path: Path, src: Path):

@@ -176,15 +176,6 @@ def _unreadable(exc: BaseException) -> bool:
     return isinstance(exc, StorageError) and not isinstance(exc, (ObjectNotFoundError, ShortReadError))
 
 
-def _stop_if_down(exc: BaseException) -> None:
-    """Raise ``exc`` when it says the storage did not answer at all through its retries (a frozen or
-    unreachable server): that stops the check (``run_check`` says so). Going on, every other object was
-    tried in turn, each waiting out its whole deadline (~1 minute a pack by default: hours for a big vault),
-    and the end said "could not be read (access denied ...): fix the access" of a server that was down."""
-    if isinstance(exc, StorageError) and unreachable(exc):
-        raise exc
-
-
 def _missing(exc: ObjectNotFoundError) -> str:
     """A snapshot's tree (or snapshot) object that is gone, said for check's own report: the error's
     "run: ckptvault check" sent the user to the command that printed it (the summary says what to do)."""
@@ -380,7 +371,7 @@ class _Checker:
             try:
                 header = self.repo.read_pack_header(pack_id, size)
             except CkptVaultError as exc:
-                _stop_if_down(exc)
+                self._stop_if_down(exc)
                 header = None
                 if _unreadable(exc):
                     self.unreadable_pack(pack_id, exc)
@@ -415,7 +406,7 @@ class _Checker:
             try:
                 entries = self.repo.read_pack_header(pack_id, stored[pack_id])
             except CkptVaultError as exc:
-                _stop_if_down(exc)
+                self._stop_if_down(exc)
                 if self.unreadable_index:
                     self.problem(f"pack {_short(pack_id)}", f"is in no readable index and its header is damaged: {exc}")
                 headless += 1
@@ -466,7 +457,7 @@ class _Checker:
                 if whole:
                     data = self.repo.read_pack(pack_id, stored[pack_id])
             except CkptVaultError as exc:
-                _stop_if_down(exc)
+                self._stop_if_down(exc)
                 if _unreadable(exc):
                     self.unreadable_pack(pack_id, exc)
                 else:
@@ -487,7 +478,7 @@ class _Checker:
                     self.repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)  # through its base
                     intact.add(e.chunk_id)
                 except CkptVaultError as exc:
-                    _stop_if_down(exc)
+                    self._stop_if_down(exc)
                     if not whole and _unreadable(exc):  # the storage failed the read, as for a whole pack
                         self.unreadable_pack(pack_id, exc)
                         break
@@ -555,6 +546,15 @@ class _Checker:
 
         return read_few_at_a_time(self.repo, load, snapshot_ids)
 
+    def _stop_if_down(self, exc: BaseException) -> None:
+        """Raise ``exc`` when the storage does not answer at all (a frozen or unreachable server): that stops
+        the check (``run_check`` says so). Going on, every other object was tried in turn, each waiting out its
+        whole deadline (~1 minute a pack by default: hours for a big vault), and the end said "could not be read
+        (access denied ...): fix the access" of a server that was down. One object whose reads are cut while
+        the storage answers is named unreadable, and the check goes on."""
+        if self.repo.storage_down(exc):
+            raise exc
+
     def _sizes_disagree(self, name: str, snapshot_id: str, entry: FileEntry, held: int) -> None:
         """``entry``'s size in its tree is not the ``held`` bytes the index gives its chunks: the tree or an index
         entry is wrong, which only reading the chunks tells (a chunk decodes to the length its entry gives, or
@@ -589,7 +589,7 @@ class _Checker:
             name = f"snapshot {_short(snapshot_id)}"
             if isinstance(loaded, CkptVaultError):
                 exc = loaded
-                _stop_if_down(exc)
+                self._stop_if_down(exc)
                 if isinstance(exc, ObjectNotFoundError) and snapshot_id not in self.repo.list_snapshot_ids():
                     continue  # forgotten meanwhile (forget deletes the snapshot before its tree): not damage
                 self.report.snapshots += 1

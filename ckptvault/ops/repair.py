@@ -16,7 +16,7 @@ from ..blob import Kind
 from ..errors import CkptVaultError, IntegrityError, StorageError, UnsupportedFormatError, spelled
 from ..repository import Repository
 from ..repository.pack import TRAILER, PackEntry, header_range, lies_whole_in, read_pack_header
-from ..store.failures import object_fault, unreachable
+from ..store.failures import object_fault
 from .gc import GcPlan, execute_gc, verify_exclusive_lock
 
 
@@ -202,7 +202,7 @@ def _chunks_that_do_not_verify(
             try:
                 failed.extend(_chunks_read_one_by_one(repo, pack_id, packs[pack_id]))
             except CkptVaultError as exc:  # as for a pack read whole: named, nothing dropped, the others go on
-                _stop_if_down(exc)
+                _stop_if_down(repo, exc)
                 unread.append(pack_id)
                 if object_fault(exc):
                     failing.append(pack_id)
@@ -212,7 +212,7 @@ def _chunks_that_do_not_verify(
         try:
             data = repo.read_pack(pack_id, stored.get(pack_id))
         except CkptVaultError as exc:
-            _stop_if_down(exc)
+            _stop_if_down(repo, exc)
             unread.append(pack_id)  # a read error may pass: nothing is dropped from it unless asked
             if object_fault(exc):
                 failing.append(pack_id)
@@ -242,10 +242,10 @@ def _chunks_that_do_not_verify(
     return bad
 
 
-def _stop_if_down(exc: CkptVaultError) -> None:
+def _stop_if_down(repo: Repository, exc: CkptVaultError) -> None:
     """A storage that does not answer at all (frozen, unreachable) stops the repair before it changes anything:
     going on, every other pack waited out its deadline in turn (~1 minute a pack by default)."""
-    if isinstance(exc, StorageError) and unreachable(exc):
+    if isinstance(exc, StorageError) and repo.storage_down(exc):
         raise StorageError(
             exc.op,
             exc.key,

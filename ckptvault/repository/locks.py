@@ -277,10 +277,10 @@ def _before_this_boot(lock: LockInfo, refreshed: datetime | None) -> bool:
     )
 
 
-def _briefly(store: object) -> contextlib.AbstractContextManager[None]:
+def briefly(store: object) -> contextlib.AbstractContextManager[None]:
     """The store's housekeeping mode (RetryingStore.briefly: few, short tries), where it has one."""
-    briefly = getattr(store, "briefly", None)
-    return briefly() if briefly is not None else contextlib.nullcontext()
+    mode = getattr(store, "briefly", None)
+    return mode() if mode is not None else contextlib.nullcontext()
 
 
 def _in_this_process_table(lock: LockInfo) -> bool:
@@ -642,7 +642,7 @@ class LockManager:
                 if exclusive:  # an exclusive holder may delete data: make frozen holders notice
                     self.remove(lock)
                 elif self.holder_gone(lock):  # a killed process's, not to outlive a restart (best effort)
-                    with contextlib.suppress(CkptVaultError), _briefly(self.repo.store):
+                    with contextlib.suppress(CkptVaultError), briefly(self.repo.store):
                         self.remove(lock)
         except BaseException:
             try:
@@ -980,7 +980,7 @@ class HeldLock:
 
     def _housekeeping(self) -> contextlib.AbstractContextManager[None]:
         """Where a shared lock's removal is done: briefly (``release``)."""
-        return contextlib.nullcontext() if self.exclusive else _briefly(self.manager.repo.store)
+        return contextlib.nullcontext() if self.exclusive else briefly(self.manager.repo.store)
 
     def __enter__(self) -> HeldLock:
         return self

@@ -51,7 +51,7 @@ from ..errors import (
 from ..hashing import ChunkIdFunction
 from ..store import Store
 from ..store.base import ObjectInfo
-from ..store.failures import object_fault
+from ..store.failures import object_fault, unreachable
 from .cache import MetadataCache
 from .config import ConfigNotJsonError, RepoConfig
 from .format import (
@@ -69,7 +69,7 @@ from .format import (
     tree_key,
 )
 from .index import ChunkIndex, ChunkLocation, decode_index, encode_index
-from .locks import LockManager
+from .locks import LockManager, briefly
 from .pack import (
     TRAILER,
     PackEntry,
@@ -1041,6 +1041,20 @@ class Repository:
                 self._clear_confirmed = True  # a plain object verified
                 return
         self._clear_confirmed = True  # nothing stored to compare with, or none of the few tried could be read
+
+    def storage_down(self, exc: BaseException) -> bool:
+        """Whether ``exc``, a call's failure through its retries, means the whole storage does not answer: it
+        says no answer came (a timeout, a refused or dropped connection), and a STAT of the config, asked
+        briefly (one attempt while the store's breaker is open), gets none either. One object whose every read
+        is cut (a proxy resetting it, a server failing on it) is that object's: the others still answer."""
+        if not (isinstance(exc, StorageError) and unreachable(exc)):
+            return False
+        try:
+            with briefly(self.store):
+                self.store.exists(CONFIG_KEY)
+        except StorageError:
+            return True
+        return False
 
     def list_packs(self) -> dict[bytes, int]:
         """Pack ID -> size in bytes, for every pack object in the store."""
