@@ -73,3 +73,23 @@ def test_a_new_save_seen_at_an_earlier_look_makes_a_later_loss_a_replacement(tmp
     looks.count_rewrites(cand, (*OLD, ("c.bin", "f", "9", "2")), 1.0)
     assert cand.saved_anew
     assert said_lost(tmp_path, (("a.bin", "f", "100", "1"),), steady=False, saved_anew=True) == "replaced"
+
+
+def test_a_new_save_that_settled_makes_a_later_loss_a_deletion(tmp_path):
+    """Saved again in place, then settled (it ships as it is), then files of it deleted by a rotation: the save
+    in place is done with, and the loss is a deletion (rv56: saved_anew was never reset)."""
+    looks = Completeness(
+        folder=None,  # type: ignore[arg-type]
+        settle=5.0,
+        excluded=None,
+        on_warning=lambda message: None,
+        warn_once=lambda key, message: None,
+        release=lambda cand: None,
+    )
+    cand = Candidate(pin=None, seen=0.0, last_change=0.0, sig=OLD, steady=True)  # type: ignore[arg-type]
+    saved = (*OLD, ("c.bin", "f", "9", "2"))
+    looks.count_rewrites(cand, saved, 1.0)
+    cand.sig, cand.last_change = saved, 1.0  # as the watcher records a change
+    assert cand.saved_anew
+    looks.count_rewrites(cand, saved, 7.0)  # unchanged for longer than settle
+    assert not cand.saved_anew

@@ -51,7 +51,8 @@ class Completeness:
         files = {rel: (size, mtime) for rel, size, mtime in pins.files_of(sig)}
         if sig == cand.sig:
             if now - cand.last_change >= self._settle:
-                cand.rewrites = 0  # settled: it ships (or shipped) as it is
+                cand.rewrites = 0  # settled: it ships (or shipped) as it is, the saves before it done with
+                cand.saved_anew = False
             cand.steady = True
         else:
             before = cand.files
