@@ -21,7 +21,7 @@ from ..snapshot.manifest import decode_tree
 from ..snapshot.model import Snapshot
 from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
 from ..snapshot.selection import higher_step_passed_over
-from ..store.failures import object_fault, unreachable
+from ..store.failures import object_fault, once_mended
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
 from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 from .memory import read_few_at_a_time
@@ -116,11 +116,10 @@ def collect(repo: Repository, retention: RetentionPlan, *, dry_run: bool, repack
             raise
         # the storage error alone (a server that stopped answering while packs went) said nothing of what the
         # vault was left with, and check then names the packs half way to deletion as "in no index"
-        when = " once the storage answers" if unreachable(exc) else " once the storage failure above is fixed"
         again = spelled("run the command again", "prune again")
         exc.args = (
             f"{exc.args[0]}; prune stopped part way: the snapshots it keeps are intact, and what it was removing "
-            f"is partly there still; {again}{when} to finish the job",
+            f"is partly there still; {again}{once_mended(exc)} to finish the job",
         )
         raise
     repo.store.remove_stale_temp_files(STALE_TEMP_AGE_S)

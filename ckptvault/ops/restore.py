@@ -52,7 +52,7 @@ from ..repository import Repository
 from ..repository.format import holds_vault_config, vault_at_or_above
 from ..snapshot.manifest import validate_tree
 from ..snapshot.model import FileEntry, Snapshot, stored_name
-from ..store.failures import Kind, classify, object_fault, out_of_inodes, unreachable
+from ..store.failures import Kind, classify, object_fault, once_mended, out_of_inodes
 from .memory import INFLIGHT_BYTES, releasing_freed_memory
 from .pin import NO_LINK_ERRNOS
 from .progress import NullProgress, Progress
@@ -631,11 +631,10 @@ def _stopped_part_way(exc: StorageError, target: str, done: int, total: int, *, 
     files in place (restored, or there already), of the ``total`` it was to restore: every file of the snapshot
     when ``all_of_them``, else those --include chose (not "the snapshot's", which has more)."""
     again = spelled("run the command again", "restore again")
-    when = " once the storage answers" if unreachable(exc) else " once the storage failure above is fixed"
     files = f"the snapshot's {total} files" if all_of_them else f"the {total} files asked for"
     return (
         f"the restore stopped part way: {target} holds {done} of {files} (each one whole and verified; the others "
-        f"are not there yet); {again}{when} to finish it (it keeps the files already restored)"
+        f"are not there yet); {again}{once_mended(exc)} to finish it (it keeps the files already restored)"
     )
 
 

@@ -464,6 +464,12 @@ def cut_short(exc: BaseException) -> bool:
     return any(type(node).__name__ in CUT_SHORT_NAMES for node in exception_chain(exc))
 
 
+def once_mended(exc: BaseException) -> str:
+    """When a command that ``exc`` stopped can be run again to finish: " once the storage answers" after an
+    outage, else " once the storage failure above is fixed"."""
+    return " once the storage answers" if unreachable(exc) else " once the storage failure above is fixed"
+
+
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the storage did not answer at all (a timeout, a refused or dropped
     connection), as opposed to answering with an error (a 5xx) or in part (a body cut short): then the
