@@ -324,6 +324,10 @@ class StorageError(CkptVaultError):
         self.retryable = retryable
         super().__init__(message or f"storage failed: {op} {key} on {url}: {reason}")
 
+    def said_as(self, message: str, op: str | None = None) -> StorageError:
+        """The same failure (a plain StorageError) told by ``message``: what it means to the command it stopped."""
+        return StorageError(op or self.op, self.key, self.url, self.reason, retryable=self.retryable, message=message)
+
 
 class ObjectNotFoundError(StorageError):
     def __init__(self, op: str, key: str, url: str) -> None:

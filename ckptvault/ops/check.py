@@ -675,14 +675,10 @@ def _stopped(exc: StorageError, report: CheckReport) -> StorageError:
         if damage
         else "nothing it read by then was damaged"
     )
-    return StorageError(
-        "CHECK",
-        exc.key,
-        exc.url,
-        exc.reason,
-        retryable=exc.retryable,
-        message=f"check stopped before it finished, the storage does not answer: {exc}; {found}; run the check "
-        "again once the storage answers",
+    return exc.said_as(
+        f"check stopped before it finished, the storage does not answer: {exc}; {found}; run the check again once "
+        "the storage answers",
+        op="CHECK",
     )
 
 

@@ -246,14 +246,9 @@ def _stop_if_down(repo: Repository, exc: CkptVaultError) -> None:
     """A storage that does not answer at all (frozen, unreachable) stops the repair before it changes anything:
     going on, every other pack waited out its deadline in turn (~1 minute a pack by default)."""
     if isinstance(exc, StorageError) and repo.storage_down(exc):
-        raise StorageError(
-            exc.op,
-            exc.key,
-            exc.url,
-            exc.reason,
-            retryable=exc.retryable,
-            message=f"{spelled('repair-index', 'repair_index()')} stopped before it changed anything, the storage "
-            f"does not answer: {exc}; run it again once the storage answers",
+        raise exc.said_as(
+            f"{spelled('repair-index', 'repair_index()')} stopped before it changed anything, the storage does not "
+            f"answer: {exc}; run it again once the storage answers"
         ) from exc
 
 

@@ -935,16 +935,9 @@ class Repository:
                     raise
                 # the storage answered every try with an error: a server that cannot serve this pack (a
                 # damaged volume) fails it for good, and the user needs a way on, not only "try again"
-                raise StorageError(
-                    exc.op,
-                    exc.key,
-                    exc.url,
-                    exc.reason,
-                    retryable=exc.retryable,
-                    message=(
-                        f"{exc}; if every read of this pack fails: {check_command()} names the packs the storage "
-                        f"cannot serve, and {repair_index_command(drop_failing=True)} sets their chunks aside"
-                    ),
+                raise exc.said_as(
+                    f"{exc}; if every read of this pack fails: {check_command()} names the packs the storage "
+                    f"cannot serve, and {repair_index_command(drop_failing=True)} sets their chunks aside"
                 ) from exc
 
         # A base that only a restore's delta reads (its plaintext is hashed as the delta's file) is
