@@ -405,7 +405,7 @@ class FsspecStore:
                 ftp.rename(tmp, path)
             else:
                 fs.mv(tmp, path)
-        except BaseException as failure:
+        except Exception as failure:
             try:
                 fs.rm_file(tmp)
             except (FileNotFoundError, PermissionError):
@@ -414,6 +414,9 @@ class FsspecStore:
                 self._remember_cut_temp(tmp)
             if isinstance(failure, OSError) and if_absent and fs.exists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path) from None
+            raise
+        except BaseException:  # interrupted (Ctrl-C): no further call on a session that may hang
+            self._remember_cut_temp(tmp)
             raise
 
     def _remember_cut_temp(self, tmp: str) -> None:

@@ -115,6 +115,38 @@ def test_temp_files_of_uploads_cut_at_their_rename_are_removed_once_a_write_gets
     assert store.temp_files() == []
 
 
+def test_a_rename_interrupted_by_ctrl_c_makes_no_further_call_and_its_temp_file_goes_with_the_next_write(
+    sshd, monkeypatch
+):
+    """Ctrl-C at a rename that hangs: removing the temp file then, on the same session, could hang as long and
+    keep the interrupt from ending the command (rv56); it is removed by the next write that gets through."""
+    from paramiko import SFTPClient
+
+    from ckptvault.store.fsspec_store import FsspecStore
+    from ckptvault.store.retrying import RetryingStore
+
+    store = RetryingStore(FsspecStore(sshd.backend.new_url("ctrl-c"), sshd.backend.storage_options))
+    store.put("config", b"x")
+    real_rename, real_remove = SFTPClient.posix_rename, SFTPClient.remove
+    removed: list[str] = []
+
+    def interrupted(self: SFTPClient, old: str, new: str) -> None:
+        monkeypatch.setattr(SFTPClient, "posix_rename", real_rename)
+        raise KeyboardInterrupt
+
+    def remove(self: SFTPClient, path: str) -> None:
+        removed.append(path)
+        real_remove(self, path)
+
+    monkeypatch.setattr(SFTPClient, "posix_rename", interrupted)
+    monkeypatch.setattr(SFTPClient, "remove", remove)
+    with pytest.raises(KeyboardInterrupt):
+        store.put("data/ab/pack", b"p" * 1000)
+    assert removed == [] and len(store.temp_files()) == 1
+    store.put("data/ab/other", b"o" * 1000)
+    assert len(removed) == 1 and store.temp_files() == []
+
+
 @pytest.fixture
 def sftp_vault(sshd, tmp_path: Path, monkeypatch):
     """A vault on the SFTP server with one backup, the folder it is in on this machine, and the source."""
