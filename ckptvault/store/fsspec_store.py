@@ -406,12 +406,7 @@ class FsspecStore:
             else:
                 fs.mv(tmp, path)
         except Exception as failure:
-            try:
-                fs.rm_file(tmp)
-            except (FileNotFoundError, PermissionError):
-                pass
-            except Exception:  # the connection was cut at the rename: the whole temp file is still there
-                self._remember_cut_temp(tmp)
+            self._remove_temp(fs, tmp)  # a connection cut at the rename left the whole temp file there
             if isinstance(failure, OSError) and if_absent and fs.exists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path) from None
             raise
@@ -423,6 +418,19 @@ class FsspecStore:
         if len(self._cut_temps) < MAX_CUT_TEMPS:
             self._cut_temps.append(tmp)
 
+    def _remove_temp(self, fs: Any, tmp: str) -> bool:
+        """Remove a temp file; False where this session was cut too: it is then remembered for the next write
+        that gets through. One never made (cut before its OPEN), renamed into place after all, or that this
+        session may not remove (left to prune) counts as done."""
+        try:
+            fs.rm_file(tmp)
+        except (FileNotFoundError, PermissionError):
+            pass
+        except Exception:
+            self._remember_cut_temp(tmp)
+            return False
+        return True
+
     def _remove_cut_temps(self, fs: Any) -> None:
         """The temp files of writes cut mid-transfer, removed once a write gets through again: a flapping
         SFTP link left 25 of them (253 MB) after one backup, for a prune an hour later (audit rb44 #7).
@@ -433,12 +441,7 @@ class FsspecStore:
                 tmp = self._cut_temps.pop()
             except IndexError:  # another thread took the last one
                 return
-            try:
-                fs.rm_file(tmp)
-            except (FileNotFoundError, PermissionError):
-                pass  # never made (cut before its OPEN) or renamed into place after all; or left to prune
-            except Exception:  # this session was cut too
-                self._remember_cut_temp(tmp)
+            if not self._remove_temp(fs, tmp):
                 return
 
     def get(self, key: str) -> bytes:
