@@ -129,10 +129,14 @@ def saved_anew(before: pins.Signature, after: pins.Signature, steady: bool) -> b
     one that came after its save was done. A file that grew, or came while it was still changing, may be the
     same save still being written."""
     held = {rel: (size, mtime) for rel, size, mtime in pins.files_of(before)}
-    return any(
-        (steady and rel not in held) or (rel in held and (size, mtime) != held[rel] and size <= held[rel][0])
-        for rel, size, mtime in pins.files_of(after)
-    )
+    files = {rel: (size, mtime) for rel, size, mtime in pins.files_of(after)}
+    return rewritten(held, files) or (steady and bool(files.keys() - held.keys()))
+
+
+def rewritten(held: dict[str, tuple[int, int]], files: dict[str, tuple[int, int]]) -> bool:
+    """Whether a file of ``files`` (path -> size, mtime) changed from ``held`` without growing: saved again in
+    place, as a file being written only grows."""
+    return any(rel in held and state != held[rel] and state[0] <= held[rel][0] for rel, state in files.items())
 
 
 def unpinnable(excluded: pins.Excluded | None, rel: str, is_dir: bool) -> bool:

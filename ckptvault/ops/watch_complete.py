@@ -11,7 +11,7 @@ from ..errors import spelled
 from ..formats import not_whole, pread_at
 from . import pin as pins
 from .names import TRAINER_STATE
-from .watch_candidate import Candidate, WarnOnce, saved_anew
+from .watch_candidate import Candidate, WarnOnce, rewritten, saved_anew
 from .watch_folder import CheckpointFolder
 
 # A checkpoint saved in place this many times, over at least this long (or 10 --settle), without settling
@@ -57,9 +57,7 @@ class Completeness:
         else:
             before = cand.files
             cand.saved_anew = cand.saved_anew or saved_anew(cand.sig, sig, cand.steady)
-            if cand.steady and any(
-                rel in before and state != before[rel] and state[0] <= before[rel][0] for rel, state in files.items()
-            ):
+            if cand.steady and rewritten(before, files):
                 cand.rewrites_since = cand.rewrites_since if cand.rewrites else now
                 cand.rewrites += 1
             cand.steady = False
