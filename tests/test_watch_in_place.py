@@ -40,6 +40,18 @@ def said_lost(tmp_path: Path, now: pins.Signature, *, steady: bool, saved_anew: 
     return reason
 
 
+def looks_settling_after(settle: float) -> Completeness:
+    """The watcher's looks at a checkpoint, with nothing else of the watcher."""
+    return Completeness(
+        folder=None,  # type: ignore[arg-type]  # what it knows of trainers is not asked here
+        settle=settle,
+        excluded=None,
+        on_warning=lambda message: None,
+        warn_once=lambda key, message: None,
+        release=lambda cand: None,
+    )
+
+
 @pytest.mark.parametrize(
     ("now", "steady", "reason"),
     [
@@ -61,14 +73,7 @@ def test_a_checkpoint_cut_down_in_place_is_replaced_only_by_another_save(tmp_pat
 
 def test_a_new_save_seen_at_an_earlier_look_makes_a_later_loss_a_replacement(tmp_path):
     """The new save's file came at one look, the old save's file went at the next: no one look sees both."""
-    looks = Completeness(
-        folder=None,  # type: ignore[arg-type]  # what it knows of trainers is not asked here
-        settle=600.0,
-        excluded=None,
-        on_warning=lambda message: None,
-        warn_once=lambda key, message: None,
-        release=lambda cand: None,
-    )
+    looks = looks_settling_after(600.0)
     cand = Candidate(pin=None, seen=0.0, last_change=0.0, sig=OLD, steady=True)  # type: ignore[arg-type]
     looks.count_rewrites(cand, (*OLD, ("c.bin", "f", "9", "2")), 1.0)
     assert cand.saved_anew
@@ -78,14 +83,7 @@ def test_a_new_save_seen_at_an_earlier_look_makes_a_later_loss_a_replacement(tmp
 def test_a_new_save_that_settled_makes_a_later_loss_a_deletion(tmp_path):
     """Saved again in place, then settled (it ships as it is), then files of it deleted by a rotation: the save
     in place is done with, and the loss is a deletion (rv56: saved_anew was never reset)."""
-    looks = Completeness(
-        folder=None,  # type: ignore[arg-type]
-        settle=5.0,
-        excluded=None,
-        on_warning=lambda message: None,
-        warn_once=lambda key, message: None,
-        release=lambda cand: None,
-    )
+    looks = looks_settling_after(5.0)
     cand = Candidate(pin=None, seen=0.0, last_change=0.0, sig=OLD, steady=True)  # type: ignore[arg-type]
     saved = (*OLD, ("c.bin", "f", "9", "2"))
     looks.count_rewrites(cand, saved, 1.0)
