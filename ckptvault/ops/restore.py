@@ -625,16 +625,22 @@ def run_restore(
     return result
 
 
-def _stopped_part_way(exc: StorageError, target: str, done: int, total: int, *, all_of_them: bool) -> str:
+def _stopped_part_way(exc: StorageError, target: str, done: int, total: int, lost: int, *, all_of_them: bool) -> str:
     """What a restore the vault's storage stopped leaves in the target, and the way on: the storage error
     alone (a frozen server) left a folder holding some of the files, with nothing said of it. ``done``: the
     files in place (restored, or there already), of the ``total`` it was to restore: every file of the snapshot
-    when ``all_of_them``, else those --include chose (not "the snapshot's", which has more)."""
+    when ``all_of_them``, else those --include chose (not "the snapshot's", which has more). ``lost``: files
+    whose chunks are in no index, which no rerun brings (``check`` names them)."""
     again = spelled("run the command again", "restore again")
     files = f"the snapshot's {total} files" if all_of_them else f"the {total} files asked for"
+    others = "the others are not there yet"
+    if lost:
+        others = f"{lost} of the others cannot be restored, their chunks are in no index: check names them; " + (
+            "the rest are not there yet" if total - done > lost else "no other is missing"
+        )
     return (
-        f"the restore stopped part way: {target} holds {done} of {files} (each one whole and verified; the others "
-        f"are not there yet); {again}{once_mended(exc)} to finish it (it keeps the files already restored)"
+        f"the restore stopped part way: {target} holds {done} of {files} (each one whole and verified; {others}); "
+        f"{again}{once_mended(exc)} to finish it (it keeps the files already restored)"
     )
 
 
@@ -711,7 +717,8 @@ def _write(
                 # in place: those there already and those written; not those whose chunks are in no index
                 done = sum(e.type == "file" and e.path in planner.skip for e in entries) + writer.files_written
                 all_of_them = total == sum(e.type == "file" for e in tree)
-                said = _stopped_part_way(exc, planner.target, done, total, all_of_them=all_of_them)
+                lost = len(planner.unavailable)
+                said = _stopped_part_way(exc, planner.target, done, total, lost, all_of_them=all_of_them)
                 exc.args = (f"{exc.args[0]}; {said}",)
             raise
     if overwrite:  # files already holding the right bytes get the snapshot's mode and mtime too
