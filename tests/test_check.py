@@ -286,3 +286,13 @@ def test_check_names_temp_files_a_killed_command_left(tmp_path: Path):
         report = vault.check()
         said = [w for w in report.warnings if "temporary" in w]
         assert report.ok and len(said) == 1 and said[0].startswith("1 temporary file(s) (30.00 KB)"), said
+
+
+def test_every_field_of_the_check_report_is_documented():
+    """`check --json` prints CheckReport's fields, and docs/usage.md sends the reader to its docstring for them."""
+    import dataclasses
+
+    from ckptvault.ops.check import CheckReport
+
+    undocumented = [f.name for f in dataclasses.fields(CheckReport) if f"``{f.name}``" not in (CheckReport.__doc__ or "")]
+    assert not undocumented

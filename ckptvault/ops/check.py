@@ -55,6 +55,24 @@ class Problem:
 
 @dataclass
 class CheckReport:
+    """What ``Vault.check`` found (``check --json`` prints these fields, plus ``ok``).
+
+    - ``problems``: each damaged or unreadable object, with what was found and what to do (``Problem``).
+    - ``warnings``: what is no damage but worth knowing (packs in no index, old temporary files, chunks damaged
+      only on their way here).
+    - ``affected``: snapshot ID -> its files that cannot be restored as they are (``["*"]``: the whole snapshot).
+    - ``unavailable``: snapshot ID -> its files in objects the storage will not hand over (not damage).
+    - ``written_wrong``: snapshot ID -> files whose size in the tree disagrees with their chunks and whose chunks
+      read back whole at the index's lengths: the tree was written wrong (no backup mends it).
+    - ``sizes_unknown``: such a disagreement was found in a file whose chunks were not read (no ``read_data``),
+      so which side is wrong is not known.
+    - ``damaged_index``: an index object is damaged (``repair-index`` may bring back what looks lost).
+    - ``needs_repair_index``: a pack is gone or a chunk reads back damaged: ``repair-index`` (with
+      ``--read-data`` for damaged chunks) before a backup can store those chunks again.
+    - ``snapshots``, ``packs``, ``chunks``: what was checked; ``packs_read``, ``chunks_read``: what was read with
+      ``read_data``; ``damaged_chunks``: chunks that read back damaged.
+    """
+
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     affected: dict[str, list[str]] = field(default_factory=dict)  # snapshot ID -> damaged files ("*" = all)
