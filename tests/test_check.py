@@ -294,5 +294,6 @@ def test_every_field_of_the_check_report_is_documented():
 
     from ckptvault.ops.check import CheckReport
 
-    undocumented = [f.name for f in dataclasses.fields(CheckReport) if f"``{f.name}``" not in (CheckReport.__doc__ or "")]
+    doc = CheckReport.__doc__ or ""
+    undocumented = [f.name for f in dataclasses.fields(CheckReport) if f"``{f.name}``" not in doc]
     assert not undocumented
