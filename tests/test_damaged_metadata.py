@@ -305,9 +305,16 @@ def test_unknown_codec_id_fails_restore_with_17_and_check_reports_it(two_snapsho
     error = error_line(proc)
     assert f"chunk {chunk.hex()[:12]}" in error and "codec ID 9" in error and "newer ckptvault" in error
     assert not (tmp_path / "out" / "a.bin").exists()
+    # Not damage either: check --read-data said exit 30, "repair-index --read-data drops it" (it keeps it) and
+    # "remove the damaged snapshot(s) with: ckptvault forget ...", which a newer ckptvault restores (fs57)
     check = cli("check", "--read-data", "--repo", repo, check=False)
-    assert check.returncode == 30 and "internal error" not in check.stderr.decode()
-    assert f"chunk {chunk.hex()[:12]}" in check.stdout.decode() and "codec ID 9" in check.stdout.decode()
+    out, err = check.stdout.decode(), check.stderr.decode()
+    assert check.returncode == 17 and "internal error" not in err and "upgrade ckptvault" in err
+    assert f"chunk {chunk.hex()[:12]}" in out and "codec ID 9" in out
+    assert "forget" not in out + err and "repair-index" not in out + err and "affects snapshot" not in out
+    cli("repair-index", "--read-data", "--repo", repo)
+    with Vault.open(repo) as vault:
+        assert vault._repo.find(chunk) is not None  # kept for the ckptvault that reads it
 
 
 def test_codec_ids_unknown_versus_malformed():

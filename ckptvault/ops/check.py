@@ -243,6 +243,13 @@ class _Checker:
         )
         self.problem(f"pack {_short(pack_id)}", detail, unreadable=True, failing=True)
 
+    def newer_chunk(self, chunk_id: bytes, pack: str, exc: UnsupportedFormatError) -> None:
+        """A chunk coded by a newer ckptvault, which reads it: no damage, so its snapshots are not to be
+        forgotten and repair-index --read-data keeps it (check called it damage and advised both)."""
+        if chunk_id not in self.reported:
+            self.reported.add(chunk_id)
+            self.problem(f"chunk {_short(chunk_id)}", f"in {pack} {exc}", newer=True)
+
     def check_index(self) -> None:
         for index_id, packs, exc in self._read_index_objects():
             if exc is not None:
@@ -495,6 +502,8 @@ class _Checker:
                     blob = data[e.offset : e.offset + e.stored_len] if whole else self.repo.read_pack_blob(pack_id, e)
                     self.repo.decode_chunk(e.chunk_id, blob, e.raw_len, e.base_id)  # through its base
                     intact.add(e.chunk_id)
+                except UnsupportedFormatError as exc:  # a newer ckptvault's codec (here or in its base): no damage
+                    self.newer_chunk(e.chunk_id, name, exc)
                 except CkptVaultError as exc:
                     self._stop_if_down(exc)
                     if not whole and _unreadable(exc):  # the storage failed the read, as for a whole pack
