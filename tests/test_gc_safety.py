@@ -18,7 +18,7 @@ import pytest
 from ckptvault import CompressionSettings, Vault
 from ckptvault.blob import Kind
 from ckptvault.chunking import ChunkerParams
-from ckptvault.errors import IntegrityError, LockLostError, VaultLockedError
+from ckptvault.errors import IntegrityError, LockLostError, UnsupportedFormatError, VaultLockedError
 from ckptvault.ops import prune as prune_module
 from ckptvault.ops.gc import execute_gc
 from ckptvault.repository import locks
@@ -26,6 +26,7 @@ from ckptvault.repository.format import pack_key, snapshot_key, tree_key
 from ckptvault.repository.locks import LockManager
 
 from .test_corruption import flip
+from .test_damaged_metadata import recode_chunk
 
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
 PIECE = 16 * 1024  # a file this size is one chunk: a backup of it deduplicates against a hand-made chunk
@@ -204,9 +205,32 @@ def test_a_damaged_live_chunk_is_never_repacked_and_its_pack_stays(tmp_path: Pat
     flip(Path(url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
     before = packs(url)
     with Vault.open(url) as vault:
-        with pytest.raises(IntegrityError, match="prune stopped before deleting anything"):
+        with pytest.raises(IntegrityError, match="prune stopped before deleting any pack or index object"):
             vault.forget([first.id], prune=True)
         assert packs(url) == before
+
+
+def test_a_live_chunk_of_a_newer_codec_stops_the_repack_as_a_newer_ckptvaults(tmp_path: Path):
+    """Not damage: exit 17 naming the chunk, its pack kept; and the message says what did go already (the
+    forgotten snapshot), where it said "stopped before deleting anything" (fs57)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "keep.bin").write_bytes(os.urandom(600_000))
+    (src / "drop.bin").write_bytes(os.urandom(600_000))
+    url = str(tmp_path / "vault")
+    with Vault.init(url, chunker=SMALL, pack_size=8 << 20) as vault:  # one pack holds both files
+        first = vault.backup(src)
+        (src / "drop.bin").unlink()
+        second = vault.backup(src)
+        chunk = next(e for e in vault.files(first) if e.path == "keep.bin").chunks[0]
+        recode_chunk(vault, chunk, 9)
+    before = packs(url)
+    with Vault.open(url) as vault:
+        with pytest.raises(UnsupportedFormatError, match=rf"chunk {chunk.hex()[:12]} in pack .*codec ID 9") as err:
+            vault.forget([first.id], prune=True)
+        said = str(err.value)
+        assert "before deleting any pack or index object (the snapshots it forgets are removed already" in said
+        assert packs(url) == before and [s.id for s in vault.snapshots()] == [second.id]
 
 
 # ---- the lock, checked before each deleting step ----------------------------------------------

@@ -31,7 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..errors import IntegrityError, VaultLockedError, check_command, check_hint, repair_index_command
+from ..errors import (
+    IntegrityError,
+    UnsupportedFormatError,
+    VaultLockedError,
+    check_command,
+    check_hint,
+    repair_index_command,
+)
 from ..repository import Repository
 from ..repository.pack import PackEntry, lies_whole_in
 
@@ -232,6 +239,14 @@ def verify_exclusive_lock(repo: Repository) -> None:
         )
 
 
+# The forgotten snapshots are deleted before the repack reads (prune's step 2, docs/format.md), so a chunk
+# that fails it stops the prune after them: "stopped before deleting anything" said otherwise.
+REPACK_STOPPED = (
+    "prune stopped before deleting any pack or index object (the snapshots it forgets are removed already; a "
+    "later prune reclaims their space)"
+)
+
+
 def execute_gc(repo: Repository, plan: GcPlan) -> None:
     if not plan.has_work:
         return
@@ -247,13 +262,13 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
                 blob = repo.read_pack_blob(pack_id, entry)
             else:
                 blob = pack[entry.offset : entry.offset + entry.stored_len]
+            where = f"chunk {entry.chunk_id.hex()[:12]} in pack {pack_id.hex()[:12]}"
             try:
                 repo.decode_chunk(entry.chunk_id, blob, entry.raw_len, entry.base_id)
+            except UnsupportedFormatError as exc:  # not damage: the ckptvault that wrote it prunes this vault
+                raise UnsupportedFormatError(f"{where}: {exc}; {REPACK_STOPPED}; upgrade ckptvault to prune") from exc
             except IntegrityError as exc:
-                raise IntegrityError(
-                    f"chunk {entry.chunk_id.hex()[:12]} in pack {pack_id.hex()[:12]} {exc}; "
-                    f"prune stopped before deleting anything{check_hint()}"
-                ) from exc
+                raise IntegrityError(f"{where} {exc}; {REPACK_STOPPED}{check_hint()}") from exc
             repo.add_chunk_blob(entry.chunk_id, blob, entry.raw_len, entry.base_id)
     repo.flush()
     new_packs = {p: e for p, e in repo.uploaded_packs.items() if p not in uploaded_before}
