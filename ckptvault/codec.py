@@ -216,9 +216,7 @@ class Compressor:
             declared = zstandard.frame_content_size(payload)
             limit = raw_size if raw_size is not None else MAX_DECODED_SIZE
             if declared < 0 or declared > limit or (raw_size is not None and declared != raw_size):
-                raise IntegrityError(
-                    f"{what}: zstd frame declares {declared} bytes, expected {limit if raw_size else 'fewer'}"
-                )
+                raise IntegrityError(f"{what}: {_bad_frame_size(declared, raw_size)}")
             return self._contexts()[2].decompress(payload, max_output_size=max(declared, 1))
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"{what} does not decode: {exc}") from exc
@@ -237,6 +235,18 @@ class Compressor:
                 raise MalformedObjectError(f"bytegroup stream holds {len(body)} bytes, not {size}")
             streams.append(body)
         return Grouped(segs, streams)
+
+
+def _bad_frame_size(declared: int, raw_size: int | None) -> str:
+    """Why a zstd frame's declared content size is refused (it said "declares -1 bytes, expected fewer" of a
+    frame without one, and "expected fewer" of a chunk of 0 bytes)."""
+    if declared == -1:  # frame_content_size: -1 for a frame without it, -2 for no frame
+        return "zstd frame does not declare its content size (the format requires it)"
+    if declared < 0:
+        return "not a zstd frame"
+    if raw_size is not None:
+        return f"zstd frame declares {declared} bytes, expected {raw_size}"
+    return f"zstd frame declares {declared} bytes, more than the 1 GiB a blob may hold"
 
 
 def _unknown_codec(codec: int, what: str = "codec ID") -> str:

@@ -153,6 +153,11 @@ def test_decompression_bomb_is_refused_before_allocating():
         comp.decompress(CODEC_ZSTD, bomb)  # metadata objects: at most 1 GiB
     with pytest.raises(CkptVaultError, match="declares"):
         comp.decompress(CODEC_ZSTD, bomb, raw_size=1 << 20)  # chunks: exactly the indexed size
+    with pytest.raises(CkptVaultError, match="declares 2147483648 bytes, more than the 1 GiB a blob may hold"):
+        comp.decompress(CODEC_ZSTD, bomb)
     streamed = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(b"\0" * 1000)
-    with pytest.raises(CkptVaultError):
-        comp.decompress(CODEC_ZSTD, streamed)  # no declared size: refused, not guessed
+    for raw_size in (None, 1000):  # no declared size: refused, not guessed (said "declares -1 bytes, expected fewer")
+        with pytest.raises(CkptVaultError, match="zstd frame does not declare its content size"):
+            comp.decompress(CODEC_ZSTD, streamed, raw_size=raw_size)
+    with pytest.raises(CkptVaultError, match="zstd frame declares 1000 bytes, expected 0"):  # said "expected fewer"
+        comp.decompress(CODEC_ZSTD, zstandard.ZstdCompressor().compress(b"\0" * 1000), raw_size=0)
