@@ -162,6 +162,18 @@ def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
         then()
 
 
+# Every Vault of this process, for the fork hook below.
+_VAULTS: weakref.WeakSet[Vault] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for vault in list(_VAULTS):
+        vault._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def exclude_arg(value: Sequence[str] | None) -> Excludes:
     """Exclude patterns of ``backup``, ``backup_async``, ``watch`` and ``backup_status``, checked."""
     return Excludes.parse(str_list_arg("exclude", value, "['*.tmp', 'wandb']"))
@@ -184,8 +196,33 @@ class Vault:
         # read_file's iterators: each holds a shared lock while a file is read part way (closed by close())
         self._file_readers: weakref.WeakSet[FileChunks] = weakref.WeakSet()
         self._closed = False  # close() has ended: every public method refuses
+        self._forked_mid_write: int | None = None  # in a forked child: the parent's PID, when it was writing
+        _VAULTS.add(self)
         if repo.unused_keyfile is not None:
             self._warn(unused_keyfile_note(url, repo.unused_keyfile))
+
+    def _forked(self) -> None:
+        """In a child forked from the process that opened this Vault (DataLoader workers, a
+        ``multiprocessing`` pool): the parent's async queue, its worker thread and the locks its threads
+        held at the fork stay the parent's. A child that ran or waited for the queue's copy used to hang
+        (its ``flush()``, ``close()`` and ``backup()`` waited forever for threads it does not have) or ship
+        the parent's checkpoints a second time; its own queue starts empty. A backup the parent was
+        writing leaves the Repository's state part written (chunks of a pack not uploaded yet count as
+        stored): writes from here are refused (``_refuse_forked_mid_write``), reads go on."""
+        parent = os.getppid()
+        if self._backup_mutex.locked():
+            self._forked_mid_write = parent
+        self._shipper = None  # the parent ships it; its pins are the parent's to release
+        self._backup_mutex = threading.Lock()
+        self._close_mutex = threading.Lock()
+        self._writer = None
+
+    def _refuse_forked_mid_write(self) -> None:
+        if self._forked_mid_write is not None:
+            raise UsageError(
+                f"this Vault is process {self._forked_mid_write}'s, which was writing a backup when it forked this "
+                f"process; open a Vault in this process to write: Vault.open({self.url!r})"
+            )
 
     @property
     def unused_keyfile(self) -> str | None:
@@ -986,6 +1023,7 @@ class Vault:
         hostname = hostname_arg(hostname)
         excludes = exclude_arg(exclude)
         check_on_full(on_full)
+        self._refuse_forked_mid_write()  # before pinning, as the next one
         self._repo.refuse_unused_keyfile()  # before pinning, not in the worker's first lock
         shipper = self._async_shipper()
         vault_id = self.config.repo_id
@@ -1017,6 +1055,7 @@ class Vault:
         folder = path_arg("folder", folder)
         timeout = seconds_arg(spelled("--timeout", "timeout"), timeout)
         pins = pins_folder(folder, self._warn)
+        self._refuse_forked_mid_write()  # before taking the pins over
         shipper = self._async_shipper()
         handles = [shipper.submit(job) for job in leftover_jobs([pins], self.config.repo_id)]
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -1049,6 +1088,7 @@ class Vault:
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
+        self._refuse_forked_mid_write()
         with self._backup_mutex:
             self._writer = threading.get_ident()
             try:
@@ -1137,6 +1177,7 @@ class Vault:
         user_tags = tags_arg(tags, stored=True)
         if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):
             raise wrong_arg("stop", stop, "a threading.Event (set it to stop watching), or None")
+        self._refuse_forked_mid_write()
         self._repo.refuse_unused_keyfile()  # before the first pin
 
         def shipped_digests() -> list[tuple[str, str]]:

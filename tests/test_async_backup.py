@@ -707,6 +707,87 @@ def test_a_forked_child_does_not_wait_for_its_parents_backups_at_exit(tmp_path):
         assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
 
 
+FORKED_USE_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import tests.support.slowfs
+    from ckptvault import Vault
+    from ckptvault.errors import CkptVaultError
+
+    repo, ckpt, other = sys.argv[1:4]
+    vault = Vault.open("slowfile://" + repo, storage_options={"delay": "1"})
+    handle = vault.backup_async(ckpt, tags={"step": "1"})
+    while not handle.running():
+        time.sleep(0.01)
+    time.sleep(0.2)  # its storage calls take 1 s each: the backup is being written
+
+    def use(action):
+        if action == "flush":
+            vault.flush(timeout=5)
+        elif action == "read":
+            vault.snapshots()
+        elif action == "backup":
+            vault.backup(other, tags={"step": "2"})
+        elif action == "backup_async":
+            vault.backup_async(other, tags={"step": "2"}).result(timeout=5)
+        elif action == "close":
+            vault.close()
+
+    children = {}
+    for action in ("flush", "read", "backup", "backup_async", "close"):
+        pid = os.fork()
+        if pid == 0:  # as a DataLoader worker or a multiprocessing pool's process that uses the vault
+            signal.alarm(20)  # a child that hangs is ended by it
+            try:
+                use(action)
+                said = "returned"
+            except CkptVaultError as exc:
+                said = f"{type(exc).__name__}: {exc}"
+            os.write(1, f"{action}: {said}\\n".encode())
+            os._exit(0)
+        children[pid] = action
+    for pid, action in children.items():
+        _, status = os.waitpid(pid, 0)
+        print(f"{action} child ended with status {status}", flush=True)
+    print(f"parent shipped step {handle.result(timeout=120).tags['step']}", flush=True)
+    vault.close()
+    """
+)
+
+
+def test_a_vault_used_in_a_forked_child_neither_hangs_nor_ships_the_parents_backups(tmp_path):
+    """A child forked while the parent's backup was being written (DataLoader workers, a pool) and that
+    calls the Vault it inherited: its flush() waited for the parent's running backup (FlushTimeoutError),
+    its close() and backup() waited forever for the lock of the parent's worker thread, and its
+    backup_async queued behind a copy of the parent's queue that no thread of its own ran (api57 #1).
+    Reads work; writes say to open a Vault in the child, since the Repository's state is part written."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    other = make_checkpoint(tmp_path / "other" / "step_2", 2)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORKED_USE_SCRIPT, str(tmp_path / "repo"), str(ckpt), str(other)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert said["flush"] == "returned", proc.stdout  # the parent's backups are the parent's to wait for
+    assert said["read"] == "returned", proc.stdout
+    assert said["close"] == "returned", proc.stdout
+    for action in ("backup", "backup_async"):
+        assert said[action].startswith("UsageError: "), proc.stdout
+        assert "which was writing a backup when it forked this process" in said[action], proc.stdout
+        assert f"Vault.open('slowfile://{tmp_path / 'repo'}')" in said[action], proc.stdout
+    assert proc.stdout.count("child ended with status 0") == 5, proc.stdout
+    assert "parent shipped step 1" in proc.stdout, proc.stdout
+    with Vault.open(str(tmp_path / "repo")) as vault:  # only the parent's backup, shipped once
+        assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
+    assert not (tmp_path / "other" / ".ckptvault-pins").exists()
+    assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists()
+
+
 def test_close_waits_for_every_queued_backup_without_a_false_error(tmp_path, caplog):
     # exit_timeout bounds only the interpreter's exit: close() (and leaving a `with`) ships them all
     ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step) for step in (1, 2)]
