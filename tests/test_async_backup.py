@@ -717,9 +717,8 @@ FORKED_USE_SCRIPT = textwrap.dedent(
     repo, ckpt, other = sys.argv[1:4]
     vault = Vault.open("slowfile://" + repo, storage_options={"delay": "1"})
     handle = vault.backup_async(ckpt, tags={"step": "1"})
-    while not handle.running():
-        time.sleep(0.01)
-    time.sleep(0.2)  # its storage calls take 1 s each: the backup is being written
+    while not (os.path.isdir(repo + "/locks") and os.listdir(repo + "/locks")):
+        time.sleep(0.01)  # the backup holds its lock: it is being written (its storage calls take 1 s each)
 
     def use(action):
         if action == "flush":
@@ -730,11 +729,13 @@ FORKED_USE_SCRIPT = textwrap.dedent(
             vault.backup(other, tags={"step": "2"})
         elif action == "backup_async":
             vault.backup_async(other, tags={"step": "2"}).result(timeout=5)
+        elif action == "prune":
+            vault.prune(keep_latest=1)
         elif action == "close":
             vault.close()
 
     children = {}
-    for action in ("flush", "read", "backup", "backup_async", "close"):
+    for action in ("flush", "read", "backup", "backup_async", "prune", "close"):
         pid = os.fork()
         if pid == 0:  # as a DataLoader worker or a multiprocessing pool's process that uses the vault
             signal.alarm(20)  # a child that hangs is ended by it
@@ -764,6 +765,8 @@ def test_a_vault_used_in_a_forked_child_neither_hangs_nor_ships_the_parents_back
     Vault.init(str(tmp_path / "repo")).close()
     ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
     other = make_checkpoint(tmp_path / "other" / "step_2", 2)
+    with Vault.open(str(tmp_path / "repo")) as vault:  # something for the child's prune to remove
+        vault.backup(other, tags={"step": "0"})
     proc = subprocess.run(
         [sys.executable, "-c", FORKED_USE_SCRIPT, str(tmp_path / "repo"), str(ckpt), str(other)],
         capture_output=True,
@@ -780,10 +783,13 @@ def test_a_vault_used_in_a_forked_child_neither_hangs_nor_ships_the_parents_back
         assert said[action].startswith("UsageError: "), proc.stdout
         assert "which was writing a backup when it forked this process" in said[action], proc.stdout
         assert f"Vault.open('slowfile://{tmp_path / 'repo'}')" in said[action], proc.stdout
-    assert proc.stdout.count("child ended with status 0") == 5, proc.stdout
+    # the parent's backup holds the vault: its lock is another process's, not the child's own
+    assert said["prune"].startswith("VaultLockedError: "), proc.stdout
+    assert "this process itself" not in said["prune"] and "a process running on this host" in said["prune"]
+    assert proc.stdout.count("child ended with status 0") == 6, proc.stdout
     assert "parent shipped step 1" in proc.stdout, proc.stdout
     with Vault.open(str(tmp_path / "repo")) as vault:  # only the parent's backup, shipped once
-        assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
+        assert [s.tags for s in vault.snapshots()] == [{"step": "0"}, {"step": "1"}]
     assert not (tmp_path / "other" / ".ckptvault-pins").exists()
     assert not (tmp_path / "ckpt" / ".ckptvault-pins").exists()
 

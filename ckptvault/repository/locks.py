@@ -311,6 +311,18 @@ _HELD: weakref.WeakKeyDictionary[Repository, list[HeldLock]] = weakref.WeakKeyDi
 _LEFT_BEHIND: weakref.WeakKeyDictionary[Repository, list[LockInfo]] = weakref.WeakKeyDictionary()
 
 
+def _forget_held_in_child() -> None:
+    """A forked child (a DataLoader worker) holds none of its parent's locks: their refresh threads stay in
+    the parent. Counted as its own, a child's prune beside the parent's backup was refused as "locked by
+    this process itself", naming the parent's PID and advice about its own files and threads."""
+    global _held_mutex
+    _held_mutex = threading.Lock()  # a parent thread may have held it at the fork
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_in_child)
+
+
 def _duration(seconds: float) -> str:
     """``90`` -> "1m30s", as the user would write it for --retry-lock."""
     whole = round(seconds)
