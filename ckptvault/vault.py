@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 from .arguments import (
     KeyfileArg,
@@ -440,6 +440,14 @@ class Vault:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __reduce__(self) -> NoReturn:
+        # a Vault holds locks, connections and threads of this process: pickled into a DataLoader's spawned
+        # worker it failed with "cannot pickle '_thread.lock' object", naming nothing of what to do
+        raise TypeError(
+            "a Vault cannot be pickled or copied (it holds this process's locks, connections and threads); "
+            f"in another process (a DataLoader worker) open one there: Vault.open({self.url!r})"
+        )
 
     @property
     def config(self) -> RepoConfig:

@@ -844,3 +844,17 @@ def test_a_missing_vault_opened_through_the_api_says_how_the_api_creates_one(tmp
     with pytest.raises(VaultNotFoundError) as info:
         Vault.open(url)
     assert str(info.value).endswith(f"create one with: Vault.init({url!r}), or Vault.open({url!r}, create=True)")
+
+
+def test_a_vault_sent_to_a_spawned_process_says_to_open_one_there(vault):
+    """A Vault given to a spawned worker (a DataLoader's dataset, a multiprocessing pool) failed in pickle with
+    "cannot pickle '_thread.lock' object", naming neither the Vault nor what to do."""
+    import copy
+    import pickle
+
+    for send in (pickle.dumps, copy.copy):
+        with pytest.raises(TypeError, match=r"a Vault cannot be pickled or copied .* open one there: Vault\.open\("):
+            send(vault)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool, pytest.raises(TypeError, match=r"Vault\.open\("):
+        pool.apply(len, ([vault],))
