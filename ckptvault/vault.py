@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -73,6 +72,7 @@ from .ops.async_backup import (
     check_sources_unchanged,
     leftover_jobs,
     make_job,
+    ship_leftovers,
     staging_folder,
 )
 from .ops.backup import OnChange
@@ -1058,16 +1058,15 @@ class Vault:
         the same disk, call it before ``restore_latest``, so that the newest save of the run that died is
         in the vault when the resume picks one (else the first ``backup_async`` ships it later, and it
         becomes ``latest`` over the resumed run's newer saves). Returns the snapshots, oldest first;
-        raises the first failure, or FlushTimeoutError after ``timeout`` seconds (what is queued goes on
-        shipping)."""
+        raises the first failure, or FlushTimeoutError after ``timeout`` seconds. A wait cut short (the
+        timeout, Ctrl-C) ships no more of them: the one under way goes on, the others stay pinned for the
+        next call."""
         folder = path_arg("folder", folder)
         timeout = seconds_arg(spelled("--timeout", "timeout"), timeout)
         pins = pins_folder(folder, self._warn)
         self._refuse_forked_mid_write()  # before taking the pins over
         shipper = self._async_shipper()
-        handles = [shipper.submit(job) for job in leftover_jobs([pins], self.config.repo_id)]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        return [h.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
+        return ship_leftovers(shipper, leftover_jobs([pins], self.config.repo_id), folder, pins, timeout)
 
     @_open_only
     def flush(self, timeout: float | None = None) -> None:

@@ -583,3 +583,92 @@ def test_a_shell_driven_restart_ships_the_dead_runs_pins_with_ship_pins_before_i
     assert again.stdout.decode().strip() == f"nothing left pinned in {out}"
     bad = cli("ship-pins", str(tmp_path / "no-such"), "--repo", str(repo), check=False)
     assert bad.returncode == 3 and "no such directory (give the folder" in bad.stderr.decode(), bad.stderr
+
+
+QUEUING_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import ckptvault.vault
+    from ckptvault import Vault
+
+    def hold(*args):
+        time.sleep(600)
+
+    ckptvault.vault.Vault._run_job = hold  # nothing of them reaches the vault
+    vault = Vault.open(sys.argv[1])
+    for ckpt in sys.argv[2:]:
+        vault.backup_async(ckpt, tags={"run": "r", "step": ckpt.rsplit("-", 1)[1]})
+    print("queued", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def three_dead_pins_not_uploaded(tmp_path: Path) -> tuple[Path, Path]:
+    """A vault, and an output folder whose trainer queued checkpoints 1, 2 and 3 and was killed before
+    any of their bytes left: three pins that a ship-pins must upload whole."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    Vault.init(str(repo)).close()
+    ckpts = [str(make_checkpoint(out / f"checkpoint-{step}", step)) for step in (1, 2, 3)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", QUEUING_SCRIPT, str(repo), *ckpts],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "queued"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert len(pin_roots(out)) == 3
+    return repo, out
+
+
+def shipped_steps(repo: Path) -> list[str]:
+    with Vault.open(str(repo)) as vault:
+        return sorted(s.tags["step"] for s in vault.snapshots())
+
+
+def test_ship_pins_stops_shipping_at_its_timeout_and_leaves_the_rest_pinned(tmp_path, cli):
+    """ux57: `ship-pins --timeout 1` waited until every pinned checkpoint had shipped (9 s here), then failed
+    with exit 1 and the API's words ("still running after 0.04 s; wait longer (result(timeout=...)) or check
+    done() later"), a failure for a job that was done. At the timeout it now ships no more: the checkpoint
+    under way is finished, the others stay pinned, and the message says so and how to ship them."""
+    repo, out = three_dead_pins_not_uploaded(tmp_path)
+    args = ("ship-pins", str(out), "--repo", str(repo))
+    proc = cli(*args, "--timeout", "1", "--limit-upload", "100KB", check=False)  # 300 KB each: ~3 s apiece
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "result(timeout" not in err and "done()" not in err, err
+    assert "not shipped within 1 s (--timeout)" in err and f"run ckptvault ship-pins {out} again" in err, err
+    steps = shipped_steps(repo)
+    assert len(steps) <= 1 and len(pin_roots(out)) == 3 - len(steps), (steps, pin_roots(out))
+    cli(*args)
+    assert shipped_steps(repo) == ["1", "2", "3"] and pin_roots(out) == []
+
+
+def test_ctrl_c_stops_ship_pins_after_the_checkpoint_under_way(tmp_path):
+    """ux57: Ctrl-C during `ship-pins` was taken, then the command shipped every pinned checkpoint anyway
+    (the vault's close waited for them all) before it said `error: cancelled`. It now ships no more than the
+    checkpoint under way; the others stay pinned for the next run."""
+    repo, out = three_dead_pins_not_uploaded(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTVAULT_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptvault", "ship-pins", str(out), "--repo", str(repo), "--limit-upload", "100KB"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 60
+    locks = repo / "locks"
+    while not (locks.is_dir() and any(locks.iterdir())) and time.monotonic() < deadline:  # a backup has begun
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"run the same command again" in err, err
+    steps = shipped_steps(repo)
+    assert len(steps) <= 1 and len(pin_roots(out)) == 3 - len(steps), (steps, pin_roots(out))

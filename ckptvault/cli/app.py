@@ -156,6 +156,8 @@ _CANCELLED = {
     "same IDs skips them and goes on (not with 'latest', which names the next one now)",
     "repair_index_cmd": "cancelled; the index stays readable as it was, and a rerun repairs it",
     "tag_cmd": "cancelled; the snapshot has its old tags or its new ones, not both (see: ckptvault snapshots)",
+    "ship_pins_cmd": "cancelled; the checkpoints shipped so far stay shipped, the others stay pinned: run the same "
+    "command again to ship them",
 }
 
 

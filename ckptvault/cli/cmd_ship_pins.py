@@ -28,7 +28,12 @@ def ship_pins_cmd(
     ],
     timeout: Annotated[
         float | None,
-        typer.Option("--timeout", metavar="S", help="Give up waiting after this many seconds (default: none)."),
+        typer.Option(
+            "--timeout",
+            metavar="S",
+            help="Ship no more after this many seconds: the checkpoint under way is finished, the others stay "
+            "pinned for the next run (default: none).",
+        ),
     ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,

@@ -29,6 +29,7 @@ import math
 import numbers
 import os
 import secrets
+import shlex
 import signal
 import sys
 import threading
@@ -53,11 +54,12 @@ from ..errors import (
     StorageError,
     UsageError,
     VaultLockedError,
+    spelled,
 )
 from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
-from ..units import format_bytes
+from ..units import format_bytes, format_seconds
 from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER, is_unfinished, source_name
@@ -394,6 +396,51 @@ def leftover_jobs(staging: list[str], vault_id: str) -> list[BackupJob]:
             )
             jobs.append(job)
     return jobs
+
+
+def ship_leftovers(
+    shipper: AsyncShipper, jobs: list[BackupJob], folder: str, pins: str, timeout: float | None
+) -> list[Snapshot]:
+    """Ship ``jobs`` (what dead processes left pinned in ``pins``, the pins folder of ``folder``) and wait
+    for them. A wait cut short, at ``timeout`` (FlushTimeoutError) or by Ctrl-C or SIGTERM, ships no more
+    of them: those not started stay pinned for a later run, and only the one under way goes on. Else the
+    caller, gone on without them (`ship-pins` to its exit, which waited for them all, a resume to its
+    restore), would have them land behind its back, as `latest` over the resumed run's own saves."""
+    handles = [shipper.submit(job) for job in jobs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        return [h.result(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
+    except BackupTimeoutError:
+        assert timeout is not None  # only a bounded wait runs out
+        within = f"within {format_seconds(timeout)} s ({spelled('--timeout', 'timeout')})"
+        raise FlushTimeoutError(_stop_shipping(shipper, jobs, folder, pins, within, interrupted=False)) from None
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated): the caller says that it stopped
+        if said := _stop_shipping(shipper, jobs, folder, pins, "when the wait was interrupted", interrupted=True):
+            retry_log.warning("%s", said)
+        raise
+
+
+def _stop_shipping(
+    shipper: AsyncShipper, jobs: list[BackupJob], folder: str, pins: str, why: str, *, interrupted: bool
+) -> str:
+    """Withdraw the ``jobs`` not started; what is left and what becomes of it ("" when nothing is)."""
+    withdrawn = shipper.withdraw(jobs, f"the wait for it ended {why}")
+    under_way = [job for job in jobs if job.future.running()]
+    if not (withdrawn or under_way):
+        return ""
+    left = len(withdrawn) + len(under_way)
+    said = [f"{left} of the {len(jobs)} checkpoint(s) left pinned in {pins} were not shipped {why}"]
+    if under_way:
+        again = " (a second Ctrl-C leaves it pinned too)" if interrupted else ""
+        ends = spelled("is finished before the command ends", "goes on shipping (close() waits for it)")
+        said.append(f"the one under way, {under_way[0].describe()}, {ends}{again}")
+    if withdrawn:
+        ship = spelled(
+            f"run ckptvault ship-pins {shlex.quote(folder)} again", f"call ship_leftover_pins({folder!r}) again"
+        )
+        others = "the other one stays" if len(withdrawn) == 1 else f"the other {len(withdrawn)} stay"
+        said.append(f"{others if under_way else 'they stay'} pinned: {ship} to ship them")
+    return "; ".join(said)
 
 
 def _leftover_job(lefts: list[Leftover]) -> BackupJob | None:
@@ -822,6 +869,20 @@ class AsyncShipper:
             self._pending.clear()
             self._cond.notify_all()
         _LIVE.discard(self)
+
+    def withdraw(self, jobs: list[BackupJob], why: str) -> list[BackupJob]:
+        """Take ``jobs`` that have not started out of the queue, keeping their pins for a later run (a
+        wait for them that was cut short: their caller goes on without them); returns those taken out.
+        One already running goes on."""
+        with self._cond:
+            withdrawn = [job for job in jobs if job in self._pending and job.future.cancel()]
+            for job in withdrawn:
+                self._pending.remove(job)
+                kept = _pins_folders([job])
+                job.cancelled_because = why + (f"; its pinned files stay in {', '.join(kept)}" if kept else "")
+                give_up(job.pins)
+            self._cond.notify_all()
+        return withdrawn
 
     def flush_at_exit(self) -> None:
         """Wait for the queued backups, at most ``exit_timeout`` seconds, saying so first (a WARNING:
