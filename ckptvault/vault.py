@@ -90,7 +90,7 @@ from .ops.copy_session import copy_listed, finish_copy, refuse_decrypting
 from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
-from .ops.leftover_pins import pins_folder
+from .ops.leftover_pins import pins_folder, say_other_vaults
 from .ops.open_or_create import deriving_ahead, open_existing, open_race_winner, say_created
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
@@ -1066,7 +1066,9 @@ class Vault:
         pins = pins_folder(folder, self._warn)
         self._refuse_forked_mid_write()  # before taking the pins over
         shipper = self._async_shipper()
-        return ship_leftovers(shipper, leftover_jobs([pins], self.config.repo_id), folder, pins, timeout)
+        shipped = ship_leftovers(shipper, leftover_jobs([pins], self.config.repo_id), folder, pins, timeout)
+        say_other_vaults(pins, folder, self.config.repo_id, self._warn)
+        return shipped
 
     @_open_only
     def flush(self, timeout: float | None = None) -> None:

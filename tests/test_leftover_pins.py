@@ -672,3 +672,22 @@ def test_ctrl_c_stops_ship_pins_after_the_checkpoint_under_way(tmp_path):
     assert b"run the same command again" in err, err
     steps = shipped_steps(repo)
     assert len(steps) <= 1 and len(pin_roots(out)) == 3 - len(steps), (steps, pin_roots(out))
+
+
+def test_ship_pins_into_another_vault_names_the_pins_it_leaves(tmp_path, cli):
+    """ux57: `ship-pins out` given the wrong vault (the default one, a --repo of another run) said `nothing
+    left pinned in out` while out/.ckptvault-pins held a dead run's saves for its own vault: a restart
+    script went on to restore an older save. It still ships only its own vault's pins, and names the others."""
+    repo, out = three_dead_pins_not_uploaded(tmp_path)
+    other = tmp_path / "other"
+    cli("init", str(other))
+    proc = cli("ship-pins", str(out), "--repo", str(other))
+    assert proc.stdout.decode().strip() == f"nothing left pinned in {out}"
+    with Vault.open(str(repo)) as vault:
+        vault_id = vault.config.repo_id
+    err = proc.stderr.decode()
+    assert f"{out / '.ckptvault-pins'} holds 3 checkpoint(s) left pinned for another vault" in err, err
+    assert vault_id[:8] in err and "--repo" in err, err
+    assert len(pin_roots(out)) == 3 and shipped_steps(other) == []
+    cli("ship-pins", str(out), "--repo", str(repo))
+    assert shipped_steps(repo) == ["1", "2", "3"]

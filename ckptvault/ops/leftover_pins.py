@@ -332,6 +332,40 @@ def pins_folder(folder: str, warn: Callable[[str], None]) -> str:
     return pins_here
 
 
+def left_for_other_vaults(staging: str, vault_id: str) -> dict[str, int]:
+    """How many checkpoints processes that ended left pinned in ``staging`` for each vault other than
+    ``vault_id`` (by vault ID): a ship into this vault leaves them, and must say so, since a restart that
+    named the wrong vault would otherwise hear "nothing left pinned" and resume from an older save."""
+    jobs: dict[str, set[str]] = {}
+    try:
+        names = sorted(os.listdir(staging))
+    except OSError:
+        return {}  # no pins folder: nothing was pinned here
+    for name in names:
+        pinned_ns = pins.pinned_at_ns(name)
+        loaded = pins.read(os.path.join(staging, name)) if pinned_ns is not None else None
+        job = JobRecord.from_doc(loaded[1].get(JOB_KEY)) if loaded else None
+        if pinned_ns is None or loaded is None or job is None or job.vault_id == vault_id:
+            continue
+        if owner_state(loaded[1].get(OWNER_KEY), pinned_ns, os.path.join(staging, name)) in ("alive", "this process"):
+            continue  # a live process's own pins: it ships them
+        jobs.setdefault(job.vault_id, set()).add(job.job_id)
+    return {vault: len(ids) for vault, ids in jobs.items()}
+
+
+def say_other_vaults(staging: str, folder: str, vault_id: str, warn: Callable[[str], None]) -> None:
+    """Name the pins ``left_for_other_vaults`` finds in ``staging`` (the pins folder of ``folder``)."""
+    for other, count in left_for_other_vaults(staging, vault_id).items():
+        warn(
+            f"{staging} holds {count} checkpoint(s) left pinned for another vault (ID {other[:8]}), which are "
+            "not shipped into this one; to ship them, "
+            + spelled(
+                f"run ckptvault ship-pins {shlex.quote(folder)} --repo <that vault>",
+                f"call ship_leftover_pins({folder!r}) on a Vault of that vault",
+            )
+        )
+
+
 def _lists_anything(folder: str) -> bool:
     try:
         return bool(os.listdir(folder))
