@@ -458,6 +458,28 @@ def test_demo_command_from_the_readme(cli):
     assert "demo" not in cli("snapshots").stdout.decode()
 
 
+def test_a_demo_whose_temporary_folder_is_full_says_so_and_where(cli, tmp_path: Path):
+    """ux57: `TMPDIR=<a full disk> ckptvault demo` was `error: internal error: OSError: [Errno 28] No space left
+    on device (traceback saved to ...; please report it)`, exit 1, with its traceback written to that full disk.
+    It is exit 21, naming the folder the demo writes its sample checkpoint to, and TMPDIR to pick another."""
+    from tests.support.tmpfs import mounted_tmpfs
+
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    with mounted_tmpfs(tmp_path / "small-tmp", "2m", "the demo's full temporary folder test") as small:
+        proc = cli("demo", "--repo", repo, check=False, TMPDIR=str(small))
+        line = one_line_error(proc)
+        assert proc.returncode == 21, line
+        assert f"no space left writing checkpoint-100/model.safetensors on {small}/ckptvault-demo-" in line, line
+        assert "set TMPDIR to a folder with room" in line, line
+        assert os.listdir(small) == []  # its partial sample went with its temporary folder
+    assert cli("snapshots", "--repo", repo, "--json").stdout.strip() == b"[]"
+    # room for the two saves, not for the restore: no "a rerun finishes it", the folder goes with the demo
+    with mounted_tmpfs(tmp_path / "tmp-60m", "60m", "the demo's full temporary folder test") as small:
+        line = one_line_error(cli("demo", "-q", "--repo", repo, check=False, TMPDIR=str(small)))
+        assert "/restored: No space left on device; free space there, or set TMPDIR" in line, line
+
+
 def test_a_demo_run_in_a_vault_in_use_warns_even_when_quiet(cli, tmp_path: Path):
     """The README's first command writes into the default vault: one that holds a user's own saves gets two
     newer ones, which an untagged `restore latest` takes; -q hid the line that said so (ux43)."""

@@ -4,8 +4,8 @@ import filecmp
 import os
 import tempfile
 
-from ..errors import IntegrityError
-from ..ops.sample import write_sample_checkpoint
+from ..errors import IntegrityError, StorageFullError
+from ..ops.sample import ROOM_HINT, write_sample_checkpoint
 from ..snapshot.model import Snapshot
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, counted, format_bytes
@@ -43,7 +43,10 @@ def demo_cmd(
         if latest.id != snapshots[-1].id:  # a run of the user's own named demo, at a higher step
             latest, shown = snapshots[-1], "the demo's second save"
         target = os.path.join(work, "restored")
-        result = vault.restore(latest, target)
+        try:
+            result = vault.restore(latest, target)
+        except StorageFullError as exc:  # "a rerun finishes it" would be wrong: the folder goes with the demo
+            raise StorageFullError(exc.op, exc.key, exc.url, exc.reason, hint=ROOM_HINT) from None
         names = sorted(os.listdir(src))
         _match, mismatch, errors = filecmp.cmpfiles(src, target, names, shallow=False)
         if mismatch or errors:
