@@ -583,6 +583,9 @@ def test_a_shell_driven_restart_ships_the_dead_runs_pins_with_ship_pins_before_i
     assert again.stdout.decode().strip() == f"nothing left pinned in {out}"
     bad = cli("ship-pins", str(tmp_path / "no-such"), "--repo", str(repo), check=False)
     assert bad.returncode == 3 and "no such directory (give the folder" in bad.stderr.decode(), bad.stderr
+    # ux57: a checkpoint file given for its folder was called "no such directory", though it is there
+    bad = cli("ship-pins", str(out / "checkpoint-1" / "model.safetensors"), "--repo", str(repo), check=False)
+    assert bad.returncode == 3 and "model.safetensors: a file, not a folder (give the folder" in bad.stderr.decode()
 
 
 QUEUING_SCRIPT = textwrap.dedent(

@@ -316,7 +316,9 @@ def pins_folder(folder: str, warn: Callable[[str], None]) -> str:
     checkpoints were saved in), or is it. A folder that is no directory is refused: a mistyped one would
     ship nothing, and the resume pick an older save."""
     if not os.path.isdir(folder):
-        raise SourceError(folder or '""', "no such directory", "give the folder the checkpoints were saved in")
+        # a checkpoint file given (`ship-pins out/last.ckpt`) is there: "no such directory" sent the user looking
+        what = "a file, not a folder" if os.path.lexists(folder) else "no such directory"
+        raise SourceError(folder or '""', what, "give the folder the checkpoints were saved in")
     folder = os.path.abspath(folder)
     pins_here = folder if os.path.basename(folder) == PIN_FOLDER else os.path.join(folder, PIN_FOLDER)
     beside = os.path.join(os.path.dirname(folder), PIN_FOLDER)
