@@ -431,7 +431,7 @@ def _stop_shipping(
     left = len(withdrawn) + len(under_way)
     said = [f"{left} of the {len(jobs)} checkpoint(s) left pinned in {pins} were not shipped {why}"]
     if under_way:
-        again = " (a second Ctrl-C leaves it pinned too)" if interrupted else ""
+        again = " (a second Ctrl-C or SIGTERM leaves it pinned too)" if interrupted else ""
         ends = spelled("is finished before the command ends", "goes on shipping (close() waits for it)")
         said.append(f"the one under way, {under_way[0].describe()}, {ends}{again}")
     if withdrawn:
