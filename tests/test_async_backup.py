@@ -745,9 +745,8 @@ FORKED_USE_SCRIPT = textwrap.dedent(
             os.write(1, f"{action}: {said}\\n".encode())
             os._exit(0)
         children[pid] = action
-    for pid, action in children.items():
-        _, status = os.waitpid(pid, 0)
-        print(f"{action} child ended with status {status}", flush=True)
+    ended = [f"{action} child ended with status {os.waitpid(pid, 0)[1]}" for pid, action in children.items()]
+    print("\\n".join(ended), flush=True)  # once every child ended: no child's line lands inside one of these
     print(f"parent shipped step {handle.result(timeout=120).tags['step']}", flush=True)
     vault.close()
     """
