@@ -9,6 +9,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,36 @@ def test_a_keyfile_left_by_a_killed_writer_is_removed_by_the_next_one_and_a_live
     key.save(target, overwrite=True)
     assert temps() == [just_made.name]
     assert Keyfile.load(target).unlock(PASS).material == key.unlock(PASS).material
+
+
+def test_an_empty_keyfile_temp_of_a_writer_killed_before_writing_is_removed_by_the_next_one(tmp_path: Path):
+    """A `key passwd` SIGKILLed right after making its temporary file (tests/support/killcli.py) left an empty
+    `.team.key.tmp-*` that every later writer took for a live writer's, not locked yet: it stayed for good.
+    Once it is older than a live writer's can be, the next writer removes it; a new one still stays."""
+    key, _ = Keyfile.create(PASS, scrypt_n=2**10)
+    target = tmp_path / "team.key"
+    key.save(target)
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "CKPTVAULT_PASSPHRASE": PASS,
+        "CKPTVAULT_NEW_PASSPHRASE": "a new passphrase",
+        "KILLCLI_MATCH": "open " + str(tmp_path / ".team.key.tmp-"),
+        "KILLCLI_AT": "1",
+    }
+    run = [sys.executable, "-m", "tests.support.killcli", "key", "passwd", "-k", str(target), "--kdf-cost", "14"]
+    killed = subprocess.run(run, env=env, capture_output=True, cwd=Path(__file__).parent.parent, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    (left,) = tmp_path.glob(".team.key.tmp-*")
+    assert left.stat().st_size == 0 and Keyfile.load(target).unlock(PASS)  # the old keyfile, untouched
+    long_ago = time.time() - 3600  # past EMPTY_TEMP_GRACE_S
+    os.utime(left, (long_ago, long_ago))
+    just_made = tmp_path / ".team.key.tmp-0123abcd"
+    just_made.touch()  # a live writer's that has not locked it yet
+    rerun = subprocess.run([*run[:1], "-m", "ckptvault", *run[3:]], env=env, capture_output=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert sorted(p.name for p in tmp_path.glob(".team.key.tmp-*")) == [just_made.name]
+    assert Keyfile.load(target).unlock("a new passphrase")
 
 
 def test_a_keyfile_that_cannot_be_written_is_a_one_line_error(cli, tmp_path: Path):

@@ -35,6 +35,7 @@ import re
 import secrets
 import stat
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -237,6 +238,9 @@ class KdfParams:
 # A keyfile is written under ``.<name>.tmp-<random>`` first, then renamed. A writer killed in between
 # (SIGKILL, a power loss) leaves that file: a whole keyfile, under the passphrase that was being set.
 TEMP_MARK = ".tmp-"
+# An empty one is a writer's that has not locked it yet, or one killed before it wrote a byte: past this
+# age, no live writer (it locks the file right after making it) can own it.
+EMPTY_TEMP_GRACE_S = 60.0
 
 
 def _lock_while_written(fd: int) -> None:
@@ -267,13 +271,19 @@ def _remove_dead_writers_temps(directory: str, temp_prefix: str) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             held = os.fstat(fd)
-            # empty: a writer that made it a moment ago and has not locked it yet (a killed one left no key)
-            if held.st_size and os.path.samestat(held, os.lstat(leftover)):
+            # empty and new: a writer that made it a moment ago and has not locked it yet
+            if _dead_writers(held) and os.path.samestat(held, os.lstat(leftover)):
                 os.unlink(leftover)
         except OSError:
             pass  # held by a live writer, renamed or removed meanwhile, or no locks here
         finally:
             os.close(fd)
+
+
+def _dead_writers(held: os.stat_result) -> bool:
+    """Whether a temporary keyfile whose lock was just taken is a killed writer's: one with a key in it, or
+    an empty one older than a live writer's can be (killed between making it and writing)."""
+    return held.st_size > 0 or time.time() - held.st_mtime > EMPTY_TEMP_GRACE_S
 
 
 def _publish(tmp: str, path: str, overwrite: bool) -> None:
