@@ -97,7 +97,7 @@ from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_pr
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, restore_full_hint, run_restore, target_error
-from .ops.retag import changed_tags, retag, retag_gone
+from .ops.retag import changed_tags, finish_left_behind, retag, retag_gone
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_selected_stats, compute_stats
 from .ops.status import BackupStatus, backup_status
@@ -939,7 +939,12 @@ class Vault:
                         raise retagged_here(snapshot, new_id) from None
                     raise retag_gone(snapshot) from None  # not "no snapshot <its 64 hex digits>"
                 raise
-            retagged = retag(self._repo, chosen, changed_tags(chosen.tags, add, remove), lock.verify)
+            renewed_tags = changed_tags(chosen.tags, add, remove)
+            if renewed_tags == chosen.tags and (
+                old := finish_left_behind(self._repo, chosen, self.snapshots(), lock.verify)
+            ):
+                self._warn(f"removed snapshot {old.short_id}, which a killed tag left beside {chosen.short_id}")
+            retagged = retag(self._repo, chosen, renewed_tags, lock.verify)
             if retagged.id != chosen.id:
                 self._catalog.retagged[chosen.id] = retagged.id
             return retagged

@@ -384,3 +384,36 @@ def test_a_snapshot_this_vault_retagged_is_named_as_retagged_not_removed_by_anot
     ):
         with pytest.raises(SnapshotNotFoundError, match=said):
             call()
+
+
+def test_a_tag_of_latest_killed_before_the_old_ones_removal_is_finished_by_the_same_tag_again(cli, tmp_path: Path):
+    """cr57: `tag latest --tag run=x --add keep=best` SIGKILLed between writing the new snapshot and removing the
+    old one left both, of one step and one time; run again, `latest` took the copy whenever its ID sorted higher
+    (half the time), which "already has these tags; nothing changed": the old one stayed until a prune."""
+    from ckptvault.ops.retag import retagged_id
+
+    repo = tmp_path / "repo"
+    with Vault.init(str(repo)) as vault:
+        two_saves(vault, tmp_path)
+        first, second = vault.snapshots()
+    # a tag whose copy's ID sorts above the old one's: the copy is then `latest` of the pair
+    value = next(
+        f"best{n}" for n in range(100) if retagged_id(second.id, {**second.tags, "keep": f"best{n}"}) > second.id
+    )
+    command = ["tag", "latest", "--tag", "run=x", "--add", f"keep={value}", "--repo", str(repo)]
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.support.killcli", *command],
+        env={**os.environ, "KILLCLI_MATCH": f"remove {repo}/snapshots/", "KILLCLI_AT": "1"},
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Vault.open(str(repo)) as vault:
+        assert len(vault.snapshots()) == 3  # both copies of the second save
+    again = cli(*command)
+    with Vault.open(str(repo)) as vault:
+        now = vault.snapshots()
+        assert [s.id for s in now] == [first.id, retagged_id(second.id, {**second.tags, "keep": value})]
+        assert vault.check(read_data=1.0).ok
+    assert f"removed snapshot {second.short_id}, which a killed tag left beside" in again.stderr.decode()

@@ -72,6 +72,21 @@ def retag(repo: Repository, snapshot: Snapshot, tags: dict[str, str], before_com
     return renewed
 
 
+def finish_left_behind(
+    repo: Repository, snapshot: Snapshot, every: list[Snapshot], before_commit: Callable[[], None]
+) -> Snapshot | None:
+    """When ``snapshot`` is the retagged copy of a pair a killed ``tag`` left, the old one of the pair, removed
+    now: the same ``tag`` run again may choose the copy rather than the old one (``latest`` between two
+    twins of one save takes the higher ID), and would otherwise leave both (until a prune)."""
+    by_id = {s.id: s for s in every}
+    old_id = next((old for old, new in interrupted_retags(every).items() if new.id == snapshot.id), None)
+    if old_id is None:
+        return None
+    before_commit()
+    _finish(repo, by_id[old_id], snapshot.id)
+    return by_id[old_id]
+
+
 def _finish(repo: Repository, snapshot: Snapshot, renewed_id: str) -> Snapshot:
     """The retagged copy of ``snapshot`` found written already: the old pair goes."""
     renewed = decode_snapshot(repo.load_snapshot(bytes.fromhex(renewed_id)))
