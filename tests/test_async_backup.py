@@ -831,6 +831,44 @@ def test_a_forked_child_does_not_take_its_parents_lock_for_its_own(tmp_path):
     assert "a process running on this host" in said, said
 
 
+@pytest.mark.parametrize("ends", ["close", "exit"])
+def test_a_forked_child_leaves_its_parents_shared_lock_in_place(tmp_path, ends):
+    """A child forked while the parent read a file part way (holding the vault's shared lock) that closed the
+    Vault it inherited, or just ended with sys.exit, deleted the parent's lock object (its copy of the reader
+    released it): a prune elsewhere then ran under the parent's read and could delete the packs it reads."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from ckptvault import Vault
+
+        repo, ckpt, ends = sys.argv[1:4]
+        vault = Vault.open(repo)
+        snap = vault.backup(ckpt)
+        reading = vault.read_file(snap, "model.pt")
+        next(reading)  # read part way: the parent holds its shared lock
+        pid = os.fork()
+        if pid == 0:
+            if ends == "close":
+                vault.close()
+                os._exit(0)
+            sys.exit(0)  # the interpreter's own exit: what it holds is collected
+        os.waitpid(pid, 0)
+        print(len(os.listdir(os.path.join(repo, "locks"))), flush=True)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "repo"), str(ckpt), ends],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1"], proc.stdout  # the parent's shared lock, still there
+
+
 def test_close_waits_for_every_queued_backup_without_a_false_error(tmp_path, caplog):
     # exit_timeout bounds only the interpreter's exit: close() (and leaving a `with`) ships them all
     ckpts = [make_checkpoint(tmp_path / "ckpt" / f"step_{step}", step) for step in (1, 2)]

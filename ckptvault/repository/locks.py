@@ -786,6 +786,7 @@ class HeldLock:
         self._writing: LockInfo | None = None  # the lock object a refresh is writing
         self._stop = threading.Event()
         self._mutex = threading.Lock()
+        self._pid = os.getpid()  # a forked child's copy is not its to release (``release``)
         with _held_mutex:
             _HELD.setdefault(manager.repo, []).append(self)
         self._thread = threading.Thread(target=self._refresh_loop, name="ckptvault-lock", daemon=True)
@@ -935,7 +936,12 @@ class HeldLock:
     def release(self, *, remove: bool = True) -> None:
         """Stop refreshing and delete the lock object (``remove=False``: leave it, to go stale). A shared
         lock's removal is housekeeping (it blocks only a prune, and goes stale by itself): it gets a
-        brief try, not the storage's whole budget, so a finished command ends on a dead link."""
+        brief try, not the storage's whole budget, so a finished command ends on a dead link. In a forked
+        child it does nothing: the lock is the parent's (a copy of a read part way, closed or collected in
+        the child, deleted the parent's lock object, and a prune elsewhere could then run under its read)."""
+        if os.getpid() != self._pid:
+            self._released = True  # none judges it here; the parent refreshes and removes it
+            return
         try:
             self._stop.set()
             # a refresh stuck on a storage that stopped answering is not waited for (its retries ran minutes
