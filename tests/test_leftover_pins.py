@@ -694,3 +694,21 @@ def test_ship_pins_into_another_vault_names_the_pins_it_leaves(tmp_path, cli):
     assert len(pin_roots(out)) == 3 and shipped_steps(other) == []
     cli("ship-pins", str(out), "--repo", str(repo))
     assert shipped_steps(repo) == ["1", "2", "3"]
+
+
+def test_a_second_ship_leftover_pins_after_a_cut_short_wait_ships_the_rest_saying_why_they_waited(tmp_path, caplog):
+    """A ship_leftover_pins(timeout=...) that ran out left its other checkpoints pinned; the next call in the same
+    process shipped them "by this process, which gave it up earlier (a close cut short)", though no close was."""
+    import tests.support.slowfs  # noqa: F401  (registers slowfile://)
+    from ckptvault.errors import FlushTimeoutError
+
+    repo, out = three_dead_pins_not_uploaded(tmp_path)
+    vault = Vault.open(f"slowfile://{repo}", storage_options={"delay": "0.3"})  # each storage call: 0.3 s
+    with vault, caplog.at_level(logging.WARNING, logger="ckptvault"):
+        with pytest.raises(FlushTimeoutError, match=r"not shipped within 0\.5 s \(timeout\)"):
+            vault.ship_leftover_pins(str(out), timeout=0.5)
+        caplog.clear()
+        vault.ship_leftover_pins(str(out))
+    said = [r.getMessage() for r in caplog.records if "which gave it up" in r.getMessage()]
+    assert said and all("gave it up when the wait for it ended within 0.5 s (timeout)" in s for s in said), said
+    assert shipped_steps(repo) == ["1", "2", "3"] and pin_roots(out) == []

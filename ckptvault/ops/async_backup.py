@@ -383,11 +383,9 @@ def leftover_jobs(staging: list[str], vault_id: str) -> list[BackupJob]:
     for lefts in found.values():
         job = _leftover_job(lefts)
         if job is not None:
-            by = (
-                "by this process, which gave it up earlier (a close cut short)"
-                if any(left.given_up_here for left in lefts)
-                else "by a process that ended before it shipped"
-            )
+            # not "(a close cut short)" alone: a cut-short ship_leftover_pins and a stopped retry give pins up too
+            when = next((left.given_up_here for left in lefts if left.given_up_here), "")
+            by = f"by this process, which gave it up {when}" if when else "by a process that ended before it shipped"
             log.warning(
                 "shipping %s, left pinned in %s %s",
                 job.describe(),
@@ -865,7 +863,7 @@ class AsyncShipper:
                 kept = _pins_folders([job])
                 job.cancelled_because = why + (f"; its pinned files stay in {', '.join(kept)}" if kept else "")
                 job.future.cancel()
-                give_up(job.pins)
+                give_up(job.pins, why)
             self._pending.clear()
             self._cond.notify_all()
         _LIVE.discard(self)
@@ -880,7 +878,7 @@ class AsyncShipper:
                 self._pending.remove(job)
                 kept = _pins_folders([job])
                 job.cancelled_because = why + (f"; its pinned files stay in {', '.join(kept)}" if kept else "")
-                give_up(job.pins)
+                give_up(job.pins, f"when {why}")
             self._cond.notify_all()
         return withdrawn
 
@@ -971,7 +969,7 @@ class AsyncShipper:
                         job.describe(),
                         stopped.cause,
                     )
-                give_up(job.pins)
+                give_up(job.pins, "when a close ended its wait to try again")
                 with self._cond:
                     self._failures.append(stopped.cause)
                 job.future.set_exception(stopped.cause)

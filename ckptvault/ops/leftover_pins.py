@@ -45,13 +45,14 @@ UNFINISHED_AFTER_S = 600.0
 
 OwnerState = Literal["this process", "alive", "gone", "unknown"]
 
-# Pins of this process's own jobs that it gave up on (a close interrupted by Ctrl-C), by root: a
+# Pins of this process's own jobs that it gave up on, by root -> when (a close interrupted by Ctrl-C): a
 # later backup_async in this same process (a notebook's kernel lives on) takes them over too.
-_given_up: set[str] = set()
+_given_up: dict[str, str] = {}
 
 
-def give_up(pins: list[Pin]) -> None:
-    _given_up.update(p.root for p in pins)
+def give_up(pins: list[Pin], when: str) -> None:
+    """``when``: what made this process give them up, for the line that says a later call ships them."""
+    _given_up.update((p.root, when) for p in pins)
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,12 @@ def _str_list(value: object) -> bool:
 @dataclass
 class Leftover:
     """A pin taken over from a dead process: ``owner_host`` is where that process ran; ``given_up_here``:
-    this process's own, of a job it gave up on (a close cut short by Ctrl-C)."""
+    this process's own, of a job it gave up on, and when (``give_up``); "" for a dead process's."""
 
     pin: Pin
     job: JobRecord
     owner_host: str
-    given_up_here: bool = False
+    given_up_here: str = ""
 
 
 def pin_metadata(job: JobRecord) -> dict[str, object]:
@@ -254,7 +255,7 @@ def _take_over_locked(
         if not locked.issuperset(f for f in job.folders if os.path.isdir(f)):
             continue  # made after the folders were chosen, in one not locked: left for the next call
         state = owner_state(owner, pinned_ns, root)
-        given_up_here = state == "this process" and root in _given_up
+        given_up_here = _given_up.get(root, "") if state == "this process" else ""
         if given_up_here:
             state = "gone"
         if state in ("this process", "alive"):
@@ -267,7 +268,7 @@ def _take_over_locked(
         except OSError as exc:
             on_warning(f"cannot take over the pin {root} left by a process that ended: {exc.strerror or exc}")
             continue
-        _given_up.discard(root)
+        _given_up.pop(root, None)
         host = str(owner.get("host", "")) if isinstance(owner, dict) else ""
         taken.append(Leftover(pin, job, host, given_up_here))
     return taken
