@@ -1116,6 +1116,7 @@ class Vault:
         ``backup_async`` failed or not as its worker had started or not (api49 #1). Not from a thread the
         worker would wait for in turn (a backup's done-callback, or a callback of a backup or copy running
         on it): the lock is then refused at once, as before."""
+        self._refuse_forked_mid_write()
         shipper = self._shipper
         waited_on = shipper is None or shipper.on_worker_thread() or self._writer == threading.get_ident()
         if shipper is not None and not waited_on and (queued := shipper.pending()):

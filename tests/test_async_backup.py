@@ -729,11 +729,15 @@ FORKED_USE_SCRIPT = textwrap.dedent(
             vault.backup(other, tags={"step": "2"})
         elif action == "backup_async":
             vault.backup_async(other, tags={"step": "2"}).result(timeout=5)
+        elif action == "prune":
+            vault.prune(keep_latest=1)
+        elif action == "repair_index":
+            vault.repair_index()
         elif action == "close":
             vault.close()
 
     children = {}
-    for action in ("flush", "read", "backup", "backup_async", "close"):
+    for action in ("flush", "read", "backup", "backup_async", "prune", "repair_index", "close"):
         pid = os.fork()
         if pid == 0:  # as a DataLoader worker or a multiprocessing pool's process that uses the vault
             signal.alarm(20)  # a child that hangs is ended by it
@@ -774,11 +778,12 @@ def test_a_vault_used_in_a_forked_child_neither_hangs_nor_ships_the_parents_back
     assert said.get("flush") == "returned", proc.stdout  # the parent's backups are the parent's to wait for
     assert said.get("read") == "returned", proc.stdout
     assert said.get("close") == "returned", proc.stdout
-    for action in ("backup", "backup_async"):
+    # prune and repair-index write packs and index objects too, from the half-written state (rv57 #4)
+    for action in ("backup", "backup_async", "prune", "repair_index"):
         assert said.get(action, "").startswith("UsageError: "), proc.stdout
         assert "which was writing a backup when it forked this process" in said[action], proc.stdout
         assert f"Vault.open('slowfile://{tmp_path / 'repo'}')" in said[action], proc.stdout
-    assert proc.stdout.count("child ended with status 0") == 5, proc.stdout
+    assert proc.stdout.count("child ended with status 0") == 7, proc.stdout
     assert "parent shipped step 1" in proc.stdout, proc.stdout
     with Vault.open(str(tmp_path / "repo")) as vault:  # only the parent's backup, shipped once
         assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
