@@ -436,8 +436,11 @@ def _stop_shipping(
         ship = spelled(
             f"run ckptvault ship-pins {shlex.quote(folder)} again", f"call ship_leftover_pins({folder!r}) again"
         )
-        others = "the other one stays" if len(withdrawn) == 1 else f"the other {len(withdrawn)} stay"
-        said.append(f"{others if under_way else 'they stay'} pinned: {ship} to ship them")
+        if len(withdrawn) == 1:
+            stays, them = ("the other one stays" if under_way else "it stays"), "it"
+        else:
+            stays, them = (f"the other {len(withdrawn)} stay" if under_way else "they stay"), "them"
+        said.append(f"{stays} pinned: {ship} to ship {them}")
     return "; ".join(said)
 
 
