@@ -240,10 +240,8 @@ class Compressor:
 def _bad_frame_size(declared: int, raw_size: int | None) -> str:
     """Why a zstd frame's declared content size is refused (it said "declares -1 bytes, expected fewer" of a
     frame without one, and "expected fewer" of a chunk of 0 bytes)."""
-    if declared == -1:  # frame_content_size: -1 for a frame without it, -2 for no frame
+    if declared < 0:  # frame_content_size: -1 for a frame without it (it raises ZstdError for no frame)
         return "zstd frame does not declare its content size (the format requires it)"
-    if declared < 0:
-        return "not a zstd frame"
     if raw_size is not None:
         return f"zstd frame declares {declared} bytes, expected {raw_size}"
     return f"zstd frame declares {declared} bytes, more than the 1 GiB a blob may hold"
