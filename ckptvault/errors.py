@@ -9,6 +9,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     │   └── CheckpointLostError         3   watch: a checkpoint shipping in place went before it shipped
     ├── VaultNotFoundError             10   no repository at the URL
     ├── VaultExistsError               10   init on a URL that already holds one
+    ├── ForeignRepositoryError         10   another tool's repository (restic's) at the URL
     ├── VaultLockedError               11   a conflicting lock is held
     │   ├── LockLostError              11   a lock holder found its lock gone or expired before committing
     │   └── WatchLockedError           11   another watch runs on the same folder
@@ -219,6 +220,20 @@ class VaultExistsError(CkptVaultError):
     def __init__(self, url: str) -> None:
         self.url = url
         super().__init__(f"a vault already exists at {url}; use it, or pick an empty location")
+
+
+class ForeignRepositoryError(CkptVaultError):
+    """The location holds another tool's repository (restic's): no ckptvault vault is there, and none may be made
+    there."""
+
+    exit_code = 10
+
+    def __init__(self, url: str, what: str) -> None:
+        self.url = url
+        super().__init__(
+            f"{url} holds {what}, not a ckptvault vault; give the URL of a ckptvault vault, or create one in an "
+            "empty location"
+        )
 
 
 class VaultLockedError(CkptVaultError):

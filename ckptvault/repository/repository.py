@@ -28,6 +28,7 @@ from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
     CkptVaultError,
     ConfigDowngradedError,
+    ForeignRepositoryError,
     IntegrityError,
     KeyfileMismatchError,
     KeyfileNotFoundError,
@@ -125,6 +126,21 @@ ChunkRead = tuple[Plain | Grouped, bytes | None, Plain | Grouped | None]
 def _holds_vault_objects(store: Store) -> bool:
     """Whether the store holds a vault's snapshots or index (asked only when its config cannot be read)."""
     return any(store.list(prefix) for prefix in (SNAPSHOTS_PREFIX, INDEX_PREFIX))
+
+
+# Folders of other backup tools' repositories that a ckptvault vault never holds, asked only where the config
+# cannot be read as a vault's: restic (and rustic) keep snapshots/ and index/ of 64-hex names too, beside a
+# binary config, so their repository read as a ckptvault vault whose config is damaged ("put the config back
+# from a copy", exit 30); every restic repository holds at least one key in keys/
+FOREIGN_MARKERS = (("keys/", "a restic repository (its keys/ folder)"),)
+
+
+def _foreign_repository(store: Store) -> ForeignRepositoryError | None:
+    """The error naming the other tool whose repository the store holds, or None."""
+    for prefix, what in FOREIGN_MARKERS:
+        if store.list(prefix):
+            return ForeignRepositoryError(store.url, what)
+    return None
 
 
 def _config_missing(store: Store) -> MalformedObjectError:
@@ -232,13 +248,13 @@ class Repository:
             # which every command then refuses
             try:
                 cls.read_config(store)
-            except MalformedObjectError:
+            except (MalformedObjectError, ForeignRepositoryError):
                 raise
             except CkptVaultError:  # a newer format, a storage fault: the vault is there all the same
                 pass
             raise VaultExistsError(store.url)
         if _holds_vault_objects(store):  # a new config there would make the old snapshots unreadable
-            raise _config_missing(store)
+            raise _foreign_repository(store) or _config_missing(store)
         if keyfile is not None and master is not None:
             config = replace(
                 config, encryption="aes-256-gcm", key_fingerprint=keyfile.fingerprint, version=SETTINGS_FORMAT_VERSION
@@ -262,13 +278,16 @@ class Repository:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
             if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
-                raise _config_missing(store) from None
+                raise (_foreign_repository(store) or _config_missing(store)) from None
             raise VaultNotFoundError(store.url) from None
         try:
             return RepoConfig.from_json(raw, store.url)
         except ConfigNotJsonError as exc:
             if not _holds_vault_objects(store):
                 raise
+            foreign = _foreign_repository(store)
+            if foreign is not None:
+                raise foreign from None
             # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
             raise MalformedObjectError(
                 f"the config of {store.url} is damaged: it is not valid JSON ({exc.__cause__}), and the vault's "

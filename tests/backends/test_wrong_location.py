@@ -1,0 +1,92 @@
+"""A vault URL that points somewhere wrong, on real servers: what the user is told, how fast, and that
+nothing is left half made (audit bk57)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from ckptvault.store.backends import filesystem_class
+
+from ..support import servers
+from .conftest import make_checkpoint, one_line_error
+
+
+def _restic_repository(where: Path) -> Path:
+    """A restic repository holding one snapshot: made by restic where it is installed, else laid out as
+    restic lays it out (a binary config; keys/, data/, index/, snapshots/ of 64-hex names)."""
+    restic = shutil.which("restic")
+    if restic:
+        env = {**os.environ, "RESTIC_PASSWORD": "x", "RESTIC_CACHE_DIR": str(where / "restic-cache")}
+        (where / "src").mkdir(parents=True)
+        (where / "src" / "weights.bin").write_bytes(random.randbytes(50_000))
+        for args in (["init"], ["backup", str(where / "src")]):
+            subprocess.run([restic, "-q", "-r", str(where / "repo"), *args], env=env, check=True)
+        return where / "repo"
+    repo = where / "repo"
+    name = lambda: random.randbytes(32).hex()  # noqa: E731
+    (repo / "keys").mkdir(parents=True)
+    (repo / "config").write_bytes(b"\x02" + random.randbytes(200))
+    (repo / "keys" / name()).write_text(json.dumps({"kdf": "scrypt", "N": 32768, "r": 8, "p": 1, "data": "..."}))
+    for folder in ("index", "snapshots"):
+        (repo / folder).mkdir()
+        (repo / folder / name()).write_bytes(random.randbytes(300))
+    pack = name()
+    (repo / "data" / pack[:2]).mkdir(parents=True)
+    (repo / "data" / pack[:2] / pack).write_bytes(random.randbytes(5000))
+    return repo
+
+
+def _fs(backend: servers.Backend, url: str) -> tuple[Any, str]:
+    """The filesystem of ``url`` and its path there, as ckptvault makes it (gcsfs's plain class on an emulator)."""
+    protocol = url.split("://", 1)[0]
+    cls = filesystem_class(fsspec.get_filesystem_class(protocol), protocol, backend.storage_options)
+    fs = cls(skip_instance_cache=True, **{**cls._get_kwargs_from_urls(url), **backend.storage_options})
+    return fs, cls._strip_protocol(url)
+
+
+def _upload(backend: servers.Backend, local: Path, url: str) -> None:
+    fs, path = _fs(backend, url)
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        target = f"{path}/{file.relative_to(local).as_posix()}"
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(target, file.read_bytes())
+
+
+def _listing(backend: servers.Backend, url: str) -> list[str]:
+    fs, path = _fs(backend, url)
+    return sorted(fs.find(path))
+
+
+@pytest.mark.parametrize(
+    "backend_name", ["local", "s3-moto", "gcs-fake-gcs-server", "azure-azurite", "sftp-openssh", "webdav-wsgidav"]
+)
+def test_a_restic_repository_is_named_not_called_a_damaged_vault(server, remote_cli, tmp_path: Path, backend_name):
+    """restic keeps snapshots/ and index/ of 64-hex names beside a binary config: every command took its
+    repository for a ckptvault vault whose config is damaged ("put the config back from a copy", exit 30),
+    init included. It is named for what it is, exit 10, and nothing is written into it."""
+    repo = _restic_repository(tmp_path / "restic")
+    if backend_name == "local":
+        backend, url = None, str(tmp_path / "restic" / "repo")
+    else:
+        backend = server(backend_name).backend
+        url = backend.new_url("restic")
+        _upload(backend, repo, url)
+    before = _listing(backend, url) if backend else sorted(str(p) for p in repo.rglob("*"))
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=0.1)
+    for command in (["init", url], ["snapshots", "--repo", url], ["backup", str(src), "--repo", url]):
+        proc = remote_cli(backend, *command, check=False, CKPTVAULT_RETRIES="0")
+        line = one_line_error(proc)
+        assert proc.returncode == 10, line
+        assert f"{url} holds a restic repository" in line and "not a ckptvault vault" in line, line
+        assert "damaged" not in line and "from a copy" not in line, line
+    after = _listing(backend, url) if backend else sorted(str(p) for p in repo.rglob("*"))
+    assert after == before
