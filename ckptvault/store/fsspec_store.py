@@ -57,6 +57,7 @@ from .backends import (
 )
 from .base import TEMP_PREFIX, ObjectInfo, TempFiles
 from .failures import (
+    BackendAdvice,
     Failure,
     Kind,
     classify,
@@ -252,7 +253,12 @@ class FsspecStore:
             failure = classify(exc, self._bucket)
             if failure.kind is Kind.NOT_FOUND:
                 failure = self._bucket_missing() or failure
-            elif op == "PUT" and self.profile.protocol in WEBDAV and status_in_chain(exc)[0] == 409:
+            elif (
+                op == "PUT"
+                and self.profile.protocol in WEBDAV
+                and not isinstance(exc, BackendAdvice)  # which says what the 409 under it meant
+                and status_in_chain(exc)[0] == 409
+            ):
                 # WebDAV answers a PUT whose folder is missing 409 Conflict (RFC 4918 9.7.1): said as on SFTP
                 failure = Failure(Kind.NOT_FOUND, failure.reason)
             if failure.kind is Kind.NO_BUCKET and self.profile.protocol in AZURE:  # Azure's word for it
@@ -318,6 +324,8 @@ class FsspecStore:
                     self._put_in_folder(fs, path, data, if_absent)
                 except FileNotFoundError:  # its folder, made here before, was removed since
                     directory = path.rsplit("/", 1)[0]
+                    if not self._seen:  # a vault being made: its path may be what is wrong
+                        self._say_blocked_folder(fs, directory)
                     if directory not in self._made_dirs:
                         raise
                     self._made_dirs.discard(directory)
@@ -348,7 +356,11 @@ class FsspecStore:
         unmounted) is not made again, half, by a write into one of its folders; that write fails as
         FileNotFoundError ("the folder it goes into is missing", retried as an outage)."""
         if not self._seen:  # a vault being made
-            fs.makedirs(directory, exist_ok=True)
+            try:
+                fs.makedirs(directory, exist_ok=True)
+            except (FileNotFoundError, FileExistsError, NotADirectoryError):  # what SFTP, webdav4 say of a file there
+                self._say_blocked_folder(fs, directory)
+                raise
             return
         pending = [directory]
         tried_again: set[str] = set()
@@ -378,6 +390,35 @@ class FsspecStore:
                     tried_again.add(folder)
                     continue
             pending.pop()
+
+    def _say_blocked_folder(self, fs: Any, directory: str) -> None:
+        """Raise what ``_blocked_folder`` finds, if anything."""
+        advice = self._blocked_folder(fs, directory)
+        if advice is not None:
+            raise advice from None
+
+    def _blocked_folder(self, fs: Any, directory: str) -> BackendAdvice | None:
+        """Why a folder of a vault being made is missing after it was made, or cannot be made: a file where a
+        folder of its path should be, or a folder in which the server makes none. OpenSSH answers both "No such
+        file", which read as a folder gone away ("the vault moved, deleted, or its disk unmounted?"), retried
+        ~13 s; webdav4 "File exists" (init said "a vault already exists") or "Not a directory" (409). None
+        where neither is so (another writer removed the folder meanwhile: that stays a retry)."""
+        path, missing = directory, ""
+        while path.strip("/"):
+            try:
+                kind = fs.info(path).get("type")
+            except FileNotFoundError:
+                path, missing = path.rsplit("/", 1)[0], path
+                continue
+            if kind != "directory":
+                return BackendAdvice(f"{path} is a file, not a folder; create the vault in a new or empty folder")
+            if missing:
+                return BackendAdvice(
+                    f"the server makes no folder {missing} in {path} (a special or read-only file system?); "
+                    "create the vault in a folder of this user's on the server"
+                )
+            return None
+        return None
 
     def _holds_anything(self, fs: Any) -> bool:
         try:  # a vault always holds its config; one at the server's root is "" here, which SFTP cannot list

@@ -90,3 +90,32 @@ def test_a_restic_repository_is_named_not_called_a_damaged_vault(server, remote_
         assert "damaged" not in line and "from a copy" not in line, line
     after = _listing(backend, url) if backend else sorted(str(p) for p in repo.rglob("*"))
     assert after == before
+
+
+@pytest.mark.parametrize("backend_name", ["sftp-openssh", "webdav-wsgidav"])
+@pytest.mark.parametrize("under", [False, True])
+def test_init_where_a_file_stands_in_the_path_says_so_at_once(server, remote_cli, backend_name: str, under: bool):
+    """OpenSSH answers "No such file" to a folder made where a file is (and webdav4 "File exists" or 409):
+    init was retried ~13 s, then said "the folder it goes into is missing (the vault moved, deleted, or its
+    disk unmounted?)", or on WebDAV "a vault already exists". It names the file, at once, and writes nothing."""
+    backend = server(backend_name).backend
+    base = backend.new_url("file")
+    fs, path = _fs(backend, base)
+    fs.pipe_file(path, b"not a folder")
+    url = f"{base}/vault" if under else base
+    proc = remote_cli(backend, "init", url, check=False, CKPTVAULT_RETRIES="5", CKPTVAULT_RETRY_DELAY="2")
+    line = one_line_error(proc)
+    assert proc.returncode == 20 and f"{path} is a file, not a folder" in line, line
+    assert "warning: storage failed" not in proc.stderr.decode(), proc.stderr.decode()
+    assert fs.cat_file(path) == b"not a folder"
+
+
+def test_init_in_a_folder_the_sftp_server_makes_none_in_says_so(server, remote_cli):
+    """A folder the server will not make (procfs, as root: "No such file" again) is named, not retried."""
+    running = server("sftp-openssh")
+    user_host = running.backend.base_url.split("/")[2]
+    url = f"sftp://{user_host}/proc/ckptvault-vault"
+    proc = remote_cli(running.backend, "init", url, check=False, CKPTVAULT_RETRIES="5", CKPTVAULT_RETRY_DELAY="2")
+    line = one_line_error(proc)
+    assert proc.returncode == 20 and "the server makes no folder /proc/ckptvault-vault in /proc" in line, line
+    assert "warning: storage failed" not in proc.stderr.decode(), proc.stderr.decode()
