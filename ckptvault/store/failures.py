@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -220,6 +221,26 @@ def status_in_chain(exc: BaseException) -> tuple[int | None, str | None]:
     return None, None
 
 
+# getaddrinfo's answers that the name is not there (the resolver answered: "Name or service not known"; a name
+# without an address), unlike EAI_AGAIN ("Temporary failure in name resolution": no resolver answered)
+_NO_SUCH_NAME = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
+
+
+def unknown_host(exc: BaseException) -> bool:
+    """Whether the connection failed because DNS knows no such host name (a typo in the URL's host or the
+    endpoint's), as every backend reports it: a ``socket.gaierror`` somewhere in the chain."""
+    return any(isinstance(node, socket.gaierror) and node.errno in _NO_SUCH_NAME for node in exception_chain(exc))
+
+
+def _unknown_host_reason(chain: list[BaseException], detail: str) -> str:
+    host = next((h for n in chain if isinstance(h := getattr(n, "host", None), str)), "")  # aiohttp names it
+    name = f"host name {host!r}" if host else "the host name"
+    return (
+        f"{name} is not known to DNS ({detail}); check the host in the URL, -o endpoint_url (base_url) or the "
+        "connection string"
+    )
+
+
 _REFUSED_TEXT = re.compile(r"Connection refused|Connect call failed|Could not connect to the endpoint", re.IGNORECASE)
 
 
@@ -391,6 +412,8 @@ def classify(exc: BaseException, bucket: str = "") -> Failure:
         return Failure(Kind.PERMANENT, detail)
     if code in RETRYABLE_CODES:
         return Failure(Kind.TRANSIENT, detail)
+    if unknown_host(exc):  # may pass where DNS itself failed for a moment (retrying.py: not before anything answered)
+        return Failure(Kind.TRANSIENT, _unknown_host_reason(chain, detail))
     if any(_ssh_link_gone(node) for node in chain) or "Server connection dropped" in text:
         # paramiko's bare words ("EOFError", "Socket is closed", "Server connection dropped:") said what happened
         return Failure(Kind.TRANSIENT, f"the connection to the server was lost ({detail.rstrip(':')})")

@@ -37,6 +37,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.spec import AbstractFileSystem
 
 from ..errors import CkptVaultError, ObjectNotFoundError, ShortReadError, StorageError, UsageError
 from ..units import format_seconds
@@ -317,7 +318,7 @@ class FsspecStore:
             return
         path = self._path(key)
         with self._session("PUT", key, len(data), if_absent=if_absent) as fs:
-            if if_absent and not self.supports_if_absent and fs.exists(path):
+            if if_absent and not self.supports_if_absent and self._exists(fs, path):
                 raise FileExistsError(errno.EEXIST, "exists", path)  # best effort: this backend cannot enforce it
             if not self.profile.object_store:
                 try:
@@ -545,13 +546,24 @@ class FsspecStore:
 
     def exists(self, key: str) -> bool:
         with self._session("STAT", key, 0) as fs:
-            found = bool(fs.exists(self._path(key), **self._deadline(0)))
+            found = self._exists(fs, self._path(key))
             # a missing bucket is said before anything is written: some S3 servers (SeaweedFS) make a
             # bucket on the first PUT into it, and `init` into a mistyped bucket must not make one. Only
             # S3 confirms it (NoSuchBucket): gcsfs calls a bucket it may not inspect and that is empty missing
             if not found and self.profile.protocol in S3 and (failure := self._bucket_missing()):
                 raise StorageError("STAT", key, self.url, failure.reason)
             return found
+
+    def _exists(self, fs: Any, path: str) -> bool:
+        """``fs.exists``, but where that is fsspec's generic one (WebDAV, SFTP), which answers False for any
+        failure: a server that did not answer read as "no config here", and counted as an answer."""
+        if self.profile.object_store or type(fs).exists is not AbstractFileSystem.exists:
+            return bool(fs.exists(path, **self._deadline(0)))
+        try:
+            fs.info(path, **self._deadline(0))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         base = self._path(prefix.rstrip("/")) if prefix else self.root

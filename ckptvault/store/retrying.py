@@ -47,7 +47,7 @@ from typing import TypeVar
 from ..errors import ObjectExistsError, StorageError
 from ..units import format_seconds
 from .base import ObjectInfo, Store, TempFiles
-from .failures import down_or_busy, object_fault, refused, unreachable
+from .failures import down_or_busy, object_fault, refused, unknown_host, unreachable
 from .options import env_number
 
 T = TypeVar("T")
@@ -334,7 +334,10 @@ class RetryingStore:
                 outlasting = (
                     attempt >= retries and not brief and self._outlasting(exc, key, retries, first_failed, now + delay)
                 )
-                if not exc.retryable or (attempt >= retries and not outlasting) or _interrupted.is_set():
+                # a host name DNS does not know, before anything here ever answered, is a typo in the address, not an
+                # outage: it was retried for CKPTVAULT_RETRY_FOR (2 minutes) before it was said
+                mistyped = not self._answered_at and unknown_host(exc)
+                if mistyped or not exc.retryable or (attempt >= retries and not outlasting) or _interrupted.is_set():
                     self._breaker.settle(probe, exc)
                     if attempt >= retries and object_fault(exc) and len(self._failing_keys) < MAX_FAILING_KEYS:
                         self._failing_keys.add(key)  # its next calls (a restore's other chunks of it) try less
