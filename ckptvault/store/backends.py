@@ -37,13 +37,16 @@ RENAME_PUT = frozenset({"sftp", "ssh"})  # no atomic PUT: write a temp name, the
 POOLED = frozenset({"sftp", "ssh"})
 CONDITIONAL_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"})
 S3 = frozenset({"s3", "s3a"})
-# Where a storage option the filesystem does not name goes. Local and memory filesystems hand it to
-# fsspec, which drops it; fsspec's SFTP to paramiko's connect, whose TypeError would surface as a
-# storage failure: any such option is refused. s3fs, gcsfs and adlfs pass extras on to their SDKs
-# (s3fs's ``profile`` to aiobotocore, adlfs's to DefaultAzureCredential): only a near miss of a name
-# they take is refused, a misspelt ``endpoint_url`` that would send the vault to AWS.
-STRICT_OPTIONS = frozenset({"file", "local", "memory", "sftp", "ssh"})
-TYPO_CHECKED_OPTIONS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+# Where a storage option the filesystem does not name goes. Local and memory filesystems, and gcsfs, hand it
+# to fsspec, which drops it (gcsfs went on with other credentials than -o anon=true or -o credentials=...
+# meant); fsspec's SFTP to paramiko's connect, and s3fs to aiobotocore's session (which takes ``profile``),
+# whose TypeError would surface as a storage failure inside the first call: any such option is refused.
+# adlfs passes extras on to DefaultAzureCredential: only a near miss of a name it takes is refused, a
+# misspelt ``account_name``.
+STRICT_OPTIONS = frozenset({"file", "local", "memory", "sftp", "ssh", "s3", "s3a", "gs", "gcs"})
+TYPO_CHECKED_OPTIONS = frozenset({"az", "abfs", "abfss"})
+# What a user of one backend may give another by habit: said as the option that does it there
+INSTEAD = {("gs", "anon"): "token=anon", ("gcs", "anon"): "token=anon", ("gs", "credentials"): "token=/path/key.json"}
 SFTP = frozenset({"sftp", "ssh"})
 WEBDAV = frozenset({"webdav", "dav"})
 # fsspec's own options, taken by every filesystem: listing and instance caches, the event loop
@@ -223,6 +226,10 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
         known = {"temppath", "host_key_policy", *_named(paramiko.SSHClient.connect)} - {"hostname"}
     else:
         known = set(FSSPEC_OPTIONS)
+        if protocol in S3:  # s3fs hands what it does not name to aiobotocore's session
+            import aiobotocore.session  # type: ignore[import-untyped]
+
+            known.update(_named(aiobotocore.session.AioSession.__init__))
         for klass in cls.__mro__:
             init = vars(klass).get("__init__")
             if init is None:
@@ -231,9 +238,9 @@ def option_error(cls: type, protocol: str, names: set[str]) -> str | None:
             if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
                 break
     for name in sorted(names - known):
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-        if close or protocol in STRICT_OPTIONS:
-            suggestion = f" (did you mean {close[0]}?)" if close else ""
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8) or [INSTEAD.get((protocol, name), "")]
+        if close[0] or protocol in STRICT_OPTIONS:
+            suggestion = f" (did you mean {close[0]}?)" if close[0] else ""
             where = "a local folder" if protocol in ("file", "local") else f"{protocol}://"
             return f"{where} takes no storage option {name!r}{suggestion}; the options are in docs/backends.md"
     return None
@@ -282,6 +289,32 @@ NUMERIC_OPTIONS = frozenset(
 )
 
 
+# options whose value is yes or no: text other than true/false/yes/no/on/off (options.parse_value) was passed
+# on as it was, and any non-empty text is true: -o anon=maybe read S3 anonymously
+BOOLEAN_OPTIONS = frozenset(
+    (
+        "anon",
+        "use_ssl",
+        "version_aware",
+        "requester_pays",
+        "look_for_keys",
+        "allow_agent",
+        "compress",
+        "gss_auth",
+        "gss_kex",
+        "fixed_upload_size",
+        "cache_regions",
+        "use_listings_cache",
+        "skip_instance_cache",
+        "assume_container_exists",
+        "secure_serialize",
+        "check_connection",
+        "default_fill_cache",
+        "auto_mkdir",
+    )
+)
+
+
 def _numeric(name: Any) -> bool:
     return isinstance(name, str) and (name in NUMERIC_OPTIONS or name.endswith("_timeout"))
 
@@ -292,6 +325,8 @@ def option_value_error(options: dict[str, Any], within: str = "") -> str | None:
         dotted = f"{within}{name}"
         if _numeric(name) and isinstance(value, (str, bool, list, dict)):
             return f"storage option {dotted} must be a number, not {value!r}"
+        if name in BOOLEAN_OPTIONS and isinstance(value, (str, list, dict)):
+            return f"storage option {dotted} must be true or false, not {value!r}"
         if isinstance(value, dict):
             problem = option_value_error(value, f"{dotted}.")
             if problem:

@@ -108,10 +108,10 @@ class FsspecStore:
             raise UsageError(f"repository {self.url}: {protocol}:// needs {one_line(str(exc))}; {hint}") from None
         except ValueError:
             raise UsageError(f"repository {self.url}: no fsspec filesystem handles {protocol}://") from None
-        problem = (
-            option_error(cls, protocol, explicit)
+        problem = (  # a value first: -o port=true to s3:// says what it must be before that S3 takes no port
+            option_value_error(options)
+            or option_error(cls, protocol, explicit)
             or nested_option_error(protocol, options, explicit)
-            or option_value_error(options)
         )
         if problem:
             raise UsageError(f"repository {self.url}: {problem}")

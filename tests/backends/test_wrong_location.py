@@ -152,3 +152,28 @@ def test_a_host_name_dns_does_not_know_fails_at_once_and_says_so(server, remote_
         assert proc.returncode == 20 and "is not known to DNS" in line, line
         assert "warning: storage failed" not in proc.stderr.decode() and "attempts" not in line, proc.stderr.decode()
         assert took < 20, f"{command[0]} took {took:.1f} s"
+
+
+@pytest.mark.parametrize(
+    ("backend_name", "option", "said"),
+    [
+        ("gcs-fake-gcs-server", "anon=true", "gs:// takes no storage option 'anon' (did you mean token=anon?)"),
+        ("gcs-fake-gcs-server", "credentials=/tmp/key.json", "gs:// takes no storage option 'credentials'"),
+        ("s3-moto", "frobnicate=1", "s3:// takes no storage option 'frobnicate'"),
+        ("s3-moto", "anon=maybe", "storage option anon must be true or false, not 'maybe'"),
+        ("s3-moto", "use_ssl=no-thanks", "storage option use_ssl must be true or false"),
+        ("azure-azurite", "anon=maybe", "storage option anon must be true or false, not 'maybe'"),
+        ("sftp-openssh", "compress=maybe", "storage option compress must be true or false"),
+    ],
+)
+def test_a_storage_option_the_backend_would_drop_or_misread_is_refused(
+    server, remote_cli, backend_name: str, option: str, said: str
+):
+    """gcsfs drops a name it does not take (-o anon=true, S3's spelling, went on with the default credentials;
+    so did -o credentials=...); s3fs hands one to its SDK session, which refused it inside the first call (exit
+    20); a yes/no option given another word (-o anon=maybe) was a true one, as any non-empty text is. Each is
+    refused before anything connects (exit 2)."""
+    backend = server(backend_name).backend
+    proc = remote_cli(backend, "snapshots", "--repo", backend.new_url("opt"), "-o", option, check=False)
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and said in line, line
