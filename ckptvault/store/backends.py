@@ -96,6 +96,7 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("request_checksum_calculation", "when_required")
         config.setdefault("response_checksum_validation", "when_required")
         out["config_kwargs"] = config
+        _check_ca_bundle(out)
     if protocol in ("sftp", "ssh"):  # a shell expands ~ only at the start of a word, not in -o key_filename=~/k
         key = out.get("key_filename")
         keys = [_expanded(k) for k in key] if isinstance(key, (list, tuple)) else [_expanded(key)]
@@ -117,6 +118,21 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
                 "(~ is expanded), or leave token out to use the environment's credentials"
             )
     return out
+
+
+def _check_ca_bundle(options: dict[str, Any]) -> None:
+    """A CA bundle (``-o client_kwargs.verify=PATH``, else ``AWS_CA_BUNDLE``) that is no file on this machine:
+    botocore failed every request with "HTTPClientError: An HTTP Client raised an unhandled exception: [Errno 2]
+    No such file or directory", retried as an outage for 2 minutes, naming neither the setting nor the file."""
+    verify = (options.get("client_kwargs") or {}).get("verify")
+    setting, bundle = ("-o client_kwargs.verify", verify) if verify is not None else ("AWS_CA_BUNDLE", None)
+    if verify is None:
+        bundle = os.environ.get("AWS_CA_BUNDLE") or None
+    if isinstance(bundle, str) and not os.path.isfile(os.path.expanduser(bundle)):
+        raise UsageError(
+            f"{setting}={bundle}: no such file on this machine; give the path of a PEM file of the certificate "
+            "authorities to trust, or leave it unset for the system's"
+        )
 
 
 def filesystem_class(cls: type, protocol: str, options: dict[str, Any]) -> type:

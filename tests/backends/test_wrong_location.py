@@ -177,3 +177,21 @@ def test_a_storage_option_the_backend_would_drop_or_misread_is_refused(
     proc = remote_cli(backend, "snapshots", "--repo", backend.new_url("opt"), "-o", option, check=False)
     line = one_line_error(proc)
     assert proc.returncode == 2 and said in line, line
+
+
+def test_a_ca_bundle_that_is_no_file_is_named_at_once(server, remote_cli, tmp_path: Path):
+    """AWS_CA_BUNDLE (or -o client_kwargs.verify) naming no file failed every request inside botocore,
+    "HTTPClientError: An HTTP Client raised an unhandled exception: [Errno 2] No such file or directory",
+    which was retried as an outage for 2 minutes (127 s) and named neither the setting nor the file."""
+    backend = server("s3-moto").backend
+    url = backend.new_url("ca")
+    missing = str(tmp_path / "no-such-ca.pem")
+    for extra, env, named in (
+        ([], {"AWS_CA_BUNDLE": missing}, "AWS_CA_BUNDLE"),
+        (["-o", f"client_kwargs.verify={missing}"], {}, "client_kwargs.verify"),
+    ):
+        started = time.monotonic()
+        proc = remote_cli(backend, "snapshots", "--repo", url, *extra, check=False, timeout=60, **env)
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and f"{named}={missing}: no such file" in line, line
+        assert time.monotonic() - started < 20 and "warning" not in proc.stderr.decode(), proc.stderr.decode()
