@@ -97,6 +97,8 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("response_checksum_validation", "when_required")
         out["config_kwargs"] = config
         _check_ca_bundle(out)
+    if protocol in GCS and out.get("token") is None:
+        _check_google_credentials()
     if protocol in ("sftp", "ssh"):  # a shell expands ~ only at the start of a word, not in -o key_filename=~/k
         key = out.get("key_filename")
         keys = [_expanded(k) for k in key] if isinstance(key, (list, tuple)) else [_expanded(key)]
@@ -133,6 +135,24 @@ def _check_ca_bundle(options: dict[str, Any]) -> None:
             f"{setting}={bundle}: no such file on this machine; give the path of a PEM file of the certificate "
             "authorities to trust, or leave it unset for the system's"
         )
+
+
+def _check_google_credentials() -> None:
+    """GOOGLE_APPLICATION_CREDENTIALS that cannot be used: gcsfs tries it, then others, and falls back to anonymous
+    access without a word (a mistyped path went on anonymously: "access denied" from GCS, naming no variable)."""
+    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if not path:
+        return
+    import google.auth  # gcsfs's own dependency, only for a gs:// vault
+
+    try:
+        google.auth.load_credentials_from_file(os.path.expanduser(path))
+    except Exception as exc:  # google-auth's DefaultCredentialsError: its first argument says what is wrong
+        said = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        raise UsageError(
+            f"GOOGLE_APPLICATION_CREDENTIALS={path} cannot be used ({said}); give the path of a service-account or "
+            "authorized-user JSON key, or unset it (gcsfs would go on without credentials)"
+        ) from None
 
 
 def filesystem_class(cls: type, protocol: str, options: dict[str, Any]) -> type:

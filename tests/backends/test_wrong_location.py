@@ -195,3 +195,23 @@ def test_a_ca_bundle_that_is_no_file_is_named_at_once(server, remote_cli, tmp_pa
         line = one_line_error(proc)
         assert proc.returncode == 2 and f"{named}={missing}: no such file" in line, line
         assert time.monotonic() - started < 20 and "warning" not in proc.stderr.decode(), proc.stderr.decode()
+
+
+@pytest.mark.parametrize("content", [None, "not json\n", '{"type": "service_account"}\n'])
+def test_google_application_credentials_that_cannot_be_used_are_named(server, remote_cli, tmp_path: Path, content):
+    """gcsfs tries the environment's credentials, then others, and falls back to anonymous access without a
+    word: a GOOGLE_APPLICATION_CREDENTIALS naming a missing file, or one that is no key, went on anonymously
+    (against GCS: "access denied", naming no variable; against the emulator it worked). It is named at once."""
+    backend = server("gcs-fake-gcs-server").backend
+    endpoint = backend.storage_options["endpoint_url"]
+    key = tmp_path / "key.json"
+    if content is not None:
+        key.write_text(content)
+    url = backend.new_url("gac")
+    proc = remote_cli(
+        None, "init", url, "-o", f"endpoint_url={endpoint}", check=False, GOOGLE_APPLICATION_CREDENTIALS=str(key)
+    )
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and f"GOOGLE_APPLICATION_CREDENTIALS={key}" in line, line
+    fs, path = _fs(backend, url)
+    assert not fs.exists(f"{path}/config")
