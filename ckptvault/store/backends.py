@@ -109,6 +109,11 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         from .ssh_hosts import host_key_policy  # paramiko, only for an SFTP vault
 
         out["host_key_policy"] = host_key_policy(out.get("host_key_policy", "warn"))
+    auth = out.get("auth")
+    if protocol in WEBDAV and isinstance(auth, list) and len(auth) == 2 and all(isinstance(a, str) for a in auth):
+        # -o 'auth=["user","password"]' is typed as a JSON list; httpx takes a pair only as a tuple, and refused it
+        # ("Invalid auth argument"), quoting the password: no -o gave a WebDAV server credentials
+        out["auth"] = tuple(auth)
     token = out.get("token")
     if protocol in ("gs", "gcs") and isinstance(token, str) and names_a_file(token):
         # gcsfs takes any other string for an access token: a mistyped key file path would be sent to

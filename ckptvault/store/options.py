@@ -91,6 +91,8 @@ def credential_values(options: dict[str, Any]) -> tuple[str, ...]:
             found += credential_values(value)
         elif isinstance(value, str) and parts & _SECRET_PARTS and not parts & {"filename", "file"} and _secret(value):
             found.append(value)
+        elif isinstance(value, (list, tuple)) and parts & (_SECRET_PARTS | {"auth"}):  # webdav4's (user, password)
+            found += [item for item in value if isinstance(item, str) and _secret(item)]
     return tuple(sorted(set(found), key=len, reverse=True))
 
 
