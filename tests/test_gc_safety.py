@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptvault import CompressionSettings, Vault
+from ckptvault import CompressionSettings, Snapshot, Vault
 from ckptvault.blob import Kind
 from ckptvault.chunking import ChunkerParams
 from ckptvault.errors import IntegrityError, LockLostError, UnsupportedFormatError, VaultLockedError
@@ -187,10 +187,9 @@ def test_forget_with_prune_refuses_while_another_snapshot_object_is_unreadable(v
         restores_exactly(fresh, old, old_src, tmp_path / "out")
 
 
-def test_a_damaged_live_chunk_is_never_repacked_and_its_pack_stays(tmp_path: Path):
-    """Repacking copies a live chunk out of a mostly dead pack, then deletes that pack: a damaged chunk
-    copied without being verified would lose the copy (still damaged, maybe repairable) it came from,
-    and the prune would not say so."""
+def _one_pack_of_two_saves(tmp_path: Path) -> tuple[str, Snapshot, Snapshot, bytes]:
+    """A vault whose one pack holds keep.bin and drop.bin of a first save; a second save without drop.bin.
+    Returns its URL, both snapshots and keep.bin's first chunk (live, in a pack mostly dead once the first goes)."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "keep.bin").write_bytes(os.urandom(600_000))
@@ -199,8 +198,17 @@ def test_a_damaged_live_chunk_is_never_repacked_and_its_pack_stays(tmp_path: Pat
     with Vault.init(url, chunker=SMALL, pack_size=8 << 20) as vault:  # one pack holds both files
         first = vault.backup(src)
         (src / "drop.bin").unlink()
-        vault.backup(src)
+        second = vault.backup(src)
         chunk = next(e for e in vault.files(first) if e.path == "keep.bin").chunks[0]
+    return url, first, second, chunk
+
+
+def test_a_damaged_live_chunk_is_never_repacked_and_its_pack_stays(tmp_path: Path):
+    """Repacking copies a live chunk out of a mostly dead pack, then deletes that pack: a damaged chunk
+    copied without being verified would lose the copy (still damaged, maybe repairable) it came from,
+    and the prune would not say so."""
+    url, first, _, chunk = _one_pack_of_two_saves(tmp_path)
+    with Vault.open(url) as vault:
         loc = vault._repo.index.get(chunk)
     flip(Path(url) / pack_key(loc.pack_id), loc.offset + loc.stored_len // 2)
     before = packs(url)
@@ -213,16 +221,8 @@ def test_a_damaged_live_chunk_is_never_repacked_and_its_pack_stays(tmp_path: Pat
 def test_a_live_chunk_of_a_newer_codec_stops_the_repack_as_a_newer_ckptvaults(tmp_path: Path):
     """Not damage: exit 17 naming the chunk, its pack kept; and the message says what did go already (the
     forgotten snapshot), where it said "stopped before deleting anything" (fs57)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "keep.bin").write_bytes(os.urandom(600_000))
-    (src / "drop.bin").write_bytes(os.urandom(600_000))
-    url = str(tmp_path / "vault")
-    with Vault.init(url, chunker=SMALL, pack_size=8 << 20) as vault:  # one pack holds both files
-        first = vault.backup(src)
-        (src / "drop.bin").unlink()
-        second = vault.backup(src)
-        chunk = next(e for e in vault.files(first) if e.path == "keep.bin").chunks[0]
+    url, first, second, chunk = _one_pack_of_two_saves(tmp_path)
+    with Vault.open(url) as vault:
         recode_chunk(vault, chunk, 9)
     before = packs(url)
     with Vault.open(url) as vault:
