@@ -19,6 +19,8 @@ Why each default (see docs/backends.md):
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import difflib
 import inspect
 import os
@@ -97,6 +99,9 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("response_checksum_validation", "when_required")
         out["config_kwargs"] = config
         _check_ca_bundle(out)
+        _check_endpoint(out)
+    if protocol in AZURE:
+        _check_azure_key(out)
     if protocol in GCS and out.get("token") is None:
         _check_google_credentials()
     if protocol in ("sftp", "ssh"):  # a shell expands ~ only at the start of a word, not in -o key_filename=~/k
@@ -140,6 +145,100 @@ def _check_ca_bundle(options: dict[str, Any]) -> None:
             f"{setting}={bundle}: no such file on this machine; give the path of a PEM file of the certificate "
             "authorities to trust, or leave it unset for the system's"
         )
+
+
+def _check_endpoint(options: dict[str, Any]) -> None:
+    """An S3 endpoint botocore cannot use (``-o endpoint_url=`` left empty, a host with no ``http://``): it
+    refused it inside the first call, "storage failed: GET config on s3://...: ValueError: Invalid endpoint: ",
+    exit 20, naming no setting."""
+    from botocore.utils import (  # type: ignore[import-untyped]  # only for an s3:// vault
+        is_valid_endpoint_url,
+        is_valid_ipv6_endpoint_url,
+    )
+
+    for setting, value in (
+        ("endpoint_url", options.get("endpoint_url")),
+        ("client_kwargs.endpoint_url", (options.get("client_kwargs") or {}).get("endpoint_url")),
+    ):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not (is_valid_endpoint_url(value) or is_valid_ipv6_endpoint_url(value)):
+            said = "is empty" if value == "" else f"{value!r} is not a URL botocore can use"
+            raise UsageError(
+                f"storage option {setting} {said}; give the S3 server's address with its scheme "
+                "(-o endpoint_url=http://HOST:PORT), or leave it out for AWS"
+            )
+
+
+# adlfs's account-key settings (it reads the connection string first, and the key only without one); the az
+# CLI's AZURE_STORAGE_KEY is read by neither
+AZURE_CONNECTION_ENV, AZURE_KEY_ENV, AZURE_CLI_KEY_ENV = (
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_KEY",
+)
+AZURE_OTHER_CREDENTIALS = (("sas_token", "AZURE_STORAGE_SAS_TOKEN"), ("client_id", "AZURE_STORAGE_CLIENT_ID"))
+
+
+def _check_azure_key(options: dict[str, Any]) -> None:
+    """An account key that is not base64 failed every request inside the SDK's signing ("AzureSigningError:
+    Invalid base64-encoded string", exit 20) naming no setting; one set only as the az CLI's AZURE_STORAGE_KEY
+    was never read, and adlfs went on to Azure AD ("DefaultAzureCredential failed to retrieve a token")."""
+    connection = _given(options, "connection_string", AZURE_CONNECTION_ENV)
+    if connection is not None:
+        setting, text = connection
+        key = _connection_string_key(text)
+        if key is not None and not _base64(key):
+            raise UsageError(
+                f"the AccountKey in {setting} is not base64; copy the connection string again from the storage "
+                "account's Access keys"
+            )
+        return
+    key_given = _given(options, "account_key", AZURE_KEY_ENV)
+    if key_given is not None:
+        setting, key = key_given
+        if not _base64(key):
+            raise UsageError(
+                f"{setting} is not base64 (an Azure storage account key is 88 characters, from the storage "
+                "account's Access keys); give the account's key"
+            )
+        return
+    others = any(_given(options, name, env) for name, env in AZURE_OTHER_CREDENTIALS) or options.get("credential")
+    if os.environ.get(AZURE_CLI_KEY_ENV) and not others and options.get("anon") is not True:
+        raise UsageError(
+            f"{AZURE_CLI_KEY_ENV} is set, but it is the az CLI's name and adlfs does not read it; set "
+            f"{AZURE_KEY_ENV} (with AZURE_STORAGE_ACCOUNT_NAME) or give -o account_key=..., or unset "
+            f"{AZURE_CLI_KEY_ENV} to sign in with Azure AD"
+        )
+
+
+def _given(options: dict[str, Any], name: str, env: str) -> tuple[str, str] | None:
+    """The setting adlfs takes ``name`` from, as a message names it, and its text: the option, else ``env``
+    (adlfs's ``option or os.getenv(env)``: an empty option falls through to the environment)."""
+    value = options.get(name)
+    if isinstance(value, str) and value:
+        return f"-o {name}", value
+    if value is not None and not isinstance(value, str):
+        return None  # an object given through the API: the SDK's to judge
+    from_env = os.environ.get(env)
+    return (env, from_env) if from_env else None
+
+
+def _connection_string_key(text: str) -> str | None:
+    """The AccountKey of an Azure connection string (``Name=value;...``, names in any case), if it has one."""
+    for part in text.split(";"):
+        name, sep, value = part.partition("=")
+        if sep and name.strip().lower() == "accountkey":
+            return value.strip()
+    return None
+
+
+def _base64(text: str) -> bool:
+    """Whether the SDK's ``base64.b64decode`` (not validating: other characters dropped) takes ``text``."""
+    try:
+        return bool(base64.b64decode(text))
+    except (binascii.Error, ValueError):
+        return False
 
 
 def _check_google_credentials() -> None:

@@ -199,6 +199,46 @@ def test_a_ca_bundle_that_is_no_file_is_named_at_once(server, remote_cli, tmp_pa
         assert time.monotonic() - started < 20 and "warning" not in proc.stderr.decode(), proc.stderr.decode()
 
 
+def _bad_settings(backend_name: str, port: int) -> list[tuple[list[str], dict[str, str], str]]:
+    """(options, environment, the setting the refusal names): an S3 endpoint botocore cannot use, an Azure
+    account key that is not base64 (in each place adlfs reads one), the az CLI's AZURE_STORAGE_KEY alone."""
+    if backend_name == "s3-moto":
+        return [
+            (["-o", "endpoint_url="], {}, "storage option endpoint_url is empty"),
+            (["-o", f"endpoint_url=127.0.0.1:{port}"], {}, "endpoint_url '127.0.0.1:" + f"{port}' is not a URL"),
+        ]
+    bad = servers.azurite_connection_string(port, key="not-base64!")
+    account = {"AZURE_STORAGE_ACCOUNT_NAME": servers.AZURITE_ACCOUNT, "AZURE_STORAGE_CONNECTION_STRING": ""}
+    return [
+        (["-o", f"connection_string={bad}"], {}, "the AccountKey in -o connection_string is not base64"),
+        ([], {"AZURE_STORAGE_CONNECTION_STRING": bad}, "AccountKey in AZURE_STORAGE_CONNECTION_STRING is not base64"),
+        (["-o", "account_key=abc"], account, "-o account_key is not base64"),
+        ([], {**account, "AZURE_STORAGE_ACCOUNT_KEY": "abc%%"}, "AZURE_STORAGE_ACCOUNT_KEY is not base64"),
+        ([], {**account, "AZURE_STORAGE_KEY": servers.AZURITE_KEY}, "AZURE_STORAGE_KEY is set, but it is the az CLI"),
+    ]
+
+
+@pytest.mark.parametrize("backend_name", ["s3-moto", "azure-azurite"])
+def test_an_endpoint_or_account_key_the_sdk_cannot_use_is_named_at_once(server, remote_cli, backend_name: str):
+    """-o endpoint_url= left empty (or a host without http://) failed inside botocore as "storage failed: GET
+    config on s3://...: ValueError: Invalid endpoint: "; an Azure account key that is not base64 as
+    "AzureSigningError: Invalid base64-encoded string"; AZURE_STORAGE_KEY (the az CLI's name, which adlfs does not
+    read) as "DefaultAzureCredential failed to retrieve a token": exit 20, naming no setting. Each is named, exit 2,
+    before anything connects, and init writes nothing."""
+    running = server(backend_name)
+    url = running.backend.new_url("setting")
+    for options, env, named in _bad_settings(backend_name, running.port):
+        backend = dataclasses.replace(running.backend, cli_options=[])
+        for command in (["init", url, *options], ["snapshots", "--repo", url, *options]):
+            started = time.monotonic()
+            proc = remote_cli(backend, *command, check=False, timeout=60, CKPTVAULT_RETRIES="3", **env)
+            line = one_line_error(proc)
+            assert proc.returncode == 2 and named in line, line
+            assert "not-base64" not in line and "abc%%" not in line, line  # a key, even a wrong one, is not shown
+            assert time.monotonic() - started < 20 and "warning" not in proc.stderr.decode(), proc.stderr.decode()
+    assert _listing(running.backend, url) == []
+
+
 @pytest.mark.parametrize("content", [None, "not json\n", '{"type": "service_account"}\n'])
 def test_google_application_credentials_that_cannot_be_used_are_named(server, remote_cli, tmp_path: Path, content):
     """gcsfs tries the environment's credentials, then others, and falls back to anonymous access without a
