@@ -9,7 +9,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     │   └── CheckpointLostError         3   watch: a checkpoint shipping in place went before it shipped
     ├── VaultNotFoundError             10   no repository at the URL
     ├── VaultExistsError               10   init on a URL that already holds one
-    ├── ForeignRepositoryError         10   another tool's repository (restic's) at the URL
+    ├── ForeignRepositoryError         10   another tool's repository (restic's, borg's, kopia's) or config at the URL
     ├── VaultLockedError               11   a conflicting lock is held
     │   ├── LockLostError              11   a lock holder found its lock gone or expired before committing
     │   └── WatchLockedError           11   another watch runs on the same folder
@@ -223,8 +223,8 @@ class VaultExistsError(CkptVaultError):
 
 
 class ForeignRepositoryError(CkptVaultError):
-    """The location holds another tool's repository (restic's): no ckptvault vault is there, and none may be made
-    there."""
+    """The location holds another tool's repository (restic's, borg's, kopia's) or another program's file named
+    config: no ckptvault vault is there, and none may be made there."""
 
     exit_code = 10
 

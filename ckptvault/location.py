@@ -10,7 +10,7 @@ import platformdirs
 
 from .errors import UsageError
 from .repository.cache import cache_root
-from .repository.format import CONFIG_KEY, INDEX_PREFIX, SNAPSHOTS_PREFIX, vault_at_or_above
+from .repository.format import CONFIG_KEY, INDEX_PREFIX, KOPIA_FORMAT_BLOBS, SNAPSHOTS_PREFIX, vault_at_or_above
 from .store.base import TEMP_PREFIX
 
 
@@ -31,8 +31,8 @@ def refuse_local_non_vault_folder(url: str) -> None:
     # One listing decides: a racing init (Vault.open(create=True) on every rank) writes its config
     # first, so a listing that shows any other name shows the config too.
     names = os.listdir(path) if os.path.isdir(path) else []
-    if CONFIG_KEY in names:
-        return  # a vault already: init says so itself
+    if CONFIG_KEY in names or set(KOPIA_FORMAT_BLOBS) & set(names):
+        return  # a vault already, or another tool's repository: init says which itself
     if any(name + "/" in (SNAPSHOTS_PREFIX, INDEX_PREFIX) and _holds_files(os.path.join(path, name)) for name in names):
         return  # a vault that lost its config, most likely: init says so itself
     if any(not name.startswith(TEMP_PREFIX) for name in names):

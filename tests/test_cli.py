@@ -442,8 +442,8 @@ def test_future_repository_version_is_refused(cli, tmp_path: Path):
 def test_not_a_repository(cli, tmp_path: Path):
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "config").write_text("hello")
-    proc = cli("snapshots", "--repo", str(tmp_path / "junk"), check=False)
-    assert proc.returncode == 30 and "not valid JSON" in one_line_error(proc)
+    proc = cli("snapshots", "--repo", str(tmp_path / "junk"), check=False)  # was exit 30, "not valid JSON"
+    assert proc.returncode == 10 and "holds another program's file named config" in one_line_error(proc)
 
 
 def test_demo_command_from_the_readme(cli):

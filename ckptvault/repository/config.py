@@ -26,6 +26,11 @@ class ConfigNotJsonError(MalformedObjectError):
     """Said so when the folder holds nothing else; ``Repository.read_config`` words it otherwise."""
 
 
+class ConfigNotOursError(MalformedObjectError):
+    """JSON that does not name the ckptvault format: another program's file, unless the vault's objects are
+    beside it (``Repository.read_config`` tells which)."""
+
+
 @dataclass(frozen=True)
 class RepoConfig:
     chunker: ChunkerParams = field(default_factory=ChunkerParams)
@@ -109,7 +114,7 @@ class RepoConfig:
                 f"the config of {url} is not valid JSON ({exc}); is this a ckptvault repository?"
             ) from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-            raise MalformedObjectError(f"{url} holds a config that is not a ckptvault repository's")
+            raise ConfigNotOursError(f"the config of {url} does not name the {FORMAT_NAME} format")
         version = doc.get("version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise MalformedObjectError(

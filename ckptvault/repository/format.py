@@ -20,6 +20,9 @@ SETTINGS_FORMAT_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
 
 CONFIG_KEY = "config"
+# Not ours: the files at the top of another tool's repository, which a vault never holds. kopia's format blob
+# (".f" on a filesystem, bare in an object store), where a vault folder would hold "config"
+KOPIA_FORMAT_BLOBS = ("kopia.repository", "kopia.repository.f")
 
 
 def holds_vault_config(folder: str) -> bool:

@@ -54,10 +54,12 @@ from ..store import Store
 from ..store.base import ObjectInfo
 from ..store.failures import object_fault, unreachable
 from .cache import MetadataCache
-from .config import ConfigNotJsonError, RepoConfig
+from .config import ConfigNotJsonError, ConfigNotOursError, RepoConfig
 from .format import (
     CONFIG_KEY,
+    FORMAT_NAME,
     INDEX_PREFIX,
+    KOPIA_FORMAT_BLOBS,
     PACKS_PREFIX,
     SETTINGS_FORMAT_VERSION,
     SNAPSHOTS_PREFIX,
@@ -133,10 +135,13 @@ def _holds_vault_objects(store: Store) -> bool:
 # binary config, so their repository read as a ckptvault vault whose config is damaged ("put the config back
 # from a copy", exit 30); every restic repository holds at least one key in keys/
 FOREIGN_MARKERS = (("keys/", "a restic repository (its keys/ folder)"),)
+# borg 1.x's config is INI text opening with this section (its README beside it says so too): it read as a
+# vault's config that is "not valid JSON; is this a ckptvault repository?" (exit 30)
+BORG_CONFIG = b"[repository]"
 
 
 def _foreign_repository(store: Store) -> ForeignRepositoryError | None:
-    """The error naming the other tool whose repository the store holds, or None."""
+    """The error naming the other tool whose repository the store holds (by its folders), or None."""
     for prefix, what in FOREIGN_MARKERS:
         if store.list(prefix):
             return ForeignRepositoryError(store.url, what)
@@ -147,6 +152,43 @@ def _config_missing(store: Store) -> MalformedObjectError:
     return MalformedObjectError(
         f"the config of {store.url} is missing, but the vault's snapshots or index are there; {config_from_a_copy()}"
     )
+
+
+def _kopia_repository(store: Store) -> ForeignRepositoryError | None:
+    """kopia keeps no config but its format blob: init made a vault beside it in an object store (a local folder
+    of other files is refused anyway), and every other command said "no vault; create one with: ckptvault init"."""
+    for name in KOPIA_FORMAT_BLOBS:
+        if store.exists(name):
+            return ForeignRepositoryError(store.url, f"a kopia repository (its {name})")
+    return None
+
+
+def _without_config(store: Store) -> CkptVaultError:
+    """What a store with no config holds: another tool's repository, a vault that lost its config, or nothing
+    (VaultNotFoundError: the only case where a new vault may be made there)."""
+    if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
+        return _foreign_repository(store) or _config_missing(store)
+    return _kopia_repository(store) or VaultNotFoundError(store.url)
+
+
+def _config_not_ours(store: Store, raw: bytes, exc: MalformedObjectError) -> CkptVaultError:
+    """The error for a config that is not a vault's (``exc``: not JSON, or JSON that names no ckptvault format):
+    another tool's repository, another program's file, or a vault's config damaged (its objects are beside it)."""
+    if raw.lstrip().startswith(BORG_CONFIG):
+        return ForeignRepositoryError(store.url, "a borg repository (its config is borg's)")
+    foreign = _foreign_repository(store)
+    if foreign is not None:
+        return foreign
+    # a vault's config, damaged: the format's name is near its top (config.py writes it first); a vault with no
+    # snapshot yet has nothing else to tell it by
+    if _holds_vault_objects(store) or not raw.strip() or f'"{FORMAT_NAME}"'.encode() in raw[:200]:
+        what = (
+            f"it is not valid JSON ({exc.__cause__})"
+            if isinstance(exc, ConfigNotJsonError)
+            else f"it does not name the {FORMAT_NAME} format"
+        )
+        return MalformedObjectError(f"the config of {store.url} is damaged: {what}; {config_from_a_copy()}")
+    return ForeignRepositoryError(store.url, "another program's file named config")
 
 
 def _verified_part(config: RepoConfig) -> bytes:
@@ -253,8 +295,9 @@ class Repository:
             except CkptVaultError:  # a newer format, a storage fault: the vault is there all the same
                 pass
             raise VaultExistsError(store.url)
-        if _holds_vault_objects(store):  # a new config there would make the old snapshots unreadable
-            raise _foreign_repository(store) or _config_missing(store)
+        missing = _without_config(store)
+        if not isinstance(missing, VaultNotFoundError):  # a new config there would hide what is there
+            raise missing
         if keyfile is not None and master is not None:
             config = replace(
                 config, encryption="aes-256-gcm", key_fingerprint=keyfile.fingerprint, version=SETTINGS_FORMAT_VERSION
@@ -277,22 +320,11 @@ class Repository:
         try:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
-            if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
-                raise (_foreign_repository(store) or _config_missing(store)) from None
-            raise VaultNotFoundError(store.url) from None
+            raise _without_config(store) from None
         try:
             return RepoConfig.from_json(raw, store.url)
-        except ConfigNotJsonError as exc:
-            if not _holds_vault_objects(store):
-                raise
-            foreign = _foreign_repository(store)
-            if foreign is not None:
-                raise foreign from None
-            # a vault whose config was damaged (a flipped byte, a cut): the rest cannot be read without it
-            raise MalformedObjectError(
-                f"the config of {store.url} is damaged: it is not valid JSON ({exc.__cause__}), and the vault's "
-                f"snapshots or index are there; {config_from_a_copy()}"
-            ) from None
+        except (ConfigNotJsonError, ConfigNotOursError) as exc:
+            raise _config_not_ours(store, raw, exc) from None
 
     @classmethod
     def open(

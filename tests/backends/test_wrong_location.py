@@ -96,6 +96,82 @@ def test_a_restic_repository_is_named_not_called_a_damaged_vault(server, remote_
     assert after == before
 
 
+def _borg_repository(where: Path) -> Path:
+    """A borg 1.x repository holding one archive: made by borg where it is installed, else laid out as borg's
+    docs describe it (an INI config opening with [repository], a README, data/0/ segments, hints/index/integrity)."""
+    repo = where / "repo"
+    borg = shutil.which("borg")
+    if borg:
+        env = {**os.environ, "BORG_BASE_DIR": str(where / "borg-home"), "BORG_PASSPHRASE": ""}
+        (where / "src").mkdir(parents=True)
+        (where / "src" / "weights.bin").write_bytes(random.randbytes(50_000))
+        subprocess.run([borg, "init", "-e", "none", str(repo)], env=env, check=True, capture_output=True)
+        subprocess.run([borg, "create", f"{repo}::one", str(where / "src")], env=env, check=True, capture_output=True)
+        return repo
+    (repo / "data" / "0").mkdir(parents=True)
+    (repo / "config").write_text(
+        f"[repository]\nversion = 1\nsegments_per_dir = 1000\nmax_segment_size = 524288000\nappend_only = 0\n"
+        f"storage_quota = 0\nadditional_free_space = 0\nid = {random.randbytes(32).hex()}\n"
+    )
+    (repo / "README").write_text("This is a Borg Backup repository.\nSee https://borgbackup.readthedocs.io/\n")
+    (repo / "data" / "0" / "1").write_bytes(b"BORG_SEG" + random.randbytes(5000))
+    for name in ("hints.1", "index.1", "integrity.1"):
+        (repo / name).write_bytes(random.randbytes(100))
+    return repo
+
+
+def _kopia_repository(where: Path, object_store: bool) -> Path:
+    """A kopia repository as kopia lays it out (kopia is not packaged here): its format blob (JSON naming the
+    tool), its blob config, content blobs; ``.f`` at the end of each name on a filesystem, none in a bucket."""
+    repo = where / "repo"
+    suffix = "" if object_store else ".f"
+    fmt = {"tool": "https://github.com/kopia/kopia", "buildVersion": "0.17.0", "uniqueID": "eA==", "version": "1"}
+    (repo / "p0a" / "1b2").mkdir(parents=True)
+    (repo / f"kopia.repository{suffix}").write_text(json.dumps({**fmt, "keyAlgo": "scrypt-65536-8-1"}))
+    (repo / f"kopia.blobcfg{suffix}").write_text("{}")
+    (repo / "p0a" / "1b2" / f"p0a1b2{random.randbytes(14).hex()}{suffix}").write_bytes(random.randbytes(4000))
+    (repo / f"xn0_{random.randbytes(16).hex()}{suffix}").write_bytes(random.randbytes(300))
+    return repo
+
+
+def _other_programs_json(where: Path) -> Path:
+    """A folder of some other program whose settings file happens to be named config (JSON)."""
+    (where / "repo").mkdir(parents=True)
+    (where / "repo" / "config").write_text(json.dumps({"name": "my-app", "version": 3, "debug": False}))
+    return where / "repo"
+
+
+@pytest.mark.parametrize("backend_name", ["local", "s3-moto", "azure-azurite"])
+@pytest.mark.parametrize("kind", ["borg", "kopia", "json"])
+def test_another_tools_repository_is_named_and_never_written_into(
+    server, remote_cli, tmp_path: Path, backend_name: str, kind: str
+):
+    """restic's was named (above); borg's INI config read as "not valid JSON; is this a ckptvault repository?"
+    (exit 30, init too), another program's JSON config as "holds a config that is not a ckptvault repository's"
+    (exit 30, no way on), and a kopia repository, which holds no config, got "no vault; create one with: ckptvault
+    init" while init made a vault beside it in a bucket. Each is named (exit 10) and nothing is written into it."""
+    object_store = backend_name != "local"
+    made = {"borg": _borg_repository, "json": _other_programs_json}
+    repo = made[kind](tmp_path / kind) if kind in made else _kopia_repository(tmp_path / kind, object_store)
+    if object_store:
+        backend = server(backend_name).backend
+        url = backend.new_url(kind)
+        _upload(backend, repo, url)
+    else:
+        backend, url = None, str(repo)
+    before = _listing(backend, url) if backend else sorted(str(p) for p in repo.rglob("*"))
+    said = {"borg": "a borg repository", "kopia": "a kopia repository", "json": "another program's file named config"}
+    src = make_checkpoint(tmp_path / "ckpt", step=1, mb=0.1)
+    for command in (["init", url], ["snapshots", "--repo", url], ["backup", str(src), "--repo", url]):
+        proc = remote_cli(backend, *command, check=False, CKPTVAULT_RETRIES="0")
+        line = one_line_error(proc)
+        assert proc.returncode == 10, line
+        assert f"{url} holds {said[kind]}" in line and "not a ckptvault vault" in line, line
+        assert "damaged" not in line and "create one with" not in line, line
+    after = _listing(backend, url) if backend else sorted(str(p) for p in repo.rglob("*"))
+    assert after == before
+
+
 @pytest.mark.parametrize("backend_name", ["sftp-openssh", "webdav-wsgidav"])
 @pytest.mark.parametrize("under", [False, True])
 def test_init_where_a_file_stands_in_the_path_says_so_at_once(server, remote_cli, backend_name: str, under: bool):
