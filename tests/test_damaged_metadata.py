@@ -563,6 +563,32 @@ def test_an_index_object_of_a_newer_ckptvault_is_not_called_damage(two_snapshots
     assert repair.returncode == 17 and os.path.exists(index_dir / index_id)  # nothing removed
 
 
+@pytest.mark.parametrize(
+    ("version", "named"),
+    [
+        (None, "lacks field 'version'"),  # was "its version None is not a whole number"
+        (0, "its version 0 is no repository format (they are 1 to 3)"),  # was "format 0 ... is not supported" (17)
+        (-2, "its version -2 is no repository format"),
+    ],
+)
+def test_a_config_without_a_version_or_below_1_is_damage_with_the_way_on(two_snapshots, cli: Callable, version, named):
+    """A config that lost its version said "its version None is not a whole number" (None is no value the file
+    holds); version 0, which no ckptvault writes, "repository format 0 ... is not supported" (exit 17, no next
+    step). Both are the config altered: named so, with the way on (a copy of the config)."""
+    repo, *_ = two_snapshots
+    config = Path(repo) / "config"
+    doc = json.loads(config.read_text())
+    if version is None:
+        del doc["version"]
+    else:
+        doc["version"] = version
+    config.write_text(json.dumps(doc))
+    proc = cli("snapshots", "--repo", repo, check=False)
+    error = error_line(proc)
+    assert proc.returncode == 30 and f"the config of {repo}" in error and named in error, error
+    assert "None" not in error and "put the config back from a copy" in error, error
+
+
 @pytest.mark.parametrize("how", ["cut", "empty"])
 def test_a_damaged_config_is_called_damaged_where_the_vault_is_there(two_snapshots, tmp_path: Path, cli, how: str):
     """A vault's config cut short or emptied was reported as "is this a ckptvault repository?"."""

@@ -116,9 +116,12 @@ class RepoConfig:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ConfigNotOursError(f"the config of {url} does not name the {FORMAT_NAME} format")
         version = doc.get("version")
+        if "version" not in doc:
+            raise MalformedObjectError(f"the config of {url} lacks field 'version'; {config_from_a_copy()}")
         if not isinstance(version, int) or isinstance(version, bool):
             raise MalformedObjectError(
-                f"the config of {url} is damaged: its version {version!r} is not a whole number; {config_from_a_copy()}"
+                f"the config of {url} is damaged: its version {elided(repr(version), 40)} is not a whole number; "
+                f"{config_from_a_copy()}"
             )
         if version not in SUPPORTED_VERSIONS:
             newest = max(SUPPORTED_VERSIONS)
@@ -127,7 +130,11 @@ class RepoConfig:
                     f"repository format {version} at {url} is newer than this ckptvault supports "
                     f"(up to {newest}); upgrade ckptvault: pip install -U ckptvault"
                 )
-            raise UnsupportedFormatError(f"repository format {version!r} at {url} is not supported")
+            # below 1: no ckptvault ever wrote it (formats count from 1), so the config was altered
+            raise MalformedObjectError(
+                f"the config of {url} is damaged: its version {version} is no repository format (they are "
+                f"{min(SUPPORTED_VERSIONS)} to {newest}); {config_from_a_copy()}"
+            )
         try:
             _check_fields(doc)
             return cls(
