@@ -560,6 +560,10 @@ def test_an_ambiguous_id_prefix_lists_the_candidates(vault: Vault, tmp_path: Pat
     listed = [i for i in ids if i[:12] in str(info.value)]
     matching = [i for i in ids if i.startswith(digit)]
     assert set(listed) <= set(matching) and len(listed) == min(5, len(matching)), str(info.value)
+    # each with its time to the second (saves within one minute looked alike: "(2026-12-07 10:16)")
+    times = {s.id: s.time for s in vault.snapshots()}
+    for snapshot_id in listed:
+        assert f"{snapshot_id[:12]} ({times[snapshot_id]:%Y-%m-%d %H:%M:%S})" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("below", ["", "vault"])

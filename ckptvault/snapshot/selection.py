@@ -221,7 +221,8 @@ def select(
         listing = spelled("ckptvault snapshots", "Vault.snapshots()")
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags, hosts)}; list them with: {listing}")
     if len(found) > 1:
-        shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M})" for s in found[:5])
+        # to the second, as `ckptvault snapshots` shows them: saves a minute apart are what a prefix mixes up
+        shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M:%S})" for s in found[:5])
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
         raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous: {shown}{more}; give more digits")
     return found[0]
