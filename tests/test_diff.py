@@ -117,6 +117,7 @@ def test_diff_names_links_folders_types_and_modes(vault: Vault, tmp_path: Path, 
     (src / "config.json").write_text("{}")
     (src / "notes.txt").write_text("notes")
     (src / "same.txt").write_text("same")
+    (src / "ckpt").write_bytes(b"c" * 300)
     os.symlink("step-100", src / "latest")
     a = vault.backup(src)
 
@@ -128,6 +129,9 @@ def test_diff_names_links_folders_types_and_modes(vault: Vault, tmp_path: Path, 
     (src / "notes.txt").unlink()
     os.symlink("config.json", src / "notes.txt")
     os.utime(src / "config.json", ns=(10**18, 10**18))
+    (src / "ckpt").unlink()
+    (src / "ckpt").mkdir()
+    (src / "ckpt" / "part").write_bytes(b"p" * 7)
     b = vault.backup(src)
 
     changes = {c.path: c for c in vault.diff(a, b).files}
@@ -147,6 +151,11 @@ def test_diff_names_links_folders_types_and_modes(vault: Vault, tmp_path: Path, 
     assert "changed         latest  (target step-100 -> step-200)" in lines
     assert "removed         emptydir/" in lines and "added           emptydir2/" in lines
     assert "metadata 100 B  step-100/w.bin  (mode 0o644 -> 0o600)" in lines
+    # a file that became a link or a folder has no size in B: A's (5 B, 300 B) was shown beside the new entry
+    assert "changed         notes.txt -> config.json  (type file -> symlink)" in lines, text
+    assert "changed         ckpt/  (type file -> dir)" in lines and "added      7 B  ckpt/part  (7 B new)" in lines, (
+        text
+    )
     paths = ("latest", "emptydir/", "step-100/w.bin", "notes.txt")
     starts = {line.index(path) for line in lines for path in paths if path in line}
     assert len(starts) == 1, text

@@ -38,7 +38,9 @@ def diff_cmd(
     with vault_args.open(out) as vault:
         result = vault.diff(vault.snapshot(a, tags, hosts=hosts), vault.snapshot(b, tags, hosts=hosts), tensors=tensors)
     # "status  size  path  (new) (details)": the size before the path, right-aligned, so that both line up
-    sizes = {f.path: next((format_bytes(s) for s in (f.size_b, f.size_a) if s is not None), "") for f in result.files}
+    # B's size where the entry is in B (none for a file that became a folder or a link: A's size belonged to
+    # what is gone), A's for one removed
+    sizes = {f.path: _shown_size(f.size_b if f.type_b is not None else f.size_a) for f in result.files}
     width = max(map(len, sizes.values()), default=0)
     column = (lambda size: f"{size:>{width}}  ") if width else (lambda size: "")
     indent = " " * (9 + len(column(""))) + "  "
@@ -69,3 +71,7 @@ def diff_cmd(
         f"{counted(result.unchanged_files, 'file')} unchanged; {format_bytes(result.new_bytes)} new in {result.b[:8]}"
     )
     out.result(result, "\n".join(lines), asked=True)
+
+
+def _shown_size(size: int | None) -> str:
+    return format_bytes(size) if size is not None else ""
