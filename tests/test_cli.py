@@ -480,6 +480,32 @@ def test_a_demo_whose_temporary_folder_is_full_says_so_and_where(cli, tmp_path: 
         assert "/restored: No space left on device; free space there, or set TMPDIR" in line, line
 
 
+def test_a_bug_whose_traceback_cannot_be_saved_is_still_one_line(cli, tmp_path: Path):
+    """A bug's traceback goes to a file in the temporary folder; where that was nearly full (room for the check
+    tempfile makes, not for the traceback), the OSError of saving it escaped the error boundary: two tracebacks on
+    the screen, the bug's and the save's. It is one line naming where the bug was raised and why the traceback was
+    not saved, exit 1, and no cut traceback is left to take the disk's last bytes."""
+    from tests.support.tmpfs import mounted_tmpfs
+
+    repo = str(tmp_path / "v")
+    cli("init", repo)
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data")}
+    bug = [sys.executable, "-m", "tests.support.bugcli", "snapshots", "--repo", repo]
+    with mounted_tmpfs(tmp_path / "small-tmp", "1m", "the full temporary folder test of a bug") as small:
+        room = os.statvfs(small)
+        (small / "fill").write_bytes(b"x" * ((room.f_bavail - 1) * room.f_frsize))  # one page left
+        proc = subprocess.run(bug, capture_output=True, env={**env, "TMPDIR": str(small)}, timeout=120)
+        line = one_line_error(proc)
+        assert proc.returncode == 1 and "internal error: RuntimeError: a planted bug (raised at bugcli.py:" in line
+        assert f"its traceback could not be saved in {small}: No space left on device; please report it)" in line
+        assert os.listdir(small) == ["fill"]
+        # with room, it is saved, as before
+        (small / "fill").unlink()
+        proc = subprocess.run(bug, capture_output=True, env={**env, "TMPDIR": str(small)}, timeout=120)
+        saved = re.search(r"\(traceback saved to (\S+); please report it\)$", one_line_error(proc))
+        assert saved and "ValueError: the cause, at length" in Path(saved.group(1)).read_text(), proc.stderr
+
+
 def test_a_demo_run_in_a_vault_in_use_warns_even_when_quiet(cli, tmp_path: Path):
     """The README's first command writes into the default vault: one that holds a user's own saves gets two
     newer ones, which an untagged `restore latest` takes; -q hid the line that said so (ux43)."""

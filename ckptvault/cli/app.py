@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import getpass
@@ -220,13 +221,30 @@ def command(func: F) -> F:
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as exc:  # a bug: keep the traceback, show one line
-            fd, path = tempfile.mkstemp(prefix="ckptvault-crash-", suffix=".txt")
-            with os.fdopen(fd, "w") as f:
-                traceback.print_exc(file=f)
-            out.error(f"internal error: {type(exc).__name__}: {exc} (traceback saved to {path}; please report it)")
+            out.error(f"internal error: {type(exc).__name__}: {exc} ({_saved_traceback(exc)}; please report it)")
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _saved_traceback(exc: BaseException) -> str:
+    """Where a bug's traceback was saved, for its one line. Where it cannot be saved (a full or read-only
+    temporary folder), where the bug was raised and why it was not saved: the OSError of the save escaped the
+    error boundary as a traceback of its own, both bugs' (exit 1, the one-line promise broken)."""
+    path = None
+    try:
+        fd, path = tempfile.mkstemp(prefix="ckptvault-crash-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exception(exc, file=f)
+        return f"traceback saved to {path}"
+    except OSError as err:
+        if path is not None:  # a cut traceback on a full disk helps no one and takes its last bytes
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        frames = traceback.extract_tb(exc.__traceback__)
+        last = frames[-1] if frames else None
+        where = f"raised at {os.path.basename(last.filename)}:{last.lineno} in {last.name}; " if last else ""
+        return f"{where}its traceback could not be saved in {tempfile.gettempdir()}: {err.strerror or err}"
 
 
 def ask_passphrase(prompt: str, *, env: str = "CKPTVAULT_PASSPHRASE", option: str = "--passphrase-file") -> str:
