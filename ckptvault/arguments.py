@@ -372,6 +372,11 @@ def before_arg(before: datetime | timedelta | None, now: datetime | None) -> dat
 ID_PREFIX_MIN = 4  # characters of a snapshot ID prefix that every command and API method takes
 
 
+def is_snapshot_id(spec: str) -> bool:
+    """Whether ``spec`` is a whole snapshot ID (64 hex digits), not a prefix or ``latest``."""
+    return len(spec) == 64 and all(c in "0123456789abcdefABCDEF" for c in spec)
+
+
 def refuse_short_id_prefix(spec: object, what: str, listing: str | None = None) -> None:
     """``forget 3`` meant "three snapshots" as often as "the one whose ID starts with 3", ``tag 2 --add
     keep=best`` protected whichever snapshot began with 2, and ``restore 1 ./resume`` wrote whichever began

@@ -33,6 +33,7 @@ from .arguments import (
     hosts_arg,
     int_arg,
     interval_arg,
+    is_snapshot_id,
     keyfile_arg,
     path_arg,
     paths_arg,
@@ -97,7 +98,7 @@ from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_pr
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, restore_full_hint, run_restore, target_error
-from .ops.retag import changed_tags, finish_left_behind, retag, retag_gone
+from .ops.retag import changed_tags, finish_left_behind, finished_retag, retag, retag_gone
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_selected_stats, compute_stats
 from .ops.status import BackupStatus, backup_status
@@ -938,7 +939,10 @@ class Vault:
                     if (new_id := self._catalog.retagged.get(snapshot.id)) is not None:
                         raise retagged_here(snapshot, new_id) from None
                     raise retag_gone(snapshot) from None  # not "no snapshot <its 64 hex digits>"
-                raise
+                done = self._finished_retag(snapshot, tags, add, remove)
+                if done is None:
+                    raise
+                return done
             renewed_tags = changed_tags(chosen.tags, add, remove)
             if renewed_tags == chosen.tags and (
                 old := finish_left_behind(self._repo, chosen, self.snapshots(), lock.verify)
@@ -948,6 +952,22 @@ class Vault:
             if retagged.id != chosen.id:
                 self._catalog.retagged[chosen.id] = retagged.id
             return retagged
+
+    def _finished_retag(
+        self, spec: str | Snapshot, tags: dict[str, str] | None, add: dict[str, str], remove: list[str]
+    ) -> Snapshot | None:
+        """The copy an earlier ``tag`` of the whole ID ``spec`` finished before it was killed (``finished_retag``),
+        said in a warning; None when ``spec`` names no such pair."""
+        if not isinstance(spec, str) or not is_snapshot_id(spec):
+            return None
+        old_id = spec.lower()
+        done = finished_retag(self.snapshots(tags), old_id, add, remove)
+        if done is not None:
+            self._warn(
+                f"snapshot {old_id[:8]} was retagged already, as {done.short_id} (by an interrupted run of this tag, "
+                "or another process); nothing changed"
+            )
+        return done
 
     @_open_only
     def check(self, *, read_data: float | bool = 0.0, seed: int | None = None) -> CheckReport:

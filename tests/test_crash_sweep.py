@@ -104,6 +104,8 @@ CASES = {
         [3],
     ),
     "tag-before-the-old-ones-removal": ("tag {s2} --add keep=best --repo {v}", "remove {v}/snapshots/", 1, [1, 2, 3]),
+    # killed once the old snapshot was gone (at its tree's removal): the rerun found no snapshot {s2}, exit 18
+    "tag-at-the-old-trees-removal": ("tag {s2} --add keep=best --repo {v}", "remove {v}/trees/", 1, [1, 2, 3]),
     "restore-overwrite-mid-file": ("restore {s3} {target} --overwrite --repo {v}", "open {target}/", 2, [1, 2, 3]),
     "restore-overwrite-between-files": (
         "restore {s3} {target} --overwrite --repo {v}",

@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
-from ..arguments import refuse_short_id_prefix
+from ..arguments import is_snapshot_id, refuse_short_id_prefix
+from ..errors import SnapshotNotFoundError
+from ..snapshot.model import Snapshot
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
 from .output import Output, listed_tags
 from .params import parse_new_tags, parse_tags
@@ -48,11 +50,24 @@ def tag_cmd(
     changes = parse_new_tags(add, "--add")
     refuse_short_id_prefix(snapshot, "retag")  # before any lookup, as Vault.tag does
     with vault_args.open(out, writes=True) as vault:
-        before = vault.snapshot(snapshot, parse_tags(tag))
-        after = vault.tag(before, add=changes, remove=remove or [])
+        try:
+            before: Snapshot | None = vault.snapshot(snapshot, parse_tags(tag))
+        except SnapshotNotFoundError:
+            if not is_snapshot_id(snapshot):
+                raise
+            # the rerun of a tag killed after it removed the old snapshot: Vault.tag finds its copy (or raises
+            # this same error), and says so in a warning; the result is the one the killed run would have shown
+            before = None
+        if before is not None:
+            after = vault.tag(before, add=changes, remove=remove or [])
+        else:
+            after = vault.tag(snapshot, add=changes, remove=remove or [], tags=parse_tags(tag))
     shown = listed_tags(after.tags) or "none"
-    data = {"previous_id": before.id, "snapshot": after}
-    if after.id == before.id:
+    previous_id = before.id if before is not None else snapshot.lower()
+    data = {"previous_id": previous_id, "snapshot": after}
+    if before is None:
+        out.result(data, f"snapshot {previous_id[:8]} is now {after.short_id}, tags: {shown}")
+    elif after.id == before.id:
         missing = [k for k in dict.fromkeys(remove or []) if k not in before.tags]
         absent = f"{'tags' if len(missing) > 1 else 'tag'} {', '.join(missing)}"
         has = f"already has these tags ({shown})" if changes or not missing else f"has no {absent} (its tags: {shown})"

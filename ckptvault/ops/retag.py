@@ -95,6 +95,21 @@ def _finish(repo: Repository, snapshot: Snapshot, renewed_id: str) -> Snapshot:
     return renewed
 
 
+def finished_retag(snapshots: list[Snapshot], old_id: str, add: dict[str, str], remove: list[str]) -> Snapshot | None:
+    """The copy that a ``tag`` of ``old_id`` (a whole ID: a prefix cannot be hashed) wrote before it removed
+    the old snapshot, when that copy carries the tags this change gives already: the same ``tag`` run again
+    after a SIGKILL between the old snapshot's removal and the command's end (its tree's, its lock's) is
+    done, not a mistyped ID (exit 18 before). None when there is no such copy."""
+    return next(
+        (
+            snap
+            for snap in snapshots
+            if snap.id == retagged_id(old_id, snap.tags) and changed_tags(snap.tags, add, remove) == snap.tags
+        ),
+        None,
+    )
+
+
 def retagged_id(snapshot_id: str, tags: dict[str, str]) -> str:
     """The ID of snapshot ``snapshot_id`` retagged with ``tags`` (module docstring)."""
     named = json.dumps(tags, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape")
