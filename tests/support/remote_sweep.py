@@ -1,19 +1,24 @@
-"""The exhaustive remote crash sweep (a script, not a test: hours of CPU on 2 cores for every point):
-each command of SCENARIOS is run once cleanly to count its write calls to the store (killremote.py), then
-once per K, SIGKILLed at its K-th write call, on a copy of the same starting vault; after each kill the same
-command is run again and must exit 0 with no warning, then ``check --read-data`` must be clean, every
+"""The exhaustive remote crash sweep (a script, not a test: ~5 s a kill point, 85 points on S3 and ~250 on
+SFTP): each command of SCENARIOS is run once cleanly to count its write calls to the store (killremote.py),
+then once per K, SIGKILLed at its K-th write call, on a copy of the same starting vault; after each kill the
+same command is run again and must exit 0 with no warning, then ``check --read-data`` must be clean, every
 snapshot restore bit-exact, no lock be left, and a prune (every snapshot kept; leftovers' one-hour age limit
-taken as passed) leave no temp file or multipart upload and the vault within PRUNED_SIZE_SLACK of a clean run's.
-Two things are not counted as failures: forget's warning naming the IDs its killed run removed already
-(docs/usage.md), and a pack in no index whose header does not verify right after the kill (SeaweedFS keeps
-the bytes a PUT cut by the kill had sent; check names it, the prune removes it; counted as ``cut=``).
+taken as passed) leave no temp file or multipart upload and the vault within PRUNED_SIZE_SLACK of a clean
+run's. Not counted as failures: forget's warning naming the IDs its killed run removed already, tag's naming
+the copy its killed run wrote (docs/usage.md), and a pack in no index whose header does not verify right
+after the kill (SeaweedFS keeps the bytes a PUT cut by the kill had sent; check names it, the prune removes
+it; counted as ``cut=``).
 
-    python -m tests.support.remote_sweep s3 [SCENARIO...]  [--when after] [--every N]   (SeaweedFS)
-    python -m tests.support.remote_sweep moto backup-first --part-mib 5                 (multipart uploads)
+    python -m tests.support.remote_sweep s3 [SCENARIO...] [--when after] [--every N]   (SeaweedFS)
     python -m tests.support.remote_sweep sftp [SCENARIO...]                             (OpenSSH sshd)
+    python -m tests.support.remote_sweep s3 backup-second-enc --part-mib 0.25           (multipart uploads)
 
-One line per kill point and a summary at the end; a failing point prints its kill log and the rerun's
-stderr. tests/backends/test_remote_crash_sweep.py keeps a handful of points as regression tests.
+With --part-mib 0.25 the 1 MiB packs go up in 256 KiB parts: SeaweedFS takes them but refuses to complete
+such an upload (EntityTooSmall, under S3's 5 MiB), so the clean run fails and only the kill points before a
+completion mean anything (the size comparison does not); the reruns upload whole packs.
+
+One line per kill point (the call it was killed at) and its problems; a summary at the end.
+tests/backends/test_remote_crash_sweep.py keeps a handful of points as regression tests.
 """
 
 from __future__ import annotations
@@ -235,8 +240,10 @@ class Sweep:
             if again.returncode != 0:
                 out["problems"].append(f"rerun exit {again.returncode}: {' | '.join(warnings)[-800:]}")
                 return out
-            warnings = [w for w in warnings if "(forgotten already, by an interrupted run" not in w]
-            if warnings:  # but forget's of the IDs its killed run removed (docs/usage.md)
+            # but forget's naming the IDs its killed run removed, and tag's naming the copy its killed run wrote
+            told = ("(forgotten already, by an interrupted run", "was retagged already, as")
+            warnings = [w for w in warnings if not any(t in w for t in told)]
+            if warnings:
                 out["problems"].append(f"rerun said: {' | '.join(warnings)[-600:]}")
         self.verify(sc, url, out, ids)
         shutil.rmtree(cache, ignore_errors=True)
