@@ -28,6 +28,7 @@ import secrets
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -77,6 +78,16 @@ _TIME_FIELDS = ("mtime", "LastModified", "updated", "last_modified", "created") 
 POOL_SIZE = 8  # SFTP sessions at most, per store
 MAX_CUT_TEMPS = 1000  # temp files of cut writes remembered for removal (a few bytes each)
 _IN_PROCESS_CREATE = threading.Lock()  # memory filesystems check-then-create; make that atomic
+# Every store of this process, for the fork hook below.
+_STORES: weakref.WeakSet[FsspecStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class FsspecStore:
@@ -94,6 +105,7 @@ class FsspecStore:
         # Pooled sessions not in use, by the nice value of the thread that opened them: a session's
         # transport thread keeps it, and a backup_async worker's (lowered) must not serve others.
         self._idle: dict[int, list[Any]] = {}
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()  # every SFTP session opened, idle or not
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         self._made_dirs: set[str] = set()
         self._cut_temps: list[str] = []  # temp files of puts cut mid-write (_remove_cut_temps)
@@ -140,6 +152,24 @@ class FsspecStore:
         self.supports_if_absent = self.profile.conditional_put
         if not self.remote:
             self._filesystem()
+        _STORES.add(self)
+
+    def _forked(self) -> None:
+        """In a child forked from this process (a DataLoader worker, a ``multiprocessing`` pool's process, which
+        may use the Vault it inherited): the connections are the parent's. An async filesystem (s3fs, gcsfs,
+        adlfs) refused every call there ("RuntimeError: This class is not fork-safe", said as a storage
+        failure), and an SFTP session, whose reading thread stays in the parent, hung the child's calls for the
+        whole deadline while what it wrote over the parent's connection made the server drop the parent's. The
+        child opens its own; those it inherited are closed on its side only (its copy of each socket: nothing
+        is sent, so the parent's sessions go on)."""
+        inherited = list(self._sessions)
+        self._fs = None
+        self._idle = {}
+        self._sessions = weakref.WeakSet()
+        self._fs_lock = threading.Lock()  # a parent thread may have held them at the fork
+        self._slots = threading.BoundedSemaphore(POOL_SIZE)
+        for fs in inherited:
+            _close_session(fs)
 
     # ---- plumbing ----------------------------------------------------------------------
 
@@ -163,6 +193,7 @@ class FsspecStore:
         tune(fs, self.profile.protocol, self._options)
         if self.profile.pooled:
             _bound_silence(fs, self._silence_bound)
+            self._sessions.add(fs)
         return fs
 
     def _filesystem(self) -> Any:
