@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -483,7 +484,7 @@ def test_the_exit_wait_is_announced_at_warning_naming_the_count_and_the_bound(ca
     shipper.submit(BackupJob(sources=[], tags={"step": "1"}, label="ckpt"))
     try:
         with caplog.at_level(logging.WARNING, logger="ckptvault"):
-            shipper.flush_at_exit()
+            shipper.flush_at_exit(time.monotonic())
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert any("1 queued backup(s)" in m and "0.2 s" in m for m in warnings), warnings
     finally:

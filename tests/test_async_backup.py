@@ -669,6 +669,43 @@ def test_the_exit_wait_is_bounded_and_says_what_was_not_shipped(tmp_path):
     assert "step_1" in proc.stderr
 
 
+SEVERAL_VAULTS_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import tests.support.slowfs
+    from ckptvault import Vault
+    repos, ckpts = sys.argv[1:4], sys.argv[4:7]
+    vaults = [Vault.open("slowfile://" + repo, storage_options={"delay": "5"}) for repo in repos]
+    for vault, ckpt in zip(vaults, ckpts):
+        vault.configure_async(exit_timeout=2)
+        vault.backup_async(ckpt, tags={"step": "1"})  # 5 s a read or listing: longer than the bound
+    print(time.time(), flush=True)  # the exit starts here
+    """
+)
+
+
+def test_several_vaults_wait_at_exit_until_one_shared_deadline(tmp_path):
+    """Three Vaults (a local and a remote vault, the callback's and the script's own) with backups queued at
+    exit: each was waited for after the previous one, up to exit_timeout each, so the process took up to 3 x
+    exit_timeout (4.5-6 s for 2 s here), past the grace period the bound was set to fit. Their workers ship side
+    by side: each vault's bound now runs from the start of the exit."""
+    repos = [tmp_path / f"repo{i}" for i in range(3)]
+    ckpts = [make_checkpoint(tmp_path / f"ckpt{i}" / "step_1", 1) for i in range(3)]
+    for repo in repos:
+        Vault.init(str(repo)).close()
+    proc = subprocess.run(
+        [sys.executable, "-c", SEVERAL_VAULTS_EXIT_SCRIPT, *map(str, repos), *map(str, ckpts)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    exit_took = time.time() - float(proc.stdout.split()[0])
+    assert proc.returncode == 0, proc.stderr
+    assert exit_took < 3.5, f"the exit took {exit_took:.1f} s for an exit_timeout of 2 s\n{proc.stderr}"
+    assert proc.stderr.count("not shipped after 2.0 s") == 3, proc.stderr  # each vault names its own
+
+
 FORK_SCRIPT = textwrap.dedent(
     """
     import multiprocessing, sys, time

@@ -507,9 +507,14 @@ def _flush_all_at_exit() -> None:
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # Lightning ignores SIGINT once it has handled a Ctrl-C; the wait must stay interruptible
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # One deadline for all: each vault's exit_timeout runs from the start of the exit, not from the end of the
+    # previous vault's wait (their workers ship side by side meanwhile). Waited for one after another, three
+    # vaults held a process 3 x exit_timeout, past the grace period it was set to fit, and a SIGKILL then
+    # cut the ERROR line naming what was not shipped.
+    started = time.monotonic()
     try:
         for shipper in shippers:
-            shipper.flush_at_exit()
+            shipper.flush_at_exit(started)
     except KeyboardInterrupt:  # Ctrl-C during the wait: the user gives up on the uploads
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one must not cut the report short
         for shipper in shippers:
@@ -885,14 +890,24 @@ class AsyncShipper:
             self._cond.notify_all()
         return withdrawn
 
-    def flush_at_exit(self) -> None:
-        """Wait for the queued backups, at most ``exit_timeout`` seconds, saying so first (a WARNING:
-        the process seems to hang otherwise); an ERROR line names those not shipped in time. On
-        Ctrl-C, KeyboardInterrupt is raised; the caller reports (``report_unshipped``)."""
+    def flush_at_exit(self, started: float) -> None:
+        """Wait for the queued backups until ``exit_timeout`` seconds after ``started`` (the exit's start, by
+        ``time.monotonic``), saying so first (a WARNING: the process seems to hang otherwise); an ERROR
+        line names those not shipped in time. On Ctrl-C, KeyboardInterrupt is raised; the caller reports
+        (``report_unshipped``)."""
         waiting = self.pending()
         if waiting == 0:
             return
-        bound = "as long as they take" if self.exit_timeout is None else f"up to {self.exit_timeout:g} s"
+        left = None if self.exit_timeout is None else max(0.0, started + self.exit_timeout - time.monotonic())
+        if left == 0:  # the other vaults' waits used it up: the ERROR line alone, not "waiting up to 0 s"
+            self.report_unshipped(f"after {self.exit_timeout} s")
+            return
+        if left is None:
+            bound = "as long as they take"
+        elif self.exit_timeout is not None and left < self.exit_timeout - 0.05:  # another vault's wait took some
+            bound = f"up to {left:.1f} s more (exit_timeout {self.exit_timeout:g} s, from the start of the exit)"
+        else:
+            bound = f"up to {self.exit_timeout:g} s"
         log.warning(
             "ckptvault: waiting %s for %d queued backup(s) before the interpreter exits "
             "(configure_async(exit_timeout=...) sets the bound)",
@@ -900,7 +915,7 @@ class AsyncShipper:
             waiting,
         )
         try:
-            self.flush(self.exit_timeout)
+            self.flush(left)
         except FlushTimeoutError:
             self.report_unshipped(f"after {self.exit_timeout} s")
         except Exception:
