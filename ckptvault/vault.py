@@ -188,7 +188,9 @@ class Vault:
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
         self._backup_mutex = threading.Lock()  # the Repository writes one backup at a time
         self._writer: int | None = None  # the thread in a backup or copy (holding the mutex): it waits for no backup
-        self._close_mutex = threading.Lock()
+        # Reentrant: close() called again on the thread already closing (a SIGTERM handler that closes, landing in
+        # a `with` block's close) deadlocked on it; the inner call returns at once, the outer one goes on.
+        self._close_mutex = threading.RLock()
         # Where warnings go besides the "ckptvault" logger (the CLI passes its stderr printer).
         self.on_warning: Callable[[str], None] | None = None
         self._warn = self._warner()  # the Vault's own warnings (a damaged snapshot object, prune's)
@@ -215,7 +217,7 @@ class Vault:
             self._forked_mid_write = parent
         self._shipper = None  # the parent ships it; its pins are the parent's to release
         self._backup_mutex = threading.Lock()
-        self._close_mutex = threading.Lock()
+        self._close_mutex = threading.RLock()
         self._writer = None
 
     def _refuse_forked_mid_write(self) -> None:
@@ -404,10 +406,19 @@ class Vault:
         """Wait for every queued async backup, however long they take (as ``flush()`` does;
         ``exit_timeout`` bounds only the interpreter's exit), then release the Vault; every method
         but ``close`` (which may be called again) then raises UsageError. A failed backup was
-        logged when it failed and is not raised here."""
+        logged when it failed and is not raised here. Called again on a thread already in ``close()`` (a
+        signal handler), it returns at once; on a thread inside this Vault's backup, it raises UsageError."""
         if self._shipper is not None and self._shipper.on_worker_thread():  # it would wait for itself
             raise UsageError(
                 "close() cannot be called from a backup's done-callback; close the Vault from your own code"
+            )
+        if self._writer == threading.get_ident():
+            # a signal handler (SIGTERM) that closes, run on the main thread inside its backup, or a progress
+            # callback: it waited for the backup's mutex, held by the very frame it interrupted, for ever
+            raise UsageError(
+                "close() was called on a thread inside this Vault's backup (from a signal handler or a callback), "
+                "which it would wait for forever; raise SystemExit there (sys.exit(143)) and close the Vault "
+                "once the backup has unwound (a `with Vault.open(...)` block does)"
             )
         with self._close_mutex:  # a second caller waits until the first has closed
             if self._closing:

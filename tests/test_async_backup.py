@@ -706,6 +706,67 @@ def test_several_vaults_wait_at_exit_until_one_shared_deadline(tmp_path):
     assert proc.stderr.count("not shipped after 2.0 s") == 3, proc.stderr  # each vault names its own
 
 
+CLOSE_IN_HANDLER_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    import tests.support.slowfs
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, ckpt, during = sys.argv[1:4]
+    vault = Vault.open("slowfile://" + repo, storage_options={"delay": "1"})
+
+    def on_sigterm(signum, frame):  # a training script's own preemption handler
+        vault.close()
+        print("handler closed the vault", flush=True)
+        sys.exit(143)
+
+    def preempted():  # the preemption notice, landing while the backup runs
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if during == "backup":
+        try:
+            vault.backup(ckpt, tags={"step": "1"}, before_commit=preempted)
+        except UsageError as exc:
+            print(f"UsageError: {exc}", flush=True)
+            print(f"locks left: {os.listdir(os.path.join(repo, 'locks'))}", flush=True)
+    else:
+        with vault:  # the end of training: leaving the block waits for the queued backup
+            vault.backup_async(ckpt, tags={"step": "1"})
+            threading.Timer(0.3, preempted).start()  # the backup takes seconds (1 s a listing, a read, a delete)
+    """
+)
+
+
+@pytest.mark.parametrize("during", ["backup", "close"])
+def test_a_sigterm_handler_that_closes_the_vault_does_not_hang(tmp_path, during):
+    """A SIGTERM handler (a spot preemption notice) that calls vault.close() runs on the main thread, inside
+    whatever it interrupted: inside vault.backup() it waited for the backup's mutex, held by the frame it
+    interrupted, and inside a `with` block's close() for the close mutex that frame held: the process hung
+    until SIGKILL, shipping nothing more and saying nothing. Inside a backup it is now refused (UsageError,
+    which unwinds the backup, its lock removed); inside close() it returns at once, the outer close goes on
+    and the handler's exit waits for the queued backup as every exit does."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    proc = subprocess.run(
+        [sys.executable, "-c", CLOSE_IN_HANDLER_SCRIPT, str(tmp_path / "repo"), str(ckpt), during],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # it hung for ever
+    )
+    if during == "backup":
+        assert proc.returncode == 0, proc.stderr
+        assert "UsageError: close() was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
+        assert "locks left: []" in proc.stdout, proc.stdout
+    else:
+        assert proc.returncode == 143, proc.stderr
+        assert "handler closed the vault" in proc.stdout, proc.stdout
+        with Vault.open(str(tmp_path / "repo")) as vault:  # shipped by the exit's wait
+            assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
+
+
 FORK_SCRIPT = textwrap.dedent(
     """
     import multiprocessing, sys, time
