@@ -66,7 +66,9 @@ CHILD_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("backend_name", ["s3-moto", "sftp-openssh", "webdav-wsgidav"])
+@pytest.mark.parametrize(
+    "backend_name", ["s3-moto", "gcs-fake-gcs-server", "azure-azurite", "sftp-openssh", "webdav-wsgidav"]
+)
 def test_a_forked_child_uses_the_vault_it_inherited_through_connections_of_its_own(
     server, backend_name: str, tmp_path: Path
 ):
