@@ -23,6 +23,8 @@ from ckptvault import Vault
 from ckptvault.chunking import ChunkerParams
 from ckptvault.store.base import TEMP_PREFIX
 
+from .test_repair_index import damage_header
+
 ROOT = Path(__file__).parent.parent
 SMALL = ChunkerParams(min_size=16 * 1024, avg_size=64 * 1024, max_size=256 * 1024)
 
@@ -136,3 +138,35 @@ def test_a_command_killed_at_a_change_is_finished_by_running_it_again(base: Path
     assert_whole(work, "dst" if "{dst}" in command else "v", steps)
     if "{target}" in command:
         assert tree(work / "target") == checkpoint(3)  # no temporary name left either
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        "remove {v}/packs/",  # the damaged pack's removal (it came after the old index objects': cr57)
+        "remove {v}/index/",  # the first old index object's: the damaged pack is gone, the index still names it
+    ],
+)
+def test_repair_index_killed_while_it_rewrites_a_pack_whose_header_is_damaged(base: Path, tmp_path: Path, at: str):
+    """Killed after the old index objects were removed and before the pack: the pack lay in no index with
+    nothing to name its chunks, and the rerun and check both warned that its chunks "cannot be located"
+    though every one of them was in the new pack."""
+    work = tmp_path / "w"
+    shutil.copytree(base, work, symlinks=True)
+    v = work / "v"
+    damaged = min(p for p in (v / "packs").rglob("*") if p.is_file())
+    damage_header(damaged)
+    args = ["repair-index", "--read-data", "--repo", str(v)]
+    killed = run(work, args, KILLCLI_MATCH=at.format(v=v), KILLCLI_AT="1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    with Vault.open(str(v)) as vault:  # before the rerun: never in no index; gone, a pack whose chunks are elsewhere
+        report = vault.check()
+    assert not [w for w in report.warnings if "in no index" in w], report.warnings
+    assert [p.object for p in report.problems] == ([f"pack {damaged.name[:12]}"] if "packs" in at else [])
+    again = run(work, args)
+    assert again.returncode == 0 and b"warning" not in again.stderr, again.stderr.decode()
+    assert_whole(work, "v", [1, 2, 3])
+    assert not damaged.exists()
+    assert run(work, ["prune", "--keep-latest", "3", "--repo", str(v)]).returncode == 0
+    with Vault.open(str(v)) as vault:
+        assert vault.stats().unindexed_packs == 0 and vault.check(read_data=1.0).warnings == []

@@ -373,11 +373,15 @@ class _Checker:
                 if pack_id in stored and lies_whole_in(e.offset, e.stored_len, stored[pack_id]):
                     self.copies.setdefault(e.chunk_id, set()).add(pack_id)
         held = set(self.copies)
+        gone_but_held = []
         for pack_id, entries in self.indexed.items():
             if not entries:
                 continue  # repair-index dropped every chunk (damaged, or the storage fails it): prune removes it
             name = f"pack {_short(pack_id)}"
             size = stored.get(pack_id)
+            if size is None and all(e.chunk_id in held for e in entries):
+                gone_but_held.append(pack_id)  # nothing is lost (a repair-index killed once it removed a pack it
+                continue  # had copied leaves this): not damage
             if size is None:
                 self.problem(
                     name, f"is missing (listed in the index); {repair_index_command()} drops it from the index"
@@ -421,6 +425,12 @@ class _Checker:
             # the index may leave out chunks the header lists (repair-index --read-data drops damaged ones)
             if header is not None and not set(entries) <= set(header):
                 self.problem(name, "header and index disagree about its chunks")
+        if gone_but_held:
+            self.report.warnings.append(
+                f"{len(gone_but_held)} pack(s) the index names are gone (e.g. {_short(min(gone_but_held))}), but "
+                "every chunk of theirs is whole in another pack, so nothing is lost (an interrupted repair-index "
+                f"leaves this); {repair_index_command()} drops them from the index"
+            )
 
     def _read_unindexed_headers(self, stored: dict[bytes, int]) -> None:
         unindexed = [p for p in stored if p not in self.indexed]

@@ -247,7 +247,11 @@ REPACK_STOPPED = (
 )
 
 
-def execute_gc(repo: Repository, plan: GcPlan) -> None:
+def execute_gc(repo: Repository, plan: GcPlan, *, repacked_first: bool = False) -> None:
+    """``repacked_first``: delete the repacked packs before the old index objects (repair-index's rewrite of
+    packs whose header is damaged: once no index named such a pack, nothing could name its chunks, and a
+    repair killed there left a pack called unlocatable; killed now, the old objects name a pack that is gone
+    whose chunks are all in the new packs, which the rerun drops from the index)."""
     if not plan.has_work:
         return
     verify_exclusive_lock(repo)  # before it writes anything: without the lock it must not start
@@ -278,6 +282,8 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
     kept_index_ids = {repo.write_index(batch) for batch in index_batches(surviving)}
     # 3. drop every other index object, 4. then the packs and trees nothing refers to
     _check_no_other_writer(repo, plan, deleted="no index object or pack")
+    if repacked_first:
+        each(repo.delete_pack, plan.repack, lock_check=repo.locks.check_held_age)
     each(repo.delete_index, old_index_ids - kept_index_ids, lock_check=repo.locks.check_held_age)
     # the old index objects are gone: the packs planned away are in no index now (readers find them by
     # their headers; the new writer may need them), and prune refuses until they are indexed again
@@ -287,7 +293,8 @@ def execute_gc(repo: Repository, plan: GcPlan) -> None:
         deleted="no pack",
         then=f"the packs it meant to delete are in no index now: run {repair_index_command()}, then prune again",
     )
-    each(repo.delete_pack, [*plan.delete_packs, *plan.repack], lock_check=repo.locks.check_held_age)
+    doomed = [*plan.delete_packs, *([] if repacked_first else plan.repack)]
+    each(repo.delete_pack, doomed, lock_check=repo.locks.check_held_age)
     verify_exclusive_lock(repo)
     each(repo.delete_tree, plan.dead_trees, lock_check=repo.locks.check_held_age)
     repo.load_index()

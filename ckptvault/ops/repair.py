@@ -171,7 +171,7 @@ def _rewrite_headless_packs(repo: Repository, headless: set[bytes], bad_chunks: 
             plan.repack[pack_id] = [e for e in entries if e.chunk_id not in bad_chunks.get(pack_id, ())]
         else:
             plan.keep_packs[pack_id] = entries
-    execute_gc(repo, plan)
+    execute_gc(repo, plan, repacked_first=True)
 
 
 def _chunks_that_do_not_verify(
