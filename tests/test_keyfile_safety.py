@@ -207,6 +207,28 @@ def test_an_empty_keyfile_temp_of_a_writer_killed_before_writing_is_removed_by_t
     assert Keyfile.load(target).unlock("a new passphrase")
 
 
+def test_a_generate_killed_once_the_keyfile_has_its_name_leaves_no_second_name_after_its_rerun(tmp_path: Path):
+    """`key generate` SIGKILLed between linking its keyfile into place and removing the temporary name left
+    `.team.key.tmp-*`, a second name of the key; the rerun refused the existing name before writing anything,
+    so nothing ever removed it (docs/security.md said the next generate does)."""
+    target = tmp_path / "team.key"
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "CKPTVAULT_PASSPHRASE": PASS,
+        "KILLCLI_MATCH": "unlink " + str(tmp_path / ".team.key.tmp-"),
+        "KILLCLI_AT": "1",
+    }
+    run = [sys.executable, "-m", "tests.support.killcli", "key", "generate", "-k", str(target), "--kdf-cost", "14"]
+    killed = subprocess.run(run, env=env, capture_output=True, cwd=Path(__file__).parent.parent, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    assert len(list(tmp_path.glob(".team.key.tmp-*"))) == 1 and Keyfile.load(target).unlock(PASS)
+    rerun = subprocess.run([*run[:1], "-m", "ckptvault", *run[3:]], env=env, capture_output=True, timeout=120)
+    assert rerun.returncode == 2 and b"already exists" in rerun.stderr, rerun.stderr
+    assert list(tmp_path.glob(".team.key.tmp-*")) == []
+    assert target.stat().st_nlink == 1 and Keyfile.load(target).unlock(PASS)
+
+
 def test_a_keyfile_that_cannot_be_written_is_a_one_line_error(cli, tmp_path: Path):
     (tmp_path / "afile").write_text("x")
     proc = cli("key", "generate", "-k", str(tmp_path / "afile" / "k.key"), check=False, CKPTVAULT_PASSPHRASE=PASS)

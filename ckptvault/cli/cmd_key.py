@@ -14,6 +14,7 @@ from ..crypto.keyfile import (
     Keyfile,
     check_kdf_cost,
     keyfile_exists,
+    remove_leftover_temps,
     too_short,
 )
 from ..errors import PassphraseRequiredError, UsageError
@@ -78,6 +79,7 @@ def generate_cmd(
         raise UsageError("--keyfile -: a keyfile is written to a file (mode 0600), not to the output; give its path")
     check_kdf_cost(kdf_cost, "--kdf-cost")
     if os.path.lexists(os.path.expanduser(keyfile)):  # said before the passphrase is asked for, twice
+        remove_leftover_temps(keyfile)  # of a generate killed once the keyfile had its name: this is its rerun
         raise keyfile_exists(os.path.expanduser(keyfile))
     passphrase = _new_passphrase(passphrase_file, "CKPTVAULT_PASSPHRASE", "--passphrase-file")
     key = Vault.generate_keyfile(keyfile, passphrase=passphrase, kdf_cost=kdf_cost)

@@ -254,6 +254,15 @@ def keyfile_exists(path: str) -> UsageError:
     return UsageError(f"{path} already exists; a keyfile is never overwritten (pick another path)")
 
 
+def remove_leftover_temps(path: str) -> None:
+    """Remove the temporary copies of the keyfile at ``path`` that killed writers left, as its next writer does:
+    ``key generate`` refuses a name that exists before it writes anything, so a generate killed after the
+    keyfile took its name (a hard link), before its temporary name was removed, left that second name for good
+    when run again (a copy of the key that a later ``key passwd`` away from its passphrase is meant to retire)."""
+    path = os.path.expanduser(path)
+    _remove_dead_writers_temps(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}{TEMP_MARK}")
+
+
 def _remove_dead_writers_temps(directory: str, temp_prefix: str) -> None:
     """Remove what killed writers of this keyfile left: each a copy of the master key under a
     passphrase that a later rotation was meant to retire. One whose lock cannot be taken is a live
