@@ -109,6 +109,7 @@ CASES = {
     # killed once the old snapshot was gone (at its tree's removal): the rerun found no snapshot {s2}, exit 18
     "tag-at-the-old-trees-removal": ("tag {s2} --add keep=best --repo {v}", "remove {v}/trees/", 1, [1, 2, 3]),
     "restore-overwrite-mid-file": ("restore {s3} {target} --overwrite --repo {v}", "open {target}/", 2, [1, 2, 3]),
+    "restore-into-a-fresh-folder-mid-file": ("restore {s3} {fresh} --repo {v}", "open {fresh}/", 2, [1, 2, 3]),
     "restore-overwrite-between-files": (
         "restore {s3} {target} --overwrite --repo {v}",
         "replace {target}/",
@@ -125,6 +126,7 @@ def test_a_command_killed_at_a_change_is_finished_by_running_it_again(base: Path
     command, at, nth, steps = CASES[case]
     ids = {f"s{k}": v for k, v in snapshot_ids(str(work / "v")).items()}
     names = {"v": str(work / "v"), "dst": str(work / "dst"), "target": str(work / "target"), **ids}
+    names["fresh"] = str(work / "fresh")
     args = [a.format(**names) for a in command.split()]
     killed = run(work, args, KILLCLI_MATCH=at.format(**names), KILLCLI_AT=str(nth))
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
@@ -138,6 +140,8 @@ def test_a_command_killed_at_a_change_is_finished_by_running_it_again(base: Path
     assert_whole(work, "dst" if "{dst}" in command else "v", steps)
     if "{target}" in command:
         assert tree(work / "target") == checkpoint(3)  # no temporary name left either
+    if "{fresh}" in command:
+        assert tree(work / "fresh") == checkpoint(3)
 
 
 @pytest.mark.parametrize(
