@@ -161,7 +161,7 @@ class FsspecStore:
         failure), and an SFTP session, whose reading thread stays in the parent, hung the child's calls for the
         whole deadline while what it wrote over the parent's connection made the server drop the parent's. The
         child opens its own; those it inherited are closed on its side only (its copy of each socket: nothing
-        is sent, so the parent's sessions go on)."""
+        is sent, so the parent's sessions go on), without taking any of paramiko's locks (``_drop_inherited``)."""
         inherited = list(self._sessions)
         self._fs = None
         self._idle = {}
@@ -169,7 +169,7 @@ class FsspecStore:
         self._fs_lock = threading.Lock()  # a parent thread may have held them at the fork
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         for fs in inherited:
-            _close_session(fs)
+            _drop_inherited(fs)
 
     # ---- plumbing ----------------------------------------------------------------------
 
@@ -845,6 +845,27 @@ def _close_session(fs: Any) -> None:
     with contextlib.suppress(Exception):
         if client is not None:
             client.close()
+
+
+# The SFTP sessions a forked child inherited from its parent: kept referenced there for the child's life.
+_INHERITED_SESSIONS: list[Any] = []
+
+
+def _drop_inherited(fs: Any) -> None:
+    """A session a forked child inherited, put out of use there without one of paramiko's locks: the parent's
+    threads take them for each packet (a channel's, its buffers', the channel map's), and a copy held at the fork
+    is never released in the child, where closing through paramiko (``client.close()``) waited on it for ever:
+    the child hung in the fork hook, before its first line. Only the child's copy of the socket is closed
+    (nothing is sent: the parent's session goes on); the session stays referenced, so that no ``__del__`` of
+    paramiko's closes it later, which takes those locks too and would write into the parent's stream."""
+    _INHERITED_SESSIONS.append(fs)
+    client = getattr(fs, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return
+    transport.active = False  # a message sent on it later is dropped, never written
+    with contextlib.suppress(Exception):
+        transport.sock.close()
 
 
 def _thread_niceness() -> int:

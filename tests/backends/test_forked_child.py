@@ -114,3 +114,64 @@ def test_a_forked_child_uses_the_vault_it_inherited_through_connections_of_its_o
     with Vault.open(url, storage_options=backend.storage_options) as vault:
         assert vault.check(read_data=True).ok
         assert [s.tags for s in vault.snapshots(tags={"step": "2"})] == [{"step": "2", "keep": "yes"}]
+
+
+LOCK_HELD_AT_FORK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    from ckptvault import Vault
+    from ckptvault.store import fsspec_store
+
+    url, options = sys.argv[1], json.loads(sys.argv[2])
+    vault = Vault.open(url, storage_options=options)
+    vault.snapshots()  # a pooled session, idle now
+    (session,) = [fs for store in fsspec_store._STORES for idle in store._idle.values() for fs in idle]
+    channel = session.ftp.sock  # the SFTP channel: paramiko's transport thread takes its lock for each packet
+    held, forked = threading.Event(), threading.Event()
+
+    def transport_thread_at_the_fork():
+        with channel.lock:
+            held.set()
+            forked.wait()
+
+    threading.Thread(target=transport_thread_at_the_fork).start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        os.write(1, f"child: {len(vault.snapshots())} snapshot(s)\\n".encode())
+        os._exit(0)
+    forked.set()
+    deadline = time.monotonic() + 30
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            print("child hung", flush=True)
+            break
+        time.sleep(0.1)
+    print(f"parent: {len(vault.snapshots())} snapshot(s)", flush=True)
+    vault.close()
+    """
+)
+
+
+def test_a_child_forked_while_a_session_lock_was_held_does_not_hang(server, tmp_path: Path):
+    """paramiko's threads take a session's locks (its channel's, its buffers', its channel map's) for each
+    packet: a child forked in that instant holds a copy of the lock that no thread of its own will release.
+    Closing the inherited sessions through paramiko (the fork hook) waited on it for ever: the child (a
+    DataLoader worker forked while a backup_async uploaded) hung before its first line of code. Its copies of
+    their sockets are closed without taking any of paramiko's locks."""
+    backend = server("sftp-openssh").backend
+    url = backend.new_url()
+    Vault.init(url, storage_options=backend.storage_options).close()
+    proc = subprocess.run(
+        [sys.executable, "-c", LOCK_HELD_AT_FORK_SCRIPT, url, json.dumps(backend.storage_options)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **servers.CLIENT_ENV, **backend.env},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child: 0 snapshot(s)", "parent: 0 snapshot(s)"], proc.stdout + proc.stderr
+    assert "retrying" not in proc.stderr, proc.stderr  # the parent's session went on
