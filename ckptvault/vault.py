@@ -407,7 +407,8 @@ class Vault:
         ``exit_timeout`` bounds only the interpreter's exit), then release the Vault; every method
         but ``close`` (which may be called again) then raises UsageError. A failed backup was
         logged when it failed and is not raised here. Called again on a thread already in ``close()`` (a
-        signal handler), it returns at once; on a thread inside this Vault's backup, it raises UsageError."""
+        signal handler), it waits for the queued backups and returns, the outer call doing the rest; on a thread
+        inside this Vault's backup, it raises UsageError."""
         if self._shipper is not None and self._shipper.on_worker_thread():  # it would wait for itself
             raise UsageError(
                 "close() cannot be called from a backup's done-callback; close the Vault from your own code"
@@ -422,6 +423,10 @@ class Vault:
             )
         with self._close_mutex:  # a second caller waits until the first has closed
             if self._closing:
+                if not self._closed and self._shipper is not None:
+                    # this thread's own close() is under way (reentered from a signal handler): wait for the
+                    # queue as every close() does; returning at once, a handler that went on to os._exit() lost it
+                    self._shipper.close()
                 return
             self._closing = True
             try:

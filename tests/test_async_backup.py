@@ -708,7 +708,7 @@ def test_several_vaults_wait_at_exit_until_one_shared_deadline(tmp_path):
 
 CLOSE_IN_HANDLER_SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, threading
+    import logging, os, signal, sys, threading
     import tests.support.slowfs
     from ckptvault import Vault
     from ckptvault.errors import UsageError
@@ -719,10 +719,17 @@ CLOSE_IN_HANDLER_SCRIPT = textwrap.dedent(
     def on_sigterm(signum, frame):  # a training script's own preemption handler
         vault.close()
         print("handler closed the vault", flush=True)
+        if during == "close-then-os-exit":  # the queue shipped, the teardown skipped
+            os._exit(143)
         sys.exit(143)
 
     def preempted():  # the preemption notice, landing while the backup runs
         os.kill(os.getpid(), signal.SIGTERM)
+
+    class AtCloseWait(logging.Handler):  # the notice landing once close() has begun, on the main thread
+        def emit(self, record):
+            if "before the vault closes" in record.getMessage():
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     if during == "backup":
@@ -731,6 +738,11 @@ CLOSE_IN_HANDLER_SCRIPT = textwrap.dedent(
         except UsageError as exc:
             print(f"UsageError: {exc}", flush=True)
             print(f"locks left: {os.listdir(os.path.join(repo, 'locks'))}", flush=True)
+    elif during == "close-then-os-exit":
+        logging.getLogger("ckptvault").setLevel(logging.INFO)
+        logging.getLogger("ckptvault").addHandler(AtCloseWait())
+        with vault:
+            vault.backup_async(ckpt, tags={"step": "1"})
     else:
         with vault:  # the end of training: leaving the block waits for the queued backup
             vault.backup_async(ckpt, tags={"step": "1"})
@@ -739,14 +751,16 @@ CLOSE_IN_HANDLER_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("during", ["backup", "close"])
+@pytest.mark.parametrize("during", ["backup", "close", "close-then-os-exit"])
 def test_a_sigterm_handler_that_closes_the_vault_does_not_hang(tmp_path, during):
     """A SIGTERM handler (a spot preemption notice) that calls vault.close() runs on the main thread, inside
     whatever it interrupted: inside vault.backup() it waited for the backup's mutex, held by the frame it
     interrupted, and inside a `with` block's close() for the close mutex that frame held: the process hung
     until SIGKILL, shipping nothing more and saying nothing. Inside a backup it is now refused (UsageError,
     which unwinds the backup, its lock removed); inside close() it returns at once, the outer close goes on
-    and the handler's exit waits for the queued backup as every exit does."""
+    and the handler's exit waits for the queued backup as every exit does. That inner close() waits for the queued
+    backups as every close() does: it returned at once, and a handler that went on to os._exit() lost them without
+    a word."""
     Vault.init(str(tmp_path / "repo")).close()
     ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
     proc = subprocess.run(
