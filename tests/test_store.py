@@ -2,6 +2,7 @@
 (fake-gcs-server), Azure (Azurite) and SFTP (OpenSSH) on real servers in tests/backends/."""
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -444,6 +445,20 @@ def test_a_storage_option_the_backend_does_not_take_is_refused(url, options, fra
     # endpoint_url would open the vault on AWS instead. Refused before any connection is made.
     with pytest.raises(UsageError, match=re.escape(fragment)):
         FsspecStore(url, options)
+
+
+@pytest.mark.parametrize("name", ["client_kwargs", "config_kwargs"])
+@pytest.mark.parametrize("value", ["verify", 3, ["a"]])
+def test_an_s3_option_of_settings_given_one_value_is_refused(name, value, cli):
+    """-o client_kwargs=verify (a value where settings go) escaped as an internal error ("AttributeError: 'str'
+    object has no attribute 'get'", a traceback saved), -o config_kwargs=verify as "repository ... is not a
+    valid URL: dictionary update sequence element #0 has length 1; 2 is required"."""
+    with pytest.raises(UsageError, match=re.escape(f"storage option {name} holds settings, not ")):
+        FsspecStore("s3://bucket/vault", {name: value})
+    proc = cli("snapshots", "--repo", "s3://bucket/vault", "-o", f"{name}={json.dumps(value)}", check=False)
+    line = proc.stderr.decode().strip()
+    assert proc.returncode == 2 and f"storage option {name} holds settings" in line, line
+    assert f"-o {name}.NAME=VALUE" in line and "internal error" not in line, line
 
 
 def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyPatch):

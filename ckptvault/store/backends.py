@@ -89,6 +89,7 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     if protocol in OBJECT_STORES and protocol != "memory":
         out.setdefault("use_listings_cache", False)
     if protocol in S3:
+        _check_settings(out, ("client_kwargs", "config_kwargs"))
         config = dict(out.get("config_kwargs") or {})
         config.setdefault("connect_timeout", 10)
         config.setdefault("read_timeout", 60)
@@ -130,6 +131,19 @@ def default_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
                 "(~ is expanded), or leave token out to use the environment's credentials"
             )
     return out
+
+
+def _check_settings(options: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Options that hold settings (``-o client_kwargs.verify=...``) given one word instead (``-o client_kwargs=x``):
+    ``client_kwargs`` escaped as an internal error (AttributeError, a traceback saved), ``config_kwargs`` as
+    "repository ... is not a valid URL: dictionary update sequence element #0 has length 1"."""
+    for name in names:
+        value = options.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise UsageError(
+                f"storage option {name} holds settings, not {type(value).__name__} {str(value)[:40]!r}; give each "
+                f"as -o {name}.NAME=VALUE"
+            )
 
 
 def _check_ca_bundle(options: dict[str, Any]) -> None:
