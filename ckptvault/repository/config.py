@@ -23,7 +23,8 @@ _KEY_FINGERPRINT = re.compile("[0-9a-f]{32}")  # MasterKey.fingerprint; a keyfil
 
 
 class ConfigNotJsonError(MalformedObjectError):
-    """Said so when the folder holds nothing else; ``Repository.read_config`` words it otherwise."""
+    """Not said as it is: ``Repository.read_config`` tells another tool's repository, another program's file and
+    a vault's config damaged apart, and words each (``_config_not_ours``)."""
 
 
 class ConfigNotOursError(MalformedObjectError):
@@ -110,9 +111,7 @@ class RepoConfig:
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigNotJsonError(
-                f"the config of {url} is not valid JSON ({exc}); is this a ckptvault repository?"
-            ) from exc
+            raise ConfigNotJsonError(f"the config of {url} is not valid JSON ({exc})") from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ConfigNotOursError(f"the config of {url} does not name the {FORMAT_NAME} format")
         version = doc.get("version")
