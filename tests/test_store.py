@@ -461,6 +461,14 @@ def test_an_s3_option_of_settings_given_one_value_is_refused(name, value, cli):
     assert f"-o {name}.NAME=VALUE" in line and "internal error" not in line, line
 
 
+@pytest.mark.parametrize("name", ["endpoint_url", "client_kwargs.endpoint_url"])
+def test_an_s3_endpoint_refused_before_connecting_never_shows_a_login(name):
+    """rv58: the refusal of an endpoint botocore cannot use quoted it whole: a login in it was printed."""
+    with pytest.raises(UsageError, match="is not a URL botocore can use") as refused:
+        FsspecStore("s3://bucket/vault", {name: "admin:hunter2@minio:9000"})
+    assert "hunter2" not in str(refused.value) and "'***@minio:9000'" in str(refused.value), refused.value
+
+
 def test_the_options_each_backend_takes_are_accepted(monkeypatch: pytest.MonkeyPatch):
     # the environment's options are not checked: they may be meant for another vault's backend
     monkeypatch.setenv("CKPTVAULT_STORAGE_OPTIONS", "endpoint_url=http://127.0.0.1:9,nonsense=1")

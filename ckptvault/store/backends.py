@@ -24,12 +24,13 @@ import binascii
 import difflib
 import inspect
 import os
+import re
 import types
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
-from .failures import BackendAdvice
+from .failures import HIDDEN, BackendAdvice, hide_credentials
 from .options import names_a_file
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"})
@@ -177,27 +178,22 @@ def _check_endpoint(options: dict[str, Any]) -> None:
         if value is None:
             continue
         if not isinstance(value, str) or not (is_valid_endpoint_url(value) or is_valid_ipv6_endpoint_url(value)):
-            said = "is empty" if value == "" else f"{value!r} is not a URL botocore can use"
+            # a login before an @ is never shown, with a scheme (hide_credentials) or without one
+            shown = re.sub(r"^[^/@]*@", f"{HIDDEN}@", hide_credentials(value)) if isinstance(value, str) else value
+            said = "is empty" if value == "" else f"{shown!r} is not a URL botocore can use"
             raise UsageError(
                 f"storage option {setting} {said}; give the S3 server's address with its scheme "
                 "(-o endpoint_url=http://HOST:PORT), or leave it out for AWS"
             )
 
 
-# adlfs's account-key settings (it reads the connection string first, and the key only without one); the az
-# CLI's AZURE_STORAGE_KEY is read by neither
-AZURE_CONNECTION_ENV, AZURE_KEY_ENV, AZURE_CLI_KEY_ENV = (
-    "AZURE_STORAGE_CONNECTION_STRING",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_KEY",
-)
-AZURE_OTHER_CREDENTIALS = (("sas_token", "AZURE_STORAGE_SAS_TOKEN"), ("client_id", "AZURE_STORAGE_CLIENT_ID"))
+# adlfs's account-key settings (it reads the connection string first, and the key only without one)
+AZURE_CONNECTION_ENV, AZURE_KEY_ENV = "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY"
 
 
 def _check_azure_key(options: dict[str, Any]) -> None:
     """An account key that is not base64 failed every request inside the SDK's signing ("AzureSigningError:
-    Invalid base64-encoded string", exit 20) naming no setting; one set only as the az CLI's AZURE_STORAGE_KEY
-    was never read, and adlfs went on to Azure AD ("DefaultAzureCredential failed to retrieve a token")."""
+    Invalid base64-encoded string", exit 20) naming no setting."""
     connection = _given(options, "connection_string", AZURE_CONNECTION_ENV)
     if connection is not None:
         setting, text = connection
@@ -216,14 +212,6 @@ def _check_azure_key(options: dict[str, Any]) -> None:
                 f"{setting} is not base64 (an Azure storage account key is 88 characters, from the storage "
                 "account's Access keys); give the account's key"
             )
-        return
-    others = any(_given(options, name, env) for name, env in AZURE_OTHER_CREDENTIALS) or options.get("credential")
-    if os.environ.get(AZURE_CLI_KEY_ENV) and not others and options.get("anon") is not True:
-        raise UsageError(
-            f"{AZURE_CLI_KEY_ENV} is set, but it is the az CLI's name and adlfs does not read it; set "
-            f"{AZURE_KEY_ENV} (with AZURE_STORAGE_ACCOUNT_NAME) or give -o account_key=..., or unset "
-            f"{AZURE_CLI_KEY_ENV} to sign in with Azure AD"
-        )
 
 
 def _given(options: dict[str, Any], name: str, env: str) -> tuple[str, str] | None:

@@ -277,7 +277,7 @@ def test_a_ca_bundle_that_is_no_file_is_named_at_once(server, remote_cli, tmp_pa
 
 def _bad_settings(backend_name: str, port: int) -> list[tuple[list[str], dict[str, str], str]]:
     """(options, environment, the setting the refusal names): an S3 endpoint botocore cannot use, an Azure
-    account key that is not base64 (in each place adlfs reads one), the az CLI's AZURE_STORAGE_KEY alone."""
+    account key that is not base64 (in each place adlfs reads one)."""
     if backend_name == "s3-moto":
         return [
             (["-o", "endpoint_url="], {}, "storage option endpoint_url is empty"),
@@ -290,7 +290,6 @@ def _bad_settings(backend_name: str, port: int) -> list[tuple[list[str], dict[st
         ([], {"AZURE_STORAGE_CONNECTION_STRING": bad}, "AccountKey in AZURE_STORAGE_CONNECTION_STRING is not base64"),
         (["-o", "account_key=abc"], account, "-o account_key is not base64"),
         ([], {**account, "AZURE_STORAGE_ACCOUNT_KEY": "abc%%"}, "AZURE_STORAGE_ACCOUNT_KEY is not base64"),
-        ([], {**account, "AZURE_STORAGE_KEY": servers.AZURITE_KEY}, "AZURE_STORAGE_KEY is set, but it is the az CLI"),
     ]
 
 
@@ -298,8 +297,7 @@ def _bad_settings(backend_name: str, port: int) -> list[tuple[list[str], dict[st
 def test_an_endpoint_or_account_key_the_sdk_cannot_use_is_named_at_once(server, remote_cli, backend_name: str):
     """-o endpoint_url= left empty (or a host without http://) failed inside botocore as "storage failed: GET
     config on s3://...: ValueError: Invalid endpoint: "; an Azure account key that is not base64 as
-    "AzureSigningError: Invalid base64-encoded string"; AZURE_STORAGE_KEY (the az CLI's name, which adlfs does not
-    read) as "DefaultAzureCredential failed to retrieve a token": exit 20, naming no setting. Each is named, exit 2,
+    "AzureSigningError: Invalid base64-encoded string": exit 20, naming no setting. Each is named, exit 2,
     before anything connects, and init writes nothing."""
     running = server(backend_name)
     url = running.backend.new_url("setting")
