@@ -408,7 +408,7 @@ class Vault:
         but ``close`` (which may be called again) then raises UsageError. A failed backup was
         logged when it failed and is not raised here. Called again on a thread already in ``close()`` (a
         signal handler), it waits for the queued backups and returns, the outer call doing the rest; on a thread
-        inside this Vault's backup, it raises UsageError."""
+        inside this Vault's backup or copy, it raises UsageError."""
         if self._shipper is not None and self._shipper.on_worker_thread():  # it would wait for itself
             raise UsageError(
                 "close() cannot be called from a backup's done-callback; close the Vault from your own code"
@@ -417,9 +417,9 @@ class Vault:
             # a signal handler (SIGTERM) that closes, run on the main thread inside its backup, or a progress
             # callback: it waited for the backup's mutex, held by the very frame it interrupted, for ever
             raise UsageError(
-                "close() was called on a thread inside this Vault's backup (from a signal handler or a callback), "
-                "which it would wait for forever; raise SystemExit there (sys.exit(143)) and close the Vault "
-                "once the backup has unwound (a `with Vault.open(...)` block does)"
+                "close() was called on a thread inside this Vault's backup or copy (from a signal handler or a "
+                "callback), which it would wait for forever; raise SystemExit there (sys.exit(143)) and close the "
+                "Vault once the backup has unwound (a `with Vault.open(...)` block does)"
             )
         with self._close_mutex:  # a second caller waits until the first has closed
             if self._closing:
