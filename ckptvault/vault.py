@@ -73,6 +73,7 @@ from .ops.async_backup import (
     check_sources_unchanged,
     leftover_jobs,
     make_job,
+    queueing,
     ship_leftovers,
     staging_folder,
 )
@@ -413,14 +414,13 @@ class Vault:
             raise UsageError(
                 "close() cannot be called from a backup's done-callback; close the Vault from your own code"
             )
-        if self._writer == threading.get_ident():
-            # a signal handler (SIGTERM) that closes, run on the main thread inside its backup, or a progress
-            # callback: it waited for the backup's mutex, held by the very frame it interrupted, for ever
-            raise UsageError(
-                "close() was called on a thread inside this Vault's backup or copy (from a signal handler or a "
-                "callback), which it would wait for forever; raise SystemExit there (sys.exit(143)) and close the "
-                "Vault once the backup has unwound (a `with Vault.open(...)` block does)"
-            )
+        # a signal handler (SIGTERM) that closes, run on the main thread inside its backup, or a progress
+        # callback: it waited for the backup's mutex, held by the very frame it interrupted, for ever
+        self._refuse_inside_own_backup(
+            "close()",
+            "raise SystemExit there (sys.exit(143)) and close the Vault once the backup has unwound "
+            "(a `with Vault.open(...)` block does)",
+        )
         with self._close_mutex:  # a second caller waits until the first has closed
             if self._closing:
                 if not self._closed and self._shipper is not None:
@@ -787,7 +787,7 @@ class Vault:
             locks.enter_context(source._repo.locks.acquire_to_read())
             lock = None
             if not dry_run:  # a dry run writes nothing: it only reads which snapshots are in both vaults
-                locks.enter_context(self._writing())
+                locks.enter_context(self._writing("copy_from()"))
                 lock = locks.enter_context(self._repo.locks.acquire(exclusive=False))
                 self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
                 self._repo.reconcile_with_stored_packs()
@@ -1065,6 +1065,20 @@ class Vault:
         given; they are not counted in ``max_pending`` and never dropped (docs/training.md)."""
         if self._closing:
             raise UsageError(CLOSED_MESSAGE)
+        with queueing("backup_async()"):  # not inside another on this thread (a signal handler's): it would hang
+            return self._backup_async(paths, tags, description, hostname, on_full, pin, skip_if_unchanged, exclude)
+
+    def _backup_async(
+        self,
+        paths: PathLike | Sequence[PathLike],
+        tags: dict[str, str] | None,
+        description: str | None,
+        hostname: str | None,
+        on_full: OnFull,
+        pin: bool,
+        skip_if_unchanged: bool,
+        exclude: Sequence[str],
+    ) -> BackupHandle:
         # every check before pinning: a refused call leaves no pin behind (submit releases them too)
         sources = paths_arg(paths)
         tags = tags_arg(tags, stored=True)
@@ -1106,8 +1120,11 @@ class Vault:
         timeout = seconds_arg(spelled("--timeout", "timeout"), timeout)
         pins = pins_folder(folder, self._warn)
         self._refuse_forked_mid_write()  # before taking the pins over
+        self._refuse_inside_own_backup("ship_leftover_pins()", "call it once this backup has returned")
         shipper = self._async_shipper()
-        shipped = ship_leftovers(shipper, leftover_jobs([pins], self.config.repo_id), folder, pins, timeout)
+        with queueing("ship_leftover_pins()"):  # its flock on the pins folder, as backup_async's
+            jobs = leftover_jobs([pins], self.config.repo_id)
+        shipped = ship_leftovers(shipper, jobs, folder, pins, timeout)
         say_other_vaults(pins, folder, self.config.repo_id, self._warn)
         return shipped
 
@@ -1117,6 +1134,11 @@ class Vault:
         the first error of the queued backups that failed since the previous flush."""
         timeout = seconds_arg("timeout", timeout)
         if self._shipper is not None:
+            if self._shipper.pending():  # the queued backups wait for this thread's backup: so would the flush
+                self._refuse_inside_own_backup(
+                    "flush()",
+                    "raise SystemExit there (sys.exit(143)): the exit waits for what is queued (exit_timeout)",
+                )
             self._shipper.flush(timeout)
 
     @_open_only
@@ -1136,9 +1158,28 @@ class Vault:
         if not isinstance(exit_timeout, _Unchanged):
             shipper.exit_timeout = exit_timeout
 
+    def _refuse_inside_own_backup(self, call: str, advice: str) -> None:
+        """Refuse ``call``, which would wait for this Vault's backup, on the thread inside that backup: a
+        signal handler (SIGTERM) runs on the main thread between two bytecodes of the backup it interrupted,
+        and a progress callback inside it, so the backup (or the queue's next one, which waits for it) can
+        only end once the call has returned: the process hung until SIGKILL."""
+        if self._writer == threading.get_ident():
+            raise UsageError(
+                f"{call} was called on a thread inside this Vault's backup or copy (from a signal handler or a "
+                f"callback), which it would wait for forever; {advice}"
+            )
+
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self, call: str = "backup()") -> Iterator[None]:
         self._refuse_forked_mid_write()
+        # a SIGTERM handler that backs up a save of its own, landing inside a backup: the mutex is that frame's
+        queue = call == "backup()"
+        self._refuse_inside_own_backup(
+            call,
+            "queue it with backup_async() instead, which ships it once this backup has ended"
+            if queue
+            else "call it once this backup has returned",
+        )
         with self._backup_mutex:
             self._writer = threading.get_ident()
             try:

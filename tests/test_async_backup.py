@@ -781,6 +781,117 @@ def test_a_sigterm_handler_that_closes_the_vault_does_not_hang(tmp_path, during)
             assert [s.tags for s in vault.snapshots()] == [{"step": "1"}]
 
 
+WAIT_IN_HANDLER_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import tests.support.slowfs
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, ckpt, other, call = sys.argv[1:5]
+    vault = Vault.open("slowfile://" + repo, storage_options={"delay": "0.2"})
+
+    def on_sigterm(signum, frame):  # a preemption handler that ships, or waits for, a save first
+        try:
+            if call == "flush":
+                vault.backup_async(other, tags={"step": "2"})
+                vault.flush()  # the worker waits for the backup mutex this interrupted frame holds
+            else:
+                vault.backup(other, tags={"step": "2"})
+        except UsageError as exc:
+            print(f"UsageError: {exc}", flush=True)
+            sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        vault.backup(ckpt, tags={"step": "1"}, before_commit=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    finally:
+        print(f"locks left: {os.listdir(os.path.join(repo, 'locks'))}", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("call", ["flush", "backup"])
+def test_a_sigterm_handler_that_waits_inside_a_backup_is_refused_not_hung(tmp_path, call):
+    """A SIGTERM handler runs on the main thread inside whatever it interrupted. Inside vault.backup(), a
+    handler calling vault.backup_async() and then vault.flush() waited for the worker, which waited for the backup
+    mutex the interrupted frame held; one calling vault.backup() waited for that mutex itself: both hung
+    until SIGKILL. Each is now refused with a UsageError saying what to do, and the exit goes on as usual
+    (the backup unwinds, its lock removed)."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    other = make_checkpoint(tmp_path / "ckpt" / "step_2", 2)
+    proc = subprocess.run(
+        [sys.executable, "-c", WAIT_IN_HANDLER_SCRIPT, str(tmp_path / "repo"), str(ckpt), str(other), call],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # it hung for ever
+    )
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    assert f"UsageError: {call}() was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
+    assert "locks left: []" in proc.stdout, proc.stdout
+    if call == "flush":  # the handler's backup shipped at the exit
+        with Vault.open(str(tmp_path / "repo")) as vault:
+            assert [s.tags for s in vault.snapshots()] == [{"step": "2"}]
+
+
+QUEUE_IN_HANDLER_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, ckpt, other, inside = sys.argv[1:5]
+    vault = Vault.open(repo)
+
+    def on_sigterm(signum, frame):  # a preemption handler shipping the save just written
+        try:
+            vault.backup_async(other, tags={"step": "2"})
+            print("handler queued its backup", flush=True)
+        except UsageError as exc:
+            print(f"UsageError: {exc}", flush=True)
+
+    def preempt_inside(frame, event, arg):  # the notice lands as backup_async holds what `inside` names
+        if event == "call" and frame.f_code.co_name == inside:
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    vault.backup_async(ckpt, tags={"step": "0"})  # the pins folder now exists: the next call flocks it
+    sys.setprofile(preempt_inside)
+    vault.backup_async(ckpt, tags={"step": "1"})
+    sys.setprofile(None)
+    vault.flush()
+    vault.backup_async(other, tags={"step": "3"})  # refused once, the next call works
+    vault.close()
+    print("steps", sorted(s.tags["step"] for s in Vault.open(repo).snapshots()), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("inside", ["_take_over_locked", "free_bytes"])
+def test_a_sigterm_handler_that_queues_inside_backup_async_is_refused_not_hung(tmp_path, inside):
+    """A SIGTERM handler that calls backup_async (to ship the save just written) while the main thread is
+    inside backup_async hung for good: that frame held the pins folder's flock (looking for a dead process's
+    pins; a second descriptor of the same process waits for it) or the queue's room mutex (the disk's free
+    room), and the handler's call waited for them. It is now refused with a UsageError saying what to do;
+    the interrupted call goes on, and later calls work."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    other = make_checkpoint(tmp_path / "ckpt" / "step_2", 2)
+    proc = subprocess.run(
+        [sys.executable, "-c", QUEUE_IN_HANDLER_SCRIPT, str(tmp_path / "repo"), str(ckpt), str(other), inside],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # it hung for ever
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "UsageError: backup_async() was called on a thread already inside backup_async()" in proc.stdout, proc.stdout
+    assert "steps ['0', '1', '3']" in proc.stdout, proc.stdout
+
+
 FORK_SCRIPT = textwrap.dedent(
     """
     import multiprocessing, sys, time

@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
@@ -225,6 +225,31 @@ def _timeout_arg(timeout: float | None) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not float(timeout) >= 0:
         raise UsageError(f"timeout must be a number of seconds from 0, or None to wait for the end; got {timeout!r}")
     return None if math.isinf(timeout) else min(float(timeout), threading.TIMEOUT_MAX)
+
+
+# The call (backup_async, ship_leftover_pins) this thread is inside, if any: see ``queueing``.
+_queueing = threading.local()
+
+
+@contextlib.contextmanager
+def queueing(call: str) -> Iterator[None]:
+    """Refuse ``call`` on a thread already inside one that queues backups. A signal handler (a SIGTERM
+    handler shipping the save just written) runs on the main thread between two bytecodes of whatever it
+    interrupted, and a ``backup_async`` there may hold a pins folder's flock (which a second descriptor of
+    the same process waits for) or the queue's room mutex: the handler's own ``backup_async`` waited for
+    them forever, and the process hung until SIGKILL. Per thread, not per Vault: the flock is the folder's."""
+    outer = getattr(_queueing, "call", None)
+    if outer is not None:
+        raise UsageError(
+            f"{call} was called on a thread already inside {outer} (from a signal handler), which it would wait "
+            "for forever; set a flag in the handler and call it from the training loop, or raise SystemExit there "
+            "(sys.exit(143)): the exit ships what is already queued"
+        )
+    try:
+        _queueing.call = call
+        yield
+    finally:
+        _queueing.call = None
 
 
 def check_on_full(on_full: str) -> None:
