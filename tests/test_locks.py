@@ -427,3 +427,59 @@ def test_a_killed_backups_lock_is_removed_by_the_next_shared_locker(vault: Vault
     manager.put(killed)
     with manager.acquire(exclusive=False):
         assert killed.lock_id not in {lock.lock_id for lock in manager.list()}
+
+
+SIGNAL_IN_RELEASE_SCRIPT = """
+import os, signal, sys, threading
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from ckptvault import Vault
+from ckptvault.errors import UsageError
+
+
+class TermOnUnlock(LocalFileSystem):
+    protocol = ("termonunlock",)
+
+    def rm_file(self, path):
+        if "/locks/" in path and threading.current_thread() is threading.main_thread():
+            os.kill(os.getpid(), signal.SIGTERM)  # the preemption notice, as the backup's lock is removed
+        return super().rm_file(path)
+
+
+fsspec.register_implementation("termonunlock", TermOnUnlock, clobber=True)
+repo, src = sys.argv[1:3]
+vault = Vault.open("termonunlock://" + repo)
+
+
+def on_sigterm(signum, frame):  # a handler whose close() is refused inside the backup (its own error)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise UsageError("the handler's own error: stop training")
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+vault.backup(src)
+print("backup returned: training goes on", flush=True)
+"""
+
+
+def test_an_error_a_signal_handler_raises_while_the_lock_is_removed_is_not_swallowed(tmp_path: Path):
+    """A lock whose removal fails after the work is done is left with a warning, not raised in place of
+    the result; but every CkptVaultError counted as that failure, so the error a SIGTERM handler raised
+    there (its vault.close() refused inside the backup, or its own) became 'lock ... is left behind (<the
+    handler's error>)' and the backup returned: training went on after the preemption notice. Only the
+    storage's errors are now taken for a failed removal; the handler's error goes on to the caller."""
+    Vault.init(str(tmp_path / "repo")).close()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.pt").write_bytes(os.urandom(10_000))
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNAL_IN_RELEASE_SCRIPT, str(tmp_path / "repo"), str(src)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
+    assert "training goes on" not in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "UsageError: the handler's own error: stop training" in proc.stderr, proc.stderr
+    assert "is left behind" not in proc.stderr, proc.stderr

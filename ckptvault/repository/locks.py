@@ -834,7 +834,7 @@ class HeldLock:
     def _discard(self, lock: LockInfo) -> None:
         try:
             self.manager.remove(lock)
-        except CkptVaultError as exc:
+        except StorageError as exc:  # not a signal handler's error raised inside it: that one goes on
             self._orphans.append(lock)
             log.warning("could not remove the old lock object %s (retried later): %s", lock.lock_id.hex()[:12], exc)
 
@@ -1007,7 +1007,10 @@ class HeldLock:
         if exc_type is None:
             try:
                 self.release()
-            except CkptVaultError as error:  # the work is done: a lock left behind must not replace its result
+            # The work is done: a lock left behind must not replace its result. Only the storage's errors: a
+            # removal raises no other, and any other is a signal handler's, run inside it (a SIGTERM handler
+            # whose close() was refused): that became this warning, and the command went on as if no signal came.
+            except StorageError as error:
                 left_behind.warning(
                     "lock %s is left behind (%s); %s", self.info.lock_id.hex()[:12], error, self._who_removes()
                 )
@@ -1030,7 +1033,7 @@ class HeldLock:
         lost = self.lost_meanwhile() if not self.exclusive and prunable else None
         try:
             self.release()
-        except CkptVaultError as error:  # the storage that failed the command often fails this too: keep its error
+        except StorageError as error:  # the storage that failed the command often fails this too: keep its error
             if self.exclusive:  # it blocks every backup: say for how long, and the way out
                 left_behind.warning(
                     "exclusive lock %s is left behind (%s): backups from other machines wait for it until it goes "
