@@ -145,6 +145,27 @@ def test_passwd_keeps_the_keyfiles_scrypt_settings_and_can_raise_its_cost(cli, t
     assert "a guess gets cheaper" in lowered.stderr.decode()
 
 
+def test_passwd_with_a_kdf_cost_below_the_default_says_so_as_generate_does(cli, tmp_path: Path):
+    """`key generate --kdf-cost 15` warns that a guess is cheaper than the default; `key passwd --kdf-cost 15`
+    wrote the same weak KDF without a word (it warned only below the keyfile's own cost, and then not
+    against the default)."""
+    path = str(tmp_path / "k.key")
+    env = {"CKPTVAULT_PASSPHRASE": "first passphrase", "CKPTVAULT_NEW_PASSPHRASE": "second passphrase"}
+    made = cli("key", "generate", "-k", path, "--kdf-cost", "15", **env)
+    assert "4x cheaper than the default" in made.stderr.decode()
+    kept = cli("key", "passwd", "-k", path, "--kdf-cost", "15", **env)
+    assert "4x cheaper than the default" in kept.stderr.decode(), kept.stderr
+    assert "a real key wants --kdf-cost 17 or more" in kept.stderr.decode(), kept.stderr
+    env = {"CKPTVAULT_PASSPHRASE": "second passphrase", "CKPTVAULT_NEW_PASSPHRASE": "third passphrase"}
+    lowered = cli("key", "passwd", "-k", path, "--kdf-cost", "14", **env)
+    assert "a guess gets cheaper" in lowered.stderr.decode() and "8x cheaper than the default" in (
+        lowered.stderr.decode()
+    )
+    env = {"CKPTVAULT_PASSPHRASE": "third passphrase", "CKPTVAULT_NEW_PASSPHRASE": "fourth passphrase"}
+    raised = cli("key", "passwd", "-k", path, "--kdf-cost", "17", **env)
+    assert "cheaper" not in raised.stderr.decode(), raised.stderr
+
+
 def test_a_new_passphrase_of_spaces_is_refused(cli, tmp_path: Path):
     proc = cli(
         "key", "generate", "-k", str(tmp_path / "k.key"), "--kdf-cost", "14", CKPTVAULT_PASSPHRASE=" " * 12, check=False

@@ -126,6 +126,8 @@ def passwd_cmd(
         ),
         kdf_cost=kdf_cost,
     )
+    if kdf_cost is not None:  # a cost given below the default: said as generate says it (not only when lowered)
+        _warn_if_weak(out, key, f"fine for tests; a real key wants --kdf-cost {DEFAULT_KDF_COST} or more")
     out.result(
         _describe(key),
         f"changed the passphrase of {key.path} (fingerprint {key.fingerprint} unchanged); copies of the keyfile "
