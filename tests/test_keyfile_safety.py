@@ -48,6 +48,29 @@ def test_a_keyfile_piped_in_opens_with_the_passphrase_in_the_environment(cli, va
     assert b"no snapshots" in proc.stdout
 
 
+def test_a_keyfile_that_is_a_fifo_is_refused_not_waited_on(cli, vault, tmp_path: Path):
+    """A --keyfile naming a FIFO (mkfifo) waited in open() for a writer, then for the writer's end: `key info`
+    and every command of an encrypted vault hung until killed. It is refused at once as not a regular file
+    (exit 14, as a directory is); a pipe given as --keyfile <(...) still opens (the test above)."""
+    _, repo = vault
+    fifo = tmp_path / "team.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.key"
+    link.symlink_to(fifo)
+    env = {**os.environ, "CKPTVAULT_PASSPHRASE": PASS, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    for path in (fifo, link):
+        for args in (["key", "info"], ["snapshots", "--repo", repo]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "ckptvault", *args, "-k", str(path)],
+                env=env,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=60,  # it hung for good
+            )
+            assert proc.returncode == 14, proc.stderr
+            assert f"keyfile {path} is not a regular file (a FIFO" in one_line_error(proc)
+
+
 def test_a_secret_with_a_trailing_newline_is_the_same_from_a_file_and_the_environment(cli, tmp_path: Path):
     secret = tmp_path / "secret.txt"
     secret.write_text("team-secret\n")  # as a mounted Kubernetes secret holds it

@@ -316,6 +316,15 @@ _AHEAD: dict[tuple[KdfParams, bytes], Future[bytes]] = {}
 _AHEAD_LOCK = threading.Lock()
 
 
+def _named_fifo(path: str) -> bool:
+    """Whether ``path`` is a FIFO in a folder (mkfifo), followed through links; not a pipe handed over as
+    ``/dev/fd/N`` (``--keyfile <(...)``), whose link names no file (``pipe:[N]``) and whose writer is there."""
+    try:
+        return stat.S_ISFIFO(os.lstat(os.path.realpath(path)).st_mode)
+    except (OSError, ValueError):  # no such file, or a pipe: open() says what it is
+        return False
+
+
 @dataclass(frozen=True)
 class Keyfile:
     kdf: KdfParams
@@ -493,6 +502,11 @@ class Keyfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Keyfile:
         path = os.path.expanduser(os.fspath(path))
+        if _named_fifo(path):  # its open waits for a writer, and its read for the writer's end: it hung for good
+            raise KeyfileNotFoundError(
+                f"keyfile {path} is not a regular file (a FIFO, whose read waits for a writer); give the keyfile's "
+                "path (a pipe is taken as --keyfile <(...))"
+            )
         try:
             with open(path, "rb") as f:
                 raw = f.read(MAX_KEYFILE_BYTES + 1)  # not a whole checkpoint, or /dev/zero, given by mistake
