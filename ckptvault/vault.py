@@ -787,7 +787,7 @@ class Vault:
             locks.enter_context(source._repo.locks.acquire_to_read())
             lock = None
             if not dry_run:  # a dry run writes nothing: it only reads which snapshots are in both vaults
-                locks.enter_context(self._writing("copy_from()"))
+                locks.enter_context(self._writing("copy_from()", "call it once this backup has returned"))
                 lock = locks.enter_context(self._repo.locks.acquire(exclusive=False))
                 self._repo.load_index_as_stored()  # under the lock: what a prune removed before is not reused
                 self._repo.reconcile_with_stored_packs()
@@ -1170,16 +1170,14 @@ class Vault:
             )
 
     @contextlib.contextmanager
-    def _writing(self, call: str = "backup()") -> Iterator[None]:
+    def _writing(
+        self,
+        call: str = "backup()",
+        advice: str = "queue it with backup_async() instead, which ships it once this backup has ended",
+    ) -> Iterator[None]:
         self._refuse_forked_mid_write()
         # a SIGTERM handler that backs up a save of its own, landing inside a backup: the mutex is that frame's
-        queue = call == "backup()"
-        self._refuse_inside_own_backup(
-            call,
-            "queue it with backup_async() instead, which ships it once this backup has ended"
-            if queue
-            else "call it once this backup has returned",
-        )
+        self._refuse_inside_own_backup(call, advice)
         with self._backup_mutex:
             self._writer = threading.get_ident()
             try:
