@@ -351,3 +351,34 @@ def test_an_independent_reader_restores_a_real_vault(tmp_path: Path, cli: Callab
     (repo / "index").mkdir()
     cli("repair-index", *args, CKPTVAULT_PASSPHRASE=PASS)
     read_back(("2", "3"))
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_the_ids_a_retag_and_a_copy_derive_are_those_the_document_gives(tmp_path: Path, cli: Callable, encrypted: bool):
+    """docs/format.md "Snapshots": a retagged snapshot's ID is SHA-256 of a domain, the old ID and the new tags
+    as JSON, spelled out there byte for byte (a non-ASCII value included); a copy's tree ID is the
+    destination's chunk-ID function of a domain, the snapshot ID and the tree's stored JSON."""
+    src, key = tmp_path / "src", tmp_path / "team.key"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"weights")
+    keyed = ["--keyfile", str(key)] if encrypted else []
+    dest = ["--repo", str(tmp_path / "dest"), *keyed]
+    if encrypted:
+        cli("key", "generate", "-k", str(key), "--kdf-cost", "14", CKPTVAULT_PASSPHRASE=PASS)
+    cli("init", str(tmp_path / "src-vault"))
+    cli("init", str(tmp_path / "dest"), *(["--encrypt", *keyed] if encrypted else []), CKPTVAULT_PASSPHRASE=PASS)
+    cli("backup", str(src), "--repo", str(tmp_path / "src-vault"), "--tag", "run=x")
+    tagged = json.loads(
+        cli("tag", "latest", "--repo", str(tmp_path / "src-vault"), "--add", "note=über ✓", "--json").stdout
+    )
+    tags_json = '{"note": "über ✓", "run": "x"}'.encode()  # keys sorted, ", " and ": ", UTF-8 as itself
+    expected = hashlib.sha256(b"ckptvault retag\0" + bytes.fromhex(tagged["previous_id"]) + tags_json).hexdigest()
+    assert tagged["snapshot"]["id"] == expected
+
+    cli("copy", "--from-repo", str(tmp_path / "src-vault"), *dest, CKPTVAULT_PASSPHRASE=PASS)
+    vault = Vault(tmp_path / "dest", key if encrypted else None)
+    (name,) = vault.names("snapshots")
+    assert name == expected  # a copy keeps the ID
+    snap = json.loads(vault.metadata(SNAPSHOT, tmp_path / "dest" / "snapshots" / name))
+    tree = vault.metadata(TREE, tmp_path / "dest" / "trees" / snap["tree"])
+    assert vault.chunk_id(b"ckptvault copy: tree of snapshot\0" + bytes.fromhex(name) + tree).hex() == snap["tree"]
