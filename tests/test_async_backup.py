@@ -796,6 +796,8 @@ WAIT_IN_HANDLER_SCRIPT = textwrap.dedent(
             if call == "flush":
                 vault.backup_async(other, tags={"step": "2"})
                 vault.flush()  # the worker waits for the backup mutex this interrupted frame holds
+            elif call in ("result", "exception"):  # the same wait, for the handle of the save just queued
+                getattr(vault.backup_async(other, tags={"step": "2"}), call)()
             else:
                 vault.backup(other, tags={"step": "2"})
         except UsageError as exc:
@@ -808,13 +810,13 @@ WAIT_IN_HANDLER_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("call", ["flush", "backup"])
+@pytest.mark.parametrize("call", ["flush", "result", "exception", "backup"])
 def test_a_sigterm_handler_that_waits_inside_a_backup_is_refused_not_hung(tmp_path, call):
     """A SIGTERM handler runs on the main thread inside whatever it interrupted. Inside vault.backup(), a
-    handler calling vault.backup_async() and then vault.flush() waited for the worker, which waited for the backup
-    mutex the interrupted frame held; one calling vault.backup() waited for that mutex itself: both hung
-    until SIGKILL. Each is now refused with a UsageError saying what to do, and the exit goes on as usual
-    (the backup unwinds, its lock removed)."""
+    handler calling vault.backup_async() and then vault.flush() (or the handle's result() or exception()) waited
+    for the worker, which waited for the backup mutex the interrupted frame held; one calling vault.backup()
+    waited for that mutex itself: each hung until SIGKILL. Each is now refused with a UsageError saying what to
+    do, and the exit goes on as usual (the backup unwinds, its lock removed)."""
     Vault.init(str(tmp_path / "repo")).close()
     ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
     other = make_checkpoint(tmp_path / "ckpt" / "step_2", 2)
@@ -829,9 +831,58 @@ def test_a_sigterm_handler_that_waits_inside_a_backup_is_refused_not_hung(tmp_pa
     assert f"UsageError: {call}() was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
     # read once the process has ended: while it exits, the handler's queued backup takes a lock of its own
     assert os.listdir(tmp_path / "repo" / "locks") == [], proc.stdout
-    if call == "flush":  # the handler's backup shipped at the exit
+    if call != "backup":  # the handler's backup shipped at the exit
+        assert "raise SystemExit there (sys.exit(143))" in proc.stdout, proc.stdout
         with Vault.open(str(tmp_path / "repo")) as vault:
             assert [s.tags for s in vault.snapshots()] == [{"step": "2"}]
+
+
+RESULT_IN_CALLBACK_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tests.support.slowfs
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, first, second = sys.argv[1:4]
+    vault = Vault.open("slowfile://" + repo, storage_options={"delay": "0.2"})  # the first still runs below
+    said = []
+
+    def wait_for_the_next(handle):  # on the worker, which runs the next backup only once this returns
+        try:
+            said.append(f"next: {later.result(timeout=120)}")
+        except UsageError as exc:
+            said.append(f"UsageError: {exc}")
+
+    earlier = vault.backup_async(first, tags={"step": "1"}, pin=False)
+    later = vault.backup_async(second, tags={"step": "2"}, pin=False)
+    earlier.add_done_callback(wait_for_the_next)
+    vault.flush(60)
+    print(*said, sep="\\n", flush=True)
+    print("steps", sorted(s.tags["step"] for s in vault.snapshots()), flush=True)
+    vault.close()
+    """
+)
+
+
+def test_a_done_callback_waiting_for_a_queued_backup_is_refused_not_hung(tmp_path):
+    """A done-callback runs on the worker thread, which runs the next queued backup only once the callback has
+    returned: one calling that backup's handle.result() waited for itself (a timeout of 120 s, or forever without
+    one), the queue stopped, and the process hung at exit. It is now refused at once with a UsageError saying
+    what to do, as flush() there is; the queue goes on."""
+    Vault.init(str(tmp_path / "repo")).close()
+    first = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    second = make_checkpoint(tmp_path / "ckpt" / "step_2", 2)
+    proc = subprocess.run(
+        [sys.executable, "-c", RESULT_IN_CALLBACK_SCRIPT, str(tmp_path / "repo"), str(first), str(second)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # it hung (120 s, the callback's own timeout; for ever without one)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "UsageError: result() was called from a backup's done-callback" in proc.stdout, proc.stdout
+    assert "steps ['1', '2']" in proc.stdout, proc.stdout
 
 
 QUEUE_IN_HANDLER_SCRIPT = textwrap.dedent(

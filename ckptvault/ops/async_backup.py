@@ -112,9 +112,12 @@ class BackupHandle:
     """The result of ``Vault.backup_async``: ``done()``, ``result(timeout)``, ``exception(timeout)``;
     ``future`` for ``asyncio.wrap_future`` and ``concurrent.futures.wait``."""
 
-    def __init__(self, job: BackupJob, cancel: Callable[[BackupJob], bool]) -> None:
+    def __init__(
+        self, job: BackupJob, cancel: Callable[[BackupJob], bool], before_wait: Callable[[str], None] | None = None
+    ) -> None:
         self._job = job
         self._cancel = cancel
+        self._before_wait = before_wait  # the queue's owner: raises where the wait could never end
         self._pinned = bool(job.pins)  # the pins go when the backup ends; that it was pinned stays
         # The handle is no Future (its cancel releases a queue slot and pins; its errors are the library's):
         # tools that take only a real one get this copy, settled as result() would be. Already running, so
@@ -165,20 +168,33 @@ class BackupHandle:
     def result(self, timeout: float | None = None) -> Snapshot:
         """The snapshot; raises the backup's error, BackupTimeoutError (a TimeoutError) when not done
         in time, or BackupCancelledError when it was cancelled before it started."""
+        wait = _timeout_arg(timeout)
+        self._refuse_endless_wait("result()", wait)
         try:
-            return self._job.future.result(_timeout_arg(timeout))
+            return self._job.future.result(wait)
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
         except CancelledError:
             raise self._cancelled_error() from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        wait = _timeout_arg(timeout)
+        self._refuse_endless_wait("exception()", wait)
         try:
-            return self._job.future.exception(_timeout_arg(timeout))
+            return self._job.future.exception(wait)
         except FuturesTimeoutError:
             raise self._timeout_error(timeout) from None
         except CancelledError:
             return self._cancelled_error()
+
+    def _refuse_endless_wait(self, call: str, wait: float | None) -> None:
+        """Refuse a wait for this backup that could never end, with UsageError: a SIGTERM handler calling
+        ``result()`` while the main thread is inside the Vault's ``backup()`` (the worker runs this backup only
+        once it has that backup's mutex, held by the frame the handler interrupted: refused as ``flush()`` is
+        there), or a done-callback on the worker that would run it. Both hung until SIGKILL. A poll
+        (``timeout=0``) and a finished backup's result wait for nothing: they are answered as always."""
+        if self._before_wait is not None and wait != 0 and not self._job.future.done():
+            self._before_wait(call)
 
     def _cancelled_error(self) -> BackupCancelledError:
         why = self._job.cancelled_because or "cancel() was called"
@@ -591,6 +607,7 @@ class AsyncShipper:
         retry_delay: float = 2.0,
         name: str = "ckptvault-async",
         log_failures: bool = True,  # False: the caller reports each job's failure itself (watch)
+        before_wait: Callable[[str], None] | None = None,  # raises where a handle's wait could never end
     ) -> None:
         if max_pending is not None and max_pending < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
@@ -601,6 +618,7 @@ class AsyncShipper:
         self._retry_delay = retry_delay
         self._name = name
         self._log_failures = log_failures
+        self._before_wait = before_wait
         self._cond = threading.Condition()
         self._pending: deque[BackupJob] = deque()
         self._running: BackupJob | None = None
@@ -632,7 +650,7 @@ class AsyncShipper:
         if (twin := self._leftover_twin(job)) is not None:
             log.debug("backup of %s: a dead process's pins of the same files ship it", job.describe())
             self._release(job)
-            return BackupHandle(twin, self._cancel)
+            return BackupHandle(twin, self._cancel, self._refuse_endless_wait)
         try:
             dropped = self._enqueue(job, on_full)
         except BaseException:
@@ -655,7 +673,7 @@ class AsyncShipper:
                     self._room_keeper = threading.Thread(target=self._keep_room, name=f"{self._name}-room", daemon=True)
                     self._room_keeper.start()
             self._make_room()
-        return BackupHandle(job, self._cancel)
+        return BackupHandle(job, self._cancel, self._refuse_endless_wait)
 
     def _leftover_twin(self, job: BackupJob) -> BackupJob | None:
         """A dead process's job (``leftover_jobs``) that ships what ``job`` would: the same files, unchanged
@@ -808,6 +826,18 @@ class AsyncShipper:
     def on_worker_thread(self) -> bool:
         """Whether the caller is this queue's worker (a backup's done-callback), which cannot wait for it."""
         return threading.current_thread() is self._thread
+
+    def _refuse_endless_wait(self, call: str) -> None:
+        """Refuse a handle's wait for a backup not done yet where it would never end: on this queue's worker
+        (a done-callback, or a callback inside the backup it runs), which would run that backup once the
+        callback returned; and where the owner says so (``before_wait``: a signal handler inside its backup)."""
+        if self.on_worker_thread():
+            raise UsageError(
+                f"{call} was called from a backup's done-callback or callback, on the worker thread that would run "
+                "the backup it waits for; keep the handle and wait for it from your own code"
+            )
+        if self._before_wait is not None:
+            self._before_wait(call)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued backup has ended. Raises FlushTimeoutError when some are still
