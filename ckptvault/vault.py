@@ -164,6 +164,25 @@ def _before_commit(lock: HeldLock, then: Callable[[], None] | None) -> None:
         then()
 
 
+def _owned_here(mutex: threading.RLock) -> bool:
+    """Whether this thread holds ``mutex``, from the owner the RLock records in the same C call that takes it
+    (and clears in the one that releases it). An owner recorded by a statement of its own, after the take and
+    cleared before the release, left a few bytecodes in which a signal handler (run between two bytecodes of
+    the frame it interrupted) saw none: its ``backup()`` or ``flush()`` waited for the mutex its own thread
+    held, for ever. ``_is_owned`` is what ``threading.Condition`` asks an RLock, in C and in Python."""
+    return bool(mutex._is_owned())  # type: ignore[attr-defined]
+
+
+def _held(mutex: threading.RLock) -> bool:
+    """Whether any thread holds ``mutex`` (Python 3.10's RLock has no ``locked()``)."""
+    if _owned_here(mutex):
+        return True
+    if mutex.acquire(blocking=False):
+        mutex.release()
+        return False
+    return True
+
+
 # Every Vault of this process, for the fork hook below.
 _VAULTS: weakref.WeakSet[Vault] = weakref.WeakSet()
 
@@ -187,8 +206,9 @@ class Vault:
         self.url = url
         self.created = False  # True when open(create=True) made a new repository
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
-        self._backup_mutex = threading.Lock()  # the Repository writes one backup at a time
-        self._writer: int | None = None  # the thread in a backup or copy (holding the mutex): it waits for no backup
+        # The Repository writes one backup at a time. An RLock for its owner (``_inside_own_write``), never
+        # taken twice by one thread: the thread in a backup or copy waits for no backup.
+        self._backup_mutex = threading.RLock()
         # Reentrant: close() called again on the thread already closing (a SIGTERM handler that closes, landing in
         # a `with` block's close) deadlocked on it; the inner call returns at once, the outer one goes on.
         self._close_mutex = threading.RLock()
@@ -214,12 +234,11 @@ class Vault:
         writing leaves the Repository's state part written (chunks of a pack not uploaded yet count as
         stored): writes from here are refused (``_refuse_forked_mid_write``), reads go on."""
         parent = os.getppid()
-        if self._backup_mutex.locked():
+        if _held(self._backup_mutex):
             self._forked_mid_write = parent
         self._shipper = None  # the parent ships it; its pins are the parent's to release
-        self._backup_mutex = threading.Lock()
+        self._backup_mutex = threading.RLock()
         self._close_mutex = threading.RLock()
-        self._writer = None
 
     def _refuse_forked_mid_write(self) -> None:
         if self._forked_mid_write is not None:
@@ -1167,7 +1186,7 @@ class Vault:
         signal handler (SIGTERM) runs on the main thread between two bytecodes of the backup it interrupted,
         and a progress callback inside it, so the backup (or the queue's next one, which waits for it) can
         only end once the call has returned: the process hung until SIGKILL."""
-        if self._writer == threading.get_ident():
+        if _owned_here(self._backup_mutex):
             raise UsageError(
                 f"{call} was called on a thread inside this Vault's backup or copy (from a signal handler or a "
                 f"callback), which it would wait for forever; {advice}"
@@ -1182,12 +1201,8 @@ class Vault:
         self._refuse_forked_mid_write()
         # a SIGTERM handler that backs up a save of its own, landing inside a backup: the mutex is that frame's
         self._refuse_inside_own_backup(call, advice)
-        with self._backup_mutex:
-            self._writer = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._writer = None
+        with self._backup_mutex:  # a handler landing in the check's gap before this runs a backup of its own first
+            yield
 
     def _exclusive_lock(self, caller: str) -> HeldLock:
         """The exclusive lock, once this Vault's own queued backups have ended: their shared locks, this
@@ -1197,7 +1212,7 @@ class Vault:
         on it): the lock is then refused at once, as before."""
         self._refuse_forked_mid_write()
         shipper = self._shipper
-        waited_on = shipper is None or shipper.on_worker_thread() or self._writer == threading.get_ident()
+        waited_on = shipper is None or shipper.on_worker_thread() or _owned_here(self._backup_mutex)
         if shipper is not None and not waited_on and (queued := shipper.pending()):
             log.info("%s waits for this Vault's %d queued backup(s) to end first", caller, queued)
             shipper.wait_for_queued()

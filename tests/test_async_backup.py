@@ -837,6 +837,81 @@ def test_a_sigterm_handler_that_waits_inside_a_backup_is_refused_not_hung(tmp_pa
             assert [s.tags for s in vault.snapshots()] == [{"step": "2"}]
 
 
+MUTEX_GAP_SCRIPT = textwrap.dedent(
+    """
+    import inspect, os, signal, sys
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, ckpt, other, call, point = sys.argv[1:6]
+    vault = Vault.open(repo)
+    writing = inspect.unwrap(Vault._writing)
+    lines, first = inspect.getsourcelines(writing)
+    take = first + next(i for i, line in enumerate(lines) if "with self._backup_mutex" in line)
+    seen = []
+
+    def on_sigterm(signum, frame):  # a preemption handler that ships, or waits for, a save first
+        try:
+            if call == "flush":
+                vault.backup_async(other, tags={"step": "2"})
+                vault.flush()
+            else:
+                vault.backup(other, tags={"step": "2"})
+            print("the handler's call returned", flush=True)
+        except UsageError as exc:
+            print(f"UsageError: {exc}", flush=True)
+
+    def at_line(frame, event, arg):  # the notice lands at `point`, between two bytecodes of _writing
+        if event == "line":
+            seen.append(frame.f_lineno)
+            if (
+                (point == "before the take" and frame.f_lineno == take and seen.count(take) == 1)
+                or (point == "after the take" and len(seen) > 1 and seen[-2] == take and seen.count(take) == 1)
+                or (point == "before the release" and seen.count(take) == 2)  # the `with` line again: its exit
+            ):
+                sys.settrace(None)
+                frame.f_trace = None
+                os.kill(os.getpid(), signal.SIGTERM)
+        return at_line
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    sys.settrace(lambda frame, event, arg: at_line if frame.f_code is writing.__code__ else None)
+    vault.backup(ckpt, tags={"step": "1"})
+    sys.settrace(None)
+    vault.close()  # ships what the handler queued
+    print("steps", sorted(s.tags["step"] for s in Vault.open(repo).snapshots()), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["before the take", "after the take", "before the release"])
+@pytest.mark.parametrize("call", ["backup", "flush"])
+def test_a_sigterm_handler_landing_as_the_backup_takes_or_releases_its_mutex_is_not_hung(tmp_path, call, point):
+    """The thread inside a backup was recorded by a statement after the backup's mutex was taken, and cleared by
+    one before it was released: a SIGTERM handler landing between them (its handler runs between two bytecodes)
+    saw no backup on its thread, and its backup() (or flush(), with a backup queued) waited for the mutex that
+    its own thread held, until SIGKILL. The owner is now the mutex's own (an RLock's, recorded in the call that
+    takes it), so the handler is refused there as anywhere inside the backup; landing before the take, its
+    backup runs first, then the interrupted one."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    other = make_checkpoint(tmp_path / "ckpt" / "step_2", 2)
+    proc = subprocess.run(
+        [sys.executable, "-c", MUTEX_GAP_SCRIPT, str(tmp_path / "repo"), str(ckpt), str(other), call, point],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # it hung for ever
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if point == "before the take":
+        assert "the handler's call returned" in proc.stdout, proc.stdout
+    else:
+        assert f"UsageError: {call}() was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
+    stored = ["1", "2"] if call == "flush" or point == "before the take" else ["1"]
+    assert f"steps {stored}" in proc.stdout, proc.stdout
+
+
 RESULT_IN_CALLBACK_SCRIPT = textwrap.dedent(
     """
     import sys

@@ -122,7 +122,7 @@ LOCK_HELD_AT_FORK_SCRIPT = textwrap.dedent(
     from ckptvault import Vault
     from ckptvault.store import fsspec_store
 
-    url, options = sys.argv[1], json.loads(sys.argv[2])
+    url, options, ends = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     vault = Vault.open(url, storage_options=options)
     vault.snapshots()  # a pooled session, idle now
     (session,) = [fs for store in fsspec_store._STORES for idle in store._idle.values() for fs in idle]
@@ -139,7 +139,9 @@ LOCK_HELD_AT_FORK_SCRIPT = textwrap.dedent(
     pid = os.fork()
     if pid == 0:
         os.write(1, f"child: {len(vault.snapshots())} snapshot(s)\\n".encode())
-        os._exit(0)
+        if ends == "os._exit":  # as multiprocessing's children end
+            os._exit(0)
+        sys.exit(0)  # through the interpreter's shutdown, which collects what the child inherited
     forked.set()
     deadline = time.monotonic() + 30
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
@@ -155,7 +157,8 @@ LOCK_HELD_AT_FORK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_child_forked_while_a_session_lock_was_held_does_not_hang(server, tmp_path: Path):
+@pytest.mark.parametrize("ends", ["os._exit", "sys.exit"])
+def test_a_child_forked_while_a_session_lock_was_held_does_not_hang(server, tmp_path: Path, ends: str):
     """paramiko's threads take a session's locks (its channel's, its buffers', its channel map's) for each
     packet: a child forked in that instant holds a copy of the lock that no thread of its own will release.
     Closing the inherited sessions through paramiko (the fork hook) waited on it for ever: the child (a
@@ -165,7 +168,7 @@ def test_a_child_forked_while_a_session_lock_was_held_does_not_hang(server, tmp_
     url = backend.new_url()
     Vault.init(url, storage_options=backend.storage_options).close()
     proc = subprocess.run(
-        [sys.executable, "-c", LOCK_HELD_AT_FORK_SCRIPT, url, json.dumps(backend.storage_options)],
+        [sys.executable, "-c", LOCK_HELD_AT_FORK_SCRIPT, url, json.dumps(backend.storage_options), ends],
         capture_output=True,
         text=True,
         cwd=ROOT,
