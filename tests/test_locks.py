@@ -434,7 +434,7 @@ import os, signal, sys, threading
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from ckptvault import Vault
-from ckptvault.errors import UsageError
+from ckptvault.errors import StorageError, UsageError
 
 
 class TermOnUnlock(LocalFileSystem):
@@ -451,8 +451,10 @@ repo, src = sys.argv[1:3]
 vault = Vault.open("termonunlock://" + repo)
 
 
-def on_sigterm(signum, frame):  # a handler whose close() is refused inside the backup (its own error)
+def on_sigterm(signum, frame):  # a handler whose close() is refused inside the backup, or whose flush() fails
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.argv[3] == "storage":
+        raise StorageError("put", "data/ab/abcdef", "s3://bucket/vault", "the handler's own error: stop training")
     raise UsageError("the handler's own error: stop training")
 
 
@@ -462,18 +464,20 @@ print("backup returned: training goes on", flush=True)
 """
 
 
-def test_an_error_a_signal_handler_raises_while_the_lock_is_removed_is_not_swallowed(tmp_path: Path):
+@pytest.mark.parametrize("error", ["usage", "storage"])
+def test_an_error_a_signal_handler_raises_while_the_lock_is_removed_is_not_swallowed(tmp_path: Path, error: str):
     """A lock whose removal fails after the work is done is left with a warning, not raised in place of
     the result; but every CkptVaultError counted as that failure, so the error a SIGTERM handler raised
     there (its vault.close() refused inside the backup, or its own) became 'lock ... is left behind (<the
     handler's error>)' and the backup returned: training went on after the preemption notice. Only the
-    storage's errors are now taken for a failed removal; the handler's error goes on to the caller."""
+    storage's errors about a lock object are now taken for a failed removal; the handler's error (its own, or
+    a storage error about another object: its flush() failing an upload) goes on to the caller."""
     Vault.init(str(tmp_path / "repo")).close()
     src = tmp_path / "src"
     src.mkdir()
     (src / "model.pt").write_bytes(os.urandom(10_000))
     proc = subprocess.run(
-        [sys.executable, "-c", SIGNAL_IN_RELEASE_SCRIPT, str(tmp_path / "repo"), str(src)],
+        [sys.executable, "-c", SIGNAL_IN_RELEASE_SCRIPT, str(tmp_path / "repo"), str(src), error],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[1],
@@ -481,5 +485,6 @@ def test_an_error_a_signal_handler_raises_while_the_lock_is_removed_is_not_swall
     )
     assert "training goes on" not in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 1, proc.stderr
-    assert "UsageError: the handler's own error: stop training" in proc.stderr, proc.stderr
+    assert f"{error.capitalize()}Error: " in proc.stderr, proc.stderr
+    assert "the handler's own error: stop training" in proc.stderr, proc.stderr
     assert "is left behind" not in proc.stderr, proc.stderr

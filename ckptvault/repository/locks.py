@@ -1010,7 +1010,10 @@ class HeldLock:
             # The work is done: a lock left behind must not replace its result. Only the storage's errors: a
             # removal raises no other, and any other is a signal handler's, run inside it (a SIGTERM handler
             # whose close() was refused): that became this warning, and the command went on as if no signal came.
+            # A storage error about another object is a handler's too (its flush() failing an upload).
             except StorageError as error:
+                if not error.key.startswith(LOCKS_PREFIX):
+                    raise
                 left_behind.warning(
                     "lock %s is left behind (%s); %s", self.info.lock_id.hex()[:12], error, self._who_removes()
                 )
