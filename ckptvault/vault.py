@@ -200,6 +200,13 @@ def exclude_arg(value: Sequence[str] | None) -> Excludes:
     return Excludes.parse(str_list_arg("exclude", value, "['*.tmp', 'wandb']"))
 
 
+def _caught_by_ckptvault(exc: BaseException) -> bool:
+    """Whether ``exc`` was last caught in ckptvault's own code (its traceback's outermost frame is where it
+    was caught): a step of a backup that took it for that step's failure, not the caller that was refused."""
+    tb = exc.__traceback__
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0] == "ckptvault"
+
+
 class Vault:
     def __init__(self, repo: Repository, url: str) -> None:
         self._repo = repo
@@ -209,6 +216,7 @@ class Vault:
         # The Repository writes one backup at a time. An RLock for its owner (``_inside_own_write``), never
         # taken twice by one thread: the thread in a backup or copy waits for no backup.
         self._backup_mutex = threading.RLock()
+        self._refused: UsageError | None = None  # a call refused on that thread (_refuse_inside_own_backup)
         # Reentrant: close() called again on the thread already closing (a SIGTERM handler that closes, landing in
         # a `with` block's close) deadlocked on it; the inner call returns at once, the outer one goes on.
         self._close_mutex = threading.RLock()
@@ -239,6 +247,7 @@ class Vault:
         self._shipper = None  # the parent ships it; its pins are the parent's to release
         self._backup_mutex = threading.RLock()
         self._close_mutex = threading.RLock()
+        self._refused = None
 
     def _refuse_forked_mid_write(self) -> None:
         if self._forked_mid_write is not None:
@@ -1187,10 +1196,15 @@ class Vault:
         and a progress callback inside it, so the backup (or the queue's next one, which waits for it) can
         only end once the call has returned: the process hung until SIGKILL."""
         if _owned_here(self._backup_mutex):
-            raise UsageError(
+            refused = UsageError(
                 f"{call} was called on a thread inside this Vault's backup or copy (from a signal handler or a "
                 f"callback), which it would wait for forever; {advice}"
             )
+            # raised inside the backup, where a step that outlives a storage error may catch it (a tree or a
+            # delta base that cannot be read): the backup then went on, and training with it; ``_writing``
+            # raises it again once the backup has returned, unless the caller (the handler) caught it
+            self._refused = refused
+            raise refused
 
     @contextlib.contextmanager
     def _writing(
@@ -1202,7 +1216,12 @@ class Vault:
         # a SIGTERM handler that backs up a save of its own, landing inside a backup: the mutex is that frame's
         self._refuse_inside_own_backup(call, advice)
         with self._backup_mutex:  # a handler landing in the check's gap before this runs a backup of its own first
-            yield
+            try:
+                yield
+            finally:
+                refused, self._refused = self._refused, None
+            if refused is not None and _caught_by_ckptvault(refused):  # by a step of the backup, which went on
+                raise refused
 
     def _exclusive_lock(self, caller: str) -> HeldLock:
         """The exclusive lock, once this Vault's own queued backups have ended: their shared locks, this

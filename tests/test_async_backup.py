@@ -884,6 +884,44 @@ MUTEX_GAP_SCRIPT = textwrap.dedent(
 )
 
 
+REFUSED_IN_A_STEP_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, ckpt, handler = sys.argv[1:4]
+    vault = Vault.open(repo)
+    vault.backup(ckpt, tags={"step": "1"})
+    with open(os.path.join(ckpt, "model.pt"), "r+b") as f:
+        f.write(os.urandom(1000))
+
+    def on_sigterm(signum, frame):  # a preemption handler that closes the vault, then exits: close() is refused
+        if handler == "catches":  # a handler that catches the refusal goes on as it chose
+            try:
+                vault.close()
+            except UsageError as exc:
+                print(f"handler caught: {exc}", flush=True)
+            return
+        vault.close()
+        sys.exit(143)
+
+    def preempt_inside(frame, event, arg):  # the notice lands in a step whose read errors the backup outlives
+        if event == "call" and frame.f_code.co_name == "tree":  # the previous save's tree
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    sys.setprofile(preempt_inside)
+    try:
+        vault.backup(ckpt, tags={"step": "2"})
+        print("backup returned: training goes on", flush=True)
+    finally:
+        sys.setprofile(None)
+    """
+)
+
+
 @pytest.mark.parametrize("point", ["before the take", "after the take", "before the release"])
 @pytest.mark.parametrize("call", ["backup", "flush"])
 def test_a_sigterm_handler_landing_as_the_backup_takes_or_releases_its_mutex_is_not_hung(tmp_path, call, point):
@@ -958,6 +996,34 @@ def test_a_done_callback_waiting_for_a_queued_backup_is_refused_not_hung(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "UsageError: result() was called from a backup's done-callback" in proc.stdout, proc.stdout
     assert "steps ['1', '2']" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("handler", ["exits", "catches"])
+def test_a_refusal_inside_a_step_the_backup_outlives_still_reaches_the_caller(tmp_path, handler):
+    """A handler's call refused inside a backup (its vault.close()) raised UsageError where the backup reads the
+    previous save's tree, whose read errors it outlives: it became the warning 'cannot read the tree of snapshot
+    ... (close() was called on a thread inside this Vault's backup ...); backing up without it', the backup
+    returned and training went on after the preemption notice. The refusal is raised again once the backup has
+    returned (its snapshot committed); a handler that catches it itself goes on as it chose."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    proc = subprocess.run(
+        [sys.executable, "-c", REFUSED_IN_A_STEP_SCRIPT, str(tmp_path / "repo"), str(ckpt), handler],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    if handler == "catches":
+        assert proc.returncode == 0 and "training goes on" in proc.stdout, proc.stdout + proc.stderr
+        assert "handler caught: close() was called on a thread inside this Vault's backup" in proc.stdout
+        assert "cannot read the tree" not in proc.stderr, proc.stderr
+        return
+    assert "training goes on" not in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "UsageError: close() was called on a thread inside this Vault's backup" in proc.stderr, proc.stderr
+    assert "cannot read the tree" not in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path / "repo" / "locks") == []
 
 
 QUEUE_IN_HANDLER_SCRIPT = textwrap.dedent(
