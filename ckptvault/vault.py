@@ -1162,9 +1162,7 @@ class Vault:
         the first error of the queued backups that failed since the previous flush."""
         timeout = seconds_arg("timeout", timeout)
         if self._shipper is not None:
-            if self._shipper.pending():  # the queued backups wait for this thread's backup: so would the flush
-                self._refuse_waiting_for_queue("flush()")
-            self._shipper.flush(timeout)
+            self._shipper.flush(timeout)  # refused inside this Vault's backup, which the queued ones wait for
 
     @_open_only
     def configure_async(
@@ -1182,13 +1180,6 @@ class Vault:
             shipper.max_pending = max_pending
         if not isinstance(exit_timeout, _Unchanged):
             shipper.exit_timeout = exit_timeout
-
-    def _refuse_waiting_for_queue(self, call: str) -> None:
-        """Refuse ``call`` (``flush()``, a handle's ``result()``), which waits for queued backups, on the thread
-        inside this Vault's backup: the worker runs them only once that backup has ended."""
-        self._refuse_inside_own_backup(
-            call, "raise SystemExit there (sys.exit(143)): the exit waits for what is queued (exit_timeout)"
-        )
 
     def _refuse_inside_own_backup(self, call: str, advice: str) -> None:
         """Refuse ``call``, which would wait for this Vault's backup, on the thread inside that backup: a
@@ -1239,7 +1230,7 @@ class Vault:
 
     def _async_shipper(self) -> AsyncShipper:
         if self._shipper is None:
-            self._shipper = AsyncShipper(self._run_job, before_wait=self._refuse_waiting_for_queue)
+            self._shipper = AsyncShipper(self._run_job, refuse_wait=self._refuse_inside_own_backup)
         return self._shipper
 
     def _run_job(self, job: BackupJob) -> Snapshot:

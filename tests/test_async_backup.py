@@ -828,7 +828,8 @@ def test_a_sigterm_handler_that_waits_inside_a_backup_is_refused_not_hung(tmp_pa
         timeout=60,  # it hung for ever
     )
     assert proc.returncode == 143, proc.stdout + proc.stderr
-    assert f"UsageError: {call}() was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
+    queued = " of a queued backup" if call in ("result", "exception") else ""
+    assert f"UsageError: {call}(){queued} was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
     # read once the process has ended: while it exits, the handler's queued backup takes a lock of its own
     assert os.listdir(tmp_path / "repo" / "locks") == [], proc.stdout
     if call != "backup":  # the handler's backup shipped at the exit
@@ -882,6 +883,59 @@ MUTEX_GAP_SCRIPT = textwrap.dedent(
     print("steps", sorted(s.tags["step"] for s in Vault.open(repo).snapshots()), flush=True)
     """
 )
+
+
+QUEUE_WAIT_IN_HANDLER_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from ckptvault import Vault
+    from ckptvault.errors import UsageError
+
+    repo, ckpt, other = sys.argv[1:4]
+    vault = Vault.open(repo)
+    vault.configure_async(max_pending=1)
+
+    def on_sigterm(signum, frame):  # a preemption handler that ships the save just written
+        try:  # the second waits behind the first: the queue is full for the third
+            for step in (1, 2, 3):
+                vault.backup_async(other, tags={"step": str(step)}, on_full="block")
+        except UsageError as exc:
+            print(f"UsageError: {exc}", flush=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    vault.backup(ckpt, tags={"step": "0"}, before_commit=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    """
+)
+
+
+def test_a_sigterm_handler_that_waits_for_room_in_the_queue_inside_a_backup_is_refused_not_hung(tmp_path):
+    """Inside vault.backup(), the queued backups wait for the backup mutex the interrupted frame holds: a
+    handler's backup_async(on_full="block") on a full queue waited for room for ever (a second SIGTERM ran the
+    handler again, which waited again: only SIGKILL ended it). It is refused as flush() is (a handle's
+    result() there: test_a_sigterm_handler_that_waits_inside_a_backup...); the exit ships what was queued."""
+    Vault.init(str(tmp_path / "repo")).close()
+    ckpt = make_checkpoint(tmp_path / "ckpt" / "step_1", 1)
+    other = make_checkpoint(tmp_path / "ckpt" / "step_2", 2)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            QUEUE_WAIT_IN_HANDLER_SCRIPT,
+            str(tmp_path / "repo"),
+            str(ckpt),
+            str(other),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,  # it hung for ever
+    )
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    call = "backup_async(on_full='block') on a full queue"
+    assert f"UsageError: {call} was called on a thread inside this Vault's backup" in proc.stdout, proc.stdout
+    with Vault.open(str(tmp_path / "repo")) as vault:  # what the handler queued shipped at the exit
+        assert sorted(s.tags["step"] for s in vault.snapshots()) == ["1", "2"]
 
 
 REFUSED_IN_A_STEP_SCRIPT = textwrap.dedent(
@@ -994,7 +1048,8 @@ def test_a_done_callback_waiting_for_a_queued_backup_is_refused_not_hung(tmp_pat
         timeout=60,  # it hung (120 s, the callback's own timeout; for ever without one)
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "UsageError: result() was called from a backup's done-callback" in proc.stdout, proc.stdout
+    said = "UsageError: result() of a queued backup was called from a backup's done-callback"
+    assert said in proc.stdout, proc.stdout
     assert "steps ['1', '2']" in proc.stdout, proc.stdout
 
 

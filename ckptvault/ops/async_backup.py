@@ -113,11 +113,11 @@ class BackupHandle:
     ``future`` for ``asyncio.wrap_future`` and ``concurrent.futures.wait``."""
 
     def __init__(
-        self, job: BackupJob, cancel: Callable[[BackupJob], bool], before_wait: Callable[[str], None] | None = None
+        self, job: BackupJob, cancel: Callable[[BackupJob], bool], refuse_wait: RefuseWait | None = None
     ) -> None:
         self._job = job
         self._cancel = cancel
-        self._before_wait = before_wait  # the queue's owner: raises where the wait could never end
+        self._refuse_wait = refuse_wait
         self._pinned = bool(job.pins)  # the pins go when the backup ends; that it was pinned stays
         # The handle is no Future (its cancel releases a queue slot and pins; its errors are the library's):
         # tools that take only a real one get this copy, settled as result() would be. Already running, so
@@ -168,8 +168,7 @@ class BackupHandle:
     def result(self, timeout: float | None = None) -> Snapshot:
         """The snapshot; raises the backup's error, BackupTimeoutError (a TimeoutError) when not done
         in time, or BackupCancelledError when it was cancelled before it started."""
-        wait = _timeout_arg(timeout)
-        self._refuse_endless_wait("result()", wait)
+        wait = self._refuse_to_wait("result()", timeout)
         try:
             return self._job.future.result(wait)
         except FuturesTimeoutError:
@@ -178,8 +177,7 @@ class BackupHandle:
             raise self._cancelled_error() from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        wait = _timeout_arg(timeout)
-        self._refuse_endless_wait("exception()", wait)
+        wait = self._refuse_to_wait("exception()", timeout)
         try:
             return self._job.future.exception(wait)
         except FuturesTimeoutError:
@@ -187,14 +185,13 @@ class BackupHandle:
         except CancelledError:
             return self._cancelled_error()
 
-    def _refuse_endless_wait(self, call: str, wait: float | None) -> None:
-        """Refuse a wait for this backup that could never end, with UsageError: a SIGTERM handler calling
-        ``result()`` while the main thread is inside the Vault's ``backup()`` (the worker runs this backup only
-        once it has that backup's mutex, held by the frame the handler interrupted: refused as ``flush()`` is
-        there), or a done-callback on the worker that would run it. Both hung until SIGKILL. A poll
-        (``timeout=0``) and a finished backup's result wait for nothing: they are answered as always."""
-        if self._before_wait is not None and wait != 0 and not self._job.future.done():
-            self._before_wait(call)
+    def _refuse_to_wait(self, call: str, timeout: float | None) -> float | None:
+        """``timeout`` checked; a wait for a backup not done yet is refused on the thread inside the Vault's
+        backup that it waits for: a SIGTERM handler's ``backup_async(...).result()`` hung there until SIGKILL."""
+        wait = _timeout_arg(timeout)
+        if self._refuse_wait is not None and not self._job.future.done() and (wait is None or wait > 0):
+            self._refuse_wait(f"{call} of a queued backup", WAIT_ADVICE)
+        return wait
 
     def _cancelled_error(self) -> BackupCancelledError:
         why = self._job.cancelled_because or "cancel() was called"
@@ -242,6 +239,11 @@ def _timeout_arg(timeout: float | None) -> float | None:
         raise UsageError(f"timeout must be a number of seconds from 0, or None to wait for the end; got {timeout!r}")
     return None if math.isinf(timeout) else min(float(timeout), threading.TIMEOUT_MAX)
 
+
+# ``AsyncShipper``'s ``refuse_wait``: called with the call's name and what to do instead before a wait that
+# only the worker can end; raises UsageError on a thread the worker waits for in turn (``Vault._writing``).
+RefuseWait = Callable[[str, str], None]
+WAIT_ADVICE = "raise SystemExit there (sys.exit(143)): the exit waits for what is queued (exit_timeout)"
 
 # The call (backup_async, ship_leftover_pins) this thread is inside, if any: see ``queueing``.
 _queueing = threading.local()
@@ -607,7 +609,7 @@ class AsyncShipper:
         retry_delay: float = 2.0,
         name: str = "ckptvault-async",
         log_failures: bool = True,  # False: the caller reports each job's failure itself (watch)
-        before_wait: Callable[[str], None] | None = None,  # raises where a handle's wait could never end
+        refuse_wait: RefuseWait | None = None,  # the Vault's: no wait for the worker inside its backup
     ) -> None:
         if max_pending is not None and max_pending < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
@@ -618,7 +620,7 @@ class AsyncShipper:
         self._retry_delay = retry_delay
         self._name = name
         self._log_failures = log_failures
-        self._before_wait = before_wait
+        self._refuse_wait = refuse_wait
         self._cond = threading.Condition()
         self._pending: deque[BackupJob] = deque()
         self._running: BackupJob | None = None
@@ -650,7 +652,7 @@ class AsyncShipper:
         if (twin := self._leftover_twin(job)) is not None:
             log.debug("backup of %s: a dead process's pins of the same files ship it", job.describe())
             self._release(job)
-            return BackupHandle(twin, self._cancel, self._refuse_endless_wait)
+            return BackupHandle(twin, self._cancel, self._refuse_handle_wait)
         try:
             dropped = self._enqueue(job, on_full)
         except BaseException:
@@ -673,7 +675,7 @@ class AsyncShipper:
                     self._room_keeper = threading.Thread(target=self._keep_room, name=f"{self._name}-room", daemon=True)
                     self._room_keeper.start()
             self._make_room()
-        return BackupHandle(job, self._cancel, self._refuse_endless_wait)
+        return BackupHandle(job, self._cancel, self._refuse_handle_wait)
 
     def _leftover_twin(self, job: BackupJob) -> BackupJob | None:
         """A dead process's job (``leftover_jobs``) that ships what ``job`` would: the same files, unchanged
@@ -793,6 +795,11 @@ class AsyncShipper:
                     dropped = droppable[0]
                     self._pending.remove(dropped)
                 else:
+                    self._refuse_to_wait(
+                        f"backup_async(on_full={on_full!r}) on a full queue",
+                        "set a flag in the handler and queue it from the training loop, or raise SystemExit there "
+                        "(sys.exit(143)): the exit ships what is already queued",
+                    )
                     self._cond.wait_for(lambda: self._closed or not self._full())
                     if self._closed:
                         raise UsageError("this vault no longer takes backups: it was closed")
@@ -827,24 +834,14 @@ class AsyncShipper:
         """Whether the caller is this queue's worker (a backup's done-callback), which cannot wait for it."""
         return threading.current_thread() is self._thread
 
-    def _refuse_endless_wait(self, call: str) -> None:
-        """Refuse a handle's wait for a backup not done yet where it would never end: on this queue's worker
-        (a done-callback, or a callback inside the backup it runs), which would run that backup once the
-        callback returned; and where the owner says so (``before_wait``: a signal handler inside its backup)."""
-        if self.on_worker_thread():
-            raise UsageError(
-                f"{call} was called from a backup's done-callback or callback, on the worker thread that would run "
-                "the backup it waits for; keep the handle and wait for it from your own code"
-            )
-        if self._before_wait is not None:
-            self._before_wait(call)
-
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued backup has ended. Raises FlushTimeoutError when some are still
         unfinished after ``timeout`` seconds, else the first error of the backups that failed
         since the previous flush (each failure is also on its handle and was logged)."""
         if self.on_worker_thread():
             raise UsageError("flush() cannot be called from a backup's done-callback")
+        if self.pending():  # the queued backups wait for the backup this thread is inside: so would the flush
+            self._refuse_to_wait("flush()", WAIT_ADVICE)
         timeout = _timeout_arg(timeout)
         with self._cond:
             self._flushing += 1
@@ -861,6 +858,20 @@ class AsyncShipper:
             if len(failures) > 1:
                 log.error("%d queued backups failed since the last flush; raising the first", len(failures))
             raise failures[0]
+
+    def _refuse_to_wait(self, call: str, advice: str) -> None:
+        if self._refuse_wait is not None:
+            self._refuse_wait(call, advice)
+
+    def _refuse_handle_wait(self, call: str, advice: str) -> None:
+        """A handle's wait for a backup not done yet, refused where it would never end: on this queue's worker (a
+        done-callback, which would run that backup once it returned) as inside the Vault's own backup."""
+        if self.on_worker_thread():
+            raise UsageError(
+                f"{call} was called from a backup's done-callback or callback, on the worker thread that would run "
+                "that backup; keep the handle and wait for it from your own code"
+            )
+        self._refuse_to_wait(call, advice)
 
     def wait_for_queued(self) -> None:
         """Wait until the backups queued now have ended (not those queued meanwhile: a trainer saving faster
