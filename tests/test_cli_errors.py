@@ -17,6 +17,7 @@ import pytest
 
 from ckptvault import Vault
 from ckptvault.errors import UsageError
+from tests.conftest import one_file_vault
 
 from .test_cli import one_line_error
 
@@ -551,9 +552,48 @@ def test_an_option_given_twice_is_refused_not_resolved_to_the_last(cli, tmp_path
     assert one_line_error(proc) == f"error: {name} is given more than once; give it once (see: ckptvault prune --help)"
     assert len(json.loads(cli("snapshots", "--json", "--repo", repo).stdout)) == 3
     cli("backup", str(src), "--repo", repo, "-t", "run=x", "-t", "step=4")  # a multiple option stays multiple
-    cli("backup", str(src), "--repo", repo, "-d", "--host", "--host", "h1")  # a value that looks like an option
+    cli("backup", str(src), "--repo", repo, "--description=--host", "--host", "h1")  # a value that looks like an option
     proc = cli("snapshots", f"-r{repo}", "-r/nonexistent", check=False)  # a short option with its value attached
     assert proc.returncode == 2 and "--repo is given more than once" in proc.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (
+            ["restore", "latest", "{tmp}/out", "--include", "--repo", "{tmp}/v"],
+            "--include needs a pattern; got '--repo', the next option: its value is missing (for the text '--repo' "
+            "itself, write --include=--repo) (see: ckptvault restore --help)",
+        ),
+        (["backup", "{tmp}/src", "--tag", "--repo", "{tmp}/v"], "--tag needs a KEY=VALUE pair; got '--repo'"),
+        (["backup", "{tmp}/src", "-e", "-r", "{tmp}/v"], "-e needs a pattern; got '-r', the next option"),
+        (["snapshots", "--repo", "--json"], "--repo needs a path or URL; got '--json', the next option"),
+        (["prune", "--keep-latest", "--repo", "{tmp}/v"], "--keep-latest needs a number; got '--repo'"),
+        (["check", "--read-data-subset", "--repo={tmp}/v"], "--read-data-subset needs a share; got '--repo={tmp}/v'"),
+        (["copy", "--from-repo", "--repo", "{tmp}/v"], "--from-repo needs a path or URL; got '--repo'"),
+        (["key", "passwd", "--keyfile", "--kdf-cost", "18"], "(see: ckptvault key passwd --help)"),
+        (["backup", "{tmp}/src", "--repo", "{tmp}/v", "--on-change", "--quiet"], "--on-change needs a value (warn"),
+    ],
+)
+def test_an_option_taken_as_the_value_of_the_one_before_is_named_as_the_missing_value(cli, tmp_path: Path, args, said):
+    """`restore latest DIR --include --repo V` took '--repo' for a pattern and V for an extra argument: the
+    refusal blamed the vault's path; `snapshots --repo --json` looked for a vault called --json."""
+    cli("init", str(tmp_path / "v"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"data")
+    cli("backup", str(tmp_path / "src"), "--repo", str(tmp_path / "v"))
+    proc = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert said.replace("{tmp}", str(tmp_path)) in one_line_error(proc)
+    assert not (tmp_path / "out").exists() and len(Vault.open(tmp_path / "v").snapshots()) == 1
+
+
+def test_an_option_s_name_given_with_equals_is_its_value(cli, tmp_path: Path):
+    repo = one_file_vault(cli, tmp_path)
+    proc = cli("restore", "latest", str(tmp_path / "out"), "--include=--repo", "--repo", repo, check=False)
+    assert proc.returncode == 2 and "--include '--repo' matched no path" in one_line_error(proc), proc.stderr
+    cli("backup", str(tmp_path / "src"), "--repo", repo, "--description=--json")
+    assert json.loads(cli("snapshots", "latest", "--json", "--repo", repo).stdout)[0]["description"] == "--json"
 
 
 def test_the_error_tree_in_the_docs_names_every_error_and_its_exit_code():

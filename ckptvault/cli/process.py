@@ -245,6 +245,69 @@ def _repeated_option(group: Any, argv: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def _long_options(command: Any) -> set[str]:
+    """Every long option of ``command`` and the commands under it (``--overwrite`` and ``--no-overwrite``)."""
+    if hasattr(command, "commands"):  # a group
+        return set().union(*(_long_options(sub) for sub in command.commands.values()))
+    return {opt for param in command.params for opt in [*param.opts, *param.secondary_opts] if opt.startswith("--")}
+
+
+# What an option's metavar stands for, in the error for its missing value
+_VALUE_WORDS = {
+    "KEY=VALUE": "a KEY=VALUE pair",
+    "TEXT": "a text",
+    "NAME": "a name",
+    "GLOB": "a pattern",
+    "URL": "a path or URL",
+    "PATH": "a path",
+    "DIR": "a folder",
+    "KEY": "a key",
+    "TAG": "a tag",
+    "RATE": "a rate",
+    "DURATION": "a duration",
+    "SHARE": "a share",
+    "N": "a number",
+    "F": "a number",
+    "S": "a number of seconds",
+    "DATE|AGE": "a date or an age",
+}
+# the values that are free text, which could really be an option's name (a file called '--repo')
+_FREE_TEXT = frozenset(["KEY=VALUE", "TEXT", "NAME", "GLOB", "URL", "PATH", "DIR", "KEY", "TAG"])
+
+
+def _option_taken_as_value(group: Any, argv: list[str]) -> str | None:
+    """The error for an option whose value was left out, so that the next option became its value:
+    ``restore latest DIR --include --repo V`` took '--repo' for a pattern and V for an extra argument, and
+    was refused for the vault path. A value that is one of our own options (``--repo``, ``--repo=V``, or
+    this command's ``-r``) is that mistake; the ``--include=--repo`` form still gives it as a value."""
+    named = _named_command(group, argv)
+    if named is None:
+        return None
+    command, path, args = named
+    ours = _long_options(group) | {"--help", "-h"}
+    ours |= {opt for param in command.params for opt in param.opts if not opt.startswith("--")}
+    takes_value = {
+        opt: param
+        for param in command.params
+        if param.param_type_name == "option" and not getattr(param, "is_flag", False)
+        for opt in param.opts
+    }
+    for arg, value in itertools.pairwise(args):
+        if arg == "--":  # what follows is arguments, never options
+            return None
+        param = takes_value.get(arg)
+        if param is None or value.partition("=")[0] not in ours:
+            continue
+        what = _VALUE_WORDS.get(param.metavar, f"a value ({param.metavar})")
+        free = param.metavar in _FREE_TEXT
+        literal = f" (for the text {value!r} itself, write {param.opts[0]}={value})" if free else ""
+        return (
+            f"{arg} needs {what}; got {value!r}, the next option: its value is missing{literal} "
+            f"(see: ckptvault {' '.join(path)} --help)"
+        )
+    return None
+
+
 def _run(app: typer.Typer) -> int:
     """The app, with click's own errors (an unknown command or option, a value of the wrong type, a
     missing argument) printed as one line like every other error instead of click's framed box."""
@@ -256,6 +319,10 @@ def _run(app: typer.Typer) -> int:
     # click's exceptions, wherever this typer takes click from (newer releases carry their own copy)
     click_errors = sys.modules[typer.BadParameter.__module__]
     cli = typer.main.get_command(app)
+    taken = _option_taken_as_value(cli, sys.argv[1:])
+    if taken:
+        Output().error(taken)
+        return 2
     repeated = _repeated_option(cli, sys.argv[1:])
     if repeated:
         option, command = repeated
