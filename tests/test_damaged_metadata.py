@@ -177,6 +177,32 @@ def test_forget_removes_an_unreadable_snapshot_by_id_prefix(two_snapshots, cli: 
     assert tree_digest(tmp_path / "out") == tree_digest(src)
 
 
+def test_an_ambiguous_prefix_lists_the_snapshots_that_cannot_be_read_too(two_snapshots, cli: Callable, tmp_path: Path):
+    """A prefix naming an unreadable snapshot object and another said only "(2 match)", where one naming
+    readable ones lists each: the unreadable ones are listed by ID, said so, as their time is unknown."""
+    repo, bad, good, _ = two_snapshots
+    damage(repo, bad, "junk")
+    twin_of_bad, twin_of_good = (i[:4] + ("0" if i[4] != "0" else "1") * 60 for i in (bad, good))
+    for twin in (twin_of_bad, twin_of_good):
+        (Path(repo) / "snapshots" / twin).write_bytes(b"junk junk junk junk junk junk junk")
+    with Vault.open(repo) as vault:
+        good_time = next(s.time for s in vault.snapshots() if s.id == good)
+    proc = cli("restore", "--repo", repo, good[:4], str(tmp_path / "out"), check=False)
+    assert proc.returncode == 18 and not (tmp_path / "out").exists(), proc.stderr
+    assert error_line(proc) == (
+        f"error: snapshot ID prefix {good[:4]} is ambiguous: {good[:12]} ({good_time:%Y-%m-%d %H:%M:%S}), "
+        f"{twin_of_good[:12]} (cannot be read); give more digits"
+    )
+    proc = cli("forget", "--repo", repo, bad[:4], check=False)
+    assert proc.returncode == 18, proc.stderr
+    both = sorted([bad[:12], twin_of_bad[:12]])
+    assert error_line(proc) == (
+        f"error: snapshot ID prefix {bad[:4]} is ambiguous: {both[0]} (cannot be read), {both[1]} (cannot be "
+        "read); give more digits"
+    )
+    assert (Path(repo) / "snapshots" / bad).exists()
+
+
 @pytest.mark.parametrize(("how", "code"), [("junk", 30), ("truncated", 30)])
 def test_prune_refuses_while_a_snapshot_is_unreadable(two_snapshots, cli: Callable, how: str, code: int):
     repo, bad, good, _ = two_snapshots

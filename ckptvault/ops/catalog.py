@@ -143,9 +143,9 @@ def unreadable_named(spec: str, snaps: list[Snapshot], unreadable_ids: Iterable[
     unreadable = [i for i in unreadable_ids if i.startswith(prefix)]
     if not unreadable:
         return None
-    matches = len(unreadable) + sum(s.id.startswith(prefix) for s in snaps)
-    if matches > 1:
-        raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous ({matches} match); give more digits")
+    readable = sorted((s for s in snaps if s.id.startswith(prefix)), key=lambda s: s.time)
+    if len(unreadable) + len(readable) > 1:
+        raise selection.ambiguous_prefix(spec, readable, sorted(unreadable))
     return unreadable[0]
 
 

@@ -221,11 +221,22 @@ def select(
         listing = spelled("ckptvault snapshots", "Vault.snapshots()")
         raise SnapshotNotFoundError(f"no snapshot {spec}{_describe(tags, hosts)}; list them with: {listing}")
     if len(found) > 1:
-        # to the second, as `ckptvault snapshots` shows them: saves a minute apart are what a prefix mixes up
-        shown = ", ".join(f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M:%S})" for s in found[:5])
-        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-        raise SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous: {shown}{more}; give more digits")
+        raise ambiguous_prefix(spec, found)
     return found[0]
+
+
+AMBIGUOUS_SHOWN = 5
+
+
+def ambiguous_prefix(spec: str, found: list[Snapshot], unreadable_ids: Sequence[str] = ()) -> SnapshotNotFoundError:
+    """The error for an ID prefix that names several snapshots: each with its time to the second, as
+    `ckptvault snapshots` shows them (saves a minute apart are what a prefix mixes up), then the snapshot
+    objects that cannot be read, whose time is unknown (their count alone told nothing to choose by)."""
+    shown = [f"{s.id[:12]} ({s.time:%Y-%m-%d %H:%M:%S})" for s in found]
+    shown += [f"{i[:12]} (cannot be read)" for i in unreadable_ids]
+    more = f" and {len(shown) - AMBIGUOUS_SHOWN} more" if len(shown) > AMBIGUOUS_SHOWN else ""
+    listed = ", ".join(shown[:AMBIGUOUS_SHOWN])
+    return SnapshotNotFoundError(f"snapshot ID prefix {spec} is ambiguous: {listed}{more}; give more digits")
 
 
 def _not_selected(snap: Snapshot, tags: dict[str, str] | None, hosts: Sequence[str] | None) -> str:
