@@ -615,6 +615,28 @@ def test_a_config_without_a_version_or_below_1_is_damage_with_the_way_on(two_sna
     assert "None" not in error and "put the config back from a copy" in error, error
 
 
+@pytest.mark.parametrize("keep", [5, 6, 13, 20])
+def test_a_config_cut_short_in_a_vault_with_no_snapshot_is_damage_not_another_program_s(tmp_path: Path, cli, keep: int):
+    """A new vault's config cut short (`{"form`: a full disk, a copy stopped half way) was "another program's
+    file named config" (exit 10), as nothing beside it tells a vault; every config opens with its format."""
+    repo = tmp_path / "v"
+    cli("init", str(repo))
+    config = repo / "config"
+    cut = config.read_bytes()[:keep]
+    config.write_bytes(cut)
+    for args in (("snapshots", "--repo", str(repo)), ("init", str(repo))):
+        proc = cli(*args, check=False)
+        assert proc.returncode == 30, proc.stderr
+        assert error_line(proc).startswith(
+            f"error: the config of {repo} is damaged: it is cut short, its {keep} bytes only the opening of a "
+            "config; put the config back from a copy"
+        ), proc.stderr
+    assert config.read_bytes() == cut
+    config.write_bytes(b'{"name": "my-dataset", "spl')  # another program's JSON, cut short: still not ours
+    proc = cli("snapshots", "--repo", str(repo), check=False)
+    assert proc.returncode == 10 and "holds another program's file named config" in error_line(proc), proc.stderr
+
+
 @pytest.mark.parametrize("how", ["cut", "empty"])
 def test_a_damaged_config_is_called_damaged_where_the_vault_is_there(two_snapshots, tmp_path: Path, cli, how: str):
     """A vault's config cut short or emptied was reported as "is this a ckptvault repository?"."""

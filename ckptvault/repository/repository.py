@@ -181,14 +181,29 @@ def _config_not_ours(store: Store, raw: bytes, exc: MalformedObjectError) -> Ckp
         return foreign
     # a vault's config, damaged: the format's name is near its top (config.py writes it first); a vault with no
     # snapshot yet has nothing else to tell it by
-    if _holds_vault_objects(store) or not raw.strip() or f'"{FORMAT_NAME}"'.encode() in raw[:200]:
-        what = (
-            f"it is not valid JSON ({exc.__cause__})"
-            if isinstance(exc, ConfigNotJsonError)
-            else f"it does not name the {FORMAT_NAME} format"
-        )
+    cut_short = isinstance(exc, ConfigNotJsonError) and _cut_short_config(raw)
+    if _holds_vault_objects(store) or not raw.strip() or f'"{FORMAT_NAME}"'.encode() in raw[:200] or cut_short:
+        if cut_short:
+            what = f"it is cut short, its {len(raw)} bytes only the opening of a config"
+        elif isinstance(exc, ConfigNotJsonError):
+            what = f"it is not valid JSON ({exc.__cause__})"
+        else:
+            what = f"it does not name the {FORMAT_NAME} format"
         return MalformedObjectError(f"the config of {store.url} is damaged: {what}; {config_from_a_copy()}")
     return ForeignRepositoryError(store.url, "another program's file named config")
+
+
+# How every vault's config opens (config.py writes the format first), its spaces and newlines left out
+CONFIG_OPENING = b'{"format":"' + FORMAT_NAME.encode() + b'",'
+
+
+def _cut_short_config(raw: bytes) -> bool:
+    """Whether ``raw``, which is not JSON, is the start of a vault's config cut short (``{"form``): a vault
+    with no snapshot yet has nothing else to tell it by, and such a config read as another program's file
+    (exit 10), where it is a vault's damaged one (a full disk, a copy stopped half way). Two characters at
+    least (a lone ``{`` says nothing)."""
+    opening = b"".join(raw[: 4 * len(CONFIG_OPENING)].split())  # json.dumps(indent=2) puts spaces between
+    return len(opening) >= 2 and CONFIG_OPENING.startswith(opening)
 
 
 def _verified_part(config: RepoConfig) -> bytes:
