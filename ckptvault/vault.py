@@ -99,7 +99,15 @@ from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_pr
 from .ops.reader import DEFAULT_CACHE_CHUNKS, ChunkedFile, SnapshotFile, find_file
 from .ops.repair import IndexRepair, repair_index
 from .ops.restore import RestoreResult, restore_full_hint, run_restore, target_error
-from .ops.retag import changed_tags, finish_left_behind, finished_retag, retag, retag_gone
+from .ops.retag import (
+    changed_tags,
+    finish_left_behind,
+    finished_retag,
+    retag,
+    retag_gone,
+    retagged_before,
+    retagged_copy,
+)
 from .ops.scan import Excludes, check_sources
 from .ops.stats import VaultStats, compute_selected_stats, compute_stats
 from .ops.status import BackupStatus, backup_status
@@ -545,7 +553,13 @@ class Vault:
         wanted_hosts = hosts_arg(hosts)
         if isinstance(spec, Snapshot):  # the tags are checked all the same, as for its ID
             return selection.select([spec], spec.short_id, tags, wanted_hosts) if tags or wanted_hosts else spec
-        return self._catalog.find(spec, tags, wanted_hosts)
+        try:
+            return self._catalog.find(spec, tags, wanted_hosts)
+        except SnapshotNotFoundError:
+            # a whole ID that a tag replaced: its new ID can be told (retagged_id), and is named
+            if is_snapshot_id(spec) and (copy := retagged_copy(self._catalog.listing()[0], spec.lower())):
+                raise retagged_before(spec.lower(), copy) from None
+            raise
 
     @_open_only
     def latest(self, tags: dict[str, str] | None = None, *, hosts: Sequence[str] | None = None) -> Snapshot:

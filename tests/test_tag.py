@@ -417,3 +417,29 @@ def test_a_tag_of_latest_killed_before_the_old_ones_removal_is_finished_by_the_s
         assert [s.id for s in now] == [first.id, retagged_id(second.id, {**second.tags, "keep": value})]
         assert vault.check(read_data=1.0).ok
     assert f"removed snapshot {second.short_id}, which a killed tag left beside" in again.stderr.decode()
+
+
+def test_a_whole_id_that_a_tag_replaced_is_named_with_what_it_became(cli, tmp_path: Path):
+    """`tag <64 hex> --add note=x` rerun on a snapshot an earlier `tag <64 hex> --add keep=best` had retagged
+    said "no snapshot <64 hex>", as did a restore by that ID: the copy's ID is known (retagged_id), and named."""
+    repo = tmp_path / "repo"
+    with Vault.init(str(repo)) as vault:
+        two_saves(vault, tmp_path)
+        _, second = vault.snapshots()
+    cli("tag", second.id, "--add", "keep=best", "--repo", str(repo))
+    with Vault.open(str(repo)) as vault:
+        copy = vault.snapshots()[-1]
+    said = (
+        f"error: snapshot {second.id[:8]} was retagged: it is {copy.short_id} now (tags: run=x, step=2, keep=best), "
+        f"as a change of tags gives a snapshot a new ID; give {copy.short_id}"
+    )
+    for command in (["tag", second.id, "--add", "note=x"], ["restore", second.id, str(tmp_path / "out")]):
+        proc = cli(*command, "--repo", str(repo), check=False)
+        assert proc.returncode == 18 and proc.stderr.decode().splitlines() == [said], proc.stderr
+    assert not (tmp_path / "out").exists()
+    with Vault.open(str(repo)) as vault:
+        assert vault.snapshots()[-1] == copy
+        with pytest.raises(SnapshotNotFoundError, match=f"it is {copy.short_id} now"):
+            vault.files(second.id.upper())
+    again = cli("tag", second.id, "--add", "keep=best", "--repo", str(repo))  # the same change: done already
+    assert f"snapshot {second.id[:8]} is now {copy.short_id}" in again.stdout.decode()

@@ -27,7 +27,7 @@ from ..errors import IntegrityError, ObjectExistsError, ObjectNotFoundError, Sna
 from ..interruptions import uninterrupted
 from ..repository import Repository
 from ..snapshot.manifest import decode_snapshot, encode_snapshot
-from ..snapshot.model import Snapshot
+from ..snapshot.model import Snapshot, format_tags
 from .catalog import tree_error
 
 
@@ -100,13 +100,22 @@ def finished_retag(snapshots: list[Snapshot], old_id: str, add: dict[str, str], 
     the old snapshot, when that copy carries the tags this change gives already: the same ``tag`` run again
     after a SIGKILL between the old snapshot's removal and the command's end (its tree's, its lock's) is
     done, not a mistyped ID (exit 18 before). None when there is no such copy."""
-    return next(
-        (
-            snap
-            for snap in snapshots
-            if snap.id == retagged_id(old_id, snap.tags) and changed_tags(snap.tags, add, remove) == snap.tags
-        ),
-        None,
+    copy = retagged_copy(snapshots, old_id)
+    return copy if copy is not None and changed_tags(copy.tags, add, remove) == copy.tags else None
+
+
+def retagged_copy(snapshots: list[Snapshot], old_id: str) -> Snapshot | None:
+    """The snapshot that a ``tag`` of the whole ID ``old_id`` made, among ``snapshots``, if any."""
+    return next((snap for snap in snapshots if snap.id == retagged_id(old_id, snap.tags)), None)
+
+
+def retagged_before(old_id: str, copy: Snapshot) -> SnapshotNotFoundError:
+    """The error for a whole ID that a ``tag`` replaced by ``copy``: "no snapshot <64 hex digits>" sent the user
+    to a listing where nothing says which row it became (a rerun of ``tag`` with another change, a script
+    that keeps IDs)."""
+    return SnapshotNotFoundError(
+        f"snapshot {old_id[:8]} was retagged: it is {copy.short_id} now (tags: {format_tags(copy.tags, ', ')}), as "
+        f"a change of tags gives a snapshot a new ID; give {copy.short_id}"
     )
 
 
