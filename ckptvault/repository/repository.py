@@ -140,6 +140,26 @@ FOREIGN_MARKERS = (("keys/", "a restic repository (its keys/ folder)"),)
 BORG_CONFIG = b"[repository]"
 
 
+# borg 2 (borgstore) keeps its settings as objects under config/ (readme, id, version, manifest), beside
+# archives/, packs/ (data/ in its betas), index/ and keys/: on a disk `config` is a folder, whose read failed
+# as "storage failed: GET config: IsADirectoryError" (exit 20) and which made init say "a vault already exists";
+# in an object store its index/ and keys/ read as a vault that lost its config, or as restic's keys
+BORG2_README = "config/readme"
+BORG_README_TEXT = b"Borg Backup repository"  # what borg's own is_repository looks for in its README
+
+
+def _borg2_repository(store: Store) -> ForeignRepositoryError | None:
+    """The error naming a borg 2 repository (by its config/readme), or None. A vault's ``config`` is one
+    object, so nothing of ours can be under config/."""
+    try:
+        readme = store.get(BORG2_README)
+    except CkptVaultError:  # no such object (a vault, or nothing), or a file where borg's folder would be
+        return None
+    if BORG_README_TEXT not in readme[:200]:
+        return None
+    return ForeignRepositoryError(store.url, "a borg 2 repository (its config/readme)")
+
+
 def _foreign_repository(store: Store) -> ForeignRepositoryError | None:
     """The error naming the other tool whose repository the store holds (by its folders), or None."""
     for prefix, what in FOREIGN_MARKERS:
@@ -166,6 +186,9 @@ def _kopia_repository(store: Store) -> ForeignRepositoryError | None:
 def _without_config(store: Store) -> CkptVaultError:
     """What a store with no config holds: another tool's repository, a vault that lost its config, or nothing
     (VaultNotFoundError: the only case where a new vault may be made there)."""
+    borg2 = _borg2_repository(store)  # first: its index/ would read as a vault's, its keys/ as restic's
+    if borg2 is not None:
+        return borg2
     if _holds_vault_objects(store):  # "no vault here", or "create one", would send the user elsewhere
         return _foreign_repository(store) or _config_missing(store)
     return _kopia_repository(store) or VaultNotFoundError(store.url)
@@ -336,6 +359,11 @@ class Repository:
             raw = store.get(CONFIG_KEY)
         except ObjectNotFoundError:
             raise _without_config(store) from None
+        except StorageError as exc:
+            # a folder named config is borg 2's on a disk; an outage (retryable) is not asked twice
+            if exc.retryable or (borg2 := _borg2_repository(store)) is None:
+                raise
+            raise borg2 from None
         try:
             return RepoConfig.from_json(raw, store.url)
         except (ConfigNotJsonError, ConfigNotOursError) as exc:

@@ -120,6 +120,29 @@ def _borg_repository(where: Path) -> Path:
     return repo
 
 
+def _borg2_repository(where: Path) -> Path:
+    """A borg 2 repository as borgstore lays it out (borg 2 is not packaged here; internals/data-structures of
+    2.0.0b24): config/ a folder of objects (readme, version, id, manifest), archives/ of 64-hex names, packs/ in
+    folders of their first two digits, index/, keys/repokey, cache/, locks/."""
+    repo = where / "repo"
+    name = lambda: random.randbytes(32).hex()  # noqa: E731
+    pack = name()
+    for folder in ("config", "archives", "index", "keys", "cache", "locks", f"packs/{pack[:2]}"):
+        (repo / folder).mkdir(parents=True)
+    (repo / "config" / "readme").write_text(
+        "This is a Borg Backup repository.\nSee https://borgbackup.readthedocs.io/\n"
+    )
+    (repo / "config" / "version").write_text("4")
+    (repo / "config" / "id").write_text(name())
+    (repo / "config" / "manifest").write_bytes(random.randbytes(436))
+    (repo / "archives" / name()).write_bytes(random.randbytes(100))
+    (repo / "packs" / pack[:2] / pack).write_bytes(random.randbytes(5000))
+    (repo / "index" / name()).write_bytes(random.randbytes(300))
+    (repo / "keys" / "repokey").write_text("BORG_KEY " + name())
+    (repo / "cache" / "checked-packs").write_bytes(random.randbytes(64))
+    return repo
+
+
 def _kopia_repository(where: Path, object_store: bool) -> Path:
     """A kopia repository as kopia lays it out (kopia is not packaged here): its format blob (JSON naming the
     tool), its blob config, content blobs; ``.f`` at the end of each name on a filesystem, none in a bucket."""
@@ -142,16 +165,18 @@ def _other_programs_json(where: Path) -> Path:
 
 
 @pytest.mark.parametrize("backend_name", ["local", "s3-moto", "azure-azurite"])
-@pytest.mark.parametrize("kind", ["borg", "kopia", "json"])
+@pytest.mark.parametrize("kind", ["borg", "borg2", "kopia", "json"])
 def test_another_tools_repository_is_named_and_never_written_into(
     server, remote_cli, tmp_path: Path, backend_name: str, kind: str
 ):
     """restic's was named (above); borg's INI config read as "not valid JSON; is this a ckptvault repository?"
     (exit 30, init too), another program's JSON config as "holds a config that is not a ckptvault repository's"
     (exit 30, no way on), and a kopia repository, which holds no config, got "no vault; create one with: ckptvault
-    init" while init made a vault beside it in a bucket. Each is named (exit 10) and nothing is written into it."""
+    init" while init made a vault beside it in a bucket. A borg 2 repository, whose config is a folder of objects,
+    failed on a disk as "storage failed: GET config: IsADirectoryError" (exit 20; init: "a vault already exists"),
+    and in a bucket its keys/ made it "a restic repository". Each is named (exit 10) and nothing is written into it."""
     object_store = backend_name != "local"
-    made = {"borg": _borg_repository, "json": _other_programs_json}
+    made = {"borg": _borg_repository, "borg2": _borg2_repository, "json": _other_programs_json}
     repo = made[kind](tmp_path / kind) if kind in made else _kopia_repository(tmp_path / kind, object_store)
     if object_store:
         backend = server(backend_name).backend
@@ -160,7 +185,12 @@ def test_another_tools_repository_is_named_and_never_written_into(
     else:
         backend, url = None, str(repo)
     before = _listing(backend, url) if backend else sorted(str(p) for p in repo.rglob("*"))
-    said = {"borg": "a borg repository", "kopia": "a kopia repository", "json": "another program's file named config"}
+    said = {
+        "borg": "a borg repository",
+        "borg2": "a borg 2 repository",
+        "kopia": "a kopia repository",
+        "json": "another program's file named config",
+    }
     src = make_checkpoint(tmp_path / "ckpt", step=1, mb=0.1)
     for command in (["init", url], ["snapshots", "--repo", url], ["backup", str(src), "--repo", url]):
         proc = remote_cli(backend, *command, check=False, CKPTVAULT_RETRIES="0")
