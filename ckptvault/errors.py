@@ -46,6 +46,7 @@ A cancelled command (Ctrl-C) exits 130 from the CLI's error boundary; it needs n
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from concurrent.futures import CancelledError
@@ -309,6 +310,13 @@ class SnapshotNotFoundError(CkptVaultError, LookupError):
     exit_code = 18
 
 
+def quoted_name(name: str) -> str:
+    """``repr(name)``, with the bytes of a name that is not UTF-8 (held as lone surrogates, surrogateescape)
+    written as ``\\xff``, as every other message writes them, not as ``\\udcff``, which names no byte."""
+    # an escape that an even number of backslashes precedes (a name's own backslash is doubled by repr)
+    return re.sub(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])", r"\1\\x\2", repr(name))
+
+
 class PathNotInSnapshotError(CkptVaultError, LookupError):
     exit_code = 19
 
@@ -319,7 +327,7 @@ class PathNotInSnapshotError(CkptVaultError, LookupError):
         short = snapshot_id[:12]
         what = f"is a {'folder' if found == 'dir' else found} in snapshot {short}, not a file" if found else ""
         listing = spelled(f"ckptvault ls {short}", "Vault.files(snapshot)")
-        super().__init__(f"{path!r} {what or f'is not in snapshot {short}'}; list its files with: {listing}")
+        super().__init__(f"{quoted_name(path)} {what or f'is not in snapshot {short}'}; list its files with: {listing}")
 
 
 class StorageError(CkptVaultError):
@@ -441,7 +449,7 @@ class UnsafePathError(CkptVaultError):
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
-        super().__init__(f"restore refused: entry {path!r} {reason}")
+        super().__init__(f"restore refused: entry {quoted_name(path)} {reason}")
 
 
 class FileFormatError(CkptVaultError):

@@ -721,3 +721,13 @@ def test_names_the_output_encoding_cannot_show_are_escaped(cli, tmp_path: Path):
     restored = cli("restore", "latest", str(tmp_path / "out-名"), "--repo", repo, PYTHONIOENCODING="ascii")
     assert "restored snapshot" in restored.stdout.decode("ascii") and not restored.stderr
     assert (tmp_path / "out-名" / "wü名.txt").read_text() == "hi"
+
+
+def test_a_name_that_is_not_utf8_is_shown_by_its_bytes_when_not_in_the_snapshot(cli, tmp_path: Path):
+    """`cat latest $'model/\\xff'` said "'model/\\udcff' is not in snapshot ...": Python's stand-in for the byte,
+    which names nothing the user typed or `ls` shows (it writes the byte as \\xff)."""
+    repo = one_file_vault(cli, tmp_path)
+    for command in ("cat", "show"):
+        proc = cli(command, "latest", "model/\udcff", "--repo", repo, check=False)
+        assert proc.returncode == 19, proc.stderr
+        assert one_line_error(proc).startswith("error: 'model/\\xff' is not in snapshot "), proc.stderr
