@@ -348,6 +348,9 @@ class Vault:
             pack_size=int_arg("pack_size", pack_size),
         )
         store = open_store(url, storage_options_arg(storage_options), limits=limits, unlimited=UNTHROTTLED)
+        odd = getattr(store, "odd_path", None)  # s3://bucket//vault: a second vault beside bucket/vault (keypath.py)
+        if odd is not None:
+            raise UsageError(odd.refusal())
         key = keyfile_arg(keyfile)
         master = key.unlock(resolve_passphrase(passphrase)) if key else None
         return cls(Repository.init(store, config, key, master, cache_root=metadata_cache_root()), store.url)

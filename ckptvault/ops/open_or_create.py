@@ -10,7 +10,7 @@ import os
 import time
 
 from ..crypto.keyfile import Keyfile, PassphraseSource, passphrase_secret
-from ..errors import VaultNotFoundError
+from ..errors import UsageError, VaultNotFoundError
 from ..location import file_in_the_way, local_folder, metadata_cache_root, refuse_local_non_vault_folder, why_no_vault
 from ..repository import Repository
 from ..store import Store
@@ -42,6 +42,11 @@ def open_existing(
     try:
         return _open(store, key, passphrase)
     except VaultNotFoundError as exc:
+        odd = getattr(store, "odd_path", None)  # s3://bucket//vault: not s3://bucket/vault (store/keypath.py)
+        if odd is not None:
+            if create:
+                raise UsageError(odd.refusal()) from None
+            raise VaultNotFoundError(exc.url, hint=odd.no_vault_hint()) from None
         if create:
             return None
         hint = why_no_vault(url)

@@ -17,6 +17,8 @@ retrying.py, throttle.py and readahead.py, pass them on from the store they wrap
 
 - ``transfers`` (TransferLimits; default: 2 uploads and 8 downloads at once);
 - ``local_folder`` (str): the folder of a store on this machine's filesystem (sources inside it are refused);
+- ``odd_path`` (keypath.OddPath): an object store path whose '//', '.' or '..' names other objects than the
+  path resolved (no vault is made there, and "no vault" there says so);
 - ``read_upto(key, start, length)``: a range read that may return fewer bytes at the object's end;
 - ``needs_deadline`` / ``enforces_deadline`` (bool): whether a call needs a thread-held deadline, and
   whether the backend enforces its own (retrying.py);

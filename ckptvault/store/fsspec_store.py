@@ -70,6 +70,7 @@ from .failures import (
     status_in_chain,
     storage_error,
 )
+from .keypath import odd_path
 from .local import LocalStore, vault_gone_error
 from .options import TransferLimits, credential_values, display_url, resolve_options
 from .retrying import BASE_DEADLINE_S, call_deadline, no_answer
@@ -137,7 +138,11 @@ class FsspecStore:
             protocols, local_disk=issubclass(cls, LocalFileSystem), in_memory=issubclass(cls, MemoryFileSystem)
         )
         self._cls = cls
-        self.root = root.rstrip("/")
+        self.root = self._root(root)
+        self.odd_path = odd_path(self.url, self.root) if self._keeps_path_as_written() else None
+        unusable = self.odd_path.unusable(self.profile.protocol) if self.odd_path is not None else None
+        if unusable:
+            raise UsageError(unusable)
         self._bucket = bucket_of(self.profile.protocol, self.root)
         self._bucket_seen = False
         # any local-disk filesystem, whatever protocol name it registers, gets LocalStore's atomic
@@ -265,6 +270,16 @@ class FsspecStore:
         """The deadline argument for an async filesystem's call (see retrying.call_deadline)."""
         seconds = call_deadline(self.op_timeout, nbytes) if self.enforces_deadline else 0
         return {"timeout": seconds} if seconds else {}
+
+    def _root(self, root: str) -> str:
+        """The vault's path as keys are made under it: no '/' at its end, nor at its start on an object store (s3fs
+        and gcsfs read ``s3:///bucket/vault`` as ``/bucket/vault``, the same objects as ``bucket/vault``, but the
+        listings name them without the '/', and the vault's were taken for no vault's: "no snapshots")."""
+        return root.strip("/") if self._keeps_path_as_written() else root.rstrip("/")
+
+    def _keeps_path_as_written(self) -> bool:
+        """Whether the storage keeps a path's '//', '.' and '..' in the objects' names (keypath.py)."""
+        return self.profile.object_store and not issubclass(self._cls, MemoryFileSystem)  # memory paths are resolved
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root

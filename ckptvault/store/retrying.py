@@ -243,6 +243,7 @@ class RetryingStore:
         self.transfers = getattr(inner, "transfers", None)
         self.supports_if_absent = getattr(inner, "supports_if_absent", False)
         self.local_folder: str | None = getattr(inner, "local_folder", None)
+        self.odd_path = getattr(inner, "odd_path", None)
         self._grace = DEADLINE_GRACE_S if getattr(inner, "enforces_deadline", False) else 0.0
         self._deadlines = getattr(inner, "needs_deadline", True)
         self._breaker = Breaker()

@@ -404,3 +404,70 @@ def test_webdav_credentials_given_as_options_work_and_a_wrong_password_is_never_
     line = one_line_error(proc)
     assert proc.returncode == 20 and "access denied" in line, line
     assert "not-the-pw" not in proc.stderr.decode()
+
+
+def _odd_spellings(base: str, name: str) -> list[str]:
+    """The vault ``{base}/{name}`` with a doubled '/', a '.' and a '..' in its path."""
+    return [f"{base}//{name}", f"{base}/./{name}", f"{base}/other/../{name}", f"{base}/{name}/."]
+
+
+def _odd_path_outcome(backend_name: str, odd: str) -> str:
+    """What ``snapshots`` says of an odd spelling of a vault's URL: "refused" (no vault can be at such a path
+    there: exit 2), or "no vault" (exit 10, naming the URL meant)."""
+    doubled = "//" in odd.partition("://")[2]
+    if backend_name.startswith("s3-") or (backend_name.startswith("azure") and not doubled):
+        return "refused"
+    return "no vault"
+
+
+@pytest.mark.parametrize("backend_name", ["s3-moto", "s3-seaweedfs", "gcs-fake-gcs-server", "azure-azurite"])
+def test_a_doubled_slash_or_dot_in_an_object_store_path_names_the_vault_meant(
+    server, remote_cli, tmp_path: Path, backend_name: str
+):
+    """S3, GCS and Azure keep a path's '//', '.' and '..' in the objects' names: ``snapshots --repo
+    s3://bucket//vault`` said "no vault ...; create one with: ckptvault init s3://bucket//vault", and that init made
+    a second, empty vault beside s3://bucket/vault, whose backups then listed "no snapshots" (s3fs lists such a
+    path as if its '//' were not there); on SeaweedFS, whose filer resolves '//', it was the vault, listing "no
+    snapshots", and a '.' failed "Invalid Request"; Azure answered a '.' with "access denied"; s3:///bucket/vault
+    found the vault's config but listed "no snapshots" (gcsfs too). Now no vault is made at such a path (exit 2),
+    one is refused at once where no vault can be (S3; a '.' on Azure: exit 2), "no vault" elsewhere names the URL
+    meant (exit 10), and s3:///bucket/vault is the vault, as a trailing '/' is."""
+    backend = server(backend_name).backend
+    url = backend.new_url("slash")
+    base, name = url.rsplit("/", 1)
+    remote_cli(backend, "init", url)
+    remote_cli(backend, "backup", str(make_checkpoint(tmp_path / "ckpt", step=1, mb=0.1)), "--repo", url)
+    before = _listing(backend, backend.base_url)
+    for odd in _odd_spellings(base, name):
+        for command in (["snapshots", "--json", "--repo", odd], ["init", odd]):
+            proc = remote_cli(backend, *command, check=False, CKPTVAULT_RETRIES="0")
+            outcome = "refused" if command[0] == "init" else _odd_path_outcome(backend_name, odd)
+            line = one_line_error(proc)
+            assert proc.returncode == (10 if outcome == "no vault" else 2), line
+            said = f"so it is not {url}: write {url}" if outcome == "no vault" else f": write {url}"
+            assert line.endswith(said), line
+    assert _listing(backend, backend.base_url) == before  # no second vault, nor anything else
+    scheme, _, path = url.partition("://")
+    for same in (f"{scheme}:///{path}", f"{url}/", f"{url}//"):
+        proc = remote_cli(backend, "snapshots", "--json", "--repo", same)
+        assert len(json.loads(proc.stdout)) == 1, (same, proc.stdout)
+
+
+@pytest.mark.parametrize("backend_name", ["gcs-fake-gcs-server", "azure-azurite"])
+def test_a_vault_made_at_a_doubled_slash_before_still_opens(server, remote_cli, tmp_path: Path, backend_name: str):
+    """A vault an earlier version made at gs://bucket//vault (``gs://bucket/$PREFIX/vault`` with an empty PREFIX,
+    the same in every job) is where its objects are, which GCS and Azure list as written: it still opens there,
+    for reading and for backups."""
+    backend = server(backend_name).backend
+    made = backend.new_url("made")
+    remote_cli(backend, "init", made)
+    remote_cli(backend, "backup", str(make_checkpoint(tmp_path / "ckpt1", step=1, mb=0.1)), "--repo", made)
+    base, name = made.rsplit("/", 1)
+    old = f"{base}//{name}"
+    fs, path = _fs(backend, made)
+    _, old_path = _fs(backend, old)
+    for key in fs.find(path):
+        fs.pipe_file(old_path + key[len(path) :], fs.cat_file(key))
+    remote_cli(backend, "backup", str(make_checkpoint(tmp_path / "ckpt2", step=2, mb=0.1)), "--repo", old)
+    assert len(json.loads(remote_cli(backend, "snapshots", "--json", "--repo", old).stdout)) == 2
+    assert len(json.loads(remote_cli(backend, "snapshots", "--json", "--repo", made).stdout)) == 1
