@@ -32,6 +32,7 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     │   ├── MalformedObjectError       30   a stored object cannot be parsed
     │   ├── RestoreIncompleteError     30   restore: files whose data failed or is missing were not written
     │   └── CopyIncompleteError        30   copy: snapshots that could not be read in the source were not copied
+    │       └── CopyNeedsUpgradeError  17   ... all of them because a newer ckptvault wrote them
     ├── ConfigDowngradedError          30   the config says unencrypted, the objects are encrypted
     ├── UnsafePathError                31   a manifest entry would escape the target
     ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot
@@ -415,25 +416,54 @@ class RestoreIncompleteError(IntegrityError):
 
 class CopyIncompleteError(IntegrityError):
     """Snapshots that could not be read in the source vault (damaged data, a damaged snapshot or tree
-    object) were not copied; the others were. ``failed``: each such snapshot's ID and why;
-    ``result``: what was copied (the CopyResult, whose ``failed`` this is)."""
+    object, or data a newer ckptvault wrote) were not copied; the others were. ``failed``: each such
+    snapshot's ID and why; ``newer``: those of them a newer ckptvault is needed to read (all of them:
+    CopyNeedsUpgradeError); ``result``: what was copied (the CopyResult, whose ``failed`` this is)."""
 
     SHOWN = 3  # snapshots named in the message beyond the first one's reason; all are in ``failed``
 
     def __init__(
-        self, source_url: str, dest_url: str, failed: dict[str, str], copied: int, already: int, result: object
+        self,
+        source_url: str,
+        dest_url: str,
+        failed: dict[str, str],
+        copied: int,
+        already: int,
+        result: object,
+        *,
+        newer: Sequence[str] = (),
     ) -> None:
         self.failed = failed
+        self.newer = list(newer)
         self.result = result
         (first, reason), *rest = failed.items()
         also = _also([snapshot_id[:8] for snapshot_id, _ in rest], self.SHOWN)
         there = f", {already} were there already" if already else ""
+        damaged = len(failed) - len(self.newer)
         super().__init__(
             f"copy incomplete: {len(failed)} snapshot(s) could not be read in {source_url} and were not copied: "
             f"snapshot {first[:8]}: {reason}{also}; {copied} other(s) were copied to {dest_url}{there}; "
-            "to see what is damaged there and how to heal it, run: "
-            + spelled(f"ckptvault check --read-data --repo {source_url}", "check(read_data=1.0) of the source Vault")
+            + _copy_advice(source_url, damaged, len(self.newer))
         )
+
+
+class CopyNeedsUpgradeError(CopyIncompleteError):
+    """A CopyIncompleteError whose every snapshot not copied holds data a newer ckptvault wrote: not damage (no
+    check heals it), so it exits as UnsupportedFormatError does; an upgraded ckptvault copies them."""
+
+    exit_code = 17
+
+
+def _copy_advice(source_url: str, damaged: int, newer: int) -> str:
+    """What to do about the snapshots a copy could not read: upgrade for those a newer ckptvault wrote, check the
+    source for damaged ones."""
+    upgrade = f"{newer} hold(s) data a newer ckptvault wrote: upgrade ckptvault (pip install -U ckptvault) to copy them"
+    check = "to see what is damaged there and how to heal it, run: " + spelled(
+        f"ckptvault check --read-data --repo {source_url}", "check(read_data=1.0) of the source Vault"
+    )
+    if not newer:
+        return check
+    return upgrade if not damaged else f"{upgrade}; for the other(s), {check}"
 
 
 class ConfigDowngradedError(CkptVaultError):

@@ -18,9 +18,16 @@ from ckptvault import Vault
 from ckptvault.blob import Kind
 from ckptvault.codec import CompressionSettings
 from ckptvault.crypto.keyfile import Keyfile
-from ckptvault.errors import CopyIncompleteError, IntegrityError, SnapshotNotFoundError, UsageError
+from ckptvault.errors import (
+    CopyIncompleteError,
+    CopyNeedsUpgradeError,
+    IntegrityError,
+    SnapshotNotFoundError,
+    UsageError,
+)
 
 from .conftest import tree_digest, write_file
+from .test_damaged_metadata import recode_chunk
 
 PASS = "copy test passphrase"
 
@@ -260,6 +267,41 @@ def test_a_snapshot_object_of_a_newer_ckptvault_is_a_warning_not_damage(tmp_path
     err = proc.stderr.decode()
     assert proc.returncode == 0 and "a newer ckptvault is needed" in err and "error" not in err, err
     assert proc.stdout.decode().startswith("copied 2 snapshot(s)")
+
+
+def test_a_chunk_of_a_newer_codec_skips_its_snapshot_copies_the_others_and_says_upgrade(
+    tmp_path: Path, source: Vault, cli
+):
+    """A chunk whose codec ID this ckptvault does not know (written by a newer one, docs/format.md) stopped the
+    whole copy at its snapshot with the chunk's error alone (exit 17): the snapshots after it were never tried,
+    and neither the message nor --json said which had been copied. It is now left out as a damaged one is, the
+    others are copied, and the error names it and says to upgrade, not to check (exit 17, not damage); the API
+    raises CopyNeedsUpgradeError (a CopyIncompleteError) with it in ``newer``. No half snapshot and no pack of
+    it stays in the destination."""
+    s100, s200, s1 = source.snapshots()
+    before = {c for e in source.files(s100) for c in e.chunks}
+    newer = next(c for e in source.files(s200) for c in e.chunks if c not in before)
+    recode_chunk(source, newer, 9)
+    source.close()
+    cli("init", str(tmp_path / "dest"))
+    args = ("copy", "--json", "--from-repo", str(tmp_path / "source"), "--repo", str(tmp_path / "dest"))
+    proc = cli(*args, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 17 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"snapshot {s200.short_id}: chunk {newer.hex()[:12]}" in err and "codec ID 9" in err, err
+    assert "2 other(s) were copied" in err and "upgrade ckptvault" in err and "check" not in err, err
+    data = json.loads(proc.stdout)
+    assert data["copied"] and len(data["copied"]) == 2 and list(data["failed"]) == data["newer"] == [s200.id]
+    with Vault.open(str(tmp_path / "source")) as fresh, Vault.open(str(tmp_path / "dest")) as dest:
+        assert sorted(s.id for s in dest.snapshots()) == sorted([s100.id, s1.id])
+        report = dest.check(read_data=1.0)
+        assert report.ok and not report.warnings, (report.problems, report.warnings)
+        packs = {p.name for p in (tmp_path / "dest" / "packs").rglob("*") if p.is_file()}
+        assert packs == {loc.pack_id.hex() for _, loc in dest._repo.index.items()}  # none of the skipped one's
+        with pytest.raises(CopyIncompleteError) as raised:
+            dest.copy_from(fresh)
+    assert isinstance(raised.value, CopyNeedsUpgradeError) and raised.value.newer == [s200.id]
+    assert raised.value.result.already_there and "upgrade ckptvault" in str(raised.value)
 
 
 def test_after_a_damaged_snapshot_the_next_is_not_copied_against_chunks_gone_from_the_destination(

@@ -232,6 +232,7 @@ def copy_cmd(
         "delta_chunks": result.delta_chunks,
         "stored_bytes": result.stored_bytes,
         "failed": result.failed,
+        "newer": result.newer,
         "dry_run": dry_run,
     }
     there = f"; {len(result.already_there)} already in {dest.url}" if result.already_there else ""

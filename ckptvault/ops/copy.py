@@ -27,7 +27,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..errors import CkptVaultError, IntegrityError, ObjectNotFoundError, SnapshotNotFoundError, check_hint, spelled
+from ..errors import (
+    CkptVaultError,
+    IntegrityError,
+    ObjectNotFoundError,
+    SnapshotNotFoundError,
+    UnsupportedFormatError,
+    check_hint,
+    spelled,
+)
 from ..hashing import new_file_hasher
 from ..repository import Repository
 from ..snapshot.manifest import decode_tree, encode_snapshot, encode_tree
@@ -54,6 +62,7 @@ class CopyResult:
     already_there: list[Snapshot] = field(default_factory=list)  # in both vaults before the copy
     gone: list[Snapshot] = field(default_factory=list)  # forgotten or retagged in the source while copying
     failed: dict[str, str] = field(default_factory=dict)  # snapshot ID -> why it could not be read in the source
+    newer: list[str] = field(default_factory=list)  # of ``failed``, those holding what a newer ckptvault wrote
     read_bytes: int = 0  # chunk bytes read from the source (a few twice: a file's tensor header)
     new_bytes: int = 0  # raw bytes of the chunks the destination did not hold
     delta_chunks: int = 0  # of those chunks, how many were stored as deltas
@@ -132,9 +141,13 @@ def run_copy(
         for snap in todo:
             try:
                 copied = copier.snapshot(snap, before_commit)
-            except (IntegrityError, ObjectNotFoundError) as exc:  # damaged in the source: the others still go
-                # the advice to check names no vault: in a copy that would be the destination
+            except (IntegrityError, ObjectNotFoundError, UnsupportedFormatError) as exc:
+                # damaged in the source, or written by a newer ckptvault (a chunk of a codec this one does not know,
+                # which stopped the whole copy with the next snapshots not even tried): the others still go; the
+                # advice to check names no vault: in a copy that would be the destination
                 result.failed[snap.id] = str(exc).removesuffix(check_hint())
+                if isinstance(exc, UnsupportedFormatError):
+                    result.newer.append(snap.id)
                 copier.start_again()
                 continue
             (result.copied if copied is not None else result.gone).append(copied or snap)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from ..errors import CkptVaultError, CopyIncompleteError, UsageError, spelled
+from ..errors import CkptVaultError, CopyIncompleteError, CopyNeedsUpgradeError, UsageError, spelled
 from ..repository import Repository
 from ..snapshot.model import Snapshot
 from ..snapshot.selection import tag_options, unmatched_tags
@@ -85,5 +85,7 @@ def finish_copy(
         result.failed.update(mirror_gaps(unreadable, dest))
     if result.failed:
         copied, already = len(result.copied), len(result.already_there)
-        raise CopyIncompleteError(source_url, dest_url, result.failed, copied, already, result)
+        # not damage where a newer ckptvault wrote every one: an upgrade copies them, no check heals them
+        error = CopyNeedsUpgradeError if len(result.newer) == len(result.failed) else CopyIncompleteError
+        raise error(source_url, dest_url, result.failed, copied, already, result, newer=result.newer)
     return result
