@@ -203,6 +203,15 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _signature_entry(entry: FileEntry) -> tuple[str, ...]:
+    """One entry of a snapshot's tree as ``ops.pin.signature`` describes what it read from the disk."""
+    if entry.type == "symlink":
+        return (entry.path, "l", entry.target or "")
+    if entry.type == "dir":
+        return (entry.path, "d")
+    return (entry.path, "f", str(entry.size), str(entry.mtime_ns))
+
+
 def exclude_arg(value: Sequence[str] | None) -> Excludes:
     """Exclude patterns of ``backup``, ``backup_async``, ``watch`` and ``backup_status``, checked."""
     return Excludes.parse(str_list_arg("exclude", value, "['*.tmp', 'wandb']"))
@@ -1316,9 +1325,15 @@ class Vault:
         self._refuse_forked_mid_write()
         self._repo.refuse_unused_keyfile()  # before the first pin
 
-        def shipped_digests() -> list[tuple[str, str]]:
+        def shipped_digests() -> list[tuple[str, str, str]]:
             snaps = self.snapshots(user_tags)
-            return [(s.tags.get("checkpoint", ""), s.tags[WATCH_SIG_TAG]) for s in snaps if WATCH_SIG_TAG in s.tags]
+            return [
+                (s.tags.get("checkpoint", ""), s.tags[WATCH_SIG_TAG], s.id) for s in snaps if WATCH_SIG_TAG in s.tags
+            ]
+
+        def shipped_files(snapshot_id: str) -> tuple[tuple[str, ...], ...]:
+            """A shipped folder's signature (ops/pin.py ``signature``) as its snapshot's tree records it."""
+            return tuple(sorted(_signature_entry(e) for e in self.files(snapshot_id)))
 
         def ship(job: BackupJob) -> Snapshot:
             return self._run_job(replace(job, hostname=hostname) if hostname else job)
@@ -1328,6 +1343,7 @@ class Vault:
             tags=user_tags,
             ship=ship,
             shipped_digests=shipped_digests,
+            shipped_files=shipped_files,
             options=options,
             stop=stop,
             on_shipped=on_shipped,

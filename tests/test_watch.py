@@ -2972,3 +2972,27 @@ def test_a_watcher_starting_while_ship_pins_probes_its_lock_waits_the_probe_out(
     lock.open()
     with lock:
         assert os.pread(lock.fd, 100, 0).decode().startswith(f"pid {os.getpid()}")
+
+
+def test_a_restart_finds_a_shipped_folder_its_rotation_is_deleting_shipped_not_a_new_save(tmp_path, repo, cli):
+    """A running watcher takes files going from a shipped checkpoint for its rotation; a restart (each cron
+    ``--once`` is one) compared the folder's digest only, so what was left of it shipped again: a newer
+    snapshot of the same step without its optimizer, the one ``restore latest --tag checkpoint=...`` took
+    (tr59). What is left of the newest snapshot shipped under that name now counts as shipped; a file
+    added or rewritten still makes it a new save."""
+    ckpts = tmp_path / "ckpts"
+    ckpt = ckpts / "checkpoint-7"
+    (ckpt / "sub").mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.pt", "sub/rng_state.pth"):
+        (ckpt / name).write_bytes(os.urandom(4096))
+    args = ("watch", str(ckpts), "--repo", repo, "--tag", "run=r", "--once", "--settle", "0.2")
+    assert cli(*args).stdout.decode().startswith("shipped checkpoint-7 step 7")
+    (ckpt / "optimizer.pt").unlink()  # the trainer trims or deletes it while no watcher runs
+    (ckpt / "sub" / "rng_state.pth").unlink()
+    again = cli(*args)
+    assert again.stdout.decode() == "", again.stdout.decode()
+    with Vault.open(repo) as vault:
+        assert len(vault.snapshots({"run": "r"})) == 1
+    (ckpt / "config.json").write_text("{}")  # a file added: a new version of it, shipped
+    added = cli(*args).stdout.decode()
+    assert added.startswith("shipped checkpoint-7 step 7"), added

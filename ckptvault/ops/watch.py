@@ -82,7 +82,7 @@ from .watch_in_place import InPlaceShipping
 from .watch_lock import WatchLock
 from .watch_options import LostCheckpoint, ShippedCheckpoint, WatchOptions, WatchResult, check_watch_args
 from .watch_room import DiskRoom
-from .watch_shipped import Digests, ShippedIndex
+from .watch_shipped import Digests, Shipped, ShippedIndex
 
 log = logging.getLogger("ckptvault")
 
@@ -116,6 +116,7 @@ class Watcher:
         ship: Ship,
         shipped_digests: Digests,
         options: WatchOptions,
+        shipped_files: Shipped | None = None,
         stop: threading.Event | None = None,
         on_shipped: Callable[[ShippedCheckpoint], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
@@ -176,7 +177,11 @@ class Watcher:
         )
         self._retry_after = RETRY_AFTER  # the delays before each try again, as the module gives them now
         self._shipped = ShippedIndex(
-            shipped_digests, once=options.once, retry_s=self._retry_after[0], warn_once=self._warn_once
+            shipped_digests,
+            once=options.once,
+            retry_s=self._retry_after[0],
+            warn_once=self._warn_once,
+            files=shipped_files,
         )
         self._scanned_at = 0.0
         self._grace_ends = 0.0  # stopped with a grace: when it ends
@@ -378,7 +383,12 @@ class Watcher:
 
     def _found_shipped(self, cand: Candidate) -> bool:
         """Whether a snapshot of the vault holds its pin as it is now (adopted from an earlier run that shipped it)."""
-        return self._shipped.holds(cand.pin.name, self._digest(self._signature(cand.pin)))
+        return self._shipped_before(cand.pin.name, self._signature(cand.pin))
+
+    def _shipped_before(self, name: str, sig: pins.Signature) -> bool:
+        """Whether the vault holds the checkpoint ``name`` with these files, or with these and more: what is left
+        of one shipped before, whose files its rotation has been deleting (as ``_changed`` takes it)."""
+        return self._shipped.holds(name, self._digest(sig)) or self._shipped.holds_what_is_left(name, sig, self._digest)
 
     def _scan(self, now: float) -> None:
         started = time.monotonic()
@@ -471,7 +481,7 @@ class Watcher:
     def _start(self, name: str, path: str, st: os.stat_result, now: float) -> None:
         try:
             sig = pins.signature(path, self._as_pinned)  # as a pin of it would be: so its digest was taken
-            if self._shipped.loaded.is_set() and self._shipped.holds(name, self._digest(sig)):
+            if self._shipped.loaded.is_set() and self._shipped_before(name, sig):
                 self._done[name] = Done(st.st_ino, st.st_size, st.st_mtime_ns, sig)
                 self._unpinned.pop(name, None)
                 return  # shipped before (by an earlier run of the watcher)
@@ -802,7 +812,7 @@ class Watcher:
             if self._holds_only_logs(cand, sig) or self._complete.not_complete(cand, sig, now):
                 return None
             cand.digest, cand.shipped_sig = self._digest(sig), sig
-            if self._shipped.holds(cand.pin.name, cand.digest):
+            if self._shipped_before(cand.pin.name, sig):
                 self._finish_done(cand, sig)
                 self._release(cand)
                 return None
