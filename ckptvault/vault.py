@@ -230,7 +230,7 @@ class Vault:
         self.url = url
         self.created = False  # True when open(create=True) made a new repository
         self._shipper: AsyncShipper | None = None  # backup_async's worker, made on first use
-        # The Repository writes one backup at a time. An RLock for its owner (``_inside_own_write``), never
+        # The Repository writes one backup at a time. An RLock for its owner (``_owned_here``), never
         # taken twice by one thread: the thread in a backup or copy waits for no backup.
         self._backup_mutex = threading.RLock()
         self._refused: UsageError | None = None  # a call refused on that thread (_refuse_inside_own_backup)

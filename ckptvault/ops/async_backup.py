@@ -168,7 +168,7 @@ class BackupHandle:
     def result(self, timeout: float | None = None) -> Snapshot:
         """The snapshot; raises the backup's error, BackupTimeoutError (a TimeoutError) when not done
         in time, or BackupCancelledError when it was cancelled before it started."""
-        wait = self._refuse_to_wait("result()", timeout)
+        wait = self._wait_arg("result()", timeout)
         try:
             return self._job.future.result(wait)
         except FuturesTimeoutError:
@@ -177,7 +177,7 @@ class BackupHandle:
             raise self._cancelled_error() from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        wait = self._refuse_to_wait("exception()", timeout)
+        wait = self._wait_arg("exception()", timeout)
         try:
             return self._job.future.exception(wait)
         except FuturesTimeoutError:
@@ -185,7 +185,7 @@ class BackupHandle:
         except CancelledError:
             return self._cancelled_error()
 
-    def _refuse_to_wait(self, call: str, timeout: float | None) -> float | None:
+    def _wait_arg(self, call: str, timeout: float | None) -> float | None:
         """``timeout`` checked; a wait for a backup not done yet is refused on the thread inside the Vault's
         backup that it waits for: a SIGTERM handler's ``backup_async(...).result()`` hung there until SIGKILL."""
         wait = _timeout_arg(timeout)
@@ -243,6 +243,12 @@ def _timeout_arg(timeout: float | None) -> float | None:
 # ``AsyncShipper``'s ``refuse_wait``: called with the call's name and what to do instead before a wait that
 # only the worker can end; raises UsageError on a thread the worker waits for in turn (``Vault._writing``).
 RefuseWait = Callable[[str, str], None]
+
+
+def _never_refused(_call: str, _advice: str) -> None:
+    """The ``refuse_wait`` of a queue made without one (a watch's): no wait is refused."""
+
+
 WAIT_ADVICE = "raise SystemExit there (sys.exit(143)): the exit waits for what is queued (exit_timeout)"
 
 # The call (backup_async, ship_leftover_pins) this thread is inside, if any: see ``queueing``.
@@ -620,7 +626,7 @@ class AsyncShipper:
         self._retry_delay = retry_delay
         self._name = name
         self._log_failures = log_failures
-        self._refuse_wait = refuse_wait
+        self._refuse_wait: RefuseWait = refuse_wait or _never_refused
         self._cond = threading.Condition()
         self._pending: deque[BackupJob] = deque()
         self._running: BackupJob | None = None
@@ -795,7 +801,7 @@ class AsyncShipper:
                     dropped = droppable[0]
                     self._pending.remove(dropped)
                 else:
-                    self._refuse_to_wait(
+                    self._refuse_wait(
                         f"backup_async(on_full={on_full!r}) on a full queue",
                         "set a flag in the handler and queue it from the training loop, or raise SystemExit there "
                         "(sys.exit(143)): the exit ships what is already queued",
@@ -841,7 +847,7 @@ class AsyncShipper:
         if self.on_worker_thread():
             raise UsageError("flush() cannot be called from a backup's done-callback")
         if self.pending():  # the queued backups wait for the backup this thread is inside: so would the flush
-            self._refuse_to_wait("flush()", WAIT_ADVICE)
+            self._refuse_wait("flush()", WAIT_ADVICE)
         timeout = _timeout_arg(timeout)
         with self._cond:
             self._flushing += 1
@@ -859,10 +865,6 @@ class AsyncShipper:
                 log.error("%d queued backups failed since the last flush; raising the first", len(failures))
             raise failures[0]
 
-    def _refuse_to_wait(self, call: str, advice: str) -> None:
-        if self._refuse_wait is not None:
-            self._refuse_wait(call, advice)
-
     def _refuse_handle_wait(self, call: str, advice: str) -> None:
         """A handle's wait for a backup not done yet, refused where it would never end: on this queue's worker (a
         done-callback, which would run that backup once it returned) as inside the Vault's own backup."""
@@ -871,7 +873,7 @@ class AsyncShipper:
                 f"{call} was called from a backup's done-callback or callback, on the worker thread that would run "
                 "that backup; keep the handle and wait for it from your own code"
             )
-        self._refuse_to_wait(call, advice)
+        self._refuse_wait(call, advice)
 
     def wait_for_queued(self) -> None:
         """Wait until the backups queued now have ended (not those queued meanwhile: a trainer saving faster

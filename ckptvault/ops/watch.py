@@ -387,7 +387,7 @@ class Watcher:
 
     def _shipped_before(self, name: str, sig: pins.Signature) -> bool:
         """Whether the vault holds the checkpoint ``name`` with these files, or with these and more: what is left
-        of one shipped before, whose files its rotation has been deleting (as ``_changed`` takes it)."""
+        of one shipped before, whose files its rotation has been deleting (as ``_changed_since_shipped`` takes it)."""
         return self._shipped.holds(name, self._digest(sig)) or self._shipped.holds_what_is_left(name, sig, self._digest)
 
     def _scan(self, now: float) -> None:
