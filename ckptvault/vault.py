@@ -287,6 +287,12 @@ class Vault:
         return self._catalog.unreadable
 
     @property
+    def writing(self) -> bool:
+        """Whether a backup or copy into this Vault is being written now, on any thread: a handler that
+        ends the process at once (a second SIGTERM) says from it whether an upload was abandoned."""
+        return _held(self._backup_mutex)
+
+    @property
     def local_folder(self) -> str | None:
         """The vault's folder on this machine (None for remote storage): nothing is backed up into it."""
         return getattr(self._repo.store, "local_folder", None)

@@ -280,6 +280,21 @@ def test_a_second_signal_abandons_the_upload_at_once_and_a_restart_ships_everyth
     assert_each_shipped_once(repo, steps, "t")
 
 
+def test_a_second_signal_during_an_idle_grace_says_no_upload_was_abandoned(tmp_path, repo):
+    # nothing to ship: the grace only waits for a last save; "aborted during an upload" sent users looking for one
+    (tmp_path / "ckpts").mkdir()
+    watch = WatchProcess(str(tmp_path / "ckpts"), "--repo", repo, "--grace", "60")
+    watch.proc.send_signal(signal.SIGTERM)
+    watch.wait_for(lambda: any("again to abort" in line for line in watch.err), what="the first signal's notice")
+    time.sleep(SAME_SIGNAL_S)  # sooner, the same signal again is taken for the first one delivered twice
+    assert watch.finish(signal.SIGTERM) == 143, watch.err
+    aborted = [line for line in watch.err if line.startswith("error: ")]
+    assert aborted == [
+        "error: aborted by a second SIGTERM during the grace, with no upload in flight; "
+        "the checkpoints still pinned ship at the next start"
+    ], watch.err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["after-commit", "mid-upload"])
 def test_sigkill_at_any_moment_then_restart_gives_no_duplicate_and_no_gap(tmp_path, repo, kill_at):

@@ -112,9 +112,9 @@ def watch_cmd(
     stop = threading.Event()
     info, warn = _never_failing(out.info), _never_failing(out.warn)
 
-    on_signal = _StopOnSignal(stop, grace, info)
     events = _Events(json_out=json_out, quiet=quiet, warn=warn)
     with vault_args.open(out, writing=True) as vault:
+        on_signal = _StopOnSignal(stop, grace, info, uploading=lambda: vault.writing)
         # from here on: a Ctrl-C at the passphrase prompt (or while the vault opens) cancels as in backup, not
         # "stopping after the upload in flight" while the prompt waits on (ek44 #10)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -163,10 +163,13 @@ class _StopOnSignal:
     """The handler of SIGTERM and SIGINT: the first stops the watch (after the upload in flight, or once
     ``grace`` is over); another one aborts it."""
 
-    def __init__(self, stop: threading.Event, grace: float, info: Callable[[str], None]) -> None:
+    def __init__(
+        self, stop: threading.Event, grace: float, info: Callable[[str], None], *, uploading: Callable[[], bool]
+    ) -> None:
         self._stop = stop
         self._grace = grace
         self._info = info
+        self._uploading = uploading  # whether a snapshot is being written now (what an abort abandons)
         self._first: tuple[int, float] | None = None  # the first stopping signal, and when
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
@@ -174,7 +177,8 @@ class _StopOnSignal:
             # `timeout` signals the process and then its process group: one request, delivered twice
             first = self._first
             if not (first is not None and first[0] == signum and time.monotonic() - first[1] < SAME_SIGNAL_S):
-                _abort(143 if signum == signal.SIGTERM else 130)  # as the exit-code table has them
+                code = 143 if signum == signal.SIGTERM else 130  # as the exit-code table has them
+                _abort(code, self._abandoned(signal.Signals(signum).name))
             return
         self._first = (signum, time.monotonic())
         self._stop.set()
@@ -185,6 +189,14 @@ class _StopOnSignal:
             )
         else:
             self._info(f"{name}: stopping after the upload in flight (again to abort it)")
+
+    def _abandoned(self, name: str) -> str:
+        """What the abort ends: an upload, or (during the grace, or while the watch ends) only the waiting;
+        "aborted during an upload" with none in flight sent users looking for a torn snapshot (lo60 #1)."""
+        if self._uploading():
+            return "aborted during an upload (nothing partial was committed)"
+        during = "the grace" if self._grace else "stopping"
+        return f"aborted by a second {name} during {during}, with no upload in flight"
 
 
 class _Events:
@@ -275,17 +287,14 @@ def _never_failing(show: Callable[[str], None]) -> Callable[[str], None]:
     return say
 
 
-def _abort(code: int) -> None:
+def _abort(code: int, what: str) -> None:
     """A second signal: end now, without waiting for the upload in flight (a thread cannot be
     stopped, and unwinding would wait for it in ``Vault.close``). Nothing is lost: a snapshot is
     committed by its last write, so the abandoned one is either whole or absent, and every pin
     stays for the next start, which skips what was shipped. The vault's lock of this dead process
     is stale at once for commands on this host (its PID is gone), after the stale age elsewhere."""
     # os.write, no flush: the watch thread may hold a stream's lock, blocked on a pipe nobody reads
+    message = f"error: {what}; the checkpoints still pinned ship at the next start\n"
     with contextlib.suppress(OSError):
-        os.write(
-            2,
-            b"error: aborted during an upload; the checkpoints still pinned ship at the next start "
-            b"(nothing partial was committed)\n",
-        )
+        os.write(2, message.encode())
     os._exit(code)
