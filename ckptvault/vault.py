@@ -395,7 +395,8 @@ class Vault:
         ``retry_lock`` (seconds, or a timedelta): how long each operation keeps trying when another
         process holds a conflicting lock (a prune, or a backup while pruning), retrying after 1, 2,
         4 ... up to 30 s; 0 (the default) fails at once with VaultLockedError. ``backup_async``, the
-        callbacks and ``watch`` wait for a prune in their own way (up to an hour), which ``close`` ends."""
+        callbacks and ``watch`` wait for a prune in their own way (up to an hour, or ``retry_lock`` when
+        longer), which ``close`` ends."""
         wait = retry_lock_arg(retry_lock)
         vault = cls._open(
             url, storage_options_arg(storage_options), keyfile, passphrase, create, limit_upload, limit_download
@@ -1262,7 +1263,9 @@ class Vault:
 
     def _async_shipper(self) -> AsyncShipper:
         if self._shipper is None:
-            self._shipper = AsyncShipper(self._run_job, refuse_wait=self._refuse_inside_own_backup)
+            self._shipper = AsyncShipper(
+                self._run_job, refuse_wait=self._refuse_inside_own_backup, retry_lock=self._repo.locks.retry_for
+            )
         return self._shipper
 
     def _run_job(self, job: BackupJob) -> Snapshot:
@@ -1324,6 +1327,7 @@ class Vault:
             state_dir=folder_or_default_arg("state_dir", state_dir, "watch's state (pins, shipped list)"),
             once=once,
             grace=interval_arg("grace", grace),
+            retry_lock=self._repo.locks.retry_for,
         )
         user_tags = tags_arg(tags, stored=True)
         if stop is not None and not (callable(getattr(stop, "is_set", None)) and callable(getattr(stop, "wait", None))):

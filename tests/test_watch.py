@@ -295,6 +295,27 @@ def test_a_second_signal_during_an_idle_grace_says_no_upload_was_abandoned(tmp_p
     ], watch.err
 
 
+@pytest.mark.parametrize(("retry_lock", "patience"), [("5m", "60 min"), ("2h", "120 min")])
+def test_a_watch_stopped_while_waiting_for_a_prune_says_how_long_it_waited_not_a_commands_advice(
+    tmp_path, repo, retry_lock, patience
+):
+    """It said "for up to 60 min" with --retry-lock 2h (and gave up after an hour), and once stopped told the
+    user to give --retry-lock 30m, which it had been given, or which a watch ignored."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    with Vault.open(repo) as prune, prune._repo.locks.acquire(exclusive=True):  # a prune's lock, held here
+        watch = WatchProcess(str(ckpts), "--repo", repo, "--settle", "0.2", "--retry-lock", retry_lock)
+        publish(str(ckpts), 1, 4096)
+        watch.wait_for(lambda: any(" waits: " in line for line in watch.err), what="the wait for the lock")
+        assert watch.finish(signal.SIGTERM) == 11, watch.err
+    err = "\n".join(watch.err)
+    assert f"trying again in 2 s, for up to {patience}" in err, err
+    assert "--retry-lock 30m" not in err, err
+    assert re.search(
+        rf"error: vault .* is locked: .*; stopped after waiting [0-9.]+ s for it \(of up to {patience}\)$", err
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["after-commit", "mid-upload"])
 def test_sigkill_at_any_moment_then_restart_gives_no_duplicate_and_no_gap(tmp_path, repo, kill_at):

@@ -226,6 +226,14 @@ class _StoppedWaiting(Exception):
         self.cause = cause
 
 
+def _lock_wait_ended(exc: VaultLockedError, how: str) -> VaultLockedError:
+    """``exc`` ("vault X is locked: <holder>; <advice for a command>") as a job waiting by itself ends it:
+    the holder, then ``how`` it ended, instead of the advice for a command."""
+    ended = VaultLockedError(f"{str(exc).split('; ', 1)[0]}; {how}")
+    ended.held_since = exc.held_since
+    return ended
+
+
 def _pins_folders(jobs: list[BackupJob]) -> list[str]:
     return sorted({os.path.dirname(p.root) for j in jobs for p in j.pins})
 
@@ -616,6 +624,7 @@ class AsyncShipper:
         name: str = "ckptvault-async",
         log_failures: bool = True,  # False: the caller reports each job's failure itself (watch)
         refuse_wait: RefuseWait | None = None,  # the Vault's: no wait for the worker inside its backup
+        retry_lock: float = 0.0,  # the Vault's: a job waits for another process's lock this long when over an hour
     ) -> None:
         if max_pending is not None and max_pending < 1:
             raise UsageError(f"max_pending {max_pending} must be at least 1")
@@ -627,6 +636,7 @@ class AsyncShipper:
         self._name = name
         self._log_failures = log_failures
         self._refuse_wait: RefuseWait = refuse_wait or _never_refused
+        self._retry_lock = retry_lock
         self._cond = threading.Condition()
         self._pending: deque[BackupJob] = deque()
         self._running: BackupJob | None = None
@@ -1109,22 +1119,28 @@ class AsyncShipper:
                 # sidecar) ends the wait, and the job fails with its pins kept for the next run
                 now = time.monotonic()
                 locked_since = now if locked_since is None else locked_since
-                if now - locked_since >= LOCK_PATIENCE_S:
-                    raise
+                if now - locked_since >= self._lock_patience():
+                    longer = spelled("--retry-lock", "Vault.open(retry_lock=...)")
+                    gave_up = f"gave up waiting after {self._patience_said()} ({longer} longer than that waits longer)"
+                    raise _lock_wait_ended(exc, gave_up) from None
                 delay = min(LOCK_RETRY_MAX_S, self._retry_delay * 2 ** min(lock_waits, 8))
                 lock_waits += 1
                 # said once per backup, without the advice for a command a user runs (retry_lock, unlock):
                 # this backup waits by itself, and a prune running beside training is no stale lock (tr43)
                 retry_log.log(
                     logging.WARNING if lock_waits == 1 else logging.DEBUG,
-                    "async backup of %s waits: %s; trying again in %.0f s, for up to %.0f min",
+                    "async backup of %s waits: %s; trying again in %.0f s, for up to %s",
                     job.describe(),
                     str(exc).split("; ", 1)[0],
                     delay,
-                    LOCK_PATIENCE_S / 60,
+                    self._patience_said(),
                 )
                 if self._stopping.wait(delay):
-                    raise _StoppedWaiting(exc) from None
+                    # the advice for a command ("with --retry-lock 30m a command waits") is wrong here: this
+                    # job was waiting by itself, and a stop (SIGTERM to a watch, a cancelling close) ended it
+                    waited = f"{format_seconds(time.monotonic() - locked_since)} s"
+                    said = f"stopped after waiting {waited} for it (of up to {self._patience_said()})"
+                    raise _StoppedWaiting(_lock_wait_ended(exc, said)) from None
             except StorageError as exc:
                 if not exc.retryable or attempt >= self._retries:
                     raise
@@ -1135,6 +1151,14 @@ class AsyncShipper:
                 retry_log.warning("async backup of %s: %s; retrying in %.0f s", job.describe(), exc, delay)
                 if self._stopping.wait(delay):  # as for a lock: a close that cancels ends the wait
                     raise _StoppedWaiting(exc) from None
+
+    def _lock_patience(self) -> float:
+        """How long a job waits for another process's lock: an hour (maintenance never costs a checkpoint), or
+        longer when the Vault was opened with a longer ``retry_lock`` (a prune known to take longer)."""
+        return max(LOCK_PATIENCE_S, self._retry_lock)
+
+    def _patience_said(self) -> str:
+        return f"{self._lock_patience() / 60:.0f} min"
 
     @staticmethod
     def _release(job: BackupJob) -> None:

@@ -270,7 +270,12 @@ class Watcher:
                 self._on_warning(warning)
             # exit_timeout=0: after a second SIGTERM/Ctrl-C the process exits without waiting for the upload
             shipper = AsyncShipper(
-                self._ship, max_pending=None, exit_timeout=0.0, name="ckptvault-watch", log_failures=False
+                self._ship,
+                max_pending=None,
+                exit_timeout=0.0,
+                name="ckptvault-watch",
+                log_failures=False,
+                retry_lock=self.options.retry_lock,
             )  # each failure is reported by _collect, with what happens next
             try:
                 if self.options.once:

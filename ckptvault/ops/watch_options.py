@@ -25,6 +25,7 @@ class WatchOptions:
     state_dir: str | None = None  # default: <folder>/.ckptvault-watch (same filesystem)
     once: bool = False
     grace: float = 0.0  # once stopped: seconds to go on shipping what is pinned and what the trainer still saves
+    retry_lock: float = 0.0  # the Vault's: a backup waits this long for a prune's lock when over an hour
 
 
 @dataclass(frozen=True)
