@@ -596,6 +596,17 @@ def test_an_option_s_name_given_with_equals_is_its_value(cli, tmp_path: Path):
     assert json.loads(cli("snapshots", "latest", "--json", "--repo", repo).stdout)[0]["description"] == "--json"
 
 
+@pytest.mark.parametrize("others", [(), ("--include", "f")], ids=["alone", "beside-a-glob"])
+def test_an_empty_include_is_refused_as_an_unset_variable_not_as_matching_nothing(cli, tmp_path: Path, others):
+    """`restore --include "$PATTERN"` with the variable unset said "--include '' matched no path" (or, beside
+    another glob, restored that one with a warning), where `-e ''` names the empty pattern itself."""
+    repo = one_file_vault(cli, tmp_path)
+    proc = cli("restore", "latest", str(tmp_path / "out"), "--include", "", *others, "--repo", repo, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "--include pattern '' is empty (is a variable unset?)" in one_line_error(proc), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_error_tree_in_the_docs_names_every_error_and_its_exit_code():
     """The tree in ckptvault/errors.py is how a user (and a script) learns the exit codes; five classes
     added after it was drawn were missing from it."""

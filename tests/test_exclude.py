@@ -68,7 +68,7 @@ def test_several_sources_and_a_file_source_are_matched_by_their_names(tmp_path, 
 def test_bad_patterns_and_excluding_everything_are_one_line_errors_and_write_nothing(tmp_path, repo_url, vault, cli):
     src = checkpoint(tmp_path / "ckpt")
     for pattern, said in [
-        ("", "--exclude pattern '' names no file"),
+        ("", "--exclude pattern '' is empty (is a variable unset?)"),
         (".", "--exclude pattern '.' names no file"),
         ("*", "--exclude '*' leaves no file of"),
     ]:

@@ -164,6 +164,12 @@ def select_entries(
     CLI prints a warning naming it, the API returns it in ``RestoreResult.unmatched_globs``."""
     if not include:
         return list(tree), ()
+    if blank := [pat for pat in include if not pat.strip()]:
+        # --include "$PATTERN" with the variable unset: not "matched no path", as if the snapshot lacked it
+        raise UsageError(
+            f"{spelled('--include', 'include')} pattern {blank[0]!r} is empty (is a variable unset?); give a glob "
+            "of paths from the snapshot's root (e.g. 'model/*.bin'), or leave it out to restore everything"
+        )
     chosen: set[str] = set()
     as_stored = {pat: posixpath.normpath(pat).lstrip("/") for pat in include}  # "./model/*" is "model/*"
     unmatched = _choose(tree, as_stored, chosen)

@@ -105,6 +105,8 @@ def _rules(pattern: str) -> list[ExcludeRule]:
     parts = [part for part in body.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise refuse("holds '..'; patterns match paths inside the backup")
+    if not pattern.strip():  # -e "$PATTERN" with the variable unset
+        raise refuse("is empty (is a variable unset?)")
     if not parts or not "".join(parts).strip():
         raise refuse("names no file")
     glob, dirs_only = "/".join(parts), pattern.endswith("/")
