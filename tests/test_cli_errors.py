@@ -596,7 +596,7 @@ def test_an_option_s_name_given_with_equals_is_its_value(cli, tmp_path: Path):
     assert json.loads(cli("snapshots", "latest", "--json", "--repo", repo).stdout)[0]["description"] == "--json"
 
 
-@pytest.mark.parametrize("others", [(), ("--include", "f")], ids=["alone", "beside-a-glob"])
+@pytest.mark.parametrize("others", [(), ("--include", "w.bin")], ids=["alone", "beside-a-glob"])
 def test_an_empty_include_is_refused_as_an_unset_variable_not_as_matching_nothing(cli, tmp_path: Path, others):
     """`restore --include "$PATTERN"` with the variable unset said "--include '' matched no path" (or, beside
     another glob, restored that one with a warning), where `-e ''` names the empty pattern itself."""
