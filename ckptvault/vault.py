@@ -92,7 +92,7 @@ from .ops.copy_session import copy_listed, finish_copy, refuse_decrypting
 from .ops.drill import DrillReport, run_drill
 from .ops.file_stream import FileChunks, read_whole
 from .ops.inspect import FileContents, FileUsage, SnapshotDiff, diff_trees, file_usage, show_file
-from .ops.leftover_pins import pins_folder, say_other_vaults
+from .ops.leftover_pins import pins_folder, say_other_vaults, say_watch_pins, watch_state_folder
 from .ops.open_or_create import deriving_ahead, open_existing, open_race_winner, say_created
 from .ops.progress import Progress
 from .ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult, run_forget, run_prune
@@ -1168,7 +1168,9 @@ class Vault:
         return shipper.submit(job, on_full=on_full)
 
     @_open_only
-    def ship_leftover_pins(self, folder: PathLike, *, timeout: float | None = None) -> list[Snapshot]:
+    def ship_leftover_pins(
+        self, folder: PathLike, *, timeout: float | None = None, state_dir: PathLike | None = None
+    ) -> list[Snapshot]:
         """Ship what a process that died left pinned in ``folder`` (the folder its checkpoints were saved
         in, which holds ``.ckptvault-pins``, or that pins folder itself), and wait for it: on a restart on
         the same disk, call it before ``restore_latest``, so that the newest save of the run that died is
@@ -1176,9 +1178,12 @@ class Vault:
         becomes ``latest`` over the resumed run's newer saves). Returns the snapshots, oldest first;
         raises the first failure, or FlushTimeoutError after ``timeout`` seconds. A wait cut short (the
         timeout, Ctrl-C) ships no more of them: the one under way goes on, the others stay pinned for the
-        next call."""
+        next call. The pins a dead ``watch`` sidecar left are not shipped here (a watch ships them, with its
+        record of what shipped) but named in a warning with the call that ships them: those in ``folder``'s
+        ``.ckptvault-watch``, and, given ``state_dir`` (the watch's own ``state_dir``), those there."""
         folder = path_arg("folder", folder)
         timeout = seconds_arg(spelled("--timeout", "timeout"), timeout)
+        state = watch_state_folder(None if state_dir is None else path_arg("state_dir", state_dir))
         pins = pins_folder(folder, self._warn)
         self._refuse_forked_mid_write()  # before taking the pins over
         self._refuse_inside_own_backup("ship_leftover_pins()", "call it once this backup has returned")
@@ -1187,6 +1192,7 @@ class Vault:
             jobs = leftover_jobs([pins], self.config.repo_id)
         shipped = ship_leftovers(shipper, jobs, folder, pins, timeout)
         say_other_vaults(pins, folder, self.config.repo_id, self._warn)
+        say_watch_pins(folder, state, self._warn)
         return shipped
 
     @_open_only

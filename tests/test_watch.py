@@ -540,6 +540,48 @@ def test_ship_pins_names_a_dead_watchers_pins_not_a_live_ones(tmp_path, repo, cl
     assert "holds 1 checkpoint a watch sidecar pinned" in dead.stderr.decode(), dead.stderr
 
 
+def test_ship_pins_state_dir_names_a_dead_watchers_pins_kept_outside_the_folder(tmp_path, repo, cli):
+    """A watch given --state-dir, SIGKILLed while it held a pin: `ship-pins DIR` said "nothing left pinned
+    in DIR" (exit 0), and a restart script following training.md resumed without that save (sp60). It now
+    says where it looked and to give the watch's --state-dir; given it, it names the pin and the command
+    that ships it, and so does the API's ship_leftover_pins(state_dir=...)."""
+    ckpts, state = tmp_path / "ckpts", tmp_path / "watch-state"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--tag", "run=s", "--settle", "30", "--state-dir", str(state))
+    publish_checkpoint(ckpts, "step_4", 4)
+    watch.wait_for(lambda: "step_4" in pinned_names(state / "pins"), what="the pin")
+    watch.proc.send_signal(signal.SIGKILL)
+    watch.proc.wait(30)
+    plain = cli("ship-pins", str(ckpts), "--repo", repo)
+    assert plain.returncode == 0, plain.stderr
+    assert "a watch started with --state-dir keeps its pins there: give ship-pins the same --state-dir" in (
+        plain.stdout.decode()
+    ), plain.stdout
+    given = cli("ship-pins", str(ckpts), "--repo", repo, "--state-dir", str(state))
+    assert given.returncode == 0, given.stderr
+    said = f"{state} holds 1 checkpoint a watch sidecar pinned; ship them with: ckptvault watch --repo {repo} "
+    assert said + f"{ckpts} --once --state-dir {state}" in given.stderr.decode(), given.stderr
+    with Vault.open(repo) as vault:
+        warned: list[str] = []
+        vault.on_warning = warned.append
+        assert vault.ship_leftover_pins(ckpts, state_dir=state) == []
+        assert any(f"vault.watch({str(ckpts)!r}, once=True, state_dir={str(state)!r})" in w for w in warned), warned
+    missing = cli("ship-pins", str(ckpts), "--repo", repo, "--state-dir", str(tmp_path / "typo"), check=False)
+    assert missing.returncode == 3, missing.stderr
+    assert "no such directory (give the --state-dir the watch sidecar was started with)" in missing.stderr.decode()
+    # the command named ships it, under the tags it was pinned with
+    shipped = subprocess.run(
+        [sys.executable, "-m", "ckptvault", "watch", str(ckpts), "--repo", repo, "--once", "--state-dir", str(state)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert shipped.returncode == 0, shipped.stderr
+    with Vault.open(repo) as vault:
+        (snap,) = vault.snapshots({"run": "s"})
+        assert snap.tags["step"] == "4"
+
+
 def test_a_pin_record_the_disk_refuses_to_update_does_not_stop_the_watch(tmp_path, repo, monkeypatch):
     """Recording that a pin settled raised ENOSPC out of the look, and the sidecar died with an internal
     error on the full disk it is built to survive (rv47 H2)."""

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shlex
 from typing import Annotated
 
 import typer
 
-from ..ops.names import WATCH_STATE_FOLDER
-from ..ops.watch_lock import pins_of_a_stopped_watcher
+from ..ops.names import PIN_FOLDER, WATCH_STATE_FOLDER
 from ..snapshot.model import format_tags
 from ..units import counted
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, VaultArgs, app, command, vault_options
@@ -35,32 +32,42 @@ def ship_pins_cmd(
             "pinned for the next run (default: none).",
         ),
     ] = None,
+    state_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--state-dir",
+            metavar="DIR",
+            help="The --state-dir a watch sidecar of FOLDER was started with: its pins there are named too "
+            "(default: FOLDER's .ckptvault-watch only).",
+        ),
+    ] = None,
     vault_args: VaultArgs = NO_VAULT_ARGS,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Ship the checkpoints a trainer that died left pinned (backup_async's pins), and wait for them.
     On a restart on the same disk, run it before `restore latest`: the dead run's newest save is then
-    in the vault when the resume picks one."""
+    in the vault when the resume picks one. A dead watch sidecar's pins are named, with the command
+    that ships them."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out, writes=True) as vault:
-        shipped = vault.ship_leftover_pins(folder, timeout=timeout)
+        shipped = vault.ship_leftover_pins(folder, timeout=timeout, state_dir=state_dir)
     for snap in shipped:
         out.info(f"shipped snapshot {snap.short_id} ({format_tags(snap.tags) or 'no tags'}): {snap.description}")
-    _say_watch_pins(out, folder)
     out.result(
-        {"folder": folder, "snapshots": shipped},
+        {"folder": folder, "state_dir": state_dir, "snapshots": shipped},
         f"{counted(len(shipped), 'checkpoint')} left pinned in {folder} shipped"
         if shipped
-        else f"nothing left pinned in {folder}",
+        else f"nothing left pinned in {folder} ({_looked_in(folder, state_dir)})",
     )
 
 
-def _say_watch_pins(out: Output, folder: str) -> None:
-    """The watch sidecar's pins are not backup_async's: a restart's `ship-pins` then `restore latest` took
-    "nothing left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6)."""
-    if held := pins_of_a_stopped_watcher(folder):
-        out.warn(
-            f"{os.path.join(folder, WATCH_STATE_FOLDER)} holds {counted(held, 'checkpoint')} a watch sidecar "
-            f"pinned; ship them with: ckptvault watch {shlex.quote(folder)} --once"
-        )
+def _looked_in(folder: str, state_dir: str | None) -> str:
+    """Where ship-pins looked: a watch given --state-dir keeps its pins outside FOLDER, and a restart that
+    heard "nothing left pinned" resumed without the dead watcher's newest save (sp60)."""
+    if state_dir is not None:
+        return f"looked in its {PIN_FOLDER} and {WATCH_STATE_FOLDER}, and in {state_dir}"
+    return (
+        f"looked in its {PIN_FOLDER} and {WATCH_STATE_FOLDER}; a watch started with --state-dir keeps its pins "
+        "there: give ship-pins the same --state-dir"
+    )

@@ -35,8 +35,9 @@ from ..errors import SourceError, spelled
 from ..localtree import remove_tree
 from ..repository.locks import pid_alive, process_table
 from . import pin as pins
-from .names import PIN_FOLDER
+from .names import PIN_FOLDER, WATCH_STATE_FOLDER
 from .pin import Pin
+from .watch_lock import pins_of_a_stopped_watcher
 
 JOB_KEY = "job"
 OWNER_KEY = "owner"
@@ -367,6 +368,52 @@ def say_other_vaults(staging: str, folder: str, vault_id: str, warn: Callable[[s
                 f"call ship_leftover_pins({folder!r}) on a Vault of that vault",
             )
         )
+
+
+def watch_state_folder(state_dir: str | None) -> str | None:
+    """The watch's ``--state-dir`` that ``ship_leftover_pins`` is to look in too. A missing one is refused:
+    a mistyped one would find nothing, and the resume go on from an older save."""
+    if state_dir is None:
+        return None
+    if not os.path.isdir(state_dir):
+        what = "a file, not a folder" if os.path.lexists(state_dir) else "no such directory"
+        option = spelled("--state-dir", "state_dir")
+        raise SourceError(state_dir or '""', what, f"give the {option} the watch sidecar was started with")
+    return state_dir
+
+
+def say_watch_pins(folder: str, state_dir: str | None, warn: Callable[[str], None]) -> int:
+    """Name the pins a dead watch sidecar of ``folder`` left, in the folder's own state folder and in its
+    ``--state-dir`` ``state_dir``: they are not backup_async's, and only a watch ships them (with their
+    records of what shipped). A restart's ``ship-pins`` then ``restore latest`` otherwise took "nothing
+    left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6, sp60).
+    Returns how many."""
+    own = os.path.join(folder, WATCH_STATE_FOLDER)
+    places: list[tuple[str, str | None]] = [(own, None)]
+    if state_dir is not None and not _same_folder(state_dir, own):
+        places.append((state_dir, state_dir))
+    counted = 0
+    for where, given in places:
+        held = pins_of_a_stopped_watcher(folder, given)
+        if held:
+            option = f" --state-dir {shlex.quote(given)}" if given else ""
+            keyword = f", state_dir={given!r}" if given else ""
+            warn(
+                f"{where} holds {held} checkpoint{'' if held == 1 else 's'} a watch sidecar pinned; ship them with: "
+                + spelled(
+                    f"ckptvault watch {shlex.quote(folder)} --once{option}",
+                    f"vault.watch({folder!r}, once=True{keyword})",
+                )
+            )
+        counted += held
+    return counted
+
+
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _lists_anything(folder: str) -> bool:

@@ -9,6 +9,7 @@ import time
 from typing import NoReturn
 
 from ..errors import WatchLockedError, spelled
+from . import pin as pins
 from .names import WATCH_STATE_FOLDER
 from .pin import META
 
@@ -108,13 +109,17 @@ def _is(path: str, fd: int) -> bool:
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
-def pins_of_a_stopped_watcher(directory: str) -> int:
-    """How many pins a watcher of ``directory`` left in its own state folder, none while one runs there
-    (it ships them itself)."""
-    state = os.path.join(directory, WATCH_STATE_FOLDER)
+def pins_of_a_stopped_watcher(directory: str, state_dir: str | None = None) -> int:
+    """How many pins a watcher of ``directory`` left in its state folder (``state_dir``, the watch's
+    ``--state-dir``, else the folder's own ``.ckptvault-watch``), none while one runs there (it ships them
+    itself). In a state folder outside ``directory`` only the pins of its checkpoints count: a watch of
+    another folder may have shared it, and ships its own."""
+    state = state_dir or os.path.join(directory, WATCH_STATE_FOLDER)
+    outside = os.path.dirname(os.path.abspath(state)) != os.path.abspath(directory)
     try:
         held = sum(
-            os.path.exists(os.path.join(state, "pins", pin, META)) for pin in os.listdir(os.path.join(state, "pins"))
+            _pinned_from(os.path.join(state, "pins", pin), directory if outside else None)
+            for pin in os.listdir(os.path.join(state, "pins"))
         )
         fd = os.open(os.path.join(state, "lock"), os.O_RDONLY)
     except OSError:
@@ -126,3 +131,16 @@ def pins_of_a_stopped_watcher(directory: str) -> int:
     finally:
         os.close(fd)
     return held
+
+
+def _pinned_from(root: str, directory: str | None) -> bool:
+    """Whether ``root`` is a whole pin (its metadata written), of a checkpoint in ``directory`` if given."""
+    if directory is None:
+        return os.path.exists(os.path.join(root, META))
+    loaded = pins.read(root)
+    if loaded is None:
+        return False
+    try:
+        return os.path.samefile(os.path.dirname(loaded[0].source), directory)
+    except OSError:  # the folder was deleted and made again, or moved: its path still names it
+        return os.path.dirname(loaded[0].source) == os.path.abspath(directory)
