@@ -4,9 +4,12 @@ from __future__ import annotations
 
 
 def format_bytes(n: float) -> str:
+    """Decimal units (1 KB = 1,000 bytes, 1 MB = 10^6), as docs/usage.md says: "1.23 KB", "999 B"."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        shown = f"{n:.0f}" if unit == "B" else f"{n:.2f}"
+        # the unit is chosen by the figure as shown: 999,999 bytes round to "1.00 MB", not "1000.00 KB"
+        if abs(float(shown)) < 1000 or unit == "TB":
+            return f"{shown} {unit}"
         n /= 1000
     return f"{n} B"  # pragma: no cover
 

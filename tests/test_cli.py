@@ -560,6 +560,24 @@ def test_small_rates_are_not_zero():
     assert format_rate(10, 0.0) == "0 B/s"
 
 
+def test_a_size_just_under_a_unit_is_shown_in_the_next_unit(cli, tmp_path: Path):
+    """A file of 999,999 bytes was listed as "1000.00 KB" (and restored as "1000.00 KB written"): the unit
+    was chosen before the figure was rounded to two decimals. It reads "1.00 MB" now."""
+    from ckptvault.units import format_bytes
+
+    src, repo = tmp_path / "src", str(tmp_path / "repo")
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(999_999))
+    cli("init", repo)
+    cli("backup", str(src), "--repo", repo)
+    listing = cli("ls", "latest", "--repo", repo).stdout.decode()
+    assert "1.00 MB" in listing and "1000.00" not in listing
+    restored = cli("restore", "latest", str(tmp_path / "out"), "--repo", repo).stdout.decode()
+    assert "1.00 MB written" in restored
+    shown = [format_bytes(n) for n in (999, 999_994, 999_995, 999_999_999)]
+    assert shown == ["999 B", "999.99 KB", "1.00 MB", "1.00 GB"]
+
+
 def test_json_output_of_a_name_that_is_not_utf8_is_strict_json(cli, tmp_path: Path):
     src, repo = tmp_path / "src", str(tmp_path / "repo")
     src.mkdir()
