@@ -26,6 +26,7 @@ import pytest
 from ckptvault import Vault
 from ckptvault.cli.cmd_watch import SAME_SIGNAL_S
 from ckptvault.errors import UsageError
+from ckptvault.ops.names import PIN_FOLDER
 from tests.conftest import DEEP, deep_tree
 from tests.support.races import at_file_linked
 from tests.support.rotating_writer import expected_files, publish
@@ -580,6 +581,23 @@ def test_ship_pins_state_dir_names_a_dead_watchers_pins_kept_outside_the_folder(
     with Vault.open(repo) as vault:
         (snap,) = vault.snapshots({"run": "s"})
         assert snap.tags["step"] == "4"
+
+
+def test_ship_pins_given_the_pins_folder_itself_names_a_dead_watchers_pins_too(tmp_path, repo, cli):
+    """ship-pins takes FOLDER or its .ckptvault-pins; given the latter, the dead watcher's pins (in --state-dir,
+    or in FOLDER's .ckptvault-watch) were looked for under .ckptvault-pins and never found: "nothing left
+    pinned" without a warning, and the resume went on from an older save (rv61)."""
+    ckpts, state = tmp_path / "ckpts", tmp_path / "watch-state"
+    ckpts.mkdir()
+    watch = WatchProcess(str(ckpts), "--repo", repo, "--settle", "30", "--state-dir", str(state))
+    publish_checkpoint(ckpts, "step_4", 4)
+    watch.wait_for(lambda: "step_4" in pinned_names(state / "pins"), what="the pin")
+    watch.proc.send_signal(signal.SIGKILL)
+    watch.proc.wait(30)
+    (ckpts / PIN_FOLDER).mkdir()  # a backup_async run beside it left its (empty) pins folder
+    given = cli("ship-pins", str(ckpts / PIN_FOLDER), "--repo", repo, "--state-dir", str(state))
+    said = f"{state} holds 1 checkpoint a watch sidecar pinned; ship them with: ckptvault watch --repo {repo} "
+    assert said + f"{ckpts} --once --state-dir {state}" in given.stderr.decode(), given.stderr
 
 
 def test_a_pin_record_the_disk_refuses_to_update_does_not_stop_the_watch(tmp_path, repo, monkeypatch):

@@ -388,6 +388,10 @@ def say_watch_pins(folder: str, state_dir: str | None, warn: Callable[[str], Non
     records of what shipped). A restart's ``ship-pins`` then ``restore latest`` otherwise took "nothing
     left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6, sp60).
     Returns how many."""
+    if os.path.basename(os.path.abspath(folder)) == PIN_FOLDER:
+        # the pins folder itself given (as ship_leftover_pins takes it): the watch's folder is the one above it,
+        # and a watch's pins kept in --state-dir were otherwise passed over in silence
+        folder = os.path.dirname(os.path.abspath(folder))
     own = os.path.join(folder, WATCH_STATE_FOLDER)
     places: list[tuple[str, str | None]] = [(own, None)]
     if state_dir is not None and not _same_folder(state_dir, own):
