@@ -863,3 +863,33 @@ def test_a_vault_sent_to_a_spawned_process_says_to_open_one_there(vault):
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool, pytest.raises(TypeError, match=r"Vault\.open\("):
         pool.apply(len, ([vault],))
+
+
+def test_writing_is_true_while_a_backup_or_copy_runs_on_any_thread(vault, tmp_path):
+    """``Vault.writing`` (what watch's second signal tells an abandoned upload by) as docs/usage.md gives it:
+    True inside a backup and a copy, seen from their own thread and from another one."""
+    seen: list[tuple[bool, bool]] = []
+
+    class Look:
+        def __init__(self, into: Vault) -> None:
+            self.into = into
+
+        def start(self, total_bytes: int, total_files: int) -> None:
+            elsewhere: list[bool] = []
+            other = threading.Thread(target=lambda: elsewhere.append(self.into.writing))
+            other.start()
+            other.join()
+            seen.append((self.into.writing, elsewhere[0]))
+
+        def advance(self, nbytes: int) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    assert vault.writing is False
+    vault.backup(make_checkpoint(tmp_path / "a", 1), on_progress=Look(vault))
+    assert seen == [(True, True)] and vault.writing is False
+    with Vault.init(str(tmp_path / "copy")) as other:
+        other.copy_from(vault, on_progress=Look(other))
+        assert seen[1:] == [(True, True)] and other.writing is False
