@@ -34,6 +34,7 @@ from typing import Literal
 from ..errors import SourceError, spelled
 from ..localtree import remove_tree
 from ..repository.locks import pid_alive, process_table
+from ..units import counted
 from . import pin as pins
 from .names import PIN_FOLDER, WATCH_STATE_FOLDER
 from .pin import Pin
@@ -382,12 +383,11 @@ def watch_state_folder(state_dir: str | None) -> str | None:
     return state_dir
 
 
-def say_watch_pins(folder: str, state_dir: str | None, warn: Callable[[str], None]) -> int:
+def say_watch_pins(folder: str, state_dir: str | None, warn: Callable[[str], None]) -> None:
     """Name the pins a dead watch sidecar of ``folder`` left, in the folder's own state folder and in its
     ``--state-dir`` ``state_dir``: they are not backup_async's, and only a watch ships them (with their
     records of what shipped). A restart's ``ship-pins`` then ``restore latest`` otherwise took "nothing
-    left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6, sp60).
-    Returns how many."""
+    left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6, sp60)."""
     if os.path.basename(os.path.abspath(folder)) == PIN_FOLDER:
         # the pins folder itself given (as ship_leftover_pins takes it): the watch's folder is the one above it,
         # and a watch's pins kept in --state-dir were otherwise passed over in silence
@@ -396,21 +396,18 @@ def say_watch_pins(folder: str, state_dir: str | None, warn: Callable[[str], Non
     places: list[tuple[str, str | None]] = [(own, None)]
     if state_dir is not None and not _same_folder(state_dir, own):
         places.append((state_dir, state_dir))
-    counted = 0
     for where, given in places:
         held = pins_of_a_stopped_watcher(folder, given)
         if held:
             option = f" --state-dir {shlex.quote(given)}" if given else ""
             keyword = f", state_dir={given!r}" if given else ""
             warn(
-                f"{where} holds {held} checkpoint{'' if held == 1 else 's'} a watch sidecar pinned; ship them with: "
+                f"{where} holds {counted(held, 'checkpoint')} a watch sidecar pinned; ship them with: "
                 + spelled(
                     f"ckptvault watch {shlex.quote(folder)} --once{option}",
                     f"vault.watch({folder!r}, once=True{keyword})",
                 )
             )
-        counted += held
-    return counted
 
 
 def _same_folder(a: str, b: str) -> bool:
