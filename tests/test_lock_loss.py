@@ -60,12 +60,17 @@ def wait_stopped(proc: subprocess.Popen, marker: Path) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"exited {proc.returncode} before stopping: {proc.stderr.read().decode()}")
-        if marker.exists():
-            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state == "T":
-                return
+        if marker.exists() and all(thread_state(task) == "T" for task in Path(f"/proc/{proc.pid}/task").iterdir()):
+            return
         time.sleep(0.02)
     raise AssertionError("the process never stopped")
+
+
+def thread_state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # a thread that ended
+        return "T"
 
 
 def wait_until_stale() -> None:

@@ -53,7 +53,10 @@ def _stop_here() -> None:
         return
     if MARKER:
         Path(MARKER).write_text(str(os.getpid()))
-    os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, its lock refresh thread included
+    # The whole process stops, its lock refresh thread included. Sent to this thread, the stop takes it before
+    # the call returns; sent to the process, the kernel woke another thread to act on it and this one ran on
+    # meanwhile, under load past the next delete's lock check (a CI run: a second pack deleted after the stop).
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     _resumed.set()
 
 
