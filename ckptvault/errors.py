@@ -35,7 +35,8 @@ that says what went wrong and what to do; ``exit_code`` is what the CLI exits wi
     │       └── CopyNeedsUpgradeError  17   ... all of them because a newer ckptvault wrote them
     ├── ConfigDowngradedError          30   the config says unencrypted, the objects are encrypted
     ├── UnsafePathError                31   a manifest entry would escape the target
-    ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot
+    ├── NotBackedUpError               40   status: a local checkpoint has no durable snapshot; ship-pins: a dead
+    │                                           watch sidecar's pins are left
     ├── DrillFailedError               41   drill: a restored file could not be loaded
     ├── BackupSupersededError           1   backup_async: dropped for a newer one (queue full)
     ├── BackupCancelledError            1   backup_async: cancelled before it started (cancel(), close cut short)

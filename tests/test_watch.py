@@ -537,8 +537,14 @@ def test_ship_pins_names_a_dead_watchers_pins_not_a_live_ones(tmp_path, repo, cl
     assert "a watch sidecar pinned" not in live.stderr.decode(), live.stderr
     watch.proc.kill()
     watch.proc.wait(30)
-    dead = cli("ship-pins", str(ckpts), "--repo", repo)
+    dead = cli("ship-pins", str(ckpts), "--repo", repo, check=False)
     assert "holds 1 checkpoint a watch sidecar pinned" in dead.stderr.decode(), dead.stderr
+    # not "nothing left pinned" and exit 0: a restart script would resume from an older save (rv61)
+    assert dead.returncode == 40 and b"nothing left pinned" not in dead.stdout, (dead.stdout, dead.stderr)
+    assert dead.stderr.decode().splitlines()[-1] == (
+        "error: 1 checkpoint a watch sidecar that stopped pinned is not shipped (ship-pins ships backup_async's "
+        f"pins): run ckptvault watch --repo {repo} {ckpts} --once before resuming from the vault"
+    ), dead.stderr
 
 
 def test_ship_pins_state_dir_names_a_dead_watchers_pins_kept_outside_the_folder(tmp_path, repo, cli):
@@ -558,8 +564,8 @@ def test_ship_pins_state_dir_names_a_dead_watchers_pins_kept_outside_the_folder(
     assert "a watch started with --state-dir keeps its pins there: give ship-pins the same --state-dir" in (
         plain.stdout.decode()
     ), plain.stdout
-    given = cli("ship-pins", str(ckpts), "--repo", repo, "--state-dir", str(state))
-    assert given.returncode == 0, given.stderr
+    given = cli("ship-pins", str(ckpts), "--repo", repo, "--state-dir", str(state), check=False)
+    assert given.returncode == 40, given.stderr
     said = f"{state} holds 1 checkpoint a watch sidecar pinned; ship them with: ckptvault watch --repo {repo} "
     assert said + f"{ckpts} --once --state-dir {state}" in given.stderr.decode(), given.stderr
     with Vault.open(repo) as vault:
@@ -595,7 +601,8 @@ def test_ship_pins_given_the_pins_folder_itself_names_a_dead_watchers_pins_too(t
     watch.proc.send_signal(signal.SIGKILL)
     watch.proc.wait(30)
     (ckpts / PIN_FOLDER).mkdir()  # a backup_async run beside it left its (empty) pins folder
-    given = cli("ship-pins", str(ckpts / PIN_FOLDER), "--repo", repo, "--state-dir", str(state))
+    given = cli("ship-pins", str(ckpts / PIN_FOLDER), "--repo", repo, "--state-dir", str(state), check=False)
+    assert given.returncode == 40, given.stderr
     said = f"{state} holds 1 checkpoint a watch sidecar pinned; ship them with: ckptvault watch --repo {repo} "
     assert said + f"{ckpts} --once --state-dir {state}" in given.stderr.decode(), given.stderr
 

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from ..errors import NotBackedUpError
+from ..ops.leftover_pins import watch_command, watch_pins_left
 from ..ops.names import PIN_FOLDER, WATCH_STATE_FOLDER
 from ..snapshot.model import format_tags
 from ..units import counted
@@ -48,12 +50,21 @@ def ship_pins_cmd(
     """Ship the checkpoints a trainer that died left pinned (backup_async's pins), and wait for them.
     On a restart on the same disk, run it before `restore latest`: the dead run's newest save is then
     in the vault when the resume picks one. A dead watch sidecar's pins are named, with the command
-    that ships them."""
+    that ships them, and the command exits 40 while they are left."""
     out = Output(json_mode=json_out, quiet=quiet)
     with vault_args.open(out, writes=True) as vault:
         shipped = vault.ship_leftover_pins(folder, timeout=timeout, state_dir=state_dir)
     for snap in shipped:
         out.info(f"shipped snapshot {snap.short_id} ({format_tags(snap.tags) or 'no tags'}): {snap.description}")
+    if left := watch_pins_left(folder, state_dir):
+        # named in a warning above; exit 0 and "nothing left pinned" let a restart script (ship-pins, then
+        # restore latest) resume from an older save than the one the dead watcher held (rv61)
+        total = sum(held for _, _, held in left)
+        commands = " and ".join(watch_command(folder, given) for _, given, _ in left)
+        raise NotBackedUpError(
+            f"{counted(total, 'checkpoint')} a watch sidecar that stopped pinned {'is' if total == 1 else 'are'} "
+            f"not shipped (ship-pins ships backup_async's pins): run {commands} before resuming from the vault"
+        )
     out.result(
         {"folder": folder, "state_dir": state_dir, "snapshots": shipped},
         f"{counted(len(shipped), 'checkpoint')} left pinned in {folder} shipped"
