@@ -656,8 +656,10 @@ def test_one_watcher_per_folder_and_bad_input_is_one_line(tmp_path, repo, cli):
     reserved = cli("watch", str(ckpts), "--repo", repo, "--tag", "step=5", check=False)
     assert reserved.returncode == 2 and "set by watch itself" in reserved.stderr.decode()
     no_vault = str(tmp_path / "no-vault")  # refused before a vault is made
-    empty = cli("watch", str(ckpts), "--once", "--include", "", "--repo", no_vault, check=False)
-    assert empty.returncode == 2 and "--include pattern '' names no checkpoint" in empty.stderr.decode()
+    for blank in ("", " "):  # as restore and --exclude call them: ' ' was taken for a folder's name
+        empty = cli("watch", str(ckpts), "--once", "--include", blank, "--repo", no_vault, check=False)
+        said = empty.stderr.decode()
+        assert empty.returncode == 2 and f"--include pattern {blank!r} is empty (is a variable unset?)" in said, said
     assert not os.path.exists(no_vault)
     # the watched folder as its own state folder shipped its lock file, then pinned its pins into themselves
     # until the names grew too long; one in the vault mixed with it (wt47 F4)

@@ -84,8 +84,12 @@ def check_watch_args(
             raise SourceError(path, "no such directory, nor its parent", "check the path")
     elif not os.path.isdir(path):
         raise UsageError(f"{path} is not a directory; watch the folder the trainer saves into")
-    if "" in include:
-        raise UsageError(f"{spelled('--include', 'include')} pattern '' names no checkpoint; give a glob: 'step_*'")
+    if blank := [pattern for pattern in include if not pattern.strip()]:
+        # --include "$PATTERN" with the variable unset, as restore and --exclude say it (' ' was taken as a name)
+        raise UsageError(
+            f"{spelled('--include', 'include')} pattern {blank[0]!r} is empty (is a variable unset?); give a glob "
+            "of checkpoint folder names: 'step_*'"
+        )
     for key in RESERVED_TAGS:
         if key in tags:
             raise UsageError(
