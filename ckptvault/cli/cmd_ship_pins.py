@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import NotBackedUpError
-from ..ops.leftover_pins import watch_command, watch_pins_left
+from ..ops.leftover_pins import watch_pins_left
 from ..ops.names import PIN_FOLDER, WATCH_STATE_FOLDER
 from ..snapshot.model import format_tags
 from ..units import counted
@@ -59,8 +59,8 @@ def ship_pins_cmd(
     if left := watch_pins_left(folder, state_dir):
         # named in a warning above; exit 0 and "nothing left pinned" let a restart script (ship-pins, then
         # restore latest) resume from an older save than the one the dead watcher held (rv61)
-        total = sum(held for _, _, held in left)
-        commands = " and ".join(watch_command(folder, given) for _, given, _ in left)
+        total = sum(held for _, held, _ in left)
+        commands = " and ".join(command for _, _, command in left)
         raise NotBackedUpError(
             f"{counted(total, 'checkpoint')} a watch sidecar that stopped pinned {'is' if total == 1 else 'are'} "
             f"not shipped (ship-pins ships backup_async's pins): run {commands} before resuming from the vault"

@@ -383,43 +383,35 @@ def watch_state_folder(state_dir: str | None) -> str | None:
     return state_dir
 
 
-def watch_pins_left(folder: str, state_dir: str | None) -> list[tuple[str, str | None, int]]:
-    """The pins a dead watch sidecar of ``folder`` left: (state folder, the ``--state-dir`` it was given or
-    None for the folder's own, how many), in the folder's own state folder and in ``state_dir``. They are
-    not backup_async's, and only a watch ships them (with its records of what shipped)."""
-    folder = _watched_folder(folder)
+def watch_pins_left(folder: str, state_dir: str | None) -> list[tuple[str, int, str]]:
+    """The pins a dead watch sidecar of ``folder`` left, in the folder's own state folder and in ``state_dir``
+    (its ``--state-dir``): (that state folder, how many, the call that ships them). They are not
+    backup_async's, and only a watch ships them (with its records of what shipped)."""
+    if os.path.basename(os.path.abspath(folder)) == PIN_FOLDER:
+        # the pins folder itself given (as ship_leftover_pins takes it): the watch's folder is the one above it,
+        # and a watch's pins kept in --state-dir were otherwise passed over in silence (rv61)
+        folder = os.path.dirname(os.path.abspath(folder))
     own = os.path.join(folder, WATCH_STATE_FOLDER)
     places: list[tuple[str, str | None]] = [(own, None)]
     if state_dir is not None and not _same_folder(state_dir, own):
         places.append((state_dir, state_dir))
-    held = [(where, given, pins_of_a_stopped_watcher(folder, given)) for where, given in places]
-    return [place for place in held if place[2]]
-
-
-def watch_command(folder: str, given: str | None) -> str:
-    """The call that ships a dead watch sidecar's pins (``given``: its ``--state-dir``)."""
-    folder = _watched_folder(folder)
-    option = f" --state-dir {shlex.quote(given)}" if given else ""
-    keyword = f", state_dir={given!r}" if given else ""
-    return spelled(
-        f"ckptvault watch {shlex.quote(folder)} --once{option}", f"vault.watch({folder!r}, once=True{keyword})"
-    )
-
-
-def _watched_folder(folder: str) -> str:
-    """The pins folder itself given (as ship_leftover_pins takes it): the watch's folder is the one above it,
-    and a watch's pins kept in --state-dir were otherwise passed over in silence (rv61)."""
-    if os.path.basename(os.path.abspath(folder)) == PIN_FOLDER:
-        return os.path.dirname(os.path.abspath(folder))
-    return folder
+    left = []
+    for where, given in places:
+        if held := pins_of_a_stopped_watcher(folder, given):
+            option = f" --state-dir {shlex.quote(given)}" if given else ""
+            keyword = f", state_dir={given!r}" if given else ""
+            command = spelled(
+                f"ckptvault watch {shlex.quote(folder)} --once{option}", f"vault.watch({folder!r}, once=True{keyword})"
+            )
+            left.append((where, held, command))
+    return left
 
 
 def say_watch_pins(folder: str, state_dir: str | None, warn: Callable[[str], None]) -> None:
     """Name the pins ``watch_pins_left`` finds: a restart's ``ship-pins`` then ``restore latest`` otherwise
     took "nothing left pinned" for all shipped while a dead watcher's pin held the newest save (wt47 F6,
     sp60)."""
-    for where, given, held in watch_pins_left(folder, state_dir):
-        command = watch_command(folder, given)
+    for where, held, command in watch_pins_left(folder, state_dir):
         warn(f"{where} holds {counted(held, 'checkpoint')} a watch sidecar pinned; ship them with: {command}")
 
 
