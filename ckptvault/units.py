@@ -28,3 +28,12 @@ def counted(n: int, noun: str) -> str:
 def format_seconds(s: float) -> str:
     """A duration for a message: "1", "1.5", "62.5", "1090" (not "62.4579" nor "1.09e+03")."""
     return f"{s:.1f}".removesuffix(".0") if s < 100 else f"{s:.0f}"
+
+
+def format_duration(seconds: float) -> str:
+    """``90`` -> "1m30s", ``3600`` -> "1h": as a user writes it for --retry-lock, whole seconds kept."""
+    whole = round(seconds)
+    if whole < 1:
+        return f"{seconds:g}s"
+    parts = [(whole // 86400, "d"), (whole % 86400 // 3600, "h"), (whole % 3600 // 60, "m"), (whole % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n)

@@ -463,7 +463,7 @@ def test_a_prune_holding_the_vault_is_waited_out_not_a_lost_checkpoint(tmp_path,
     said = [r.getMessage() for r in caplog.records if "is locked" in r.getMessage() and r.levelno >= logging.WARNING]
     # once, short: the advice for a command a user runs (retry_lock, unlock --remove-all) does not fit a backup
     # that waits by itself beside a live prune; it was ~600 characters at every try (tr43)
-    assert len(said) == 1 and "trying again in" in said[0] and "for up to 60 min" in said[0], said
+    assert len(said) == 1 and "trying again in" in said[0] and "for up to 1h" in said[0], said
     assert "retry_lock" not in said[0] and "remove_all" not in said[0] and "If that process" not in said[0], said[0]
     holder.close()
 

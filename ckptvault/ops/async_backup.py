@@ -59,7 +59,7 @@ from ..errors import (
 from ..snapshot.model import Snapshot
 from ..store.failures import unreachable
 from ..store.retrying import OPEN_S
-from ..units import format_bytes, format_seconds
+from ..units import format_bytes, format_duration, format_seconds
 from . import pin as pins_module
 from .leftover_pins import JobRecord, Leftover, give_up, pin_metadata, take_over
 from .names import PIN_FOLDER, is_unfinished, source_name
@@ -1158,7 +1158,7 @@ class AsyncShipper:
         return max(LOCK_PATIENCE_S, self._retry_lock)
 
     def _patience_said(self) -> str:
-        return f"{self._lock_patience() / 60:.0f} min"
+        return format_duration(self._lock_patience())
 
     @staticmethod
     def _release(job: BackupJob) -> None:

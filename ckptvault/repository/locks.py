@@ -128,6 +128,7 @@ from ..errors import (
 from ..store.base import listed_time
 from ..store.failures import Kind as FailureKind
 from ..store.failures import classify
+from ..units import format_duration
 from .format import LOCKS_PREFIX, id_from_key, lock_key, new_object_id
 
 if TYPE_CHECKING:
@@ -321,15 +322,6 @@ def _forget_held_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_held_in_child)
-
-
-def _duration(seconds: float) -> str:
-    """``90`` -> "1m30s", as the user would write it for --retry-lock."""
-    whole = round(seconds)
-    if whole < 1:
-        return f"{seconds:g}s"
-    parts = [(whole // 86400, "d"), (whole % 86400 // 3600, "h"), (whole % 3600 // 60, "m"), (whole % 60, "s")]
-    return "".join(f"{n}{unit}" for n, unit in parts if n)
 
 
 def _leave_behind(repo: Repository, locks: Sequence[LockInfo]) -> None:
@@ -588,7 +580,7 @@ class LockManager:
                     time.sleep(random.uniform(0.1, NEWCOMER_WAIT_S))
                     continue
                 now = time.monotonic()
-                waiting = f"{spelled('--retry-lock', 'retry_lock')} {_duration(self.retry_for)}"
+                waiting = f"{spelled('--retry-lock', 'retry_lock')} {format_duration(self.retry_for)}"
                 if deadline is None:
                     deadline = now + self.retry_for
                     what = str(exc).split("; ", 1)[0]  # "vault X is locked: <holder>", without the advice
