@@ -300,8 +300,8 @@ def test_a_second_signal_during_an_idle_grace_says_no_upload_was_abandoned(tmp_p
 def test_a_watch_stopped_while_waiting_for_a_prune_says_how_long_it_waited_not_a_commands_advice(
     tmp_path, repo, retry_lock, patience
 ):
-    """It said "for up to 60 min" with --retry-lock 2h (and "60 min" for 1h30s) (and gave up after an hour), and once stopped told the
-    user to give --retry-lock 30m, which it had been given, or which a watch ignored."""
+    """It said "for up to 60 min" with --retry-lock 2h (and gave up after an hour; "60 min" for 1h30s), and once
+    stopped told the user to give --retry-lock 30m, which it had been given, or which a watch ignored."""
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     with Vault.open(repo) as prune, prune._repo.locks.acquire(exclusive=True):  # a prune's lock, held here

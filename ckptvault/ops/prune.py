@@ -17,6 +17,7 @@ from ..errors import (
     spelled,
 )
 from ..repository import Repository
+from ..repository.format import LOCKS_PREFIX
 from ..snapshot.manifest import decode_tree
 from ..snapshot.model import Snapshot
 from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_retention, retention_warnings
@@ -53,7 +54,8 @@ GONE_NAMED_ONE_BY_ONE = 3  # given snapshots no longer there, each said on its o
 
 
 def stored_bytes(repo: Repository) -> int:
-    return sum(o.size for o in repo.store.list(""))
+    """The vault's objects; locks, the prune's own among them, are no part of what it stores."""
+    return sum(o.size for o in repo.store.list("") if not o.key.startswith(LOCKS_PREFIX))
 
 
 def run_prune(
