@@ -199,3 +199,21 @@ def test_status_reads_the_packs_of_a_deleted_index_object_by_their_headers(tmp_p
         pack.unlink()  # the packs themselves gone too: nothing holds the later checkpoints' chunks
     gone = cli("status", str(later[0]), "--repo", repo_url, check=False)
     assert gone.returncode == 40 and "NOT backed up" in gone.stdout.decode(), gone.stdout.decode()
+
+
+def test_a_watched_folder_is_in_no_one_snapshot_and_status_says_to_ask_about_its_checkpoints(
+    tmp_path, repo_url, vault, cli
+):
+    """A watch ships each checkpoint folder as its own snapshot: ``status out`` said only that no snapshot
+    held its files, which read as if the watch had shipped nothing."""
+    out = tmp_path / "out"
+    checkpoint(out / "checkpoint-1")
+    cli("watch", str(out), "--repo", repo_url, "--once")
+    said = cli("status", str(out), "--repo", repo_url, check=False)
+    assert said.returncode == 40, said.stderr
+    hint = f"a watch ships each checkpoint folder in it as a snapshot of its own: ask about those (status {out}/"
+    assert hint + "checkpoint-1)" in said.stdout.decode(), said.stdout
+    assert cli("status", str(out / "checkpoint-1"), "--repo", repo_url).returncode == 0
+    checkpoint(tmp_path / "plain" / "checkpoint-1")
+    plain = cli("status", str(tmp_path / "plain"), "--repo", repo_url, check=False)
+    assert plain.returncode == 40 and "a watch ships" not in plain.stdout.decode(), plain.stdout

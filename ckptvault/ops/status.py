@@ -31,7 +31,7 @@ from ..repository import Repository
 from ..repository.pack import lies_whole_in
 from ..snapshot.model import FileEntry, Snapshot
 from .catalog import TreeLoader
-from .names import is_unfinished
+from .names import STATE_FOLDERS, WATCH_STATE_FOLDER, is_unfinished
 from .restore import file_hash
 from .scan import NO_EXCLUDES, Excludes, SourceItem, scan_sources, unreadable_hint
 
@@ -87,7 +87,17 @@ def backup_status(
         partly = partly or local.held_but_left_out(snap, tree, patterns)
     unread = f" (the tree of snapshot(s) {', '.join(local.damaged)} is damaged: run: {check_command()})"
     detail = f"no snapshot holds its {len(local.files)} file(s) with the same content"
-    return local.status(False, f"{detail}{unread if local.damaged else ''}{partly}")
+    return local.status(False, f"{detail}{unread if local.damaged else ''}{partly}{_watched_hint(path)}")
+
+
+def _watched_hint(path: str) -> str:
+    """A folder a watch sidecar ships is in no one snapshot: each checkpoint folder in it is its own."""
+    if not os.path.isdir(os.path.join(path, WATCH_STATE_FOLDER)):
+        return ""
+    with os.scandir(path) as entries:
+        folders = sorted(e.name for e in entries if e.is_dir() and e.name not in STATE_FOLDERS)
+    example = shlex.quote(os.path.join(path, folders[0] if folders else "NAME"))
+    return f"; a watch ships each checkpoint folder in it as a snapshot of its own: ask about those (status {example})"
 
 
 class _LocalFiles:
