@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -62,6 +63,30 @@ def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     for var in CKPTVAULT_ENV:
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """A test that leaves SIGINT ignored or blocked in its pytest worker (an in-process trainer's Ctrl-C
+    handling, a watch's end) makes every later Ctrl-C test of that worker fail, its child processes
+    included: both survive exec. Such a test fails here, and the worker is put back as it was."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in watched}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    left = [
+        f"{signal.Signals(sig).name} handler {signal.getsignal(sig)!r} (was {handlers[sig]!r})"
+        for sig in watched
+        if signal.getsignal(sig) != handlers[sig]
+    ]
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != blocked:
+        left.append(f"blocked signals {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))} (were {sorted(blocked)})")
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) != handler:
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    if left:
+        pytest.fail(f"the test left its worker's signals changed: {'; '.join(left)}")
 
 
 @pytest.fixture
