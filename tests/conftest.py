@@ -65,28 +65,38 @@ def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
+def _ignored_or_blocked() -> dict[str, str]:
+    """The kernel's view of this process (a library can set SIG_IGN below Python, which signal.getsignal
+    does not see): which of SIGINT and SIGTERM are ignored or blocked."""
+    try:
+        with open("/proc/self/status") as status:
+            masks = {k: int(v, 16) for k, v in (line.split(":") for line in status) if k in ("SigIgn", "SigBlk")}
+    except OSError:
+        return {}
+    return {
+        f"{sig.name} {'ignored' if field == 'SigIgn' else 'blocked'}": str(bool(mask >> (sig - 1) & 1))
+        for field, mask in masks.items()
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+
+
 @pytest.fixture(autouse=True)
 def _signals_left_as_found() -> Iterator[None]:
-    """A test that leaves SIGINT ignored or blocked in its pytest worker (an in-process trainer's Ctrl-C
-    handling, a watch's end) makes every later Ctrl-C test of that worker fail, its child processes
-    included: both survive exec. Such a test fails here, and the worker is put back as it was."""
-    watched = (signal.SIGINT, signal.SIGTERM)
-    handlers = {sig: signal.getsignal(sig) for sig in watched}
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    """A test that leaves SIGINT ignored or blocked in its pytest worker makes every later Ctrl-C test of that
+    worker fail, its child processes included (both survive exec): such a test fails here. Handlers a test
+    installs (the trainer callbacks' SIGTERM handler) are put back."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    before = _ignored_or_blocked()
     yield
-    left = [
-        f"{signal.Signals(sig).name} handler {signal.getsignal(sig)!r} (was {handlers[sig]!r})"
-        for sig in watched
-        if signal.getsignal(sig) != handlers[sig]
-    ]
-    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != blocked:
-        left.append(f"blocked signals {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))} (were {sorted(blocked)})")
+    after = _ignored_or_blocked()
     for sig, handler in handlers.items():
-        if handler is not None and signal.getsignal(sig) != handler:
+        if handler is not None:  # set again even when Python's record is unchanged: the kernel's may not be
             signal.signal(sig, handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    if left:
-        pytest.fail(f"the test left its worker's signals changed: {'; '.join(left)}")
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    changed = [f"{what}: {after[what]} (was {before[what]})" for what in before if after.get(what) != before[what]]
+    if changed:
+        pytest.fail(f"the test left its worker's signals changed: {'; '.join(changed)}")
 
 
 @pytest.fixture
