@@ -23,6 +23,13 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+# A suite started in the background by a non-interactive shell (`bash .ci/run &`, `nohup`) has SIGINT ignored, and
+# so has every process it starts (an ignored signal stays ignored across exec): each Ctrl-C test then failed (11
+# of them in a CI run started so). They test what Ctrl-C does in a terminal, so they get a terminal's handling.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     # A full disk fails tests far from its cause (a CI run: SeaweedFS refused PUTs, then tmp_path
     # setups failed); the free space at the start says so at once. Passing tests' folders are removed
