@@ -386,8 +386,8 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_lock(cli, tmp_path: Path, com
 @pytest.mark.parametrize(
     ("signal_name", "module"),
     [
-        ("SIGTERM", "ckptvault.cli.commands"),
-        ("SIGINT", "ckptvault.cli.commands"),
+        ("SIGTERM", "ckptvault.cli.app"),
+        ("SIGINT", "ckptvault.cli.app"),
         # cli49 #9: Ctrl-C while the CLI's own module loaded, before main() was called
         ("SIGINT", "ckptvault.cli.process"),
         ("SIGINT", "logging"),

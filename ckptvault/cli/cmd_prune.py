@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from ..ops.catalog import is_stand_in
-from ..ops.prune import DEFAULT_REPACK_THRESHOLD, PruneResult
+from ..ops.gc import DEFAULT_REPACK_THRESHOLD
+from ..ops.prune import PruneResult
 from ..snapshot.retention import Decision
 from .app import NO_VAULT_ARGS, JsonOpt, QuietOpt, TagOpt, VaultArgs, app, command, vault_options
 from .output import Output, format_bytes, listed_tags, with_vault_named

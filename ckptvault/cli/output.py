@@ -13,19 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
@@ -35,6 +26,9 @@ from ..store.options import display_url
 from ..units import counted as counted
 from ..units import format_bytes as format_bytes  # the CLI's commands take it from here
 from ..units import format_rate as format_rate
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 PIPED_WIDTH = 1 << 16  # tables size to their content: box=None, not expanded
 
@@ -181,6 +175,16 @@ class _RichProgress:
     """Adapts the ops Progress protocol to a rich progress bar on stderr."""
 
     def __init__(self, console: Console, label: str) -> None:
+        # loaded for a bar only: a run whose stderr is no terminal shows none (~10 ms of start-up)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),

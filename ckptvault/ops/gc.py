@@ -45,6 +45,7 @@ from ..repository.pack import PackEntry, lies_whole_in
 INDEX_ENTRIES_PER_OBJECT = 200_000
 MAX_INDEX_OBJECTS = 8  # more than this and GC consolidates them even when nothing is deleted
 DELETERS = 8  # objects deleted at once
+DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 T = TypeVar("T")
 
 

@@ -24,11 +24,9 @@ from ..snapshot.retention import Decision, RetentionPlan, RetentionPolicy, plan_
 from ..snapshot.selection import higher_step_passed_over
 from ..store.failures import object_fault, once_mended
 from .catalog import refuse_gc_with_unreadable, select_snapshot, unreadable_named, unreadable_stand_in
-from .gc import STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
+from .gc import DEFAULT_REPACK_THRESHOLD, STALE_TEMP_AGE_S, GcPlan, each, execute_gc, plan_gc, verify_exclusive_lock
 from .memory import read_few_at_a_time
 from .retag import interrupted_retags
-
-DEFAULT_REPACK_THRESHOLD = 0.10  # repack a pack once more than 10 % of its bytes are dead
 
 
 @dataclass(frozen=True)
