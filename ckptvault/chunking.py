@@ -8,31 +8,42 @@ to chunking the whole file at once, with memory bounded by the block size.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import UsageError
 from .memcopy import empty
 
-try:
-    from fastcdc.fastcdc_cy import fastcdc_cy as _fastcdc
 
-    COMPILED_CHUNKER = True
-except ImportError:  # pragma: no cover - depends on the installed wheel
-    from fastcdc.fastcdc_py import fastcdc_py as _fastcdc
+@functools.cache
+def _fastcdc_function() -> Callable[[memoryview | bytes, int, int, int], Iterable[Any]]:
+    """fastcdc's chunker, loaded by the first chunking: the fastcdc package loads click as well (~15 ms of
+    every command's start on a slow 2-core VM), and only a backup that cuts files by content needs it."""
+    try:
+        from fastcdc.fastcdc_cy import fastcdc_cy
 
-    COMPILED_CHUNKER = False
-    warnings.warn(
-        "ckptvault: the compiled FastCDC chunker is missing; falling back to pure Python "
-        "(about 100x slower). Reinstall with: pip install --force-reinstall fastcdc",
-        RuntimeWarning,
-        stacklevel=1,
-    )
-    print("ckptvault: WARNING: pure-Python FastCDC in use, backups will be very slow", file=sys.stderr)
+        return fastcdc_cy  # type: ignore[no-any-return]
+    except ImportError:  # pragma: no cover - depends on the installed wheel
+        warnings.warn(
+            "ckptvault: the compiled FastCDC chunker is missing; falling back to pure Python "
+            "(about 100x slower). Reinstall with: pip install --force-reinstall fastcdc",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+        print("ckptvault: WARNING: pure-Python FastCDC in use, backups will be very slow", file=sys.stderr)
+        from fastcdc.fastcdc_py import fastcdc_py
+
+        return fastcdc_py  # type: ignore[no-any-return]
+
+
+def _fastcdc(data: memoryview | bytes, min_size: int, avg_size: int, max_size: int) -> Iterable[Any]:
+    return _fastcdc_function()(data, min_size, avg_size, max_size)
+
 
 KiB = 1024
 MiB = 1024 * KiB
