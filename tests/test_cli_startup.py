@@ -33,12 +33,13 @@ def _modules_loaded_by_cli(args: list[str], heavy: tuple[str, ...]) -> list[str]
 
 def test_a_command_that_moves_no_data_loads_neither_numpy_nor_fsspec(tmp_path):
     """numpy (~0.1 s) and fastcdc are loaded by the first chunk cut and coded, fsspec (~0.1 s with asyncio and
-    ssl) only for a URL with a protocol: listing snapshots, or a backup that finds nothing changed, starts
-    without them."""
+    ssl) only for a URL with a protocol, cryptography for an encrypted vault: listing snapshots, or a backup
+    that finds nothing changed, starts without them."""
     repo, src = str(tmp_path / "v"), tmp_path / "src"
     src.mkdir()
     (src / "model.bin").write_bytes(bytes(range(256)) * 4096)
-    heavy = ("numpy", "fsspec", "asyncio", "fastcdc", "click")  # fastcdc loads click (~15 ms; typer has its own)
+    # fastcdc loads click (~15 ms; typer has its own); cryptography (~20 ms) is for encrypted vaults
+    heavy = ("numpy", "fsspec", "asyncio", "fastcdc", "click", "cryptography")
     assert _modules_loaded_by_cli(["init", repo], heavy) == []
     assert _modules_loaded_by_cli(["backup", str(src), "--repo", repo], heavy) == ["click", "fastcdc", "numpy"]
     assert _modules_loaded_by_cli(["backup", str(src), "--repo", repo], heavy) == []  # nothing changed

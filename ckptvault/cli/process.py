@@ -1,7 +1,8 @@
 """The CLI's process: what ``cli.main`` runs once it has its Ctrl-C guard (cli/__init__.py).
 
-``main`` prepares the process before it loads the commands (cli/commands.py) and with them numpy
-and the rest of ckptvault: a CLI run is short, so what happens before the first byte moves counts.
+``main`` prepares the process before it loads the command it runs (only that one: ``_COMMAND_MODULES``)
+and with it numpy and the rest of ckptvault: a CLI run is short, so what happens before the first byte
+moves counts.
 """
 
 from __future__ import annotations

@@ -42,9 +42,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from ..durable import fsync_dir, pwrite_all
 from ..errors import (
     NOT_A_KEYFILE,
@@ -374,6 +371,8 @@ class Keyfile:
                 f"a keyfile of scrypt N=2^{scrypt_n.bit_length() - 1} needs {kdf._memory() / 2**30:.1f} GiB of memory "
                 f"to unlock, more than this machine gives; choose a lower {spelled('--kdf-cost', 'kdf_cost')}"
             ) from None
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         wrapped = nonce + AESGCM(kek).encrypt(nonce, master.material, WRAP_AAD)
         created = created or datetime.now(timezone.utc).isoformat(timespec="seconds")
         keyfile = cls(
@@ -405,6 +404,10 @@ class Keyfile:
         return master
 
     def _unwrap(self, secret: bytes) -> bytes | None:
+        # loaded while scrypt runs on the other core (keys.py says why not at start-up)
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         try:
             return AESGCM(self.kdf.derive(secret)).decrypt(
                 self.wrapped_key[:NONCE_SIZE], self.wrapped_key[NONCE_SIZE:], WRAP_AAD

@@ -6,16 +6,16 @@ import base64
 import secrets
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 MASTER_KEY_SIZE = 32
 _INFO_PREFIX = b"ckptvault v1 "
 
 
 def derive(master: bytes, purpose: str, length: int = 32) -> bytes:
+    # cryptography is loaded by the first use of a key (~20 ms of start-up on a slow VM that an
+    # unencrypted vault's commands do without), as in keyfile.py and repository.py
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=_INFO_PREFIX + purpose.encode()).derive(
         master
     )
@@ -61,12 +61,17 @@ def make_verifier(master: MasterKey, authenticated: bytes) -> str:
     """Proof, stored in the repository config, that a master key is this repository's, bound to
     ``authenticated`` (the repository ID as ASCII in formats 1 and 2; the config's settings in 3).
     It is an AEAD blob under a derived key: it helps no one guess the passphrase."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     nonce = secrets.token_bytes(12)
     sealed = nonce + AESGCM(derive(master.material, "verifier")).encrypt(nonce, _VERIFIER_PLAINTEXT, authenticated)
     return base64.b64encode(sealed).decode()
 
 
 def check_verifier(master: MasterKey, authenticated: bytes, verifier: str) -> bool:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     try:
         sealed = base64.b64decode(verifier, validate=True)
         plain = AESGCM(derive(master.material, "verifier")).decrypt(sealed[:12], sealed[12:], authenticated)

@@ -22,7 +22,6 @@ from typing import TypeVar
 from ..blob import MAX_METADATA_BLOB, BlobCodec, BlobParts, ChecksumSealer, Kind, Sealer
 from ..bytegroup import Grouped, joined
 from ..codec import Compressor
-from ..crypto.aead import AesGcmSealer
 from ..crypto.keyfile import Keyfile, PassphraseSource, fingerprint_damaged_from, resolve_passphrase
 from ..crypto.keys import MasterKey, check_verifier, make_verifier
 from ..errors import (
@@ -268,6 +267,8 @@ class Repository:
         if config.encrypted:
             if master is None:
                 raise ValueError("an encrypted repository needs its master key")
+            from ..crypto.aead import AesGcmSealer  # and with it cryptography (keys.py)
+
             sealer: Sealer = AesGcmSealer(master.blob_key)
             self.chunk_id = ChunkIdFunction(master.chunk_id_key)
         else:
