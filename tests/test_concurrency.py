@@ -227,8 +227,8 @@ def test_a_snapshot_pruned_by_another_host_after_it_was_chosen_is_gone_not_damag
 
 def test_show_and_diff_hold_a_shared_lock_while_they_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """They read chunks with no lock: a prune ran beside them and they called its deletions damage."""
-    from ckptvault import vault as vault_module
     from ckptvault.errors import FileFormatError, VaultLockedError
+    from ckptvault.ops import inspect as inspect_module
 
     here, there, _ = _two_hosts(tmp_path)
     old, new = sorted(here.snapshots(), key=lambda s: s.time)
@@ -243,8 +243,8 @@ def test_show_and_diff_hold_a_shared_lock_while_they_read(tmp_path: Path, monkey
 
         return reading
 
-    monkeypatch.setattr(vault_module, "show_file", read_while_a_prune_tries(vault_module.show_file))
-    monkeypatch.setattr(vault_module, "diff_trees", read_while_a_prune_tries(vault_module.diff_trees))
+    monkeypatch.setattr(inspect_module, "show_file", read_while_a_prune_tries(inspect_module.show_file))
+    monkeypatch.setattr(inspect_module, "diff_trees", read_while_a_prune_tries(inspect_module.diff_trees))
     with pytest.raises(FileFormatError):  # random bytes: no tensors to show, once read
         here.show(old, "w.bin")
     here.diff(old, new, tensors=True)

@@ -142,14 +142,14 @@ def test_backup_async_leaves_them_out_also_when_a_later_process_ships_its_pins(t
     script = textwrap.dedent(
         """
         import sys, time
-        import ckptvault.vault
         from ckptvault import Vault
+        from ckptvault.ops import async_backup
 
         def hold(*args):
             print("held", flush=True)
             time.sleep(600)
 
-        ckptvault.vault.check_sources_unchanged = hold
+        async_backup.check_sources_unchanged = hold
         Vault.open(sys.argv[1]).backup_async(sys.argv[2], tags={"step": "1"}, exclude=["optimizer.pt", "logs"])
         time.sleep(600)
         """
@@ -230,17 +230,17 @@ def test_absolute_and_parent_patterns_are_refused(tmp_path, vault: Vault, patter
 
 
 def test_an_excluded_file_changing_before_an_async_backup_commits_does_not_supersede_it(tmp_path, monkeypatch):
-    import ckptvault.vault
+    from ckptvault.ops import async_backup
 
     ckpt = checkpoint(tmp_path / "out" / "checkpoint-1")
-    real_check = ckptvault.vault.check_sources_unchanged
+    real_check = async_backup.check_sources_unchanged
 
     def log_grows_then_check(job):  # the trainer appends to its log while the save ships
         with open(ckpt / "logs" / "train.txt", "ab") as f:
             f.write(b"step 2 loss 0.1\n")
         real_check(job)
 
-    monkeypatch.setattr(ckptvault.vault, "check_sources_unchanged", log_grows_then_check)
+    monkeypatch.setattr(async_backup, "check_sources_unchanged", log_grows_then_check)
     with Vault.init(str(tmp_path / "repo")) as vault:
         snap = vault.backup_async(ckpt, tags={"step": "1"}, exclude=["*.txt"]).result(timeout=120)
         assert "optimizer.pt" in stored_files(vault, snap) and "logs/train.txt" not in stored_files(vault, snap)
@@ -291,18 +291,18 @@ def test_watch_ships_again_under_other_patterns(tmp_path, repo_url, vault: Vault
 
 
 def test_an_excluded_file_among_several_sources_changing_does_not_supersede_the_save(tmp_path, monkeypatch):
-    import ckptvault.vault
+    from ckptvault.ops import async_backup
 
     run = tmp_path / "run"
     files = [write_file(run / name, name.encode() * 1000) for name in ("model.pt", "optim.pt", "train.log")]
-    real_check = ckptvault.vault.check_sources_unchanged
+    real_check = async_backup.check_sources_unchanged
 
     def log_grows_then_check(job):
         with open(run / "train.log", "ab") as f:
             f.write(b"step 2\n")
         real_check(job)
 
-    monkeypatch.setattr(ckptvault.vault, "check_sources_unchanged", log_grows_then_check)
+    monkeypatch.setattr(async_backup, "check_sources_unchanged", log_grows_then_check)
     with Vault.init(str(tmp_path / "repo")) as vault:
         snap = vault.backup_async(files, tags={"step": "1"}, exclude=["*.log"]).result(timeout=120)
         assert stored_files(vault, snap) == {"model.pt", "optim.pt"}

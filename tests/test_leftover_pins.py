@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DYING_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    import ckptvault.vault
     from ckptvault import Vault
     from ckptvault.ops import async_backup
 
@@ -38,7 +37,7 @@ DYING_SCRIPT = textwrap.dedent(
         time.sleep(600)
 
     if sys.argv[3] == "before-commit":  # the packs are uploaded, the snapshot is not written
-        ckptvault.vault.check_sources_unchanged = hold
+        async_backup.check_sources_unchanged = hold
     else:  # the snapshot is written, the pin is not released yet
         async_backup.AsyncShipper._release = hold
     vault = Vault.open(sys.argv[1])
