@@ -28,8 +28,12 @@ def copy_into(dst: bytearray | mmap.mmap | memoryview, offset: int, src: bytes |
 
 
 def empty(n: int) -> memoryview:
-    """A fresh writable buffer of ``n`` bytes, not zero-filled (``bytearray(n)`` zero-fills under
-    the GIL; the pages here are first touched by whatever fills them, a read that releases it)."""
+    """A fresh writable buffer of ``n`` bytes, not zero-filled when large (``bytearray(n)`` zero-fills
+    under the GIL; the pages here are first touched by whatever fills them, a read that releases it).
+    A small one is a bytearray: an encrypted vault decrypts its snapshot objects into such buffers, and
+    loading numpy for them (~0.1-0.18 s on a slow VM) made `snapshots` wait for it after the key."""
+    if n < MIN_RELEASED:
+        return memoryview(bytearray(n))
     import numpy as np
 
     return memoryview(np.empty(n, np.uint8)).cast("B")  # type: ignore[arg-type]
