@@ -1149,9 +1149,9 @@ class Vault:
         skip_if_unchanged: bool,
         exclude: Sequence[str],
     ) -> BackupHandle:
-        # every check before pinning: a refused call leaves no pin behind (submit releases them too)
         from .ops.async_backup import check_on_full, leftover_jobs, make_job, staging_folder
 
+        # every check before pinning: a refused call leaves no pin behind (submit releases them too)
         sources = paths_arg(paths)
         tags = tags_arg(tags, stored=True)
         description = text_arg("description", description, optional=True) or ""
