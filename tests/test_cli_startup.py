@@ -1,8 +1,9 @@
-"""What the CLI loads before an encrypted command's scrypt head start (cli/process.py).
+"""What the CLI loads, and when (cli/process.py): a CLI run is short, so its imports count.
 
 scrypt is the longest step before an encrypted command moves data (~0.25 s here); it starts on
 another core as soon as the keyfile module is loaded, so that module must not pull in the storage
-layer (fsspec and friends took ~45 ms, which every encrypted command then waited for)."""
+layer (fsspec and friends took ~45 ms, which every encrypted command then waited for). The rest of
+a command's start is loading its own code: each loads only what it runs."""
 
 from __future__ import annotations
 
